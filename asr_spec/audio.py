@@ -1,0 +1,363 @@
+"""Audio input: load, downmix to mono, resample to Whisper's 16 kHz; stream long files in blocks.
+
+Every function returns ``float32`` mono samples in ``[-1, 1]`` at ``sampling_rate`` Hz, shape ``(n_samples,)``.
+
+Files are decoded with soundfile (libsndfile: wav, flac, ogg, mp3, ...) and, only when libsndfile cannot open a
+file at all, with audioread (ffmpeg: m4a, aac, ...). A file that opens but fails to decode part-way is an error,
+not a fallback. Resampling uses soxr at "HQ" quality; the streaming path uses soxr's ``ResampleStream``, which gives
+the same samples as the one-shot resampler, so ``load_audio(path)`` is literally the concatenation of
+``stream_audio(path)``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any, Union
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from .errors import AudioError, InputError
+
+__all__ = [
+    "SAMPLE_RATE",
+    "DEFAULT_BLOCK_S",
+    "AudioSource",
+    "load_audio",
+    "stream_audio",
+    "audio_duration_s",
+    "to_mono",
+    "to_float32",
+    "resample",
+]
+
+SAMPLE_RATE = 16_000  # Hz: the rate every Whisper feature extractor expects
+DEFAULT_BLOCK_S = 60.0  # seconds of audio per streamed block: 960k samples = 3.8 MB of float32 at 16 kHz
+RESAMPLE_QUALITY = "HQ"  # soxr "high quality": 20-bit precision, flat pass band up to ~0.91 x Nyquist
+MAX_CHANNELS = 8  # a 2-D array axis no longer than this (and shorter than the other) is read as channels
+_AUDIOREAD_BLOCK_FRAMES = 1 << 16  # frames gathered from ffmpeg's small buffers before one block is emitted
+_UNKNOWN_FRAMES = 1 << 62  # libsndfile reports SF_COUNT_MAX (2**63 - 1) frames when a header leaves the length out
+
+try:  # torch is a hard dependency of the package, but keep this module importable without it
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None  # type: ignore[assignment]
+
+AudioSource = Union[str, "os.PathLike[str]", np.ndarray, "torch.Tensor", Mapping[str, Any]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pure helpers on arrays
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def to_float32(samples: np.ndarray, name: str) -> np.ndarray:
+    """Return ``samples`` as float32, scaling signed integer PCM to ``[-1, 1)`` (int16 / 32768, ...)."""
+    if samples.dtype == np.float32:
+        return samples
+    if np.issubdtype(samples.dtype, np.floating):
+        return samples.astype(np.float32)
+    if np.issubdtype(samples.dtype, np.signedinteger):
+        scale = float(2 ** (8 * samples.dtype.itemsize - 1))
+        return (samples.astype(np.float64) / scale).astype(np.float32)
+    raise AudioError(f"{name}: unsupported sample dtype {samples.dtype} (expected float or signed integer PCM)")
+
+
+def to_mono(samples: np.ndarray, name: str) -> np.ndarray:
+    """Average the channels of ``samples`` into shape ``(n_samples,)``.
+
+    Accepts ``(n_samples,)``, ``(n_channels, n_samples)`` (torchcodec / datasets) and ``(n_samples, n_channels)``
+    (soundfile / librosa / scipy). The channel axis is the one of length <= ``MAX_CHANNELS`` that is shorter than the
+    other; when that cannot be told (e.g. ``(4, 4)``) the shape is rejected rather than guessed.
+    """
+    if samples.ndim == 1:
+        return samples
+    if samples.ndim == 2:
+        rows, cols = samples.shape
+        if rows <= MAX_CHANNELS and rows < cols:
+            return samples.mean(axis=0, dtype=np.float32) if rows > 1 else samples[0]
+        if cols <= MAX_CHANNELS and cols < rows:
+            return samples.mean(axis=1, dtype=np.float32) if cols > 1 else samples[:, 0]
+    raise AudioError(
+        f"{name}: cannot tell channels from samples in shape {tuple(samples.shape)} "
+        f"(expected (n_samples,), (n_channels, n_samples) or (n_samples, n_channels) with <= {MAX_CHANNELS} channels)"
+    )
+
+
+def resample(samples: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
+    """Resample float32 mono ``samples`` (shape ``(n,)``) from ``in_rate`` to ``out_rate`` Hz with soxr HQ."""
+    if in_rate == out_rate or samples.size == 0:
+        return samples
+    return soxr.resample(samples, in_rate, out_rate, quality=RESAMPLE_QUALITY).astype(np.float32, copy=False)
+
+
+def _check_finite(samples: np.ndarray, name: str, where: str = "") -> None:
+    n_bad = int(samples.size - np.count_nonzero(np.isfinite(samples)))
+    if n_bad:
+        raise AudioError(f"{name}: {n_bad} non-finite samples (NaN or inf){where}")
+
+
+def _check_rate(value: Any, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise InputError(f"{what} must be a positive integer number of Hz, got {value!r}")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def load_audio(
+    source: AudioSource, sampling_rate: int = SAMPLE_RATE, *, input_sampling_rate: int | None = None
+) -> np.ndarray:
+    """Load ``source`` as float32 mono samples at ``sampling_rate`` Hz, shape ``(n_samples,)``.
+
+    ``source`` is one of:
+      - a path (str / PathLike) to an audio file;
+      - a numpy array or torch tensor of samples, assumed to be at ``input_sampling_rate`` Hz (default:
+        already at ``sampling_rate``);
+      - a dict shaped like a ``datasets`` Audio row: ``{"array", "sampling_rate"}``, else ``{"bytes"}`` (an
+        encoded file), else ``{"path"}``.
+
+    Raises ``AudioError`` (message ``"<source>: <cause>"``) for a missing, empty, corrupt or truncated file,
+    zero samples, NaN/inf samples or an unsupported source type; ``InputError`` for bad arguments.
+    Very short audio (0.1 s) is valid: the feature stage pads it to 30 s.
+    """
+    sampling_rate = _check_rate(sampling_rate, "sampling_rate")
+    if input_sampling_rate is not None:
+        input_sampling_rate = _check_rate(input_sampling_rate, "input_sampling_rate")
+    if isinstance(source, (str, os.PathLike)):
+        if input_sampling_rate is not None:
+            raise InputError(f"{os.fspath(source)}: input_sampling_rate is only for arrays (a file knows its rate)")
+        return _load_encoded(os.fspath(source), os.fspath(source), sampling_rate)
+    if isinstance(source, Mapping):
+        if input_sampling_rate is not None:
+            raise InputError("dict audio source: give the rate as its 'sampling_rate' key, not input_sampling_rate")
+        return _load_mapping(source, sampling_rate)
+    if isinstance(source, np.ndarray) or (torch is not None and isinstance(source, torch.Tensor)):
+        rate = sampling_rate if input_sampling_rate is None else input_sampling_rate
+        return _load_array(source, rate, sampling_rate, "<array>")
+    raise AudioError(
+        f"<{type(source).__name__}>: unsupported audio source type "
+        "(expected a file path, numpy array, torch tensor or {'array', 'sampling_rate'} dict)"
+    )
+
+
+def stream_audio(
+    path: str | os.PathLike[str], block_s: float = DEFAULT_BLOCK_S, sampling_rate: int = SAMPLE_RATE
+) -> Iterator[np.ndarray]:
+    """Yield float32 mono blocks of ``path`` at ``sampling_rate`` Hz, each about ``block_s`` seconds long.
+
+    Only one block (plus soxr's small filter state) is in memory at a time, so a 2-hour file can be transcribed
+    without holding its 460 MB of samples. The concatenation of the blocks equals ``load_audio(path)``.
+    Opening errors (missing file, not audio, zero samples) are raised here, before the first block; decoding errors
+    part-way through (a truncated flac, NaN samples) are raised when the bad block is reached.
+    """
+    name = os.fspath(path)
+    sampling_rate = _check_rate(sampling_rate, "sampling_rate")
+    if isinstance(block_s, bool) or not isinstance(block_s, (int, float)) or not np.isfinite(block_s) or block_s <= 0:
+        raise InputError(f"{name}: block_s must be a positive number of seconds, got {block_s!r}")
+    _check_path(name)
+    return _stream_encoded(name, name, block_s, sampling_rate)
+
+
+def audio_duration_s(path: str | os.PathLike[str]) -> float:
+    """Duration of the audio file ``path`` in seconds, read from its header (no decoding for libsndfile formats)."""
+    name = os.fspath(path)
+    _check_path(name)
+    try:
+        with sf.SoundFile(name) as handle:
+            n_frames = _header_frames(handle)
+            if n_frames is not None:
+                return float(n_frames) / float(handle.samplerate)
+            sf_err: Exception = AudioError("length missing from the header")
+    except (sf.LibsndfileError, RuntimeError) as err:
+        sf_err = err
+    with _audioread_decoder(name, sf_err) as decoder:
+        if decoder.duration:
+            return float(decoder.duration)
+        n_bytes = sum(len(buffer) for buffer in decoder)  # no duration in the container: decode and count
+        return n_bytes / (2 * decoder.channels) / float(decoder.samplerate)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _load_array(samples: Any, in_rate: int, out_rate: int, name: str) -> np.ndarray:
+    if torch is not None and isinstance(samples, torch.Tensor):
+        tensor = samples.detach().cpu()
+        if tensor.is_floating_point() and tensor.dtype != torch.float64:
+            tensor = tensor.float()  # bfloat16 / float16 have no numpy equivalent worth keeping
+        samples = tensor.numpy()
+    samples = to_mono(to_float32(np.asarray(samples), name), name)
+    if samples.size == 0:
+        raise AudioError(f"{name}: no audio samples (0 samples)")
+    _check_finite(samples, name)
+    return np.ascontiguousarray(resample(samples, in_rate, out_rate), dtype=np.float32)
+
+
+def _load_mapping(source: Mapping[str, Any], out_rate: int) -> np.ndarray:
+    name = str(source.get("path") or "<dict>")
+    if source.get("array") is not None:
+        if "sampling_rate" not in source:
+            raise AudioError(f"{name}: dict audio source has 'array' but no 'sampling_rate'")
+        in_rate = _check_rate(source["sampling_rate"], f"{name}: 'sampling_rate'")
+        return _load_array(source["array"], in_rate, out_rate, name)
+    if source.get("bytes") is not None:
+        data = source["bytes"]
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise AudioError(f"{name}: 'bytes' must be bytes, got {type(data).__name__}")
+        if len(data) == 0:
+            raise AudioError(f"{name}: empty 'bytes' (0 bytes)")
+        return _load_encoded(io.BytesIO(bytes(data)), name, out_rate)
+    if source.get("path"):
+        return _load_encoded(os.fspath(source["path"]), name, out_rate)
+    raise AudioError(
+        f"{name}: dict audio source needs 'array' + 'sampling_rate', 'bytes' or 'path' (got keys {sorted(source)})"
+    )
+
+
+def _load_encoded(file: str | io.BytesIO, name: str, out_rate: int) -> np.ndarray:
+    if isinstance(file, str):
+        _check_path(file)
+    blocks = list(_stream_encoded(file, name, DEFAULT_BLOCK_S, out_rate))
+    return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+
+
+def _check_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise AudioError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise AudioError(f"{path}: is a directory, not an audio file")
+    if os.path.getsize(path) == 0:
+        raise AudioError(f"{path}: empty file (0 bytes)")
+
+
+def _stream_encoded(file: str | io.BytesIO, name: str, block_s: float, out_rate: int) -> Iterator[np.ndarray]:
+    """Open eagerly (so opening errors raise now), then return the lazy block generator."""
+    native_rate, expected_frames, exact_length, raw_blocks = _open_raw_blocks(file, name, block_s)
+    if expected_frames == 0:
+        raise AudioError(f"{name}: no audio samples (0 frames)")
+    return _resampled_blocks(raw_blocks, name, native_rate, out_rate, expected_frames, exact_length)
+
+
+def _resampled_blocks(
+    raw_blocks: Iterator[np.ndarray],
+    name: str,
+    native_rate: int,
+    out_rate: int,
+    expected_frames: int | None,
+    exact_length: bool,
+) -> Iterator[np.ndarray]:
+    """Downmix, check and resample raw ``(frames, channels)`` blocks; check the total length at the end."""
+    stream = None
+    if native_rate != out_rate:
+        stream = soxr.ResampleStream(native_rate, out_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)
+    n_read = 0
+    for raw in raw_blocks:
+        mono = raw.mean(axis=1, dtype=np.float32) if raw.shape[1] > 1 else raw[:, 0]
+        _check_finite(mono, name, f" in the block starting at {n_read / native_rate:.2f} s")
+        n_read += mono.shape[0]
+        out = mono if stream is None else stream.resample_chunk(np.ascontiguousarray(mono), last=False)
+        if out.size:
+            yield np.ascontiguousarray(out, dtype=np.float32)
+    if n_read == 0:
+        raise AudioError(f"{name}: no audio samples (0 frames decoded)")
+    if stream is not None:
+        tail = stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        if tail.size:
+            yield np.ascontiguousarray(tail, dtype=np.float32)
+    if expected_frames and n_read < expected_frames:
+        message = f"{name}: truncated audio (decoded {n_read} of {expected_frames} frames the header announces)"
+        if exact_length:
+            raise AudioError(message)
+        warnings.warn(message + "; the header length is an estimate for this format, keeping what decoded")
+
+
+def _open_raw_blocks(
+    file: str | io.BytesIO, name: str, block_s: float
+) -> tuple[int, int | None, bool, Iterator[np.ndarray]]:
+    """Return ``(native_rate_hz, expected_frames, exact_length, blocks)``; blocks are float32 ``(frames, channels)``.
+
+    ``exact_length`` says whether a short read means truncation (libsndfile's frame count is exact except for MP3,
+    where it is estimated from the bitrate).
+    """
+    try:
+        handle = sf.SoundFile(file)
+    except (sf.LibsndfileError, RuntimeError) as sf_err:
+        if not isinstance(file, str):
+            raise AudioError(f"{name}: not a readable audio file ({sf_err})") from sf_err
+        return _open_audioread(file, block_s, sf_err)
+    n_frames = _header_frames(handle)
+    if n_frames is None and isinstance(file, str):
+        # libsndfile fails to seek at the end of a FLAC whose header omits the length (written to a pipe): let
+        # ffmpeg decode it instead.
+        handle.close()
+        return _open_audioread(file, block_s, AudioError("length missing from the header"))
+    block_frames = max(1, int(round(block_s * handle.samplerate)))
+    exact = handle.format != "MP3"
+    return handle.samplerate, n_frames, exact, _soundfile_blocks(handle, name, block_frames)
+
+
+def _header_frames(handle: sf.SoundFile) -> int | None:
+    """Frame count from the header; None when unknown (a streamed FLAC reports libsndfile's SF_COUNT_MAX)."""
+    return None if handle.frames >= _UNKNOWN_FRAMES else int(handle.frames)
+
+
+def _soundfile_blocks(handle: sf.SoundFile, name: str, block_frames: int) -> Iterator[np.ndarray]:
+    with handle:
+        while True:
+            try:
+                raw = handle.read(block_frames, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError) as err:
+                raise AudioError(f"{name}: corrupt or truncated audio ({err})") from err
+            if raw.shape[0] == 0:
+                return
+            yield raw
+
+
+def _open_audioread(path: str, block_s: float, sf_err: Exception) -> tuple[int, int | None, bool, Iterator[np.ndarray]]:
+    decoder = _audioread_decoder(path, sf_err)
+    block_frames = max(1, int(round(block_s * decoder.samplerate)))
+    return decoder.samplerate, None, False, _audioread_blocks(decoder, path, block_frames)
+
+
+def _audioread_decoder(path: str, sf_err: Exception) -> Any:
+    """Open ``path`` with audioread (ffmpeg), after libsndfile failed with ``sf_err``."""
+    with warnings.catch_warnings():  # audioread's raw backend imports aifc/audioop/sunau, deprecated in 3.11
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import audioread
+
+        try:
+            return audioread.audio_open(path)
+        except Exception as ar_err:  # audioread raises many unrelated types; all mean "cannot read"
+            raise AudioError(f"{path}: not a readable audio file ({sf_err}; audioread: {ar_err!r})") from ar_err
+
+
+def _audioread_blocks(decoder: Any, path: str, block_frames: int) -> Iterator[np.ndarray]:
+    """Regroup audioread's small interleaved int16 buffers into float32 ``(frames, channels)`` blocks."""
+    n_channels = decoder.channels
+    pending: list[np.ndarray] = []
+    n_pending = 0
+    with decoder:
+        try:
+            for buffer in decoder:
+                pcm = np.frombuffer(buffer, dtype="<i2").reshape(-1, n_channels)
+                pending.append(pcm)
+                n_pending += pcm.shape[0]
+                if n_pending >= max(block_frames, _AUDIOREAD_BLOCK_FRAMES):
+                    yield to_float32(np.concatenate(pending), path)
+                    pending, n_pending = [], 0
+        except Exception as err:  # decoder subprocess failures surface as assorted types
+            if isinstance(err, AudioError):
+                raise
+            raise AudioError(f"{path}: corrupt or truncated audio ({err!r})") from err
+    if pending:
+        yield to_float32(np.concatenate(pending), path)

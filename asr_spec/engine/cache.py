@@ -1,0 +1,85 @@
+"""Ragged key/value cache: preallocated, one length per row.
+
+Rollback is moving a row's length back (gpt-fast's `input_pos`, but per row): entries past a row's length are
+stale, never attended to (queries only see keys at positions <= their own) and overwritten by the next writes.
+Cross-attention keys/values depend only on the audio, so they are computed once per chunk and stored per slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Self- and cross-attention caches of one decoder for `n_rows` batch slots.
+
+    self_k, self_v:   (n_layers, n_rows, n_heads, n_positions, head_dim)
+    cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim)
+    lengths:          (n_rows,) long — tokens of each row held in the self-attention cache
+    """
+
+    self_k: torch.Tensor
+    self_v: torch.Tensor
+    cross_k: torch.Tensor
+    cross_v: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def empty(
+        cls,
+        n_layers: int,
+        n_rows: int,
+        n_heads: int,
+        head_dim: int,
+        n_positions: int,
+        n_audio_ctx: int,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> "KVCache":
+        self_shape = (n_layers, n_rows, n_heads, n_positions, head_dim)
+        cross_shape = (n_layers, n_rows, n_heads, n_audio_ctx, head_dim)
+        return cls(
+            self_k=torch.zeros(self_shape, device=device, dtype=dtype),
+            self_v=torch.zeros(self_shape, device=device, dtype=dtype),
+            cross_k=torch.zeros(cross_shape, device=device, dtype=dtype),
+            cross_v=torch.zeros(cross_shape, device=device, dtype=dtype),
+            lengths=torch.zeros(n_rows, device=device, dtype=torch.long),
+        )
+
+    @property
+    def n_rows(self) -> int:
+        return self.self_k.shape[1]
+
+    @property
+    def n_positions(self) -> int:
+        return self.self_k.shape[3]
+
+    def write_self(self, layer: int, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store new keys/values at each row's own positions.
+
+        k, v: (n_rows, n_heads, T, head_dim); positions: (n_rows, T) long, already clamped to the cache.
+        """
+        index = positions[:, None, :, None].expand_as(k)
+        self.self_k[layer].scatter_(2, index, k)
+        self.self_v[layer].scatter_(2, index, v)
+
+    def set_cross(self, rows: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor) -> None:
+        """Attach new chunks to slots `rows` and empty their self-attention cache.
+
+        rows: (R,) long; cross_k, cross_v: (n_layers, R, n_heads, n_audio_ctx, head_dim)
+        """
+        self.cross_k[:, rows] = cross_k
+        self.cross_v[:, rows] = cross_v
+        self.lengths[rows] = 0
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Shrink the batch to slots `rows` (in that order): used once the queue of chunks runs dry."""
+        self.self_k = self.self_k[:, rows]
+        self.self_v = self.self_v[:, rows]
+        self.cross_k = self.cross_k[:, rows]
+        self.cross_v = self.cross_v[:, rows]
+        self.lengths = self.lengths[rows]

@@ -1,0 +1,116 @@
+"""Whisper decoder forward over a ragged KV cache, using the weights of a transformers decoder as they are.
+
+transformers' Whisper decoder keeps one cache length for the whole batch; speculative decoding with per-row
+rollback needs each row at its own position. This module runs the same layers (pre-LN self-attention,
+cross-attention, MLP, final LayerNorm, tied output head) with every row writing at its own offsets.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asr_spec.engine.cache import KVCache
+
+
+class Decoder:
+    """A transformers `WhisperDecoder` plus its output projection, run over a `KVCache`.
+
+    Works for the decoder of `WhisperForConditionalGeneration` (target, or draft with its own encoder) and of
+    `WhisperForCausalLM` (a distil-whisper style decoder that reads the target's encoder output).
+    """
+
+    def __init__(self, decoder: nn.Module, proj_out: nn.Module):
+        self.decoder = decoder
+        self.layers = list(decoder.layers)
+        first = self.layers[0].self_attn
+        self.n_heads: int = first.num_heads
+        self.head_dim: int = first.head_dim
+        self.d_model: int = first.embed_dim
+        self.scaling: float = first.scaling
+        self.n_layers: int = len(self.layers)
+        self.max_positions: int = decoder.embed_positions.weight.shape[0]
+        self.cross_width: int = self.layers[0].encoder_attn.k_proj.in_features
+        self.embed = decoder.embed_tokens
+        self.pos_table = decoder.embed_positions.weight
+        self.head = proj_out
+        self.vocab_size: int = proj_out.weight.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.pos_table.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pos_table.dtype
+
+    def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
+        return KVCache.empty(
+            self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
+            device=self.device, dtype=self.dtype,
+        )
+
+    @torch.inference_mode()
+    def cross_kv(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys/values of every layer, computed once per chunk.
+
+        audio: (R, n_audio_ctx, cross_width) encoder output -> k, v: (n_layers, R, n_heads, n_audio_ctx, head_dim)
+        """
+        audio = audio.to(self.dtype)
+        r, s, _ = audio.shape
+        ks, vs = [], []
+        for layer in self.layers:
+            attn = layer.encoder_attn
+            ks.append(attn.k_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2))
+            vs.append(attn.v_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2))
+        return torch.stack(ks), torch.stack(vs)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        n_keys: int,
+        logit_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Feed `tokens` at their positions, write their keys/values into the cache, return logits.
+
+        tokens, positions: (B, T) long. Positions are absolute token indices of each row; entries past a row's
+            real input (right padding) may hold any position > the row's last real one: they write into the
+            stale area and their outputs are ignored.
+        n_keys: attend to cache positions [0, n_keys); must exceed every real position in `positions`.
+        logit_index: (B, P) long indices into T of the positions whose logits are needed (None = all T).
+        returns: (B, P, vocab) logits in the model dtype.
+        """
+        b, t = tokens.shape
+        x = self.embed(tokens) + self.pos_table[positions.clamp(max=self.max_positions - 1)]
+        write_pos = positions.clamp(max=cache.n_positions - 1)
+        key_pos = torch.arange(n_keys, device=tokens.device)
+        mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.self_attn_layer_norm(x)
+            q = self._split_heads(attn.q_proj(h))
+            cache.write_self(i, self._split_heads(attn.k_proj(h)), self._split_heads(attn.v_proj(h)), write_pos)
+            out = F.scaled_dot_product_attention(
+                q, cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys], attn_mask=mask, scale=self.scaling
+            )
+            x = x + attn.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
+
+            xattn = layer.encoder_attn
+            h = layer.encoder_attn_layer_norm(x)
+            q = self._split_heads(xattn.q_proj(h))
+            out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=self.scaling)
+            x = x + xattn.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
+
+            h = layer.final_layer_norm(x)
+            x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
+        if logit_index is not None:
+            x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
+        return self.head(self.decoder.layer_norm(x))

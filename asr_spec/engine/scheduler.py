@@ -1,0 +1,214 @@
+"""Continuous batching around the speculative step.
+
+Chunks arrive as log-mel features from any iterable (lazily: a long file streams through). The encoder runs
+once per batch of chunks; its output is shared by the target and a shared-encoder draft. Whenever a row
+finishes, its slot is refilled with the next encoded chunk (its cross-attention keys/values computed once, its
+prompt fed by the next step), so the batch stays full until the queue runs dry; then finished rows are dropped
+from the batch. Results come back tagged with the chunk id, in the order chunks finish.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.options import DecodeOptions
+from asr_spec.engine.rules import LogitRules, WhisperTokens
+from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
+from asr_spec.models import DraftKind, check_pair
+
+FINISH_REASONS = {FINISH_EOS: "eos"}
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """One 30 s window to decode. features: (n_mels, n_frames) log-mel, n_frames = 2 * the encoder's positions."""
+
+    id: Hashable
+    features: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ChunkStats:
+    """Speculative statistics of one chunk."""
+
+    generated_tokens: int
+    target_passes: int  # steps, i.e. target forward passes over this row (prompt prefill included)
+    draft_passes: int
+    drafted_tokens: int  # draft tokens offered for verification
+    accepted_tokens: int  # of those, accepted
+    accepted_hist: tuple[int, ...]  # accepted_hist[j] = steps that accepted j draft tokens
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    id: Hashable
+    tokens: tuple[int, ...]  # generated tokens (prompt excluded), ending with <|endoftext|> when finished by it
+    prompt: tuple[int, ...]
+    finish_reason: str  # "eos" or "length" (max_new_tokens or max_target_positions)
+    stats: ChunkStats
+
+
+class Engine:
+    """Lossless batched speculative decoding of Whisper chunks (greedy when `draft` is None).
+
+    target: a transformers `WhisperForConditionalGeneration`, eval mode, on its device and dtype.
+    draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
+            (its own encoder, run once on the same features; dropped in favour of the target's when identical).
+    """
+
+    def __init__(
+        self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions(),
+        *, batch_size: int = 4,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.kind = check_pair(target, draft)
+        self.target, self.draft, self.options, self.batch_size = target, draft, options, batch_size
+        self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
+        if options.language is not None and not self.tokens.is_multilingual:
+            raise ValueError(f"language {options.language!r} was given but the target model is English-only")
+        self.lang_id = None if options.language is None else self.tokens.language_id(options.language)
+        placeholder = self.tokens.sot if self.lang_id is None else self.lang_id  # detected later: same length
+        prompt_len = len(self.tokens.prompt(placeholder, options.task, options.timestamps))
+        if options.max_new_tokens is not None and prompt_len + options.max_new_tokens > self.tokens.max_positions:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
+                f"max_target_positions ({self.tokens.max_positions})"
+            )
+        self.target_dec = Decoder(target.model.decoder, target.proj_out)
+        self.draft_dec = None if draft is None else Decoder(draft.model.decoder, draft.proj_out)
+        self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
+        self.n_audio_ctx = target.config.max_source_positions
+
+    # -- encoding -------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _encode(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(R, n_mels, n_frames) features -> target encoder output (R, n_audio_ctx, d) and the draft's own, if any."""
+        x = torch.stack(feats).to(self.target_dec.device, self.target_dec.dtype)
+        enc = self.target.model.encoder(input_features=x).last_hidden_state
+        own = None
+        if self.kind is DraftKind.OWN_ENCODER:
+            own = self.draft.model.encoder(input_features=x.to(self.draft_dec.dtype)).last_hidden_state
+        return enc, own
+
+    def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int) -> bool:
+        """Encode batches of chunks until `n_needed` are ready; returns False once the source is exhausted."""
+        while len(ready) < n_needed:
+            batch = [r for _, r in zip(range(self.batch_size), source)]
+            if not batch:
+                return False
+            enc, own = self._encode([r.features for r in batch])
+            for i, r in enumerate(batch):
+                ready.append((r, enc[i], None if own is None else own[i]))
+        return True
+
+    # -- admission ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _admit(self, m: Models, st: DecodeState, rows: list[int], items: list) -> int:
+        """Attach encoded chunks to free slots `rows`; returns the longest prompt among them."""
+        dev = self.target_dec.device
+        idx = torch.tensor(rows, device=dev)
+        enc = torch.stack([e for _, e, _ in items])
+        ck, cv = self.target_dec.cross_kv(enc)
+        m.target_cache.set_cross(idx, ck, cv)
+        if m.draft is not None:
+            draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
+            m.draft_cache.set_cross(idx, *m.draft.cross_kv(draft_audio))
+        if self.tokens.is_multilingual and self.lang_id is None:
+            probe = self.target_dec.new_cache(len(rows), 1, 1)  # position 0 only, on the new chunks' audio
+            probe.cross_k, probe.cross_v = ck, cv
+            sot = torch.full((len(rows), 1), self.tokens.sot, device=dev)
+            logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0]
+            langs = self.rules.detect_language(logits.float()).tolist()
+        else:
+            langs = [self.lang_id] * len(rows)
+        prompts = [self.tokens.prompt(lang, self.options.task, self.options.timestamps) for lang in langs]
+        n_prompt = max(len(p) for p in prompts)
+        for row, p in zip(rows, prompts):
+            st.seq[row, : len(p)] = torch.tensor(p, device=dev)
+        plen = torch.tensor([len(p) for p in prompts], device=dev)
+        max_new = self.options.max_new_tokens or self.tokens.max_positions
+        st.n_tok[idx] = plen
+        st.begin[idx] = plen
+        st.limit[idx] = torch.clamp(plen + max_new, max=self.tokens.max_positions)
+        st.k_row[idx] = self.options.num_draft_tokens
+        st.finish[idx] = FINISH_NONE
+        st.stats[idx] = 0
+        st.hist[idx] = 0
+        return n_prompt
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def run(self, requests: Iterable[ChunkRequest]) -> Iterator[ChunkResult]:
+        """Decode every request; yields one result per request, in the order they finish."""
+        opts, n_rows = self.options, self.batch_size
+        k_max = opts.k_max if self.draft_dec is not None else 0
+        n_positions = self.tokens.max_positions + k_max + 2
+        m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
+        if self.draft_dec is not None:
+            m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, n_positions, self.n_audio_ctx)
+        st = DecodeState.empty(n_rows, n_positions + k_max + 8, k_max, self.target_dec.device)
+        slots: list[ChunkRequest | None] = [None] * n_rows
+        source, ready, more = iter(requests), deque(), True
+        max_len, k_next = 0, opts.num_draft_tokens
+        while True:
+            free = [i for i, s in enumerate(slots) if s is None]
+            n_pending = 1
+            if free and more:
+                more = self._fill_ready(source, ready, len(free))
+            if free and ready:
+                take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
+                rows = free[: len(take)]
+                n_pending = self._admit(m, st, rows, take)
+                for row, (req, _, _) in zip(rows, take):
+                    slots[row] = req
+                max_len = max(max_len, n_pending)
+            if all(s is None for s in slots):
+                return
+            if not more and not ready and any(s is None for s in slots):
+                keep = [i for i, s in enumerate(slots) if s is not None]
+                self._keep_rows(m, st, keep)
+                slots = [slots[i] for i in keep]
+            k = min(k_next, k_max)
+            step(m, self.rules, st, k, n_pending, max_len, opts.draft_schedule, k_max, opts.draft_confidence)
+            host = torch.cat([st.finish, st.n_tok.max()[None], st.k_row.max()[None]]).tolist()  # the step's one sync
+            finish, max_len, k_next = host[:-2], host[-2], host[-1]
+            for row, code in enumerate(finish):
+                if code != FINISH_NONE and slots[row] is not None:
+                    yield self._result(slots[row], st, row, code)
+                    slots[row] = None
+
+    @staticmethod
+    def _keep_rows(m: Models, st: DecodeState, keep: list[int]) -> None:
+        idx = torch.tensor(keep, device=st.n_tok.device)
+        st.keep_rows(idx)
+        m.target_cache.keep_rows(idx)
+        if m.draft_cache is not None:
+            m.draft_cache.keep_rows(idx)
+
+    @staticmethod
+    def _result(req: ChunkRequest, st: DecodeState, row: int, code: int) -> ChunkResult:
+        begin, n_tok = int(st.begin[row]), int(st.n_tok[row])
+        seq = st.seq[row, :n_tok].tolist()
+        target_passes, draft_passes, drafted, accepted = st.stats[row].tolist()
+        stats = ChunkStats(n_tok - begin, target_passes, draft_passes, drafted, accepted,
+                           tuple(st.hist[row].tolist()))
+        return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats)
+
+    def decode(self, features: torch.Tensor) -> list[ChunkResult]:
+        """Decode a (N, n_mels, n_frames) batch of features; results in input order."""
+        results = {r.id: r for r in self.run(ChunkRequest(i, f) for i, f in enumerate(features))}
+        return [results[i] for i in range(len(features))]

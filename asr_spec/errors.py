@@ -1,0 +1,23 @@
+"""Exception types shared by every stage of asr-spec.
+
+Both are ``ValueError`` subclasses, so callers that already catch ``ValueError`` keep working, and both derive
+from :class:`AsrSpecError`, so the CLI can tell "this input is bad" (report it, move on to the next file) from a
+bug (let it propagate). Messages name the input first, then the cause: ``"talk.flac: corrupt or truncated audio
+(flac decoder lost sync)"``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AsrSpecError", "AudioError", "InputError"]
+
+
+class AsrSpecError(Exception):
+    """Base class of the errors asr-spec raises on purpose (bad input, unreadable audio)."""
+
+
+class AudioError(AsrSpecError, ValueError):
+    """An audio source cannot be read or is not usable audio (missing, corrupt, empty, NaN samples...)."""
+
+
+class InputError(AsrSpecError, ValueError):
+    """A caller-supplied argument or option is invalid (negative length, unknown format, bad shape...)."""

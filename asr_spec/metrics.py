@@ -1,0 +1,140 @@
+"""Word and character error rates, scored the way the Open ASR Leaderboard scores them.
+
+Both texts go through Whisper's English normaliser (`EnglishTextNormalizer` from transformers: lower case,
+punctuation and filler words removed, contractions expanded, numbers written as digits), then jiwer aligns them.
+Rates are corpus-level: the sum of edits over the sum of reference words, never a mean of per-utterance rates.
+
+British/American spelling: `EnglishTextNormalizer` also maps British spellings to American ones ("colour" ->
+"color") through a ~1,700-entry table that openai/whisper ships as `english.json` and Hugging Face tokenizer
+folders ship as `normalizer.json` (`WhisperTokenizer` loads it into `tokenizer.english_spelling_normalizer`; that is
+all `tokenizer.normalize` adds). Nothing installed here carries that file, so by default the normaliser is built
+with an empty table and a warning is given once. Pass `spelling=` (a mapping, a json file, or a tokenizer folder
+holding `normalizer.json`) to `english_normalizer` / `score` to apply it; without it, a British spelling in a
+reference counts as an error when the hypothesis spells it the American way (Whisper usually does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import jiwer
+from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+__all__ = ["Score", "english_normalizer", "load_spelling_mapping", "normalize", "score"]
+
+SPELLING_FILE = "normalizer.json"  # the name WhisperTokenizer gives the spelling table in a tokenizer folder
+
+Spelling = Mapping[str, str] | str | os.PathLike | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """Corpus-level error counts and rates (after normalisation)."""
+
+    wer: float  # (substitutions + deletions + insertions) / n_words; inf if n_words == 0 < insertions
+    cer: float  # the same over characters (spaces count, as in jiwer)
+    n_words: int  # reference words
+    substitutions: int  # word substitutions
+    deletions: int  # word deletions
+    insertions: int  # word insertions
+    n_chars: int  # reference characters
+    char_errors: int  # character substitutions + deletions + insertions
+
+
+def load_spelling_mapping(path: str | os.PathLike) -> dict[str, str]:
+    """Read the British->American table from a json file or from a tokenizer folder's `normalizer.json`."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SPELLING_FILE
+    try:
+        mapping = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read an English spelling table ({err})") from err
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        raise ValueError(f"{path}: an English spelling table must be a json object of strings")
+    return mapping
+
+
+@functools.cache
+def _warn_no_spelling() -> None:
+    warnings.warn(
+        "English text normaliser built without the British->American spelling table (no normalizer.json "
+        "available offline); pass spelling= to asr_spec.metrics to apply one",
+        stacklevel=3,
+    )
+
+
+@functools.cache
+def _default_normalizer() -> EnglishTextNormalizer:
+    return EnglishTextNormalizer({})
+
+
+def english_normalizer(spelling: Spelling = None) -> Callable[[str], str]:
+    """Whisper's English normaliser; `spelling` as described in the module docstring (None: empty table)."""
+    if spelling is None:
+        _warn_no_spelling()
+        return _default_normalizer()
+    if isinstance(spelling, Mapping):
+        return EnglishTextNormalizer(dict(spelling))
+    return EnglishTextNormalizer(load_spelling_mapping(spelling))
+
+
+def normalize(text: str, spelling: Spelling = None) -> str:
+    """One text through Whisper's English normaliser, e.g. "Mr. Smith's 25 COLOURS!" -> "mister smith is 25 colours"."""
+    return english_normalizer(spelling)(text)
+
+
+def score(refs: Sequence[str], hyps: Sequence[str], *, normalized: bool = False, spelling: Spelling = None) -> Score:
+    """Corpus WER/CER of `hyps` against `refs` (paired by position).
+
+    normalized: the texts are already normalised (skip the English normaliser).
+    A reference that is empty after normalisation contributes no reference words and counts every hypothesis
+    word (character) as an insertion. (The Open ASR Leaderboard drops such samples before scoring; drop them
+    first to match it.)
+    """
+    if isinstance(refs, str) or isinstance(hyps, str):
+        raise TypeError("score() takes sequences of texts, not a single string")
+    if len(refs) != len(hyps):
+        raise ValueError(f"score(): {len(refs)} references but {len(hyps)} hypotheses")
+    if not normalized:
+        norm = english_normalizer(spelling)
+        refs, hyps = [norm(r) for r in refs], [norm(h) for h in hyps]
+    refs, hyps = [" ".join(r.split()) for r in refs], [" ".join(h.split()) for h in hyps]
+
+    # jiwer < 4 rejects empty references: align the non-empty ones, count the rest as pure insertions
+    pairs = [(r, h) for r, h in zip(refs, hyps, strict=True) if r]
+    extra_words = sum(len(h.split()) for r, h in zip(refs, hyps, strict=True) if not r)
+    extra_chars = sum(len(h) for r, h in zip(refs, hyps, strict=True) if not r)
+    s = d = i = n_words = char_errors = n_chars = 0
+    if pairs:
+        r_list, h_list = [p[0] for p in pairs], [p[1] for p in pairs]
+        words = jiwer.process_words(r_list, h_list)
+        chars = jiwer.process_characters(r_list, h_list)
+        s, d, i = words.substitutions, words.deletions, words.insertions
+        n_words = words.hits + s + d
+        char_errors = chars.substitutions + chars.deletions + chars.insertions
+        n_chars = chars.hits + chars.substitutions + chars.deletions
+    i += extra_words
+    char_errors += extra_chars
+    return Score(
+        wer=_rate(s + d + i, n_words),
+        cer=_rate(char_errors, n_chars),
+        n_words=n_words,
+        substitutions=s,
+        deletions=d,
+        insertions=i,
+        n_chars=n_chars,
+        char_errors=char_errors,
+    )
+
+
+def _rate(errors: int, total: int) -> float:
+    if total == 0:
+        return 0.0 if errors == 0 else float("inf")
+    return errors / total

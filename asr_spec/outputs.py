@@ -1,0 +1,262 @@
+"""Transcript writers: txt, json, srt, vtt. Every file is written atomically.
+
+A writer renders into a temporary file in the destination folder and ``os.replace``-s it over the target only
+once the whole file is written and flushed, so a crash or a failing writer never leaves a half-written transcript
+(and an existing file stays intact until its replacement is complete).
+
+The result given to the writers is a mapping or a dataclass (converted with ``dataclasses.asdict``) holding:
+    text      str, the whole transcript                                               (required)
+    segments  list of {start_s, end_s, text} mappings or objects with those attributes (required for srt/vtt)
+    stats     dict, per-chunk / decoding statistics                                   (optional, json only)
+    timings   dict, stage timings in seconds                                          (optional, json only)
+Any other JSON-able key is kept in the json output as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import InputError
+
+__all__ = [
+    "FORMATS",
+    "TranscriptSegment",
+    "format_timestamp",
+    "atomic_write",
+    "render_txt",
+    "render_json",
+    "render_srt",
+    "render_vtt",
+    "write_outputs",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TranscriptSegment:
+    """A segment as the writers see it: file times in seconds and its decoded text."""
+
+    start_s: float
+    end_s: float
+    text: str
+
+
+def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
+    """``HH:MM:SS,mmm`` (SRT; ``decimal_marker="."`` gives VTT's ``HH:MM:SS.mmm``); rounded to the millisecond.
+
+    Hours are at least two digits and grow past 99 rather than wrapping.
+    """
+    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or not math.isfinite(time_s) or time_s < 0:
+        raise InputError(f"timestamp must be a finite number of seconds >= 0, got {time_s!r}")
+    total_ms = int(round(time_s * 1000))
+    hours, rest_ms = divmod(total_ms, 3_600_000)
+    minutes, rest_ms = divmod(rest_ms, 60_000)
+    seconds, millis = divmod(rest_ms, 1000)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{decimal_marker}{millis:03d}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Normalising the result
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _as_dict(result: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        return dataclasses.asdict(result)
+    if isinstance(result, Mapping):
+        return dict(result)
+    raise InputError(f"result must be a mapping or a dataclass instance, got {type(result).__name__}")
+
+
+def _field(item: Any, name: str, index: int) -> Any:
+    if isinstance(item, Mapping):
+        if name not in item:
+            raise InputError(f"segment {index}: missing {name!r} (keys: {sorted(item)})")
+        return item[name]
+    if not hasattr(item, name):
+        raise InputError(f"segment {index}: {type(item).__name__} has no {name!r}")
+    return getattr(item, name)
+
+
+def _segments(result: Mapping[str, Any], fmt: str) -> list[TranscriptSegment]:
+    raw = result.get("segments")
+    if raw is None:
+        raise InputError(f"{fmt}: the result has no 'segments' (needed for timed captions)")
+    segments = []
+    previous_end = 0.0
+    for index, item in enumerate(raw):
+        start_s, end_s, text = (_field(item, name, index) for name in ("start_s", "end_s", "text"))
+        for name, value in (("start_s", start_s), ("end_s", end_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InputError(f"segment {index}: {name} must be a finite number of seconds, got {value!r}")
+        if not 0 <= start_s <= end_s:
+            raise InputError(f"segment {index}: needs 0 <= start_s <= end_s, got {start_s} .. {end_s}")
+        if start_s < previous_end - 1e-6:
+            raise InputError(f"segment {index}: starts at {start_s} s, before the previous one ends ({previous_end} s)")
+        if not isinstance(text, str):
+            raise InputError(f"segment {index}: text must be a str, got {type(text).__name__}")
+        segments.append(TranscriptSegment(float(start_s), float(end_s), text))
+        previous_end = float(end_s)
+    return segments
+
+
+def _text(result: Mapping[str, Any]) -> str:
+    text = result.get("text")
+    if not isinstance(text, str):
+        raise InputError(f"result needs a 'text' str, got {type(text).__name__}")
+    return text
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types: numpy / torch scalars to Python, tuples to lists, paths to str, NaN/inf to None."""
+    if isinstance(value, Mapping):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays / scalars, torch tensors
+        return _jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise InputError(f"json: cannot serialise a {type(value).__name__} ({value!r:.60})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Renderers: result -> str (pure)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def render_txt(result: Any) -> str:
+    """One line per segment (as Whisper's txt writer), or the whole text when there are no segments."""
+    data = _as_dict(result)
+    if data.get("segments"):
+        lines = [segment.text.strip() for segment in _segments(data, "txt")]
+        return "\n".join(line for line in lines if line) + "\n"
+    return _text(data).strip() + "\n"
+
+
+def render_json(result: Any) -> str:
+    """The whole result (text, segments, stats, timings, ...) as indented UTF-8 JSON; NaN/inf become null."""
+    data = _as_dict(result)
+    _text(data)
+    if data.get("segments") is not None:
+        _segments(data, "json")  # validate times and text; extra per-segment keys are kept below
+        data["segments"] = [_segment_dict(item, index) for index, item in enumerate(data["segments"])]
+    return json.dumps(_jsonable(data), ensure_ascii=False, indent=2, allow_nan=False) + "\n"
+
+
+def _segment_dict(item: Any, index: int) -> dict[str, Any]:
+    if isinstance(item, Mapping):
+        return dict(item)
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return dataclasses.asdict(item)
+    return {name: _field(item, name, index) for name in ("start_s", "end_s", "text")}
+
+
+def _cue_text(text: str) -> str:
+    """Caption text: no blank lines inside a cue (they would end it), no arrow (it would start a timing line)."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    return "\n".join(line for line in lines if line).replace("-->", "->")
+
+
+def render_srt(result: Any) -> str:
+    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out."""
+    blocks = []
+    for segment in _segments(_as_dict(result), "srt"):
+        text = _cue_text(segment.text)
+        if text:
+            timing = f"{format_timestamp(segment.start_s)} --> {format_timestamp(segment.end_s)}"
+            blocks.append(f"{len(blocks) + 1}\n{timing}\n{text}\n")
+    return "\n".join(blocks)
+
+
+def render_vtt(result: Any) -> str:
+    """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``, ``&`` / ``<`` / ``>`` escaped."""
+    blocks = ["WEBVTT\n"]
+    for segment in _segments(_as_dict(result), "vtt"):
+        text = _cue_text(segment.text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        if text:
+            timing = f"{format_timestamp(segment.start_s, '.')} --> {format_timestamp(segment.end_s, '.')}"
+            blocks.append(f"{timing}\n{text}\n")
+    return "\n".join(blocks)
+
+
+FORMATS: dict[str, Callable[[Any], str]] = {
+    "txt": render_txt,
+    "json": render_json,
+    "srt": render_srt,
+    "vtt": render_vtt,
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) -> Path:
+    """Call ``write(file)`` on a temporary file next to ``path``, then atomically move it onto ``path``.
+
+    If ``write`` raises, the temporary file is removed and ``path`` is left as it was (absent or old content).
+    """
+    target = Path(path)
+    handle = tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", newline="\n", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False
+    )
+    try:
+        with handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(handle.name, 0o644)  # NamedTemporaryFile creates 0600; a transcript is an ordinary file
+        os.replace(handle.name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(handle.name)
+        raise
+    return target
+
+
+def _check_formats(formats: Iterable[str]) -> list[str]:
+    if isinstance(formats, str):
+        formats = [formats]
+    chosen: list[str] = []
+    for fmt in formats:
+        if not isinstance(fmt, str) or fmt.lower().lstrip(".") not in FORMATS:
+            raise InputError(f"unknown output format {fmt!r} (choose from {', '.join(sorted(FORMATS))})")
+        name = fmt.lower().lstrip(".")
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise InputError(f"no output format given (choose from {', '.join(sorted(FORMATS))})")
+    return chosen
+
+
+def write_outputs(
+    result: Any, out_dir: str | os.PathLike[str], stem: str, formats: Iterable[str]
+) -> dict[str, Path]:
+    """Write ``result`` as ``out_dir/stem.<fmt>`` for each format; returns ``{fmt: path}``.
+
+    Everything is validated and rendered before the first file is written, so a bad format name or a bad
+    segment writes nothing. ``out_dir`` is created if missing.
+    """
+    chosen = _check_formats(formats)
+    if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
+        raise InputError(f"stem must be a plain file name without folders, got {stem!r}")
+    rendered = {fmt: FORMATS[fmt](result) for fmt in chosen}
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for fmt, content in rendered.items():
+        written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
+    return written

@@ -1,0 +1,278 @@
+"""Pure stitching: merge the token sequences of overlapping chunks into one transcript with file-time segments.
+
+Neighbouring chunks hear the same audio in their strides, so both transcribe it. Following the transformers ASR
+pipeline (``_find_longest_common_sequence`` and the ``_decode_asr`` state machine in
+``transformers/models/whisper/tokenization_whisper.py``; transformers 5 no longer has the older pipeline's
+``_find_timestamp_sequence``, its timestamp merge now lives in ``_decode_asr``), the seam is resolved by sliding the head of the right
+sequence under the tail of the left one, taking the offset with the best match fraction (ties broken toward longer
+overlaps), and cutting both at the middle of that overlap: the left chunk is trusted for the first half of the
+shared audio, the right chunk for the second half. No word is doubled or lost when the two readings agree.
+
+With timestamp tokens, segments are closed by Whisper's own timestamp pairs; a timestamp in a stride is not
+trusted (the right stride's trailing timestamps and the left stride's leading ones are skipped) and the text of a
+segment that spans a seam is merged as above. Chunk-relative times are offset to file time.
+
+Token classes, by id (Whisper's vocabulary layout; no tokenizer needed):
+    id <  eot_id                         text
+    eot_id <= id < timestamp_begin_id    control tokens (eot, language, task, notimestamps...): dropped
+    id >= timestamp_begin_id             timestamp: (id - timestamp_begin_id) * time_precision_s seconds
+
+Deliberate differences from transformers: times are rounded to the millisecond, not to 10 ms, so a chunk offset
+that is not a multiple of 10 ms is kept exact; segment times are clamped to be non-decreasing (transformers can
+emit overlapping segments); a segment left open at the end of the file ends at the end of the file instead of
+``None``. Language-change splitting and word-level timestamps are not handled here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .chunking import ChunkSpan
+from .errors import InputError
+
+__all__ = [
+    "TIME_PRECISION_S",
+    "ChunkTokens",
+    "Segment",
+    "StitchResult",
+    "overlap_cut",
+    "merge_overlapping",
+    "stitch_chunks",
+]
+
+TIME_PRECISION_S = 0.02  # seconds per timestamp token: 30 s window / 1500 encoder positions
+_TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
+
+
+@dataclass(frozen=True)
+class ChunkTokens:
+    """What the decoder produced for one chunk."""
+
+    token_ids: tuple[int, ...]  # generated ids after the decoder prompt; may hold timestamps and a final eot
+    span: ChunkSpan  # where the chunk lies in the file, in samples
+
+    def __post_init__(self) -> None:  # accept any int sequence (list, numpy row, tensor.tolist())
+        object.__setattr__(self, "token_ids", tuple(int(token) for token in self.token_ids))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of transcript with file times in seconds; ``start_s <= end_s``."""
+
+    start_s: float
+    end_s: float
+    token_ids: tuple[int, ...]  # text tokens only
+
+
+@dataclass(frozen=True)
+class StitchResult:
+    token_ids: tuple[int, ...]  # the merged text tokens of the whole file
+    segments: tuple[Segment, ...]  # in file order, non-overlapping, times non-decreasing
+    # True when the segment times come from Whisper's timestamp tokens; False when no chunk had any and each
+    # segment is one chunk's share of the text spanning that chunk's unstrided middle (an approximation).
+    timestamped: bool = field(default=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text merge
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def overlap_cut(left: Sequence[int], right: Sequence[int]) -> tuple[int, int]:
+    """Where to join ``left`` and ``right``: returns ``(n_left_kept, n_right_dropped)``.
+
+    The merged sequence is ``left[:n_left_kept] + right[n_right_dropped:]``. Every offset at which the head of
+    ``right`` overlaps the tail of ``left`` by ``shift`` tokens (``shift`` in ``1 .. len(left) + len(right) - 1``,
+    the overlap being shorter than ``shift`` once ``right`` slides past ``left``'s start) is scored
+    ``matches / shift + shift * 1e-4``; offsets with fewer than two equal aligned tokens do not count. Both sides
+    are cut at the middle of the best overlap. With no acceptable offset, everything is kept (plain concatenation).
+    """
+    left_ids = np.asarray(left, dtype=np.int64)
+    right_ids = np.asarray(right, dtype=np.int64)
+    n_left, n_right = len(left_ids), len(right_ids)
+    best_score = 0.0
+    best = (n_left, n_left, 0, 0)  # (left_start, left_stop, right_start, right_stop) of the chosen overlap
+    for shift in range(1, n_left + n_right):
+        left_start, left_stop = max(0, n_left - shift), min(n_left, n_left + n_right - shift)
+        right_start, right_stop = max(0, shift - n_left), min(n_right, shift)
+        matches = int(np.count_nonzero(left_ids[left_start:left_stop] == right_ids[right_start:right_stop]))
+        score = matches / shift + shift * _TIE_BREAK_PER_TOKEN
+        if matches > 1 and score > best_score:
+            best_score = score
+            best = (left_start, left_stop, right_start, right_stop)
+    left_start, left_stop, right_start, right_stop = best
+    return (left_start + left_stop) // 2, (right_start + right_stop) // 2
+
+
+def _merge_with_shares(pieces: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Merge pieces left to right; also return how many merged tokens each piece contributed."""
+    if not pieces:
+        return [], []
+    merged: list[int] = []
+    shares: list[int] = []
+    carry = list(pieces[0])  # the not-yet-committed tail: everything kept so far from the latest piece
+    for piece in pieces[1:]:
+        n_keep, n_drop = overlap_cut(carry, piece)
+        merged.extend(carry[:n_keep])
+        shares.append(n_keep)
+        carry = list(piece[n_drop:])
+    merged.extend(carry)
+    shares.append(len(carry))
+    return merged, shares
+
+
+def merge_overlapping(pieces: Sequence[Sequence[int]]) -> list[int]:
+    """Merge token sequences of consecutive overlapping chunks into one (see ``overlap_cut``)."""
+    return _merge_with_shares(pieces)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Full stitch
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _OpenSegment:
+    """Mutable state of the timestamp walk: the segment being read, possibly across chunks."""
+
+    start_s: float | None = None
+    pieces: list[list[int]] = field(default_factory=list)  # text from earlier chunks, one piece per chunk
+    skip_next_timestamp: bool = False  # the previous timestamp fell in a right stride: its partner is skipped too
+
+
+def stitch_chunks(
+    chunks: Sequence[ChunkTokens],
+    *,
+    eot_id: int,
+    timestamp_begin_id: int,
+    time_precision_s: float = TIME_PRECISION_S,
+    sampling_rate: int = 16_000,
+) -> StitchResult:
+    """Merge per-chunk decoder outputs (in file order) into one transcript with file-time segments.
+
+    ``chunks[i].span`` positions chunk ``i`` in the file (samples at ``sampling_rate`` Hz). If no chunk holds a
+    timestamp token, the text is merged with ``merge_overlapping`` and each chunk's share becomes one approximate
+    segment over its unstrided middle. Otherwise segments follow Whisper's timestamps (module docstring).
+    """
+    _verify_stitch_args(chunks, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
+    if not any(token >= timestamp_begin_id for chunk in chunks for token in chunk.token_ids):
+        return _stitch_text_only(chunks, eot_id, sampling_rate)
+    segments: list[Segment] = []
+    state = _OpenSegment()
+    for chunk in chunks:
+        _walk_chunk(chunk, state, segments, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
+    if state.pieces:  # Whisper never closed the last segment (audio cut mid-word): it ends with the file
+        end_s = _round_ms(chunks[-1].span.end_sample / sampling_rate)
+        start_s = state.start_s if state.start_s is not None else (segments[-1].end_s if segments else 0.0)
+        segments.append(Segment(start_s, end_s, tuple(merge_overlapping(state.pieces))))
+    segments = _monotonic(segments)
+    token_ids = tuple(token for segment in segments for token in segment.token_ids)
+    return StitchResult(token_ids=token_ids, segments=tuple(segments), timestamped=True)
+
+
+def _walk_chunk(
+    chunk: ChunkTokens,
+    state: _OpenSegment,
+    segments: list[Segment],
+    eot_id: int,
+    timestamp_begin_id: int,
+    time_precision_s: float,
+    sampling_rate: int,
+) -> None:
+    """Advance the segment state machine over one chunk's tokens, appending closed segments."""
+    span, tokens = chunk.span, chunk.token_ids
+    offset_s = span.start_sample / sampling_rate
+    # Timestamps (as token-index offsets from timestamp_begin_id) below this lie in the left stride.
+    left_stride_index = span.stride_left_samples / sampling_rate / time_precision_s
+    right_stride_start_s = (span.n_samples - span.stride_right_samples) / sampling_rate
+    # Timestamp tokens >= this lie in the right stride and are skipped; the chunk's last one is always skipped
+    # (when there is a right stride), so the final segment stays open and is merged with the next chunk's text.
+    first_skipped = None
+    if span.stride_right_samples:
+        for token in reversed(tokens):
+            if token < timestamp_begin_id:
+                continue
+            if first_skipped is not None and (token - timestamp_begin_id) * time_precision_s < right_stride_start_s:
+                break
+            first_skipped = token
+    current: list[int] = []
+    for token in tokens:
+        if token < eot_id:
+            current.append(token)
+            continue
+        if token < timestamp_begin_id:
+            continue  # control token
+        time_s = _round_ms((token - timestamp_begin_id) * time_precision_s + offset_s)
+        if first_skipped is not None and token >= first_skipped:
+            state.skip_next_timestamp = True  # in the right stride: resolved by the next chunk
+        elif state.skip_next_timestamp or (state.pieces and token - timestamp_begin_id < left_stride_index):
+            state.skip_next_timestamp = False  # partner of a skipped one, or in the left stride of a continuation
+        elif state.start_s is None:
+            state.start_s = time_s
+        elif time_s != state.start_s:  # an end equal to the start is Whisper repeating the start: ignore it
+            text = merge_overlapping([*state.pieces, current])
+            segments.append(Segment(state.start_s, time_s, tuple(text)))
+            state.start_s, state.pieces, current = None, [], []
+    if current:
+        state.pieces.append(current)
+    elif not any(state.pieces):  # nothing said since the last closed segment: forget the dangling start
+        state.start_s, state.pieces = None, []
+
+
+def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate: int) -> StitchResult:
+    texts = [[token for token in chunk.token_ids if token < eot_id] for chunk in chunks]
+    spoken = [(chunk, text) for chunk, text in zip(chunks, texts) if text]  # empty chunks take no part in merging
+    merged, shares = _merge_with_shares([text for _, text in spoken])
+    segments: list[Segment] = []
+    position = 0
+    for (chunk, _), share in zip(spoken, shares):
+        if share:
+            start_s = _round_ms(chunk.span.keep_start_sample / sampling_rate)
+            end_s = _round_ms(chunk.span.keep_end_sample / sampling_rate)
+            segments.append(Segment(start_s, end_s, tuple(merged[position : position + share])))
+        position += share
+    return StitchResult(token_ids=tuple(merged), segments=tuple(_monotonic(segments)), timestamped=False)
+
+
+def _monotonic(segments: list[Segment]) -> list[Segment]:
+    """Clamp times so that each segment starts no earlier than the previous one ends and ends after it starts."""
+    out: list[Segment] = []
+    floor_s = 0.0
+    for segment in segments:
+        start_s = max(segment.start_s, floor_s)
+        end_s = max(segment.end_s, start_s)
+        out.append(Segment(start_s, end_s, segment.token_ids))
+        floor_s = end_s
+    return out
+
+
+def _round_ms(time_s: float) -> float:
+    return round(time_s, 3)
+
+
+def _verify_stitch_args(
+    chunks: Sequence[ChunkTokens], eot_id: int, timestamp_begin_id: int, time_precision_s: float, sampling_rate: int
+) -> None:
+    if isinstance(eot_id, bool) or not isinstance(eot_id, (int, np.integer)) or eot_id <= 0:
+        raise InputError(f"eot_id must be a positive token id, got {eot_id!r}")
+    if not isinstance(timestamp_begin_id, (int, np.integer)) or timestamp_begin_id <= eot_id:
+        raise InputError(f"timestamp_begin_id ({timestamp_begin_id!r}) must be an id above eot_id ({eot_id})")
+    if not isinstance(time_precision_s, (int, float)) or not time_precision_s > 0:
+        raise InputError(f"time_precision_s must be a positive number of seconds, got {time_precision_s!r}")
+    if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, int) or sampling_rate <= 0:
+        raise InputError(f"sampling_rate must be a positive integer number of Hz, got {sampling_rate!r}")
+    previous_start = -1
+    for index, chunk in enumerate(chunks):
+        if not isinstance(chunk, ChunkTokens):
+            raise InputError(f"chunk {index}: expected ChunkTokens, got {type(chunk).__name__}")
+        if chunk.span.start_sample <= previous_start:
+            raise InputError(
+                f"chunk {index}: starts at sample {chunk.span.start_sample}, not after the previous chunk "
+                f"({previous_start}); chunks must be in file order"
+            )
+        previous_start = chunk.span.start_sample
+        if any(token < 0 for token in chunk.token_ids):
+            raise InputError(f"chunk {index}: negative token id in {chunk.token_ids[:8]}...")

@@ -1,0 +1,61 @@
+"""Shared test helpers: tiny random Whisper models built in-process, and the transformers greedy reference."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "2")))
+
+EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
+
+
+def tiny_target(seed: int = 3, eos_boost: float = 2.0, multilingual: bool = True):
+    """A random 70-token Whisper whose rows end with <|endoftext|> at varied lengths (or run to the limit)."""
+    from asr_spec.models import random_whisper
+
+    model = random_whisper("test", seed=seed, vocab_size=70, init_std=0.2, multilingual=multilingual)
+    with torch.no_grad():
+        model.model.decoder.embed_tokens.weight[EOT] *= eos_boost
+    return model
+
+
+def perturbed(model, scale: float, *, seed: int = 0, encoder: bool = True):
+    """A copy of `model` with Gaussian noise of relative size `scale` on its weights (the encoder's too or not)."""
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            if not encoder and ".encoder." in f".{name}":
+                continue
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp(min=1e-3))
+    return out
+
+
+def hf_greedy(model, features: torch.Tensor, *, language=None, task=None, timestamps=False, max_new_tokens=None):
+    """transformers' own greedy decoding of one chunk, alone (batch 1): (prompt, generated tokens)."""
+    kwargs = dict(return_timestamps=timestamps, force_unique_generate_call=True, return_dict_in_generate=True)
+    if language is not None:
+        kwargs.update(language=language, task=task or "transcribe")
+    if max_new_tokens is not None:
+        kwargs["max_new_tokens"] = max_new_tokens
+    seq = model.generate(features[None], **kwargs).sequences[0].tolist()
+    return seq
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="session")
+def features():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(10, 16, 100, generator=gen)
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()

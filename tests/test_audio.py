@@ -1,0 +1,220 @@
+"""Audio loading: formats, sources, mono, resampling, streaming, and the errors for bad input."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+import torch
+
+from asr_spec.audio import audio_duration_s, load_audio, stream_audio, to_mono
+from asr_spec.errors import AudioError, InputError
+
+SR = 16_000
+
+
+def _tone(n: int, rate: int, freq: float = 440.0, amplitude: float = 0.3) -> np.ndarray:
+    return (amplitude * np.sin(2 * np.pi * freq * np.arange(n) / rate)).astype(np.float32)
+
+
+@pytest.fixture()
+def tone_16k() -> np.ndarray:
+    return _tone(3 * SR, SR)
+
+
+@pytest.mark.parametrize("suffix,tolerance", [("wav", 1e-4), ("flac", 1e-4), ("ogg", 0.05), ("mp3", 0.05)])
+def test_formats_load_as_float32_mono(tmp_path: Path, tone_16k: np.ndarray, suffix: str, tolerance: float) -> None:
+    path = tmp_path / f"tone.{suffix}"
+    sf.write(path, tone_16k, SR)
+    audio = load_audio(path)
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert abs(len(audio) - len(tone_16k)) <= 1200  # lossy codecs may pad a frame
+    n = min(len(audio), len(tone_16k)) - 2000
+    # lossy codecs shift phase a little: compare energy, and samples only for lossless formats
+    assert np.sqrt(np.mean(audio[:n] ** 2)) == pytest.approx(np.sqrt(np.mean(tone_16k[:n] ** 2)), rel=tolerance + 0.01)
+    if suffix in {"wav", "flac"}:
+        np.testing.assert_allclose(audio, tone_16k, atol=tolerance)
+    assert audio_duration_s(path) == pytest.approx(3.0, abs=0.08)
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg for the audioread fallback")
+def test_formats_libsndfile_cannot_open_fall_back_to_ffmpeg(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    wav, m4a = tmp_path / "tone.wav", tmp_path / "tone.m4a"
+    sf.write(wav, tone_16k, SR)
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(wav), "-c:a", "aac", str(m4a)], check=True)
+    audio = load_audio(m4a)
+    assert audio.dtype == np.float32 and abs(len(audio) - len(tone_16k)) < 2048
+    assert audio_duration_s(m4a) == pytest.approx(3.0, abs=0.1)
+
+
+def test_stereo_is_averaged_and_resampled_with_soxr(tmp_path: Path) -> None:
+    rate = 44_100
+    left, right = _tone(rate, rate, 300.0), _tone(rate, rate, 500.0, 0.1)
+    path = tmp_path / "stereo.wav"
+    sf.write(path, np.stack([left, right], axis=1), rate, subtype="FLOAT")
+    audio = load_audio(path)
+    expected = soxr.resample((left + right) / 2, rate, SR, quality="HQ")
+    assert len(audio) == SR
+    np.testing.assert_allclose(audio, expected, atol=1e-6)
+
+
+def test_arrays_tensors_and_dicts(tone_16k: np.ndarray) -> None:
+    np.testing.assert_array_equal(load_audio(tone_16k), tone_16k)
+    np.testing.assert_array_equal(load_audio(torch.from_numpy(tone_16k)), tone_16k)
+    np.testing.assert_allclose(load_audio(torch.from_numpy(tone_16k).to(torch.bfloat16)), tone_16k, atol=4e-3)
+    stereo_first = np.stack([tone_16k, tone_16k])  # (channels, samples): datasets / torchcodec layout
+    np.testing.assert_array_equal(load_audio({"array": stereo_first, "sampling_rate": SR}), tone_16k)
+    np.testing.assert_array_equal(load_audio(stereo_first.T.copy()), tone_16k)  # (samples, channels): soundfile
+    int16 = (tone_16k * 32768).astype(np.int16)
+    np.testing.assert_allclose(load_audio(int16), tone_16k, atol=1 / 32768 + 1e-6)
+    tone_8k = _tone(8_000, 8_000)
+    resampled = load_audio({"path": "ignored.wav", "array": tone_8k, "sampling_rate": 8_000})
+    assert len(resampled) == SR
+    np.testing.assert_array_equal(load_audio(tone_8k, input_sampling_rate=8_000), resampled)
+
+
+def test_dict_with_bytes_or_path(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    path = tmp_path / "tone.flac"
+    sf.write(path, tone_16k, SR)
+    from_bytes = load_audio({"bytes": path.read_bytes(), "path": "tone.flac"})
+    from_path = load_audio({"path": str(path), "array": None})
+    np.testing.assert_array_equal(from_bytes, from_path)
+    np.testing.assert_allclose(from_path, tone_16k, atol=1e-4)
+
+
+def test_a_tenth_of_a_second_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "short.wav"
+    sf.write(path, _tone(4_410, 44_100), 44_100)
+    assert len(load_audio(path)) == 1_600
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _zero_samples(path: Path) -> Path:
+    sf.write(path, np.zeros(0, np.float32), SR)  # a valid WAV header announcing 0 frames
+    return path
+
+
+def _write_text(path: Path) -> Path:
+    path.write_text("this is a text file, not a RIFF header\n" * 20)
+    return path
+
+
+def _truncated_flac(path: Path) -> Path:
+    sf.write(path, np.random.default_rng(0).uniform(-0.5, 0.5, 5 * SR).astype(np.float32), SR)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _nan_wav(path: Path) -> Path:
+    samples = _tone(SR, SR)
+    samples[[10, 500, 9_000]] = [np.nan, np.inf, -np.inf]
+    sf.write(path, samples, SR, subtype="FLOAT")
+    return path
+
+
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda d: d / "missing.wav", "missing.wav: no such file"),
+        (lambda d: d, "is a directory"),
+        (lambda d: _write_bytes(d / "empty.wav", b""), "empty.wav: empty file"),
+        (lambda d: _write_text(d / "notes.wav"), "notes.wav: not a readable audio file"),
+        (lambda d: _truncated_flac(d / "cut.flac"), "cut.flac: corrupt or truncated audio"),
+        (lambda d: _zero_samples(d / "zero.wav"), "zero.wav: no audio samples"),
+        (lambda d: _nan_wav(d / "nan.wav"), r"nan.wav: 3 non-finite samples"),
+    ],
+)
+def test_bad_files_raise_audio_error_naming_file_and_cause(tmp_path: Path, make, needle: str) -> None:
+    path = make(tmp_path)
+    with pytest.raises(AudioError, match=needle):
+        load_audio(path)
+    with pytest.raises(AudioError, match=needle):
+        list(stream_audio(path))
+
+
+@pytest.mark.parametrize(
+    "source,needle",
+    [
+        (np.zeros(0, np.float32), "<array>: no audio samples"),
+        (np.array([0.0, np.nan, np.nan, 0.5], np.float32), "<array>: 2 non-finite samples"),
+        (np.zeros((4, 4), np.float32), "cannot tell channels"),
+        (np.zeros((2, 3, 100), np.float32), "cannot tell channels"),
+        (np.zeros(10, np.complex64), "unsupported sample dtype complex64"),
+        ({"sampling_rate": SR}, "needs 'array'"),
+        ({"array": np.zeros(10, np.float32)}, "no 'sampling_rate'"),
+        ([0.1, 0.2], "<list>: unsupported audio source type"),
+    ],
+)
+def test_bad_in_memory_sources(source: object, needle: str) -> None:
+    with pytest.raises(AudioError, match=needle):
+        load_audio(source)  # type: ignore[arg-type]
+
+
+def test_bad_arguments_are_input_errors(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    path = tmp_path / "tone.wav"
+    sf.write(path, tone_16k, SR)
+    with pytest.raises(InputError, match="sampling_rate"):
+        load_audio(tone_16k, sampling_rate=0)
+    with pytest.raises(InputError, match="input_sampling_rate is only for arrays"):
+        load_audio(path, input_sampling_rate=8_000)
+    with pytest.raises(InputError, match="block_s"):
+        stream_audio(path, block_s=0)
+
+
+def test_to_mono_keeps_1d_and_averages_either_layout() -> None:
+    x = np.arange(6, dtype=np.float32)
+    assert to_mono(x, "x") is x
+    np.testing.assert_array_equal(to_mono(np.stack([x, 3 * x]), "x"), 2 * x)
+    np.testing.assert_array_equal(to_mono(np.stack([x, 3 * x], axis=1), "x"), 2 * x)
+
+
+# ------------------------------------------------------------------------------------------------ streaming
+
+
+def test_stream_equals_load_and_blocks_are_bounded(tmp_path: Path) -> None:
+    rate = 44_100
+    signal = np.random.default_rng(1).uniform(-0.5, 0.5, 23 * rate).astype(np.float32)
+    path = tmp_path / "long.flac"
+    sf.write(path, signal, rate)
+    blocks = list(stream_audio(path, block_s=4.0))
+    assert max(len(b) for b in blocks) <= 4 * SR + 512  # soxr releases its filter delay unevenly
+    assert len(blocks) >= 6
+    streamed = np.concatenate(blocks)
+    np.testing.assert_array_equal(streamed, load_audio(path))
+    assert len(streamed) == 23 * SR
+    assert audio_duration_s(path) == pytest.approx(23.0)
+
+
+def test_stream_is_lazy_and_holds_one_block(tmp_path: Path) -> None:
+    path = tmp_path / "long.wav"
+    n = 240 * SR  # 4 minutes: 15 MB as float32
+    sf.write(path, _tone(n, SR), SR, subtype="PCM_16")
+    tracemalloc.start()
+    try:
+        total = 0
+        for block in stream_audio(path, block_s=5.0):
+            total += len(block)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert total == n
+    assert peak_bytes < 0.15 * n * 4  # a few 5 s blocks, never the whole 4 minutes
+
+
+def test_stream_opening_errors_raise_at_the_call(tmp_path: Path) -> None:
+    with pytest.raises(AudioError, match="no such file"):
+        stream_audio(tmp_path / "missing.flac")  # no next() needed

@@ -1,0 +1,186 @@
+"""Invariant: speculative output == transformers' own greedy output of each row alone, token for token."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine.rules import LogitRules, WhisperTokens
+from asr_spec.models import DraftKind, check_pair, decoder_draft, random_whisper
+from conftest import hf_greedy, perturbed, tiny_target
+
+TIE = 1e-4
+MAX_NEW = 40
+
+
+@functools.lru_cache(maxsize=None)
+def drafts(name: str):
+    t = _target()
+    return {
+        "none": lambda: None,
+        "self-shared": lambda: decoder_draft(t),  # (a) the target itself: everything accepted
+        "self-own": lambda: perturbed(t, 1e-6, seed=1),  # (a) with its own (numerically different) encoder
+        "random-shared": lambda: decoder_draft(tiny_target(seed=7)),  # (b) unrelated: almost nothing accepted
+        "random-own": lambda: tiny_target(seed=7),
+        "perturbed-shared": lambda: decoder_draft(perturbed(t, 0.3, seed=3, encoder=False)),  # (c) partial
+        "perturbed-own": lambda: perturbed(t, 0.3, seed=3),
+    }[name]()
+
+
+@functools.lru_cache(maxsize=None)
+def _target():
+    return tiny_target()
+
+
+@functools.lru_cache(maxsize=None)
+def _features():
+    return torch.randn(10, 16, 100, generator=torch.Generator().manual_seed(0))
+
+
+@functools.lru_cache(maxsize=None)
+def reference(row: int, timestamps: bool, max_new: int) -> tuple[int, ...]:
+    return tuple(hf_greedy(_target(), _features()[row], language="en", task="transcribe", timestamps=timestamps,
+                           max_new_tokens=max_new))
+
+
+def assert_same_as_greedy(results, timestamps: bool, max_new: int) -> None:
+    """Each row equals the reference, or first differs where the target's top-2 scores are a numerical tie."""
+    t = _target()
+    tokens = WhisperTokens.from_generation_config(t.generation_config, 448)
+    rules = LogitRules(tokens, t.config.vocab_size, timestamps, torch.device("cpu"))
+    for row, res in enumerate(results):
+        ref = reference(row, timestamps, max_new)
+        ours = res.prompt + res.tokens
+        if ours == ref:
+            continue
+        i = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
+        assert i >= len(res.prompt), f"row {row}: prompts differ {res.prompt} vs {ref[:len(res.prompt)]}"
+        prefix = torch.tensor([ref[:i]])
+        with torch.no_grad():
+            logits = t(input_features=_features()[row][None], decoder_input_ids=prefix).logits[:, -1:]
+        scores = rules.apply(logits, prefix, torch.tensor([i]), torch.tensor([len(res.prompt)]))[0, 0]
+        top2 = scores.topk(2).values
+        assert (top2[0] - top2[1]).abs() < TIE, (
+            f"row {row}: diverges at token {i} ({ours[i:i + 3]} vs {ref[i:i + 3]}) without a tie "
+            f"(top-2 gap {float(top2[0] - top2[1]):.2e})"
+        )
+
+
+def run(draft_name: str, batch_size: int, timestamps: bool = False, max_new: int = MAX_NEW, **opts):
+    options = DecodeOptions(language="en", timestamps=timestamps, max_new_tokens=max_new, **opts)
+    engine = Engine(_target(), drafts(draft_name), options, batch_size=batch_size)
+    return engine.decode(_features())
+
+
+ALL_DRAFTS = ["none", "self-shared", "self-own", "random-shared", "random-own", "perturbed-shared", "perturbed-own"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("draft_name", ALL_DRAFTS)
+def test_speculative_equals_greedy(draft_name, batch_size):
+    assert_same_as_greedy(run(draft_name, batch_size), False, MAX_NEW)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+@pytest.mark.parametrize("draft_name", ALL_DRAFTS)
+def test_speculative_equals_greedy_with_timestamps(draft_name, batch_size):
+    results = run(draft_name, batch_size, timestamps=True)
+    assert_same_as_greedy(results, True, MAX_NEW)
+    ts_begin = _target().generation_config.no_timestamps_token_id + 1
+    assert any(tok >= ts_begin for r in results for tok in r.tokens), "timestamp mode produced no timestamps"
+
+
+def test_rows_end_differently(target):
+    """The fixture really exercises per-row stopping: some rows end by EOS, some by the length limit."""
+    results = run("none", 4)
+    reasons = {r.finish_reason for r in results}
+    assert reasons == {"eos", "length"}, reasons
+    assert len({len(r.tokens) for r in results}) >= 3
+
+
+@pytest.mark.parametrize("draft_name", ["self-shared", "perturbed-own"])
+def test_max_new_tokens_inside_a_draft(draft_name):
+    results = run(draft_name, 3, max_new=13, num_draft_tokens=8, draft_schedule="constant")
+    assert_same_as_greedy(results, False, 13)
+    assert all(len(r.tokens) <= 13 for r in results)
+
+
+def test_eos_inside_accepted_draft():
+    results = run("self-shared", 4, num_draft_tokens=8, draft_schedule="constant")
+    assert_same_as_greedy(results, False, MAX_NEW)
+    eos_rows = [r for r in results if r.finish_reason == "eos"]
+    # with everything accepted, an EOS that is not a step's first token was inside an accepted draft
+    assert any(r.stats.accepted_tokens > 0 and len(r.tokens) % 9 != 1 for r in eos_rows)
+
+
+def test_acceptance_statistics():
+    perfect = run("self-shared", 4, num_draft_tokens=4, draft_schedule="constant")
+    for r in perfect:
+        assert r.stats.drafted_tokens - r.stats.accepted_tokens <= 4  # only the last step is cut by a limit
+        assert r.stats.target_passes <= -(-r.stats.generated_tokens // 5) + 1
+        assert sum(r.stats.accepted_hist) == r.stats.target_passes
+    unrelated = run("random-shared", 4, num_draft_tokens=4, draft_schedule="constant")
+    drafted = sum(r.stats.drafted_tokens for r in unrelated)
+    accepted = sum(r.stats.accepted_tokens for r in unrelated)
+    assert accepted / drafted < 0.2
+    greedy = run("none", 4)
+    assert all(r.stats.target_passes == r.stats.generated_tokens for r in greedy)
+
+
+def test_continuous_batching_returns_every_chunk_once():
+    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW),
+                    batch_size=3)
+    from asr_spec.engine import ChunkRequest
+
+    ids = [f"chunk-{i}" for i in range(10)]
+    results = list(engine.run(ChunkRequest(i, f) for i, f in zip(ids, _features())))
+    assert sorted(r.id for r in results) == sorted(ids)
+    by_id = {r.id: r for r in results}
+    assert_same_as_greedy([by_id[i] for i in ids], False, MAX_NEW)
+
+
+def test_heuristic_schedule_and_confidence_are_lossless():
+    assert_same_as_greedy(run("perturbed-shared", 4, draft_schedule="heuristic", draft_confidence=0.5),
+                          False, MAX_NEW)
+
+
+def test_language_detection_matches_transformers():
+    t = _target()
+    engine = Engine(t, None, DecodeOptions(max_new_tokens=5), batch_size=4)
+    results = engine.decode(_features()[:4])
+    for row, r in enumerate(results):
+        ref = hf_greedy(t, _features()[row], max_new_tokens=5)
+        assert r.prompt[1] == ref[1]
+
+
+def test_draft_kinds_detected():
+    t = _target()
+    assert check_pair(t, None) is DraftKind.NONE
+    assert check_pair(t, decoder_draft(t, [0])) is DraftKind.SHARED_ENCODER
+    assert check_pair(t, perturbed(t, 0.0)) is DraftKind.SHARED_ENCODER  # identical encoder: run once
+    assert check_pair(t, perturbed(t, 0.1)) is DraftKind.OWN_ENCODER
+
+
+def test_incompatible_pairs_are_refused():
+    t = _target()
+    with pytest.raises(ValueError, match="vocab_size"):
+        check_pair(t, random_whisper("test", vocab_size=80))
+    wide = random_whisper(random_whisper.__globals__["Shape"](96, 1, 1, 4, n_mels=16, audio_ctx=50), vocab_size=70)
+    with pytest.raises(ValueError, match="encoder"):
+        check_pair(t, decoder_draft(wide))
+    with pytest.raises(ValueError, match="batch_size"):
+        Engine(t, None, batch_size=0)
+    with pytest.raises(ValueError, match="max_target_positions"):
+        Engine(t, None, DecodeOptions(language="en", max_new_tokens=446))
+    with pytest.raises(ValueError, match="English-only"):
+        Engine(tiny_target(multilingual=False), None, DecodeOptions(language="en"))
+
+
+def test_english_only_model():
+    t = tiny_target(multilingual=False)
+    results = Engine(t, decoder_draft(t), DecodeOptions(max_new_tokens=20), batch_size=3).decode(_features()[:3])
+    for row, r in enumerate(results):
+        assert r.prompt + r.tokens == tuple(hf_greedy(t, _features()[row], max_new_tokens=20))

@@ -1,0 +1,108 @@
+"""WER/CER against hand-counted alignments."""
+
+import json
+import math
+
+import pytest
+
+from asr_spec import metrics
+from asr_spec.metrics import Score, english_normalizer, load_spelling_mapping, normalize, score
+
+pytestmark = pytest.mark.filterwarnings("ignore:English text normaliser built without")
+
+
+def test_counts_substitution_deletion_insertion():
+    # the cat sat on the mat
+    # the bat sat    the mat today   -> cat->bat (S), "on" deleted (D), "today" inserted (I); 3 edits / 6 words
+    s = score(["the cat sat on the mat"], ["the bat sat the mat today"], normalized=True)
+    assert (s.substitutions, s.deletions, s.insertions, s.n_words) == (1, 1, 1, 6)
+    assert s.wer == pytest.approx(3 / 6)
+
+
+def test_wer_is_corpus_level_not_mean_of_utterances():
+    refs = ["the quick brown fox jumps over the lazy dog", "yes"]
+    hyps = ["the quick brown fox jumps over the lazy dog", "no"]
+    s = score(refs, hyps)
+    assert s.n_words == 10 and s.substitutions == 1
+    assert s.wer == pytest.approx(1 / 10)  # the mean of per-utterance rates would be 0.5
+
+
+def test_cer_counts_characters_including_spaces():
+    # "abc de" (6 chars) vs "abd de": one substitution; "xy" (2) vs "x": one deletion -> 2 / 8
+    s = score(["abc de", "xy"], ["abd de", "x"], normalized=True)
+    assert (s.n_chars, s.char_errors) == (8, 2)
+    assert s.cer == pytest.approx(2 / 8)
+
+
+def test_whisper_normaliser_is_applied_to_both_sides():
+    refs = ["HELLO, WORLD! I DON'T KNOW.", "IT COST TWENTY FIVE DOLLARS", "MR SMITH SAID UM HELLO"]
+    hyps = ["Hello world, I do not know", "It cost $25.", "Mister Smith said hello."]
+    s = score(refs, hyps)
+    assert s == Score(
+        wer=0.0,
+        cer=0.0,
+        n_words=s.n_words,
+        substitutions=0,
+        deletions=0,
+        insertions=0,
+        n_chars=s.n_chars,
+        char_errors=0,
+    )
+    assert normalize("Mr. Smith's 25 COLOURS!") == "mister smith is 25 colours"
+
+
+def test_normalized_flag_skips_the_normaliser():
+    assert score(["Hello"], ["hello"], normalized=True).substitutions == 1
+    assert score(["Hello"], ["hello"]).wer == 0.0
+
+
+def test_empty_references():
+    # all-empty: nothing to get wrong
+    assert score([""], [""]).wer == 0.0
+    # an empty reference makes every hypothesis word an insertion ("uh" is dropped by the normaliser)
+    s = score(["the cat sat", "[noise]"], ["the cat sat", "uh hello there"])
+    assert (s.n_words, s.insertions, s.wer) == (3, 2, pytest.approx(2 / 3))
+    assert s.char_errors == len("hello there")
+    # no reference words at all but some hypothesis words: the rate is infinite, not a division error
+    s = score([""], ["hello"])
+    assert s.n_words == 0 and s.insertions == 1 and math.isinf(s.wer) and math.isinf(s.cer)
+    # empty hypothesis: all deletions
+    s = score(["a b"], [""], normalized=True)
+    assert (s.deletions, s.wer) == (2, 1.0)
+
+
+def test_no_utterances():
+    assert score([], []) == Score(0.0, 0.0, 0, 0, 0, 0, 0, 0)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="2 references but 1 hypotheses"):
+        score(["a", "b"], ["a"])
+    with pytest.raises(TypeError):
+        score("a b", "a b")
+
+
+def test_spelling_mapping_from_dict_file_and_tokenizer_folder(tmp_path):
+    mapping = {"colour": "color", "honour": "honor"}
+    assert english_normalizer(mapping)("The Colour of Honour") == "the color of honor"
+    (tmp_path / "normalizer.json").write_text(json.dumps(mapping))
+    assert load_spelling_mapping(tmp_path) == mapping  # a tokenizer folder
+    assert load_spelling_mapping(tmp_path / "normalizer.json") == mapping
+    assert score(["colour"], ["color"], spelling=tmp_path).wer == 0.0
+    assert score(["colour"], ["color"]).wer == 1.0  # default: no table
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="bad.json"):
+        load_spelling_mapping(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="missing.json"):
+        load_spelling_mapping(tmp_path / "missing.json")
+
+
+def test_warns_once_without_spelling_table():
+    metrics._warn_no_spelling.cache_clear()
+    with pytest.warns(UserWarning, match="without the British->American spelling table"):
+        normalize("x")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        normalize("y")  # second time: silent

@@ -1,0 +1,184 @@
+"""Writers: timestamp formatting, file contents, atomic replacement, format validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asr_spec.errors import InputError
+from asr_spec.outputs import (
+    TranscriptSegment,
+    atomic_write,
+    format_timestamp,
+    render_srt,
+    render_txt,
+    render_vtt,
+    write_outputs,
+)
+
+
+def _result() -> dict:
+    return {
+        "text": " Hello world. <Second> line & more",
+        "segments": [
+            {"start_s": 0.0, "end_s": 2.5, "text": " Hello world."},
+            {"start_s": 2.5, "end_s": 3661.0416, "text": " <Second> line & more"},
+        ],
+        "stats": {"acceptance": np.float32(0.75), "n_chunks": np.int64(2), "histogram": np.arange(3)},
+        "timings": {"decode_s": 1.25, "idle_s": float("nan")},
+    }
+
+
+@pytest.mark.parametrize(
+    "time_s,srt,vtt",
+    [
+        (0.0, "00:00:00,000", "00:00:00.000"),
+        (1.0005, "00:00:01,000", "00:00:01.000"),  # float 1.0005 is just below the half: rounds down
+        (59.9996, "00:01:00,000", "00:01:00.000"),  # rounding carries into the minutes
+        (3661.042, "01:01:01,042", "01:01:01.042"),
+        (7 * 3600 + 0.5, "07:00:00,500", "07:00:00.500"),
+        (100 * 3600, "100:00:00,000", "100:00:00.000"),  # no wrap past 99 hours
+    ],
+)
+def test_format_timestamp(time_s: float, srt: str, vtt: str) -> None:
+    assert format_timestamp(time_s) == srt
+    assert format_timestamp(time_s, ".") == vtt
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan"), float("inf"), "1.0", None])
+def test_format_timestamp_rejects_bad_times(bad: object) -> None:
+    with pytest.raises(InputError, match="timestamp"):
+        format_timestamp(bad)  # type: ignore[arg-type]
+
+
+def test_srt_content() -> None:
+    assert render_srt(_result()) == (
+        "1\n00:00:00,000 --> 00:00:02,500\nHello world.\n\n"
+        "2\n00:00:02,500 --> 01:01:01,042\n<Second> line & more\n"
+    )
+
+
+def test_vtt_content_escapes_markup() -> None:
+    assert render_vtt(_result()) == (
+        "WEBVTT\n\n"
+        "00:00:00.000 --> 00:00:02.500\nHello world.\n\n"
+        "00:00:02.500 --> 01:01:01.042\n&lt;Second&gt; line &amp; more\n"
+    )
+
+
+def test_caption_cues_skip_empty_text_and_cannot_be_broken_by_text() -> None:
+    result = {
+        "text": "x",
+        "segments": [
+            {"start_s": 0.0, "end_s": 1.0, "text": "  "},
+            {"start_s": 1.0, "end_s": 2.0, "text": "a\n\nb --> c"},
+        ],
+    }
+    assert render_srt(result) == "1\n00:00:01,000 --> 00:00:02,000\na\nb -> c\n"
+
+
+def test_txt_is_one_line_per_segment_or_the_text() -> None:
+    assert render_txt(_result()) == "Hello world.\n<Second> line & more\n"
+    assert render_txt({"text": "  just text ", "segments": []}) == "just text\n"
+
+
+def test_json_keeps_everything_as_plain_json(tmp_path: Path) -> None:
+    paths = write_outputs(_result(), tmp_path, "talk", ["json"])
+    data = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert data["text"] == _result()["text"]
+    assert data["segments"][1] == {"start_s": 2.5, "end_s": 3661.0416, "text": " <Second> line & more"}
+    assert data["stats"] == {"acceptance": 0.75, "n_chunks": 2, "histogram": [0, 1, 2]}
+    assert data["timings"] == {"decode_s": 1.25, "idle_s": None}  # NaN is not JSON
+
+
+def test_dataclass_results_and_segment_objects() -> None:
+    @dataclasses.dataclass
+    class Result:
+        text: str
+        segments: list[TranscriptSegment]
+
+    result = Result("hi", [TranscriptSegment(0.25, 1.0, "hi")])
+    assert render_srt(result) == "1\n00:00:00,250 --> 00:00:01,000\nhi\n"
+
+
+def test_write_outputs_writes_every_format(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "folder"
+    paths = write_outputs(_result(), out, "talk", ["txt", "JSON", ".srt", "vtt", "txt"])
+    assert sorted(paths) == ["json", "srt", "txt", "vtt"]
+    assert sorted(p.name for p in out.iterdir()) == ["talk.json", "talk.srt", "talk.txt", "talk.vtt"]
+    assert paths["vtt"].read_text(encoding="utf-8").startswith("WEBVTT\n")
+    assert oct(paths["txt"].stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_unknown_format_is_named_and_nothing_is_written(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="'docx'"):
+        write_outputs(_result(), tmp_path, "talk", ["txt", "docx"])
+    with pytest.raises(InputError, match="no output format"):
+        write_outputs(_result(), tmp_path, "talk", [])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("stem", ["", "a/b", "..", None])
+def test_bad_stem_is_rejected(tmp_path: Path, stem: object) -> None:
+    with pytest.raises(InputError, match="stem"):
+        write_outputs(_result(), tmp_path, stem, ["txt"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "segments,needle",
+    [
+        ([{"start_s": 2.0, "end_s": 1.0, "text": "x"}], "segment 0: needs 0 <= start_s <= end_s"),
+        ([{"start_s": 0.0, "end_s": 3.0, "text": "x"}, {"start_s": 2.0, "end_s": 4.0, "text": "y"}], "segment 1"),
+        ([{"start_s": 0.0, "text": "x"}], "segment 0: missing 'end_s'"),
+        ([{"start_s": float("nan"), "end_s": 1.0, "text": "x"}], "start_s must be a finite"),
+    ],
+)
+def test_bad_segments_are_rejected_before_writing(tmp_path: Path, segments: list, needle: str) -> None:
+    with pytest.raises(InputError, match=needle):
+        write_outputs({"text": "x", "segments": segments}, tmp_path, "talk", ["txt", "srt"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_srt_without_segments_is_an_error() -> None:
+    with pytest.raises(InputError, match="srt: the result has no 'segments'"):
+        render_srt({"text": "x"})
+
+
+def test_atomic_write_leaves_no_partial_file_when_the_writer_raises(tmp_path: Path) -> None:
+    target = tmp_path / "talk.txt"
+
+    def half_then_fail(file) -> None:
+        file.write("partial transcript")
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        atomic_write(target, half_then_fail)
+    assert list(tmp_path.iterdir()) == []  # neither the target nor the temporary file
+
+    target.write_text("old transcript\n", encoding="utf-8")
+    with pytest.raises(RuntimeError):
+        atomic_write(target, half_then_fail)
+    assert target.read_text(encoding="utf-8") == "old transcript\n"  # the old file is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["talk.txt"]
+
+    atomic_write(target, lambda file: file.write("new\n"))
+    assert target.read_text(encoding="utf-8") == "new\n"
+
+
+def test_atomic_write_replaces_by_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "talk.srt"
+    seen = []
+    real_replace = os.replace
+
+    def spy(src, dst) -> None:
+        seen.append((Path(src).parent, Path(src).name.startswith(".talk.srt."), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    write_outputs(_result(), tmp_path, "talk", ["srt"])
+    assert seen == [(tmp_path, True, target)]  # temp file in the same folder, then one rename

@@ -1,0 +1,278 @@
+"""Stitching: no doubled or lost words at seams, equal to transformers' merge, monotonic file-time segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers.models.whisper import tokenization_whisper as hf_whisper
+
+from asr_spec.chunking import ChunkSpan, plan_chunks
+from asr_spec.errors import InputError
+from asr_spec.stitch import ChunkTokens, Segment, merge_overlapping, overlap_cut, stitch_chunks
+
+SR = 16_000
+EOT = 50_257  # Whisper multilingual layout
+NO_TIMESTAMPS = 50_363
+TS_BEGIN = 50_364
+PRECISION_S = 0.02
+
+
+def _ts(time_s: float) -> int:
+    return TS_BEGIN + int(round(time_s / PRECISION_S))
+
+
+class _FakeWhisperTokenizer:
+    """Just what transformers' ``_decode_asr`` touches; decodes text token i as " w<i>"."""
+
+    all_special_ids = list(range(EOT, TS_BEGIN))
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return {"<|notimestamps|>": NO_TIMESTAMPS, "<|startofprev|>": 50_361, "<|startoftranscript|>": 50_258}[token]
+
+    def decode(self, ids: list[int]) -> str:
+        if len(ids) == 1 and ids[0] >= EOT:
+            return "<|special|>"
+        return "".join(f" w{i}" for i in ids)
+
+    def _strip_prompt(self, token_ids: list[int], prompt_token_id: int, decoder_start_token_id: int) -> list[int]:
+        return list(token_ids)
+
+
+def _reference(chunks: list[ChunkTokens], return_timestamps: bool) -> tuple[str, list[dict]]:
+    outputs = [
+        {
+            "tokens": np.array([list(c.token_ids)], dtype=np.int64),
+            "stride": (c.span.n_samples / SR, c.span.stride_left_samples / SR, c.span.stride_right_samples / SR),
+        }
+        for c in chunks
+    ]
+    text, optional = hf_whisper._decode_asr(
+        _FakeWhisperTokenizer(),
+        outputs,
+        return_timestamps=return_timestamps,
+        return_language=False,
+        time_precision=PRECISION_S,
+    )
+    return text, optional.get("chunks", [])
+
+
+def _decode(ids) -> str:
+    return _FakeWhisperTokenizer().decode(list(ids))
+
+
+def _stitch(chunks: list[ChunkTokens]):
+    return stitch_chunks(chunks, eot_id=EOT, timestamp_begin_id=TS_BEGIN, time_precision_s=PRECISION_S)
+
+
+# ------------------------------------------------------------------------------------------------ synthetic speech
+
+
+def _speech(duration_s: float, seed: int) -> tuple[list[int], list[float], list[tuple[float, float, int, int]]]:
+    """Words (unique-ish ids) every ~0.4 s, grouped into sentences of 3-9 words separated by short pauses."""
+    rng = np.random.default_rng(seed)
+    words, times, sentences = [], [], []
+    t = 0.3
+    while t < duration_s - 1.0:
+        n = int(rng.integers(3, 10))
+        first = len(words)
+        start = t
+        for _ in range(n):
+            if t >= duration_s - 0.5:
+                break
+            words.append(int(rng.integers(1, 20_000)))
+            times.append(t)
+            t += float(rng.uniform(0.25, 0.55))
+        sentences.append((round(start - 0.1, 2), round(t - 0.05, 2), first, len(words)))
+        t += float(rng.uniform(0.2, 1.5))
+    return words, times, sentences
+
+
+def _whisper_like_outputs(
+    duration_s: float, seed: int, chunk_s: float = 30.0, stride_s: float = 5.0, mishear: float = 0.0
+):
+    """Per chunk, what a perfect Whisper would emit: each sentence clipped to the chunk, with timestamp pairs.
+
+    ``mishear``: probability that a word within 1.5 s of a chunk edge (cut-off audio) comes out as another word.
+    """
+    words, times, sentences = _speech(duration_s, seed)
+    rng = np.random.default_rng(seed + 1000)
+    spans = plan_chunks(int(duration_s * SR), int(chunk_s * SR), int(stride_s * SR), int(stride_s * SR))
+    chunks = []
+    for span in spans:
+        a, b = span.start_sample / SR, span.end_sample / SR
+
+        def heard(i: int) -> int:
+            near_edge = times[i] < a + 1.5 or times[i] > b - 1.5
+            return int(rng.integers(1, 20_000)) if near_edge and rng.random() < mishear else words[i]
+
+        tokens: list[int] = []
+        for start, end, first, stop in sentences:
+            inside = [heard(i) for i in range(first, stop) if a <= times[i] < b]
+            if not inside:
+                continue
+            tokens += [_ts(max(start, a) - a), *inside, _ts(min(end, b) - a)]
+        chunks.append(ChunkTokens(tuple(tokens + [EOT]), span))
+    return words, chunks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_timestamped_stitch_neither_doubles_nor_loses_words(seed: int) -> None:
+    words, chunks = _whisper_like_outputs(150.0 + 13 * seed, seed)
+    result = _stitch(chunks)
+    assert result.timestamped
+    assert list(result.token_ids) == words
+    assert [t for s in result.segments for t in s.token_ids] == words
+
+
+@pytest.mark.parametrize("mishear", [0.0, 0.5])
+@pytest.mark.parametrize("seed", range(6))
+def test_timestamped_stitch_equals_transformers(seed: int, mishear: float) -> None:
+    _, chunks = _whisper_like_outputs(150.0 + 13 * seed, seed, stride_s=4.0 + seed % 3, mishear=mishear)
+    result = _stitch(chunks)
+    text, reference = _reference(chunks, return_timestamps=True)
+    assert _decode(result.token_ids) == text
+    assert [_decode(s.token_ids) for s in result.segments] == [c["text"] for c in reference]
+    ours = [t for s in result.segments for t in (s.start_s, s.end_s)]
+    assert ours == pytest.approx([t for c in reference for t in c["timestamp"]], abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_segments_are_monotonic_and_in_file_time(seed: int) -> None:
+    _, chunks = _whisper_like_outputs(150.0 + 13 * seed, seed)
+    segments = _stitch(chunks).segments
+    assert segments[-1].end_s > 100.0  # offsets applied: later chunks' times are file times
+    previous_end = 0.0
+    for segment in segments:
+        assert previous_end <= segment.start_s <= segment.end_s
+        previous_end = segment.end_s
+
+
+def test_overlapping_segments_are_clamped_monotonic() -> None:
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    # Chunk 0 closes a segment at 22 s and leaves nothing open; chunk 1 (offset 20 s) then starts one at 21.5 s,
+    # which transformers reports as is, overlapping its predecessor.
+    chunks = [
+        ChunkTokens((_ts(1.0), 5, 6, _ts(22.0), _ts(22.0), _ts(24.0), EOT), span0),
+        ChunkTokens((_ts(0.0), 7, 8, _ts(1.5), _ts(1.5), 9, _ts(4.0), EOT), span1),
+    ]
+    segments = _stitch(chunks).segments
+    assert [(s.start_s, s.end_s) for s in segments] == [(1.0, 22.0), (22.0, 24.0)]
+    assert [c["timestamp"] for c in _reference(chunks, return_timestamps=True)[1]] == [(1.0, 22.0), (21.5, 24.0)]
+
+
+def test_text_only_stitch_equals_transformers_and_keeps_seam_words() -> None:
+    rng = np.random.default_rng(7)
+    truth = [int(x) for x in rng.integers(1, 20_000, size=400)]
+    spans = plan_chunks(100 * SR, 30 * SR, 5 * SR, 5 * SR)  # 5 chunks
+    per_s = len(truth) / 100.0
+    chunks = [
+        ChunkTokens(tuple(truth[int(s.start_sample / SR * per_s) : int(s.end_sample / SR * per_s)]) + (EOT,), s)
+        for s in spans
+    ]
+    result = _stitch(chunks)
+    assert not result.timestamped
+    assert list(result.token_ids) == truth
+    assert _decode(result.token_ids) == _reference(chunks, return_timestamps=False)[0]
+    # one approximate segment per chunk, tiling the file by the chunks' unstrided middles
+    assert [(s.start_s, s.end_s) for s in result.segments] == [(0, 25), (25, 45), (45, 65), (65, 85), (85, 100)]
+    assert [t for s in result.segments for t in s.token_ids] == truth
+
+
+def test_empty_chunks_take_no_part() -> None:
+    spans = plan_chunks(70 * SR, 30 * SR, 5 * SR, 5 * SR)  # 3 chunks
+    words = list(range(100, 120))
+    chunks = [
+        ChunkTokens((*words[:12], EOT), spans[0]),
+        ChunkTokens((EOT,), spans[1]),  # silence
+        ChunkTokens((*words[8:], EOT), spans[2]),
+    ]
+    result = _stitch(chunks)
+    assert list(result.token_ids) == words
+    assert _decode(result.token_ids) == _reference(chunks, return_timestamps=False)[0]
+    assert len(result.segments) == 2
+
+
+def test_no_chunks_and_all_silent_chunks() -> None:
+    assert _stitch([]).token_ids == () and _stitch([]).segments == ()
+    (span,) = plan_chunks(10 * SR, 30 * SR, 5 * SR, 5 * SR)
+    assert _stitch([ChunkTokens((EOT,), span)]).segments == ()
+    assert _stitch([ChunkTokens((_ts(0.0), _ts(0.0), EOT), span)]).segments == ()
+
+
+def test_single_chunk_passes_through() -> None:
+    (span,) = plan_chunks(10 * SR, 30 * SR, 5 * SR, 5 * SR)
+    tokens = (50_259, _ts(0.0), 11, 12, _ts(2.5), _ts(2.5), 13, _ts(9.98), EOT)  # leading language token dropped
+    result = _stitch([ChunkTokens(tokens, span)])
+    assert result.segments == (Segment(0.0, 2.5, (11, 12)), Segment(2.5, 9.98, (13,)))
+    assert result.token_ids == (11, 12, 13)
+
+
+def test_unclosed_last_segment_ends_at_end_of_file() -> None:
+    (span,) = plan_chunks(8 * SR, 30 * SR, 5 * SR, 5 * SR)
+    result = _stitch([ChunkTokens((_ts(1.0), 11, 12, EOT), span)])
+    assert result.segments == (Segment(1.0, 8.0, (11, 12)),)
+
+
+def test_offsets_that_are_not_10ms_multiples_keep_millisecond_precision() -> None:
+    span = ChunkSpan(16_016, 16_016 + 5 * SR, 0, 0, is_first=False, is_last=True)  # starts at 1.001 s
+    (segment,) = _stitch([ChunkTokens((_ts(0.5), 11, 12, _ts(1.0), EOT), span)]).segments
+    assert (segment.start_s, segment.end_s) == (1.501, 2.001)
+
+
+# ------------------------------------------------------------------------------------------------ pairwise merge
+
+
+def test_merge_of_exact_overlaps_is_the_truth() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        truth = [int(x) for x in rng.integers(0, 10_000, size=int(rng.integers(4, 80)))]
+        cut_a, cut_b = sorted(int(x) for x in rng.choice(np.arange(1, len(truth)), size=2, replace=False))
+        cut_b = max(cut_b, cut_a + 2)  # at least two shared tokens, the minimum the matcher trusts
+        overlap_start = max(0, cut_a - int(rng.integers(0, 4)))
+        left, right = truth[:cut_b], truth[overlap_start:]
+        if cut_b - overlap_start < 2:
+            continue
+        assert merge_overlapping([left, right]) == truth
+
+
+def test_merge_equals_transformers_on_noisy_sequences() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n_pieces = int(rng.integers(1, 5))
+        vocab = int(rng.integers(3, 30))  # small vocabularies: many spurious partial matches
+        pieces = [[int(x) for x in rng.integers(0, vocab, size=int(rng.integers(0, 25)))] for _ in range(n_pieces)]
+        assert merge_overlapping(pieces) == hf_whisper._find_longest_common_sequence(pieces), pieces
+
+
+def test_merge_cuts_in_the_middle_of_a_disagreeing_overlap() -> None:
+    # The two chunks disagree on the word between "c" and "e"; each is trusted for its own half of the overlap.
+    left = [1, 2, 3, 4, 99, 6]
+    right = [3, 4, 77, 6, 7, 8]
+    assert overlap_cut(left, right) == (4, 2)
+    assert merge_overlapping([left, right]) == [1, 2, 3, 4, 77, 6, 7, 8]
+    assert merge_overlapping([left, right]) == hf_whisper._find_longest_common_sequence([left, right])
+
+
+def test_merge_without_a_credible_overlap_concatenates() -> None:
+    assert merge_overlapping([[1, 2, 3], [4, 5, 3]]) == [1, 2, 3, 4, 5, 3]  # one equal token is not enough
+    assert merge_overlapping([[], [4, 5]]) == [4, 5]
+    assert merge_overlapping([[4, 5], []]) == [4, 5]
+    assert merge_overlapping([]) == []
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def test_bad_arguments_raise_clear_errors() -> None:
+    (span,) = plan_chunks(10 * SR, 30 * SR, 5 * SR, 5 * SR)
+    chunk = ChunkTokens((11, EOT), span)
+    with pytest.raises(InputError, match="timestamp_begin_id"):
+        stitch_chunks([chunk], eot_id=EOT, timestamp_begin_id=EOT)
+    with pytest.raises(InputError, match="time_precision_s"):
+        stitch_chunks([chunk], eot_id=EOT, timestamp_begin_id=TS_BEGIN, time_precision_s=0)
+    with pytest.raises(InputError, match="file order"):
+        stitch_chunks([chunk, chunk], eot_id=EOT, timestamp_begin_id=TS_BEGIN)
+    with pytest.raises(InputError, match="chunk 0: negative token"):
+        stitch_chunks([ChunkTokens((-3,), span)], eot_id=EOT, timestamp_begin_id=TS_BEGIN)
+    with pytest.raises(InputError, match="ChunkTokens"):
+        stitch_chunks([((11,), span)], eot_id=EOT, timestamp_begin_id=TS_BEGIN)  # type: ignore[list-item]
