@@ -184,3 +184,12 @@ def test_english_only_model():
     results = Engine(t, decoder_draft(t), DecodeOptions(max_new_tokens=20), batch_size=3).decode(_features()[:3])
     for row, r in enumerate(results):
         assert r.prompt + r.tokens == tuple(hf_greedy(t, _features()[row], max_new_tokens=20))
+
+
+def test_restricted_vocabulary_draft_is_lossless():
+    draft = decoder_draft(_target(), [0])
+    draft.draft_vocab_ids = torch.tensor(sorted(set(range(0, 70, 2)) | {40}))  # half the vocabulary + EOS
+    results = Engine(_target(), draft, DecodeOptions(language="en", max_new_tokens=MAX_NEW), batch_size=4).decode(
+        _features())
+    assert_same_as_greedy(results, False, MAX_NEW)
+    assert sum(r.stats.accepted_tokens for r in results) > 0

@@ -45,8 +45,8 @@ class KVCache:
         return cls(
             self_k=torch.zeros(self_shape, device=device, dtype=dtype),
             self_v=torch.zeros(self_shape, device=device, dtype=dtype),
-            cross_k=torch.zeros(cross_shape, device=device, dtype=dtype),
-            cross_v=torch.zeros(cross_shape, device=device, dtype=dtype),
+            cross_k=torch.empty(cross_shape, device=device, dtype=dtype),  # always written before it is read
+            cross_v=torch.empty(cross_shape, device=device, dtype=dtype),
             lengths=torch.zeros(n_rows, device=device, dtype=torch.long),
         )
 

@@ -21,7 +21,7 @@ class Decoder:
     `WhisperForCausalLM` (a distil-whisper style decoder that reads the target's encoder output).
     """
 
-    def __init__(self, decoder: nn.Module, proj_out: nn.Module):
+    def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None):
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn
@@ -34,8 +34,11 @@ class Decoder:
         self.cross_width: int = self.layers[0].encoder_attn.k_proj.in_features
         self.embed = decoder.embed_tokens
         self.pos_table = decoder.embed_positions.weight
-        self.head = proj_out
         self.vocab_size: int = proj_out.weight.shape[0]
+        # A draft may score only a subset of the vocabulary (the output head dominates a small decoder's cost):
+        # its logits are scattered into the full vocabulary with -inf elsewhere. The target always scores all.
+        self.vocab_ids = vocab_ids
+        self.head_weight = proj_out.weight if vocab_ids is None else proj_out.weight[vocab_ids].contiguous()
 
     @property
     def device(self) -> torch.device:
@@ -86,7 +89,7 @@ class Decoder:
             stale area and their outputs are ignored.
         n_keys: attend to cache positions [0, n_keys); must exceed every real position in `positions`.
         logit_index: (B, P) long indices into T of the positions whose logits are needed (None = all T).
-        returns: (B, P, vocab) logits in the model dtype.
+        returns: (B, P, vocab) logits in the model dtype (-inf outside a restricted draft vocabulary).
         """
         b, t = tokens.shape
         x = self.embed(tokens) + self.pos_table[positions.clamp(max=self.max_positions - 1)]
@@ -113,4 +116,8 @@ class Decoder:
             x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
         if logit_index is not None:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
-        return self.head(self.decoder.layer_norm(x))
+        logits = F.linear(self.decoder.layer_norm(x), self.head_weight)
+        if self.vocab_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.vocab_ids, logits)

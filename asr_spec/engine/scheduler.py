@@ -27,10 +27,16 @@ FINISH_REASONS = {FINISH_EOS: "eos"}
 
 @dataclass(frozen=True)
 class ChunkRequest:
-    """One 30 s window to decode. features: (n_mels, n_frames) log-mel, n_frames = 2 * the encoder's positions."""
+    """One 30 s window to decode.
+
+    features: (n_mels, n_frames) log-mel, n_frames = 2 * the encoder's positions.
+    encoded:  optional (n_audio_ctx, d_model) target encoder output already computed (e.g. to decode the same
+              audio twice, greedy and speculative); features may then be None unless the draft has its own encoder.
+    """
 
     id: Hashable
-    features: torch.Tensor
+    features: torch.Tensor | None
+    encoded: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Engine:
     target: a transformers `WhisperForConditionalGeneration`, eval mode, on its device and dtype.
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
+            A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens.
     """
 
     def __init__(
@@ -90,19 +97,31 @@ class Engine:
                 f"max_target_positions ({self.tokens.max_positions})"
             )
         self.target_dec = Decoder(target.model.decoder, target.proj_out)
-        self.draft_dec = None if draft is None else Decoder(draft.model.decoder, draft.proj_out)
+        self.draft_dec = None if draft is None else Decoder(
+            draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.n_audio_ctx = target.config.max_source_positions
 
     # -- encoding -------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _encode(self, feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(R, n_mels, n_frames) features -> target encoder output (R, n_audio_ctx, d) and the draft's own, if any."""
-        x = torch.stack(feats).to(self.target_dec.device, self.target_dec.dtype)
-        enc = self.target.model.encoder(input_features=x).last_hidden_state
+    def _encode(self, batch: list[ChunkRequest]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Target encoder outputs (n_audio_ctx, d) of a batch of chunks — one encoder pass for those not encoded
+        yet — and the draft's own encoder outputs when it has its own encoder."""
+        dev, dtype = self.target_dec.device, self.target_dec.dtype
+        need = [r for r in batch if r.encoded is None]
+        if any(r.features is None for r in need) or (
+            self.kind is DraftKind.OWN_ENCODER and any(r.features is None for r in batch)
+        ):
+            raise ValueError("a chunk request has neither features nor (usable) encoder output")
+        fresh = iter([])
+        if need:
+            x = torch.stack([r.features for r in need]).to(dev, dtype)
+            fresh = iter(self.target.model.encoder(input_features=x).last_hidden_state)
+        enc = [r.encoded.to(dev, dtype) if r.encoded is not None else next(fresh) for r in batch]
         own = None
         if self.kind is DraftKind.OWN_ENCODER:
-            own = self.draft.model.encoder(input_features=x.to(self.draft_dec.dtype)).last_hidden_state
+            x = torch.stack([r.features for r in batch]).to(dev, self.draft_dec.dtype)
+            own = list(self.draft.model.encoder(input_features=x).last_hidden_state)
         return enc, own
 
     def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int) -> bool:
@@ -111,7 +130,7 @@ class Engine:
             batch = [r for _, r in zip(range(self.batch_size), source)]
             if not batch:
                 return False
-            enc, own = self._encode([r.features for r in batch])
+            enc, own = self._encode(batch)
             for i, r in enumerate(batch):
                 ready.append((r, enc[i], None if own is None else own[i]))
         return True
@@ -208,7 +227,18 @@ class Engine:
                            tuple(st.hist[row].tolist()))
         return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats)
 
-    def decode(self, features: torch.Tensor) -> list[ChunkResult]:
-        """Decode a (N, n_mels, n_frames) batch of features; results in input order."""
-        results = {r.id: r for r in self.run(ChunkRequest(i, f) for i, f in enumerate(features))}
-        return [results[i] for i in range(len(features))]
+    @torch.inference_mode()
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
+        x = features.to(self.target_dec.device, self.target_dec.dtype)
+        return torch.cat([self.target.model.encoder(input_features=x[i:i + self.batch_size]).last_hidden_state
+                          for i in range(0, len(x), self.batch_size)])
+
+    def decode(self, features: torch.Tensor | None, encoded: torch.Tensor | None = None) -> list[ChunkResult]:
+        """Decode N chunks given as (N, n_mels, n_frames) features and/or (N, n_audio_ctx, d) encoder outputs;
+        results in input order."""
+        n = len(features) if features is not None else len(encoded)
+        reqs = (ChunkRequest(i, None if features is None else features[i], None if encoded is None else encoded[i])
+                for i in range(n))
+        results = {r.id: r for r in self.run(reqs)}
+        return [results[i] for i in range(n)]
