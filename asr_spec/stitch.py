@@ -168,7 +168,7 @@ def stitch_chunks(
         end_s = _round_ms(chunks[-1].span.end_sample / sampling_rate)
         start_s = state.start_s if state.start_s is not None else (segments[-1].end_s if segments else 0.0)
         segments.append(Segment(start_s, end_s, tuple(merge_overlapping(state.pieces))))
-    segments = _monotonic(segments)
+    segments = _monotonic(segments, _round_ms(chunks[-1].span.end_sample / sampling_rate))
     token_ids = tuple(token for segment in segments for token in segment.token_ids)
     return StitchResult(token_ids=token_ids, segments=tuple(segments), timestamped=True)
 
@@ -237,13 +237,14 @@ def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate:
     return StitchResult(token_ids=tuple(merged), segments=tuple(_monotonic(segments)), timestamped=False)
 
 
-def _monotonic(segments: list[Segment]) -> list[Segment]:
-    """Clamp times so that each segment starts no earlier than the previous one ends and ends after it starts."""
+def _monotonic(segments: list[Segment], file_end_s: float = float("inf")) -> list[Segment]:
+    """Clamp times so that each segment starts no earlier than the previous one ends, ends after it starts, and
+    stays inside the file (a short last window is padded to 30 s, so its timestamps can point past the audio)."""
     out: list[Segment] = []
     floor_s = 0.0
     for segment in segments:
-        start_s = max(segment.start_s, floor_s)
-        end_s = max(segment.end_s, start_s)
+        start_s = min(max(segment.start_s, floor_s), file_end_s)
+        end_s = min(max(segment.end_s, start_s), file_end_s)
         out.append(Segment(start_s, end_s, segment.token_ids))
         floor_s = end_s
     return out

@@ -176,12 +176,15 @@ def test_incompatible_pairs_are_refused():
     with pytest.raises(ValueError, match="max_target_positions"):
         Engine(t, None, DecodeOptions(language="en", max_new_tokens=446))
     with pytest.raises(ValueError, match="English-only"):
-        Engine(tiny_target(multilingual=False), None, DecodeOptions(language="en"))
+        Engine(tiny_target(multilingual=False), None, DecodeOptions(language="de"))
 
 
 def test_english_only_model():
     t = tiny_target(multilingual=False)
     results = Engine(t, decoder_draft(t), DecodeOptions(max_new_tokens=20), batch_size=3).decode(_features()[:3])
+    english = Engine(t, None, DecodeOptions(language="english", max_new_tokens=20), batch_size=3).decode(
+        _features()[:3])
+    assert [r.tokens for r in english] == [r.tokens for r in results]
     for row, r in enumerate(results):
         assert r.prompt + r.tokens == tuple(hf_greedy(t, _features()[row], max_new_tokens=20))
 

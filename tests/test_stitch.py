@@ -276,3 +276,12 @@ def test_bad_arguments_raise_clear_errors() -> None:
         stitch_chunks([ChunkTokens((-3,), span)], eot_id=EOT, timestamp_begin_id=TS_BEGIN)
     with pytest.raises(InputError, match="ChunkTokens"):
         stitch_chunks([((11,), span)], eot_id=EOT, timestamp_begin_id=TS_BEGIN)  # type: ignore[list-item]
+
+
+def test_segments_never_end_after_the_file():
+    """A short last window is padded to 30 s: a timestamp past its real end is clamped to the file's end."""
+    span = plan_chunks(16_000 * 5, 16_000 * 30, 0, 0)[0]
+    eot, ts = 50257, 50364
+    tokens = (ts, 100, 101, ts + 400, eot)  # a segment "ending" at 8 s in a 5 s file
+    result = stitch_chunks([ChunkTokens(tokens, span)], eot_id=eot, timestamp_begin_id=ts)
+    assert result.segments[-1].end_s == 5.0

@@ -17,7 +17,8 @@ class KVCache:
     """Self- and cross-attention caches of one decoder for `n_rows` batch slots.
 
     self_k, self_v:   (n_layers, n_rows, n_heads, n_positions, head_dim)
-    cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim)
+    cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim); cross_k is stored as
+                      (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) when `cross_k_transposed`
     lengths:          (n_rows,) long — tokens of each row held in the self-attention cache
     """
 
@@ -39,13 +40,15 @@ class KVCache:
         *,
         device: torch.device,
         dtype: torch.dtype,
+        cross_k_transposed: bool = False,
     ) -> "KVCache":
         self_shape = (n_layers, n_rows, n_heads, n_positions, head_dim)
         cross_shape = (n_layers, n_rows, n_heads, n_audio_ctx, head_dim)
+        k_shape = (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) if cross_k_transposed else cross_shape
         return cls(
             self_k=torch.zeros(self_shape, device=device, dtype=dtype),
             self_v=torch.zeros(self_shape, device=device, dtype=dtype),
-            cross_k=torch.empty(cross_shape, device=device, dtype=dtype),  # always written before it is read
+            cross_k=torch.empty(k_shape, device=device, dtype=dtype),  # always written before it is read
             cross_v=torch.empty(cross_shape, device=device, dtype=dtype),
             lengths=torch.zeros(n_rows, device=device, dtype=torch.long),
         )
@@ -66,15 +69,6 @@ class KVCache:
         index = positions[:, None, :, None].expand_as(k)
         self.self_k[layer].scatter_(2, index, k)
         self.self_v[layer].scatter_(2, index, v)
-
-    def set_cross(self, rows: torch.Tensor, cross_k: torch.Tensor, cross_v: torch.Tensor) -> None:
-        """Attach new chunks to slots `rows` and empty their self-attention cache.
-
-        rows: (R,) long; cross_k, cross_v: (n_layers, R, n_heads, n_audio_ctx, head_dim)
-        """
-        self.cross_k[:, rows] = cross_k
-        self.cross_v[:, rows] = cross_v
-        self.lengths[rows] = 0
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Shrink the batch to slots `rows` (in that order): used once the queue of chunks runs dry."""

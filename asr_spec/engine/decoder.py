@@ -38,7 +38,13 @@ class Decoder:
         # A draft may score only a subset of the vocabulary (the output head dominates a small decoder's cost):
         # its logits are scattered into the full vocabulary with -inf elsewhere. The target always scores all.
         self.vocab_ids = vocab_ids
-        self.head_weight = proj_out.weight if vocab_ids is None else proj_out.weight[vocab_ids].contiguous()
+        weight = proj_out.weight if vocab_ids is None else proj_out.weight[vocab_ids]
+        # On CPU a step is bound by memory traffic, and two layouts read faster (measured, whisper-base shapes, one
+        # thread): the head as a contiguous (d_model, vocab) matrix (x @ W^T: ~20 % faster than F.linear) and the
+        # cross-attention keys stored transposed, attended with two matmuls (~2x faster than SDPA for 1-13
+        # queries over 1500 keys). On CUDA the fused kernels are used as they are.
+        self.cpu_layout = self.device.type == "cpu"
+        self.head_weight = weight.t().contiguous() if self.cpu_layout else weight
 
     @property
     def device(self) -> torch.device:
@@ -51,23 +57,24 @@ class Decoder:
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
-            device=self.device, dtype=self.dtype,
+            device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout,
         )
 
     @torch.inference_mode()
-    def cross_kv(self, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys/values of every layer, computed once per chunk.
+    def attach(self, cache: KVCache, rows: torch.Tensor, audio: torch.Tensor) -> None:
+        """Compute the cross-attention keys/values of new chunks (once per chunk) straight into slots `rows`, and
+        empty those slots' self-attention cache.
 
-        audio: (R, n_audio_ctx, cross_width) encoder output -> k, v: (n_layers, R, n_heads, n_audio_ctx, head_dim)
+        rows: (R,) long; audio: (R, n_audio_ctx, cross_width) encoder output.
         """
         audio = audio.to(self.dtype)
         r, s, _ = audio.shape
-        ks, vs = [], []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
-            ks.append(attn.k_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2))
-            vs.append(attn.v_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2))
-        return torch.stack(ks), torch.stack(vs)
+            k = attn.k_proj(audio).view(r, s, self.n_heads, self.head_dim)
+            cache.cross_k[i, rows] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
+            cache.cross_v[i, rows] = attn.v_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2)
+        cache.lengths[rows] = 0
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -109,14 +116,18 @@ class Decoder:
             xattn = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
             q = self._split_heads(xattn.q_proj(h))
-            out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=self.scaling)
+            if self.cpu_layout:
+                out = torch.softmax((q * self.scaling) @ cache.cross_k[i], dim=-1) @ cache.cross_v[i]
+            else:
+                out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=self.scaling)
             x = x + xattn.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
 
             h = layer.final_layer_norm(x)
             x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
         if logit_index is not None:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
-        logits = F.linear(self.decoder.layer_norm(x), self.head_weight)
+        x = self.decoder.layer_norm(x)
+        logits = x @ self.head_weight if self.cpu_layout else F.linear(x, self.head_weight)
         if self.vocab_ids is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))

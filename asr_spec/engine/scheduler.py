@@ -86,9 +86,11 @@ class Engine:
         self.kind = check_pair(target, draft)
         self.target, self.draft, self.options, self.batch_size = target, draft, options, batch_size
         self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
-        if options.language is not None and not self.tokens.is_multilingual:
+        english = options.language is not None and options.language.lower().strip("<|>") in ("en", "english")
+        if options.language is not None and not self.tokens.is_multilingual and not english:
             raise ValueError(f"language {options.language!r} was given but the target model is English-only")
-        self.lang_id = None if options.language is None else self.tokens.language_id(options.language)
+        self.lang_id = None if options.language is None or not self.tokens.is_multilingual \
+            else self.tokens.language_id(options.language)
         placeholder = self.tokens.sot if self.lang_id is None else self.lang_id  # detected later: same length
         prompt_len = len(self.tokens.prompt(placeholder, options.task, options.timestamps))
         if options.max_new_tokens is not None and prompt_len + options.max_new_tokens > self.tokens.max_positions:
@@ -142,14 +144,13 @@ class Engine:
         dev = self.target_dec.device
         idx = torch.tensor(rows, device=dev)
         enc = torch.stack([e for _, e, _ in items])
-        ck, cv = self.target_dec.cross_kv(enc)
-        m.target_cache.set_cross(idx, ck, cv)
+        self.target_dec.attach(m.target_cache, idx, enc)
         if m.draft is not None:
             draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
-            m.draft_cache.set_cross(idx, *m.draft.cross_kv(draft_audio))
+            m.draft.attach(m.draft_cache, idx, draft_audio)
         if self.tokens.is_multilingual and self.lang_id is None:
             probe = self.target_dec.new_cache(len(rows), 1, 1)  # position 0 only, on the new chunks' audio
-            probe.cross_k, probe.cross_v = ck, cv
+            probe.cross_k, probe.cross_v = m.target_cache.cross_k[:, idx], m.target_cache.cross_v[:, idx]
             sot = torch.full((len(rows), 1), self.tokens.sot, device=dev)
             logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0]
             langs = self.rules.detect_language(logits.float()).tolist()

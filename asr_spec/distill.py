@@ -1,0 +1,584 @@
+"""Distil a small decoder-only draft for any Whisper target (distil-whisper style, made for speculative decoding).
+
+The data path: audio windows → target encoder → the target's own greedy transcript (pseudo-labels, via the
+`Engine`) → an on-disk cache (memory-mapped numpy) → a `WhisperForCausalLM` draft trained on the cache with KL to
+the target's token distribution + cross-entropy on the pseudo-labels → a transformers directory the `Engine` uses.
+
+What the draft shares with the target and never trains: the token embeddings (also its tied output head) and the
+position table. Only its decoder layers and final LayerNorm are trained and saved, so a saved draft is a few MB
+per layer and is loaded with `load_trained_draft(dir, target)`, which ties the shared tensors back in.
+
+Teacher logits: the target's final (LayerNormed) decoder hidden state, teacher-forced on the pseudo-labels, is
+computed once when the cache is built and stored (width d_model per token); each step's logits are that state
+times the output head. This gives exactly the target's teacher-forced logits while saving a full target decoder
+pass per window per epoch (on 2 CPU cores the target's cross-attention projections of 1500 frames dominate).
+
+Restricted head: a draft may score only a subset of the vocabulary (`draft_vocab_ids`); the engine fills the
+rest with -inf. Training then uses the teacher's distribution renormalised over that subset.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asr_spec.models import decoder_draft
+
+CACHE_FORMAT = 1
+SHARED_PREFIXES = ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "proj_out.")  # from the target
+VOCAB_FILE = "draft_vocab.json"
+INFO_FILE = "distill.json"
+
+
+# -- packing utterances into encoder windows (pure) -------------------------------------------------------------
+
+def pack_windows(durations_s: Sequence[float], max_window_s: float = 29.0, gap_s: float = 0.4) -> list[list[int]]:
+    """Group consecutive utterances into windows of at most `max_window_s` seconds (gaps of `gap_s` between them).
+
+    Greedy, in order: each window takes utterances until the next would overflow. Returns lists of indices.
+    max_window_s < 30 leaves trailing silence so the last word is never cut by the 30 s encoder window.
+    """
+    windows: list[list[int]] = []
+    used_s = 0.0
+    for i, d in enumerate(durations_s):
+        if d > max_window_s:
+            raise ValueError(f"utterance {i} lasts {d:.2f} s, longer than a {max_window_s} s window")
+        if windows and used_s + gap_s + d <= max_window_s:
+            windows[-1].append(i)
+            used_s += gap_s + d
+        else:
+            windows.append([i])
+            used_s = d
+    return windows
+
+
+def join_audio(parts: Sequence[np.ndarray], gap_s: float = 0.4, sample_rate: int = 16_000) -> np.ndarray:
+    """Concatenate 1-D float32 sample arrays with `gap_s` seconds of digital silence between them."""
+    gap = np.zeros(int(round(gap_s * sample_rate)), dtype=np.float32)
+    out: list[np.ndarray] = []
+    for i, p in enumerate(parts):
+        if i:
+            out.append(gap)
+        out.append(np.asarray(p, dtype=np.float32))
+    return np.concatenate(out)
+
+
+# -- the pseudo-label cache -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheBatch:
+    """Training tensors of B windows, right-padded to T = the longest sequence - 1.
+
+    encoded: (B, n_audio_ctx, d_model) float32 target encoder output
+    input_ids: (B, T) long, the pseudo-label sequence (prompt + generated) without its last token (pad = eot)
+    labels: (B, T) long, the next token where it is a generated token, -100 elsewhere (prompt, padding)
+    teacher_hidden: (B, T, d_model) float32 target's final decoder state at each input position
+    """
+
+    encoded: torch.Tensor
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    teacher_hidden: torch.Tensor
+
+
+class PseudoLabelCache:
+    """A cache directory, memory-mapped: meta.json, encoded.npy (N, ctx, d), tokens.npy (N, L) int32 (padded with
+    -1), lengths.npy (N,), hidden.npy (N, L - 1, d) float32."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.is_file():
+            raise ValueError(f"{self.path}: not a pseudo-label cache (no meta.json; build it with build_cache)")
+        self.meta = json.loads(meta_path.read_text())
+        if self.meta.get("format") != CACHE_FORMAT:
+            raise ValueError(f"{self.path}: cache format {self.meta.get('format')} != {CACHE_FORMAT}; rebuild it")
+        self.encoded = np.load(self.path / "encoded.npy", mmap_mode="r")
+        self.tokens = np.load(self.path / "tokens.npy", mmap_mode="r")
+        self.lengths = np.load(self.path / "lengths.npy")
+        self.hidden = np.load(self.path / "hidden.npy", mmap_mode="r")
+        self.prompt_len: int = int(self.meta["prompt_len"])
+        self.eot: int = int(self.meta["eot"])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def sequence(self, i: int) -> list[int]:
+        """Prompt + generated tokens of window i."""
+        return self.tokens[i, : self.lengths[i]].tolist()
+
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """(vocab_size,) how often each token occurs among the generated pseudo-labels."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for i in range(len(self)):
+            np.add.at(counts, self.tokens[i, self.prompt_len: self.lengths[i]], 1)
+        return counts
+
+    def batch(self, indices: Sequence[int]) -> CacheBatch:
+        t = int(max(self.lengths[i] for i in indices)) - 1
+        b = len(indices)
+        input_ids = torch.full((b, t), self.eot, dtype=torch.long)
+        labels = torch.full((b, t), -100, dtype=torch.long)
+        hidden = torch.zeros(b, t, self.hidden.shape[-1])
+        for r, i in enumerate(indices):
+            n = int(self.lengths[i])
+            seq = torch.from_numpy(np.asarray(self.tokens[i, :n], dtype=np.int64))
+            input_ids[r, : n - 1] = seq[:-1]
+            labels[r, self.prompt_len - 1: n - 1] = seq[self.prompt_len:]
+            hidden[r, : n - 1] = torch.from_numpy(np.array(self.hidden[i, : n - 1], dtype=np.float32))
+        enc = torch.from_numpy(np.stack([np.array(self.encoded[i], dtype=np.float32) for i in indices]))
+        return CacheBatch(enc, input_ids, labels, hidden)
+
+
+@torch.inference_mode()
+def build_cache(
+    target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
+    *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
+    progress: bool = True,
+) -> PseudoLabelCache:
+    """Encode and greedily transcribe `n_windows` windows with `target`, and store what training needs.
+
+    batches: (ids, features (b, n_mels, n_frames)) pairs, `n_windows` rows in all; ids name each window's contents.
+    enc_dtype: storage of the encoder outputs ("float16" halves the disk; the teacher states are always fp32 and are
+        computed from the unrounded encoder output).
+    """
+    from tqdm import tqdm
+
+    from asr_spec.engine import DecodeOptions, Engine
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens),
+                    batch_size=batch_size)
+    ctx, d = target.config.max_source_positions, target.config.d_model
+    max_len = target.config.max_target_positions
+    enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype), (n_windows, ctx, d))
+    tokens = np.full((n_windows, max_len), -1, dtype=np.int32)
+    lengths = np.zeros(n_windows, dtype=np.int32)
+    hidden = np.zeros((n_windows, max_len - 1, d), dtype=np.float32)
+    ids: list[list[str]] = []
+    prompt_len, row = None, 0
+    bar = tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress)
+    for batch_ids, feats in batches:
+        enc = engine.encode(feats)
+        results = engine.decode(None, encoded=enc)
+        for r, res in enumerate(results):
+            seq = list(res.prompt) + list(res.tokens)
+            prompt_len = len(res.prompt)
+            ids_t = torch.tensor([seq[:-1]], device=enc.device)
+            h = target.model.decoder(input_ids=ids_t, encoder_hidden_states=enc[r: r + 1], use_cache=False).last_hidden_state
+            enc_mm[row] = enc[r].float().cpu().numpy().astype(enc_dtype)
+            tokens[row, : len(seq)] = seq
+            lengths[row] = len(seq)
+            hidden[row, : len(seq) - 1] = h[0].float().cpu().numpy()
+            ids.append(list(batch_ids[r]) if isinstance(batch_ids[r], (list, tuple)) else [str(batch_ids[r])])
+            row += 1
+        bar.update(len(results))
+    bar.close()
+    if row != n_windows:
+        raise ValueError(f"build_cache: {row} windows came, n_windows said {n_windows}")
+    enc_mm.flush()
+    del enc_mm
+    longest = int(lengths.max())
+    np.save(out / "tokens.npy", tokens[:, :longest])
+    np.save(out / "lengths.npy", lengths)
+    np.save(out / "hidden.npy", hidden[:, : longest - 1])
+    meta = dict(format=CACHE_FORMAT, n=n_windows, prompt_len=prompt_len, eot=engine.tokens.eot,
+                n_audio_ctx=ctx, d_model=d, language=language, max_new_tokens=max_new_tokens, enc_dtype=enc_dtype,
+                generated_tokens=int((lengths - prompt_len).sum()), ids=ids)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return PseudoLabelCache(out)
+
+
+# -- the draft --------------------------------------------------------------------------------------------------
+
+def init_draft(target: nn.Module, layers: Sequence[int] | None = None) -> Any:
+    """A `WhisperForCausalLM` draft from target decoder `layers` (default first and last: distil-whisper's init),
+    its embeddings, position table and output head *the target's own tensors*, frozen."""
+    n = target.config.decoder_layers
+    draft = decoder_draft(target, list(layers) if layers is not None else sorted({0, n - 1}))
+    tie_shared(draft, target)
+    return draft
+
+
+def tie_shared(draft: nn.Module, target: nn.Module) -> None:
+    """Point the draft's token embeddings, output head and position table at the target's (no copy) and freeze."""
+    src, dst = target.model.decoder, draft.model.decoder
+    dst.embed_tokens.weight = src.embed_tokens.weight
+    dst.embed_positions.weight = src.embed_positions.weight
+    draft.proj_out.weight = src.embed_tokens.weight
+    for p in (src.embed_tokens.weight, src.embed_positions.weight):
+        p.requires_grad_(False)
+
+
+def trainable_parameters(draft: nn.Module) -> dict[str, nn.Parameter]:
+    return {k: p for k, p in draft.named_parameters() if not k.startswith(SHARED_PREFIXES)}
+
+
+def train_vocab(vocab_size: int, suppress: Sequence[int], draft_vocab: torch.Tensor | None) -> torch.Tensor:
+    """Token ids the losses are computed over: the draft's vocabulary (all by default) minus suppressed tokens,
+    which Whisper's rules forbid anyway (so neither model's mass on them matters)."""
+    ids = torch.arange(vocab_size) if draft_vocab is None else draft_vocab.sort().values
+    return ids[~torch.isin(ids, torch.tensor(list(suppress), dtype=torch.long))]
+
+
+def choose_draft_vocab(counts: np.ndarray, size: int, eot: int, always: Sequence[int] = ()) -> torch.Tensor:
+    """The `size` ids a restricted draft head scores: every token seen in the pseudo-labels (most frequent first),
+    then the lowest remaining text ids (GPT-2 BPE ids follow merge order, a proxy for frequency). Sorted."""
+    seen = [int(i) for i in np.argsort(-counts, kind="stable") if counts[i] > 0]
+    chosen = dict.fromkeys([eot, *always, *seen][:size])
+    for i in range(eot):
+        if len(chosen) >= size:
+            break
+        chosen.setdefault(i, None)
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def draft_hidden(draft: nn.Module, input_ids: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
+    """(B, T) tokens + (B, ctx, d) encoder output -> (B, T, d) the draft's final LayerNormed state."""
+    return draft.model.decoder(input_ids=input_ids, encoder_hidden_states=encoded.to(draft.dtype),
+                               use_cache=False).last_hidden_state
+
+
+# -- training ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One distillation run. The loss per generated token is kl_weight * T^2 * KL(teacher_T || draft_T)
+    + ce_weight * CE(draft, pseudo-label), both over the draft's vocabulary minus suppressed tokens."""
+
+    steps: int = 1000
+    batch_windows: int = 4  # windows per optimiser step
+    lr: float = 3e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    kl_weight: float = 1.0
+    ce_weight: float = 1.0
+    temperature: float = 1.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 50  # steps between held-out agreement checks (0 = never)
+    ckpt_every: int = 50  # steps between checkpoints (0 = only at the end)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_windows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0 or self.temperature <= 0:
+            raise ValueError("lr and temperature must be > 0")
+
+
+@dataclass
+class TrainResult:
+    draft: Any
+    history: list[dict] = field(default_factory=list)  # one entry per eval/ckpt point: step, loss, agreement
+
+
+def batch_indices(step: int, n: int, batch: int, seed: int) -> list[int]:
+    """Windows of optimiser step `step`: a stream of per-epoch permutations (seeded by seed and epoch), cut into
+    batches; a pure function of its arguments, so a resumed run sees exactly the batches it would have seen."""
+    out: list[int] = []
+    pos = step * batch
+    while len(out) < batch:
+        epoch, offset = divmod(pos, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
+        take = perm[offset: offset + batch - len(out)]
+        out.extend(take)
+        pos += len(take)
+    return out
+
+
+def loss_on_batch(draft: nn.Module, head: torch.Tensor, vocab: torch.Tensor, b: CacheBatch,
+                  cfg: TrainConfig) -> tuple[torch.Tensor, int]:
+    """Mean loss over the batch's generated tokens, and their number. head: the (V, d) output head."""
+    mask = b.labels != -100
+    h = draft_hidden(draft, b.input_ids, b.encoded)[mask]  # (n, d)
+    w = head[vocab]
+    s_logits = h @ w.T
+    with torch.no_grad():
+        t_logits = b.teacher_hidden[mask].to(w.dtype) @ w.T
+    tau = cfg.temperature
+    t_logp = F.log_softmax(t_logits / tau, -1)
+    s_logp = F.log_softmax(s_logits / tau, -1)
+    kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1).mean() * tau * tau
+    # labels outside a restricted vocabulary cannot be predicted: CE only where the label is in it
+    pos = torch.searchsorted(vocab, b.labels[mask]).clamp(max=len(vocab) - 1)
+    ok = vocab[pos] == b.labels[mask]
+    ce = F.cross_entropy(s_logits[ok], pos[ok]) if bool(ok.any()) else s_logits.sum() * 0
+    return cfg.kl_weight * kl + cfg.ce_weight * ce, int(mask.sum())
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
+
+
+def train_draft(
+    target: nn.Module, train: PseudoLabelCache, cfg: TrainConfig, *, work_dir: str | os.PathLike,
+    layers: Sequence[int] | None = None, draft_vocab: torch.Tensor | None = None,
+    held_out: PseudoLabelCache | None = None, stop_after: int | None = None, progress: bool = True,
+) -> TrainResult:
+    """Train a draft on `train`; resumes from `work_dir/ckpt.pt` when it exists (same config required).
+
+    stop_after: stop (with a checkpoint) once this many steps are done in total — for time-boxed runs and tests.
+    """
+    from tqdm import tqdm
+
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt_path = work / "ckpt.pt"
+    torch.manual_seed(cfg.seed)
+    draft = init_draft(target, layers)
+    draft.draft_vocab_ids = draft_vocab
+    layer_ids = list(layers) if layers is not None else sorted({0, target.config.decoder_layers - 1})
+    params = trainable_parameters(draft)
+    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = target.generation_config
+    vocab = train_vocab(target.config.vocab_size, gen.suppress_tokens or (), draft_vocab)
+    head = target.proj_out.weight
+    step, history = 0, []
+    if ckpt_path.is_file():
+        state = torch.load(ckpt_path, weights_only=False)
+        if state["config"] != asdict(cfg) or state["layers"] != layer_ids:
+            raise ValueError(f"{ckpt_path}: checkpoint of a different run (config or layers differ); use a new "
+                             "work_dir or delete it")
+        draft.load_state_dict(state["trainable"], strict=False)
+        opt.load_state_dict(state["optim"])
+        step, history = state["step"], state["history"]
+        draft.draft_vocab_ids = state["draft_vocab"]
+        vocab = train_vocab(target.config.vocab_size, gen.suppress_tokens or (), state["draft_vocab"])
+
+    def save() -> None:
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save(dict(step=step, config=asdict(cfg), layers=layer_ids, history=history,
+                        draft_vocab=draft.draft_vocab_ids,
+                        trainable={k: p.detach().clone() for k, p in params.items()},
+                        optim=opt.state_dict()), tmp)
+        tmp.replace(ckpt_path)
+
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    bar = tqdm(total=cfg.steps, initial=step, desc="distil", disable=not progress)
+    draft.train()
+    running = None
+    while step < end:
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, cfg)
+        b = train.batch(batch_indices(step, len(train), cfg.batch_windows, cfg.seed))
+        loss, _ = loss_on_batch(draft, head, vocab, b, cfg)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
+        opt.step()
+        step += 1
+        running = float(loss) if running is None else 0.9 * running + 0.1 * float(loss)
+        post = {"loss": f"{running:.3f}"}
+        if held_out is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            draft.eval()
+            rep = evaluate_agreement(target, draft, held_out)
+            draft.train()
+            post["agree"] = f"{rep.agreement:.3f}"
+            history.append(dict(step=step, loss=running, agreement=rep.agreement,
+                                accepted_k4=rep.accepted_per_step[4], accepted_k8=rep.accepted_per_step[8]))
+        elif cfg.eval_every and step % cfg.eval_every == 0:
+            history.append(dict(step=step, loss=running))
+        bar.set_postfix(post)
+        bar.update(1)
+        if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == end:
+            save()
+    bar.close()
+    draft.eval()
+    return TrainResult(draft, history)
+
+
+# -- evaluation -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AgreementReport:
+    """Teacher-forced agreement of a draft with the target's greedy tokens on cached windows."""
+
+    agreement: float  # fraction of generated tokens where draft argmax (Whisper rules applied) == target token
+    tokens: int  # generated tokens scored
+    accepted_per_step: dict[int, float]  # K -> mean draft tokens accepted per speculative step (constant K)
+    tokens_per_pass: dict[int, float]  # K -> generated tokens per target pass
+    vocab_coverage: float  # fraction of target tokens inside the draft's vocabulary (1.0 for a full head)
+
+
+def simulate_steps(match: Sequence[bool], k: int) -> tuple[int, int]:
+    """(target passes, accepted draft tokens) of constant-K speculative decoding of one sequence, given whether
+    the draft's argmax (on the target's prefix) equals the target's token at each generated position.
+
+    Exact for greedy verification: a step at position p accepts the run of matches from p (at most K) and adds
+    the target's own token; a draft proposal past the first mismatch is never looked at.
+    """
+    n, pos, passes, accepted = len(match), 0, 0, 0
+    while pos < n:
+        run = 0
+        while run < k and pos + run < n and match[pos + run]:
+            run += 1
+        accepted += min(run, n - pos)
+        pos += min(run + 1, n - pos)
+        passes += 1
+    return passes, accepted
+
+
+@torch.inference_mode()
+def draft_matches(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache, i: int) -> list[bool]:
+    """Per generated token of window i: does the draft's rule-processed argmax equal the target's token?"""
+    from asr_spec.engine.rules import LogitRules, WhisperTokens
+
+    tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
+    rules = LogitRules(tokens, target.config.vocab_size, False, torch.device("cpu"))
+    b = cache.batch([i])
+    p = cache.prompt_len
+    h = draft_hidden(draft, b.input_ids, b.encoded)[:, p - 1:]
+    vocab_ids = getattr(draft, "draft_vocab_ids", None)
+    w = draft.proj_out.weight
+    if vocab_ids is None:
+        logits = h @ w.T
+    else:
+        logits = h.new_full((*h.shape[:-1], w.shape[0]), float("-inf"))
+        logits[..., vocab_ids] = h @ w[vocab_ids].T
+    seq = torch.tensor([cache.sequence(i)])
+    scores = rules.apply(logits.float(), seq, torch.tensor([p]), torch.tensor([p]))
+    return (scores.argmax(-1)[0] == seq[0, p:]).tolist()
+
+
+def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache,
+                       ks: Sequence[int] = (4, 8)) -> AgreementReport:
+    matches = [draft_matches(target, draft, cache, i) for i in range(len(cache))]
+    flat = [m for ms in matches for m in ms]
+    n = max(1, len(flat))
+    acc, tpp = {}, {}
+    for k in ks:
+        sims = [simulate_steps(ms, k) for ms in matches]
+        passes = sum(s[0] for s in sims)
+        acc[k] = sum(s[1] for s in sims) / max(1, passes)
+        tpp[k] = len(flat) / max(1, passes)
+    vocab_ids = getattr(draft, "draft_vocab_ids", None)
+    if vocab_ids is None:
+        coverage = 1.0
+    else:
+        gen = [t for i in range(len(cache)) for t in cache.sequence(i)[cache.prompt_len:]]
+        coverage = float(torch.isin(torch.tensor(gen), vocab_ids).float().mean()) if gen else 1.0
+    return AgreementReport(sum(flat) / n, len(flat), acc, tpp, coverage)
+
+
+@dataclass(frozen=True)
+class SpeedReport:
+    batch_size: int
+    k: int
+    greedy_s: float
+    speculative_s: float
+    generated_tokens: int
+    tokens_per_target_pass: float
+    acceptance_rate: float
+    identical: bool  # speculative output == greedy output, token for token, every chunk
+
+    @property
+    def speedup(self) -> float:
+        return self.greedy_s / self.speculative_s
+
+
+def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, batch_size: int = 4, k: int = 4,
+              language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2) -> SpeedReport:
+    """Wall time of the Engine's greedy vs speculative decoding of the same encoder outputs (best of `repeats`
+    after a warm-up run each); CPU only (no device sync)."""
+    from asr_spec.engine import DecodeOptions, Engine
+
+    opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k,
+                         draft_schedule="constant")
+    greedy = Engine(target, None, opts, batch_size=batch_size)
+    spec = Engine(target, draft, opts, batch_size=batch_size)
+
+    def best(engine):
+        out = engine.decode(None, encoded=encoded)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = engine.decode(None, encoded=encoded)
+            times.append(time.perf_counter() - t0)
+        return min(times), out
+
+    t_g, res_g = best(greedy)
+    t_s, res_s = best(spec)
+    gen = sum(r.stats.generated_tokens for r in res_s)
+    passes = sum(r.stats.target_passes for r in res_s)
+    drafted = sum(r.stats.drafted_tokens for r in res_s)
+    accepted = sum(r.stats.accepted_tokens for r in res_s)
+    return SpeedReport(batch_size, k, t_g, t_s, gen, gen / max(1, passes), accepted / max(1, drafted),
+                       [r.tokens for r in res_g] == [r.tokens for r in res_s])
+
+
+# -- saving and loading -----------------------------------------------------------------------------------------
+
+def save_trained_draft(draft: nn.Module, out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float16,
+                       info: dict | None = None) -> Path:
+    """Save the draft's own weights (decoder layers + final LayerNorm, in `dtype`) with save_pretrained
+    (safetensors), `draft_vocab.json` when its head is restricted, and `distill.json` (how it was made)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in draft.state_dict().items()
+             if not k.startswith(SHARED_PREFIXES)}
+    to_save = copy.copy(draft)  # shallow: same modules; only the config's dtype note changes
+    to_save.config = copy.deepcopy(draft.config)
+    to_save.config.dtype = str(dtype).removeprefix("torch.")
+    to_save.save_pretrained(out, state_dict=state)
+    vocab_ids = getattr(draft, "draft_vocab_ids", None)
+    if vocab_ids is not None:
+        (out / VOCAB_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_ids)) + "\n")
+    elif (out / VOCAB_FILE).exists():
+        (out / VOCAB_FILE).unlink()
+    meta = {"shared_from_target": list(SHARED_PREFIXES), **(info or {})}
+    (out / INFO_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+    return out
+
+
+def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
+    """Load a draft saved by `save_trained_draft` for `target`: its layers from `path`, the embeddings, position
+    table and head tied to the target's, in the target's dtype and device; `draft_vocab_ids` set when restricted."""
+    from safetensors.torch import load_file
+    from transformers import WhisperConfig, WhisperForCausalLM
+
+    where = Path(path)
+    weights = where / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"{where}: no model.safetensors (not a draft saved by save_trained_draft)")
+    config = WhisperConfig.from_pretrained(where)
+    for key in ("d_model", "vocab_size", "max_target_positions"):
+        if getattr(config, key) != getattr(target.config, key):
+            raise ValueError(f"{where}: draft {key} {getattr(config, key)} != target's {getattr(target.config, key)}")
+    config.dtype = target.dtype
+    with torch.device("meta"):
+        draft = WhisperForCausalLM(config)
+    state = load_file(str(weights))
+    missing = [k for k in draft.state_dict() if k not in state and not k.startswith(SHARED_PREFIXES)]
+    if missing:
+        raise ValueError(f"{where}: weights missing for {missing[:4]}")
+    draft.load_state_dict({k: v.to(target.dtype) for k, v in state.items()}, strict=False, assign=True)
+    tie_shared(draft, target)
+    draft = draft.to(target.device).eval()
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    vocab_path = where / VOCAB_FILE
+    if vocab_path.is_file():
+        draft.draft_vocab_ids = torch.tensor(json.loads(vocab_path.read_text()), dtype=torch.long,
+                                             device=target.device)
+    return draft
+
+
+def iter_batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i: i + size]

@@ -1,0 +1,514 @@
+"""Transcriber: wires the stages together for many (long) inputs at once; no maths of its own.
+
+    paths / arrays ──stream_audio──► blocks ──ChunkingOptions.iter──► (span, samples) ──FeatureBatcher──►
+    ChunkRequest((file, chunk), features) ──Engine.run──► ChunkResult ──regroup per file──► stitch_chunks ──► text
+
+The chunks of *all* inputs go through one lazy generator into one `Engine.run`, so the batch stays full across
+file boundaries and a 2-hour file is never held whole: the engine pulls chunks as rows free up, and the generator
+reads audio one block and computes features one batch at a time. Results come back in the order chunks finish;
+they are regrouped per file, put back in chunk order and stitched once a file's last chunk is in. Transcriptions
+are yielded in input order. A file that cannot be read gets `error` set; the others carry on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .audio import DEFAULT_BLOCK_S, SAMPLE_RATE, audio_duration_s, load_audio, stream_audio
+from .chunking import ChunkingOptions, ChunkSpan
+from .engine import ChunkRequest, ChunkResult, DecodeOptions, Engine
+from .errors import AsrSpecError, AudioError, InputError
+from .features import FeatureBatcher
+from .outputs import FORMATS, TranscriptSegment, write_outputs
+from .presets import DEFAULT_PRESET
+from .stitch import ChunkTokens, stitch_chunks
+
+__all__ = ["ChunkReport", "DecodeStats", "TranscribeOptions", "Transcriber", "Transcription"]
+
+# Errors caused by one input (unreadable, corrupt, NaN, unwritable output): reported on that input, the run goes on.
+# Anything else is a bug and propagates.
+INPUT_ERRORS = (AsrSpecError, ValueError, OSError)
+ProgressCallback = Callable[[float, float], None]  # (done_s, total_s), seconds of audio
+
+
+# -- options ------------------------------------------------------------------------------------------------------
+
+_CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
+_DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
+_TOP_KEYS = ("batch_size", "formats", "block_s")
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """Everything that decides how inputs are transcribed. Derive variants with `from_values` or `replace`."""
+
+    chunking: ChunkingOptions = field(default_factory=ChunkingOptions)  # window and stride lengths
+    decode: DecodeOptions = field(default_factory=DecodeOptions)  # language, task, timestamps, drafting
+    batch_size: int = 8  # chunks decoded together (engine rows); they may come from different inputs
+    formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
+    block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
+
+    def __post_init__(self) -> None:
+        _verify_options(self)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The flat option names `from_values` takes."""
+        return _CHUNKING_KEYS + _DECODE_KEYS + _TOP_KEYS
+
+    @classmethod
+    def from_values(cls, base: TranscribeOptions | None = None, **values: Any) -> TranscribeOptions:
+        """`base` (default: the defaults) with the flat options in `values` replaced, e.g.
+        ``from_values(chunk_length_s=15, language="en", batch_size=16)``.
+
+        language "auto" means detect per chunk. Raising num_draft_tokens above max_draft_tokens raises
+        max_draft_tokens with it. Unknown names and bad values raise `InputError`.
+        """
+        base = cls() if base is None else base
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(cls.keys())})")
+        if isinstance(values.get("language"), str) and values["language"].strip().lower() == "auto":
+            values["language"] = None
+        decode = {k: values[k] for k in _DECODE_KEYS if k in values}
+        if "num_draft_tokens" in decode and "max_draft_tokens" not in decode and _is_int(decode["num_draft_tokens"]):
+            decode["max_draft_tokens"] = max(base.decode.max_draft_tokens, decode["num_draft_tokens"])
+        try:
+            return dataclasses.replace(
+                base,
+                chunking=dataclasses.replace(base.chunking, **{k: values[k] for k in _CHUNKING_KEYS if k in values}),
+                decode=dataclasses.replace(base.decode, **decode),
+                **{k: values[k] for k in _TOP_KEYS if k in values},
+            )
+        except InputError:
+            raise
+        except (ValueError, TypeError) as err:  # DecodeOptions raises ValueError; a wrong type, TypeError
+            raise InputError(str(err)) from err
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _verify_options(options: TranscribeOptions) -> None:
+    """All checks of TranscribeOptions in one place (the nested options check themselves)."""
+    if not isinstance(options.chunking, ChunkingOptions):
+        raise InputError(f"chunking must be a ChunkingOptions, got {type(options.chunking).__name__}")
+    if options.chunking.sampling_rate != SAMPLE_RATE:
+        rate = options.chunking.sampling_rate
+        raise InputError(f"chunking.sampling_rate must be Whisper's {SAMPLE_RATE} Hz, got {rate}")
+    if not isinstance(options.decode, DecodeOptions):
+        raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
+    if not _is_int(options.batch_size) or options.batch_size < 1:
+        raise InputError(f"batch_size must be an integer >= 1, got {options.batch_size!r}")
+    block = options.block_s
+    if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
+        raise InputError(f"block_s must be a positive number of seconds, got {block!r}")
+    formats = options.formats.split(",") if isinstance(options.formats, str) else options.formats
+    if not isinstance(formats, Iterable):
+        raise InputError(f"formats must be a list of format names, got {options.formats!r}")
+    chosen: list[str] = []
+    for fmt in formats:
+        name = fmt.strip().lower().lstrip(".") if isinstance(fmt, str) else fmt
+        if name not in FORMATS:
+            raise InputError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise InputError(f"no output format given (choose from {', '.join(FORMATS)})")
+    object.__setattr__(options, "formats", tuple(chosen))  # normalised: "txt,JSON" -> ("txt", "json")
+
+
+# -- results ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """Speculative-decoding statistics summed over chunks (one chunk, one file or a whole run)."""
+
+    chunks: int
+    generated_tokens: int
+    target_passes: int  # target forward passes (steps), prompt prefill included
+    draft_passes: int
+    drafted_tokens: int  # draft tokens offered for verification
+    accepted_tokens: int  # of those, accepted by the target
+    accepted_hist: tuple[int, ...]  # accepted_hist[j] = steps that accepted j draft tokens
+    acceptance_rate: float  # accepted_tokens / drafted_tokens (0 without a draft)
+    tokens_per_target_pass: float  # generated_tokens / target_passes (1 for greedy decoding, up to K+1)
+
+    @classmethod
+    def total(cls, items: Iterable[Any]) -> DecodeStats:
+        """Sum engine `ChunkStats` or `DecodeStats` (anything with their counting attributes)."""
+        items = list(items)
+        count = lambda name: sum(int(getattr(item, name)) for item in items)  # noqa: E731
+        width = max((len(item.accepted_hist) for item in items), default=0)
+        hist = tuple(sum(item.accepted_hist[j] for item in items if j < len(item.accepted_hist)) for j in range(width))
+        generated, passes = count("generated_tokens"), count("target_passes")
+        drafted, accepted = count("drafted_tokens"), count("accepted_tokens")
+        return cls(
+            chunks=sum(int(getattr(item, "chunks", 1)) for item in items),
+            generated_tokens=generated, target_passes=passes, draft_passes=count("draft_passes"),
+            drafted_tokens=drafted, accepted_tokens=accepted, accepted_hist=hist,
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+            tokens_per_target_pass=generated / passes if passes else 0.0,
+        )
+
+
+@dataclass(frozen=True)
+class ChunkReport:
+    """Where one chunk lies in its input and how its decoding went."""
+
+    start_s: float  # file time of the chunk's first sample
+    end_s: float  # file time one past its last sample
+    language: str | None  # the language it was decoded in ("en"), detected or given
+    finish_reason: str  # "eos", or "length" when the token limit cut it
+    stats: DecodeStats
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """The transcript of one input, or why there is none (`error`)."""
+
+    source: str  # the path as given, or "<array 3>" for the fourth input when it is not a file
+    text: str
+    segments: tuple[TranscriptSegment, ...]  # file times in seconds, non-overlapping, in order
+    language: str | None  # the language most chunks were decoded in
+    stats: DecodeStats | None  # summed over the chunks; None when the input failed
+    audio_s: float  # seconds of audio read (all of it, unless it failed part-way)
+    wall_s: float  # seconds from reading the input's first block to its transcript (its latency in the batch)
+    chunks: tuple[ChunkReport, ...]
+    timestamped: bool = False  # segment times from Whisper's timestamp tokens, not from chunk boundaries
+    error: str | None = None  # the cause, one line, when the input could not be transcribed
+    chunk_tokens: tuple[tuple[int, ...], ...] = ()  # each chunk's generated token ids, exactly as decoded
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+# -- bookkeeping of one input during a run -------------------------------------------------------------------------
+
+@dataclass
+class _Input:
+    index: int
+    name: str
+    source: Any
+    stem: str
+    expected_s: float = 0.0  # progress estimate (header duration); 0 when unknown
+    spans: list[ChunkSpan] = field(default_factory=list)
+    results: dict[int, ChunkResult] = field(default_factory=dict)
+    n_samples: int = 0
+    read_done: bool = False
+    error: str | None = None
+    started: float = 0.0
+    progress_s: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return self.read_done and (self.error is not None or len(self.results) == len(self.spans))
+
+
+def _inputs(audio: Any) -> list[_Input]:
+    """One `_Input` per source: a path, array, tensor or dict is one input; a list or tuple holds several."""
+    single = (str, os.PathLike, np.ndarray, torch.Tensor, Mapping)
+    if isinstance(audio, single):
+        audio = [audio]
+    elif not isinstance(audio, (list, tuple)):
+        raise InputError(f"expected an audio path, array, dict or a list of them, got {type(audio).__name__}")
+    out = []
+    for i, src in enumerate(audio):
+        if isinstance(src, (str, os.PathLike)):
+            name, stem = os.fspath(src), Path(os.fspath(src)).stem or f"input-{i}"
+        elif isinstance(src, Mapping) and src.get("path"):
+            name, stem = str(src["path"]), Path(str(src["path"])).stem or f"input-{i}"
+        else:
+            kind = "array" if isinstance(src, (np.ndarray, torch.Tensor)) else type(src).__name__
+            name, stem = f"<{kind} {i}>", f"input-{i}"
+        out.append(_Input(i, name, src, stem))
+    return out
+
+
+def _one_line(err: BaseException, name: str | None = None) -> str:
+    """The cause of `err` on one line, without a leading "<name>: " (the caller names the input)."""
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    return text[len(name) + 2:] if name and text.startswith(f"{name}: ") else text
+
+
+# -- progress ---------------------------------------------------------------------------------------------------
+
+class _Progress:
+    """Seconds of audio done: a tqdm bar on stderr (by default only when stderr is a terminal) or a callback."""
+
+    def __init__(self, progress: bool | ProgressCallback | None, inputs: list[_Input]):
+        self.callback = progress if callable(progress) else None
+        show_bar = sys.stderr.isatty() if progress is None else progress is True
+        self.done_s, self.total_s, self.bar = 0.0, 0.0, None
+        if show_bar or self.callback is not None:
+            for item in inputs:
+                item.expected_s = _expected_s(item.source)
+            self.total_s = sum(item.expected_s for item in inputs)
+        if show_bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total_s, unit="s", file=sys.stderr, dynamic_ncols=True,
+                            bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s audio [{elapsed}<{remaining}]")
+
+    def advance(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        self.done_s += seconds
+        self.total_s = max(self.total_s, self.done_s)  # an input whose length was unknown
+        if self.bar is not None:
+            self.bar.total = self.total_s
+            self.bar.update(seconds)
+        if self.callback is not None:
+            self.callback(self.done_s, self.total_s)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- the transcriber ---------------------------------------------------------------------------------------------
+
+class Transcriber:
+    """Long-form transcription with lossless batched speculative decoding.
+
+    target:    `WhisperForConditionalGeneration`, eval mode.
+    draft:     None (greedy), a `WhisperForCausalLM` or a full Whisper model (see `Engine`).
+    processor: `WhisperProcessor` of the target (tokenizer for text, feature extractor for log-mels).
+    device:    where to run; default the target's device (the models are moved there).
+    """
+
+    def __init__(self, target: Any, draft: Any = None, processor: Any = None,
+                 options: TranscribeOptions | None = None, device: str | torch.device | None = None):
+        if processor is None or not hasattr(processor, "tokenizer") or not hasattr(processor, "feature_extractor"):
+            raise InputError("processor must be the target's WhisperProcessor (tokenizer + feature extractor)")
+        self.options = TranscribeOptions() if options is None else options
+        if not isinstance(self.options, TranscribeOptions):
+            raise InputError(f"options must be a TranscribeOptions, got {type(self.options).__name__}")
+        self.device = target.device if device is None else torch.device(device)
+        self.target = target.to(self.device)
+        self.draft = None if draft is None else draft.to(self.device)
+        self.processor, self.tokenizer = processor, processor.tokenizer
+        n_mels, wanted = processor.feature_extractor.feature_size, target.config.num_mel_bins
+        if n_mels != wanted:
+            raise InputError(f"the processor makes {n_mels} mel bins but the target expects {wanted}")
+        self.features = FeatureBatcher(processor.feature_extractor, device=self.device, dtype=target.dtype)
+        self._engines: dict[int, Engine] = {}
+        self.tokens = self._engine(self.options.batch_size).tokens  # checks the pair and language now, not later
+        self._code_of = {token_id: token.strip("<|>") for token, token_id in self.tokens.lang_to_id.items()}
+
+    # -- construction ---------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, model: str | os.PathLike, draft_model: str | os.PathLike | None = None, *,
+                        device: str | torch.device | None = None, dtype: str | torch.dtype | None = "auto",
+                        options: TranscribeOptions | None = None, **option_values: Any) -> Transcriber:
+        """Load a target (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor and an
+        optional draft. `option_values` are flat `TranscribeOptions` names applied over `options`."""
+        from . import models
+
+        opts = TranscribeOptions.from_values(options, **option_values)  # bad options fail before any loading
+        dev = models.resolve_device(device)
+        dt = models.resolve_dtype(dtype, dev)
+        target = models.load_model(model, dev, dt)
+        processor = models.load_processor(model)
+        draft = None if draft_model is None else models.load_draft(draft_model, target, dev, dt)
+        return cls(target, draft, processor, opts, dev)
+
+    @classmethod
+    def from_preset(cls, name: str | os.PathLike = DEFAULT_PRESET, **overrides: Any) -> Transcriber:
+        """Load the preset `name` (see `asr_spec.presets`) with overrides: `target`, `draft`, `dtype`, `device`, or
+        any `TranscribeOptions` name (chunk_length_s, language, batch_size, ...).
+
+        The preset's draft belongs to its target: overriding `target` without `draft` runs greedy decoding.
+        `draft=None` turns the draft off.
+        """
+        from .presets import load_preset
+
+        preset = load_preset(name)
+        model_keys = ("target", "draft", "dtype", "device")
+        unknown = sorted(set(overrides) - set(model_keys) - set(TranscribeOptions.keys()))
+        if unknown:
+            known = ", ".join(model_keys + TranscribeOptions.keys())
+            raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {known})")
+        try:
+            base = TranscribeOptions.from_values(**preset.option_values())
+        except InputError as err:  # the preset's own values: name its file
+            raise InputError(f"{preset.path or 'preset ' + preset.name}: {err}") from err
+        chosen = {key: overrides.pop(key) for key in model_keys if key in overrides}
+        options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
+        if "draft" in chosen:
+            draft = chosen["draft"]
+        else:
+            draft = None if "target" in chosen else preset.draft_or_none()
+        return cls.from_pretrained(chosen.get("target", preset.target), draft, device=chosen.get("device"),
+                                   dtype=chosen.get("dtype", preset.dtype), options=options)
+
+    def _engine(self, batch_size: int) -> Engine:
+        if batch_size not in self._engines:
+            self._engines[batch_size] = Engine(self.target, self.draft, self.options.decode, batch_size=batch_size)
+        return self._engines[batch_size]
+
+    # -- public entry points -------------------------------------------------------------------------------------
+    def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,
+                   output_dir: str | os.PathLike | None = None) -> list[Transcription]:
+        """Transcribe one input or a list of them; one `Transcription` per input, in input order.
+
+        audio:      a path, a 16 kHz array/tensor, a {"array", "sampling_rate"} / {"bytes"} / {"path"} dict, or a
+                    list of those.
+        batch_size: chunks decoded together (default: options.batch_size).
+        progress:   None = a bar on stderr when it is a terminal; True/False force it; a callable gets
+                    (done_s, total_s) seconds of audio instead.
+        output_dir: also write each transcript there (atomically, as `<stem>.<format>` for options.formats) as
+                    soon as it is done; a failed write sets that input's `error`.
+        """
+        return list(self.iter_transcribe(audio, batch_size=batch_size, progress=progress, output_dir=output_dir))
+
+    def __call__(self, audio: Any, *, batch_size: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+        """Transcribe like transformers' ASR pipeline: {"text", "chunks": [{"timestamp": (start_s, end_s), "text"}]}
+        (a list of those for a list input). A failed input raises `AudioError`."""
+        results = self.transcribe(audio, batch_size=batch_size, progress=False)
+        for t in results:
+            if t.error is not None:
+                raise AudioError(f"{t.source}: {t.error}")
+        shaped = [{"text": t.text, "chunks": [{"timestamp": (s.start_s, s.end_s), "text": s.text} for s in t.segments]}
+                  for t in results]
+        return shaped if isinstance(audio, (list, tuple)) else shaped[0]
+
+    def iter_transcribe(self, audio: Any, *, batch_size: int | None = None,
+                        progress: bool | ProgressCallback | None = None,
+                        output_dir: str | os.PathLike | None = None) -> Iterator[Transcription]:
+        """`transcribe`, yielding each input's transcript (in input order) as soon as it and those before it are
+        done: a long archive shows results, and writes files, while later inputs are still decoding."""
+        rows = self.options.batch_size if batch_size is None else batch_size
+        dataclasses.replace(self.options, batch_size=rows)  # validates it
+        inputs = _inputs(audio)
+        if output_dir is not None:
+            _check_stems(inputs)
+        engine = self._engine(rows)
+        bar = _Progress(progress, inputs)
+        next_out = 0
+        try:
+            for result in engine.run(self._requests(inputs, rows)):
+                item = inputs[result.id[0]]
+                if item is not None and item.error is None:  # None: failed and already reported
+                    item.results[result.id[1]] = result
+                    span = item.spans[result.id[1]]
+                    seconds = (span.keep_end_sample - span.keep_start_sample) / SAMPLE_RATE
+                    item.progress_s += seconds
+                    bar.advance(seconds)
+                while next_out < len(inputs) and inputs[next_out].complete:
+                    yield self._finish(inputs[next_out], bar, output_dir)
+                    inputs[next_out] = None  # type: ignore[call-overload]  # free its spans and results
+                    next_out += 1
+            for index in range(next_out, len(inputs)):  # inputs with no chunk left in the engine (failed ones)
+                yield self._finish(inputs[index], bar, output_dir)
+        finally:
+            bar.close()
+
+    # -- stages ---------------------------------------------------------------------------------------------------
+    def _requests(self, inputs: list[_Input], batch_size: int) -> Iterator[ChunkRequest]:
+        """Chunks of every input in order, featurised `batch_size` at a time (maybe across inputs). Runs lazily
+        inside `Engine.run`: an input that fails is marked and skipped, its chunks already sent are ignored."""
+        pending: list[tuple[tuple[int, int], np.ndarray]] = []
+        for item in inputs:
+            item.started = time.perf_counter()
+            try:
+                for span, samples in self.options.chunking.iter(self._blocks(item)):
+                    pending.append(((item.index, len(item.spans)), samples))
+                    item.spans.append(span)
+                    item.n_samples = span.end_sample
+                    if len(pending) == batch_size:
+                        yield from self._featurise(pending)
+                        pending = []
+            except INPUT_ERRORS as err:
+                item.error = _one_line(err, item.name)
+            item.read_done = True
+        if pending:
+            yield from self._featurise(pending)
+
+    def _blocks(self, item: _Input) -> Iterator[np.ndarray]:
+        """16 kHz mono blocks of one input: files stream, in-memory sources come as one block."""
+        if isinstance(item.source, (str, os.PathLike)):
+            return stream_audio(item.source, self.options.block_s)
+        return iter([load_audio(item.source)])
+
+    def _featurise(self, pending: list[tuple[tuple[int, int], np.ndarray]]) -> Iterator[ChunkRequest]:
+        features = self.features([samples for _, samples in pending])  # (B, n_mels, 3000)
+        for (chunk_id, _), row in zip(pending, features):
+            yield ChunkRequest(chunk_id, row)
+
+    def _finish(self, item: _Input, bar: _Progress, output_dir: str | os.PathLike | None) -> Transcription:
+        bar.advance(item.expected_s - item.progress_s)  # a failed or mis-estimated input: settle its share
+        wall_s = time.perf_counter() - item.started
+        audio_s = item.n_samples / SAMPLE_RATE
+        if item.error is not None:
+            return Transcription(item.name, "", (), None, None, audio_s, wall_s, (), error=item.error)
+        results = [item.results[i] for i in range(len(item.spans))]
+        stitched = stitch_chunks([ChunkTokens(r.tokens, span) for r, span in zip(results, item.spans)],
+                                 eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
+                                 sampling_rate=SAMPLE_RATE)
+        languages = [self._language(r) for r in results]
+        reports = tuple(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, lang,
+                                    r.finish_reason, DecodeStats.total([r.stats]))
+                        for r, span, lang in zip(results, item.spans, languages))
+        transcription = Transcription(
+            source=item.name,
+            text=self._decode(stitched.token_ids),
+            segments=tuple(TranscriptSegment(s.start_s, s.end_s, self._decode(s.token_ids)) for s in stitched.segments),
+            language=Counter(languages).most_common(1)[0][0] if languages else None,
+            stats=DecodeStats.total(r.stats for r in results),
+            audio_s=audio_s, wall_s=wall_s, chunks=reports, timestamped=stitched.timestamped,
+            chunk_tokens=tuple(r.tokens for r in results),
+        )
+        if output_dir is not None:
+            try:
+                write_outputs(transcription, output_dir, item.stem, self.options.formats)
+            except INPUT_ERRORS as err:
+                cause = _one_line(err)
+                return dataclasses.replace(transcription, error=f"cannot write outputs to {output_dir} ({cause})")
+        return transcription
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+
+    def _language(self, result: ChunkResult) -> str | None:
+        """The language of a chunk from its prompt (sot, language, task, ...); "en" for English-only models."""
+        if not self._code_of:
+            return "en"
+        return self._code_of.get(result.prompt[1]) if len(result.prompt) > 1 else None
+
+
+def _expected_s(source: Any) -> float:
+    """Duration for the progress bar without decoding: header of a file, length of an array; 0 when unknown."""
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            return audio_duration_s(source)
+        if isinstance(source, Mapping) and source.get("array") is not None and source.get("sampling_rate"):
+            return max(np.shape(source["array"])) / float(source["sampling_rate"])
+        if isinstance(source, (np.ndarray, torch.Tensor)) and source.ndim:
+            return max(source.shape) / SAMPLE_RATE
+    except INPUT_ERRORS:
+        pass  # the real error is reported when the input is read
+    return 0.0
+
+
+def _check_stems(inputs: list[_Input]) -> None:
+    seen: dict[str, str] = {}
+    for item in inputs:
+        if item.stem in seen:
+            raise InputError(f"{item.name} and {seen[item.stem]} would both be written as {item.stem}.*: "
+                             "transcribe them into different output directories")
+        seen[item.stem] = item.name

@@ -1,0 +1,154 @@
+"""The `asr-spec` command: output, one-line errors, exit codes. Runs `main(argv)` in-process on the tiny model
+directories of test_transcribe (a random Whisper with the real tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from asr_spec.cli import main
+from test_transcribe import LONG, SHORT, make_bad_inputs, save_tiny_models
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    return save_tiny_models(tmp_path_factory.mktemp("models"))
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run `asr-spec ARGS...`; returns (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as info:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    return int(info.value.code or 0), out.out, out.err
+
+
+def tiny(model_dirs, *args: str, draft: bool = True) -> list[str]:
+    target, draft_dir = model_dirs
+    return ["transcribe", "--model", str(target), *(["--draft-model", str(draft_dir)] if draft else []),
+            "--language", "en", "--batch-size", "3", *args]  # later options win: `args` can override these
+
+
+def assert_one_line_error(err: str, *needles: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and all(n in lines[0] for n in needles), err
+    assert "Traceback" not in err
+
+
+def test_transcribe_prints_text_and_a_summary(capsys, model_dirs) -> None:
+    code, spec_out, spec_err = run_cli(capsys, *tiny(model_dirs, str(LONG), str(SHORT[0])))
+    assert code == 0
+    assert spec_out.splitlines()[0] == f"==> {LONG} <==" and f"==> {SHORT[0]} <==" in spec_out
+    summary = spec_err.strip().splitlines()[-1]
+    assert summary.startswith("2/2 files: ") and "RTFx" in summary and "acceptance" in summary
+    assert "tokens/target pass" in summary
+    code, greedy_out, greedy_err = run_cli(capsys, *tiny(model_dirs, str(LONG), str(SHORT[0]), draft=False))
+    assert code == 0 and greedy_out == spec_out  # lossless: the draft changes the speed only
+    assert "greedy (no draft)" in greedy_err
+    code, single, quiet_err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--quiet", "--no-timestamps"))
+    assert code == 0 and not single.startswith("==>") and single.strip()  # one file: the text alone
+    assert quiet_err == ""
+
+
+def test_bad_files_are_reported_one_line_each_and_the_rest_transcribed(capsys, tmp_path: Path, model_dirs) -> None:
+    bad = make_bad_inputs(tmp_path)
+    blip = tmp_path / "blip.wav"  # 0.1 s: valid
+    sf.write(blip, np.zeros(1600, np.float32), 16_000)
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), *bad, str(blip)))
+    assert code == 1
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == len(bad)
+    for line, (path, cause) in zip(errors, bad.items()):
+        assert line.startswith(f"error: {path}: ") and cause in line
+    assert "Traceback" not in err
+    assert f"==> {SHORT[0]} <==" in out and f"==> {blip} <==" in out
+    assert err.strip().splitlines()[-1].startswith(f"2/{len(bad) + 2} files ({len(bad)} failed)")
+
+
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--batch-size", "0"], ["batch_size must be an integer >= 1, got 0"]),
+        (["--chunk-length", "45"], ["chunk_length_s must be in (0, 30]"]),
+        (["--task", "summarise"], ["task must be 'transcribe' or 'translate'"]),
+        (["--format", "docx", "--output-dir", "out"], ["unknown output format 'docx'"]),
+        (["--format", "txt"], ["--format needs --output-dir"]),
+        (["--no-draft"], ["--no-draft and --draft-model contradict"]),
+        (["--dtype", "int4"], ["unknown dtype 'int4'"]),
+    ],
+)
+def test_bad_options_exit_2_with_one_line(capsys, model_dirs, args: list[str], needles: list[str]) -> None:
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), *args))
+    assert code == 2 and out == ""
+    assert_one_line_error(err, *needles)
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unknown_preset_and_unloadable_model_exit_2(capsys, tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "transcribe", str(SHORT[0]), "--preset", "large-v9")
+    assert code == 2
+    assert_one_line_error(err, "unknown preset 'large-v9'", "base, large-v2, large-v3, tiny.en")
+    code, _, err = run_cli(capsys, "transcribe", str(SHORT[0]), "--model", str(tmp_path))
+    assert code == 2
+    assert_one_line_error(err, str(tmp_path), "not a Whisper model directory")
+    if not torch.cuda.is_available():
+        code, _, err = run_cli(capsys, "transcribe", str(SHORT[0]), "--device", "cuda")
+        assert code == 2
+        assert_one_line_error(err, "CUDA is not available")
+
+
+def test_output_dir_writes_the_chosen_formats(capsys, tmp_path: Path, model_dirs) -> None:
+    out_dir = tmp_path / "transcripts"
+    code, out, _ = run_cli(capsys, *tiny(model_dirs, str(LONG), "--output-dir", str(out_dir), "--format", "txt,json"))
+    assert code == 0 and out == ""
+    assert sorted(p.name for p in out_dir.iterdir()) == ["long_75s.json", "long_75s.txt"]
+    data = json.loads((out_dir / "long_75s.json").read_text())
+    assert data["source"] == str(LONG) and data["text"] and len(data["chunks"]) == 4
+    assert data["stats"]["drafted_tokens"] > 0 and "acceptance_rate" in data["stats"]
+    code, _, _ = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--output-dir", str(out_dir), "--quiet"))
+    assert code == 0 and {p.suffix for p in out_dir.glob(f"{SHORT[0].stem}.*")} == {".txt", ".json", ".srt", ".vtt"}
+
+
+def test_convert_reports_a_bad_directory_on_one_line(capsys, tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "convert", str(tmp_path / "nothing"), str(tmp_path / "out"))
+    assert code == 1
+    assert_one_line_error(err, "nothing")
+    code, _, err = run_cli(capsys, "convert", str(tmp_path), str(tmp_path / "out"), "--dtype", "int8")
+    assert code == 2
+    assert_one_line_error(err, "--dtype must be one of float32, float16, bfloat16")
+
+
+def test_python_dash_m_works() -> None:
+    done = subprocess.run([sys.executable, "-m", "asr_spec", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "transcribe" in done.stdout and "convert" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "asr_spec", "transcribe", "x.wav", "--batch-size", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == "error: batch_size must be an integer >= 1, got 0"
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_base_preset_and_convert(capsys, tmp_path: Path) -> None:
+    pytest.importorskip("asr_spec.ct2", reason="the CTranslate2 converter is not available")
+    from asr_spec import ct2
+    from asr_spec.metrics import score
+
+    try:
+        tiny_en = ct2.embedded_ct2_dir("whisper-tiny.en")
+    except (ImportError, OSError, ValueError) as err:
+        pytest.skip(f"offline model packages not usable: {err}")
+    code, out, err = run_cli(capsys, "transcribe", str(SHORT[1]), "--preset", "base", "--language", "en")
+    assert code == 0, err
+    manifest = dict(line.split("\t")[::2] for line in (SHORT[1].parent / "manifest.tsv").read_text().splitlines()[1:])
+    assert score([manifest[SHORT[1].name]], [out]).wer < 0.2
+    code, out, err = run_cli(capsys, "convert", str(tiny_en), str(tmp_path / "tiny.en"))
+    assert code == 0, err
+    code, text, err = run_cli(capsys, "transcribe", str(SHORT[1]), "--model", out.strip(), "--quiet")
+    assert code == 0 and score([manifest[SHORT[1].name]], [text]).wer < 0.3, err

@@ -1,0 +1,135 @@
+"""Draft distillation on a tiny random target: cache round-trip, training, agreement metric, resume, save/load."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from asr_spec import distill
+from asr_spec.engine import DecodeOptions, Engine
+from tests.conftest import tiny_target
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def feats():
+    return torch.randn(8, 16, 100, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def cache(model, feats, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cache")
+    ids = [f"w{i}" for i in range(len(feats))]
+    batches = [(ids[:5], feats[:5]), (ids[5:], feats[5:])]
+    return distill.build_cache(model, batches, len(feats), out, max_new_tokens=MAX_NEW, enc_dtype="float32",
+                               progress=False)
+
+
+def test_pack_windows_fills_in_order_and_rejects_too_long():
+    assert distill.pack_windows([10, 10, 10, 5], max_window_s=29, gap_s=0.5) == [[0, 1], [2, 3]]
+    assert distill.pack_windows([], max_window_s=29) == []
+    with pytest.raises(ValueError, match="utterance 1"):
+        distill.pack_windows([3, 31], max_window_s=29)
+    joined = distill.join_audio([np.ones(10, np.float32), np.ones(5, np.float32)], gap_s=0.001, sample_rate=2000)
+    assert joined.tolist() == [1.0] * 10 + [0.0, 0.0] + [1.0] * 5
+
+
+def test_cache_round_trip_matches_engine_greedy(model, feats, cache):
+    engine = Engine(model, None, DecodeOptions(language="en", max_new_tokens=MAX_NEW), batch_size=3)
+    enc = engine.encode(feats)
+    results = engine.decode(None, encoded=enc)
+    reopened = distill.PseudoLabelCache(cache.path)
+    assert len(reopened) == len(feats)
+    for i, r in enumerate(results):
+        assert reopened.sequence(i) == list(r.prompt) + list(r.tokens)
+    assert np.allclose(reopened.encoded[:], enc.numpy(), atol=1e-4)  # batch shapes differ: float rounding
+    assert reopened.meta["ids"][3] == ["w3"]
+    b = reopened.batch([0, 3])
+    n0 = int(reopened.lengths[0])
+    assert (b.labels[0] != -100).sum() == n0 - reopened.prompt_len  # one label per generated token
+    # the cached teacher state gives the target's own teacher-forced logits
+    with torch.no_grad():
+        ref = model(encoder_outputs=(enc[:1],), decoder_input_ids=b.input_ids[:1, : n0 - 1]).logits
+    got = b.teacher_hidden[:1, : n0 - 1] @ model.proj_out.weight.T
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_agreement_is_one_for_the_target_as_draft(model, cache):
+    draft = distill.init_draft(model, layers=list(range(model.config.decoder_layers)))
+    rep = distill.evaluate_agreement(model, draft, cache)
+    assert rep.agreement == 1.0 and rep.tokens > 0
+    assert rep.accepted_per_step[4] > 1.0 and rep.tokens_per_pass[8] >= rep.tokens_per_pass[4]
+
+
+def test_simulate_steps():
+    assert distill.simulate_steps([True] * 6, 4) == (2, 5)  # 4 accepted + 1, then 1 accepted + nothing left
+    assert distill.simulate_steps([False] * 3, 4) == (3, 0)
+    assert distill.simulate_steps([True, False, True, True], 2) == (2, 3)
+
+
+def test_choose_draft_vocab_keeps_seen_tokens_then_low_ids():
+    counts = np.zeros(50, dtype=np.int64)
+    counts[[30, 7, 12]] = [5, 9, 1]
+    v = distill.choose_draft_vocab(counts, 6, eot=40)
+    assert v.tolist() == [0, 1, 7, 12, 30, 40]
+
+
+def _cfg(**kw):
+    return distill.TrainConfig(**{**dict(steps=8, batch_windows=3, lr=3e-3, warmup_steps=2, eval_every=0,
+                                         ckpt_every=4, seed=5), **kw})
+
+
+def test_training_lowers_the_loss(model, cache, tmp_path):
+    cfg = _cfg()
+    vocab = distill.train_vocab(model.config.vocab_size, model.generation_config.suppress_tokens, None)
+    b = cache.batch(list(range(len(cache))))
+    with torch.no_grad():
+        before = float(distill.loss_on_batch(distill.init_draft(model), model.proj_out.weight, vocab, b, cfg)[0])
+    res = distill.train_draft(model, cache, cfg, work_dir=tmp_path, progress=False)
+    with torch.no_grad():
+        after = float(distill.loss_on_batch(res.draft, model.proj_out.weight, vocab, b, cfg)[0])
+    assert after < before
+
+
+def test_resume_gives_the_same_draft(model, cache, tmp_path):
+    cfg = _cfg()
+    whole = distill.train_draft(model, cache, cfg, work_dir=tmp_path / "a", progress=False).draft
+    distill.train_draft(model, cache, cfg, work_dir=tmp_path / "b", stop_after=4, progress=False)
+    resumed = distill.train_draft(model, cache, cfg, work_dir=tmp_path / "b", progress=False).draft
+    for (k, a), (_, b) in zip(distill.trainable_parameters(whole).items(),
+                              distill.trainable_parameters(resumed).items(), strict=True):
+        assert torch.equal(a, b), k
+    with pytest.raises(ValueError, match="different run"):
+        distill.train_draft(model, cache, dataclasses.replace(cfg, lr=1e-3), work_dir=tmp_path / "b",
+                            progress=False)
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+def test_saved_draft_loads_and_engine_output_equals_greedy(model, cache, feats, tmp_path, restricted):
+    vocab = None
+    if restricted:
+        vocab = distill.choose_draft_vocab(cache.token_counts(model.config.vocab_size), 30, eot=cache.eot)
+    res = distill.train_draft(model, cache, _cfg(steps=3), work_dir=tmp_path / "w", draft_vocab=vocab,
+                              progress=False)
+    out = distill.save_trained_draft(res.draft, tmp_path / "draft", dtype=torch.float32, info={"seed": 5})
+    assert (out / distill.VOCAB_FILE).exists() == restricted
+    loaded = distill.load_trained_draft(out, model)
+    for k, v in distill.trainable_parameters(res.draft).items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    assert loaded.model.decoder.embed_tokens.weight is model.model.decoder.embed_tokens.weight
+    if restricted:
+        assert loaded.draft_vocab_ids.tolist() == vocab.tolist()
+    opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, num_draft_tokens=3, draft_schedule="constant")
+    greedy = Engine(model, None, opts, batch_size=3).decode(feats)
+    spec = Engine(model, loaded, opts, batch_size=3).decode(feats)
+    assert [r.tokens for r in spec] == [r.tokens for r in greedy]
+    assert sum(r.stats.drafted_tokens for r in spec) > 0

@@ -1,0 +1,202 @@
+"""LibriSpeech evaluation on the committed fixture tree: one JSONL record per utterance, resume after a kill,
+long-form chapters, the greedy comparison and the summary, one-line errors. Uses the tiny random Whisper with the
+real tokenizer from test_transcribe (text decodes, nothing downloaded), and (`real` marker) whisper-base."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from asr_spec import TranscribeOptions, Transcriber
+from asr_spec.errors import InputError
+from asr_spec.evaluate import (
+    EvalOptions,
+    eval_main,
+    eval_summary,
+    evaluate,
+    format_summary,
+    parse_split,
+    run_eval,
+    summary_path,
+)
+from asr_spec.librispeech import HubUnavailableError, ResultsLog, iter_local
+from asr_spec.models import decoder_draft
+from test_transcribe import _models, save_tiny_models
+
+ROOT = Path(__file__).parent / "fixtures" / "librispeech"
+IDS = [u.id for u in iter_local(ROOT, "test-clean")]  # 14 utterances, 4 chapters, in corpus order
+pytestmark = pytest.mark.filterwarnings("ignore:English text normaliser built without")
+
+CHAPTERS = ["9001-100201", "9001-100202", "9002-100301", "9003-100401"]
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(draft: str = "perturbed") -> Transcriber:
+    """The tiny target with no draft, a perturbed draft (disagrees now and then) or all its own decoder layers."""
+    target, perturbed_draft, processor = _models()
+    model = {"none": None, "perturbed": perturbed_draft, "same": decoder_draft(target)}[draft]
+    return Transcriber(target, model, processor, TranscribeOptions.from_values(language="en", batch_size=3))
+
+
+def utts():
+    return iter_local(ROOT, "test-clean")
+
+
+def test_parse_split_names() -> None:
+    assert (parse_split("test.clean").hub_config, parse_split("test.clean").hub_split) == ("clean", "test")
+    assert parse_split("test-other").local_dir == "test-other" and parse_split("test-other").hub_config == "other"
+    assert parse_split("dev-clean") == parse_split("validation.clean")
+    assert parse_split("train.clean.100").hub_split == "train.100"
+    with pytest.raises(InputError, match="unknown LibriSpeech split 'test.dirty'"):
+        parse_split("test.dirty")
+
+
+@pytest.mark.parametrize("draft", ["same", "perturbed"])
+def test_one_record_per_utterance_identical_to_greedy(tmp_path: Path, draft: str) -> None:
+    path = tmp_path / "run.jsonl"
+    seen: list[int] = []  # records on disk when each one is reported: written one at a time
+    run = run_eval(tiny(draft), utts(), path, limit=4, compare_greedy=True, group_size=3,
+                   on_record=lambda r: seen.append(len(ResultsLog(path).records())))
+    assert (run.n_done, run.n_skipped, run.n_failed, run.n_not_identical) == (4, 0, 0, 0)
+    assert seen == [1, 2, 3, 4]
+    records = ResultsLog(path).records()
+    assert [r["id"] for r in records] == IDS[:4]
+    for r in records:
+        assert r["hyp"] and r["hyp"] == r["greedy_hyp"] and r["identical_to_greedy"] is True
+        assert r["audio_s"] > 2 and r["wall_s"] > 0 and r["greedy_wall_s"] > 0
+        assert r["draft_tokens"] > 0 and r["target_passes"] < r["generated_tokens"]
+        assert 0 < sum(r["accepted_hist"]) <= r["target_passes"]  # steps by number of accepted draft tokens
+    # the group's wall time is shared in proportion to audio: the shares of one group are equally fast
+    first = records[:3]
+    assert len({round(r["audio_s"] / r["wall_s"], 6) for r in first}) == 1
+    s = eval_summary(path)
+    assert s["n_scored"] == 4 and s["identical_fraction"] == 1.0 and s["all_identical_to_greedy"] is True
+    assert s["speedup"] == pytest.approx(s["greedy_wall_s"] / s["wall_s"])
+    assert s["target_passes_per_token"] == pytest.approx(1 / s["tokens_per_target_pass"])
+    assert s["mean_accepted_per_target_pass"] == pytest.approx(s["accepted_tokens"] / s["target_passes"])
+    if draft == "same":  # the target's own layers: every drafted token agrees; the rows run to the 44-token
+        # limit, and the engine counts the tokens drafted past it (the last step) as not accepted: 40/44 here
+        assert s["acceptance_rate"] > 0.85 and s["tokens_per_target_pass"] > 5
+    else:
+        assert 0 < s["acceptance_rate"] < 1
+    table = format_summary(s)
+    assert "identical to greedy" in table and "100.00 % (4/4)" in table and "speed-up vs greedy" in table
+
+
+def test_resume_after_a_kill_skips_done_ids(tmp_path: Path) -> None:
+    path = tmp_path / "run.jsonl"
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_two(record: dict) -> None:
+        if len(ResultsLog(path).records()) == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_eval(tiny("none"), utts(), path, limit=5, group_size=4, on_record=kill_after_two)
+    assert [r["id"] for r in ResultsLog(path).records()] == IDS[:2]
+    with open(path, "ab") as handle:  # and the crash cut a third line short
+        handle.write(b'{"id": "9001-100201-0002", "ref": "IN TH')
+    with pytest.warns(UserWarning, match="incomplete last line"):
+        run = run_eval(tiny("none"), utts(), path, limit=5, group_size=4)
+    assert (run.n_skipped, run.n_done) == (2, 3)
+    assert [r["id"] for r in ResultsLog(path).records()] == IDS[:5]  # no repeats, no gaps, --limit kept
+    run = run_eval(tiny("none"), utts(), path, limit=5, group_size=4)
+    assert (run.n_skipped, run.n_done) == (5, 0)
+
+
+def test_long_form_groups_by_chapter(tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl"
+    run = run_eval(tiny("none"), utts(), path, limit=2, as_long_form=True)  # --limit counts chapters
+    assert run.n_done == 2
+    records = ResultsLog(path).records()
+    assert [r["id"] for r in records] == CHAPTERS[:2]
+    by_id = {u.id: u for u in utts()}
+    for r in records:
+        assert r["parts"] == [i for i in IDS if i.startswith(r["id"] + "-")]
+        assert r["ref"] == " ".join(by_id[p].text for p in r["parts"])
+        assert r["audio_s"] == pytest.approx(sum(by_id[p].duration_s for p in r["parts"]), abs=1e-3)
+    run = run_eval(tiny("none"), utts(), path, limit=3, as_long_form=True)  # resumes by chapter id
+    assert (run.n_skipped, run.n_done) == (2, 1)
+    assert [r["id"] for r in ResultsLog(path).records()] == CHAPTERS[:3]
+
+
+def test_eval_main_end_to_end_with_a_preset_file(tmp_path: Path, capsys) -> None:
+    target_dir, draft_dir = save_tiny_models(tmp_path)
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(f'target = "{target_dir}"\ndraft = "{draft_dir}"\nlanguage = "en"\n')
+    out = tmp_path / "runs" / "tiny.jsonl"
+    argv = ["--preset", str(preset), "--data-dir", str(ROOT), "--split", "test.clean", "--batch-size", "2",
+            "--compare-greedy", "--output", str(out)]
+    assert eval_main([*argv, "--limit", "3"]) == 0
+    printed = capsys.readouterr()
+    assert "identical to greedy" in printed.out and "100.00 % (3/3)" in printed.out
+    assert "WER" in printed.out and "RTFx" in printed.out and "acceptance rate" in printed.out
+    summary = json.loads(summary_path(out).read_text())
+    for key in ("wer", "cer", "rtfx", "acceptance_rate", "mean_accepted_per_target_pass", "target_passes_per_token",
+                "identical_fraction", "speedup", "n_scored"):
+        assert key in summary, key
+    assert summary["n_scored"] == 3 and summary["identical_fraction"] == 1.0
+    assert eval_main([*argv, "--limit", "4", "--quiet"]) == 0  # resumes: one more utterance
+    assert "9001-100201-0000" not in capsys.readouterr().err
+    assert json.loads(summary_path(out).read_text())["n_scored"] == 4
+
+
+def test_evaluate_writes_the_summary_next_to_the_log(tmp_path: Path) -> None:
+    options = EvalOptions(data_dir=str(ROOT), limit=2, output=str(tmp_path / "x.jsonl"), compare_greedy=True)
+    summary = evaluate(options, transcriber=tiny("perturbed"))
+    assert json.loads((tmp_path / "x.summary.json").read_text())["n_scored"] == summary["n_scored"] == 2
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--data-dir", "/no/such/dir"], "/no/such/dir: no such directory"),
+        (["--data-dir", str(ROOT), "--split", "test.other"], "no LibriSpeech split 'test-other'"),
+        (["--data-dir", str(ROOT), "--split", "test.dirty"], "unknown LibriSpeech split"),
+        (["--data-dir", str(ROOT), "--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
+        (["--data-dir", str(ROOT), "--limit", "-1"], "limit must be an integer >= 0"),
+        (["--data-dir", str(ROOT), "--compare-greedy", "--no-draft"], "compare_greedy needs a draft"),
+    ],
+)
+def test_bad_options_are_one_line_errors(capsys, args: list[str], needle: str) -> None:
+    assert eval_main(args) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_unreachable_hub_says_pass_data_dir(monkeypatch, capsys) -> None:
+    import asr_spec.evaluate as evaluate_module
+
+    def offline(config, split, streaming=True):
+        raise HubUnavailableError(f"openslr/librispeech_asr {config}/{split}: the Hugging Face hub is unreachable "
+                                  "(ConnectError: no network); pass a local LibriSpeech tree instead (iter_local)")
+        yield  # a generator, as iter_hub
+
+    monkeypatch.setattr(evaluate_module, "iter_hub", offline)
+    assert eval_main(["--split", "test.other"]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "other/test: the Hugging Face hub is unreachable" in line and "pass --data-dir DIR" in line
+    assert "iter_local" not in line
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_whisper_base_fixture_eval(tmp_path: Path) -> None:
+    """whisper-base on 4 fixture utterances, with a draft of its first and last decoder layers."""
+    from test_transcribe import _real_base
+
+    target, processor = _real_base()
+    draft = decoder_draft(target, [0, target.config.decoder_layers - 1])
+    transcriber = Transcriber(target, draft, processor, TranscribeOptions.from_values(language="en", batch_size=4))
+    options = EvalOptions(data_dir=str(ROOT), limit=4, compare_greedy=True, output=str(tmp_path / "base.jsonl"))
+    s = evaluate(options, transcriber=transcriber)
+    assert s["n_scored"] == 4 and s["identical_fraction"] == 1.0
+    assert s["wer"] < 0.2  # measured 9.1 % (TTS fixtures; "full hour" for "flower")
+    assert 0 < s["acceptance_rate"] <= 1 and s["tokens_per_target_pass"] > 1
