@@ -120,8 +120,11 @@ def _is_number(value: Any) -> bool:
 
 
 def presets_dir() -> Path:
-    """``configs/`` at the top of the repository this package lives in (an editable install)."""
-    return Path(__file__).resolve().parent.parent / "configs"
+    """``configs/`` at the top of the repository this package lives in (an editable install), or the copy a
+    wheel carries inside the package."""
+    here = Path(__file__).resolve().parent
+    repo = here.parent / "configs"
+    return repo if repo.is_dir() else here / "configs"
 
 
 def available_presets() -> list[str]:
