@@ -149,9 +149,13 @@ def convert(
     typer.echo(str(written))
 
 
-# Further subcommands are registered here by the modules that implement them, e.g. `eval` (WER and speed on a
-# LibriSpeech-layout folder) and `distill` (train a draft): define them with `@app.command()` in their own module
-# and import that module below, so that this file stays a list of thin entry points.
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def eval_(ctx: typer.Context) -> None:
+    """WER, RTFx and speculative statistics on LibriSpeech (hub or a local tree); `asr-spec eval --help`."""
+    from .evaluate import eval_main
+
+    raise typer.Exit(eval_main(ctx.args))
 
 
 class _StderrHandler(logging.StreamHandler):

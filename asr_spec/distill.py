@@ -1,5 +1,7 @@
 """Distil a small decoder-only draft for any Whisper target (distil-whisper style, made for speculative decoding).
 
+The cache and window packing live in `asr_spec.draft_data`.
+
 The data path: audio windows → target encoder → the target's own greedy transcript (pseudo-labels, via the
 `Engine`) → an on-disk cache (memory-mapped numpy) → a `WhisperForCausalLM` draft trained on the cache with KL to
 the target's token distribution + cross-entropy on the pseudo-labels → a transformers directory the `Engine` uses.
@@ -24,7 +26,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,172 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr_spec.draft_data import CacheBatch, PseudoLabelCache
 from asr_spec.models import decoder_draft
 
-CACHE_FORMAT = 1
 SHARED_PREFIXES = ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "proj_out.")  # from the target
 VOCAB_FILE = "draft_vocab.json"
 INFO_FILE = "distill.json"
-
-
-# -- packing utterances into encoder windows (pure) -------------------------------------------------------------
-
-def pack_windows(durations_s: Sequence[float], max_window_s: float = 29.0, gap_s: float = 0.4) -> list[list[int]]:
-    """Group consecutive utterances into windows of at most `max_window_s` seconds (gaps of `gap_s` between them).
-
-    Greedy, in order: each window takes utterances until the next would overflow. Returns lists of indices.
-    max_window_s < 30 leaves trailing silence so the last word is never cut by the 30 s encoder window.
-    """
-    windows: list[list[int]] = []
-    used_s = 0.0
-    for i, d in enumerate(durations_s):
-        if d > max_window_s:
-            raise ValueError(f"utterance {i} lasts {d:.2f} s, longer than a {max_window_s} s window")
-        if windows and used_s + gap_s + d <= max_window_s:
-            windows[-1].append(i)
-            used_s += gap_s + d
-        else:
-            windows.append([i])
-            used_s = d
-    return windows
-
-
-def join_audio(parts: Sequence[np.ndarray], gap_s: float = 0.4, sample_rate: int = 16_000) -> np.ndarray:
-    """Concatenate 1-D float32 sample arrays with `gap_s` seconds of digital silence between them."""
-    gap = np.zeros(int(round(gap_s * sample_rate)), dtype=np.float32)
-    out: list[np.ndarray] = []
-    for i, p in enumerate(parts):
-        if i:
-            out.append(gap)
-        out.append(np.asarray(p, dtype=np.float32))
-    return np.concatenate(out)
-
-
-# -- the pseudo-label cache -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CacheBatch:
-    """Training tensors of B windows, right-padded to T = the longest sequence - 1.
-
-    encoded: (B, n_audio_ctx, d_model) float32 target encoder output
-    input_ids: (B, T) long, the pseudo-label sequence (prompt + generated) without its last token (pad = eot)
-    labels: (B, T) long, the next token where it is a generated token, -100 elsewhere (prompt, padding)
-    teacher_hidden: (B, T, d_model) float32 target's final decoder state at each input position
-    """
-
-    encoded: torch.Tensor
-    input_ids: torch.Tensor
-    labels: torch.Tensor
-    teacher_hidden: torch.Tensor
-
-
-class PseudoLabelCache:
-    """A cache directory, memory-mapped: meta.json, encoded.npy (N, ctx, d), tokens.npy (N, L) int32 (padded with
-    -1), lengths.npy (N,), hidden.npy (N, L - 1, d) float32."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        meta_path = self.path / "meta.json"
-        if not meta_path.is_file():
-            raise ValueError(f"{self.path}: not a pseudo-label cache (no meta.json; build it with build_cache)")
-        self.meta = json.loads(meta_path.read_text())
-        if self.meta.get("format") != CACHE_FORMAT:
-            raise ValueError(f"{self.path}: cache format {self.meta.get('format')} != {CACHE_FORMAT}; rebuild it")
-        self.encoded = np.load(self.path / "encoded.npy", mmap_mode="r")
-        self.tokens = np.load(self.path / "tokens.npy", mmap_mode="r")
-        self.lengths = np.load(self.path / "lengths.npy")
-        self.hidden = np.load(self.path / "hidden.npy", mmap_mode="r")
-        self.prompt_len: int = int(self.meta["prompt_len"])
-        self.eot: int = int(self.meta["eot"])
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def sequence(self, i: int) -> list[int]:
-        """Prompt + generated tokens of window i."""
-        return self.tokens[i, : self.lengths[i]].tolist()
-
-    def token_counts(self, vocab_size: int) -> np.ndarray:
-        """(vocab_size,) how often each token occurs among the generated pseudo-labels."""
-        counts = np.zeros(vocab_size, dtype=np.int64)
-        for i in range(len(self)):
-            np.add.at(counts, self.tokens[i, self.prompt_len: self.lengths[i]], 1)
-        return counts
-
-    def batch(self, indices: Sequence[int]) -> CacheBatch:
-        t = int(max(self.lengths[i] for i in indices)) - 1
-        b = len(indices)
-        input_ids = torch.full((b, t), self.eot, dtype=torch.long)
-        labels = torch.full((b, t), -100, dtype=torch.long)
-        hidden = torch.zeros(b, t, self.hidden.shape[-1])
-        for r, i in enumerate(indices):
-            n = int(self.lengths[i])
-            seq = torch.from_numpy(np.asarray(self.tokens[i, :n], dtype=np.int64))
-            input_ids[r, : n - 1] = seq[:-1]
-            labels[r, self.prompt_len - 1: n - 1] = seq[self.prompt_len:]
-            hidden[r, : n - 1] = torch.from_numpy(np.array(self.hidden[i, : n - 1], dtype=np.float32))
-        enc = torch.from_numpy(np.stack([np.array(self.encoded[i], dtype=np.float32) for i in indices]))
-        return CacheBatch(enc, input_ids, labels, hidden)
-
-
-@torch.inference_mode()
-def build_cache(
-    target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
-    *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
-    progress: bool = True,
-) -> PseudoLabelCache:
-    """Encode and greedily transcribe `n_windows` windows with `target`, and store what training needs.
-
-    batches: (ids, features (b, n_mels, n_frames)) pairs, `n_windows` rows in all; ids name each window's contents.
-    enc_dtype: storage of the encoder outputs ("float16" halves the disk; the teacher states are always fp32 and are
-        computed from the unrounded encoder output).
-    """
-    from tqdm import tqdm
-
-    from asr_spec.engine import DecodeOptions, Engine
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens),
-                    batch_size=batch_size)
-    ctx, d = target.config.max_source_positions, target.config.d_model
-    max_len = target.config.max_target_positions
-    enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype), (n_windows, ctx, d))
-    tokens = np.full((n_windows, max_len), -1, dtype=np.int32)
-    lengths = np.zeros(n_windows, dtype=np.int32)
-    hidden = np.zeros((n_windows, max_len - 1, d), dtype=np.float32)
-    ids: list[list[str]] = []
-    prompt_len, row = None, 0
-    bar = tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress)
-    for batch_ids, feats in batches:
-        enc = engine.encode(feats)
-        results = engine.decode(None, encoded=enc)
-        for r, res in enumerate(results):
-            seq = list(res.prompt) + list(res.tokens)
-            prompt_len = len(res.prompt)
-            ids_t = torch.tensor([seq[:-1]], device=enc.device)
-            h = target.model.decoder(input_ids=ids_t, encoder_hidden_states=enc[r: r + 1], use_cache=False).last_hidden_state
-            enc_mm[row] = enc[r].float().cpu().numpy().astype(enc_dtype)
-            tokens[row, : len(seq)] = seq
-            lengths[row] = len(seq)
-            hidden[row, : len(seq) - 1] = h[0].float().cpu().numpy()
-            ids.append(list(batch_ids[r]) if isinstance(batch_ids[r], (list, tuple)) else [str(batch_ids[r])])
-            row += 1
-        bar.update(len(results))
-    bar.close()
-    if row != n_windows:
-        raise ValueError(f"build_cache: {row} windows came, n_windows said {n_windows}")
-    enc_mm.flush()
-    del enc_mm
-    longest = int(lengths.max())
-    np.save(out / "tokens.npy", tokens[:, :longest])
-    np.save(out / "lengths.npy", lengths)
-    np.save(out / "hidden.npy", hidden[:, : longest - 1])
-    meta = dict(format=CACHE_FORMAT, n=n_windows, prompt_len=prompt_len, eot=engine.tokens.eot,
-                n_audio_ctx=ctx, d_model=d, language=language, max_new_tokens=max_new_tokens, enc_dtype=enc_dtype,
-                generated_tokens=int((lengths - prompt_len).sum()), ids=ids)
-    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    return PseudoLabelCache(out)
 
 
 # -- the draft --------------------------------------------------------------------------------------------------
@@ -384,7 +226,7 @@ def train_draft(
         torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
         opt.step()
         step += 1
-        running = float(loss) if running is None else 0.9 * running + 0.1 * float(loss)
+        running = float(loss.detach()) if running is None else 0.9 * running + 0.1 * float(loss.detach())
         post = {"loss": f"{running:.3f}"}
         if held_out is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
             draft.eval()
@@ -496,7 +338,7 @@ class SpeedReport:
 def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, batch_size: int = 4, k: int = 4,
               language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2) -> SpeedReport:
     """Wall time of the Engine's greedy vs speculative decoding of the same encoder outputs (best of `repeats`
-    after a warm-up run each); CPU only (no device sync)."""
+    interleaved runs each, after a warm-up run each); CPU only (no device sync)."""
     from asr_spec.engine import DecodeOptions, Engine
 
     opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k,
@@ -504,17 +346,16 @@ def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, bat
     greedy = Engine(target, None, opts, batch_size=batch_size)
     spec = Engine(target, draft, opts, batch_size=batch_size)
 
-    def best(engine):
-        out = engine.decode(None, encoded=encoded)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            out = engine.decode(None, encoded=encoded)
-            times.append(time.perf_counter() - t0)
-        return min(times), out
+    res_g = greedy.decode(None, encoded=encoded)  # warm-up
+    res_s = spec.decode(None, encoded=encoded)
+    t_g = t_s = float("inf")
+    for _ in range(repeats):  # interleaved, best of each: a machine shared with other jobs drifts between runs
+        t0 = time.perf_counter()
+        greedy.decode(None, encoded=encoded)
+        t1 = time.perf_counter()
+        spec.decode(None, encoded=encoded)
+        t_g, t_s = min(t_g, t1 - t0), min(t_s, time.perf_counter() - t1)
 
-    t_g, res_g = best(greedy)
-    t_s, res_s = best(spec)
     gen = sum(r.stats.generated_tokens for r in res_s)
     passes = sum(r.stats.target_passes for r in res_s)
     drafted = sum(r.stats.drafted_tokens for r in res_s)
@@ -577,8 +418,3 @@ def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
         draft.draft_vocab_ids = torch.tensor(json.loads(vocab_path.read_text()), dtype=torch.long,
                                              device=target.device)
     return draft
-
-
-def iter_batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i: i + size]

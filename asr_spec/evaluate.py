@@ -19,8 +19,8 @@ group is then decoded by the same target without a draft: `greedy_wall_s` is tim
 Record fields (those `asr_spec.librispeech.summarize` reads, plus more): id, ref, hyp, audio_s, wall_s, latency_s,
 language, chunks, generated_tokens, target_passes, draft_passes, draft_tokens, accepted_tokens, accepted_hist,
 parts (long-form: the utterance ids joined), error (a failed utterance, one line); with --compare-greedy:
-greedy_hyp, greedy_wall_s, greedy_generated_tokens, identical_to_greedy (same text and segments; see
-`_identical`).
+greedy_hyp, greedy_wall_s, greedy_generated_tokens, identical_to_greedy (the same token ids in every chunk, so
+the same text and segments).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ class EvalRun:
     n_done: int  # records appended by this call
     n_skipped: int  # units already in the log (resumed)
     n_failed: int  # of n_done, records with an error
-    n_not_identical: int  # of n_done, speculative text != greedy text (must be 0)
+    n_not_identical: int  # of n_done, speculative tokens != greedy tokens (must be 0)
     wall_s: float  # seconds this call spent decoding (warm-up excluded)
 
 
@@ -229,11 +229,8 @@ def _share(wall_s: float, audio_s: Sequence[float]) -> list[float]:
 
 
 def _identical(a: Any, b: Any) -> bool:
-    """Speculative and greedy transcripts agree: same text and same segments (times and texts).
-
-    Transcription carries no token ids, so this compares decoded text; two different token sequences that decode
-    to the same text (very rare in Whisper's vocabulary) would pass. The engine tests check tokens directly."""
-    return a.text == b.text and a.segments == b.segments
+    """Speculative and greedy decoding agree token for token in every chunk (and hence in text and segments)."""
+    return a.chunk_tokens == b.chunk_tokens and a.text == b.text and a.segments == b.segments
 
 
 def _record(u: Utterance, t: Any, wall_s: float, greedy: tuple[Any, float] | None) -> dict[str, Any]:
@@ -294,6 +291,8 @@ def run_eval(
     group = group_size
     if not _is_count(rows, 1) or not _is_count(group, 1):
         raise InputError(f"batch_size and group_size must be integers >= 1, got {rows!r} and {group!r}")
+    if limit is not None and not _is_count(limit, 0):
+        raise InputError(f"limit must be an integer >= 0, got {limit!r}")
     if compare_greedy and transcriber.draft is None:
         raise InputError("compare_greedy: the transcriber has no draft, so there is nothing to compare with greedy")
     greedy = _greedy_twin(transcriber) if compare_greedy else None
@@ -302,7 +301,10 @@ def run_eval(
     n_done = n_failed = n_not_identical = 0
     wall_total = 0.0
     warmed = not warmup
-    while batch := list(itertools.islice(units, group)):
+    for n_group in itertools.count():
+        batch = list(itertools.islice(units, group))
+        if not batch:
+            break
         utts = [make() for _, make in batch]
         sources = [_source(u) for u in utts]
         if not warmed:  # the first chunk of the first unit, once per model, untimed
@@ -311,15 +313,20 @@ def run_eval(
                 if model is not None:
                     model.transcribe([warm], batch_size=rows, progress=False)
             warmed = True
+        plain: list[Any] = []
+        greedy_wall_s = 0.0
+        greedy_first = greedy is not None and n_group % 2 == 1  # alternate the order: neither always runs first
+        if greedy_first:
+            plain, greedy_wall_s = _timed_transcribe(greedy, sources, rows)
         spec, wall_s = _timed_transcribe(transcriber, sources, rows)
+        if greedy is not None and not greedy_first:
+            plain, greedy_wall_s = _timed_transcribe(greedy, sources, rows)
         audio_s = [t.audio_s or u.duration_s for t, u in zip(spec, utts)]
         shares = _share(wall_s, audio_s)
         greedy_pairs: list[tuple[Any, float] | None] = [None] * len(utts)
         if greedy is not None:
-            plain, greedy_wall_s = _timed_transcribe(greedy, sources, rows)
             greedy_pairs = list(zip(plain, _share(greedy_wall_s, audio_s)))
-            wall_total += greedy_wall_s
-        wall_total += wall_s
+        wall_total += wall_s + greedy_wall_s
         for u, t, share, pair in zip(utts, spec, shares, greedy_pairs):
             record = _record(u, t, share, pair)
             log_.append(record)
@@ -526,10 +533,11 @@ def _one_line(err: BaseException) -> str:
     return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
 
 
-def eval_main(argv: list[str] | None = None) -> int:
+def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> int:
     """`asr-spec eval ARGS` / `scripts/eval_librispeech.py ARGS`. Returns the exit code: 0 done, 1 some utterance
-    failed or differed from greedy, 2 bad options or data (one `error:` line on stderr), 130 interrupted."""
-    args = build_parser().parse_args(argv)
+    failed or differed from greedy, 2 bad options or data (one `error:` line on stderr), 130 interrupted.
+    (--help and argparse's own usage errors exit through SystemExit, code 0 / 2, as argparse does.)"""
+    args = build_parser(prog).parse_args(argv)
     _configure_logging()
     try:
         options = EvalOptions(

@@ -152,3 +152,9 @@ def test_real_base_preset_and_convert(capsys, tmp_path: Path) -> None:
     assert code == 0, err
     code, text, err = run_cli(capsys, "transcribe", str(SHORT[1]), "--model", out.strip(), "--quiet")
     assert code == 0 and score([manifest[SHORT[1].name]], [text]).wer < 0.3, err
+
+
+def test_eval_subcommand_is_wired(capsys, tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "eval", "--data-dir", str(tmp_path / "nowhere"), "--split", "test.clean")
+    assert code == 2
+    assert_one_line_error(err, "nowhere")

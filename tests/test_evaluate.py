@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,12 @@ def tiny(draft: str = "perturbed") -> Transcriber:
     target, perturbed_draft, processor = _models()
     model = {"none": None, "perturbed": perturbed_draft, "same": decoder_draft(target)}[draft]
     return Transcriber(target, model, processor, TranscribeOptions.from_values(language="en", batch_size=3))
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny target (+ processor) and its perturbed draft saved as model directories."""
+    return save_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 def utts():
@@ -86,6 +93,16 @@ def test_one_record_per_utterance_identical_to_greedy(tmp_path: Path, draft: str
     assert "identical to greedy" in table and "100.00 % (4/4)" in table and "speed-up vs greedy" in table
 
 
+def test_identical_means_the_same_tokens() -> None:
+    from types import SimpleNamespace
+
+    from asr_spec.evaluate import _identical
+
+    a = SimpleNamespace(text="Hello.", segments=(), chunk_tokens=((50, 51, 52),))
+    assert _identical(a, SimpleNamespace(text="Hello.", segments=(), chunk_tokens=((50, 51, 52),)))
+    assert not _identical(a, SimpleNamespace(text="Hello.", segments=(), chunk_tokens=((50, 53),)))  # same text
+
+
 def test_resume_after_a_kill_skips_done_ids(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
 
@@ -125,8 +142,8 @@ def test_long_form_groups_by_chapter(tmp_path: Path) -> None:
     assert [r["id"] for r in ResultsLog(path).records()] == CHAPTERS[:3]
 
 
-def test_eval_main_end_to_end_with_a_preset_file(tmp_path: Path, capsys) -> None:
-    target_dir, draft_dir = save_tiny_models(tmp_path)
+def test_eval_main_end_to_end_with_a_preset_file(tmp_path: Path, capsys, model_dirs) -> None:
+    target_dir, draft_dir = model_dirs
     preset = tmp_path / "tiny.toml"
     preset.write_text(f'target = "{target_dir}"\ndraft = "{draft_dir}"\nlanguage = "en"\n')
     out = tmp_path / "runs" / "tiny.jsonl"
@@ -189,14 +206,41 @@ def test_unreachable_hub_says_pass_data_dir(monkeypatch, capsys) -> None:
 @pytest.mark.real
 @pytest.mark.slow
 def test_real_whisper_base_fixture_eval(tmp_path: Path) -> None:
-    """whisper-base on 4 fixture utterances, with a draft of its first and last decoder layers."""
+    """whisper-base on 4 fixture utterances, with a draft of its decoder minus the next-to-last layer (0,1,2,3,5:
+    46 % acceptance on these clips; the first and last layers alone get 5 %)."""
     from test_transcribe import _real_base
 
     target, processor = _real_base()
-    draft = decoder_draft(target, [0, target.config.decoder_layers - 1])
+    n_layers = target.config.decoder_layers
+    draft = decoder_draft(target, [*range(n_layers - 2), n_layers - 1])
     transcriber = Transcriber(target, draft, processor, TranscribeOptions.from_values(language="en", batch_size=4))
     options = EvalOptions(data_dir=str(ROOT), limit=4, compare_greedy=True, output=str(tmp_path / "base.jsonl"))
     s = evaluate(options, transcriber=transcriber)
     assert s["n_scored"] == 4 and s["identical_fraction"] == 1.0
     assert s["wer"] < 0.2  # measured 9.1 % (TTS fixtures; "full hour" for "flower")
-    assert 0 < s["acceptance_rate"] <= 1 and s["tokens_per_target_pass"] > 1
+    assert s["acceptance_rate"] > 0.3 and s["tokens_per_target_pass"] > 2  # measured 46 %, 3.3
+
+
+def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, monkeypatch, model_dirs) -> None:
+    """scripts/bench.py on two fixture clips with the tiny models: all four rows, the batch-2 assistant error."""
+    import importlib.util
+
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("bench", Path(__file__).parent.parent / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    target_dir, _ = model_dirs
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(f'target = "{target_dir}"\n')  # no draft: cut one from the target
+    plot = tmp_path / "bench.png"
+    code = bench.main(["--preset", str(preset), "--limit", "2", "--batch-sizes", "1,2", "--draft-layers", "0",
+                       "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "decoder layers 0 of the target's 1" in out
+    assert "assisted generate is only supported for batch_size = 1" in out
+    assert plot.stat().st_size > 0
+    rows = json.loads(plot.with_suffix(".json").read_text())["rows"]
+    assert {(r["config"], r["batch_size"]) for r in rows} == {(c, n) for c in bench.CONFIGS for n in (1, 2)}
+    assert all(r["identical_to_greedy"] for r in rows if r["config"] == "spec")

@@ -155,7 +155,9 @@ def _draft(
         else:
             token = scores.argmax(-1)
         st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
-        proposed.append(sure & (i < st.k_row))
+        # a row proposes at most k_row tokens, and none it could not keep (room before its limit, less the
+        # target's own token): the batch still computes them, but they are neither offered nor counted
+        proposed.append(sure & (i < st.k_row) & (i < st.limit - st.n_tok - 1))
         if confidence > 0.0 and not bool(sure.any()):  # one host sync per draft token, only in this mode
             break
         tokens, pos = token[:, None], (st.n_tok + i)[:, None]

@@ -1,0 +1,184 @@
+"""Training data for draft distillation: utterances packed into 30 s encoder windows, and the pseudo-label cache
+(target encoder outputs, the target's greedy transcripts, its teacher-forced final decoder states) on disk,
+memory-mapped so that epochs cost no encoder or target pass."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+CACHE_FORMAT = 1
+
+
+# -- packing utterances into encoder windows (pure) -------------------------------------------------------------
+
+def pack_windows(durations_s: Sequence[float], max_window_s: float = 29.0, gap_s: float = 0.4) -> list[list[int]]:
+    """Group consecutive utterances into windows of at most `max_window_s` seconds (gaps of `gap_s` between them).
+
+    Greedy, in order: each window takes utterances until the next would overflow. Returns lists of indices.
+    max_window_s < 30 leaves trailing silence so the last word is never cut by the 30 s encoder window.
+    """
+    windows: list[list[int]] = []
+    used_s = 0.0
+    for i, d in enumerate(durations_s):
+        if d > max_window_s:
+            raise ValueError(f"utterance {i} lasts {d:.2f} s, longer than a {max_window_s} s window")
+        if windows and used_s + gap_s + d <= max_window_s:
+            windows[-1].append(i)
+            used_s += gap_s + d
+        else:
+            windows.append([i])
+            used_s = d
+    return windows
+
+
+def join_audio(parts: Sequence[np.ndarray], gap_s: float = 0.4, sample_rate: int = 16_000) -> np.ndarray:
+    """Concatenate 1-D float32 sample arrays with `gap_s` seconds of digital silence between them."""
+    gap = np.zeros(int(round(gap_s * sample_rate)), dtype=np.float32)
+    out: list[np.ndarray] = []
+    for i, p in enumerate(parts):
+        if i:
+            out.append(gap)
+        out.append(np.asarray(p, dtype=np.float32))
+    return np.concatenate(out)
+
+
+# -- the pseudo-label cache -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheBatch:
+    """Training tensors of B windows, right-padded to T = the longest sequence - 1.
+
+    encoded: (B, n_audio_ctx, d_model) float32 target encoder output
+    input_ids: (B, T) long, the pseudo-label sequence (prompt + generated) without its last token (pad = eot)
+    labels: (B, T) long, the next token where it is a generated token, -100 elsewhere (prompt, padding)
+    teacher_hidden: (B, T, d_model) float32 target's final decoder state at each input position
+    """
+
+    encoded: torch.Tensor
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    teacher_hidden: torch.Tensor
+
+
+class PseudoLabelCache:
+    """A cache directory, memory-mapped: meta.json, encoded.npy (N, ctx, d), tokens.npy (N, L) int32 (padded with
+    -1), lengths.npy (N,), hidden.npy (N, L - 1, d) float32."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        if not meta_path.is_file():
+            raise ValueError(f"{self.path}: not a pseudo-label cache (no meta.json; build it with build_cache)")
+        self.meta = json.loads(meta_path.read_text())
+        if self.meta.get("format") != CACHE_FORMAT:
+            raise ValueError(f"{self.path}: cache format {self.meta.get('format')} != {CACHE_FORMAT}; rebuild it")
+        self.encoded = np.load(self.path / "encoded.npy", mmap_mode="r")
+        self.tokens = np.load(self.path / "tokens.npy", mmap_mode="r")
+        self.lengths = np.load(self.path / "lengths.npy")
+        self.hidden = np.load(self.path / "hidden.npy", mmap_mode="r")
+        self.prompt_len: int = int(self.meta["prompt_len"])
+        self.eot: int = int(self.meta["eot"])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def sequence(self, i: int) -> list[int]:
+        """Prompt + generated tokens of window i."""
+        return self.tokens[i, : self.lengths[i]].tolist()
+
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """(vocab_size,) how often each token occurs among the generated pseudo-labels."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for i in range(len(self)):
+            np.add.at(counts, self.tokens[i, self.prompt_len: self.lengths[i]], 1)
+        return counts
+
+    def batch(self, indices: Sequence[int]) -> CacheBatch:
+        t = int(max(self.lengths[i] for i in indices)) - 1
+        b = len(indices)
+        input_ids = torch.full((b, t), self.eot, dtype=torch.long)
+        labels = torch.full((b, t), -100, dtype=torch.long)
+        hidden = torch.zeros(b, t, self.hidden.shape[-1])
+        for r, i in enumerate(indices):
+            n = int(self.lengths[i])
+            seq = torch.from_numpy(np.asarray(self.tokens[i, :n], dtype=np.int64))
+            input_ids[r, : n - 1] = seq[:-1]
+            labels[r, self.prompt_len - 1: n - 1] = seq[self.prompt_len:]
+            hidden[r, : n - 1] = torch.from_numpy(np.array(self.hidden[i, : n - 1], dtype=np.float32))
+        enc = torch.from_numpy(np.stack([np.array(self.encoded[i], dtype=np.float32) for i in indices]))
+        return CacheBatch(enc, input_ids, labels, hidden)
+
+
+@torch.inference_mode()
+def build_cache(
+    target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
+    *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
+    progress: bool = True,
+) -> PseudoLabelCache:
+    """Encode and greedily transcribe `n_windows` windows with `target`, and store what training needs.
+
+    batches: (ids, features (b, n_mels, n_frames)) pairs, `n_windows` rows in all; ids name each window's contents.
+    enc_dtype: storage of the encoder outputs ("float16" halves the disk; the teacher states are always fp32 and are
+        computed from the unrounded encoder output).
+    """
+    from tqdm import tqdm
+
+    from asr_spec.engine import DecodeOptions, Engine
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens),
+                    batch_size=batch_size)
+    ctx, d = target.config.max_source_positions, target.config.d_model
+    max_len = target.config.max_target_positions
+    enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype), (n_windows, ctx, d))
+    tokens = np.full((n_windows, max_len), -1, dtype=np.int32)
+    lengths = np.zeros(n_windows, dtype=np.int32)
+    hidden = np.zeros((n_windows, max_len - 1, d), dtype=np.float32)
+    ids: list[list[str]] = []
+    prompt_len, row = None, 0
+    bar = tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress)
+    for batch_ids, feats in batches:
+        enc = engine.encode(feats)
+        results = engine.decode(None, encoded=enc)
+        for r, res in enumerate(results):
+            seq = list(res.prompt) + list(res.tokens)
+            prompt_len = len(res.prompt)
+            ids_t = torch.tensor([seq[:-1]], device=enc.device)
+            h = target.model.decoder(input_ids=ids_t, encoder_hidden_states=enc[r: r + 1], use_cache=False).last_hidden_state
+            enc_mm[row] = enc[r].float().cpu().numpy().astype(enc_dtype)
+            tokens[row, : len(seq)] = seq
+            lengths[row] = len(seq)
+            hidden[row, : len(seq) - 1] = h[0].float().cpu().numpy()
+            ids.append(list(batch_ids[r]) if isinstance(batch_ids[r], (list, tuple)) else [str(batch_ids[r])])
+            row += 1
+        bar.update(len(results))
+    bar.close()
+    if row != n_windows:
+        raise ValueError(f"build_cache: {row} windows came, n_windows said {n_windows}")
+    enc_mm.flush()
+    del enc_mm
+    longest = int(lengths.max())
+    np.save(out / "tokens.npy", tokens[:, :longest])
+    np.save(out / "lengths.npy", lengths)
+    np.save(out / "hidden.npy", hidden[:, : longest - 1])
+    meta = dict(format=CACHE_FORMAT, n=n_windows, prompt_len=prompt_len, eot=engine.tokens.eot,
+                n_audio_ctx=ctx, d_model=d, language=language, max_new_tokens=max_new_tokens, enc_dtype=enc_dtype,
+                generated_tokens=int((lengths - prompt_len).sum()), ids=ids)
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return PseudoLabelCache(out)
+
+
+def iter_batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of `size` items (the last may be shorter)."""
+    for i in range(0, len(items), size):
+        yield items[i: i + size]
