@@ -373,18 +373,20 @@ def summarize(path: str | os.PathLike, *, spelling: Spelling = None) -> dict[str
         summary["n_greedy_checked"] = len(checked)
         summary["n_identical_to_greedy"] = sum(bool(x) for x in checked)
         summary["all_identical_to_greedy"] = all(checked)
-    rows = [r for r in scored if "generated_tokens" in r and "target_passes" in r]
-    if rows:
-        generated, passes = sum(r["generated_tokens"] for r in rows), sum(r["target_passes"] for r in rows)
-        summary["generated_tokens"] = generated
-        summary["target_passes"] = passes
-        summary["tokens_per_target_pass"] = generated / passes if passes else float("nan")
-    rows = [r for r in scored if "accepted_tokens" in r and "draft_tokens" in r]
-    if rows:
-        accepted, drafted = sum(r["accepted_tokens"] for r in rows), sum(r["draft_tokens"] for r in rows)
-        summary["accepted_tokens"] = accepted
-        summary["draft_tokens"] = drafted
-        summary["acceptance_rate"] = accepted / drafted if drafted else float("nan")
-    elif any("accepted_tokens" in r for r in scored):
+    _sum_ratio(summary, scored, "generated_tokens", "target_passes", "tokens_per_target_pass")
+    if not _sum_ratio(summary, scored, "accepted_tokens", "draft_tokens", "acceptance_rate") and any(
+        "accepted_tokens" in r for r in scored
+    ):
         summary["accepted_tokens"] = sum(r["accepted_tokens"] for r in scored if "accepted_tokens" in r)
     return summary
+
+
+def _sum_ratio(summary: dict, records: list[dict], num: str, den: str, name: str) -> bool:
+    """Sum `num` and `den` over the records that have both, and their ratio as `name`; False if none has both."""
+    rows = [r for r in records if num in r and den in r]
+    if not rows:
+        return False
+    total_num, total_den = sum(r[num] for r in rows), sum(r[den] for r in rows)
+    summary[num], summary[den] = total_num, total_den
+    summary[name] = total_num / total_den if total_den else float("nan")
+    return True
