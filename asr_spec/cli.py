@@ -158,6 +158,15 @@ def eval_(ctx: typer.Context) -> None:
     raise typer.Exit(eval_main(ctx.args))
 
 
+@app.command("distill", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def distill(ctx: typer.Context) -> None:
+    """Train a draft for a target by distillation (run | cache | train | eval); `asr-spec distill --help`."""
+    from .distill_cli import main as distill_main
+
+    raise typer.Exit(distill_main(ctx.args, prog="asr-spec distill"))
+
+
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is when a message comes (the CLI may be run in-process under redirection)."""
 

@@ -194,7 +194,7 @@ def train_draft(
     head = target.proj_out.weight
     step, history = 0, []
     if ckpt_path.is_file():
-        state = torch.load(ckpt_path, weights_only=False)
+        state = torch.load(ckpt_path, weights_only=True)  # tensors and plain data only: no pickled code
         if state["config"] != asdict(cfg) or state["layers"] != layer_ids:
             raise ValueError(f"{ckpt_path}: checkpoint of a different run (config or layers differ); use a new "
                              "work_dir or delete it")
@@ -323,6 +323,7 @@ def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCa
 class SpeedReport:
     batch_size: int
     k: int
+    schedule: str
     greedy_s: float
     speculative_s: float
     generated_tokens: int
@@ -336,13 +337,15 @@ class SpeedReport:
 
 
 def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, batch_size: int = 4, k: int = 4,
-              language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2) -> SpeedReport:
+              language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2,
+              schedule: str = "constant") -> SpeedReport:
     """Wall time of the Engine's greedy vs speculative decoding of the same encoder outputs (best of `repeats`
-    interleaved runs each, after a warm-up run each); CPU only (no device sync)."""
+    interleaved runs each, after a warm-up run each); CPU only (no device sync). schedule: the engine's
+    draft_schedule ("constant" K, or "heuristic" starting at K)."""
     from asr_spec.engine import DecodeOptions, Engine
 
     opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k,
-                         draft_schedule="constant")
+                         draft_schedule=schedule)
     greedy = Engine(target, None, opts, batch_size=batch_size)
     spec = Engine(target, draft, opts, batch_size=batch_size)
 
@@ -360,7 +363,7 @@ def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, bat
     passes = sum(r.stats.target_passes for r in res_s)
     drafted = sum(r.stats.drafted_tokens for r in res_s)
     accepted = sum(r.stats.accepted_tokens for r in res_s)
-    return SpeedReport(batch_size, k, t_g, t_s, gen, gen / max(1, passes), accepted / max(1, drafted),
+    return SpeedReport(batch_size, k, schedule, t_g, t_s, gen, gen / max(1, passes), accepted / max(1, drafted),
                        [r.tokens for r in res_g] == [r.tokens for r in res_s])
 
 

@@ -154,7 +154,8 @@ def build_cache(
             seq = list(res.prompt) + list(res.tokens)
             prompt_len = len(res.prompt)
             ids_t = torch.tensor([seq[:-1]], device=enc.device)
-            h = target.model.decoder(input_ids=ids_t, encoder_hidden_states=enc[r: r + 1], use_cache=False).last_hidden_state
+            h = target.model.decoder(input_ids=ids_t, encoder_hidden_states=enc[r: r + 1],
+                                     use_cache=False).last_hidden_state
             enc_mm[row] = enc[r].float().cpu().numpy().astype(enc_dtype)
             tokens[row, : len(seq)] = seq
             lengths[row] = len(seq)

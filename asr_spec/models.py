@@ -260,11 +260,16 @@ def load_processor(name: str | os.PathLike) -> Any:
 
 
 def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype) -> Any:
-    """Load a draft for `target`: a decoder-only checkpoint as `WhisperForCausalLM`; a full checkpoint whose
-    encoder equals the target's (distil-whisper) has its encoder dropped after the check."""
+    """Load a draft for `target`: a draft made by `asr-spec distill` (shares the target's embeddings); a
+    decoder-only checkpoint as `WhisperForCausalLM`; a full checkpoint whose encoder equals the target's
+    (distil-whisper) has its encoder dropped after the check."""
     from transformers import AutoConfig
 
     where = model_dir(name)
+    if (Path(where) / "distill.json").is_file():  # made by `asr-spec distill`: its own layers, the target's rest
+        from asr_spec.distill import load_trained_draft
+
+        return load_trained_draft(where, target).to(device, dtype).eval()
     config = AutoConfig.from_pretrained(where)
     archs = getattr(config, "architectures", None) or []
     if "WhisperForCausalLM" in archs:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from asr_spec import distill
+from asr_spec import distill, draft_data
 from asr_spec.engine import DecodeOptions, Engine
-from tests.conftest import tiny_target
+from conftest import tiny_target
 
 MAX_NEW = 24
 
@@ -30,16 +30,16 @@ def cache(model, feats, tmp_path_factory):
     out = tmp_path_factory.mktemp("cache")
     ids = [f"w{i}" for i in range(len(feats))]
     batches = [(ids[:5], feats[:5]), (ids[5:], feats[5:])]
-    return distill.build_cache(model, batches, len(feats), out, max_new_tokens=MAX_NEW, enc_dtype="float32",
+    return draft_data.build_cache(model, batches, len(feats), out, max_new_tokens=MAX_NEW, enc_dtype="float32",
                                progress=False)
 
 
 def test_pack_windows_fills_in_order_and_rejects_too_long():
-    assert distill.pack_windows([10, 10, 10, 5], max_window_s=29, gap_s=0.5) == [[0, 1], [2, 3]]
-    assert distill.pack_windows([], max_window_s=29) == []
+    assert draft_data.pack_windows([10, 10, 10, 5], max_window_s=29, gap_s=0.5) == [[0, 1], [2, 3]]
+    assert draft_data.pack_windows([], max_window_s=29) == []
     with pytest.raises(ValueError, match="utterance 1"):
-        distill.pack_windows([3, 31], max_window_s=29)
-    joined = distill.join_audio([np.ones(10, np.float32), np.ones(5, np.float32)], gap_s=0.001, sample_rate=2000)
+        draft_data.pack_windows([3, 31], max_window_s=29)
+    joined = draft_data.join_audio([np.ones(10, np.float32), np.ones(5, np.float32)], gap_s=0.001, sample_rate=2000)
     assert joined.tolist() == [1.0] * 10 + [0.0, 0.0] + [1.0] * 5
 
 
@@ -47,7 +47,7 @@ def test_cache_round_trip_matches_engine_greedy(model, feats, cache):
     engine = Engine(model, None, DecodeOptions(language="en", max_new_tokens=MAX_NEW), batch_size=3)
     enc = engine.encode(feats)
     results = engine.decode(None, encoded=enc)
-    reopened = distill.PseudoLabelCache(cache.path)
+    reopened = draft_data.PseudoLabelCache(cache.path)
     assert len(reopened) == len(feats)
     for i, r in enumerate(results):
         assert reopened.sequence(i) == list(r.prompt) + list(r.tokens)
@@ -126,6 +126,9 @@ def test_saved_draft_loads_and_engine_output_equals_greedy(model, cache, feats, 
     for k, v in distill.trainable_parameters(res.draft).items():
         assert torch.equal(loaded.state_dict()[k], v), k
     assert loaded.model.decoder.embed_tokens.weight is model.model.decoder.embed_tokens.weight
+    half = distill.load_trained_draft(distill.save_trained_draft(res.draft, tmp_path / "fp16"), model)  # default fp16
+    for k, v in distill.trainable_parameters(res.draft).items():
+        assert half.state_dict()[k].dtype == torch.float32 and torch.equal(half.state_dict()[k], v.half().float()), k
     if restricted:
         assert loaded.draft_vocab_ids.tolist() == vocab.tolist()
     opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, num_draft_tokens=3, draft_schedule="constant")
@@ -133,3 +136,33 @@ def test_saved_draft_loads_and_engine_output_equals_greedy(model, cache, feats, 
     spec = Engine(model, loaded, opts, batch_size=3).decode(feats)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
     assert sum(r.stats.drafted_tokens for r in spec) > 0
+
+
+def test_distill_command_end_to_end(tmp_path, capsys):
+    """`asr-spec distill run` on the committed LibriSpeech-layout fixture with a tiny target: the draft it saves
+    loads through models.load_draft (sharing the target's embeddings) and decodes losslessly."""
+    from pathlib import Path
+
+    from asr_spec.cli import main
+    from asr_spec.engine import DecodeOptions, Engine
+    from asr_spec.models import load_draft, load_model
+    from test_transcribe import save_tiny_models
+
+    target_dir, _ = save_tiny_models(tmp_path)
+    corpus = Path(__file__).parent / "fixtures" / "librispeech"
+    out = tmp_path / "draft"
+    with pytest.raises(SystemExit) as info:
+        main(["distill", "--target", str(target_dir), "run", "--audio", str(corpus), "--split", "test-clean",
+              "--out", str(out), "--layers", "1", "--steps", "2", "--vocab-size", "0", "--max-new-tokens", "16",
+              "--max-utterances", "4"])
+    assert (info.value.code or 0) == 0, capsys.readouterr().err
+    assert (out / "distill.json").is_file()
+    cpu = torch.device("cpu")
+    target = load_model(target_dir, cpu, torch.float32)
+    draft = load_draft(out, target, cpu, torch.float32)
+    assert draft.model.decoder.embed_tokens.weight.data_ptr() == target.model.decoder.embed_tokens.weight.data_ptr()
+    feats = torch.randn(3, 80, 3000, generator=torch.Generator().manual_seed(0))
+    opts = DecodeOptions(language="en", max_new_tokens=12)
+    greedy = Engine(target, None, opts, batch_size=3).decode(feats)
+    spec = Engine(target, draft, opts, batch_size=3).decode(feats)
+    assert [r.tokens for r in spec] == [r.tokens for r in greedy]

@@ -19,8 +19,12 @@ class DecodeOptions:
     task: Literal["transcribe", "translate"] = "transcribe"
     timestamps: bool = False  # Whisper timestamp mode (segment start/end tokens) instead of <|notimestamps|>
     max_new_tokens: int | None = None  # None = up to the model's max_target_positions (448 for Whisper)
-    num_draft_tokens: int = 5  # K: draft tokens proposed per step (start value for the heuristic schedule)
-    draft_schedule: DraftSchedule = "heuristic"  # "heuristic": K+2 after a full accept, K-1 otherwise, per row
+    # K, and how it changes: "constant", or "heuristic" (per row: K+2 after a full accept, K-1 otherwise, as
+    # transformers' num_assistant_tokens_schedule). Defaults by measurement on whisper-base drafts (CPU, batch 4,
+    # scripts/tune_draft_length.py and `asr-spec distill eval`): constant beat heuristic at every K, and K=3 was
+    # fastest (README, "Choosing K").
+    num_draft_tokens: int = 3
+    draft_schedule: DraftSchedule = "constant"
     max_draft_tokens: int = 12  # upper bound for the heuristic schedule
     draft_confidence: float = 0.0  # a row stops drafting once the draft's top probability drops below this
 

@@ -1,0 +1,262 @@
+"""`asr-spec distill`: distil a speculative-decoding draft for a Whisper target (cache pseudo-labels, train,
+evaluate), or all of it at once:
+
+    asr-spec distill run --target embedded:whisper-base --audio /data/tts-train --layers 2 --out drafts/whisper-base
+
+    # 1. pseudo-labels: the target's greedy transcripts of a LibriSpeech-layout corpus, utterances packed into
+    #    29 s windows (training) or one window per utterance (held-out evaluation)
+    asr-spec distill cache --corpus /data/tts-train --split train --out /data/cache-train
+    asr-spec distill cache --corpus tests/fixtures/librispeech --split test-clean --no-pack \
+        --enc-dtype float32 --out /data/cache-heldout
+    # 2. train (resumable: rerun the same command to continue from work/ckpt.pt)
+    asr-spec distill train --train-cache /data/cache-train --held-out-cache /data/cache-heldout \
+        --work /data/work --layers 0,5 --vocab-size 4096 --steps 1500 --out drafts/whisper-base
+    # 3. held-out agreement, expected accepted tokens for K = 4 and 8, real speed-up vs greedy at batch 4
+    asr-spec distill eval --draft drafts/whisper-base --held-out-cache /data/cache-heldout
+
+Every command takes --target (default embedded:whisper-base) and --threads (default 1: leave cores to others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from asr_spec import distill, draft_data
+
+
+def _target(name: str):
+    from asr_spec.models import load_model
+
+    return load_model(name, torch.device("cpu"), torch.float32)
+
+
+def cmd_cache(args) -> None:
+    from asr_spec.features import SAMPLE_RATE, log_mel_batch, make_feature_extractor
+    from asr_spec.librispeech import iter_local
+
+    target = _target(args.target)
+    if args.long_file:
+        return _cache_long_files(args, target)
+    if args.corpus is None:
+        raise SystemExit("cache: give --corpus (LibriSpeech layout) or --long-file")
+    utts = list(iter_local(args.corpus, args.split))
+    if args.max_utterances:
+        utts = utts[: args.max_utterances]
+    if args.no_pack:
+        windows = [[i] for i in range(len(utts))]
+    else:
+        windows = draft_data.pack_windows([u.duration_s for u in utts], args.window_s, args.gap_s)
+    fe = make_feature_extractor(target.config.num_mel_bins)
+
+    def batches():
+        for group in draft_data.iter_batches(windows, args.batch_size):
+            audio = [draft_data.join_audio([utts[i].load(SAMPLE_RATE) for i in w], args.gap_s) for w in group]
+            yield [[utts[i].id for i in w] for w in group], log_mel_batch(audio, fe)
+
+    t0 = time.perf_counter()
+    cache = draft_data.build_cache(target, batches(), len(windows), args.out, language=args.language,
+                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                enc_dtype=args.enc_dtype)
+    print(json.dumps({"windows": len(cache), "utterances": len(utts),
+                      "audio_s": round(sum(u.duration_s for u in utts), 1),
+                      "generated_tokens": cache.meta["generated_tokens"], "seconds": round(time.perf_counter() - t0)}))
+
+
+def _cache_long_files(args, target) -> None:
+    """Long recordings cut into plain consecutive 30 s windows (no overlap), as a long-form evaluation set."""
+    from asr_spec.audio import load_audio
+    from asr_spec.features import N_SAMPLES, SAMPLE_RATE, log_mel_batch, make_feature_extractor
+
+    fe = make_feature_extractor(target.config.num_mel_bins)
+    windows = []
+    for path in args.long_file:
+        audio = load_audio(str(path), SAMPLE_RATE)
+        windows += [(f"{path.name}@{i // SAMPLE_RATE}s", audio[i: i + N_SAMPLES])
+                    for i in range(0, len(audio), N_SAMPLES)]
+    cache = draft_data.build_cache(target, (([w[0] for w in g], log_mel_batch([w[1] for w in g], fe))
+                                         for g in draft_data.iter_batches(windows, args.batch_size)),
+                                len(windows), args.out, language=args.language, max_new_tokens=args.max_new_tokens,
+                                batch_size=args.batch_size, enc_dtype=args.enc_dtype)
+    print(json.dumps({"windows": len(cache), "generated_tokens": cache.meta["generated_tokens"]}))
+
+
+def cmd_train(args) -> None:
+    target = _target(args.target)
+    train = draft_data.PseudoLabelCache(args.train_cache)
+    held = draft_data.PseudoLabelCache(args.held_out_cache) if args.held_out_cache else None
+    vocab = None
+    if args.vocab_size:
+        vocab = distill.choose_draft_vocab(train.token_counts(target.config.vocab_size), args.vocab_size, train.eot)
+    cfg = distill.TrainConfig(steps=args.steps, batch_windows=args.batch_windows, lr=args.lr, seed=args.seed,
+                              warmup_steps=args.warmup_steps, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
+                              kl_weight=args.kl_weight, ce_weight=args.ce_weight)
+    layers = layer_ids(args.layers, target.config.decoder_layers)
+    t0 = time.perf_counter()
+    res = distill.train_draft(target, train, cfg, work_dir=args.work, layers=layers, draft_vocab=vocab,
+                              held_out=held, stop_after=args.stop_after)
+    print(json.dumps({"history": res.history[-3:], "seconds": round(time.perf_counter() - t0)}))
+    if args.out:
+        info = dict(target=args.target, layers=layers, train_cache=str(args.train_cache), train_meta={
+            k: v for k, v in train.meta.items() if k != "ids"}, config=asdict(cfg), history=res.history,
+            command=" ".join(sys.argv), threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d"))
+        if held is not None:
+            info["held_out"] = asdict(distill.evaluate_agreement(target, res.draft, held))
+        distill.save_trained_draft(res.draft, args.out, info=info)
+        print(f"saved {args.out}")
+
+
+def _step_ms(dec, batch: int, n_ctx: int, repeats: int = 20) -> float:
+    """ms of one single-token decoder step at `batch` rows, position ~40, cross-attention over n_ctx frames."""
+    cache = dec.new_cache(batch, 64, n_ctx)
+    cache.cross_k.normal_()
+    cache.cross_v.normal_()
+    tok = torch.zeros(batch, 1, dtype=torch.long)
+    pos = torch.full((batch, 1), 40)
+    for _ in range(3):
+        dec.forward(cache, tok, pos, 41)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        dec.forward(cache, tok, pos, 41)
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
+def cmd_eval(args) -> None:
+    from asr_spec.engine.decoder import Decoder
+
+    target = _target(args.target)
+    held = draft_data.PseudoLabelCache(args.held_out_cache)
+    out = {"held_out": str(args.held_out_cache), "windows": len(held)}
+    drafts = {}
+    if args.draft:
+        drafts["trained"] = distill.load_trained_draft(args.draft, target)
+        if args.also_full_head and getattr(drafts["trained"], "draft_vocab_ids", None) is not None:
+            full = copy.copy(drafts["trained"])  # same layers, scoring the whole vocabulary
+            full.draft_vocab_ids = None
+            drafts["trained-full-head"] = full
+    for spec in args.untrained or []:
+        drafts[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
+    n_ctx = target.config.max_source_positions
+    out["step_ms_b%d" % args.batch_size] = {"target": round(_step_ms(Decoder(target.model.decoder, target.proj_out),
+                                                                     args.batch_size, n_ctx), 1)}
+    encoded = torch.from_numpy(held.encoded[:].astype("float32"))
+    for name, draft in drafts.items():
+        rep = distill.evaluate_agreement(target, draft, held)
+        line = {"agreement": round(rep.agreement, 4), "tokens": rep.tokens,
+                "vocab_coverage": round(rep.vocab_coverage, 4),
+                "accepted_per_step": {k: round(v, 3) for k, v in rep.accepted_per_step.items()},
+                "tokens_per_pass": {k: round(v, 3) for k, v in rep.tokens_per_pass.items()}}
+        vids = getattr(draft, "draft_vocab_ids", None)
+        line["draft_step_ms"] = round(_step_ms(Decoder(draft.model.decoder, draft.proj_out, vids), args.batch_size,
+                                               n_ctx), 1)
+        if vids is not None:
+            line["draft_step_ms_full_head"] = round(_step_ms(Decoder(draft.model.decoder, draft.proj_out),
+                                                             args.batch_size, n_ctx), 1)
+        for k in [] if args.no_speed else (args.k if name != "trained-full-head" else args.k[-1:]):
+            sp = distill.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
+                                   max_new_tokens=held.meta["max_new_tokens"], schedule=args.schedule)
+            key = f"speed_k{k}" + ("" if args.schedule == "constant" else f"_{args.schedule}")
+            line[key] = {"greedy_s": round(sp.greedy_s, 2), "speculative_s": round(sp.speculative_s, 2),
+                         "speedup": round(sp.speedup, 3), "tokens": sp.generated_tokens,
+                         "tokens_per_target_pass": round(sp.tokens_per_target_pass, 3),
+                         "acceptance_rate": round(sp.acceptance_rate, 3), "identical": sp.identical}
+        out[name] = line
+        print(json.dumps({name: line}), flush=True)
+    print(json.dumps(out))
+
+
+def layer_ids(spec: str, n_layers: int) -> list[int]:
+    """"0,5" -> [0, 5]; a bare count "2" -> that many target layers spread from the first to the last (distil-whisper
+    keeps the first and the last for two)."""
+    if "," in spec or not spec.isdigit():
+        return [int(x) for x in spec.split(",")]
+    count = int(spec)
+    if not 1 <= count <= n_layers:
+        raise SystemExit(f"--layers {count}: the target has {n_layers} decoder layers")
+    return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
+
+
+def cmd_run(args) -> None:
+    """cache + train + save in one go: pseudo-labels of --audio (LibriSpeech layout) in --work, then the draft."""
+    work = Path(args.work or Path(args.out).with_name(Path(args.out).name + ".work"))
+    cache_args = argparse.Namespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
+                                       "no_pack": False})
+    if not (work / "cache" / "meta.json").is_file():
+        cmd_cache(cache_args)
+    train_args = argparse.Namespace(**{**vars(args), "train_cache": work / "cache", "held_out_cache": None,
+                                       "work": work / "train"})
+    cmd_train(train_args)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="embedded:whisper-base")
+    ap.add_argument("--threads", type=int, default=1)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("cache", help="encode + pseudo-label a LibriSpeech-layout corpus")
+    c.add_argument("--corpus", type=Path, help="LibriSpeech-layout tree")
+    c.add_argument("--long-file", type=Path, action="append", help="a long recording, cut into 30 s windows")
+    c.add_argument("--split", default="train")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--no-pack", action="store_true", help="one window per utterance (default: pack into windows)")
+    c.add_argument("--window-s", type=float, default=29.0)
+    c.add_argument("--gap-s", type=float, default=0.4)
+    c.add_argument("--max-utterances", type=int, default=0)
+    c.add_argument("--batch-size", type=int, default=4)
+    c.add_argument("--language", default="en")
+    c.add_argument("--max-new-tokens", type=int, default=256)
+    c.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
+    t = sub.add_parser("train", help="train a draft on a cache")
+    t.add_argument("--train-cache", type=Path, required=True)
+    t.add_argument("--held-out-cache", type=Path)
+    t.add_argument("--work", type=Path, required=True, help="checkpoint folder (resumes when ckpt.pt is there)")
+    t.add_argument("--out", type=Path, help="save the trained draft here")
+    t.add_argument("--layers", default="0,5", help="target decoder layers to initialise from")
+    t.add_argument("--vocab-size", type=int, default=0, help="restricted head size (0 = full vocabulary)")
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--stop-after", type=int, help="stop once this many steps are done (resume later)")
+    t.add_argument("--batch-windows", type=int, default=4)
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--warmup-steps", type=int, default=30)
+    t.add_argument("--kl-weight", type=float, default=1.0)
+    t.add_argument("--ce-weight", type=float, default=1.0)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--eval-every", type=int, default=50)
+    t.add_argument("--ckpt-every", type=int, default=50)
+    e = sub.add_parser("eval", help="held-out agreement and speed-up vs greedy")
+    e.add_argument("--held-out-cache", type=Path, required=True)
+    e.add_argument("--draft", type=Path, help="a draft saved by `train --out`")
+    e.add_argument("--untrained", action="append", help="also evaluate an untrained cut, e.g. 0,5")
+    e.add_argument("--batch-size", type=int, default=4)
+    e.add_argument("--k", type=int, nargs="+", default=[4])
+    e.add_argument("--repeats", type=int, default=2)
+    e.add_argument("--schedule", default="constant", choices=["constant", "heuristic"], help="engine draft schedule")
+    e.add_argument("--also-full-head", action="store_true", help="also time a restricted draft with its full head")
+    e.add_argument("--no-speed", action="store_true", help="agreement only")
+    r = sub.add_parser("run", help="cache + train + save: the whole distillation in one command")
+    r.add_argument("--audio", type=Path, required=True, help="LibriSpeech-layout tree of training speech")
+    r.add_argument("--split", default="train")
+    r.add_argument("--out", type=Path, required=True, help="where the draft is saved")
+    r.add_argument("--work", type=Path, help="pseudo-label cache and checkpoints (default: OUT.work; resumable)")
+    r.add_argument("--layers", default="2", help="number of decoder layers (first..last), or explicit ids 0,5")
+    r.add_argument("--vocab-size", type=int, default=8192, help="restricted head size (0 = full vocabulary)")
+    r.add_argument("--steps", type=int, default=600)
+    for name, default in (("window-s", 29.0), ("gap-s", 0.4), ("lr", 3e-4), ("kl-weight", 1.0), ("ce-weight", 1.0)):
+        r.add_argument(f"--{name}", type=float, default=default)
+    for name, default in (("max-utterances", 0), ("batch-size", 4), ("max-new-tokens", 256), ("batch-windows", 4),
+                          ("warmup-steps", 30), ("seed", 0), ("eval-every", 0), ("ckpt-every", 50)):
+        r.add_argument(f"--{name}", type=int, default=default)
+    r.add_argument("--stop-after", type=int)
+    r.add_argument("--language", default="en")
+    r.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval, "run": cmd_run}[args.cmd](args)
+    return 0
