@@ -94,7 +94,7 @@ def test_bad_options_exit_2_with_one_line(capsys, model_dirs, args: list[str], n
 def test_unknown_preset_and_unloadable_model_exit_2(capsys, tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, "transcribe", str(SHORT[0]), "--preset", "large-v9")
     assert code == 2
-    assert_one_line_error(err, "unknown preset 'large-v9'", "base, large-v2, large-v3, tiny.en")
+    assert_one_line_error(err, "unknown preset 'large-v9'", "base, base-distilled, large-v2, large-v3, tiny.en")
     code, _, err = run_cli(capsys, "transcribe", str(SHORT[0]), "--model", str(tmp_path))
     assert code == 2
     assert_one_line_error(err, str(tmp_path), "not a Whisper model directory")

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_shipped_presets() -> None:
     assert presets_dir() == REPO / "configs"
-    assert available_presets() == ["base", "large-v2", "large-v3", "tiny.en"]
+    assert available_presets() == ["base", "base-distilled", "large-v2", "large-v3", "tiny.en"]
     assert DEFAULT_PRESET in available_presets()
     v2, v3 = load_preset("large-v2"), load_preset("large-v3")
     assert (v2.target, v2.draft, v2.chunk_length_s) == ("openai/whisper-large-v2", "distil-whisper/distil-large-v2", 15)
@@ -28,7 +28,7 @@ def test_shipped_presets() -> None:
     assert (tiny.target, tiny.draft, tiny.chunk_length_s, tiny.language) == ("embedded:whisper-tiny.en", None, 30, None)
 
 
-@pytest.mark.parametrize("name", ["base", "large-v2", "large-v3", "tiny.en"])
+@pytest.mark.parametrize("name", ["base", "base-distilled", "large-v2", "large-v3", "tiny.en"])
 def test_every_shipped_preset_makes_valid_options(name: str) -> None:
     preset = load_preset(name)
     options = TranscribeOptions.from_values(**preset.option_values())
@@ -39,7 +39,7 @@ def test_every_shipped_preset_makes_valid_options(name: str) -> None:
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:
-    with pytest.raises(InputError, match=r"unknown preset 'large-v9' \(known: base, large-v2, large-v3, tiny.en"):
+    with pytest.raises(InputError, match=r"unknown preset 'large-v9' \(known: base, base-distilled, large-v2, large-v3, tiny.en"):
         load_preset("large-v9")
     with pytest.raises(InputError, match="nowhere.toml: no such preset file"):
         load_preset("nowhere.toml")

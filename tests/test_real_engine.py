@@ -44,3 +44,18 @@ def test_real_speculative_equals_transformers_greedy(base, feats, timestamps):
         assert s.tokens == g.tokens, CLIPS[i]
         assert g.finish_reason == "eos"
     assert sum(s.stats.accepted_tokens for s in spec) > 0
+
+
+def test_shipped_distilled_draft_is_lossless_and_accepted(base):
+    """drafts/whisper-base-2l (trained by `asr-spec distill`) loads as a restricted-head shared-encoder draft; with
+    it the transcript is whisper-base's own, and it agrees with the target far more than an untrained cut does."""
+    from asr_spec.transcribe import Transcriber
+
+    spec = Transcriber.from_preset("base-distilled", device="cpu")
+    assert getattr(spec.draft, "draft_vocab_ids", None) is not None
+    greedy = Transcriber(spec.target, None, spec.processor, spec.options)
+    a = spec.transcribe(CLIPS[:3], batch_size=3, progress=False)
+    b = greedy.transcribe(CLIPS[:3], batch_size=3, progress=False)
+    assert [t.chunk_tokens for t in a] == [t.chunk_tokens for t in b]
+    drafted = sum(t.stats.drafted_tokens for t in a)
+    assert sum(t.stats.accepted_tokens for t in a) / drafted > 0.4
