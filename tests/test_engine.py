@@ -9,7 +9,7 @@ import torch
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.rules import LogitRules, WhisperTokens
-from asr_spec.models import DraftKind, check_pair, decoder_draft, random_whisper
+from asr_spec.models import DraftKind, Shape, check_pair, decoder_draft, random_whisper
 from conftest import hf_greedy, perturbed, tiny_target
 
 TIE = 1e-4
@@ -168,7 +168,7 @@ def test_incompatible_pairs_are_refused():
     t = _target()
     with pytest.raises(ValueError, match="vocab_size"):
         check_pair(t, random_whisper("test", vocab_size=80))
-    wide = random_whisper(random_whisper.__globals__["Shape"](96, 1, 1, 4, n_mels=16, audio_ctx=50), vocab_size=70)
+    wide = random_whisper(Shape(96, 1, 1, 4, n_mels=16, audio_ctx=50), vocab_size=70)
     with pytest.raises(ValueError, match="encoder"):
         check_pair(t, decoder_draft(wide))
     with pytest.raises(ValueError, match="batch_size"):
