@@ -28,23 +28,23 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-CLOCK = time.perf_counter  # --clock process: this process's CPU time, steadier on a shared CPU machine
+def timed(fn, device, repeats: int, clock=time.perf_counter):
+    """Best time of `repeats` runs after one warm-up; returns (seconds, last result).
 
-
-def timed(fn, device, repeats: int):
-    """Best time of `repeats` runs after one warm-up; returns (seconds, last result)."""
+    clock: time.perf_counter (wall), or time.process_time (this process's CPU time, steadier on a shared CPU).
+    """
     out = fn()
     best = float("inf")
     for _ in range(repeats):
         sync(device)
-        t0 = CLOCK()
+        t0 = clock()
         out = fn()
         sync(device)
-        best = min(best, CLOCK() - t0)
+        best = min(best, clock() - t0)
     return best, out
 
 
-def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run_encoder):
+def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run_encoder, clock):
     gen = target.generation_config
     gen.suppress_tokens = list(gen.suppress_tokens or []) + [gen.eos_token_id]  # fixed-length rows
     rng = torch.Generator().manual_seed(0)
@@ -67,16 +67,16 @@ def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run
                                        task="transcribe", max_new_tokens=n_new, force_unique_generate_call=True,
                                        return_dict_in_generate=True).sequences
 
-        t_hf, seq = timed(hf, device, repeats)
+        t_hf, seq = timed(hf, device, repeats, clock)
         line["hf_greedy_tok_s"] = b * n_new / t_hf
         eng = Engine(target, None, DecodeOptions(language="en", max_new_tokens=n_new), batch_size=b)
-        t_ours, res = timed(lambda: eng.decode(None, e), device, repeats)
+        t_ours, res = timed(lambda: eng.decode(None, e), device, repeats, clock)
         line["our_greedy_tok_s"] = b * n_new / t_ours
         line["greedy_equal_to_hf"] = all(tuple(seq[i, 4:].tolist()) == r.tokens for i, r in enumerate(res))
         for dname, draft in drafts.items():
             opts = DecodeOptions(language="en", max_new_tokens=n_new, num_draft_tokens=k, draft_schedule="constant")
             eng = Engine(target, draft, opts, batch_size=b)
-            t_spec, sres = timed(lambda: eng.decode(None, e), device, repeats)
+            t_spec, sres = timed(lambda: eng.decode(None, e), device, repeats, clock)
             passes = sum(r.stats.target_passes for r in sres)
             line[f"spec[{dname}]_tok_s"] = b * n_new / t_spec
             line[f"spec[{dname}]_passes_per_token"] = passes / (b * n_new)
@@ -101,9 +101,7 @@ def main() -> None:
     ap.add_argument("--clock", choices=["wall", "process"], default="wall",
                     help="wall time, or this process's CPU time (CPU only: steadier when other jobs share the cores)")
     args = ap.parse_args()
-    global CLOCK
-    if args.clock == "process":
-        CLOCK = time.process_time
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -126,7 +124,7 @@ def main() -> None:
         else:
             raise SystemExit(f"unknown shape {shape!r}")
         bench_pair(shape, target.eval(), drafts, batch_sizes, args.new_tokens, args.repeats, device,
-                   args.num_draft_tokens, run_encoder=shape == "real-base")
+                   args.num_draft_tokens, run_encoder=shape == "real-base", clock=clock)
 
 
 if __name__ == "__main__":

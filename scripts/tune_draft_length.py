@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-import torch
+from bench_engine import timed  # scripts/ is on sys.path when a script in it runs
 
 from asr_spec.audio import load_audio
 from asr_spec.engine import DecodeOptions, Engine
@@ -47,16 +47,7 @@ def main() -> None:
     enc = greedy_engine.encode(feats)
 
     def best(engine):
-        out, t_best = engine.decode(None, enc), float("inf")
-        for _ in range(args.repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = clock()
-            out = engine.decode(None, enc)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t_best = min(t_best, clock() - t0)
-        return t_best, out
+        return timed(lambda: engine.decode(None, enc), device, args.repeats, clock)
 
     t_greedy, greedy = best(greedy_engine)
     print(json.dumps({"setting": "greedy", "time_s": round(t_greedy, 3)}), flush=True)

@@ -58,14 +58,18 @@ class WhisperTokens:
             max_positions=int(max_positions),
         )
 
-    def language_id(self, language: str) -> int:
-        """Map "en", "english" or "<|en|>" to its token id; ValueError naming the language otherwise."""
+    def language_id(self, language: str) -> int | None:
+        """Map "en", "english" or "<|en|>" to its token id (None on an English-only model, whose prompt has no
+        language token, when the language is English); ValueError naming the language otherwise."""
         from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
 
         lang = language.lower().strip()
-        if lang in TO_LANGUAGE_CODE:
-            lang = TO_LANGUAGE_CODE[lang]
-        token = lang if lang.startswith("<|") else f"<|{lang}|>"
+        code = TO_LANGUAGE_CODE.get(lang, lang).strip("<|>")
+        if not self.is_multilingual:
+            if code != "en":
+                raise ValueError(f"language {language!r} was given but the target model is English-only")
+            return None
+        token = f"<|{code}|>"
         if token not in self.lang_to_id:
             raise ValueError(f"language {language!r} is not supported by this model")
         return self.lang_to_id[token]

@@ -86,11 +86,7 @@ class Engine:
         self.kind = check_pair(target, draft)
         self.target, self.draft, self.options, self.batch_size = target, draft, options, batch_size
         self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
-        english = options.language is not None and options.language.lower().strip("<|>") in ("en", "english")
-        if options.language is not None and not self.tokens.is_multilingual and not english:
-            raise ValueError(f"language {options.language!r} was given but the target model is English-only")
-        self.lang_id = None if options.language is None or not self.tokens.is_multilingual \
-            else self.tokens.language_id(options.language)
+        self.lang_id = None if options.language is None else self.tokens.language_id(options.language)
         placeholder = self.tokens.sot if self.lang_id is None else self.lang_id  # detected later: same length
         prompt_len = len(self.tokens.prompt(placeholder, options.task, options.timestamps))
         if options.max_new_tokens is not None and prompt_len + options.max_new_tokens > self.tokens.max_positions:
@@ -115,10 +111,7 @@ class Engine:
             self.kind is DraftKind.OWN_ENCODER and any(r.features is None for r in batch)
         ):
             raise ValueError("a chunk request has neither features nor (usable) encoder output")
-        fresh = iter([])
-        if need:
-            x = torch.stack([r.features for r in need]).to(dev, dtype)
-            fresh = iter(self.target.model.encoder(input_features=x).last_hidden_state)
+        fresh = iter(self.encode(torch.stack([r.features for r in need])) if need else [])
         enc = [r.encoded.to(dev, dtype) if r.encoded is not None else next(fresh) for r in batch]
         own = None
         if self.kind is DraftKind.OWN_ENCODER:
