@@ -120,7 +120,8 @@ def main() -> None:
             drafts = {"target-as-draft": decoder_draft(target), "distil-shape-2-layer": decoder_draft(distil)}
         elif shape in SHAPES:
             target = random_whisper(shape).to(device, dtype)
-            drafts = {"target-as-draft": decoder_draft(target), "2-layer-cut": decoder_draft(target, [0, 5])}
+            last = target.config.decoder_layers - 1  # distil-whisper keeps the first and the last layer
+            drafts = {"target-as-draft": decoder_draft(target), "first+last-cut": decoder_draft(target, [0, last])}
         else:
             raise SystemExit(f"unknown shape {shape!r}")
         bench_pair(shape, target.eval(), drafts, batch_sizes, args.new_tokens, args.repeats, device,
