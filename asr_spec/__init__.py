@@ -21,16 +21,15 @@ _EXPORTS = {
     "TranscribeOptions": "asr_spec.transcribe",
     "Transcription": "asr_spec.transcribe",
     "ChunkReport": "asr_spec.transcribe",
-    "DecodeStats": "asr_spec.transcribe",
     "DecodeOptions": "asr_spec.engine",
     "Engine": "asr_spec.engine",
     "ChunkRequest": "asr_spec.engine",
     "ChunkResult": "asr_spec.engine",
     "ChunkStats": "asr_spec.engine",
-    "ChunkingOptions": "asr_spec.chunking",
-    "TranscriptSegment": "asr_spec.outputs",
-    "Preset": "asr_spec.presets",
-    "load_preset": "asr_spec.presets",
+    "ChunkingOptions": "asr_spec.audio.chunking",
+    "TranscriptSegment": "asr_spec.transcribe.outputs",
+    "Preset": "asr_spec.models.presets",
+    "load_preset": "asr_spec.models.presets",
     "AsrSpecError": "asr_spec.errors",
     "AudioError": "asr_spec.errors",
     "InputError": "asr_spec.errors",
@@ -39,12 +38,12 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from asr_spec.chunking import ChunkingOptions
+    from asr_spec.audio.chunking import ChunkingOptions
     from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, DecodeOptions, Engine
     from asr_spec.errors import AsrSpecError, AudioError, InputError
-    from asr_spec.outputs import TranscriptSegment
-    from asr_spec.presets import Preset, load_preset
-    from asr_spec.transcribe import ChunkReport, DecodeStats, TranscribeOptions, Transcriber, Transcription
+    from asr_spec.transcribe.outputs import TranscriptSegment
+    from asr_spec.models.presets import Preset, load_preset
+    from asr_spec.transcribe import ChunkReport, TranscribeOptions, Transcriber, Transcription
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
-from .errors import AsrSpecError
+from asr_spec.errors import AsrSpecError, one_line
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
 USER_ERRORS = (AsrSpecError, ValueError, OSError)
@@ -39,7 +39,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _preset_help() -> str:
-    from .presets import available_presets
+    from asr_spec.models.presets import available_presets
 
     names = ", ".join(available_presets()) or "none installed"
     return f"Model pair and settings: a preset name ({names}) or the path of a .toml file."
@@ -71,7 +71,8 @@ def transcribe(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary (errors still shown)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir is given."""
-    from .transcribe import DecodeStats, Transcriber
+    from asr_spec.engine import ChunkStats
+    from asr_spec.transcribe import Transcriber
 
     if no_draft and draft_model is not None:
         _fail("--no-draft and --draft-model contradict each other: give one", EXIT_USAGE)
@@ -88,7 +89,7 @@ def transcribe(
     try:
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
     except USER_ERRORS as err:
-        _fail(_one_line(err), EXIT_USAGE)
+        _fail(one_line(err), EXIT_USAGE)
 
     n_failed, audio_s, stats, start = 0, 0.0, [], time.perf_counter()
     try:
@@ -105,10 +106,10 @@ def transcribe(
                 typer.echo(result.text)
                 sys.stdout.flush()
     except USER_ERRORS as err:  # raised before any input is read (e.g. two inputs with the same output name)
-        _fail(_one_line(err), EXIT_USAGE)
+        _fail(one_line(err), EXIT_USAGE)
     wall_s = time.perf_counter() - start
     if not quiet:
-        typer.echo(_summary(len(files), n_failed, audio_s, wall_s, DecodeStats.total(stats)), err=True)
+        typer.echo(_summary(len(files), n_failed, audio_s, wall_s, ChunkStats.total(stats)), err=True)
     if n_failed:
         raise typer.Exit(EXIT_FAILED)
 
@@ -123,9 +124,6 @@ def _summary(n_files: int, n_failed: int, audio_s: float, wall_s: float, stats: 
     return f"{files}: {speed}, {drafting}"
 
 
-def _one_line(err: BaseException) -> str:
-    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-
 
 @app.command()
 def convert(
@@ -137,7 +135,7 @@ def convert(
     """Convert a CTranslate2 Whisper model into a transformers one (usable with --model)."""
     import torch
 
-    from .ct2 import convert_ct2
+    from asr_spec.models.embedded import convert_ct2
 
     torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if dtype not in torch_dtypes:
@@ -145,7 +143,7 @@ def convert(
     try:
         written = convert_ct2(ct2_dir, out_dir, dtype=torch_dtypes[dtype], overwrite=overwrite)
     except USER_ERRORS as err:
-        _fail(_one_line(err), EXIT_FAILED)
+        _fail(one_line(err), EXIT_FAILED)
     typer.echo(str(written))
 
 
@@ -153,7 +151,7 @@ def convert(
              add_help_option=False)
 def eval_(ctx: typer.Context) -> None:
     """WER, RTFx and speculative statistics on LibriSpeech (hub or a local tree); `asr-spec eval --help`."""
-    from .evaluate import eval_main
+    from asr_spec.eval.evaluate import eval_main
 
     raise typer.Exit(eval_main(ctx.args))
 
@@ -162,7 +160,7 @@ def eval_(ctx: typer.Context) -> None:
              add_help_option=False)
 def distill(ctx: typer.Context) -> None:
     """Train a draft for a target by distillation (run | cache | train | eval); `asr-spec distill --help`."""
-    from .distill_cli import main as distill_main
+    from asr_spec.distill.cli import main as distill_main
 
     raise typer.Exit(distill_main(ctx.args, prog="asr-spec distill"))
 

@@ -8,7 +8,7 @@ bug (let it propagate). Messages name the input first, then the cause: ``"talk.f
 
 from __future__ import annotations
 
-__all__ = ["AsrSpecError", "AudioError", "InputError"]
+__all__ = ["AsrSpecError", "AudioError", "InputError", "one_line"]
 
 
 class AsrSpecError(Exception):
@@ -21,3 +21,9 @@ class AudioError(AsrSpecError, ValueError):
 
 class InputError(AsrSpecError, ValueError):
     """A caller-supplied argument or option is invalid (negative length, unknown format, bad shape...)."""
+
+
+def one_line(err: BaseException, name: str | None = None) -> str:
+    """The cause of `err` on one line, without a leading "<name>: " (when the caller names the input itself)."""
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+    return text[len(name) + 2:] if name and text.startswith(f"{name}: ") else text

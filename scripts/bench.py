@@ -37,12 +37,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from asr_spec import DecodeStats, Transcriber
-from asr_spec.audio import SAMPLE_RATE, load_audio
+from asr_spec import ChunkStats, Transcriber
+from asr_spec.errors import one_line
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import AsrSpecError
-from asr_spec.librispeech import iter_local
-from asr_spec.metrics import score
-from asr_spec.models import decoder_draft
+from asr_spec.eval.librispeech import iter_local
+from asr_spec.eval.metrics import score
+from asr_spec.models.loading import decoder_draft
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
 CONFIGS = ("hf", "hf+asst", "greedy", "spec")
@@ -127,7 +128,7 @@ def ours_runner(transcriber: Transcriber, keep: dict[str, Any]) -> Callable[[lis
         failed = [f"{c.name}: {r.error}" for c, r in zip(clips, results) if r.error]
         if failed:
             raise AsrSpecError("; ".join(failed))
-        keep["stats"] = DecodeStats.total(r.stats for r in results)
+        keep["stats"] = ChunkStats.total(r.stats for r in results)
         keep["tokens"] = [r.chunk_tokens for r in results]
         return [r.text for r in results]
 
@@ -146,7 +147,7 @@ def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Callable
             except ValueError as err:  # transformers' "assisted generate is only supported for batch_size = 1"
                 if config != "hf+asst" or n == 1:
                     raise
-                results.append(Result(config, n, None, None, f"{type(err).__name__}: {_one_line(err)}"))
+                results.append(Result(config, n, None, None, f"{type(err).__name__}: {one_line(err)}"))
                 print(f"  N={n:<3} {LABELS[config]:<30} {results[-1].error}", file=sys.stderr)
                 continue
             s = stats.get(config, {}).get("stats")
@@ -156,9 +157,6 @@ def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Callable
             print(f"  N={n:<3} {LABELS[config]:<30} {wall_s:7.2f} s", file=sys.stderr)
     return results
 
-
-def _one_line(err: BaseException) -> str:
-    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
 
 
 # -- report -------------------------------------------------------------------------------------------------------
@@ -267,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("no audio to benchmark")
         greedy, draft, note = load_models(args)
     except (AsrSpecError, ValueError, OSError) as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     target, processor, device = greedy.target, greedy.processor, greedy.device
     spec = Transcriber(target, draft, processor, greedy.options, device)

@@ -20,7 +20,8 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 
 from asr_spec.engine import DecodeOptions, Engine
-from asr_spec.models import SHAPES, decoder_draft, random_whisper, resolve_device, resolve_dtype
+from asr_spec.testing import SHAPES, random_whisper
+from asr_spec.models.loading import decoder_draft, resolve_device, resolve_dtype
 
 
 def sync(device: torch.device) -> None:
@@ -51,8 +52,8 @@ def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run
     n = max(batch_sizes)
     if run_encoder:
         feats = torch.randn(n, target.config.num_mel_bins, 2 * target.config.max_source_positions, generator=rng)
-        engine = Engine(target, None, DecodeOptions(language="en", max_new_tokens=n_new), batch_size=n)
-        enc = engine.encode(feats.to(device, target.dtype))
+        engine = Engine(target, None, DecodeOptions(language="en", max_new_tokens=n_new))
+        enc = engine.encode(feats.to(device, target.dtype), n)
     else:  # decoding speed does not depend on the encoder's values: skip a random encoder's cost
         enc = torch.randn(n, target.config.max_source_positions, target.config.d_model, generator=rng)
         enc = enc.to(device, target.dtype)
@@ -69,14 +70,14 @@ def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run
 
         t_hf, seq = timed(hf, device, repeats, clock)
         line["hf_greedy_tok_s"] = b * n_new / t_hf
-        eng = Engine(target, None, DecodeOptions(language="en", max_new_tokens=n_new), batch_size=b)
-        t_ours, res = timed(lambda: eng.decode(None, e), device, repeats, clock)
+        eng = Engine(target, None, DecodeOptions(language="en", max_new_tokens=n_new))
+        t_ours, res = timed(lambda: eng.decode(None, e, b), device, repeats, clock)
         line["our_greedy_tok_s"] = b * n_new / t_ours
         line["greedy_equal_to_hf"] = all(tuple(seq[i, 4:].tolist()) == r.tokens for i, r in enumerate(res))
         for dname, draft in drafts.items():
-            opts = DecodeOptions(language="en", max_new_tokens=n_new, num_draft_tokens=k, draft_schedule="constant")
-            eng = Engine(target, draft, opts, batch_size=b)
-            t_spec, sres = timed(lambda: eng.decode(None, e), device, repeats, clock)
+            opts = DecodeOptions(language="en", max_new_tokens=n_new, num_draft_tokens=k)
+            eng = Engine(target, draft, opts)
+            t_spec, sres = timed(lambda: eng.decode(None, e, b), device, repeats, clock)
             passes = sum(r.stats.target_passes for r in sres)
             line[f"spec[{dname}]_tok_s"] = b * n_new / t_spec
             line[f"spec[{dname}]_passes_per_token"] = passes / (b * n_new)
@@ -111,7 +112,7 @@ def main() -> None:
                       "new_tokens": args.new_tokens, "K": args.num_draft_tokens}))
     for shape in args.shapes.split(","):
         if shape == "real-base":
-            from asr_spec.models import load_model
+            from asr_spec.models.loading import load_model
             target = load_model("embedded:whisper-base", device, dtype)
             drafts = {"target-as-draft": decoder_draft(target)}
         elif shape == "large-v2":

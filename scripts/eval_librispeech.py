@@ -11,7 +11,7 @@ table, also saved as <output stem>.summary.json. See `python scripts/eval_libris
 
 import sys
 
-from asr_spec.evaluate import eval_main
+from asr_spec.eval.evaluate import eval_main
 
 if __name__ == "__main__":
     sys.exit(eval_main(sys.argv[1:], prog="eval_librispeech.py"))

@@ -3,7 +3,7 @@
 
 import sys
 
-from asr_spec.distill_cli import main
+from asr_spec.distill.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="train_draft.py"))

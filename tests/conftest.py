@@ -15,7 +15,7 @@ EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
 
 def tiny_target(seed: int = 3, eos_boost: float = 2.0, multilingual: bool = True):
     """A random 70-token Whisper whose rows end with <|endoftext|> at varied lengths (or run to the limit)."""
-    from asr_spec.models import random_whisper
+    from asr_spec.testing import random_whisper
 
     model = random_whisper("test", seed=seed, vocab_size=70, init_std=0.2, multilingual=multilingual)
     with torch.no_grad():

@@ -13,7 +13,7 @@ import soundfile as sf
 import soxr
 import torch
 
-from asr_spec.audio import audio_duration_s, load_audio, stream_audio, to_mono
+from asr_spec.audio.loading import audio_duration_s, load_audio, stream_audio, to_mono
 from asr_spec.errors import AudioError, InputError
 
 SR = 16_000

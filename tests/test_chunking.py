@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from transformers.pipelines.automatic_speech_recognition import chunk_iter
 
-from asr_spec.chunking import ChunkingOptions, ChunkSpan, iter_chunks, plan_chunks
+from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, iter_chunks, plan_chunks
 from asr_spec.errors import InputError
 
 

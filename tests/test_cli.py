@@ -136,12 +136,12 @@ def test_python_dash_m_works() -> None:
 @pytest.mark.real
 @pytest.mark.slow
 def test_real_base_preset_and_convert(capsys, tmp_path: Path) -> None:
-    pytest.importorskip("asr_spec.ct2", reason="the CTranslate2 converter is not available")
-    from asr_spec import ct2
-    from asr_spec.metrics import score
+    pytest.importorskip("asr_spec.models.ct2", reason="the CTranslate2 converter is not available")
+    from asr_spec.models import embedded
+    from asr_spec.eval.metrics import score
 
     try:
-        tiny_en = ct2.embedded_ct2_dir("whisper-tiny.en")
+        tiny_en = embedded.embedded_ct2_dir("whisper-tiny.en")
     except (ImportError, OSError, ValueError) as err:
         pytest.skip(f"offline model packages not usable: {err}")
     code, out, err = run_cli(capsys, "transcribe", str(SHORT[1]), "--preset", "base", "--language", "en")

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 import torch
 
-from asr_spec import embedded
-from asr_spec.ct2 import ModelFormatError, WhisperDims, convert_ct2, read_ct2, whisper_dims, whisper_state_dict
-from asr_spec.embedded import MissingModelError, embedded_ct2_dir, embedded_model_dir, ensure_converted
+from asr_spec.models import embedded
+from asr_spec.models.ct2 import ModelFormatError, WhisperDims, read_ct2, whisper_dims, whisper_state_dict
+from asr_spec.models.embedded import convert_ct2
+from asr_spec.models.embedded import MissingModelError, embedded_ct2_dir, embedded_model_dir, ensure_converted
 
 # ---------------------------------------------------------------------------- a CT2 writer for test files
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine
-from asr_spec.models import decoder_draft
+from asr_spec.models.loading import decoder_draft
 from conftest import hf_greedy, perturbed, tiny_target
 
 pytestmark = [pytest.mark.cuda,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from asr_spec import distill, draft_data
+from asr_spec.distill import data as draft_data, train as distill
+from asr_spec.models import drafts
 from asr_spec.engine import DecodeOptions, Engine
 from conftest import tiny_target
 
@@ -44,9 +45,9 @@ def test_pack_windows_fills_in_order_and_rejects_too_long():
 
 
 def test_cache_round_trip_matches_engine_greedy(model, feats, cache):
-    engine = Engine(model, None, DecodeOptions(language="en", max_new_tokens=MAX_NEW), batch_size=3)
-    enc = engine.encode(feats)
-    results = engine.decode(None, encoded=enc)
+    engine = Engine(model, None, DecodeOptions(language="en", max_new_tokens=MAX_NEW))
+    enc = engine.encode(feats, 3)
+    results = engine.decode(None, enc, batch_size=3)
     reopened = draft_data.PseudoLabelCache(cache.path)
     assert len(reopened) == len(feats)
     for i, r in enumerate(results):
@@ -120,20 +121,20 @@ def test_saved_draft_loads_and_engine_output_equals_greedy(model, cache, feats, 
         vocab = distill.choose_draft_vocab(cache.token_counts(model.config.vocab_size), 30, eot=cache.eot)
     res = distill.train_draft(model, cache, _cfg(steps=3), work_dir=tmp_path / "w", draft_vocab=vocab,
                               progress=False)
-    out = distill.save_trained_draft(res.draft, tmp_path / "draft", dtype=torch.float32, info={"seed": 5})
-    assert (out / distill.VOCAB_FILE).exists() == restricted
-    loaded = distill.load_trained_draft(out, model)
+    out = drafts.save_trained_draft(res.draft, tmp_path / "draft", dtype=torch.float32, info={"seed": 5})
+    assert (out / drafts.VOCAB_FILE).exists() == restricted
+    loaded = drafts.load_trained_draft(out, model)
     for k, v in distill.trainable_parameters(res.draft).items():
         assert torch.equal(loaded.state_dict()[k], v), k
     assert loaded.model.decoder.embed_tokens.weight is model.model.decoder.embed_tokens.weight
-    half = distill.load_trained_draft(distill.save_trained_draft(res.draft, tmp_path / "fp16"), model)  # default fp16
+    half = drafts.load_trained_draft(drafts.save_trained_draft(res.draft, tmp_path / "fp16"), model)  # default fp16
     for k, v in distill.trainable_parameters(res.draft).items():
         assert half.state_dict()[k].dtype == torch.float32 and torch.equal(half.state_dict()[k], v.half().float()), k
     if restricted:
         assert loaded.draft_vocab_ids.tolist() == vocab.tolist()
-    opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, num_draft_tokens=3, draft_schedule="constant")
-    greedy = Engine(model, None, opts, batch_size=3).decode(feats)
-    spec = Engine(model, loaded, opts, batch_size=3).decode(feats)
+    opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, num_draft_tokens=3)
+    greedy = Engine(model, None, opts).decode(feats, batch_size=3)
+    spec = Engine(model, loaded, opts).decode(feats, batch_size=3)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
     assert sum(r.stats.drafted_tokens for r in spec) > 0
 
@@ -145,7 +146,7 @@ def test_distill_command_end_to_end(tmp_path, capsys):
 
     from asr_spec.cli import main
     from asr_spec.engine import DecodeOptions, Engine
-    from asr_spec.models import load_draft, load_model
+    from asr_spec.models.loading import load_draft, load_model
     from test_transcribe import save_tiny_models
 
     target_dir, _ = save_tiny_models(tmp_path)
@@ -163,6 +164,6 @@ def test_distill_command_end_to_end(tmp_path, capsys):
     assert draft.model.decoder.embed_tokens.weight.data_ptr() == target.model.decoder.embed_tokens.weight.data_ptr()
     feats = torch.randn(3, 80, 3000, generator=torch.Generator().manual_seed(0))
     opts = DecodeOptions(language="en", max_new_tokens=12)
-    greedy = Engine(target, None, opts, batch_size=3).decode(feats)
-    spec = Engine(target, draft, opts, batch_size=3).decode(feats)
+    greedy = Engine(target, None, opts).decode(feats, batch_size=3)
+    spec = Engine(target, draft, opts).decode(feats, batch_size=3)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]

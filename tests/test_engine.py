@@ -9,7 +9,9 @@ import torch
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.rules import LogitRules, WhisperTokens
-from asr_spec.models import DraftKind, Shape, check_pair, decoder_draft, random_whisper
+from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.testing import Shape, random_whisper
+from asr_spec.models.loading import decoder_draft
 from conftest import hf_greedy, perturbed, tiny_target
 
 TIE = 1e-4
@@ -71,8 +73,7 @@ def assert_same_as_greedy(results, timestamps: bool, max_new: int) -> None:
 
 def run(draft_name: str, batch_size: int, timestamps: bool = False, max_new: int = MAX_NEW, **opts):
     options = DecodeOptions(language="en", timestamps=timestamps, max_new_tokens=max_new, **opts)
-    engine = Engine(_target(), drafts(draft_name), options, batch_size=batch_size)
-    return engine.decode(_features())
+    return Engine(_target(), drafts(draft_name), options).decode(_features(), batch_size=batch_size)
 
 
 ALL_DRAFTS = ["none", "self-shared", "self-own", "random-shared", "random-own", "perturbed-shared", "perturbed-own"]
@@ -93,7 +94,7 @@ def test_speculative_equals_greedy_with_timestamps(draft_name, batch_size):
     assert any(tok >= ts_begin for r in results for tok in r.tokens), "timestamp mode produced no timestamps"
 
 
-def test_rows_end_differently(target):
+def test_rows_end_differently():
     """The fixture really exercises per-row stopping: some rows end by EOS, some by the length limit."""
     results = run("none", 4)
     reasons = {r.finish_reason for r in results}
@@ -103,13 +104,13 @@ def test_rows_end_differently(target):
 
 @pytest.mark.parametrize("draft_name", ["self-shared", "perturbed-own"])
 def test_max_new_tokens_inside_a_draft(draft_name):
-    results = run(draft_name, 3, max_new=13, num_draft_tokens=8, draft_schedule="constant")
+    results = run(draft_name, 3, max_new=13, num_draft_tokens=8)
     assert_same_as_greedy(results, False, 13)
     assert all(len(r.tokens) <= 13 for r in results)
 
 
 def test_eos_inside_accepted_draft():
-    results = run("self-shared", 4, num_draft_tokens=8, draft_schedule="constant")
+    results = run("self-shared", 4, num_draft_tokens=8)
     assert_same_as_greedy(results, False, MAX_NEW)
     eos_rows = [r for r in results if r.finish_reason == "eos"]
     # with everything accepted, an EOS that is not a step's first token was inside an accepted draft
@@ -117,12 +118,12 @@ def test_eos_inside_accepted_draft():
 
 
 def test_acceptance_statistics():
-    perfect = run("self-shared", 4, num_draft_tokens=4, draft_schedule="constant")
+    perfect = run("self-shared", 4, num_draft_tokens=4)
     for r in perfect:
         assert r.stats.drafted_tokens - r.stats.accepted_tokens <= 4  # only the last step is cut by a limit
         assert r.stats.target_passes <= -(-r.stats.generated_tokens // 5) + 1
         assert sum(r.stats.accepted_hist) == r.stats.target_passes
-    unrelated = run("random-shared", 4, num_draft_tokens=4, draft_schedule="constant")
+    unrelated = run("random-shared", 4, num_draft_tokens=4)
     drafted = sum(r.stats.drafted_tokens for r in unrelated)
     accepted = sum(r.stats.accepted_tokens for r in unrelated)
     assert accepted / drafted < 0.2
@@ -131,26 +132,19 @@ def test_acceptance_statistics():
 
 
 def test_continuous_batching_returns_every_chunk_once():
-    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW),
-                    batch_size=3)
+    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW))
     from asr_spec.engine import ChunkRequest
 
     ids = [f"chunk-{i}" for i in range(10)]
-    results = list(engine.run(ChunkRequest(i, f) for i, f in zip(ids, _features())))
+    results = list(engine.run((ChunkRequest(i, f) for i, f in zip(ids, _features())), batch_size=3))
     assert sorted(r.id for r in results) == sorted(ids)
     by_id = {r.id: r for r in results}
     assert_same_as_greedy([by_id[i] for i in ids], False, MAX_NEW)
 
 
-def test_heuristic_schedule_and_confidence_are_lossless():
-    assert_same_as_greedy(run("perturbed-shared", 4, draft_schedule="heuristic", draft_confidence=0.5),
-                          False, MAX_NEW)
-
-
 def test_language_detection_matches_transformers():
     t = _target()
-    engine = Engine(t, None, DecodeOptions(max_new_tokens=5), batch_size=4)
-    results = engine.decode(_features()[:4])
+    results = Engine(t, None, DecodeOptions(max_new_tokens=5)).decode(_features()[:4], batch_size=4)
     for row, r in enumerate(results):
         ref = hf_greedy(t, _features()[row], max_new_tokens=5)
         assert r.prompt[1] == ref[1]
@@ -172,7 +166,7 @@ def test_incompatible_pairs_are_refused():
     with pytest.raises(ValueError, match="encoder"):
         check_pair(t, decoder_draft(wide))
     with pytest.raises(ValueError, match="batch_size"):
-        Engine(t, None, batch_size=0)
+        Engine(t, None).decode(_features()[:1], batch_size=0)
     with pytest.raises(ValueError, match="max_target_positions"):
         Engine(t, None, DecodeOptions(language="en", max_new_tokens=446))
     with pytest.raises(ValueError, match="English-only"):
@@ -181,9 +175,9 @@ def test_incompatible_pairs_are_refused():
 
 def test_english_only_model():
     t = tiny_target(multilingual=False)
-    results = Engine(t, decoder_draft(t), DecodeOptions(max_new_tokens=20), batch_size=3).decode(_features()[:3])
-    english = Engine(t, None, DecodeOptions(language="english", max_new_tokens=20), batch_size=3).decode(
-        _features()[:3])
+    results = Engine(t, decoder_draft(t), DecodeOptions(max_new_tokens=20)).decode(_features()[:3], batch_size=3)
+    english = Engine(t, None, DecodeOptions(language="english", max_new_tokens=20)).decode(_features()[:3],
+                                                                                          batch_size=3)
     assert [r.tokens for r in english] == [r.tokens for r in results]
     for row, r in enumerate(results):
         assert r.prompt + r.tokens == tuple(hf_greedy(t, _features()[row], max_new_tokens=20))
@@ -192,7 +186,7 @@ def test_english_only_model():
 def test_restricted_vocabulary_draft_is_lossless():
     draft = decoder_draft(_target(), [0])
     draft.draft_vocab_ids = torch.tensor(sorted(set(range(0, 70, 2)) | {40}))  # half the vocabulary + EOS
-    results = Engine(_target(), draft, DecodeOptions(language="en", max_new_tokens=MAX_NEW), batch_size=4).decode(
-        _features())
+    results = Engine(_target(), draft, DecodeOptions(language="en", max_new_tokens=MAX_NEW)).decode(_features(),
+                                                                                                  batch_size=4)
     assert_same_as_greedy(results, False, MAX_NEW)
     assert sum(r.stats.accepted_tokens for r in results) > 0

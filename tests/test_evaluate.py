@@ -13,18 +13,9 @@ import pytest
 
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.errors import InputError
-from asr_spec.evaluate import (
-    EvalOptions,
-    eval_main,
-    eval_summary,
-    evaluate,
-    format_summary,
-    parse_split,
-    run_eval,
-    summary_path,
-)
-from asr_spec.librispeech import HubUnavailableError, ResultsLog, iter_local
-from asr_spec.models import decoder_draft
+from asr_spec.eval.evaluate import EvalOptions, eval_main, eval_summary, evaluate, format_summary, parse_split, run_eval, summary_path
+from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_local
+from asr_spec.models.loading import decoder_draft
 from test_transcribe import _models, save_tiny_models
 
 ROOT = Path(__file__).parent / "fixtures" / "librispeech"
@@ -96,7 +87,7 @@ def test_one_record_per_utterance_identical_to_greedy(tmp_path: Path, draft: str
 def test_identical_means_the_same_tokens() -> None:
     from types import SimpleNamespace
 
-    from asr_spec.evaluate import _identical
+    from asr_spec.eval.evaluate import _identical
 
     a = SimpleNamespace(text="Hello.", segments=(), chunk_tokens=((50, 51, 52),))
     assert _identical(a, SimpleNamespace(text="Hello.", segments=(), chunk_tokens=((50, 51, 52),)))
@@ -189,7 +180,7 @@ def test_bad_options_are_one_line_errors(capsys, args: list[str], needle: str) -
 
 
 def test_unreachable_hub_says_pass_data_dir(monkeypatch, capsys) -> None:
-    import asr_spec.evaluate as evaluate_module
+    import asr_spec.eval.evaluate as evaluate_module
 
     def offline(config, split, streaming=True):
         raise HubUnavailableError(f"openslr/librispeech_asr {config}/{split}: the Hugging Face hub is unreachable "

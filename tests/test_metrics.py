@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from asr_spec import metrics
-from asr_spec.metrics import Score, english_normalizer, load_spelling_mapping, normalize, score
+from asr_spec.eval import metrics
+from asr_spec.eval.metrics import Score, english_normalizer, load_spelling_mapping, normalize, score
 
 pytestmark = pytest.mark.filterwarnings("ignore:English text normaliser built without")
 

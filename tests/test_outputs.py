@@ -11,15 +11,7 @@ import numpy as np
 import pytest
 
 from asr_spec.errors import InputError
-from asr_spec.outputs import (
-    TranscriptSegment,
-    atomic_write,
-    format_timestamp,
-    render_srt,
-    render_txt,
-    render_vtt,
-    write_outputs,
-)
+from asr_spec.transcribe.outputs import TranscriptSegment, atomic_write, format_timestamp, render_srt, render_txt, render_vtt, write_outputs
 
 
 def _result() -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asr_spec.errors import InputError
-from asr_spec.presets import DEFAULT_PRESET, Preset, available_presets, load_preset, presets_dir
+from asr_spec.models.presets import DEFAULT_PRESET, Preset, available_presets, load_preset, presets_dir
 from asr_spec.transcribe import TranscribeOptions
 
 REPO = Path(__file__).resolve().parent.parent

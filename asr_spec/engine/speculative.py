@@ -31,7 +31,7 @@ class DecodeState:
     seq:      (B, S) long committed tokens, then scratch (draft proposals are written past n_tok)
     n_tok:    (B,) committed tokens; begin: (B,) prompt length (index of the first generated token)
     limit:    (B,) n_tok at which the row must stop (prompt + max_new_tokens, capped at max_target_positions)
-    k_row:    (B,) draft tokens to propose next step; finish: (B,) FINISH_* code (0 = still decoding)
+    finish:   (B,) FINISH_* code (0 = still decoding)
     stats:    (B, 4) long [target passes, draft passes, drafted tokens, accepted tokens]
     hist:     (B, k_max + 1) long number of steps that accepted j draft tokens
     """
@@ -40,7 +40,6 @@ class DecodeState:
     n_tok: torch.Tensor
     begin: torch.Tensor
     limit: torch.Tensor
-    k_row: torch.Tensor
     finish: torch.Tensor
     stats: torch.Tensor
     hist: torch.Tensor
@@ -48,11 +47,11 @@ class DecodeState:
     @classmethod
     def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> "DecodeState":
         z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(z(n_rows, n_seq), z(n_rows), z(n_rows), z(n_rows), z(n_rows), z(n_rows) + FINISH_LENGTH,
+        return cls(z(n_rows, n_seq), z(n_rows), z(n_rows), z(n_rows), z(n_rows) + FINISH_LENGTH,
                    z(n_rows, 4), z(n_rows, k_max + 1))
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        for name in ("seq", "n_tok", "begin", "limit", "k_row", "finish", "stats", "hist"):
+        for name in ("seq", "n_tok", "begin", "limit", "finish", "stats", "hist"):
             setattr(self, name, getattr(self, name)[rows])
 
 
@@ -72,10 +71,7 @@ class Models:
     draft_cache: KVCache | None = None
 
 
-def step(
-    m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, max_len: int,
-    schedule: str, k_max: int, confidence: float,
-) -> None:
+def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, max_len: int) -> None:
     """Advance every unfinished row by at least one token (in place).
 
     k: draft tokens proposed this step (0 = greedy); n_pending: upper bound on tokens a cache must catch up on
@@ -87,7 +83,7 @@ def step(
     rows = torch.arange(n_rows, device=dev)
     proposed = torch.zeros(n_rows, k, dtype=torch.bool, device=dev)
     if k > 0:
-        k, proposed = _draft(m, rules, st, k, n_pending, max_len, confidence)
+        proposed = _draft(m, rules, st, k, n_pending, max_len)
 
     # verify: the target's pending tokens then the k proposals, one pass; logits at the last pending + proposals
     t_len = m.target_cache.lengths
@@ -118,48 +114,31 @@ def step(
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish = torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish))
 
-    # statistics and the draft-length schedule
+    # statistics
     accepted = torch.minimum(n_acc, n_new)
     st.stats += torch.stack([live.long(), live.long() * k, proposed.sum(1), accepted], 1) * live[:, None]
     if k > 0:
         st.hist[rows, n_acc.clamp(max=st.hist.shape[1] - 1)] += live.long()
-        if schedule == "heuristic":
-            full = n_acc >= st.k_row
-            st.k_row = torch.where(live, torch.where(full, st.k_row + 2, st.k_row - 1), st.k_row).clamp(1, k_max)
 
 
-def _draft(
-    m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, max_len: int, confidence: float,
-) -> tuple[int, torch.Tensor]:
-    """Let the draft propose up to k tokens per row, written into st.seq[n_tok:n_tok + k].
-
-    Returns the number of draft tokens actually produced (fewer than k only when every row lost confidence)
-    and the (B, k) mask of tokens each row really proposes (its own k_row, its confidence).
-    """
-    assert m.draft is not None and m.draft_cache is not None
+def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, max_len: int) -> torch.Tensor:
+    """Let the draft propose k tokens per row, written into st.seq[n_tok:n_tok + k]; returns the (B, k) mask of
+    the tokens each row really offers (none it could not keep before its limit)."""
+    assert m.draft is not None and m.draft_cache is not None  # the engine passes k > 0 only with a draft
     dev = st.n_tok.device
     d_len = m.draft_cache.lengths
     # catch up on the committed tokens the draft has not seen: one more than the target after a full accept
     tokens, pos = _window(st.seq, d_len, n_pending + 1)
     index = (st.n_tok - d_len - 1)[:, None]
-    sure = torch.ones_like(st.n_tok, dtype=torch.bool)
     proposed = []
     for i in range(k):
         n_keys = min(max_len + i, m.draft_cache.n_positions)
         logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index)
-        scores = rules.apply(logits, st.seq, st.n_tok + i, st.begin)[:, 0]
-        if confidence > 0.0:
-            top = scores.softmax(-1).max(-1)
-            sure = sure & (top.values >= confidence)
-            token = top.indices
-        else:
-            token = scores.argmax(-1)
+        token = rules.apply(logits, st.seq, st.n_tok + i, st.begin)[:, 0].argmax(-1)
         st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
-        # a row proposes at most k_row tokens, and none it could not keep (room before its limit, less the
-        # target's own token): the batch still computes them, but they are neither offered nor counted
-        proposed.append(sure & (i < st.k_row) & (i < st.limit - st.n_tok - 1))
-        if confidence > 0.0 and not bool(sure.any()):  # one host sync per draft token, only in this mode
-            break
+        # a row proposes none it could not keep (room before its limit, less the target's own token): the batch
+        # still computes them, but they are neither offered nor counted
+        proposed.append(i < st.limit - st.n_tok - 1)
         tokens, pos = token[:, None], (st.n_tok + i)[:, None]
         index = torch.zeros_like(index)
-    return len(proposed), torch.stack(proposed, 1)
+    return torch.stack(proposed, 1)

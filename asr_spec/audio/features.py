@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
-from .errors import InputError
+from asr_spec.errors import InputError
 
 __all__ = [
     "N_SAMPLES",

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import InputError
+from asr_spec.errors import InputError
 
 __all__ = [
     "FORMATS",

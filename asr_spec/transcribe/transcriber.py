@@ -13,188 +13,35 @@ are yielded in input order. A file that cannot be read gets `error` set; the oth
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .audio import DEFAULT_BLOCK_S, SAMPLE_RATE, audio_duration_s, load_audio, stream_audio
-from .chunking import ChunkingOptions, ChunkSpan
-from .engine import ChunkRequest, ChunkResult, DecodeOptions, Engine
-from .errors import AsrSpecError, AudioError, InputError
-from .features import FeatureBatcher
-from .outputs import FORMATS, TranscriptSegment, write_outputs
-from .presets import DEFAULT_PRESET
-from .stitch import ChunkTokens, stitch_chunks
+from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.audio.features import FeatureBatcher
+from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio, stream_audio
+from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
+from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
+from asr_spec.models.presets import DEFAULT_PRESET
+from asr_spec.transcribe.options import TranscribeOptions
+from asr_spec.transcribe.outputs import TranscriptSegment, write_outputs
+from asr_spec.transcribe.results import ChunkReport, Transcription
+from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
 
-__all__ = ["ChunkReport", "DecodeStats", "TranscribeOptions", "Transcriber", "Transcription"]
+__all__ = ["Transcriber"]
 
 # Errors caused by one input (unreadable, corrupt, NaN, unwritable output): reported on that input, the run goes on.
 # Anything else is a bug and propagates.
 INPUT_ERRORS = (AsrSpecError, ValueError, OSError)
 ProgressCallback = Callable[[float, float], None]  # (done_s, total_s), seconds of audio
-
-
-# -- options ------------------------------------------------------------------------------------------------------
-
-_CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
-_DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
-_TOP_KEYS = ("batch_size", "formats", "block_s")
-
-
-@dataclass(frozen=True)
-class TranscribeOptions:
-    """Everything that decides how inputs are transcribed. Derive variants with `from_values` or `replace`."""
-
-    chunking: ChunkingOptions = field(default_factory=ChunkingOptions)  # window and stride lengths
-    decode: DecodeOptions = field(default_factory=DecodeOptions)  # language, task, timestamps, drafting
-    batch_size: int = 8  # chunks decoded together (engine rows); they may come from different inputs
-    formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
-    block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
-
-    def __post_init__(self) -> None:
-        _verify_options(self)
-
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        """The flat option names `from_values` takes."""
-        return _CHUNKING_KEYS + _DECODE_KEYS + _TOP_KEYS
-
-    @classmethod
-    def from_values(cls, base: TranscribeOptions | None = None, **values: Any) -> TranscribeOptions:
-        """`base` (default: the defaults) with the flat options in `values` replaced, e.g.
-        ``from_values(chunk_length_s=15, language="en", batch_size=16)``.
-
-        language "auto" means detect per chunk. Raising num_draft_tokens above max_draft_tokens raises
-        max_draft_tokens with it. Unknown names and bad values raise `InputError`.
-        """
-        base = cls() if base is None else base
-        unknown = sorted(set(values) - set(cls.keys()))
-        if unknown:
-            raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(cls.keys())})")
-        if isinstance(values.get("language"), str) and values["language"].strip().lower() == "auto":
-            values["language"] = None
-        decode = {k: values[k] for k in _DECODE_KEYS if k in values}
-        if "num_draft_tokens" in decode and "max_draft_tokens" not in decode and _is_int(decode["num_draft_tokens"]):
-            decode["max_draft_tokens"] = max(base.decode.max_draft_tokens, decode["num_draft_tokens"])
-        try:
-            return dataclasses.replace(
-                base,
-                chunking=dataclasses.replace(base.chunking, **{k: values[k] for k in _CHUNKING_KEYS if k in values}),
-                decode=dataclasses.replace(base.decode, **decode),
-                **{k: values[k] for k in _TOP_KEYS if k in values},
-            )
-        except InputError:
-            raise
-        except (ValueError, TypeError) as err:  # DecodeOptions raises ValueError; a wrong type, TypeError
-            raise InputError(str(err)) from err
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _verify_options(options: TranscribeOptions) -> None:
-    """All checks of TranscribeOptions in one place (the nested options check themselves)."""
-    if not isinstance(options.chunking, ChunkingOptions):
-        raise InputError(f"chunking must be a ChunkingOptions, got {type(options.chunking).__name__}")
-    if options.chunking.sampling_rate != SAMPLE_RATE:
-        rate = options.chunking.sampling_rate
-        raise InputError(f"chunking.sampling_rate must be Whisper's {SAMPLE_RATE} Hz, got {rate}")
-    if not isinstance(options.decode, DecodeOptions):
-        raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
-    if not _is_int(options.batch_size) or options.batch_size < 1:
-        raise InputError(f"batch_size must be an integer >= 1, got {options.batch_size!r}")
-    block = options.block_s
-    if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
-        raise InputError(f"block_s must be a positive number of seconds, got {block!r}")
-    formats = options.formats.split(",") if isinstance(options.formats, str) else options.formats
-    if not isinstance(formats, Iterable):
-        raise InputError(f"formats must be a list of format names, got {options.formats!r}")
-    chosen: list[str] = []
-    for fmt in formats:
-        name = fmt.strip().lower().lstrip(".") if isinstance(fmt, str) else fmt
-        if name not in FORMATS:
-            raise InputError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
-        if name not in chosen:
-            chosen.append(name)
-    if not chosen:
-        raise InputError(f"no output format given (choose from {', '.join(FORMATS)})")
-    object.__setattr__(options, "formats", tuple(chosen))  # normalised: "txt,JSON" -> ("txt", "json")
-
-
-# -- results ------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DecodeStats:
-    """Speculative-decoding statistics summed over chunks (one chunk, one file or a whole run)."""
-
-    chunks: int
-    generated_tokens: int
-    target_passes: int  # target forward passes (steps), prompt prefill included
-    draft_passes: int
-    drafted_tokens: int  # draft tokens offered for verification
-    accepted_tokens: int  # of those, accepted by the target
-    accepted_hist: tuple[int, ...]  # accepted_hist[j] = steps that accepted j draft tokens
-    acceptance_rate: float  # accepted_tokens / drafted_tokens (0 without a draft)
-    tokens_per_target_pass: float  # generated_tokens / target_passes (1 for greedy decoding, up to K+1)
-
-    @classmethod
-    def total(cls, items: Iterable[Any]) -> DecodeStats:
-        """Sum engine `ChunkStats` or `DecodeStats` (anything with their counting attributes)."""
-        items = list(items)
-        count = lambda name: sum(int(getattr(item, name)) for item in items)  # noqa: E731
-        width = max((len(item.accepted_hist) for item in items), default=0)
-        hist = tuple(sum(item.accepted_hist[j] for item in items if j < len(item.accepted_hist)) for j in range(width))
-        generated, passes = count("generated_tokens"), count("target_passes")
-        drafted, accepted = count("drafted_tokens"), count("accepted_tokens")
-        return cls(
-            chunks=sum(int(getattr(item, "chunks", 1)) for item in items),
-            generated_tokens=generated, target_passes=passes, draft_passes=count("draft_passes"),
-            drafted_tokens=drafted, accepted_tokens=accepted, accepted_hist=hist,
-            acceptance_rate=accepted / drafted if drafted else 0.0,
-            tokens_per_target_pass=generated / passes if passes else 0.0,
-        )
-
-
-@dataclass(frozen=True)
-class ChunkReport:
-    """Where one chunk lies in its input and how its decoding went."""
-
-    start_s: float  # file time of the chunk's first sample
-    end_s: float  # file time one past its last sample
-    language: str | None  # the language it was decoded in ("en"), detected or given
-    finish_reason: str  # "eos", or "length" when the token limit cut it
-    stats: DecodeStats
-
-
-@dataclass(frozen=True)
-class Transcription:
-    """The transcript of one input, or why there is none (`error`)."""
-
-    source: str  # the path as given, or "<array 3>" for the fourth input when it is not a file
-    text: str
-    segments: tuple[TranscriptSegment, ...]  # file times in seconds, non-overlapping, in order
-    language: str | None  # the language most chunks were decoded in
-    stats: DecodeStats | None  # summed over the chunks; None when the input failed
-    audio_s: float  # seconds of audio read (all of it, unless it failed part-way)
-    wall_s: float  # seconds from reading the input's first block to its transcript (its latency in the batch)
-    chunks: tuple[ChunkReport, ...]
-    timestamped: bool = False  # segment times from Whisper's timestamp tokens, not from chunk boundaries
-    error: str | None = None  # the cause, one line, when the input could not be transcribed
-    chunk_tokens: tuple[tuple[int, ...], ...] = ()  # each chunk's generated token ids, exactly as decoded
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 # -- bookkeeping of one input during a run -------------------------------------------------------------------------
@@ -237,12 +84,6 @@ def _inputs(audio: Any) -> list[_Input]:
             name, stem = f"<{kind} {i}>", f"input-{i}"
         out.append(_Input(i, name, src, stem))
     return out
-
-
-def _one_line(err: BaseException, name: str | None = None) -> str:
-    """The cause of `err` on one line, without a leading "<name>: " (the caller names the input)."""
-    text = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-    return text[len(name) + 2:] if name and text.startswith(f"{name}: ") else text
 
 
 # -- progress ---------------------------------------------------------------------------------------------------
@@ -306,8 +147,8 @@ class Transcriber:
         if n_mels != wanted:
             raise InputError(f"the processor makes {n_mels} mel bins but the target expects {wanted}")
         self.features = FeatureBatcher(processor.feature_extractor, device=self.device, dtype=target.dtype)
-        self._engines: dict[int, Engine] = {}
-        self.tokens = self._engine(self.options.batch_size).tokens  # checks the pair and language now, not later
+        self.engine = Engine(self.target, self.draft, self.options.decode)  # checks the pair and language now
+        self.tokens = self.engine.tokens
         self._code_of = {token_id: token.strip("<|>") for token, token_id in self.tokens.lang_to_id.items()}
 
     # -- construction ---------------------------------------------------------------------------------------------
@@ -317,7 +158,7 @@ class Transcriber:
                         options: TranscribeOptions | None = None, **option_values: Any) -> Transcriber:
         """Load a target (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor and an
         optional draft. `option_values` are flat `TranscribeOptions` names applied over `options`."""
-        from . import models
+        from asr_spec.models import loading as models
 
         opts = TranscribeOptions.from_values(options, **option_values)  # bad options fail before any loading
         dev = models.resolve_device(device)
@@ -335,7 +176,7 @@ class Transcriber:
         The preset's draft belongs to its target: overriding `target` without `draft` runs greedy decoding.
         `draft=None` turns the draft off.
         """
-        from .presets import load_preset
+        from asr_spec.models.presets import load_preset
 
         preset = load_preset(name)
         model_keys = ("target", "draft", "dtype", "device")
@@ -355,11 +196,6 @@ class Transcriber:
             draft = None if "target" in chosen else preset.draft_or_none()
         return cls.from_pretrained(chosen.get("target", preset.target), draft, device=chosen.get("device"),
                                    dtype=chosen.get("dtype", preset.dtype), options=options)
-
-    def _engine(self, batch_size: int) -> Engine:
-        if batch_size not in self._engines:
-            self._engines[batch_size] = Engine(self.target, self.draft, self.options.decode, batch_size=batch_size)
-        return self._engines[batch_size]
 
     # -- public entry points -------------------------------------------------------------------------------------
     def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,
@@ -392,16 +228,14 @@ class Transcriber:
                         output_dir: str | os.PathLike | None = None) -> Iterator[Transcription]:
         """`transcribe`, yielding each input's transcript (in input order) as soon as it and those before it are
         done: a long archive shows results, and writes files, while later inputs are still decoding."""
-        rows = self.options.batch_size if batch_size is None else batch_size
-        dataclasses.replace(self.options, batch_size=rows)  # validates it
+        rows = self.options.batch_size if batch_size is None else TranscribeOptions.from_values(self.options, batch_size=batch_size).batch_size
         inputs = _inputs(audio)
         if output_dir is not None:
             _check_stems(inputs)
-        engine = self._engine(rows)
         bar = _Progress(progress, inputs)
         next_out = 0
         try:
-            for result in engine.run(self._requests(inputs, rows)):
+            for result in self.engine.run(self._requests(inputs, rows), rows):
                 item = inputs[result.id[0]]
                 if item is not None and item.error is None:  # None: failed and already reported
                     item.results[result.id[1]] = result
@@ -434,7 +268,7 @@ class Transcriber:
                         yield from self._featurise(pending)
                         pending = []
             except INPUT_ERRORS as err:
-                item.error = _one_line(err, item.name)
+                item.error = one_line(err, item.name)
             item.read_done = True
         if pending:
             yield from self._featurise(pending)
@@ -462,14 +296,14 @@ class Transcriber:
                                  sampling_rate=SAMPLE_RATE)
         languages = [self._language(r) for r in results]
         reports = tuple(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, lang,
-                                    r.finish_reason, DecodeStats.total([r.stats]))
+                                    r.finish_reason, r.stats)
                         for r, span, lang in zip(results, item.spans, languages))
         transcription = Transcription(
             source=item.name,
             text=self._decode(stitched.token_ids),
             segments=tuple(TranscriptSegment(s.start_s, s.end_s, self._decode(s.token_ids)) for s in stitched.segments),
             language=Counter(languages).most_common(1)[0][0] if languages else None,
-            stats=DecodeStats.total(r.stats for r in results),
+            stats=ChunkStats.total(r.stats for r in results),
             audio_s=audio_s, wall_s=wall_s, chunks=reports, timestamped=stitched.timestamped,
             chunk_tokens=tuple(r.tokens for r in results),
         )
@@ -477,7 +311,7 @@ class Transcriber:
             try:
                 write_outputs(transcription, output_dir, item.stem, self.options.formats)
             except INPUT_ERRORS as err:
-                cause = _one_line(err)
+                cause = one_line(err)
                 return dataclasses.replace(transcription, error=f"cannot write outputs to {output_dir} ({cause})")
         return transcription
 

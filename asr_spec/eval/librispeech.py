@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from .audio import SAMPLE_RATE, audio_duration_s, load_audio
-from .errors import AsrSpecError, InputError
-from .metrics import Spelling, score
+from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio
+from asr_spec.errors import AsrSpecError, InputError
+from asr_spec.eval.metrics import Spelling, score
 
 __all__ = [
     "HUB_DATASET",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
+from asr_spec.errors import InputError
 
 __all__ = [
     "CHUNK_LENGTH_S",

@@ -22,8 +22,7 @@ converting never needs the file twice in RAM. :func:`whisper_state_dict` maps a 
 ``WhisperForConditionalGeneration`` tensors.
 
 Building the transformers directory (tokenizer, generation config, safetensors), the cache and the models shipped in
-registry packages are in :mod:`asr_spec.embedded`; its public functions are re-exported here: :func:`convert_ct2`,
-:func:`ensure_converted`, :func:`embedded_ct2_dir`, :func:`embedded_model_dir`.
+registry packages are in :mod:`asr_spec.models.embedded`, which builds on this module.
 """
 
 from __future__ import annotations
@@ -34,21 +33,14 @@ import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from asr_spec.errors import AsrSpecError
 
-if TYPE_CHECKING:  # re-exported lazily by __getattr__ below: asr_spec.embedded imports this module
-    from asr_spec.embedded import convert_ct2, embedded_ct2_dir, embedded_model_dir, ensure_converted
-
-__all__ = [
-    "CT2Model", "CT2Variable", "ModelFormatError", "WhisperDims", "convert_ct2", "embedded_ct2_dir",
-    "embedded_model_dir", "ensure_converted", "read_ct2", "whisper_dims", "whisper_state_dict",
-]  # fmt: skip
-_REEXPORTED = frozenset({"convert_ct2", "embedded_ct2_dir", "embedded_model_dir", "ensure_converted"})
+__all__ = ["CT2Model", "CT2Variable", "ModelFormatError", "WhisperDims", "read_ct2", "whisper_dims", "whisper_state_dict"]
 
 # dtype id (include/ctranslate2/types.h `DataType` order) → (CTranslate2 name, numpy storage dtype). bfloat16 has
 # no numpy dtype: its bits are kept as uint16 and widened in `CT2Model.float32`.
@@ -456,11 +448,3 @@ def whisper_state_dict(ct2: CT2Model, dims: WhisperDims, dtype: torch.dtype) -> 
         state["proj_out.weight"] = state["model.decoder.embed_tokens.weight"]
     return state, tied
 
-
-def __getattr__(name: str) -> Any:
-    """Lazy re-export of :mod:`asr_spec.embedded`'s API (it imports this module, so not at import time)."""
-    if name in _REEXPORTED:
-        from asr_spec import embedded
-
-        return getattr(embedded, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from .audio import SAMPLE_RATE
-from .errors import AsrSpecError, InputError
-from .librispeech import HubUnavailableError, ResultsLog, Utterance, iter_hub, iter_local, long_form, summarize, take
+from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.errors import AsrSpecError, InputError, one_line
+from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, Utterance, iter_hub, iter_local, long_form, summarize, take
 
 __all__ = [
     "EvalOptions",
@@ -257,7 +257,7 @@ def _record(u: Utterance, t: Any, wall_s: float, greedy: tuple[Any, float] | Non
 
 def _greedy_twin(transcriber: Any) -> Any:
     """The same target, processor and options without the draft (no weights copied)."""
-    from .transcribe import Transcriber
+    from asr_spec.transcribe import Transcriber
 
     return Transcriber(transcriber.target, None, transcriber.processor, transcriber.options, transcriber.device)
 
@@ -444,7 +444,7 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
 # -- the whole run -----------------------------------------------------------------------------------------------
 
 def _load_transcriber(options: EvalOptions) -> Any:
-    from .transcribe import Transcriber
+    from asr_spec.transcribe import Transcriber
 
     overrides: dict[str, Any] = {}
     for key in ("batch_size", "device", "dtype", "language"):
@@ -529,9 +529,6 @@ def _configure_logging() -> None:
         pass
 
 
-def _one_line(err: BaseException) -> str:
-    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-
 
 def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> int:
     """`asr-spec eval ARGS` / `scripts/eval_librispeech.py ARGS`. Returns the exit code: 0 done, 1 some utterance
@@ -547,7 +544,7 @@ def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> 
             no_draft=args.no_draft, streaming=not args.no_streaming,
         )
     except AsrSpecError as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
 
     def show(record: dict[str, Any]) -> None:
@@ -567,7 +564,7 @@ def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> 
         print("interrupted (rerun the same command to resume)", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (AsrSpecError, ValueError, OSError, ImportError) as err:  # bad preset/data/device, missing extra
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return EXIT_USAGE
     split = options.libri_split.name + (" long-form" if options.long_form else "")
     print(format_summary(summary, title=f"{options.preset} on LibriSpeech {split} ({summary['log']})"))

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .chunking import ChunkSpan
-from .errors import InputError
+from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.errors import InputError
 
 __all__ = [
     "TIME_PRECISION_S",

@@ -21,7 +21,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from .errors import AudioError, InputError
+from asr_spec.errors import AudioError, InputError
 
 __all__ = [
     "SAMPLE_RATE",

@@ -42,7 +42,7 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from asr_spec.ct2 import ModelFormatError, WhisperDims, read_ct2, whisper_dims, whisper_state_dict
+from asr_spec.models.ct2 import ModelFormatError, WhisperDims, read_ct2, whisper_dims, whisper_state_dict
 from asr_spec.errors import InputError
 
 __all__ = [

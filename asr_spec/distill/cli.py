@@ -29,18 +29,19 @@ from pathlib import Path
 
 import torch
 
-from asr_spec import distill, draft_data
+from asr_spec.distill import data as draft_data, train as distill
+from asr_spec.models import drafts
 
 
 def _target(name: str):
-    from asr_spec.models import load_model
+    from asr_spec.models.loading import load_model
 
     return load_model(name, torch.device("cpu"), torch.float32)
 
 
 def cmd_cache(args) -> None:
-    from asr_spec.features import SAMPLE_RATE, log_mel_batch, make_feature_extractor
-    from asr_spec.librispeech import iter_local
+    from asr_spec.audio.features import SAMPLE_RATE, log_mel_batch, make_feature_extractor
+    from asr_spec.eval.librispeech import iter_local
 
     target = _target(args.target)
     if args.long_file:
@@ -72,8 +73,8 @@ def cmd_cache(args) -> None:
 
 def _cache_long_files(args, target) -> None:
     """Long recordings cut into plain consecutive 30 s windows (no overlap), as a long-form evaluation set."""
-    from asr_spec.audio import load_audio
-    from asr_spec.features import N_SAMPLES, SAMPLE_RATE, log_mel_batch, make_feature_extractor
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.features import N_SAMPLES, SAMPLE_RATE, log_mel_batch, make_feature_extractor
 
     fe = make_feature_extractor(target.config.num_mel_bins)
     windows = []
@@ -109,7 +110,7 @@ def cmd_train(args) -> None:
             command=" ".join(sys.argv), threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d"))
         if held is not None:
             info["held_out"] = asdict(distill.evaluate_agreement(target, res.draft, held))
-        distill.save_trained_draft(res.draft, args.out, info=info)
+        drafts.save_trained_draft(res.draft, args.out, info=info)
         print(f"saved {args.out}")
 
 
@@ -134,20 +135,20 @@ def cmd_eval(args) -> None:
     target = _target(args.target)
     held = draft_data.PseudoLabelCache(args.held_out_cache)
     out = {"held_out": str(args.held_out_cache), "windows": len(held)}
-    drafts = {}
+    candidates = {}
     if args.draft:
-        drafts["trained"] = distill.load_trained_draft(args.draft, target)
-        if args.also_full_head and getattr(drafts["trained"], "draft_vocab_ids", None) is not None:
-            full = copy.copy(drafts["trained"])  # same layers, scoring the whole vocabulary
+        candidates["trained"] = drafts.load_trained_draft(args.draft, target)
+        if args.also_full_head and getattr(candidates["trained"], "draft_vocab_ids", None) is not None:
+            full = copy.copy(candidates["trained"])  # same layers, scoring the whole vocabulary
             full.draft_vocab_ids = None
-            drafts["trained-full-head"] = full
+            candidates["trained-full-head"] = full
     for spec in args.untrained or []:
-        drafts[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
+        candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions
     out["step_ms_b%d" % args.batch_size] = {"target": round(_step_ms(Decoder(target.model.decoder, target.proj_out),
                                                                      args.batch_size, n_ctx), 1)}
     encoded = torch.from_numpy(held.encoded[:].astype("float32"))
-    for name, draft in drafts.items():
+    for name, draft in candidates.items():
         rep = distill.evaluate_agreement(target, draft, held)
         line = {"agreement": round(rep.agreement, 4), "tokens": rep.tokens,
                 "vocab_coverage": round(rep.vocab_coverage, 4),
@@ -161,8 +162,8 @@ def cmd_eval(args) -> None:
                                                              args.batch_size, n_ctx), 1)
         for k in [] if args.no_speed else (args.k if name != "trained-full-head" else args.k[-1:]):
             sp = distill.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
-                                   max_new_tokens=held.meta["max_new_tokens"], schedule=args.schedule)
-            key = f"speed_k{k}" + ("" if args.schedule == "constant" else f"_{args.schedule}")
+                                   max_new_tokens=held.meta["max_new_tokens"])
+            key = f"speed_k{k}"
             line[key] = {"greedy_s": round(sp.greedy_s, 2), "speculative_s": round(sp.speculative_s, 2),
                          "speedup": round(sp.speedup, 3), "tokens": sp.generated_tokens,
                          "tokens_per_target_pass": round(sp.tokens_per_target_pass, 3),
@@ -237,7 +238,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     e.add_argument("--batch-size", type=int, default=4)
     e.add_argument("--k", type=int, nargs="+", default=[4])
     e.add_argument("--repeats", type=int, default=2)
-    e.add_argument("--schedule", default="constant", choices=["constant", "heuristic"], help="engine draft schedule")
     e.add_argument("--also-full-head", action="store_true", help="also time a restricted draft with its full head")
     e.add_argument("--no-speed", action="store_true", help="agreement only")
     r = sub.add_parser("run", help="cache + train + save: the whole distillation in one command")

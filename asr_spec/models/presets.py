@@ -9,7 +9,7 @@ file. Its keys (every one optional except ``target``; an unknown key is an error
                       warning, instead of an error (hub ids are always loaded)
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]; left out = chunk_length_s / 6
-    num_draft_tokens  draft tokens proposed per step (start value of the adaptive schedule)
+    num_draft_tokens  draft tokens proposed per step
     language          "en", "english", ...; left out or "auto" = detect per chunk
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from asr_spec.errors import InputError
 
 try:
     import tomllib
@@ -122,9 +122,9 @@ def _is_number(value: Any) -> bool:
 def presets_dir() -> Path:
     """``configs/`` at the top of the repository this package lives in (an editable install), or the copy a
     wheel carries inside the package."""
-    here = Path(__file__).resolve().parent
-    repo = here.parent / "configs"
-    return repo if repo.is_dir() else here / "configs"
+    package = Path(__file__).resolve().parent.parent
+    repo = package.parent / "configs"
+    return repo if repo.is_dir() else package / "configs"
 
 
 def available_presets() -> list[str]:

@@ -1,6 +1,6 @@
 """Distil a small decoder-only draft for any Whisper target (distil-whisper style, made for speculative decoding).
 
-The cache and window packing live in `asr_spec.draft_data`.
+The cache and window packing live in `asr_spec.distill.data`; the saved format in `asr_spec.models.drafts`.
 
 The data path: audio windows → target encoder → the target's own greedy transcript (pseudo-labels, via the
 `Engine`) → an on-disk cache (memory-mapped numpy) → a `WhisperForCausalLM` draft trained on the cache with KL to
@@ -36,12 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.draft_data import CacheBatch, PseudoLabelCache
-from asr_spec.models import decoder_draft
+from asr_spec.distill.data import CacheBatch, PseudoLabelCache
+from asr_spec.models.drafts import SHARED_PREFIXES, decoder_draft, tie_shared
 
-SHARED_PREFIXES = ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "proj_out.")  # from the target
-VOCAB_FILE = "draft_vocab.json"
-INFO_FILE = "distill.json"
 
 
 # -- the draft --------------------------------------------------------------------------------------------------
@@ -53,16 +50,6 @@ def init_draft(target: nn.Module, layers: Sequence[int] | None = None) -> Any:
     draft = decoder_draft(target, list(layers) if layers is not None else sorted({0, n - 1}))
     tie_shared(draft, target)
     return draft
-
-
-def tie_shared(draft: nn.Module, target: nn.Module) -> None:
-    """Point the draft's token embeddings, output head and position table at the target's (no copy) and freeze."""
-    src, dst = target.model.decoder, draft.model.decoder
-    dst.embed_tokens.weight = src.embed_tokens.weight
-    dst.embed_positions.weight = src.embed_positions.weight
-    draft.proj_out.weight = src.embed_tokens.weight
-    for p in (src.embed_tokens.weight, src.embed_positions.weight):
-        p.requires_grad_(False)
 
 
 def trainable_parameters(draft: nn.Module) -> dict[str, nn.Parameter]:
@@ -323,7 +310,6 @@ def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCa
 class SpeedReport:
     batch_size: int
     k: int
-    schedule: str
     greedy_s: float
     speculative_s: float
     generated_tokens: int
@@ -338,86 +324,25 @@ class SpeedReport:
 
 def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, batch_size: int = 4, k: int = 4,
               language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2,
-              schedule: str = "constant") -> SpeedReport:
+) -> SpeedReport:
     """Wall time of the Engine's greedy vs speculative decoding of the same encoder outputs (best of `repeats`
-    interleaved runs each, after a warm-up run each); CPU only (no device sync). schedule: the engine's
-    draft_schedule ("constant" K, or "heuristic" starting at K)."""
-    from asr_spec.engine import DecodeOptions, Engine
+    interleaved runs each, after a warm-up run each); CPU only (no device sync)."""
+    from asr_spec.engine import ChunkStats, DecodeOptions, Engine
 
-    opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k,
-                         draft_schedule=schedule)
-    greedy = Engine(target, None, opts, batch_size=batch_size)
-    spec = Engine(target, draft, opts, batch_size=batch_size)
+    opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k)
+    greedy = Engine(target, None, opts)
+    spec = Engine(target, draft, opts)
 
-    res_g = greedy.decode(None, encoded=encoded)  # warm-up
-    res_s = spec.decode(None, encoded=encoded)
+    res_g = greedy.decode(None, encoded, batch_size)  # warm-up
+    res_s = spec.decode(None, encoded, batch_size)
     t_g = t_s = float("inf")
     for _ in range(repeats):  # interleaved, best of each: a machine shared with other jobs drifts between runs
         t0 = time.perf_counter()
-        greedy.decode(None, encoded=encoded)
+        greedy.decode(None, encoded, batch_size)
         t1 = time.perf_counter()
-        spec.decode(None, encoded=encoded)
+        spec.decode(None, encoded, batch_size)
         t_g, t_s = min(t_g, t1 - t0), min(t_s, time.perf_counter() - t1)
 
-    gen = sum(r.stats.generated_tokens for r in res_s)
-    passes = sum(r.stats.target_passes for r in res_s)
-    drafted = sum(r.stats.drafted_tokens for r in res_s)
-    accepted = sum(r.stats.accepted_tokens for r in res_s)
-    return SpeedReport(batch_size, k, schedule, t_g, t_s, gen, gen / max(1, passes), accepted / max(1, drafted),
-                       [r.tokens for r in res_g] == [r.tokens for r in res_s])
-
-
-# -- saving and loading -----------------------------------------------------------------------------------------
-
-def save_trained_draft(draft: nn.Module, out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float16,
-                       info: dict | None = None) -> Path:
-    """Save the draft's own weights (decoder layers + final LayerNorm, in `dtype`) with save_pretrained
-    (safetensors), `draft_vocab.json` when its head is restricted, and `distill.json` (how it was made)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(dtype).contiguous() for k, v in draft.state_dict().items()
-             if not k.startswith(SHARED_PREFIXES)}
-    to_save = copy.copy(draft)  # shallow: same modules; only the config's dtype note changes
-    to_save.config = copy.deepcopy(draft.config)
-    to_save.config.dtype = str(dtype).removeprefix("torch.")
-    to_save.save_pretrained(out, state_dict=state)
-    vocab_ids = getattr(draft, "draft_vocab_ids", None)
-    if vocab_ids is not None:
-        (out / VOCAB_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_ids)) + "\n")
-    elif (out / VOCAB_FILE).exists():
-        (out / VOCAB_FILE).unlink()
-    meta = {"shared_from_target": list(SHARED_PREFIXES), **(info or {})}
-    (out / INFO_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-    return out
-
-
-def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
-    """Load a draft saved by `save_trained_draft` for `target`: its layers from `path`, the embeddings, position
-    table and head tied to the target's, in the target's dtype and device; `draft_vocab_ids` set when restricted."""
-    from safetensors.torch import load_file
-    from transformers import WhisperConfig, WhisperForCausalLM
-
-    where = Path(path)
-    weights = where / "model.safetensors"
-    if not weights.is_file():
-        raise ValueError(f"{where}: no model.safetensors (not a draft saved by save_trained_draft)")
-    config = WhisperConfig.from_pretrained(where)
-    for key in ("d_model", "vocab_size", "max_target_positions"):
-        if getattr(config, key) != getattr(target.config, key):
-            raise ValueError(f"{where}: draft {key} {getattr(config, key)} != target's {getattr(target.config, key)}")
-    config.dtype = target.dtype
-    with torch.device("meta"):
-        draft = WhisperForCausalLM(config)
-    state = load_file(str(weights))
-    missing = [k for k in draft.state_dict() if k not in state and not k.startswith(SHARED_PREFIXES)]
-    if missing:
-        raise ValueError(f"{where}: weights missing for {missing[:4]}")
-    draft.load_state_dict({k: v.to(target.dtype) for k, v in state.items()}, strict=False, assign=True)
-    tie_shared(draft, target)
-    draft = draft.to(target.device).eval()
-    draft.generation_config = copy.deepcopy(target.generation_config)
-    vocab_path = where / VOCAB_FILE
-    if vocab_path.is_file():
-        draft.draft_vocab_ids = torch.tensor(json.loads(vocab_path.read_text()), dtype=torch.long,
-                                             device=target.device)
-    return draft
+    stats = ChunkStats.total(r.stats for r in res_s)
+    return SpeedReport(batch_size, k, t_g, t_s, stats.generated_tokens, stats.tokens_per_target_pass,
+                       stats.acceptance_rate, [r.tokens for r in res_g] == [r.tokens for r in res_s])

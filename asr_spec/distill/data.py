@@ -136,8 +136,7 @@ def build_cache(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens),
-                    batch_size=batch_size)
+    engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens))
     ctx, d = target.config.max_source_positions, target.config.d_model
     max_len = target.config.max_target_positions
     enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype), (n_windows, ctx, d))
@@ -148,8 +147,8 @@ def build_cache(
     prompt_len, row = None, 0
     bar = tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress)
     for batch_ids, feats in batches:
-        enc = engine.encode(feats)
-        results = engine.decode(None, encoded=enc)
+        enc = engine.encode(feats, batch_size)
+        results = engine.decode(None, enc, batch_size)
         for r, res in enumerate(results):
             seq = list(res.prompt) + list(res.tokens)
             prompt_len = len(res.prompt)

@@ -1,0 +1,1 @@
+"""Audio in: load and resample (loading), cut into windows (chunking), batched log-mel (features)."""

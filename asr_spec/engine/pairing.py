@@ -1,0 +1,69 @@
+"""How a draft serves a target: the pair check the engine runs before decoding (same tokenizer, usable encoder
+states), and whether the draft can share the target's encoder output."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class DraftKind(enum.Enum):
+    NONE = "none"
+    SHARED_ENCODER = "shared-encoder"  # decoder-only draft reading the target's encoder output (distil-whisper)
+    OWN_ENCODER = "own-encoder"  # full Whisper with its own encoder, run once on the same features
+
+
+def _special_ids(model: nn.Module) -> dict[str, Any]:
+    gen, cfg = getattr(model, "generation_config", None), model.config
+    get = lambda name: getattr(gen, name, None) if getattr(gen, name, None) is not None else getattr(cfg, name, None)  # noqa: E731
+    eos = get("eos_token_id")
+    return {
+        "vocab_size": cfg.vocab_size,
+        "decoder_start_token_id": get("decoder_start_token_id"),
+        "eos_token_id": eos[0] if isinstance(eos, (list, tuple)) else eos,
+        "no_timestamps_token_id": getattr(gen, "no_timestamps_token_id", None),
+        "lang_to_id": getattr(gen, "lang_to_id", None),
+    }
+
+
+def check_pair(target: nn.Module, draft: nn.Module | None) -> DraftKind:
+    """Say how `draft` serves `target`, or raise ValueError naming the incompatibility."""
+    from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
+
+    if not isinstance(target, WhisperForConditionalGeneration):
+        raise ValueError(f"target must be a WhisperForConditionalGeneration, got {type(target).__name__}")
+    if draft is None:
+        return DraftKind.NONE
+    t_ids, d_ids = _special_ids(target), _special_ids(draft)
+    for key, value in t_ids.items():
+        if d_ids[key] is not None and value is not None and d_ids[key] != value:
+            raise ValueError(f"draft and target disagree on {key} ({d_ids[key]} vs {value}): different tokenizers")
+    enc_width = target.config.d_model
+    if isinstance(draft, WhisperForCausalLM):
+        width = draft.model.decoder.layers[0].encoder_attn.k_proj.in_features
+        if width != enc_width:
+            raise ValueError(
+                f"draft decoder reads encoder states of width {width} but the target's encoder gives {enc_width}: "
+                "use a draft with its own encoder (a full Whisper model)"
+            )
+        return DraftKind.SHARED_ENCODER
+    if isinstance(draft, WhisperForConditionalGeneration):
+        if draft.config.num_mel_bins != target.config.num_mel_bins:
+            raise ValueError(
+                f"draft expects {draft.config.num_mel_bins} mel bins, the target {target.config.num_mel_bins}"
+            )
+        if draft.config.max_source_positions != target.config.max_source_positions:
+            raise ValueError("draft and target encoders cover different audio lengths")
+        return DraftKind.SHARED_ENCODER if same_encoder(target, draft) else DraftKind.OWN_ENCODER
+    raise ValueError(f"draft must be WhisperForCausalLM or WhisperForConditionalGeneration, got {type(draft).__name__}")
+
+
+def same_encoder(a: nn.Module, b: nn.Module) -> bool:
+    """True when two Whisper models have identical encoder weights (distil-whisper keeps the teacher's)."""
+    sa, sb = a.model.encoder.state_dict(), b.model.encoder.state_dict()
+    if sa.keys() != sb.keys():
+        return False
+    return all(sa[k].shape == sb[k].shape and torch.equal(sa[k].to(sb[k]), sb[k]) for k in sa)

@@ -1,0 +1,45 @@
+"""Speculative-decoding statistics: one type for a chunk, a file or a whole run (summed with `add` / `total`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ChunkStats:
+    """Counts of one chunk, or summed over chunks; the two ratios are derived (and serialised by `asdict`)."""
+
+    chunks: int = 1
+    generated_tokens: int = 0
+    target_passes: int = 0  # target forward passes (steps) over the row, prompt prefill included
+    draft_passes: int = 0
+    drafted_tokens: int = 0  # draft tokens offered for verification
+    accepted_tokens: int = 0  # of those, accepted by the target
+    accepted_hist: tuple[int, ...] = ()  # accepted_hist[j] = steps that accepted j draft tokens
+    acceptance_rate: float = field(init=False)  # accepted_tokens / drafted_tokens (0 without a draft)
+    tokens_per_target_pass: float = field(init=False)  # generated / target passes (1 greedy, up to K+1)
+
+    def __post_init__(self) -> None:
+        rate = self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+        per_pass = self.generated_tokens / self.target_passes if self.target_passes else 0.0
+        object.__setattr__(self, "acceptance_rate", rate)
+        object.__setattr__(self, "tokens_per_target_pass", per_pass)
+
+    def add(self, other: ChunkStats) -> ChunkStats:
+        width = max(len(self.accepted_hist), len(other.accepted_hist))
+        pad = lambda h: tuple(h) + (0,) * (width - len(h))  # noqa: E731
+        return ChunkStats(
+            self.chunks + other.chunks, self.generated_tokens + other.generated_tokens,
+            self.target_passes + other.target_passes, self.draft_passes + other.draft_passes,
+            self.drafted_tokens + other.drafted_tokens, self.accepted_tokens + other.accepted_tokens,
+            tuple(a + b for a, b in zip(pad(self.accepted_hist), pad(other.accepted_hist))),
+        )
+
+    @classmethod
+    def total(cls, items: Iterable[ChunkStats]) -> ChunkStats:
+        """The sum of `items` (no chunk at all: zeros)."""
+        out = cls(chunks=0)
+        for item in items:
+            out = out.add(item)
+        return out

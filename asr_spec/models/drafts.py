@@ -1,0 +1,106 @@
+"""Drafts made from a target: a decoder-only draft cut from its layers, and the on-disk format of drafts trained by
+`asr-spec distill` (only the draft's own layers are saved; embeddings, positions and head are the target's)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+SHARED_PREFIXES = ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "proj_out.")  # from the target
+VOCAB_FILE = "draft_vocab.json"
+INFO_FILE = "distill.json"
+
+
+def decoder_draft(target: nn.Module, layers: list[int] | None = None) -> Any:
+    """A `WhisperForCausalLM` draft made of some of the target's decoder layers (all by default), sharing its
+    encoder output — distil-whisper's initialisation when `layers` is the first and last."""
+    from transformers import WhisperForCausalLM
+
+    layers = list(range(target.config.decoder_layers)) if layers is None else list(layers)
+    bad = [i for i in layers if not 0 <= i < target.config.decoder_layers]
+    if bad or not layers:
+        raise ValueError(f"decoder layers {layers} not in 0..{target.config.decoder_layers - 1}")
+    config = copy.deepcopy(target.config)
+    config.decoder_layers = len(layers)
+    config.is_encoder_decoder = False
+    draft = WhisperForCausalLM(config).to(target.dtype).to(target.device).eval()
+    src = target.model.decoder
+    dst = draft.model.decoder
+    dst.embed_tokens.load_state_dict(src.embed_tokens.state_dict())
+    dst.embed_positions.load_state_dict(src.embed_positions.state_dict())
+    dst.layer_norm.load_state_dict(src.layer_norm.state_dict())
+    for i, j in enumerate(layers):
+        dst.layers[i].load_state_dict(src.layers[j].state_dict())
+    draft.proj_out.weight = dst.embed_tokens.weight
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    return draft
+
+
+def tie_shared(draft: nn.Module, target: nn.Module) -> None:
+    """Point the draft's token embeddings, output head and position table at the target's (no copy) and freeze."""
+    src, dst = target.model.decoder, draft.model.decoder
+    dst.embed_tokens.weight = src.embed_tokens.weight
+    dst.embed_positions.weight = src.embed_positions.weight
+    draft.proj_out.weight = src.embed_tokens.weight
+    for p in (src.embed_tokens.weight, src.embed_positions.weight):
+        p.requires_grad_(False)
+
+
+def save_trained_draft(draft: nn.Module, out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float16,
+                       info: dict | None = None) -> Path:
+    """Save the draft's own weights (decoder layers + final LayerNorm, in `dtype`) with save_pretrained
+    (safetensors), `draft_vocab.json` when its head is restricted, and `distill.json` (how it was made)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype).contiguous() for k, v in draft.state_dict().items()
+             if not k.startswith(SHARED_PREFIXES)}
+    to_save = copy.copy(draft)  # shallow: same modules; only the config's dtype note changes
+    to_save.config = copy.deepcopy(draft.config)
+    to_save.config.dtype = str(dtype).removeprefix("torch.")
+    to_save.save_pretrained(out, state_dict=state)
+    vocab_ids = getattr(draft, "draft_vocab_ids", None)
+    if vocab_ids is not None:
+        (out / VOCAB_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_ids)) + "\n")
+    elif (out / VOCAB_FILE).exists():
+        (out / VOCAB_FILE).unlink()
+    meta = {"shared_from_target": list(SHARED_PREFIXES), **(info or {})}
+    (out / INFO_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+    return out
+
+
+def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
+    """Load a draft saved by `save_trained_draft` for `target`: its layers from `path`, the embeddings, position
+    table and head tied to the target's, in the target's dtype and device; `draft_vocab_ids` set when restricted."""
+    from safetensors.torch import load_file
+    from transformers import WhisperConfig, WhisperForCausalLM
+
+    where = Path(path)
+    weights = where / "model.safetensors"
+    if not weights.is_file():
+        raise ValueError(f"{where}: no model.safetensors (not a draft saved by save_trained_draft)")
+    config = WhisperConfig.from_pretrained(where)
+    for key in ("d_model", "vocab_size", "max_target_positions"):
+        if getattr(config, key) != getattr(target.config, key):
+            raise ValueError(f"{where}: draft {key} {getattr(config, key)} != target's {getattr(target.config, key)}")
+    config.dtype = target.dtype
+    with torch.device("meta"):
+        draft = WhisperForCausalLM(config)
+    state = load_file(str(weights))
+    missing = [k for k in draft.state_dict() if k not in state and not k.startswith(SHARED_PREFIXES)]
+    if missing:
+        raise ValueError(f"{where}: weights missing for {missing[:4]}")
+    draft.load_state_dict({k: v.to(target.dtype) for k, v in state.items()}, strict=False, assign=True)
+    tie_shared(draft, target)
+    draft = draft.to(target.device).eval()
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    vocab_path = where / VOCAB_FILE
+    if vocab_path.is_file():
+        draft.draft_vocab_ids = torch.tensor(json.loads(vocab_path.read_text()), dtype=torch.long,
+                                             device=target.device)
+    return draft

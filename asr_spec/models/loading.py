@@ -1,0 +1,116 @@
+"""Resolve and load a target/draft pair: hub id, local directory, CTranslate2 directory, "embedded:<name>", or a
+draft made by `asr-spec distill`. Safetensors only, never remote code."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.models.drafts import INFO_FILE, decoder_draft, load_trained_draft
+
+log = logging.getLogger(__name__)
+
+
+# -- loading ----------------------------------------------------------------------------------------------------
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """"auto" / None: fp16 on CUDA, fp32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.float16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(table)} or auto")
+    return table[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for but CUDA is not available")
+    return dev
+
+
+def model_dir(name: str | os.PathLike) -> str:
+    """A transformers model directory or hub id for `name`: CTranslate2 directories (model.bin) and the embedded
+    names ("embedded:whisper-base") are converted once to a cached safetensors directory."""
+    from asr_spec.models import embedded
+
+    text = str(name)
+    if text.startswith("embedded:"):
+        return str(embedded.embedded_model_dir(text.split(":", 1)[1]))
+    path = Path(text).expanduser()
+    if _is_ct2_dir(path):
+        return str(embedded.ensure_converted(path))
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name}: not a model directory")
+    if path.is_dir() or text.startswith((".", "/", "~")):
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{name}: no config.json or model.bin there: not a Whisper model directory")
+        return str(path)
+    return text  # a hub id
+
+
+def _is_ct2_dir(path: Path) -> bool:
+    """A CTranslate2 model directory: model.bin and a config.json that is not a transformers config."""
+    import json
+
+    if not (path.is_dir() and (path / "model.bin").is_file()):
+        return False
+    try:
+        return "model_type" not in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return True
+
+
+def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype, *, decoder_only: bool = False) -> Any:
+    """Load a Whisper model (safetensors only, never remote code). decoder_only loads a `WhisperForCausalLM`."""
+    from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
+
+    where = model_dir(name)
+    cls = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
+    try:
+        model = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+    except OSError as err:
+        raise ValueError(f"{name}: cannot load the model ({str(err).splitlines()[0]})") from err
+    return model.to(device).eval()
+
+
+def load_processor(name: str | os.PathLike) -> Any:
+    from transformers import WhisperProcessor
+
+    where = model_dir(name)
+    try:
+        return WhisperProcessor.from_pretrained(where)
+    except OSError as err:
+        raise ValueError(f"{name}: cannot load the tokenizer/feature extractor ({str(err).splitlines()[0]})") from err
+
+
+def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype) -> Any:
+    """Load a draft for `target`: a draft made by `asr-spec distill` (shares the target's embeddings); a
+    decoder-only checkpoint as `WhisperForCausalLM`; a full checkpoint whose encoder equals the target's
+    (distil-whisper) has its encoder dropped after the check."""
+    from transformers import AutoConfig
+
+    where = model_dir(name)
+    if (Path(where) / INFO_FILE).is_file():  # made by `asr-spec distill`: its own layers, the target's rest
+        return load_trained_draft(where, target).to(device, dtype).eval()
+    config = AutoConfig.from_pretrained(where)
+    archs = getattr(config, "architectures", None) or []
+    if "WhisperForCausalLM" in archs:
+        return load_model(where, device, dtype, decoder_only=True)
+    full = load_model(where, device, dtype)
+    if check_pair(target, full) is DraftKind.SHARED_ENCODER:
+        log.info("draft %s shares the target's encoder: its own encoder is dropped", name)
+        return decoder_draft(full)
+    return full

@@ -1,0 +1,102 @@
+"""TranscribeOptions: everything that decides how inputs are transcribed, validated in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from asr_spec.audio.chunking import ChunkingOptions
+from asr_spec.audio.loading import DEFAULT_BLOCK_S, SAMPLE_RATE
+from asr_spec.engine import DecodeOptions
+from asr_spec.errors import InputError
+from asr_spec.transcribe.outputs import FORMATS
+
+__all__ = ["TranscribeOptions"]
+
+
+_CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
+_DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
+_TOP_KEYS = ("batch_size", "formats", "block_s")
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """Everything that decides how inputs are transcribed. Derive variants with `from_values` or `replace`."""
+
+    chunking: ChunkingOptions = field(default_factory=ChunkingOptions)  # window and stride lengths
+    decode: DecodeOptions = field(default_factory=DecodeOptions)  # language, task, timestamps, drafting
+    batch_size: int = 8  # chunks decoded together (engine rows); they may come from different inputs
+    formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
+    block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
+
+    def __post_init__(self) -> None:
+        _verify_options(self)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The flat option names `from_values` takes."""
+        return _CHUNKING_KEYS + _DECODE_KEYS + _TOP_KEYS
+
+    @classmethod
+    def from_values(cls, base: TranscribeOptions | None = None, **values: Any) -> TranscribeOptions:
+        """`base` (default: the defaults) with the flat options in `values` replaced, e.g.
+        ``from_values(chunk_length_s=15, language="en", batch_size=16)``.
+
+        language "auto" means detect per chunk. Unknown names and bad values raise `InputError`.
+        """
+        base = cls() if base is None else base
+        unknown = sorted(set(values) - set(cls.keys()))
+        if unknown:
+            raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(cls.keys())})")
+        if isinstance(values.get("language"), str) and values["language"].strip().lower() == "auto":
+            values["language"] = None
+        decode = {k: values[k] for k in _DECODE_KEYS if k in values}
+        try:
+            return dataclasses.replace(
+                base,
+                chunking=dataclasses.replace(base.chunking, **{k: values[k] for k in _CHUNKING_KEYS if k in values}),
+                decode=dataclasses.replace(base.decode, **decode),
+                **{k: values[k] for k in _TOP_KEYS if k in values},
+            )
+        except InputError:
+            raise
+        except (ValueError, TypeError) as err:  # DecodeOptions raises ValueError; a wrong type, TypeError
+            raise InputError(str(err)) from err
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _verify_options(options: TranscribeOptions) -> None:
+    """All checks of TranscribeOptions in one place (the nested options check themselves)."""
+    if not isinstance(options.chunking, ChunkingOptions):
+        raise InputError(f"chunking must be a ChunkingOptions, got {type(options.chunking).__name__}")
+    if options.chunking.sampling_rate != SAMPLE_RATE:
+        rate = options.chunking.sampling_rate
+        raise InputError(f"chunking.sampling_rate must be Whisper's {SAMPLE_RATE} Hz, got {rate}")
+    if not isinstance(options.decode, DecodeOptions):
+        raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
+    if not _is_int(options.batch_size) or options.batch_size < 1:
+        raise InputError(f"batch_size must be an integer >= 1, got {options.batch_size!r}")
+    block = options.block_s
+    if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
+        raise InputError(f"block_s must be a positive number of seconds, got {block!r}")
+    formats = options.formats.split(",") if isinstance(options.formats, str) else options.formats
+    if not isinstance(formats, Iterable):
+        raise InputError(f"formats must be a list of format names, got {options.formats!r}")
+    chosen: list[str] = []
+    for fmt in formats:
+        name = fmt.strip().lower().lstrip(".") if isinstance(fmt, str) else fmt
+        if name not in FORMATS:
+            raise InputError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise InputError(f"no output format given (choose from {', '.join(FORMATS)})")
+    object.__setattr__(options, "formats", tuple(chosen))  # normalised: "txt,JSON" -> ("txt", "json")
