@@ -1,6 +1,6 @@
 """Command line: a thin typer layer over the library.
 
-    asr-spec transcribe FILES... [--preset base] [--model M] [--draft-model D | --no-draft] [--output-dir DIR] ...
+    asr-spec transcribe FILES... [--preset base] [--model M] [--draft D | --no-draft] [--output-dir DIR] ...
     asr-spec convert CT2_DIR OUT_DIR
 
 `transcribe` parses its options into the keyword arguments of `Transcriber.from_preset` and calls
@@ -12,16 +12,15 @@ transcribed, 1 some input failed (each reported as ``error: <file>: <cause>``, t
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 import typer
 
 from asr_spec.errors import AsrSpecError, one_line
+from asr_spec.logs import configure_logging
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
 USER_ERRORS = (AsrSpecError, ValueError, OSError)
@@ -51,7 +50,7 @@ def transcribe(
     preset: str = typer.Option("base", help=_preset_help()),
     model: Optional[str] = typer.Option(None, help="Target model: hub id, directory, CTranslate2 directory or "
                                         "embedded:whisper-base. Replaces the preset's (and its draft)."),
-    draft_model: Optional[str] = typer.Option(None, help="Draft model (same forms). Replaces the preset's."),
+    draft: Optional[str] = typer.Option(None, help="Draft model (same forms). Replaces the preset's."),
     no_draft: bool = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower)."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
     dtype: Optional[str] = typer.Option(None, help="auto (float16 on CUDA, float32 on CPU), float32, float16, "
@@ -63,8 +62,10 @@ def transcribe(
                                               "(segment times from the model). Default: the preset's (on)."),
     chunk_length: Optional[float] = typer.Option(None, help="Seconds per window (at most 30). Default: the "
                                                  "preset's."),
-    num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per step (start value)."),
-    batch_size: Optional[int] = typer.Option(None, help="Chunks decoded together, across files. Default 8."),
+    num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per step (K). Default: the "
+                                                  "preset's, else DecodeOptions'."),
+    batch_size: Optional[int] = typer.Option(None, help="Chunks decoded together, across files. "
+                                            "Default: TranscribeOptions'."),
     output_dir: Optional[Path] = typer.Option(None, help="Write <name>.<format> files here instead of printing."),
     format: Optional[str] = typer.Option(None, "--format", help="With --output-dir: comma-separated txt, json, "
                                          "srt, vtt. Default: all four."),
@@ -74,12 +75,12 @@ def transcribe(
     from asr_spec.engine import ChunkStats
     from asr_spec.transcribe import Transcriber
 
-    if no_draft and draft_model is not None:
-        _fail("--no-draft and --draft-model contradict each other: give one", EXIT_USAGE)
+    if no_draft and draft is not None:
+        _fail("--no-draft and --draft contradict each other: give one", EXIT_USAGE)
     if format is not None and output_dir is None:
         _fail("--format needs --output-dir (without it the transcript is printed)", EXIT_USAGE)
     given = {
-        "target": model, "draft": draft_model, "dtype": dtype, "language": language, "task": task,
+        "model": model, "draft": draft, "dtype": dtype, "language": language, "task": task,
         "chunk_length_s": chunk_length, "num_draft_tokens": num_draft_tokens, "batch_size": batch_size,
         "formats": format, "timestamps": timestamps,
     }
@@ -151,7 +152,7 @@ def convert(
              add_help_option=False)
 def eval_(ctx: typer.Context) -> None:
     """WER, RTFx and speculative statistics on LibriSpeech (hub or a local tree); `asr-spec eval --help`."""
-    from asr_spec.eval.evaluate import eval_main
+    from asr_spec.eval.cli import eval_main
 
     raise typer.Exit(eval_main(ctx.args))
 
@@ -165,42 +166,9 @@ def distill(ctx: typer.Context) -> None:
     raise typer.Exit(distill_main(ctx.args, prog="asr-spec distill"))
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever sys.stderr is when a message comes (the CLI may be run in-process under redirection)."""
-
-    @property
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
-
-
-_LOG_HANDLER = _StderrHandler()
-
-
-def _configure_logging() -> None:
-    """Warnings as one stderr line each; no library progress bars or chatter besides our own."""
-    package = logging.getLogger("asr_spec")
-    if _LOG_HANDLER not in package.handlers:
-        _LOG_HANDLER.setFormatter(logging.Formatter("warning: %(message)s"))
-        package.addHandler(_LOG_HANDLER)
-    package.setLevel(logging.WARNING)
-    package.propagate = False
-    warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `asr-spec` and `python -m asr_spec`."""
-    _configure_logging()
+    configure_logging()
     try:
         app(args=argv, prog_name="asr-spec")
     except KeyboardInterrupt:

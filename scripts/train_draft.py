@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Same as `asr-spec distill ...` (see asr_spec/distill_cli.py): cache pseudo-labels, train, evaluate a draft."""
+"""Same as `asr-spec distill ...` (see asr_spec/distill/cli.py): cache pseudo-labels, train, evaluate a draft."""
 
 import sys
 

@@ -32,7 +32,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def tiny(model_dirs, *args: str, draft: bool = True) -> list[str]:
     target, draft_dir = model_dirs
-    return ["transcribe", "--model", str(target), *(["--draft-model", str(draft_dir)] if draft else []),
+    return ["transcribe", "--model", str(target), *(["--draft", str(draft_dir)] if draft else []),
             "--language", "en", "--batch-size", "3", *args]  # later options win: `args` can override these
 
 
@@ -80,7 +80,7 @@ def test_bad_files_are_reported_one_line_each_and_the_rest_transcribed(capsys, t
         (["--task", "summarise"], ["task must be 'transcribe' or 'translate'"]),
         (["--format", "docx", "--output-dir", "out"], ["unknown output format 'docx'"]),
         (["--format", "txt"], ["--format needs --output-dir"]),
-        (["--no-draft"], ["--no-draft and --draft-model contradict"]),
+        (["--no-draft"], ["--no-draft and --draft contradict"]),
         (["--dtype", "int4"], ["unknown dtype 'int4'"]),
     ],
 )

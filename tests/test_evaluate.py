@@ -13,7 +13,11 @@ import pytest
 
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.errors import InputError
-from asr_spec.eval.evaluate import EvalOptions, eval_main, eval_summary, evaluate, format_summary, parse_split, run_eval, summary_path
+from asr_spec.eval.cli import eval_main
+from asr_spec.eval.evaluate import evaluate
+from asr_spec.eval.options import EvalOptions, parse_split
+from asr_spec.eval.runner import run_eval
+from asr_spec.eval.summary import eval_summary, format_summary, summary_path
 from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_local
 from asr_spec.models.loading import decoder_draft
 from test_transcribe import _models, save_tiny_models
@@ -65,7 +69,7 @@ def test_one_record_per_utterance_identical_to_greedy(tmp_path: Path, draft: str
     for r in records:
         assert r["hyp"] and r["hyp"] == r["greedy_hyp"] and r["identical_to_greedy"] is True
         assert r["audio_s"] > 2 and r["wall_s"] > 0 and r["greedy_wall_s"] > 0
-        assert r["draft_tokens"] > 0 and r["target_passes"] < r["generated_tokens"]
+        assert r["drafted_tokens"] > 0 and r["target_passes"] < r["generated_tokens"]
         assert 0 < sum(r["accepted_hist"]) <= r["target_passes"]  # steps by number of accepted draft tokens
     # the group's wall time is shared in proportion to audio: the shares of one group are equally fast
     first = records[:3]
@@ -87,7 +91,7 @@ def test_one_record_per_utterance_identical_to_greedy(tmp_path: Path, draft: str
 def test_identical_means_the_same_tokens() -> None:
     from types import SimpleNamespace
 
-    from asr_spec.eval.evaluate import _identical
+    from asr_spec.eval.runner import _identical
 
     a = SimpleNamespace(text="Hello.", segments=(), chunk_tokens=((50, 51, 52),))
     assert _identical(a, SimpleNamespace(text="Hello.", segments=(), chunk_tokens=((50, 51, 52),)))
@@ -136,7 +140,7 @@ def test_long_form_groups_by_chapter(tmp_path: Path) -> None:
 def test_eval_main_end_to_end_with_a_preset_file(tmp_path: Path, capsys, model_dirs) -> None:
     target_dir, draft_dir = model_dirs
     preset = tmp_path / "tiny.toml"
-    preset.write_text(f'target = "{target_dir}"\ndraft = "{draft_dir}"\nlanguage = "en"\n')
+    preset.write_text(f'model = "{target_dir}"\ndraft = "{draft_dir}"\nlanguage = "en"\n')
     out = tmp_path / "runs" / "tiny.jsonl"
     argv = ["--preset", str(preset), "--data-dir", str(ROOT), "--split", "test.clean", "--batch-size", "2",
             "--compare-greedy", "--output", str(out)]
@@ -180,14 +184,14 @@ def test_bad_options_are_one_line_errors(capsys, args: list[str], needle: str) -
 
 
 def test_unreachable_hub_says_pass_data_dir(monkeypatch, capsys) -> None:
-    import asr_spec.eval.evaluate as evaluate_module
+    import asr_spec.eval.runner as runner_module
 
     def offline(config, split, streaming=True):
         raise HubUnavailableError(f"openslr/librispeech_asr {config}/{split}: the Hugging Face hub is unreachable "
                                   "(ConnectError: no network); pass a local LibriSpeech tree instead (iter_local)")
         yield  # a generator, as iter_hub
 
-    monkeypatch.setattr(evaluate_module, "iter_hub", offline)
+    monkeypatch.setattr(runner_module, "iter_hub", offline)
     assert eval_main(["--split", "test.other"]) == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "other/test: the Hugging Face hub is unreachable" in line and "pass --data-dir DIR" in line
@@ -223,7 +227,7 @@ def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, monkeypatch, mod
     spec.loader.exec_module(bench)
     target_dir, _ = model_dirs
     preset = tmp_path / "tiny.toml"
-    preset.write_text(f'target = "{target_dir}"\n')  # no draft: cut one from the target
+    preset.write_text(f'model = "{target_dir}"\n')  # no draft: cut one from the target
     plot = tmp_path / "bench.png"
     code = bench.main(["--preset", str(preset), "--limit", "2", "--batch-sizes", "1,2", "--draft-layers", "0",
                        "--plot", str(plot)])

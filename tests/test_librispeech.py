@@ -145,7 +145,7 @@ def test_summarize_maths(tmp_path):
             "generated_tokens": 30,
             "target_passes": 10,
             "accepted_tokens": 20,
-            "draft_tokens": 40,
+            "drafted_tokens": 40,
             **common,
         }
     )
@@ -159,7 +159,7 @@ def test_summarize_maths(tmp_path):
             "generated_tokens": 10,
             "target_passes": 10,
             "accepted_tokens": 0,
-            "draft_tokens": 40,
+            "drafted_tokens": 40,
             "identical_to_greedy": False,
         }
     )
@@ -173,7 +173,7 @@ def test_summarize_maths(tmp_path):
     assert (s["n_greedy_checked"], s["n_identical_to_greedy"], s["all_identical_to_greedy"]) == (2, 1, False)
     assert (s["generated_tokens"], s["target_passes"]) == (40, 20)
     assert s["tokens_per_target_pass"] == pytest.approx(2.0)
-    assert (s["accepted_tokens"], s["draft_tokens"]) == (20, 80)
+    assert (s["accepted_tokens"], s["drafted_tokens"]) == (20, 80)
     assert s["acceptance_rate"] == pytest.approx(0.25)
 
 

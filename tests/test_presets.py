@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from asr_spec.engine import DecodeOptions
 from asr_spec.errors import InputError
 from asr_spec.models.presets import DEFAULT_PRESET, Preset, available_presets, load_preset, presets_dir
 from asr_spec.transcribe import TranscribeOptions
@@ -19,13 +20,13 @@ def test_shipped_presets() -> None:
     assert available_presets() == ["base", "base-distilled", "large-v2", "large-v3", "tiny.en"]
     assert DEFAULT_PRESET in available_presets()
     v2, v3 = load_preset("large-v2"), load_preset("large-v3")
-    assert (v2.target, v2.draft, v2.chunk_length_s) == ("openai/whisper-large-v2", "distil-whisper/distil-large-v2", 15)
-    assert (v3.target, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
+    assert (v2.model, v2.draft, v2.chunk_length_s) == ("openai/whisper-large-v2", "distil-whisper/distil-large-v2", 15)
+    assert (v3.model, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
     base = load_preset("base")
-    assert base.target == "embedded:whisper-base" and base.draft_optional
+    assert base.model == "embedded:whisper-base" and base.draft_optional
     assert base.draft == str(REPO / "drafts" / "whisper-base")  # relative to configs/, resolved
     tiny = load_preset("tiny.en")
-    assert (tiny.target, tiny.draft, tiny.chunk_length_s, tiny.language) == ("embedded:whisper-tiny.en", None, 30, None)
+    assert (tiny.model, tiny.draft, tiny.chunk_length_s, tiny.language) == ("embedded:whisper-tiny.en", None, 30, None)
 
 
 @pytest.mark.parametrize("name", ["base", "base-distilled", "large-v2", "large-v3", "tiny.en"])
@@ -33,7 +34,8 @@ def test_every_shipped_preset_makes_valid_options(name: str) -> None:
     preset = load_preset(name)
     options = TranscribeOptions.from_values(**preset.option_values())
     assert options.chunking.chunk_length_s == preset.chunk_length_s
-    assert options.decode.num_draft_tokens == preset.num_draft_tokens
+    # a key the preset leaves out is the option's own default (one default per option, stated once)
+    assert options.decode.num_draft_tokens == (preset.num_draft_tokens or DecodeOptions().num_draft_tokens)
     assert preset.dtype == "auto" and preset.description
     assert preset.timestamps and options.decode.timestamps  # Whisper's long-form mode (see configs/base.toml)
 
@@ -47,7 +49,7 @@ def test_unknown_preset_lists_the_known_ones() -> None:
 
 def test_missing_optional_draft_means_greedy_with_one_warning(tmp_path: Path, caplog) -> None:
     path = tmp_path / "p.toml"
-    path.write_text('target = "embedded:whisper-base"\ndraft = "./no-such-draft"\ndraft_optional = true\n')
+    path.write_text('model = "embedded:whisper-base"\ndraft = "./no-such-draft"\ndraft_optional = true\n')
     preset = load_preset(path)
     with caplog.at_level(logging.WARNING, logger="asr_spec"):
         assert preset.draft_or_none() is None
@@ -63,12 +65,12 @@ def test_missing_optional_draft_means_greedy_with_one_warning(tmp_path: Path, ca
 def test_preset_by_path_with_all_keys(tmp_path: Path) -> None:
     path = tmp_path / "archive.toml"
     path.write_text(
-        'description = "mine"\ntarget = "~/models/whisper"\ndraft = "../drafts/d"\nchunk_length_s = 20\n'
+        'description = "mine"\nmodel = "~/models/whisper"\ndraft = "../drafts/d"\nchunk_length_s = 20\n'
         'stride_length_s = [4, 2]\nnum_draft_tokens = 7\nlanguage = "auto"\ndtype = "float16"\n'
     )
     preset = load_preset(str(path))
     assert preset.name == "archive" and preset.path == path
-    assert preset.target == str(Path("~/models/whisper").expanduser())
+    assert preset.model == str(Path("~/models/whisper").expanduser())
     assert preset.draft == str((tmp_path / "../drafts/d").resolve())
     assert preset.stride_length_s == (4, 2) and preset.language is None and preset.dtype == "float16"
     options = TranscribeOptions.from_values(**preset.option_values())
@@ -78,16 +80,16 @@ def test_preset_by_path_with_all_keys(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text,needle",
     [
-        ('target = "x"\nbeam_size = 5\n', r"unknown key\(s\) beam_size \(allowed: target, draft"),
-        ('draft = "x"\n', "missing 'target'"),
-        ('target = "x"\nchunk_length_s = "long"\n', "chunk_length_s must be a number of seconds"),
-        ('target = "x"\nnum_draft_tokens = 2.5\n', "num_draft_tokens must be an integer"),
-        ('target = "x"\ndtype = "int4"\n', "dtype must be one of auto"),
-        ('target = "x"\ndraft_optional = "yes"\n', "draft_optional must be true or false"),
-        ('target = "x"\ntimestamps = 1\n', "timestamps must be true or false"),
-        ('target = "x"\nstride_length_s = [1, 2, 3]\n', "stride_length_s must be a number"),
-        ('target = [1]\n', "target must be a model id"),
-        ("target = \n", "cannot read the preset"),
+        ('model = "x"\nbeam_size = 5\n', r"unknown key\(s\) beam_size \(allowed: model, draft"),
+        ('draft = "x"\n', "missing 'model'"),
+        ('model = "x"\nchunk_length_s = "long"\n', "chunk_length_s must be in \\(0, 30\\] seconds, got 'long'"),
+        ('model = "x"\nnum_draft_tokens = 2.5\n', "num_draft_tokens must be an integer"),
+        ('model = "x"\ndtype = "int4"\n', "dtype must be one of auto"),
+        ('model = "x"\ndraft_optional = "yes"\n', "draft_optional must be true or false"),
+        ('model = "x"\ntimestamps = 1\n', "timestamps must be true or false"),
+        ('model = "x"\nstride_length_s = [1, 2, 3]\n', "stride_length_s must be a number"),
+        ('model = [1]\n', "model must be a model id"),
+        ("model = \n", "cannot read the preset"),
     ],
 )
 def test_bad_preset_files_name_the_file_and_the_cause(tmp_path: Path, text: str, needle: str) -> None:

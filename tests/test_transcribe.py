@@ -343,16 +343,16 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
     assert loaded.draft is not None and loaded.options.batch_size == 2
     assert loaded.transcribe(str(SHORT[0]), progress=False)[0].text == reference[1].text
     preset = tmp_path / "mine.toml"
-    preset.write_text('target = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\nchunk_length_s = 20\n')
+    preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\nchunk_length_s = 20\n')
     from_preset = Transcriber.from_preset(preset, device="cpu", batch_size=3)
     assert from_preset.draft is not None and from_preset.options.chunking.chunk_length_s == 20
     assert from_preset.options.batch_size == 3
-    assert Transcriber.from_preset(preset, target=str(target_dir)).draft is None  # its draft went with its target
+    assert Transcriber.from_preset(preset, model=str(target_dir)).draft is None  # its draft went with its model
     with pytest.raises(InputError, match=r"unknown option\(s\) temperature"):
         Transcriber.from_preset(preset, temperature=0.2)
     with pytest.raises(InputError, match=r"^chunk_length_s must be in"):  # the caller's value: no file blamed
         Transcriber.from_preset(preset, chunk_length_s=45)
-    preset.write_text('target = "./tiny"\nchunk_length_s = 45\n')
+    preset.write_text('model = "./tiny"\nchunk_length_s = 45\n')
     with pytest.raises(InputError, match="mine.toml: chunk_length_s must be in"):
         Transcriber.from_preset(preset)
 

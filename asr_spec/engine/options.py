@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
+
+
+def check_int(value: Any, name: str, minimum: int, error: type[Exception] = ValueError) -> None:
+    """The one integer check of the project: `value` must be an int (not a bool) >= `minimum`; raises `error`
+    (the engine raises ValueError; the layers above pass `asr_spec.errors.InputError`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -22,9 +31,12 @@ class DecodeOptions:
     num_draft_tokens: int = 3
 
     def __post_init__(self) -> None:
+        if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
+            raise ValueError(f"language must be a language code or name, or None (detect), got {self.language!r}")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', got {self.task!r}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if not isinstance(self.timestamps, bool):
+            raise ValueError(f"timestamps must be true or false, got {self.timestamps!r}")
+        if self.max_new_tokens is not None:
+            check_int(self.max_new_tokens, "max_new_tokens", 1)
+        check_int(self.num_draft_tokens, "num_draft_tokens", 1)

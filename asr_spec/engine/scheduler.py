@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from asr_spec.engine.decoder import Decoder
-from asr_spec.engine.options import DecodeOptions
+from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
 from asr_spec.engine.pairing import DraftKind, check_pair
@@ -143,8 +143,7 @@ class Engine:
     def run(self, requests: Iterable[ChunkRequest], batch_size: int = 8) -> Iterator[ChunkResult]:
         """Decode every request, `batch_size` rows at a time; yields one result per request, in the order they
         finish."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        check_int(batch_size, "batch_size", 1)
         opts, n_rows = self.options, batch_size
         k_max = opts.num_draft_tokens if self.draft_dec is not None else 0
         n_positions = self.tokens.max_positions + k_max + 2

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -43,3 +44,17 @@ class ChunkStats:
         for item in items:
             out = out.add(item)
         return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> ChunkStats:
+        """Back from ``dataclasses.asdict(stats)`` (or a record holding its keys; other keys are ignored; the
+        derived ratios are recomputed)."""
+        counts = {f.name: values[f.name] for f in fields(cls) if f.init and f.name in values}
+        if "accepted_hist" in counts:
+            counts["accepted_hist"] = tuple(counts["accepted_hist"])
+        return cls(**counts)
+
+    @classmethod
+    def count_names(cls) -> tuple[str, ...]:
+        """The counts (the fields summed by `add`), without the derived ratios."""
+        return tuple(f.name for f in fields(cls) if f.init)

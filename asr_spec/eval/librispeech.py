@@ -12,10 +12,9 @@ by skipping `ResultsLog(path).done_ids()`. Fields `summarize` reads (others are 
     wall_s               float  seconds of wall time spent on it
     error                str    present (non-empty) when the utterance failed: excluded from scores and timings
     identical_to_greedy  bool   speculative output == plain greedy output, token for token (optional)
-    generated_tokens     int    tokens emitted (optional)
-    target_passes        int    forward passes of the target decoder (optional)
-    accepted_tokens      int    draft tokens the target accepted (optional)
-    draft_tokens         int    draft tokens proposed (optional)
+    chunks, generated_tokens, target_passes, draft_passes, drafted_tokens, accepted_tokens, accepted_hist
+                                the counts of `asr_spec.engine.ChunkStats` as `dataclasses.asdict` gives them
+                                (optional; summed with `ChunkStats.total`)
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ import numpy as np
 import soundfile as sf
 
 from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio
+from asr_spec.engine.options import check_int
+from asr_spec.engine.stats import ChunkStats
 from asr_spec.errors import AsrSpecError, InputError
 from asr_spec.eval.metrics import Spelling, score
 
@@ -50,7 +51,8 @@ __all__ = [
 ]
 
 HUB_DATASET = "openslr/librispeech_asr"  # the hub id that the bare name "librispeech_asr" now points to
-_SPECULATIVE_FIELDS = ("identical_to_greedy", "generated_tokens", "target_passes", "accepted_tokens", "draft_tokens")
+_STATS_FIELDS = ChunkStats.count_names()
+_SPECULATIVE_FIELDS = ("identical_to_greedy", "generated_tokens", "target_passes", "accepted_tokens", "drafted_tokens")
 _UTT_ID = re.compile(r"^(\d+)-(\d+)-(\d+)$")  # speaker-chapter-utterance, as in 1089-134686-0000
 
 
@@ -176,8 +178,7 @@ def take(utterances: Iterable[Utterance], limit: int | None) -> Iterator[Utteran
     """The first `limit` utterances (all when `limit` is None): the meaning of --limit."""
     if limit is None:
         return iter(utterances)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise InputError(f"limit must be a non-negative integer or None, got {limit!r}")
+    check_int(limit, "limit", 0, InputError)
     return itertools.islice(utterances, limit)
 
 
@@ -324,9 +325,10 @@ def summarize(path: str | os.PathLike, *, spelling: Spelling = None) -> dict[str
 
     Always: n_records, n_failed, n_scored, wer, cer, n_words, substitutions, deletions, insertions, audio_s, wall_s,
     rtfx (= sum audio_s / sum wall_s over scored records; nan when no wall time). When scored records carry them:
-    n_greedy_checked, n_identical_to_greedy, all_identical_to_greedy; generated_tokens, target_passes,
-    tokens_per_target_pass (over records with both); accepted_tokens, draft_tokens, acceptance_rate (= accepted /
-    drafted, over records with both). A field present in only some records is warned about. A repeated id keeps its
+    n_greedy_checked, n_identical_to_greedy, all_identical_to_greedy; and every field of `ChunkStats` (chunks,
+    generated_tokens, target_passes, draft_passes, drafted_tokens, accepted_tokens, accepted_hist, acceptance_rate,
+    tokens_per_target_pass), summed by `ChunkStats.total` over the records that carry statistics. A field present
+    in only some records is warned about. A repeated id keeps its
     last record (with a warning). wer/cer are inf when there are insertions but no reference words.
     """
     records = _read_records(Path(path))
@@ -373,20 +375,7 @@ def summarize(path: str | os.PathLike, *, spelling: Spelling = None) -> dict[str
         summary["n_greedy_checked"] = len(checked)
         summary["n_identical_to_greedy"] = sum(bool(x) for x in checked)
         summary["all_identical_to_greedy"] = all(checked)
-    _sum_ratio(summary, scored, "generated_tokens", "target_passes", "tokens_per_target_pass")
-    if not _sum_ratio(summary, scored, "accepted_tokens", "draft_tokens", "acceptance_rate") and any(
-        "accepted_tokens" in r for r in scored
-    ):
-        summary["accepted_tokens"] = sum(r["accepted_tokens"] for r in scored if "accepted_tokens" in r)
+    with_stats = [r for r in scored if any(name in r for name in _STATS_FIELDS)]
+    if with_stats:  # the engine's statistics type sums them: the same figures as a Transcription's stats
+        summary.update(dataclasses.asdict(ChunkStats.total(ChunkStats.from_dict(r) for r in with_stats)))
     return summary
-
-
-def _sum_ratio(summary: dict, records: list[dict], num: str, den: str, name: str) -> bool:
-    """Sum `num` and `den` over the records that have both, and their ratio as `name`; False if none has both."""
-    rows = [r for r in records if num in r and den in r]
-    if not rows:
-        return False
-    total_num, total_den = sum(r[num] for r in rows), sum(r[den] for r in rows)
-    summary[num], summary[den] = total_num, total_den
-    summary[name] = total_num / total_den if total_den else float("nan")
-    return True

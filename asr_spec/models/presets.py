@@ -1,20 +1,24 @@
 """Presets: a model pair and its chunking/drafting settings, kept as TOML files in ``configs/``.
 
 A preset is named after its file (``configs/large-v2.toml`` is ``"large-v2"``) or given as a path to any ``.toml``
-file. Its keys (every one optional except ``target``; an unknown key is an error, not ignored)::
+file. Its keys (every one optional except ``model``; an unknown key is an error, not ignored)::
 
-    target            model to transcribe with: hub id, local directory, CTranslate2 directory, "embedded:<name>"
+    model             the target: the model to transcribe with: hub id, local directory, CTranslate2 directory, "embedded:<name>"
     draft             draft model (same forms); left out = no draft, plain greedy decoding
     draft_optional    true: a draft given as a path that does not exist means greedy decoding, with a one-line
                       warning, instead of an error (hub ids are always loaded)
     chunk_length_s    seconds per window, at most 30
-    stride_length_s   seconds of context per side, or [left, right]; left out = chunk_length_s / 6
+    stride_length_s   seconds of context per side, or [left, right]
     num_draft_tokens  draft tokens proposed per step
-    language          "en", "english", ...; left out or "auto" = detect per chunk
+    language          "en", "english", ...; "auto" = detect per chunk
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
     dtype             "auto" (float16 on CUDA, float32 on CPU), "float32", "float16" or "bfloat16"
     description       one line for ``--help`` listings
+
+A key left out means the default of the option it feeds, stated once where that option is defined
+(:class:`asr_spec.audio.chunking.ChunkingOptions`, :class:`asr_spec.engine.DecodeOptions`, the dtype argument of
+:meth:`asr_spec.transcribe.Transcriber.from_pretrained`); the Preset fields are None for "not set".
 
 Paths starting with ``./``, ``../`` or ``~`` are relative to the TOML file (resp. the home directory). Types are
 checked here, with the file named in the message; value ranges are checked by the options they feed
@@ -29,7 +33,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from asr_spec.errors import InputError
+from asr_spec.errors import InputError, one_line
 
 try:
     import tomllib
@@ -52,15 +56,16 @@ class Preset:
     """One preset, with relative paths already resolved. Derive variants with ``dataclasses.replace``."""
 
     name: str  # file stem, or the name it was built under
-    target: str  # model id / directory (see the module docstring)
+    model: str  # the target: model id / directory (see the module docstring)
     draft: str | None = None  # None: no draft, greedy decoding
     draft_optional: bool = False  # a missing draft directory means greedy (with a warning) instead of an error
-    chunk_length_s: float = 30.0  # seconds
-    stride_length_s: float | tuple[float, float] | None = None  # seconds per side; None = chunk_length_s / 6
-    num_draft_tokens: int = 5
-    language: str | None = None  # None = detect per chunk
-    timestamps: bool = False  # Whisper timestamp mode
-    dtype: str = "auto"
+    # The option values below: None = not set by the preset, the option's own default applies.
+    chunk_length_s: float | None = None  # seconds
+    stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
+    num_draft_tokens: int | None = None
+    language: str | None = None  # "auto" in the file = None = detect per chunk
+    timestamps: bool | None = None  # Whisper timestamp mode
+    dtype: str | None = None
     description: str = ""
     path: Path | None = None  # the TOML file it came from
 
@@ -68,8 +73,9 @@ class Preset:
         _verify_preset(self)
 
     def option_values(self) -> dict[str, Any]:
-        """The keys that become transcription options, as ``TranscribeOptions.from_values`` takes them."""
-        return {key: getattr(self, key) for key in OPTION_KEYS}
+        """The keys the preset sets that become transcription options, as ``TranscribeOptions.from_values`` takes
+        them (keys left out are absent, so the options' own defaults apply)."""
+        return {key: getattr(self, key) for key in OPTION_KEYS if getattr(self, key) is not None}
 
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
@@ -91,32 +97,33 @@ def _verify_preset(preset: Preset) -> None:
     def bad(key: str, expected: str) -> InputError:
         return InputError(f"{where}: {key} must be {expected}, got {getattr(preset, key)!r}")
 
-    if not isinstance(preset.target, str) or not preset.target.strip():
-        raise bad("target", "a model id or path (a non-empty string)")
+    if not isinstance(preset.model, str) or not preset.model.strip():
+        raise bad("model", "a model id or path (a non-empty string)")
     if preset.draft is not None and (not isinstance(preset.draft, str) or not preset.draft.strip()):
         raise bad("draft", "a model id or path (a non-empty string), or left out")
-    for key in ("draft_optional", "timestamps"):
-        if not isinstance(getattr(preset, key), bool):
-            raise bad(key, "true or false")
-    if not _is_number(preset.chunk_length_s):
-        raise bad("chunk_length_s", "a number of seconds")
-    stride = preset.stride_length_s
-    if stride is not None and not _is_number(stride) and not (
-        isinstance(stride, tuple) and len(stride) == 2 and all(_is_number(v) for v in stride)
-    ):
-        raise bad("stride_length_s", "a number of seconds or a [left, right] pair")
-    if isinstance(preset.num_draft_tokens, bool) or not isinstance(preset.num_draft_tokens, int):
-        raise bad("num_draft_tokens", "an integer")
-    if preset.language is not None and (not isinstance(preset.language, str) or not preset.language.strip()):
-        raise bad("language", 'a language code or name, or "auto"')
-    if preset.dtype not in DTYPES:
+    if not isinstance(preset.draft_optional, bool):
+        raise bad("draft_optional", "true or false")
+    _verify_option_values(preset, where)
+    if preset.dtype is not None and preset.dtype not in DTYPES:
         raise bad("dtype", f"one of {', '.join(DTYPES)}")
     if not isinstance(preset.description, str):
         raise bad("description", "a string")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _verify_option_values(preset: Preset, where: str) -> None:
+    """The option values are checked by the options they feed (each option is checked once, where it is
+    defined); the message names the file. (Imported here: listing presets for --help needs no torch.)"""
+    from asr_spec.audio.chunking import ChunkingOptions
+    from asr_spec.engine.options import DecodeOptions
+
+    values = preset.option_values()
+    chunking = {k: values[k] for k in ("chunk_length_s", "stride_length_s") if k in values}
+    decode = {k: values[k] for k in ("num_draft_tokens", "language", "timestamps") if k in values}
+    try:
+        ChunkingOptions(**chunking)
+        DecodeOptions(**decode)
+    except (ValueError, TypeError) as err:
+        raise InputError(f"{where}: {one_line(err)}") from err
 
 
 def presets_dir() -> Path:
@@ -165,16 +172,16 @@ def _from_table(table: dict[str, Any], path: Path) -> Preset:
     unknown = sorted(set(table) - set(allowed))
     if unknown:
         raise InputError(f"{path}: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
-    if "target" not in table:
-        raise InputError(f"{path}: missing 'target' (the model to transcribe with)")
+    if "model" not in table:
+        raise InputError(f"{path}: missing 'model' (the target: the model to transcribe with)")
     values = dict(table)
-    for key in ("target", "draft"):
+    for key in ("model", "draft"):
         if isinstance(values.get(key), str):
             values[key] = _resolve_path(values[key], path.parent)
     if isinstance(values.get("stride_length_s"), list):
         values["stride_length_s"] = tuple(values["stride_length_s"])
     if isinstance(values.get("language"), str) and values["language"].strip().lower() == "auto":
-        values["language"] = None
+        values["language"] = None  # detect per chunk: the default of DecodeOptions.language
     return Preset(name=path.name.removesuffix(PRESET_SUFFIX), path=path, **values)
 
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
-
-import numpy as np
 
 from asr_spec.audio.chunking import ChunkingOptions
 from asr_spec.audio.loading import DEFAULT_BLOCK_S, SAMPLE_RATE
 from asr_spec.engine import DecodeOptions
+from asr_spec.engine.options import check_int
 from asr_spec.errors import InputError
-from asr_spec.transcribe.outputs import FORMATS
+from asr_spec.transcribe.outputs import parse_formats
 
 __all__ = ["TranscribeOptions"]
 
@@ -69,10 +67,6 @@ class TranscribeOptions:
             raise InputError(str(err)) from err
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def _verify_options(options: TranscribeOptions) -> None:
     """All checks of TranscribeOptions in one place (the nested options check themselves)."""
     if not isinstance(options.chunking, ChunkingOptions):
@@ -82,21 +76,8 @@ def _verify_options(options: TranscribeOptions) -> None:
         raise InputError(f"chunking.sampling_rate must be Whisper's {SAMPLE_RATE} Hz, got {rate}")
     if not isinstance(options.decode, DecodeOptions):
         raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
-    if not _is_int(options.batch_size) or options.batch_size < 1:
-        raise InputError(f"batch_size must be an integer >= 1, got {options.batch_size!r}")
+    check_int(options.batch_size, "batch_size", 1, InputError)
     block = options.block_s
     if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
         raise InputError(f"block_s must be a positive number of seconds, got {block!r}")
-    formats = options.formats.split(",") if isinstance(options.formats, str) else options.formats
-    if not isinstance(formats, Iterable):
-        raise InputError(f"formats must be a list of format names, got {options.formats!r}")
-    chosen: list[str] = []
-    for fmt in formats:
-        name = fmt.strip().lower().lstrip(".") if isinstance(fmt, str) else fmt
-        if name not in FORMATS:
-            raise InputError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
-        if name not in chosen:
-            chosen.append(name)
-    if not chosen:
-        raise InputError(f"no output format given (choose from {', '.join(FORMATS)})")
-    object.__setattr__(options, "formats", tuple(chosen))  # normalised: "txt,JSON" -> ("txt", "json")
+    object.__setattr__(options, "formats", parse_formats(options.formats))  # normalised: "txt,JSON" -> ("txt", "json")

@@ -35,6 +35,7 @@ __all__ = [
     "render_json",
     "render_srt",
     "render_vtt",
+    "parse_formats",
     "write_outputs",
 ]
 
@@ -227,19 +228,23 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) 
     return target
 
 
-def _check_formats(formats: Iterable[str]) -> list[str]:
-    if isinstance(formats, str):
-        formats = [formats]
+def parse_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
+    """The one check of output format names: ``"txt,JSON"`` or ``["txt", ".srt"]`` -> ``("txt", "json")`` /
+    ``("txt", "srt")`` (lower case, no leading dot, repeats dropped, order kept). Raises ``InputError`` for an
+    unknown name or none at all."""
+    items = formats.split(",") if isinstance(formats, str) else formats
+    if not isinstance(items, Iterable):
+        raise InputError(f"formats must be a list of format names, got {formats!r}")
     chosen: list[str] = []
-    for fmt in formats:
-        if not isinstance(fmt, str) or fmt.lower().lstrip(".") not in FORMATS:
-            raise InputError(f"unknown output format {fmt!r} (choose from {', '.join(sorted(FORMATS))})")
-        name = fmt.lower().lstrip(".")
+    for fmt in items:
+        name = fmt.strip().lower().lstrip(".") if isinstance(fmt, str) else fmt
+        if name not in FORMATS:
+            raise InputError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
         if name not in chosen:
             chosen.append(name)
     if not chosen:
-        raise InputError(f"no output format given (choose from {', '.join(sorted(FORMATS))})")
-    return chosen
+        raise InputError(f"no output format given (choose from {', '.join(FORMATS)})")
+    return tuple(chosen)
 
 
 def write_outputs(
@@ -250,7 +255,7 @@ def write_outputs(
     Everything is validated and rendered before the first file is written, so a bad format name or a bad
     segment writes nothing. ``out_dir`` is created if missing.
     """
-    chosen = _check_formats(formats)
+    chosen = parse_formats(formats)
     if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
         raise InputError(f"stem must be a plain file name without folders, got {stem!r}")
     rendered = {fmt: FORMATS[fmt](result) for fmt in chosen}

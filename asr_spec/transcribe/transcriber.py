@@ -153,11 +153,12 @@ class Transcriber:
 
     # -- construction ---------------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, model: str | os.PathLike, draft_model: str | os.PathLike | None = None, *,
-                        device: str | torch.device | None = None, dtype: str | torch.dtype | None = "auto",
+    def from_pretrained(cls, model: str | os.PathLike, draft: str | os.PathLike | None = None, *,
+                        device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                         options: TranscribeOptions | None = None, **option_values: Any) -> Transcriber:
-        """Load a target (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor and an
-        optional draft. `option_values` are flat `TranscribeOptions` names applied over `options`."""
+        """Load the target `model` (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor
+        and an optional `draft` (same forms). dtype None or "auto": float16 on CUDA, float32 elsewhere.
+        `option_values` are flat `TranscribeOptions` names applied over `options`."""
         from asr_spec.models import loading as models
 
         opts = TranscribeOptions.from_values(options, **option_values)  # bad options fail before any loading
@@ -165,36 +166,33 @@ class Transcriber:
         dt = models.resolve_dtype(dtype, dev)
         target = models.load_model(model, dev, dt)
         processor = models.load_processor(model)
-        draft = None if draft_model is None else models.load_draft(draft_model, target, dev, dt)
-        return cls(target, draft, processor, opts, dev)
+        draft_model = None if draft is None else models.load_draft(draft, target, dev, dt)
+        return cls(target, draft_model, processor, opts, dev)
 
     @classmethod
     def from_preset(cls, name: str | os.PathLike = DEFAULT_PRESET, **overrides: Any) -> Transcriber:
-        """Load the preset `name` (see `asr_spec.presets`) with overrides: `target`, `draft`, `dtype`, `device`, or
-        any `TranscribeOptions` name (chunk_length_s, language, batch_size, ...).
+        """Load the preset `name` (see `asr_spec.models.presets`) with overrides: `model`, `draft`, `dtype`,
+        `device`, or any `TranscribeOptions` name (chunk_length_s, language, batch_size, ...).
 
-        The preset's draft belongs to its target: overriding `target` without `draft` runs greedy decoding.
+        The preset's draft belongs to its model: overriding `model` without `draft` runs greedy decoding.
         `draft=None` turns the draft off.
         """
         from asr_spec.models.presets import load_preset
 
-        preset = load_preset(name)
-        model_keys = ("target", "draft", "dtype", "device")
+        preset = load_preset(name)  # its option values are checked here, naming its file
+        model_keys = ("model", "draft", "dtype", "device")
         unknown = sorted(set(overrides) - set(model_keys) - set(TranscribeOptions.keys()))
         if unknown:
             known = ", ".join(model_keys + TranscribeOptions.keys())
             raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {known})")
-        try:
-            base = TranscribeOptions.from_values(**preset.option_values())
-        except InputError as err:  # the preset's own values: name its file
-            raise InputError(f"{preset.path or 'preset ' + preset.name}: {err}") from err
         chosen = {key: overrides.pop(key) for key in model_keys if key in overrides}
+        base = TranscribeOptions.from_values(**preset.option_values())
         options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
         if "draft" in chosen:
             draft = chosen["draft"]
         else:
-            draft = None if "target" in chosen else preset.draft_or_none()
-        return cls.from_pretrained(chosen.get("target", preset.target), draft, device=chosen.get("device"),
+            draft = None if "model" in chosen else preset.draft_or_none()
+        return cls.from_pretrained(chosen.get("model", preset.model), draft, device=chosen.get("device"),
                                    dtype=chosen.get("dtype", preset.dtype), options=options)
 
     # -- public entry points -------------------------------------------------------------------------------------
