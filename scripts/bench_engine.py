@@ -19,7 +19,7 @@ import time
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine import ChunkStats, DecodeOptions, Engine
 from asr_spec.testing import SHAPES, random_whisper
 from asr_spec.models.loading import decoder_draft, resolve_device, resolve_dtype
 
@@ -78,9 +78,9 @@ def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run
             opts = DecodeOptions(language="en", max_new_tokens=n_new, num_draft_tokens=k)
             eng = Engine(target, draft, opts)
             t_spec, sres = timed(lambda: eng.decode(None, e, b), device, repeats, clock)
-            passes = sum(r.stats.target_passes for r in sres)
+            stats = ChunkStats.total(r.stats for r in sres)
             line[f"spec[{dname}]_tok_s"] = b * n_new / t_spec
-            line[f"spec[{dname}]_passes_per_token"] = passes / (b * n_new)
+            line[f"spec[{dname}]_passes_per_token"] = stats.target_passes / (b * n_new)
             line[f"spec[{dname}]_equal"] = [r.tokens for r in sres] == [r.tokens for r in res]
         rows.append(line)
         ratios = {key: round(val / line["hf_greedy_tok_s"], 2) for key, val in line.items() if key.endswith("tok_s")}
@@ -94,7 +94,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="base", help="comma list of: base, large-v2, real-base")
     ap.add_argument("--batch-sizes", default="1,4,16")
     ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--num-draft-tokens", type=int, default=5)
+    ap.add_argument("--num-draft-tokens", type=int, default=DecodeOptions.num_draft_tokens,
+                    help="K (default: DecodeOptions'; README's engine table used 5)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")

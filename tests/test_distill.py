@@ -153,7 +153,7 @@ def test_distill_command_end_to_end(tmp_path, capsys):
     corpus = Path(__file__).parent / "fixtures" / "librispeech"
     out = tmp_path / "draft"
     with pytest.raises(SystemExit) as info:
-        main(["distill", "--target", str(target_dir), "run", "--audio", str(corpus), "--split", "test-clean",
+        main(["distill", "--model", str(target_dir), "run", "--audio", str(corpus), "--split", "test-clean",
               "--out", str(out), "--layers", "1", "--steps", "2", "--vocab-size", "0", "--max-new-tokens", "16",
               "--max-utterances", "4"])
     assert (info.value.code or 0) == 0, capsys.readouterr().err

@@ -164,12 +164,66 @@ def test_evaluate_writes_the_summary_next_to_the_log(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "x.summary.json").read_text())["n_scored"] == summary["n_scored"] == 2
 
 
+@pytest.mark.parametrize("field,value", [("preset", "base"), ("model", "x"), ("draft", "y"), ("device", "cpu"),
+                                         ("dtype", "float16"), ("language", "fr"), ("no_draft", True)])
+def test_evaluate_refuses_model_options_with_a_transcriber(tmp_path: Path, field: str, value) -> None:
+    options = EvalOptions(data_dir=str(ROOT), limit=1, output=str(tmp_path / "x.jsonl"), **{field: value})
+    with pytest.raises(InputError, match=f"evaluate: {field} choose the models, but a transcriber was given"):
+        evaluate(options, transcriber=tiny("none"))
+    assert not (tmp_path / "x.jsonl").exists()  # refused before anything ran
+
+
+def test_evaluate_applies_batch_size_to_a_given_transcriber(tmp_path: Path, monkeypatch) -> None:
+    transcriber = tiny("none")
+    seen: list[int] = []
+    real = transcriber.transcribe
+
+    def spy(sources, *, batch_size=None, **kwargs):
+        seen.append(batch_size)
+        return real(sources, batch_size=batch_size, **kwargs)
+
+    monkeypatch.setattr(transcriber, "transcribe", spy)
+    evaluate(EvalOptions(data_dir=str(ROOT), limit=2, batch_size=2, output=str(tmp_path / "x.jsonl")),
+             transcriber=transcriber)
+    assert seen and set(seen) == {2} and transcriber.options.batch_size == 3
+
+
+def test_script_evaluates_a_local_tree_under_any_folder_name(tmp_path: Path, model_dirs) -> None:
+    """`scripts/eval_librispeech.py --data-dir TREE --split my-split`: any LibriSpeech-layout folder works
+    locally (hub split names are validated for the hub only)."""
+    import shutil
+    import subprocess
+
+    shutil.copytree(ROOT / "test-clean", tmp_path / "tree" / "my-split")
+    target_dir, _ = model_dirs
+    preset = tmp_path / "tiny.toml"
+    preset.write_text(f'model = "{target_dir}"\nlanguage = "en"\n')
+    out = tmp_path / "runs" / "mine.jsonl"
+    script = Path(__file__).parent.parent / "scripts" / "eval_librispeech.py"
+    done = subprocess.run([sys.executable, str(script), "--data-dir", str(tmp_path / "tree"), "--split", "my-split",
+                           "--preset", str(preset), "--limit", "2", "--output", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=600, env=_env())
+    assert done.returncode == 0, done.stderr
+    assert "on LibriSpeech my-split" in done.stdout
+    assert [r["id"] for r in ResultsLog(out).records()] == IDS[:2]
+    default = EvalOptions(data_dir=str(tmp_path / "tree"), split="my-split", preset=str(preset))
+    assert default.output_path() == Path("runs") / "tiny-my-split.jsonl"
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    root = str(Path(__file__).parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
         (["--data-dir", "/no/such/dir"], "/no/such/dir: no such directory"),
         (["--data-dir", str(ROOT), "--split", "test.other"], "no LibriSpeech split 'test-other'"),
-        (["--data-dir", str(ROOT), "--split", "test.dirty"], "unknown LibriSpeech split"),
+        (["--split", "test.dirty"], "unknown LibriSpeech split"),  # the hub knows only its own split names
+        (["--data-dir", str(ROOT), "--split", "test.dirty"], "no LibriSpeech split 'test.dirty' here"),
         (["--data-dir", str(ROOT), "--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
         (["--data-dir", str(ROOT), "--limit", "-1"], "limit must be an integer >= 0"),
         (["--data-dir", str(ROOT), "--compare-greedy", "--no-draft"], "compare_greedy needs a draft"),

@@ -1,7 +1,7 @@
 """`asr-spec distill`: distil a speculative-decoding draft for a Whisper target (cache pseudo-labels, train,
 evaluate), or all of it at once:
 
-    asr-spec distill run --target embedded:whisper-base --audio /data/tts-train --layers 2 --out drafts/whisper-base
+    asr-spec distill run --model embedded:whisper-base --audio /data/tts-train --layers 2 --out drafts/whisper-base
 
     # 1. pseudo-labels: the target's greedy transcripts of a LibriSpeech-layout corpus, utterances packed into
     #    29 s windows (training) or one window per utterance (held-out evaluation)
@@ -14,7 +14,7 @@ evaluate), or all of it at once:
     # 3. held-out agreement, expected accepted tokens for K = 4 and 8, real speed-up vs greedy at batch 4
     asr-spec distill eval --draft drafts/whisper-base --held-out-cache /data/cache-heldout
 
-Every command takes --target (default embedded:whisper-base) and --threads (default 1: leave cores to others).
+Every command takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to others).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def cmd_cache(args) -> None:
     from asr_spec.audio.features import SAMPLE_RATE, log_mel_batch, make_feature_extractor
     from asr_spec.eval.librispeech import iter_local
 
-    target = _target(args.target)
+    target = _target(args.model)
     if args.long_file:
         return _cache_long_files(args, target)
     if args.corpus is None:
@@ -90,7 +90,7 @@ def _cache_long_files(args, target) -> None:
 
 
 def cmd_train(args) -> None:
-    target = _target(args.target)
+    target = _target(args.model)
     train = draft_data.PseudoLabelCache(args.train_cache)
     held = draft_data.PseudoLabelCache(args.held_out_cache) if args.held_out_cache else None
     vocab = None
@@ -105,7 +105,7 @@ def cmd_train(args) -> None:
                               held_out=held, stop_after=args.stop_after)
     print(json.dumps({"history": res.history[-3:], "seconds": round(time.perf_counter() - t0)}))
     if args.out:
-        info = dict(target=args.target, layers=layers, train_cache=str(args.train_cache), train_meta={
+        info = dict(target=args.model, layers=layers, train_cache=str(args.train_cache), train_meta={
             k: v for k, v in train.meta.items() if k != "ids"}, config=asdict(cfg), history=res.history,
             command=" ".join(sys.argv), threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d"))
         if held is not None:
@@ -114,25 +114,8 @@ def cmd_train(args) -> None:
         print(f"saved {args.out}")
 
 
-def _step_ms(dec, batch: int, n_ctx: int, repeats: int = 20) -> float:
-    """ms of one single-token decoder step at `batch` rows, position ~40, cross-attention over n_ctx frames."""
-    cache = dec.new_cache(batch, 64, n_ctx)
-    cache.cross_k.normal_()
-    cache.cross_v.normal_()
-    tok = torch.zeros(batch, 1, dtype=torch.long)
-    pos = torch.full((batch, 1), 40)
-    for _ in range(3):
-        dec.forward(cache, tok, pos, 41)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        dec.forward(cache, tok, pos, 41)
-    return (time.perf_counter() - t0) / repeats * 1e3
-
-
 def cmd_eval(args) -> None:
-    from asr_spec.engine.decoder import Decoder
-
-    target = _target(args.target)
+    target = _target(args.model)
     held = draft_data.PseudoLabelCache(args.held_out_cache)
     out = {"held_out": str(args.held_out_cache), "windows": len(held)}
     candidates = {}
@@ -145,8 +128,7 @@ def cmd_eval(args) -> None:
     for spec in args.untrained or []:
         candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions
-    out["step_ms_b%d" % args.batch_size] = {"target": round(_step_ms(Decoder(target.model.decoder, target.proj_out),
-                                                                     args.batch_size, n_ctx), 1)}
+    out["step_ms_b%d" % args.batch_size] = {"target": round(distill.decoder_step_ms(target, args.batch_size, n_ctx), 1)}
     encoded = torch.from_numpy(held.encoded[:].astype("float32"))
     for name, draft in candidates.items():
         rep = distill.evaluate_agreement(target, draft, held)
@@ -154,12 +136,11 @@ def cmd_eval(args) -> None:
                 "vocab_coverage": round(rep.vocab_coverage, 4),
                 "accepted_per_step": {k: round(v, 3) for k, v in rep.accepted_per_step.items()},
                 "tokens_per_pass": {k: round(v, 3) for k, v in rep.tokens_per_pass.items()}}
-        vids = getattr(draft, "draft_vocab_ids", None)
-        line["draft_step_ms"] = round(_step_ms(Decoder(draft.model.decoder, draft.proj_out, vids), args.batch_size,
-                                               n_ctx), 1)
-        if vids is not None:
-            line["draft_step_ms_full_head"] = round(_step_ms(Decoder(draft.model.decoder, draft.proj_out),
-                                                             args.batch_size, n_ctx), 1)
+        line["draft_step_ms"] = round(distill.decoder_step_ms(draft, args.batch_size, n_ctx), 1)
+        if getattr(draft, "draft_vocab_ids", None) is not None:
+            full_head = copy.copy(draft)  # same layers, scoring the whole vocabulary
+            full_head.draft_vocab_ids = None
+            line["draft_step_ms_full_head"] = round(distill.decoder_step_ms(full_head, args.batch_size, n_ctx), 1)
         for k in [] if args.no_speed else (args.k if name != "trained-full-head" else args.k[-1:]):
             sp = distill.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
                                    max_new_tokens=held.meta["max_new_tokens"])
@@ -198,7 +179,7 @@ def cmd_run(args) -> None:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="embedded:whisper-base")
+    ap.add_argument("--model", default="embedded:whisper-base", help="the target to distil a draft for")
     ap.add_argument("--threads", type=int, default=1)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cache", help="encode + pseudo-label a LibriSpeech-layout corpus")

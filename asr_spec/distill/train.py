@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr_spec.distill.data import CacheBatch, PseudoLabelCache
+from asr_spec.engine import full_vocab_logits
 from asr_spec.models.drafts import SHARED_PREFIXES, decoder_draft, tie_shared
 
 
@@ -276,11 +277,7 @@ def draft_matches(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache, 
     h = draft_hidden(draft, b.input_ids, b.encoded)[:, p - 1:]
     vocab_ids = getattr(draft, "draft_vocab_ids", None)
     w = draft.proj_out.weight
-    if vocab_ids is None:
-        logits = h @ w.T
-    else:
-        logits = h.new_full((*h.shape[:-1], w.shape[0]), float("-inf"))
-        logits[..., vocab_ids] = h @ w[vocab_ids].T
+    logits = full_vocab_logits(h @ (w if vocab_ids is None else w[vocab_ids]).T, vocab_ids, w.shape[0])
     seq = torch.tensor([cache.sequence(i)])
     scores = rules.apply(logits.float(), seq, torch.tensor([p]), torch.tensor([p]))
     return (scores.argmax(-1)[0] == seq[0, p:]).tolist()
@@ -304,6 +301,15 @@ def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCa
         gen = [t for i in range(len(cache)) for t in cache.sequence(i)[cache.prompt_len:]]
         coverage = float(torch.isin(torch.tensor(gen), vocab_ids).float().mean()) if gen else 1.0
     return AgreementReport(sum(flat) / n, len(flat), acc, tpp, coverage)
+
+
+def decoder_step_ms(model: nn.Module, batch_size: int, n_audio_ctx: int) -> float:
+    """Milliseconds of one engine decoder step of `model` (a target, or a draft with its restricted head if it has
+    one) at `batch_size` rows: `asr_spec.engine.Decoder.step_ms`."""
+    from asr_spec.engine import Decoder
+
+    decoder = Decoder(model.model.decoder, model.proj_out, getattr(model, "draft_vocab_ids", None))
+    return decoder.step_ms(batch_size, n_audio_ctx)
 
 
 @dataclass(frozen=True)
