@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 
-import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
@@ -44,18 +43,3 @@ def hf_greedy(model, features: torch.Tensor, *, language=None, task=None, timest
         kwargs["max_new_tokens"] = max_new_tokens
     seq = model.generate(features[None], **kwargs).sequences[0].tolist()
     return seq
-
-
-@pytest.fixture(scope="session")
-def target():
-    return tiny_target()
-
-
-@pytest.fixture(scope="session")
-def features():
-    gen = torch.Generator().manual_seed(0)
-    return torch.randn(10, 16, 100, generator=gen)
-
-
-def has_cuda() -> bool:
-    return torch.cuda.is_available()

@@ -350,6 +350,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("name", list(_IDS))
 @pytest.mark.real
+@pytest.mark.slow
 @needs_packages
 def test_every_variable_mapped(name: str, cache: Path) -> None:
     model = read_ct2(embedded_ct2_dir(name))
@@ -361,6 +362,7 @@ def test_every_variable_mapped(name: str, cache: Path) -> None:
 
 @pytest.mark.parametrize("name", list(_IDS))
 @pytest.mark.real
+@pytest.mark.slow
 @needs_packages
 def test_tokenizer_and_generation_config(name: str, converted: dict[str, Path]) -> None:
     from transformers import GenerationConfig, WhisperProcessor
@@ -440,6 +442,7 @@ def torch_threads(n_threads: int):
 
 @pytest.mark.parametrize("name", list(_IDS))
 @pytest.mark.real
+@pytest.mark.slow
 @needs_packages
 def test_greedy_matches_ctranslate2(
     name: str, converted: dict[str, Path], clips: list[np.ndarray], tmp_path: Path
@@ -463,6 +466,7 @@ def test_greedy_matches_ctranslate2(
 
 
 @pytest.mark.real
+@pytest.mark.slow
 @needs_packages
 def test_cache_is_reused(converted: dict[str, Path], cache: Path) -> None:
     base_ct2 = embedded_ct2_dir("whisper-base")
@@ -480,6 +484,7 @@ def test_cache_is_reused(converted: dict[str, Path], cache: Path) -> None:
 
 
 @pytest.mark.real
+@pytest.mark.slow
 @needs_packages
 def test_real_model_missing_files(tmp_path: Path, cache: Path) -> None:
     tiny = embedded_ct2_dir("whisper-tiny.en")
