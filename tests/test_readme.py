@@ -1,0 +1,167 @@
+"""README's code blocks still work: every ```bash and ```python block of README.md is run, as a user would run it.
+
+The convention (README authors, read this):
+- Every fenced block whose language is ``bash`` or ``python`` is executed, in order of appearance, each on its own.
+- A block is skipped only when the nearest non-blank line before its opening fence is an HTML comment
+  ``<!-- not run: REASON -->`` (REASON is required: hub models, a GPU, a server, a long job, a placeholder file...).
+  The reason shows in pytest's skip report. Blocks in other languages (``toml``, ``text``, none) are never run.
+- bash blocks run with ``bash -euo pipefail`` in a fresh temporary directory that holds links to the repository's
+  top-level entries (``tests/``, ``scripts/``, ``configs/``, ``drafts/``...), so relative paths such as
+  ``tests/fixtures/...`` work and outputs land in the temporary directory. ``asr-spec`` and ``python`` on PATH are
+  this interpreter (``asr-spec`` runs ``python -m asr_spec``); this checkout's ``asr_spec`` is imported.
+- python blocks run the same way, as ``python -c BLOCK``, in such a directory.
+- A block passes when it exits with status 0 within BLOCK_TIMEOUT_S.
+Blocks may load the offline real weights (``embedded:whisper-base``), so the tests that run them are marked
+``real`` and ``slow``; the parser's own tests are fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+RUN_LANGUAGES = ("bash", "python")
+BLOCK_TIMEOUT_S = 600
+_FENCE = re.compile(r"^```(\S*)\s*$")
+_NOT_RUN = re.compile(r"^<!--\s*not run:\s*(\S.*?)\s*-->$")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: str
+    skip_reason: str | None  # None: run it
+
+    @property
+    def id(self) -> str:
+        return f"L{self.line}-{self.language}"
+
+
+def code_blocks(text: str) -> list[Block]:
+    """The bash/python blocks of a Markdown text, each with its `<!-- not run: ... -->` reason if it has one."""
+    lines = text.splitlines()
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i])
+        if match is None:
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), None)
+        if end is None:
+            raise ValueError(f"README.md:{i + 1}: code block never closed")
+        if match.group(1) in RUN_LANGUAGES:
+            before = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            if before.startswith("<!--") and "not run" in before and not _NOT_RUN.match(before):
+                raise ValueError(f"README.md:{i}: write the marker as <!-- not run: REASON -->, got {before!r}")
+            reason = _NOT_RUN.match(before)
+            blocks.append(Block(i + 1, match.group(1), "\n".join(lines[i + 1:end]) + "\n",
+                                reason.group(1) if reason else None))
+        i = end + 1
+    return blocks
+
+
+def _workdir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A directory linking the repository's top-level entries, and an environment whose `python` and `asr-spec`
+    are this interpreter running this checkout."""
+    work = tmp_path / "work"
+    work.mkdir(parents=True)
+    for entry in REPO.iterdir():
+        if entry.name not in (".git", ".venv", "runs"):
+            (work / entry.name).symlink_to(entry)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, command in (("python", ""), ("python3", ""), ("asr-spec", " -m asr_spec")):
+        wrapper = bin_dir / name  # a script, not a symlink: a venv's interpreter must be called by its own path
+        wrapper.write_text(f'#!/usr/bin/env bash\nexec "{sys.executable}"{command} "$@"\n')
+        wrapper.chmod(0o755)
+    threads = os.environ.get("ASR_SPEC_TEST_THREADS", "1")
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+           "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    return work, env
+
+
+def run_block(block: Block, tmp_path: Path) -> subprocess.CompletedProcess:
+    work, env = _workdir(tmp_path)
+    if block.language == "bash":
+        argv = ["bash", "-euo", "pipefail", "-c", block.code]
+    else:
+        argv = [sys.executable, "-c", block.code]
+    return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+
+
+# -- the convention itself (fast) ----------------------------------------------------------------------------
+
+SAMPLE = """# t
+
+```bash
+echo run me
+```
+
+<!-- not run: needs a GPU -->
+
+```python
+import torch
+```
+
+```toml
+model = "x"
+```
+
+```python
+print(1 + 1)
+```
+"""
+
+
+def test_parser_follows_the_convention(tmp_path: Path) -> None:
+    blocks = code_blocks(SAMPLE)
+    assert [(b.line, b.language, b.skip_reason) for b in blocks] == [
+        (3, "bash", None), (9, "python", "needs a GPU"), (17, "python", None)]
+    assert blocks[0].code == "echo run me\n"
+    with pytest.raises(ValueError, match="never closed"):
+        code_blocks("```bash\necho\n")
+    with pytest.raises(ValueError, match="write the marker as <!-- not run: REASON -->"):
+        code_blocks("<!-- not run -->\n```bash\necho\n```\n")
+
+
+def test_blocks_run_with_this_checkout_and_fail_loudly(tmp_path: Path) -> None:
+    where = "import asr_spec, pathlib; print(pathlib.Path(asr_spec.__file__).resolve())"
+    ok = run_block(Block(1, "bash", f'test "$(python -c "{where}")" = "{REPO / "asr_spec" / "__init__.py"}"\n'
+                                    "ls tests/fixtures/speech >/dev/null\nasr-spec --help | grep -q transcribe\n",
+                         None), tmp_path / "a")
+    assert ok.returncode == 0, ok.stderr
+    failing = run_block(Block(1, "bash", "false\necho never\n", None), tmp_path / "b")
+    assert failing.returncode != 0 and "never" not in failing.stdout
+    assert run_block(Block(1, "python", "raise SystemExit(3)\n", None), tmp_path / "c").returncode == 3
+
+
+def test_readme_has_blocks_that_run() -> None:
+    blocks = code_blocks(README.read_text(encoding="utf-8"))
+    assert any(b.skip_reason is None for b in blocks), "every README block is marked not run"
+
+
+# -- README itself (real weights, slow) ----------------------------------------------------------------------
+
+_BLOCKS = code_blocks(README.read_text(encoding="utf-8")) if README.is_file() else []
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("block", _BLOCKS, ids=[b.id for b in _BLOCKS])
+def test_readme_block(block: Block, tmp_path: Path) -> None:
+    if block.skip_reason is not None:
+        pytest.skip(f"README.md:{block.line}: not run: {block.skip_reason}")
+    done = run_block(block, tmp_path)
+    assert done.returncode == 0, (f"README.md:{block.line} ({block.language}) exited {done.returncode}\n"
+                                  f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}")
