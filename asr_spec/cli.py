@@ -45,7 +45,7 @@ def _preset_help() -> str:
 
 
 @app.command()
-def transcribe(
+def transcribe(  # long function: typer declares each of its ~17 options as a parameter
     files: list[str] = typer.Argument(..., metavar="FILE", help="Audio files (wav, flac, mp3, ogg, m4a...)."),
     preset: str = typer.Option("base", help=_preset_help()),
     model: Optional[str] = typer.Option(None, help="Target model: hub id, directory, CTranslate2 directory or "

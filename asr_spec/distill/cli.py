@@ -178,6 +178,13 @@ def cmd_run(args) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_parser(prog).parse_args(argv)
+    torch.set_num_threads(args.threads)
+    {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval, "run": cmd_run}[args.cmd](args)
+    return 0
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long function: one line per option
     ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded:whisper-base", help="the target to distil a draft for")
     ap.add_argument("--threads", type=int, default=1)
@@ -237,7 +244,4 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     r.add_argument("--stop-after", type=int)
     r.add_argument("--language", default="en")
     r.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval, "run": cmd_run}[args.cmd](args)
-    return 0
+    return ap

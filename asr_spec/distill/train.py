@@ -157,6 +157,30 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
 
 
+def _resume(ckpt_path: Path, cfg: TrainConfig, layer_ids: list[int], draft: nn.Module,
+            opt: torch.optim.Optimizer) -> tuple[int, list[dict]]:
+    """Load a checkpoint of the same run into `draft` and `opt`; returns (step, history)."""
+    state = torch.load(ckpt_path, weights_only=True)  # tensors and plain data only: no pickled code
+    if state["config"] != asdict(cfg) or state["layers"] != layer_ids:
+        raise ValueError(f"{ckpt_path}: checkpoint of a different run (config or layers differ); use a new "
+                         "work_dir or delete it")
+    draft.load_state_dict(state["trainable"], strict=False)
+    opt.load_state_dict(state["optim"])
+    draft.draft_vocab_ids = state["draft_vocab"]
+    return state["step"], state["history"]
+
+
+def _save_checkpoint(ckpt_path: Path, step: int, cfg: TrainConfig, layer_ids: list[int], history: list[dict],
+                     draft: nn.Module, params: dict[str, nn.Parameter], opt: torch.optim.Optimizer) -> None:
+    """Write the checkpoint atomically (temporary file, then rename)."""
+    tmp = ckpt_path.with_suffix(".tmp")
+    torch.save(dict(step=step, config=asdict(cfg), layers=layer_ids, history=history,
+                    draft_vocab=draft.draft_vocab_ids,
+                    trainable={k: p.detach().clone() for k, p in params.items()},
+                    optim=opt.state_dict()), tmp)
+    tmp.replace(ckpt_path)
+
+
 def train_draft(
     target: nn.Module, train: PseudoLabelCache, cfg: TrainConfig, *, work_dir: str | os.PathLike,
     layers: Sequence[int] | None = None, draft_vocab: torch.Tensor | None = None,
@@ -182,23 +206,8 @@ def train_draft(
     head = target.proj_out.weight
     step, history = 0, []
     if ckpt_path.is_file():
-        state = torch.load(ckpt_path, weights_only=True)  # tensors and plain data only: no pickled code
-        if state["config"] != asdict(cfg) or state["layers"] != layer_ids:
-            raise ValueError(f"{ckpt_path}: checkpoint of a different run (config or layers differ); use a new "
-                             "work_dir or delete it")
-        draft.load_state_dict(state["trainable"], strict=False)
-        opt.load_state_dict(state["optim"])
-        step, history = state["step"], state["history"]
-        draft.draft_vocab_ids = state["draft_vocab"]
-        vocab = train_vocab(target.config.vocab_size, gen.suppress_tokens or (), state["draft_vocab"])
-
-    def save() -> None:
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save(dict(step=step, config=asdict(cfg), layers=layer_ids, history=history,
-                        draft_vocab=draft.draft_vocab_ids,
-                        trainable={k: p.detach().clone() for k, p in params.items()},
-                        optim=opt.state_dict()), tmp)
-        tmp.replace(ckpt_path)
+        step, history = _resume(ckpt_path, cfg, layer_ids, draft, opt)
+        vocab = train_vocab(target.config.vocab_size, gen.suppress_tokens or (), draft.draft_vocab_ids)
 
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(total=cfg.steps, initial=step, desc="distil", disable=not progress)
@@ -228,7 +237,7 @@ def train_draft(
         bar.set_postfix(post)
         bar.update(1)
         if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == end:
-            save()
+            _save_checkpoint(ckpt_path, step, cfg, layer_ids, history, draft, params, opt)
     bar.close()
     draft.eval()
     return TrainResult(draft, history)

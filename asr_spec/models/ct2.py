@@ -150,7 +150,7 @@ class CT2Model:
         return name.endswith("_scale") and name[: -len("_scale")] in self
 
 
-def read_ct2(path: str | Path) -> CT2Model:
+def read_ct2(path: str | Path) -> CT2Model:  # long function: one pass over the file in its layout order
     """Parse the headers of a CTranslate2 ``model.bin`` and memory-map its data.
 
     Args:

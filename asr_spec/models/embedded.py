@@ -29,6 +29,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 import torch
@@ -196,6 +197,21 @@ def whisper_generation_config(
     )  # fmt: skip
 
 
+def _whisper_config(dims: Any, ids: Any, generation_config: Any, tied: bool, dtype: torch.dtype) -> WhisperConfig:
+    """The transformers config of a converted model."""
+    return WhisperConfig(
+        vocab_size=dims.vocab_size, num_mel_bins=dims.n_mels, d_model=dims.d_model,
+        encoder_layers=dims.n_encoder_layers, encoder_attention_heads=dims.n_encoder_heads,
+        decoder_layers=dims.n_decoder_layers, decoder_attention_heads=dims.n_decoder_heads,
+        encoder_ffn_dim=dims.encoder_ffn_dim, decoder_ffn_dim=dims.decoder_ffn_dim,
+        max_source_positions=dims.n_audio_ctx, max_target_positions=dims.n_text_ctx,
+        pad_token_id=ids.eot, bos_token_id=ids.eot, eos_token_id=ids.eot, decoder_start_token_id=ids.sot,
+        suppress_tokens=generation_config.suppress_tokens,
+        begin_suppress_tokens=generation_config.begin_suppress_tokens,
+        activation_function="gelu", scale_embedding=False, tie_word_embeddings=tied, dtype=dtype,
+    )  # fmt: skip
+
+
 def convert_ct2(ct2_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
                 overwrite: bool = False) -> Path:  # fmt: skip
     """Convert a CTranslate2 Whisper directory into a transformers one.
@@ -230,17 +246,7 @@ def convert_ct2(ct2_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     generation_config = whisper_generation_config(ct2_config, ids, dims, ct2_dir / "config.json")
     state, tied = whisper_state_dict(ct2, dims, dtype)
 
-    config = WhisperConfig(
-        vocab_size=dims.vocab_size, num_mel_bins=dims.n_mels, d_model=dims.d_model,
-        encoder_layers=dims.n_encoder_layers, encoder_attention_heads=dims.n_encoder_heads,
-        decoder_layers=dims.n_decoder_layers, decoder_attention_heads=dims.n_decoder_heads,
-        encoder_ffn_dim=dims.encoder_ffn_dim, decoder_ffn_dim=dims.decoder_ffn_dim,
-        max_source_positions=dims.n_audio_ctx, max_target_positions=dims.n_text_ctx,
-        pad_token_id=ids.eot, bos_token_id=ids.eot, eos_token_id=ids.eot, decoder_start_token_id=ids.sot,
-        suppress_tokens=generation_config.suppress_tokens,
-        begin_suppress_tokens=generation_config.begin_suppress_tokens,
-        activation_function="gelu", scale_embedding=False, tie_word_embeddings=tied, dtype=dtype,
-    )  # fmt: skip
+    config = _whisper_config(dims, ids, generation_config, tied, dtype)
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(config)
     try:
