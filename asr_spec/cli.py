@@ -2,6 +2,7 @@
 
     asr-spec transcribe FILES... [--preset base] [--model M] [--draft-model D | --no-draft] [--output-dir DIR] ...
     asr-spec convert CT2_DIR OUT_DIR
+    asr-spec serve [--preset base] [--model M] [--draft D | --no-draft] [--host H] [--port P] ...
 
 `transcribe` parses its options into the keyword arguments of `Transcriber.from_preset` and calls
 `Transcriber.iter_transcribe`, exactly what a Python user would call. Transcripts go to stdout (or to files with
@@ -123,6 +124,39 @@ def _summary(n_files: int, n_failed: int, audio_s: float, wall_s: float, stats: 
         drafting = "greedy (no draft), 1.00 tokens/target pass"
     return f"{files}: {speed}, {drafting}"
 
+
+@app.command()
+def serve(
+    preset: str = typer.Option("base", help=_preset_help()),
+    model: Optional[str] = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory or "
+                                        "embedded:whisper-base. Replaces the preset's (and its draft)."),
+    draft: Optional[str] = typer.Option(None, help="Draft model (same forms). Replaces the preset's."),
+    no_draft: bool = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcripts, slower)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
+    max_queue: int = typer.Option(256, help="Chunks (30 s windows) that may wait for a row; beyond: 503."),
+    max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
+    language: Optional[str] = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the "
+                                           "preset's."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+) -> None:
+    """Serve OpenAI's POST /v1/audio/transcriptions; concurrent requests share one speculative batch."""
+    from asr_spec.serve import run_server
+
+    if no_draft and draft is not None:
+        _fail("--no-draft and --draft contradict each other: give one", EXIT_USAGE)
+    overrides: dict[str, Any] = {key: value for key, value in {"target": model, "draft": draft,
+                                                               "language": language}.items() if value is not None}
+    if no_draft:
+        overrides["draft"] = None
+    try:
+        run_server(preset, host=host, port=port, batch_size=batch_size, max_queue=max_queue,
+                   max_file_mb=max_file_mb, device=device, **overrides)
+    except ImportError as err:
+        _fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
+    except USER_ERRORS as err:
+        _fail(one_line(err), EXIT_USAGE)
 
 
 @app.command()
