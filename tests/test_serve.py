@@ -233,11 +233,45 @@ def test_openai_client_on_a_real_port(greedy, expected):
 
 
 def test_a_draft_changes_nothing(greedy):
+    """The same requests, sent concurrently (so their chunks share rows), to a greedy and a speculative server."""
+    from concurrent.futures import ThreadPoolExecutor
+
     speculative = transcriber(speculative=True, timestamps=True)
     assert speculative.draft is not None
+    asked = [(LONG, "verbose_json"), (SHORT[1], "json")] + [(SHORT[0], fmt) for fmt in FORMATS]
     answers = {}
     for name, model in (("greedy", greedy), ("draft", speculative)):
         app = create_app(Batcher(model, batch_size=3), ServeOptions(model_id="tiny"))
-        with TestClient(app) as client:
-            answers[name] = [post(client, path, response_format=fmt).text for fmt in FORMATS for path in FILES]
-    assert answers["draft"] == answers["greedy"]
+        with TestClient(app) as client, ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(post, client, path, response_format=fmt) for path, fmt in asked]
+            answers[name] = [future.result(timeout=TIMEOUT_S) for future in futures]
+    assert all(r.status_code == 200 for r in answers["greedy"])
+    assert [r.text for r in answers["draft"]] == [r.text for r in answers["greedy"]]
+
+
+# -- the command line -----------------------------------------------------------------------------------------
+
+def test_cli_refuses_bad_options_in_one_line_before_loading(capsys, tmp_path):
+    from asr_spec.cli import main
+
+    cases = [(["--no-draft", "--draft", "x"], "contradict"),
+             (["--model", str(tmp_path / "absent"), "--batch-size", "0"], "batch_size must be an integer >= 1"),
+             (["--model", str(tmp_path / "absent"), "--max-file-mb", "0"], "max_file_mb must be a positive"),
+             (["--model", str(tmp_path)], "not a Whisper model directory")]
+    for args, needle in cases:
+        with pytest.raises(SystemExit) as info:
+            main(["serve", *args])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_build_app_loads_a_model_directory(tmp_path, expected):
+    from asr_spec.serve import build_app
+    from test_transcribe import save_tiny_models
+
+    target_dir, _ = save_tiny_models(tmp_path)
+    app = build_app("base", target=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0)
+    with TestClient(app) as client:
+        assert client.get("/v1/models").json()["data"][0]["id"] == str(target_dir)
+        response = post(client, SHORT[0], model=str(target_dir))
+    assert response.status_code == 200 and isinstance(response.json()["text"], str)
