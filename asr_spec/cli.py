@@ -46,19 +46,26 @@ def _preset_help() -> str:
     return f"Model pair and settings: a preset name ({names}) or the path of a .toml file."
 
 
+# options shared by `transcribe` and `serve`
+PRESET = typer.Option("base", help=_preset_help())
+MODEL = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory or embedded:whisper-base. "
+                     "Replaces the preset's (and its draft).")
+NO_DRAFT = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower).")
+DEVICE = typer.Option("auto", help="auto, cpu, cuda or cuda:N.")
+LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the preset's.")
+
+
 @app.command()
 def transcribe(
     files: list[str] = typer.Argument(..., metavar="FILE", help="Audio files (wav, flac, mp3, ogg, m4a...)."),
-    preset: str = typer.Option("base", help=_preset_help()),
-    model: Optional[str] = typer.Option(None, help="Target model: hub id, directory, CTranslate2 directory or "
-                                        "embedded:whisper-base. Replaces the preset's (and its draft)."),
+    preset: str = PRESET,
+    model: Optional[str] = MODEL,
     draft_model: Optional[str] = typer.Option(None, help="Draft model (same forms). Replaces the preset's."),
-    no_draft: bool = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower)."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    no_draft: bool = NO_DRAFT,
+    device: str = DEVICE,
     dtype: Optional[str] = typer.Option(None, help="auto (float16 on CUDA, float32 on CPU), float32, float16, "
                                         "bfloat16. Default: the preset's."),
-    language: Optional[str] = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the "
-                                           "preset's."),
+    language: Optional[str] = LANGUAGE,
     task: Optional[str] = typer.Option(None, help="transcribe or translate (to English)."),
     timestamps: Optional[bool] = typer.Option(None, "--timestamps/--no-timestamps", help="Whisper timestamp mode "
                                               "(segment times from the model). Default: the preset's (on)."),
@@ -127,19 +134,17 @@ def _summary(n_files: int, n_failed: int, audio_s: float, wall_s: float, stats: 
 
 @app.command()
 def serve(
-    preset: str = typer.Option("base", help=_preset_help()),
-    model: Optional[str] = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory or "
-                                        "embedded:whisper-base. Replaces the preset's (and its draft)."),
+    preset: str = PRESET,
+    model: Optional[str] = MODEL,
     draft: Optional[str] = typer.Option(None, help="Draft model (same forms). Replaces the preset's."),
-    no_draft: bool = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcripts, slower)."),
+    no_draft: bool = NO_DRAFT,
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, help="TCP port."),
     batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
     max_queue: int = typer.Option(256, help="Chunks (30 s windows) that may wait for a row; beyond: 503."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
-    language: Optional[str] = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the "
-                                           "preset's."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    language: Optional[str] = LANGUAGE,
+    device: str = DEVICE,
 ) -> None:
     """Serve OpenAI's POST /v1/audio/transcriptions; concurrent requests share one speculative batch."""
     from asr_spec.serve import run_server

@@ -58,6 +58,7 @@ class Job:
     error: str | None = None
     cancelled: bool = False
     finished: bool = False
+    in_engine: int = 0  # chunks pulled by the engine and not finished
     started: float = field(default_factory=time.perf_counter)
 
     def ordered_results(self) -> list[ChunkResult]:
@@ -127,7 +128,7 @@ class Batcher:
             before = len(self._queue)
             self._queue = deque(item for item in self._queue if item[0] is not job)
             self.metrics.queue_depth = len(self._queue)
-            if job.id in self._jobs and not self._pending(job):  # nothing of it in the engine either
+            if job.id in self._jobs and not job.in_engine:  # nothing of it in the engine either
                 del self._jobs[job.id]
             return before - len(self._queue)
 
@@ -139,10 +140,6 @@ class Batcher:
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
-
-    def _pending(self, job: Job) -> int:
-        """Chunks of `job` pulled by the engine and not finished (under the lock)."""
-        return len(job.spans) - len(job.results) - sum(1 for j, _ in self._queue if j is job)
 
     def _source(self) -> Iterator[ChunkRequest | None]:
         """The engine's live source: the next queued chunk, or None when there is none right now."""
@@ -156,6 +153,7 @@ class Batcher:
                     item = None
                 else:
                     job, item = self._queue.popleft()
+                    job.in_engine += 1
                     self._in_engine += 1
                     self.metrics.queue_depth = len(self._queue)
                 self.metrics.engine_chunks = self._in_engine
@@ -168,11 +166,19 @@ class Batcher:
             self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Let the engine finish the chunks it holds, then fail the jobs still waiting (the server is going)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        with self._cond:
+            left = list(self._jobs.values())
+            self._jobs.clear()
+            self._queue.clear()
+        for job in left:
+            job.error = "the server is shutting down"
+            self._finish(job)
 
     def _serve(self) -> None:
         engine = self.transcriber.engine
@@ -199,10 +205,11 @@ class Batcher:
             job = self._jobs.get(job_id)
             if job is None:
                 return
+            job.in_engine -= 1
             job.results[index] = result
             self.metrics.chunk_done(result.stats)
             done = len(job.results) == len(job.spans)
-            if done or (job.cancelled and not self._pending(job)):
+            if done or (job.cancelled and not job.in_engine):
                 del self._jobs[job_id]
         if done and not job.cancelled:
             self._finish(job)
@@ -222,6 +229,9 @@ class Batcher:
 
     @staticmethod
     def _finish(job: Job) -> None:
+        """Mark the job done and tell its owner (nobody is listening to a cancelled one)."""
+        if job.cancelled:
+            return
         job.finished = True
         try:
             job.on_done(job)
