@@ -206,6 +206,35 @@ def serving(app):
         thread.join(30)
 
 
+class PausedBatcher(Batcher):
+    """A batcher whose engine never starts: what is queued stays queued."""
+
+    def start(self) -> None:
+        pass
+
+
+def test_a_client_that_hangs_up_has_its_queued_chunks_dropped(greedy):
+    batcher = PausedBatcher(greedy, batch_size=2)
+    body, boundary = LONG.read_bytes(), "asrspecboundary"
+    payload = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"long.flac\"\r\n"
+               f"Content-Type: audio/flac\r\n\r\n").encode() + body + f"\r\n--{boundary}--\r\n".encode()
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(payload)}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n").encode()
+    with serving(create_app(batcher)) as base_url:
+        port = int(base_url.rsplit(":", 1)[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(head + payload)
+            deadline = time.monotonic() + TIMEOUT_S
+            while batcher.queue_depth != 4:  # the long file's four chunks are waiting
+                assert time.monotonic() < deadline, "the request was never queued"
+                time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while batcher.queue_depth:  # the handler notices the hang-up and drops them
+            assert time.monotonic() < deadline, "the chunks of a gone client stayed queued"
+            time.sleep(0.02)
+    assert 'outcome="disconnected"' in batcher.metrics.render()
+
+
 def openai_client(base_url: str):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=base_url, api_key="dummy", timeout=TIMEOUT_S, max_retries=0)
