@@ -192,7 +192,7 @@ def test_restricted_vocabulary_draft_is_lossless():
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
-def test_live_source_with_gaps_gives_the_same_results():
+def test_live_source_with_gaps_gives_the_same_results(monkeypatch):
     """A source that yields None ("nothing right now") between chunks: the engine keeps decoding the busy rows,
     drops idle ones, grows back when chunks come, and every chunk decodes exactly as in one offline run."""
     from asr_spec.engine import ChunkRequest
@@ -206,8 +206,13 @@ def test_live_source_with_gaps_gives_the_same_results():
         for item in pattern:
             yield None if item is None else ChunkRequest(item, _features()[item])
 
+    sizes = []  # batch rows after each shrink or growth
+    keep_rows = Engine._keep_rows
+    monkeypatch.setattr(Engine, "_keep_rows", staticmethod(lambda m, st, keep: (sizes.append(len(keep)),
+                                                                                keep_rows(m, st, keep))))
     results = list(engine.run(live(), batch_size=3))
     assert sorted(r.id for r in results) == list(range(10))
+    assert min(sizes) == 1 and any(b > a for a, b in zip(sizes, sizes[1:])), sizes  # dropped, then grown back
     assert {r.id: r.tokens for r in results} == offline
 
 
