@@ -2,6 +2,7 @@
 
     asr-spec transcribe FILES... [--preset base] [--model M] [--draft D | --no-draft] [--output-dir DIR] ...
     asr-spec convert CT2_DIR OUT_DIR
+    asr-spec serve [--preset base] [--model M] [--draft D | --no-draft] [--host H] [--port P] ...
 
 `transcribe` parses its options into the keyword arguments of `Transcriber.from_preset` and calls
 `Transcriber.iter_transcribe`, exactly what a Python user would call. Transcripts go to stdout (or to files with
@@ -44,19 +45,38 @@ def _preset_help() -> str:
     return f"Model pair and settings: a preset name ({names}) or the path of a .toml file."
 
 
+# options shared by `transcribe` and `serve`
+PRESET = typer.Option("base", help=_preset_help())
+MODEL = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory or embedded:whisper-base. "
+                     "Replaces the preset's (and its draft).")
+DRAFT = typer.Option(None, help="Draft model (same forms). Replaces the preset's.")
+NO_DRAFT = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower).")
+DEVICE = typer.Option("auto", help="auto, cpu, cuda or cuda:N.")
+LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the preset's.")
+
+
+def _overrides(model: str | None, draft: str | None, no_draft: bool, **options: Any) -> dict[str, Any]:
+    """`Transcriber.from_preset` keyword arguments from the model options and the options given (None = not given)."""
+    if no_draft and draft is not None:
+        _fail("--no-draft and --draft contradict each other: give one", EXIT_USAGE)
+    given = {"model": model, "draft": draft, **options}
+    overrides = {key: value for key, value in given.items() if value is not None}
+    if no_draft:
+        overrides["draft"] = None
+    return overrides
+
+
 @app.command()
 def transcribe(  # long function: typer declares each of its ~17 options as a parameter
     files: list[str] = typer.Argument(..., metavar="FILE", help="Audio files (wav, flac, mp3, ogg, m4a...)."),
-    preset: str = typer.Option("base", help=_preset_help()),
-    model: Optional[str] = typer.Option(None, help="Target model: hub id, directory, CTranslate2 directory or "
-                                        "embedded:whisper-base. Replaces the preset's (and its draft)."),
-    draft: Optional[str] = typer.Option(None, help="Draft model (same forms). Replaces the preset's."),
-    no_draft: bool = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower)."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    preset: str = PRESET,
+    model: Optional[str] = MODEL,
+    draft: Optional[str] = DRAFT,
+    no_draft: bool = NO_DRAFT,
+    device: str = DEVICE,
     dtype: Optional[str] = typer.Option(None, help="auto (float16 on CUDA, float32 on CPU), float32, float16, "
                                         "bfloat16. Default: the preset's."),
-    language: Optional[str] = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the "
-                                           "preset's."),
+    language: Optional[str] = LANGUAGE,
     task: Optional[str] = typer.Option(None, help="transcribe or translate (to English)."),
     timestamps: Optional[bool] = typer.Option(None, "--timestamps/--no-timestamps", help="Whisper timestamp mode "
                                               "(segment times from the model). Default: the preset's (on)."),
@@ -75,18 +95,11 @@ def transcribe(  # long function: typer declares each of its ~17 options as a pa
     from asr_spec.engine import ChunkStats
     from asr_spec.transcribe import Transcriber
 
-    if no_draft and draft is not None:
-        _fail("--no-draft and --draft contradict each other: give one", EXIT_USAGE)
     if format is not None and output_dir is None:
         _fail("--format needs --output-dir (without it the transcript is printed)", EXIT_USAGE)
-    given = {
-        "model": model, "draft": draft, "dtype": dtype, "language": language, "task": task,
-        "chunk_length_s": chunk_length, "num_draft_tokens": num_draft_tokens, "batch_size": batch_size,
-        "formats": format, "timestamps": timestamps,
-    }
-    overrides: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
-    if no_draft:
-        overrides["draft"] = None
+    overrides = _overrides(model, draft, no_draft, dtype=dtype, language=language, task=task,
+                           chunk_length_s=chunk_length, num_draft_tokens=num_draft_tokens, batch_size=batch_size,
+                           formats=format, timestamps=timestamps)
     try:
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
     except USER_ERRORS as err:
@@ -124,6 +137,32 @@ def _summary(n_files: int, n_failed: int, audio_s: float, wall_s: float, stats: 
         drafting = "greedy (no draft), 1.00 tokens/target pass"
     return f"{files}: {speed}, {drafting}"
 
+
+@app.command()
+def serve(
+    preset: str = PRESET,
+    model: Optional[str] = MODEL,
+    draft: Optional[str] = DRAFT,
+    no_draft: bool = NO_DRAFT,
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
+    max_queue: int = typer.Option(256, help="Chunks (30 s windows) that may wait for a row; beyond: 503."),
+    max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
+    language: Optional[str] = LANGUAGE,
+    device: str = DEVICE,
+) -> None:
+    """Serve OpenAI's POST /v1/audio/transcriptions; concurrent requests share one speculative batch."""
+    from asr_spec.serve import run_server
+
+    overrides = _overrides(model, draft, no_draft, language=language)
+    try:
+        run_server(preset, host=host, port=port, batch_size=batch_size, max_queue=max_queue,
+                   max_file_mb=max_file_mb, device=device, **overrides)
+    except ImportError as err:
+        _fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
+    except USER_ERRORS as err:
+        _fail(one_line(err), EXIT_USAGE)
 
 
 @app.command()

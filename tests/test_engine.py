@@ -190,3 +190,44 @@ def test_restricted_vocabulary_draft_is_lossless():
                                                                                                   batch_size=4)
     assert_same_as_greedy(results, False, MAX_NEW)
     assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_live_source_with_gaps_gives_the_same_results(monkeypatch):
+    """A source that yields None ("nothing right now") between chunks: the engine keeps decoding the busy rows,
+    drops idle ones, grows back when chunks come, and every chunk decodes exactly as in one offline run."""
+    from asr_spec.engine import ChunkRequest
+
+    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW))
+    offline = {r.id: r.tokens for r in engine.decode(_features(), batch_size=3)}
+    offline = dict(enumerate(offline.values()))
+    pattern = [0, None, None, 1, 2, 3, None, 4, None, None, None, None, None, None, None, None, 5, 6, 7, 8, 9]
+
+    def live():
+        for item in pattern:
+            yield None if item is None else ChunkRequest(item, _features()[item])
+
+    sizes = []  # batch rows after each shrink or growth
+    keep_rows = Engine._keep_rows
+    monkeypatch.setattr(Engine, "_keep_rows", staticmethod(lambda m, st, keep: (sizes.append(len(keep)),
+                                                                                keep_rows(m, st, keep))))
+    results = list(engine.run(live(), batch_size=3))
+    assert sorted(r.id for r in results) == list(range(10))
+    assert min(sizes) == 1 and any(b > a for a, b in zip(sizes, sizes[1:])), sizes  # dropped, then grown back
+    assert {r.id: r.tokens for r in results} == offline
+
+
+def test_engine_error_names_the_chunks_in_flight_and_a_new_run_carries_on():
+    from asr_spec.engine import ChunkRequest, EngineError
+
+    engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=MAX_NEW))
+    bad = torch.randn(16, 7)  # wrong number of frames: the encoder raises
+    items = [ChunkRequest("a", _features()[0]), None, ChunkRequest("bad", bad), ChunkRequest("b", _features()[1])]
+    source = iter(items)
+    done = []
+    with pytest.raises(EngineError) as caught:
+        for result in engine.run(source, batch_size=2):
+            done.append(result.id)
+    assert "bad" in caught.value.chunk_ids and not set(done) & set(caught.value.chunk_ids)
+    assert set(done) | set(caught.value.chunk_ids) >= {"a", "bad"}
+    rest = [r.id for r in engine.run(source, batch_size=2)]  # the same source, a fresh run
+    assert set(done) | set(caught.value.chunk_ids) | set(rest) == {"a", "bad", "b"}

@@ -5,12 +5,17 @@ once per batch of chunks; its output is shared by the target and a shared-encode
 finishes, its slot is refilled with the next encoded chunk (its cross-attention keys/values computed once, its
 prompt fed by the next step), so the batch stays full until the queue runs dry; then finished rows are dropped
 from the batch. Results come back tagged with the chunk id, in the order chunks finish.
+
+A live source (a server's queue) yields None for "nothing right now": the engine then stops filling, drops its idle
+rows and keeps decoding the busy ones, and grows the batch back (up to batch_size) when chunks come. An error in
+the engine's own work raises `EngineError` naming the chunks lost with it, so a server fails only those requests.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +29,29 @@ from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.stats import ChunkStats
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
+_EXHAUSTED = object()  # the end of the source, told apart from None ("nothing right now")
+
+
+class EngineError(RuntimeError):
+    """The engine's own work (encoding, admitting, a decoding step) raised; the run is over.
+
+    chunk_ids: the chunks lost with it: pulled from the source and not yet yielded (the rows of the failing step
+    and any encoded chunks waiting for a row). A new `Engine.run` may carry on from the same source.
+    """
+
+    def __init__(self, chunk_ids: tuple[Hashable, ...], cause: BaseException):
+        super().__init__(f"engine step failed with {len(chunk_ids)} chunk(s) in flight: "
+                         f"{type(cause).__name__}: {cause}")
+        self.chunk_ids = chunk_ids
+
+
+@contextmanager
+def _losing(in_flight: set) -> Iterator[None]:
+    """Turn an exception of the engine's own work into `EngineError` naming the chunks in flight."""
+    try:
+        yield
+    except Exception as err:
+        raise EngineError(tuple(in_flight), err) from err
 
 
 @dataclass(frozen=True)
@@ -95,15 +123,28 @@ class Engine:
             own = list(self.draft.model.encoder(input_features=x).last_hidden_state)
         return enc, own
 
-    def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int, batch_size: int) -> bool:
-        """Encode batches of chunks until `n_needed` are ready; returns False once the source is exhausted."""
+    def _fill_ready(self, source: Iterator[ChunkRequest | None], ready: deque, n_needed: int, batch_size: int,
+                    in_flight: set) -> bool:
+        """Encode batches of chunks until `n_needed` are ready or the source has nothing right now (it yields
+        None); returns False once the source is exhausted. Pulled ids are added to `in_flight`."""
         while len(ready) < n_needed:
-            batch = [r for _, r in zip(range(batch_size), source)]
-            if not batch:
+            batch: list[ChunkRequest] = []
+            request = next(source, _EXHAUSTED)
+            while request is not None and request is not _EXHAUSTED:
+                batch.append(request)
+                in_flight.add(request.id)
+                if len(batch) == batch_size:
+                    break
+                request = next(source, _EXHAUSTED)
+            if batch:
+                with _losing(in_flight):
+                    enc, own = self._encode(batch)
+                for i, r in enumerate(batch):
+                    ready.append((r, enc[i], None if own is None else own[i]))
+            if request is _EXHAUSTED:
                 return False
-            enc, own = self._encode(batch)
-            for i, r in enumerate(batch):
-                ready.append((r, enc[i], None if own is None else own[i]))
+            if request is None:
+                return True
         return True
 
     # -- admission ------------------------------------------------------------------------------------------
@@ -140,9 +181,16 @@ class Engine:
         return n_prompt
 
     # -- the loop -------------------------------------------------------------------------------------------
-    def run(self, requests: Iterable[ChunkRequest], batch_size: int = 8) -> Iterator[ChunkResult]:
+    def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
         """Decode every request, `batch_size` rows at a time; yields one result per request, in the order they
-        finish."""
+        finish.
+
+        A live source yields None for "nothing right now": the engine stops filling for this step, drops its idle
+        rows and decodes the busy ones; with no row busy it asks again at once (so such a source should block
+        briefly before a None). The run ends when the source is exhausted and no row is busy. An exception of
+        the engine's own work raises `EngineError` with the ids of the chunks lost (see there); one raised by
+        the source propagates as it is.
+        """
         check_int(batch_size, "batch_size", 1)
         opts, n_rows = self.options, batch_size
         k_max = opts.num_draft_tokens if self.draft_dec is not None else 0
@@ -153,35 +201,47 @@ class Engine:
         st = DecodeState.empty(n_rows, n_positions + k_max + 8, k_max, self.target_dec.device)
         slots: list[ChunkRequest | None] = [None] * n_rows
         source, ready, more = iter(requests), deque(), True
+        in_flight: set = set()  # ids pulled from the source and not yet yielded: lost if the engine raises
         max_len = 0
         while True:
-            free = [i for i, s in enumerate(slots) if s is None]
+            n_free = slots.count(None) + n_rows - len(slots)  # free slots + rows dropped while idle
             n_pending = 1
-            if free and more:
-                more = self._fill_ready(source, ready, len(free), batch_size)
-            if free and ready:
-                take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
-                rows = free[: len(take)]
-                n_pending = self._admit(m, st, rows, take)
+            if n_free and more:
+                more = self._fill_ready(source, ready, n_free, batch_size, in_flight)
+            if n_free and ready:
+                take = [ready.popleft() for _ in range(min(n_free, len(ready)))]
+                with _losing(in_flight):
+                    if slots.count(None) < len(take):  # grow back: copies of row 0, overwritten by _admit
+                        grow = len(take) - slots.count(None)
+                        self._keep_rows(m, st, list(range(len(slots))) + [0] * grow)
+                        slots += [None] * grow
+                    rows = [i for i, s in enumerate(slots) if s is None][: len(take)]
+                    n_pending = self._admit(m, st, rows, take)
                 for row, (req, _, _) in zip(rows, take):
                     slots[row] = req
                 max_len = max(max_len, n_pending)
             if all(s is None for s in slots):
-                return
-            if not more and not ready and any(s is None for s in slots):
-                keep = [i for i, s in enumerate(slots) if s is not None]
-                self._keep_rows(m, st, keep)
-                slots = [slots[i] for i in keep]
-            step(m, self.rules, st, k_max, n_pending, max_len)
-            host = torch.cat([st.finish, st.n_tok.max()[None]]).tolist()  # the step's one sync
+                if not more:
+                    return
+                continue  # a live source has nothing right now and no row is busy: ask it again
+            with _losing(in_flight):
+                if not ready and None in slots:  # nothing waiting: drop the idle rows
+                    keep = [i for i, s in enumerate(slots) if s is not None]
+                    self._keep_rows(m, st, keep)
+                    slots = [slots[i] for i in keep]
+                step(m, self.rules, st, k_max, n_pending, max_len)
+                host = torch.cat([st.finish, st.n_tok.max()[None]]).tolist()  # the step's one sync
             finish, max_len = host[:-1], host[-1]
             for row, code in enumerate(finish):
                 if code != FINISH_NONE and slots[row] is not None:
-                    yield self._result(slots[row], st, row, code)
+                    result = self._result(slots[row], st, row, code)
+                    in_flight.discard(result.id)
+                    yield result
                     slots[row] = None
 
     @staticmethod
     def _keep_rows(m: Models, st: DecodeState, keep: list[int]) -> None:
+        """Rows `keep` of the batch, in that order (an index twice copies that row: the batch grows)."""
         idx = torch.tensor(keep, device=st.n_tok.device)
         st.keep_rows(idx)
         m.target_cache.keep_rows(idx)

@@ -289,22 +289,7 @@ class Transcriber:
         if item.error is not None:
             return Transcription(item.name, "", (), None, None, audio_s, wall_s, (), error=item.error)
         results = [item.results[i] for i in range(len(item.spans))]
-        stitched = stitch_chunks([ChunkTokens(r.tokens, span) for r, span in zip(results, item.spans)],
-                                 eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
-                                 sampling_rate=SAMPLE_RATE)
-        languages = [self._language(r) for r in results]
-        reports = tuple(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, lang,
-                                    r.finish_reason, r.stats)
-                        for r, span, lang in zip(results, item.spans, languages))
-        transcription = Transcription(
-            source=item.name,
-            text=self._decode(stitched.token_ids),
-            segments=tuple(TranscriptSegment(s.start_s, s.end_s, self._decode(s.token_ids)) for s in stitched.segments),
-            language=Counter(languages).most_common(1)[0][0] if languages else None,
-            stats=ChunkStats.total(r.stats for r in results),
-            audio_s=audio_s, wall_s=wall_s, chunks=reports, timestamped=stitched.timestamped,
-            chunk_tokens=tuple(r.tokens for r in results),
-        )
+        transcription = self.assemble(item.name, item.spans, results, audio_s, wall_s)
         if output_dir is not None:
             try:
                 write_outputs(transcription, output_dir, item.stem, self.options.formats)
@@ -312,6 +297,28 @@ class Transcriber:
                 cause = one_line(err)
                 return dataclasses.replace(transcription, error=f"cannot write outputs to {output_dir} ({cause})")
         return transcription
+
+    def assemble(self, source: str, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], audio_s: float,
+                 wall_s: float) -> Transcription:
+        """The `Transcription` of one input from its chunks' spans and engine results (both in chunk order):
+        stitched text and segments, language, summed statistics. Used per file here and per request by the
+        server (`asr_spec.serve`)."""
+        stitched = stitch_chunks([ChunkTokens(r.tokens, span) for r, span in zip(results, spans)],
+                                 eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
+                                 sampling_rate=SAMPLE_RATE)
+        languages = [self._language(r) for r in results]
+        reports = tuple(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, lang,
+                                    r.finish_reason, r.stats)
+                        for r, span, lang in zip(results, spans, languages))
+        return Transcription(
+            source=source,
+            text=self._decode(stitched.token_ids),
+            segments=tuple(TranscriptSegment(s.start_s, s.end_s, self._decode(s.token_ids)) for s in stitched.segments),
+            language=Counter(languages).most_common(1)[0][0] if languages else None,
+            stats=ChunkStats.total(r.stats for r in results),
+            audio_s=audio_s, wall_s=wall_s, chunks=reports, timestamped=stitched.timestamped,
+            chunk_tokens=tuple(r.tokens for r in results),
+        )
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()

@@ -1,0 +1,306 @@
+"""`asr-spec serve`: the OpenAI-compatible server, in-process (FastAPI's TestClient) and on a real 127.0.0.1 port
+(uvicorn in a thread, the official `openai` client), with the tiny real-vocabulary Whisper of test_transcribe."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
+from asr_spec.serve.batcher import Batcher, Job, QueueFull  # noqa: E402
+from asr_spec.transcribe.outputs import render_srt, render_vtt  # noqa: E402
+from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
+
+FILES = [LONG, SHORT[0], SHORT[1]]
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    return transcriber(speculative=False, timestamps=True)
+
+
+@pytest.fixture(scope="module")
+def expected(greedy):
+    return {path.name: t for path, t in zip(FILES, greedy.transcribe([str(p) for p in FILES], progress=False))}
+
+
+@pytest.fixture(scope="module")
+def client(greedy):
+    app = create_app(Batcher(greedy, batch_size=4, max_queue=64), ServeOptions(model_id="tiny", max_file_mb=2))
+    with TestClient(app) as client:  # runs the lifespan: the engine thread starts and stops with it
+        yield client
+
+
+def post(client, path: Path, **fields):
+    files = {"file": (path.name, path.read_bytes(), "audio/flac")}
+    return client.post("/v1/audio/transcriptions", files=files, data={"model": "tiny", **fields})
+
+
+def check_format(fmt: str, body, want) -> None:
+    """`body`: the response's text (or the openai client's parsed object) in format `fmt`; `want`: the
+    Transcriber's `Transcription` of the same file."""
+    if fmt == "json":
+        text = body.text if hasattr(body, "text") else json.loads(body)["text"]
+        assert text == want.text
+    elif fmt == "text":
+        assert body == want.text + "\n"
+    elif fmt == "srt":
+        assert body == render_srt(want)
+    elif fmt == "vtt":
+        assert body == render_vtt(want)
+    else:
+        data = body.model_dump() if hasattr(body, "model_dump") else json.loads(body)
+        assert data["text"] == want.text and data["language"] == "english"
+        assert data["duration"] == pytest.approx(want.audio_s)
+        assert [(s["start"], s["end"], s["text"]) for s in data["segments"]] == [
+            (s.start_s, s.end_s, s.text) for s in want.segments]
+
+
+# -- in-process ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_equals_the_transcriber(client, expected, fmt):
+    for path in FILES:
+        response = post(client, path, response_format=fmt)
+        assert response.status_code == 200, response.text
+        check_format(fmt, response.text, expected[path.name])
+    assert expected[LONG.name].text and len(expected[LONG.name].chunks) == 4  # a real long-form case
+
+
+@pytest.mark.parametrize("fields, status, needle", [
+    ({"temperature": "0.2"}, 400, "greedy/lossless only"),
+    ({"temperature": "hot"}, 400, "greedy/lossless only"),
+    ({"timestamp_granularities[]": "word"}, 400, "word timestamps are not available in this build"),
+    ({"timestamp_granularities[]": "phoneme"}, 400, "is not segment or word"),
+    ({"response_format": "xml"}, 400, "response_format 'xml'"),
+    ({"model": "gpt-4o-transcribe"}, 400, "not served here"),
+    ({"language": "fr"}, 400, "per-request language is not supported"),
+])
+def test_bad_options_get_400_with_the_reason(client, fields, status, needle):
+    response = post(client, SHORT[0], **fields)
+    assert response.status_code == status
+    assert needle in response.json()["error"]["message"]
+
+
+def test_accepted_options(client, expected):
+    response = post(client, SHORT[0], temperature="0", language="english", prompt="ignored",
+                    **{"timestamp_granularities[]": "segment"})
+    assert response.status_code == 200 and response.json()["text"] == expected[SHORT[0].name].text
+
+
+def test_not_audio_missing_file_and_oversize(client):
+    response = client.post("/v1/audio/transcriptions", files={"file": ("notes.txt", b"hello, not audio")},
+                           data={"model": "tiny"})
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert message.startswith("notes.txt: not a readable audio file") and "\n" not in message
+    assert client.post("/v1/audio/transcriptions", data={"model": "tiny"}).status_code == 400
+    big = client.post("/v1/audio/transcriptions", files={"file": ("big.flac", b"\0" * 2_100_000)})
+    assert big.status_code == 413 and "2 MB" in big.json()["error"]["message"]
+
+
+def test_models_health_and_metrics(client):
+    assert client.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert client.get("/health").json()["status"] == "ok"
+    post(client, SHORT[1])
+    metrics = client.get("/metrics").text
+    for name in ("asr_spec_requests_total{outcome=\"ok\"}", "asr_spec_audio_seconds_total", "asr_spec_queue_depth",
+                 "asr_spec_batch_occupancy", "asr_spec_tokens_per_target_pass",
+                 "asr_spec_request_latency_seconds_bucket{le=\"+Inf\"}"):
+        assert name in metrics
+    ok = next(line for line in metrics.splitlines() if line.startswith('asr_spec_requests_total{outcome="ok"}'))
+    assert float(ok.split()[-1]) >= 1
+
+
+def test_full_queue_answers_503_with_retry_after(greedy):
+    batcher = Batcher(greedy, batch_size=4, max_queue=3)
+    app = create_app(batcher)
+    client = TestClient(app)  # no lifespan: the engine thread does not run, so the queue stays full
+    batcher.submit(Job(*batcher.prepare(LONG.read_bytes())))  # 4 chunks: over 3, but the queue was empty
+    response = post(client, SHORT[0], model="")
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    with pytest.raises(QueueFull):
+        batcher.submit(Job(*batcher.prepare(SHORT[0].read_bytes())))
+
+
+# -- the batcher ----------------------------------------------------------------------------------------------
+
+def wait_for(jobs, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(job.finished for job in jobs):
+        assert time.monotonic() < deadline, "jobs did not finish in time"
+        time.sleep(0.02)
+
+
+def test_a_cancelled_job_frees_its_queued_chunks(greedy, expected):
+    batcher = Batcher(greedy, batch_size=2, max_queue=64)
+    done = []
+    gone = Job(*batcher.prepare(LONG.read_bytes()), on_done=done.append)
+    kept = Job(*batcher.prepare(SHORT[0].read_bytes()), on_done=done.append)
+    batcher.submit(gone)
+    batcher.submit(kept)
+    assert batcher.queue_depth == 5
+    assert batcher.cancel(gone) == 4 and batcher.queue_depth == 1
+    batcher.start()
+    try:
+        wait_for([kept])
+    finally:
+        batcher.stop()
+    assert done == [kept] and not gone.finished and not gone.results
+    text = greedy.assemble("x", kept.spans, kept.ordered_results(), kept.audio_s, 0.0).text
+    assert text == expected[SHORT[0].name].text
+
+
+def test_an_engine_error_fails_only_its_request_and_serving_goes_on(greedy, expected):
+    batcher = Batcher(greedy, batch_size=2, max_queue=64)
+    spans, _, audio_s = batcher.prepare(SHORT[1].read_bytes())
+    broken = Job(spans, torch.randn(len(spans), 80, 7), audio_s)  # 7 frames: the encoder raises
+    batcher.start()
+    try:
+        batcher.submit(broken)
+        wait_for([broken])
+        good = Job(*batcher.prepare(SHORT[0].read_bytes()))
+        batcher.submit(good)
+        wait_for([good])
+        assert batcher.alive
+    finally:
+        batcher.stop()
+    assert broken.error is not None and "decoding failed" in broken.error
+    assert good.error is None
+    assert greedy.assemble("x", good.spans, good.ordered_results(), 0, 0).text == expected[SHORT[0].name].text
+
+
+# -- a real port and the official openai client ----------------------------------------------------------------
+
+@contextmanager
+def serving(app):
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(400):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert server.started, "uvicorn did not start"
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+class PausedBatcher(Batcher):
+    """A batcher whose engine never starts: what is queued stays queued."""
+
+    def start(self) -> None:
+        pass
+
+
+def test_a_client_that_hangs_up_has_its_queued_chunks_dropped(greedy):
+    batcher = PausedBatcher(greedy, batch_size=2)
+    body, boundary = LONG.read_bytes(), "asrspecboundary"
+    payload = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"long.flac\"\r\n"
+               f"Content-Type: audio/flac\r\n\r\n").encode() + body + f"\r\n--{boundary}--\r\n".encode()
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(payload)}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n").encode()
+    with serving(create_app(batcher)) as base_url:
+        port = int(base_url.rsplit(":", 1)[1].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(head + payload)
+            deadline = time.monotonic() + TIMEOUT_S
+            while batcher.queue_depth != 4:  # the long file's four chunks are waiting
+                assert time.monotonic() < deadline, "the request was never queued"
+                time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while batcher.queue_depth:  # the handler notices the hang-up and drops them
+            assert time.monotonic() < deadline, "the chunks of a gone client stayed queued"
+            time.sleep(0.02)
+    assert 'outcome="disconnected"' in batcher.metrics.render()
+
+
+def openai_client(base_url: str):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=base_url, api_key="dummy", timeout=TIMEOUT_S, max_retries=0)
+
+
+def test_openai_client_on_a_real_port(greedy, expected):
+    from concurrent.futures import ThreadPoolExecutor
+
+    app = create_app(Batcher(greedy, batch_size=4), ServeOptions(model_id="tiny"))
+    with serving(app) as base_url:
+        client = openai_client(base_url)
+
+        def ask(path: Path, fmt: str):
+            with open(path, "rb") as audio:
+                return client.audio.transcriptions.create(model="whisper-1", file=audio, response_format=fmt)
+
+        with ThreadPoolExecutor(4) as pool:  # concurrent requests share the batch; each gets its own text
+            asked = [(path, fmt, pool.submit(ask, path, fmt)) for fmt in FORMATS for path in FILES]
+            for path, fmt, future in asked:
+                check_format(fmt, future.result(timeout=TIMEOUT_S), expected[path.name])
+        openai = pytest.importorskip("openai")
+        with pytest.raises(openai.BadRequestError, match="greedy/lossless only"):
+            with open(SHORT[0], "rb") as audio:
+                client.audio.transcriptions.create(model="whisper-1", file=audio, temperature=0.7)
+
+
+def test_a_draft_changes_nothing(greedy):
+    """The same requests, sent concurrently (so their chunks share rows), to a greedy and a speculative server."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    speculative = transcriber(speculative=True, timestamps=True)
+    assert speculative.draft is not None
+    asked = [(LONG, "verbose_json"), (SHORT[1], "json")] + [(SHORT[0], fmt) for fmt in FORMATS]
+    answers = {}
+    for name, model in (("greedy", greedy), ("draft", speculative)):
+        app = create_app(Batcher(model, batch_size=3), ServeOptions(model_id="tiny"))
+        with TestClient(app) as client, ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(post, client, path, response_format=fmt) for path, fmt in asked]
+            answers[name] = [future.result(timeout=TIMEOUT_S) for future in futures]
+    assert all(r.status_code == 200 for r in answers["greedy"])
+    assert [r.text for r in answers["draft"]] == [r.text for r in answers["greedy"]]
+
+
+# -- the command line -----------------------------------------------------------------------------------------
+
+def test_cli_refuses_bad_options_in_one_line_before_loading(capsys, tmp_path):
+    from asr_spec.cli import main
+
+    cases = [(["--no-draft", "--draft", "x"], "contradict"),
+             (["--model", str(tmp_path / "absent"), "--batch-size", "0"], "batch_size must be an integer >= 1"),
+             (["--model", str(tmp_path / "absent"), "--max-file-mb", "0"], "max_file_mb must be a positive"),
+             (["--model", str(tmp_path)], "not a Whisper model directory")]
+    for args, needle in cases:
+        with pytest.raises(SystemExit) as info:
+            main(["serve", *args])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_build_app_loads_a_model_directory(tmp_path, expected):
+    from asr_spec.serve import build_app
+    from test_transcribe import save_tiny_models
+
+    target_dir, _ = save_tiny_models(tmp_path)
+    app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0)
+    with TestClient(app) as client:
+        assert client.get("/v1/models").json()["data"][0]["id"] == str(target_dir)
+        response = post(client, SHORT[0], model=str(target_dir))
+    assert response.status_code == 200 and isinstance(response.json()["text"], str)
