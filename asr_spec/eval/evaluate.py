@@ -26,6 +26,7 @@ the same text and segments).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import logging
@@ -119,6 +120,9 @@ class EvalOptions:
     language: str | None = None  # None = the preset's ("auto" = detect per chunk)
     no_draft: bool = False  # greedy decoding only (the preset's draft is not loaded)
     streaming: bool = True  # hub only: stream the split instead of downloading it whole
+    ray: bool = False  # transcribe on a Ray cluster (asr_spec.distributed): one actor per worker, local tree only
+    ray_address: str | None = None  # with ray: the cluster; None = RAY_ADDRESS, else a local Ray
+    workers: int = 1  # with ray: transcription actors
 
     def __post_init__(self) -> None:
         _verify_eval_options(self)
@@ -148,6 +152,10 @@ def _verify_eval_options(o: EvalOptions) -> None:
             raise InputError(f"{name} must be an integer >= 1, got {value!r}")
     if o.compare_greedy and o.no_draft:
         raise InputError("compare_greedy needs a draft: it compares speculative decoding with greedy (drop no_draft)")
+    if o.ray and (o.data_dir is None or o.long_form or o.compare_greedy):
+        raise InputError("ray runs utterance files of a local tree: give data_dir, without long_form or compare_greedy")
+    if not _is_count(o.workers, 1):
+        raise InputError(f"workers must be an integer >= 1, got {o.workers!r}")
     if o.data_dir is not None and not Path(o.data_dir).is_dir():
         raise InputError(f"{o.data_dir}: no such directory (data_dir must be a LibriSpeech tree)")
 
@@ -471,16 +479,37 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
         first = next(items)
     except StopIteration:
         raise InputError(f"{options.data_dir or 'the hub'}: split {options.split} has no utterances") from None
-    if transcriber is None:
-        transcriber = _load_transcriber(options)
     path = options.output_path()
-    run_eval(transcriber, itertools.chain([first], items), path, limit=options.limit,
-             as_long_form=options.long_form, compare_greedy=options.compare_greedy,
-             batch_size=options.batch_size, group_size=options.group_size, on_record=on_record)
+    if options.ray:
+        if transcriber is not None:
+            raise InputError("with ray each worker loads options.preset: do not pass a transcriber")
+        _run_eval_on_ray(options, itertools.chain([first], items), path, on_record)
+    else:
+        if transcriber is None:
+            transcriber = _load_transcriber(options)
+        run_eval(transcriber, itertools.chain([first], items), path, limit=options.limit,
+                 as_long_form=options.long_form, compare_greedy=options.compare_greedy,
+                 batch_size=options.batch_size, group_size=options.group_size, on_record=on_record)
     summary = eval_summary(path)
     summary["log"] = str(path)
     write_summary(summary, summary_path(path))
     return summary
+
+
+def _run_eval_on_ray(options: EvalOptions, items: Iterable[Utterance], path: Path,
+                     on_record: Callable[[dict[str, Any]], None] | None) -> None:
+    """--ray: the utterance files go to `asr_spec.distributed.transcribe_dataset` (`group_size` files per actor
+    call); each record is the one `run_eval` writes. Its wall_s is the utterance's share of its actor's batch time
+    (first batch: model warm-up included), so RTFx is the throughput of one worker, not of the cluster."""
+    from asr_spec import distributed
+
+    utts = {u.id: u for u in take(items, options.limit)}
+    rows = [{"id": u.id, "path": os.fspath(u.audio)} for u in utts.values()]
+    ray_options = distributed.RayOptions(address=options.ray_address, workers=options.workers, progress=False,
+                                         files_per_batch=options.group_size or distributed.RayOptions.files_per_batch)
+    distributed.transcribe_dataset(rows, path, options=ray_options, loader=functools.partial(_load_transcriber, options),
+                                   record=lambda row, t, wall_s, read_s: _record(utts[row["id"]], t, wall_s, None),
+                                   on_record=on_record)
 
 
 # -- command line ------------------------------------------------------------------------------------------------
@@ -508,6 +537,11 @@ def build_parser(prog: str = "asr-spec eval") -> argparse.ArgumentParser:
     p.add_argument("--no-draft", action="store_true", help="greedy decoding only")
     p.add_argument("--no-streaming", action="store_true", help="hub: download the split instead of streaming it")
     p.add_argument("--quiet", action="store_true", help="no per-utterance lines")
+    p.add_argument("--ray", action="store_true", help="transcribe on a Ray cluster (needs --data-dir; "
+                   "pip install 'asr-spec[ray]')")
+    p.add_argument("--ray-address", help="with --ray: the cluster (auto, ray://host:10001); default RAY_ADDRESS, "
+                   "else a local Ray")
+    p.add_argument("--workers", type=int, default=1, help="with --ray: transcription actors (default 1)")
     return p
 
 
@@ -541,7 +575,8 @@ def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> 
             preset=args.preset, split=args.split, data_dir=args.data_dir, limit=args.limit, long_form=args.long_form,
             compare_greedy=args.compare_greedy, batch_size=args.batch_size, group_size=args.group_size,
             output=args.output, device=args.device, dtype=args.dtype, language=args.language,
-            no_draft=args.no_draft, streaming=not args.no_streaming,
+            no_draft=args.no_draft, streaming=not args.no_streaming, ray=args.ray, ray_address=args.ray_address,
+            workers=args.workers,
         )
     except AsrSpecError as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
