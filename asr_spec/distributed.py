@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import glob
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -147,6 +148,21 @@ def librispeech_inputs(root: str | os.PathLike, split: str = "test-clean") -> li
     return [{"id": u.id, "path": os.fspath(u.audio), "ref": u.text} for u in iter_local(root, split)]
 
 
+def _as_rows(inputs: Sequence[InputRow] | Sequence[str | os.PathLike]) -> list[InputRow]:
+    """Input rows as given, or `file_inputs` of paths and patterns; each id once."""
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    rows: list[InputRow] = []
+    for item in inputs:
+        if isinstance(item, (str, os.PathLike)):
+            rows += file_inputs([item])
+        elif isinstance(item, Mapping) and isinstance(item.get("id"), str) and isinstance(item.get("path"), str):
+            rows.append(dict(item))
+        else:
+            raise InputError(f"an input must be a path or a row with string 'id' and 'path', got {item!r:.80}")
+    return _unique(rows)
+
+
 def _unique(rows: list[InputRow]) -> list[InputRow]:
     """Each id once (the first row), so that the output has one record per id."""
     seen: dict[str, InputRow] = {}
@@ -248,6 +264,8 @@ def _pipeline(ray: Any, rows: Sequence[InputRow], loader: Loader, options: RayOp
     if gpus is None:
         gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
     ray.data.DataContext.get_current().enable_progress_bars = options.progress
+    if not options.progress:  # nor Ray Data's "Starting execution" lines
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
     items = [{"id": row["id"], "path": row["path"]} for row in rows]
     ds = ray.data.from_items(items, override_num_blocks=min(len(items), MAX_BLOCKS))
     ds = ds.map_batches(_decode_batch, batch_size=1, num_cpus=1)  # a task whose process dies is retried
@@ -276,7 +294,7 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
     options = RayOptions() if options is None else options
     if not isinstance(options, RayOptions):
         raise InputError(f"options must be a RayOptions, got {type(options).__name__}")
-    rows = _unique([row if isinstance(row, Mapping) else file_inputs([row])[0] for row in inputs])
+    rows = _as_rows(inputs)
     if loader is None:
         from asr_spec.transcribe import Transcriber
 

@@ -160,6 +160,19 @@ def test_eval_ray_writes_the_records_the_summary_reads(tmp_path, preset) -> None
     assert summary["n_scored"] == 3 and summary["rtfx"] > 0
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["transcribe", "--output", "x.jsonl", "a.flac"], "--manifest, --output and --ray-address need --ray"),
+    (["transcribe", "--ray", "--output", "x.jsonl"], "no input: give audio FILEs or --manifest"),
+    (["transcribe", "--ray", "--output", "x.jsonl", "--output-dir", "d", "a.flac"], "drop --output-dir"),
+    (["eval", "--workers", "2"], "ray_address and workers are options of ray"),
+    (["eval", "--ray"], "ray runs utterance files of a local tree: give data_dir"),
+])
+def test_cli_option_errors(capsys, args: list[str], needle: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(args)
+    assert exit_.value.code == 2 and needle in capsys.readouterr().err
+
+
 def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
     with pytest.raises(distributed.InputError, match="no file matches"):
         distributed.file_inputs([str(tmp_path / "*.flac")])

@@ -156,6 +156,8 @@ def _verify_eval_options(o: EvalOptions) -> None:
         raise InputError("ray runs utterance files of a local tree: give data_dir, without long_form or compare_greedy")
     if not _is_count(o.workers, 1):
         raise InputError(f"workers must be an integer >= 1, got {o.workers!r}")
+    if not o.ray and (o.ray_address is not None or o.workers != 1):
+        raise InputError("ray_address and workers are options of ray: turn it on (--ray) or drop them")
     if o.data_dir is not None and not Path(o.data_dir).is_dir():
         raise InputError(f"{o.data_dir}: no such directory (data_dir must be a LibriSpeech tree)")
 
