@@ -25,6 +25,7 @@ import glob
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -245,6 +246,16 @@ def _import_ray() -> Any:
     return ray
 
 
+def _worker_cause(err: BaseException) -> str:
+    """One line saying what a worker raised: a task error carries the exception (`cause`); an actor that died
+    while starting (a bad preset) carries only its traceback text, whose last "SomethingError: message" line it is."""
+    inner = getattr(err, "cause", None)
+    if isinstance(inner, BaseException):
+        return one_line(inner)
+    raised = re.findall(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception): (.+)$", str(err), re.MULTILINE)
+    return raised[-1].strip() if raised else one_line(err)
+
+
 def _connect(ray: Any, options: RayOptions) -> bool:
     """Join the cluster (options.address, else RAY_ADDRESS) or start a local Ray; True when we started it."""
     if ray.is_initialized():
@@ -322,7 +333,7 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
                     on_record(rec)
         except ray.exceptions.RayError as err:  # e.g. actors that cannot start (a bad preset)
             raise AsrSpecError(f"the Ray run stopped after {n_written} new records in {output}; rerun to resume "
-                               f"({one_line(err)})") from err
+                               f"({_worker_cause(err)})") from err
         finally:
             if started:
                 ray.shutdown()

@@ -52,9 +52,12 @@ def main() -> None:
                 report = distributed.transcribe_dataset(inputs, out, preset=args.preset, options=options, device="cpu")
                 records = [json.loads(line) for line in out.read_text().splitlines()]
                 audio_s = sum(r["audio_s"] for r in records)
+                busy_s = sum(r["wall_s"] for r in records)  # actor time spent transcribing, summed over actors
                 walls[n].append(report.wall_s)
                 print(f"repeat {rep} workers {n}: {len(records)} files ({report.n_failed} failed), {audio_s:.1f} s "
-                      f"audio in {report.wall_s:.1f} s wall: RTFx {audio_s / report.wall_s:.2f}", flush=True)
+                      f"audio in {report.wall_s:.1f} s wall: RTFx {audio_s / report.wall_s:.2f}; actors busy "
+                      f"{busy_s:.1f} s (transcribing in parallel {busy_s / report.wall_s:.2f} of the wall time)",
+                      flush=True)
     ray.shutdown()
     base = statistics.median(walls[args.workers[0]])
     print(f"\n{len(inputs)} files, {audio_s:.1f} s of audio, preset {args.preset}, {args.threads_per_worker} torch "
