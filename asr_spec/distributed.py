@@ -6,7 +6,9 @@ inference; `pip install 'asr-spec[ray]'`).
       ──map_batches(_TranscribeWorker): an actor pool, one Transcriber per actor (num_gpus=1 on GPUs)──► results
       ──iter_rows at the driver──► one JSONL line per input (appended, flushed, fsync'ed), deduplicated by id
 
-Each actor's Transcriber batches the chunks of all the files of the batch it receives (continuous batching), so
+With GPU actors the decode step runs in separate CPU tasks, in parallel with the GPUs; with CPU actors Ray Data
+fuses it into the actors (both would reserve the same CPUs), so each worker decodes its own files. Each actor's
+Transcriber batches the chunks of all the files of the batch it receives (continuous batching), so
 `files_per_batch` files keep its engine rows full. Ray does the scheduling: a decode task that fails is retried,
 an actor that dies is restarted and its batch redone (Ray Data's actor defaults); the driver writes a
 record only once per id, so a redone batch never duplicates a line. A file that cannot be read is one record with

@@ -160,6 +160,16 @@ def test_eval_ray_writes_the_records_the_summary_reads(tmp_path, preset) -> None
     assert summary["n_scored"] == 3 and summary["rtfx"] > 0
 
 
+def test_with_gpu_workers_decoding_runs_in_its_own_cpu_tasks(capsys) -> None:
+    """The plan only (nothing runs): GPU actors leave decoding to CPU tasks; CPU actors take it over (fused)."""
+    for gpus, optimised in [(1.0, "ActorPoolMapOperator[MapBatches(_TranscribeWorker)]\n+- TaskPoolMapOperator"),
+                            (0.0, "ActorPoolMapOperator[MapBatches(_decode_batch)->MapBatches(_TranscribeWorker)]")]:
+        options = dataclasses.replace(QUIET, gpus_per_worker=gpus)
+        distributed._pipeline(ray, [{"id": "a", "path": "a.flac"}], lambda: None, options).explain()
+        plan = capsys.readouterr().out
+        assert optimised in plan.split("Physical Plan (Optimized)")[1]
+
+
 @pytest.mark.parametrize("args, needle", [
     (["transcribe", "--output", "x.jsonl", "a.flac"], "--manifest, --output and --ray-address need --ray"),
     (["transcribe", "--ray", "--output", "x.jsonl"], "no input: give audio FILEs or --manifest"),

@@ -509,7 +509,8 @@ def _run_eval_on_ray(options: EvalOptions, items: Iterable[Utterance], path: Pat
     rows = [{"id": u.id, "path": os.fspath(u.audio)} for u in utts.values()]
     ray_options = distributed.RayOptions(address=options.ray_address, workers=options.workers, progress=False,
                                          files_per_batch=options.group_size or distributed.RayOptions.files_per_batch)
-    distributed.transcribe_dataset(rows, path, options=ray_options, loader=functools.partial(_load_transcriber, options),
+    distributed.transcribe_dataset(rows, path, options=ray_options,
+                                   loader=functools.partial(_load_transcriber, options),
                                    record=lambda row, t, wall_s, read_s: _record(utts[row["id"]], t, wall_s, None),
                                    on_record=on_record)
 
