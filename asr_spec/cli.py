@@ -1,6 +1,7 @@
 """Command line: a thin typer layer over the library.
 
     asr-spec transcribe FILES... [--preset base] [--model M] [--draft D | --no-draft] [--output-dir DIR] ...
+    asr-spec transcribe --ray [--ray-address auto] [--workers N] FILES|--manifest M --output results.jsonl
     asr-spec convert CT2_DIR OUT_DIR
     asr-spec serve [--preset base] [--model M] [--draft D | --no-draft] [--host H] [--port P] ...
 
@@ -67,8 +68,9 @@ def _overrides(model: str | None, draft: str | None, no_draft: bool, **options: 
 
 
 @app.command()
-def transcribe(  # long function: typer declares each of its ~17 options as a parameter
-    files: list[str] = typer.Argument(..., metavar="FILE", help="Audio files (wav, flac, mp3, ogg, m4a...)."),
+def transcribe(  # long function: typer declares each of its ~23 options as a parameter
+    files: Optional[list[str]] = typer.Argument(None, metavar="FILE", help="Audio files (wav, flac, mp3, ogg, "
+                                                 "m4a...); with --ray also glob patterns."),
     preset: str = PRESET,
     model: Optional[str] = MODEL,
     draft: Optional[str] = DRAFT,
@@ -90,16 +92,35 @@ def transcribe(  # long function: typer declares each of its ~17 options as a pa
     format: Optional[str] = typer.Option(None, "--format", help="With --output-dir: comma-separated txt, json, "
                                          "srt, vtt. Default: all four."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary (errors still shown)."),
+    ray: bool = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-spec[ray]'): one JSONL "
+                             "record per input in --output, resumable."),
+    ray_address: Optional[str] = typer.Option(None, help="With --ray: the cluster (auto, ray://host:10001). "
+                                              "Default: RAY_ADDRESS, else a local Ray on this machine."),
+    workers: int = typer.Option(1, help="With --ray: transcription actors (one per GPU on GPU machines)."),
+    threads_per_worker: int = typer.Option(1, help="With --ray: torch threads of each CPU actor."),
+    manifest: Optional[Path] = typer.Option(None, help="With --ray: a .csv/.tsv/.jsonl manifest with a path column "
+                                            "(a text column is kept as the reference) instead of FILEs."),
+    output: Optional[Path] = typer.Option(None, help="With --ray: the results JSONL (rerun to resume)."),
 ) -> None:
-    """Transcribe audio files; the transcript goes to stdout unless --output-dir is given."""
+    """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
     from asr_spec.engine import ChunkStats
     from asr_spec.transcribe import Transcriber
 
+    if not ray and (manifest is not None or output is not None or ray_address is not None):
+        _fail("--manifest, --output and --ray-address need --ray", EXIT_USAGE)
+    if not files and manifest is None:
+        _fail("no input: give audio FILEs" + (" or --manifest" if ray else ""), EXIT_USAGE)
+    if ray and (output_dir is not None or format is not None):
+        _fail("--ray writes JSONL records to --output: drop --output-dir/--format", EXIT_USAGE)
     if format is not None and output_dir is None:
         _fail("--format needs --output-dir (without it the transcript is printed)", EXIT_USAGE)
     overrides = _overrides(model, draft, no_draft, dtype=dtype, language=language, task=task,
                            chunk_length_s=chunk_length, num_draft_tokens=num_draft_tokens, batch_size=batch_size,
                            formats=format, timestamps=timestamps)
+    if ray:
+        _transcribe_on_ray(files or [], manifest, output, preset, device, overrides, quiet,
+                           address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
+        return
     try:
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
     except USER_ERRORS as err:
@@ -125,6 +146,34 @@ def transcribe(  # long function: typer declares each of its ~17 options as a pa
     if not quiet:
         typer.echo(_summary(len(files), n_failed, audio_s, wall_s, ChunkStats.total(stats)), err=True)
     if n_failed:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _transcribe_on_ray(files: list[str], manifest: Optional[Path], output: Optional[Path], preset: str, device: str,
+                       overrides: dict[str, Any], quiet: bool, **ray_options: Any) -> None:
+    """`transcribe --ray`: `asr_spec.distributed.transcribe_dataset` over the files or the manifest."""
+    from asr_spec import distributed
+
+    if output is None:
+        _fail("--ray needs --output results.jsonl", EXIT_USAGE)
+    if files and manifest is not None:
+        _fail("give FILEs or --manifest, not both", EXIT_USAGE)
+
+    def show(record: dict[str, Any]) -> None:
+        if record.get("error"):
+            typer.echo(f"error: {record['path']}: {record['error']}", err=True)
+
+    try:
+        options = distributed.RayOptions(progress=not quiet, **ray_options)
+        inputs = distributed.manifest_inputs(manifest) if manifest else distributed.file_inputs(files)
+        report = distributed.transcribe_dataset(inputs, output, preset=preset, options=options, on_record=show,
+                                                device=device, **overrides)
+    except USER_ERRORS as err:
+        _fail(one_line(err), EXIT_USAGE)
+    if not quiet:
+        typer.echo(f"{report.n_written} records written to {output} ({report.n_failed} failed), "
+                   f"{report.n_skipped} already there, in {report.wall_s:.1f} s", err=True)
+    if report.n_failed:
         raise typer.Exit(EXIT_FAILED)
 
 

@@ -48,6 +48,11 @@ def build_parser(prog: str = "asr-spec eval") -> argparse.ArgumentParser:
     p.add_argument("--language", help="language code, or auto (default: the preset's)")
     p.add_argument("--no-streaming", action="store_true", help="hub: download the split instead of streaming it")
     p.add_argument("--quiet", action="store_true", help="no per-utterance lines")
+    p.add_argument("--ray", action="store_true", help="transcribe on a Ray cluster (needs --data-dir; "
+                   "pip install 'asr-spec[ray]')")
+    p.add_argument("--ray-address", help="with --ray: the cluster (auto, ray://host:10001); default RAY_ADDRESS, "
+                   "else a local Ray")
+    p.add_argument("--workers", type=int, default=1, help="with --ray: transcription actors (default 1)")
     return p
 
 

@@ -7,13 +7,17 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from asr_spec.errors import InputError
+from asr_spec.eval.librispeech import Utterance, take
 from asr_spec.eval.options import EvalOptions
-from asr_spec.eval.runner import run_eval, utterances
+from asr_spec.eval.runner import record_of, run_eval, utterances
 from asr_spec.eval.summary import eval_summary, summary_path, write_summary
 
 __all__ = ["evaluate"]
@@ -55,13 +59,35 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
         first = next(items)
     except StopIteration:
         raise InputError(f"{options.data_dir or 'the hub'}: split {options.split} has no utterances") from None
-    if transcriber is None:
-        transcriber = _load_transcriber(options)
     path = options.output_path()
-    run_eval(transcriber, itertools.chain([first], items), path, limit=options.limit,
-             as_long_form=options.long_form, compare_greedy=options.compare_greedy,
-             batch_size=options.batch_size, group_size=options.group_size, on_record=on_record)
+    if options.ray:
+        if transcriber is not None:
+            raise InputError("with ray each worker loads options.preset: do not pass a transcriber")
+        _run_eval_on_ray(options, itertools.chain([first], items), path, on_record)
+    else:
+        if transcriber is None:
+            transcriber = _load_transcriber(options)
+        run_eval(transcriber, itertools.chain([first], items), path, limit=options.limit,
+                 as_long_form=options.long_form, compare_greedy=options.compare_greedy,
+                 batch_size=options.batch_size, group_size=options.group_size, on_record=on_record)
     summary = eval_summary(path)
     summary["log"] = str(path)
     write_summary(summary, summary_path(path))
     return summary
+
+
+def _run_eval_on_ray(options: EvalOptions, items: Iterable[Utterance], path: Path,
+                     on_record: Callable[[dict[str, Any]], None] | None) -> None:
+    """--ray: the utterance files go to `asr_spec.distributed.transcribe_dataset` (`group_size` files per actor
+    call); each record is the one `run_eval` writes. Its wall_s is the utterance's share of its actor's batch time
+    (first batch: model warm-up included), so RTFx is the throughput of one worker, not of the cluster."""
+    from asr_spec import distributed
+
+    utts = {u.id: u for u in take(items, options.limit)}
+    rows = [{"id": u.id, "path": os.fspath(u.audio)} for u in utts.values()]
+    ray_options = distributed.RayOptions(address=options.ray_address, workers=options.workers, progress=False,
+                                         files_per_batch=options.group_size or distributed.RayOptions.files_per_batch)
+    distributed.transcribe_dataset(rows, path, options=ray_options,
+                                   loader=functools.partial(_load_transcriber, options),
+                                   record=lambda row, t, wall_s, read_s: record_of(utts[row["id"]], t, wall_s, None),
+                                   on_record=on_record)

@@ -80,6 +80,9 @@ class EvalOptions:
     language: str | None = None  # None = the preset's ("auto" = detect per chunk)
     no_draft: bool = False  # greedy decoding only (the preset's draft is not loaded)
     streaming: bool = True  # hub only: stream the split instead of downloading it whole
+    ray: bool = False  # transcribe on a Ray cluster (asr_spec.distributed): one actor per worker, local tree only
+    ray_address: str | None = None  # with ray: the cluster; None = RAY_ADDRESS, else a local Ray
+    workers: int = 1  # with ray: transcription actors
 
     def __post_init__(self) -> None:
         _verify_eval_options(self)
@@ -136,5 +139,10 @@ def _verify_eval_options(o: EvalOptions) -> None:
         raise InputError("compare_greedy needs a draft: it compares speculative decoding with greedy (drop no_draft)")
     if o.no_draft and o.draft is not None:
         raise InputError("no_draft and draft contradict each other: give one")
+    if o.ray and (o.data_dir is None or o.long_form or o.compare_greedy):
+        raise InputError("ray runs utterance files of a local tree: give data_dir, without long_form or compare_greedy")
+    check_int(o.workers, "workers", 1, InputError)
+    if not o.ray and (o.ray_address is not None or o.workers != 1):
+        raise InputError("ray_address and workers are options of ray: turn it on (--ray) or drop them")
     if o.data_dir is not None and not Path(o.data_dir).is_dir():
         raise InputError(f"{o.data_dir}: no such directory (data_dir must be a LibriSpeech tree)")

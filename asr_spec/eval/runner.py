@@ -120,7 +120,7 @@ def _identical(a: Any, b: Any) -> bool:
     return a.chunk_tokens == b.chunk_tokens and a.text == b.text and a.segments == b.segments
 
 
-def _record(u: Utterance, t: Any, wall_s: float, greedy: tuple[Any, float] | None) -> dict[str, Any]:
+def record_of(u: Utterance, t: Any, wall_s: float, greedy: tuple[Any, float] | None) -> dict[str, Any]:
     record: dict[str, Any] = {"id": u.id, "ref": u.text, "hyp": t.text, "audio_s": t.audio_s or u.duration_s,
                               "wall_s": wall_s, "latency_s": t.wall_s}
     if u.parts:
@@ -181,7 +181,7 @@ def _run_group(transcriber: Any, greedy: Any, utts: list[Utterance], rows: int,
     pairs: list[tuple[Any, float] | None] = [None] * len(utts)
     if greedy is not None:
         pairs = list(zip(plain, _share(greedy_wall_s, audio_s)))
-    records = [_record(u, t, share, pair) for u, t, share, pair in zip(utts, spec, _share(wall_s, audio_s), pairs)]
+    records = [record_of(u, t, share, pair) for u, t, share, pair in zip(utts, spec, _share(wall_s, audio_s), pairs)]
     return records, wall_s + greedy_wall_s
 
 

@@ -1,0 +1,342 @@
+"""Scale out on Ray: transcribe a corpus across the cores, GPUs or machines of a Ray cluster (Ray Data batch
+inference; `pip install 'asr-spec[ray]'`).
+
+    inputs (files | manifest | LibriSpeech tree) ──skip ids already in the output──► ray.data.from_items
+      ──map_batches(_decode_batch): CPU tasks, read + decode + resample to 16 kHz──► {id, audio, error, read_s}
+      ──map_batches(_TranscribeWorker): an actor pool, one Transcriber per actor (num_gpus=1 on GPUs)──► results
+      ──iter_rows at the driver──► one JSONL line per input (appended, flushed, fsync'ed), deduplicated by id
+
+With GPU actors the decode step runs in separate CPU tasks, in parallel with the GPUs; with CPU actors Ray Data
+fuses it into the actors (both would reserve the same CPUs), so each worker decodes its own files. Each actor's
+Transcriber batches the chunks of all the files of the batch it receives (continuous batching), so
+`files_per_batch` files keep its engine rows full. Ray does the scheduling: a decode task that fails is retried,
+an actor that dies is restarted and its batch redone (Ray Data's actor defaults); the driver writes a
+record only once per id, so a redone batch never duplicates a line. A file that cannot be read is one record with
+`error` set; the run goes on. Rerunning with the same output skips every id already recorded (a partial last line
+left by a killed run is cut first), so a killed run resumes where it stopped.
+
+Ray is imported only inside the functions that need it: the rest of asr-spec works without it.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import glob
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.errors import AsrSpecError, InputError, one_line
+from asr_spec.eval.librispeech import ResultsLog, iter_local
+from asr_spec.transcribe.results import Transcription
+
+__all__ = [
+    "RayOptions",
+    "RunReport",
+    "file_inputs",
+    "librispeech_inputs",
+    "manifest_inputs",
+    "transcribe_dataset",
+    "transcription_record",
+]
+
+INPUT_ERRORS = (AsrSpecError, ValueError, OSError)  # one input's fault: recorded on it, the run goes on
+MAX_BLOCKS = 1024  # Ray Data blocks of the input list: one per file up to this, so decoding spreads over the cluster
+RECORD_KEYS = ("id", "path", "text", "segments", "language", "audio_s", "wall_s", "latency_s", "read_s", "stats",
+               "error", "ref", "meta")
+
+InputRow = dict[str, Any]  # {"id": str, "path": str, optional "ref": str, optional "meta": dict}
+Loader = Callable[[], Any]  # builds the Transcriber of one actor (picklable: it travels to the workers)
+MakeRecord = Callable[[InputRow, Transcription, float, float], dict[str, Any]]  # (row, t, wall_s, read_s) -> record
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How the run is spread over the cluster. Checked once, here."""
+
+    address: str | None = None  # Ray cluster ("auto", "ray://host:10001"); None: RAY_ADDRESS, else a local Ray
+    workers: int = 1  # transcription actors, each holding one Transcriber (one per GPU on GPU machines)
+    gpus_per_worker: float | None = None  # None: 1 when the cluster has GPUs, else 0 (CPU actors)
+    threads_per_worker: int = 1  # torch threads of a CPU actor (and the CPUs it reserves)
+    files_per_batch: int = 8  # files given to an actor at once; their chunks share its engine batch
+    progress: bool = True  # Ray Data's progress bars on stderr
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("workers", 1), ("threads_per_worker", 1), ("files_per_batch", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        gpus = self.gpus_per_worker
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not gpus >= 0):
+            raise InputError(f"gpus_per_worker must be a number >= 0, got {gpus!r}")
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one `transcribe_dataset` call did."""
+
+    output: Path
+    n_inputs: int  # distinct inputs asked for
+    n_skipped: int  # already in the output (resumed)
+    n_written: int  # records this call appended
+    n_failed: int  # of n_written, records with an error
+    wall_s: float  # seconds from starting the pipeline to its last record
+
+
+# -- inputs ------------------------------------------------------------------------------------------------------
+
+def file_inputs(paths: Iterable[str | os.PathLike]) -> list[InputRow]:
+    """Files and glob patterns ("audio/**/*.flac"), in order, each file once. A name that is not a pattern is kept
+    as it is (a missing file becomes an error record); a pattern that matches nothing is an `InputError`."""
+    rows: list[InputRow] = []
+    for item in paths:
+        name = os.fspath(item)
+        if glob.has_magic(name):
+            matches = sorted(glob.glob(name, recursive=True))
+            if not matches:
+                raise InputError(f"{name}: no file matches this pattern")
+            rows += [{"id": m, "path": m} for m in matches if os.path.isfile(m)]
+        else:
+            rows.append({"id": name, "path": name})
+    return _unique(rows)
+
+
+def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
+    """Rows of a manifest: CSV (.csv), TSV (.tsv) or JSON lines (.jsonl) with a `path` column; relative paths are
+    taken from the manifest's folder. Optional `id` (default: the path); a `text` column is the reference
+    transcript (`ref`); any other columns are carried through as `meta`."""
+    path = Path(manifest)
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            lines = path.read_text(encoding="utf-8").splitlines()
+            raw = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
+        elif suffix in (".csv", ".tsv"):
+            with open(path, newline="", encoding="utf-8") as handle:
+                reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
+                raw = [(n, row) for n, row in enumerate(reader, 2)]
+        else:
+            raise InputError(f"{path}: a manifest must be .csv, .tsv or .jsonl")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error) as err:
+        raise InputError(f"{path}: cannot read the manifest ({one_line(err)})") from err
+    rows = []
+    for line_no, item in raw:
+        if not isinstance(item, dict) or not item.get("path"):
+            found = ", ".join(map(str, item)) if isinstance(item, dict) else type(item).__name__
+            raise InputError(f"{path}:{line_no}: no 'path' value (a manifest needs a path column; found: {found})")
+        file = str(path.parent / str(item["path"]))
+        row: InputRow = {"id": str(item.get("id") or file), "path": file}
+        if item.get("text") is not None:
+            row["ref"] = str(item["text"])
+        meta = {k: v for k, v in item.items() if k not in ("id", "path", "text")}
+        if meta:
+            row["meta"] = meta
+        rows.append(row)
+    return _unique(rows)
+
+
+def librispeech_inputs(root: str | os.PathLike, split: str = "test-clean") -> list[InputRow]:
+    """The utterances of a LibriSpeech tree (see `asr_spec.eval.librispeech.iter_local`): id, path, ref."""
+    return [{"id": u.id, "path": os.fspath(u.audio), "ref": u.text} for u in iter_local(root, split)]
+
+
+def _as_rows(inputs: Sequence[InputRow] | Sequence[str | os.PathLike]) -> list[InputRow]:
+    """Input rows as given, or `file_inputs` of paths and patterns; each id once."""
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    rows: list[InputRow] = []
+    for item in inputs:
+        if isinstance(item, (str, os.PathLike)):
+            rows += file_inputs([item])
+        elif isinstance(item, Mapping) and isinstance(item.get("id"), str) and isinstance(item.get("path"), str):
+            rows.append(dict(item))
+        else:
+            raise InputError(f"an input must be a path or a row with string 'id' and 'path', got {item!r:.80}")
+    return _unique(rows)
+
+
+def _unique(rows: list[InputRow]) -> list[InputRow]:
+    """Each id once (the first row), so that the output has one record per id."""
+    seen: dict[str, InputRow] = {}
+    for row in rows:
+        seen.setdefault(row["id"], row)
+    return list(seen.values())
+
+
+# -- the records -------------------------------------------------------------------------------------------------
+
+def transcription_record(row: InputRow, t: Transcription, wall_s: float, read_s: float) -> dict[str, Any]:
+    """One JSONL record: id, path, text, segments [{start_s, end_s, text}], language, audio_s, wall_s (this
+    file's share of its actor's batch time), latency_s (from its first chunk to its transcript, inside the batch),
+    read_s (decoding), stats (`ChunkStats` as a dict), and from the input ref, meta; error (one line) when it failed."""
+    record: dict[str, Any] = {
+        "id": row["id"], "path": row["path"], "text": t.text, "segments": [dataclasses.asdict(s) for s in t.segments],
+        "language": t.language, "audio_s": t.audio_s, "wall_s": wall_s, "latency_s": t.wall_s, "read_s": read_s,
+        "stats": None if t.stats is None else dataclasses.asdict(t.stats),
+    }
+    record.update({key: row[key] for key in ("ref", "meta") if key in row})
+    if t.error is not None:
+        record["error"] = t.error
+    return record
+
+
+# -- the Ray stages (run on the workers) --------------------------------------------------------------------------
+
+def _decode_batch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """CPU task: read, decode, downmix and resample each file of the batch. audio[i]: float32 (n_samples_i,) at
+    16 kHz (empty when the file failed, with `error` set)."""
+    audio, errors, read_s = [], [], []
+    for path in batch["path"]:
+        start = time.perf_counter()
+        try:
+            audio.append(load_audio(str(path)))
+            errors.append("")
+        except INPUT_ERRORS as err:
+            audio.append(np.zeros(0, np.float32))
+            errors.append(one_line(err, str(path)))
+        read_s.append(time.perf_counter() - start)
+    return {"id": batch["id"], "path": batch["path"], "audio": audio, "error": np.array(errors, dtype=object),
+            "read_s": np.array(read_s)}
+
+
+class _TranscribeWorker:
+    """Actor: one Transcriber, built once by `loader`; each call transcribes a batch of decoded files together."""
+
+    def __init__(self, loader: Loader, threads: int, use_gpu: bool):
+        import torch
+
+        if not use_gpu:
+            torch.set_num_threads(threads)
+        self.transcriber = loader()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        paths, errors = [str(p) for p in batch["path"]], [str(e) for e in batch["error"]]
+        ok = [i for i, err in enumerate(errors) if not err]
+        sources = [{"array": batch["audio"][i], "sampling_rate": SAMPLE_RATE, "path": paths[i]} for i in ok]
+        start = time.perf_counter()
+        done = self.transcriber.transcribe(sources, progress=False) if sources else []
+        wall_s = time.perf_counter() - start
+        results: list[Transcription] = [Transcription(p, "", (), None, None, 0.0, 0.0, (), error=e or None)
+                                        for p, e in zip(paths, errors)]
+        for i, t in zip(ok, done):
+            results[i] = t
+        audio_s = np.array([t.audio_s for t in results])
+        shares = wall_s * audio_s / audio_s.sum() if audio_s.sum() > 0 else np.full(len(results), wall_s / len(results))
+        column = np.empty(len(results), dtype=object)  # Transcription objects, pickled by Ray
+        column[:] = results
+        return {"id": batch["id"], "result": column, "wall_s": shares, "read_s": batch["read_s"]}
+
+
+# -- the driver --------------------------------------------------------------------------------------------------
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:
+        raise InputError("the Ray runner needs ray: pip install 'asr-spec[ray]'") from err
+    return ray
+
+
+def _worker_cause(err: BaseException) -> str:
+    """One line saying what a worker raised: a task error carries the exception (`cause`); an actor that died
+    while starting (a bad preset) carries only its traceback text, whose last "SomethingError: message" line it is."""
+    inner = getattr(err, "cause", None)
+    if isinstance(inner, BaseException):
+        return one_line(inner)
+    raised = re.findall(r"^\s*(?:[\w.]+\.)?\w*(?:Error|Exception): (.+)$", str(err), re.MULTILINE)
+    return raised[-1].strip() if raised else one_line(err)
+
+
+def _connect(ray: Any, options: RayOptions) -> bool:
+    """Join the cluster (options.address, else RAY_ADDRESS) or start a local Ray; True when we started it."""
+    if ray.is_initialized():
+        return False
+    address = options.address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:  # a local Ray sized for the actors plus room for the decode tasks
+        cpus = max(os.cpu_count() or 1, options.workers * options.threads_per_worker + 1)
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return True
+
+
+def _pipeline(ray: Any, rows: Sequence[InputRow], loader: Loader, options: RayOptions) -> Any:
+    """The Ray Data dataset of results: decode tasks, then the actor pool. Lazy: runs as it is iterated."""
+    gpus = options.gpus_per_worker
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    ray.data.DataContext.get_current().enable_progress_bars = options.progress
+    if not options.progress:  # nor Ray Data's "Starting execution" lines
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+    items = [{"id": row["id"], "path": row["path"]} for row in rows]
+    ds = ray.data.from_items(items, override_num_blocks=min(len(items), MAX_BLOCKS))
+    ds = ds.map_batches(_decode_batch, batch_size=1, num_cpus=1)  # a task whose process dies is retried
+    return ds.map_batches(  # Ray Data restarts a dead actor and retries its batch (max_restarts/max_task_retries -1)
+        _TranscribeWorker, fn_constructor_kwargs={"loader": loader, "threads": options.threads_per_worker,
+                                                  "use_gpu": gpus > 0},
+        batch_size=options.files_per_batch, compute=ray.data.ActorPoolStrategy(size=options.workers),
+        num_gpus=gpus, num_cpus=1 if gpus > 0 else options.threads_per_worker,
+    )
+
+
+def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike], output: str | os.PathLike, *,
+                       preset: str = "base", options: RayOptions | None = None, loader: Loader | None = None,
+                       record: MakeRecord = transcription_record,
+                       on_record: Callable[[dict[str, Any]], None] | None = None,
+                       **overrides: Any) -> RunReport:
+    """Transcribe `inputs` on a Ray cluster; one JSONL record per input in `output` (see `transcription_record`).
+
+    inputs:    rows of `file_inputs` / `manifest_inputs` / `librispeech_inputs`, or plain paths and patterns.
+    output:    the JSONL results; ids already in it are skipped (resume), a partial last line is cut.
+    preset, overrides: what each actor loads, `Transcriber.from_preset(preset, **overrides)` (model, draft,
+               device, language, batch_size, ...); or `loader`, a picklable zero-argument callable returning it.
+    record:    builds the record of one input from (row, Transcription, wall_s, read_s), on the driver.
+    on_record: called with each record once it is written.
+    """
+    options = RayOptions() if options is None else options
+    if not isinstance(options, RayOptions):
+        raise InputError(f"options must be a RayOptions, got {type(options).__name__}")
+    rows = _as_rows(inputs)
+    if loader is None:
+        from asr_spec.transcribe import Transcriber
+
+        loader = functools.partial(Transcriber.from_preset, preset, **overrides)
+    elif overrides:
+        raise InputError(f"give either loader or Transcriber options, not both ({', '.join(sorted(overrides))})")
+    log = ResultsLog(output)
+    done = log.done_ids()
+    pending = [row for row in rows if row["id"] not in done]
+    n_skipped, n_written, n_failed, start = len(rows) - len(pending), 0, 0, time.perf_counter()
+    if pending:
+        ray = _import_ray()
+        by_id = {row["id"]: row for row in pending}
+        started = _connect(ray, options)
+        try:
+            for out in _pipeline(ray, pending, loader, options).iter_rows():
+                row = by_id.pop(str(out["id"]), None)
+                if row is None:  # already written: a batch Ray redid after a worker died
+                    continue
+                rec = record(row, out["result"], float(out["wall_s"]), float(out["read_s"]))
+                log.append(rec)
+                n_written += 1
+                n_failed += bool(rec.get("error"))
+                if on_record is not None:
+                    on_record(rec)
+        except ray.exceptions.RayError as err:  # e.g. actors that cannot start (a bad preset)
+            raise AsrSpecError(f"the Ray run stopped after {n_written} new records in {output}; rerun to resume "
+                               f"({_worker_cause(err)})") from err
+        finally:
+            if started:
+                ray.shutdown()
+    return RunReport(Path(output), len(rows), n_skipped, n_written, n_failed, time.perf_counter() - start)

@@ -1,0 +1,201 @@
+"""The Ray runner on a local Ray instance (2 workers' worth of CPUs): the same transcripts as one process, one record
+per input whatever happens (a corrupt file, a resumed run, a worker killed mid-run), and the two CLIs.
+
+One Ray instance for the module; tiny random models saved to a folder; the committed fixtures. Skipped without ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asr_spec import distributed  # noqa: E402
+from asr_spec.cli import main as cli_main  # noqa: E402
+from asr_spec.eval.cli import eval_main  # noqa: E402
+from asr_spec.transcribe import Transcriber  # noqa: E402
+from test_transcribe import save_tiny_models  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).parent
+SHORT = sorted(str(p) for p in (TESTS / "fixtures" / "speech" / "short").glob("*.flac"))
+LIBRI = TESTS / "fixtures" / "librispeech"
+QUIET = distributed.RayOptions(progress=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One small local Ray for the module; its workers import this checkout's asr_spec and this test module."""
+    saved = {key: os.environ.get(key) for key in ("PYTHONPATH", "RAY_DEDUP_LOGS", "OMP_NUM_THREADS")}
+    os.environ.update(PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]), RAY_DEDUP_LOGS="1",
+                      OMP_NUM_THREADS="1")
+    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False,
+             configure_logging=False)
+    yield
+    ray.shutdown()
+    for key, value in saved.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory) -> Path:
+    """A preset file naming the tiny target and draft (what the workers load), English."""
+    folder = tmp_path_factory.mktemp("models")
+    save_tiny_models(folder)
+    path = folder / "tiny.toml"
+    path.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\n')
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(preset: Path) -> dict[str, dict]:
+    """What one process gives on the short clips: text, segments and statistics per path."""
+    results = Transcriber.from_preset(preset, device="cpu").transcribe(SHORT[:3], progress=False)
+    return {t.source: _transcript(dataclasses.asdict(t)) for t in results}
+
+
+def _transcript(record: dict) -> dict:
+    """What must not depend on how files are spread over workers: the tokens (acceptance counts may: they depend
+    on which rows share a batch)."""
+    stats = record["stats"]
+    return {"text": record["text"], "segments": list(record["segments"]),
+            "tokens": (stats["chunks"], stats["generated_tokens"])}
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _corrupt(folder: Path) -> str:
+    bad = folder / "corrupt.flac"
+    bad.write_bytes(b"fLaC" + os.urandom(200))
+    return str(bad)
+
+
+class CrashOnce:
+    """A loader whose Transcriber kills its own process (like an OOM kill) on its first batch while `marker`
+    exists; the marker is removed first, so the restarted actor gets through."""
+
+    def __init__(self, marker: str, preset: str):
+        self.marker, self.preset = marker, preset
+
+    def __call__(self) -> "CrashOnce":
+        self.transcriber = Transcriber.from_preset(self.preset, device="cpu")
+        return self
+
+    def transcribe(self, sources, **kwargs):
+        if os.path.exists(self.marker):
+            os.remove(self.marker)
+            os._exit(1)
+        return self.transcriber.transcribe(sources, **kwargs)
+
+
+def test_same_transcripts_as_one_process_and_a_corrupt_file_is_one_record(tmp_path, preset, expected) -> None:
+    manifest = tmp_path / "m.csv"
+    lines = ["path,text,speaker"] + [f"{p},reference {i},s{i}" for i, p in enumerate(SHORT[:3])]
+    manifest.write_text("\n".join(lines + [f"{_corrupt(tmp_path)},,x"]) + "\n")
+    out = tmp_path / "out.jsonl"
+    options = dataclasses.replace(QUIET, workers=2, files_per_batch=2)
+    report = distributed.transcribe_dataset(distributed.manifest_inputs(manifest), out, preset=str(preset),
+                                            options=options, device="cpu")
+    records = {r["path"]: r for r in _records(out)}
+    assert (report.n_inputs, report.n_written, report.n_failed, len(records)) == (4, 4, 1, 4)
+    for i, path in enumerate(SHORT[:3]):
+        got = records[path]
+        assert _transcript(got) == expected[path]
+        assert got["ref"] == f"reference {i}" and got["meta"] == {"speaker": f"s{i}"} and "error" not in got
+    bad = records[str(tmp_path / "corrupt.flac")]
+    assert bad["text"] == "" and bad["stats"] is None and "corrupt" in bad["error"].lower()
+
+
+def test_a_worker_killed_mid_run_still_gives_every_record_once(tmp_path, preset, expected) -> None:
+    marker = tmp_path / "crash-once"
+    marker.touch()
+    out = tmp_path / "out.jsonl"
+    options = dataclasses.replace(QUIET, files_per_batch=1)
+    report = distributed.transcribe_dataset(SHORT[:3], out, options=options, loader=CrashOnce(str(marker), str(preset)))
+    assert not marker.exists()  # the first actor did die
+    records = _records(out)
+    assert sorted(r["id"] for r in records) == SHORT[:3] and report.n_written == 3
+    assert all(_transcript(r) == expected[r["path"]] for r in records)
+
+
+def test_cli_resumes_without_duplicates(tmp_path, preset, expected, capsys) -> None:
+    out = tmp_path / "out.jsonl"
+    first = {"id": SHORT[0], "path": SHORT[0], "text": "done before"}
+    out.write_text(json.dumps(first) + "\n" + '{"id": "' + SHORT[1] + '", "text": "cut off by a ki')  # a killed run
+    args = ["transcribe", "--ray", "--workers", "1", "--preset", str(preset), "--device", "cpu", "--quiet",
+            str(Path(SHORT[0]).parent / "[ef][se]*.flac"), "--output", str(out)]  # the first three
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(args)
+    assert exit_.value.code == 0
+    records = _records(out)
+    assert records[0] == first  # untouched: resumed, not redone
+    assert sorted(r["id"] for r in records) == SHORT[:3]  # the partial line is gone, each file once
+    assert all(_transcript(r) == expected[r["path"]] for r in records[1:])
+    with pytest.raises(SystemExit) as exit_:  # everything is done: nothing to run
+        cli_main(args)
+    assert exit_.value.code == 0 and len(_records(out)) == 3
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["transcribe", "--ray", *SHORT[:1]])
+    assert exit_.value.code == 2 and "--ray needs --output" in capsys.readouterr().err
+
+
+def test_eval_ray_writes_the_records_the_summary_reads(tmp_path, preset) -> None:
+    out = tmp_path / "eval.jsonl"
+    code = eval_main(["--ray", "--data-dir", str(LIBRI), "--preset", str(preset), "--limit", "3", "--device", "cpu",
+                      "--output", str(out), "--quiet"])
+    records = _records(out)
+    assert code == 0 and len(records) == 3 and len({r["id"] for r in records}) == 3
+    assert all(r["ref"] and "hyp" in r and r["wall_s"] > 0 and "target_passes" in r for r in records)
+    summary = json.loads((tmp_path / "eval.summary.json").read_text())
+    assert summary["n_scored"] == 3 and summary["rtfx"] > 0
+
+
+def test_with_gpu_workers_decoding_runs_in_its_own_cpu_tasks(capsys) -> None:
+    """The plan only (nothing runs): GPU actors leave decoding to CPU tasks; CPU actors take it over (fused)."""
+    for gpus, optimised in [(1.0, "ActorPoolMapOperator[MapBatches(_TranscribeWorker)]\n+- TaskPoolMapOperator"),
+                            (0.0, "ActorPoolMapOperator[MapBatches(_decode_batch)->MapBatches(_TranscribeWorker)]")]:
+        options = dataclasses.replace(QUIET, gpus_per_worker=gpus)
+        distributed._pipeline(ray, [{"id": "a", "path": "a.flac"}], lambda: None, options).explain()
+        plan = capsys.readouterr().out
+        assert optimised in plan.split("Physical Plan (Optimized)")[1]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["transcribe", "--output", "x.jsonl", "a.flac"], "--manifest, --output and --ray-address need --ray"),
+    (["transcribe", "--ray", "--output", "x.jsonl"], "no input: give audio FILEs or --manifest"),
+    (["transcribe", "--ray", "--output", "x.jsonl", "--output-dir", "d", "a.flac"], "drop --output-dir"),
+    (["eval", "--workers", "2"], "ray_address and workers are options of ray"),
+    (["eval", "--ray"], "ray runs utterance files of a local tree: give data_dir"),
+])
+def test_cli_option_errors(capsys, args: list[str], needle: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(args)
+    assert exit_.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
+    with pytest.raises(distributed.InputError, match="no file matches"):
+        distributed.file_inputs([str(tmp_path / "*.flac")])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"file": "a.flac"}\n')
+    with pytest.raises(distributed.InputError, match=r"m.jsonl:1: no 'path' value .*found: file"):
+        distributed.manifest_inputs(manifest)
+    with pytest.raises(distributed.InputError, match="workers must be an integer >= 1"):
+        distributed.RayOptions(workers=0)
+    assert [r["id"] for r in distributed.librispeech_inputs(LIBRI)][:2] == ["9001-100201-0000", "9001-100201-0001"]
+
+
+def test_without_ray_the_runner_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails, as when it is not installed
+    with pytest.raises(distributed.InputError, match=r"pip install 'asr-spec\[ray\]'"):
+        distributed.transcribe_dataset(SHORT[:1], tmp_path / "out.jsonl", loader=lambda: None)
