@@ -134,7 +134,7 @@ def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int
     for i in range(k):
         n_keys = min(max_len + i, m.draft_cache.n_positions)
         logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index)
-        token = rules.apply(logits, st.seq, st.n_tok + i, st.begin)[:, 0].argmax(-1)
+        token = rules.draft_choice(logits, st.n_tok + i, st.begin)
         st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
         # a row proposes none it could not keep (room before its limit, less the target's own token): the batch
         # still computes them, but they are neither offered nor counted
