@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from asr_spec.engine.cache import KVCache
+from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.options import DecodeOptions
 from asr_spec.engine.rules import LogitRules, WhisperTokens
@@ -58,13 +60,15 @@ class Engine:
             A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens.
     """
 
-    def __init__(self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions()):
+    def __init__(self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions(),
+                 runner: StepRunner | None = None):
         self.kind = check_pair(target, draft)
         self.target, self.draft, self.options = target, draft, options
         self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
         self.lang_id = None if options.language is None else self.tokens.language_id(options.language)
         placeholder = self.tokens.sot if self.lang_id is None else self.lang_id  # detected later: same length
         prompt_len = len(self.tokens.prompt(placeholder, options.task, options.timestamps))
+        self.prompt_len = prompt_len  # the same for every chunk (a detected language replaces the placeholder)
         if options.max_new_tokens is not None and prompt_len + options.max_new_tokens > self.tokens.max_positions:
             raise ValueError(
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
@@ -75,6 +79,10 @@ class Engine:
             draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.n_audio_ctx = target.config.max_source_positions
+        # runner: how the step runs (tests pass a wrapped one); by default CUDA graphs on CUDA (unless
+        # options.cuda_graphs is False), eager on CPU (measured fastest there: docs-draft/issue9.md)
+        graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
+        self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
 
     # -- encoding -------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -95,108 +103,168 @@ class Engine:
             own = list(self.draft.model.encoder(input_features=x).last_hidden_state)
         return enc, own
 
-    def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int, batch_size: int) -> bool:
-        """Encode batches of chunks until `n_needed` are ready; returns False once the source is exhausted."""
+    def _fill_ready(self, source: Iterator[ChunkRequest | None], ready: deque, n_needed: int,
+                    batch_size: int) -> bool:
+        """Encode batches of chunks until `n_needed` are ready or the source has nothing right now (it yields
+        None); returns False once the source is exhausted."""
         while len(ready) < n_needed:
-            batch = [r for _, r in zip(range(batch_size), source)]
-            if not batch:
-                return False
-            enc, own = self._encode(batch)
-            for i, r in enumerate(batch):
-                ready.append((r, enc[i], None if own is None else own[i]))
+            batch, more = [], True
+            while len(batch) < batch_size:
+                req = next(source, StopIteration)
+                if req is StopIteration or req is None:
+                    more = req is None
+                    break
+                batch.append(req)
+            if batch:
+                enc, own = self._encode(batch)
+                for i, r in enumerate(batch):
+                    ready.append((r, enc[i], None if own is None else own[i]))
+            if len(batch) < batch_size:
+                return more
         return True
 
     # -- admission ------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _admit(self, m: Models, st: DecodeState, rows: list[int], items: list) -> int:
-        """Attach encoded chunks to free slots `rows`; returns the longest prompt among them."""
+    def _admit(self, m: Models, st: DecodeState, rows: list[int], items: list) -> torch.Tensor | None:
+        """Attach encoded chunks to free slots `rows` and prefill their prompts (the eager admission step): each
+        model gets the new chunks' audio in a staging cache, detects the language there when asked (a pass at the
+        <|startoftranscript|> position), is fed the prompt but its last token, and the staging cache is stored in
+        the slots. Returns the target's (R, V) logits at the <|startoftranscript|> position when it ran that
+        pass (language detection), else None."""
         dev = self.target_dec.device
         idx = torch.tensor(rows, device=dev)
         enc = torch.stack([e for _, e, _ in items])
-        self.target_dec.attach(m.target_cache, idx, enc)
+        n_prompt, r = self.prompt_len, len(rows)
+        staged = self.target_dec.stage(enc, n_prompt - 1)
+        sot_logits = None
+        if self.lang_id is None and self.tokens.is_multilingual:
+            sot = torch.full((r, 1), self.tokens.sot, device=dev)
+            sot_logits = self.target_dec.forward(staged, sot, torch.zeros_like(sot), 1)[:, 0]
+            lang = self.rules.detect_language(sot_logits.float())
+        else:
+            lang = torch.full((r,), self.tokens.sot if self.lang_id is None else self.lang_id, device=dev)
+        prompts = self._prompts(lang)
+        self._prefill(self.target_dec, staged, prompts, 0 if sot_logits is None else 1)
+        m.target_cache.commit(idx, staged)
         if m.draft is not None:
             draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
-            m.draft.attach(m.draft_cache, idx, draft_audio)
-        if self.tokens.is_multilingual and self.lang_id is None:
-            probe = self.target_dec.new_cache(len(rows), 1, 1)  # position 0 only, on the new chunks' audio
-            probe.cross_k, probe.cross_v = m.target_cache.cross_k[:, idx], m.target_cache.cross_v[:, idx]
-            sot = torch.full((len(rows), 1), self.tokens.sot, device=dev)
-            logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0]
-            langs = self.rules.detect_language(logits.float()).tolist()
-        else:
-            langs = [self.lang_id] * len(rows)
-        prompts = [self.tokens.prompt(lang, self.options.task, self.options.timestamps) for lang in langs]
-        n_prompt = max(len(p) for p in prompts)
-        for row, p in zip(rows, prompts):
-            st.seq[row, : len(p)] = torch.tensor(p, device=dev)
-        plen = torch.tensor([len(p) for p in prompts], device=dev)
+            d_staged = m.draft.stage(draft_audio, n_prompt - 1)
+            self._prefill(m.draft, d_staged, prompts, 0)
+            m.draft_cache.commit(idx, d_staged)
         max_new = self.options.max_new_tokens or self.tokens.max_positions
-        st.n_tok[idx] = plen
-        st.begin[idx] = plen
-        st.limit[idx] = torch.clamp(plen + max_new, max=self.tokens.max_positions)
+        st.seq[idx, :n_prompt] = prompts
+        st.n_tok[idx] = n_prompt
+        st.begin[idx] = n_prompt
+        st.limit[idx] = min(n_prompt + max_new, self.tokens.max_positions)
         st.finish[idx] = FINISH_NONE
         st.stats[idx] = 0
         st.hist[idx] = 0
-        return n_prompt
+        return sot_logits
+
+    def _prompts(self, lang: torch.Tensor) -> torch.Tensor:
+        """(R,) language token ids (ignored by an English-only model) -> (R, prompt_len) prompts, on the device."""
+        template = self.tokens.prompt(self.tokens.sot, self.options.task, self.options.timestamps)
+        prompts = torch.tensor(template, device=lang.device).repeat(len(lang), 1)
+        if self.tokens.is_multilingual:
+            prompts[:, 1] = lang
+        return prompts
+
+    @staticmethod
+    def _prefill(dec: Decoder, staged: KVCache, prompts: torch.Tensor, fed: int) -> None:
+        """Feed prompts[:, fed:-1] at their positions into a staging cache that holds `fed` tokens already."""
+        n_prompt = prompts.shape[1]
+        if n_prompt - 1 > fed:
+            pos = torch.arange(fed, n_prompt - 1, device=prompts.device).expand(len(prompts), -1)
+            dec.forward(staged, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1))
+        staged.lengths.fill_(n_prompt - 1)
 
     # -- the loop -------------------------------------------------------------------------------------------
-    def run(self, requests: Iterable[ChunkRequest], batch_size: int = 8) -> Iterator[ChunkResult]:
+    def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
         """Decode every request, `batch_size` rows at a time; yields one result per request, in the order they
-        finish."""
+        finish. The source may yield None for "nothing more right now": decoding goes on with the rows it has.
+
+        Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a
+        finished row's slot, the last live row moves into it, so the step always runs on the first n_active
+        slots (views: no copy of the other rows). Shapes then depend only on (n_active, n_keys bucket, K).
+        """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        opts, n_rows = self.options, batch_size
-        k_max = opts.num_draft_tokens if self.draft_dec is not None else 0
-        n_positions = self.tokens.max_positions + k_max + 2
-        m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
+        k = self.options.num_draft_tokens if self.draft_dec is not None else 0
+        n_positions = self.tokens.max_positions + k + 2
+        m = Models(self.target_dec, self.target_dec.new_cache(batch_size, n_positions, self.n_audio_ctx))
         if self.draft_dec is not None:
-            m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, n_positions, self.n_audio_ctx)
-        st = DecodeState.empty(n_rows, n_positions + k_max + 8, k_max, self.target_dec.device)
-        slots: list[ChunkRequest | None] = [None] * n_rows
+            m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(batch_size, n_positions,
+                                                                              self.n_audio_ctx)
+        st = DecodeState.empty(batch_size, n_positions + k + 8, k, self.target_dec.device)
+        slots: list[ChunkRequest | None] = [None] * batch_size
+        since = [0] * batch_size  # number of the last step before each slot's occupant was placed there
+        reader = HostReader(batch_size, self.target_dec.device)
         source, ready, more = iter(requests), deque(), True
-        max_len = 0
+        max_len, n_step = 0, 0
         while True:
             free = [i for i, s in enumerate(slots) if s is None]
-            n_pending = 1
             if free and more:
                 more = self._fill_ready(source, ready, len(free), batch_size)
             if free and ready:
                 take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
-                rows = free[: len(take)]
-                n_pending = self._admit(m, st, rows, take)
-                for row, (req, _, _) in zip(rows, take):
-                    slots[row] = req
-                max_len = max(max_len, n_pending)
-            if all(s is None for s in slots):
-                return
-            if not more and not ready and any(s is None for s in slots):
-                keep = [i for i, s in enumerate(slots) if s is not None]
-                self._keep_rows(m, st, keep)
-                slots = [slots[i] for i in keep]
-            step(m, self.rules, st, k_max, n_pending, max_len)
-            host = torch.cat([st.finish, st.n_tok.max()[None]]).tolist()  # the step's one sync
-            finish, max_len = host[:-1], host[-1]
-            for row, code in enumerate(finish):
-                if code != FINISH_NONE and slots[row] is not None:
-                    yield self._result(slots[row], st, row, code)
-                    slots[row] = None
+                self._admit(m, st, free[: len(take)], take)
+                for row, (req, _, _) in zip(free, take):
+                    slots[row], since[row] = req, n_step
+                max_len = max(max_len, self.prompt_len)
+            n_active = self._pack(m, st, slots, since, n_step, min(max_len + k + 2, n_positions))
+            if n_active == 0:
+                if not more and not ready:
+                    return
+                continue
+            n_keys = n_keys_bucket(max_len, k, reader.lag, n_positions)
+            with torch.inference_mode():
+                self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
+            n_step += 1
+            if reader.lag == 0:
+                reader.push(st.rows(n_active), n_step)
+            read = reader.pull()  # on CUDA: the previous step's, the one just queued is not waited for
+            if reader.lag:
+                reader.push(st.rows(n_active), n_step)
+            if read is not None:
+                tag, finish, max_len = read
+                max_len = max(max_len, self.prompt_len)
+                done = [r for r, code in enumerate(finish)
+                        if code != FINISH_NONE and slots[r] is not None and tag > since[r]]
+                yield from self._results(slots, st, done, finish)
+                for r in done:
+                    slots[r] = None
 
     @staticmethod
-    def _keep_rows(m: Models, st: DecodeState, keep: list[int]) -> None:
-        idx = torch.tensor(keep, device=st.n_tok.device)
-        st.keep_rows(idx)
-        m.target_cache.keep_rows(idx)
-        if m.draft_cache is not None:
-            m.draft_cache.keep_rows(idx)
+    def _pack(m: Models, st: DecodeState, slots: list, since: list[int], n_step: int, n_positions: int) -> int:
+        """Move the last live rows into the holes before them so the live rows are slots [0, n); returns n."""
+        n_live = sum(s is not None for s in slots)
+        holes = [i for i in range(n_live) if slots[i] is None]
+        tail = [i for i in range(n_live, len(slots)) if slots[i] is not None]
+        for dst, src in zip(holes, tail):
+            m.target_cache.move_row(src, dst, n_positions)
+            if m.draft_cache is not None:
+                m.draft_cache.move_row(src, dst, n_positions)
+            st.move_row(src, dst)
+            slots[dst], slots[src], since[dst] = slots[src], None, n_step
+        return n_live
 
     @staticmethod
-    def _result(req: ChunkRequest, st: DecodeState, row: int, code: int) -> ChunkResult:
-        begin, n_tok = int(st.begin[row]), int(st.n_tok[row])
-        seq = st.seq[row, :n_tok].tolist()
-        target_passes, draft_passes, drafted, accepted = st.stats[row].tolist()
-        stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
-                           tuple(st.hist[row].tolist()))
-        return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats)
+    def _results(slots: list, st: DecodeState, done: list[int], finish: list[int]) -> list[ChunkResult]:
+        """The results of finished rows `done`, read from the device in one copy per state field."""
+        if not done:
+            return []
+        idx = torch.tensor(done, device=st.n_tok.device)
+        seqs, begins, n_toks = st.seq[idx].tolist(), st.begin[idx].tolist(), st.n_tok[idx].tolist()
+        stats, hists = st.stats[idx].tolist(), st.hist[idx].tolist()
+        out = []
+        for i, row in enumerate(done):
+            begin, n_tok = begins[i], n_toks[i]
+            target_passes, draft_passes, drafted, accepted = stats[i]
+            chunk_stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
+                                     tuple(hists[i]))
+            out.append(ChunkResult(slots[row].id, tuple(seqs[i][begin:n_tok]), tuple(seqs[i][:begin]),
+                                   FINISH_REASONS.get(finish[row], "length"), chunk_stats))
+        return out
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
