@@ -95,7 +95,7 @@ class Decoder:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: inference tensors cannot be traced by torch.compile's AOT backends
     def forward(
         self,
         cache: KVCache,

@@ -217,7 +217,7 @@ class Engine:
                     return
                 continue
             n_keys = n_keys_bucket(max_len, k, reader.lag, n_positions)
-            with torch.inference_mode():
+            with torch.no_grad():
                 self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
             n_step += 1
             if reader.lag == 0:
