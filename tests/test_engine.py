@@ -24,7 +24,8 @@ def drafts(name: str):
     return {
         "none": lambda: None,
         "self-shared": lambda: decoder_draft(t),  # (a) the target itself: everything accepted
-        "self-own": lambda: perturbed(t, 1e-6, seed=1),  # (a) with its own (numerically different) encoder
+        # (a) with its own encoder, numerically different beyond fp16 rounding (so not shared)
+        "self-own": lambda: perturbed(t, 1e-2, seed=1),
         "random-shared": lambda: decoder_draft(tiny_target(seed=7)),  # (b) unrelated: almost nothing accepted
         "random-own": lambda: tiny_target(seed=7),
         "perturbed-shared": lambda: decoder_draft(perturbed(t, 0.3, seed=3, encoder=False)),  # (c) partial
@@ -156,6 +157,21 @@ def test_draft_kinds_detected():
     assert check_pair(t, decoder_draft(t, [0])) is DraftKind.SHARED_ENCODER
     assert check_pair(t, perturbed(t, 0.0)) is DraftKind.SHARED_ENCODER  # identical encoder: run once
     assert check_pair(t, perturbed(t, 0.1)) is DraftKind.OWN_ENCODER
+
+
+def test_encoder_shared_up_to_fp16_rounding():
+    """distil-whisper stores the teacher's encoder in fp16: equal up to that rounding means shared; a draft told
+    to keep its own encoder (a preset's share_encoder = false) keeps it."""
+    t = _target()
+    rounded = perturbed(t, 0.0)
+    with torch.no_grad():
+        for p in rounded.model.encoder.parameters():
+            p.copy_(p.half().float())
+    assert not all(torch.equal(a, b) for a, b in zip(t.model.encoder.parameters(), rounded.model.encoder.parameters()))
+    assert check_pair(t, rounded) is DraftKind.SHARED_ENCODER
+    assert check_pair(t, perturbed(t, 1e-2)) is DraftKind.OWN_ENCODER
+    rounded.own_encoder = True
+    assert check_pair(t, rounded) is DraftKind.OWN_ENCODER
 
 
 def test_incompatible_pairs_are_refused():

@@ -7,9 +7,14 @@ file. Its keys (every one optional except ``target``; an unknown key is an error
     draft             draft model (same forms); left out = no draft, plain greedy decoding
     draft_optional    true: a draft given as a path that does not exist means greedy decoding, with a one-line
                       warning, instead of an error (hub ids are always loaded)
+    share_encoder     true / false: the draft reads the target's encoder output / runs its own; left out = compare
+                      the encoders (equal up to fp16 rounding = shared) and log the decision
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]; left out = chunk_length_s / 6
     num_draft_tokens  draft tokens proposed per step
+
+A preset's draft is used on CUDA; on a CPU the preset decodes greedily unless a draft is asked for explicitly
+(``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): there a draft does not pay (docs-draft/issue9.md).
     language          "en", "english", ...; left out or "auto" = detect per chunk
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
@@ -55,6 +60,7 @@ class Preset:
     target: str  # model id / directory (see the module docstring)
     draft: str | None = None  # None: no draft, greedy decoding
     draft_optional: bool = False  # a missing draft directory means greedy (with a warning) instead of an error
+    share_encoder: bool | None = None  # None: decided by comparing the encoders (asr_spec.engine.pairing)
     chunk_length_s: float = 30.0  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side; None = chunk_length_s / 6
     num_draft_tokens: int = 5
@@ -70,6 +76,15 @@ class Preset:
     def option_values(self) -> dict[str, Any]:
         """The keys that become transcription options, as ``TranscribeOptions.from_values`` takes them."""
         return {key: getattr(self, key) for key in OPTION_KEYS}
+
+    def draft_for(self, device_type: str) -> str | None:
+        """The draft to load on a device of this type: the preset's on CUDA (see `draft_or_none`), none on CPU."""
+        if device_type != "cuda":
+            if self.draft is not None:
+                log.info("preset %s: greedy on %s (its draft %s is used on CUDA; pass draft= to use it here)",
+                         self.name, device_type, self.draft)
+            return None
+        return self.draft_or_none()
 
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
@@ -111,6 +126,8 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("language", 'a language code or name, or "auto"')
     if preset.dtype not in DTYPES:
         raise bad("dtype", f"one of {', '.join(DTYPES)}")
+    if preset.share_encoder is not None and not isinstance(preset.share_encoder, bool):
+        raise bad("share_encoder", "true or false, or left out")
     if not isinstance(preset.description, str):
         raise bad("description", "a string")
 
