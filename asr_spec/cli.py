@@ -69,6 +69,8 @@ def transcribe(
     format: Optional[str] = typer.Option(None, "--format", help="With --output-dir: comma-separated txt, json, "
                                          "srt, vtt. Default: all four."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary (errors still shown)."),
+    no_graphs: bool = typer.Option(False, "--no-graphs", help="CUDA: run the decode step eagerly, not as captured "
+                                   "CUDA graphs (the same tokens; the tests' reference)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir is given."""
     from asr_spec.engine import ChunkStats
@@ -86,6 +88,8 @@ def transcribe(
     overrides: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
     if no_draft:
         overrides["draft"] = None
+    if no_graphs:
+        overrides["cuda_graphs"] = False
     try:
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
     except USER_ERRORS as err:
