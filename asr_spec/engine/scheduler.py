@@ -54,6 +54,12 @@ class ChunkResult:
 class Engine:
     """Lossless batched speculative decoding of Whisper chunks (greedy when `draft` is None).
 
+    The contract. In fp32 the output is token-identical to transformers `generate()` greedy, except at a checked
+    top-2 tie. In fp16/bf16 a (K+1)-token verify pass and a 1-token step round differently, so the promise is:
+    every emitted token is the target's own argmax (after Whisper's rules) at that position in the pass that
+    emitted it; outputs may differ from another batch composition or from `generate()` only where the top two
+    logits are within rounding.
+
     target: a transformers `WhisperForConditionalGeneration`, eval mode, on its device and dtype.
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
