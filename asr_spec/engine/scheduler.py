@@ -135,8 +135,8 @@ class Engine:
         """Attach encoded chunks to free slots `rows` and prefill their prompts (the eager admission step): each
         model gets the new chunks' audio in a staging cache, detects the language there when asked (a pass at the
         <|startoftranscript|> position), is fed the prompt but its last token, and the staging cache is stored in
-        the slots. Returns the target's (R, V) logits at the <|startoftranscript|> position when it ran that
-        pass (language detection), else None."""
+        the slots. Returns the target's (R, V) logits at the <|startoftranscript|> position (from the language
+        probe or the prefill pass; None only for a one-token prompt, whose SOT is fed by the first step)."""
         dev = self.target_dec.device
         idx = torch.tensor(rows, device=dev)
         enc = torch.stack([e for _, e, _ in items])
@@ -150,7 +150,9 @@ class Engine:
         else:
             lang = torch.full((r,), self.tokens.sot if self.lang_id is None else self.lang_id, device=dev)
         prompts = self._prompts(lang)
-        self._prefill(self.target_dec, staged, prompts, 0 if sot_logits is None else 1)
+        prefill_logits = self._prefill(self.target_dec, staged, prompts, 0 if sot_logits is None else 1)
+        if sot_logits is None:  # the prefill pass started at <|startoftranscript|>: its logits are the same
+            sot_logits = prefill_logits
         m.target_cache.commit(idx, staged)
         if m.draft is not None:
             draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
@@ -176,13 +178,17 @@ class Engine:
         return prompts
 
     @staticmethod
-    def _prefill(dec: Decoder, staged: KVCache, prompts: torch.Tensor, fed: int) -> None:
-        """Feed prompts[:, fed:-1] at their positions into a staging cache that holds `fed` tokens already."""
+    def _prefill(dec: Decoder, staged: KVCache, prompts: torch.Tensor, fed: int) -> torch.Tensor | None:
+        """Feed prompts[:, fed:-1] at their positions into a staging cache that holds `fed` tokens already;
+        returns the (R, V) logits at the first position fed (None when nothing was fed)."""
         n_prompt = prompts.shape[1]
+        logits = None
         if n_prompt - 1 > fed:
             pos = torch.arange(fed, n_prompt - 1, device=prompts.device).expand(len(prompts), -1)
-            dec.forward(staged, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1))
+            logits = dec.forward(staged, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1))
+            logits = logits[:, 0]
         staged.lengths.fill_(n_prompt - 1)
+        return logits
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
