@@ -129,3 +129,18 @@ def test_source_may_have_nothing_right_now():
     got = {r.id: r.tokens for r in Engine(t, None, opts).run(source(), batch_size=2)}
     ref = Engine(t, None, opts).decode(_features()[:4], batch_size=2)
     assert got == {i: r.tokens for i, r in enumerate(ref)}
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_reading_one_step_late_gives_the_same_results(speculative):
+    """The CUDA scheduling (finished rows read one step late, masked meanwhile), run on CPU: the same tokens and
+    statistics as reading at once, with refills, moves into freed slots and a shrinking tail."""
+    t = _target()
+    draft = decoder_draft(t, [0]) if speculative else None
+    opts = DecodeOptions(language="en", timestamps=True, max_new_tokens=MAX_NEW)
+    at_once = Engine(t, draft, opts).decode(_features(), batch_size=BATCH)
+    late = Engine(t, draft, opts)
+    late.read_lag = 1
+    results = late.decode(_features(), batch_size=BATCH)
+    assert [(r.prompt, r.tokens, r.finish_reason, r.stats) for r in results] == \
+        [(r.prompt, r.tokens, r.finish_reason, r.stats) for r in at_once]

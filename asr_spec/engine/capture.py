@@ -76,9 +76,10 @@ class HostReader:
     `lag` is then 1 and a row that finished is seen (and refilled) one step later, masked meanwhile.
     """
 
-    def __init__(self, n_rows: int, device: torch.device):
+    def __init__(self, n_rows: int, device: torch.device, lag: int | None = None):
+        """lag: None = 1 on CUDA, 0 elsewhere; 1 on CPU runs the CUDA scheduling (a test of it without a GPU)."""
         self.cuda = device.type == "cuda"
-        self.lag = 1 if self.cuda else 0
+        self.lag = (1 if self.cuda else 0) if lag is None else lag
         self.buf = torch.zeros(n_rows + 1, dtype=torch.long, pin_memory=self.cuda)
         self.event = torch.cuda.Event() if self.cuda else None
         self.pending: int | None = None  # rows of the read in flight

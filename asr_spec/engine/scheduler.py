@@ -89,6 +89,7 @@ class Engine:
         # options.cuda_graphs is False), eager on CPU (measured fastest there: docs-draft/issue9.md)
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
+        self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
 
     # -- encoding -------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -210,7 +211,7 @@ class Engine:
         st = DecodeState.empty(batch_size, n_positions + k + 8, k, self.target_dec.device)
         slots: list[ChunkRequest | None] = [None] * batch_size
         since = [0] * batch_size  # number of the last step before each slot's occupant was placed there
-        reader = HostReader(batch_size, self.target_dec.device)
+        reader = HostReader(batch_size, self.target_dec.device, self.read_lag)
         source, ready, more = iter(requests), deque(), True
         max_len, n_step = 0, 0
         while True:
