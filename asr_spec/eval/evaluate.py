@@ -452,6 +452,10 @@ def _load_transcriber(options: EvalOptions) -> Any:
             overrides[key] = getattr(options, key)
     if options.no_draft:
         overrides["draft"] = None
+    elif options.compare_greedy:  # evaluating the draft is asking for it: on CPU too (presets default to greedy there)
+        from asr_spec.models.presets import load_preset
+
+        overrides["draft"] = load_preset(options.preset).draft_or_none()
     transcriber = Transcriber.from_preset(options.preset, **overrides)
     if options.compare_greedy and transcriber.draft is None:
         raise InputError(f"preset {options.preset}: no draft model (its draft is missing or not set), so "
