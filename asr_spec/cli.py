@@ -101,6 +101,8 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
     manifest: Optional[Path] = typer.Option(None, help="With --ray: a .csv/.tsv/.jsonl manifest with a path column "
                                             "(a text column is kept as the reference) instead of FILEs."),
     output: Optional[Path] = typer.Option(None, help="With --ray: the results JSONL (rerun to resume)."),
+    no_graphs: bool = typer.Option(False, "--no-graphs", help="CUDA: run the decode step eagerly, not as captured "
+                                   "CUDA graphs (the same tokens; the tests' reference)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
     from asr_spec.engine import ChunkStats
@@ -116,7 +118,7 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
         _fail("--format needs --output-dir (without it the transcript is printed)", EXIT_USAGE)
     overrides = _overrides(model, draft, no_draft, dtype=dtype, language=language, task=task,
                            chunk_length_s=chunk_length, num_draft_tokens=num_draft_tokens, batch_size=batch_size,
-                           formats=format, timestamps=timestamps)
+                           formats=format, timestamps=timestamps, cuda_graphs=False if no_graphs else None)
     if ray:
         _transcribe_on_ray(files or [], manifest, output, preset, device, overrides, quiet,
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)

@@ -6,13 +6,17 @@
                   assisted generation at batch 1 only, so for N > 1 the ValueError it raises is recorded
     (3) greedy    asr-spec without a draft, batch N
     (4) spec      asr-spec speculative decoding, batch N
+    (5) fw        faster-whisper 1.2.1 `BatchedInferencePipeline` (optional import), beam 1, fp32 on CPU (float16
+                  on CUDA), batch N, on the CTranslate2 directory of the same weights (embedded presets only)
 
-for each N in --batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) gave
+for each N (--configs picks a subset, e.g. fw,greedy for the end-to-end comparison on a long file) in --batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) gave
 exactly (3)'s text; saves a PNG of speed-up against batch size (--plot) and the figures as JSON (--json).
 
     python scripts/bench.py                                   # whisper-base, fixture LibriSpeech, N = 1,4,8,16
     python scripts/bench.py --batch-sizes 1,4 --limit 6       # a quick CPU run
     python scripts/bench.py --preset large-v2 --device cuda --audio a.flac b.flac
+    python scripts/bench.py --configs fw,greedy --batch-sizes 8 --audio tests/fixtures/speech/long_75s.flac \
+        --refs tests/fixtures/speech/long_75s.txt --repeats 3      # the issue-9 end-to-end comparison
 
 Target: --preset (default base: the offline whisper-base). Draft: the preset's when it has one, else a decoder
 cut from the target (--draft-layers, default 0,1,2,3,4), which the output says. Every configuration is warmed up
@@ -46,9 +50,9 @@ from asr_spec.eval.metrics import score
 from asr_spec.models.loading import decoder_draft
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
-CONFIGS = ("hf", "hf+asst", "greedy", "spec")
+CONFIGS = ("hf", "hf+asst", "greedy", "spec", "fw")
 LABELS = {"hf": "(1) transformers pipeline", "hf+asst": "(2) transformers + assistant",
-          "greedy": "(3) asr-spec greedy", "spec": "(4) asr-spec speculative"}
+          "greedy": "(3) asr-spec greedy", "spec": "(4) asr-spec speculative", "fw": "(5) faster-whisper batched"}
 
 
 @dataclass(frozen=True)
@@ -76,10 +80,14 @@ class Result:
 
 # -- inputs -------------------------------------------------------------------------------------------------------
 
-def load_clips(audio: Sequence[str] | None, limit: int | None) -> list[Clip]:
-    """--audio files (no references), or the committed fixture LibriSpeech utterances (with references)."""
+def load_clips(audio: Sequence[str] | None, limit: int | None, refs: Sequence[str] | None = None) -> list[Clip]:
+    """--audio files (with --refs text files, one per file, or no references), or the committed fixture
+    LibriSpeech utterances (with references)."""
     if audio:
-        clips = [Clip(path, load_audio(path), None) for path in audio]
+        if refs is not None and len(refs) != len(audio):
+            raise ValueError(f"--refs gives {len(refs)} files for {len(audio)} --audio files")
+        texts = [Path(r).read_text(encoding="utf-8").strip() for r in refs] if refs else [None] * len(audio)
+        clips = [Clip(path, load_audio(path), text) for path, text in zip(audio, texts)]
     else:
         clips = [Clip(u.id, u.load(), u.text) for u in iter_local(FIXTURES, "test-clean")]
     return clips[:limit] if limit is not None else clips
@@ -135,26 +143,61 @@ def ours_runner(transcriber: Transcriber, keep: dict[str, Any]) -> Callable[[lis
     return run
 
 
+def fw_runner(preset: str, device: torch.device, language: str) -> Callable[[list[Clip], int], list[str]]:
+    """faster-whisper's BatchedInferencePipeline on the CTranslate2 directory of the preset's embedded model
+    (the same weights asr-spec converts), greedy (beam 1), fp32 on CPU. ImportError/ValueError when unusable."""
+    from faster_whisper import BatchedInferencePipeline, WhisperModel  # optional: pip install faster-whisper
+
+    from asr_spec.models.embedded import embedded_ct2_dir
+    from asr_spec.models.presets import load_preset
+
+    target = load_preset(preset).model
+    if not target.startswith("embedded:"):
+        raise ValueError(f"faster-whisper column: preset {preset} is not an embedded CTranslate2 model")
+    compute = "float32" if device.type == "cpu" else "float16"
+    model = WhisperModel(str(embedded_ct2_dir(target.split(":", 1)[1])), device=device.type, compute_type=compute,
+                         cpu_threads=torch.get_num_threads())
+    pipe = BatchedInferencePipeline(model)
+
+    def run(clips: list[Clip], batch_size: int) -> list[str]:
+        texts = []
+        for c in clips:
+            segments, _ = pipe.transcribe(c.samples, language=language, batch_size=batch_size, beam_size=1)
+            texts.append(" ".join(s.text.strip() for s in segments))
+        return texts
+
+    return run
+
+
 def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Callable[[list[Clip], int], list[str]]],
-          device: torch.device, stats: dict[str, dict[str, Any]]) -> list[Result]:
+          device: torch.device, stats: dict[str, dict[str, Any]], repeats: int = 1) -> list[Result]:
+    """Each configuration warmed up at each batch size, then timed `repeats` times, interleaved (config A, B, A, B
+    ...) so load from other jobs hits all alike; the median wall time is kept."""
     results = []
     for n in batch_sizes:
-        for config in CONFIGS:
-            run = runners[config]
+        walls: dict[str, list[float]] = {}
+        texts_of: dict[str, list[str]] = {}
+        for config in runners:
             try:
-                run(clips[: max(1, min(n, len(clips)))], n)  # warm-up at this batch size, untimed
-                wall_s, texts = timed(lambda: run(clips, n), device)
+                runners[config](clips[: max(1, min(n, len(clips)))], n)  # warm-up at this batch size, untimed
             except ValueError as err:  # transformers' "assisted generate is only supported for batch_size = 1"
                 if config != "hf+asst" or n == 1:
                     raise
                 results.append(Result(config, n, None, None, f"{type(err).__name__}: {one_line(err)}"))
                 print(f"  N={n:<3} {LABELS[config]:<30} {results[-1].error}", file=sys.stderr)
                 continue
+            walls[config] = []
+        for _ in range(repeats):
+            for config in walls:
+                wall_s, texts_of[config] = timed(lambda: runners[config](clips, n), device)
+                walls[config].append(wall_s)
+        for config, times in walls.items():
+            wall_s, texts = sorted(times)[len(times) // 2], texts_of[config]
             s = stats.get(config, {}).get("stats")
             results.append(Result(config, n, wall_s, texts, tokens=stats.get(config, {}).get("tokens"),
                                   tokens_per_target_pass=None if s is None else s.tokens_per_target_pass,
                                   acceptance_rate=None if s is None or not s.drafted_tokens else s.acceptance_rate))
-            print(f"  N={n:<3} {LABELS[config]:<30} {wall_s:7.2f} s", file=sys.stderr)
+            print(f"  N={n:<3} {LABELS[config]:<30} {wall_s:7.2f} s (median of {len(times)})", file=sys.stderr)
     return results
 
 
@@ -235,6 +278,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="base", help="target (and draft) preset, name or .toml path (default base)")
     p.add_argument("--audio", nargs="+", help="audio files (default: the fixture LibriSpeech utterances)")
+    p.add_argument("--refs", nargs="+", help="reference transcript files, one per --audio file (for WER)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)} (default all)")
+    p.add_argument("--threads", type=int, default=0, help="torch (and faster-whisper) CPU threads; 0 = default")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per configuration, interleaved; median kept")
     p.add_argument("--limit", type=int, help="first N clips only")
     p.add_argument("--batch-sizes", default="1,4,8,16", help="comma-separated batch sizes (default 1,4,8,16)")
     p.add_argument("--draft-layers", default="0,1,2,3,4",
@@ -249,6 +296,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     logging.getLogger("asr_spec").setLevel(logging.ERROR)
     from transformers import pipeline
     from transformers.utils import logging as hf_logging
@@ -260,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"--batch-sizes must be integers >= 1, got {args.batch_sizes!r}")
-        clips = load_clips(args.audio, args.limit)
+        configs = [c for c in args.configs.split(",") if c]
+        if not configs or set(configs) - set(CONFIGS):
+            raise ValueError(f"--configs must name some of {', '.join(CONFIGS)}, got {args.configs!r}")
+        clips = load_clips(args.audio, args.limit, args.refs)
         if not clips:
             raise ValueError("no audio to benchmark")
         greedy, draft, note = load_models(args)
@@ -277,14 +329,21 @@ def main(argv: list[str] | None = None) -> int:
                     ignore_warning=True)
     gen = {"language": args.language, "task": "transcribe", "num_beams": 1}
     stats: dict[str, dict[str, Any]] = {"greedy": {}, "spec": {}}
-    runners = {"hf": hf_runner(pipe, gen), "hf+asst": hf_runner(pipe, {**gen, "assistant_model": draft}),
-               "greedy": ours_runner(greedy, stats["greedy"]), "spec": ours_runner(spec, stats["spec"])}
+    makers = {"hf": lambda: hf_runner(pipe, gen), "hf+asst": lambda: hf_runner(pipe, {**gen, "assistant_model": draft}),
+              "greedy": lambda: ours_runner(greedy, stats["greedy"]), "spec": lambda: ours_runner(spec, stats["spec"]),
+              "fw": lambda: fw_runner(args.preset, device, args.language)}
+    runners = {}
+    for config in configs:
+        try:
+            runners[config] = makers[config]()
+        except (ImportError, ValueError) as err:  # faster-whisper not installed, or no CTranslate2 weights
+            print(f"  {LABELS[config]}: skipped ({one_line(err)})", file=sys.stderr)
     audio_s = sum(c.audio_s for c in clips)
     header = (f"target: {args.preset} ({target.config.decoder_layers} decoder layers), {target.dtype}, {device}; "
               f"{note}\naudio: {len(clips)} clips, {audio_s:.1f} s; chunk {chunk_s:g} s; language {args.language}; "
               f"torch threads {torch.get_num_threads()}")
     print(header, file=sys.stderr)
-    results = bench(clips, batch_sizes, runners, device, stats)
+    results = bench(clips, batch_sizes, runners, device, stats, args.repeats)
     text, rows = table(results, clips)
     print(header)
     print(text)

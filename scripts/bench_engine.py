@@ -8,6 +8,8 @@ Random-weight models with the real shapes of whisper-base and of large-v2 + dist
 
     python scripts/bench_engine.py --shapes base --batch-sizes 1,4,16 --new-tokens 48
     python scripts/bench_engine.py --device cuda --dtype fp16 --shapes base,large-v2   # on a GPU
+    python scripts/bench_engine.py --steps --shapes real-base --batch-sizes 1,4,8      # ms per step vs the floor
+    python scripts/bench_engine.py --head                                               # output-head layouts
 """
 
 from __future__ import annotations
@@ -89,6 +91,67 @@ def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run
     return rows
 
 
+def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step):
+    """ms per step (greedy, and speculative with `draft`) next to the roofline floor, per batch size."""
+    import step_floor as sf
+
+    gen = target.generation_config
+    gen.suppress_tokens = list(gen.suppress_tokens or []) + [gen.eos_token_id]  # every row runs n_new tokens
+    rates = sf.machine_rates(device, target.dtype)
+    print(json.dumps({"machine": {key: round(v, 1) for key, v in rates.items()}}), flush=True)
+    rng = torch.Generator().manual_seed(0)
+    enc = torch.randn(max(batch_sizes), target.config.max_source_positions, target.config.d_model, generator=rng)
+    enc = enc.to(device, target.dtype)
+    n_keys = 64  # the bucket of a row ~48 tokens in
+    for b in batch_sizes:
+        line = {"model": name, "batch": b, "n_new": n_new}
+        line["greedy_ms"] = sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner())
+        floor = sf.step_floor_ms(target, b, 1, n_keys, rates)
+        line["greedy_floor_ms"] = floor["floor_ms"]
+        line["greedy_vs_floor"] = line["greedy_ms"] / floor["floor_ms"]
+        if compile_step:
+            t0 = time.perf_counter()
+            runner = sf.inductor_runner()
+            line["greedy_inductor_ms"] = sf.step_ms(target, None, enc, b, n_new, 0, runner)
+            line["inductor_compiles"] = len({key for key, _ in runner.times})
+            line["inductor_run_s_incl_compile"] = time.perf_counter() - t0
+        if draft is not None:
+            line[f"spec_k{k}_ms"] = sf.step_ms(target, draft, enc, b, n_new, k, sf.TimedRunner())
+            line[f"verify_k{k}_floor_ms"] = sf.step_floor_ms(target, b, k + 1, n_keys, rates)["floor_ms"]
+        print(json.dumps({key: (round(v, 2) if isinstance(v, float) else v) for key, v in line.items()}), flush=True)
+
+
+def bench_head(batch_sizes, device, repeats=7):
+    """The 51,865 x 512 output head in each layout, side by side (median ms)."""
+    import torch.nn.functional as F
+    import torch.utils.mkldnn as mkldnn
+
+    w = torch.randn(51865, 512, device=device) * 0.02
+    w_t = w.t().contiguous()
+    lin = torch.nn.Linear(512, 51865, bias=False).to(device)
+    lin.weight.data = w
+    packed = mkldnn.to_mkldnn(torch.nn.Sequential(lin)) if device.type == "cpu" else None
+    for b in batch_sizes:
+        x = torch.randn(b, 512, device=device)
+        ways = {"x @ W^T (W^T stored d x V)": lambda: x @ w_t, "F.linear (W stored V x d)": lambda: F.linear(x, w),
+                "W @ x^T (W stored V x d)": lambda: (w @ x.t()).t()}
+        if packed is not None:
+            ways["oneDNN prepacked"] = lambda: packed(x.to_mkldnn()).to_dense()
+        times = {key: [] for key in ways}
+        with torch.inference_mode():
+            for fn in ways.values():
+                fn()
+            for _ in range(repeats):  # interleaved, so load from other jobs hits every layout alike
+                for key, fn in ways.items():
+                    sync(device)
+                    t0 = time.perf_counter()
+                    fn()
+                    sync(device)
+                    times[key].append((time.perf_counter() - t0) * 1e3)
+        print(json.dumps({"head_rows": b, **{key: round(sorted(v)[len(v) // 2], 2) for key, v in times.items()}}),
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="base", help="comma list of: base, large-v2, real-base")
@@ -102,6 +165,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     ap.add_argument("--clock", choices=["wall", "process"], default="wall",
                     help="wall time, or this process's CPU time (CPU only: steadier when other jobs share the cores)")
+    ap.add_argument("--steps", action="store_true", help="ms per step next to the floor (greedy + speculative)")
+    ap.add_argument("--compile", action="store_true", help="with --steps: also the step through inductor")
+    ap.add_argument("--head", action="store_true", help="time the output head's layouts and exit")
     args = ap.parse_args()
     clock = time.process_time if args.clock == "process" else time.perf_counter
     if args.threads:
@@ -109,13 +175,16 @@ def main() -> None:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.head:
+        bench_head(batch_sizes, device)
+        return
     print(json.dumps({"device": str(device), "dtype": str(dtype), "threads": torch.get_num_threads(), "clock": args.clock,
                       "new_tokens": args.new_tokens, "K": args.num_draft_tokens}))
     for shape in args.shapes.split(","):
         if shape == "real-base":
             from asr_spec.models.loading import load_model
             target = load_model("embedded:whisper-base", device, dtype)
-            drafts = {"target-as-draft": decoder_draft(target)}
+            drafts = {"target-as-draft": decoder_draft(target), "first+last-cut": decoder_draft(target, [0, 5])}
         elif shape == "large-v2":
             target = random_whisper("large-v2").to(device, dtype)
             distil = random_whisper("distil-large-v2", seed=1).to(device, dtype)
@@ -126,6 +195,10 @@ def main() -> None:
             drafts = {"target-as-draft": decoder_draft(target), "first+last-cut": decoder_draft(target, [0, last])}
         else:
             raise SystemExit(f"unknown shape {shape!r}")
+        if args.steps:
+            bench_steps(shape, target.eval(), list(drafts.values())[-1], batch_sizes, args.new_tokens, device,
+                        args.num_draft_tokens, args.compile)
+            continue
         bench_pair(shape, target.eval(), drafts, batch_sizes, args.new_tokens, args.repeats, device,
                    args.num_draft_tokens, run_encoder=shape == "real-base", clock=clock)
 

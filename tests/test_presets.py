@@ -23,8 +23,9 @@ def test_shipped_presets() -> None:
     assert (v2.model, v2.draft, v2.chunk_length_s) == ("openai/whisper-large-v2", "distil-whisper/distil-large-v2", 15)
     assert (v3.model, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
     base = load_preset("base")
-    assert base.model == "embedded:whisper-base" and base.draft_optional
-    assert base.draft == str(REPO / "drafts" / "whisper-base")  # relative to configs/, resolved
+    assert base.model == "embedded:whisper-base" and base.draft is None  # greedy: no missing-draft warning
+    distilled = load_preset("base-distilled")
+    assert distilled.draft == str(REPO / "drafts" / "whisper-base-2l")  # relative to configs/, resolved
     tiny = load_preset("tiny.en")
     assert (tiny.model, tiny.draft, tiny.chunk_length_s, tiny.language) == ("embedded:whisper-tiny.en", None, 30, None)
 
@@ -38,6 +39,20 @@ def test_every_shipped_preset_makes_valid_options(name: str) -> None:
     assert options.decode.num_draft_tokens == (preset.num_draft_tokens or DecodeOptions().num_draft_tokens)
     assert preset.dtype == "auto" and preset.description
     assert preset.timestamps and options.decode.timestamps  # Whisper's long-form mode (see configs/base.toml)
+
+
+def test_preset_draft_only_on_cuda(caplog) -> None:
+    """Defaults follow the physics: a preset's draft is used on CUDA; on CPU it decodes greedily (said at info
+    level, no warning), and share_encoder is a checked boolean."""
+    distilled = load_preset("base-distilled")
+    with caplog.at_level(logging.INFO, logger="asr_spec"):
+        assert distilled.draft_for("cpu") is None
+        assert distilled.draft_for("cuda") == distilled.draft
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert load_preset("base").draft_for("cuda") is None
+    assert Preset("p", "embedded:whisper-base", share_encoder=False).share_encoder is False
+    with pytest.raises(InputError, match="share_encoder must be true or false"):
+        Preset("p", "embedded:whisper-base", share_encoder="yes")
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:

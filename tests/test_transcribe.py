@@ -345,7 +345,10 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
     preset = tmp_path / "mine.toml"
     preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\nchunk_length_s = 20\n')
     from_preset = Transcriber.from_preset(preset, device="cpu", batch_size=3)
-    assert from_preset.draft is not None and from_preset.options.chunking.chunk_length_s == 20
+    assert from_preset.draft is None  # on a CPU a preset decodes greedily unless a draft is asked for
+    assert from_preset.options.chunking.chunk_length_s == 20
+    explicit = Transcriber.from_preset(preset, device="cpu", draft=str(draft_dir))
+    assert explicit.draft is not None
     assert from_preset.options.batch_size == 3
     assert Transcriber.from_preset(preset, model=str(target_dir)).draft is None  # its draft went with its model
     with pytest.raises(InputError, match=r"unknown option\(s\) temperature"):

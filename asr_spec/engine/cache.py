@@ -70,10 +70,29 @@ class KVCache:
         self.self_k[layer].scatter_(2, index, k)
         self.self_v[layer].scatter_(2, index, v)
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Shrink the batch to slots `rows` (in that order): used once the queue of chunks runs dry."""
-        self.self_k = self.self_k[:, rows]
-        self.self_v = self.self_v[:, rows]
-        self.cross_k = self.cross_k[:, rows]
-        self.cross_v = self.cross_v[:, rows]
-        self.lengths = self.lengths[rows]
+    def rows(self, n_rows: int) -> "KVCache":
+        """The first `n_rows` slots, as views (no copy): the step of a batch whose live rows are packed first."""
+        return KVCache(self.self_k[:, :n_rows], self.self_v[:, :n_rows], self.cross_k[:, :n_rows],
+                       self.cross_v[:, :n_rows], self.lengths[:n_rows])
+
+    def move_row(self, src: int, dst: int, n_positions: int) -> None:
+        """Copy slot `src` into slot `dst` (its first n_positions self-attention entries and its audio): packs the
+        live rows first when a row finishes and nothing waits for its slot. One row moves, not the whole cache."""
+        self.self_k[:, dst, :, :n_positions] = self.self_k[:, src, :, :n_positions]
+        self.self_v[:, dst, :, :n_positions] = self.self_v[:, src, :, :n_positions]
+        self.cross_k[:, dst] = self.cross_k[:, src]
+        self.cross_v[:, dst] = self.cross_v[:, src]
+        self.lengths[dst] = self.lengths[src]
+
+    def commit(self, rows: torch.Tensor, staged: "KVCache") -> None:
+        """Store the slots of a staging cache (new chunks' audio and prefilled prompt) into slots `rows`.
+
+        rows: (R,) long; staged: a cache of R rows whose self-attention part holds staged.lengths (all equal)
+        positions at most.
+        """
+        n = staged.n_positions
+        self.self_k[:, rows, :, :n] = staged.self_k
+        self.self_v[:, rows, :, :n] = staged.self_v
+        self.cross_k[:, rows] = staged.cross_k
+        self.cross_v[:, rows] = staged.cross_v
+        self.lengths[rows] = staged.lengths

@@ -52,8 +52,12 @@ class Decoder:
         # thread): the head as a contiguous (d_model, vocab) matrix (x @ W^T: ~20 % faster than F.linear) and the
         # cross-attention keys stored transposed, attended with two matmuls (~2x faster than SDPA for 1-13
         # queries over 1500 keys). On CUDA the fused kernels are used as they are.
+        # The output head, measured on this CPU (scripts/bench_engine.py --head): for one row x @ W^T with W^T
+        # stored contiguous (d_model, vocab) is fastest; from 2 rows on, W (vocab, d_model) @ x^T is 1.5-2x faster
+        # than both x @ W^T and F.linear (MKL runs thin x @ W^T products badly). Both layouts are kept on CPU.
         self.cpu_layout = self.device.type == "cpu"
-        self.head_weight = weight.t().contiguous() if self.cpu_layout else weight
+        self.head_weight = weight
+        self.head_weight_t = weight.t().contiguous() if self.cpu_layout else None
 
     @property
     def device(self) -> torch.device:
@@ -70,26 +74,37 @@ class Decoder:
         )
 
     @torch.inference_mode()
-    def attach(self, cache: KVCache, rows: torch.Tensor, audio: torch.Tensor) -> None:
-        """Compute the cross-attention keys/values of new chunks (once per chunk) straight into slots `rows`, and
-        empty those slots' self-attention cache.
+    def stage(self, audio: torch.Tensor, n_positions: int) -> KVCache:
+        """A staging cache for R new chunks: their cross-attention keys/values (computed once per chunk) and an
+        empty self-attention part of n_positions, to prefill the prompt in before `KVCache.commit` stores it in
+        the batch slots. Language detection reads this cache: no copy of the batch's cache is made.
 
-        rows: (R,) long; audio: (R, n_audio_ctx, cross_width) encoder output.
+        audio: (R, n_audio_ctx, cross_width) encoder output.
         """
         audio = audio.to(self.dtype)
         r, s, _ = audio.shape
+        staged = self.new_cache(r, max(n_positions, 1), s)
         for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
             k = attn.k_proj(audio).view(r, s, self.n_heads, self.head_dim)
-            cache.cross_k[i, rows] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
-            cache.cross_v[i, rows] = attn.v_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2)
-        cache.lengths[rows] = 0
+            staged.cross_k[i] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
+            staged.cross_v[i] = attn.v_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2)
+        return staged
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, P, d_model) -> (B, P, V') logits, in the layout measured fastest for B * P rows."""
+        if not self.cpu_layout:
+            return F.linear(x, self.head_weight)
+        b, p, d = x.shape
+        if b * p == 1:
+            return x @ self.head_weight_t
+        return (self.head_weight @ x.reshape(b * p, d).t()).t().reshape(b, p, -1)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: inference tensors cannot be traced by torch.compile's AOT backends
     def forward(
         self,
         cache: KVCache,
@@ -136,8 +151,7 @@ class Decoder:
         if logit_index is not None:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
         x = self.decoder.layer_norm(x)
-        logits = x @ self.head_weight if self.cpu_layout else F.linear(x, self.head_weight)
-        return full_vocab_logits(logits, self.vocab_ids, self.vocab_size)
+        return full_vocab_logits(self._head(x), self.vocab_ids, self.vocab_size)
 
     def step_ms(self, n_rows: int, n_audio_ctx: int, repeats: int = 20) -> float:
         """Milliseconds of one single-token step at `n_rows` rows, position 40, cross-attention over `n_audio_ctx`

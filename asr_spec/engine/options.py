@@ -29,6 +29,9 @@ class DecodeOptions:
     # K, draft tokens proposed per step. By measurement on whisper-base drafts (CPU, batch 4,
     # scripts/tune_draft_length.py and `asr-spec distill eval`) K=3 was fastest (README, "Choosing K").
     num_draft_tokens: int = 3
+    # CUDA only: run the step as one CUDA graph per (rows, n_keys bucket, K), captured lazily. False keeps the
+    # eager step (the tests' reference, --no-graphs); the tokens are the same either way.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):

@@ -87,27 +87,47 @@ class WhisperTokens:
 
 
 class LogitRules:
-    """Vectorised Whisper logit rules for one decoding configuration."""
+    """Vectorised Whisper logit rules for one decoding configuration.
+
+    The rules that depend only on the vocabulary (suppress_tokens, <|notimestamps|> in timestamp mode) are a
+    precomputed additive (V,) bias; begin_suppress_tokens touch only their own columns. The timestamp rules that depend on the history are reductions over
+    the 1,501 timestamp tokens and a cut-off index over the text tokens: no (B, P, V) boolean mask is built.
+    """
 
     def __init__(self, tokens: WhisperTokens, vocab_size: int, timestamps: bool, device: torch.device):
         self.tokens = tokens
         self.timestamps = timestamps
-        vocab = torch.arange(vocab_size, device=device)
-        self.vocab = vocab
-        self.suppress = torch.isin(vocab, torch.tensor(tokens.suppress, dtype=torch.long, device=device))
-        self.begin_suppress = torch.isin(vocab, torch.tensor(tokens.begin_suppress, dtype=torch.long, device=device))
         ts = tokens.timestamp_begin
-        self.is_timestamp = vocab >= ts
-        self.below_eot = vocab < tokens.eot
-        if tokens.max_initial_timestamp_index is not None:
-            self.beyond_initial = vocab > ts + tokens.max_initial_timestamp_index
-        else:
-            self.beyond_initial = torch.zeros_like(self.is_timestamp)
+        bias = torch.zeros(vocab_size, device=device)
+        bias[list(tokens.suppress)] = NEG_INF
+        if timestamps:
+            bias[tokens.no_timestamps] = NEG_INF
+        self.bias = bias  # (V,) 0 or -inf
+        self.begin_ids = torch.tensor(tokens.begin_suppress, dtype=torch.long, device=device)  # first position only
+        n_ts = max(vocab_size - ts, 0)
+        self.ts_index = torch.arange(n_ts, device=device)  # timestamp token ts + i has index i
+        self.text_index = torch.arange(min(ts, vocab_size), device=device)
+        max_init = tokens.max_initial_timestamp_index
+        self.max_initial = n_ts - 1 if max_init is None else int(max_init)
         self.lang_ids = torch.tensor(sorted(tokens.lang_to_id.values()), dtype=torch.long, device=device)
 
     def detect_language(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: (R, vocab) at the <|startoftranscript|> position -> (R,) most likely language token id."""
-        return self.lang_ids[logits[:, self.lang_ids].argmax(-1)]
+        return self.lang_ids[logits.index_select(-1, self.lang_ids).argmax(-1)]
+
+    def draft_choice(self, logits: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor) -> torch.Tensor:
+        """(B, 1, V) draft logits -> (B,) proposals: argmax after the static bias only (suppress, begin-suppress),
+        without the history-dependent timestamp rules. Lossless: the target re-applies every rule to each
+        proposal, so a proposal the full rules forbid is merely rejected (it costs acceptance, never accuracy)."""
+        scores = logits.float() + self.bias
+        self._begin_suppress(scores, (n_hist == begin)[:, None])
+        return scores[:, 0].argmax(-1)
+
+    def _begin_suppress(self, scores: torch.Tensor, at_begin: torch.Tensor) -> None:
+        """-inf at begin_suppress_tokens where at_begin (B, P), in place on the few columns concerned."""
+        if self.begin_ids.numel():
+            cols = scores.index_select(-1, self.begin_ids)
+            scores.index_copy_(-1, self.begin_ids, cols.masked_fill(at_begin[..., None], NEG_INF))
 
     def apply(self, logits: torch.Tensor, seq: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor) -> torch.Tensor:
         """Processed scores at P consecutive positions of every row.
@@ -118,32 +138,24 @@ class LogitRules:
         n_hist: (B,) long number of tokens before position 0; begin: (B,) long index of the first generated token.
         returns: (B, P, V) float32 scores, -inf where a rule forbids the token.
         """
-        scores = logits.float()
-        b, p, _ = scores.shape
-        cur_len = n_hist[:, None] + torch.arange(p, device=scores.device)  # (B, P) length of the input so far
+        p = logits.shape[1]
+        cur_len = n_hist[:, None] + torch.arange(p, device=logits.device)  # (B, P) length of the input so far
         at_begin = cur_len == begin[:, None]
-        forbid = self.suppress[None, None, :] | (at_begin[:, :, None] & self.begin_suppress[None, None, :])
+        scores = logits.float() + self.bias
+        self._begin_suppress(scores, at_begin)
         if self.timestamps:
-            forbid = forbid | self._timestamp_forbid(seq, cur_len, begin, at_begin)
-        scores = scores.masked_fill(forbid, NEG_INF)
-        if self.timestamps:
-            # timestamps win when their total probability beats every single text token
-            logprobs = torch.log_softmax(scores, dim=-1)
-            ts = self.tokens.timestamp_begin
-            ts_logprob = logprobs[..., ts:].logsumexp(dim=-1)
-            max_text = logprobs[..., :ts].max(dim=-1).values
-            scores[..., :ts] = scores[..., :ts].masked_fill((ts_logprob > max_text)[..., None], NEG_INF)
+            self._timestamp_rules(scores, seq, cur_len, begin, at_begin)
         return scores
 
-    def _timestamp_forbid(
-        self, seq: torch.Tensor, cur_len: torch.Tensor, begin: torch.Tensor, at_begin: torch.Tensor
-    ) -> torch.Tensor:
-        """(B, P, V) mask of what WhisperTimeStampLogitsProcessor sets to -inf (before its probability test)."""
-        ts = self.tokens.timestamp_begin
+    def _timestamp_rules(
+        self, scores: torch.Tensor, seq: torch.Tensor, cur_len: torch.Tensor, begin: torch.Tensor,
+        at_begin: torch.Tensor,
+    ) -> None:
+        """WhisperTimeStampLogitsProcessor, in place on (B, P, V) `scores` (after the static bias)."""
+        ts, eot = self.tokens.timestamp_begin, self.tokens.eot
         n_seq = seq.shape[1]
         idx = torch.arange(n_seq, device=seq.device)
-        generated = idx[None, :] >= begin[:, None]
-        is_ts = (seq >= ts) & generated
+        is_ts = (seq >= ts) & (idx[None, :] >= begin[:, None])
         # index of the last timestamp token at or before each index (-1: none yet)
         last_ts_idx = torch.where(is_ts, idx[None, :], -1).cummax(dim=1).values
 
@@ -156,12 +168,19 @@ class LogitRules:
         last_idx = torch.where(n_gen >= 1, at(1, last_ts_idx), -1)
         last_val = seq.gather(1, last_idx.clamp(min=0))
         ts_last = torch.where(last_was_ts & ~penult_was_ts, last_val, last_val + 1)
-        ts_last = torch.where(last_idx >= 0, ts_last, ts)  # (B, P): timestamps below this are forbidden
+        ts_last = torch.where(last_idx >= 0, ts_last, ts) - ts  # (B, P): timestamp indices below it are forbidden
 
-        vocab = self.vocab[None, None, :]
-        forbid = (vocab == self.tokens.no_timestamps).expand(*cur_len.shape, -1)
-        forbid = forbid | ((last_was_ts & penult_was_ts)[..., None] & self.is_timestamp)
-        forbid = forbid | ((last_was_ts & ~penult_was_ts)[..., None] & self.below_eot)
-        forbid = forbid | (self.is_timestamp & (vocab < ts_last[..., None]))
-        forbid = forbid | (at_begin[..., None] & (~self.is_timestamp | self.beyond_initial))
-        return forbid
+        # timestamps: all after a pair, those before the last one, those past the initial maximum at the start
+        ts_floor = torch.where(last_was_ts & penult_was_ts, self.ts_index.shape[0], ts_last)
+        ts_ceil = torch.where(at_begin, self.max_initial, self.ts_index.shape[0])
+        tsi = self.ts_index
+        ts_scores = scores[..., ts:]
+        ts_scores.masked_fill_((tsi < ts_floor[..., None]) | (tsi > ts_ceil[..., None]), NEG_INF)
+        # text: every text token at the start, those below <|endoftext|> after a lone timestamp, all of them when
+        # the timestamps' total probability beats every single text token (the log-softmax normaliser cancels)
+        text_cut = torch.where(at_begin, ts, torch.where(last_was_ts & ~penult_was_ts, eot, 0))
+        text_scores = scores[..., :ts]
+        max_text = torch.where(text_cut == 0, text_scores.max(-1).values,
+                               torch.where(text_cut == eot, text_scores[..., eot:].max(-1).values, NEG_INF))
+        text_cut = torch.where(ts_scores.logsumexp(-1) > max_text, ts, text_cut)
+        text_scores.masked_fill_(self.text_index < text_cut[..., None], NEG_INF)

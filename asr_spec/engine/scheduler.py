@@ -6,9 +6,9 @@ finishes, its slot is refilled with the next encoded chunk (its cross-attention 
 prompt fed by the next step), so the batch stays full until the queue runs dry; then finished rows are dropped
 from the batch. Results come back tagged with the chunk id, in the order chunks finish.
 
-A live source (a server's queue) yields None for "nothing right now": the engine then stops filling, drops its idle
-rows and keeps decoding the busy ones, and grows the batch back (up to batch_size) when chunks come. An error in
-the engine's own work raises `EngineError` naming the chunks lost with it, so a server fails only those requests.
+A live source (a server's queue) yields None for "nothing right now": the engine then stops filling and keeps
+decoding the busy rows (the step runs on the first n_active slots, so idle slots cost nothing). An error in the
+engine's own work raises `EngineError` naming the chunks lost with it, so a server fails only those requests.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from asr_spec.engine.cache import KVCache
+from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.rules import LogitRules, WhisperTokens
@@ -29,7 +31,6 @@ from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.stats import ChunkStats
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
-_EXHAUSTED = object()  # the end of the source, told apart from None ("nothing right now")
 
 
 class EngineError(RuntimeError):
@@ -80,19 +81,27 @@ class ChunkResult:
 class Engine:
     """Lossless batched speculative decoding of Whisper chunks (greedy when `draft` is None).
 
+    The contract. In fp32 the output is token-identical to transformers `generate()` greedy, except at a checked
+    top-2 tie. In fp16/bf16 a (K+1)-token verify pass and a 1-token step round differently, so the promise is:
+    every emitted token is the target's own argmax (after Whisper's rules) at that position in the pass that
+    emitted it; outputs may differ from another batch composition or from `generate()` only where the top two
+    logits are within rounding.
+
     target: a transformers `WhisperForConditionalGeneration`, eval mode, on its device and dtype.
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
             A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens.
     """
 
-    def __init__(self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions()):
+    def __init__(self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions(),
+                 runner: StepRunner | None = None):
         self.kind = check_pair(target, draft)
         self.target, self.draft, self.options = target, draft, options
         self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
         self.lang_id = None if options.language is None else self.tokens.language_id(options.language)
         placeholder = self.tokens.sot if self.lang_id is None else self.lang_id  # detected later: same length
         prompt_len = len(self.tokens.prompt(placeholder, options.task, options.timestamps))
+        self.prompt_len = prompt_len  # the same for every chunk (a detected language replaces the placeholder)
         if options.max_new_tokens is not None and prompt_len + options.max_new_tokens > self.tokens.max_positions:
             raise ValueError(
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
@@ -103,6 +112,11 @@ class Engine:
             draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.n_audio_ctx = target.config.max_source_positions
+        # runner: how the step runs (tests pass a wrapped one); by default CUDA graphs on CUDA (unless
+        # options.cuda_graphs is False), eager on CPU (measured fastest there: docs-draft/issue9.md)
+        graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
+        self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
+        self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
 
     # -- encoding -------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -123,139 +137,186 @@ class Engine:
             own = list(self.draft.model.encoder(input_features=x).last_hidden_state)
         return enc, own
 
-    def _fill_ready(self, source: Iterator[ChunkRequest | None], ready: deque, n_needed: int, batch_size: int,
-                    in_flight: set) -> bool:
+    def _fill_ready(self, source: Iterator[ChunkRequest | None], ready: deque, n_needed: int,
+                    batch_size: int, in_flight: set) -> bool:
         """Encode batches of chunks until `n_needed` are ready or the source has nothing right now (it yields
         None); returns False once the source is exhausted. Pulled ids are added to `in_flight`."""
         while len(ready) < n_needed:
-            batch: list[ChunkRequest] = []
-            request = next(source, _EXHAUSTED)
-            while request is not None and request is not _EXHAUSTED:
-                batch.append(request)
-                in_flight.add(request.id)
-                if len(batch) == batch_size:
+            batch, more = [], True
+            while len(batch) < batch_size:
+                req = next(source, StopIteration)
+                if req is StopIteration or req is None:
+                    more = req is None
                     break
-                request = next(source, _EXHAUSTED)
+                batch.append(req)
+                in_flight.add(req.id)
             if batch:
                 with _losing(in_flight):
                     enc, own = self._encode(batch)
                 for i, r in enumerate(batch):
                     ready.append((r, enc[i], None if own is None else own[i]))
-            if request is _EXHAUSTED:
-                return False
-            if request is None:
-                return True
+            if len(batch) < batch_size:
+                return more
         return True
 
     # -- admission ------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _admit(self, m: Models, st: DecodeState, rows: list[int], items: list) -> int:
-        """Attach encoded chunks to free slots `rows`; returns the longest prompt among them."""
+    def _admit(self, m: Models, st: DecodeState, rows: list[int], items: list) -> torch.Tensor | None:
+        """Attach encoded chunks to free slots `rows` and prefill their prompts (the eager admission step): each
+        model gets the new chunks' audio in a staging cache, detects the language there when asked (a pass at the
+        <|startoftranscript|> position), is fed the prompt but its last token, and the staging cache is stored in
+        the slots. Returns the target's (R, V) logits at the <|startoftranscript|> position (from the language
+        probe or the prefill pass; None only for a one-token prompt, whose SOT is fed by the first step)."""
         dev = self.target_dec.device
         idx = torch.tensor(rows, device=dev)
         enc = torch.stack([e for _, e, _ in items])
-        self.target_dec.attach(m.target_cache, idx, enc)
+        n_prompt, r = self.prompt_len, len(rows)
+        staged = self.target_dec.stage(enc, n_prompt - 1)
+        sot_logits = None
+        if self.lang_id is None and self.tokens.is_multilingual:
+            sot = torch.full((r, 1), self.tokens.sot, device=dev)
+            sot_logits = self.target_dec.forward(staged, sot, torch.zeros_like(sot), 1)[:, 0]
+            lang = self.rules.detect_language(sot_logits.float())
+        else:
+            lang = torch.full((r,), self.tokens.sot if self.lang_id is None else self.lang_id, device=dev)
+        prompts = self._prompts(lang)
+        prefill_logits = self._prefill(self.target_dec, staged, prompts, 0 if sot_logits is None else 1)
+        if sot_logits is None:  # the prefill pass started at <|startoftranscript|>: its logits are the same
+            sot_logits = prefill_logits
+        m.target_cache.commit(idx, staged)
         if m.draft is not None:
             draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
-            m.draft.attach(m.draft_cache, idx, draft_audio)
-        if self.tokens.is_multilingual and self.lang_id is None:
-            probe = self.target_dec.new_cache(len(rows), 1, 1)  # position 0 only, on the new chunks' audio
-            probe.cross_k, probe.cross_v = m.target_cache.cross_k[:, idx], m.target_cache.cross_v[:, idx]
-            sot = torch.full((len(rows), 1), self.tokens.sot, device=dev)
-            logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0]
-            langs = self.rules.detect_language(logits.float()).tolist()
-        else:
-            langs = [self.lang_id] * len(rows)
-        prompts = [self.tokens.prompt(lang, self.options.task, self.options.timestamps) for lang in langs]
-        n_prompt = max(len(p) for p in prompts)
-        for row, p in zip(rows, prompts):
-            st.seq[row, : len(p)] = torch.tensor(p, device=dev)
-        plen = torch.tensor([len(p) for p in prompts], device=dev)
+            d_staged = m.draft.stage(draft_audio, n_prompt - 1)
+            self._prefill(m.draft, d_staged, prompts, 0)
+            m.draft_cache.commit(idx, d_staged)
         max_new = self.options.max_new_tokens or self.tokens.max_positions
-        st.n_tok[idx] = plen
-        st.begin[idx] = plen
-        st.limit[idx] = torch.clamp(plen + max_new, max=self.tokens.max_positions)
+        st.seq[idx, :n_prompt] = prompts
+        st.n_tok[idx] = n_prompt
+        st.begin[idx] = n_prompt
+        st.limit[idx] = min(n_prompt + max_new, self.tokens.max_positions)
         st.finish[idx] = FINISH_NONE
         st.stats[idx] = 0
         st.hist[idx] = 0
-        return n_prompt
+        return sot_logits
+
+    def _prompts(self, lang: torch.Tensor) -> torch.Tensor:
+        """(R,) language token ids (ignored by an English-only model) -> (R, prompt_len) prompts, on the device."""
+        template = self.tokens.prompt(self.tokens.sot, self.options.task, self.options.timestamps)
+        prompts = torch.tensor(template, device=lang.device).repeat(len(lang), 1)
+        if self.tokens.is_multilingual:
+            prompts[:, 1] = lang
+        return prompts
+
+    @staticmethod
+    def _prefill(dec: Decoder, staged: KVCache, prompts: torch.Tensor, fed: int) -> torch.Tensor | None:
+        """Feed prompts[:, fed:-1] at their positions into a staging cache that holds `fed` tokens already;
+        returns the (R, V) logits at the first position fed (None when nothing was fed)."""
+        n_prompt = prompts.shape[1]
+        logits = None
+        if n_prompt - 1 > fed:
+            pos = torch.arange(fed, n_prompt - 1, device=prompts.device).expand(len(prompts), -1)
+            logits = dec.forward(staged, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1))
+            logits = logits[:, 0]
+        staged.lengths.fill_(n_prompt - 1)
+        return logits
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
         """Decode every request, `batch_size` rows at a time; yields one result per request, in the order they
-        finish.
+        finish. The source may yield None for "nothing right now": decoding goes on with the rows it has; with no
+        row busy it asks again at once (so such a source should block briefly before a None). The run ends when
+        the source is exhausted and no row is busy. An exception of the engine's own work raises `EngineError`
+        with the ids of the chunks lost; one raised by the source propagates as it is.
 
-        A live source yields None for "nothing right now": the engine stops filling for this step, drops its idle
-        rows and decodes the busy ones; with no row busy it asks again at once (so such a source should block
-        briefly before a None). The run ends when the source is exhausted and no row is busy. An exception of
-        the engine's own work raises `EngineError` with the ids of the chunks lost (see there); one raised by
-        the source propagates as it is.
+        Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a
+        finished row's slot, the last live row moves into it, so the step always runs on the first n_active
+        slots (views: no copy of the other rows). Shapes then depend only on (n_active, n_keys bucket, K).
         """
         check_int(batch_size, "batch_size", 1)
-        opts, n_rows = self.options, batch_size
-        k_max = opts.num_draft_tokens if self.draft_dec is not None else 0
-        n_positions = self.tokens.max_positions + k_max + 2
+        k = self.options.num_draft_tokens if self.draft_dec is not None else 0
+        n_positions = self.tokens.max_positions + k + 2
+        m, st = self._allocate(batch_size, n_positions, k)
+        slots: list[ChunkRequest | None] = [None] * batch_size
+        since = [0] * batch_size  # number of the last step before each slot's occupant was placed there
+        reader = HostReader(batch_size, self.target_dec.device, self.read_lag)
+        source, ready, more = iter(requests), deque(), True
+        in_flight: set = set()  # ids pulled from the source and not yet yielded: lost if the engine raises
+        max_len, n_step = 0, 0
+        while True:
+            free = [i for i, s in enumerate(slots) if s is None]
+            if free and more:
+                more = self._fill_ready(source, ready, len(free), batch_size, in_flight)
+            if free and ready:
+                take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
+                with _losing(in_flight):
+                    self._admit(m, st, free[: len(take)], take)
+                for row, (req, _, _) in zip(free, take):
+                    slots[row], since[row] = req, n_step
+                max_len = max(max_len, self.prompt_len)
+            with _losing(in_flight):
+                n_active = self._pack(m, st, slots, since, n_step, min(max_len + k + 2, n_positions))
+            if n_active == 0:
+                if not more and not ready:
+                    return
+                continue
+            n_keys = n_keys_bucket(max_len, k, reader.lag, n_positions)
+            with _losing(in_flight), torch.no_grad():
+                self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
+                n_step += 1
+                if reader.lag == 0:
+                    reader.push(st.rows(n_active), n_step)
+                read = reader.pull()  # on CUDA: the previous step's, the one just queued is not waited for
+                if reader.lag:
+                    reader.push(st.rows(n_active), n_step)
+            if read is not None:
+                tag, finish, max_len = read
+                max_len = max(max_len, self.prompt_len)
+                done = [r for r, code in enumerate(finish)
+                        if code != FINISH_NONE and slots[r] is not None and tag > since[r]]
+                for result in self._results(slots, st, done, finish):
+                    in_flight.discard(result.id)
+                    yield result
+                for r in done:
+                    slots[r] = None
+
+    def _allocate(self, n_rows: int, n_positions: int, k: int) -> tuple[Models, DecodeState]:
+        """The caches and decoding state of `n_rows` slots, allocated once per run."""
         m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
         if self.draft_dec is not None:
             m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, n_positions, self.n_audio_ctx)
-        st = DecodeState.empty(n_rows, n_positions + k_max + 8, k_max, self.target_dec.device)
-        slots: list[ChunkRequest | None] = [None] * n_rows
-        source, ready, more = iter(requests), deque(), True
-        in_flight: set = set()  # ids pulled from the source and not yet yielded: lost if the engine raises
-        max_len = 0
-        while True:
-            n_free = slots.count(None) + n_rows - len(slots)  # free slots + rows dropped while idle
-            n_pending = 1
-            if n_free and more:
-                more = self._fill_ready(source, ready, n_free, batch_size, in_flight)
-            if n_free and ready:
-                take = [ready.popleft() for _ in range(min(n_free, len(ready)))]
-                with _losing(in_flight):
-                    if slots.count(None) < len(take):  # grow back: copies of row 0, overwritten by _admit
-                        grow = len(take) - slots.count(None)
-                        self._keep_rows(m, st, list(range(len(slots))) + [0] * grow)
-                        slots += [None] * grow
-                    rows = [i for i, s in enumerate(slots) if s is None][: len(take)]
-                    n_pending = self._admit(m, st, rows, take)
-                for row, (req, _, _) in zip(rows, take):
-                    slots[row] = req
-                max_len = max(max_len, n_pending)
-            if all(s is None for s in slots):
-                if not more:
-                    return
-                continue  # a live source has nothing right now and no row is busy: ask it again
-            with _losing(in_flight):
-                if not ready and None in slots:  # nothing waiting: drop the idle rows
-                    keep = [i for i, s in enumerate(slots) if s is not None]
-                    self._keep_rows(m, st, keep)
-                    slots = [slots[i] for i in keep]
-                step(m, self.rules, st, k_max, n_pending, max_len)
-                host = torch.cat([st.finish, st.n_tok.max()[None]]).tolist()  # the step's one sync
-            finish, max_len = host[:-1], host[-1]
-            for row, code in enumerate(finish):
-                if code != FINISH_NONE and slots[row] is not None:
-                    result = self._result(slots[row], st, row, code)
-                    in_flight.discard(result.id)
-                    yield result
-                    slots[row] = None
+        return m, DecodeState.empty(n_rows, n_positions + k + 8, k, self.target_dec.device)
 
     @staticmethod
-    def _keep_rows(m: Models, st: DecodeState, keep: list[int]) -> None:
-        """Rows `keep` of the batch, in that order (an index twice copies that row: the batch grows)."""
-        idx = torch.tensor(keep, device=st.n_tok.device)
-        st.keep_rows(idx)
-        m.target_cache.keep_rows(idx)
-        if m.draft_cache is not None:
-            m.draft_cache.keep_rows(idx)
+    def _pack(m: Models, st: DecodeState, slots: list, since: list[int], n_step: int, n_positions: int) -> int:
+        """Move the last live rows into the holes before them so the live rows are slots [0, n); returns n."""
+        n_live = sum(s is not None for s in slots)
+        holes = [i for i in range(n_live) if slots[i] is None]
+        tail = [i for i in range(n_live, len(slots)) if slots[i] is not None]
+        for dst, src in zip(holes, tail):
+            m.target_cache.move_row(src, dst, n_positions)
+            if m.draft_cache is not None:
+                m.draft_cache.move_row(src, dst, n_positions)
+            st.move_row(src, dst)
+            slots[dst], slots[src], since[dst] = slots[src], None, n_step
+        return n_live
 
     @staticmethod
-    def _result(req: ChunkRequest, st: DecodeState, row: int, code: int) -> ChunkResult:
-        begin, n_tok = int(st.begin[row]), int(st.n_tok[row])
-        seq = st.seq[row, :n_tok].tolist()
-        target_passes, draft_passes, drafted, accepted = st.stats[row].tolist()
-        stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
-                           tuple(st.hist[row].tolist()))
-        return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats)
+    def _results(slots: list, st: DecodeState, done: list[int], finish: list[int]) -> list[ChunkResult]:
+        """The results of finished rows `done`, read from the device in one copy per state field."""
+        if not done:
+            return []
+        idx = torch.tensor(done, device=st.n_tok.device)
+        seqs, begins, n_toks = st.seq[idx].tolist(), st.begin[idx].tolist(), st.n_tok[idx].tolist()
+        stats, hists = st.stats[idx].tolist(), st.hist[idx].tolist()
+        out = []
+        for i, row in enumerate(done):
+            begin, n_tok = begins[i], n_toks[i]
+            target_passes, draft_passes, drafted, accepted = stats[i]
+            chunk_stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
+                                     tuple(hists[i]))
+            out.append(ChunkResult(slots[row].id, tuple(seqs[i][begin:n_tok]), tuple(seqs[i][:begin]),
+                                   FINISH_REASONS.get(finish[row], "length"), chunk_stats))
+        return out
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:

@@ -1,19 +1,24 @@
-"""One draft/verify/accept step over all rows of the batch, with per-row rollback.
+"""One draft/verify/accept step over all rows of the batch, with per-row rollback: static shapes, no host sync.
 
-Per row, the step: (1) lets the draft catch up on the committed tokens it has not seen and propose up to K
-tokens; (2) feeds the target its pending token(s) plus the K proposals in *one* pass and applies Whisper's rules
-at each of the K+1 positions; (3) accepts the longest prefix where proposal == target's choice, plus the
-target's next token; (4) moves each cache's length to exactly the tokens it holds that were accepted.
-Without a draft (K = 0) the same step is plain batched greedy decoding.
+Per row, the step: (1) lets the draft catch up on the committed tokens it has not seen and propose K tokens;
+(2) feeds the target its pending token plus the K proposals in *one* pass (a fixed window of K + 1) and applies
+Whisper's rules at each of the K + 1 positions; (3) accepts the longest prefix where proposal == target's choice,
+plus the target's next token; (4) moves each cache's length to exactly the tokens it holds that were accepted.
+Without a draft (K = 0) the same step is plain batched greedy decoding (a window of 1).
 
 Invariant between steps, per row: `seq[:n_tok]` are the committed tokens (prompt + generated); the target cache
-holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len <= n_tok - 1`, so each step
-feeds each model only the committed tokens it has not seen yet (one for the target, one or two for the draft).
+holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len` with n_tok - 2 <= d_len <=
+n_tok - 1, so each step feeds the target one pending token and the draft a window of two. A refilled slot's prompt
+is prefilled by the scheduler's admission before the next step (the invariant then holds for it too).
+
+Static: every tensor shape depends only on (rows, n_keys, K), every update is in place and nothing is read back
+to the host, so the step traces into one graph (`torch.compile(fullgraph=True)`) and is captured as one CUDA graph
+per (rows, n_keys bucket, K). A finished row (finish != 0) is masked: it computes but commits nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -50,9 +55,14 @@ class DecodeState:
         return cls(z(n_rows, n_seq), z(n_rows), z(n_rows), z(n_rows), z(n_rows) + FINISH_LENGTH,
                    z(n_rows, 4), z(n_rows, k_max + 1))
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        for name in ("seq", "n_tok", "begin", "limit", "finish", "stats", "hist"):
-            setattr(self, name, getattr(self, name)[rows])
+    def rows(self, n_rows: int) -> "DecodeState":
+        """The first `n_rows` slots, as views (in-place updates reach the full state)."""
+        return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
+
+    def move_row(self, src: int, dst: int) -> None:
+        for f in fields(self):
+            t = getattr(self, f.name)
+            t[dst] = t[src]
 
 
 def _window(seq: torch.Tensor, start: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,71 +80,68 @@ class Models:
     draft: Decoder | None = None
     draft_cache: KVCache | None = None
 
+    def rows(self, n_rows: int) -> "Models":
+        """The same models over the first `n_rows` cache slots (views)."""
+        return Models(self.target, self.target_cache.rows(n_rows), self.draft,
+                      None if self.draft_cache is None else self.draft_cache.rows(n_rows))
 
-def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, max_len: int) -> None:
-    """Advance every unfinished row by at least one token (in place).
 
-    k: draft tokens proposed this step (0 = greedy); n_pending: upper bound on tokens a cache must catch up on
-    (1 normally, the prompt length after a slot was refilled); max_len: upper bound on n_tok over rows.
+def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
+    """Advance every unfinished row by at least one token, in place.
+
+    k: draft tokens proposed this step (0 = greedy); n_keys: attention keys read, a bucket above every real
+    position of the step (> max n_tok + k over live rows), at most the caches' n_positions.
     """
     live = st.finish == FINISH_NONE
     n_rows = st.n_tok.shape[0]
     dev = st.n_tok.device
-    rows = torch.arange(n_rows, device=dev)
-    proposed = torch.zeros(n_rows, k, dtype=torch.bool, device=dev)
-    if k > 0:
-        proposed = _draft(m, rules, st, k, n_pending, max_len)
+    proposed = _draft(m, rules, st, k, n_keys) if k > 0 else torch.zeros(n_rows, 0, dtype=torch.bool, device=dev)
 
-    # verify: the target's pending tokens then the k proposals, one pass; logits at the last pending + proposals
+    # verify: the target's pending token then the k proposals, one pass, logits at all k + 1 positions
     t_len = m.target_cache.lengths
-    width = n_pending + k
-    tokens, pos = _window(st.seq, t_len, width)
-    first = (st.n_tok - t_len - 1)[:, None]  # index of the last pending token in the window
-    n_keys = min(max_len + k, m.target_cache.n_positions)
-    logits = m.target.forward(m.target_cache, tokens, pos, n_keys, first + torch.arange(k + 1, device=dev))
+    tokens, pos = _window(st.seq, t_len, k + 1)
+    logits = m.target.forward(m.target_cache, tokens, pos, n_keys)
     choice = rules.apply(logits, st.seq, st.n_tok, st.begin).argmax(-1)  # (B, k + 1)
 
     # accept the longest agreeing prefix plus the target's own next token, within each row's limits
-    match = (st.seq.gather(1, st.n_tok[:, None] + torch.arange(k, device=dev)) == choice[:, :k]) & proposed
-    n_acc = match.long().cumprod(1).sum(1)
     j = torch.arange(k + 1, device=dev)
+    match = (st.seq.gather(1, st.n_tok[:, None] + j[:k]) == choice[:, :k]) & proposed
+    n_acc = match.long().cumprod(1).sum(1)
     is_eos = (choice == rules.tokens.eot) & (j[None, :] <= n_acc[:, None])
     eos_at = torch.where(is_eos, j[None, :], k + 1).min(1).values
     n_new = torch.minimum(torch.minimum(n_acc + 1, eos_at + 1), st.limit - st.n_tok)
     n_new = torch.where(live, n_new, 0)
     # past n_tok + n_new the row's seq is scratch, so all k + 1 choices can be written
     st.seq.scatter_(1, (st.n_tok[:, None] + j).clamp(max=st.seq.shape[1] - 1), choice)
-    old_n = st.n_tok
-    st.n_tok = old_n + n_new
-    m.target_cache.lengths = torch.where(live, st.n_tok - 1, t_len)
-    if m.draft_cache is not None and k > 0:
-        m.draft_cache.lengths = torch.where(live, old_n + torch.minimum(n_new - 1, torch.full_like(n_new, k - 1)),
-                                            m.draft_cache.lengths)
+    old_n = st.n_tok.clone()
+    st.n_tok.add_(n_new)
+    t_len.copy_(torch.where(live, st.n_tok - 1, t_len))
+    if k > 0:
+        d_len = m.draft_cache.lengths
+        d_len.copy_(torch.where(live, old_n + torch.clamp(n_new - 1, max=k - 1), d_len))
     ended_eos = live & (eos_at < n_new)
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
-    st.finish = torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish))
+    st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
 
     # statistics
+    live_l = live.long()
     accepted = torch.minimum(n_acc, n_new)
-    st.stats += torch.stack([live.long(), live.long() * k, proposed.sum(1), accepted], 1) * live[:, None]
+    st.stats.add_(torch.stack([live_l, live_l * k, proposed.sum(1), accepted], 1) * live_l[:, None])
     if k > 0:
-        st.hist[rows, n_acc.clamp(max=st.hist.shape[1] - 1)] += live.long()
+        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], live_l[:, None])
 
 
-def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, max_len: int) -> torch.Tensor:
+def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> torch.Tensor:
     """Let the draft propose k tokens per row, written into st.seq[n_tok:n_tok + k]; returns the (B, k) mask of
     the tokens each row really offers (none it could not keep before its limit)."""
-    assert m.draft is not None and m.draft_cache is not None  # the engine passes k > 0 only with a draft
-    dev = st.n_tok.device
     d_len = m.draft_cache.lengths
     # catch up on the committed tokens the draft has not seen: one more than the target after a full accept
-    tokens, pos = _window(st.seq, d_len, n_pending + 1)
+    tokens, pos = _window(st.seq, d_len, 2)
     index = (st.n_tok - d_len - 1)[:, None]
     proposed = []
     for i in range(k):
-        n_keys = min(max_len + i, m.draft_cache.n_positions)
         logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index)
-        token = rules.apply(logits, st.seq, st.n_tok + i, st.begin)[:, 0].argmax(-1)
+        token = rules.draft_choice(logits, st.n_tok + i, st.begin)
         st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
         # a row proposes none it could not keep (room before its limit, less the target's own token): the batch
         # still computes them, but they are neither offered nor counted

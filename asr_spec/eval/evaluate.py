@@ -30,7 +30,13 @@ _MODEL_FIELDS = ("preset", "model", "draft", "device", "dtype", "language", "no_
 def _load_transcriber(options: EvalOptions) -> Any:
     from asr_spec.transcribe import Transcriber
 
-    transcriber = Transcriber.from_preset(options.preset_name(), **options.model_overrides())
+    overrides = options.model_overrides()
+    if options.compare_greedy and "draft" not in overrides:
+        # evaluating the draft is asking for it: on a CPU too (presets decode greedily there by default)
+        from asr_spec.models.presets import load_preset
+
+        overrides["draft"] = load_preset(options.preset_name()).draft_or_none()
+    transcriber = Transcriber.from_preset(options.preset_name(), **overrides)
     if options.compare_greedy and transcriber.draft is None:
         raise InputError(f"preset {options.preset_name()}: no draft model (its draft is missing or not set), so "
                          "--compare-greedy has nothing to compare; give a preset with a draft")

@@ -96,10 +96,14 @@ def load_processor(name: str | os.PathLike) -> Any:
         raise ValueError(f"{name}: cannot load the tokenizer/feature extractor ({str(err).splitlines()[0]})") from err
 
 
-def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype) -> Any:
+def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype,
+               share_encoder: bool | None = None) -> Any:
     """Load a draft for `target`: a draft made by `asr-spec distill` (shares the target's embeddings); a
-    decoder-only checkpoint as `WhisperForCausalLM`; a full checkpoint whose encoder equals the target's
-    (distil-whisper) has its encoder dropped after the check."""
+    decoder-only checkpoint as `WhisperForCausalLM`; a full checkpoint whose encoder equals the target's up to
+    fp16 rounding (distil-whisper) has its encoder dropped after the check.
+
+    share_encoder: None = decide by comparing the encoders; True = drop the draft's encoder (it reads the
+    target's encoder output: always lossless, only the proposals change); False = keep and run its own."""
     from transformers import AutoConfig
 
     where = model_dir(name)
@@ -110,7 +114,13 @@ def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device,
     if "WhisperForCausalLM" in archs:
         return load_model(where, device, dtype, decoder_only=True)
     full = load_model(where, device, dtype)
-    if check_pair(target, full) is DraftKind.SHARED_ENCODER:
-        log.info("draft %s shares the target's encoder: its own encoder is dropped", name)
+    if share_encoder is False:
+        full.own_encoder = True  # read by check_pair
+        log.info("draft %s runs its own encoder (share_encoder = false)", name)
+        return full
+    kind = check_pair(target, full)
+    if share_encoder or kind is DraftKind.SHARED_ENCODER:
+        log.info("draft %s reads the target's encoder output (%s): its own encoder is dropped", name,
+                 "share_encoder = true" if share_encoder else "same weights up to fp16 rounding")
         return decoder_draft(full)
     return full

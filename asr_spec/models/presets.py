@@ -7,9 +7,14 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
     draft             draft model (same forms); left out = no draft, plain greedy decoding
     draft_optional    true: a draft given as a path that does not exist means greedy decoding, with a one-line
                       warning, instead of an error (hub ids are always loaded)
+    share_encoder     true / false: the draft reads the target's encoder output / runs its own; left out = compare
+                      the encoders (equal up to fp16 rounding = shared) and log the decision
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]
     num_draft_tokens  draft tokens proposed per step
+
+A preset's draft is used on CUDA; on a CPU the preset decodes greedily unless a draft is asked for explicitly
+(``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): there a draft does not pay (README, "Speed").
     language          "en", "english", ...; "auto" = detect per chunk
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
@@ -59,6 +64,7 @@ class Preset:
     model: str  # the target: model id / directory (see the module docstring)
     draft: str | None = None  # None: no draft, greedy decoding
     draft_optional: bool = False  # a missing draft directory means greedy (with a warning) instead of an error
+    share_encoder: bool | None = None  # None: decided by comparing the encoders (asr_spec.engine.pairing)
     # The option values below: None = not set by the preset, the option's own default applies.
     chunk_length_s: float | None = None  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
@@ -76,6 +82,15 @@ class Preset:
         """The keys the preset sets that become transcription options, as ``TranscribeOptions.from_values`` takes
         them (keys left out are absent, so the options' own defaults apply)."""
         return {key: getattr(self, key) for key in OPTION_KEYS if getattr(self, key) is not None}
+
+    def draft_for(self, device_type: str) -> str | None:
+        """The draft to load on a device of this type: the preset's on CUDA (see `draft_or_none`), none on CPU."""
+        if device_type != "cuda":
+            if self.draft is not None:
+                log.info("preset %s: greedy on %s (its draft %s is used on CUDA; pass draft= to use it here)",
+                         self.name, device_type, self.draft)
+            return None
+        return self.draft_or_none()
 
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
@@ -106,6 +121,8 @@ def _verify_preset(preset: Preset) -> None:
     _verify_option_values(preset, where)
     if preset.dtype is not None and preset.dtype not in DTYPES:
         raise bad("dtype", f"one of {', '.join(DTYPES)}")
+    if preset.share_encoder is not None and not isinstance(preset.share_encoder, bool):
+        raise bad("share_encoder", "true or false, or left out")
     if not isinstance(preset.description, str):
         raise bad("description", "a string")
 

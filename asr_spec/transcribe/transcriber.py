@@ -155,10 +155,12 @@ class Transcriber:
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, draft: str | os.PathLike | None = None, *,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                        options: TranscribeOptions | None = None, **option_values: Any) -> Transcriber:
+                        options: TranscribeOptions | None = None, share_encoder: bool | None = None,
+                        **option_values: Any) -> Transcriber:
         """Load the target `model` (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor
         and an optional `draft` (same forms). dtype None or "auto": float16 on CUDA, float32 elsewhere.
-        `option_values` are flat `TranscribeOptions` names applied over `options`."""
+        `option_values` are flat `TranscribeOptions` names applied over `options`; share_encoder: see
+        `asr_spec.models.loading.load_draft`."""
         from asr_spec.models import loading as models
 
         opts = TranscribeOptions.from_values(options, **option_values)  # bad options fail before any loading
@@ -166,7 +168,7 @@ class Transcriber:
         dt = models.resolve_dtype(dtype, dev)
         target = models.load_model(model, dev, dt)
         processor = models.load_processor(model)
-        draft_model = None if draft is None else models.load_draft(draft, target, dev, dt)
+        draft_model = None if draft is None else models.load_draft(draft, target, dev, dt, share_encoder)
         return cls(target, draft_model, processor, opts, dev)
 
     @classmethod
@@ -190,10 +192,14 @@ class Transcriber:
         options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
         if "draft" in chosen:
             draft = chosen["draft"]
-        else:
-            draft = None if "model" in chosen else preset.draft_or_none()
+        else:  # the preset's draft: on CUDA only (on a CPU a draft does not pay)
+            from asr_spec.models.loading import resolve_device
+
+            device_type = resolve_device(chosen.get("device")).type
+            draft = None if "model" in chosen else preset.draft_for(device_type)
         return cls.from_pretrained(chosen.get("model", preset.model), draft, device=chosen.get("device"),
-                                   dtype=chosen.get("dtype", preset.dtype), options=options)
+                                   dtype=chosen.get("dtype", preset.dtype), options=options,
+                                   share_encoder=preset.share_encoder)
 
     # -- public entry points -------------------------------------------------------------------------------------
     def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,

@@ -1,0 +1,105 @@
+"""Running the static step: eager, one CUDA graph per (rows, n_keys bucket, K), or a compiled function; and the
+one read per step the scheduler needs from the device (finished rows, longest row), consumed one step late on CUDA.
+
+The step (speculative.step) has static shapes for a given (rows, n_keys, K) and updates its state in place, so
+replaying a graph captured on the same state tensors is the same computation as running it eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from asr_spec.engine.rules import LogitRules
+from asr_spec.engine.speculative import DecodeState, Models, step
+
+KEY_BUCKET = 32  # n_keys is rounded up to a multiple of this: at most 14 buckets over Whisper's 448 positions
+
+StepFn = Callable[[Models, LogitRules, DecodeState, int, int], None]
+
+
+def n_keys_bucket(max_len: int, k: int, lag: int, n_positions: int) -> int:
+    """Keys a step must attend to, rounded up to a bucket: above every position a row can reach this step.
+
+    max_len: the longest row's n_tok as last read from the device, `lag` steps ago (each step adds <= k + 1).
+    """
+    need = max_len + (k + 1) * (lag + 1)
+    return min(-(-need // KEY_BUCKET) * KEY_BUCKET, n_positions)
+
+
+class StepRunner:
+    """Calls the step eagerly, through `wrap(step)` (e.g. torch.compile), or as lazily captured CUDA graphs.
+
+    mode: "eager"; "cuda-graphs" (CUDA only: the first call of each (rows, n_keys, K) runs eagerly as the warm-up,
+    the graph is captured right after and replayed from the next call on); or "wrapped" with `wrap`.
+    """
+
+    def __init__(self, mode: str = "eager", wrap: Callable[[StepFn], StepFn] | None = None):
+        if mode not in ("eager", "cuda-graphs", "wrapped"):
+            raise ValueError(f"step mode must be eager, cuda-graphs or wrapped, got {mode!r}")
+        if (mode == "wrapped") != (wrap is not None):
+            raise ValueError("a wrapper is given exactly with mode 'wrapped'")
+        self.mode = mode
+        self.fn: StepFn = wrap(step) if wrap is not None else step
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    def __call__(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
+        if self.mode != "cuda-graphs":
+            self.fn(m, rules, st, k, n_keys)
+            return
+        key = (st.n_tok.shape[0], n_keys, k)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            return
+        # warm-up = this step, run eagerly on a side stream (as torch.cuda.graphs asks); then capture for next time
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step(m, rules, st, k, n_keys)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):  # records, does not run: the state is not advanced twice
+            step(m, rules, st, k, n_keys)
+        self.graphs[key] = graph
+
+
+class HostReader:
+    """The scheduler's one read per step: each row's finish code and the longest row's n_tok.
+
+    On CPU it is read at once (a cheap sync). On CUDA it is copied into pinned memory with non_blocking=True
+    after the step is queued and consumed one step late, so the host never waits for the step it just queued:
+    `lag` is then 1 and a row that finished is seen (and refilled) one step later, masked meanwhile.
+    """
+
+    def __init__(self, n_rows: int, device: torch.device, lag: int | None = None):
+        """lag: None = 1 on CUDA, 0 elsewhere; 1 on CPU runs the CUDA scheduling (a test of it without a GPU)."""
+        self.cuda = device.type == "cuda"
+        self.lag = (1 if self.cuda else 0) if lag is None else lag
+        self.buf = torch.zeros(n_rows + 1, dtype=torch.long, pin_memory=self.cuda)
+        self.event = torch.cuda.Event() if self.cuda else None
+        self.pending: int | None = None  # rows of the read in flight
+        self.tag = 0
+
+    def push(self, st: DecodeState, tag: int) -> None:
+        """Queue the read of the state after the step numbered `tag`."""
+        n = st.finish.shape[0]
+        self.buf[:n].copy_(st.finish, non_blocking=self.cuda)
+        self.buf[n].copy_(st.n_tok.max(), non_blocking=self.cuda)
+        if self.cuda:
+            self.event.record()
+        self.pending, self.tag = n, tag
+
+    def pull(self) -> tuple[int, list[int], int] | None:
+        """(tag, finish codes of the rows after that step, longest n_tok) of the read pushed last; None if none."""
+        if self.pending is None:
+            return None
+        if self.cuda:
+            self.event.synchronize()
+        values = self.buf[: self.pending + 1].tolist()
+        self.pending = None
+        return self.tag, values[:-1], values[-1]
