@@ -8,7 +8,7 @@ bug (let it propagate). Messages name the input first, then the cause: ``"talk.f
 
 from __future__ import annotations
 
-__all__ = ["AsrSpecError", "AudioError", "InputError", "one_line"]
+__all__ = ["AsrSpecError", "AudioError", "InputError", "ModelLoadError", "ResourceError", "one_line"]
 
 
 class AsrSpecError(Exception):
@@ -21,6 +21,15 @@ class AudioError(AsrSpecError, ValueError):
 
 class InputError(AsrSpecError, ValueError):
     """A caller-supplied argument or option is invalid (negative length, unknown format, bad shape...)."""
+
+
+class ModelLoadError(AsrSpecError, ValueError):
+    """A model, draft or processor cannot be loaded (missing, truncated or corrupt weights, bad config.json,
+    no tokenizer); the message names the path and the cause."""
+
+
+class ResourceError(AsrSpecError):
+    """A run cannot fit the machine (its caches would exceed the free memory); the message says what fits."""
 
 
 def one_line(err: BaseException, name: str | None = None) -> str:

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from asr_spec.engine import memory
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.options import DecodeOptions
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.stats import ChunkStats
+from asr_spec.errors import ResourceError
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
 
@@ -47,6 +49,10 @@ class ChunkResult:
     prompt: tuple[int, ...]
     finish_reason: str  # "eos" or "length" (max_new_tokens or max_target_positions)
     stats: ChunkStats
+    # Whisper's window statistics, from the target's logits only (so identical with or without a draft):
+    no_speech_prob: float = float("nan")  # P(<|nospeech|>) at the SOT position; NaN when the rule is off
+    avg_logprob: float = float("nan")  # sum of the tokens' log-probabilities / (text tokens + 1), as Whisper
+    no_speech: bool = False  # dropped by DecodeOptions' no-speech rule: its tokens are to be ignored
 
 
 class Engine:
@@ -95,10 +101,10 @@ class Engine:
             own = list(self.draft.model.encoder(input_features=x).last_hidden_state)
         return enc, own
 
-    def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int, batch_size: int) -> bool:
-        """Encode batches of chunks until `n_needed` are ready; returns False once the source is exhausted."""
+    def _fill_ready(self, source: Iterator[ChunkRequest], ready: deque, n_needed: int) -> bool:
+        """Encode micro-batches of chunks until `n_needed` are ready; returns False once the source is exhausted."""
         while len(ready) < n_needed:
-            batch = [r for _, r in zip(range(batch_size), source)]
+            batch = [r for _, r in zip(range(min(n_needed - len(ready), memory.MAX_ENCODE_BATCH)), source)]
             if not batch:
                 return False
             enc, own = self._encode(batch)
@@ -117,14 +123,16 @@ class Engine:
         if m.draft is not None:
             draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
             m.draft.attach(m.draft_cache, idx, draft_audio)
-        if self.tokens.is_multilingual and self.lang_id is None:
+        detect = self.tokens.is_multilingual and self.lang_id is None
+        st.logp[idx] = torch.tensor([0.0, float("nan")], device=dev)
+        if detect or self.options.no_speech_threshold is not None:
             probe = self.target_dec.new_cache(len(rows), 1, 1)  # position 0 only, on the new chunks' audio
             probe.cross_k, probe.cross_v = m.target_cache.cross_k[:, idx], m.target_cache.cross_v[:, idx]
             sot = torch.full((len(rows), 1), self.tokens.sot, device=dev)
-            logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0]
-            langs = self.rules.detect_language(logits.float()).tolist()
-        else:
-            langs = [self.lang_id] * len(rows)
+            logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0].float()
+            # Whisper's no_speech_prob: softmax of the raw logits at the SOT position (no rule applied)
+            st.logp[idx, 1] = logits.softmax(-1)[:, self.tokens.no_timestamps - 1]  # <|nospeech|> precedes it
+        langs = self.rules.detect_language(logits).tolist() if detect else [self.lang_id] * len(rows)
         prompts = [self.tokens.prompt(lang, self.options.task, self.options.timestamps) for lang in langs]
         n_prompt = max(len(p) for p in prompts)
         for row, p in zip(rows, prompts):
@@ -145,21 +153,25 @@ class Engine:
         finish."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        opts, n_rows = self.options, batch_size
+        opts = self.options
         k_max = opts.num_draft_tokens if self.draft_dec is not None else 0
         n_positions = self.tokens.max_positions + k_max + 2
+        source, ready = iter(requests), deque()
+        more = self._first_fill(source, ready, batch_size, self._run_shape(n_positions, k_max))
+        n_rows = batch_size if more else len(ready)  # never a slot for a chunk that does not exist
+        if n_rows == 0:
+            return
         m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
         if self.draft_dec is not None:
             m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, n_positions, self.n_audio_ctx)
         st = DecodeState.empty(n_rows, n_positions + k_max + 8, k_max, self.target_dec.device)
         slots: list[ChunkRequest | None] = [None] * n_rows
-        source, ready, more = iter(requests), deque(), True
         max_len = 0
         while True:
             free = [i for i, s in enumerate(slots) if s is None]
             n_pending = 1
             if free and more:
-                more = self._fill_ready(source, ready, len(free), batch_size)
+                more = self._fill_ready(source, ready, len(free))
             if free and ready:
                 take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
                 rows = free[: len(take)]
@@ -181,6 +193,28 @@ class Engine:
                     yield self._result(slots[row], st, row, code)
                     slots[row] = None
 
+    def _first_fill(self, source: Iterator[ChunkRequest], ready: deque, batch_size: int,
+                    run: memory.RunShape) -> bool:
+        """Encode up to `batch_size` chunks, one micro-batch at a time, checking after each that a batch of the
+        chunks seen so far fits in memory (ResourceError at once when not); returns whether more chunks may come."""
+        more = True
+        while more and len(ready) < batch_size:
+            more = self._fill_ready(source, ready, min(batch_size, len(ready) + memory.MAX_ENCODE_BATCH))
+            reason = memory.check_fits(run, len(ready), memory.free_bytes(self.target_dec.device))
+            if reason is not None:
+                raise ResourceError(reason)
+        return more
+
+    def _run_shape(self, n_positions: int, k_max: int) -> memory.RunShape:
+        def shape(dec: Decoder) -> memory.DecoderShape:
+            return memory.DecoderShape(dec.n_layers, dec.n_heads, dec.head_dim, dec.dtype.itemsize)
+
+        models = [self.target] + ([self.draft] if self.draft is not None else [])
+        model_bytes = sum(p.numel() * p.element_size() for model in models for p in model.parameters())
+        return memory.RunShape(shape(self.target_dec), None if self.draft_dec is None else shape(self.draft_dec),
+                               n_positions, self.n_audio_ctx, self.target.config.d_model, self.target_dec.vocab_size,
+                               k_max, model_bytes)
+
     @staticmethod
     def _keep_rows(m: Models, st: DecodeState, keep: list[int]) -> None:
         idx = torch.tensor(keep, device=st.n_tok.device)
@@ -189,14 +223,17 @@ class Engine:
         if m.draft_cache is not None:
             m.draft_cache.keep_rows(idx)
 
-    @staticmethod
-    def _result(req: ChunkRequest, st: DecodeState, row: int, code: int) -> ChunkResult:
+    def _result(self, req: ChunkRequest, st: DecodeState, row: int, code: int) -> ChunkResult:
         begin, n_tok = int(st.begin[row]), int(st.n_tok[row])
         seq = st.seq[row, :n_tok].tolist()
         target_passes, draft_passes, drafted, accepted = st.stats[row].tolist()
         stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
                            tuple(st.hist[row].tolist()))
-        return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats)
+        sum_logprob, no_speech_prob = st.logp[row].tolist()
+        # Whisper divides by the text tokens + 1: the generated count with a final <|endoftext|>, one more without
+        avg_logprob = sum_logprob / (n_tok - begin + (code != FINISH_EOS))
+        return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats,
+                           no_speech_prob, avg_logprob, self.options.is_no_speech(no_speech_prob, avg_logprob))
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:

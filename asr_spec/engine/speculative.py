@@ -34,6 +34,8 @@ class DecodeState:
     finish:   (B,) FINISH_* code (0 = still decoding)
     stats:    (B, 4) long [target passes, draft passes, drafted tokens, accepted tokens]
     hist:     (B, k_max + 1) long number of steps that accepted j draft tokens
+    logp:     (B, 2) float32 [sum of the log-probabilities of the generated tokens under the target's rule-applied
+              scores (Whisper's sum_logprobs), <|nospeech|> probability at the SOT position (NaN: not computed)]
     """
 
     seq: torch.Tensor
@@ -43,15 +45,16 @@ class DecodeState:
     finish: torch.Tensor
     stats: torch.Tensor
     hist: torch.Tensor
+    logp: torch.Tensor
 
     @classmethod
     def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> "DecodeState":
         z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
         return cls(z(n_rows, n_seq), z(n_rows), z(n_rows), z(n_rows), z(n_rows) + FINISH_LENGTH,
-                   z(n_rows, 4), z(n_rows, k_max + 1))
+                   z(n_rows, 4), z(n_rows, k_max + 1), torch.zeros(n_rows, 2, device=device))
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        for name in ("seq", "n_tok", "begin", "limit", "finish", "stats", "hist"):
+        for name in ("seq", "n_tok", "begin", "limit", "finish", "stats", "hist", "logp"):
             setattr(self, name, getattr(self, name)[rows])
 
 
@@ -92,7 +95,8 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, 
     first = (st.n_tok - t_len - 1)[:, None]  # index of the last pending token in the window
     n_keys = min(max_len + k, m.target_cache.n_positions)
     logits = m.target.forward(m.target_cache, tokens, pos, n_keys, first + torch.arange(k + 1, device=dev))
-    choice = rules.apply(logits, st.seq, st.n_tok, st.begin).argmax(-1)  # (B, k + 1)
+    scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, k + 1, V)
+    best, choice = scores.max(-1)  # (B, k + 1) each
 
     # accept the longest agreeing prefix plus the target's own next token, within each row's limits
     match = (st.seq.gather(1, st.n_tok[:, None] + torch.arange(k, device=dev)) == choice[:, :k]) & proposed
@@ -114,7 +118,9 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_pending: int, 
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish = torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish))
 
-    # statistics
+    # statistics; log-probability of each emitted token (the argmax: its score less the logsumexp)
+    emitted = j[None, :] < n_new[:, None]
+    st.logp[:, 0] += torch.where(emitted, best - scores.logsumexp(-1), 0.0).sum(1)
     accepted = torch.minimum(n_acc, n_new)
     st.stats += torch.stack([live.long(), live.long() * k, proposed.sum(1), accepted], 1) * live[:, None]
     if k > 0:
