@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from asr_spec.audio.loading import SAMPLE_RATE
-from asr_spec.errors import AsrSpecError, InputError, one_line
+from asr_spec.errors import AsrSpecError, InputError, one_line, show_warning_line
 from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, Utterance, iter_hub, iter_local, long_form, summarize, take
 
 __all__ = [
@@ -558,6 +558,7 @@ def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> 
 
     try:
         with warnings.catch_warnings():
+            warnings.showwarning = show_warning_line  # "warning: <message>", not a raw UserWarning and source line
             warnings.filterwarnings("ignore", message="English text normaliser built without")
             summary = evaluate(options, on_record=show)
     except KeyboardInterrupt:
