@@ -50,9 +50,8 @@ class ChunkResult:
     finish_reason: str  # "eos" or "length" (max_new_tokens or max_target_positions)
     stats: ChunkStats
     # Whisper's window statistics, from the target's logits only (so identical with or without a draft):
-    no_speech_prob: float = float("nan")  # P(<|nospeech|>) at the SOT position; NaN when the rule is off
+    no_speech_prob: float = float("nan")  # P(<|nospeech|>) at the SOT position, from the raw logits
     avg_logprob: float = float("nan")  # sum of the tokens' log-probabilities / (text tokens + 1), as Whisper
-    no_speech: bool = False  # dropped by DecodeOptions' no-speech rule: its tokens are to be ignored
 
 
 class Engine:
@@ -123,16 +122,19 @@ class Engine:
         if m.draft is not None:
             draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
             m.draft.attach(m.draft_cache, idx, draft_audio)
-        detect = self.tokens.is_multilingual and self.lang_id is None
-        st.logp[idx] = torch.tensor([0.0, float("nan")], device=dev)
-        if detect or self.options.no_speech_threshold is not None:
-            probe = self.target_dec.new_cache(len(rows), 1, 1)  # position 0 only, on the new chunks' audio
-            probe.cross_k, probe.cross_v = m.target_cache.cross_k[:, idx], m.target_cache.cross_v[:, idx]
-            sot = torch.full((len(rows), 1), self.tokens.sot, device=dev)
-            logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0].float()
-            # Whisper's no_speech_prob: softmax of the raw logits at the SOT position (no rule applied)
-            st.logp[idx, 1] = logits.softmax(-1)[:, self.tokens.no_timestamps - 1]  # <|nospeech|> precedes it
-        langs = self.rules.detect_language(logits).tolist() if detect else [self.lang_id] * len(rows)
+        # one pass at position 0 (the SOT token) on the new chunks' audio: language and no-speech probability
+        probe = self.target_dec.new_cache(len(rows), 1, 1)
+        probe.cross_k, probe.cross_v = m.target_cache.cross_k[:, idx], m.target_cache.cross_v[:, idx]
+        sot = torch.full((len(rows), 1), self.tokens.sot, device=dev)
+        logits = self.target_dec.forward(probe, sot, torch.zeros_like(sot), 1)[:, 0].float()  # (R, V)
+        # Whisper's no_speech_prob: softmax of the raw logits (no rule applied) at <|nospeech|>, which precedes
+        # <|notimestamps|> in every Whisper vocabulary (transformers' WhisperNoSpeechDetection uses the same id)
+        st.logp[idx, 0] = 0.0
+        st.logp[idx, 1] = logits.softmax(-1)[:, self.tokens.no_timestamps - 1]
+        if self.tokens.is_multilingual and self.lang_id is None:
+            langs = self.rules.detect_language(logits).tolist()
+        else:
+            langs = [self.lang_id] * len(rows)
         prompts = [self.tokens.prompt(lang, self.options.task, self.options.timestamps) for lang in langs]
         n_prompt = max(len(p) for p in prompts)
         for row, p in zip(rows, prompts):
@@ -223,7 +225,8 @@ class Engine:
         if m.draft_cache is not None:
             m.draft_cache.keep_rows(idx)
 
-    def _result(self, req: ChunkRequest, st: DecodeState, row: int, code: int) -> ChunkResult:
+    @staticmethod
+    def _result(req: ChunkRequest, st: DecodeState, row: int, code: int) -> ChunkResult:
         begin, n_tok = int(st.begin[row]), int(st.n_tok[row])
         seq = st.seq[row, :n_tok].tolist()
         target_passes, draft_passes, drafted, accepted = st.stats[row].tolist()
@@ -233,7 +236,7 @@ class Engine:
         # Whisper divides by the text tokens + 1: the generated count with a final <|endoftext|>, one more without
         avg_logprob = sum_logprob / (n_tok - begin + (code != FINISH_EOS))
         return ChunkResult(req.id, tuple(seq[begin:]), tuple(seq[:begin]), FINISH_REASONS.get(code, "length"), stats,
-                           no_speech_prob, avg_logprob, self.options.is_no_speech(no_speech_prob, avg_logprob))
+                           no_speech_prob, avg_logprob)
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:

@@ -33,6 +33,7 @@ from asr_spec.engine.memory import MAX_ENCODE_BATCH
 from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
 from asr_spec.models.presets import DEFAULT_PRESET
 from asr_spec.transcribe.options import TranscribeOptions
+from asr_spec.transcribe.nospeech import NO_SPEECH
 from asr_spec.transcribe.outputs import TranscriptSegment, output_stems, prepare_output_dir, write_outputs
 from asr_spec.transcribe.results import ChunkReport, Transcription
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
@@ -304,15 +305,18 @@ class Transcriber:
             return Transcription(item.name, "", (), None, None, audio_s, wall_s, (), error=item.error)
         results = [item.results[i] for i in range(len(item.spans))]
         # a window dropped by the no-speech rule contributes no text and no segment
-        stitched = stitch_chunks([ChunkTokens(() if r.no_speech else r.tokens, span)
-                                  for r, span in zip(results, item.spans)],
+        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self._decode(r.tokens))
+                   for r in results]
+        stitched = stitch_chunks([ChunkTokens(() if drop else r.tokens, span)
+                                  for r, span, drop in zip(results, item.spans, dropped)],
                                  eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
                                  sampling_rate=SAMPLE_RATE)
         languages = [self._language(r) for r in results]
         reports = tuple(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, lang,
-                                    r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob, "no speech" if r.no_speech else None)
-                        for r, span, lang in zip(results, item.spans, languages))
-        spoken = [lang for r, lang in zip(results, languages) if not r.no_speech] or languages
+                                    r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob,
+                                    NO_SPEECH if drop else None)
+                        for r, span, lang, drop in zip(results, item.spans, languages, dropped))
+        spoken = [lang for lang, drop in zip(languages, dropped) if not drop] or languages
         transcription = Transcription(
             source=item.name,
             text=self._decode(stitched.token_ids),
@@ -331,7 +335,9 @@ class Transcriber:
         return transcription
 
     def _decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+        """The text of `token_ids` (control and timestamp tokens left out)."""
+        text_ids = [t for t in token_ids if t < self.tokens.eot]
+        return self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
 
     def _language(self, result: ChunkResult) -> str | None:
         """The language of a chunk from its prompt (sot, language, task, ...); "en" for English-only models."""
