@@ -75,9 +75,9 @@ def largest_batch(run: RunShape, free_bytes: int) -> int:
 
 def free_bytes(device: torch.device) -> int | None:
     """Memory free for a new allocation on `device` now (None when it cannot be known)."""
-    if device.type == "cuda":
+    if device.type == "cuda":  # free on the device, plus what PyTorch's allocator holds but does not use
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
     if device.type == "cpu":
         try:
             with open("/proc/meminfo", encoding="ascii") as info:

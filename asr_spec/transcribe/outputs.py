@@ -321,16 +321,16 @@ def output_stems(paths: list[str | None]) -> list[str | None]:
     for stem, members in groups.items():
         if len(members) < 2:
             continue
-        paths_in = [resolved[i] for i in members]
-        longest = max(len(p.parent.parts) for p in paths_in)  # type: ignore[union-attr]
+        folders_of = [path.parent.parts for path in (resolved[i] for i in members) if path is not None]
+        names = [path.name for path in (resolved[i] for i in members) if path is not None]
         depth = 1
-        while depth < longest and len({p.parent.parts[-depth:] for p in paths_in}) < len(members):  # type: ignore[union-attr]
+        while depth < max(map(len, folders_of)) and len({f[-depth:] for f in folders_of}) < len(members):
             depth += 1
         # same folder, same stem (same.flac, same.wav): the full file name tells them apart
-        same_folder = len({p.parent.parts[-depth:] for p in paths_in}) < len(members)  # type: ignore[union-attr]
-        for i, path in zip(members, paths_in):
-            folders = [part.strip("/") or "root" for part in path.parent.parts[-depth:]]  # type: ignore[union-attr]
-            stems[i] = "__".join([*folders, path.name if same_folder else stem])  # type: ignore[union-attr]
+        same_folder = len({f[-depth:] for f in folders_of}) < len(members)
+        for i, folders, name in zip(members, folders_of, names):
+            parts = [part.strip("/") or "root" for part in folders[-depth:]]
+            stems[i] = "__".join([*parts, name if same_folder else stem])
     taken = [s for s in stems if s is not None]
     if len(set(taken)) < len(taken):
         clash = next(s for s in taken if taken.count(s) > 1)
