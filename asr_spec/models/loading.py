@@ -109,9 +109,9 @@ def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype
     Any failure (truncated or corrupt weights, bad config.json) raises `ModelLoadError` naming `name`."""
     from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
 
-    where = model_dir(name)
     cls = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
-    with _loading(name, "model"):
+    with _loading(name, "model"):  # a CTranslate2 directory is converted here: its failures are loading failures
+        where = model_dir(name)
         model = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False)
     return model.to(device).eval()
 
@@ -123,8 +123,8 @@ def load_processor(name: str | os.PathLike) -> Any:
     """The tokenizer and feature extractor of a model; `ModelLoadError` when missing or unreadable."""
     from transformers import WhisperProcessor
 
-    where = model_dir(name)
     with _loading(name, "tokenizer/feature extractor"):
+        where = model_dir(name)
         processor = WhisperProcessor.from_pretrained(where)
     if len(processor.tokenizer) < MIN_VOCAB:
         raise ModelLoadError(f"{name}: no tokenizer there (tokenizer.json or vocab.json + merges.txt missing: "
@@ -138,7 +138,8 @@ def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device,
     (distil-whisper) has its encoder dropped after the check."""
     from transformers import AutoConfig
 
-    where = model_dir(name)
+    with _loading(name, "draft"):
+        where = model_dir(name)
     if (Path(where) / INFO_FILE).is_file():  # made by `asr-spec distill`: its own layers, the target's rest
         with _loading(name, "draft"):
             return load_trained_draft(where, target).to(device, dtype).eval()
