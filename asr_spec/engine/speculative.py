@@ -35,7 +35,7 @@ class DecodeState:
     stats:    (B, 4) long [target passes, draft passes, drafted tokens, accepted tokens]
     hist:     (B, k_max + 1) long number of steps that accepted j draft tokens
     logp:     (B, 2) float32 [sum of the log-probabilities of the generated tokens under the target's rule-applied
-              scores (Whisper's sum_logprobs), <|nospeech|> probability at the SOT position (NaN: not computed)]
+              scores (Whisper's sum_logprobs), <|nospeech|> probability at the SOT position (set by admission)]
     """
 
     seq: torch.Tensor
