@@ -9,7 +9,8 @@
 `Transcriber.iter_transcribe`, exactly what a Python user would call. Transcripts go to stdout (or to files with
 --output-dir), the progress bar, warnings, per-file errors and a one-line summary to stderr. Exit codes: 0 all
 transcribed, 1 some input failed (each reported as ``error: <file>: <cause>``, the others still transcribed),
-2 bad options (one line), 130 interrupted.
+2 bad options, an unloadable model, an unusable --output-dir or a batch that cannot fit in memory (one line),
+130 interrupted (one line: how many files were finished, and where).
 """
 
 from __future__ import annotations
@@ -103,9 +104,14 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
     output: Optional[Path] = typer.Option(None, help="With --ray: the results JSONL (rerun to resume)."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="CUDA: run the decode step eagerly, not as captured "
                                    "CUDA graphs (the same tokens; the tests' reference)."),
+    no_speech_threshold: Optional[float] = typer.Option(None, help="Drop a window whose <|nospeech|> probability "
+                                                        "exceeds this (Whisper's rule). Default 0.6."),
+    logprob_threshold: Optional[float] = typer.Option(None, help="...unless its average token log-probability "
+                                                      "exceeds this. Default -1.0."),
+    keep_no_speech: bool = typer.Option(False, "--keep-no-speech", help="Turn the no-speech rule off: decode "
+                                        "and keep every window, silent or not."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
-    from asr_spec.engine import ChunkStats
     from asr_spec.transcribe import Transcriber
 
     if not ray and (manifest is not None or output is not None or ray_address is not None):
@@ -116,38 +122,40 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
         _fail("--ray writes JSONL records to --output: drop --output-dir/--format", EXIT_USAGE)
     if format is not None and output_dir is None:
         _fail("--format needs --output-dir (without it the transcript is printed)", EXIT_USAGE)
+    if keep_no_speech and no_speech_threshold is not None:
+        _fail("--keep-no-speech and --no-speech-threshold contradict each other: give one", EXIT_USAGE)
     overrides = _overrides(model, draft, no_draft, dtype=dtype, language=language, task=task,
                            chunk_length_s=chunk_length, num_draft_tokens=num_draft_tokens, batch_size=batch_size,
-                           formats=format, timestamps=timestamps, cuda_graphs=False if no_graphs else None)
+                           formats=format, timestamps=timestamps, cuda_graphs=False if no_graphs else None,
+                           no_speech_threshold=no_speech_threshold, logprob_threshold=logprob_threshold)
+    if keep_no_speech:
+        overrides["no_speech_threshold"] = None
     if ray:
         _transcribe_on_ray(files or [], manifest, output, preset, device, overrides, quiet,
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
         return
+    run = _Run(len(files), output_dir)
     try:
+        if output_dir is not None:  # before any model loads: the folder usable, names distinct, stale temps gone
+            from asr_spec.transcribe.outputs import output_stems, prepare_output_dir
+
+            output_stems(files)
+            prepare_output_dir(output_dir)
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
     except USER_ERRORS as err:
         _fail(one_line(err), EXIT_USAGE)
-
-    n_failed, audio_s, stats, start = 0, 0.0, [], time.perf_counter()
+    except KeyboardInterrupt:
+        run.interrupted()
     try:
         for result in transcriber.iter_transcribe(files, progress=False if quiet else None, output_dir=output_dir):
-            if result.error is not None:
-                n_failed += 1
-                typer.echo(f"error: {result.source}: {result.error}", err=True)
-                continue
-            audio_s += result.audio_s
-            stats.append(result.stats)
-            if output_dir is None:
-                if len(files) > 1:
-                    typer.echo(f"==> {result.source} <==")
-                typer.echo(result.text)
-                sys.stdout.flush()
-    except USER_ERRORS as err:  # raised before any input is read (e.g. two inputs with the same output name)
+            run.add(result)
+    except USER_ERRORS as err:  # raised before any input is read, or a run that cannot fit in memory
         _fail(one_line(err), EXIT_USAGE)
-    wall_s = time.perf_counter() - start
+    except KeyboardInterrupt:
+        run.interrupted()
     if not quiet:
-        typer.echo(_summary(len(files), n_failed, audio_s, wall_s, ChunkStats.total(stats)), err=True)
-    if n_failed:
+        typer.echo(run.summary(), err=True)
+    if run.n_failed:
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -179,14 +187,53 @@ def _transcribe_on_ray(files: list[str], manifest: Optional[Path], output: Optio
         raise typer.Exit(EXIT_FAILED)
 
 
-def _summary(n_files: int, n_failed: int, audio_s: float, wall_s: float, stats: Any) -> str:
-    files = f"{n_files - n_failed}/{n_files} files" + (f" ({n_failed} failed)" if n_failed else "")
-    speed = f"{audio_s:.1f} s audio in {wall_s:.1f} s (RTFx {audio_s / wall_s if wall_s > 0 else 0.0:.1f})"
-    if stats.drafted_tokens:
-        drafting = f"acceptance {stats.acceptance_rate:.1%}, {stats.tokens_per_target_pass:.2f} tokens/target pass"
-    else:
-        drafting = "greedy (no draft), 1.00 tokens/target pass"
-    return f"{files}: {speed}, {drafting}"
+
+class _Run:
+    """What a `transcribe` command has done so far: printed, counted and summed as each file finishes."""
+
+    def __init__(self, n_files: int, output_dir: Path | None):
+        self.n_files, self.output_dir = n_files, output_dir
+        self.n_done = self.n_failed = self.n_dropped = 0
+        self.audio_s, self.stats, self.start = 0.0, [], time.perf_counter()
+
+    def add(self, result: Any) -> None:
+        self.n_done += 1
+        if result.error is not None:
+            self.n_failed += 1
+            typer.echo(f"error: {result.source}: {result.error}", err=True)
+            return
+        self.audio_s += result.audio_s
+        self.stats.append(result.stats)
+        self.n_dropped += result.n_dropped
+        if self.output_dir is None:
+            if self.n_files > 1:
+                typer.echo(f"==> {result.source} <==")
+            typer.echo(result.text)
+            sys.stdout.flush()
+
+    def interrupted(self) -> NoReturn:
+        """Ctrl-C: one line saying what is finished and where, exit 130. (typer turns a KeyboardInterrupt that
+        escapes a command into a silent exit 130, so it is caught here, where the counts are known.)"""
+        where = f"outputs in {self.output_dir}" if self.output_dir is not None else "printed above"
+        ok = self.n_done - self.n_failed
+        typer.echo(f"\ninterrupted: {ok} of {self.n_files} files finished ({where})", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+    def summary(self) -> str:
+        from asr_spec.engine import ChunkStats
+
+        stats = ChunkStats.total(self.stats)
+        wall_s = time.perf_counter() - self.start
+        files = f"{self.n_files - self.n_failed}/{self.n_files} files"
+        files += f" ({self.n_failed} failed)" if self.n_failed else ""
+        rtfx = self.audio_s / wall_s if wall_s > 0 else 0.0
+        speed = f"{self.audio_s:.1f} s audio in {wall_s:.1f} s (RTFx {rtfx:.1f})"
+        if stats.drafted_tokens:
+            drafting = f"acceptance {stats.acceptance_rate:.1%}, {stats.tokens_per_target_pass:.2f} tokens/target pass"
+        else:
+            drafting = "greedy (no draft), 1.00 tokens/target pass"
+        dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
+        return f"{files}: {speed}, {drafting}{dropped}"
 
 
 @app.command()
@@ -259,8 +306,4 @@ def distill(ctx: typer.Context) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `asr-spec` and `python -m asr_spec`."""
     configure_logging()
-    try:
-        app(args=argv, prog_name="asr-spec")
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+    app(args=argv, prog_name="asr-spec")  # typer exits 130 on a KeyboardInterrupt; `transcribe` reports it first

@@ -8,7 +8,10 @@ bug (let it propagate). Messages name the input first, then the cause: ``"talk.f
 
 from __future__ import annotations
 
-__all__ = ["AsrSpecError", "AudioError", "InputError", "one_line"]
+import sys
+from typing import Any, TextIO
+
+__all__ = ["AsrSpecError", "AudioError", "InputError", "ModelLoadError", "ResourceError", "one_line", "show_warning_line"]
 
 
 class AsrSpecError(Exception):
@@ -23,7 +26,23 @@ class InputError(AsrSpecError, ValueError):
     """A caller-supplied argument or option is invalid (negative length, unknown format, bad shape...)."""
 
 
+class ModelLoadError(AsrSpecError, ValueError):
+    """A model, draft or processor cannot be loaded (missing, truncated or corrupt weights, bad config.json,
+    no tokenizer); the message names the path and the cause."""
+
+
+class ResourceError(AsrSpecError):
+    """A run cannot fit the machine (its caches would exceed the free memory); the message says what fits."""
+
+
 def one_line(err: BaseException, name: str | None = None) -> str:
     """The cause of `err` on one line, without a leading "<name>: " (when the caller names the input itself)."""
     text = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
     return text[len(name) + 2:] if name and text.startswith(f"{name}: ") else text
+
+
+def show_warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None, **_: Any) -> None:
+    """A `warnings.showwarning` that prints ``warning: <message>`` on one stderr line (no category, no source)."""
+    print(f"warning: {one_line(message) if isinstance(message, BaseException) else message}",
+          file=sys.stderr if file is None else file)

@@ -1,6 +1,8 @@
 """Audio input: load, downmix to mono, resample to Whisper's 16 kHz; stream long files in blocks.
 
 Every function returns ``float32`` mono samples in ``[-1, 1]`` at ``sampling_rate`` Hz, shape ``(n_samples,)``.
+Integer PCM is scaled to ``[-1, 1)``; float input whose peak exceeds ``MAX_FLOAT_PEAK`` (4.0, e.g. int16 values
+stored as floats) is refused with an `AudioError` saying what it looks like, never silently rescaled.
 
 Files are decoded with soundfile (libsndfile: wav, flac, ogg, mp3, ...) and, only when libsndfile cannot open a
 file at all, with audioread (ffmpeg: m4a, aac, ...). A file that opens but fails to decode part-way is an error,
@@ -40,6 +42,11 @@ DEFAULT_BLOCK_S = 60.0  # seconds of audio per streamed block: 960k samples = 3.
 RESAMPLE_QUALITY = "HQ"  # soxr "high quality": 20-bit precision, flat pass band up to ~0.91 x Nyquist
 MAX_CHANNELS = 8  # a 2-D array axis no longer than this (and shorter than the other) is read as channels
 _AUDIOREAD_BLOCK_FRAMES = 1 << 16  # frames gathered from ffmpeg's small buffers before one block is emitted
+# Float samples must lie in [-1, 1]. A peak past this (12 dB over full scale: more than clipping or a resampler's
+# overshoot) means the audio is on another scale, typically int16 values stored as floats. Such input is REFUSED
+# with a line saying so, never rescaled silently: Whisper's log-mel depends on the absolute level, and a guessed
+# divisor would hide the caller's bug (x * 32768 decoded as "and and and ...", x * 1e6 as nothing).
+MAX_FLOAT_PEAK = 4.0
 _UNKNOWN_FRAMES = 1 << 62  # libsndfile reports SF_COUNT_MAX (2**63 - 1) frames when a header leaves the length out
 
 try:  # torch is a hard dependency of the package, but keep this module importable without it
@@ -99,6 +106,14 @@ def _check_finite(samples: np.ndarray, name: str, where: str = "") -> None:
     n_bad = int(samples.size - np.count_nonzero(np.isfinite(samples)))
     if n_bad:
         raise AudioError(f"{name}: {n_bad} non-finite samples (NaN or inf){where}")
+
+
+def _check_scale(samples: np.ndarray, name: str, where: str = "") -> None:
+    peak = float(np.max(np.abs(samples))) if samples.size else 0.0
+    if peak > MAX_FLOAT_PEAK:
+        looks = "int16-scale audio: divide by 32768" if peak <= 32768 * 1.01 else "not [-1, 1] audio: rescale it"
+        raise AudioError(f"{name}: float samples peak at {peak:.4g}{where}, far above 1.0 ({looks}; float audio "
+                         "must lie in [-1, 1])")
 
 
 def _check_rate(value: Any, what: str) -> int:
@@ -200,6 +215,7 @@ def _load_array(samples: Any, in_rate: int, out_rate: int, name: str) -> np.ndar
     if samples.size == 0:
         raise AudioError(f"{name}: no audio samples (0 samples)")
     _check_finite(samples, name)
+    _check_scale(samples, name)
     return np.ascontiguousarray(resample(samples, in_rate, out_rate), dtype=np.float32)
 
 
@@ -263,7 +279,9 @@ def _resampled_blocks(
     n_read = 0
     for raw in raw_blocks:
         mono = raw.mean(axis=1, dtype=np.float32) if raw.shape[1] > 1 else raw[:, 0]
-        _check_finite(mono, name, f" in the block starting at {n_read / native_rate:.2f} s")
+        where = f" in the block starting at {n_read / native_rate:.2f} s"
+        _check_finite(mono, name, where)
+        _check_scale(mono, name, where)
         n_read += mono.shape[0]
         out = mono if stream is None else stream.resample_chunk(np.ascontiguousarray(mono), last=False)
         if out.size:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from asr_spec.engine import memory
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder
@@ -29,6 +30,7 @@ from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.stats import ChunkStats
+from asr_spec.errors import ResourceError
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
 
@@ -76,6 +78,9 @@ class ChunkResult:
     prompt: tuple[int, ...]
     finish_reason: str  # "eos" or "length" (max_new_tokens or max_target_positions)
     stats: ChunkStats
+    # Whisper's window statistics, from the target's logits only (so identical with or without a draft):
+    no_speech_prob: float = float("nan")  # P(<|nospeech|>) at the SOT position, from the raw logits
+    avg_logprob: float = float("nan")  # sum of the tokens' log-probabilities / (text tokens + 1), as Whisper
 
 
 class Engine:
@@ -173,9 +178,11 @@ class Engine:
         n_prompt, r = self.prompt_len, len(rows)
         staged = self.target_dec.stage(enc, n_prompt - 1)
         sot_logits = None
-        if self.lang_id is None and self.tokens.is_multilingual:
+        detect = self.lang_id is None and self.tokens.is_multilingual
+        if detect or n_prompt == 1:  # a pass at the SOT position alone (else the prefill pass starts there)
             sot = torch.full((r, 1), self.tokens.sot, device=dev)
             sot_logits = self.target_dec.forward(staged, sot, torch.zeros_like(sot), 1)[:, 0]
+        if detect:
             lang = self.rules.detect_language(sot_logits.float())
         else:
             lang = torch.full((r,), self.tokens.sot if self.lang_id is None else self.lang_id, device=dev)
@@ -197,6 +204,10 @@ class Engine:
         st.finish[idx] = FINISH_NONE
         st.stats[idx] = 0
         st.hist[idx] = 0
+        # Whisper's no_speech_prob: softmax of the raw logits (no rule applied) at <|nospeech|>, which precedes
+        # <|notimestamps|> in every Whisper vocabulary (transformers' WhisperNoSpeechDetection uses the same id)
+        st.logp[idx, 0] = 0.0
+        st.logp[idx, 1] = sot_logits.float().softmax(-1)[:, self.tokens.no_timestamps - 1]
         return sot_logits
 
     def _prompts(self, lang: torch.Tensor) -> torch.Tensor:
@@ -222,30 +233,32 @@ class Engine:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
-        """Decode every request, `batch_size` rows at a time; yields one result per request, in the order they
-        finish. The source may yield None for "nothing right now": decoding goes on with the rows it has; with no
-        row busy it asks again at once (so such a source should block briefly before a None). The run ends when
-        the source is exhausted and no row is busy. An exception of the engine's own work raises `EngineError`
-        with the ids of the chunks lost; one raised by the source propagates as it is.
+        """Decode every request, at most `batch_size` rows at a time (never more rows than chunks); yields one
+        result per request, in the order they finish. A source may yield None ("nothing right now": see the module
+        doc); the run ends when it is exhausted and no row is busy. Errors: see `EngineError`.
 
-        Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a
-        finished row's slot, the last live row moves into it, so the step always runs on the first n_active
-        slots (views: no copy of the other rows). Shapes then depend only on (n_active, n_keys bucket, K).
-        """
+        Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a finished
+        row's slot, the last live row moves into it, so the step runs on the first n_active slots (views, no copy).
+        Shapes then depend only on (n_active, n_keys bucket, K)."""
         check_int(batch_size, "batch_size", 1)
         k = self.options.num_draft_tokens if self.draft_dec is not None else 0
         n_positions = self.tokens.max_positions + k + 2
-        m, st = self._allocate(batch_size, n_positions, k)
-        slots: list[ChunkRequest | None] = [None] * batch_size
-        since = [0] * batch_size  # number of the last step before each slot's occupant was placed there
-        reader = HostReader(batch_size, self.target_dec.device, self.read_lag)
-        source, ready, more = iter(requests), deque(), True
+        source, ready = iter(requests), deque()
         in_flight: set = set()  # ids pulled from the source and not yet yielded: lost if the engine raises
+        more = self._first_fill(source, ready, batch_size, in_flight, self._run_shape(n_positions, k))
+        n_rows = batch_size if more else len(ready)  # never a slot for a chunk that does not exist
+        if n_rows == 0:
+            return
+        m, st = self._allocate(n_rows, n_positions, k)
+        slots: list[ChunkRequest | None] = [None] * n_rows
+        since = [0] * n_rows  # number of the last step before each slot's occupant was placed there
+        reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
         max_len, n_step = 0, 0
         while True:
             free = [i for i, s in enumerate(slots) if s is None]
             if free and more:
-                more = self._fill_ready(source, ready, len(free), batch_size, in_flight)
+                more = self._fill_ready(source, ready, len(free), min(batch_size, memory.MAX_ENCODE_BATCH),
+                                        in_flight)
             if free and ready:
                 take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
                 with _losing(in_flight):
@@ -279,6 +292,32 @@ class Engine:
                 for r in done:
                     slots[r] = None
 
+    def _first_fill(self, source: Iterator[ChunkRequest | None], ready: deque, batch_size: int, in_flight: set,
+                    run: memory.RunShape) -> bool:
+        """Encode up to `batch_size` chunks, one micro-batch at a time, checking after each that a batch of the
+        chunks seen so far fits in memory (ResourceError at once when not); returns whether more chunks may come.
+        Stops early when a live source has nothing right now."""
+        micro, more = min(batch_size, memory.MAX_ENCODE_BATCH), True
+        while more and len(ready) < batch_size:
+            want = min(batch_size, len(ready) + micro)
+            more = self._fill_ready(source, ready, want, micro, in_flight)
+            reason = memory.check_fits(run, len(ready), memory.free_bytes(self.target_dec.device))
+            if reason is not None:
+                raise ResourceError(reason)
+            if more and len(ready) < want:  # the source yielded None
+                break
+        return more
+
+    def _run_shape(self, n_positions: int, k_max: int) -> memory.RunShape:
+        def shape(dec: Decoder) -> memory.DecoderShape:
+            return memory.DecoderShape(dec.n_layers, dec.n_heads, dec.head_dim, dec.dtype.itemsize)
+
+        models = [self.target] + ([self.draft] if self.draft is not None else [])
+        model_bytes = sum(p.numel() * p.element_size() for model in models for p in model.parameters())
+        return memory.RunShape(shape(self.target_dec), None if self.draft_dec is None else shape(self.draft_dec),
+                               n_positions, self.n_audio_ctx, self.target.config.d_model, self.target_dec.vocab_size,
+                               k_max, model_bytes)
+
     def _allocate(self, n_rows: int, n_positions: int, k: int) -> tuple[Models, DecodeState]:
         """The caches and decoding state of `n_rows` slots, allocated once per run."""
         m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
@@ -307,15 +346,19 @@ class Engine:
             return []
         idx = torch.tensor(done, device=st.n_tok.device)
         seqs, begins, n_toks = st.seq[idx].tolist(), st.begin[idx].tolist(), st.n_tok[idx].tolist()
-        stats, hists = st.stats[idx].tolist(), st.hist[idx].tolist()
+        stats, hists, logps = st.stats[idx].tolist(), st.hist[idx].tolist(), st.logp[idx].tolist()
         out = []
         for i, row in enumerate(done):
             begin, n_tok = begins[i], n_toks[i]
             target_passes, draft_passes, drafted, accepted = stats[i]
             chunk_stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
                                      tuple(hists[i]))
+            sum_logprob, no_speech_prob = logps[i]
+            # Whisper divides by the text tokens + 1: the generated count with a final <|endoftext|>, one more without
+            avg_logprob = sum_logprob / (n_tok - begin + (finish[row] != FINISH_EOS))
             out.append(ChunkResult(slots[row].id, tuple(seqs[i][begin:n_tok]), tuple(seqs[i][:begin]),
-                                   FINISH_REASONS.get(finish[row], "length"), chunk_stats))
+                                   FINISH_REASONS.get(finish[row], "length"), chunk_stats, no_speech_prob,
+                                   avg_logprob))
         return out
 
     @torch.inference_mode()

@@ -39,6 +39,8 @@ class DecodeState:
     finish:   (B,) FINISH_* code (0 = still decoding)
     stats:    (B, 4) long [target passes, draft passes, drafted tokens, accepted tokens]
     hist:     (B, k_max + 1) long number of steps that accepted j draft tokens
+    logp:     (B, 2) float32 [sum of the log-probabilities of the generated tokens under the target's rule-applied
+              scores (Whisper's sum_logprobs), <|nospeech|> probability at the SOT position (set by admission)]
     """
 
     seq: torch.Tensor
@@ -48,12 +50,13 @@ class DecodeState:
     finish: torch.Tensor
     stats: torch.Tensor
     hist: torch.Tensor
+    logp: torch.Tensor
 
     @classmethod
     def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> "DecodeState":
         z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
         return cls(z(n_rows, n_seq), z(n_rows), z(n_rows), z(n_rows), z(n_rows) + FINISH_LENGTH,
-                   z(n_rows, 4), z(n_rows, k_max + 1))
+                   z(n_rows, 4), z(n_rows, k_max + 1), torch.zeros(n_rows, 2, device=device))
 
     def rows(self, n_rows: int) -> "DecodeState":
         """The first `n_rows` slots, as views (in-place updates reach the full state)."""
@@ -101,7 +104,8 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     t_len = m.target_cache.lengths
     tokens, pos = _window(st.seq, t_len, k + 1)
     logits = m.target.forward(m.target_cache, tokens, pos, n_keys)
-    choice = rules.apply(logits, st.seq, st.n_tok, st.begin).argmax(-1)  # (B, k + 1)
+    scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, k + 1, V)
+    best, choice = scores.max(-1)  # (B, k + 1) each
 
     # accept the longest agreeing prefix plus the target's own next token, within each row's limits
     j = torch.arange(k + 1, device=dev)
@@ -123,7 +127,9 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
 
-    # statistics
+    # statistics; log-probability of each emitted token (the argmax: its score less the logsumexp)
+    emitted = j[None, :] < n_new[:, None]
+    st.logp[:, 0].add_(torch.where(emitted, best.float() - scores.float().logsumexp(-1), 0.0).sum(1))
     live_l = live.long()
     accepted = torch.minimum(n_acc, n_new)
     st.stats.add_(torch.stack([live_l, live_l * k, proposed.sum(1), accepted], 1) * live_l[:, None])

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import fields
 from typing import Any
 
-from asr_spec.errors import AsrSpecError, one_line
+from asr_spec.errors import AsrSpecError, one_line, show_warning_line
 from asr_spec.eval.evaluate import evaluate
 from asr_spec.eval.options import GROUP_BATCHES, EvalOptions
 from asr_spec.eval.summary import format_summary, summary_path
@@ -79,6 +79,7 @@ def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> 
         return EXIT_USAGE
     try:
         with warnings.catch_warnings():
+            warnings.showwarning = show_warning_line  # "warning: <message>", not a raw UserWarning and source line
             warnings.filterwarnings("ignore", message="English text normaliser built without")
             summary = evaluate(options, on_record=None if args.quiet else _show)
     except KeyboardInterrupt:

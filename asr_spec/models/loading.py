@@ -3,8 +3,10 @@ draft made by `asr-spec distill`. Safetensors only, never remote code."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.errors import AsrSpecError, ModelLoadError
 from asr_spec.models.drafts import INFO_FILE, decoder_draft, load_trained_draft
 
 log = logging.getLogger(__name__)
@@ -53,10 +56,10 @@ def model_dir(name: str | os.PathLike) -> str:
     if _is_ct2_dir(path):
         return str(embedded.ensure_converted(path))
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{name}: not a model directory")
+        raise ModelLoadError(f"{name}: not a model directory")
     if path.is_dir() or text.startswith((".", "/", "~")):
         if not (path / "config.json").is_file():
-            raise ValueError(f"{name}: no config.json or model.bin there: not a Whisper model directory")
+            raise ModelLoadError(f"{name}: no config.json or model.bin there: not a Whisper model directory")
         return str(path)
     return text  # a hub id
 
@@ -73,27 +76,60 @@ def _is_ct2_dir(path: Path) -> bool:
         return True
 
 
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What a broken model directory makes the loaders raise: I/O, JSON and config validation errors, and
+    safetensors' own `SafetensorError` (a truncated or corrupt weights file), which derives from Exception only."""
+    errors: list[type[BaseException]] = [OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError]
+    with contextlib.suppress(ImportError):
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.errors import StrictDataclassError
+
+        errors.append(StrictDataclassError)
+    return tuple(errors)
+
+
+@contextlib.contextmanager
+def _loading(name: str | os.PathLike, what: str) -> Iterator[None]:
+    """Turn any failure to load `what` from `name` into one `ModelLoadError` line naming the path and the cause."""
+    try:
+        yield
+    except AsrSpecError:
+        raise
+    except _load_errors() as err:
+        cause = " ".join(str(err).split()) or type(err).__name__
+        cause = cause if len(cause) <= 300 else cause[:297] + "..."
+        raise ModelLoadError(f"{name}: cannot load the {what} ({type(err).__name__}: {cause})") from err
+
+
 def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype, *, decoder_only: bool = False) -> Any:
-    """Load a Whisper model (safetensors only, never remote code). decoder_only loads a `WhisperForCausalLM`."""
+    """Load a Whisper model (safetensors only, never remote code). decoder_only loads a `WhisperForCausalLM`.
+    Any failure (truncated or corrupt weights, bad config.json) raises `ModelLoadError` naming `name`."""
     from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
 
-    where = model_dir(name)
     cls = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
-    try:
+    with _loading(name, "model"):  # a CTranslate2 directory is converted here: its failures are loading failures
+        where = model_dir(name)
         model = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False)
-    except OSError as err:
-        raise ValueError(f"{name}: cannot load the model ({str(err).splitlines()[0]})") from err
     return model.to(device).eval()
 
 
+MIN_VOCAB = 1000  # a Whisper tokenizer has ~50k tokens; transformers builds a 1-token one when the files are missing
+
+
 def load_processor(name: str | os.PathLike) -> Any:
+    """The tokenizer and feature extractor of a model; `ModelLoadError` when missing or unreadable."""
     from transformers import WhisperProcessor
 
-    where = model_dir(name)
-    try:
-        return WhisperProcessor.from_pretrained(where)
-    except OSError as err:
-        raise ValueError(f"{name}: cannot load the tokenizer/feature extractor ({str(err).splitlines()[0]})") from err
+    with _loading(name, "tokenizer/feature extractor"):
+        where = model_dir(name)
+        processor = WhisperProcessor.from_pretrained(where)
+    if len(processor.tokenizer) < MIN_VOCAB:
+        raise ModelLoadError(f"{name}: no tokenizer there (tokenizer.json or vocab.json + merges.txt missing: "
+                             f"the tokenizer loaded has {len(processor.tokenizer)} tokens)")
+    return processor
 
 
 def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype,
@@ -106,10 +142,13 @@ def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device,
     target's encoder output: always lossless, only the proposals change); False = keep and run its own."""
     from transformers import AutoConfig
 
-    where = model_dir(name)
+    with _loading(name, "draft"):
+        where = model_dir(name)
     if (Path(where) / INFO_FILE).is_file():  # made by `asr-spec distill`: its own layers, the target's rest
-        return load_trained_draft(where, target).to(device, dtype).eval()
-    config = AutoConfig.from_pretrained(where)
+        with _loading(name, "draft"):
+            return load_trained_draft(where, target).to(device, dtype).eval()
+    with _loading(name, "draft's config"):
+        config = AutoConfig.from_pretrained(where)
     archs = getattr(config, "architectures", None) or []
     if "WhisperForCausalLM" in archs:
         return load_model(where, device, dtype, decoder_only=True)

@@ -12,6 +12,7 @@ from asr_spec.audio.loading import DEFAULT_BLOCK_S, SAMPLE_RATE
 from asr_spec.engine import DecodeOptions
 from asr_spec.engine.options import check_int
 from asr_spec.errors import InputError
+from asr_spec.transcribe.nospeech import NoSpeechRule
 from asr_spec.transcribe.outputs import parse_formats
 
 __all__ = ["TranscribeOptions"]
@@ -19,6 +20,7 @@ __all__ = ["TranscribeOptions"]
 
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
+_NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
 _TOP_KEYS = ("batch_size", "formats", "block_s")
 
 
@@ -28,6 +30,7 @@ class TranscribeOptions:
 
     chunking: ChunkingOptions = field(default_factory=ChunkingOptions)  # window and stride lengths
     decode: DecodeOptions = field(default_factory=DecodeOptions)  # language, task, timestamps, drafting
+    no_speech: NoSpeechRule = field(default_factory=NoSpeechRule)  # Whisper's rule for windows without speech
     batch_size: int = 8  # chunks decoded together (engine rows); they may come from different inputs
     formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
     block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
@@ -38,7 +41,7 @@ class TranscribeOptions:
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """The flat option names `from_values` takes."""
-        return _CHUNKING_KEYS + _DECODE_KEYS + _TOP_KEYS
+        return _CHUNKING_KEYS + _DECODE_KEYS + _NO_SPEECH_KEYS + _TOP_KEYS
 
     @classmethod
     def from_values(cls, base: TranscribeOptions | None = None, **values: Any) -> TranscribeOptions:
@@ -59,6 +62,7 @@ class TranscribeOptions:
                 base,
                 chunking=dataclasses.replace(base.chunking, **{k: values[k] for k in _CHUNKING_KEYS if k in values}),
                 decode=dataclasses.replace(base.decode, **decode),
+                no_speech=dataclasses.replace(base.no_speech, **{k: values[k] for k in _NO_SPEECH_KEYS if k in values}),
                 **{k: values[k] for k in _TOP_KEYS if k in values},
             )
         except InputError:
@@ -76,6 +80,8 @@ def _verify_options(options: TranscribeOptions) -> None:
         raise InputError(f"chunking.sampling_rate must be Whisper's {SAMPLE_RATE} Hz, got {rate}")
     if not isinstance(options.decode, DecodeOptions):
         raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
+    if not isinstance(options.no_speech, NoSpeechRule):
+        raise InputError(f"no_speech must be a NoSpeechRule, got {type(options.no_speech).__name__}")
     check_int(options.batch_size, "batch_size", 1, InputError)
     block = options.block_s
     if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:

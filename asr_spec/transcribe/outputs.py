@@ -19,7 +19,9 @@ import dataclasses
 import json
 import math
 import os
+import re
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -37,6 +39,8 @@ __all__ = [
     "render_vtt",
     "parse_formats",
     "write_outputs",
+    "prepare_output_dir",
+    "output_stems",
 ]
 
 
@@ -265,3 +269,75 @@ def write_outputs(
     for fmt, content in rendered.items():
         written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
     return written
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks made before any work
+# ---------------------------------------------------------------------------------------------------------------
+
+STALE_TMP_AGE_S = 60.0  # a temporary file older than this is left over from a killed run (a live write takes ms)
+_TMP_NAME = re.compile(r"^\..+\.(?:" + "|".join(FORMATS) + r")\.[^.]+\.tmp$")  # atomic_write's ".<name>.XXXX.tmp"
+
+
+def prepare_output_dir(out_dir: str | os.PathLike[str]) -> int:
+    """Make sure transcripts can be written into `out_dir` before any work starts: create it if missing, refuse
+    (`InputError`, one line) a path that is a file, cannot be created or is not writable; remove the hidden
+    temporary files an earlier killed run left there. Returns how many stale temporary files were removed."""
+    folder = Path(out_dir)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"output directory {folder}: is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".asr-spec-write-check.", delete=True)
+        probe.close()
+    except OSError as err:
+        raise InputError(f"output directory {folder}: cannot be created or written ({err.strerror or err})") from err
+    removed = 0
+    now = time.time()
+    for entry in folder.iterdir():
+        if _TMP_NAME.match(entry.name) and entry.is_file():
+            with contextlib.suppress(OSError):
+                if now - entry.stat().st_mtime > STALE_TMP_AGE_S:
+                    entry.unlink()
+                    removed += 1
+    return removed
+
+
+def output_stems(paths: list[str | None]) -> list[str | None]:
+    """File-name stems for the transcripts of `paths` (None for an input that is not a file), all distinct.
+
+    Inputs with the same base name in different folders keep their folder in the name: ``a/same.flac`` and
+    ``b/same.flac`` become ``a__same`` and ``b__same`` (as many parent folders as it takes to tell them apart).
+    The same file given twice is refused with `InputError` (its transcript would be written twice).
+    """
+    resolved = [None if p is None else Path(os.path.abspath(os.path.expanduser(p))) for p in paths]
+    seen: dict[Path, str] = {}
+    for given, path in zip(paths, resolved):
+        if path is None:
+            continue
+        if path in seen:
+            raise InputError(f"{given}: given twice (as {seen[path]} too): each input is transcribed once")
+        seen[path] = str(given)
+    stems = [None if p is None else (p.stem or "input") for p in resolved]
+    groups: dict[str, list[int]] = {}
+    for index, stem in enumerate(stems):
+        if stem is not None:
+            groups.setdefault(stem, []).append(index)
+    for stem, members in groups.items():
+        if len(members) < 2:
+            continue
+        folders_of = [path.parent.parts for path in (resolved[i] for i in members) if path is not None]
+        names = [path.name for path in (resolved[i] for i in members) if path is not None]
+        depth = 1
+        while depth < max(map(len, folders_of)) and len({f[-depth:] for f in folders_of}) < len(members):
+            depth += 1
+        # same folder, same stem (same.flac, same.wav): the full file name tells them apart
+        same_folder = len({f[-depth:] for f in folders_of}) < len(members)
+        for i, folders, name in zip(members, folders_of, names):
+            parts = [part.strip("/") or "root" for part in folders[-depth:]]
+            stems[i] = "__".join([*parts, name if same_folder else stem])
+    taken = [s for s in stems if s is not None]
+    if len(set(taken)) < len(taken):
+        clash = next(s for s in taken if taken.count(s) > 1)
+        raise InputError(f"two inputs would both be written as {clash}.*: rename one or use two output directories")
+    return stems

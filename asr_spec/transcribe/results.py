@@ -20,6 +20,9 @@ class ChunkReport:
     language: str | None  # the language it was decoded in ("en"), detected or given
     finish_reason: str  # "eos", or "length" when the token limit cut it
     stats: ChunkStats
+    no_speech_prob: float = float("nan")  # the target's P(<|nospeech|>) at the window's start; NaN: not computed
+    avg_logprob: float = float("nan")  # mean log-probability of its tokens (Whisper's avg_logprob)
+    dropped: str | None = None  # why its text was left out ("no speech": Whisper's no-speech rule); None: kept
 
 
 @dataclass(frozen=True)
@@ -41,3 +44,8 @@ class Transcription:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def n_dropped(self) -> int:
+        """Windows whose text was left out by the no-speech rule."""
+        return sum(chunk.dropped is not None for chunk in self.chunks)

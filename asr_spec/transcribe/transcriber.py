@@ -19,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +28,12 @@ from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio, stream_audio
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
+from asr_spec.engine.memory import MAX_ENCODE_BATCH
 from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
 from asr_spec.models.presets import DEFAULT_PRESET
 from asr_spec.transcribe.options import TranscribeOptions
-from asr_spec.transcribe.outputs import TranscriptSegment, write_outputs
+from asr_spec.transcribe.nospeech import NO_SPEECH
+from asr_spec.transcribe.outputs import TranscriptSegment, output_stems, prepare_output_dir, write_outputs
 from asr_spec.transcribe.results import ChunkReport, Transcription
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
 
@@ -76,14 +77,22 @@ def _inputs(audio: Any) -> list[_Input]:
     out = []
     for i, src in enumerate(audio):
         if isinstance(src, (str, os.PathLike)):
-            name, stem = os.fspath(src), Path(os.fspath(src)).stem or f"input-{i}"
+            name = os.fspath(src)
         elif isinstance(src, Mapping) and src.get("path"):
-            name, stem = str(src["path"]), Path(str(src["path"])).stem or f"input-{i}"
+            name = str(src["path"])
         else:
             kind = "array" if isinstance(src, (np.ndarray, torch.Tensor)) else type(src).__name__
-            name, stem = f"<{kind} {i}>", f"input-{i}"
-        out.append(_Input(i, name, src, stem))
+            name = f"<{kind} {i}>"
+        out.append(_Input(i, name, src, f"input-{i}"))
     return out
+
+
+def _name_outputs(inputs: list[_Input]) -> None:
+    """Give every input a distinct output stem (see `output_stems`); InputError for the same file twice."""
+    paths = [None if item.name.startswith("<") else item.name for item in inputs]
+    for item, stem in zip(inputs, output_stems(paths)):
+        if stem is not None:
+            item.stem = stem
 
 
 # -- progress ---------------------------------------------------------------------------------------------------
@@ -212,7 +221,9 @@ class Transcriber:
         progress:   None = a bar on stderr when it is a terminal; True/False force it; a callable gets
                     (done_s, total_s) seconds of audio instead.
         output_dir: also write each transcript there (atomically, as `<stem>.<format>` for options.formats) as
-                    soon as it is done; a failed write sets that input's `error`.
+                    soon as it is done; a failed write sets that input's `error`. Checked before any work (a file,
+                    or a folder that cannot be created or written: `InputError`). Inputs with the same name in
+                    different folders are written as `<folder>__<stem>.*`; the same file twice is refused.
         """
         return list(self.iter_transcribe(audio, batch_size=batch_size, progress=progress, output_dir=output_dir))
 
@@ -234,8 +245,9 @@ class Transcriber:
         done: a long archive shows results, and writes files, while later inputs are still decoding."""
         rows = self.options.batch_size if batch_size is None else TranscribeOptions.from_values(self.options, batch_size=batch_size).batch_size
         inputs = _inputs(audio)
-        if output_dir is not None:
-            _check_stems(inputs)
+        if output_dir is not None:  # before any work: names resolved, the folder usable, stale temp files gone
+            _name_outputs(inputs)
+            prepare_output_dir(output_dir)
         bar = _Progress(progress, inputs)
         next_out = 0
         try:
@@ -268,7 +280,7 @@ class Transcriber:
                     pending.append(((item.index, len(item.spans)), samples))
                     item.spans.append(span)
                     item.n_samples = span.end_sample
-                    if len(pending) == batch_size:
+                    if len(pending) == min(batch_size, MAX_ENCODE_BATCH):  # bounded features in flight
                         yield from self._featurise(pending)
                         pending = []
             except INPUT_ERRORS as err:
@@ -309,25 +321,33 @@ class Transcriber:
         """The `Transcription` of one input from its chunks' spans and engine results (both in chunk order):
         stitched text and segments, language, summed statistics. Used per file here and per request by the
         server (`asr_spec.serve`)."""
-        stitched = stitch_chunks([ChunkTokens(r.tokens, span) for r, span in zip(results, spans)],
+        # a window dropped by the no-speech rule contributes no text and no segment
+        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self._decode(r.tokens))
+                   for r in results]
+        stitched = stitch_chunks([ChunkTokens(() if drop else r.tokens, span)
+                                  for r, span, drop in zip(results, spans, dropped)],
                                  eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
                                  sampling_rate=SAMPLE_RATE)
         languages = [self._language(r) for r in results]
         reports = tuple(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, lang,
-                                    r.finish_reason, r.stats)
-                        for r, span, lang in zip(results, spans, languages))
+                                    r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob,
+                                    NO_SPEECH if drop else None)
+                        for r, span, lang, drop in zip(results, spans, languages, dropped))
+        spoken = [lang for lang, drop in zip(languages, dropped) if not drop] or languages
         return Transcription(
             source=source,
             text=self._decode(stitched.token_ids),
             segments=tuple(TranscriptSegment(s.start_s, s.end_s, self._decode(s.token_ids)) for s in stitched.segments),
-            language=Counter(languages).most_common(1)[0][0] if languages else None,
+            language=Counter(spoken).most_common(1)[0][0] if spoken else None,
             stats=ChunkStats.total(r.stats for r in results),
             audio_s=audio_s, wall_s=wall_s, chunks=reports, timestamped=stitched.timestamped,
             chunk_tokens=tuple(r.tokens for r in results),
         )
 
     def _decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True).strip()
+        """The text of `token_ids` (control and timestamp tokens left out)."""
+        text_ids = [t for t in token_ids if t < self.tokens.eot]
+        return self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
 
     def _language(self, result: ChunkResult) -> str | None:
         """The language of a chunk from its prompt (sot, language, task, ...); "en" for English-only models."""
@@ -349,11 +369,3 @@ def _expected_s(source: Any) -> float:
         pass  # the real error is reported when the input is read
     return 0.0
 
-
-def _check_stems(inputs: list[_Input]) -> None:
-    seen: dict[str, str] = {}
-    for item in inputs:
-        if item.stem in seen:
-            raise InputError(f"{item.name} and {seen[item.stem]} would both be written as {item.stem}.*: "
-                             "transcribe them into different output directories")
-        seen[item.stem] = item.name

@@ -1,0 +1,110 @@
+"""How much memory a run will take, known before anything is allocated (pure arithmetic, plus one probe of what
+the device has free).
+
+A run holds, per batch row (slot): each decoder's self-attention cache (keys and values for every layer and
+position), its cross-attention cache (keys and values over the encoder's positions), the encoded chunk waiting
+for the slot, and the step's transient tensors (the (k + 1) x vocabulary scores the rules make, in float32).
+The models themselves are already loaded when a run starts: they are reported, and what is free is measured
+after them. A batch that cannot fit is refused at once with the largest batch size that does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+MAX_ENCODE_BATCH = 16  # chunks featurised / encoded at once, whatever the decode batch (bounds the activations)
+FLOAT32_BYTES = 4
+# Fraction of the free memory a run may plan to use: the rest is for activations not counted here (the
+# encoder's micro-batch, attention scores of one step), the allocator's slack and the rest of the process.
+USABLE_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """What a decoder's caches are made of (read from `engine.decoder.Decoder`)."""
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """Everything the per-row memory of a run depends on."""
+
+    target: DecoderShape
+    draft: DecoderShape | None
+    n_positions: int  # self-attention cache positions per row (max_target_positions + K + 2)
+    n_audio_ctx: int  # encoder positions (1500 for Whisper)
+    d_model: int  # target encoder width (an encoded chunk waiting for a slot)
+    vocab_size: int
+    k_max: int  # draft tokens per step (0 greedy)
+    model_bytes: int  # parameters of the target and draft, already resident
+
+
+def _cache_bytes(shape: DecoderShape, n_positions: int, n_audio_ctx: int) -> int:
+    """Bytes of one row of one decoder's KV cache: (self + cross) x (keys + values) x layers x heads x dims."""
+    per_position = 2 * shape.n_layers * shape.n_heads * shape.head_dim * shape.dtype_bytes
+    return per_position * (n_positions + n_audio_ctx)
+
+
+def row_bytes(run: RunShape) -> int:
+    """Bytes one batch row needs for the whole run."""
+    caches = _cache_bytes(run.target, run.n_positions, run.n_audio_ctx)
+    if run.draft is not None:
+        caches += _cache_bytes(run.draft, run.n_positions, run.n_audio_ctx)
+    encoded = run.n_audio_ctx * run.d_model * run.target.dtype_bytes
+    # scores, their logsumexp / softmax temporaries and the forbid mask of the rules: ~4 (k + 1, V) float32 copies
+    step = 4 * (run.k_max + 1) * run.vocab_size * FLOAT32_BYTES
+    return caches + encoded + step
+
+
+def run_bytes(run: RunShape, n_rows: int) -> int:
+    """Bytes of caches and per-row tensors of a run of `n_rows` rows (the models excluded)."""
+    return n_rows * row_bytes(run)
+
+
+def largest_batch(run: RunShape, free_bytes: int) -> int:
+    """The largest number of rows whose run fits in `free_bytes` (0: not even one)."""
+    return max(0, int(free_bytes * USABLE_FRACTION) // row_bytes(run))
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for a new allocation on `device` now (None when it cannot be known)."""
+    if device.type == "cuda":  # free on the device, plus what PyTorch's allocator holds but does not use
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as info:
+                for line in info:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return None
+
+
+def gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.2f} GiB"
+
+
+def check_fits(run: RunShape, n_rows: int, free: int | None) -> str | None:
+    """None when `n_rows` rows fit in `free` bytes (or nothing is known), else the one-line reason."""
+    if free is None:
+        return None
+    need = run_bytes(run, n_rows)
+    if need <= free * USABLE_FRACTION:
+        return None
+    fits = largest_batch(run, free)
+    advice = f"--batch-size {fits} fits" if fits else "not even --batch-size 1 fits: use a smaller model or dtype"
+    return (f"batch of {n_rows} needs {gib(need)} for its caches (models {gib(run.model_bytes)} already loaded) "
+            f"but {gib(free)} is free: {advice}")
