@@ -63,6 +63,14 @@ def transcribe(
                                               "(segment times from the model). Default: the preset's (on)."),
     chunk_length: Optional[float] = typer.Option(None, help="Seconds per window (at most 30). Default: the "
                                                  "preset's."),
+    chunking: Optional[str] = typer.Option(None, help="vad (speech chunks found by silero-vad; silence skipped) "
+                                           "or stride (overlapping windows stitched at the seams). Default: the "
+                                           "preset's."),
+    word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
+                                                   help="Per-word times in the json output (needs --chunking "
+                                                   "vad). Default: the preset's (off)."),
+    max_words_per_cue: Optional[int] = typer.Option(None, help="srt/vtt cues of at most N words (needs "
+                                                    "--word-timestamps). Default: one cue per segment."),
     num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per step (start value)."),
     batch_size: Optional[int] = typer.Option(None, help="Chunks decoded together, across files. Default 8."),
     output_dir: Optional[Path] = typer.Option(None, help="Write <name>.<format> files here instead of printing."),
@@ -81,7 +89,8 @@ def transcribe(
     given = {
         "target": model, "draft": draft_model, "dtype": dtype, "language": language, "task": task,
         "chunk_length_s": chunk_length, "num_draft_tokens": num_draft_tokens, "batch_size": batch_size,
-        "formats": format, "timestamps": timestamps,
+        "formats": format, "timestamps": timestamps, "chunking": chunking, "word_timestamps": word_timestamps,
+        "max_words_per_cue": max_words_per_cue,
     }
     overrides: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
     if no_draft:

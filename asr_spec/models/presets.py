@@ -11,6 +11,10 @@ file. Its keys (every one optional except ``target``; an unknown key is an error
     stride_length_s   seconds of context per side, or [left, right]; left out = chunk_length_s / 6
     num_draft_tokens  draft tokens proposed per step
     language          "en", "english", ...; left out or "auto" = detect per chunk
+    chunking          "vad" (speech chunks found by silero-vad, non-speech skipped, no overlap) or "stride"
+                      (overlapping windows stitched at their seams, as transformers' pipeline does)
+    word_timestamps   true: per-word times (json `words`) from the alignment heads; needs chunking "vad"
+    max_words_per_cue srt/vtt cues of at most this many words (needs word_timestamps); left out = one per segment
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
     dtype             "auto" (float16 on CUDA, float32 on CPU), "float32", "float16" or "bfloat16"
@@ -44,7 +48,8 @@ DEFAULT_PRESET = "base"  # the offline one: works with no network once asr-spec[
 PRESET_SUFFIX = ".toml"
 DTYPES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 # Preset keys that become transcription options (the rest say which models to load, and how)
-OPTION_KEYS = ("chunk_length_s", "stride_length_s", "num_draft_tokens", "language", "timestamps")
+OPTION_KEYS = ("chunk_length_s", "stride_length_s", "num_draft_tokens", "language", "timestamps", "chunking",
+               "word_timestamps", "max_words_per_cue")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ class Preset:
     num_draft_tokens: int = 5
     language: str | None = None  # None = detect per chunk
     timestamps: bool = False  # Whisper timestamp mode
+    chunking: str = "stride"  # "vad" or "stride"
+    word_timestamps: bool = False
+    max_words_per_cue: int | None = None  # None: one cue per segment
     dtype: str = "auto"
     description: str = ""
     path: Path | None = None  # the TOML file it came from
@@ -95,7 +103,12 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("target", "a model id or path (a non-empty string)")
     if preset.draft is not None and (not isinstance(preset.draft, str) or not preset.draft.strip()):
         raise bad("draft", "a model id or path (a non-empty string), or left out")
-    for key in ("draft_optional", "timestamps"):
+    if preset.chunking not in ("vad", "stride"):
+        raise bad("chunking", '"vad" or "stride"')
+    cue = preset.max_words_per_cue
+    if cue is not None and (isinstance(cue, bool) or not isinstance(cue, int)):
+        raise bad("max_words_per_cue", "an integer")
+    for key in ("draft_optional", "timestamps", "word_timestamps"):
         if not isinstance(getattr(preset, key), bool):
             raise bad(key, "true or false")
     if not _is_number(preset.chunk_length_s):
