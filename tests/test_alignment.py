@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr_spec.transcribe.alignment import dtw_path, group_words, median_filter, token_jump_times
+from asr_spec.transcribe.alignment import dtw_path, group_words, median_filter, snap_to_speech, token_jump_times
 
 
 def reference_dtw(cost):
@@ -65,3 +65,17 @@ def test_words_split_at_spaces_and_keep_punctuation_attached():
     assert ["".join(pieces[i] for i in w) for w in words] == [" Hello,", " world.", " \"Yes\"", " no"]
     assert group_words([]) == []
     assert group_words(["abc", "def"]) == [[0, 1]]
+
+
+def test_snap_trims_the_pause_and_the_previous_words_tail():
+    #            word A      pause       word B          pause
+    speech = np.array([1] * 10 + [0] * 20 + [1] * 15 + [0] * 5, dtype=bool)  # 0.02 s frames
+    starts, ends = snap_to_speech(np.array([0.0, 0.16, 0.9]), np.array([0.16, 0.9, 1.0]), speech, 0.02)
+    # A keeps its start, loses nothing; B starts after the pause (0.6 s), not in A's tail; the last word has no
+    # speech inside and stays
+    assert starts.tolist() == pytest.approx([0.0, 0.6, 0.9])
+    assert ends.tolist() == pytest.approx([0.16, 0.9, 1.0])
+    # a closure shorter than MIN_PAUSE_S inside a word is not a pause
+    speech = np.array([0] * 5 + [1] * 5 + [0] * 3 + [1] * 10, dtype=bool)
+    starts, ends = snap_to_speech(np.array([0.0]), np.array([0.46]), speech, 0.02)
+    assert starts.tolist() == pytest.approx([0.1]) and ends.tolist() == pytest.approx([0.46])

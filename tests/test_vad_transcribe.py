@@ -105,3 +105,49 @@ def test_caption_cues_of_n_words_and_words_in_json() -> None:
     data = json.loads(render_json(RESULT))
     assert data["segments"][0]["words"][2] == {"word": " world.", "start": 1.1, "end": 1.9, "probability": 0.7}
     assert "words" not in data["segments"][1]  # empty word lists are left out
+
+
+# -- real whisper-base on speech whose word boundaries are known (scripts/make_word_fixtures.py) --------------------
+
+WORDS = Path(__file__).parent / "fixtures" / "words"
+
+
+def _matched_starts(truth: list[dict], words: list) -> list[tuple[float, float]]:
+    """(true start, predicted start) of the words the recogniser got right, paired by a sequence alignment."""
+    import difflib
+
+    def key(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    matcher = difflib.SequenceMatcher(a=[key(t["word"]) for t in truth], b=[key(w.word) for w in words],
+                                      autojunk=False)
+    return [(truth[block.a + i]["start"], words[block.b + i].start)
+            for block in matcher.get_matching_blocks() for i in range(block.size)]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_word_timestamps_on_known_boundaries() -> None:
+    from asr_spec.models.loading import decoder_draft
+    from asr_spec.transcribe import Transcriber
+    from test_transcribe import _real_base
+
+    target, processor = _real_base()
+    options = TranscribeOptions.from_values(language="en", batch_size=3, timestamps=True, chunking="vad",
+                                            word_timestamps=True)
+    files = sorted(WORDS.glob("*.flac"))
+    greedy = Transcriber(target, None, processor, options).transcribe([str(f) for f in files], progress=False)
+    draft = decoder_draft(target, [0, target.config.decoder_layers - 1])
+    spec = Transcriber(target, draft, processor, options).transcribe([str(f) for f in files], progress=False)
+    errors = []
+    for path, g, s in zip(files, greedy, spec):
+        truth = json.loads(path.with_suffix(".json").read_text())
+        words = [w for seg in g.segments for w in seg.words]
+        assert words == [w for seg in s.segments for w in seg.words]  # the draft never matters
+        assert s.stats.drafted_tokens > 0
+        assert all(0 <= w.start <= w.end <= truth["duration_s"] for w in words)
+        assert [w.start for w in words] == sorted(w.start for w in words)
+        pairs = _matched_starts(truth["words"], words)
+        assert len(pairs) >= 0.6 * len(truth["words"]), (path.name, g.text)
+        errors += [abs(a - b) for a, b in pairs]
+    assert float(np.median(errors)) <= 0.2, errors

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from asr_spec.errors import InputError
 __all__ = [
     "FRAME_SAMPLES",
     "SileroVad",
+    "SpeechSpan",
     "VadOptions",
     "iter_vad_chunks",
     "pack_regions",
@@ -40,6 +41,8 @@ __all__ = [
 SAMPLE_RATE = 16_000  # Hz; silero-vad's 16 kHz model
 FRAME_SAMPLES = 512  # samples per VAD frame at 16 kHz (32 ms): silero-vad's window
 NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (silero-vad's hysteresis)
+SPEECH_FRAME_S = 0.02  # resolution of a chunk's speech frames: one Whisper encoder position
+LOUDNESS_FLOOR_DB = -40.0  # a frame this far below the chunk's loudest frame is a pause, whatever the VAD says
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,14 @@ def _verify_options(options: VadOptions) -> None:
         raise InputError(f"vad max_chunk_s must be in [1, {CHUNK_LENGTH_S:g}] seconds, got {options.max_chunk_s!r}")
     if 2 * options.speech_pad_s >= options.max_chunk_s / 2:
         raise InputError(f"vad speech_pad_s ({options.speech_pad_s}) must be under a quarter of max_chunk_s")
+
+
+@dataclass(frozen=True)
+class SpeechSpan(ChunkSpan):
+    """A voice-activity chunk: a `ChunkSpan` without strides, with the VAD's view of it."""
+
+    # (F,) bool: which SPEECH_FRAME_S frames of the chunk are speech (see speech_frames)
+    speech: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), compare=False, repr=False)
 
 
 # -- pure planning ---------------------------------------------------------------------------------------------
@@ -175,6 +186,23 @@ def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> l
     return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples)
 
 
+def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: int, threshold: float) -> np.ndarray:
+    """(F,) bool: which SPEECH_FRAME_S frames of a chunk are speech: the VAD frame covering them is
+    at least `threshold` and their RMS is within LOUDNESS_FLOOR_DB of the chunk's loudest frame (silero's
+    probability lingers for a few hundred ms after a word; the loudness marks the pause itself).
+
+    samples: (n,) the chunk; probs: (m,) VAD frames, frame 0 starting `probs_start_sample` samples into it (<= 0)."""
+    frame = int(SPEECH_FRAME_S * SAMPLE_RATE)
+    n_frames = len(samples) // frame
+    if not n_frames:
+        return np.zeros(0, bool)
+    rms = np.sqrt(np.mean(samples[: n_frames * frame].reshape(n_frames, frame).astype(np.float64) ** 2, axis=1))
+    loud = rms > rms.max() * 10 ** (LOUDNESS_FLOOR_DB / 20)
+    vad_index = np.minimum((np.arange(n_frames) * frame - probs_start_sample) // FRAME_SAMPLES, len(probs) - 1)
+    voiced = probs[np.maximum(vad_index, 0)] >= threshold if len(probs) else np.zeros(n_frames, bool)
+    return loud & voiced
+
+
 # -- streaming -------------------------------------------------------------------------------------------------
 
 ProbabilityFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) probs
@@ -206,7 +234,7 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
         # Every chunk but the last of the plan so far is final: later audio only extends or adds regions after it.
         plan = plan_vad_chunks(probs, len(probs) * FRAME_SAMPLES, options)
         for start, end in plan[n_done:-1]:
-            yield _span(start, end, n_done), held[start - held_start : end - held_start].copy()
+            yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
             n_done += 1
         # A later chunk starts no earlier than the last planned one, or than a burst too short to count yet.
         keep_from = (len(probs) - lookback_frames) * FRAME_SAMPLES
@@ -216,12 +244,17 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
         padded = np.pad(tail, (0, FRAME_SAMPLES - len(tail)))
         probs = np.concatenate([probs, np.asarray(probabilities(padded), dtype=np.float32)])
     for start, end in plan_vad_chunks(probs, n_samples, options)[n_done:]:
-        yield _span(start, end, n_done), held[start - held_start : end - held_start].copy()
+        yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
         n_done += 1
 
 
-def _span(start: int, end: int, index: int) -> ChunkSpan:
-    return ChunkSpan(int(start), int(end), 0, 0, is_first=index == 0, is_last=False)
+def _chunk(start: int, end: int, index: int, probs: np.ndarray, samples: np.ndarray,
+           options: VadOptions) -> tuple[SpeechSpan, np.ndarray]:
+    first = start // FRAME_SAMPLES
+    speech = speech_frames(samples, probs[first : -(-end // FRAME_SAMPLES)], first * FRAME_SAMPLES - start,
+                           options.threshold)
+    span = SpeechSpan(int(start), int(end), 0, 0, is_first=index == 0, is_last=False, speech=speech)
+    return span, samples.copy()
 
 
 # -- the model -------------------------------------------------------------------------------------------------

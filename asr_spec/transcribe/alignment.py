@@ -27,7 +27,7 @@ import torch
 from asr_spec.errors import InputError
 
 __all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "median_filter", "token_jump_times",
-           "group_words"]
+           "group_words", "snap_to_speech"]
 
 FRAME_S = 0.02  # seconds per encoder frame: 30 s window / 1500 positions
 MEDIAN_WIDTH = 7  # frames (Whisper's medfilt_width)
@@ -138,6 +138,34 @@ def _merge_punctuation(words: list[list[int]], texts: list[str]) -> list[list[in
     return out_words
 
 
+MIN_PAUSE_S = 0.1  # a shorter run of non-speech inside a word (a stop consonant's closure) is not a pause
+
+
+def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray,
+                   frame_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Trim the pauses the warping path gives to words.
+
+    The path gives the pause before a word to that word (its token is the one being waited for), often with the
+    tail of the word before, so after a pause a start is early by about the pause. A word whose span holds a pause
+    (>= MIN_PAUSE_S of non-speech followed by speech) starts where its longest such pause ends, else at its first
+    speech frame; it ends at its last speech frame. starts, ends: (W,) chunk seconds; speech: (F,) bool per
+    `frame_s` frame of the chunk. A word with no speech inside stays as it is."""
+    new_starts, new_ends = np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
+    min_pause = max(int(round(MIN_PAUSE_S / frame_s)), 1)
+    for index, (start, end) in enumerate(zip(new_starts.tolist(), new_ends.tolist())):
+        first, stop = int(start / frame_s), min(int(np.ceil(end / frame_s)), len(speech))
+        voiced = np.flatnonzero(speech[first:stop])
+        if not len(voiced):
+            continue
+        gaps = np.diff(voiced) - 1  # non-speech frames between consecutive speech frames
+        onset = voiced[0]
+        if len(gaps) and gaps.max() >= min_pause:
+            onset = voiced[1:][len(gaps) - 1 - int(np.argmax(gaps[::-1]))]  # after the longest (latest) pause
+        new_starts[index] = max(start, (first + onset) * frame_s)
+        new_ends[index] = max(min(end, (first + voiced[-1] + 1) * frame_s), new_starts[index])
+    return new_starts, new_ends
+
+
 # -- the teacher-forced pass -----------------------------------------------------------------------------------
 
 def alignment_heads(model) -> list[tuple[int, int]]:
@@ -167,12 +195,14 @@ class Aligner:
 
     @torch.inference_mode()
     def align(self, encoded: torch.Tensor, prompt: Sequence[int], segments: Sequence[Sequence[int]],
-              n_samples: int, offset_s: float) -> list[list[WordTiming]]:
+              n_samples: int, offset_s: float, speech: tuple[np.ndarray, float] | None = None
+              ) -> list[list[WordTiming]]:
         """Words of each segment of one chunk, in file time.
 
         encoded: (n_audio_ctx, d_model) target encoder output of the chunk; prompt: its decoder prompt; segments:
         the text token ids of each segment in order; n_samples: the chunk's audio length (16 kHz); offset_s: the
-        chunk's start in the file.
+        chunk's start in the file; speech: ((F,) bool speech mask of the chunk's frames, frame length in seconds),
+        to trim the pauses off the words (`snap_to_speech`), or None.
         """
         text = [int(t) for segment in segments for t in segment]
         if not text:
@@ -184,7 +214,19 @@ class Aligner:
         jumps = token_jump_times(scores, n_frames, len(head) - 1)
         rows = torch.arange(len(head) - 1, len(head) - 1 + len(text))
         probs = logits[rows].float()[:, : self.eot].softmax(-1)[torch.arange(len(text)), torch.tensor(text)]
-        return self._words(segments, jumps, probs.numpy(), n_samples / 16_000, offset_s)
+        words = self._words(segments)
+        lo, hi = np.array([w[0] for _, w in words]), np.array([w[-1] + 1 for _, w in words])
+        duration_s = n_samples / 16_000
+        starts, ends = np.minimum(jumps[lo], duration_s), np.minimum(jumps[hi], duration_s)
+        if speech is not None:
+            starts, ends = snap_to_speech(starts, ends, *speech)
+        mean_probs = np.add.reduceat(probs.numpy(), lo) / (hi - lo)
+        out: list[list[WordTiming]] = [[] for _ in segments]
+        for (segment, tokens), start, end, prob in zip(words, starts.tolist(), ends.tolist(), mean_probs.tolist()):
+            word = "".join(self.decode_piece(text[i]) for i in tokens)
+            out[segment].append(WordTiming(word, round(offset_s + start, 3), round(offset_s + end, 3),
+                                           round(prob, 4)))
+        return out
 
     def _scores(self, audio: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (1, S, d), ids (1, T) -> alignment-head scores (heads, T, S) and logits (T, vocab)."""
@@ -206,18 +248,11 @@ class Aligner:
             picked.append((q * attn.scaling) @ k.T)
         return torch.stack(picked), self.target.proj_out(hidden)[0]
 
-    def _words(self, segments: Sequence[Sequence[int]], jumps: np.ndarray, probs: np.ndarray, duration_s: float,
-               offset_s: float) -> list[list[WordTiming]]:
+    def _words(self, segments: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
+        """(segment index, indices into the chunk's text tokens) of every word, in order."""
         out, first = [], 0
-        for segment in segments:
-            words = group_words([self.decode_piece(int(t)) for t in segment])
-            found = []
-            for word in words:
-                lo, hi = first + word[0], first + word[-1] + 1
-                start, end = min(float(jumps[lo]), duration_s), min(float(jumps[hi]), duration_s)
-                text = "".join(self.decode_piece(int(segment[i])) for i in word)
-                found.append(WordTiming(text, round(offset_s + start, 3), round(offset_s + end, 3),
-                                        round(float(probs[lo:hi].mean()), 4)))
-            out.append(found)
+        for index, segment in enumerate(segments):
+            for word in group_words([self.decode_piece(int(t)) for t in segment]):
+                out.append((index, [first + i for i in word]))
             first += len(segment)
         return out

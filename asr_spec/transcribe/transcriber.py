@@ -30,7 +30,7 @@ import torch
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio, stream_audio
-from asr_spec.audio.vad import SileroVad, iter_vad_chunks
+from asr_spec.audio.vad import SPEECH_FRAME_S, SileroVad, SpeechSpan, iter_vad_chunks
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
 from asr_spec.models.presets import DEFAULT_PRESET
@@ -318,8 +318,9 @@ class Transcriber:
     def _align(self, result: ChunkResult, span: ChunkSpan, encoded: torch.Tensor) -> list[list[WordTiming]]:
         """Words of each segment of one finished chunk (the segments `concat_chunks` gives it), in file time."""
         segments = self._stitch([ChunkTokens(result.tokens, span)]).segments
+        speech = (span.speech, SPEECH_FRAME_S) if isinstance(span, SpeechSpan) else None
         return self.aligner.align(encoded, result.prompt, [s.token_ids for s in segments], span.n_samples,
-                                  span.start_sample / SAMPLE_RATE)
+                                  span.start_sample / SAMPLE_RATE, speech)
 
     def _stitch(self, chunks: list[ChunkTokens]) -> Any:
         join = stitch_chunks if self.options.vad is None else concat_chunks
