@@ -42,6 +42,7 @@ SAMPLE_RATE = 16_000  # Hz; silero-vad's 16 kHz model
 FRAME_SAMPLES = 512  # samples per VAD frame at 16 kHz (32 ms): silero-vad's window
 NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (silero-vad's hysteresis)
 SPEECH_FRAME_S = 0.02  # resolution of a chunk's speech frames: one Whisper encoder position
+DIGITAL_SILENCE = 1e-4  # |sample| bound of a frame scored 0 without the model (3 LSB of 16-bit audio)
 LOUDNESS_FLOOR_DB = -40.0  # a frame this far below the chunk's loudest frame is a pause, whatever the VAD says
 
 
@@ -261,7 +262,11 @@ def _chunk(start: int, end: int, index: int, probs: np.ndarray, samples: np.ndar
 
 class SileroVad:
     """silero-vad (from the `silero-vad` package; ONNX through onnxruntime when installed, else TorchScript),
-    as a stateful `ProbabilityFn`. Call `reset()` before each new signal."""
+    as a stateful `ProbabilityFn`. Call `reset()` before each new signal.
+
+    Frames of digital silence (every sample within DIGITAL_SILENCE) are scored 0 without running the model, which
+    is reset after them (its state after silence); other frames go through the model one by one (it is recurrent).
+    """
 
     def __init__(self) -> None:
         try:
@@ -277,10 +282,22 @@ class SileroVad:
 
     def reset(self) -> None:
         self.model.reset_states()
+        self._after_silence = False
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         import torch
 
-        x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).view(-1, FRAME_SAMPLES)
+        frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
+        silent = np.abs(frames).max(axis=1, initial=0.0) <= DIGITAL_SILENCE
+        out = np.zeros(len(frames), dtype=np.float32)
+        x = torch.from_numpy(frames)
         with torch.inference_mode():
-            return np.array([float(self.model(frame[None], SAMPLE_RATE)) for frame in x], dtype=np.float32)
+            for index in range(len(frames)):
+                if silent[index]:
+                    self._after_silence = True
+                    continue
+                if self._after_silence:
+                    self.model.reset_states()
+                    self._after_silence = False
+                out[index] = float(self.model(x[index][None], SAMPLE_RATE))
+        return out
