@@ -85,6 +85,14 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
                                               "(segment times from the model). Default: the preset's (on)."),
     chunk_length: Optional[float] = typer.Option(None, help="Seconds per window (at most 30). Default: the "
                                                  "preset's."),
+    chunking: Optional[str] = typer.Option(None, help="vad (speech chunks found by silero-vad; silence skipped) "
+                                           "or stride (overlapping windows stitched at the seams). Default: the "
+                                           "preset's."),
+    word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
+                                                   help="Per-word times in the json output (needs --chunking "
+                                                   "vad). Default: the preset's (off)."),
+    max_words_per_cue: Optional[int] = typer.Option(None, help="srt/vtt cues of at most N words (needs "
+                                                    "--word-timestamps). Default: one cue per segment."),
     num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per step (K). Default: the "
                                                   "preset's, else DecodeOptions'."),
     batch_size: Optional[int] = typer.Option(None, help="Chunks decoded together, across files. "
@@ -127,7 +135,8 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
     overrides = _overrides(model, draft, no_draft, dtype=dtype, language=language, task=task,
                            chunk_length_s=chunk_length, num_draft_tokens=num_draft_tokens, batch_size=batch_size,
                            formats=format, timestamps=timestamps, cuda_graphs=False if no_graphs else None,
-                           no_speech_threshold=no_speech_threshold, logprob_threshold=logprob_threshold)
+                           no_speech_threshold=no_speech_threshold, logprob_threshold=logprob_threshold,
+                           chunking=chunking, word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue)
     if keep_no_speech:
         overrides["no_speech_threshold"] = None
     if ray:

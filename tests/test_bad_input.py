@@ -40,17 +40,17 @@ def model_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @functools.lru_cache(maxsize=None)
-def reference_text(path: Path) -> str:
-    """The tiny target's greedy transcript of `path` in timestamp mode, as the CLI's default preset decodes (its
-    tiny models are the same weights)."""
-    return transcriber(speculative=False, timestamps=True).transcribe(str(path), progress=False)[0].text
+def reference_text(path: Path, chunking: str = "vad") -> str:
+    """The tiny target's greedy transcript of `path` in timestamp mode with VAD chunks, as the CLI's default preset
+    decodes (its tiny models are the same weights)."""
+    return transcriber(speculative=False, timestamps=True, chunking=chunking).transcribe(str(path), progress=False)[0].text
 
 
-def assert_outputs(out_dir: Path, stem: str, source: Path) -> None:
+def assert_outputs(out_dir: Path, stem: str, source: Path, chunking: str = "vad") -> None:
     """All four transcripts of `source` are in `out_dir` as `stem.*` and hold its reference text."""
     assert {p.suffix for p in out_dir.glob(f"{stem}.*")} == FORMATS, sorted(out_dir.iterdir())
     data = json.loads((out_dir / f"{stem}.json").read_text())
-    assert data["text"] == reference_text(source) and data["error"] is None
+    assert data["text"] == reference_text(source, chunking) and data["error"] is None
     lines = [segment["text"].strip() for segment in data["segments"] if segment["text"].strip()]
     assert data["segments"] and (out_dir / f"{stem}.txt").read_text() == "\n".join(lines) + "\n"
 
@@ -165,7 +165,7 @@ def test_dropped_windows_are_the_same_with_a_draft_and_leave_no_text() -> None:
 
 def test_every_window_dropped_gives_an_empty_transcript_exit_0(capsys, tmp_path: Path, model_dirs) -> None:
     out_dir = tmp_path / "out"
-    args = tiny(model_dirs, str(LONG), str(SHORT[0]), "--output-dir", str(out_dir))
+    args = tiny(model_dirs, str(LONG), str(SHORT[0]), "--output-dir", str(out_dir), "--chunking", "stride")
     code, _, err = run_cli(capsys, *args, "--no-speech-threshold", "0", "--logprob-threshold", "0")
     assert code == 0 and "error" not in err
     assert err.strip().splitlines()[-1].endswith(", 5 windows without speech left out")  # 4 + 1 windows
@@ -176,8 +176,8 @@ def test_every_window_dropped_gives_an_empty_transcript_exit_0(capsys, tmp_path:
     assert (out_dir / "long_75s.txt").read_text() == "\n"
     code, _, err = run_cli(capsys, *args, "--keep-no-speech")  # the rule off: decoded and kept as before
     assert code == 0 and "left out" not in err
-    assert_outputs(out_dir, "long_75s", LONG)
-    assert_outputs(out_dir, SHORT[0].stem, SHORT[0])
+    assert_outputs(out_dir, "long_75s", LONG, "stride")
+    assert_outputs(out_dir, SHORT[0].stem, SHORT[0], "stride")
     code, _, err = run_cli(capsys, *args, "--keep-no-speech", "--no-speech-threshold", "0.5")
     assert code == 2
     assert_one_line_error(err, "--keep-no-speech and --no-speech-threshold contradict")
@@ -251,7 +251,7 @@ def test_a_batch_that_cannot_fit_stops_at_once_saying_what_fits(capsys, monkeypa
     with pytest.raises(ResourceError, match="--batch-size 2 fits"):
         engine.decode(_features(), batch_size=4)
     assert len(engine.decode(_features(), batch_size=2)) == 5
-    code, out, err = run_cli(capsys, *tiny(model_dirs, str(LONG), "--batch-size", "8"))  # 4 windows: 4 rows
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(LONG), "--batch-size", "8", "--chunking", "stride"))  # 4 rows
     assert code == 2 and out == ""
     assert_one_line_error(err, "batch of 4 needs", "--batch-size")
 

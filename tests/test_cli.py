@@ -110,7 +110,7 @@ def test_output_dir_writes_the_chosen_formats(capsys, tmp_path: Path, model_dirs
     assert code == 0 and out == ""
     assert sorted(p.name for p in out_dir.iterdir()) == ["long_75s.json", "long_75s.txt"]
     data = json.loads((out_dir / "long_75s.json").read_text())
-    assert data["source"] == str(LONG) and data["text"] and len(data["chunks"]) == 4
+    assert data["source"] == str(LONG) and data["text"] and len(data["chunks"]) == 3  # vad, the presets' default
     assert data["stats"]["drafted_tokens"] > 0 and "acceptance_rate" in data["stats"]
     code, _, _ = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--output-dir", str(out_dir), "--quiet"))
     assert code == 0 and {p.suffix for p in out_dir.glob(f"{SHORT[0].stem}.*")} == {".txt", ".json", ".srt", ".vtt"}
@@ -158,3 +158,22 @@ def test_eval_subcommand_is_wired(capsys, tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, "eval", "--data-dir", str(tmp_path / "nowhere"), "--split", "test.clean")
     assert code == 2
     assert_one_line_error(err, "nowhere")
+
+
+def test_chunking_and_word_timestamps_options(capsys, tmp_path: Path, model_dirs) -> None:
+    out_dir = tmp_path / "words"
+    args = tiny(model_dirs, str(SHORT[0]), "--output-dir", str(out_dir), "--format", "json,srt", "--quiet",
+                "--word-timestamps", "--max-words-per-cue", "2")
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0, err
+    data = json.loads((out_dir / f"{SHORT[0].stem}.json").read_text())
+    words = [w for segment in data["segments"] for w in segment.get("words", [])]
+    assert words and set(words[0]) == {"word", "start", "end", "probability"}
+    cues = (out_dir / f"{SHORT[0].stem}.srt").read_text().count("-->")
+    assert cues >= len(words) / 2
+    code, _, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--chunking", "stride", "--word-timestamps"))
+    assert code == 2
+    assert_one_line_error(err, "word_timestamps need chunking 'vad'")
+    code, _, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--chunking", "silence"))
+    assert code == 2
+    assert_one_line_error(err, "chunking must be one of vad, stride")

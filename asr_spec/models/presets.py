@@ -16,6 +16,10 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
 A preset's draft is used on CUDA; on a CPU the preset decodes greedily unless a draft is asked for explicitly
 (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): there a draft does not pay (README, "Speed").
     language          "en", "english", ...; "auto" = detect per chunk
+    chunking          "vad" (speech chunks found by silero-vad, non-speech skipped, no overlap) or "stride"
+                      (overlapping windows stitched at their seams, as transformers' pipeline does)
+    word_timestamps   true: per-word times (json `words`) from the alignment heads; needs chunking "vad"
+    max_words_per_cue srt/vtt cues of at most this many words (needs word_timestamps); left out = one per segment
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
     dtype             "auto" (float16 on CUDA, float32 on CPU), "float32", "float16" or "bfloat16"
@@ -53,7 +57,8 @@ DEFAULT_PRESET = "base"  # the offline one: works with no network once asr-spec[
 PRESET_SUFFIX = ".toml"
 DTYPES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 # Preset keys that become transcription options (the rest say which models to load, and how)
-OPTION_KEYS = ("chunk_length_s", "stride_length_s", "num_draft_tokens", "language", "timestamps")
+OPTION_KEYS = ("chunk_length_s", "stride_length_s", "num_draft_tokens", "language", "timestamps", "chunking",
+               "word_timestamps", "max_words_per_cue")
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class Preset:
     language: str | None = None  # "auto" in the file = None = detect per chunk
     timestamps: bool | None = None  # Whisper timestamp mode
     dtype: str | None = None
+    chunking: str | None = None  # "vad" or "stride"
+    word_timestamps: bool | None = None
+    max_words_per_cue: int | None = None  # None: one cue per segment
     description: str = ""
     path: Path | None = None  # the TOML file it came from
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from asr_spec.audio.chunking import ChunkingOptions
 from asr_spec.audio.loading import DEFAULT_BLOCK_S, SAMPLE_RATE
+from asr_spec.audio.vad import VadOptions
 from asr_spec.engine import DecodeOptions
 from asr_spec.engine.options import check_int
 from asr_spec.errors import InputError
@@ -21,7 +22,9 @@ __all__ = ["TranscribeOptions"]
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
 _NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
-_TOP_KEYS = ("batch_size", "formats", "block_s")
+_TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "max_words_per_cue")
+_MODE_KEY = "chunking"  # flat key: "vad" or "stride" (sets `vad`)
+CHUNKING_MODES = ("vad", "stride")
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,15 @@ class TranscribeOptions:
     """Everything that decides how inputs are transcribed. Derive variants with `from_values` or `replace`."""
 
     chunking: ChunkingOptions = field(default_factory=ChunkingOptions)  # window and stride lengths
+    # None: stride chunking (overlapping windows, stitched); else voice-activity chunks of at most one window
+    vad: VadOptions | None = None
     decode: DecodeOptions = field(default_factory=DecodeOptions)  # language, task, timestamps, drafting
     no_speech: NoSpeechRule = field(default_factory=NoSpeechRule)  # Whisper's rule for windows without speech
     batch_size: int = 8  # chunks decoded together (engine rows); they may come from different inputs
     formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
     block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
+    word_timestamps: bool = False  # per-word times from the alignment heads (needs vad chunking)
+    max_words_per_cue: int | None = None  # srt/vtt: cues of at most this many words (needs word_timestamps)
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -41,7 +48,12 @@ class TranscribeOptions:
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """The flat option names `from_values` takes."""
-        return _CHUNKING_KEYS + _DECODE_KEYS + _NO_SPEECH_KEYS + _TOP_KEYS
+        return (_MODE_KEY,) + _CHUNKING_KEYS + _DECODE_KEYS + _NO_SPEECH_KEYS + _TOP_KEYS
+
+    @property
+    def chunking_mode(self) -> str:
+        """"vad" or "stride"."""
+        return "stride" if self.vad is None else "vad"
 
     @classmethod
     def from_values(cls, base: TranscribeOptions | None = None, **values: Any) -> TranscribeOptions:
@@ -58,9 +70,11 @@ class TranscribeOptions:
             values["language"] = None
         decode = {k: values[k] for k in _DECODE_KEYS if k in values}
         try:
+            chunking = dataclasses.replace(base.chunking, **{k: values[k] for k in _CHUNKING_KEYS if k in values})
             return dataclasses.replace(
                 base,
-                chunking=dataclasses.replace(base.chunking, **{k: values[k] for k in _CHUNKING_KEYS if k in values}),
+                chunking=chunking,
+                vad=_vad(values.get(_MODE_KEY, base.chunking_mode), base.vad, chunking.chunk_length_s),
                 decode=dataclasses.replace(base.decode, **decode),
                 no_speech=dataclasses.replace(base.no_speech, **{k: values[k] for k in _NO_SPEECH_KEYS if k in values}),
                 **{k: values[k] for k in _TOP_KEYS if k in values},
@@ -71,6 +85,16 @@ class TranscribeOptions:
             raise InputError(str(err)) from err
 
 
+def _vad(mode: Any, vad: VadOptions | None, chunk_length_s: float) -> VadOptions | None:
+    """The VadOptions of chunking `mode`; a vad chunk is at most one window long."""
+    if mode not in CHUNKING_MODES:
+        raise InputError(f"chunking must be one of {', '.join(CHUNKING_MODES)}, got {mode!r}")
+    if mode == "stride":
+        return None
+    return dataclasses.replace(VadOptions() if vad is None else vad, max_chunk_s=chunk_length_s)
+
+
+
 def _verify_options(options: TranscribeOptions) -> None:
     """All checks of TranscribeOptions in one place (the nested options check themselves)."""
     if not isinstance(options.chunking, ChunkingOptions):
@@ -78,6 +102,24 @@ def _verify_options(options: TranscribeOptions) -> None:
     if options.chunking.sampling_rate != SAMPLE_RATE:
         rate = options.chunking.sampling_rate
         raise InputError(f"chunking.sampling_rate must be Whisper's {SAMPLE_RATE} Hz, got {rate}")
+    if options.vad is not None:
+        if not isinstance(options.vad, VadOptions):
+            raise InputError(f"vad must be a VadOptions or None, got {type(options.vad).__name__}")
+        if options.chunking.stride_length_s is not None:
+            raise InputError("stride_length_s applies to chunking 'stride' only (vad chunks do not overlap)")
+        if options.vad.max_chunk_s != options.chunking.chunk_length_s:
+            raise InputError(f"vad.max_chunk_s ({options.vad.max_chunk_s}) must equal chunk_length_s "
+                             f"({options.chunking.chunk_length_s})")
+    if not isinstance(options.word_timestamps, bool):
+        raise InputError(f"word_timestamps must be true or false, got {options.word_timestamps!r}")
+    if options.word_timestamps and options.vad is None:
+        raise InputError("word_timestamps need chunking 'vad' (stride chunks overlap, so their words cannot be "
+                         "aligned one chunk at a time)")
+    cue = options.max_words_per_cue
+    if cue is not None:
+        check_int(cue, "max_words_per_cue", 1, InputError)
+    if cue is not None and not options.word_timestamps:
+        raise InputError("max_words_per_cue needs word_timestamps")
     if not isinstance(options.decode, DecodeOptions):
         raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
     if not isinstance(options.no_speech, NoSpeechRule):

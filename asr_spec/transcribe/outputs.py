@@ -51,6 +51,8 @@ class TranscriptSegment:
     start_s: float
     end_s: float
     text: str
+    words: tuple[Any, ...] = ()  # WordTiming-like (word, start, end, probability) when word timestamps were asked
+
 
 
 def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
@@ -162,10 +164,32 @@ def render_json(result: Any) -> str:
 
 def _segment_dict(item: Any, index: int) -> dict[str, Any]:
     if isinstance(item, Mapping):
-        return dict(item)
-    if dataclasses.is_dataclass(item) and not isinstance(item, type):
-        return dataclasses.asdict(item)
-    return {name: _field(item, name, index) for name in ("start_s", "end_s", "text")}
+        out = dict(item)
+    elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+        out = dataclasses.asdict(item)
+    else:
+        out = {name: _field(item, name, index) for name in ("start_s", "end_s", "text")}
+    if "words" in out and not out["words"]:
+        del out["words"]  # no word timestamps asked: the json stays as it was
+    return out
+
+
+def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> list[TranscriptSegment]:
+    """Caption cues: one per segment, or with `max_words` cues of at most that many words of a segment (times
+    from the first word's start to the last word's end; a segment without words stays one cue)."""
+    segments = _segments(result, fmt)
+    if max_words is None:
+        return segments
+    cues = []
+    for segment, raw in zip(segments, result["segments"]):
+        words = [w if isinstance(w, Mapping) else dataclasses.asdict(w) for w in _field(raw, "words", 0)]
+        if not words:
+            cues.append(segment)
+        for i in range(0, len(words), max_words):
+            group = words[i : i + max_words]
+            text = "".join(str(w["word"]) for w in group).strip()
+            cues.append(TranscriptSegment(float(group[0]["start"]), float(group[-1]["end"]), text))
+    return cues
 
 
 def _cue_text(text: str) -> str:
@@ -174,10 +198,11 @@ def _cue_text(text: str) -> str:
     return "\n".join(line for line in lines if line).replace("-->", "->")
 
 
-def render_srt(result: Any) -> str:
-    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out."""
+def render_srt(result: Any, max_words_per_cue: int | None = None) -> str:
+    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out. With
+    `max_words_per_cue`, cues of at most that many words (from each segment's `words`)."""
     blocks = []
-    for segment in _segments(_as_dict(result), "srt"):
+    for segment in _word_cues(_as_dict(result), "srt", max_words_per_cue):
         text = _cue_text(segment.text)
         if text:
             timing = f"{format_timestamp(segment.start_s)} --> {format_timestamp(segment.end_s)}"
@@ -185,10 +210,11 @@ def render_srt(result: Any) -> str:
     return "\n".join(blocks)
 
 
-def render_vtt(result: Any) -> str:
-    """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``, ``&`` / ``<`` / ``>`` escaped."""
+def render_vtt(result: Any, max_words_per_cue: int | None = None) -> str:
+    """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``, ``&`` / ``<`` / ``>`` escaped; cues as
+    in `render_srt`."""
     blocks = ["WEBVTT\n"]
-    for segment in _segments(_as_dict(result), "vtt"):
+    for segment in _word_cues(_as_dict(result), "vtt", max_words_per_cue):
         text = _cue_text(segment.text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         if text:
             timing = f"{format_timestamp(segment.start_s, '.')} --> {format_timestamp(segment.end_s, '.')}"
@@ -252,7 +278,8 @@ def parse_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def write_outputs(
-    result: Any, out_dir: str | os.PathLike[str], stem: str, formats: Iterable[str]
+    result: Any, out_dir: str | os.PathLike[str], stem: str, formats: Iterable[str],
+    max_words_per_cue: int | None = None,
 ) -> dict[str, Path]:
     """Write ``result`` as ``out_dir/stem.<fmt>`` for each format; returns ``{fmt: path}``.
 
@@ -262,7 +289,8 @@ def write_outputs(
     chosen = parse_formats(formats)
     if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
         raise InputError(f"stem must be a plain file name without folders, got {stem!r}")
-    rendered = {fmt: FORMATS[fmt](result) for fmt in chosen}
+    cue_words = {"max_words_per_cue": max_words_per_cue} if max_words_per_cue is not None else {}
+    rendered = {fmt: FORMATS[fmt](result, **(cue_words if fmt in ("srt", "vtt") else {})) for fmt in chosen}
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     written = {}

@@ -41,6 +41,7 @@ __all__ = [
     "overlap_cut",
     "merge_overlapping",
     "stitch_chunks",
+    "concat_chunks",
 ]
 
 TIME_PRECISION_S = 0.02  # seconds per timestamp token: 30 s window / 1500 encoder positions
@@ -74,6 +75,8 @@ class StitchResult:
     # True when the segment times come from Whisper's timestamp tokens; False when no chunk had any and each
     # segment is one chunk's share of the text spanning that chunk's unstrided middle (an approximation).
     timestamped: bool = field(default=True)
+    # concat_chunks only: the index of the chunk each segment came from (one per segment)
+    segment_chunks: tuple[int, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -222,6 +225,38 @@ def _walk_chunk(
         state.start_s, state.pieces = None, []
 
 
+def concat_chunks(
+    chunks: Sequence[ChunkTokens],
+    *,
+    eot_id: int,
+    timestamp_begin_id: int,
+    time_precision_s: float = TIME_PRECISION_S,
+    sampling_rate: int = 16_000,
+) -> StitchResult:
+    """Transcript of chunks that do not overlap (voice-activity chunks): each chunk's segments, offset by its start
+    and kept inside it, concatenated; no text is merged across chunks. A segment Whisper leaves open ends with its
+    chunk; a chunk without timestamps is one segment spanning it."""
+    _verify_stitch_args(chunks, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
+    segments: list[Segment] = []
+    owners: list[int] = []
+    for index, chunk in enumerate(chunks):
+        if chunk.span.stride_left_samples or chunk.span.stride_right_samples:
+            raise InputError(f"chunk {index}: concat_chunks takes chunks without strides (use stitch_chunks)")
+        state, found = _OpenSegment(), []
+        _walk_chunk(chunk, state, found, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
+        end_s = _round_ms(chunk.span.end_sample / sampling_rate)
+        if state.pieces:
+            start_s = state.start_s if state.start_s is not None else (
+                found[-1].end_s if found else _round_ms(chunk.span.start_sample / sampling_rate))
+            found.append(Segment(start_s, end_s, tuple(token for piece in state.pieces for token in piece)))
+        found = _monotonic(found, end_s, floor_s=_round_ms(chunk.span.start_sample / sampling_rate))
+        segments.extend(found)
+        owners.extend([index] * len(found))
+    timestamped = any(token >= timestamp_begin_id for chunk in chunks for token in chunk.token_ids)
+    token_ids = tuple(token for segment in segments for token in segment.token_ids)
+    return StitchResult(token_ids, tuple(_monotonic(segments)), timestamped, tuple(owners))
+
+
 def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate: int) -> StitchResult:
     texts = [[token for token in chunk.token_ids if token < eot_id] for chunk in chunks]
     spoken = [(chunk, text) for chunk, text in zip(chunks, texts) if text]  # empty chunks take no part in merging
@@ -237,11 +272,10 @@ def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate:
     return StitchResult(token_ids=tuple(merged), segments=tuple(_monotonic(segments)), timestamped=False)
 
 
-def _monotonic(segments: list[Segment], file_end_s: float = float("inf")) -> list[Segment]:
+def _monotonic(segments: list[Segment], file_end_s: float = float("inf"), floor_s: float = 0.0) -> list[Segment]:
     """Clamp times so that each segment starts no earlier than the previous one ends, ends after it starts, and
     stays inside the file (a short last window is padded to 30 s, so its timestamps can point past the audio)."""
     out: list[Segment] = []
-    floor_s = 0.0
     for segment in segments:
         start_s = min(max(segment.start_s, floor_s), file_end_s)
         end_s = min(max(segment.end_s, start_s), file_end_s)

@@ -1,7 +1,9 @@
 """Transcriber: wires the stages together for many (long) inputs at once; no maths of its own.
 
-    paths / arrays ──stream_audio──► blocks ──ChunkingOptions.iter──► (span, samples) ──FeatureBatcher──►
-    ChunkRequest((file, chunk), features) ──Engine.run──► ChunkResult ──regroup per file──► stitch_chunks ──► text
+    paths / arrays ──stream_audio──► blocks ──ChunkingOptions.iter / iter_vad_chunks──► (span, samples)
+    ──FeatureBatcher──► ChunkRequest((file, chunk), features) ──Engine.run──► ChunkResult ──regroup per file──►
+    stitch_chunks (stride: overlapping windows) / concat_chunks (vad: disjoint speech chunks) ──► text
+    [word timestamps: each finished chunk's text, teacher-forced once more through the target (Aligner)]
 
 The chunks of *all* inputs go through one lazy generator into one `Engine.run`, so the batch stays full across
 file boundaries and a 2-hour file is never held whole: the engine pulls chunks as rows free up, and the generator
@@ -27,6 +29,7 @@ import torch
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio, stream_audio
+from asr_spec.audio.vad import SPEECH_FRAME_S, SileroVad, SpeechSpan, iter_vad_chunks
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.engine.memory import MAX_ENCODE_BATCH
 from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
@@ -35,7 +38,8 @@ from asr_spec.transcribe.options import TranscribeOptions
 from asr_spec.transcribe.nospeech import NO_SPEECH
 from asr_spec.transcribe.outputs import TranscriptSegment, output_stems, prepare_output_dir, write_outputs
 from asr_spec.transcribe.results import ChunkReport, Transcription
-from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
+from asr_spec.transcribe.alignment import Aligner, WordTiming
+from asr_spec.transcribe.stitch import ChunkTokens, concat_chunks, stitch_chunks
 
 __all__ = ["Transcriber"]
 
@@ -56,6 +60,7 @@ class _Input:
     expected_s: float = 0.0  # progress estimate (header duration); 0 when unknown
     spans: list[ChunkSpan] = field(default_factory=list)
     results: dict[int, ChunkResult] = field(default_factory=dict)
+    words: dict[int, list[list[WordTiming]]] = field(default_factory=dict)  # per chunk, per segment
     n_samples: int = 0
     read_done: bool = False
     error: str | None = None
@@ -158,6 +163,11 @@ class Transcriber:
         self.features = FeatureBatcher(processor.feature_extractor, device=self.device, dtype=target.dtype)
         self.engine = Engine(self.target, self.draft, self.options.decode)  # checks the pair and language now
         self.tokens = self.engine.tokens
+        self._vad: SileroVad | None = None  # loaded at the first input chunked by voice activity
+        self._encoded: dict[tuple[int, int], torch.Tensor] = {}  # word timestamps: encoder outputs in flight
+        self.aligner = None if not self.options.word_timestamps else Aligner(
+            self.target, self.tokens.eot, self.tokens.no_timestamps,
+            lambda token: self.tokenizer.decode([token], skip_special_tokens=False))
         self._code_of = {token_id: token.strip("<|>") for token, token_id in self.tokens.lang_to_id.items()}
 
     # -- construction ---------------------------------------------------------------------------------------------
@@ -197,7 +207,10 @@ class Transcriber:
             known = ", ".join(model_keys + TranscribeOptions.keys())
             raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {known})")
         chosen = {key: overrides.pop(key) for key in model_keys if key in overrides}
-        base = TranscribeOptions.from_values(**preset.option_values())
+        try:
+            base = TranscribeOptions.from_values(**preset.option_values())
+        except InputError as err:  # a value of the preset's own: name its file
+            raise InputError(f"{preset.path or 'preset ' + preset.name}: {one_line(err)}") from err
         options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
         if "draft" in chosen:
             draft = chosen["draft"]
@@ -253,9 +266,12 @@ class Transcriber:
         try:
             for result in self.engine.run(self._requests(inputs, rows), rows):
                 item = inputs[result.id[0]]
+                encoded = self._encoded.pop(result.id, None)
                 if item is not None and item.error is None:  # None: failed and already reported
                     item.results[result.id[1]] = result
                     span = item.spans[result.id[1]]
+                    if self.aligner is not None:
+                        item.words[result.id[1]] = self._align(result, span, encoded)
                     seconds = (span.keep_end_sample - span.keep_start_sample) / SAMPLE_RATE
                     item.progress_s += seconds
                     bar.advance(seconds)
@@ -276,10 +292,9 @@ class Transcriber:
         for item in inputs:
             item.started = time.perf_counter()
             try:
-                for span, samples in self.options.chunking.iter(self._blocks(item)):
+                for span, samples in self._chunks(self._blocks(item), item):
                     pending.append(((item.index, len(item.spans)), samples))
                     item.spans.append(span)
-                    item.n_samples = span.end_sample
                     if len(pending) == min(batch_size, MAX_ENCODE_BATCH):  # bounded features in flight
                         yield from self._featurise(pending)
                         pending = []
@@ -290,15 +305,46 @@ class Transcriber:
             yield from self._featurise(pending)
 
     def _blocks(self, item: _Input) -> Iterator[np.ndarray]:
-        """16 kHz mono blocks of one input: files stream, in-memory sources come as one block."""
+        """16 kHz mono blocks of one input (files stream, in-memory sources come as one block), counted into
+        `item.n_samples`."""
         if isinstance(item.source, (str, os.PathLike)):
-            return stream_audio(item.source, self.options.block_s)
-        return iter([load_audio(item.source)])
+            blocks = stream_audio(item.source, self.options.block_s)
+        else:
+            blocks = iter([load_audio(item.source)])
+        for block in blocks:
+            item.n_samples += len(block)
+            yield block
+
+    def _chunks(self, blocks: Iterator[np.ndarray], item: _Input) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
+        """(span, samples) of one input: overlapping windows, or speech chunks found by the VAD."""
+        if self.options.vad is None:
+            return self.options.chunking.iter(blocks)
+        if self._vad is None:
+            self._vad = SileroVad()
+        self._vad.reset()
+        return iter_vad_chunks(blocks, self.options.vad, self._vad)
 
     def _featurise(self, pending: list[tuple[tuple[int, int], np.ndarray]]) -> Iterator[ChunkRequest]:
         features = self.features([samples for _, samples in pending])  # (B, n_mels, 3000)
-        for (chunk_id, _), row in zip(pending, features):
-            yield ChunkRequest(chunk_id, row)
+        if self.aligner is None:
+            yield from (ChunkRequest(chunk_id, row) for (chunk_id, _), row in zip(pending, features))
+            return
+        encoded = self.engine.encode(features, len(pending))  # kept for the alignment pass after decoding
+        for (chunk_id, _), row, enc in zip(pending, features, encoded):
+            self._encoded[chunk_id] = enc
+            yield ChunkRequest(chunk_id, row, enc)
+
+    def _align(self, result: ChunkResult, span: ChunkSpan, encoded: torch.Tensor) -> list[list[WordTiming]]:
+        """Words of each segment of one finished chunk (the segments `concat_chunks` gives it), in file time."""
+        segments = self._stitch([ChunkTokens(result.tokens, span)]).segments
+        speech = (span.speech, SPEECH_FRAME_S) if isinstance(span, SpeechSpan) else None
+        return self.aligner.align(encoded, result.prompt, [s.token_ids for s in segments], span.n_samples,
+                                  span.start_sample / SAMPLE_RATE, speech)
+
+    def _stitch(self, chunks: list[ChunkTokens]) -> Any:
+        join = stitch_chunks if self.options.vad is None else concat_chunks
+        return join(chunks, eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
+                    sampling_rate=SAMPLE_RATE)
 
     def _finish(self, item: _Input, bar: _Progress, output_dir: str | os.PathLike | None) -> Transcription:
         bar.advance(item.expected_s - item.progress_s)  # a failed or mis-estimated input: settle its share
@@ -307,27 +353,31 @@ class Transcriber:
         if item.error is not None:
             return Transcription(item.name, "", (), None, None, audio_s, wall_s, (), error=item.error)
         results = [item.results[i] for i in range(len(item.spans))]
-        transcription = self.assemble(item.name, item.spans, results, audio_s, wall_s)
+        words = [item.words[i] for i in range(len(item.spans))] if self.aligner is not None else None
+        transcription = self.assemble(item.name, item.spans, results, audio_s, wall_s, words)
         if output_dir is not None:
             try:
-                write_outputs(transcription, output_dir, item.stem, self.options.formats)
+                write_outputs(transcription, output_dir, item.stem, self.options.formats,
+                              self.options.max_words_per_cue)
             except INPUT_ERRORS as err:
                 cause = one_line(err)
                 return dataclasses.replace(transcription, error=f"cannot write outputs to {output_dir} ({cause})")
         return transcription
 
     def assemble(self, source: str, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], audio_s: float,
-                 wall_s: float) -> Transcription:
+                 wall_s: float, chunk_words: Sequence[Sequence[Sequence[WordTiming]]] | None = None) -> Transcription:
         """The `Transcription` of one input from its chunks' spans and engine results (both in chunk order):
         stitched text and segments, language, summed statistics. Used per file here and per request by the
-        server (`asr_spec.serve`)."""
-        # a window dropped by the no-speech rule contributes no text and no segment
+        server (`asr_spec.serve`). chunk_words: per chunk, the words of each of its segments (word timestamps)."""
+        # a window dropped by the no-speech rule contributes no text, no segment and no word
         dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self._decode(r.tokens))
                    for r in results]
-        stitched = stitch_chunks([ChunkTokens(() if drop else r.tokens, span)
-                                  for r, span, drop in zip(results, spans, dropped)],
-                                 eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
-                                 sampling_rate=SAMPLE_RATE)
+        stitched = self._stitch([ChunkTokens(() if drop else r.tokens, span)
+                                 for r, span, drop in zip(results, spans, dropped)])
+        if chunk_words is None:
+            words: list[Sequence[WordTiming]] = [()] * len(stitched.segments)
+        else:  # one list per segment, chunk by chunk: the order concat_chunks gives the segments
+            words = [w for chunk, drop in zip(chunk_words, dropped) if not drop for w in chunk]
         languages = [self._language(r) for r in results]
         reports = tuple(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, lang,
                                     r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob,
@@ -337,7 +387,8 @@ class Transcriber:
         return Transcription(
             source=source,
             text=self._decode(stitched.token_ids),
-            segments=tuple(TranscriptSegment(s.start_s, s.end_s, self._decode(s.token_ids)) for s in stitched.segments),
+            segments=tuple(TranscriptSegment(s.start_s, s.end_s, self._decode(s.token_ids), tuple(w))
+                           for s, w in zip(stitched.segments, words)),
             language=Counter(spoken).most_common(1)[0][0] if spoken else None,
             stats=ChunkStats.total(r.stats for r in results),
             audio_s=audio_s, wall_s=wall_s, chunks=reports, timestamped=stitched.timestamped,

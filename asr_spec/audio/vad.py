@@ -1,0 +1,307 @@
+"""Voice-activity chunking: cut a long signal into speech chunks of at most one window, skipping non-speech.
+
+    blocks ──SileroVad──► speech probability per 32 ms frame ──speech_regions──► regions (frames)
+           ──split_long_regions──► regions no longer than a window ──pad_regions──► sample ranges
+           ──pack_regions──► chunks: contiguous spans [first region start, last region end) of at most one window
+
+A chunk is a contiguous stretch of the file, so chunk-relative times map back to file time by adding the chunk's
+start sample, exactly, and chunks never overlap (no stitching). Neighbouring regions are merged into one chunk
+while the span still fits the window; when the next region does not fit, the chunk is cut at its longest pause
+(preferring pauses that leave the chunk at least half a window long, so chunks stay few). A single region longer
+than a window (no pause of `min_silence_s` inside) is split at its quietest frame.
+
+Everything below `SileroVad` is pure (numpy on plain arrays) and tested without the model. Units: `_frames` are
+VAD frames of `FRAME_SAMPLES` samples, `_samples` are 16 kHz samples, `_s` seconds.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from asr_spec.audio.chunking import CHUNK_LENGTH_S, ChunkSpan
+from asr_spec.errors import InputError
+
+__all__ = [
+    "FRAME_SAMPLES",
+    "SileroVad",
+    "SpeechSpan",
+    "VadOptions",
+    "iter_vad_chunks",
+    "pack_regions",
+    "pad_regions",
+    "plan_vad_chunks",
+    "speech_regions",
+    "split_long_regions",
+]
+
+SAMPLE_RATE = 16_000  # Hz; silero-vad's 16 kHz model
+FRAME_SAMPLES = 512  # samples per VAD frame at 16 kHz (32 ms): silero-vad's window
+NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (silero-vad's hysteresis)
+SPEECH_FRAME_S = 0.02  # resolution of a chunk's speech frames: one Whisper encoder position
+DIGITAL_SILENCE = 1e-4  # |sample| bound of a frame scored 0 without the model (3 LSB of 16-bit audio)
+LOUDNESS_FLOOR_DB = -40.0  # a frame this far below the chunk's loudest frame is a pause, whatever the VAD says
+
+
+@dataclass(frozen=True)
+class VadOptions:
+    """How speech is found and packed into chunks. Validated once, here."""
+
+    threshold: float = 0.5  # speech probability that starts speech (it ends below threshold - 0.15)
+    min_speech_s: float = 0.25  # shorter bursts are dropped
+    min_silence_s: float = 0.1  # shorter pauses are bridged (the places a chunk may be cut)
+    speech_pad_s: float = 0.2  # added to each side of a region (at most half the pause to its neighbour)
+    max_chunk_s: float = CHUNK_LENGTH_S  # a chunk's longest span: the window length
+
+    def __post_init__(self) -> None:
+        _verify_options(self)
+
+    @property
+    def max_chunk_samples(self) -> int:
+        return int(round(self.max_chunk_s * SAMPLE_RATE))
+
+    @property
+    def pad_samples(self) -> int:
+        return int(round(self.speech_pad_s * SAMPLE_RATE))
+
+    def frames(self, seconds: float) -> int:
+        return int(math.ceil(seconds * SAMPLE_RATE / FRAME_SAMPLES))
+
+
+def _verify_options(options: VadOptions) -> None:
+    def number(name: str) -> float:
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InputError(f"vad {name} must be a finite number, got {value!r}")
+        return value
+
+    if not 0 < number("threshold") < 1:
+        raise InputError(f"vad threshold must be in (0, 1), got {options.threshold!r}")
+    for name in ("min_speech_s", "min_silence_s", "speech_pad_s"):
+        if number(name) < 0:
+            raise InputError(f"vad {name} must be >= 0 seconds, got {getattr(options, name)!r}")
+    if not 1.0 <= number("max_chunk_s") <= CHUNK_LENGTH_S:
+        raise InputError(f"vad max_chunk_s must be in [1, {CHUNK_LENGTH_S:g}] seconds, got {options.max_chunk_s!r}")
+    if 2 * options.speech_pad_s >= options.max_chunk_s / 2:
+        raise InputError(f"vad speech_pad_s ({options.speech_pad_s}) must be under a quarter of max_chunk_s")
+
+
+@dataclass(frozen=True)
+class SpeechSpan(ChunkSpan):
+    """A voice-activity chunk: a `ChunkSpan` without strides, with the VAD's view of it."""
+
+    # (F,) bool: which SPEECH_FRAME_S frames of the chunk are speech (see speech_frames)
+    speech: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), compare=False, repr=False)
+
+
+# -- pure planning ---------------------------------------------------------------------------------------------
+
+def speech_regions(probs: np.ndarray, options: VadOptions) -> np.ndarray:
+    """(n_frames,) speech probabilities -> (R, 2) int64 [start, end) frame ranges of speech, in order.
+
+    Hysteresis: speech starts at a frame >= threshold and lasts until a frame < threshold - 0.15; pauses shorter
+    than min_silence_s are bridged, then regions shorter than min_speech_s dropped.
+    """
+    p = np.asarray(probs, dtype=np.float32)
+    if p.ndim != 1:
+        raise InputError(f"speech_regions: probabilities must be 1-D, got shape {p.shape}")
+    on, off = p >= options.threshold, p < options.threshold - NEG_THRESHOLD_GAP
+    event = np.arange(len(p)) * (on | off) - ~(on | off)  # frame index where the state is decided, else -1
+    last = np.maximum.accumulate(event) if len(p) else event
+    speech = (last >= 0) & on[np.maximum(last, 0)]
+    edges = np.diff(np.concatenate([[0], speech.astype(np.int8), [0]]))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if len(starts) > 1:  # bridge short pauses
+        keep = (starts[1:] - ends[:-1]) >= options.frames(options.min_silence_s)
+        starts, ends = starts[np.concatenate([[True], keep])], ends[np.concatenate([keep, [True]])]
+    long_enough = (ends - starts) >= options.frames(options.min_speech_s)
+    return np.stack([starts[long_enough], ends[long_enough]], axis=1).astype(np.int64).reshape(-1, 2)
+
+
+def split_long_regions(regions: np.ndarray, probs: np.ndarray, max_frames: int) -> np.ndarray:
+    """Split every region longer than `max_frames` at its quietest frame, each piece between half and all of
+    `max_frames` long (the last piece may be shorter). regions: (R, 2) frames -> (R', 2) frames."""
+    out: list[tuple[int, int]] = []
+    for start, end in np.asarray(regions, dtype=np.int64).reshape(-1, 2).tolist():
+        while end - start > max_frames:
+            window = probs[start + max_frames // 2 : start + max_frames]
+            cut = start + max_frames // 2 + int(np.argmin(window))
+            out.append((start, cut))
+            start = cut
+        out.append((start, end))
+    return np.asarray(out, dtype=np.int64).reshape(-1, 2)
+
+
+def pad_regions(regions: np.ndarray, pad_samples: int, n_samples: int) -> np.ndarray:
+    """Widen each [start, end) sample range by `pad_samples` per side, by at most half the pause to its
+    neighbours, within [0, n_samples). (R, 2) -> (R, 2) samples."""
+    r = np.asarray(regions, dtype=np.int64).reshape(-1, 2)
+    gaps = np.maximum(r[1:, 0] - r[:-1, 1], 0)
+    room_before = np.concatenate([[pad_samples], gaps // 2])
+    room_after = np.concatenate([gaps - gaps // 2, [pad_samples]])
+    start = np.maximum(r[:, 0] - np.minimum(pad_samples, room_before), 0)
+    end = np.minimum(r[:, 1] + np.minimum(pad_samples, room_after), n_samples)
+    return np.stack([start, np.maximum(end, start)], axis=1).reshape(-1, 2)
+
+
+def pack_regions(regions: np.ndarray, max_samples: int) -> list[tuple[int, int]]:
+    """Pack ordered, non-overlapping [start, end) ranges (each at most `max_samples`) into chunks
+    [first start, last end) of at most `max_samples`. The last chunk is the one still growing when more regions
+    may follow (see `iter_vad_chunks`)."""
+    chunks: list[tuple[int, int]] = []
+    group: list[tuple[int, int]] = []
+    for region in np.asarray(regions, dtype=np.int64).reshape(-1, 2).tolist():
+        while group and region[1] - group[0][0] > max_samples:
+            n_keep = _cut_index(group + [region], max_samples)
+            chunks.append((group[0][0], group[n_keep - 1][1]))
+            group = group[n_keep:]
+        group.append((region[0], region[1]))
+    if group:
+        chunks.append((group[0][0], group[-1][1]))
+    return chunks
+
+
+def _cut_index(group: list[tuple[int, int]], max_samples: int) -> int:
+    """How many leading regions of `group` make the next chunk: cut at the longest pause that leaves the chunk
+    within `max_samples`, preferring chunks of at least half of it."""
+    starts = np.array([g[0] for g in group])
+    ends = np.array([g[1] for g in group])
+    gaps = starts[1:] - ends[:-1]  # pause before region i + 1
+    span = ends[:-1] - starts[0]  # chunk length when cut after region i
+    fits = span <= max_samples
+    candidates = fits & (span >= max_samples // 2)
+    if not candidates.any():
+        candidates = fits
+    score = np.where(candidates, gaps, -1)
+    return int(len(score) - np.argmax(score[::-1]))  # the latest of the longest pauses; a cut after index i
+
+
+def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> list[tuple[int, int]]:
+    """The whole plan: (n_frames,) probabilities of a signal of `n_samples` -> [start, end) sample spans."""
+    max_frames = max((options.max_chunk_samples - 2 * options.pad_samples) // FRAME_SAMPLES, 1)
+    regions = split_long_regions(speech_regions(probs, options), probs, max_frames)
+    samples = np.minimum(regions * FRAME_SAMPLES, n_samples)
+    return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples)
+
+
+def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: int, threshold: float) -> np.ndarray:
+    """(F,) bool: which SPEECH_FRAME_S frames of a chunk are speech: the VAD frame covering them is
+    at least `threshold` and their RMS is within LOUDNESS_FLOOR_DB of the chunk's loudest frame (silero's
+    probability lingers for a few hundred ms after a word; the loudness marks the pause itself).
+
+    samples: (n,) the chunk; probs: (m,) VAD frames, frame 0 starting `probs_start_sample` samples into it (<= 0)."""
+    frame = int(SPEECH_FRAME_S * SAMPLE_RATE)
+    n_frames = len(samples) // frame
+    if not n_frames:
+        return np.zeros(0, bool)
+    rms = np.sqrt(np.mean(samples[: n_frames * frame].reshape(n_frames, frame).astype(np.float64) ** 2, axis=1))
+    loud = rms > rms.max() * 10 ** (LOUDNESS_FLOOR_DB / 20)
+    vad_index = np.minimum((np.arange(n_frames) * frame - probs_start_sample) // FRAME_SAMPLES, len(probs) - 1)
+    voiced = probs[np.maximum(vad_index, 0)] >= threshold if len(probs) else np.zeros(n_frames, bool)
+    return loud & voiced
+
+
+# -- streaming -------------------------------------------------------------------------------------------------
+
+ProbabilityFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) probs
+
+
+def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
+                    probabilities: ProbabilityFn) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
+    """Stream `(span, samples)` speech chunks of a stream of 1-D 16 kHz blocks (see the module docstring).
+
+    `probabilities` is called on whole frames in order (a stateful VAD keeps its state between calls). A chunk is
+    yielded once no later audio can change it; samples before the earliest start a later chunk could have are
+    dropped, so a long file is held only from the current chunk on (plus one block). Equal to
+    `plan_vad_chunks(probabilities(whole signal), n, options)`.
+    """
+    held = np.zeros(0, dtype=np.float32)  # samples [held_start, held_start + len(held))
+    held_start, n_samples, n_done = 0, 0, 0
+    probs = np.zeros(0, dtype=np.float32)
+    tail = np.zeros(0, dtype=np.float32)  # samples not yet a whole frame
+    lookback_frames = options.frames(options.min_speech_s + options.speech_pad_s) + 1
+    for block in blocks:
+        block = np.asarray(block, dtype=np.float32)
+        if block.ndim != 1:
+            raise InputError(f"iter_vad_chunks: blocks must be 1-D sample arrays, got shape {block.shape}")
+        n_samples += len(block)
+        held, tail = np.concatenate([held, block]), np.concatenate([tail, block])
+        n_whole = len(tail) // FRAME_SAMPLES * FRAME_SAMPLES
+        probs = np.concatenate([probs, np.asarray(probabilities(tail[:n_whole]), dtype=np.float32)])
+        tail = tail[n_whole:]
+        # Every chunk but the last of the plan so far is final: later audio only extends or adds regions after it.
+        plan = plan_vad_chunks(probs, len(probs) * FRAME_SAMPLES, options)
+        for start, end in plan[n_done:-1]:
+            yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
+            n_done += 1
+        # A later chunk starts no earlier than the last planned one, or than a burst too short to count yet.
+        keep_from = (len(probs) - lookback_frames) * FRAME_SAMPLES
+        keep_from = max(min(plan[-1][0] if plan else keep_from, keep_from), held_start)
+        held, held_start = held[keep_from - held_start :], keep_from
+    if len(tail):  # the last partial frame, zero-padded as silero-vad does
+        padded = np.pad(tail, (0, FRAME_SAMPLES - len(tail)))
+        probs = np.concatenate([probs, np.asarray(probabilities(padded), dtype=np.float32)])
+    for start, end in plan_vad_chunks(probs, n_samples, options)[n_done:]:
+        yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
+        n_done += 1
+
+
+def _chunk(start: int, end: int, index: int, probs: np.ndarray, samples: np.ndarray,
+           options: VadOptions) -> tuple[SpeechSpan, np.ndarray]:
+    first = start // FRAME_SAMPLES
+    speech = speech_frames(samples, probs[first : -(-end // FRAME_SAMPLES)], first * FRAME_SAMPLES - start,
+                           options.threshold)
+    span = SpeechSpan(int(start), int(end), 0, 0, is_first=index == 0, is_last=False, speech=speech)
+    return span, samples.copy()
+
+
+# -- the model -------------------------------------------------------------------------------------------------
+
+class SileroVad:
+    """silero-vad (from the `silero-vad` package; ONNX through onnxruntime when installed, else TorchScript),
+    as a stateful `ProbabilityFn`. Call `reset()` before each new signal.
+
+    Frames of digital silence (every sample within DIGITAL_SILENCE) are scored 0 without running the model, which
+    is reset after them (its state after silence); other frames go through the model one by one (it is recurrent).
+    """
+
+    def __init__(self) -> None:
+        try:
+            from silero_vad import load_silero_vad
+        except ImportError as err:
+            raise InputError("chunking 'vad' needs the silero-vad package: pip install 'asr-spec[vad]'") from err
+        with warnings.catch_warnings():  # silero-vad's own use of a deprecated importlib.resources call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                import onnxruntime  # noqa: F401  # measured 3-4x faster than TorchScript per frame on this CPU
+                self.model = load_silero_vad(onnx=True)
+            except ImportError:
+                self.model = load_silero_vad(onnx=False)
+        self.reset()
+
+    def reset(self) -> None:
+        self.model.reset_states()
+        self._after_silence = False
+
+    def __call__(self, samples: np.ndarray) -> np.ndarray:
+        import torch
+
+        frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
+        silent = np.abs(frames).max(axis=1, initial=0.0) <= DIGITAL_SILENCE
+        out = np.zeros(len(frames), dtype=np.float32)
+        x = torch.from_numpy(frames)
+        with torch.inference_mode():
+            for index in range(len(frames)):
+                if silent[index]:
+                    self._after_silence = True
+                    continue
+                if self._after_silence:
+                    self.model.reset_states()
+                    self._after_silence = False
+                out[index] = float(self.model(x[index][None], SAMPLE_RATE))
+        return out

@@ -1,0 +1,258 @@
+"""Word-level timestamps the way Whisper computes them: cross-attention of the alignment heads, aligned by DTW.
+
+After a chunk is decoded, its text tokens are fed once more, teacher-forced, behind the prompt
+``sot [language task] <|notimestamps|>`` (one target pass; the draft plays no part, so speculative decoding stays
+lossless). The pre-softmax cross-attention scores of the model's alignment heads (generation_config.alignment_heads,
+else every head of the second half of the decoder layers, as transformers does) are
+
+    softmaxed over the chunk's own audio frames (20 ms each) -> normalised per head over tokens (x - mean) / std
+    -> median-filtered along time (width 7) -> averaged over heads -> dynamic time warping of tokens vs frames.
+
+Row i of the matrix is the position that *produces* text token i (the ``<|notimestamps|>`` position produces the
+first one), so the frame where the warping path first reaches row i is token i's start and row i + 1's its end.
+Tokens are grouped into words as Whisper does: a new word at a leading space or a punctuation token, then leading
+punctuation (``"'“¿([{-``) joins the next word and trailing punctuation the previous one. A word's probability is
+the mean probability of its tokens under the same pass.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from asr_spec.errors import InputError
+
+__all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "median_filter", "token_jump_times",
+           "group_words", "snap_to_speech"]
+
+FRAME_S = 0.02  # seconds per encoder frame: 30 s window / 1500 positions
+MEDIAN_WIDTH = 7  # frames (Whisper's medfilt_width)
+PREPEND_PUNCTUATION = "\"'“¿([{-"
+APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    """One word with file times in seconds (Whisper's json names)."""
+
+    word: str  # as decoded, with its leading space
+    start: float
+    end: float
+    probability: float  # mean probability of its tokens
+
+
+# -- pure maths ------------------------------------------------------------------------------------------------
+
+def median_filter(x: torch.Tensor, width: int = MEDIAN_WIDTH) -> torch.Tensor:
+    """Median over a sliding window of odd `width` along the last axis, reflect-padded; shape kept."""
+    if width % 2 != 1 or width < 1:
+        raise InputError(f"median filter width must be odd and >= 1, got {width}")
+    pad = width // 2
+    if x.shape[-1] <= pad:
+        return x
+    lead = x.shape[:-1]
+    flat = torch.nn.functional.pad(x.reshape(-1, 1, x.shape[-1]), (pad, pad), mode="reflect")
+    return flat.unfold(-1, width, 1).median(dim=-1).values.reshape(*lead, x.shape[-1])
+
+
+def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Minimum-cost monotonic path through (N, M) `cost` from (0, 0) to (N-1, M-1) with steps down, right and
+    diagonal; returns (row indices, column indices) along the path. Each row of the accumulated cost is computed
+    at once: D[i, j] = min_k<=j (a_k + sum c[i, k..j]) with a_k = min(D[i-1, k-1], D[i-1, k]), a running minimum
+    over prefix sums."""
+    c = np.asarray(cost, dtype=np.float64)
+    n, m = c.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    for i in range(1, n + 1):
+        above = np.minimum(acc[i - 1, :-1], acc[i - 1, 1:])  # a_j for j = 1..m
+        prefix = np.cumsum(c[i - 1])
+        shifted = np.concatenate([[0.0], prefix[:-1]])
+        acc[i, 1:] = prefix + np.minimum.accumulate(above - shifted)
+    return _backtrace(acc)
+
+
+def _backtrace(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    i, j = acc.shape[0] - 1, acc.shape[1] - 1
+    rows, cols = [], []
+    while i > 0 and j > 0:
+        rows.append(i - 1)
+        cols.append(j - 1)
+        diagonal, up, left = acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]
+        if diagonal <= up and diagonal <= left:
+            i, j = i - 1, j - 1
+        elif up < left:
+            i -= 1
+        else:
+            j -= 1
+    return np.array(rows[::-1], dtype=np.int64), np.array(cols[::-1], dtype=np.int64)
+
+
+def token_jump_times(scores: torch.Tensor, n_frames: int, first_row: int) -> np.ndarray:
+    """(heads, T, n_audio_ctx) pre-softmax cross-attention scores of a teacher-forced pass -> (R,) seconds where
+    the warping path enters each of the rows first_row .. T-2 (the positions producing the text tokens and eot).
+    Only the first `n_frames` encoder frames (the chunk's audio) take part."""
+    w = scores[:, :, :max(n_frames, 1)].float().softmax(dim=-1)
+    std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
+    w = median_filter((w - mean) / std.clamp(min=1e-8))
+    matrix = w.mean(dim=0)[first_row:-1]
+    rows, cols = dtw_path(-matrix.numpy())
+    jumps = np.concatenate([[True], np.diff(rows) == 1])
+    return cols[jumps] * FRAME_S
+
+
+def group_words(pieces: Sequence[str]) -> list[list[int]]:
+    """Token indices of each word, from the decoded text of each token (Whisper's split on spaces, then its
+    punctuation merge). Tokens that decode to nothing join the word before them."""
+    words: list[list[int]] = []
+    texts: list[str] = []
+    for index, piece in enumerate(pieces):
+        starts_word = piece.startswith(" ") or piece.strip() in string.punctuation and piece.strip() != ""
+        if starts_word or not words:
+            words.append([index])
+            texts.append(piece)
+        else:
+            words[-1].append(index)
+            texts[-1] += piece
+    return _merge_punctuation(words, texts)
+
+
+def _merge_punctuation(words: list[list[int]], texts: list[str]) -> list[list[int]]:
+    i = len(words) - 2  # leading punctuation joins the word after it
+    while i >= 0:
+        if texts[i].startswith(" ") and texts[i].strip() and texts[i].strip() in PREPEND_PUNCTUATION:
+            words[i + 1], texts[i + 1] = words[i] + words[i + 1], texts[i] + texts[i + 1]
+            del words[i], texts[i]
+        i -= 1
+    out_words, out_texts = words[:1], texts[:1]  # trailing punctuation joins the word before it
+    for word, text in zip(words[1:], texts[1:]):
+        if not out_texts[-1].endswith(" ") and text in APPEND_PUNCTUATION and text:
+            out_words[-1], out_texts[-1] = out_words[-1] + word, out_texts[-1] + text
+        else:
+            out_words.append(word)
+            out_texts.append(text)
+    return out_words
+
+
+MIN_PAUSE_S = 0.1  # a shorter run of non-speech inside a word (a stop consonant's closure) is not a pause
+
+
+def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray,
+                   frame_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Trim the pauses the warping path gives to words.
+
+    The path gives the pause before a word to that word (its token is the one being waited for), often with the
+    tail of the word before, so after a pause a start is early by about the pause. A word whose span holds a pause
+    (>= MIN_PAUSE_S of non-speech followed by speech) starts where its longest such pause ends, else at its first
+    speech frame; it ends at its last speech frame. starts, ends: (W,) chunk seconds; speech: (F,) bool per
+    `frame_s` frame of the chunk. A word with no speech inside stays as it is."""
+    new_starts, new_ends = np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
+    min_pause = max(int(round(MIN_PAUSE_S / frame_s)), 1)
+    for index, (start, end) in enumerate(zip(new_starts.tolist(), new_ends.tolist())):
+        first, stop = int(start / frame_s), min(int(np.ceil(end / frame_s)), len(speech))
+        voiced = np.flatnonzero(speech[first:stop])
+        if not len(voiced):
+            continue
+        gaps = np.diff(voiced) - 1  # non-speech frames between consecutive speech frames
+        onset = voiced[0]
+        if len(gaps) and gaps.max() >= min_pause:
+            onset = voiced[1:][len(gaps) - 1 - int(np.argmax(gaps[::-1]))]  # after the longest (latest) pause
+        new_starts[index] = max(start, (first + onset) * frame_s)
+        new_ends[index] = max(min(end, (first + voiced[-1] + 1) * frame_s), new_starts[index])
+    return new_starts, new_ends
+
+
+# -- the teacher-forced pass -----------------------------------------------------------------------------------
+
+def alignment_heads(model) -> list[tuple[int, int]]:
+    """(layer, head) pairs: the generation config's alignment_heads, else all heads of the decoder's second half."""
+    heads = getattr(model.generation_config, "alignment_heads", None)
+    if heads:
+        return [(int(layer), int(head)) for layer, head in heads]
+    n_layers, n_heads = model.config.decoder_layers, model.config.decoder_attention_heads
+    return [(layer, head) for layer in range(n_layers // 2, n_layers) for head in range(n_heads)]
+
+
+class Aligner:
+    """Word timings of decoded chunks with one teacher-forced pass of the target per chunk.
+
+    target: `WhisperForConditionalGeneration`; eot: its end-of-text id; notimestamps: its <|notimestamps|> id;
+    decode_piece: token id -> its text (the tokenizer's decode of that one token).
+    """
+
+    def __init__(self, target, eot: int, notimestamps: int, decode_piece: Callable[[int], str]):
+        self.target, self.eot, self.notimestamps, self.decode_piece = target, eot, notimestamps, decode_piece
+        self.heads = alignment_heads(target)
+        layers = target.model.decoder.layers
+        self.layers = sorted({layer for layer, _ in self.heads})
+        if any(not 0 <= layer < len(layers) for layer in self.layers):
+            raise InputError(f"alignment heads {self.heads} name layers the decoder ({len(layers)}) does not have")
+        self.attention = {layer: layers[layer].encoder_attn for layer in self.layers}
+
+    @torch.inference_mode()
+    def align(self, encoded: torch.Tensor, prompt: Sequence[int], segments: Sequence[Sequence[int]],
+              n_samples: int, offset_s: float, speech: tuple[np.ndarray, float] | None = None
+              ) -> list[list[WordTiming]]:
+        """Words of each segment of one chunk, in file time.
+
+        encoded: (n_audio_ctx, d_model) target encoder output of the chunk; prompt: its decoder prompt; segments:
+        the text token ids of each segment in order; n_samples: the chunk's audio length (16 kHz); offset_s: the
+        chunk's start in the file; speech: ((F,) bool speech mask of the chunk's frames, frame length in seconds),
+        to trim the pauses off the words (`snap_to_speech`), or None.
+        """
+        text = [int(t) for segment in segments for t in segment]
+        if not text:
+            return [[] for _ in segments]
+        head = [t for t in prompt if t != self.notimestamps] + [self.notimestamps]
+        ids = torch.tensor([head + text + [self.eot]], device=encoded.device)
+        scores, logits = self._scores(encoded[None], ids)  # (heads, T, S), (T, vocab)
+        n_frames = int(np.ceil(n_samples / 16_000 / FRAME_S))
+        jumps = token_jump_times(scores, n_frames, len(head) - 1)
+        rows = torch.arange(len(head) - 1, len(head) - 1 + len(text))
+        probs = logits[rows].float()[:, : self.eot].softmax(-1)[torch.arange(len(text)), torch.tensor(text)]
+        words = self._words(segments)
+        lo, hi = np.array([w[0] for _, w in words]), np.array([w[-1] + 1 for _, w in words])
+        duration_s = n_samples / 16_000
+        starts, ends = np.minimum(jumps[lo], duration_s), np.minimum(jumps[hi], duration_s)
+        if speech is not None:
+            starts, ends = snap_to_speech(starts, ends, *speech)
+        mean_probs = np.add.reduceat(probs.numpy(), lo) / (hi - lo)
+        out: list[list[WordTiming]] = [[] for _ in segments]
+        for (segment, tokens), start, end, prob in zip(words, starts.tolist(), ends.tolist(), mean_probs.tolist()):
+            word = "".join(self.decode_piece(text[i]) for i in tokens)
+            out[segment].append(WordTiming(word, round(offset_s + start, 3), round(offset_s + end, 3),
+                                           round(prob, 4)))
+        return out
+
+    def _scores(self, audio: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (1, S, d), ids (1, T) -> alignment-head scores (heads, T, S) and logits (T, vocab)."""
+        queries: dict[int, torch.Tensor] = {}
+        hooks = [self.attention[layer].q_proj.register_forward_hook(
+            lambda module, args, out, layer=layer: queries.__setitem__(layer, out)) for layer in self.layers]
+        try:
+            hidden = self.target.model.decoder(input_ids=ids, encoder_hidden_states=audio,
+                                               use_cache=False).last_hidden_state
+        finally:
+            for hook in hooks:
+                hook.remove()
+        picked = []
+        for layer, index in self.heads:
+            attn = self.attention[layer]
+            dim = attn.head_dim
+            q = queries[layer][0, :, index * dim : (index + 1) * dim]  # (T, head_dim)
+            k = attn.k_proj(audio[0])[:, index * dim : (index + 1) * dim]  # (S, head_dim)
+            picked.append((q * attn.scaling) @ k.T)
+        return torch.stack(picked), self.target.proj_out(hidden)[0]
+
+    def _words(self, segments: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
+        """(segment index, indices into the chunk's text tokens) of every word, in order."""
+        out, first = [], 0
+        for index, segment in enumerate(segments):
+            for word in group_words([self.decode_piece(int(t)) for t in segment]):
+                out.append((index, [first + i for i in word]))
+            first += len(segment)
+        return out

@@ -1,0 +1,133 @@
+"""Voice-activity chunking: the pure planner (no model) and, marked slow, silero-vad on real speech."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asr_spec.audio.vad import (FRAME_SAMPLES, VadOptions, iter_vad_chunks, pack_regions, pad_regions,
+                                plan_vad_chunks, speech_regions, split_long_regions)
+from asr_spec.errors import InputError
+
+SR = 16_000
+OPTS = VadOptions()
+
+
+def frames_of(*spans_s: tuple[float, float], total_s: float) -> np.ndarray:
+    """Probabilities: 0.9 inside the given (start_s, end_s) spans, 0.05 elsewhere."""
+    n = int(total_s * SR / FRAME_SAMPLES)
+    p = np.full(n, 0.05, dtype=np.float32)
+    for start, end in spans_s:
+        p[int(start * SR / FRAME_SAMPLES): int(end * SR / FRAME_SAMPLES)] = 0.9
+    return p
+
+
+def test_regions_hysteresis_bridging_and_min_speech():
+    p = np.array([0.1, 0.6, 0.4, 0.4, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1, 0.9, 0.1] + [0.1] * 10, dtype=np.float32)
+    opts = VadOptions(min_speech_s=0.0, min_silence_s=0.0)
+    # 0.4 stays speech (above 0.5 - 0.15), 0.2 ends it
+    assert speech_regions(p, opts).tolist() == [[1, 4], [10, 11]]
+    # a one-frame burst is dropped by min_speech (0.25 s = 8 frames)
+    assert speech_regions(p, VadOptions(min_silence_s=0.0)).tolist() == []
+    # pauses under min_silence are bridged: 6 frames (0.19 s) < 0.2 s
+    assert speech_regions(p, VadOptions(min_speech_s=0.0, min_silence_s=0.2)).tolist() == [[1, 11]]
+
+
+def test_regions_empty_and_all_silence():
+    assert speech_regions(np.zeros(0), OPTS).shape == (0, 2)
+    assert speech_regions(np.zeros(100), OPTS).shape == (0, 2)
+
+
+def test_pad_stays_inside_the_file_and_between_neighbours():
+    r = np.array([[100, 200], [260, 400], [5000, 5100]])
+    out = pad_regions(r, 50, 5120)
+    assert out.tolist() == [[50, 230], [230, 450], [4950, 5120]]
+    assert pad_regions(np.zeros((0, 2)), 50, 10).shape == (0, 2)
+
+
+def test_pack_merges_up_to_the_window_and_cuts_at_the_longest_pause():
+    regions = [(0, 10), (12, 35), (40, 50), (51, 60), (62, 70)]
+    chunks = pack_regions(np.array(regions), 60)
+    assert chunks == [(0, 35), (40, 70)]  # the 5-sample pause, not the last one that would fit
+    assert all(end - start <= 60 for start, end in chunks)
+    assert pack_regions(np.zeros((0, 2)), 60) == []
+    # everything fits: one chunk
+    assert pack_regions(np.array(regions), 100) == [(0, 70)]
+
+
+def test_pack_prefers_chunks_of_at_least_half_a_window():
+    regions = [(0, 1), (5, 40), (41, 50), (52, 70)]  # longest pause after the first tiny region
+    assert pack_regions(np.array(regions), 60) == [(0, 50), (52, 70)]
+
+
+def test_split_long_region_at_its_quietest_frame():
+    p = np.full(100, 0.9, dtype=np.float32)
+    p[37] = 0.6
+    out = split_long_regions(np.array([[0, 100]]), p, 40)
+    assert out.tolist()[0] == [0, 37]
+    assert all(e - s <= 40 for s, e in out.tolist()) and out[-1, 1] == 100
+    assert all(a[1] == b[0] for a, b in zip(out[:-1], out[1:]))
+
+
+def test_plan_spans_cover_all_speech_within_the_window():
+    p = frames_of((1, 3), (4, 20), (21.5, 29), (45, 50), (50.5, 95), total_s=120)
+    chunks = plan_vad_chunks(p, 120 * SR, OPTS)
+    for start, end in chunks:
+        assert 0 <= start < end <= 120 * SR and end - start <= 30 * SR
+    assert all(a[1] <= b[0] for a, b in zip(chunks[:-1], chunks[1:]))
+    regions = speech_regions(p, OPTS) * FRAME_SAMPLES
+    for start, end in regions.tolist():
+        assert any(cs <= start and end <= ce for cs, ce in chunks) or end - start > 29 * SR  # split ones
+    assert len(chunks) == 3  # 1-29 s; 45-50 s with the first piece of the 44.5 s talk; the rest of it
+
+
+@pytest.mark.parametrize("block_s", [0.7, 3.0, 60.0])
+def test_streaming_equals_the_whole_plan(block_s):
+    rng = np.random.default_rng(0)
+    total_s = 200
+    spans = [(s, s + d) for s, d in zip(np.cumsum(rng.uniform(0.3, 8, 80)), rng.uniform(0.2, 6, 80)) if s + d < total_s]
+    p = frames_of(*spans, total_s=total_s)
+    n = total_s * SR
+    signal = rng.standard_normal(n).astype(np.float32)
+    seen = []
+
+    def probs(samples):
+        first = sum(len(x) for x in seen) // FRAME_SAMPLES
+        seen.append(samples)
+        return p[first: first + len(samples) // FRAME_SAMPLES]
+
+    block = int(block_s * SR)
+    out = list(iter_vad_chunks((signal[i: i + block] for i in range(0, n, block)), OPTS, probs))
+    expected = plan_vad_chunks(p, n, OPTS)
+    assert [(s.start_sample, s.end_sample) for s, _ in out] == expected
+    for span, samples in out:
+        np.testing.assert_array_equal(samples, signal[span.start_sample: span.end_sample])
+
+
+def test_no_speech_no_chunks():
+    out = list(iter_vad_chunks([np.zeros(SR * 5, np.float32)], OPTS, lambda x: np.zeros(len(x) // FRAME_SAMPLES)))
+    assert out == []
+
+
+@pytest.mark.parametrize("bad", [dict(threshold=1.5), dict(min_silence_s=-1), dict(max_chunk_s=40),
+                                 dict(speech_pad_s=float("nan")), dict(speech_pad_s=10)])
+def test_bad_options_are_one_line_errors(bad):
+    with pytest.raises(InputError, match="vad"):
+        VadOptions(**bad)
+
+
+@pytest.mark.slow
+def test_silero_finds_the_speech_of_a_real_file():
+    pytest.importorskip("silero_vad")
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.vad import SileroVad
+
+    audio = load_audio("tests/fixtures/speech/long_75s.flac")
+    silence = np.zeros(SR * 40, np.float32)
+    signal = np.concatenate([silence, audio, silence])
+    vad = SileroVad()
+    chunks = list(iter_vad_chunks([signal[i: i + SR * 10] for i in range(0, len(signal), SR * 10)], OPTS, vad))
+    assert chunks
+    assert chunks[0][0].start_sample >= len(silence) - SR and chunks[-1][0].end_sample <= len(silence) + len(audio) + SR
+    speech_s = sum(s.n_samples for s, _ in chunks) / SR
+    assert 0.7 * len(audio) / SR < speech_s <= len(audio) / SR + 1

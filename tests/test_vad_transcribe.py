@@ -1,0 +1,153 @@
+"""Voice-activity chunking and word timestamps through the Transcriber (tiny random Whisper with the real vocabulary,
+real silero-vad on the committed speech fixtures), plus the options and caption cues they bring."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from asr_spec import TranscribeOptions
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.errors import InputError
+from asr_spec.transcribe.outputs import render_json, render_srt, render_vtt
+from test_transcribe import LONG, SHORT, transcriber
+
+pytest.importorskip("silero_vad")
+
+
+@pytest.fixture(scope="module")
+def padded_long(tmp_path_factory) -> Path:
+    """The long clip between 20 s and 35 s of digital silence (two pauses a stride plan would still encode)."""
+    audio = load_audio(str(LONG))
+    path = tmp_path_factory.mktemp("vad") / "padded.flac"
+    sf.write(path, np.concatenate([np.zeros(20 * SAMPLE_RATE), audio, np.zeros(35 * SAMPLE_RATE)]), SAMPLE_RATE)
+    return path
+
+
+def test_vad_chunks_skip_silence_and_speculative_equals_greedy(padded_long: Path) -> None:
+    greedy = transcriber(speculative=False, chunking="vad", timestamps=True)
+    spec = transcriber(speculative=True, chunking="vad", timestamps=True)
+    stride = transcriber(speculative=False, chunking="stride", timestamps=True)
+    g, s = greedy.transcribe(str(padded_long), progress=False)[0], spec.transcribe(str(padded_long), progress=False)[0]
+    assert g.ok and s.ok
+    assert s.chunk_tokens == g.chunk_tokens and s.text == g.text
+    assert s.stats.drafted_tokens > 0
+    spans = [(c.start_s, c.end_s) for c in g.chunks]
+    assert spans[0][0] >= 19.0 and spans[-1][1] <= 20 + 78.5  # the silences are not decoded
+    assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))  # disjoint, in order
+    assert all(end - start <= 30.0 for start, end in spans)
+    assert len(g.chunks) < len(stride.transcribe(str(padded_long), progress=False)[0].chunks)
+    assert g.audio_s == pytest.approx(20 + 77.7 + 35, abs=0.1)
+    times = [t for seg in g.segments for t in (seg.start_s, seg.end_s)]
+    assert times == sorted(times) and times[0] >= spans[0][0] and times[-1] <= spans[-1][1]
+
+
+def test_a_file_without_speech_is_an_empty_transcript(tmp_path: Path) -> None:
+    path = tmp_path / "silence.flac"
+    sf.write(path, np.zeros(600 * SAMPLE_RATE, np.float32), SAMPLE_RATE)  # 10 minutes
+    out = transcriber(speculative=False, chunking="vad").transcribe([str(path), str(SHORT[0])], progress=False)
+    silent, speech = out
+    assert silent.ok and silent.text == "" and silent.segments == () and silent.chunks == ()
+    assert silent.audio_s == pytest.approx(600.0)
+    assert speech.ok and speech.chunks
+
+
+def test_word_timestamps_do_not_depend_on_the_draft(padded_long: Path) -> None:
+    words = {}
+    for speculative in (False, True):
+        t = transcriber(speculative=speculative, chunking="vad", timestamps=True, word_timestamps=True)
+        result = t.transcribe(str(padded_long), progress=False)[0]
+        words[speculative] = [w for seg in result.segments for w in seg.words]
+        spans = [(c.start_s, c.end_s) for c in result.chunks]
+        for w in words[speculative]:  # inside a chunk (the words of a random model need not fit its segments)
+            assert any(start <= w.start <= w.end <= end for start, end in spans), w
+    assert words[True] == words[False] and words[False]
+    starts = [w.start for w in words[False]]
+    assert starts == sorted(starts) and all(19.0 <= w.start <= w.end <= 20 + 78.0 for w in words[False])
+    assert "".join(w.word for w in words[False]).strip()
+
+
+def test_options_for_chunking_and_words() -> None:
+    vad = TranscribeOptions.from_values(chunking="vad", chunk_length_s=20)
+    assert vad.chunking_mode == "vad" and vad.vad.max_chunk_s == 20
+    assert TranscribeOptions.from_values(vad, chunk_length_s=25).vad.max_chunk_s == 25
+    assert TranscribeOptions.from_values(vad, chunking="stride").vad is None
+    for bad, cause in [(dict(chunking="silence"), "chunking must be one of"),
+                       (dict(chunking="vad", stride_length_s=3), "stride_length_s applies"),
+                       (dict(chunking="stride", word_timestamps=True), "word_timestamps need chunking 'vad'"),
+                       (dict(chunking="vad", max_words_per_cue=3), "needs word_timestamps"),
+                       (dict(chunking="vad", word_timestamps=True, max_words_per_cue=0), "max_words_per_cue must")]:
+        with pytest.raises(InputError, match=cause):
+            TranscribeOptions.from_values(**bad)
+
+
+RESULT = {
+    "text": "Hello there world. Yes.",
+    "segments": [
+        {"start_s": 0.0, "end_s": 2.0, "text": " Hello there world.",
+         "words": [{"word": " Hello", "start": 0.1, "end": 0.5, "probability": 0.9},
+                   {"word": " there", "start": 0.5, "end": 1.0, "probability": 0.8},
+                   {"word": " world.", "start": 1.1, "end": 1.9, "probability": 0.7}]},
+        {"start_s": 2.5, "end_s": 3.0, "text": " Yes.", "words": []},
+    ],
+}
+
+
+def test_caption_cues_of_n_words_and_words_in_json() -> None:
+    srt = render_srt(RESULT, max_words_per_cue=2)
+    assert "00:00:00,100 --> 00:00:01,000\nHello there" in srt and "00:00:01,100 --> 00:00:01,900\nworld." in srt
+    assert "00:00:02,500 --> 00:00:03,000\nYes." in srt  # a segment without words stays one cue
+    assert render_vtt(RESULT).count("-->") == 2  # one cue per segment by default
+    data = json.loads(render_json(RESULT))
+    assert data["segments"][0]["words"][2] == {"word": " world.", "start": 1.1, "end": 1.9, "probability": 0.7}
+    assert "words" not in data["segments"][1]  # empty word lists are left out
+
+
+# -- real whisper-base on speech whose word boundaries are known (scripts/make_word_fixtures.py) --------------------
+
+WORDS = Path(__file__).parent / "fixtures" / "words"
+
+
+def _matched_starts(truth: list[dict], words: list) -> list[tuple[float, float]]:
+    """(true start, predicted start) of the words the recogniser got right, paired by a sequence alignment."""
+    import difflib
+
+    def key(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+
+    matcher = difflib.SequenceMatcher(a=[key(t["word"]) for t in truth], b=[key(w.word) for w in words],
+                                      autojunk=False)
+    return [(truth[block.a + i]["start"], words[block.b + i].start)
+            for block in matcher.get_matching_blocks() for i in range(block.size)]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_word_timestamps_on_known_boundaries() -> None:
+    from asr_spec.models.loading import decoder_draft
+    from asr_spec.transcribe import Transcriber
+    from test_transcribe import _real_base
+
+    target, processor = _real_base()
+    options = TranscribeOptions.from_values(language="en", batch_size=3, timestamps=True, chunking="vad",
+                                            word_timestamps=True)
+    files = sorted(WORDS.glob("*.flac"))
+    greedy = Transcriber(target, None, processor, options).transcribe([str(f) for f in files], progress=False)
+    draft = decoder_draft(target, [0, target.config.decoder_layers - 1])
+    spec = Transcriber(target, draft, processor, options).transcribe([str(f) for f in files], progress=False)
+    errors = []
+    for path, g, s in zip(files, greedy, spec):
+        truth = json.loads(path.with_suffix(".json").read_text())
+        words = [w for seg in g.segments for w in seg.words]
+        assert words == [w for seg in s.segments for w in seg.words]  # the draft never matters
+        assert s.stats.drafted_tokens > 0
+        assert all(0 <= w.start <= w.end <= truth["duration_s"] for w in words)
+        assert [w.start for w in words] == sorted(w.start for w in words)
+        pairs = _matched_starts(truth["words"], words)
+        assert len(pairs) >= 0.6 * len(truth["words"]), (path.name, g.text)
+        errors += [abs(a - b) for a, b in pairs]
+    assert float(np.median(errors)) <= 0.2, errors
