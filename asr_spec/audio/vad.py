@@ -16,9 +16,8 @@ VAD frames of `FRAME_SAMPLES` samples, `_samples` are 16 kHz samples, `_s` secon
 
 from __future__ import annotations
 
-import warnings
-
 import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
