@@ -33,6 +33,8 @@ _EXPORTS = {
     "AsrSpecError": "asr_spec.errors",
     "AudioError": "asr_spec.errors",
     "InputError": "asr_spec.errors",
+    "ModelLoadError": "asr_spec.errors",
+    "ResourceError": "asr_spec.engine",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -40,7 +42,8 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover
     from asr_spec.audio.chunking import ChunkingOptions
     from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, DecodeOptions, Engine
-    from asr_spec.errors import AsrSpecError, AudioError, InputError
+    from asr_spec.engine import ResourceError
+    from asr_spec.errors import AsrSpecError, AudioError, InputError, ModelLoadError
     from asr_spec.transcribe.outputs import TranscriptSegment
     from asr_spec.models.presets import Preset, load_preset
     from asr_spec.transcribe import ChunkReport, TranscribeOptions, Transcriber, Transcription

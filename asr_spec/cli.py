@@ -26,7 +26,7 @@ from asr_spec.errors import AsrSpecError, one_line
 from asr_spec.logs import configure_logging
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
-USER_ERRORS = (AsrSpecError, ValueError, OSError)
+USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: engine.ResourceError
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 app = typer.Typer(
@@ -257,12 +257,15 @@ def serve(
     max_queue: int = typer.Option(256, help="Chunks (30 s windows) that may wait for a row; beyond: 503."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
     language: Optional[str] = LANGUAGE,
+    word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
+                                                   help="Answer timestamp_granularities[]=word (verbose_json "
+                                                   "`words`); needs chunking vad. Default: the preset's."),
     device: str = DEVICE,
 ) -> None:
     """Serve OpenAI's POST /v1/audio/transcriptions; concurrent requests share one speculative batch."""
     from asr_spec.serve import run_server
 
-    overrides = _overrides(model, draft, no_draft, language=language)
+    overrides = _overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps)
     try:
         run_server(preset, host=host, port=port, batch_size=batch_size, max_queue=max_queue,
                    max_file_mb=max_file_mb, device=device, **overrides)

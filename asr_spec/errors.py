@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-__all__ = ["AsrSpecError", "AudioError", "InputError", "ModelLoadError", "ResourceError", "one_line", "show_warning_line"]
+__all__ = ["AsrSpecError", "AudioError", "InputError", "ModelLoadError", "one_line", "show_warning_line"]
 
 
 class AsrSpecError(Exception):
@@ -29,10 +29,6 @@ class InputError(AsrSpecError, ValueError):
 class ModelLoadError(AsrSpecError, ValueError):
     """A model, draft or processor cannot be loaded (missing, truncated or corrupt weights, bad config.json,
     no tokenizer); the message names the path and the cause."""
-
-
-class ResourceError(AsrSpecError):
-    """A run cannot fit the machine (its caches would exceed the free memory); the message says what fits."""
 
 
 def one_line(err: BaseException, name: str | None = None) -> str:

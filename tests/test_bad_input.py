@@ -24,7 +24,8 @@ from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import DecodeOptions, Engine, memory
 from asr_spec.engine.rules import LogitRules, WhisperTokens
-from asr_spec.errors import AudioError, InputError, ModelLoadError, ResourceError
+from asr_spec.engine import ResourceError
+from asr_spec.errors import AudioError, InputError, ModelLoadError
 from asr_spec.models.loading import decoder_draft
 from asr_spec.transcribe.nospeech import NoSpeechRule, compression_ratio
 from conftest import perturbed, tiny_target

@@ -114,8 +114,13 @@ def _near_tie(target, feats_row, prefix: list[int], n_prompt: int, dtype) -> tup
     return gap <= 16 * torch.finfo(dtype).eps * max(1.0, abs(float(top2[0]))), gap
 
 
+NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.cuda
+@NEEDS_GPU
 def test_half_precision_contract_against_generate_with_timestamps(dtype, speculative):
     """Every emitted token is the target's own argmax after Whisper's rules; a row may differ from transformers'
     generate() only from a position where the top two scores are within rounding (checked there), never elsewhere."""
@@ -136,6 +141,8 @@ def test_half_precision_contract_against_generate_with_timestamps(dtype, specula
 
 
 @pytest.mark.parametrize("speculative", [False, True])
+@pytest.mark.cuda
+@NEEDS_GPU
 def test_cuda_graphs_equal_eager(speculative):
     """The captured step replays the eager step's kernels: identical tokens and statistics, with refills and a
     shrinking tail (10 chunks through 4 slots)."""

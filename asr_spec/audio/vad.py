@@ -273,7 +273,7 @@ class SileroVad:
         try:
             from silero_vad import load_silero_vad
         except ImportError as err:
-            raise InputError("chunking 'vad' needs the silero-vad package: pip install 'asr-spec[vad]'") from err
+            raise InputError("chunking 'vad' needs the silero-vad package: pip install silero-vad onnxruntime") from err
         with warnings.catch_warnings():  # silero-vad's own use of a deprecated importlib.resources call
             warnings.simplefilter("ignore", DeprecationWarning)
             try:

@@ -22,6 +22,10 @@ FLOAT32_BYTES = 4
 USABLE_FRACTION = 0.8
 
 
+class ResourceError(MemoryError):
+    """A run cannot fit the machine (its caches would exceed the free memory); the message says what fits."""
+
+
 @dataclass(frozen=True)
 class DecoderShape:
     """What a decoder's caches are made of (read from `engine.decoder.Decoder`)."""

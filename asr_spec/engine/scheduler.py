@@ -30,7 +30,6 @@ from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.stats import ChunkStats
-from asr_spec.errors import ResourceError
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
 
@@ -118,7 +117,7 @@ class Engine:
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.n_audio_ctx = target.config.max_source_positions
         # runner: how the step runs (tests pass a wrapped one); by default CUDA graphs on CUDA (unless
-        # options.cuda_graphs is False), eager on CPU (measured fastest there: docs-draft/issue9.md)
+        # options.cuda_graphs is False), eager on CPU (measured fastest there: docs/engine-step.md)
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
@@ -303,7 +302,7 @@ class Engine:
             more = self._fill_ready(source, ready, want, micro, in_flight)
             reason = memory.check_fits(run, len(ready), memory.free_bytes(self.target_dec.device))
             if reason is not None:
-                raise ResourceError(reason)
+                raise memory.ResourceError(reason)
             if more and len(ready) < want:  # the source yielded None
                 break
         return more
