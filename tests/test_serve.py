@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
 
+from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher, Job, QueueFull  # noqa: E402
 from asr_spec.transcribe.outputs import render_srt, render_vtt  # noqa: E402
@@ -82,7 +83,8 @@ def test_every_format_equals_the_transcriber(client, expected, fmt):
 @pytest.mark.parametrize("fields, status, needle", [
     ({"temperature": "0.2"}, 400, "greedy/lossless only"),
     ({"temperature": "hot"}, 400, "greedy/lossless only"),
-    ({"timestamp_granularities[]": "word"}, 400, "word timestamps are not available in this build"),
+    ({"timestamp_granularities[]": "word", "response_format": "verbose_json"}, 400,
+     "word timestamps are off on this server"),
     ({"timestamp_granularities[]": "phoneme"}, 400, "is not segment or word"),
     ({"response_format": "xml"}, 400, "response_format 'xml'"),
     ({"model": "gpt-4o-transcribe"}, 400, "not served here"),
@@ -133,6 +135,73 @@ def test_full_queue_answers_503_with_retry_after(greedy):
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     with pytest.raises(QueueFull):
         batcher.submit(Job(*batcher.prepare(SHORT[0].read_bytes())))
+
+
+# -- voice-activity chunks and word timestamps ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def vad_words():
+    """A VAD-chunked transcriber with word timestamps, and its transcripts of the files (words computed)."""
+    pytest.importorskip("silero_vad")
+    model = transcriber(speculative=False, timestamps=True, chunking="vad", word_timestamps=True)
+    return model, {p.name: t for p, t in zip(FILES, model.transcribe([str(p) for p in FILES], progress=False))}
+
+
+def words_of(result) -> list[tuple[str, float, float]]:
+    return [(w.word.strip(), w.start, w.end) for s in result.segments for w in s.words]
+
+
+def test_vad_server_chunks_and_stitches_as_the_transcriber(vad_words):
+    """The server chunks with `Transcriber.chunk_audio` (VAD here), so its text is the Transcriber's; concurrent
+    prepares each get their own VAD state."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, want = vad_words
+    batcher = Batcher(model, batch_size=4)
+    with ThreadPoolExecutor(3) as pool:
+        prepared = list(pool.map(batcher.prepare, [LONG.read_bytes()] * 3))
+    spans = [(c.start_s, c.end_s) for c in want[LONG.name].chunks]
+    assert len(spans) > 1  # a multi-chunk file
+    for got, _, _ in prepared:
+        assert [(s.start_sample / 16_000, s.end_sample / 16_000) for s in got] == spans
+    with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
+        for path in FILES:
+            for fmt in ("json", "verbose_json"):
+                response = post(client, path, response_format=fmt)
+                assert response.status_code == 200, response.text
+                check_format(fmt, response.text, want[path.name])
+                assert "words" not in response.json()
+
+
+def test_word_timestamps_equal_the_transcriber(vad_words):
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, want = vad_words
+    asked = [(LONG, ["word"]), (SHORT[0], ["segment", "word"]), (SHORT[1], [])]
+    with TestClient(create_app(Batcher(model, batch_size=3), ServeOptions(model_id="tiny"))) as client:
+        with ThreadPoolExecutor(3) as pool:  # requests with and without words share the batch
+            futures = [pool.submit(post, client, path, response_format="verbose_json",
+                                   **{"timestamp_granularities[]": granularities}) for path, granularities in asked]
+            answers = [future.result(timeout=TIMEOUT_S) for future in futures]
+        refused = post(client, SHORT[0], response_format="json", **{"timestamp_granularities[]": "word"})
+    for (path, granularities), response in zip(asked, answers):
+        assert response.status_code == 200, response.text
+        check_format("verbose_json", response.text, want[path.name])
+        body = response.json()
+        if "word" in granularities:
+            assert [(w["word"], w["start"], w["end"]) for w in body["words"]] == words_of(want[path.name])
+        else:
+            assert "words" not in body
+    assert words_of(want[LONG.name]) and len(want[LONG.name].chunks) > 1
+    assert refused.status_code == 400 and "word needs response_format verbose_json" in refused.json()["error"]["message"]
+
+
+def test_word_timestamps_need_the_aligner(greedy):
+    batcher = Batcher(greedy, batch_size=2)
+    spans, features, audio_s = batcher.prepare(SHORT[0].read_bytes())
+    with pytest.raises(InputError, match="word timestamps are off"):
+        batcher.submit(Job(spans, features, audio_s, words={}))
+    assert batcher.queue_depth == 0
 
 
 # -- the batcher ----------------------------------------------------------------------------------------------
@@ -283,10 +352,13 @@ def test_a_draft_changes_nothing(greedy):
 def test_cli_refuses_bad_options_in_one_line_before_loading(capsys, tmp_path):
     from asr_spec.cli import main
 
+    stride = tmp_path / "stride.toml"
+    stride.write_text(f'model = "{tmp_path / "absent"}"\nchunking = "stride"\n')
     cases = [(["--no-draft", "--draft", "x"], "contradict"),
              (["--model", str(tmp_path / "absent"), "--batch-size", "0"], "batch_size must be an integer >= 1"),
              (["--model", str(tmp_path / "absent"), "--max-file-mb", "0"], "max_file_mb must be a positive"),
-             (["--model", str(tmp_path)], "not a Whisper model directory")]
+             (["--model", str(tmp_path)], "not a Whisper model directory"),
+             (["--preset", str(stride), "--word-timestamps"], "word_timestamps need chunking 'vad'")]
     for args, needle in cases:
         with pytest.raises(SystemExit) as info:
             main(["serve", *args])

@@ -2,6 +2,7 @@
 
     POST /v1/audio/transcriptions   multipart: file, model, language, prompt, response_format, temperature,
                                     timestamp_granularities[]   -> json | text | srt | vtt | verbose_json
+                                    (word: verbose_json gains `words`; needs `serve --word-timestamps`)
     GET  /v1/models                 the one model served
     GET  /health                    200 while the engine thread runs
     GET  /metrics                   Prometheus text (asr_spec.serve.metrics)
@@ -74,6 +75,7 @@ class _Params:
 
     upload: Any
     response_format: str
+    words: bool  # timestamp_granularities[] holds "word"
 
 
 def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> FastAPI:
@@ -140,7 +142,7 @@ async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions)
         raise HTTPError(400, one_line(err), "file") from err
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
-    job = Job(spans, features, audio_s,
+    job = Job(spans, features, audio_s, words={} if params.words else None,
               on_done=lambda job: loop.call_soon_threadsafe(lambda: done.done() or done.set_result(job)))
     try:
         batcher.submit(job)
@@ -155,8 +157,9 @@ async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions)
         raise HTTPError(500, f"{name}: {job.error}")
     wall_s = time.perf_counter() - job.started
     transcriber = batcher.transcriber
-    result = await asyncio.to_thread(transcriber.assemble, name, spans, job.ordered_results(), audio_s, wall_s)
-    return _render(result, params.response_format, transcriber.options.decode.task), audio_s
+    result = await asyncio.to_thread(transcriber.assemble, name, spans, job.ordered_results(), audio_s, wall_s,
+                                     job.ordered_words())
+    return _render(result, params.response_format, transcriber.options.decode.task, params.words), audio_s
 
 
 def _check_params(form: Any, batcher: Batcher, options: ServeOptions) -> _Params:
@@ -173,14 +176,27 @@ def _check_params(form: Any, batcher: Batcher, options: ServeOptions) -> _Params
                         "response_format")
     _check_temperature(form.get("temperature"))
     _check_language(form.get("language"), batcher.transcriber.options.decode.language)
-    for granularity in form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities"):
-        if granularity == "word":
-            raise HTTPError(400, "timestamp_granularities: word timestamps are not available in this build",
-                            "timestamp_granularities")
-        if granularity != "segment":
+    words = _wants_words(form, response_format, batcher.transcriber.aligner is not None)
+    return _Params(upload, response_format, words)  # `prompt` is accepted and ignored (see the docs)
+
+
+def _wants_words(form: Any, response_format: str, words_on: bool) -> bool:
+    """Whether timestamp_granularities[] asks for words (OpenAI: only with verbose_json); 400 when this server
+    cannot give them (started without --word-timestamps) or for a granularity other than segment and word."""
+    granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+    for granularity in granularities:
+        if granularity not in ("segment", "word"):
             raise HTTPError(400, f"timestamp_granularities: {granularity!r} is not segment or word",
                             "timestamp_granularities")
-    return _Params(upload, response_format)  # `prompt` is accepted and ignored (see the docs)
+    if "word" not in granularities:
+        return False
+    if not words_on:
+        raise HTTPError(400, "timestamp_granularities: word timestamps are off on this server (start it with "
+                        "`asr-spec serve --word-timestamps`, which needs chunking 'vad')", "timestamp_granularities")
+    if response_format != "verbose_json":
+        raise HTTPError(400, f"timestamp_granularities: word needs response_format verbose_json, got "
+                        f"{response_format!r}", "timestamp_granularities")
+    return True
 
 
 def _check_temperature(value: Any) -> None:
@@ -212,7 +228,7 @@ def _language_code(value: str) -> str:
     return TO_LANGUAGE_CODE.get(code, code)
 
 
-def _render(result: Any, response_format: str, task: str) -> Response:
+def _render(result: Any, response_format: str, task: str, words: bool = False) -> Response:
     if response_format == "json":
         return JSONResponse({"text": result.text})
     if response_format == "text":
@@ -224,8 +240,12 @@ def _render(result: Any, response_format: str, task: str) -> Response:
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     segments = [{"id": i, "start": s.start_s, "end": s.end_s, "text": s.text} for i, s in enumerate(result.segments)]
-    return JSONResponse({"task": task, "language": LANGUAGES.get(result.language or "", result.language or ""),
-                         "duration": result.audio_s, "text": result.text, "segments": segments})
+    body = {"task": task, "language": LANGUAGES.get(result.language or "", result.language or ""),
+            "duration": result.audio_s, "text": result.text, "segments": segments}
+    if words:  # OpenAI's shape: the words of the whole file, text without the leading space
+        body["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end}
+                         for s in result.segments for w in s.words]
+    return JSONResponse(body)
 
 
 def _too_large(n_bytes: int, options: ServeOptions) -> HTTPError:

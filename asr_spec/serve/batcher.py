@@ -7,7 +7,9 @@ Each request's audio is decoded, chunked and featurised off the event loop (`pre
 queue with every other request's, and the engine pulls them as rows free up, so a row that finishes takes the next
 chunk, whoever sent it. The queue is the engine's live source: it yields None when empty (after waiting briefly
 when no chunk is in the engine, so an idle server does not spin). A job is done when its last chunk is; the caller
-gets the results in chunk order and assembles the transcript. Cancelling a job drops its chunks still queued; an
+gets the results in chunk order and assembles the transcript. A job that wants word timestamps has its chunks
+encoded in the engine thread when its first chunk is pulled (the encoder output is kept), and each chunk is
+aligned there as it finishes, as `Transcriber.transcribe` does. Cancelling a job drops its chunks still queued; an
 engine error fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
 """
 
@@ -27,8 +29,10 @@ import torch
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
+from asr_spec.engine.memory import MAX_ENCODE_BATCH
 from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
 from asr_spec.serve.metrics import Metrics
+from asr_spec.transcribe.alignment import WordTiming
 
 __all__ = ["Batcher", "Job", "QueueFull"]
 
@@ -45,6 +49,8 @@ class Job:
     """One request: its chunks' spans and features, and what came back for them.
 
     features: (n_chunks, n_mels, n_frames) log-mel, one row per span.
+    words:    None, or the words of each finished chunk (`Transcriber.align_chunk`) by chunk index: set it to {}
+              to have them computed (needs the transcriber's word_timestamps).
     on_done:  called once, from the engine thread (or `submit` for an empty input), when the job is complete or
               failed; it must not block.
     """
@@ -53,6 +59,8 @@ class Job:
     features: Any
     audio_s: float
     on_done: Callable[[Job], None] = lambda job: None
+    words: dict[int, list[list[WordTiming]]] | None = None
+    encoded: Any = None  # (n_chunks, n_audio_ctx, d_model) target encoder output, kept for the alignment
     id: int = field(default_factory=itertools.count().__next__)
     results: dict[int, ChunkResult] = field(default_factory=dict)
     error: str | None = None
@@ -63,6 +71,10 @@ class Job:
 
     def ordered_results(self) -> list[ChunkResult]:
         return [self.results[i] for i in range(len(self.spans))]
+
+    def ordered_words(self) -> list[list[list[WordTiming]]] | None:
+        """`Transcriber.assemble`'s chunk_words: per chunk, the words of each of its segments; None without."""
+        return None if self.words is None else [self.words[i] for i in range(len(self.spans))]
 
 
 def check_sizes(batch_size: int, max_queue: int) -> None:
@@ -83,7 +95,7 @@ class Batcher:
         check_sizes(batch_size, max_queue)
         self.transcriber, self.batch_size, self.max_queue = transcriber, batch_size, max_queue
         self.metrics = Metrics(batch_size) if metrics is None else metrics
-        self._queue: deque[tuple[Job, ChunkRequest]] = deque()
+        self._queue: deque[tuple[Job, int]] = deque()  # (job, chunk index)
         self._jobs: dict[int, Job] = {}  # jobs with a chunk queued or in the engine
         self._in_engine = 0  # chunks pulled by the engine and not yet finished
         self._cond = threading.Condition()
@@ -92,13 +104,14 @@ class Batcher:
 
     # -- preparing a request (any thread but the engine's) ----------------------------------------------------
     def prepare(self, data: bytes, name: str = "upload") -> tuple[list[ChunkSpan], Any, float]:
-        """Decode, chunk and featurise encoded audio: (spans, (n_chunks, n_mels, n_frames) features, seconds).
-        A file that is not audio raises `AudioError` (one line, naming `name`)."""
+        """Decode, chunk (as the transcriber does: `Transcriber.chunk_audio`) and featurise encoded audio:
+        (spans, (n_chunks, n_mels, n_frames) features, seconds). A file that is not audio raises `AudioError`
+        (one line, naming `name`)."""
         try:
             samples = load_audio({"bytes": data})
         except AudioError as err:  # load_audio calls a bytes source "<dict>": name the upload instead
             raise AudioError(f"{name}: {one_line(err, '<dict>')}") from err
-        pieces = list(self.transcriber.options.chunking.iter([samples]))
+        pieces = list(self.transcriber.chunk_audio([samples]))
         spans = [span for span, _ in pieces]
         if not pieces:
             return [], None, 0.0
@@ -109,6 +122,8 @@ class Batcher:
     # -- the queue ------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         """Queue the job's chunks behind everyone else's; `QueueFull` when max_queue chunks already wait."""
+        if job.words is not None and self.transcriber.aligner is None:
+            raise InputError("word timestamps are off on this server (they need the transcriber's word_timestamps)")
         if not job.spans:
             self._finish(job)
             return
@@ -116,7 +131,7 @@ class Batcher:
             if self._queue and len(self._queue) + len(job.spans) > self.max_queue:
                 raise QueueFull(f"{len(self._queue)} chunks are waiting (max {self.max_queue}): try again later")
             self._jobs[job.id] = job
-            self._queue.extend((job, ChunkRequest((job.id, i), job.features[i])) for i in range(len(job.spans)))
+            self._queue.extend((job, i) for i in range(len(job.spans)))
             self.metrics.queue_depth = len(self._queue)
             self._cond.notify_all()
 
@@ -149,15 +164,22 @@ class Batcher:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
-                if not self._queue:
-                    item = None
-                else:
-                    job, item = self._queue.popleft()
+                job = None
+                if self._queue:
+                    job, index = self._queue.popleft()
                     job.in_engine += 1
                     self._in_engine += 1
                     self.metrics.queue_depth = len(self._queue)
                 self.metrics.engine_chunks = self._in_engine
-            yield item
+            yield None if job is None else self._request(job, index)
+
+    def _request(self, job: Job, index: int) -> ChunkRequest:
+        """The engine's request for chunk `index` of `job` (in the engine thread); a job that wants words has all
+        its chunks encoded at its first (`Engine.encode`), as `Transcriber` does, and keeps the output."""
+        if job.words is not None and job.encoded is None:
+            job.encoded = self.transcriber.engine.encode(job.features, MAX_ENCODE_BATCH)
+        encoded = None if job.encoded is None else job.encoded[index]
+        return ChunkRequest((job.id, index), job.features[index], encoded)
 
     # -- the engine thread ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -194,11 +216,14 @@ class Batcher:
                 with self._cond:
                     lost = {(job.id, i) for job in self._jobs.values() for i in range(len(job.spans))
                             if i not in job.results}
-                    lost -= {chunk.id for _, chunk in self._queue}
+                    lost -= {(job.id, i) for job, i in self._queue}
                 self._fail(lost, f"{type(err).__name__}: {err}")
 
     def _deliver(self, result: ChunkResult) -> None:
         job_id, index = result.id
+        job = self._jobs.get(job_id)
+        if job is not None and job.words is not None and not job.cancelled:  # in the engine thread, like transcribe
+            job.words[index] = self.transcriber.align_chunk(result, job.spans[index], job.encoded[index])
         with self._cond:
             self._in_engine -= 1
             self.metrics.engine_chunks = self._in_engine

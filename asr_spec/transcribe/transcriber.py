@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,7 +164,8 @@ class Transcriber:
         self.features = FeatureBatcher(processor.feature_extractor, device=self.device, dtype=target.dtype)
         self.engine = Engine(self.target, self.draft, self.options.decode)  # checks the pair and language now
         self.tokens = self.engine.tokens
-        self._vad: SileroVad | None = None  # loaded at the first input chunked by voice activity
+        self._vads: list[SileroVad] = []  # idle VAD states, loaded when first needed (see chunk_audio)
+        self._vad_lock = threading.Lock()
         self._encoded: dict[tuple[int, int], torch.Tensor] = {}  # word timestamps: encoder outputs in flight
         self.aligner = None if not self.options.word_timestamps else Aligner(
             self.target, self.tokens.eot, self.tokens.no_timestamps,
@@ -271,7 +273,7 @@ class Transcriber:
                     item.results[result.id[1]] = result
                     span = item.spans[result.id[1]]
                     if self.aligner is not None:
-                        item.words[result.id[1]] = self._align(result, span, encoded)
+                        item.words[result.id[1]] = self.align_chunk(result, span, encoded)
                     seconds = (span.keep_end_sample - span.keep_start_sample) / SAMPLE_RATE
                     item.progress_s += seconds
                     bar.advance(seconds)
@@ -292,7 +294,7 @@ class Transcriber:
         for item in inputs:
             item.started = time.perf_counter()
             try:
-                for span, samples in self._chunks(self._blocks(item), item):
+                for span, samples in self.chunk_audio(self._blocks(item)):
                     pending.append(((item.index, len(item.spans)), samples))
                     item.spans.append(span)
                     if len(pending) == min(batch_size, MAX_ENCODE_BATCH):  # bounded features in flight
@@ -315,14 +317,22 @@ class Transcriber:
             item.n_samples += len(block)
             yield block
 
-    def _chunks(self, blocks: Iterator[np.ndarray], item: _Input) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
-        """(span, samples) of one input: overlapping windows, or speech chunks found by the VAD."""
+    def chunk_audio(self, blocks: Iterable[np.ndarray]) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
+        """(span, samples) of one 16 kHz mono signal given as blocks: overlapping windows (`options.vad` None) or
+        speech chunks found by the VAD; what `transcribe` decodes and `assemble` stitches. Used by the server too:
+        concurrent calls are safe (each takes its own VAD state, loaded at the first call that needs one)."""
         if self.options.vad is None:
-            return self.options.chunking.iter(blocks)
-        if self._vad is None:
-            self._vad = SileroVad()
-        self._vad.reset()
-        return iter_vad_chunks(blocks, self.options.vad, self._vad)
+            yield from self.options.chunking.iter(blocks)
+            return
+        with self._vad_lock:
+            vad = self._vads.pop() if self._vads else None
+        vad = SileroVad() if vad is None else vad
+        vad.reset()
+        try:
+            yield from iter_vad_chunks(blocks, self.options.vad, vad)
+        finally:
+            with self._vad_lock:
+                self._vads.append(vad)
 
     def _featurise(self, pending: list[tuple[tuple[int, int], np.ndarray]]) -> Iterator[ChunkRequest]:
         features = self.features([samples for _, samples in pending])  # (B, n_mels, 3000)
@@ -334,8 +344,13 @@ class Transcriber:
             self._encoded[chunk_id] = enc
             yield ChunkRequest(chunk_id, row, enc)
 
-    def _align(self, result: ChunkResult, span: ChunkSpan, encoded: torch.Tensor) -> list[list[WordTiming]]:
-        """Words of each segment of one finished chunk (the segments `concat_chunks` gives it), in file time."""
+    def align_chunk(self, result: ChunkResult, span: ChunkSpan, encoded: torch.Tensor) -> list[list[WordTiming]]:
+        """Words of each segment of one finished chunk (the segments `concat_chunks` gives it), in file time, for
+        `assemble`'s chunk_words. encoded: (n_audio_ctx, d_model) the chunk's target encoder output (the one it
+        was decoded from). Needs options.word_timestamps (the aligner); call it from the engine's thread (the
+        alignment pass hooks the target's decoder)."""
+        if self.aligner is None:
+            raise InputError("word timestamps are off: set word_timestamps (with chunking 'vad')")
         segments = self._stitch([ChunkTokens(result.tokens, span)]).segments
         speech = (span.speech, SPEECH_FRAME_S) if isinstance(span, SpeechSpan) else None
         return self.aligner.align(encoded, result.prompt, [s.token_ids for s in segments], span.n_samples,
