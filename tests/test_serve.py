@@ -371,8 +371,14 @@ def test_build_app_loads_a_model_directory(tmp_path, expected):
     from test_transcribe import save_tiny_models
 
     target_dir, _ = save_tiny_models(tmp_path)
-    app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0)
+    app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0,
+                    word_timestamps=True)  # what `asr-spec serve --word-timestamps` passes (base chunks by vad)
     with TestClient(app) as client:
         assert client.get("/v1/models").json()["data"][0]["id"] == str(target_dir)
         response = post(client, SHORT[0], model=str(target_dir))
+        worded = post(client, SHORT[0], model=str(target_dir), response_format="verbose_json",
+                      **{"timestamp_granularities[]": "word"})
     assert response.status_code == 200 and isinstance(response.json()["text"], str)
+    assert worded.status_code == 200 and worded.json()["text"] == response.json()["text"]
+    words = worded.json()["words"]
+    assert words and all(w["start"] <= w["end"] for w in words)
