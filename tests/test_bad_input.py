@@ -242,6 +242,10 @@ def test_slots_never_exceed_the_chunks_that_exist(monkeypatch) -> None:
     rows.clear()
     assert len(engine.decode(_features(), batch_size=4)) == 5
     assert rows == [4, 4]
+    rows.clear()  # more chunks than rows, encoded ahead in micro-batches of 16: still batch_size rows
+    many = _features().repeat(5, 1, 1)[:25]
+    assert len(engine.decode(many, batch_size=20)) == 25
+    assert rows == [20, 20]
 
 
 def test_a_batch_that_cannot_fit_stops_at_once_saying_what_fits(capsys, monkeypatch, model_dirs) -> None:

@@ -245,7 +245,7 @@ class Engine:
         source, ready = iter(requests), deque()
         in_flight: set = set()  # ids pulled from the source and not yet yielded: lost if the engine raises
         more = self._first_fill(source, ready, batch_size, in_flight, self._run_shape(n_positions, k))
-        n_rows = batch_size if more else len(ready)  # never a slot for a chunk that does not exist
+        n_rows = batch_size if more else min(batch_size, len(ready))  # never a slot for a chunk that does not exist
         if n_rows == 0:
             return
         m, st = self._allocate(n_rows, n_positions, k)
