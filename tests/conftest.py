@@ -34,6 +34,27 @@ def perturbed(model, scale: float, *, seed: int = 0, encoder: bool = True):
     return out
 
 
+def first_divergence(model, features_row: torch.Tensor, ours, reference, n_prompt: int, timestamps: bool):
+    """None when the token sequences `ours` and `reference` (prompt + generated) are equal; else (i, gap, top): the
+    first index where they differ and the top-2 gap and top value of `model`'s rule-applied scores after the common
+    prefix reference[:i] (our rules: checked equal to transformers' processors in tests/test_rules.py)."""
+    from asr_spec.engine.rules import LogitRules, WhisperTokens
+
+    ours, reference = list(ours), list(reference)
+    if ours == reference:
+        return None
+    i = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), min(len(ours), len(reference)))
+    assert i >= n_prompt, f"prompts differ: {ours[:n_prompt]} vs {reference[:n_prompt]}"
+    tokens = WhisperTokens.from_generation_config(model.generation_config, 448)
+    rules = LogitRules(tokens, model.config.vocab_size, timestamps, torch.device("cpu"))
+    prefix = torch.tensor([reference[:i]])
+    with torch.no_grad():
+        logits = model(input_features=features_row[None].to(model.device, model.dtype),
+                       decoder_input_ids=prefix.to(model.device)).logits[:, -1:].float().cpu()
+    top2 = rules.apply(logits, prefix, torch.tensor([i]), torch.tensor([n_prompt]))[0, 0].topk(2).values
+    return i, float(top2[0] - top2[1]), float(top2[0])
+
+
 def hf_greedy(model, features: torch.Tensor, *, language=None, task=None, timestamps=False, max_new_tokens=None):
     """transformers' own greedy decoding of one chunk, alone (batch 1): (prompt, generated tokens)."""
     kwargs = dict(return_timestamps=timestamps, force_unique_generate_call=True, return_dict_in_generate=True)

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine
-from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.models.loading import decoder_draft
-from conftest import hf_greedy, perturbed, tiny_target
+from conftest import first_divergence, hf_greedy, perturbed, tiny_target
 
 
 DEVICE = "cuda"
@@ -34,23 +33,13 @@ def _features(n=12):
 def assert_rows_equal_or_tie(target, feats, results, greedy, dtype, timestamps: bool = False) -> None:
     """Each row of `results` equals `greedy`'s, or first differs where the target's top-2 scores tie."""
     reference = copy.deepcopy(target).float()  # the same (rounded) weights, scored without half-precision rounding
-    tokens = WhisperTokens.from_generation_config(target.generation_config, 448)
-    rules = LogitRules(tokens, target.config.vocab_size, timestamps, torch.device("cpu"))
     for row, (res, ref) in enumerate(zip(results, greedy)):
-        ours, theirs = res.prompt + res.tokens, ref.prompt + ref.tokens
-        if ours == theirs:
-            continue
-        i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-        assert i >= len(res.prompt), f"row {row}: prompts differ {res.prompt} vs {ref.prompt}"
-        prefix = torch.tensor([theirs[:i]])
-        with torch.no_grad():
-            logits = reference(input_features=feats[row][None].float(),
-                               decoder_input_ids=prefix.to(feats.device)).logits[:, -1:].cpu()
-        scores = rules.apply(logits, prefix, torch.tensor([i]), torch.tensor([len(res.prompt)]))[0, 0]
-        top2 = scores.topk(2).values
-        gap = float(top2[0] - top2[1])
-        assert gap <= TIE[dtype], (f"row {row}: diverges at token {i} ({ours[i:i + 3]} vs {theirs[i:i + 3]}) "
-                                   f"without a tie (top-2 gap {gap:.2e} > {TIE[dtype]:.2e} for {dtype})")
+        diverged = first_divergence(reference, feats[row].float(), res.prompt + res.tokens, ref.prompt + ref.tokens,
+                                    len(res.prompt), timestamps)
+        if diverged is not None:
+            i, gap, _ = diverged
+            assert gap <= TIE[dtype], (f"row {row}: diverges at token {i} without a tie "
+                                       f"(top-2 gap {gap:.2e} > {TIE[dtype]:.2e} for {dtype})")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -94,25 +83,7 @@ def test_tie_check_rejects_a_difference_that_is_no_tie():
         assert_rows_equal_or_tie(target, feats, [changed, *greedy[1:]], greedy, dtype)
 
 
-# -- the fp16/bf16 contract (issue 9), row by row against transformers generate() with timestamps ----------------
-
-def _near_tie(target, feats_row, prefix: list[int], n_prompt: int, dtype) -> tuple[bool, float]:
-    """Is the target's choice at position len(prefix), after the common prefix, a near-tie in this dtype? The
-    scores are transformers' own forward pass (in `dtype`) through our rules (checked equal to transformers'
-    processors in tests/test_rules.py). A near-tie: the top two within 16 units of rounding of the larger one."""
-    from asr_spec.engine.rules import LogitRules, WhisperTokens
-
-    tokens = WhisperTokens.from_generation_config(target.generation_config, 448)
-    rules = LogitRules(tokens, target.config.vocab_size, True, feats_row.device)
-    ids = torch.tensor([prefix], device=feats_row.device)
-    with torch.no_grad():
-        logits = target(input_features=feats_row[None], decoder_input_ids=ids).logits[:, -1:]
-    scores = rules.apply(logits, ids, torch.tensor([len(prefix)], device=ids.device),
-                         torch.tensor([n_prompt], device=ids.device))[0, 0]
-    top2 = scores.topk(2).values
-    gap = float(top2[0] - top2[1])
-    return gap <= 16 * torch.finfo(dtype).eps * max(1.0, abs(float(top2[0]))), gap
-
+# -- the fp16/bf16 contract, row by row against transformers generate() with timestamps -----------------------
 
 NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
@@ -131,13 +102,11 @@ def test_half_precision_contract_against_generate_with_timestamps(dtype, specula
     results = Engine(target, draft, opts).decode(feats, batch_size=4)
     for row, r in enumerate(results):
         ref = hf_greedy(target, feats[row], language="en", task="transcribe", timestamps=True, max_new_tokens=40)
-        ours = list(r.prompt + r.tokens)
-        if ours == list(ref):
-            continue
-        i = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
-        assert i >= len(r.prompt), f"row {row}: prompts differ"
-        tie, gap = _near_tie(target, feats[row], list(ref[:i]), len(r.prompt), dtype)
-        assert tie, f"row {row} ({dtype}): differs from generate() at token {i} without a near-tie (gap {gap:.3g})"
+        diverged = first_divergence(target, feats[row], r.prompt + r.tokens, ref, len(r.prompt), True)
+        if diverged is not None:  # a near-tie: the top two within 16 units of rounding of the larger one
+            i, gap, top = diverged
+            assert gap <= 16 * torch.finfo(dtype).eps * max(1.0, abs(top)), (
+                f"row {row} ({dtype}): differs from generate() at token {i} without a near-tie (gap {gap:.3g})")
 
 
 @pytest.mark.parametrize("speculative", [False, True])

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine
-from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.testing import Shape, random_whisper
 from asr_spec.models.loading import decoder_draft
-from conftest import hf_greedy, perturbed, tiny_target
+from conftest import first_divergence, hf_greedy, perturbed, tiny_target
 
 TIE = 1e-4
 MAX_NEW = 40
@@ -51,25 +50,13 @@ def reference(row: int, timestamps: bool, max_new: int) -> tuple[int, ...]:
 
 def assert_same_as_greedy(results, timestamps: bool, max_new: int) -> None:
     """Each row equals the reference, or first differs where the target's top-2 scores are a numerical tie."""
-    t = _target()
-    tokens = WhisperTokens.from_generation_config(t.generation_config, 448)
-    rules = LogitRules(tokens, t.config.vocab_size, timestamps, torch.device("cpu"))
     for row, res in enumerate(results):
         ref = reference(row, timestamps, max_new)
-        ours = res.prompt + res.tokens
-        if ours == ref:
-            continue
-        i = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), min(len(ours), len(ref)))
-        assert i >= len(res.prompt), f"row {row}: prompts differ {res.prompt} vs {ref[:len(res.prompt)]}"
-        prefix = torch.tensor([ref[:i]])
-        with torch.no_grad():
-            logits = t(input_features=_features()[row][None], decoder_input_ids=prefix).logits[:, -1:]
-        scores = rules.apply(logits, prefix, torch.tensor([i]), torch.tensor([len(res.prompt)]))[0, 0]
-        top2 = scores.topk(2).values
-        assert (top2[0] - top2[1]).abs() < TIE, (
-            f"row {row}: diverges at token {i} ({ours[i:i + 3]} vs {ref[i:i + 3]}) without a tie "
-            f"(top-2 gap {float(top2[0] - top2[1]):.2e})"
-        )
+        diverged = first_divergence(_target(), _features()[row], res.prompt + res.tokens, ref, len(res.prompt),
+                                    timestamps)
+        if diverged is not None:
+            i, gap, _ = diverged
+            assert abs(gap) < TIE, f"row {row}: diverges at token {i} without a tie (top-2 gap {gap:.2e})"
 
 
 def run(draft_name: str, batch_size: int, timestamps: bool = False, max_new: int = MAX_NEW, **opts):
