@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -131,3 +134,13 @@ def test_silero_finds_the_speech_of_a_real_file():
     assert chunks[0][0].start_sample >= len(silence) - SR and chunks[-1][0].end_sample <= len(silence) + len(audio) + SR
     speech_s = sum(s.n_samples for s, _ in chunks) / SR
     assert 0.7 * len(audio) / SR < speech_s <= len(audio) / SR + 1
+
+
+def test_loading_silero_leaves_torch_threads_alone():
+    """silero_vad sets torch's thread count to 1 when imported; the encoder and decoder must keep theirs. A fresh
+    process, so that the import really happens here."""
+    pytest.importorskip("silero_vad")
+    code = ("import torch; torch.set_num_threads(2); from asr_spec.audio.vad import SileroVad; SileroVad(); "
+            "print(torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split()[-1] == "2"

@@ -270,10 +270,17 @@ class SileroVad:
     """
 
     def __init__(self) -> None:
+        import torch
+
+        threads = torch.get_num_threads()
         try:
+            # importing silero_vad calls torch.set_num_threads(1) for the whole process: every encoder and decoder
+            # step after it would run on one core (measured: the default run took 2x as long). Undone below.
             from silero_vad import load_silero_vad
         except ImportError as err:
             raise InputError("chunking 'vad' needs the silero-vad package: pip install silero-vad onnxruntime") from err
+        finally:
+            torch.set_num_threads(threads)
         with warnings.catch_warnings():  # silero-vad's own use of a deprecated importlib.resources call
             warnings.simplefilter("ignore", DeprecationWarning)
             try:
