@@ -23,6 +23,26 @@ def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, voca
     return full.index_copy_(-1, vocab_ids, logits)
 
 
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear through oneDNN (the kernel inductor's CPU backend calls). (..., d_in) -> (..., d_out)"""
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def onednn_linear_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the decoder's layer projections go through oneDNN: CPU fp32 with oneDNN built in. Measured on this
+    project's CPU (2 threads, weights streamed from memory as in a real step, whisper-base shapes): 1.5-3x faster
+    than F.linear (MKL) for 1-8 rows, e.g. 512 -> 2048 at 3 rows 0.26 vs 0.77 ms. Rounding differs from MKL's by
+    ~1e-4 relative, as any other kernel's would."""
+    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        x, w = torch.randn(3, 8), torch.randn(4, 8)
+        return torch.allclose(_onednn_linear(x, w, None), F.linear(x, w), atol=1e-5)
+    except (RuntimeError, AttributeError):  # an op missing from this build of torch
+        return False
+
+
 class Decoder:
     """A transformers `WhisperDecoder` plus its output projection, run over a `KVCache`.
 
@@ -58,6 +78,10 @@ class Decoder:
         self.cpu_layout = self.device.type == "cpu"
         self.head_weight = weight
         self.head_weight_t = weight.t().contiguous() if self.cpu_layout else None
+        self.linear = _onednn_linear if onednn_linear_usable(self.device, self.dtype) else F.linear
+
+    def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x, layer.weight, layer.bias)
 
     @property
     def device(self) -> torch.device:
@@ -130,24 +154,25 @@ class Decoder:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.self_attn_layer_norm(x)
-            q = self._split_heads(attn.q_proj(h))
-            cache.write_self(i, self._split_heads(attn.k_proj(h)), self._split_heads(attn.v_proj(h)), write_pos)
+            q = self._split_heads(self._proj(attn.q_proj, h))
+            k, v = self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
+            cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
             out = F.scaled_dot_product_attention(
                 q, cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys], attn_mask=mask, scale=self.scaling
             )
-            x = x + attn.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
+            x = x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
 
             xattn = layer.encoder_attn
             h = layer.encoder_attn_layer_norm(x)
-            q = self._split_heads(xattn.q_proj(h))
+            q = self._split_heads(self._proj(xattn.q_proj, h))
             if self.cpu_layout:
                 out = torch.softmax((q * self.scaling) @ cache.cross_k[i], dim=-1) @ cache.cross_v[i]
             else:
                 out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=self.scaling)
-            x = x + xattn.out_proj(out.transpose(1, 2).reshape(b, t, self.d_model))
+            x = x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
 
             h = layer.final_layer_norm(x)
-            x = x + layer.fc2(layer.activation_fn(layer.fc1(h)))
+            x = x + self._proj(layer.fc2, layer.activation_fn(self._proj(layer.fc1, h)))
         if logit_index is not None:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
         x = self.decoder.layer_norm(x)
