@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -167,3 +168,16 @@ def test_distill_command_end_to_end(tmp_path, capsys):
     greedy = Engine(target, None, opts).decode(feats, batch_size=3)
     spec = Engine(target, draft, opts).decode(feats, batch_size=3)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
+
+    # held-out evaluation of the same draft with other heads: a restriction only removes candidates
+    capsys.readouterr()
+    cache_dir = tmp_path / "draft.work" / "cache"
+    with pytest.raises(SystemExit) as info:
+        main(["distill", "--model", str(target_dir), "eval", "--held-out-cache", str(cache_dir), "--draft", str(out),
+              "--no-speed", "--head-sizes", "3", "0", "--train-cache", str(cache_dir), "--sim-k", "2", "3"])
+    assert (info.value.code or 0) == 0, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    small, full = report["trained-head-3"], report["trained-head-full"]
+    assert full["vocab_coverage"] == 1.0 and small["vocab_coverage"] < 1.0
+    assert small["agreement"] <= full["agreement"]
+    assert set(small["tokens_per_pass"]) == {"2", "3", "4"}  # --sim-k plus --k

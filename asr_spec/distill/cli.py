@@ -125,13 +125,15 @@ def cmd_eval(args) -> None:
             full = copy.copy(candidates["trained"])  # same layers, scoring the whole vocabulary
             full.draft_vocab_ids = None
             candidates["trained-full-head"] = full
+        candidates.update(_head_variants(candidates["trained"], args, target))
     for spec in args.untrained or []:
         candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions
     out["step_ms_b%d" % args.batch_size] = {"target": round(distill.decoder_step_ms(target, args.batch_size, n_ctx), 1)}
-    encoded = torch.from_numpy(held.encoded[:].astype("float32"))
+    encoded = torch.from_numpy(held.encoded[: args.speed_windows or len(held)].astype("float32"))
+    sim_k = tuple(sorted({*args.sim_k, *args.k}))
     for name, draft in candidates.items():
-        rep = distill.evaluate_agreement(target, draft, held)
+        rep = distill.evaluate_agreement(target, draft, held, ks=sim_k)
         line = {"agreement": round(rep.agreement, 4), "tokens": rep.tokens,
                 "vocab_coverage": round(rep.vocab_coverage, 4),
                 "accepted_per_step": {k: round(v, 3) for k, v in rep.accepted_per_step.items()},
@@ -152,6 +154,24 @@ def cmd_eval(args) -> None:
         out[name] = line
         print(json.dumps({name: line}), flush=True)
     print(json.dumps(out))
+
+
+def _head_variants(draft, args, target) -> dict:
+    """The trained draft's layers with other restricted heads: the N most frequent tokens of --train-cache's
+    pseudo-labels for each N of --head-sizes (0 = the whole vocabulary). The head is the target's own (tied), so a
+    restriction only removes candidates; it changes no score."""
+    if not args.head_sizes:
+        return {}
+    if args.train_cache is None:
+        raise SystemExit("eval --head-sizes: give --train-cache (its token counts choose each head's tokens)")
+    train = draft_data.PseudoLabelCache(args.train_cache)
+    counts = train.token_counts(target.config.vocab_size)
+    out = {}
+    for size in args.head_sizes:
+        variant = copy.copy(draft)
+        variant.draft_vocab_ids = distill.choose_draft_vocab(counts, size, train.eot) if size else None
+        out[f"trained-head-{size or 'full'}"] = variant
+    return out
 
 
 def layer_ids(spec: str, n_layers: int) -> list[int]:
@@ -228,6 +248,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long fu
     e.add_argument("--repeats", type=int, default=2)
     e.add_argument("--also-full-head", action="store_true", help="also time a restricted draft with its full head")
     e.add_argument("--no-speed", action="store_true", help="agreement only")
+    e.add_argument("--sim-k", type=int, nargs="+", default=[3, 4, 5, 6, 8],
+                   help="K values for simulated tokens per target pass (exact for greedy verification)")
+    e.add_argument("--speed-windows", type=int, default=0, help="time speed on the first N windows only (0 = all)")
+    e.add_argument("--head-sizes", type=int, nargs="+", help="also the draft with these restricted heads (0 = full)")
+    e.add_argument("--train-cache", type=Path, help="with --head-sizes: the cache whose token counts pick the heads")
     r = sub.add_parser("run", help="cache + train + save: the whole distillation in one command")
     r.add_argument("--audio", type=Path, required=True, help="LibriSpeech-layout tree of training speech")
     r.add_argument("--split", default="train")

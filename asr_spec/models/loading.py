@@ -28,11 +28,11 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return dtype
     if dtype in (None, "auto"):
         return torch.float16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if dtype not in table:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(table)} or auto")
-    return table[dtype]
+    from asr_spec.models.presets import DTYPES
+
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
+    return getattr(torch, DTYPES[dtype])
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -55,7 +55,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "base"  # the offline one: works with no network once asr-spec[offline] is installed
 PRESET_SUFFIX = ".toml"
-DTYPES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: fp16 on CUDA, fp32 elsewhere).
+# The one table: models.loading.resolve_dtype reads it too.
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
 # Preset keys that become transcription options (the rest say which models to load, and how)
 OPTION_KEYS = ("chunk_length_s", "stride_length_s", "num_draft_tokens", "language", "timestamps", "chunking",
                "word_timestamps", "max_words_per_cue")
@@ -127,8 +130,8 @@ def _verify_preset(preset: Preset) -> None:
     if not isinstance(preset.draft_optional, bool):
         raise bad("draft_optional", "true or false")
     _verify_option_values(preset, where)
-    if preset.dtype is not None and preset.dtype not in DTYPES:
-        raise bad("dtype", f"one of {', '.join(DTYPES)}")
+    if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:
+        raise bad("dtype", f"one of auto, {', '.join(DTYPES)}")
     if preset.share_encoder is not None and not isinstance(preset.share_encoder, bool):
         raise bad("share_encoder", "true or false, or left out")
     if not isinstance(preset.description, str):
