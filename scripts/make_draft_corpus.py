@@ -1,0 +1,210 @@
+"""Build the speech corpus that a draft is distilled on, and its held-out set, with one command:
+
+    apt-get install -y fortunes fortunes-min espeak-ng flite festival festvox-us-slt-hts festvox-kallpc16k
+    python scripts/make_draft_corpus.py --out /data/draft-corpus --hours 10 --jobs 2
+
+Texts: every English fortune database that Debian installs (/usr/share/games/fortunes: quotations, jokes,
+dialogue, definitions, literature, 41 files), cleaned to speakable prose and cut at sentence ends into pieces of
+at most 40 words. Voices: Debian's three TTS engines (festival, flite, espeak-ng) in 26 training voices and voice
+variants (speaker, speed, pitch); augmentation per utterance: noise (white, pink or brown at 5-25 dB SNR), synthetic
+reverberation (RT60 0.2-0.8 s), telephone band (300-3400 Hz, 8 kHz, mu-law), speed (0.88-1.12x), or clean.
+
+Held out, disjoint from training in both:
+- text: a seeded 2 % of the texts (by content, so the same text is on the same side in every run);
+- voice settings: 5 voices never used in training (flite awb, whose speaker is in no training voice; espeak-ng's
+  Scottish English and two variants; festival slt at a speed no training voice uses).
+
+Output (LibriSpeech layout, the input of `asr-spec distill cache`): OUT/train/... and OUT/heldout/...,
+manifest.tsv (split, id, voice, augmentation, seconds, text), voices.tsv, split.json. Deterministic given --seed;
+existing audio files are kept, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from make_fixtures import (  # noqa: E402  (scripts/ is not a package)
+    SAMPLE_RATE, Voice, _espeak, _festival, _flite, fixture_texts, librispeech_text, synthesize, trim, write_flac)
+
+from asr_spec.distill import corpus  # noqa: E402
+
+FORTUNES = Path("/usr/share/games/fortunes")
+SKIP_DATABASES = {"art", "ascii-art", "perl"}  # pictures and code
+SEED = 15
+
+TRAIN_VOICES = (
+    _festival("cmu_us_slt_arctic_hts", "slt"),
+    _festival("cmu_us_slt_arctic_hts", "slt", 0.9),
+    _festival("cmu_us_slt_arctic_hts", "slt", 1.15),
+    _festival("kal_diphone", "kal"),
+    _festival("kal_diphone", "kal", 1.1),
+    _flite("slt", "slt"),
+    _flite("slt", "slt", 0.9),
+    _flite("rms", "rms"),
+    _flite("rms", "rms", 1.15),
+    _flite("kal16", "kal"),
+    _flite("kal", "kal", 0.95),
+    _espeak("en-us"),
+    _espeak("en-us", 1.15),
+    _espeak("en-gb"),
+    _espeak("en-gb-x-rp", 1.1),
+    _espeak("en-029"),
+    _espeak("en-us-nyc", 0.9),
+    _espeak("en-gb-x-gbclan"),
+    _espeak("en-gb-x-gbcwmd", 1.1),
+    _espeak("en-us+f3", 1.0, 60),
+    _espeak("en-us+m3", 1.1, 40),
+    _espeak("en-us+f2", 0.95),
+    _espeak("en+klatt2", 1.05),
+    _espeak("en-us+m7", 1.0, 30),
+    _espeak("en-gb+f5", 0.9),
+    _espeak("en-us+Andy", 1.05),
+)
+HELD_OUT_VOICES = (
+    _flite("awb", "awb"),
+    _festival("cmu_us_slt_arctic_hts", "slt", 1.05),
+    _espeak("en-gb-scotland"),
+    _espeak("en-us+f4", 1.0, 70),
+    _espeak("en-gb-x-rp+m5", 0.95),
+)
+
+
+def fortune_texts() -> list[str]:
+    if not FORTUNES.is_dir():
+        raise SystemExit(f"{FORTUNES}: not found (apt-get install fortunes fortunes-min)")
+    files = sorted(p for p in FORTUNES.iterdir()
+                   if p.is_file() and not p.is_symlink() and not p.suffix and p.name not in SKIP_DATABASES)
+    return list(corpus.corpus_texts(p.read_text(encoding="latin-1") for p in files))
+
+
+def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: int):
+    """(split, utt_id, voice, augmentation, text, seed) per utterance, training in a seeded random order."""
+    fixtures = {corpus.text_key(t) for t in fixture_texts()}
+    train, held = [], []
+    for t in texts:
+        key = corpus.text_key(t)
+        if key in fixtures:
+            continue
+        (held if corpus.is_held_out(key, held_out_fraction, seed) else train).append(t)
+    order = np.random.default_rng(seed).permutation(len(train))
+    out = []
+    for split, items, voices in (("heldout", held[:max_held_out], HELD_OUT_VOICES),
+                                 ("train", [train[i] for i in order], TRAIN_VOICES)):
+        rng = np.random.default_rng([seed, len(split)])
+        base = 9000 if split == "heldout" else 8000
+        for i, text in enumerate(items):
+            v = i % len(voices)
+            k = i // len(voices)
+            utt_id = f"{base + v}-{100 + k // 500}-{k % 500:04d}"
+            out.append((split, utt_id, voices[v], corpus.draw_augmentation(rng), text, int(rng.integers(2**31))))
+    return out
+
+
+def _make_one(job) -> float:
+    """Seconds of audio made for one utterance; 0.0 when its TTS engine fails on the text (it is skipped)."""
+    split, utt_id, voice, aug, text, seed, root = job
+    speaker, chapter, _ = utt_id.split("-")
+    path = root / split / speaker / chapter / f"{utt_id}.flac"
+    if path.exists():  # resume: keep what an earlier run made
+        return sf.info(path).duration
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            audio = trim(synthesize(voice, text, Path(tmp)))
+    except RuntimeError as err:  # e.g. festival's diphone voice on some punctuation runs
+        print(f"\nskipped {utt_id}: {str(err)[:160]}", file=sys.stderr)
+        return 0.0
+    audio = corpus.augment(audio, aug, np.random.default_rng(seed))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    write_flac(part, audio)
+    part.replace(path)  # atomic: a killed run never leaves a half-written .flac
+    return len(audio) / SAMPLE_RATE
+
+
+def build(out: Path, hours: float, seed: int, jobs: int, held_out_fraction: float, max_held_out: int) -> None:
+    jobs_all = plan(fortune_texts(), seed, held_out_fraction, max_held_out)
+    done: list[tuple] = []
+    seconds = {"train": 0.0, "heldout": 0.0}
+    skipped = 0
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        pending = iter(jobs_all)
+        while True:
+            wave = []
+            for job in pending:
+                if job[0] == "train" and seconds["train"] >= hours * 3600:
+                    break
+                wave.append(job)
+                if len(wave) == 50 * jobs:
+                    break
+            if not wave:
+                break
+            for job, d in zip(wave, pool.map(_make_one, [j + (out,) for j in wave]), strict=True):
+                if d == 0.0:
+                    skipped += 1
+                    continue
+                done.append(job + (d,))
+                seconds[job[0]] += d
+            print(f"\r{seconds['train'] / 3600:.2f} h train, {seconds['heldout'] / 60:.1f} min held out", end="",
+                  file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    chapters: dict[Path, list[str]] = {}
+    for split, utt_id, _, _, text, _, _ in done:
+        speaker, chapter, _ = utt_id.split("-")
+        chapters.setdefault(out / split / speaker / chapter, []).append(f"{utt_id} {librispeech_text(text)}")
+    for folder, lines in chapters.items():
+        (folder / f"{folder.parent.name}-{folder.name}.trans.txt").write_text("\n".join(lines) + "\n")
+    rows = ["split\tid\tvoice\taugmentation\tseconds\ttext"] + [
+        f"{split}\t{utt_id}\t{voice.name}\t{aug.label()}\t{d:.3f}\t{text}"
+        for split, utt_id, voice, aug, text, _, d in done]
+    (out / "manifest.tsv").write_text("\n".join(rows) + "\n")
+    voices = [("train", 8000 + i, v) for i, v in enumerate(TRAIN_VOICES)]
+    voices += [("heldout", 9000 + i, v) for i, v in enumerate(HELD_OUT_VOICES)]
+    (out / "voices.tsv").write_text("split\tspeaker_id\tvoice\tspeaker\tengine\n" + "".join(
+        f"{s}\t{i}\t{v.name}\t{v.speaker}\t{v.engine}\n" for s, i, v in voices))
+    n = {s: sum(1 for j in done if j[0] == s) for s in seconds}
+    (out / "split.json").write_text(json.dumps({
+        "seed": seed, "held_out_fraction": held_out_fraction, "utterances": n, "skipped_tts_failures": skipped,
+        "hours": {s: round(v / 3600, 3) for s, v in seconds.items()},
+        "text_rule": "a text is held out when sha256(f'{seed}:{text_key}') < fraction (scripts/make_draft_corpus.py)",
+        "voice_rule": "held-out voices are never used for training",
+        "train_voices": [v.name for v in TRAIN_VOICES], "heldout_voices": [v.name for v in HELD_OUT_VOICES],
+    }, indent=2) + "\n")
+    print(json.dumps({"out": str(out), "utterances": n, "hours": {s: round(v / 3600, 2) for s, v in seconds.items()}}))
+
+
+def check_voices_disjoint(train: tuple[Voice, ...], held: tuple[Voice, ...]) -> None:
+    same = {v.name for v in train} & {v.name for v in held}
+    if same:
+        raise SystemExit(f"voices both in training and held out: {sorted(same)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="corpus folder (created; resumed if it exists)")
+    parser.add_argument("--hours", type=float, default=10.0, help="training audio to make (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=SEED, help="text split, order and augmentation seed")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel TTS processes (default: %(default)s)")
+    parser.add_argument("--held-out-fraction", type=float, default=0.02, help="share of texts held out")
+    parser.add_argument("--max-held-out", type=int, default=250, help="held-out utterances at most")
+    args = parser.parse_args(argv)
+    if args.hours <= 0 or args.jobs < 1 or not 0 < args.held_out_fraction < 1 or args.max_held_out < 1:
+        parser.error("--hours > 0, --jobs >= 1, 0 < --held-out-fraction < 1, --max-held-out >= 1")
+    check_voices_disjoint(TRAIN_VOICES, HELD_OUT_VOICES)
+    build(args.out, args.hours, args.seed, args.jobs, args.held_out_fraction, args.max_held_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
