@@ -181,3 +181,16 @@ def test_distill_command_end_to_end(tmp_path, capsys):
     assert full["vocab_coverage"] == 1.0 and small["vocab_coverage"] < 1.0
     assert small["agreement"] <= full["agreement"]
     assert set(small["tokens_per_pass"]) == {"2", "3", "4"}  # --sim-k plus --k
+
+    # ... and saved again with the head that comparison chose: same layers, the restricted head
+    capsys.readouterr()
+    smaller = tmp_path / "draft-head-3"
+    with pytest.raises(SystemExit) as info:
+        main(["distill", "--model", str(target_dir), "head", "--draft", str(out), "--train-cache", str(cache_dir),
+              "--head-size", "3", "--out", str(smaller)])
+    assert (info.value.code or 0) == 0, capsys.readouterr().err
+    restricted = load_draft(smaller, target, cpu, torch.float32)
+    assert len(restricted.draft_vocab_ids) == 3
+    assert json.loads((smaller / "distill.json").read_text())["head"]["size"] == 3
+    spec = Engine(target, restricted, opts).decode(feats, batch_size=3)
+    assert [r.tokens for r in spec] == [r.tokens for r in greedy]

@@ -11,8 +11,11 @@ evaluate), or all of it at once:
     # 2. train (resumable: rerun the same command to continue from work/ckpt.pt)
     asr-spec distill train --train-cache /data/cache-train --held-out-cache /data/cache-heldout \
         --work /data/work --layers 0,5 --vocab-size 4096 --steps 1500 --out drafts/whisper-base
-    # 3. held-out agreement, expected accepted tokens for K = 4 and 8, real speed-up vs greedy at batch 4
-    asr-spec distill eval --draft drafts/whisper-base --held-out-cache /data/cache-heldout
+    # 3. held-out agreement, tokens per target pass for several K, real speed-up vs greedy; other heads too
+    asr-spec distill eval --draft drafts/whisper-base --held-out-cache /data/cache-heldout \
+        --head-sizes 4096 8192 0 --train-cache /data/cache-train
+    # 4. keep the head the comparison chose
+    asr-spec distill head --draft drafts/whisper-base --train-cache /data/cache-train --head-size 8192 --out drafts/x
 
 Every command takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to others).
 """
@@ -174,6 +177,21 @@ def _head_variants(draft, args, target) -> dict:
     return out
 
 
+def cmd_head(args) -> None:
+    """Save a trained draft again with another restricted head (its layers unchanged): the head a comparison of
+    `eval --head-sizes` chose."""
+    target = _target(args.model)
+    draft = drafts.load_trained_draft(args.draft, target)
+    draft.draft_vocab_ids = _head_variants(draft, argparse.Namespace(head_sizes=[args.head_size],
+                                                                      train_cache=args.train_cache), target)[
+        f"trained-head-{args.head_size or 'full'}"].draft_vocab_ids
+    info = json.loads((Path(args.draft) / drafts.INFO_FILE).read_text())
+    info["head"] = {"size": args.head_size or "full", "from": str(args.draft), "counts_from": str(args.train_cache),
+                    "command": " ".join(sys.argv)}
+    drafts.save_trained_draft(draft, args.out, info=info)
+    print(f"saved {args.out} (head: {args.head_size or 'full vocabulary'})")
+
+
 def layer_ids(spec: str, n_layers: int) -> list[int]:
     """"0,5" -> [0, 5]; a bare count "2" -> that many target layers spread from the first to the last (distil-whisper
     keeps the first and the last for two)."""
@@ -200,7 +218,7 @@ def cmd_run(args) -> None:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
     torch.set_num_threads(args.threads)
-    {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval, "run": cmd_run}[args.cmd](args)
+    {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval, "head": cmd_head, "run": cmd_run}[args.cmd](args)
     return 0
 
 
@@ -253,6 +271,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long fu
     e.add_argument("--speed-windows", type=int, default=0, help="time speed on the first N windows only (0 = all)")
     e.add_argument("--head-sizes", type=int, nargs="+", help="also the draft with these restricted heads (0 = full)")
     e.add_argument("--train-cache", type=Path, help="with --head-sizes: the cache whose token counts pick the heads")
+    h = sub.add_parser("head", help="save a trained draft with another restricted head")
+    h.add_argument("--draft", type=Path, required=True)
+    h.add_argument("--train-cache", type=Path, required=True, help="its token counts choose the head's tokens")
+    h.add_argument("--head-size", type=int, required=True, help="tokens the head scores (0 = full vocabulary)")
+    h.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("run", help="cache + train + save: the whole distillation in one command")
     r.add_argument("--audio", type=Path, required=True, help="LibriSpeech-layout tree of training speech")
     r.add_argument("--split", default="train")
