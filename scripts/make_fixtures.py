@@ -1,30 +1,25 @@
 #!/usr/bin/env python3
-"""Make the real-speech test fixtures (and, on request, a TTS training corpus) with Debian's TTS voices.
+"""Make the real-speech test fixtures with Debian's TTS voices.
 
-Everything spoken here is text written in this file (own sentences, public domain) or generated from its word
-lists, so the audio can be committed and regenerated anywhere the Debian packages `festival`,
-`festvox-us-slt-hts`, `festvox-kallpc16k`, `flite` and `espeak-ng` are installed. Output is 16 kHz mono 16-bit
-FLAC. Runs are deterministic: the same packages give byte-identical files.
+Everything spoken here is text written in this file (own sentences, public domain), so the audio can be committed
+and regenerated anywhere the Debian packages `festival`, `festvox-us-slt-hts`, `festvox-kallpc16k`, `flite` and
+`espeak-ng` are installed. Output is 16 kHz mono 16-bit FLAC. Runs are deterministic: the same packages give
+byte-identical files.
 
-Fixture mode (default) writes under `--out` (default: tests/fixtures next to this script's repo):
+Writes under `--out` (default: tests/fixtures next to this script's repo):
 
     speech/long_75s.flac, .txt, .segments.tsv   ~75 s of sentences in four voices, 0.3-0.6 s pauses
     librispeech/test-clean/<spk>/<chapter>/...  LibriSpeech layout: 3 speakers (= voices), 4 chapters, 14 utts
     speech/short/*.flac + manifest.tsv          6 clips of 3-6 s, one per voice
 
-Training-corpus mode (`--train-corpus OUT_DIR --n N`) writes N procedurally generated sentences in the
-LibriSpeech layout under OUT_DIR/train/, plus manifest.tsv, voices.tsv and split.json. Its texts are always
-disjoint from the fixture sentences (checked after normalisation); its voices overlap the fixture voices unless
-`--held-out-voices` is given, and split.json says which. Existing audio files are kept, so a run can be resumed.
-
     python scripts/make_fixtures.py                       # regenerate tests/fixtures
-    python scripts/make_fixtures.py --train-corpus /data/tts-train --n 20000 --jobs 2
+
+The speech a draft is distilled on is made by scripts/make_draft_corpus.py (it reuses the voices and TTS calls here).
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import json
 import random
@@ -89,31 +84,6 @@ FLITE_RMS = _flite("rms", "rms")
 FLITE_AWB = _flite("awb", "awb")
 ESPEAK_US = _espeak("en-us")
 FIXTURE_VOICES = (SLT_HTS, KAL, FLITE_SLT, FLITE_RMS, FLITE_AWB, ESPEAK_US)
-
-TRAIN_VOICES = (
-    # fixture speakers at other speeds (dropped by --held-out-voices)
-    _festival("cmu_us_slt_arctic_hts", "slt", 0.9),
-    _festival("cmu_us_slt_arctic_hts", "slt", 1.15),
-    _festival("kal_diphone", "kal", 1.1),
-    _flite("kal16", "kal", 1.0),
-    _flite("slt", "slt", 0.9),
-    _flite("rms", "rms", 1.15),
-    _flite("awb", "awb", 0.9),
-    _espeak("en-us", 1.15),
-    # speakers never used by the fixtures
-    _espeak("en-gb"),
-    _espeak("en-gb-x-rp", 1.1),
-    _espeak("en-gb-scotland"),
-    _espeak("en-029"),
-    _espeak("en-us-nyc", 0.9),
-    _espeak("en-gb-x-gbclan"),
-    _espeak("en-gb-x-gbcwmd", 1.1),
-    _espeak("en-us+f3", 1.0, 60),
-    _espeak("en-us+m3", 1.1, 40),
-    _espeak("en-us+f2", 0.95),
-    _espeak("en+klatt2", 1.05),
-)
-
 
 def synthesize(voice: Voice, text: str, workdir: Path) -> np.ndarray:
     """Speak `text` with `voice`; returns float32 mono at SAMPLE_RATE. shape = (n_samples,)"""
@@ -365,370 +335,6 @@ def make_fixtures(out: Path) -> None:
     print(f"{len(made)} files, {sum(d for _, d in made):.1f} s, {total_bytes / 1024 / 1024:.2f} MiB in {out}")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Training-corpus mode: procedural sentences (word lists written for this project)
-
-_ADJ = (
-    "old",
-    "young",
-    "quiet",
-    "busy",
-    "tired",
-    "clever",
-    "careful",
-    "brave",
-    "gentle",
-    "angry",
-    "happy",
-    "hungry",
-    "small",
-    "tall",
-    "strong",
-    "lazy",
-    "polite",
-    "curious",
-    "patient",
-    "cheerful",
-    "nervous",
-    "proud",
-    "honest",
-    "lonely",
-    "friendly",
-    "silent",
-    "restless",
-    "wise",
-    "foolish",
-    "sleepy",
-)
-_PERSON = (
-    "farmer",
-    "teacher",
-    "sailor",
-    "doctor",
-    "painter",
-    "miller",
-    "soldier",
-    "student",
-    "merchant",
-    "fisherman",
-    "nurse",
-    "driver",
-    "gardener",
-    "carpenter",
-    "shepherd",
-    "writer",
-    "singer",
-    "pilot",
-    "miller's son",
-    "stranger",
-    "visitor",
-    "priest",
-    "judge",
-    "clerk",
-    "cook",
-    "hunter",
-    "weaver",
-    "porter",
-    "guard",
-    "widow",
-)
-_THING = (
-    "basket",
-    "letter",
-    "lantern",
-    "bucket",
-    "ladder",
-    "blanket",
-    "kettle",
-    "hammer",
-    "coat",
-    "map",
-    "candle",
-    "rope",
-    "saddle",
-    "drum",
-    "violin",
-    "mirror",
-    "barrel",
-    "bell",
-    "cart",
-    "book",
-    "chair",
-    "knife",
-    "box of apples",
-    "loaf of bread",
-    "bag of flour",
-    "jar of honey",
-    "piece of paper",
-    "pair of boots",
-    "bundle of wood",
-    "cup of tea",
-)
-_COLOR = (
-    "red",
-    "blue",
-    "green",
-    "brown",
-    "dark",
-    "black",
-    "white",
-    "yellow",
-    "golden",
-    "silver",
-    "heavy",
-    "light",
-    "broken",
-    "wooden",
-    "empty",
-    "wet",
-    "dusty",
-    "new",
-    "cheap",
-    "beautiful",
-)
-_PLACE = (
-    "the market",
-    "the station",
-    "the docks",
-    "the church",
-    "the mill",
-    "the bridge",
-    "the forest",
-    "the farm",
-    "the school",
-    "the castle",
-    "the kitchen",
-    "the garden",
-    "the river",
-    "the hill",
-    "the inn",
-    "the village",
-    "the city gate",
-    "the post office",
-    "the library",
-    "the barn",
-    "the shore",
-    "the valley",
-    "the square",
-    "the hospital",
-    "the factory",
-)
-_PREP = (
-    "across",
-    "toward",
-    "past",
-    "behind",
-    "near",
-    "around",
-    "beyond",
-    "along",
-    "through",
-    "inside",
-    "outside",
-    "up to",
-    "away from",
-    "in front of",
-)
-_VERB_T = (
-    "carried",
-    "dropped",
-    "found",
-    "lost",
-    "sold",
-    "bought",
-    "painted",
-    "mended",
-    "hid",
-    "opened",
-    "pushed",
-    "pulled",
-    "lifted",
-    "cleaned",
-    "borrowed",
-    "returned",
-    "offered",
-    "packed",
-    "wrapped",
-    "counted",
-)
-_VERB_I = (
-    "walked",
-    "waited",
-    "slept",
-    "sang",
-    "ran",
-    "worked",
-    "prayed",
-    "shouted",
-    "rested",
-    "wandered",
-    "danced",
-    "stood",
-    "knelt",
-    "laughed",
-    "listened",
-)
-_TIME = (
-    "before dawn",
-    "at noon",
-    "after supper",
-    "in the evening",
-    "on a rainy morning",
-    "late at night",
-    "every sunday",
-    "in the middle of winter",
-    "at the end of summer",
-    "the next day",
-    "an hour later",
-    "long ago",
-    "just before the storm",
-    "while the bells rang",
-    "without a word",
-)
-_NAME = (
-    "Anna",
-    "Thomas",
-    "Mary",
-    "John",
-    "Clara",
-    "Peter",
-    "Lucy",
-    "Henry",
-    "Martha",
-    "George",
-    "Ellen",
-    "Samuel",
-    "Rose",
-    "Walter",
-    "Alice",
-    "Edward",
-    "Grace",
-    "Arthur",
-    "Helen",
-    "Frank",
-)
-_UNITS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-_TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-
-
-def _number(rng: random.Random) -> str:
-    kind = rng.randrange(4)
-    if kind == 0:
-        return rng.choice(_UNITS)
-    if kind == 1:
-        return rng.choice(("ten", "eleven", "twelve", "fifteen", "eighteen", "a hundred", "a thousand"))
-    if kind == 2:
-        return rng.choice(_TENS)
-    return f"{rng.choice(_TENS)} {rng.choice(_UNITS)}"
-
-
-def _noun_phrase(rng: random.Random) -> str:
-    det, color = rng.choice(("the", "a", "his", "her", "their", "my")), rng.choice(_COLOR)
-    if det == "a" and color[0] in "aeiou":
-        det = "an"
-    return f"{det} {color} {rng.choice(_THING)}"
-
-
-def _agent(rng: random.Random) -> str:
-    if rng.random() < 0.3:
-        return rng.choice(_NAME)
-    return f"the {rng.choice(_ADJ)} {rng.choice(_PERSON)}"
-
-
-def _clause(rng: random.Random) -> str:
-    if rng.random() < 0.5:
-        return f"{_agent(rng)} {rng.choice(_VERB_T)} {_noun_phrase(rng)} {rng.choice(_PREP)} {rng.choice(_PLACE)}"
-    return f"{_agent(rng)} {rng.choice(_VERB_I)} {rng.choice(_PREP)} {rng.choice(_PLACE)} {rng.choice(_TIME)}"
-
-
-def train_sentence(index: int, seed: int = SEED) -> str:
-    """The `index`-th training sentence; a pure function of (index, seed)."""
-    rng = random.Random(f"train:{seed}:{index}")
-    kind = rng.randrange(6)
-    if kind == 0:
-        s = f"{_clause(rng)} {rng.choice(_TIME)}."
-    elif kind == 1:
-        s = f"When {_clause(rng)}, {_clause(rng)}."
-    elif kind == 2:
-        s = f"{_clause(rng)} because {_clause(rng)}."
-    elif kind == 3:
-        s = f"{_agent(rng)} paid {_number(rng)} pennies for {_noun_phrase(rng)} at {rng.choice(_PLACE)}."
-    elif kind == 4:
-        s = f"Why did {_agent(rng)} leave {_noun_phrase(rng)} {rng.choice(_PREP)} {rng.choice(_PLACE)}?"
-    else:
-        s = f"It was {_number(rng)} miles from {rng.choice(_PLACE)} to {rng.choice(_PLACE)}, {rng.choice(_TIME)}."
-    return s[0].upper() + s[1:]
-
-
-def _train_one(job: tuple[Voice, str, Path]) -> float:
-    voice, text, path = job
-    if path.exists():  # resume: keep what an earlier run made
-        return sf.info(path).duration
-    with tempfile.TemporaryDirectory() as tmp:
-        audio = trim(synthesize(voice, text, Path(tmp)))
-    tmp_path = path.with_name(path.name + ".part")
-    write_flac(tmp_path, audio)
-    tmp_path.replace(path)  # atomic: a killed run never leaves a half-written .flac
-    return len(audio) / SAMPLE_RATE
-
-
-def make_train_corpus(out: Path, n: int, seed: int, held_out_voices: bool, jobs: int) -> None:
-    fixture_speakers = sorted({v.speaker for v in FIXTURE_VOICES})
-    voices = [v for v in TRAIN_VOICES if not (held_out_voices and v.speaker in fixture_speakers)]
-    held_out = {_key(t) for t in fixture_texts()}
-    # texts: skip any candidate equal to a fixture sentence or to an earlier training sentence
-    texts, seen, index = [], set(), 0
-    while len(texts) < n:
-        text = train_sentence(index, seed)
-        index += 1
-        if _key(text) not in held_out and _key(text) not in seen:
-            seen.add(_key(text))
-            texts.append(text)
-        if index > 50 * n + 1000:
-            raise RuntimeError(f"the sentence grammar cannot make {n} distinct sentences")
-    # utterance i goes to voice i % V; that voice's k-th utterance is chapter 100 + k // 500, number k % 500
-    plan = []
-    for i, text in enumerate(texts):
-        v = i % len(voices)
-        k = i // len(voices)
-        speaker, chapter = f"{8000 + v}", f"{100 + k // 500}"
-        utt_id = f"{speaker}-{chapter}-{k % 500:04d}"
-        path = out / "train" / speaker / chapter / f"{utt_id}.flac"
-        plan.append((utt_id, voices[v], text, path))
-    for _, _, _, path in plan:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        durations = list(pool.map(_train_one, [(voice, text, path) for _, voice, text, path in plan]))
-    by_chapter: dict[Path, list[str]] = {}
-    for utt_id, _, text, path in plan:
-        by_chapter.setdefault(path.parent, []).append(f"{utt_id} {librispeech_text(text)}")
-    for folder, lines in by_chapter.items():
-        (folder / f"{folder.parent.name}-{folder.name}.trans.txt").write_text("\n".join(lines) + "\n")
-    manifest = ["id\tvoice\tduration_s\ttext"] + [
-        f"{utt_id}\t{voice.name}\t{d:.3f}\t{text}" for (utt_id, voice, text, _), d in zip(plan, durations, strict=True)
-    ]
-    (out / "manifest.tsv").write_text("\n".join(manifest) + "\n")
-    (out / "voices.tsv").write_text(
-        "speaker_id\tvoice\tspeaker\tengine\n"
-        + "".join(f"{8000 + i}\t{v.name}\t{v.speaker}\t{v.engine}\n" for i, v in enumerate(voices))
-    )
-    split = {
-        "rule": "training texts are generated by scripts/make_fixtures.py:train_sentence and none equals a "
-        "fixture sentence after lower-casing and dropping punctuation; voices listed in voice_overlap "
-        "share a speaker with the fixtures, so a held-out evaluation on the fixtures is held out by text "
-        "only for them (rerun with --held-out-voices to exclude them)",
-        "seed": seed,
-        "n": n,
-        "fixture_speakers": fixture_speakers,
-        "fixture_voices": [v.name for v in FIXTURE_VOICES],
-        "train_voices": [v.name for v in voices],
-        "voice_overlap": sorted(v.name for v in voices if v.speaker in fixture_speakers),
-        "held_out_texts": sorted(held_out),
-    }
-    (out / "split.json").write_text(json.dumps(split, indent=2) + "\n")
-    print(f"{n} utterances, {sum(durations) / 3600:.2f} h, {len(voices)} voices in {out}")
-
-
 def main(argv: list[str] | None = None) -> int:
     repo = Path(__file__).resolve().parent.parent
     parser = argparse.ArgumentParser(
@@ -737,24 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=repo / "tests" / "fixtures", help="fixture root (default: %(default)s)"
     )
-    parser.add_argument(
-        "--train-corpus", type=Path, metavar="OUT_DIR", help="make a training corpus in OUT_DIR instead of the fixtures"
-    )
-    parser.add_argument("--n", type=int, default=1000, help="training utterances (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=SEED, help="training text seed (default: %(default)s)")
-    parser.add_argument(
-        "--held-out-voices",
-        action="store_true",
-        help="training corpus: leave out every voice whose speaker the fixtures use",
-    )
-    parser.add_argument("--jobs", type=int, default=1, help="training corpus: parallel TTS processes")
     args = parser.parse_args(argv)
-    if args.train_corpus is None:
-        make_fixtures(args.out)
-    else:
-        if args.n < 1 or args.jobs < 1:
-            parser.error("--n and --jobs must be at least 1")
-        make_train_corpus(args.train_corpus, args.n, args.seed, args.held_out_voices, args.jobs)
+    make_fixtures(args.out)
     return 0
 
 
