@@ -194,3 +194,13 @@ def test_distill_command_end_to_end(tmp_path, capsys):
     assert json.loads((smaller / "distill.json").read_text())["head"]["size"] == 3
     spec = Engine(target, restricted, opts).decode(feats, batch_size=3)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
+
+
+def test_layer_ids_by_count_by_id_and_bad_specs():
+    from asr_spec.distill.cli import layer_ids
+
+    assert layer_ids("2", 6) == [0, 5] and layer_ids("1", 6) == [0] and layer_ids("3", 6) == [0, 2, 5]
+    assert layer_ids("0,5", 6) == [0, 5] and layer_ids("5,", 6) == [5]
+    for bad in ("7,", "a,b", ",", "0"):
+        with pytest.raises(SystemExit, match="--layers"):
+            layer_ids(bad, 6)

@@ -193,13 +193,19 @@ def cmd_head(args) -> None:
 
 
 def layer_ids(spec: str, n_layers: int) -> list[int]:
-    """"0,5" -> [0, 5]; a bare count "2" -> that many target layers spread from the first to the last (distil-whisper
-    keeps the first and the last for two)."""
+    """"0,5" -> [0, 5]; "5," -> [5] (one layer, by id); a bare count "2" -> that many target layers spread from the
+    first to the last (distil-whisper keeps the first and the last for two)."""
     if "," in spec or not spec.isdigit():
-        return [int(x) for x in spec.split(",")]
+        try:
+            ids = [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            ids = []
+        if not ids or any(not 0 <= i < n_layers for i in ids):
+            raise SystemExit(f"--layers {spec!r}: give layer ids 0..{n_layers - 1} (e.g. 0,5 or 5,) or a count")
+        return ids
     count = int(spec)
     if not 1 <= count <= n_layers:
-        raise SystemExit(f"--layers {count}: the target has {n_layers} decoder layers")
+        raise SystemExit(f"--layers {count}: a count must be 1..{n_layers} (the target's decoder layers); ids: 0,5 or 5,")
     return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
 
 
