@@ -15,7 +15,8 @@ evaluate), or all of it at once:
     asr-spec distill eval --draft drafts/whisper-base --held-out-cache /data/cache-heldout \
         --head-sizes 4096 8192 0 --train-cache /data/cache-train
     # 4. keep the head the comparison chose
-    asr-spec distill head --draft drafts/whisper-base --train-cache /data/cache-train --head-size 8192 --out drafts/x
+    asr-spec distill head --draft drafts/whisper-base --train-cache /data/cache-train --head-size 8192 \
+        --out drafts/whisper-base-8k
 
 Every command takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to others).
 """
@@ -205,7 +206,8 @@ def layer_ids(spec: str, n_layers: int) -> list[int]:
         return ids
     count = int(spec)
     if not 1 <= count <= n_layers:
-        raise SystemExit(f"--layers {count}: a count must be 1..{n_layers} (the target's decoder layers); ids: 0,5 or 5,")
+        raise SystemExit(f"--layers {count}: a count must be 1..{n_layers} (the target's decoder layers); "
+                         "ids: 0,5 or 5,")
     return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
 
 
