@@ -95,7 +95,12 @@ def load_clips(audio: Sequence[str] | None, limit: int | None, refs: Sequence[st
 
 def load_models(args: argparse.Namespace) -> tuple[Transcriber, Any, str]:
     """(greedy transcriber of the preset, draft, a line saying where the draft comes from)."""
+    from asr_spec.models.presets import load_preset
+
     overrides = {k: v for k, v in [("device", args.device), ("dtype", args.dtype)] if v is not None}
+    preset_draft = load_preset(args.preset).draft_or_none()
+    if preset_draft is not None:  # asked for explicitly: on a CPU a preset alone decodes greedily
+        overrides["draft"] = preset_draft
     base = Transcriber.from_preset(args.preset, language=args.language, **overrides)
     if base.draft is not None:
         draft, note = base.draft, f"draft: the preset's ({args.preset})"
