@@ -76,7 +76,7 @@ def _workdir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     work = tmp_path / "work"
     work.mkdir(parents=True)
     for entry in REPO.iterdir():
-        if entry.name not in (".git", ".venv", "runs"):
+        if entry.name not in (".git", ".venv", "runs", "out"):  # out/: where README blocks write; never the repo's
             (work / entry.name).symlink_to(entry)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
