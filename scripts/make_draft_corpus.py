@@ -27,6 +27,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import soundfile as sf
@@ -88,8 +89,21 @@ def fortune_texts() -> list[str]:
     return list(corpus.corpus_texts(p.read_text(encoding="latin-1") for p in files))
 
 
-def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: int):
-    """(split, utt_id, voice, augmentation, text, seed) per utterance, training in a seeded random order."""
+class Utterance(NamedTuple):
+    split: str  # "train" | "heldout"
+    utt_id: str  # LibriSpeech style: speaker-chapter-number
+    voice: Voice
+    aug: corpus.Augmentation
+    text: str
+    seed: int  # of this utterance's augmentation noise
+
+    def folder(self, root: Path) -> Path:
+        speaker, chapter, _ = self.utt_id.split("-")
+        return root / self.split / speaker / chapter
+
+
+def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: int) -> list[Utterance]:
+    """Every utterance the corpus can hold: the held-out ones, then training in a seeded random order."""
     fixtures = {corpus.text_key(t) for t in fixture_texts()}
     train, held = [], []
     for t in texts:
@@ -107,24 +121,24 @@ def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: in
             v = i % len(voices)
             k = i // len(voices)
             utt_id = f"{base + v}-{100 + k // 500}-{k % 500:04d}"
-            out.append((split, utt_id, voices[v], corpus.draw_augmentation(rng), text, int(rng.integers(2**31))))
+            out.append(Utterance(split, utt_id, voices[v], corpus.draw_augmentation(rng), text,
+                                 int(rng.integers(2**31))))
     return out
 
 
-def _make_one(job) -> float:
+def _make_one(job: tuple[Utterance, Path]) -> float:
     """Seconds of audio made for one utterance; 0.0 when its TTS engine fails on the text (it is skipped)."""
-    split, utt_id, voice, aug, text, seed, root = job
-    speaker, chapter, _ = utt_id.split("-")
-    path = root / split / speaker / chapter / f"{utt_id}.flac"
+    utt, root = job
+    path = utt.folder(root) / f"{utt.utt_id}.flac"
     if path.exists():  # resume: keep what an earlier run made
         return sf.info(path).duration
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            audio = trim(synthesize(voice, text, Path(tmp)))
+            audio = trim(synthesize(utt.voice, utt.text, Path(tmp)))
     except RuntimeError as err:  # e.g. festival's diphone voice on some punctuation runs
-        print(f"\nskipped {utt_id}: {str(err)[:160]}", file=sys.stderr)
+        print(f"\nskipped {utt.utt_id}: {str(err)[:160]}", file=sys.stderr)
         return 0.0
-    audio = corpus.augment(audio, aug, np.random.default_rng(seed))
+    audio = corpus.augment(audio, utt.aug, np.random.default_rng(utt.seed))
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part")
     write_flac(part, audio)
@@ -133,46 +147,43 @@ def _make_one(job) -> float:
 
 
 def build(out: Path, hours: float, seed: int, jobs: int, held_out_fraction: float, max_held_out: int) -> None:
-    jobs_all = plan(fortune_texts(), seed, held_out_fraction, max_held_out)
-    done: list[tuple] = []
+    done: list[tuple[Utterance, float]] = []
     seconds = {"train": 0.0, "heldout": 0.0}
     skipped = 0
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        pending = iter(jobs_all)
+        pending = iter(plan(fortune_texts(), seed, held_out_fraction, max_held_out))
         while True:
             wave = []
-            for job in pending:
-                if job[0] == "train" and seconds["train"] >= hours * 3600:
+            for utt in pending:
+                if utt.split == "train" and seconds["train"] >= hours * 3600:
                     break
-                wave.append(job)
+                wave.append(utt)
                 if len(wave) == 50 * jobs:
                     break
             if not wave:
                 break
-            for job, d in zip(wave, pool.map(_make_one, [j + (out,) for j in wave]), strict=True):
+            for utt, d in zip(wave, pool.map(_make_one, [(u, out) for u in wave]), strict=True):
                 if d == 0.0:
                     skipped += 1
                     continue
-                done.append(job + (d,))
-                seconds[job[0]] += d
+                done.append((utt, d))
+                seconds[utt.split] += d
             print(f"\r{seconds['train'] / 3600:.2f} h train, {seconds['heldout'] / 60:.1f} min held out", end="",
                   file=sys.stderr, flush=True)
     print(file=sys.stderr)
     chapters: dict[Path, list[str]] = {}
-    for split, utt_id, _, _, text, _, _ in done:
-        speaker, chapter, _ = utt_id.split("-")
-        chapters.setdefault(out / split / speaker / chapter, []).append(f"{utt_id} {librispeech_text(text)}")
+    for utt, _ in done:
+        chapters.setdefault(utt.folder(out), []).append(f"{utt.utt_id} {librispeech_text(utt.text)}")
     for folder, lines in chapters.items():
         (folder / f"{folder.parent.name}-{folder.name}.trans.txt").write_text("\n".join(lines) + "\n")
     rows = ["split\tid\tvoice\taugmentation\tseconds\ttext"] + [
-        f"{split}\t{utt_id}\t{voice.name}\t{aug.label()}\t{d:.3f}\t{text}"
-        for split, utt_id, voice, aug, text, _, d in done]
+        f"{u.split}\t{u.utt_id}\t{u.voice.name}\t{u.aug.label()}\t{d:.3f}\t{u.text}" for u, d in done]
     (out / "manifest.tsv").write_text("\n".join(rows) + "\n")
     voices = [("train", 8000 + i, v) for i, v in enumerate(TRAIN_VOICES)]
     voices += [("heldout", 9000 + i, v) for i, v in enumerate(HELD_OUT_VOICES)]
     (out / "voices.tsv").write_text("split\tspeaker_id\tvoice\tspeaker\tengine\n" + "".join(
         f"{s}\t{i}\t{v.name}\t{v.speaker}\t{v.engine}\n" for s, i, v in voices))
-    n = {s: sum(1 for j in done if j[0] == s) for s in seconds}
+    n = {s: sum(1 for u, _ in done if u.split == s) for s in seconds}
     (out / "split.json").write_text(json.dumps({
         "seed": seed, "held_out_fraction": held_out_fraction, "utterances": n, "skipped_tts_failures": skipped,
         "hours": {s: round(v / 3600, 3) for s, v in seconds.items()},

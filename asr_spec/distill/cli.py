@@ -129,7 +129,10 @@ def cmd_eval(args) -> None:
             full = copy.copy(candidates["trained"])  # same layers, scoring the whole vocabulary
             full.draft_vocab_ids = None
             candidates["trained-full-head"] = full
-        candidates.update(_head_variants(candidates["trained"], args, target))
+        if args.head_sizes:
+            if args.train_cache is None:
+                raise SystemExit("eval --head-sizes: give --train-cache (its token counts choose each head's tokens)")
+            candidates.update(_head_variants(candidates["trained"], args.head_sizes, args.train_cache, target))
     for spec in args.untrained or []:
         candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions
@@ -160,18 +163,14 @@ def cmd_eval(args) -> None:
     print(json.dumps(out))
 
 
-def _head_variants(draft, args, target) -> dict:
-    """The trained draft's layers with other restricted heads: the N most frequent tokens of --train-cache's
-    pseudo-labels for each N of --head-sizes (0 = the whole vocabulary). The head is the target's own (tied), so a
-    restriction only removes candidates; it changes no score."""
-    if not args.head_sizes:
-        return {}
-    if args.train_cache is None:
-        raise SystemExit("eval --head-sizes: give --train-cache (its token counts choose each head's tokens)")
-    train = draft_data.PseudoLabelCache(args.train_cache)
+def _head_variants(draft, head_sizes: list[int], train_cache: Path, target) -> dict:
+    """The trained draft's layers with other restricted heads: the N most frequent tokens of `train_cache`'s
+    pseudo-labels for each N of `head_sizes` (0 = the whole vocabulary), by name. The head is the target's own
+    (tied), so a restriction only removes candidates; it changes no score."""
+    train = draft_data.PseudoLabelCache(train_cache)
     counts = train.token_counts(target.config.vocab_size)
     out = {}
-    for size in args.head_sizes:
+    for size in head_sizes:
         variant = copy.copy(draft)
         variant.draft_vocab_ids = distill.choose_draft_vocab(counts, size, train.eot) if size else None
         out[f"trained-head-{size or 'full'}"] = variant
@@ -182,10 +181,8 @@ def cmd_head(args) -> None:
     """Save a trained draft again with another restricted head (its layers unchanged): the head a comparison of
     `eval --head-sizes` chose."""
     target = _target(args.model)
-    draft = drafts.load_trained_draft(args.draft, target)
-    draft.draft_vocab_ids = _head_variants(draft, argparse.Namespace(head_sizes=[args.head_size],
-                                                                      train_cache=args.train_cache), target)[
-        f"trained-head-{args.head_size or 'full'}"].draft_vocab_ids
+    trained = drafts.load_trained_draft(args.draft, target)
+    (draft,) = _head_variants(trained, [args.head_size], args.train_cache, target).values()
     info = json.loads((Path(args.draft) / drafts.INFO_FILE).read_text())
     info["head"] = {"size": args.head_size or "full", "from": str(args.draft), "counts_from": str(args.train_cache),
                     "command": " ".join(sys.argv)}

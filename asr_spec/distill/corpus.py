@@ -159,8 +159,11 @@ def room_impulse(rt60_s: float, rng: np.random.Generator, sample_rate: int = SAM
 
 def reverberate(audio: np.ndarray, rt60_s: float, rng: np.random.Generator) -> np.ndarray:
     """`audio` convolved with a synthetic room (same length, same RMS)."""
-    wet = np.fft.irfft(np.fft.rfft(audio, len(audio) + int(rt60_s * SAMPLE_RATE)) *
-                       np.fft.rfft(room_impulse(rt60_s, rng), len(audio) + int(rt60_s * SAMPLE_RATE)))[: len(audio)]
+    impulse = room_impulse(rt60_s, rng)
+    n = len(audio) + len(impulse)  # zero-padded: no circular wrap-around
+    # irfft without n: for odd n it inverts at length n - 1, as the shipped draft's corpus was built (kept so that
+    # the corpus is rebuilt byte for byte from its seed)
+    wet = np.fft.irfft(np.fft.rfft(audio, n) * np.fft.rfft(impulse, n))[: len(audio)]
     return wet * (np.sqrt(np.mean(audio**2)) / max(float(np.sqrt(np.mean(wet**2))), 1e-12))
 
 
@@ -188,6 +191,8 @@ def change_speed(audio: np.ndarray, speed: float) -> np.ndarray:
 
 def augment(audio: np.ndarray, aug: Augmentation, rng: np.random.Generator) -> np.ndarray:
     """`audio` (float, 16 kHz, shape (n,)) with `aug` applied; float32."""
+    if aug.kind not in KINDS:
+        raise ValueError(f"unknown augmentation {aug.kind!r}")
     x = audio.astype(np.float64)
     if aug.kind == "speed":
         x = change_speed(x, aug.speed)
@@ -197,6 +202,4 @@ def augment(audio: np.ndarray, aug: Augmentation, rng: np.random.Generator) -> n
         x = telephone(x)
     if "noise" in aug.kind:
         x = add_noise(x, aug.snr_db, aug.noise_color, rng)
-    if aug.kind not in KINDS:
-        raise ValueError(f"unknown augmentation {aug.kind!r}")
     return x.astype(np.float32)
