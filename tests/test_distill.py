@@ -36,6 +36,16 @@ def cache(model, feats, tmp_path_factory):
                                progress=False)
 
 
+@pytest.fixture(scope="module")
+def ts_cache(model, cache, tmp_path_factory):
+    """`cache`'s windows labelled again in timestamp mode from its stored encoder outputs (`distill cache
+    --from-cache --timestamps`)."""
+    enc = torch.from_numpy(np.array(cache.encoded))
+    return draft_data.build_cache(model, [(cache.meta["ids"], enc)], len(cache), tmp_path_factory.mktemp("ts"),
+                                  max_new_tokens=MAX_NEW, enc_dtype="float32", timestamps=True, pre_encoded=True,
+                                  progress=False)
+
+
 def test_pack_windows_fills_in_order_and_rejects_too_long():
     assert draft_data.pack_windows([10, 10, 10, 5], max_window_s=29, gap_s=0.5) == [[0, 1], [2, 3]]
     assert draft_data.pack_windows([], max_window_s=29) == []
@@ -72,10 +82,66 @@ def test_agreement_is_one_for_the_target_as_draft(model, cache):
     assert rep.accepted_per_step[4] > 1.0 and rep.tokens_per_pass[8] >= rep.tokens_per_pass[4]
 
 
+def test_timestamp_relabel_is_the_engines_timestamp_decoding(model, cache, ts_cache):
+    enc = torch.from_numpy(np.array(cache.encoded))
+    results = Engine(model, None, DecodeOptions(language="en", max_new_tokens=MAX_NEW, timestamps=True)).decode(
+        None, enc, batch_size=3)
+    assert ts_cache.timestamps and not cache.timestamps
+    assert ts_cache.prompt_len == cache.prompt_len - 1  # no <|notimestamps|> in the prompt
+    for i, r in enumerate(results):
+        assert ts_cache.sequence(i) == list(r.prompt) + list(r.tokens)
+        assert r.tokens[0] >= model.generation_config.no_timestamps_token_id + 1  # a timestamp comes first
+    assert np.array_equal(ts_cache.encoded[:], cache.encoded[:])
+    assert ts_cache.meta["ids"] == cache.meta["ids"]
+
+
+def test_cache_union_rows_keep_their_own_cache_and_prompt(model, cache, ts_cache):
+    union = draft_data.CacheUnion([cache, ts_cache])
+    assert len(union) == 2 * len(cache)
+    both = union.batch([1, len(cache) + 1])
+    for row, single in enumerate((cache.batch([1]), ts_cache.batch([1]))):
+        n = single.input_ids.shape[1]
+        assert torch.equal(both.input_ids[row, :n], single.input_ids[0])
+        assert torch.equal(both.labels[row, :n], single.labels[0]) and (both.labels[row, n:] == -100).all()
+        torch.testing.assert_close(both.teacher_hidden[row, :n], single.teacher_hidden[0])
+        torch.testing.assert_close(both.encoded[row], single.encoded[0])
+    v = model.config.vocab_size
+    assert (union.token_counts(v) == cache.token_counts(v) + ts_cache.token_counts(v)).all()
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_agreement_predicts_the_engines_accepted_tokens(model, cache, ts_cache, timestamps):
+    """Teacher-forced matches, run through constant-K speculation, give exactly the tokens the engine accepts:
+    the evaluation picks proposals as the engine's draft does, in timestamp mode too."""
+    held = ts_cache if timestamps else cache
+    draft = distill.init_draft(model, layers=[1])
+    opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, timestamps=timestamps, num_draft_tokens=3)
+    spec = Engine(model, draft, opts).decode(None, torch.from_numpy(np.array(held.encoded)), batch_size=3)
+    for i, r in enumerate(spec):
+        at_limit = held.sequence(i)[-1] != held.eot
+        _, accepted = distill.simulate_steps(distill.draft_matches(model, draft, held, i), 3, at_limit)
+        assert accepted == r.stats.accepted_tokens, i
+    assert 0 < sum(r.stats.accepted_tokens for r in spec) < sum(r.stats.drafted_tokens for r in spec)
+
+
+def test_training_can_start_from_a_saved_draft(model, cache, ts_cache, tmp_path):
+    first = distill.train_draft(model, cache, _cfg(steps=3), work_dir=tmp_path / "a", progress=False).draft
+    saved = drafts.save_trained_draft(first, tmp_path / "first", dtype=torch.float32)
+    union = draft_data.CacheUnion([cache, ts_cache])
+    again = distill.train_draft(model, union, _cfg(steps=3), work_dir=tmp_path / "b", init_from=saved, stop_after=0,
+                                progress=False).draft
+    for k, v in distill.trainable_parameters(first).items():
+        assert torch.equal(distill.trainable_parameters(again)[k], v), k
+    with pytest.raises(ValueError, match="init-draft"):
+        distill.train_draft(model, union, _cfg(steps=3), work_dir=tmp_path / "c", layers=[0], init_from=saved,
+                            progress=False)
+
+
 def test_simulate_steps():
     assert distill.simulate_steps([True] * 6, 4) == (2, 5)  # 4 accepted + 1, then 1 accepted + nothing left
     assert distill.simulate_steps([False] * 3, 4) == (3, 0)
     assert distill.simulate_steps([True, False, True, True], 2) == (2, 3)
+    assert distill.simulate_steps([True, False, True, True], 2, at_limit=True) == (2, 2)  # the last is the target's
 
 
 def test_choose_draft_vocab_keeps_seen_tokens_then_low_ids():
@@ -100,6 +166,15 @@ def test_training_lowers_the_loss(model, cache, tmp_path):
     with torch.no_grad():
         after = float(distill.loss_on_batch(res.draft, model.proj_out.weight, vocab, b, cfg)[0])
     assert after < before
+
+
+def test_history_has_held_out_agreement_every_eval_and_at_the_end(model, cache, tmp_path):
+    res = distill.train_draft(model, cache, _cfg(steps=5, eval_every=2), work_dir=tmp_path / "h", held_out=cache,
+                              progress=False)
+    assert [h["step"] for h in res.history] == [2, 4, 5]
+    assert all(0.0 <= h["agreement"] <= 1.0 and "accepted_k4" in h for h in res.history)
+    plain = distill.train_draft(model, cache, _cfg(steps=5, eval_every=2), work_dir=tmp_path / "p", progress=False)
+    assert [sorted(h) for h in plain.history] == [["loss", "step"]] * 2
 
 
 def test_resume_gives_the_same_draft(model, cache, tmp_path):

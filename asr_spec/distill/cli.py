@@ -48,10 +48,12 @@ def cmd_cache(args) -> None:
     from asr_spec.eval.librispeech import iter_local
 
     target = _target(args.model)
+    if args.from_cache:
+        return _relabel(args, target)
     if args.long_file:
         return _cache_long_files(args, target)
     if args.corpus is None:
-        raise SystemExit("cache: give --corpus (LibriSpeech layout) or --long-file")
+        raise SystemExit("cache: give --corpus (LibriSpeech layout), --long-file or --from-cache")
     utts = list(iter_local(args.corpus, args.split))
     if args.max_utterances:
         utts = utts[: args.max_utterances]
@@ -69,7 +71,7 @@ def cmd_cache(args) -> None:
     t0 = time.perf_counter()
     cache = draft_data.build_cache(target, batches(), len(windows), args.out, language=args.language,
                                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                enc_dtype=args.enc_dtype)
+                                enc_dtype=args.enc_dtype, timestamps=args.timestamps)
     print(json.dumps({"windows": len(cache), "utterances": len(utts),
                       "audio_s": round(sum(u.duration_s for u in utts), 1),
                       "generated_tokens": cache.meta["generated_tokens"], "seconds": round(time.perf_counter() - t0)}))
@@ -89,13 +91,35 @@ def _cache_long_files(args, target) -> None:
     cache = draft_data.build_cache(target, (([w[0] for w in g], log_mel_batch([w[1] for w in g], fe))
                                          for g in draft_data.iter_batches(windows, args.batch_size)),
                                 len(windows), args.out, language=args.language, max_new_tokens=args.max_new_tokens,
-                                batch_size=args.batch_size, enc_dtype=args.enc_dtype)
+                                batch_size=args.batch_size, enc_dtype=args.enc_dtype, timestamps=args.timestamps)
     print(json.dumps({"windows": len(cache), "generated_tokens": cache.meta["generated_tokens"]}))
+
+
+def _relabel(args, target) -> None:
+    """The windows of an existing cache labelled again (e.g. with --timestamps) from its stored encoder outputs: no
+    audio is read and no encoder runs. The encoder outputs are stored as they were (same dtype)."""
+    src = draft_data.PseudoLabelCache(args.from_cache)
+    rows = list(range(len(src)))
+    if args.max_windows and args.max_windows < len(src):  # spread over the whole cache, not its first voices
+        rows = sorted({round(i * (len(src) - 1) / max(args.max_windows - 1, 1)) for i in range(args.max_windows)})
+
+    def batches():
+        for group in draft_data.iter_batches(rows, args.batch_size):
+            enc = torch.from_numpy(src.encoded[list(group)].astype("float32"))
+            yield [src.meta["ids"][i] for i in group], enc
+
+    t0 = time.perf_counter()
+    cache = draft_data.build_cache(target, batches(), len(rows), args.out, language=src.meta["language"],
+                                   max_new_tokens=src.meta["max_new_tokens"], batch_size=args.batch_size,
+                                   enc_dtype=src.meta["enc_dtype"], timestamps=args.timestamps, pre_encoded=True)
+    print(json.dumps({"windows": len(cache), "from": str(args.from_cache), "timestamps": args.timestamps,
+                      "generated_tokens": cache.meta["generated_tokens"], "seconds": round(time.perf_counter() - t0)}))
 
 
 def cmd_train(args) -> None:
     target = _target(args.model)
-    train = draft_data.PseudoLabelCache(args.train_cache)
+    caches = [draft_data.PseudoLabelCache(path) for path in args.train_cache]
+    train = caches[0] if len(caches) == 1 else draft_data.CacheUnion(caches)
     held = draft_data.PseudoLabelCache(args.held_out_cache) if args.held_out_cache else None
     vocab = None
     if args.vocab_size:
@@ -106,11 +130,12 @@ def cmd_train(args) -> None:
     layers = layer_ids(args.layers, target.config.decoder_layers)
     t0 = time.perf_counter()
     res = distill.train_draft(target, train, cfg, work_dir=args.work, layers=layers, draft_vocab=vocab,
-                              held_out=held, stop_after=args.stop_after)
+                              held_out=held, stop_after=args.stop_after, init_from=args.init_draft)
     print(json.dumps({"history": res.history[-3:], "seconds": round(time.perf_counter() - t0)}))
     if args.out:
-        info = dict(target=args.model, layers=layers, train_cache=str(args.train_cache), train_meta={
-            k: v for k, v in train.meta.items() if k != "ids"}, config=asdict(cfg), history=res.history,
+        info = dict(target=args.model, layers=layers, train_cache=[str(p) for p in args.train_cache], train_meta=[{
+            k: v for k, v in c.meta.items() if k != "ids"} for c in caches], config=asdict(cfg), history=res.history,
+            init_draft=str(args.init_draft) if args.init_draft else None,
             command=" ".join(sys.argv), threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d"))
         if held is not None:
             info["held_out"] = asdict(distill.evaluate_agreement(target, res.draft, held))
@@ -152,7 +177,7 @@ def cmd_eval(args) -> None:
             line["draft_step_ms_full_head"] = round(distill.decoder_step_ms(full_head, args.batch_size, n_ctx), 1)
         for k in [] if args.no_speed else (args.k if name != "trained-full-head" else args.k[-1:]):
             sp = distill.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
-                                   max_new_tokens=held.meta["max_new_tokens"])
+                                   max_new_tokens=held.meta["max_new_tokens"], timestamps=held.timestamps)
             key = f"speed_k{k}"
             line[key] = {"greedy_s": round(sp.greedy_s, 2), "speculative_s": round(sp.speculative_s, 2),
                          "speedup": round(sp.speedup, 3), "tokens": sp.generated_tokens,
@@ -163,11 +188,11 @@ def cmd_eval(args) -> None:
     print(json.dumps(out))
 
 
-def _head_variants(draft, head_sizes: list[int], train_cache: Path, target) -> dict:
+def _head_variants(draft, head_sizes: list[int], train_cache: list[Path], target) -> dict:
     """The trained draft's layers with other restricted heads: the N most frequent tokens of `train_cache`'s
     pseudo-labels for each N of `head_sizes` (0 = the whole vocabulary), by name. The head is the target's own
     (tied), so a restriction only removes candidates; it changes no score."""
-    train = draft_data.PseudoLabelCache(train_cache)
+    train = draft_data.CacheUnion([draft_data.PseudoLabelCache(path) for path in train_cache])
     counts = train.token_counts(target.config.vocab_size)
     out = {}
     for size in head_sizes:
@@ -184,7 +209,7 @@ def cmd_head(args) -> None:
     trained = drafts.load_trained_draft(args.draft, target)
     (draft,) = _head_variants(trained, [args.head_size], args.train_cache, target).values()
     info = json.loads((Path(args.draft) / drafts.INFO_FILE).read_text())
-    info["head"] = {"size": args.head_size or "full", "from": str(args.draft), "counts_from": str(args.train_cache),
+    info["head"] = {"size": args.head_size or "full", "from": str(args.draft), "counts_from": [str(p) for p in args.train_cache],
                     "command": " ".join(sys.argv)}
     drafts.save_trained_draft(draft, args.out, info=info)
     print(f"saved {args.out} (head: {args.head_size or 'full vocabulary'})")
@@ -212,10 +237,11 @@ def cmd_run(args) -> None:
     """cache + train + save in one go: pseudo-labels of --audio (LibriSpeech layout) in --work, then the draft."""
     work = Path(args.work or Path(args.out).with_name(Path(args.out).name + ".work"))
     cache_args = argparse.Namespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
-                                       "no_pack": False})
+                                       "from_cache": None, "no_pack": False})
     if not (work / "cache" / "meta.json").is_file():
         cmd_cache(cache_args)
-    train_args = argparse.Namespace(**{**vars(args), "train_cache": work / "cache", "held_out_cache": None,
+    train_args = argparse.Namespace(**{**vars(args), "train_cache": [work / "cache"], "held_out_cache": None,
+                                       "init_draft": None,
                                        "work": work / "train"})
     cmd_train(train_args)
 
@@ -245,8 +271,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long fu
     c.add_argument("--language", default="en")
     c.add_argument("--max-new-tokens", type=int, default=256)
     c.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
+    c.add_argument("--timestamps", action="store_true", help="pseudo-labels in timestamp mode (transcription's default)")
+    c.add_argument("--from-cache", type=Path, help="label the windows of this cache again (its encoder outputs)")
+    c.add_argument("--max-windows", type=int, default=0, help="with --from-cache: this many windows, evenly spread")
     t = sub.add_parser("train", help="train a draft on a cache")
-    t.add_argument("--train-cache", type=Path, required=True)
+    t.add_argument("--train-cache", type=Path, required=True, nargs="+", help="one cache, or several trained on as one")
+    t.add_argument("--init-draft", type=Path, help="start from this trained draft's layers (same layer count)")
     t.add_argument("--held-out-cache", type=Path)
     t.add_argument("--work", type=Path, required=True, help="checkpoint folder (resumes when ckpt.pt is there)")
     t.add_argument("--out", type=Path, help="save the trained draft here")
@@ -275,10 +305,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long fu
                    help="K values for simulated tokens per target pass (exact for greedy verification)")
     e.add_argument("--speed-windows", type=int, default=0, help="time speed on the first N windows only (0 = all)")
     e.add_argument("--head-sizes", type=int, nargs="+", help="also the draft with these restricted heads (0 = full)")
-    e.add_argument("--train-cache", type=Path, help="with --head-sizes: the cache whose token counts pick the heads")
+    e.add_argument("--train-cache", type=Path, nargs="+", help="with --head-sizes: the caches whose token counts pick "
+                   "the heads")
     h = sub.add_parser("head", help="save a trained draft with another restricted head")
     h.add_argument("--draft", type=Path, required=True)
-    h.add_argument("--train-cache", type=Path, required=True, help="its token counts choose the head's tokens")
+    h.add_argument("--train-cache", type=Path, nargs="+", required=True, help="their token counts choose the head")
     h.add_argument("--head-size", type=int, required=True, help="tokens the head scores (0 = full vocabulary)")
     h.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("run", help="cache + train + save: the whole distillation in one command")
@@ -295,6 +326,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long fu
                           ("warmup-steps", 30), ("seed", 0), ("eval-every", 0), ("ckpt-every", 50)):
         r.add_argument(f"--{name}", type=int, default=default)
     r.add_argument("--stop-after", type=int)
+    r.add_argument("--timestamps", action="store_true", help="pseudo-labels in timestamp mode")
     r.add_argument("--language", default="en")
     r.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
     return ap

@@ -102,33 +102,74 @@ class PseudoLabelCache:
             np.add.at(counts, self.tokens[i, self.prompt_len: self.lengths[i]], 1)
         return counts
 
+    @property
+    def timestamps(self) -> bool:
+        """Whether the pseudo-labels were decoded in Whisper's timestamp mode (caches before it: no)."""
+        return bool(self.meta.get("timestamps", False))
+
     def batch(self, indices: Sequence[int]) -> CacheBatch:
-        t = int(max(self.lengths[i] for i in indices)) - 1
-        b = len(indices)
-        input_ids = torch.full((b, t), self.eot, dtype=torch.long)
-        labels = torch.full((b, t), -100, dtype=torch.long)
-        hidden = torch.zeros(b, t, self.hidden.shape[-1])
-        for r, i in enumerate(indices):
-            n = int(self.lengths[i])
-            seq = torch.from_numpy(np.asarray(self.tokens[i, :n], dtype=np.int64))
-            input_ids[r, : n - 1] = seq[:-1]
-            labels[r, self.prompt_len - 1: n - 1] = seq[self.prompt_len:]
-            hidden[r, : n - 1] = torch.from_numpy(np.array(self.hidden[i, : n - 1], dtype=np.float32))
-        enc = torch.from_numpy(np.stack([np.array(self.encoded[i], dtype=np.float32) for i in indices]))
-        return CacheBatch(enc, input_ids, labels, hidden)
+        return make_batch([(self, i) for i in indices])
+
+
+class CacheUnion:
+    """Several pseudo-label caches trained on as one (e.g. the same windows labelled with and without timestamps):
+    window i of the union is window i - offset of the cache it falls in. Same eot required."""
+
+    def __init__(self, caches: Sequence[PseudoLabelCache]):
+        if not caches:
+            raise ValueError("CacheUnion: no caches")
+        if len({c.eot for c in caches}) != 1:
+            raise ValueError("CacheUnion: the caches disagree on <|endoftext|>; they were made for other targets")
+        self.caches = list(caches)
+        self.eot: int = caches[0].eot
+        self.starts = np.cumsum([0] + [len(c) for c in caches])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _locate(self, i: int) -> tuple[PseudoLabelCache, int]:
+        c = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.caches[c], i - int(self.starts[c])
+
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        return sum(c.token_counts(vocab_size) for c in self.caches)
+
+    def batch(self, indices: Sequence[int]) -> CacheBatch:
+        return make_batch([self._locate(i) for i in indices])
+
+
+def make_batch(rows: Sequence[tuple[PseudoLabelCache, int]]) -> CacheBatch:
+    """The training tensors of (cache, window) rows, each labelled after its own cache's prompt."""
+    t = int(max(c.lengths[i] for c, i in rows)) - 1
+    b = len(rows)
+    eot = rows[0][0].eot
+    input_ids = torch.full((b, t), eot, dtype=torch.long)
+    labels = torch.full((b, t), -100, dtype=torch.long)
+    hidden = torch.zeros(b, t, rows[0][0].hidden.shape[-1])
+    for r, (c, i) in enumerate(rows):
+        n = int(c.lengths[i])
+        seq = torch.from_numpy(np.asarray(c.tokens[i, :n], dtype=np.int64))
+        input_ids[r, : n - 1] = seq[:-1]
+        labels[r, c.prompt_len - 1: n - 1] = seq[c.prompt_len:]
+        hidden[r, : n - 1] = torch.from_numpy(np.array(c.hidden[i, : n - 1], dtype=np.float32))
+    enc = torch.from_numpy(np.stack([np.array(c.encoded[i], dtype=np.float32) for c, i in rows]))
+    return CacheBatch(enc, input_ids, labels, hidden)
 
 
 @torch.inference_mode()
 def build_cache(
     target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
     *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
-    progress: bool = True,
+    timestamps: bool = False, pre_encoded: bool = False, progress: bool = True,
 ) -> PseudoLabelCache:
     """Encode and greedily transcribe `n_windows` windows with `target`, and store what training needs.
 
     batches: (ids, features (b, n_mels, n_frames)) pairs, `n_windows` rows in all; ids name each window's contents.
+        pre_encoded: the pairs hold encoder outputs (b, n_audio_ctx, d_model) instead (relabelling a cache).
     enc_dtype: storage of the encoder outputs ("float16" halves the disk; the teacher states are always fp32 and are
         computed from the unrounded encoder output).
+    timestamps: decode in Whisper's timestamp mode, as transcription does by default: a draft that is to run there
+        must learn where the target puts its timestamp tokens.
     """
     from tqdm import tqdm
 
@@ -136,7 +177,8 @@ def build_cache(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens))
+    engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens,
+                                                timestamps=timestamps))
     ctx, d = target.config.max_source_positions, target.config.d_model
     max_len = target.config.max_target_positions
     enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype), (n_windows, ctx, d))
@@ -147,7 +189,7 @@ def build_cache(
     prompt_len, row = None, 0
     bar = tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress)
     for batch_ids, feats in batches:
-        enc = engine.encode(feats, batch_size)
+        enc = feats.to(target.dtype) if pre_encoded else engine.encode(feats, batch_size)
         results = engine.decode(None, enc, batch_size)
         for r, res in enumerate(results):
             seq = list(res.prompt) + list(res.tokens)
@@ -167,13 +209,19 @@ def build_cache(
         raise ValueError(f"build_cache: {row} windows came, n_windows said {n_windows}")
     enc_mm.flush()
     del enc_mm
+    meta = dict(format=CACHE_FORMAT, n=n_windows, prompt_len=prompt_len, eot=engine.tokens.eot,
+                n_audio_ctx=ctx, d_model=d, language=language, max_new_tokens=max_new_tokens, enc_dtype=enc_dtype,
+                timestamps=timestamps, generated_tokens=int((lengths - prompt_len).sum()), ids=ids)
+    return _write_cache(out, tokens, lengths, hidden, meta)
+
+
+def _write_cache(out: Path, tokens: np.ndarray, lengths: np.ndarray, hidden: np.ndarray,
+                 meta: dict[str, Any]) -> PseudoLabelCache:
+    """Store the label arrays, cut to the longest sequence, and meta.json last (its presence marks a whole cache)."""
     longest = int(lengths.max())
     np.save(out / "tokens.npy", tokens[:, :longest])
     np.save(out / "lengths.npy", lengths)
     np.save(out / "hidden.npy", hidden[:, : longest - 1])
-    meta = dict(format=CACHE_FORMAT, n=n_windows, prompt_len=prompt_len, eot=engine.tokens.eot,
-                n_audio_ctx=ctx, d_model=d, language=language, max_new_tokens=max_new_tokens, enc_dtype=enc_dtype,
-                generated_tokens=int((lengths - prompt_len).sum()), ids=ids)
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     return PseudoLabelCache(out)
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.distill.data import CacheBatch, PseudoLabelCache
+from asr_spec.distill.data import CacheBatch, CacheUnion, PseudoLabelCache
 from asr_spec.engine import full_vocab_logits
 from asr_spec.models.drafts import SHARED_PREFIXES, decoder_draft, tie_shared
 
@@ -170,6 +170,35 @@ def _resume(ckpt_path: Path, cfg: TrainConfig, layer_ids: list[int], draft: nn.M
     return state["step"], state["history"]
 
 
+def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCache | None, cfg: TrainConfig,
+                   step: int, loss: float) -> dict | None:
+    """The history entry of `step`: the loss every eval_every steps, with held-out agreement when there is a held-out
+    cache (and at the last step); None between them."""
+    if not cfg.eval_every or (step % cfg.eval_every and (held_out is None or step != cfg.steps)):
+        return None
+    if held_out is None:
+        return dict(step=step, loss=loss)
+    draft.eval()
+    rep = evaluate_agreement(target, draft, held_out)
+    draft.train()
+    return dict(step=step, loss=loss, agreement=rep.agreement, accepted_k4=rep.accepted_per_step[4],
+                accepted_k8=rep.accepted_per_step[8])
+
+
+def _init_from_draft(draft: nn.Module, params: dict[str, nn.Parameter], target: nn.Module,
+                     path: str | os.PathLike) -> None:
+    """Copy a saved draft's own (trainable) weights into `draft`; ValueError when its layers do not fit."""
+    from asr_spec.models.drafts import load_trained_draft
+
+    src = trainable_parameters(load_trained_draft(path, target))
+    if set(src) != set(params) or any(src[k].shape != params[k].shape for k in params):
+        raise ValueError(f"--init-draft {path}: its layers do not match the draft being trained "
+                         f"({len(src)} tensors against {len(params)}; give --layers with as many layers)")
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(src[k].to(p.dtype))
+
+
 def _save_checkpoint(ckpt_path: Path, step: int, cfg: TrainConfig, layer_ids: list[int], history: list[dict],
                      draft: nn.Module, params: dict[str, nn.Parameter], opt: torch.optim.Optimizer) -> None:
     """Write the checkpoint atomically (temporary file, then rename)."""
@@ -182,13 +211,17 @@ def _save_checkpoint(ckpt_path: Path, step: int, cfg: TrainConfig, layer_ids: li
 
 
 def train_draft(
-    target: nn.Module, train: PseudoLabelCache, cfg: TrainConfig, *, work_dir: str | os.PathLike,
+    target: nn.Module, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig, *, work_dir: str | os.PathLike,
     layers: Sequence[int] | None = None, draft_vocab: torch.Tensor | None = None,
     held_out: PseudoLabelCache | None = None, stop_after: int | None = None, progress: bool = True,
+    init_from: str | os.PathLike | None = None,
 ) -> TrainResult:
-    """Train a draft on `train`; resumes from `work_dir/ckpt.pt` when it exists (same config required).
+    """Train a draft on `train` (a cache, or a `CacheUnion` of several); resumes from `work_dir/ckpt.pt` when it
+    exists (same config required).
 
     stop_after: stop (with a checkpoint) once this many steps are done in total — for time-boxed runs and tests.
+    init_from: start from the layers of a draft saved by `save_trained_draft` (same number of layers) instead of
+        the target's layers `layers` (e.g. to teach a trained draft another decoding mode).
     """
     from tqdm import tqdm
 
@@ -200,6 +233,8 @@ def train_draft(
     draft.draft_vocab_ids = draft_vocab
     layer_ids = list(layers) if layers is not None else sorted({0, target.config.decoder_layers - 1})
     params = trainable_parameters(draft)
+    if init_from is not None and not ckpt_path.is_file():
+        _init_from_draft(draft, params, target, init_from)
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = target.generation_config
     vocab = train_vocab(target.config.vocab_size, gen.suppress_tokens or (), draft_vocab)
@@ -225,15 +260,9 @@ def train_draft(
         step += 1
         running = float(loss.detach()) if running is None else 0.9 * running + 0.1 * float(loss.detach())
         post = {"loss": f"{running:.3f}"}
-        if held_out is not None and cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-            draft.eval()
-            rep = evaluate_agreement(target, draft, held_out)
-            draft.train()
-            post["agree"] = f"{rep.agreement:.3f}"
-            history.append(dict(step=step, loss=running, agreement=rep.agreement,
-                                accepted_k4=rep.accepted_per_step[4], accepted_k8=rep.accepted_per_step[8]))
-        elif cfg.eval_every and step % cfg.eval_every == 0:
-            history.append(dict(step=step, loss=running))
+        point = _history_point(target, draft, held_out, cfg, step, running)
+        history += [point] if point is not None else []
+        post.update({"agree": f"{point['agreement']:.3f}"} if point and "agreement" in point else {})
         bar.set_postfix(post)
         bar.update(1)
         if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == end:
@@ -256,13 +285,16 @@ class AgreementReport:
     vocab_coverage: float  # fraction of target tokens inside the draft's vocabulary (1.0 for a full head)
 
 
-def simulate_steps(match: Sequence[bool], k: int) -> tuple[int, int]:
+def simulate_steps(match: Sequence[bool], k: int, at_limit: bool = False) -> tuple[int, int]:
     """(target passes, accepted draft tokens) of constant-K speculative decoding of one sequence, given whether
     the draft's argmax (on the target's prefix) equals the target's token at each generated position.
 
     Exact for greedy verification: a step at position p accepts the run of matches from p (at most K) and adds
-    the target's own token; a draft proposal past the first mismatch is never looked at.
+    the target's own token; a draft proposal past the first mismatch is never looked at. at_limit: the sequence
+    ended at its length limit (not with <|endoftext|>), where the engine offers no proposal for the last token.
     """
+    if at_limit and match:
+        match = [*match[:-1], False]
     n, pos, passes, accepted = len(match), 0, 0, 0
     while pos < n:
         run = 0
@@ -276,11 +308,12 @@ def simulate_steps(match: Sequence[bool], k: int) -> tuple[int, int]:
 
 @torch.inference_mode()
 def draft_matches(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache, i: int) -> list[bool]:
-    """Per generated token of window i: does the draft's rule-processed argmax equal the target's token?"""
+    """Per generated token of window i: does the draft's proposal equal the target's token? The proposal is chosen
+    as the engine chooses it (`LogitRules.draft_choice`: the history-free rules of the cache's mode)."""
     from asr_spec.engine.rules import LogitRules, WhisperTokens
 
     tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
-    rules = LogitRules(tokens, target.config.vocab_size, False, torch.device("cpu"))
+    rules = LogitRules(tokens, target.config.vocab_size, cache.timestamps, torch.device("cpu"))
     b = cache.batch([i])
     p = cache.prompt_len
     h = draft_hidden(draft, b.input_ids, b.encoded)[:, p - 1:]
@@ -288,18 +321,19 @@ def draft_matches(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache, 
     w = draft.proj_out.weight
     logits = full_vocab_logits(h @ (w if vocab_ids is None else w[vocab_ids]).T, vocab_ids, w.shape[0])
     seq = torch.tensor([cache.sequence(i)])
-    scores = rules.apply(logits.float(), seq, torch.tensor([p]), torch.tensor([p]))
-    return (scores.argmax(-1)[0] == seq[0, p:]).tolist()
+    at_begin = torch.arange(logits.shape[1])[None, :] == 0
+    return (rules.static_scores(logits, at_begin).argmax(-1)[0] == seq[0, p:]).tolist()
 
 
 def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache,
                        ks: Sequence[int] = (4, 8)) -> AgreementReport:
     matches = [draft_matches(target, draft, cache, i) for i in range(len(cache))]
+    at_limit = [cache.sequence(i)[-1] != cache.eot for i in range(len(cache))]
     flat = [m for ms in matches for m in ms]
     n = max(1, len(flat))
     acc, tpp = {}, {}
     for k in ks:
-        sims = [simulate_steps(ms, k) for ms in matches]
+        sims = [simulate_steps(ms, k, lim) for ms, lim in zip(matches, at_limit)]
         passes = sum(s[0] for s in sims)
         acc[k] = sum(s[1] for s in sims) / max(1, passes)
         tpp[k] = len(flat) / max(1, passes)
@@ -338,13 +372,13 @@ class SpeedReport:
 
 
 def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, batch_size: int = 4, k: int = 4,
-              language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2,
+              language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2, timestamps: bool = False,
 ) -> SpeedReport:
     """Wall time of the Engine's greedy vs speculative decoding of the same encoder outputs (best of `repeats`
     interleaved runs each, after a warm-up run each); CPU only (no device sync)."""
     from asr_spec.engine import ChunkStats, DecodeOptions, Engine
 
-    opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k)
+    opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k, timestamps=timestamps)
     greedy = Engine(target, None, opts)
     spec = Engine(target, draft, opts)
 

@@ -119,9 +119,14 @@ class LogitRules:
         """(B, 1, V) draft logits -> (B,) proposals: argmax after the static bias only (suppress, begin-suppress),
         without the history-dependent timestamp rules. Lossless: the target re-applies every rule to each
         proposal, so a proposal the full rules forbid is merely rejected (it costs acceptance, never accuracy)."""
+        return self.static_scores(logits, (n_hist == begin)[:, None])[:, 0].argmax(-1)
+
+    def static_scores(self, logits: torch.Tensor, at_begin: torch.Tensor) -> torch.Tensor:
+        """(B, P, V) logits -> float32 scores after the rules that need no history: the static bias, and
+        begin-suppress where at_begin (B, P). What a draft's proposals are chosen by."""
         scores = logits.float() + self.bias
-        self._begin_suppress(scores, (n_hist == begin)[:, None])
-        return scores[:, 0].argmax(-1)
+        self._begin_suppress(scores, at_begin)
+        return scores
 
     def _begin_suppress(self, scores: torch.Tensor, at_begin: torch.Tensor) -> None:
         """-inf at begin_suppress_tokens where at_begin (B, P), in place on the few columns concerned."""
