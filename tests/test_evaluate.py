@@ -296,3 +296,27 @@ def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, monkeypatch, mod
     assert "faster-whisper batched: skipped" in captured.err
     assert {(r["config"], r["batch_size"]) for r in rows} == {(c, n) for c in bench.CONFIGS if c != "fw" for n in (1, 2)}
     assert all(r["identical_to_greedy"] for r in rows if r["config"] == "spec")
+
+
+@pytest.mark.slow
+def test_bench_faster_whisper_column_runs_in_its_own_process(monkeypatch) -> None:
+    """The faster-whisper column runs in a child process holding the clips; where faster-whisper is not installed
+    the child says so and the column is skipped (ImportError), as in CI."""
+    import importlib.util
+
+    scripts = Path(__file__).parent.parent / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))  # the child process imports the worker from `bench`, as the script's
+    spec = importlib.util.spec_from_file_location("bench", scripts / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench", bench)
+    spec.loader.exec_module(bench)
+    clips = bench.load_clips(["tests/fixtures/speech/short/festival-kal.flac"], None)
+    try:
+        run = bench.fw_runner("base", bench.torch.device("cpu"), "en", clips)
+    except ImportError as err:
+        assert importlib.util.find_spec("faster_whisper") is None, err
+        assert "faster_whisper" in str(err)
+        return
+    texts = run(clips, 1)
+    assert len(texts) == 1 and len(texts[0].split()) >= 5
+    assert run(clips[:0], 1) == []
