@@ -23,9 +23,10 @@ def test_shipped_presets() -> None:
     assert (v2.model, v2.draft, v2.chunk_length_s) == ("openai/whisper-large-v2", "distil-whisper/distil-large-v2", 15)
     assert (v3.model, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
     base = load_preset("base")
-    assert base.model == "embedded:whisper-base" and base.draft is None  # greedy: no missing-draft warning
+    assert base.model == "embedded:whisper-base" and base.draft == str(REPO / "drafts" / "whisper-base-2l")
+    assert base.draft_optional and base.cpu_draft_max_batch == 1  # its draft at batch 1 on a CPU
     distilled = load_preset("base-distilled")
-    assert distilled.draft == str(REPO / "drafts" / "whisper-base-2l")  # relative to configs/, resolved
+    assert distilled.draft == base.draft  # relative to configs/, resolved
     tiny = load_preset("tiny.en")
     assert (tiny.model, tiny.draft, tiny.chunk_length_s, tiny.language) == ("embedded:whisper-tiny.en", None, 30, None)
 
@@ -41,15 +42,20 @@ def test_every_shipped_preset_makes_valid_options(name: str) -> None:
     assert preset.timestamps and options.decode.timestamps  # Whisper's long-form mode (see configs/base.toml)
 
 
-def test_preset_draft_only_on_cuda(caplog) -> None:
-    """Defaults follow the physics: a preset's draft is used on CUDA; on CPU it decodes greedily (said at info
-    level, no warning), and share_encoder is a checked boolean."""
-    distilled = load_preset("base-distilled")
+def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
+    """Defaults follow the physics: a preset's draft is used on CUDA at every batch size; on a CPU only up to
+    cpu_draft_max_batch (base: batch 1, where its draft measured faster), else greedy (said at info level, no
+    warning); share_encoder is a checked boolean."""
+    distilled, base = load_preset("base-distilled"), load_preset("base")
     with caplog.at_level(logging.INFO, logger="asr_spec"):
         assert distilled.draft_for("cpu") is None
-        assert distilled.draft_for("cuda") == distilled.draft
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert load_preset("base").draft_for("cuda") is None
+        assert distilled.draft_for("cuda") == distilled.draft and distilled.cpu_draft_limit("cuda") is None
+        assert base.draft_for("cpu") == base.draft and base.cpu_draft_limit("cpu") == 1
+        assert base.draft_for("cuda") == base.draft and base.cpu_draft_limit("cuda") is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the shipped draft is there
+    for bad in (-1, True, 1.5, "1"):
+        with pytest.raises(InputError, match="cpu_draft_max_batch must be an integer >= 0"):
+            Preset("p", "embedded:whisper-base", cpu_draft_max_batch=bad)
     assert Preset("p", "embedded:whisper-base", share_encoder=False).share_encoder is False
     with pytest.raises(InputError, match="share_encoder must be true or false"):
         Preset("p", "embedded:whisper-base", share_encoder="yes")

@@ -355,6 +355,25 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
     preset.write_text('model = "./tiny"\nchunk_length_s = 45\n')
     with pytest.raises(InputError, match="mine.toml: chunk_length_s must be in"):
         Transcriber.from_preset(preset)
+    preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\ncpu_draft_max_batch = 1\n')
+    small = Transcriber.from_preset(preset, device="cpu")
+    assert small.draft is not None and small.draft_max_batch == 1  # the preset's draft, for batches of one
+
+
+def test_a_draft_limited_to_small_batches_decodes_larger_ones_greedily(reference) -> None:
+    """draft_max_batch: the draft decodes batches of at most that many chunks, the greedy engine larger ones; the
+    transcript is the same either way."""
+    target, draft, processor = _models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4)
+    limited = Transcriber(target, draft, processor, options, draft_max_batch=1)
+    files = [str(LONG), *map(str, SHORT[:2])]
+    one = limited.transcribe(files, batch_size=1, progress=False)
+    many = limited.transcribe(files, progress=False)  # options.batch_size = 4
+    assert [r.text for r in one] == [r.text for r in many] == [r.text for r in reference]
+    assert all(r.stats.drafted_tokens > 0 for r in one) and all(r.stats.drafted_tokens == 0 for r in many)
+    assert limited.engine_for(1) is limited.engine and limited.engine_for(4).draft is None
+    with pytest.raises(InputError, match="draft_max_batch must be an integer >= 0"):
+        Transcriber(target, draft, processor, options, draft_max_batch=-1)
 
 
 # -- real weights (whisper-base, offline packages) -----------------------------------------------------------

@@ -9,12 +9,15 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
                       warning, instead of an error (hub ids are always loaded)
     share_encoder     true / false: the draft reads the target's encoder output / runs its own; left out = compare
                       the encoders (equal up to fp16 rounding = shared) and log the decision
+    cpu_draft_max_batch  on a CPU, use the draft when at most this many chunks are decoded together, greedy above
+                      (0, the default: greedy on a CPU unless a draft is asked for)
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]
     num_draft_tokens  draft tokens proposed per step
 
-A preset's draft is used on CUDA; on a CPU the preset decodes greedily unless a draft is asked for explicitly
-(``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): there a draft does not pay (README, "Speed").
+A preset's draft is used on CUDA; on a CPU only at the batch sizes ``cpu_draft_max_batch`` allows, or when a draft is
+asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): a CPU's verify pass is
+compute-bound from a few rows on, so there a draft pays at batch 1 at most (README, "Speed").
     language          "en", "english", ...; "auto" = detect per chunk
     chunking          "vad" (speech chunks found by silero-vad, non-speech skipped, no overlap) or "stride"
                       (overlapping windows stitched at their seams, as transformers' pipeline does)
@@ -73,6 +76,7 @@ class Preset:
     draft: str | None = None  # None: no draft, greedy decoding
     draft_optional: bool = False  # a missing draft directory means greedy (with a warning) instead of an error
     share_encoder: bool | None = None  # None: decided by comparing the encoders (asr_spec.engine.pairing)
+    cpu_draft_max_batch: int = 0  # on a CPU the draft decodes batches of at most this many chunks (0: none)
     # The option values below: None = not set by the preset, the option's own default applies.
     chunk_length_s: float | None = None  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
@@ -95,13 +99,18 @@ class Preset:
         return {key: getattr(self, key) for key in OPTION_KEYS if getattr(self, key) is not None}
 
     def draft_for(self, device_type: str) -> str | None:
-        """The draft to load on a device of this type: the preset's on CUDA (see `draft_or_none`), none on CPU."""
-        if device_type != "cuda":
+        """The draft to load on a device of this type: the preset's on CUDA (see `draft_or_none`); on a CPU only
+        when cpu_draft_max_batch allows it some batch sizes (`cpu_draft_limit`), else none."""
+        if device_type != "cuda" and not self.cpu_draft_max_batch:
             if self.draft is not None:
                 log.info("preset %s: greedy on %s (its draft %s is used on CUDA; pass draft= to use it here)",
                          self.name, device_type, self.draft)
             return None
         return self.draft_or_none()
+
+    def cpu_draft_limit(self, device_type: str) -> int | None:
+        """The largest batch the preset's draft decodes on a device of this type; None = every batch."""
+        return None if device_type == "cuda" else self.cpu_draft_max_batch
 
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
@@ -129,6 +138,9 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("draft", "a model id or path (a non-empty string), or left out")
     if not isinstance(preset.draft_optional, bool):
         raise bad("draft_optional", "true or false")
+    if isinstance(preset.cpu_draft_max_batch, bool) or not isinstance(preset.cpu_draft_max_batch, int) \
+            or preset.cpu_draft_max_batch < 0:
+        raise bad("cpu_draft_max_batch", "an integer >= 0 (0: no draft on a CPU)")
     _verify_option_values(preset, where)
     if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:
         raise bad("dtype", f"one of auto, {', '.join(DTYPES)}")

@@ -203,7 +203,7 @@ class Batcher:
             self._finish(job)
 
     def _serve(self) -> None:
-        engine = self.transcriber.engine
+        engine = self.transcriber.engine_for(self.batch_size)
         while not self._stopping:
             try:
                 for result in engine.run(self._source(), self.batch_size):

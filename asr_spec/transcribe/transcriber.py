@@ -33,6 +33,7 @@ from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio, st
 from asr_spec.audio.vad import SPEECH_FRAME_S, SileroVad, SpeechSpan, iter_vad_chunks
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.engine.memory import MAX_ENCODE_BATCH
+from asr_spec.engine.options import check_int
 from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
 from asr_spec.models.presets import DEFAULT_PRESET
 from asr_spec.transcribe.options import TranscribeOptions
@@ -145,10 +146,12 @@ class Transcriber:
     draft:     None (greedy), a `WhisperForCausalLM` or a full Whisper model (see `Engine`).
     processor: `WhisperProcessor` of the target (tokenizer for text, feature extractor for log-mels).
     device:    where to run; default the target's device (the models are moved there).
+    draft_max_batch: the draft decodes batches of at most this many chunks, greedy above; None: every batch.
     """
 
     def __init__(self, target: Any, draft: Any = None, processor: Any = None,
-                 options: TranscribeOptions | None = None, device: str | torch.device | None = None):
+                 options: TranscribeOptions | None = None, device: str | torch.device | None = None,
+                 draft_max_batch: int | None = None):
         if processor is None or not hasattr(processor, "tokenizer") or not hasattr(processor, "feature_extractor"):
             raise InputError("processor must be the target's WhisperProcessor (tokenizer + feature extractor)")
         self.options = TranscribeOptions() if options is None else options
@@ -163,6 +166,9 @@ class Transcriber:
             raise InputError(f"the processor makes {n_mels} mel bins but the target expects {wanted}")
         self.features = FeatureBatcher(processor.feature_extractor, device=self.device, dtype=target.dtype)
         self.engine = Engine(self.target, self.draft, self.options.decode)  # checks the pair and language now
+        check_int(0 if draft_max_batch is None else draft_max_batch, "draft_max_batch", 0, InputError)
+        self.draft_max_batch = draft_max_batch
+        self._greedy_engine: Engine | None = None
         self.tokens = self.engine.tokens
         self._vads: list[SileroVad] = []  # idle VAD states, loaded when first needed (see chunk_audio)
         self._vad_lock = threading.Lock()
@@ -177,11 +183,11 @@ class Transcriber:
     def from_pretrained(cls, model: str | os.PathLike, draft: str | os.PathLike | None = None, *,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                         options: TranscribeOptions | None = None, share_encoder: bool | None = None,
-                        **option_values: Any) -> Transcriber:
+                        draft_max_batch: int | None = None, **option_values: Any) -> Transcriber:
         """Load the target `model` (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor
         and an optional `draft` (same forms). dtype None or "auto": float16 on CUDA, float32 elsewhere.
         `option_values` are flat `TranscribeOptions` names applied over `options`; share_encoder: see
-        `asr_spec.models.loading.load_draft`."""
+        `asr_spec.models.loading.load_draft`; draft_max_batch: see `engine_for` (None: the draft at every batch)."""
         from asr_spec.models import loading as models
 
         opts = TranscribeOptions.from_values(options, **option_values)  # bad options fail before any loading
@@ -190,7 +196,7 @@ class Transcriber:
         target = models.load_model(model, dev, dt)
         processor = models.load_processor(model)
         draft_model = None if draft is None else models.load_draft(draft, target, dev, dt, share_encoder)
-        return cls(target, draft_model, processor, opts, dev)
+        return cls(target, draft_model, processor, opts, dev, draft_max_batch)
 
     @classmethod
     def from_preset(cls, name: str | os.PathLike = DEFAULT_PRESET, **overrides: Any) -> Transcriber:
@@ -200,6 +206,7 @@ class Transcriber:
         The preset's draft belongs to its model: overriding `model` without `draft` runs greedy decoding.
         `draft=None` turns the draft off.
         """
+        from asr_spec.models.loading import resolve_device
         from asr_spec.models.presets import load_preset
 
         preset = load_preset(name)  # its option values are checked here, naming its file
@@ -214,16 +221,15 @@ class Transcriber:
         except InputError as err:  # a value of the preset's own: name its file
             raise InputError(f"{preset.path or 'preset ' + preset.name}: {one_line(err)}") from err
         options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
-        if "draft" in chosen:
-            draft = chosen["draft"]
-        else:  # the preset's draft: on CUDA only (on a CPU a draft does not pay)
-            from asr_spec.models.loading import resolve_device
-
-            device_type = resolve_device(chosen.get("device")).type
+        device_type = resolve_device(chosen.get("device")).type
+        if "draft" in chosen:  # asked for: at every batch size
+            draft, limit = chosen["draft"], None
+        else:  # the preset's draft: on CUDA; on a CPU at the batch sizes the preset allows (there it rarely pays)
             draft = None if "model" in chosen else preset.draft_for(device_type)
+            limit = preset.cpu_draft_limit(device_type)
         return cls.from_pretrained(chosen.get("model", preset.model), draft, device=chosen.get("device"),
                                    dtype=chosen.get("dtype", preset.dtype), options=options,
-                                   share_encoder=preset.share_encoder)
+                                   share_encoder=preset.share_encoder, draft_max_batch=limit)
 
     # -- public entry points -------------------------------------------------------------------------------------
     def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,
@@ -266,7 +272,7 @@ class Transcriber:
         bar = _Progress(progress, inputs)
         next_out = 0
         try:
-            for result in self.engine.run(self._requests(inputs, rows), rows):
+            for result in self.engine_for(rows).run(self._requests(inputs, rows), rows):
                 item = inputs[result.id[0]]
                 encoded = self._encoded.pop(result.id, None)
                 if item is not None and item.error is None:  # None: failed and already reported
@@ -285,6 +291,13 @@ class Transcriber:
                 yield self._finish(inputs[index], bar, output_dir)
         finally:
             bar.close()
+
+    def engine_for(self, rows: int) -> Engine:
+        """The engine for batches of `rows` chunks: the draft's, or a greedy one above `draft_max_batch`."""
+        if self.draft is not None and self.draft_max_batch is not None and rows > self.draft_max_batch:
+            self._greedy_engine = self._greedy_engine or Engine(self.target, None, self.options.decode)
+            return self._greedy_engine
+        return self.engine
 
     # -- stages ---------------------------------------------------------------------------------------------------
     def _requests(self, inputs: list[_Input], batch_size: int) -> Iterator[ChunkRequest]:
