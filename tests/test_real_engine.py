@@ -52,7 +52,7 @@ ALL_FIXTURE_AUDIO = sorted(str(p) for p in FIXTURES.rglob("*.flac"))  # short cl
 
 
 def test_shipped_distilled_draft_is_lossless_on_every_fixture_and_accepted(base):
-    """The shipped draft (preset base-distilled, trained by `asr-spec distill` on speech whose texts and voices
+    """The shipped draft (presets base and base-distilled, trained by `asr-spec distill` on speech whose texts and voices
     differ from the fixtures') loads as a restricted-head shared-encoder draft; with it every committed fixture's
     transcript is whisper-base's own greedy one, token for token, and it agrees with the target far more than an
     untrained cut of the same layers (the distillation's starting point)."""
@@ -71,7 +71,8 @@ def test_shipped_distilled_draft_is_lossless_on_every_fixture_and_accepted(base)
     for x, y in zip(a, b, strict=True):
         assert x.chunk_tokens == y.chunk_tokens, x.source
     trained = ChunkStats.total(t.stats for t in a)
-    assert trained.acceptance_rate > 0.4, trained  # 54 % measured at batch 1 (timestamp mode, K=3)
+    # 76 % measured at batch 1 (timestamp mode, K=3); a draft that never saw timestamp-mode labels gets ~54 %
+    assert trained.acceptance_rate > 0.6, trained
     layers = json.loads((Path(load_preset("base-distilled").draft) / "distill.json").read_text())["layers"]
     untrained = Transcriber(spec.target, decoder_draft(spec.target, layers), spec.processor, spec.options)
     c = untrained.transcribe(CLIPS[:3], batch_size=3, progress=False)
@@ -79,3 +80,8 @@ def test_shipped_distilled_draft_is_lossless_on_every_fixture_and_accepted(base)
     assert [t.chunk_tokens for t in c] == [t.chunk_tokens for t in d]  # lossless with any draft
     cut = ChunkStats.total(t.stats for t in c)
     assert cut.drafted_tokens > 0 and trained.acceptance_rate > cut.acceptance_rate + 0.3, (trained, cut)
+    # the default preset drafts with it at batch 1 on a CPU (measured faster there), greedily above
+    default = Transcriber.from_preset("base", device="cpu", language="en")
+    assert default.draft_max_batch == 1 and default.engine_for(8).draft is None
+    one = default.transcribe(CLIPS[0], batch_size=1, progress=False)[0]
+    assert one.stats.drafted_tokens > 0 and one.chunk_tokens == b[ALL_FIXTURE_AUDIO.index(CLIPS[0])].chunk_tokens
