@@ -52,10 +52,10 @@ ALL_FIXTURE_AUDIO = sorted(str(p) for p in FIXTURES.rglob("*.flac"))  # short cl
 
 
 def test_shipped_distilled_draft_is_lossless_on_every_fixture_and_accepted(base):
-    """The shipped draft (presets base and base-distilled, trained by `asr-spec distill` on speech whose texts and voices
-    differ from the fixtures') loads as a restricted-head shared-encoder draft; with it every committed fixture's
-    transcript is whisper-base's own greedy one, token for token, and it agrees with the target far more than an
-    untrained cut of the same layers (the distillation's starting point)."""
+    """The shipped draft (presets base and base-distilled, trained by `asr-spec distill` on speech whose texts and
+    voices differ from the fixtures') loads as a restricted-head shared-encoder draft; with it every committed
+    fixture's transcript is whisper-base's own greedy one, token for token, and it agrees with the target far more
+    than an untrained cut of the same layers (the distillation's starting point)."""
     from asr_spec.engine import ChunkStats
     from asr_spec.models.loading import decoder_draft
     from asr_spec.models.presets import load_preset
