@@ -209,7 +209,8 @@ def cmd_head(args) -> None:
     trained = drafts.load_trained_draft(args.draft, target)
     (draft,) = _head_variants(trained, [args.head_size], args.train_cache, target).values()
     info = json.loads((Path(args.draft) / drafts.INFO_FILE).read_text())
-    info["head"] = {"size": args.head_size or "full", "from": str(args.draft), "counts_from": [str(p) for p in args.train_cache],
+    info["head"] = {"size": args.head_size or "full", "from": str(args.draft),
+                    "counts_from": [str(p) for p in args.train_cache],
                     "command": " ".join(sys.argv)}
     drafts.save_trained_draft(draft, args.out, info=info)
     print(f"saved {args.out} (head: {args.head_size or 'full vocabulary'})")
@@ -271,7 +272,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long fu
     c.add_argument("--language", default="en")
     c.add_argument("--max-new-tokens", type=int, default=256)
     c.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
-    c.add_argument("--timestamps", action="store_true", help="pseudo-labels in timestamp mode (transcription's default)")
+    c.add_argument("--timestamps", action="store_true",
+                   help="pseudo-labels in timestamp mode (transcription's default)")
     c.add_argument("--from-cache", type=Path, help="label the windows of this cache again (its encoder outputs)")
     c.add_argument("--max-windows", type=int, default=0, help="with --from-cache: this many windows, evenly spread")
     t = sub.add_parser("train", help="train a draft on a cache")
