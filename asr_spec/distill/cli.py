@@ -101,7 +101,7 @@ def _relabel(args, target) -> None:
     src = draft_data.PseudoLabelCache(args.from_cache)
     rows = list(range(len(src)))
     if args.max_windows and args.max_windows < len(src):  # spread over the whole cache, not its first voices
-        rows = sorted({round(i * (len(src) - 1) / max(args.max_windows - 1, 1)) for i in range(args.max_windows)})
+        rows = spread(args.max_windows, len(src))
 
     def batches():
         for group in draft_data.iter_batches(rows, args.batch_size):
@@ -231,7 +231,12 @@ def layer_ids(spec: str, n_layers: int) -> list[int]:
     if not 1 <= count <= n_layers:
         raise SystemExit(f"--layers {count}: a count must be 1..{n_layers} (the target's decoder layers); "
                          "ids: 0,5 or 5,")
-    return sorted({round(i * (n_layers - 1) / max(count - 1, 1)) for i in range(count)})
+    return spread(count, n_layers)
+
+
+def spread(count: int, n: int) -> list[int]:
+    """`count` indices of range(n) spread evenly from the first to the last (fewer if they round together)."""
+    return sorted({round(i * (n - 1) / max(count - 1, 1)) for i in range(count)})
 
 
 def cmd_run(args) -> None:

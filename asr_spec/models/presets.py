@@ -138,9 +138,12 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("draft", "a model id or path (a non-empty string), or left out")
     if not isinstance(preset.draft_optional, bool):
         raise bad("draft_optional", "true or false")
-    if isinstance(preset.cpu_draft_max_batch, bool) or not isinstance(preset.cpu_draft_max_batch, int) \
-            or preset.cpu_draft_max_batch < 0:
-        raise bad("cpu_draft_max_batch", "an integer >= 0 (0: no draft on a CPU)")
+    from asr_spec.engine.options import check_int  # the project's one integer check (imported as below)
+
+    try:
+        check_int(preset.cpu_draft_max_batch, "cpu_draft_max_batch", 0)
+    except ValueError as err:
+        raise InputError(f"{where}: {err} (0: no draft on a CPU)") from err
     _verify_option_values(preset, where)
     if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:
         raise bad("dtype", f"one of auto, {', '.join(DTYPES)}")
