@@ -165,8 +165,9 @@ def fw_runner(preset: str, device: torch.device, language: str,
     if not target.startswith("embedded:"):
         raise ValueError(f"faster-whisper column: preset {preset} is not an embedded CTranslate2 model")
     compute = "float32" if device.type == "cpu" else "float16"
-    parent, child = mp.get_context("spawn").Pipe()
-    worker = mp.get_context("spawn").Process(
+    spawn = mp.get_context("spawn")
+    parent, child = spawn.Pipe()
+    worker = spawn.Process(
         target=_fw_worker, daemon=True, args=(child, str(embedded_ct2_dir(target.split(":", 1)[1])), device.type,
                                               compute, torch.get_num_threads(), language, [c.samples for c in clips]))
     worker.start()

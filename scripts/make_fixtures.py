@@ -85,6 +85,7 @@ FLITE_AWB = _flite("awb", "awb")
 ESPEAK_US = _espeak("en-us")
 FIXTURE_VOICES = (SLT_HTS, KAL, FLITE_SLT, FLITE_RMS, FLITE_AWB, ESPEAK_US)
 
+
 def synthesize(voice: Voice, text: str, workdir: Path) -> np.ndarray:
     """Speak `text` with `voice`; returns float32 mono at SAMPLE_RATE. shape = (n_samples,)"""
     wav = workdir / "tts.wav"

@@ -305,7 +305,7 @@ def test_bench_faster_whisper_column_runs_in_its_own_process(monkeypatch) -> Non
     import importlib.util
 
     scripts = Path(__file__).parent.parent / "scripts"
-    monkeypatch.syspath_prepend(str(scripts))  # the child process imports the worker from `bench`, as the script's
+    monkeypatch.syspath_prepend(str(scripts))  # the child process imports its worker function from `bench`
     spec = importlib.util.spec_from_file_location("bench", scripts / "bench.py")
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench", bench)
