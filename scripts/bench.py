@@ -8,7 +8,10 @@
     (4) spec      asr-spec speculative decoding, batch N
     (5) fw        faster-whisper 1.2.1 `BatchedInferencePipeline` (optional import), beam 1, fp32 on CPU (float16
                   on CUDA), batch N, on the CTranslate2 directory of the same weights (embedded presets only), in
-                  a process of its own (timed from here, interleaved with the others like any configuration)
+                  a process of its own (timed from here, interleaved with the others like any configuration); as
+                  its default, without timestamp tokens (one segment per voice-activity chunk)
+    (6) fw-ts     the same with without_timestamps=False: timestamp tokens and segments, as asr-spec's default
+                  makes (the same work); --no-timestamps runs asr-spec without them instead (the same work as (5))
 
 for each N (--configs picks a subset, e.g. fw,greedy for the end-to-end comparison on a long file) in --batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) gave
 exactly (3)'s text; saves a PNG of speed-up against batch size (--plot) and the figures as JSON (--json).
@@ -51,9 +54,10 @@ from asr_spec.eval.metrics import score
 from asr_spec.models.loading import decoder_draft
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
-CONFIGS = ("hf", "hf+asst", "greedy", "spec", "fw")
+CONFIGS = ("hf", "hf+asst", "greedy", "spec", "fw", "fw-ts")
 LABELS = {"hf": "(1) transformers pipeline", "hf+asst": "(2) transformers + assistant",
-          "greedy": "(3) asr-spec greedy", "spec": "(4) asr-spec speculative", "fw": "(5) faster-whisper batched"}
+          "greedy": "(3) asr-spec greedy", "spec": "(4) asr-spec speculative", "fw": "(5) faster-whisper batched",
+          "fw-ts": "(6) faster-whisper timestamps"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ def load_models(args: argparse.Namespace) -> tuple[Transcriber, Any, str]:
     from asr_spec.models.presets import load_preset
 
     overrides = {k: v for k, v in [("device", args.device), ("dtype", args.dtype)] if v is not None}
+    if args.no_timestamps:
+        overrides["timestamps"] = False
     preset_draft = load_preset(args.preset).draft_or_none()
     if preset_draft is not None:  # asked for explicitly: on a CPU a preset alone decodes greedily
         overrides["draft"] = preset_draft
@@ -149,8 +155,8 @@ def ours_runner(transcriber: Transcriber, keep: dict[str, Any]) -> Callable[[lis
     return run
 
 
-def fw_runner(preset: str, device: torch.device, language: str,
-              clips: list[Clip]) -> Callable[[list[Clip], int], list[str]]:
+def fw_runner(preset: str, device: torch.device, language: str, clips: list[Clip],
+              timestamps: bool = False) -> Callable[[list[Clip], int], list[str]]:
     """faster-whisper's BatchedInferencePipeline on the CTranslate2 directory of the preset's embedded model
     (the same weights asr-spec converts), greedy (beam 1), fp32 on CPU, in a process of its own: CTranslate2's
     OpenMP threads and torch's would otherwise spin against each other in one process (measured: both systems
@@ -169,7 +175,8 @@ def fw_runner(preset: str, device: torch.device, language: str,
     parent, child = spawn.Pipe()
     worker = spawn.Process(
         target=_fw_worker, daemon=True, args=(child, str(embedded_ct2_dir(target.split(":", 1)[1])), device.type,
-                                              compute, torch.get_num_threads(), language, [c.samples for c in clips]))
+                                              compute, torch.get_num_threads(), language, [c.samples for c in clips],
+                                              timestamps))
     worker.start()
     child.close()  # the child's end lives in the child now: its death reads as EOF here
     try:
@@ -188,7 +195,7 @@ def fw_runner(preset: str, device: torch.device, language: str,
 
 
 def _fw_worker(conn: Any, model_dir: str, device: str, compute: str, threads: int, language: str,
-               samples: list[np.ndarray]) -> None:
+               samples: list[np.ndarray], timestamps: bool) -> None:
     """The faster-whisper process: loads the model, then transcribes the first n clips at batch size b for each
     (n, b) it is sent, answering with the texts."""
     try:
@@ -207,7 +214,8 @@ def _fw_worker(conn: Any, model_dir: str, device: str, compute: str, threads: in
             return
         texts = []
         for audio in samples[:n]:
-            segments, _ = pipe.transcribe(audio, language=language, batch_size=batch_size, beam_size=1)
+            segments, _ = pipe.transcribe(audio, language=language, batch_size=batch_size, beam_size=1,
+                                          without_timestamps=not timestamps)
             texts.append(" ".join(seg.text.strip() for seg in segments))
         conn.send(texts)
 
@@ -307,7 +315,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax.set_ylabel(f"speed-up vs transformers pipeline at N={base['batch_size'] if base else '?'}")
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.lines:  # nothing to plot without a transformers row to compare with
+        ax.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -330,6 +339,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-layers", default="0,1,2,3,4",
                    help="target decoder layers to cut a draft from when the preset has none (default 0,1,2,3,4)")
     p.add_argument("--language", default="en", help="language for every configuration (default en)")
+    p.add_argument("--no-timestamps", action="store_true",
+                   help="asr-spec without timestamp tokens (<|notimestamps|>), as faster-whisper's batched default")
     p.add_argument("--device", help="cpu, cuda (default: cuda when available)")
     p.add_argument("--dtype", help="auto, float32, float16, bfloat16 (default: the preset's)")
     p.add_argument("--plot", default="runs/bench.png", help="PNG of speed-up against batch size")
@@ -374,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, dict[str, Any]] = {"greedy": {}, "spec": {}}
     makers = {"hf": lambda: hf_runner(pipe, gen), "hf+asst": lambda: hf_runner(pipe, {**gen, "assistant_model": draft}),
               "greedy": lambda: ours_runner(greedy, stats["greedy"]), "spec": lambda: ours_runner(spec, stats["spec"]),
-              "fw": lambda: fw_runner(args.preset, device, args.language, clips)}
+              "fw": lambda: fw_runner(args.preset, device, args.language, clips),
+              "fw-ts": lambda: fw_runner(args.preset, device, args.language, clips, timestamps=True)}
     runners = {}
     for config in configs:
         try:

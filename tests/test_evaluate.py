@@ -293,8 +293,9 @@ def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, monkeypatch, mod
     assert plot.stat().st_size > 0
     rows = json.loads(plot.with_suffix(".json").read_text())["rows"]
     # faster-whisper needs the CTranslate2 weights of an embedded preset: skipped, and said so, for this one
-    assert "faster-whisper batched: skipped" in captured.err
-    assert {(r["config"], r["batch_size"]) for r in rows} == {(c, n) for c in bench.CONFIGS if c != "fw" for n in (1, 2)}
+    assert "faster-whisper batched: skipped" in captured.err and "faster-whisper timestamps: skipped" in captured.err
+    ours = {(c, n) for c in bench.CONFIGS if not c.startswith("fw") for n in (1, 2)}
+    assert {(r["config"], r["batch_size"]) for r in rows} == ours
     assert all(r["identical_to_greedy"] for r in rows if r["config"] == "spec")
 
 
@@ -320,3 +321,6 @@ def test_bench_faster_whisper_column_runs_in_its_own_process(monkeypatch) -> Non
     texts = run(clips, 1)
     assert len(texts) == 1 and len(texts[0].split()) >= 5
     assert run(clips[:0], 1) == []
+    with_timestamps = bench.fw_runner("base", bench.torch.device("cpu"), "en", clips, timestamps=True)
+    stamped = with_timestamps(clips, 1)  # timestamp mode may pick other words: only the shape is checked
+    assert len(stamped) == 1 and len(stamped[0].split()) >= 5

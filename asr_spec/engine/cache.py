@@ -93,6 +93,11 @@ class KVCache:
         n = staged.n_positions
         self.self_k[:, rows, :, :n] = staged.self_k
         self.self_v[:, rows, :, :n] = staged.self_v
-        self.cross_k[:, rows] = staged.cross_k
-        self.cross_v[:, rows] = staged.cross_v
+        if not self.holds_cross(staged):
+            self.cross_k[:, rows] = staged.cross_k
+            self.cross_v[:, rows] = staged.cross_v
         self.lengths[rows] = staged.lengths
+
+    def holds_cross(self, staged: "KVCache") -> bool:
+        """Whether a staging cache's cross-attention part is a view of this cache's (`Decoder.stage` with into)."""
+        return staged.cross_k.untyped_storage().data_ptr() == self.cross_k.untyped_storage().data_ptr()

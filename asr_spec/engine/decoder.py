@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr_spec.engine.cache import KVCache
+from asr_spec.engine.kernels import POST_OPS, fused_qkv, onednn_linear, onednn_usable, pack, scaled
 
 
 def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
@@ -23,24 +24,9 @@ def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, voca
     return full.index_copy_(-1, vocab_ids, logits)
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear through oneDNN (the kernel inductor's CPU backend calls). (..., d_in) -> (..., d_out)"""
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
-    return y.view(*x.shape[:-1], weight.shape[0])
-
-
-def onednn_linear_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the decoder's layer projections go through oneDNN: CPU fp32 with oneDNN built in. Measured on this
-    project's CPU (2 threads, weights streamed from memory as in a real step, whisper-base shapes): 1.5-3x faster
-    than F.linear (MKL) for 1-8 rows, e.g. 512 -> 2048 at 3 rows 0.26 vs 0.77 ms. Rounding differs from MKL's by
-    ~1e-4 relative, as any other kernel's would."""
-    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        x, w = torch.randn(3, 8), torch.randn(4, 8)
-        return torch.allclose(_onednn_linear(x, w, None), F.linear(x, w), atol=1e-5)
-    except (RuntimeError, AttributeError):  # an op missing from this build of torch
-        return False
+def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """`norm(x)` without the module call's overhead (~20 LayerNorms a step)."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 class Decoder:
@@ -68,20 +54,35 @@ class Decoder:
         # its logits are scattered into the full vocabulary with -inf elsewhere. The target always scores all.
         self.vocab_ids = vocab_ids
         weight = proj_out.weight if vocab_ids is None else proj_out.weight[vocab_ids]
-        # On CPU a step is bound by memory traffic, and two layouts read faster (measured, whisper-base shapes, one
-        # thread): the head as a contiguous (d_model, vocab) matrix (x @ W^T: ~20 % faster than F.linear) and the
-        # cross-attention keys stored transposed, attended with two matmuls (~2x faster than SDPA for 1-13
-        # queries over 1500 keys). On CUDA the fused kernels are used as they are.
-        # The output head, measured on this CPU (scripts/bench_engine.py --head): for one row x @ W^T with W^T
-        # stored contiguous (d_model, vocab) is fastest; from 2 rows on, W (vocab, d_model) @ x^T is 1.5-2x faster
-        # than both x @ W^T and F.linear (MKL runs thin x @ W^T products badly). Both layouts are kept on CPU.
+        # On CPU a step is bound by memory traffic; measured on this project's CPU (whisper-base shapes, weights and
+        # caches streamed from memory as in a real step):
+        # - the cross-attention keys stored transposed (head_dim, n_audio_ctx), attended with two matrix products
+        #   (~2x faster than SDPA for 1-13 queries over 1500 keys);
+        # - CPU fp32 with oneDNN: the step's projections and the head through oneDNN with their weights reordered
+        #   once into its blocked layout (`kernels.pack`; q, k, v fused into one product): 1.4-2x faster than MKL's
+        #   layouts at 2-32 rows. The packed copies are taken here: a Decoder reads its module's weights as they
+        #   were when it was built;
+        # - otherwise (CPU bf16/fp16) the head as a contiguous (d_model, vocab) matrix for one row (x @ W^T) and
+        #   W (vocab, d_model) @ x^T from 2 rows on (MKL runs thin x @ W^T products badly).
+        # On CUDA the fused kernels are used as they are.
         self.cpu_layout = self.device.type == "cpu"
-        self.head_weight = weight
-        self.head_weight_t = weight.t().contiguous() if self.cpu_layout else None
-        self.linear = _onednn_linear if onednn_linear_usable(self.device, self.dtype) else F.linear
+        packed = onednn_usable(self.device, self.dtype)
+        self.linear = onednn_linear if packed else F.linear
+        # packed: the step's products read only the packed copies (this Decoder holds no other copy of a weight)
+        step_layers = [proj for layer in self.layers for proj in (
+            *(() if packed else (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)),
+            *(() if packed else (layer.encoder_attn.q_proj,)), layer.self_attn.out_proj, layer.encoder_attn.out_proj,
+            layer.fc1, layer.fc2)]
+        self.weights = {proj: pack(proj.weight) if packed else proj.weight for proj in step_layers}
+        self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
+        self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
+        self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
+        self.head_packed = pack(weight) if packed else None
+        self.head_weight = None if packed else weight
+        self.head_weight_t = weight.t().contiguous() if self.cpu_layout and not packed else None
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x, layer.weight, layer.bias)
+        return self.linear(x, self.weights[layer], layer.bias)
 
     @property
     def device(self) -> torch.device:
@@ -98,31 +99,69 @@ class Decoder:
         )
 
     @torch.inference_mode()
-    def stage(self, audio: torch.Tensor, n_positions: int) -> KVCache:
+    def stage(self, audio: torch.Tensor, n_positions: int, into: tuple[KVCache, int] | None = None) -> KVCache:
         """A staging cache for R new chunks: their cross-attention keys/values (computed once per chunk) and an
         empty self-attention part of n_positions, to prefill the prompt in before `KVCache.commit` stores it in
         the batch slots. Language detection reads this cache: no copy of the batch's cache is made.
 
         audio: (R, n_audio_ctx, cross_width) encoder output.
+        into: (cache, first): the chunks go to slots [first, first + R) of `cache`; their keys/values are then
+            written there directly (the staging cache's cross part is a view of them), not copied at commit.
         """
         audio = audio.to(self.dtype)
         r, s, _ = audio.shape
-        staged = self.new_cache(r, max(n_positions, 1), s)
+        staged = self.new_cache(r, max(n_positions, 1), s if into is None else 0)
+        if into is not None:
+            cache, first = into
+            staged.cross_k, staged.cross_v = cache.cross_k[:, first:first + r], cache.cross_v[:, first:first + r]
         for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
-            k = attn.k_proj(audio).view(r, s, self.n_heads, self.head_dim)
+            k, v = (self.linear(audio, p.weight, p.bias).view(r, s, self.n_heads, self.head_dim)
+                    for p in (attn.k_proj, attn.v_proj))
             staged.cross_k[i] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
-            staged.cross_v[i] = attn.v_proj(audio).view(r, s, self.n_heads, self.head_dim).transpose(1, 2)
+            staged.cross_v[i] = v.transpose(1, 2)
         return staged
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """(B, P, d_model) -> (B, P, V') logits, in the layout measured fastest for B * P rows."""
+        if self.head_packed is not None:
+            return onednn_linear(x, self.head_packed, None)
         if not self.cpu_layout:
             return F.linear(x, self.head_weight)
         b, p, d = x.shape
         if b * p == 1:
             return x @ self.head_weight_t
         return (self.head_weight @ x.reshape(b * p, d).t()).t().reshape(b, p, -1)
+
+    def _self_attention(self, i: int, layer: nn.Module, x: torch.Tensor, cache: KVCache, write_pos: torch.Tensor,
+                        mask: torch.Tensor, n_keys: int) -> torch.Tensor:
+        """x + self-attention block i over the cache, after writing this pass's keys/values. x: (B, T, d_model)"""
+        b, t, _ = x.shape
+        attn = layer.self_attn
+        h = _layer_norm(layer.self_attn_layer_norm, x)
+        if self.qkv is not None:
+            q, k, v = self.linear(h, *self.qkv[i]).split(self.d_model, dim=-1)
+        else:
+            q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
+        cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
+        out = F.scaled_dot_product_attention(self._split_heads(q), cache.self_k[i, :, :, :n_keys],
+                                             cache.self_v[i, :, :, :n_keys], attn_mask=mask, scale=self.scaling)
+        return x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
+
+    def _cross_attention(self, i: int, layer: nn.Module, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """x + cross-attention block i over the cached audio keys/values. x: (B, T, d_model)"""
+        b, t, _ = x.shape
+        xattn = layer.encoder_attn
+        h = _layer_norm(layer.encoder_attn_layer_norm, x)
+        if self.cross_q is not None:  # packed, scaled by 1/sqrt(head_dim) already
+            q = self._split_heads(self.linear(h, *self.cross_q[i]))
+        else:
+            q = self._split_heads(self._proj(xattn.q_proj, h)) * self.scaling
+        if self.cpu_layout:
+            out = torch.softmax(q @ cache.cross_k[i], dim=-1) @ cache.cross_v[i]
+        else:
+            out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=1.0)
+        return x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -152,30 +191,17 @@ class Decoder:
         key_pos = torch.arange(n_keys, device=tokens.device)
         mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = layer.self_attn_layer_norm(x)
-            q = self._split_heads(self._proj(attn.q_proj, h))
-            k, v = self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
-            cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
-            out = F.scaled_dot_product_attention(
-                q, cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys], attn_mask=mask, scale=self.scaling
-            )
-            x = x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
-
-            xattn = layer.encoder_attn
-            h = layer.encoder_attn_layer_norm(x)
-            q = self._split_heads(self._proj(xattn.q_proj, h))
-            if self.cpu_layout:
-                out = torch.softmax((q * self.scaling) @ cache.cross_k[i], dim=-1) @ cache.cross_v[i]
+            x = self._self_attention(i, layer, x, cache, write_pos, mask, n_keys)
+            x = self._cross_attention(i, layer, x, cache)
+            h = _layer_norm(layer.final_layer_norm, x)
+            if self.post is not None:  # the activation fused into fc1's product
+                h = self.linear(h, self.weights[layer.fc1], layer.fc1.bias, *self.post)
             else:
-                out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=self.scaling)
-            x = x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
-
-            h = layer.final_layer_norm(x)
-            x = x + self._proj(layer.fc2, layer.activation_fn(self._proj(layer.fc1, h)))
+                h = layer.activation_fn(self._proj(layer.fc1, h))
+            x = x + self._proj(layer.fc2, h)
         if logit_index is not None:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
-        x = self.decoder.layer_norm(x)
+        x = _layer_norm(self.decoder.layer_norm, x)
         return full_vocab_logits(self._head(x), self.vocab_ids, self.vocab_size)
 
     def step_ms(self, n_rows: int, n_audio_ctx: int, repeats: int = 20) -> float:

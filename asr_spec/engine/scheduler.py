@@ -25,6 +25,7 @@ from asr_spec.engine import memory
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.encoder import Encoder
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
@@ -111,6 +112,7 @@ class Engine:
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
                 f"max_target_positions ({self.tokens.max_positions})"
             )
+        self.encoder = Encoder(target.model.encoder)
         self.target_dec = Decoder(target.model.decoder, target.proj_out)
         self.draft_dec = None if draft is None else Decoder(
             draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
@@ -175,7 +177,9 @@ class Engine:
         idx = torch.tensor(rows, device=dev)
         enc = torch.stack([e for _, e, _ in items])
         n_prompt, r = self.prompt_len, len(rows)
-        staged = self.target_dec.stage(enc, n_prompt - 1)
+        # contiguous free slots (always so for one chunk): the audio's keys/values are written there directly
+        first = rows[0] if rows == list(range(rows[0], rows[0] + len(rows))) else None
+        staged = self.target_dec.stage(enc, n_prompt - 1, None if first is None else (m.target_cache, first))
         sot_logits = None
         detect = self.lang_id is None and self.tokens.is_multilingual
         if detect or n_prompt == 1:  # a pass at the SOT position alone (else the prefill pass starts there)
@@ -192,7 +196,7 @@ class Engine:
         m.target_cache.commit(idx, staged)
         if m.draft is not None:
             draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
-            d_staged = m.draft.stage(draft_audio, n_prompt - 1)
+            d_staged = m.draft.stage(draft_audio, n_prompt - 1, None if first is None else (m.draft_cache, first))
             self._prefill(m.draft, d_staged, prompts, 0)
             m.draft_cache.commit(idx, d_staged)
         max_new = self.options.max_new_tokens or self.tokens.max_positions
@@ -272,7 +276,8 @@ class Engine:
                     return
                 continue
             n_keys = n_keys_bucket(max_len, k, reader.lag, n_positions)
-            with _losing(in_flight), torch.no_grad():
+            # eager steps run in inference mode (~0.3 ms a step less dispatch); traced and captured ones in no_grad
+            with _losing(in_flight), (torch.inference_mode() if self.runner.mode == "eager" else torch.no_grad()):
                 self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
                 n_step += 1
                 if reader.lag == 0:
@@ -364,8 +369,7 @@ class Engine:
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
         """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
         x = features.to(self.target_dec.device, self.target_dec.dtype)
-        return torch.cat([self.target.model.encoder(input_features=x[i:i + batch_size]).last_hidden_state
-                          for i in range(0, len(x), batch_size)])
+        return torch.cat([self.encoder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
     def decode(self, features: torch.Tensor | None, encoded: torch.Tensor | None = None,
                batch_size: int = 8) -> list[ChunkResult]:

@@ -1,0 +1,88 @@
+"""The CPU fp32 kernels: oneDNN products with packed weights, the encoder run through them, the decoder's packed
+path against its plain one, and admission writing a chunk's audio keys/values straight into its slots."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asr_spec.engine import decoder as decoder_module
+from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.encoder import Encoder
+from asr_spec.engine.kernels import onednn_linear, onednn_usable, pack
+from asr_spec.testing import random_whisper
+
+CPU = torch.device("cpu")
+needs_onednn = pytest.mark.skipif(not onednn_usable(CPU, torch.float32), reason="torch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 33])
+def test_packed_product_equals_linear_at_any_row_count(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w, b, x = torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen), torch.randn(rows, 32, generator=gen)
+    packed = pack(w)
+    torch.testing.assert_close(onednn_linear(x, packed, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(onednn_linear(x, packed, b, "gelu", "none"), F.gelu(F.linear(x, w, b)),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_encoder_equals_transformers_encoder(activation):
+    """The oneDNN encoder (fused q/k/v, fused GELU, or the module's activation after the product) gives
+    transformers' WhisperEncoder output up to rounding."""
+    model = random_whisper("test", seed=5, vocab_size=70, init_std=0.2)
+    model.config.activation_function = activation
+    for layer in model.model.encoder.layers:
+        layer.activation_fn = torch.nn.ReLU() if activation == "relu" else layer.activation_fn
+    enc = Encoder(model.model.encoder)
+    assert enc.fast and (enc.post is not None) == (activation == "gelu")
+    n_frames = 2 * model.config.max_source_positions
+    features = torch.randn(3, model.config.num_mel_bins, n_frames, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = model.model.encoder(input_features=features).last_hidden_state
+    torch.testing.assert_close(enc(features), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="mel frames"):
+        enc(features[..., :-2])
+
+
+@needs_onednn
+def test_decoder_packed_path_equals_plain_path(monkeypatch):
+    """The same decoder forward with packed oneDNN weights (fused q/k/v, fused GELU) and with F.linear: equal
+    logits up to rounding, for a single-token step and a multi-token window."""
+    model = random_whisper("test", seed=7, vocab_size=70, init_std=0.2)
+    packed = Decoder(model.model.decoder, model.proj_out)
+    monkeypatch.setattr(decoder_module, "onednn_usable", lambda device, dtype: False)
+    plain = Decoder(model.model.decoder, model.proj_out)
+    assert packed.qkv is not None and plain.qkv is None
+    audio = torch.randn(2, model.config.max_source_positions, model.config.d_model)
+    tokens = torch.tensor([[1, 5, 9, 11], [3, 4, 12, 2]])
+    positions = torch.arange(4).expand(2, -1)
+    outs = []
+    for dec in (packed, plain):
+        with torch.inference_mode():  # as admission and the eager step run
+            cache = dec.stage(audio, 8)
+            window = dec.forward(cache, tokens, positions, 8)
+            step = dec.forward(cache, tokens[:, :1], positions[:, :1] + 4, 8)
+        outs.append((window, step))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_stage_into_slots_writes_audio_in_place_and_commit_keeps_it():
+    """Admission into contiguous slots computes the chunks' cross-attention keys/values in those slots (no copy at
+    commit); into other slots (or none given) they are staged apart and copied at commit. Same cache either way."""
+    model = random_whisper("test", seed=2, vocab_size=70, init_std=0.2)
+    dec = Decoder(model.model.decoder, model.proj_out)
+    audio = torch.randn(2, model.config.max_source_positions, model.config.d_model)
+    direct, copied = (dec.new_cache(4, 16, model.config.max_source_positions) for _ in range(2))
+    staged = dec.stage(audio, 3, (direct, 1))
+    assert direct.holds_cross(staged) and not copied.holds_cross(staged)
+    direct.commit(torch.tensor([1, 2]), staged)
+    apart = dec.stage(audio, 3)
+    assert not copied.holds_cross(apart)
+    copied.commit(torch.tensor([1, 2]), apart)
+    for name in ("cross_k", "cross_v"):
+        torch.testing.assert_close(getattr(direct, name)[:, 1:3], getattr(copied, name)[:, 1:3], rtol=0, atol=0)
