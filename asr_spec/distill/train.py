@@ -380,7 +380,7 @@ def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, bat
 
     opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k, timestamps=timestamps)
     greedy = Engine(target, None, opts)
-    spec = Engine(target, draft, opts)
+    spec = Engine(target, draft, opts, share=greedy)
 
     res_g = greedy.decode(None, encoded, batch_size)  # warm-up
     res_s = spec.decode(None, encoded, batch_size)

@@ -96,10 +96,12 @@ class Engine:
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
             A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens.
+    share:  an engine of the same target whose encoder and target decoder this one reuses (with their packed CPU
+            weight copies), e.g. a greedy engine beside a speculative one.
     """
 
     def __init__(self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions(),
-                 runner: StepRunner | None = None):
+                 runner: StepRunner | None = None, share: Engine | None = None):
         self.kind = check_pair(target, draft)
         self.target, self.draft, self.options = target, draft, options
         self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
@@ -112,8 +114,11 @@ class Engine:
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
                 f"max_target_positions ({self.tokens.max_positions})"
             )
-        self.encoder = Encoder(target.model.encoder)
-        self.target_dec = Decoder(target.model.decoder, target.proj_out)
+        # share: another engine of the same target, whose encoder and decoder (their packed weight copies on CPU)
+        # this one uses too instead of making its own
+        same = share is not None and share.target is target
+        self.encoder = share.encoder if same else Encoder(target.model.encoder)
+        self.target_dec = share.target_dec if same else Decoder(target.model.decoder, target.proj_out)
         self.draft_dec = None if draft is None else Decoder(
             draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)

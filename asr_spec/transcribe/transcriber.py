@@ -45,8 +45,7 @@ from asr_spec.transcribe.stitch import ChunkTokens, concat_chunks, stitch_chunks
 
 __all__ = ["Transcriber"]
 
-# Errors caused by one input (unreadable, corrupt, NaN, unwritable output): reported on that input, the run goes on.
-# Anything else is a bug and propagates.
+# Errors caused by one input (unreadable, corrupt, NaN, unwritable output): reported on it; anything else propagates.
 INPUT_ERRORS = (AsrSpecError, ValueError, OSError)
 ProgressCallback = Callable[[float, float], None]  # (done_s, total_s), seconds of audio
 
@@ -167,8 +166,7 @@ class Transcriber:
         self.features = FeatureBatcher(processor.feature_extractor, device=self.device, dtype=target.dtype)
         self.engine = Engine(self.target, self.draft, self.options.decode)  # checks the pair and language now
         check_int(0 if draft_max_batch is None else draft_max_batch, "draft_max_batch", 0, InputError)
-        self.draft_max_batch = draft_max_batch
-        self._greedy_engine: Engine | None = None
+        self.draft_max_batch, self._greedy_engine = draft_max_batch, None  # greedy engine: made when first needed
         self.tokens = self.engine.tokens
         self._vads: list[SileroVad] = []  # idle VAD states, loaded when first needed (see chunk_audio)
         self._vad_lock = threading.Lock()
@@ -264,7 +262,8 @@ class Transcriber:
                         output_dir: str | os.PathLike | None = None) -> Iterator[Transcription]:
         """`transcribe`, yielding each input's transcript (in input order) as soon as it and those before it are
         done: a long archive shows results, and writes files, while later inputs are still decoding."""
-        rows = self.options.batch_size if batch_size is None else TranscribeOptions.from_values(self.options, batch_size=batch_size).batch_size
+        rows = (self.options.batch_size if batch_size is None
+                else TranscribeOptions.from_values(self.options, batch_size=batch_size).batch_size)
         inputs = _inputs(audio)
         if output_dir is not None:  # before any work: names resolved, the folder usable, stale temp files gone
             _name_outputs(inputs)
@@ -295,7 +294,8 @@ class Transcriber:
     def engine_for(self, rows: int) -> Engine:
         """The engine for batches of `rows` chunks: the draft's, or a greedy one above `draft_max_batch`."""
         if self.draft is not None and self.draft_max_batch is not None and rows > self.draft_max_batch:
-            self._greedy_engine = self._greedy_engine or Engine(self.target, None, self.options.decode)
+            self._greedy_engine = self._greedy_engine or Engine(self.target, None, self.options.decode,
+                                                                share=self.engine)  # one set of packed weights
             return self._greedy_engine
         return self.engine
 
