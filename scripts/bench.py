@@ -191,6 +191,11 @@ def fw_runner(preset: str, device: torch.device, language: str, clips: list[Clip
         parent.send((len(some), batch_size))
         return parent.recv()
 
+    def close() -> None:  # the child reads EOF and returns: no killed process, no leaked semaphore warning
+        parent.close()
+        worker.join(30)
+
+    run.close = close  # type: ignore[attr-defined]
     return run
 
 
@@ -398,7 +403,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{note}\naudio: {len(clips)} clips, {audio_s:.1f} s; chunk {chunk_s:g} s; language {args.language}; "
               f"torch threads {torch.get_num_threads()}")
     print(header, file=sys.stderr)
-    results = bench(clips, batch_sizes, runners, device, stats, args.repeats)
+    try:
+        results = bench(clips, batch_sizes, runners, device, stats, args.repeats)
+    finally:
+        for runner in runners.values():
+            getattr(runner, "close", lambda: None)()
     text, rows = table(results, clips)
     print(header)
     print(text)
