@@ -49,11 +49,18 @@ def test_encoder_equals_transformers_encoder(activation):
 
 
 @needs_onednn
-def test_decoder_packed_path_equals_plain_path(monkeypatch):
-    """The same decoder forward with packed oneDNN weights (fused q/k/v, fused GELU) and with F.linear: equal
-    logits up to rounding, for a single-token step and a multi-token window."""
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_decoder_packed_path_equals_plain_path(monkeypatch, activation):
+    """The same decoder forward with packed oneDNN weights (fused q/k/v, GELU fused or the module's activation
+    after the product, the query scale folded in) and with F.linear: equal logits up to rounding, for a
+    single-token step and a multi-token window."""
     model = random_whisper("test", seed=7, vocab_size=70, init_std=0.2)
+    if activation == "relu":
+        model.config.activation_function = "relu"
+        for layer in model.model.decoder.layers:
+            layer.activation_fn = torch.nn.ReLU()
     packed = Decoder(model.model.decoder, model.proj_out)
+    assert (packed.post is not None) == (activation == "gelu")
     monkeypatch.setattr(decoder_module, "onednn_usable", lambda device, dtype: False)
     plain = Decoder(model.model.decoder, model.proj_out)
     assert packed.qkv is not None and plain.qkv is None
