@@ -1,7 +1,8 @@
 """Per-step cost of the engine next to this machine's floor (used by scripts/bench_engine.py --steps).
 
 The floor of one step is the roofline bound max(bytes / measured read bandwidth, FLOPs / measured matmul rate):
-bytes = every decoder weight read once + each row's cross-attention keys/values + its self-attention cache up to
+bytes = every decoder weight a step reads (not the cross-attention key/value projections, run once per chunk at
+admission) once + each row's cross-attention keys/values + its self-attention cache up to
 n_keys; FLOPs = 2 x (layer + head parameters) per fed token + attention (2 x 2 x keys x d_model per layer).
 Both machine rates are measured here, in the same process, before the steps are timed.
 """
@@ -46,7 +47,10 @@ def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str,
     dec = target.model.decoder
     d, esize = target.config.d_model, target.dtype.itemsize
     n_layers, n_audio = len(dec.layers), target.config.max_source_positions
-    layer_params = sum(p.numel() for layer in dec.layers for p in layer.parameters())
+    # the cross-attention key/value projections run once per chunk at admission, not in a step: not counted
+    per_chunk = {id(p) for layer in dec.layers for proj in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)
+                 for p in proj.parameters()}
+    layer_params = sum(p.numel() for layer in dec.layers for p in layer.parameters() if id(p) not in per_chunk)
     head_params = target.proj_out.weight.numel()
     weight_bytes = (layer_params + head_params) * esize
     cache_bytes = batch * n_layers * 2 * (n_audio + n_keys) * d * esize
