@@ -9,6 +9,8 @@ its blocked layout (`pack`) reads 1.4-2x faster at 2-32 rows, and on plain weigh
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,8 +50,10 @@ def scaled(proj: nn.Linear, scale: float) -> tuple[torch.Tensor, torch.Tensor | 
     return pack(proj.weight * scale), bias
 
 
+@functools.cache
 def onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether products go through oneDNN: CPU fp32 with oneDNN built in and its linear ops present."""
+    """Whether products go through oneDNN: CPU fp32 with oneDNN built in and its linear ops present (probed once
+    per device and dtype, not by every decoder and encoder built)."""
     if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return False
     try:

@@ -121,6 +121,7 @@ class Engine:
         self.target_dec = share.target_dec if same else Decoder(target.model.decoder, target.proj_out)
         self.draft_dec = None if draft is None else Decoder(
             draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
+        self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.n_audio_ctx = target.config.max_source_positions
         # runner: how the step runs (tests pass a wrapped one); by default CUDA graphs on CUDA (unless
@@ -145,7 +146,7 @@ class Engine:
         own = None
         if self.kind is DraftKind.OWN_ENCODER:
             x = torch.stack([r.features for r in batch]).to(dev, self.draft_dec.dtype)
-            own = list(self.draft.model.encoder(input_features=x).last_hidden_state)
+            own = list(self.draft_encoder(x))
         return enc, own
 
     def _fill_ready(self, source: Iterator[ChunkRequest | None], ready: deque, n_needed: int,
