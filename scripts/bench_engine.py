@@ -105,10 +105,16 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
     n_keys = 64  # the bucket of a row ~48 tokens in
     for b in batch_sizes:
         line = {"model": name, "batch": b, "n_new": n_new}
-        line["greedy_ms"] = sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner())
+        engines: list = []
+        line["greedy_ms"] = sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner(), engines)
         floor = sf.step_floor_ms(target, b, 1, n_keys, rates)
         line["greedy_floor_ms"] = floor["floor_ms"]
         line["greedy_vs_floor"] = line["greedy_ms"] / floor["floor_ms"]
+        head = engines[0].target_dec.certified
+        if head is not None:  # the head read in bf16 (engine.head): the floor of the bytes really read, too
+            line["greedy_floor_bf16_head_ms"] = sf.step_floor_ms(target, b, 1, n_keys, rates, 2)["floor_ms"]
+            line["greedy_vs_bf16_head_floor"] = line["greedy_ms"] / line["greedy_floor_bf16_head_ms"]
+            line["head_fallback"] = f"{head.n_fallback}/{head.n_rows}"
         if compile_step:
             t0 = time.perf_counter()
             runner = sf.inductor_runner()

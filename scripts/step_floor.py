@@ -42,8 +42,10 @@ def machine_rates(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
     return {"read_GB_s": statistics.median(bw[1:]), "matmul_GFLOP_s": statistics.median(mm[1:])}
 
 
-def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str, float]) -> dict[str, float]:
-    """Roofline floor of one target pass feeding `window` tokens per row over `n_keys` self-attention keys."""
+def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str, float],
+                  head_itemsize: int | None = None) -> dict[str, float]:
+    """Roofline floor of one target pass feeding `window` tokens per row over `n_keys` self-attention keys.
+    head_itemsize: bytes per head weight read (default the model's: 2 for the certified bf16 head)."""
     dec = target.model.decoder
     d, esize = target.config.d_model, target.dtype.itemsize
     n_layers, n_audio = len(dec.layers), target.config.max_source_positions
@@ -52,7 +54,7 @@ def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str,
                  for p in proj.parameters()}
     layer_params = sum(p.numel() for layer in dec.layers for p in layer.parameters() if id(p) not in per_chunk)
     head_params = target.proj_out.weight.numel()
-    weight_bytes = (layer_params + head_params) * esize
+    weight_bytes = layer_params * esize + head_params * (head_itemsize or esize)
     cache_bytes = batch * n_layers * 2 * (n_audio + n_keys) * d * esize
     tokens = batch * window
     flops = 2 * (layer_params + head_params) * tokens + tokens * n_layers * 2 * 2 * (n_audio + n_keys) * d
@@ -77,11 +79,16 @@ class TimedRunner(StepRunner):
         self.times.append(((st.n_tok.shape[0], n_keys, k), time.perf_counter() - t0))
 
 
-def step_ms(target, draft, enc: torch.Tensor, batch: int, n_new: int, k: int, runner: TimedRunner) -> float:
+def step_ms(target, draft, enc: torch.Tensor, batch: int, n_new: int, k: int, runner: TimedRunner,
+            engines: list | None = None) -> float:
     """Median ms of the full-batch steps of one decode of `batch` chunks (EOS suppressed: every row runs n_new
-    tokens), after the first step of each key (warm-up, or a compile/capture) is dropped."""
+    tokens), after the first step of each key (warm-up, or a compile/capture) is dropped. The engine is appended
+    to `engines` when given."""
     opts = DecodeOptions(language="en", max_new_tokens=n_new, num_draft_tokens=max(k, 1))
-    Engine(target, draft, opts, runner=runner).decode(None, enc[:batch], batch)
+    engine = Engine(target, draft, opts, runner=runner)
+    engine.decode(None, enc[:batch], batch)
+    if engines is not None:
+        engines.append(engine)
     seen, kept = set(), []
     for key, seconds in runner.times:
         if key in seen and key[0] == batch:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr_spec.engine.cache import KVCache
+from asr_spec.engine.head import CertifiedHead
 from asr_spec.engine.kernels import POST_OPS, fused_qkv, onednn_linear, onednn_usable, pack, scaled
 
 
@@ -36,7 +37,10 @@ class Decoder:
     `WhisperForCausalLM` (a distil-whisper style decoder that reads the target's encoder output).
     """
 
-    def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None):
+    def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
+                 certify: tuple[int, tuple[int, ...]] | None = None):
+        """certify: (exact_from, protected) of a target whose head may be read in bf16 where CPU fp32 products go
+        through oneDNN (`head.CertifiedHead`: Whisper's rules take the same decisions as on fp32 logits)."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn
@@ -78,7 +82,8 @@ class Decoder:
         self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
         self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
-        self.head_packed = pack(weight) if packed else None
+        self.certified = CertifiedHead(weight, *certify) if packed and certify and vocab_ids is None else None
+        self.head_packed = pack(weight) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
         self.head_weight_t = weight.t().contiguous() if self.cpu_layout and not packed else None
 
@@ -123,8 +128,14 @@ class Decoder:
             staged.cross_v[i] = v.transpose(1, 2)
         return staged
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, P, d_model) -> (B, P, V') logits, in the layout measured fastest for B * P rows."""
+    def _head(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """(B, P, d_model) -> (B, P, V') logits, in the layout measured fastest for B * P rows. With a certified
+        head: decisions-exact logits in an eager step, all of them in fp32 when `exact` or traced."""
+        if self.certified is not None:
+            b, p, d = x.shape
+            flat = x.reshape(b * p, d)
+            exact = exact or torch.compiler.is_compiling()
+            return (self.certified.exact(flat) if exact else self.certified(flat)).view(b, p, -1)
         if self.head_packed is not None:
             return onednn_linear(x, self.head_packed, None)
         if not self.cpu_layout:
@@ -176,6 +187,7 @@ class Decoder:
         positions: torch.Tensor,
         n_keys: int,
         logit_index: torch.Tensor | None = None,
+        exact: bool = False,
     ) -> torch.Tensor:
         """Feed `tokens` at their positions, write their keys/values into the cache, return logits.
 
@@ -184,6 +196,7 @@ class Decoder:
             stale area and their outputs are ignored.
         n_keys: attend to cache positions [0, n_keys); must exceed every real position in `positions`.
         logit_index: (B, P) long indices into T of the positions whose logits are needed (None = all T).
+        exact: every logit in fp32 even with a certified head (whose other values are only decisions-exact).
         returns: (B, P, vocab) logits in the model dtype (-inf outside a restricted draft vocabulary).
         """
         b, t = tokens.shape
@@ -203,7 +216,7 @@ class Decoder:
         if logit_index is not None:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
         x = _layer_norm(self.decoder.layer_norm, x)
-        return full_vocab_logits(self._head(x), self.vocab_ids, self.vocab_size)
+        return full_vocab_logits(self._head(x, exact), self.vocab_ids, self.vocab_size)
 
     def step_ms(self, n_rows: int, n_audio_ctx: int, repeats: int = 20) -> float:
         """Milliseconds of one single-token step at `n_rows` rows, position 40, cross-attention over `n_audio_ctx`

@@ -118,7 +118,11 @@ class Engine:
         # this one uses too instead of making its own
         same = share is not None and share.target is target
         self.encoder = share.encoder if same else Encoder(target.model.encoder)
-        self.target_dec = share.target_dec if same else Decoder(target.model.decoder, target.proj_out)
+        # the target's head is certified (read in bf16, decisions exact) from <|endoftext|> on, with the tokens
+        # Whisper's rules suppress by id kept exact
+        certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
+        self.target_dec = share.target_dec if same else Decoder(target.model.decoder, target.proj_out,
+                                                                certify=certify)
         self.draft_dec = None if draft is None else Decoder(
             draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
@@ -190,7 +194,7 @@ class Engine:
         detect = self.lang_id is None and self.tokens.is_multilingual
         if detect or n_prompt == 1:  # a pass at the SOT position alone (else the prefill pass starts there)
             sot = torch.full((r, 1), self.tokens.sot, device=dev)
-            sot_logits = self.target_dec.forward(staged, sot, torch.zeros_like(sot), 1)[:, 0]
+            sot_logits = self.target_dec.forward(staged, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
         if detect:
             lang = self.rules.detect_language(sot_logits.float())
         else:
@@ -235,7 +239,8 @@ class Engine:
         logits = None
         if n_prompt - 1 > fed:
             pos = torch.arange(fed, n_prompt - 1, device=prompts.device).expand(len(prompts), -1)
-            logits = dec.forward(staged, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1))
+            logits = dec.forward(staged, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1),
+                                 exact=True)
             logits = logits[:, 0]
         staged.lengths.fill_(n_prompt - 1)
         return logits
