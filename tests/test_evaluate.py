@@ -31,10 +31,12 @@ CHAPTERS = ["9001-100201", "9001-100202", "9002-100301", "9003-100401"]
 
 @functools.lru_cache(maxsize=None)
 def tiny(draft: str = "perturbed") -> Transcriber:
-    """The tiny target with no draft, a perturbed draft (disagrees now and then) or all its own decoder layers."""
+    """The tiny target with no draft, a perturbed draft (disagrees now and then) or all its own decoder layers (in
+    fp32: a bf16 copy of them would disagree at near-ties, and "same" must agree on every token)."""
     target, perturbed_draft, processor = _models()
     model = {"none": None, "perturbed": perturbed_draft, "same": decoder_draft(target)}[draft]
-    return Transcriber(target, model, processor, TranscribeOptions.from_values(language="en", batch_size=3))
+    options = TranscribeOptions.from_values(language="en", batch_size=3, draft_bf16=draft != "same")
+    return Transcriber(target, model, processor, options)
 
 
 @pytest.fixture(scope="module")

@@ -93,3 +93,30 @@ def test_stage_into_slots_writes_audio_in_place_and_commit_keeps_it():
     copied.commit(torch.tensor([1, 2]), apart)
     for name in ("cross_k", "cross_v"):
         torch.testing.assert_close(getattr(direct, name)[:, 1:3], getattr(copied, name)[:, 1:3], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not onednn_usable(CPU, torch.bfloat16), reason="no native bf16 products on this CPU")
+def test_shared_encoder_draft_runs_in_bf16_and_changes_nothing_but_its_proposals():
+    """On a CPU fp32 target a draft reading the target's encoder output runs a bf16 copy of its decoder (packed
+    bf16 products, bf16 cache); the draft and the target's tensors it shares stay fp32; the output is greedy's, and
+    with draft_bf16=False the draft runs in fp32."""
+    from asr_spec.engine import DecodeOptions, Engine
+    from asr_spec.models.loading import decoder_draft
+
+    model = random_whisper("test", seed=4, vocab_size=70, init_std=0.2)
+    draft = decoder_draft(model, [0])
+    features = torch.randn(3, 16, 100, generator=torch.Generator().manual_seed(2))
+    options = DecodeOptions(language="en", max_new_tokens=20)
+    low = Engine(model, draft, options)
+    assert low.draft_dec.dtype == torch.bfloat16 and low.draft_dec.head_packed is not None
+    assert draft.model.decoder.embed_tokens.weight.dtype == torch.float32
+    assert model.model.decoder.embed_tokens.weight.dtype == torch.float32
+    full = Engine(model, draft, DecodeOptions(language="en", max_new_tokens=20, draft_bf16=False))
+    assert full.draft_dec.dtype == torch.float32
+    greedy = Engine(model, None, options).decode(features, batch_size=3)
+    for engine in (low, full):
+        results = engine.decode(features, batch_size=3)
+        assert [r.tokens for r in results] == [g.tokens for g in greedy]
+        assert sum(r.stats.accepted_tokens for r in results) > 0
+    with pytest.raises(ValueError, match="draft_bf16 must be true or false"):
+        DecodeOptions(draft_bf16="yes")

@@ -7,6 +7,8 @@ cross-attention, MLP, final LayerNorm, tied output head) with every row writing 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +25,13 @@ def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, voca
         return logits
     full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
     return full.index_copy_(-1, vocab_ids, logits)
+
+
+def bf16_copy(draft: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """A draft's decoder and output projection copied into bf16 (the model itself, and a target whose tensors it
+    shares, are left as they are): a draft's precision changes only its proposals, never the output."""
+    return (copy.deepcopy(draft.model.decoder).to(torch.bfloat16),
+            copy.deepcopy(draft.proj_out).to(torch.bfloat16))
 
 
 def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +91,8 @@ class Decoder:
         self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
         self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
-        self.certified = CertifiedHead(weight, *certify) if packed and certify and vocab_ids is None else None
+        exact_fp32 = packed and self.dtype == torch.float32 and vocab_ids is None
+        self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
         self.head_packed = pack(weight) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
         self.head_weight_t = weight.t().contiguous() if self.cpu_layout and not packed else None

@@ -23,7 +23,7 @@ class Encoder:
     def __init__(self, encoder: nn.Module):
         self.module = encoder
         first = encoder.conv1.weight
-        self.fast = onednn_usable(first.device, first.dtype) and not encoder.training
+        self.fast = first.dtype == torch.float32 and onednn_usable(first.device, first.dtype) and not encoder.training
         if not self.fast:
             return
         attn = encoder.layers[0].self_attn

@@ -52,12 +52,16 @@ def scaled(proj: nn.Linear, scale: float) -> tuple[torch.Tensor, torch.Tensor | 
 
 @functools.cache
 def onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether products go through oneDNN: CPU fp32 with oneDNN built in and its linear ops present (probed once
-    per device and dtype, not by every decoder and encoder built)."""
-    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    """Whether products go through oneDNN: CPU fp32, or bf16 where the CPU has native bf16 instructions, with
+    oneDNN built in and its linear ops present (probed once per device and dtype, not by every decoder built)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
         return False
     try:
-        x, w = torch.randn(3, 8), torch.randn(4, 8)
-        return torch.allclose(onednn_linear(x, pack(w), None), F.linear(x, w), atol=1e-5)
+        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False  # emulated bf16 products are slower than fp32 ones
+        x, w = torch.randn(3, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype)
+        tol = 1e-5 if dtype == torch.float32 else 3e-2
+        return torch.allclose(onednn_linear(x, pack(w), None).float(), F.linear(x.float(), w.float()), atol=tol,
+                              rtol=tol)
     except (RuntimeError, AttributeError):  # an op missing from this build of torch
         return False

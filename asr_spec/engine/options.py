@@ -32,14 +32,18 @@ class DecodeOptions:
     # CUDA only: run the step as one CUDA graph per (rows, n_keys bucket, K), captured lazily. False keeps the
     # eager step (the tests' reference, --no-graphs); the tokens are the same either way.
     cuda_graphs: bool = True
+    # CPU fp32: a draft that reads the target's encoder output runs its decoder in bf16 (oneDNN, where the CPU has
+    # bf16 instructions): a draft pass reads half the bytes; only its proposals change, never the output
+    draft_bf16: bool = True
 
     def __post_init__(self) -> None:
         if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
             raise ValueError(f"language must be a language code or name, or None (detect), got {self.language!r}")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', got {self.task!r}")
-        if not isinstance(self.timestamps, bool):
-            raise ValueError(f"timestamps must be true or false, got {self.timestamps!r}")
+        for name in ("timestamps", "cuda_graphs", "draft_bf16"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.max_new_tokens is not None:
             check_int(self.max_new_tokens, "max_new_tokens", 1)
         check_int(self.num_draft_tokens, "num_draft_tokens", 1)

@@ -24,8 +24,9 @@ from torch import nn
 from asr_spec.engine import memory
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
-from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
+from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
@@ -124,7 +125,7 @@ class Engine:
         self.target_dec = share.target_dec if same else Decoder(target.model.decoder, target.proj_out,
                                                                 certify=certify)
         self.draft_dec = None if draft is None else Decoder(
-            draft.model.decoder, draft.proj_out, getattr(draft, "draft_vocab_ids", None))
+            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None))
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.n_audio_ctx = target.config.max_source_positions
@@ -133,6 +134,15 @@ class Engine:
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
+
+    def _draft_modules(self, draft: nn.Module) -> tuple[nn.Module, nn.Module]:
+        """The draft's decoder and projection as the step runs them: bf16 copies on a CPU fp32 target when the
+        draft reads the target's encoder output and bf16 products are native (options.draft_bf16)."""
+        cpu = torch.device("cpu")
+        lower = (self.options.draft_bf16 and self.kind is DraftKind.SHARED_ENCODER
+                 and self.target_dec.device.type == "cpu" and self.target_dec.dtype == torch.float32
+                 and onednn_usable(cpu, torch.bfloat16))
+        return bf16_copy(draft) if lower else (draft.model.decoder, draft.proj_out)
 
     # -- encoding -------------------------------------------------------------------------------------------
     @torch.inference_mode()
