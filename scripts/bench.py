@@ -12,14 +12,17 @@
                   its default, without timestamp tokens (one segment per voice-activity chunk)
     (6) fw-ts     the same with without_timestamps=False: timestamp tokens and segments, as asr-spec's default
                   makes (the same work); --no-timestamps runs asr-spec without them instead (the same work as (5))
+    (7) default   asr-spec as `Transcriber.from_preset(--preset)` decodes on this device: base on a CPU drafts
+                  only in the steps with at most 4 chunks busy (greedy steps otherwise), on CUDA in every step
 
-for each N (--configs picks a subset, e.g. fw,greedy for the end-to-end comparison on a long file) in --batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) gave
-exactly (3)'s text; saves a PNG of speed-up against batch size (--plot) and the figures as JSON (--json).
+for each N (--configs picks a subset, e.g. fw,default for the end-to-end comparison on a long file) in
+--batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) and (7) gave exactly
+(3)'s text; saves a PNG of speed-up against batch size (--plot) and the figures as JSON (--json).
 
     python scripts/bench.py                                   # whisper-base, fixture LibriSpeech, N = 1,4,8,16
     python scripts/bench.py --batch-sizes 1,4 --limit 6       # a quick CPU run
     python scripts/bench.py --preset large-v2 --device cuda --audio a.flac b.flac
-    python scripts/bench.py --configs fw,greedy --batch-sizes 8 --audio tests/fixtures/speech/long_75s.flac \
+    python scripts/bench.py --configs fw,default --batch-sizes 8 --audio tests/fixtures/speech/long_75s.flac \
         --refs tests/fixtures/speech/long_75s.txt --repeats 3      # the issue-9 end-to-end comparison
 
 Target: --preset (default base: the offline whisper-base). Draft: the preset's when it has one, else a decoder
@@ -46,6 +49,7 @@ import numpy as np
 import torch
 
 from asr_spec import ChunkStats, Transcriber
+from asr_spec.transcribe.options import TranscribeOptions
 from asr_spec.errors import one_line
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import AsrSpecError
@@ -54,10 +58,10 @@ from asr_spec.eval.metrics import score
 from asr_spec.models.loading import decoder_draft
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
-CONFIGS = ("hf", "hf+asst", "greedy", "spec", "fw", "fw-ts")
+CONFIGS = ("hf", "hf+asst", "greedy", "spec", "fw", "fw-ts", "default")
 LABELS = {"hf": "(1) transformers pipeline", "hf+asst": "(2) transformers + assistant",
           "greedy": "(3) asr-spec greedy", "spec": "(4) asr-spec speculative", "fw": "(5) faster-whisper batched",
-          "fw-ts": "(6) faster-whisper timestamps"}
+          "fw-ts": "(6) faster-whisper timestamps", "default": "(7) asr-spec preset default"}
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,20 @@ def load_models(args: argparse.Namespace) -> tuple[Transcriber, Any, str]:
                 f"{base.target.config.decoder_layers} (preset {args.preset} has no draft; not a trained draft)")
     greedy = Transcriber(base.target, None, base.processor, base.options, base.device)
     return greedy, draft, note
+
+
+def preset_default(preset: str, greedy: Transcriber, draft: Any) -> Transcriber:
+    """What `Transcriber.from_preset(preset)` decodes with on this device (its draft or none, and on a CPU the steps
+    it proposes in), on the models already loaded."""
+    from asr_spec.models.presets import load_preset
+
+    p = load_preset(preset)
+    kind = greedy.device.type
+    if p.draft_for(kind) is None:
+        return greedy
+    rows = p.cpu_draft_rows(kind)
+    options = TranscribeOptions.from_values(greedy.options, draft_max_rows=rows) if rows else greedy.options
+    return Transcriber(greedy.target, draft, greedy.processor, options, greedy.device)
 
 
 # -- timing -------------------------------------------------------------------------------------------------------
@@ -275,7 +293,8 @@ def table(results: list[Result], clips: list[Clip]) -> tuple[str, list[dict[str,
             row["wer"] = score(refs, r.texts).wer if all(x is not None for x in refs) else None
             row["tokens_per_target_pass"] = r.tokens_per_target_pass
             row["acceptance_rate"] = r.acceptance_rate
-        if r.config == "spec" and (g := by.get(("greedy", r.batch_size))) is not None and g.texts is not None:
+        if r.config in ("spec", "default") and (g := by.get(("greedy", r.batch_size))) is not None \
+                and g.texts is not None:
             row["identical_to_greedy"] = r.texts == g.texts and r.tokens == g.tokens  # token for token
         rows.append(row)
     head = f"{'N':>3}  {'configuration':<30} {'wall s':>7} {'RTFx':>7} {'vs (1)':>7} {'vs (3)':>7} {'WER':>7}  " \
@@ -380,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     target, processor, device = greedy.target, greedy.processor, greedy.device
     spec = Transcriber(target, draft, processor, greedy.options, device)
+    default = preset_default(args.preset, greedy, draft)
     chunk_s = greedy.options.chunking.chunk_length_s
     if processor.tokenizer.pad_token_id is None:  # the pipeline cannot batch without one; Whisper pads with EOT
         processor.tokenizer.pad_token = processor.tokenizer.eos_token
@@ -387,9 +407,10 @@ def main(argv: list[str] | None = None) -> int:
                     feature_extractor=processor.feature_extractor, chunk_length_s=chunk_s, device=device,
                     ignore_warning=True)
     gen = {"language": args.language, "task": "transcribe", "num_beams": 1}
-    stats: dict[str, dict[str, Any]] = {"greedy": {}, "spec": {}}
+    stats: dict[str, dict[str, Any]] = {"greedy": {}, "spec": {}, "default": {}}
     makers = {"hf": lambda: hf_runner(pipe, gen), "hf+asst": lambda: hf_runner(pipe, {**gen, "assistant_model": draft}),
               "greedy": lambda: ours_runner(greedy, stats["greedy"]), "spec": lambda: ours_runner(spec, stats["spec"]),
+              "default": lambda: ours_runner(default, stats["default"]),
               "fw": lambda: fw_runner(args.preset, device, args.language, clips),
               "fw-ts": lambda: fw_runner(args.preset, device, args.language, clips, timestamps=True)}
     runners = {}

@@ -236,3 +236,24 @@ def test_engine_error_names_the_chunks_in_flight_and_a_new_run_carries_on():
     assert set(done) | set(caught.value.chunk_ids) >= {"a", "bad"}
     rest = [r.id for r in engine.run(source, batch_size=2)]  # the same source, a fresh run
     assert set(done) | set(caught.value.chunk_ids) | set(rest) == {"a", "bad", "b"}
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_draft_only_in_steps_with_few_rows(timestamps):
+    """draft_max_rows: greedy steps while more rows are busy, the draft catching up on the tokens it missed when
+    few are left. Greedy's tokens; the draft proposes in the tail only; the target as its own draft still agrees
+    on every proposal after catching up (its cache holds exactly the committed tokens again)."""
+    results = run("perturbed-shared", 4, timestamps=timestamps, draft_max_rows=2)
+    assert_same_as_greedy(results, timestamps, MAX_NEW)
+    every_step = run("perturbed-shared", 4, timestamps=timestamps)
+    assert [r.tokens for r in results] == [r.tokens for r in every_step]
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    assert 0 < drafted < sum(r.stats.drafted_tokens for r in every_step)
+    perfect = run("self-shared", 4, timestamps=timestamps, draft_max_rows=2)
+    assert [r.tokens for r in perfect] == [r.tokens for r in every_step]
+    caught_up = [r for r in perfect if r.stats.drafted_tokens and r.stats.target_passes > r.stats.draft_passes / 3]
+    assert caught_up  # rows that ran greedy steps first, then proposed
+    for r in perfect:
+        assert r.stats.drafted_tokens - r.stats.accepted_tokens <= 4  # only the last step is cut by a limit
+    with pytest.raises(ValueError, match="draft_max_rows must be an integer >= 1"):
+        DecodeOptions(draft_max_rows=0)

@@ -24,7 +24,7 @@ def test_shipped_presets() -> None:
     assert (v3.model, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
     base = load_preset("base")
     assert base.model == "embedded:whisper-base" and base.draft == str(REPO / "drafts" / "whisper-base-2l")
-    assert base.draft_optional and base.cpu_draft_max_batch == 1  # its draft at batch 1 on a CPU
+    assert base.draft_optional and base.cpu_draft_max_rows == 4  # on a CPU its draft proposes while <= 4 rows busy
     distilled = load_preset("base-distilled")
     assert distilled.draft == base.draft  # relative to configs/, resolved
     tiny = load_preset("tiny.en")
@@ -43,19 +43,19 @@ def test_every_shipped_preset_makes_valid_options(name: str) -> None:
 
 
 def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
-    """Defaults follow the physics: a preset's draft is used on CUDA at every batch size; on a CPU only up to
-    cpu_draft_max_batch (base: batch 1, where its draft measured faster), else greedy (said at info level, no
-    warning); share_encoder is a checked boolean."""
+    """Defaults follow the physics: a preset's draft proposes on CUDA in every step; on a CPU only in the steps
+    with at most cpu_draft_max_rows rows busy (base: 4, where its draft measured faster), else greedy (said at info
+    level, no warning); share_encoder is a checked boolean."""
     distilled, base = load_preset("base-distilled"), load_preset("base")
     with caplog.at_level(logging.INFO, logger="asr_spec"):
         assert distilled.draft_for("cpu") is None
-        assert distilled.draft_for("cuda") == distilled.draft and distilled.cpu_draft_limit("cuda") is None
-        assert base.draft_for("cpu") == base.draft and base.cpu_draft_limit("cpu") == 1
-        assert base.draft_for("cuda") == base.draft and base.cpu_draft_limit("cuda") is None
+        assert distilled.draft_for("cuda") == distilled.draft and distilled.cpu_draft_rows("cuda") is None
+        assert base.draft_for("cpu") == base.draft and base.cpu_draft_rows("cpu") == 4
+        assert base.draft_for("cuda") == base.draft and base.cpu_draft_rows("cuda") is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the shipped draft is there
     for bad in (-1, True, 1.5, "1"):
-        with pytest.raises(InputError, match="cpu_draft_max_batch must be an integer >= 0"):
-            Preset("p", "embedded:whisper-base", cpu_draft_max_batch=bad)
+        with pytest.raises(InputError, match="cpu_draft_max_rows must be an integer >= 0"):
+            Preset("p", "embedded:whisper-base", cpu_draft_max_rows=bad)
     assert Preset("p", "embedded:whisper-base", share_encoder=False).share_encoder is False
     with pytest.raises(InputError, match="share_encoder must be true or false"):
         Preset("p", "embedded:whisper-base", share_encoder="yes")

@@ -355,9 +355,12 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
     preset.write_text('model = "./tiny"\nchunk_length_s = 45\n')
     with pytest.raises(InputError, match="mine.toml: chunk_length_s must be in"):
         Transcriber.from_preset(preset)
-    preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\ncpu_draft_max_batch = 1\n')
+    preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\ncpu_draft_max_rows = 2\n')
     small = Transcriber.from_preset(preset, device="cpu")
-    assert small.draft is not None and small.draft_max_batch == 1  # the preset's draft, for batches of one
+    assert small.draft is not None and small.options.decode.draft_max_rows == 2  # the preset's draft, few rows
+    assert Transcriber.from_preset(preset, device="cpu", draft_max_rows=3).options.decode.draft_max_rows == 3
+    asked = Transcriber.from_preset(preset, device="cpu", draft=str(draft_dir))
+    assert asked.draft is not None and asked.options.decode.draft_max_rows is None  # asked for: every step
 
 
 def test_a_draft_limited_to_small_batches_decodes_larger_ones_greedily(reference) -> None:

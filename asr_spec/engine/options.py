@@ -35,6 +35,10 @@ class DecodeOptions:
     # CPU fp32: a draft that reads the target's encoder output runs its decoder in bf16 (oneDNN, where the CPU has
     # bf16 instructions): a draft pass reads half the bytes; only its proposals change, never the output
     draft_bf16: bool = True
+    # The draft proposes only in steps with at most this many rows busy (greedy steps above: on a CPU a verify pass
+    # of several rows is compute-bound); the draft catches up on the tokens it missed when it proposes again.
+    # None: in every step.
+    draft_max_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
@@ -47,3 +51,5 @@ class DecodeOptions:
         if self.max_new_tokens is not None:
             check_int(self.max_new_tokens, "max_new_tokens", 1)
         check_int(self.num_draft_tokens, "num_draft_tokens", 1)
+        if self.draft_max_rows is not None:
+            check_int(self.draft_max_rows, "draft_max_rows", 1)

@@ -220,14 +220,14 @@ class Transcriber:
             raise InputError(f"{preset.path or 'preset ' + preset.name}: {one_line(err)}") from err
         options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
         device_type = resolve_device(chosen.get("device")).type
-        if "draft" in chosen:  # asked for: at every batch size
-            draft, limit = chosen["draft"], None
-        else:  # the preset's draft: on CUDA; on a CPU at the batch sizes the preset allows (there it rarely pays)
-            draft = None if "model" in chosen else preset.draft_for(device_type)
-            limit = preset.cpu_draft_limit(device_type)
+        # asked for: in every step (unless draft_max_rows is given); the preset's: CUDA, and CPU steps with few rows
+        draft = chosen["draft"] if "draft" in chosen else None if "model" in chosen else preset.draft_for(device_type)
+        rows = None if "draft" in chosen or draft is None else preset.cpu_draft_rows(device_type)
+        if rows and "draft_max_rows" not in overrides:
+            options = TranscribeOptions.from_values(options, draft_max_rows=rows)
         return cls.from_pretrained(chosen.get("model", preset.model), draft, device=chosen.get("device"),
                                    dtype=chosen.get("dtype", preset.dtype), options=options,
-                                   share_encoder=preset.share_encoder, draft_max_batch=limit)
+                                   share_encoder=preset.share_encoder)
 
     # -- public entry points -------------------------------------------------------------------------------------
     def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,
