@@ -13,7 +13,7 @@
     (6) fw-ts     the same with without_timestamps=False: timestamp tokens and segments, as asr-spec's default
                   makes (the same work); --no-timestamps runs asr-spec without them instead (the same work as (5))
     (7) default   asr-spec as `Transcriber.from_preset(--preset)` decodes on this device: base on a CPU drafts
-                  only in the steps with at most 4 chunks busy (greedy steps otherwise), on CUDA in every step
+                  in runs of at most 4 chunks at a time (greedy otherwise), on CUDA in every run
 
 for each N (--configs picks a subset, e.g. fw,default for the end-to-end comparison on a long file) in
 --batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) and (7) gave exactly

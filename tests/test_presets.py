@@ -24,7 +24,7 @@ def test_shipped_presets() -> None:
     assert (v3.model, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
     base = load_preset("base")
     assert base.model == "embedded:whisper-base" and base.draft == str(REPO / "drafts" / "whisper-base-2l")
-    assert base.draft_optional and base.cpu_draft_max_rows == 4  # on a CPU its draft proposes while <= 4 rows busy
+    assert base.draft_optional and base.cpu_draft_max_rows == 4  # on a CPU its draft decodes runs of <= 4 rows
     distilled = load_preset("base-distilled")
     assert distilled.draft == base.draft  # relative to configs/, resolved
     tiny = load_preset("tiny.en")
@@ -43,9 +43,9 @@ def test_every_shipped_preset_makes_valid_options(name: str) -> None:
 
 
 def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
-    """Defaults follow the physics: a preset's draft proposes on CUDA in every step; on a CPU only in the steps
-    with at most cpu_draft_max_rows rows busy (base: 4, where its draft measured faster), else greedy (said at info
-    level, no warning); share_encoder is a checked boolean."""
+    """Defaults follow the physics: a preset's draft decodes every run on CUDA; on a CPU only the runs of at most
+    cpu_draft_max_rows rows (base: 4, where its draft measured faster), else greedy (said at info level, no
+    warning); share_encoder is a checked boolean."""
     distilled, base = load_preset("base-distilled"), load_preset("base")
     with caplog.at_level(logging.INFO, logger="asr_spec"):
         assert distilled.draft_for("cpu") is None

@@ -80,7 +80,7 @@ def test_shipped_distilled_draft_is_lossless_on_every_fixture_and_accepted(base)
     assert [t.chunk_tokens for t in c] == [t.chunk_tokens for t in d]  # lossless with any draft
     cut = ChunkStats.total(t.stats for t in c)
     assert cut.drafted_tokens > 0 and trained.acceptance_rate > cut.acceptance_rate + 0.3, (trained, cut)
-    # the default preset drafts with it on a CPU in the steps with at most 4 rows busy (measured faster there)
+    # the default preset drafts with it on a CPU in runs of at most 4 rows (measured faster there)
     default = Transcriber.from_preset("base", device="cpu", language="en")
     assert default.draft is not None and default.options.decode.draft_max_rows == 4
     one = default.transcribe(CLIPS[0], batch_size=1, progress=False)[0]

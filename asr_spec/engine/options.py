@@ -35,9 +35,8 @@ class DecodeOptions:
     # CPU fp32: a draft that reads the target's encoder output runs its decoder in bf16 (oneDNN, where the CPU has
     # bf16 instructions): a draft pass reads half the bytes; only its proposals change, never the output
     draft_bf16: bool = True
-    # The draft proposes only in steps with at most this many rows busy (greedy steps above: on a CPU a verify pass
-    # of several rows is compute-bound); the draft catches up on the tokens it missed when it proposes again.
-    # None: in every step.
+    # The draft decodes only runs of at most this many rows (batch slots: min(batch size, chunks to decode)); larger
+    # runs decode greedily without it (on a CPU a verify pass of several rows is compute-bound). None: every run.
     draft_max_rows: int | None = None
 
     def __post_init__(self) -> None:

@@ -273,11 +273,11 @@ class Engine:
         n_rows = batch_size if more else min(batch_size, len(ready))  # never a slot for a chunk that does not exist
         if n_rows == 0:
             return
-        m, st = self._allocate(n_rows, n_positions, k)
+        m, st, k = self._allocate(n_rows, n_positions, k)
         slots: list[ChunkRequest | None] = [None] * n_rows
         since = [0] * n_rows  # number of the last step before each slot's occupant was placed there
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
-        max_len, n_step, draft_behind = 0, 0, False  # draft_behind: a greedy step ran since the draft last proposed
+        max_len, n_step = 0, 0
         while True:
             free = [i for i, s in enumerate(slots) if s is None]
             if free and more:
@@ -296,10 +296,10 @@ class Engine:
                 if not more and not ready:
                     return
                 continue
+            n_keys = n_keys_bucket(max_len, k, reader.lag, n_positions)
             # eager steps run in inference mode (~0.3 ms a step less dispatch); traced and captured ones in no_grad
             with _losing(in_flight), (torch.inference_mode() if self.runner.mode == "eager" else torch.no_grad()):
-                draft_behind = self._step(m.rows(n_active), st.rows(n_active), k, max_len, reader.lag, n_positions,
-                                          draft_behind)
+                self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
                 n_step += 1
                 if reader.lag == 0:
                     reader.push(st.rows(n_active), n_step)
@@ -316,33 +316,6 @@ class Engine:
                     yield result
                 for r in done:
                     slots[r] = None
-
-    def _step(self, m: Models, st: DecodeState, k: int, max_len: int, lag: int, n_positions: int,
-              draft_behind: bool) -> bool:
-        """One step over the active rows: with the draft's k proposals when at most options.draft_max_rows rows
-        are busy (the draft first catching up if greedy steps ran since it last proposed), else greedy. Returns
-        whether the draft is now behind."""
-        max_rows = self.options.draft_max_rows
-        k_step = k if max_rows is None or st.n_tok.shape[0] <= max_rows else 0
-        if k_step and draft_behind:
-            self._draft_catch_up(m, st, n_positions)
-        self.runner(m, self.rules, st, k_step, n_keys_bucket(max_len, k_step, lag, n_positions))
-        return k > 0 and not k_step
-
-    @staticmethod
-    def _draft_catch_up(m: Models, st: DecodeState, n_positions: int) -> None:
-        """After greedy steps, feed the draft the committed tokens it missed in one eager pass, so that it holds
-        all but the last of them again (the step's invariant); one host read."""
-        d_len = m.draft_cache.lengths
-        behind = (st.n_tok - 1 - d_len).clamp(min=0)
-        width = int(behind.max())
-        if width == 0:
-            return
-        pos = d_len[:, None] + torch.arange(width, device=d_len.device)
-        tokens = st.seq.gather(1, pos.clamp(max=st.seq.shape[1] - 1))
-        n_keys = min(int(st.n_tok.max()) + 1, n_positions)
-        m.draft.forward(m.draft_cache, tokens, pos, n_keys, torch.zeros_like(d_len)[:, None])
-        d_len.add_(behind)
 
     def _first_fill(self, source: Iterator[ChunkRequest | None], ready: deque, batch_size: int, in_flight: set,
                     run: memory.RunShape) -> bool:
@@ -370,12 +343,15 @@ class Engine:
                                n_positions, self.n_audio_ctx, self.target.config.d_model, self.target_dec.vocab_size,
                                k_max, model_bytes)
 
-    def _allocate(self, n_rows: int, n_positions: int, k: int) -> tuple[Models, DecodeState]:
-        """The caches and decoding state of `n_rows` slots, allocated once per run."""
+    def _allocate(self, n_rows: int, n_positions: int, k: int) -> tuple[Models, DecodeState, int]:
+        """The caches and decoding state of `n_rows` slots, allocated once per run, and the run's K: 0 (greedy, the
+        draft not even given the chunks) when the run has more rows than options.draft_max_rows."""
+        limit = self.options.draft_max_rows
+        k = 0 if limit is not None and n_rows > limit else k
         m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
-        if self.draft_dec is not None:
+        if self.draft_dec is not None and k > 0:
             m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, n_positions, self.n_audio_ctx)
-        return m, DecodeState.empty(n_rows, n_positions + k + 8, k, self.target_dec.device)
+        return m, DecodeState.empty(n_rows, n_positions + k + 8, k, self.target_dec.device), k
 
     @staticmethod
     def _pack(m: Models, st: DecodeState, slots: list, since: list[int], n_step: int, n_positions: int) -> int:

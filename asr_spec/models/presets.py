@@ -9,15 +9,16 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
                       warning, instead of an error (hub ids are always loaded)
     share_encoder     true / false: the draft reads the target's encoder output / runs its own; left out = compare
                       the encoders (equal up to fp16 rounding = shared) and log the decision
-    cpu_draft_max_rows  on a CPU, the draft proposes in the decode steps with at most this many chunks busy, the
-                      other steps are greedy (0, the default: greedy on a CPU unless a draft is asked for)
+    cpu_draft_max_rows  on a CPU, the draft decodes runs of at most this many chunks at a time (batch slots: the
+                      batch size, or fewer chunks), larger runs are greedy (0, the default: greedy on a CPU unless
+                      a draft is asked for)
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]
     num_draft_tokens  draft tokens proposed per step
 
-A preset's draft is used on CUDA in every step; on a CPU only in the steps ``cpu_draft_max_rows`` allows, or in every
-step when a draft is asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): a CPU's
-verify pass is compute-bound from a few rows on, so there a draft pays only while few rows are busy (README, "Speed").
+A preset's draft is used on CUDA in every run; on a CPU only in the runs ``cpu_draft_max_rows`` allows, or in every
+run when a draft is asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): a CPU's
+verify pass is compute-bound from a few rows on, so there a draft pays only with few rows (README, "Speed").
     language          "en", "english", ...; "auto" = detect per chunk
     chunking          "vad" (speech chunks found by silero-vad, non-speech skipped, no overlap) or "stride"
                       (overlapping windows stitched at their seams, as transformers' pipeline does)
@@ -76,7 +77,7 @@ class Preset:
     draft: str | None = None  # None: no draft, greedy decoding
     draft_optional: bool = False  # a missing draft directory means greedy (with a warning) instead of an error
     share_encoder: bool | None = None  # None: decided by comparing the encoders (asr_spec.engine.pairing)
-    cpu_draft_max_rows: int = 0  # on a CPU the draft proposes in steps with at most this many rows busy (0: none)
+    cpu_draft_max_rows: int = 0  # on a CPU the draft decodes runs of at most this many rows (0: none)
     # The option values below: None = not set by the preset, the option's own default applies.
     chunk_length_s: float | None = None  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
@@ -100,7 +101,7 @@ class Preset:
 
     def draft_for(self, device_type: str) -> str | None:
         """The draft to load on a device of this type: the preset's on CUDA (see `draft_or_none`); on a CPU only
-        when cpu_draft_max_rows lets it propose in some steps (`cpu_draft_rows`), else none."""
+        when cpu_draft_max_rows lets it decode some runs (`cpu_draft_rows`), else none."""
         if device_type != "cuda" and not self.cpu_draft_max_rows:
             if self.draft is not None:
                 log.info("preset %s: greedy on %s (its draft %s is used on CUDA; pass draft= to use it here)",
@@ -109,8 +110,8 @@ class Preset:
         return self.draft_or_none()
 
     def cpu_draft_rows(self, device_type: str) -> int | None:
-        """The most rows busy in a step the preset's draft proposes in, on a device of this type; None = every
-        step (DecodeOptions.draft_max_rows)."""
+        """The most rows (batch slots) of a run the preset's draft decodes, on a device of this type; None = every
+        run (DecodeOptions.draft_max_rows)."""
         return None if device_type == "cuda" else self.cpu_draft_max_rows
 
     def draft_or_none(self) -> str | None:

@@ -220,7 +220,7 @@ class Transcriber:
             raise InputError(f"{preset.path or 'preset ' + preset.name}: {one_line(err)}") from err
         options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
         device_type = resolve_device(chosen.get("device")).type
-        # asked for: in every step (unless draft_max_rows is given); the preset's: CUDA, and CPU steps with few rows
+        # asked for: in every run (unless draft_max_rows is given); the preset's: CUDA, and CPU runs of few rows
         draft = chosen["draft"] if "draft" in chosen else None if "model" in chosen else preset.draft_for(device_type)
         rows = None if "draft" in chosen or draft is None else preset.cpu_draft_rows(device_type)
         if rows and "draft_max_rows" not in overrides:
