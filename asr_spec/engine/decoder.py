@@ -30,8 +30,8 @@ def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, voca
 def bf16_copy(draft: nn.Module) -> tuple[nn.Module, nn.Module]:
     """A draft's decoder and output projection copied into bf16 (the model itself, and a target whose tensors it
     shares, are left as they are): a draft's precision changes only its proposals, never the output."""
-    return (copy.deepcopy(draft.model.decoder).to(torch.bfloat16),
-            copy.deepcopy(draft.proj_out).to(torch.bfloat16))
+    decoder, proj_out = copy.deepcopy((draft.model.decoder, draft.proj_out))  # one copy: a tied head stays tied
+    return decoder.to(torch.bfloat16), proj_out.to(torch.bfloat16)
 
 
 def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
