@@ -120,3 +120,26 @@ def test_shared_encoder_draft_runs_in_bf16_and_changes_nothing_but_its_proposals
         assert sum(r.stats.accepted_tokens for r in results) > 0
     with pytest.raises(ValueError, match="draft_bf16 must be true or false"):
         DecodeOptions(draft_bf16="yes")
+
+
+@pytest.mark.skipif(not onednn_usable(CPU, torch.bfloat16), reason="no native bf16 products on this CPU")
+def test_bf16_decoder_packed_path_equals_plain_path(monkeypatch):
+    """A decoder in bf16 on a CPU with native bf16 (a draft's copy, or a target loaded in bf16) runs packed bf16
+    oneDNN products: the same logits as the plain bf16 path up to bf16 rounding; a bf16 target decodes through it."""
+    from asr_spec.engine import DecodeOptions, Engine
+
+    model = random_whisper("test", seed=7, vocab_size=70, init_std=0.2).to(torch.bfloat16)
+    packed = Decoder(model.model.decoder, model.proj_out)
+    monkeypatch.setattr(decoder_module, "onednn_usable", lambda device, dtype: False)
+    plain = Decoder(model.model.decoder, model.proj_out)
+    assert packed.qkv is not None and plain.qkv is None and packed.certified is None
+    audio = torch.randn(2, model.config.max_source_positions, model.config.d_model)
+    tokens = torch.tensor([[1, 5, 9, 11], [3, 4, 12, 2]])
+    positions = torch.arange(4).expand(2, -1)
+    with torch.inference_mode():
+        a, b = (dec.forward(dec.stage(audio, 8), tokens, positions, 8).float() for dec in (packed, plain))
+    torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * float(b.abs().max()))
+    monkeypatch.undo()
+    features = torch.randn(2, 16, 100, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    results = Engine(model, None, DecodeOptions(language="en", max_new_tokens=10)).decode(features, batch_size=2)
+    assert all(len(r.tokens) >= 1 for r in results)
