@@ -17,7 +17,7 @@ that masks all text or all of it below <|endoftext|> together. So wherever a tok
 best token of T is allowed too and beats it under both the exact and the approximate logits: no approximate value
 can be the argmax, nor the largest text score the timestamp rule compares with. Everything the rules decide is then
 identical; only the log-probability normaliser (a logsumexp over all tokens) sees the approximate values, at an
-error far below 1e-3. A position that is not certified (~1 in 300 with whisper-base at 32 candidates) has its
+error far below 1e-3. A position that is not certified (none of ~2,200 measured with whisper-base) has its
 logits recomputed in fp32: one read of the host per call, so this head serves eager CPU steps only (a traced step
 uses the exact product).
 """
@@ -38,7 +38,8 @@ class CertifiedHead:
     weight: (V, d_model) float32 head (the module's own tensor: candidates and fallback read it).
     exact_from: first id computed exactly (Whisper's <|endoftext|>: every special and timestamp token after it).
     protected: text ids (< exact_from) a rule masks by id; computed exactly and never used as the witness.
-    n_candidates: text tokens recomputed exactly per position (32: ~99.7 % of whisper-base positions certified).
+    n_candidates: text tokens recomputed exactly per position (32: all ~2,200 whisper-base positions measured
+        certified; 3 of 415 failed at 16).
     """
 
     def __init__(self, weight: torch.Tensor, exact_from: int, protected: tuple[int, ...] = (),
