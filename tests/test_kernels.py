@@ -59,8 +59,16 @@ def test_decoder_packed_path_equals_plain_path(monkeypatch, activation):
         model.config.activation_function = "relu"
         for layer in model.model.decoder.layers:
             layer.activation_fn = torch.nn.ReLU()
-    packed = Decoder(model.model.decoder, model.proj_out)
+    packed, plain, outs = _packed_and_plain(model, monkeypatch)
     assert (packed.post is not None) == (activation == "gelu")
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _packed_and_plain(model, monkeypatch):
+    """The model's decoder built packed (oneDNN usable) and plain (monkeypatched unusable), and each one's
+    (window logits, single-token step logits) from the same cache contents: (packed, plain, [outs, outs])."""
+    packed = Decoder(model.model.decoder, model.proj_out)
     monkeypatch.setattr(decoder_module, "onednn_usable", lambda device, dtype: False)
     plain = Decoder(model.model.decoder, model.proj_out)
     assert packed.qkv is not None and plain.qkv is None
@@ -74,8 +82,7 @@ def test_decoder_packed_path_equals_plain_path(monkeypatch, activation):
             window = dec.forward(cache, tokens, positions, 8)
             step = dec.forward(cache, tokens[:, :1], positions[:, :1] + 4, 8)
         outs.append((window, step))
-    for a, b in zip(*outs):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    return packed, plain, outs
 
 
 def test_stage_into_slots_writes_audio_in_place_and_commit_keeps_it():
@@ -129,16 +136,11 @@ def test_bf16_decoder_packed_path_equals_plain_path(monkeypatch):
     from asr_spec.engine import DecodeOptions, Engine
 
     model = random_whisper("test", seed=7, vocab_size=70, init_std=0.2).to(torch.bfloat16)
-    packed = Decoder(model.model.decoder, model.proj_out)
-    monkeypatch.setattr(decoder_module, "onednn_usable", lambda device, dtype: False)
-    plain = Decoder(model.model.decoder, model.proj_out)
-    assert packed.qkv is not None and plain.qkv is None and packed.certified is None
-    audio = torch.randn(2, model.config.max_source_positions, model.config.d_model)
-    tokens = torch.tensor([[1, 5, 9, 11], [3, 4, 12, 2]])
-    positions = torch.arange(4).expand(2, -1)
-    with torch.inference_mode():
-        a, b = (dec.forward(dec.stage(audio, 8), tokens, positions, 8).float() for dec in (packed, plain))
-    torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * float(b.abs().max()))
+    packed, _, outs = _packed_and_plain(model, monkeypatch)
+    assert packed.certified is None
+    for a, b in zip(*outs):
+        a, b = a.float(), b.float()
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * float(b.abs().max()))
     monkeypatch.undo()
     features = torch.randn(2, 16, 100, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     results = Engine(model, None, DecodeOptions(language="en", max_new_tokens=10)).decode(features, batch_size=2)
