@@ -91,13 +91,13 @@ class CertifiedHead:
     def logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, d) -> (N, V) mixed logits (exact where the module docstring says) and (N,) bool certified."""
         n = x.shape[0]
+        if self.k == 0:  # nothing left to choose from: every text token is protected
+            return self.exact(x), torch.ones(n, dtype=torch.bool)
         e = self.exact_from
         x_bf16 = x.to(torch.bfloat16)
         out = torch.empty(n, self.weight.shape[0], dtype=torch.float32)
         out[:, :e] = onednn_linear(x_bf16, self.text_packed, None)
         out.index_copy_(1, self.exact_ids, onednn_linear(x, self.exact_packed, None))
-        if self.k == 0:  # nothing left to choose from: every text token is protected
-            return self.exact(x), torch.ones(n, dtype=torch.bool)
         vals, idx = torch.topk(out[:, :e] + self.select_bias, self.k + 1, dim=-1)  # (N, k + 1)
         cand = idx[:, :self.k]
         exact = torch.bmm(self.weight[cand], x[:, :, None])[..., 0]  # (N, k)

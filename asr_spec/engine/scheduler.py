@@ -138,10 +138,9 @@ class Engine:
     def _draft_modules(self, draft: nn.Module) -> tuple[nn.Module, nn.Module]:
         """The draft's decoder and projection as the step runs them: bf16 copies on a CPU fp32 target when the
         draft reads the target's encoder output and bf16 products are native (options.draft_bf16)."""
-        cpu = torch.device("cpu")
-        lower = (self.options.draft_bf16 and self.kind is DraftKind.SHARED_ENCODER
-                 and self.target_dec.device.type == "cpu" and self.target_dec.dtype == torch.float32
-                 and onednn_usable(cpu, torch.bfloat16))
+        dev = self.target_dec.device
+        lower = (self.options.draft_bf16 and self.kind is DraftKind.SHARED_ENCODER and dev.type == "cpu"
+                 and self.target_dec.dtype == torch.float32 and onednn_usable(dev, torch.bfloat16))
         return bf16_copy(draft) if lower else (draft.model.decoder, draft.proj_out)
 
     # -- encoding -------------------------------------------------------------------------------------------
