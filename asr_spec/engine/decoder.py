@@ -91,7 +91,10 @@ class Decoder:
         self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
         self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
-        exact_fp32 = packed and self.dtype == torch.float32 and vocab_ids is None
+        # the certified head reads bf16 rows: only where the CPU has native bf16 products (emulated ones are
+        # slower than fp32 and some oneDNN builds refuse to pack bf16 weights without AVX-512)
+        exact_fp32 = (packed and self.dtype == torch.float32 and vocab_ids is None
+                      and onednn_usable(self.device, torch.bfloat16))
         self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
         self.head_packed = pack(weight) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
