@@ -9,7 +9,8 @@ import pytest
 
 from asr_spec.engine import DecodeOptions
 from asr_spec.errors import InputError
-from asr_spec.models.presets import DEFAULT_PRESET, Preset, available_presets, load_preset, presets_dir
+from asr_spec.models.presets import (DEFAULT_PRESET, ModelPlan, Preset, available_presets, load_preset, plan_models,
+                                    presets_dir)
 from asr_spec.transcribe import TranscribeOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,10 +49,18 @@ def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
     warning); share_encoder is a checked boolean."""
     distilled, base = load_preset("base-distilled"), load_preset("base")
     with caplog.at_level(logging.INFO, logger="asr_spec"):
-        assert distilled.draft_for("cpu") is None
-        assert distilled.draft_for("cuda") == distilled.draft and distilled.cpu_draft_rows("cuda") is None
-        assert base.draft_for("cpu") == base.draft and base.cpu_draft_rows("cpu") == 4
-        assert base.draft_for("cuda") == base.draft and base.cpu_draft_rows("cuda") is None
+        plan = plan_models(distilled, "cpu")
+        assert plan.draft is None and plan.draft_max_rows is None
+        assert "greedy on cpu" in caplog.text
+        assert plan_models(distilled, "cuda") == ModelPlan(distilled.model, distilled.draft, "auto", None, None)
+        assert plan_models(base, "cpu").draft == base.draft and plan_models(base, "cpu").draft_max_rows == 4
+        assert plan_models(base, "cuda").draft == base.draft and plan_models(base, "cuda").draft_max_rows is None
+        # asked for: in every run, unless draft_max_rows is given too; off; another model drops the preset's draft
+        assert plan_models(distilled, "cpu", {"draft": "d"}).draft_max_rows is None
+        assert plan_models(base, "cpu", {"draft": "d", "draft_max_rows": 2}).draft_max_rows == 2
+        assert plan_models(base, "cpu", {"draft": None}) == ModelPlan(base.model, None, "auto", None, None)
+        assert plan_models(base, "cuda", {"model": "m"}).draft is None
+        assert plan_models(base, "cpu", {"dtype": "bfloat16"}).dtype == "bfloat16"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the shipped draft is there
     for bad in (-1, True, 1.5, "1"):
         with pytest.raises(InputError, match="cpu_draft_max_rows must be an integer >= 0"):

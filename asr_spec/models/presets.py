@@ -44,16 +44,15 @@ import logging
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from asr_spec.errors import InputError, one_line
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+import tomllib
 
-__all__ = ["DEFAULT_PRESET", "Preset", "available_presets", "load_preset", "presets_dir"]
+__all__ = ["DEFAULT_PRESET", "ModelPlan", "Preset", "available_presets", "load_preset", "plan_models",
+           "presets_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -99,21 +98,6 @@ class Preset:
         them (keys left out are absent, so the options' own defaults apply)."""
         return {key: getattr(self, key) for key in OPTION_KEYS if getattr(self, key) is not None}
 
-    def draft_for(self, device_type: str) -> str | None:
-        """The draft to load on a device of this type: the preset's on CUDA (see `draft_or_none`); on a CPU only
-        when cpu_draft_max_rows lets it decode some runs (`cpu_draft_rows`), else none."""
-        if device_type != "cuda" and not self.cpu_draft_max_rows:
-            if self.draft is not None:
-                log.info("preset %s: greedy on %s (its draft %s is used on CUDA; pass draft= to use it here)",
-                         self.name, device_type, self.draft)
-            return None
-        return self.draft_or_none()
-
-    def cpu_draft_rows(self, device_type: str) -> int | None:
-        """The most rows (batch slots) of a run the preset's draft decodes, on a device of this type; None = every
-        run (DecodeOptions.draft_max_rows)."""
-        return None if device_type == "cuda" else self.cpu_draft_max_rows
-
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
         directory is missing."""
@@ -121,6 +105,53 @@ class Preset:
             return self.draft
         log.warning("preset %s: no draft at %s: running greedy (same transcript, no speed-up)", self.name, self.draft)
         return None
+
+
+MODEL_KEYS = ("model", "draft", "dtype", "device")  # the overrides that choose and load models (not options)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What a run loads and how its draft is gated: the decision of `plan_models`, the one place it is made."""
+
+    model: str  # the target to load
+    draft: str | None  # the draft to load; None: greedy decoding (no draft loaded)
+    dtype: str | None  # None / "auto": float16 on CUDA, float32 elsewhere
+    share_encoder: bool | None  # see `Preset.share_encoder`
+    # DecodeOptions.draft_max_rows: the draft decodes only runs of at most this many rows; None: every run
+    draft_max_rows: int | None
+
+
+def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] | None = None) -> ModelPlan:
+    """The one draft decision: from a preset, the device type ("cpu", "cuda", ...) and the caller's overrides
+    (any of `MODEL_KEYS`, and `draft_max_rows`; a key absent = not given), which models to load and which runs the
+    draft decodes. Every caller uses it: `Transcriber.from_preset` (CLI, API, server), eval and the benchmarks.
+
+    - `draft` given (None included: off): that draft, in every run (unless `draft_max_rows` is given too);
+    - `model` given without `draft`: no draft (the preset's draft belongs to its model);
+    - else the preset's draft (`draft_or_none`): on CUDA in every run; on a CPU in the runs of at most
+      `cpu_draft_max_rows` rows, and not loaded at all when that is 0 (a CPU's verify pass is compute-bound from a
+      few rows on: README, "Speed").
+    """
+    overrides = {} if overrides is None else overrides
+    if "draft" in overrides:
+        draft, rows = overrides["draft"], None
+    elif "model" in overrides:
+        draft, rows = None, None
+    elif device_type == "cuda":
+        draft, rows = preset.draft_or_none(), None
+    elif preset.cpu_draft_max_rows == 0:
+        if preset.draft is not None:
+            log.info("preset %s: greedy on %s (its draft %s is used on CUDA; pass draft= to use it here)",
+                     preset.name, device_type, preset.draft)
+        draft, rows = None, None
+    else:
+        draft, rows = preset.draft_or_none(), preset.cpu_draft_max_rows
+    if draft is None:
+        rows = None
+    rows = overrides.get("draft_max_rows", rows)
+    return ModelPlan(overrides.get("model", preset.model), draft, overrides.get("dtype", preset.dtype),
+                     preset.share_encoder, rows)
 
 
 def _where(preset: Preset) -> str:

@@ -205,29 +205,23 @@ class Transcriber:
         `draft=None` turns the draft off.
         """
         from asr_spec.models.loading import resolve_device
-        from asr_spec.models.presets import load_preset
+        from asr_spec.models.presets import MODEL_KEYS, load_preset, plan_models
 
         preset = load_preset(name)  # its option values are checked here, naming its file
-        model_keys = ("model", "draft", "dtype", "device")
-        unknown = sorted(set(overrides) - set(model_keys) - set(TranscribeOptions.keys()))
+        unknown = sorted(set(overrides) - set(MODEL_KEYS) - set(TranscribeOptions.keys()))
         if unknown:
-            known = ", ".join(model_keys + TranscribeOptions.keys())
+            known = ", ".join(MODEL_KEYS + TranscribeOptions.keys())
             raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {known})")
-        chosen = {key: overrides.pop(key) for key in model_keys if key in overrides}
         try:
             base = TranscribeOptions.from_values(**preset.option_values())
         except InputError as err:  # a value of the preset's own: name its file
             raise InputError(f"{preset.path or 'preset ' + preset.name}: {one_line(err)}") from err
-        options = TranscribeOptions.from_values(base, **overrides)  # the caller's values: their message as is
-        device_type = resolve_device(chosen.get("device")).type
-        # asked for: in every run (unless draft_max_rows is given); the preset's: CUDA, and CPU runs of few rows
-        draft = chosen["draft"] if "draft" in chosen else None if "model" in chosen else preset.draft_for(device_type)
-        rows = None if "draft" in chosen or draft is None else preset.cpu_draft_rows(device_type)
-        if rows and "draft_max_rows" not in overrides:
-            options = TranscribeOptions.from_values(options, draft_max_rows=rows)
-        return cls.from_pretrained(chosen.get("model", preset.model), draft, device=chosen.get("device"),
-                                   dtype=chosen.get("dtype", preset.dtype), options=options,
-                                   share_encoder=preset.share_encoder)
+        plan = plan_models(preset, resolve_device(overrides.get("device")).type, overrides)
+        values = {key: value for key, value in overrides.items() if key not in MODEL_KEYS}
+        values["draft_max_rows"] = plan.draft_max_rows
+        options = TranscribeOptions.from_values(base, **values)  # the caller's values: their message as is
+        return cls.from_pretrained(plan.model, plan.draft, device=overrides.get("device"), dtype=plan.dtype,
+                                   options=options, share_encoder=plan.share_encoder)
 
     # -- public entry points -------------------------------------------------------------------------------------
     def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,
