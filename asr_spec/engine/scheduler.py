@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -63,13 +63,17 @@ class ChunkRequest:
     """One 30 s window to decode.
 
     features: (n_mels, n_frames) log-mel, n_frames = 2 * the encoder's positions.
-    encoded:  optional (n_audio_ctx, d_model) target encoder output already computed (e.g. to decode the same
-              audio twice, greedy and speculative); features may then be None unless the draft has its own encoder.
+    encoded:  optional (n_audio_ctx, d_model) target encoder output the engine gave before (`ChunkResult.encoded`,
+              e.g. to decode the same audio twice, greedy and speculative); features may then be None unless the
+              draft has its own encoder.
+    keep_encoded: return the chunk's target encoder output with its result (`ChunkResult.encoded`), e.g. for the
+              word-timestamp alignment pass; off by default (it holds n_audio_ctx x d_model values per chunk).
     """
 
     id: Hashable
     features: torch.Tensor | None
     encoded: torch.Tensor | None = None
+    keep_encoded: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ class ChunkResult:
     # Whisper's window statistics, from the target's logits only (so identical with or without a draft):
     no_speech_prob: float = float("nan")  # P(<|nospeech|>) at the SOT position, from the raw logits
     avg_logprob: float = float("nan")  # sum of the tokens' log-probabilities / (text tokens + 1), as Whisper
+    # (n_audio_ctx, d_model) the target encoder output it was decoded from, when the request asked to keep it
+    encoded: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
 class Engine:
@@ -286,8 +292,8 @@ class Engine:
                 take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
                 with _losing(in_flight):
                     self._admit(m, st, free[: len(take)], take)
-                for row, (req, _, _) in zip(free, take):
-                    slots[row], since[row] = req, n_step
+                for row, (req, enc, _) in zip(free, take):
+                    slots[row], since[row] = replace(req, encoded=enc) if req.keep_encoded else req, n_step
                 max_len = max(max_len, self.prompt_len)
             with _losing(in_flight):
                 n_active = self._pack(m, st, slots, since, n_step, min(max_len + k + 2, n_positions))
@@ -385,7 +391,7 @@ class Engine:
             avg_logprob = sum_logprob / (n_tok - begin + (finish[row] != FINISH_EOS))
             out.append(ChunkResult(slots[row].id, tuple(seqs[i][begin:n_tok]), tuple(seqs[i][:begin]),
                                    FINISH_REASONS.get(finish[row], "length"), chunk_stats, no_speech_prob,
-                                   avg_logprob))
+                                   avg_logprob, slots[row].encoded if slots[row].keep_encoded else None))
         return out
 
     @torch.inference_mode()
