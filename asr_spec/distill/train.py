@@ -21,8 +21,6 @@ rest with -inf. Training then uses the teacher's distribution renormalised over 
 
 from __future__ import annotations
 
-import copy
-import json
 import math
 import os
 import time
