@@ -340,3 +340,29 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
             if started:
                 ray.shutdown()
     return RunReport(Path(output), len(rows), n_skipped, n_written, n_failed, time.perf_counter() - start)
+
+
+def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """`asr-spec eval --ray`: the utterance files of `options` (an `asr_spec.eval.EvalOptions` with `ray` on) go
+    to `transcribe_dataset` (`group_size` files per actor call), each worker loading the models as `evaluate`
+    does; each record is the one `run_eval` writes. Returns the summary, also written next to the log.
+
+    A record's wall_s is the utterance's share of its actor's batch time (first batch: model warm-up included), so
+    RTFx is the throughput of one worker, not of the cluster."""
+    from asr_spec.eval.evaluate import load_transcriber, open_utterances, write_eval_summary
+    from asr_spec.eval.librispeech import take
+    from asr_spec.eval.runner import record_of
+
+    if not options.ray:
+        raise InputError("evaluate_on_ray: options.ray is off (run asr_spec.eval.evaluate instead)")
+    utts = {u.id: u for u in take(open_utterances(options), options.limit)}
+    rows = [{"id": u.id, "path": os.fspath(u.audio)} for u in utts.values()]
+    ray_options = RayOptions(address=options.ray_address, workers=options.workers, progress=False,
+                             files_per_batch=options.group_size or RayOptions.files_per_batch)
+
+    def record(row: InputRow, t: Transcription, wall_s: float, read_s: float) -> dict[str, Any]:
+        return record_of(utts[row["id"]], t, wall_s, None)
+
+    transcribe_dataset(rows, options.output_path(), options=ray_options,
+                       loader=functools.partial(load_transcriber, options), record=record, on_record=on_record)
+    return write_eval_summary(options)

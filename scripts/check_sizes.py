@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""House limits: no module of asr_spec over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES lines unless
-its `def` line carries a comment `# long function: REASON`. Prints each offender; exit code 1 if there is any.
+"""House limits: no module of asr_spec/ or scripts/ over MAX_MODULE_LINES lines, no function over
+MAX_FUNCTION_LINES lines unless its `def` line carries a comment `# long function: REASON`. Prints each offender;
+exit code 1 if there is any.
 
     python scripts/check_sizes.py            # from the repository root
 """
@@ -32,8 +33,12 @@ def offenders(package: Path) -> list[str]:
     return found
 
 
+CHECKED = ("asr_spec", "scripts")  # the folders of the repository whose Python files are checked
+
+
 def main() -> int:
-    found = offenders(Path(__file__).resolve().parent.parent / "asr_spec")
+    repo = Path(__file__).resolve().parent.parent
+    found = [line for folder in CHECKED for line in offenders(repo / folder)]
     print("\n".join(found) or "ok")
     return 1 if found else 0
 

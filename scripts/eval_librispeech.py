@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""WER, CER and speed of asr-spec on LibriSpeech, resumable; a thin wrapper over `asr_spec.eval.cli.eval_main`.
+"""WER, CER and speed of asr-spec on LibriSpeech, resumable; a thin wrapper over `asr-spec eval`
+(`asr_spec.cli.evaluation.eval_main`).
 
     python scripts/eval_librispeech.py --preset large-v2 --split test.clean --batch-size 16 --compare-greedy
     python scripts/eval_librispeech.py --preset base --data-dir tests/fixtures/librispeech --limit 4 \\
@@ -12,7 +13,7 @@ table, also saved as <output stem>.summary.json. See `python scripts/eval_libris
 
 import sys
 
-from asr_spec.eval.cli import eval_main
+from asr_spec.cli.evaluation import eval_main
 from asr_spec.logs import configure_logging
 
 if __name__ == "__main__":

@@ -383,7 +383,7 @@ def test_ctrl_c_says_what_is_finished_and_stale_temp_files_go(capsys, monkeypatc
 
 
 def test_eval_resume_warning_is_one_clean_line(capsys, tmp_path: Path, model_dirs) -> None:
-    from asr_spec.eval.cli import eval_main
+    from asr_spec.cli.evaluation import eval_main
 
     target_dir, _ = model_dirs
     preset = tmp_path / "tiny.toml"

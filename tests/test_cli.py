@@ -177,3 +177,26 @@ def test_chunking_and_word_timestamps_options(capsys, tmp_path: Path, model_dirs
     code, _, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--chunking", "silence"))
     assert code == 2
     assert_one_line_error(err, "chunking must be one of vad, stride")
+
+
+def test_eval_and_distill_are_typer_commands_with_their_help(capsys) -> None:
+    done = subprocess.run([sys.executable, "-m", "asr_spec", "eval", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    for option in ("--preset", "--model", "--draft", "--no-draft", "--batch-size", "--compare-greedy", "--ray"):
+        assert option in done.stdout
+    code, out, _ = run_cli(capsys, "distill", "--help")
+    assert code == 0 and all(command in out for command in ("cache", "train", "eval", "head", "run"))
+    code, _, err = run_cli(capsys, "eval", "--limit", "many")
+    assert code == 2 and "--limit" in err  # typer's own usage error: exit 2 as before
+
+
+def test_distill_options_with_several_values() -> None:
+    from asr_spec.cli.distill import expand_variadic
+
+    argv = ["distill", "--threads", "2", "eval", "--sim-k", "3", "4", "8", "--k", "3", "--no-speed",
+            "--train-cache", "a", "b", "--draft", "d"]
+    assert expand_variadic(argv) == ["distill", "--threads", "2", "eval", "--sim-k", "3", "--sim-k", "4", "--sim-k",
+                                     "8", "--k", "3", "--no-speed", "--train-cache", "a", "--train-cache", "b",
+                                     "--draft", "d"]
+    assert expand_variadic(["transcribe", "x.wav", "--batch-size", "2"]) == ["transcribe", "x.wav", "--batch-size", "2"]

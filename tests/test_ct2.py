@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from asr_spec.models import embedded
-from asr_spec.models.ct2 import ModelFormatError, WhisperDims, read_ct2, whisper_dims, whisper_state_dict
+from asr_spec.models.ct2 import ModelFormatError, read_ct2
+from asr_spec.models.ct2_whisper import WhisperDims, whisper_dims, whisper_state_dict
 from asr_spec.models.embedded import convert_ct2
 from asr_spec.models.embedded import MissingModelError, embedded_ct2_dir, embedded_model_dir, ensure_converted
 

@@ -272,7 +272,7 @@ def test_distill_command_end_to_end(tmp_path, capsys):
 
 
 def test_layer_ids_by_count_by_id_and_bad_specs():
-    from asr_spec.distill.cli import layer_ids
+    from asr_spec.distill.commands import layer_ids
 
     assert layer_ids("2", 6) == [0, 5] and layer_ids("1", 6) == [0] and layer_ids("3", 6) == [0, 2, 5]
     assert layer_ids("0,5", 6) == [0, 5] and layer_ids("5,", 6) == [5]

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 from asr_spec import distributed  # noqa: E402
 from asr_spec.cli import main as cli_main  # noqa: E402
-from asr_spec.eval.cli import eval_main  # noqa: E402
+from asr_spec.cli.evaluation import eval_main  # noqa: E402
 from asr_spec.transcribe import Transcriber  # noqa: E402
 from test_transcribe import save_tiny_models  # noqa: E402
 

@@ -8,12 +8,13 @@ import functools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.errors import InputError
-from asr_spec.eval.cli import eval_main
+from asr_spec.cli.evaluation import eval_main
 from asr_spec.eval.evaluate import evaluate
 from asr_spec.eval.options import EvalOptions, parse_split
 from asr_spec.eval.runner import run_eval
@@ -272,15 +273,24 @@ def test_real_whisper_base_fixture_eval(tmp_path: Path) -> None:
     assert s["acceptance_rate"] > 0.3 and s["tokens_per_target_pass"] > 2  # measured 46 %, 3.3
 
 
-def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, monkeypatch, model_dirs) -> None:
-    """scripts/bench.py on two fixture clips with the tiny models: every row of ours, the batch-2 assistant error."""
+def _load_bench(monkeypatch) -> Any:
+    """scripts/bench.py as a module, with scripts/ on sys.path as when the script runs (it imports its siblings
+    bench_fw and bench_report; the faster-whisper child process imports its worker function from bench_fw)."""
     import importlib.util
 
-    pytest.importorskip("matplotlib")
-    spec = importlib.util.spec_from_file_location("bench", Path(__file__).parent.parent / "scripts" / "bench.py")
+    scripts = Path(__file__).parent.parent / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))
+    spec = importlib.util.spec_from_file_location("bench", scripts / "bench.py")
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, monkeypatch, model_dirs) -> None:
+    """scripts/bench.py on two fixture clips with the tiny models: every row of ours, the batch-2 assistant error."""
+    pytest.importorskip("matplotlib")
+    bench = _load_bench(monkeypatch)
     target_dir, _ = model_dirs
     preset = tmp_path / "tiny.toml"
     preset.write_text(f'model = "{target_dir}"\n')  # no draft: cut one from the target
@@ -307,15 +317,10 @@ def test_bench_faster_whisper_column_runs_in_its_own_process(monkeypatch) -> Non
     the child says so and the column is skipped (ImportError), as in CI."""
     import importlib.util
 
-    scripts = Path(__file__).parent.parent / "scripts"
-    monkeypatch.syspath_prepend(str(scripts))  # the child process imports its worker function from `bench`
-    spec = importlib.util.spec_from_file_location("bench", scripts / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench", bench)
-    spec.loader.exec_module(bench)
+    bench = _load_bench(monkeypatch)
     clips = bench.load_clips(["tests/fixtures/speech/short/festival-kal.flac"], None)
     try:
-        run = bench.fw_runner("base", bench.torch.device("cpu"), "en", clips)
+        run = bench.FwRunner("base", bench.torch.device("cpu"), "en", clips)
     except ImportError as err:
         assert importlib.util.find_spec("faster_whisper") is None, err
         assert "faster_whisper" in str(err)
@@ -323,6 +328,8 @@ def test_bench_faster_whisper_column_runs_in_its_own_process(monkeypatch) -> Non
     texts = run(clips, 1)
     assert len(texts) == 1 and len(texts[0].split()) >= 5
     assert run(clips[:0], 1) == []
-    with_timestamps = bench.fw_runner("base", bench.torch.device("cpu"), "en", clips, timestamps=True)
+    run.close()
+    with_timestamps = bench.FwRunner("base", bench.torch.device("cpu"), "en", clips, timestamps=True)
     stamped = with_timestamps(clips, 1)  # timestamp mode may pick other words: only the shape is checked
+    with_timestamps.close()
     assert len(stamped) == 1 and len(stamped[0].split()) >= 5

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -149,6 +150,33 @@ def test_blocks_run_with_this_checkout_and_fail_loudly(tmp_path: Path) -> None:
 def test_readme_has_blocks_that_run() -> None:
     blocks = code_blocks(README.read_text(encoding="utf-8"))
     assert any(b.skip_reason is None for b in blocks), "every README block is marked not run"
+
+
+def _command_lines(text: str) -> list[str]:
+    """The ``asr-spec ...`` command lines of a Markdown text's bash blocks (continuations joined, comments and
+    pipes cut; lines with a ``...`` placeholder left out)."""
+    lines = []
+    for block in code_blocks(text):
+        if block.language != "bash":
+            continue
+        for line in block.code.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].split("|")[0].strip()
+            if line.startswith("asr-spec ") and "..." not in line:
+                lines.append(line)
+    return lines
+
+
+def test_readme_commands_parse(capsys) -> None:
+    """Every `asr-spec` command README shows (run or not) is accepted by the CLI: with --help appended, each
+    parses its options and prints its help instead of running (an unknown option or a bad value exits 2)."""
+    from asr_spec.cli import main
+
+    lines = _command_lines(README.read_text(encoding="utf-8"))
+    assert any(line.startswith("asr-spec eval") for line in lines) and any("distill" in line for line in lines)
+    for line in lines:
+        with pytest.raises(SystemExit) as exit_:
+            main([*shlex.split(line)[1:], "--help"])
+        assert exit_.value.code in (0, None), f"{line}\n{capsys.readouterr().err}"
 
 
 # -- README itself (real weights, slow) ----------------------------------------------------------------------

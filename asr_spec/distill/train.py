@@ -21,8 +21,6 @@ rest with -inf. Training then uses the teacher's distribution renormalised over 
 
 from __future__ import annotations
 
-import copy
-import json
 import math
 import os
 import time
@@ -210,6 +208,58 @@ def _save_checkpoint(ckpt_path: Path, step: int, cfg: TrainConfig, layer_ids: li
     tmp.replace(ckpt_path)
 
 
+@dataclass
+class _Training:
+    """What the training loop updates: the draft, its optimiser and where it stands."""
+
+    draft: nn.Module
+    params: dict[str, torch.nn.Parameter]  # the draft's trainable parameters, by name
+    opt: torch.optim.Optimizer
+    vocab: torch.Tensor  # the token ids the losses are computed over (see train_vocab)
+    layer_ids: list[int]  # the target layers the draft was initialised from (checked on resume)
+    step: int = 0  # steps done
+    history: list[dict[str, Any]] = field(default_factory=list)
+    running: float | None = None  # running mean of the loss (0.9 decay); None before the first step
+
+
+def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, layers: Sequence[int] | None,
+                    draft_vocab: torch.Tensor | None, init_from: str | os.PathLike | None) -> _Training:
+    """A fresh draft (from the target's layers, or `init_from`'s) and its optimiser, or both resumed from
+    `ckpt_path` when it exists."""
+    torch.manual_seed(cfg.seed)
+    draft = init_draft(target, layers)
+    draft.draft_vocab_ids = draft_vocab
+    layer_ids = list(layers) if layers is not None else sorted({0, target.config.decoder_layers - 1})
+    params = trainable_parameters(draft)
+    if init_from is not None and not ckpt_path.is_file():
+        _init_from_draft(draft, params, target, init_from)
+    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    suppress = target.generation_config.suppress_tokens or ()
+    run = _Training(draft, params, opt, train_vocab(target.config.vocab_size, suppress, draft_vocab), layer_ids)
+    if ckpt_path.is_file():
+        run.step, run.history = _resume(ckpt_path, cfg, layer_ids, draft, opt)
+        run.vocab = train_vocab(target.config.vocab_size, suppress, draft.draft_vocab_ids)
+    return run
+
+
+def _train_step(run: _Training, head: torch.Tensor, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig) -> None:
+    """One optimiser step on the batch of windows `batch_indices` picks for `run.step`; the running loss updated."""
+    for group in run.opt.param_groups:
+        group["lr"] = _lr_at(run.step, cfg)
+    batch = train.batch(batch_indices(run.step, len(train), cfg.batch_windows, cfg.seed))
+    loss, _ = loss_on_batch(run.draft, head, run.vocab, batch, cfg)
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(run.params.values()), cfg.grad_clip)
+    run.opt.step()
+    run.step += 1
+    value = float(loss.detach())
+    if run.running is None:
+        run.running = value
+    else:
+        run.running = 0.9 * run.running + 0.1 * value
+
+
 def train_draft(
     target: nn.Module, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig, *, work_dir: str | os.PathLike,
     layers: Sequence[int] | None = None, draft_vocab: torch.Tensor | None = None,
@@ -228,48 +278,26 @@ def train_draft(
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "ckpt.pt"
-    torch.manual_seed(cfg.seed)
-    draft = init_draft(target, layers)
-    draft.draft_vocab_ids = draft_vocab
-    layer_ids = list(layers) if layers is not None else sorted({0, target.config.decoder_layers - 1})
-    params = trainable_parameters(draft)
-    if init_from is not None and not ckpt_path.is_file():
-        _init_from_draft(draft, params, target, init_from)
-    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    gen = target.generation_config
-    vocab = train_vocab(target.config.vocab_size, gen.suppress_tokens or (), draft_vocab)
+    run = _start_training(target, cfg, ckpt_path, layers, draft_vocab, init_from)
     head = target.proj_out.weight
-    step, history = 0, []
-    if ckpt_path.is_file():
-        step, history = _resume(ckpt_path, cfg, layer_ids, draft, opt)
-        vocab = train_vocab(target.config.vocab_size, gen.suppress_tokens or (), draft.draft_vocab_ids)
-
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    bar = tqdm(total=cfg.steps, initial=step, desc="distil", disable=not progress)
-    draft.train()
-    running = None
-    while step < end:
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
-        b = train.batch(batch_indices(step, len(train), cfg.batch_windows, cfg.seed))
-        loss, _ = loss_on_batch(draft, head, vocab, b, cfg)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
-        opt.step()
-        step += 1
-        running = float(loss.detach()) if running is None else 0.9 * running + 0.1 * float(loss.detach())
-        post = {"loss": f"{running:.3f}"}
-        point = _history_point(target, draft, held_out, cfg, step, running)
-        history += [point] if point is not None else []
-        post.update({"agree": f"{point['agreement']:.3f}"} if point and "agreement" in point else {})
+    bar = tqdm(total=cfg.steps, initial=run.step, desc="distil", disable=not progress)
+    run.draft.train()
+    while run.step < end:
+        _train_step(run, head, train, cfg)
+        post = {"loss": f"{run.running:.3f}"}
+        point = _history_point(target, run.draft, held_out, cfg, run.step, run.running)
+        if point is not None:
+            run.history.append(point)
+            if "agreement" in point:
+                post["agree"] = f"{point['agreement']:.3f}"
         bar.set_postfix(post)
         bar.update(1)
-        if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == end:
-            _save_checkpoint(ckpt_path, step, cfg, layer_ids, history, draft, params, opt)
+        if (cfg.ckpt_every and run.step % cfg.ckpt_every == 0) or run.step == end:
+            _save_checkpoint(ckpt_path, run.step, cfg, run.layer_ids, run.history, run.draft, run.params, run.opt)
     bar.close()
-    draft.eval()
-    return TrainResult(draft, history)
+    run.draft.eval()
+    return TrainResult(run.draft, run.history)
 
 
 # -- evaluation -------------------------------------------------------------------------------------------------
@@ -380,7 +408,7 @@ def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, bat
 
     opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k, timestamps=timestamps)
     greedy = Engine(target, None, opts)
-    spec = Engine(target, draft, opts, share=greedy)
+    spec = Engine(target, draft, opts)  # packed weights are shared by construction: one copy of the target's
 
     res_g = greedy.decode(None, encoded, batch_size)  # warm-up
     res_s = spec.decode(None, encoded, batch_size)

@@ -1,10 +1,10 @@
 """Offline Whisper models: CTranslate2 checkpoints → transformers directories, cached; models shipped in packages.
 
 :func:`convert_ct2` turns a CTranslate2 Whisper directory (``model.bin``, ``config.json``, ``tokenizer.json``) into a
-transformers one: the weights mapped by :func:`asr_spec.ct2.whisper_state_dict` (safetensors), a ``WhisperProcessor``
-(tokenizer with every special and timestamp token, feature extractor with the model's mel bins) and the
-``GenerationConfig`` transformers' Whisper ``generate`` expects. The directory is written under a temporary name and
-renamed, so a half-written conversion is never seen.
+transformers one: the weights mapped by :func:`asr_spec.models.ct2_whisper.whisper_state_dict` (safetensors), a
+``WhisperProcessor`` (tokenizer with every special and timestamp token, feature extractor with the model's mel bins)
+and the ``GenerationConfig`` transformers' Whisper ``generate`` expects. The directory is written under a temporary
+name and renamed, so a half-written conversion is never seen.
 
 :func:`ensure_converted` does that once per model into the cache (``platformdirs.user_cache_dir("asr-spec")``, or
 ``$ASR_SPEC_CACHE``), keyed by the model.bin's path, size and mtime, and reuses it afterwards (~2 s for base).
@@ -43,7 +43,8 @@ from transformers import (
     WhisperTokenizer,
 )
 
-from asr_spec.models.ct2 import ModelFormatError, WhisperDims, read_ct2, whisper_dims, whisper_state_dict
+from asr_spec.models.ct2 import CT2Model, ModelFormatError, read_ct2
+from asr_spec.models.ct2_whisper import WhisperDims, whisper_dims, whisper_state_dict
 from asr_spec.errors import InputError
 
 __all__ = [
@@ -184,7 +185,7 @@ def whisper_generation_config(
         lang_ids = ct2_config.get("lang_ids")
         if lang_ids is not None and sorted(lang_ids) != sorted(ids.languages.values()):
             message = f"{config_path}: lang_ids differ from tokenizer.json's language tokens; using the latter"
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=4)  # the caller of convert_ct2
         kwargs["lang_to_id"] = dict(ids.languages)
         kwargs["task_to_id"] = {"translate": ids.translate, "transcribe": ids.transcribe}
     return GenerationConfig(
@@ -237,6 +238,14 @@ def convert_ct2(ct2_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists; remove it, choose another directory or pass overwrite")
     ct2 = read_ct2(ct2_dir / "model.bin")
+    model, processor = _converted_model(ct2, ct2_dir, dtype)
+    _save_converted(model, processor, ct2, dtype, out_dir, overwrite=overwrite)
+    return out_dir
+
+
+def _converted_model(ct2: CT2Model, ct2_dir: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The transformers Whisper model (weights assigned, not copied) and its processor for a parsed model.bin and
+    the side files of its directory (tokenizer.json, CTranslate2's config.json)."""
     dims = whisper_dims(ct2)
     tokenizer, ids = build_whisper_tokenizer(ct2_dir / "tokenizer.json", dims.vocab_size)
     fix = "copy config.json from the CTranslate2 conversion of the model into the directory"
@@ -257,8 +266,13 @@ def convert_ct2(ct2_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         model.tie_weights()
     model.generation_config = generation_config
     features = WhisperFeatureExtractor(feature_size=dims.n_mels)  # 16 kHz, hop 160, n_fft 400, 30 s chunks
-    processor = WhisperProcessor(feature_extractor=features, tokenizer=tokenizer)
+    return model, WhisperProcessor(feature_extractor=features, tokenizer=tokenizer)
 
+
+def _save_converted(model: Any, processor: Any, ct2: CT2Model, dtype: torch.dtype, out_dir: Path, *,
+                    overwrite: bool) -> None:
+    """Write the model (safetensors only), its processor and where it came from under a temporary name beside
+    `out_dir`, then rename it there (`publish_dir`): a half-written conversion is never seen."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
@@ -271,7 +285,6 @@ def convert_ct2(ct2_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         publish_dir(tmp, out_dir, overwrite=overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def publish_dir(tmp: Path, final: Path, *, overwrite: bool) -> None:

@@ -122,13 +122,16 @@ class ModelPlan:
     draft_max_rows: int | None
 
 
-def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] | None = None) -> ModelPlan:
+def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] | None = None, *,
+                every_run: bool = False) -> ModelPlan:
     """The one draft decision: from a preset, the device type ("cpu", "cuda", ...) and the caller's overrides
     (any of `MODEL_KEYS`, and `draft_max_rows`; a key absent = not given), which models to load and which runs the
     draft decodes. Every caller uses it: `Transcriber.from_preset` (CLI, API, server), eval and the benchmarks.
 
     - `draft` given (None included: off): that draft, in every run (unless `draft_max_rows` is given too);
     - `model` given without `draft`: no draft (the preset's draft belongs to its model);
+    - `every_run` (evaluating or benchmarking the preset's draft: asking for it): the preset's draft
+      (`draft_or_none`) on any device, in every run;
     - else the preset's draft (`draft_or_none`): on CUDA in every run; on a CPU in the runs of at most
       `cpu_draft_max_rows` rows, and not loaded at all when that is 0 (a CPU's verify pass is compute-bound from a
       few rows on: README, "Speed").
@@ -138,7 +141,7 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
         draft, rows = overrides["draft"], None
     elif "model" in overrides:
         draft, rows = None, None
-    elif device_type == "cuda":
+    elif every_run or device_type == "cuda":
         draft, rows = preset.draft_or_none(), None
     elif preset.cpu_draft_max_rows == 0:
         if preset.draft is not None:

@@ -1,16 +1,10 @@
-"""Command line: a thin typer layer over the library.
-
-    asr-spec transcribe FILES... [--preset base] [--model M] [--draft D | --no-draft] [--output-dir DIR] ...
-    asr-spec transcribe --ray [--ray-address auto] [--workers N] FILES|--manifest M --output results.jsonl
-    asr-spec convert CT2_DIR OUT_DIR
-    asr-spec serve [--preset base] [--model M] [--draft D | --no-draft] [--host H] [--port P] ...
-
-`transcribe` parses its options into the keyword arguments of `Transcriber.from_preset` and calls
-`Transcriber.iter_transcribe`, exactly what a Python user would call. Transcripts go to stdout (or to files with
---output-dir), the progress bar, warnings, per-file errors and a one-line summary to stderr. Exit codes: 0 all
-transcribed, 1 some input failed (each reported as ``error: <file>: <cause>``, the others still transcribed),
-2 bad options, an unloadable model, an unusable --output-dir or a batch that cannot fit in memory (one line),
-130 interrupted (one line: how many files were finished, and where).
+"""`asr-spec transcribe`: the options parsed into the keyword arguments of `Transcriber.from_preset`, then
+`Transcriber.iter_transcribe`, exactly what a Python user would call (or `asr_spec.distributed.transcribe_dataset`
+with --ray). Transcripts go to stdout (or to files with --output-dir), the progress bar, warnings, per-file errors
+and a one-line summary to stderr. Exit codes: 0 all transcribed, 1 some input failed (each reported as
+``error: <file>: <cause>``, the others still transcribed), 2 bad options, an unloadable model, an unusable
+--output-dir or a batch that cannot fit in memory (one line), 130 interrupted (one line: how many files were
+finished, and where).
 """
 
 from __future__ import annotations
@@ -22,53 +16,14 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
-from asr_spec.errors import AsrSpecError, one_line
-from asr_spec.logs import configure_logging
+from asr_spec.cli.options import (BATCH_SIZE, DEVICE, DRAFT, DTYPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE,
+                                  LANGUAGE, MODEL, NO_DRAFT, PRESET, RAY, RAY_ADDRESS, USER_ERRORS, WORKERS, fail,
+                                  preset_overrides)
+from asr_spec.errors import one_line
 
-# Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
-USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: engine.ResourceError
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
-
-app = typer.Typer(
-    name="asr-spec", help="Lossless batched speculative decoding for Whisper: transcribe long recordings fast.",
-    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-)
+__all__ = ["transcribe"]
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _preset_help() -> str:
-    from asr_spec.models.presets import available_presets
-
-    names = ", ".join(available_presets()) or "none installed"
-    return f"Model pair and settings: a preset name ({names}) or the path of a .toml file."
-
-
-# options shared by `transcribe` and `serve`
-PRESET = typer.Option("base", help=_preset_help())
-MODEL = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory or embedded:whisper-base. "
-                     "Replaces the preset's (and its draft).")
-DRAFT = typer.Option(None, help="Draft model (same forms). Replaces the preset's.")
-NO_DRAFT = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower).")
-DEVICE = typer.Option("auto", help="auto, cpu, cuda or cuda:N.")
-LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the preset's.")
-
-
-def _overrides(model: str | None, draft: str | None, no_draft: bool, **options: Any) -> dict[str, Any]:
-    """`Transcriber.from_preset` keyword arguments from the model options and the options given (None = not given)."""
-    if no_draft and draft is not None:
-        _fail("--no-draft and --draft contradict each other: give one", EXIT_USAGE)
-    given = {"model": model, "draft": draft, **options}
-    overrides = {key: value for key, value in given.items() if value is not None}
-    if no_draft:
-        overrides["draft"] = None
-    return overrides
-
-
-@app.command()
 def transcribe(  # long function: typer declares each of its ~23 options as a parameter
     files: Optional[list[str]] = typer.Argument(None, metavar="FILE", help="Audio files (wav, flac, mp3, ogg, "
                                                  "m4a...); with --ray also glob patterns."),
@@ -77,8 +32,7 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
     draft: Optional[str] = DRAFT,
     no_draft: bool = NO_DRAFT,
     device: str = DEVICE,
-    dtype: Optional[str] = typer.Option(None, help="auto (float16 on CUDA, float32 on CPU), float32, float16, "
-                                        "bfloat16. Default: the preset's."),
+    dtype: Optional[str] = DTYPE,
     language: Optional[str] = LANGUAGE,
     task: Optional[str] = typer.Option(None, help="transcribe or translate (to English)."),
     timestamps: Optional[bool] = typer.Option(None, "--timestamps/--no-timestamps", help="Whisper timestamp mode "
@@ -95,17 +49,14 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
                                                     "--word-timestamps). Default: one cue per segment."),
     num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per step (K). Default: the "
                                                   "preset's, else DecodeOptions'."),
-    batch_size: Optional[int] = typer.Option(None, help="Chunks decoded together, across files. "
-                                            "Default: TranscribeOptions'."),
+    batch_size: Optional[int] = BATCH_SIZE,
     output_dir: Optional[Path] = typer.Option(None, help="Write <name>.<format> files here instead of printing."),
     format: Optional[str] = typer.Option(None, "--format", help="With --output-dir: comma-separated txt, json, "
                                          "srt, vtt. Default: all four."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary (errors still shown)."),
-    ray: bool = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-spec[ray]'): one JSONL "
-                             "record per input in --output, resumable."),
-    ray_address: Optional[str] = typer.Option(None, help="With --ray: the cluster (auto, ray://host:10001). "
-                                              "Default: RAY_ADDRESS, else a local Ray on this machine."),
-    workers: int = typer.Option(1, help="With --ray: transcription actors (one per GPU on GPU machines)."),
+    ray: bool = RAY,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    workers: int = WORKERS,
     threads_per_worker: int = typer.Option(1, help="With --ray: torch threads of each CPU actor."),
     manifest: Optional[Path] = typer.Option(None, help="With --ray: a .csv/.tsv/.jsonl manifest with a path column "
                                             "(a text column is kept as the reference) instead of FILEs."),
@@ -123,20 +74,21 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
     from asr_spec.transcribe import Transcriber
 
     if not ray and (manifest is not None or output is not None or ray_address is not None):
-        _fail("--manifest, --output and --ray-address need --ray", EXIT_USAGE)
+        fail("--manifest, --output and --ray-address need --ray", EXIT_USAGE)
     if not files and manifest is None:
-        _fail("no input: give audio FILEs" + (" or --manifest" if ray else ""), EXIT_USAGE)
+        fail("no input: give audio FILEs" + (" or --manifest" if ray else ""), EXIT_USAGE)
     if ray and (output_dir is not None or format is not None):
-        _fail("--ray writes JSONL records to --output: drop --output-dir/--format", EXIT_USAGE)
+        fail("--ray writes JSONL records to --output: drop --output-dir/--format", EXIT_USAGE)
     if format is not None and output_dir is None:
-        _fail("--format needs --output-dir (without it the transcript is printed)", EXIT_USAGE)
+        fail("--format needs --output-dir (without it the transcript is printed)", EXIT_USAGE)
     if keep_no_speech and no_speech_threshold is not None:
-        _fail("--keep-no-speech and --no-speech-threshold contradict each other: give one", EXIT_USAGE)
-    overrides = _overrides(model, draft, no_draft, dtype=dtype, language=language, task=task,
-                           chunk_length_s=chunk_length, num_draft_tokens=num_draft_tokens, batch_size=batch_size,
-                           formats=format, timestamps=timestamps, cuda_graphs=False if no_graphs else None,
-                           no_speech_threshold=no_speech_threshold, logprob_threshold=logprob_threshold,
-                           chunking=chunking, word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue)
+        fail("--keep-no-speech and --no-speech-threshold contradict each other: give one", EXIT_USAGE)
+    overrides = preset_overrides(model, draft, no_draft, dtype=dtype, language=language, task=task,
+                                 chunk_length_s=chunk_length, num_draft_tokens=num_draft_tokens,
+                                 batch_size=batch_size, formats=format, timestamps=timestamps,
+                                 cuda_graphs=False if no_graphs else None, no_speech_threshold=no_speech_threshold,
+                                 logprob_threshold=logprob_threshold, chunking=chunking,
+                                 word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue)
     if keep_no_speech:
         overrides["no_speech_threshold"] = None
     if ray:
@@ -152,14 +104,14 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
             prepare_output_dir(output_dir)
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
     except USER_ERRORS as err:
-        _fail(one_line(err), EXIT_USAGE)
+        fail(one_line(err), EXIT_USAGE)
     except KeyboardInterrupt:
         run.interrupted()
     try:
         for result in transcriber.iter_transcribe(files, progress=False if quiet else None, output_dir=output_dir):
             run.add(result)
     except USER_ERRORS as err:  # raised before any input is read, or a run that cannot fit in memory
-        _fail(one_line(err), EXIT_USAGE)
+        fail(one_line(err), EXIT_USAGE)
     except KeyboardInterrupt:
         run.interrupted()
     if not quiet:
@@ -174,9 +126,9 @@ def _transcribe_on_ray(files: list[str], manifest: Optional[Path], output: Optio
     from asr_spec import distributed
 
     if output is None:
-        _fail("--ray needs --output results.jsonl", EXIT_USAGE)
+        fail("--ray needs --output results.jsonl", EXIT_USAGE)
     if files and manifest is not None:
-        _fail("give FILEs or --manifest, not both", EXIT_USAGE)
+        fail("give FILEs or --manifest, not both", EXIT_USAGE)
 
     def show(record: dict[str, Any]) -> None:
         if record.get("error"):
@@ -188,13 +140,12 @@ def _transcribe_on_ray(files: list[str], manifest: Optional[Path], output: Optio
         report = distributed.transcribe_dataset(inputs, output, preset=preset, options=options, on_record=show,
                                                 device=device, **overrides)
     except USER_ERRORS as err:
-        _fail(one_line(err), EXIT_USAGE)
+        fail(one_line(err), EXIT_USAGE)
     if not quiet:
         typer.echo(f"{report.n_written} records written to {output} ({report.n_failed} failed), "
                    f"{report.n_skipped} already there, in {report.wall_s:.1f} s", err=True)
     if report.n_failed:
         raise typer.Exit(EXIT_FAILED)
-
 
 
 class _Run:
@@ -243,79 +194,3 @@ class _Run:
             drafting = "greedy (no draft), 1.00 tokens/target pass"
         dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
         return f"{files}: {speed}, {drafting}{dropped}"
-
-
-@app.command()
-def serve(
-    preset: str = PRESET,
-    model: Optional[str] = MODEL,
-    draft: Optional[str] = DRAFT,
-    no_draft: bool = NO_DRAFT,
-    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
-    port: int = typer.Option(8000, help="TCP port."),
-    batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
-    max_queue: int = typer.Option(256, help="Chunks (30 s windows) that may wait for a row; beyond: 503."),
-    max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
-    language: Optional[str] = LANGUAGE,
-    word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
-                                                   help="Answer timestamp_granularities[]=word (verbose_json "
-                                                   "`words`); needs chunking vad. Default: the preset's."),
-    device: str = DEVICE,
-) -> None:
-    """Serve OpenAI's POST /v1/audio/transcriptions; concurrent requests share one speculative batch."""
-    from asr_spec.serve import run_server
-
-    overrides = _overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps)
-    try:
-        run_server(preset, host=host, port=port, batch_size=batch_size, max_queue=max_queue,
-                   max_file_mb=max_file_mb, device=device, **overrides)
-    except ImportError as err:
-        _fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
-    except USER_ERRORS as err:
-        _fail(one_line(err), EXIT_USAGE)
-
-
-@app.command()
-def convert(
-    ct2_dir: Path = typer.Argument(..., help="CTranslate2 Whisper directory (model.bin, config.json, tokenizer.json)."),
-    out_dir: Path = typer.Argument(..., help="transformers directory to create."),
-    dtype: str = typer.Option("float32", help="Weights to save: float32 (exact), float16 or bfloat16."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR if it exists."),
-) -> None:
-    """Convert a CTranslate2 Whisper model into a transformers one (usable with --model)."""
-    import torch
-
-    from asr_spec.models.embedded import convert_ct2
-
-    torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if dtype not in torch_dtypes:
-        _fail(f"--dtype must be one of {', '.join(torch_dtypes)}, got {dtype!r}", EXIT_USAGE)
-    try:
-        written = convert_ct2(ct2_dir, out_dir, dtype=torch_dtypes[dtype], overwrite=overwrite)
-    except USER_ERRORS as err:
-        _fail(one_line(err), EXIT_FAILED)
-    typer.echo(str(written))
-
-
-@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-             add_help_option=False)
-def eval_(ctx: typer.Context) -> None:
-    """WER, RTFx and speculative statistics on LibriSpeech (hub or a local tree); `asr-spec eval --help`."""
-    from asr_spec.eval.cli import eval_main
-
-    raise typer.Exit(eval_main(ctx.args))
-
-
-@app.command("distill", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-             add_help_option=False)
-def distill(ctx: typer.Context) -> None:
-    """Train a draft for a target by distillation (run | cache | train | eval); `asr-spec distill --help`."""
-    from asr_spec.distill.cli import main as distill_main
-
-    raise typer.Exit(distill_main(ctx.args, prog="asr-spec distill"))
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of `asr-spec` and `python -m asr_spec`."""
-    configure_logging()
-    app(args=argv, prog_name="asr-spec")  # typer exits 130 on a KeyboardInterrupt; `transcribe` reports it first

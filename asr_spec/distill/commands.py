@@ -1,7 +1,8 @@
-"""`asr-spec distill`: distil a speculative-decoding draft for a Whisper target (cache pseudo-labels, train,
-evaluate), or all of it at once:
+"""The commands of `asr-spec distill` (parsed by `asr_spec.cli.distill`): distil a speculative-decoding draft for a
+Whisper target (cache pseudo-labels, train, evaluate), or all of it at once. Each `cmd_*` takes the parsed options
+as one namespace (their names are the command's option names):
 
-    asr-spec distill run --model embedded:whisper-base --audio /data/tts-train --layers 2 --out drafts/whisper-base
+    asr-spec distill --model embedded:whisper-base run --audio /data/tts-train --layers 2 --out drafts/whisper-base
 
     # 1. pseudo-labels: the target's greedy transcripts of a LibriSpeech-layout corpus, utterances packed into
     #    29 s windows (training) or one window per utterance (held-out evaluation)
@@ -18,18 +19,19 @@ evaluate), or all of it at once:
     asr-spec distill head --draft drafts/whisper-base --train-cache /data/cache-train --head-size 8192 \
         --out drafts/whisper-base-8k
 
-Every command takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to others).
+The group takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to
+others) before the command name.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -242,98 +244,10 @@ def spread(count: int, n: int) -> list[int]:
 def cmd_run(args) -> None:
     """cache + train + save in one go: pseudo-labels of --audio (LibriSpeech layout) in --work, then the draft."""
     work = Path(args.work or Path(args.out).with_name(Path(args.out).name + ".work"))
-    cache_args = argparse.Namespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
-                                       "from_cache": None, "no_pack": False})
+    cache_args = SimpleNamespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
+                                    "from_cache": None, "no_pack": False})
     if not (work / "cache" / "meta.json").is_file():
         cmd_cache(cache_args)
-    train_args = argparse.Namespace(**{**vars(args), "train_cache": [work / "cache"], "held_out_cache": None,
-                                       "init_draft": None,
-                                       "work": work / "train"})
+    train_args = SimpleNamespace(**{**vars(args), "train_cache": [work / "cache"], "held_out_cache": None,
+                                    "init_draft": None, "work": work / "train"})
     cmd_train(train_args)
-
-
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    args = build_parser(prog).parse_args(argv)
-    torch.set_num_threads(args.threads)
-    {"cache": cmd_cache, "train": cmd_train, "eval": cmd_eval, "head": cmd_head, "run": cmd_run}[args.cmd](args)
-    return 0
-
-
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:  # long function: one line per option
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="embedded:whisper-base", help="the target to distil a draft for")
-    ap.add_argument("--threads", type=int, default=1)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("cache", help="encode + pseudo-label a LibriSpeech-layout corpus")
-    c.add_argument("--corpus", type=Path, help="LibriSpeech-layout tree")
-    c.add_argument("--long-file", type=Path, action="append", help="a long recording, cut into 30 s windows")
-    c.add_argument("--split", default="train")
-    c.add_argument("--out", type=Path, required=True)
-    c.add_argument("--no-pack", action="store_true", help="one window per utterance (default: pack into windows)")
-    c.add_argument("--window-s", type=float, default=29.0)
-    c.add_argument("--gap-s", type=float, default=0.4)
-    c.add_argument("--max-utterances", type=int, default=0)
-    c.add_argument("--batch-size", type=int, default=4)
-    c.add_argument("--language", default="en")
-    c.add_argument("--max-new-tokens", type=int, default=256)
-    c.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
-    c.add_argument("--timestamps", action="store_true",
-                   help="pseudo-labels in timestamp mode (transcription's default)")
-    c.add_argument("--from-cache", type=Path, help="label the windows of this cache again (its encoder outputs)")
-    c.add_argument("--max-windows", type=int, default=0, help="with --from-cache: this many windows, evenly spread")
-    t = sub.add_parser("train", help="train a draft on a cache")
-    t.add_argument("--train-cache", type=Path, required=True, nargs="+", help="one cache, or several trained on as one")
-    t.add_argument("--init-draft", type=Path, help="start from this trained draft's layers (same layer count)")
-    t.add_argument("--held-out-cache", type=Path)
-    t.add_argument("--work", type=Path, required=True, help="checkpoint folder (resumes when ckpt.pt is there)")
-    t.add_argument("--out", type=Path, help="save the trained draft here")
-    t.add_argument("--layers", default="0,5", help="target decoder layers to initialise from")
-    t.add_argument("--vocab-size", type=int, default=0, help="restricted head size (0 = full vocabulary)")
-    t.add_argument("--steps", type=int, default=1000)
-    t.add_argument("--stop-after", type=int, help="stop once this many steps are done (resume later)")
-    t.add_argument("--batch-windows", type=int, default=4)
-    t.add_argument("--lr", type=float, default=3e-4)
-    t.add_argument("--warmup-steps", type=int, default=30)
-    t.add_argument("--kl-weight", type=float, default=1.0)
-    t.add_argument("--ce-weight", type=float, default=1.0)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--eval-every", type=int, default=50)
-    t.add_argument("--ckpt-every", type=int, default=50)
-    e = sub.add_parser("eval", help="held-out agreement and speed-up vs greedy")
-    e.add_argument("--held-out-cache", type=Path, required=True)
-    e.add_argument("--draft", type=Path, help="a draft saved by `train --out`")
-    e.add_argument("--untrained", action="append", help="also evaluate an untrained cut, e.g. 0,5")
-    e.add_argument("--batch-size", type=int, default=4)
-    e.add_argument("--k", type=int, nargs="+", default=[4])
-    e.add_argument("--repeats", type=int, default=2)
-    e.add_argument("--also-full-head", action="store_true", help="also time a restricted draft with its full head")
-    e.add_argument("--no-speed", action="store_true", help="agreement only")
-    e.add_argument("--sim-k", type=int, nargs="+", default=[3, 4, 5, 6, 8],
-                   help="K values for simulated tokens per target pass (exact for greedy verification)")
-    e.add_argument("--speed-windows", type=int, default=0, help="time speed on the first N windows only (0 = all)")
-    e.add_argument("--head-sizes", type=int, nargs="+", help="also the draft with these restricted heads (0 = full)")
-    e.add_argument("--train-cache", type=Path, nargs="+", help="with --head-sizes: the caches whose token counts pick "
-                   "the heads")
-    h = sub.add_parser("head", help="save a trained draft with another restricted head")
-    h.add_argument("--draft", type=Path, required=True)
-    h.add_argument("--train-cache", type=Path, nargs="+", required=True, help="their token counts choose the head")
-    h.add_argument("--head-size", type=int, required=True, help="tokens the head scores (0 = full vocabulary)")
-    h.add_argument("--out", type=Path, required=True)
-    r = sub.add_parser("run", help="cache + train + save: the whole distillation in one command")
-    r.add_argument("--audio", type=Path, required=True, help="LibriSpeech-layout tree of training speech")
-    r.add_argument("--split", default="train")
-    r.add_argument("--out", type=Path, required=True, help="where the draft is saved")
-    r.add_argument("--work", type=Path, help="pseudo-label cache and checkpoints (default: OUT.work; resumable)")
-    r.add_argument("--layers", default="2", help="number of decoder layers (first..last), or explicit ids 0,5")
-    r.add_argument("--vocab-size", type=int, default=8192, help="restricted head size (0 = full vocabulary)")
-    r.add_argument("--steps", type=int, default=600)
-    for name, default in (("window-s", 29.0), ("gap-s", 0.4), ("lr", 3e-4), ("kl-weight", 1.0), ("ce-weight", 1.0)):
-        r.add_argument(f"--{name}", type=float, default=default)
-    for name, default in (("max-utterances", 0), ("batch-size", 4), ("max-new-tokens", 256), ("batch-windows", 4),
-                          ("warmup-steps", 30), ("seed", 0), ("eval-every", 0), ("ckpt-every", 50)):
-        r.add_argument(f"--{name}", type=int, default=default)
-    r.add_argument("--stop-after", type=int)
-    r.add_argument("--timestamps", action="store_true", help="pseudo-labels in timestamp mode")
-    r.add_argument("--language", default="en")
-    r.add_argument("--enc-dtype", default="float16", choices=["float16", "float32"])
-    return ap

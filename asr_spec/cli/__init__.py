@@ -1,0 +1,103 @@
+"""Command line: a thin typer layer over the library, one module per command.
+
+    asr-spec transcribe FILES... [--preset base] [--model M] [--draft D | --no-draft] [--output-dir DIR] ...
+    asr-spec transcribe --ray [--ray-address auto] [--workers N] FILES|--manifest M --output results.jsonl
+    asr-spec convert CT2_DIR OUT_DIR
+    asr-spec serve [--preset base] [--model M] [--draft D | --no-draft] [--host H] [--port P] ...
+    asr-spec eval [--preset base] [--data-dir TREE] [--split test.clean] [--compare-greedy] ...
+    asr-spec distill [--model TARGET] run | cache | train | eval | head ...
+
+Each command parses its options and calls the same public function a Python user calls (`Transcriber`,
+`run_server`, `convert_ct2`, `evaluate`, `asr_spec.distill.commands`). The options several commands share are
+declared once (`asr_spec.cli.options`), and so are the exit codes: 0 done, 1 some input failed, 2 bad options or an
+unusable model, data or folder (one ``error:`` line), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from asr_spec.cli.distill import distill_app, expand_variadic
+from asr_spec.cli.evaluation import eval_command
+from asr_spec.cli.options import (DEVICE, DRAFT, EXIT_FAILED, EXIT_USAGE, LANGUAGE, MODEL, NO_DRAFT, PRESET,
+                                  USER_ERRORS, fail, preset_overrides)
+from asr_spec.cli.transcribe import transcribe
+from asr_spec.errors import one_line
+from asr_spec.logs import configure_logging
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="asr-spec", help="Lossless batched speculative decoding for Whisper: transcribe long recordings fast.",
+    add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+)
+app.command()(transcribe)
+
+
+@app.command()
+def serve(
+    preset: str = PRESET,
+    model: Optional[str] = MODEL,
+    draft: Optional[str] = DRAFT,
+    no_draft: bool = NO_DRAFT,
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, help="TCP port."),
+    batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
+    max_queue: int = typer.Option(256, help="Chunks (30 s windows) that may wait for a row; beyond: 503."),
+    max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
+    language: Optional[str] = LANGUAGE,
+    word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
+                                                   help="Answer timestamp_granularities[]=word (verbose_json "
+                                                   "`words`); needs chunking vad. Default: the preset's."),
+    device: str = DEVICE,
+) -> None:
+    """Serve OpenAI's POST /v1/audio/transcriptions; concurrent requests share one speculative batch."""
+    from asr_spec.serve import run_server
+
+    overrides = preset_overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps)
+    try:
+        run_server(preset, host=host, port=port, batch_size=batch_size, max_queue=max_queue,
+                   max_file_mb=max_file_mb, device=device, **overrides)
+    except ImportError as err:
+        fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
+    except USER_ERRORS as err:
+        fail(one_line(err), EXIT_USAGE)
+
+
+@app.command()
+def convert(
+    ct2_dir: Path = typer.Argument(..., help="CTranslate2 Whisper directory (model.bin, config.json, tokenizer.json)."),
+    out_dir: Path = typer.Argument(..., help="transformers directory to create."),
+    dtype: str = typer.Option("float32", help="Weights to save: float32 (exact), float16 or bfloat16."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR if it exists."),
+) -> None:
+    """Convert a CTranslate2 Whisper model into a transformers one (usable with --model)."""
+    import torch
+
+    from asr_spec.models.embedded import convert_ct2
+
+    torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype not in torch_dtypes:
+        fail(f"--dtype must be one of {', '.join(torch_dtypes)}, got {dtype!r}", EXIT_USAGE)
+    try:
+        written = convert_ct2(ct2_dir, out_dir, dtype=torch_dtypes[dtype], overwrite=overwrite)
+    except USER_ERRORS as err:
+        fail(one_line(err), EXIT_FAILED)
+    typer.echo(str(written))
+
+
+app.command("eval")(eval_command)
+app.add_typer(distill_app, name="distill")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `asr-spec` and `python -m asr_spec`."""
+    configure_logging()
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["distill"]:
+        args = expand_variadic(args)
+    app(args=args, prog_name="asr-spec")  # typer exits 130 on a KeyboardInterrupt; `transcribe` reports it first

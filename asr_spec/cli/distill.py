@@ -1,0 +1,242 @@
+"""`asr-spec distill` / `scripts/train_draft.py`: a typer group over `asr_spec.distill.commands` (cache | train |
+eval | head | run; see that module for the workflow). The group takes --model (the target; default
+embedded:whisper-base) and --threads (default 1: leave cores to others) before the command name.
+
+Options that several commands share are declared once below. A few take several values (``--k 4 8``,
+``--train-cache A B``, ``--head-sizes 4096 0``, ``--sim-k 3 4``); click options take one value each, so
+`expand_variadic` turns those into repeated options (``--k 4 --k 8``) before parsing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import typer
+
+__all__ = ["VARIADIC", "distill_app", "distill_main", "expand_variadic"]
+
+VARIADIC = ("--train-cache", "--k", "--sim-k", "--head-sizes")  # options that take one or more values
+
+
+class EncDtype(str, enum.Enum):
+    """How cached encoder outputs are stored."""
+
+    float16 = "float16"
+    float32 = "float32"
+
+
+def expand_variadic(argv: Sequence[str]) -> list[str]:
+    """``--k 4 8`` -> ``--k 4 --k 8`` for the options in VARIADIC (their values run up to the next ``-`` token);
+    every other token unchanged."""
+    out: list[str] = []
+    option, n_values = None, 0
+    for arg in argv:
+        if arg in VARIADIC:
+            option, n_values = arg, 0
+            out.append(arg)
+        elif option is not None and not arg.startswith("-"):
+            if n_values:
+                out.append(option)
+            out.append(arg)
+            n_values += 1
+        else:
+            option = None
+            out.append(arg)
+    return out
+
+
+distill_app = typer.Typer(name="distill", help="Train a draft for a target by distillation (run | cache | train | "
+                          "eval | head).", add_completion=False, no_args_is_help=True,
+                          pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+@distill_app.callback()
+def _group(ctx: typer.Context,
+           model: str = typer.Option("embedded:whisper-base", help="The target to distil a draft for."),
+           threads: int = typer.Option(1, help="torch CPU threads (default 1: leave cores to others).")) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    ctx.obj = {"model": model}
+
+
+def _call(command: Callable[[Any], None], ctx: typer.Context, params: dict[str, Any]) -> None:
+    """Run `command` on the group's --model and a command's parameters (its `locals()` on entry)."""
+    values = {name: value for name, value in params.items() if name != "ctx"}
+    if isinstance(values.get("enc_dtype"), EncDtype):
+        values["enc_dtype"] = values["enc_dtype"].value
+    command(SimpleNamespace(model=ctx.obj["model"], **values))
+
+
+# -- options shared by several commands (each declared once) -----------------------------------------------------
+SPLIT = typer.Option("train", help="Folder of the LibriSpeech-layout tree.")
+WINDOW_S = typer.Option(29.0, help="Seconds per packed training window.")
+GAP_S = typer.Option(0.4, help="Seconds of silence between packed utterances.")
+MAX_UTTERANCES = typer.Option(0, help="First N utterances only (0 = all).")
+LABEL_BATCH = typer.Option(4, "--batch-size", help="Windows pseudo-labelled together.")
+LANGUAGE = typer.Option("en", help="Language of the pseudo-labels.")
+MAX_NEW_TOKENS = typer.Option(256, help="Most tokens per pseudo-label.")
+ENC_DTYPE = typer.Option(EncDtype.float16, help="How the cached encoder outputs are stored.")
+TIMESTAMPS = typer.Option(False, "--timestamps", help="Pseudo-labels in timestamp mode (transcription's default).")
+BATCH_WINDOWS = typer.Option(4, help="Windows per training step.")
+LR = typer.Option(3e-4, help="Peak learning rate.")
+WARMUP_STEPS = typer.Option(30, help="Linear warm-up steps.")
+KL_WEIGHT = typer.Option(1.0, help="Weight of the KL divergence to the target.")
+CE_WEIGHT = typer.Option(1.0, help="Weight of the cross-entropy on the pseudo-labels.")
+SEED = typer.Option(0, help="Seed of initialisation and window order.")
+CKPT_EVERY = typer.Option(50, help="Steps between checkpoints.")
+STOP_AFTER = typer.Option(None, help="Stop once this many steps are done (resume later).")
+
+
+@distill_app.command("cache")
+def cache(  # long function: typer declares each of its 15 options as a parameter
+    ctx: typer.Context,
+    corpus: Optional[Path] = typer.Option(None, help="LibriSpeech-layout tree."),
+    long_file: Optional[list[Path]] = typer.Option(None, help="A long recording, cut into 30 s windows "
+                                                   "(repeatable)."),
+    split: str = SPLIT,
+    out: Path = typer.Option(..., help="The cache folder to write."),
+    no_pack: bool = typer.Option(False, "--no-pack", help="One window per utterance (default: pack into windows)."),
+    window_s: float = WINDOW_S,
+    gap_s: float = GAP_S,
+    max_utterances: int = MAX_UTTERANCES,
+    batch_size: int = LABEL_BATCH,
+    language: str = LANGUAGE,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    enc_dtype: EncDtype = ENC_DTYPE,
+    timestamps: bool = TIMESTAMPS,
+    from_cache: Optional[Path] = typer.Option(None, help="Label the windows of this cache again (its encoder "
+                                              "outputs)."),
+    max_windows: int = typer.Option(0, help="With --from-cache: this many windows, evenly spread."),
+) -> None:
+    """Encode + pseudo-label a LibriSpeech-layout corpus."""
+    params = dict(locals())  # first: the parameters only
+    from asr_spec.distill.commands import cmd_cache
+
+    _call(cmd_cache, ctx, params)
+
+
+@distill_app.command("train")
+def train(  # long function: typer declares each of its 18 options as a parameter
+    ctx: typer.Context,
+    train_cache: list[Path] = typer.Option(..., help="One cache, or several trained on as one."),
+    init_draft: Optional[Path] = typer.Option(None, help="Start from this trained draft's layers (same layer "
+                                              "count)."),
+    held_out_cache: Optional[Path] = typer.Option(None, help="Held-out cache for agreement during training."),
+    work: Path = typer.Option(..., help="Checkpoint folder (resumes when ckpt.pt is there)."),
+    out: Optional[Path] = typer.Option(None, help="Save the trained draft here."),
+    layers: str = typer.Option("0,5", help="Target decoder layers to initialise from."),
+    vocab_size: int = typer.Option(0, help="Restricted head size (0 = full vocabulary)."),
+    steps: int = typer.Option(1000, help="Training steps."),
+    stop_after: Optional[int] = STOP_AFTER,
+    batch_windows: int = BATCH_WINDOWS,
+    lr: float = LR,
+    warmup_steps: int = WARMUP_STEPS,
+    kl_weight: float = KL_WEIGHT,
+    ce_weight: float = CE_WEIGHT,
+    seed: int = SEED,
+    eval_every: int = typer.Option(50, help="Steps between held-out evaluations."),
+    ckpt_every: int = CKPT_EVERY,
+) -> None:
+    """Train a draft on a cache."""
+    params = dict(locals())  # first: the parameters only
+    from asr_spec.distill.commands import cmd_train
+
+    _call(cmd_train, ctx, params)
+
+
+@distill_app.command("eval")
+def evaluate(  # long function: typer declares each of its 13 options as a parameter
+    ctx: typer.Context,
+    held_out_cache: Path = typer.Option(..., help="The held-out cache."),
+    draft: Optional[Path] = typer.Option(None, help="A draft saved by `train --out`."),
+    untrained: Optional[list[str]] = typer.Option(None, help="Also evaluate an untrained cut, e.g. 0,5 "
+                                                  "(repeatable)."),
+    batch_size: int = typer.Option(4, help="Rows of the step-time and speed measurements."),
+    k: list[int] = typer.Option([4], help="Draft tokens per step of the speed measurements (one or more)."),
+    repeats: int = typer.Option(2, help="Timed runs of each speed measurement."),
+    also_full_head: bool = typer.Option(False, "--also-full-head", help="Also time a restricted draft with its "
+                                        "full head."),
+    no_speed: bool = typer.Option(False, "--no-speed", help="Agreement only."),
+    sim_k: list[int] = typer.Option([3, 4, 5, 6, 8], help="K values for simulated tokens per target pass (exact "
+                                    "for greedy verification)."),
+    speed_windows: int = typer.Option(0, help="Time speed on the first N windows only (0 = all)."),
+    head_sizes: Optional[list[int]] = typer.Option(None, help="Also the draft with these restricted heads "
+                                                   "(0 = full)."),
+    train_cache: Optional[list[Path]] = typer.Option(None, help="With --head-sizes: the caches whose token "
+                                                     "counts pick the heads."),
+) -> None:
+    """Held-out agreement and speed-up vs greedy."""
+    params = dict(locals())  # first: the parameters only
+    from asr_spec.distill.commands import cmd_eval
+
+    _call(cmd_eval, ctx, params)
+
+
+@distill_app.command("head")
+def head(
+    ctx: typer.Context,
+    draft: Path = typer.Option(..., help="A draft saved by `train --out`."),
+    train_cache: list[Path] = typer.Option(..., help="Their token counts choose the head."),
+    head_size: int = typer.Option(..., help="Tokens the head scores (0 = full vocabulary)."),
+    out: Path = typer.Option(..., help="Where the draft is saved."),
+) -> None:
+    """Save a trained draft with another restricted head."""
+    params = dict(locals())  # first: the parameters only
+    from asr_spec.distill.commands import cmd_head
+
+    _call(cmd_head, ctx, params)
+
+
+@distill_app.command("run")
+def run(  # long function: typer declares each of its 24 options as a parameter
+    ctx: typer.Context,
+    audio: Path = typer.Option(..., help="LibriSpeech-layout tree of training speech."),
+    split: str = SPLIT,
+    out: Path = typer.Option(..., help="Where the draft is saved."),
+    work: Optional[Path] = typer.Option(None, help="Pseudo-label cache and checkpoints (default: OUT.work; "
+                                        "resumable)."),
+    layers: str = typer.Option("2", help="Number of decoder layers (first..last), or explicit ids 0,5."),
+    vocab_size: int = typer.Option(8192, help="Restricted head size (0 = full vocabulary)."),
+    steps: int = typer.Option(600, help="Training steps."),
+    window_s: float = WINDOW_S,
+    gap_s: float = GAP_S,
+    lr: float = LR,
+    kl_weight: float = KL_WEIGHT,
+    ce_weight: float = CE_WEIGHT,
+    max_utterances: int = MAX_UTTERANCES,
+    batch_size: int = LABEL_BATCH,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    batch_windows: int = BATCH_WINDOWS,
+    warmup_steps: int = WARMUP_STEPS,
+    seed: int = SEED,
+    eval_every: int = typer.Option(0, help="Steps between held-out evaluations (0: none)."),
+    ckpt_every: int = CKPT_EVERY,
+    stop_after: Optional[int] = STOP_AFTER,
+    timestamps: bool = TIMESTAMPS,
+    language: str = LANGUAGE,
+    enc_dtype: EncDtype = ENC_DTYPE,
+) -> None:
+    """Cache + train + save: the whole distillation in one command."""
+    params = dict(locals())  # first: the parameters only
+    from asr_spec.distill.commands import cmd_run
+
+    _call(cmd_run, ctx, params)
+
+
+def distill_main(argv: list[str] | None = None, *, prog: str = "asr-spec distill") -> int:
+    """`asr-spec distill ARGV` as a function (scripts/train_draft.py): the exit code. argv None: sys.argv[1:]."""
+    import sys
+
+    try:
+        distill_app(args=expand_variadic(sys.argv[1:] if argv is None else argv), prog_name=prog)
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):  # SystemExit("message") from a command: click does not print it
+            typer.echo(exit_.code, err=True)
+            return 1
+        return int(exit_.code or 0)
+    return 0

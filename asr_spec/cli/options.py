@@ -1,0 +1,65 @@
+"""What the `asr-spec` commands share: exit codes, the one-line failure, and each common option declared once.
+
+Exit codes of every command: 0 done, 1 some input failed (each reported on its own ``error:`` line, the others
+still done), 2 bad options or an unusable model, data or folder (one ``error:`` line; typer's own usage errors
+exit 2 too), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import typer
+
+from asr_spec.errors import AsrSpecError
+
+__all__ = ["BATCH_SIZE", "DEVICE", "DRAFT", "DTYPE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
+           "LANGUAGE", "MODEL", "NO_DRAFT", "PRESET", "RAY", "RAY_ADDRESS", "USER_ERRORS", "WORKERS", "fail",
+           "preset_overrides"]
+
+# Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
+USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: engine.ResourceError
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """One ``error: MESSAGE`` line on stderr, then exit with `code`."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _preset_help() -> str:
+    from asr_spec.models.presets import available_presets
+
+    names = ", ".join(available_presets()) or "none installed"
+    return f"Model pair and settings: a preset name ({names}) or the path of a .toml file."
+
+
+# The options of `transcribe`, `serve` and `eval` (the same name, default and meaning in each).
+PRESET = typer.Option("base", help=_preset_help())
+MODEL = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory or embedded:whisper-base. "
+                     "Replaces the preset's (and its draft).")
+DRAFT = typer.Option(None, help="Draft model (same forms). Replaces the preset's.")
+NO_DRAFT = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower).")
+DEVICE = typer.Option("auto", help="auto, cpu, cuda or cuda:N.")
+DTYPE = typer.Option(None, help="auto (float16 on CUDA, float32 on CPU), float32, float16, bfloat16. Default: the "
+                     "preset's.")
+LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the preset's.")
+BATCH_SIZE = typer.Option(None, help="Chunks decoded together, across files. Default: TranscribeOptions' (presets "
+                          "set none).")
+RAY = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-spec[ray]'): one JSONL record per "
+                   "input in --output, resumable.")
+RAY_ADDRESS = typer.Option(None, help="With --ray: the cluster (auto, ray://host:10001). Default: RAY_ADDRESS, else "
+                           "a local Ray on this machine.")
+WORKERS = typer.Option(1, help="With --ray: transcription actors (one per GPU on GPU machines).")
+
+
+def preset_overrides(model: str | None, draft: str | None, no_draft: bool, **options: Any) -> dict[str, Any]:
+    """`Transcriber.from_preset` keyword arguments from the model options and the options given (None = not given)."""
+    if no_draft and draft is not None:
+        fail("--no-draft and --draft contradict each other: give one", EXIT_USAGE)
+    given = {"model": model, "draft": draft, **options}
+    chosen = {key: value for key, value in given.items() if value is not None}
+    if no_draft:
+        chosen["draft"] = None
+    return chosen
