@@ -274,6 +274,28 @@ def test_pipeline_shaped_call(greedy: Transcriber, reference) -> None:
         greedy("missing.wav")
 
 
+def test_the_pipeline_api_prepare_engine_finish_assemble(greedy: Transcriber, reference) -> None:
+    """The stages `transcribe` runs, called one by one as the server calls them: `prepare` (decode, chunk,
+    featurise; ids (key, chunk index); a bad input marked, not raised), the engine, `finish_chunk`, `assemble`."""
+    from asr_spec.transcribe.inputs import Input
+
+    items = [Input("long", str(LONG), str(LONG)), Input("gone", "missing.wav", "missing.wav")]
+    requests = list(greedy.prepare(items, batch_size=3))
+    assert [r.id for r in requests] == [("long", i) for i in range(4)]
+    assert all(tuple(r.features.shape) == (80, 3000) and not r.keep_encoded for r in requests)
+    long, gone = items
+    assert long.read_done and long.error is None and len(long.spans) == 4
+    assert long.audio_s == pytest.approx(reference[0].audio_s)
+    assert gone.read_done and "no such file" in gone.error and gone.spans == []
+    finished = [greedy.finish_chunk(result, long.spans[result.id[1]]) for result in greedy.engine.run(requests, 3)]
+    assert all(words is None and result.encoded is None for result, words in finished)
+    results = sorted((result for result, _ in finished), key=lambda result: result.id[1])
+    transcript = greedy.assemble(long.name, long.spans, results, long.audio_s, 0.0)
+    assert transcript.text == reference[0].text and transcript.segments == reference[0].segments
+    with pytest.raises(InputError, match="word timestamps are off"):  # words need the transcriber's aligner
+        list(greedy.prepare([Input(0, "x", str(SHORT[0]), word_timestamps=True)]))
+
+
 def test_progress_callback_counts_audio_seconds(greedy: Transcriber) -> None:
     seen: list[tuple[float, float]] = []
     greedy.transcribe([str(LONG), str(SHORT[0]), "missing.wav"], progress=lambda *done_total: seen.append(done_total))
