@@ -168,6 +168,8 @@ def test_vad_server_chunks_and_stitches_as_the_transcriber(vad_words):
         assert [r.id for r in job.requests] == [(job.id, i) for i in range(len(spans))]
         assert not any(r.keep_encoded for r in job.requests)  # no words asked: no encoder output kept
     assert len({job.id for job in prepared}) == 3
+    worded = batcher.prepare(SHORT[0].read_bytes(), words=True)
+    assert worded.requests and all(r.keep_encoded for r in worded.requests)  # the engine keeps what it encodes
     with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
         for path in FILES:
             for fmt in ("json", "verbose_json"):
@@ -200,13 +202,11 @@ def test_word_timestamps_equal_the_transcriber(vad_words):
     assert refused.status_code == 400 and "word needs response_format verbose_json" in refused.json()["error"]["message"]
 
 
-def test_word_timestamps_need_the_aligner(greedy, vad_words):
+def test_word_timestamps_need_the_aligner(greedy):
     batcher = Batcher(greedy, batch_size=2)
     with pytest.raises(InputError, match="word timestamps are off"):
         batcher.prepare(SHORT[0].read_bytes(), words=True)
     assert batcher.queue_depth == 0
-    worded = Batcher(vad_words[0], batch_size=2).prepare(SHORT[0].read_bytes(), words=True)
-    assert worded.requests and all(r.keep_encoded for r in worded.requests)  # the engine keeps what it encodes
 
 
 # -- the batcher ----------------------------------------------------------------------------------------------

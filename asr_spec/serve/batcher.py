@@ -122,6 +122,7 @@ class Batcher:
         """The job of one upload: its audio decoded, chunked and featurised by `Transcriber.prepare`, as the
         transcriber does it; words: align its chunks' words (needs the transcriber's word_timestamps, else
         `InputError`). A file that is not audio raises `AudioError` (one line, naming `name`)."""
+        # a datasets-style {"bytes", "path"} row: the bytes are decoded, the path names them in error messages
         item = Input(next(_job_ids), name, {"bytes": data, "path": name}, word_timestamps=words)
         requests = list(self.transcriber.prepare([item], self.batch_size))
         if isinstance(item.exception, AudioError):
