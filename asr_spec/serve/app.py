@@ -8,10 +8,10 @@
     GET  /metrics                   Prometheus text (asr_spec.serve.metrics)
 
 A request's audio is decoded, chunked and featurised in a worker thread (`Batcher.prepare`: the transcriber's own
-front half); its chunks join the one engine queue (`Batcher`) and the handler awaits the job without blocking the event loop, checking meanwhile whether the client
-went away (then its queued chunks are dropped). Errors use OpenAI's shape, {"error": {"message", "type", "param",
-"code"}}: 400 bad request (not audio, bad option), 413 upload too large, 503 queue full (with Retry-After), 500 the
-engine failed on this request's chunks.
+front half); its chunks join the one engine queue (`Batcher`) and the handler awaits the job without blocking the
+event loop, checking meanwhile whether the client went away (then its queued chunks are dropped). Errors use
+OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 bad request (not audio, bad option), 413 upload
+too large, 503 queue full (with Retry-After), 500 the engine failed on this request's chunks.
 """
 
 from __future__ import annotations
