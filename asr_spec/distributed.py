@@ -40,6 +40,7 @@ from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import AsrSpecError, InputError, one_line
 from asr_spec.eval.librispeech import ResultsLog, iter_local
 from asr_spec.transcribe.results import Transcription
+from asr_spec.transcribe.segments import transcript_dict
 
 __all__ = [
     "RayOptions",
@@ -181,7 +182,7 @@ def transcription_record(row: InputRow, t: Transcription, wall_s: float, read_s:
     file's share of its actor's batch time), latency_s (from its first chunk to its transcript, inside the batch),
     read_s (decoding), stats (`ChunkStats` as a dict), and from the input ref, meta; error (one line) when it failed."""
     record: dict[str, Any] = {
-        "id": row["id"], "path": row["path"], "text": t.text, "segments": [dataclasses.asdict(s) for s in t.segments],
+        "id": row["id"], "path": row["path"], "text": t.text, "segments": [transcript_dict(s) for s in t.segments],
         "language": t.language, "audio_s": t.audio_s, "wall_s": wall_s, "latency_s": t.wall_s, "read_s": read_s,
         "stats": None if t.stats is None else dataclasses.asdict(t.stats),
     }

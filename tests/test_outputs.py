@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from asr_spec.errors import InputError
-from asr_spec.transcribe.outputs import TranscriptSegment, atomic_write, format_timestamp, render_srt, render_txt, render_vtt, write_outputs
+from asr_spec.transcribe.segments import Segment
+from asr_spec.transcribe.outputs import (TranscriptSegment, atomic_write, format_timestamp, render_json, render_srt,
+                                         render_txt, render_vtt, write_outputs)
 
 
 def _result() -> dict:
@@ -94,8 +96,11 @@ def test_dataclass_results_and_segment_objects() -> None:
         text: str
         segments: list[TranscriptSegment]
 
-    result = Result("hi", [TranscriptSegment(0.25, 1.0, "hi")])
+    result = Result("hi", [TranscriptSegment(0.25, 1.0, "hi", token_ids=(7, 8))])
     assert render_srt(result) == "1\n00:00:00,250 --> 00:00:01,000\nhi\n"
+    # the one segment type: its token ids (and empty words) stay out of the json
+    assert TranscriptSegment is Segment
+    assert json.loads(render_json(result))["segments"] == [{"start_s": 0.25, "end_s": 1.0, "text": "hi"}]
 
 
 def test_write_outputs_writes_every_format(tmp_path: Path) -> None:

@@ -102,9 +102,10 @@ def test_preset_by_path_with_all_keys(tmp_path: Path) -> None:
     assert preset.name == "archive" and preset.path == path
     assert preset.model == str(Path("~/models/whisper").expanduser())
     assert preset.draft == str((tmp_path / "../drafts/d").resolve())
-    assert preset.stride_length_s == (4, 2) and preset.language is None and preset.dtype == "float16"
+    assert preset.stride_length_s == (4, 2) and preset.language == "auto" and preset.dtype == "float16"
     options = TranscribeOptions.from_values(**preset.option_values())
     assert (options.chunking.stride_left_s, options.chunking.stride_right_s) == (4, 2)
+    assert options.decode.language is None  # "auto": detect per chunk
 
 
 @pytest.mark.parametrize(
@@ -112,12 +113,8 @@ def test_preset_by_path_with_all_keys(tmp_path: Path) -> None:
     [
         ('model = "x"\nbeam_size = 5\n', r"unknown key\(s\) beam_size \(allowed: model, draft"),
         ('draft = "x"\n', "missing 'model'"),
-        ('model = "x"\nchunk_length_s = "long"\n', "chunk_length_s must be in \\(0, 30\\] seconds, got 'long'"),
-        ('model = "x"\nnum_draft_tokens = 2.5\n', "num_draft_tokens must be an integer"),
         ('model = "x"\ndtype = "int4"\n', "dtype must be one of auto"),
         ('model = "x"\ndraft_optional = "yes"\n', "draft_optional must be true or false"),
-        ('model = "x"\ntimestamps = 1\n', "timestamps must be true or false"),
-        ('model = "x"\nstride_length_s = [1, 2, 3]\n', "stride_length_s must be a number"),
         ('model = [1]\n', "model must be a model id"),
         ("model = \n", "cannot read the preset"),
     ],
@@ -127,4 +124,25 @@ def test_bad_preset_files_name_the_file_and_the_cause(tmp_path: Path, text: str,
     path.write_text(text)
     with pytest.raises(InputError, match=needle) as info:
         load_preset(path)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ('model = "x"\nchunk_length_s = "long"\n', "chunk_length_s must be in \\(0, 30\\] seconds, got 'long'"),
+        ('model = "x"\nnum_draft_tokens = 2.5\n', "num_draft_tokens must be an integer"),
+        ('model = "x"\ntimestamps = 1\n', "timestamps must be true or false"),
+        ('model = "x"\nstride_length_s = [1, 2, 3]\n', "stride_length_s must be a number"),
+    ],
+)
+def test_bad_option_values_of_a_preset_name_the_file_before_any_loading(tmp_path: Path, text: str,
+                                                                         needle: str) -> None:
+    """The option values are checked once, where they become options (`Transcriber.from_preset`)."""
+    from asr_spec.transcribe import Transcriber
+
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=needle) as info:
+        Transcriber.from_preset(path)  # model "x" is never loaded: the options fail first
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)

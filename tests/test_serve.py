@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -18,7 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
-from asr_spec.serve.batcher import Batcher, Job, QueueFull  # noqa: E402
+from asr_spec.serve.batcher import Batcher, QueueFull  # noqa: E402
 from asr_spec.transcribe.outputs import render_srt, render_vtt  # noqa: E402
 from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
@@ -130,11 +131,11 @@ def test_full_queue_answers_503_with_retry_after(greedy):
     batcher = Batcher(greedy, batch_size=4, max_queue=3)
     app = create_app(batcher)
     client = TestClient(app)  # no lifespan: the engine thread does not run, so the queue stays full
-    batcher.submit(Job(*batcher.prepare(LONG.read_bytes())))  # 4 chunks: over 3, but the queue was empty
+    batcher.submit(batcher.prepare(LONG.read_bytes()))  # 4 chunks: over 3, but the queue was empty
     response = post(client, SHORT[0], model="")
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     with pytest.raises(QueueFull):
-        batcher.submit(Job(*batcher.prepare(SHORT[0].read_bytes())))
+        batcher.submit(batcher.prepare(SHORT[0].read_bytes()))
 
 
 # -- voice-activity chunks and word timestamps ----------------------------------------------------------------
@@ -152,8 +153,8 @@ def words_of(result) -> list[tuple[str, float, float]]:
 
 
 def test_vad_server_chunks_and_stitches_as_the_transcriber(vad_words):
-    """The server chunks with `Transcriber.chunk_audio` (VAD here), so its text is the Transcriber's; concurrent
-    prepares each get their own VAD state."""
+    """The server prepares requests with the transcriber's own front half (`Transcriber.prepare`: VAD chunks
+    here), so its chunks and text are the Transcriber's; concurrent prepares each get their own VAD state."""
     from concurrent.futures import ThreadPoolExecutor
 
     model, want = vad_words
@@ -162,8 +163,13 @@ def test_vad_server_chunks_and_stitches_as_the_transcriber(vad_words):
         prepared = list(pool.map(batcher.prepare, [LONG.read_bytes()] * 3))
     spans = [(c.start_s, c.end_s) for c in want[LONG.name].chunks]
     assert len(spans) > 1  # a multi-chunk file
-    for got, _, _ in prepared:
-        assert [(s.start_sample / 16_000, s.end_sample / 16_000) for s in got] == spans
+    for job in prepared:
+        assert [(s.start_sample / 16_000, s.end_sample / 16_000) for s in job.spans] == spans
+        assert [r.id for r in job.requests] == [(job.id, i) for i in range(len(spans))]
+        assert not any(r.keep_encoded for r in job.requests)  # no words asked: no encoder output kept
+    assert len({job.id for job in prepared}) == 3
+    worded = batcher.prepare(SHORT[0].read_bytes(), words=True)
+    assert worded.requests and all(r.keep_encoded for r in worded.requests)  # the engine keeps what it encodes
     with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
         for path in FILES:
             for fmt in ("json", "verbose_json"):
@@ -198,9 +204,8 @@ def test_word_timestamps_equal_the_transcriber(vad_words):
 
 def test_word_timestamps_need_the_aligner(greedy):
     batcher = Batcher(greedy, batch_size=2)
-    spans, features, audio_s = batcher.prepare(SHORT[0].read_bytes())
     with pytest.raises(InputError, match="word timestamps are off"):
-        batcher.submit(Job(spans, features, audio_s, words={}))
+        batcher.prepare(SHORT[0].read_bytes(), words=True)
     assert batcher.queue_depth == 0
 
 
@@ -216,8 +221,9 @@ def wait_for(jobs, timeout_s: float = TIMEOUT_S) -> None:
 def test_a_cancelled_job_frees_its_queued_chunks(greedy, expected):
     batcher = Batcher(greedy, batch_size=2, max_queue=64)
     done = []
-    gone = Job(*batcher.prepare(LONG.read_bytes()), on_done=done.append)
-    kept = Job(*batcher.prepare(SHORT[0].read_bytes()), on_done=done.append)
+    gone = batcher.prepare(LONG.read_bytes())
+    kept = batcher.prepare(SHORT[0].read_bytes())
+    gone.on_done = kept.on_done = done.append
     batcher.submit(gone)
     batcher.submit(kept)
     assert batcher.queue_depth == 5
@@ -234,13 +240,14 @@ def test_a_cancelled_job_frees_its_queued_chunks(greedy, expected):
 
 def test_an_engine_error_fails_only_its_request_and_serving_goes_on(greedy, expected):
     batcher = Batcher(greedy, batch_size=2, max_queue=64)
-    spans, _, audio_s = batcher.prepare(SHORT[1].read_bytes())
-    broken = Job(spans, torch.randn(len(spans), 80, 7), audio_s)  # 7 frames: the encoder raises
+    broken = batcher.prepare(SHORT[1].read_bytes())
+    # 7 frames instead of 3000: the encoder raises on this request's chunks
+    broken.requests = [dataclasses.replace(r, features=torch.randn(80, 7)) for r in broken.requests]
     batcher.start()
     try:
         batcher.submit(broken)
         wait_for([broken])
-        good = Job(*batcher.prepare(SHORT[0].read_bytes()))
+        good = batcher.prepare(SHORT[0].read_bytes())
         batcher.submit(good)
         wait_for([good])
         assert batcher.alive
@@ -331,20 +338,31 @@ def test_openai_client_on_a_real_port(greedy, expected):
 
 
 def test_a_draft_changes_nothing(greedy):
-    """The same requests, sent concurrently (so their chunks share rows), to a greedy and a speculative server."""
+    """The same requests, sent concurrently (so their chunks share rows), to a greedy and a speculative server:
+    the same answers, and the speculative server really drafted (its /metrics count the drafted tokens)."""
     from concurrent.futures import ThreadPoolExecutor
 
     speculative = transcriber(speculative=True, timestamps=True)
     assert speculative.draft is not None
     asked = [(LONG, "verbose_json"), (SHORT[1], "json")] + [(SHORT[0], fmt) for fmt in FORMATS]
-    answers = {}
+    answers, drafted, per_pass = {}, {}, {}
     for name, model in (("greedy", greedy), ("draft", speculative)):
         app = create_app(Batcher(model, batch_size=3), ServeOptions(model_id="tiny"))
         with TestClient(app) as client, ThreadPoolExecutor(4) as pool:
             futures = [pool.submit(post, client, path, response_format=fmt) for path, fmt in asked]
             answers[name] = [future.result(timeout=TIMEOUT_S) for future in futures]
+            metrics = client.get("/metrics").text
+        drafted[name] = metric(metrics, "asr_spec_drafted_tokens_total")
+        per_pass[name] = metric(metrics, "asr_spec_tokens_per_target_pass")
     assert all(r.status_code == 200 for r in answers["greedy"])
     assert [r.text for r in answers["draft"]] == [r.text for r in answers["greedy"]]
+    assert drafted["greedy"] == 0 and drafted["draft"] > 0  # the draft ran: not a silent greedy fallback
+    assert per_pass["greedy"] == 1.0 and per_pass["draft"] > 1.0
+
+
+def metric(text: str, name: str) -> float:
+    """The value of the unlabelled sample `name` in Prometheus text."""
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
 # -- the command line -----------------------------------------------------------------------------------------

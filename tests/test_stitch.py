@@ -203,14 +203,14 @@ def test_single_chunk_passes_through() -> None:
     (span,) = plan_chunks(10 * SR, 30 * SR, 5 * SR, 5 * SR)
     tokens = (50_259, _ts(0.0), 11, 12, _ts(2.5), _ts(2.5), 13, _ts(9.98), EOT)  # leading language token dropped
     result = _stitch([ChunkTokens(tokens, span)])
-    assert result.segments == (Segment(0.0, 2.5, (11, 12)), Segment(2.5, 9.98, (13,)))
+    assert result.segments == (Segment(0.0, 2.5, token_ids=(11, 12)), Segment(2.5, 9.98, token_ids=(13,)))
     assert result.token_ids == (11, 12, 13)
 
 
 def test_unclosed_last_segment_ends_at_end_of_file() -> None:
     (span,) = plan_chunks(8 * SR, 30 * SR, 5 * SR, 5 * SR)
     result = _stitch([ChunkTokens((_ts(1.0), 11, 12, EOT), span)])
-    assert result.segments == (Segment(1.0, 8.0, (11, 12)),)
+    assert result.segments == (Segment(1.0, 8.0, token_ids=(11, 12)),)
 
 
 def test_offsets_that_are_not_10ms_multiples_keep_millisecond_precision() -> None:

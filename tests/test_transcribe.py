@@ -178,7 +178,7 @@ def test_batch_size_and_streaming_block_size_do_not_change_text(reference) -> No
 
 def test_audio_is_read_lazily_as_the_engine_pulls_chunks(monkeypatch, greedy: Transcriber) -> None:
     """The first transcript comes out while later files are still unread: nothing is loaded up front."""
-    import asr_spec.transcribe.transcriber as module
+    import asr_spec.transcribe.frontend as module  # the front half: it reads the files
 
     blocks_read: list[str] = []
     original = module.stream_audio
@@ -274,6 +274,28 @@ def test_pipeline_shaped_call(greedy: Transcriber, reference) -> None:
         greedy("missing.wav")
 
 
+def test_the_pipeline_api_prepare_engine_finish_assemble(greedy: Transcriber, reference) -> None:
+    """The stages `transcribe` runs, called one by one as the server calls them: `prepare` (decode, chunk,
+    featurise; ids (key, chunk index); a bad input marked, not raised), the engine, `finish_chunk`, `assemble`."""
+    from asr_spec.transcribe.inputs import Input
+
+    items = [Input("long", str(LONG), str(LONG)), Input("gone", "missing.wav", "missing.wav")]
+    requests = list(greedy.prepare(items, batch_size=3))
+    assert [r.id for r in requests] == [("long", i) for i in range(4)]
+    assert all(tuple(r.features.shape) == (80, 3000) and not r.keep_encoded for r in requests)
+    long, gone = items
+    assert long.read_done and long.error is None and len(long.spans) == 4
+    assert long.audio_s == pytest.approx(reference[0].audio_s)
+    assert gone.read_done and "no such file" in gone.error and gone.spans == []
+    finished = [greedy.finish_chunk(result, long.spans[result.id[1]]) for result in greedy.engine.run(requests, 3)]
+    assert all(words is None and result.encoded is None for result, words in finished)
+    results = sorted((result for result, _ in finished), key=lambda result: result.id[1])
+    transcript = greedy.assemble(long.name, long.spans, results, long.audio_s, 0.0)
+    assert transcript.text == reference[0].text and transcript.segments == reference[0].segments
+    with pytest.raises(InputError, match="word timestamps are off"):  # words need the transcriber's aligner
+        list(greedy.prepare([Input(0, "x", str(SHORT[0]), word_timestamps=True)]))
+
+
 def test_progress_callback_counts_audio_seconds(greedy: Transcriber) -> None:
     seen: list[tuple[float, float]] = []
     greedy.transcribe([str(LONG), str(SHORT[0]), "missing.wav"], progress=lambda *done_total: seen.append(done_total))
@@ -358,28 +380,13 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
     preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\ncpu_draft_max_rows = 2\n')
     small = Transcriber.from_preset(preset, device="cpu")
     assert small.draft is not None and small.options.decode.draft_max_rows == 2  # the preset's draft, few rows
+    # runs of at most 2 rows are drafted, larger ones decoded greedily; the transcript is the same either way
+    drafted, greedy = (small.transcribe(str(LONG), batch_size=rows, progress=False)[0] for rows in (2, 3))
+    assert drafted.text == greedy.text == reference[0].text
+    assert drafted.stats.drafted_tokens > 0 and greedy.stats.drafted_tokens == 0
     assert Transcriber.from_preset(preset, device="cpu", draft_max_rows=3).options.decode.draft_max_rows == 3
     asked = Transcriber.from_preset(preset, device="cpu", draft=str(draft_dir))
     assert asked.draft is not None and asked.options.decode.draft_max_rows is None  # asked for: every step
-
-
-def test_a_draft_limited_to_small_batches_decodes_larger_ones_greedily(reference) -> None:
-    """draft_max_batch: the draft decodes batches of at most that many chunks, the greedy engine larger ones; the
-    transcript is the same either way."""
-    target, draft, processor = _models()
-    options = TranscribeOptions.from_values(language="en", batch_size=4)
-    limited = Transcriber(target, draft, processor, options, draft_max_batch=1)
-    files = [str(LONG), *map(str, SHORT[:2])]
-    one = limited.transcribe(files, batch_size=1, progress=False)
-    many = limited.transcribe(files, progress=False)  # options.batch_size = 4
-    assert [r.text for r in one] == [r.text for r in many] == [r.text for r in reference]
-    assert all(r.stats.drafted_tokens > 0 for r in one) and all(r.stats.drafted_tokens == 0 for r in many)
-    assert limited.engine_for(1) is limited.engine and limited.engine_for(4).draft is None
-    # the greedy engine reads the target through the same encoder and decoder (one set of packed weight copies)
-    greedy = limited.engine_for(4)
-    assert greedy.target_dec is limited.engine.target_dec and greedy.encoder is limited.engine.encoder
-    with pytest.raises(InputError, match="draft_max_batch must be an integer >= 0"):
-        Transcriber(target, draft, processor, options, draft_max_batch=-1)
 
 
 # -- real weights (whisper-base, offline packages) -----------------------------------------------------------

@@ -33,9 +33,9 @@ A key left out means the default of the option it feeds, stated once where that 
 (:class:`asr_spec.audio.chunking.ChunkingOptions`, :class:`asr_spec.engine.DecodeOptions`, the dtype argument of
 :meth:`asr_spec.transcribe.Transcriber.from_pretrained`); the Preset fields are None for "not set".
 
-Paths starting with ``./``, ``../`` or ``~`` are relative to the TOML file (resp. the home directory). Types are
-checked here, with the file named in the message; value ranges are checked by the options they feed
-(:class:`asr_spec.transcribe.TranscribeOptions`).
+Paths starting with ``./``, ``../`` or ``~`` are relative to the TOML file (resp. the home directory). The keys
+that choose and load models are checked here; the option values only where they become options, once
+(:meth:`asr_spec.transcribe.Transcriber.from_preset`, with the file named in the message).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-from asr_spec.errors import InputError, one_line
+from asr_spec.errors import InputError
 
 import tomllib
 
@@ -81,7 +81,7 @@ class Preset:
     chunk_length_s: float | None = None  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
     num_draft_tokens: int | None = None
-    language: str | None = None  # "auto" in the file = None = detect per chunk
+    language: str | None = None  # "auto": detect per chunk (TranscribeOptions.from_values reads it so)
     timestamps: bool | None = None  # Whisper timestamp mode
     dtype: str | None = None
     chunking: str | None = None  # "vad" or "stride"
@@ -180,29 +180,12 @@ def _verify_preset(preset: Preset) -> None:
         check_int(preset.cpu_draft_max_rows, "cpu_draft_max_rows", 0)
     except ValueError as err:
         raise InputError(f"{where}: {err} (0: no draft on a CPU)") from err
-    _verify_option_values(preset, where)
     if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:
         raise bad("dtype", f"one of auto, {', '.join(DTYPES)}")
     if preset.share_encoder is not None and not isinstance(preset.share_encoder, bool):
         raise bad("share_encoder", "true or false, or left out")
     if not isinstance(preset.description, str):
         raise bad("description", "a string")
-
-
-def _verify_option_values(preset: Preset, where: str) -> None:
-    """The option values are checked by the options they feed (each option is checked once, where it is
-    defined); the message names the file. (Imported here: listing presets for --help needs no torch.)"""
-    from asr_spec.audio.chunking import ChunkingOptions
-    from asr_spec.engine.options import DecodeOptions
-
-    values = preset.option_values()
-    chunking = {k: values[k] for k in ("chunk_length_s", "stride_length_s") if k in values}
-    decode = {k: values[k] for k in ("num_draft_tokens", "language", "timestamps") if k in values}
-    try:
-        ChunkingOptions(**chunking)
-        DecodeOptions(**decode)
-    except (ValueError, TypeError) as err:
-        raise InputError(f"{where}: {one_line(err)}") from err
 
 
 def presets_dir() -> Path:
@@ -259,8 +242,6 @@ def _from_table(table: dict[str, Any], path: Path) -> Preset:
             values[key] = _resolve_path(values[key], path.parent)
     if isinstance(values.get("stride_length_s"), list):
         values["stride_length_s"] = tuple(values["stride_length_s"])
-    if isinstance(values.get("language"), str) and values["language"].strip().lower() == "auto":
-        values["language"] = None  # detect per chunk: the default of DecodeOptions.language
     return Preset(name=path.name.removesuffix(PRESET_SUFFIX), path=path, **values)
 
 

@@ -7,11 +7,11 @@
     GET  /health                    200 while the engine thread runs
     GET  /metrics                   Prometheus text (asr_spec.serve.metrics)
 
-A request's audio is decoded, chunked and featurised in a worker thread; its chunks join the one engine queue
-(`Batcher`) and the handler awaits the job without blocking the event loop, checking meanwhile whether the client
-went away (then its queued chunks are dropped). Errors use OpenAI's shape, {"error": {"message", "type", "param",
-"code"}}: 400 bad request (not audio, bad option), 413 upload too large, 503 queue full (with Retry-After), 500 the
-engine failed on this request's chunks.
+A request's audio is decoded, chunked and featurised in a worker thread (`Batcher.prepare`: the transcriber's own
+front half); its chunks join the one engine queue (`Batcher`) and the handler awaits the job without blocking the
+event loop, checking meanwhile whether the client went away (then its queued chunks are dropped). Errors use
+OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 bad request (not audio, bad option), 413 upload
+too large, 503 queue full (with Retry-After), 500 the engine failed on this request's chunks.
 """
 
 from __future__ import annotations
@@ -61,7 +61,10 @@ class HTTPError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+        self.status = status
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
 
     def response(self) -> JSONResponse:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
@@ -137,13 +140,10 @@ async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions)
     data = await params.upload.read()
     name = params.upload.filename or "file"
     try:
-        spans, features, audio_s = await asyncio.to_thread(batcher.prepare, data, name)
+        job = await asyncio.to_thread(batcher.prepare, data, name, words=params.words)
     except AudioError as err:
         raise HTTPError(400, one_line(err), "file") from err
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
-    job = Job(spans, features, audio_s, words={} if params.words else None,
-              on_done=lambda job: loop.call_soon_threadsafe(lambda: done.done() or done.set_result(job)))
+    done = _completion(job)
     try:
         batcher.submit(job)
     except QueueFull as err:
@@ -152,14 +152,30 @@ async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions)
         await asyncio.wait({done}, timeout=DISCONNECT_POLL_S)
         if not done.done() and await request.is_disconnected():
             batcher.cancel(job)
-            return Response(status_code=499), audio_s  # nginx's "client closed request": nobody reads it
+            return Response(status_code=499), job.audio_s  # nginx's "client closed request": nobody reads it
     if job.error is not None:
         raise HTTPError(500, f"{name}: {job.error}")
     wall_s = time.perf_counter() - job.started
     transcriber = batcher.transcriber
-    result = await asyncio.to_thread(transcriber.assemble, name, spans, job.ordered_results(), audio_s, wall_s,
-                                     job.ordered_words())
-    return _render(result, params.response_format, transcriber.options.decode.task, params.words), audio_s
+    result = await asyncio.to_thread(transcriber.assemble, name, job.spans, job.ordered_results(), job.audio_s,
+                                     wall_s, job.ordered_words())
+    return _render(result, params.response_format, transcriber.options.decode.task, params.words), job.audio_s
+
+
+def _completion(job: Job) -> asyncio.Future:
+    """A future of the running event loop, set when `job` is done (its `on_done` runs in the engine thread)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle() -> None:  # in the loop's thread
+        if not done.done():
+            done.set_result(job)
+
+    def on_done(_: Job) -> None:  # in the engine thread
+        loop.call_soon_threadsafe(settle)
+
+    job.on_done = on_done
+    return done
 
 
 def _check_params(form: Any, batcher: Batcher, options: ServeOptions) -> _Params:
@@ -176,7 +192,7 @@ def _check_params(form: Any, batcher: Batcher, options: ServeOptions) -> _Params
                         "response_format")
     _check_temperature(form.get("temperature"))
     _check_language(form.get("language"), batcher.transcriber.options.decode.language)
-    words = _wants_words(form, response_format, batcher.transcriber.aligner is not None)
+    words = _wants_words(form, response_format, batcher.transcriber.options.word_timestamps)
     return _Params(upload, response_format, words)  # `prompt` is accepted and ignored (see the docs)
 
 

@@ -1,16 +1,18 @@
 """One engine, one continuous batch, many requests: the engine thread and the queue of chunks that feeds it.
 
-    request bytes ──prepare (a worker thread)──► Job(spans, features) ──submit──► queue of chunks
-    queue ──live source──► Engine.run (its own thread) ──ChunkResult──► the job's results ──last one──► done
+    request bytes ──prepare (a worker thread: Transcriber.prepare)──► Job(requests) ──submit──► queue of chunks
+    queue ──live source──► Engine.run (its own thread) ──ChunkResult──► Transcriber.finish_chunk ──► the job's
+    results ──last one──► done ──Transcriber.assemble (app.py)──► transcript
 
-Each request's audio is decoded, chunked and featurised off the event loop (`prepare`); its chunks then wait in one
-queue with every other request's, and the engine pulls them as rows free up, so a row that finishes takes the next
-chunk, whoever sent it. The queue is the engine's live source: it yields None when empty (after waiting briefly
-when no chunk is in the engine, so an idle server does not spin). A job is done when its last chunk is; the caller
-gets the results in chunk order and assembles the transcript. A job that wants word timestamps has its chunks
-encoded in the engine thread when its first chunk is pulled (the encoder output is kept), and each chunk is
-aligned there as it finishes, as `Transcriber.transcribe` does. Cancelling a job drops its chunks still queued; an
-engine error fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
+Each request's audio is decoded, chunked and featurised off the event loop by the transcriber's own front half
+(`Transcriber.prepare`, batched as `transcribe` batches it); its chunks then wait in one queue with every other
+request's, and the engine pulls them as rows free up, so a row that finishes takes the next chunk, whoever sent
+it. The queue is the engine's live source: it yields None when empty (after waiting briefly when no chunk is in
+the engine, so an idle server does not spin). A job is done when its last chunk is; the caller gets the results
+in chunk order and assembles the transcript. A job that wants word timestamps has its chunks keep their encoder
+output in the engine (`keep_encoded`), and each chunk is aligned in the engine thread as it finishes
+(`Transcriber.finish_chunk`), as `Transcriber.transcribe` does. Cancelling a job drops its chunks still queued;
+an engine error fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
 """
 
 from __future__ import annotations
@@ -24,20 +26,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from asr_spec.audio.chunking import ChunkSpan
-from asr_spec.audio.loading import SAMPLE_RATE, load_audio
-from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
-from asr_spec.engine.memory import MAX_ENCODE_BATCH
-from asr_spec.errors import AsrSpecError, AudioError, InputError, one_line
+from asr_spec.engine import ChunkRequest, ChunkResult, EngineError, check_int
+from asr_spec.errors import AsrSpecError, AudioError, InputError
 from asr_spec.serve.metrics import Metrics
-from asr_spec.transcribe.alignment import WordTiming
+from asr_spec.transcribe.inputs import Input
+from asr_spec.transcribe.segments import WordTiming
 
-__all__ = ["Batcher", "Job", "QueueFull"]
+__all__ = ["Batcher", "Job", "QueueFull", "check_queue"]
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long the source waits for a chunk when the engine is idle, before it says None
+_job_ids = itertools.count()
 
 
 class QueueFull(AsrSpecError):
@@ -46,22 +46,20 @@ class QueueFull(AsrSpecError):
 
 @dataclass(eq=False)
 class Job:
-    """One request: its chunks' spans and features, and what came back for them.
+    """One request: its input as the front half read it, its chunks' engine requests, and what came back.
 
-    features: (n_chunks, n_mels, n_frames) log-mel, one row per span.
-    words:    None, or the words of each finished chunk (`Transcriber.align_chunk`) by chunk index: set it to {}
-              to have them computed (needs the transcriber's word_timestamps).
-    on_done:  called once, from the engine thread (or `submit` for an empty input), when the job is complete or
-              failed; it must not block.
+    input:    the `Input` (`input.key` is the job's id; spans, seconds of audio).
+    requests: one `ChunkRequest` per span, id (job id, chunk index), made by `Batcher.prepare`.
+    words:    None, or the words of each finished chunk (`Transcriber.finish_chunk`) by chunk index, when the
+              request asked for word timestamps.
+    on_done:  called once, from the engine thread (or `submit` for an input without chunks), when the job is
+              complete or failed; it must not block.
     """
 
-    spans: list[ChunkSpan]
-    features: Any
-    audio_s: float
-    on_done: Callable[[Job], None] = lambda job: None
+    input: Input
+    requests: list[ChunkRequest] = field(default_factory=list)
     words: dict[int, list[list[WordTiming]]] | None = None
-    encoded: Any = None  # (n_chunks, n_audio_ctx, d_model) target encoder output, kept for the alignment
-    id: int = field(default_factory=itertools.count().__next__)
+    on_done: Callable[[Job], None] = field(default=lambda job: None)
     results: dict[int, ChunkResult] = field(default_factory=dict)
     error: str | None = None
     cancelled: bool = False
@@ -69,61 +67,73 @@ class Job:
     in_engine: int = 0  # chunks pulled by the engine and not finished
     started: float = field(default_factory=time.perf_counter)
 
+    @property
+    def id(self) -> Any:
+        return self.input.key
+
+    @property
+    def spans(self) -> list[ChunkSpan]:
+        return self.input.spans
+
+    @property
+    def audio_s(self) -> float:
+        return self.input.audio_s
+
     def ordered_results(self) -> list[ChunkResult]:
         return [self.results[i] for i in range(len(self.spans))]
 
     def ordered_words(self) -> list[list[list[WordTiming]]] | None:
         """`Transcriber.assemble`'s chunk_words: per chunk, the words of each of its segments; None without."""
-        return None if self.words is None else [self.words[i] for i in range(len(self.spans))]
+        if self.words is None:
+            return None
+        return [self.words[i] for i in range(len(self.spans))]
 
 
-def check_sizes(batch_size: int, max_queue: int) -> None:
-    """batch_size (engine rows) and max_queue (chunks waiting) are integers >= 1, else `InputError`."""
-    for name, value in (("batch_size", batch_size), ("max_queue", max_queue)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+def check_queue(max_queue: int) -> None:
+    """max_queue (chunks that may wait for a row) is an integer >= 1, else `InputError`."""
+    check_int(max_queue, "max_queue", 1, InputError)
 
 
 class Batcher:
     """Feeds the chunks of many jobs to one `Engine` running in its own thread.
 
-    transcriber: an `asr_spec.transcribe.Transcriber` (its engine, chunking options and feature batcher are used).
-    batch_size:  engine rows; max_queue: chunks that may wait for a row before `submit` refuses a job.
+    transcriber: an `asr_spec.transcribe.Transcriber`: its front half prepares the jobs, its engine decodes them,
+                 its `finish_chunk` aligns their words and its `assemble` makes their transcripts.
+    batch_size:  engine rows (default the transcriber's options.batch_size); max_queue: chunks that may wait for
+                 a row before `submit` refuses a job.
     """
 
-    def __init__(self, transcriber: Any, batch_size: int = 8, max_queue: int = 256, metrics: Metrics | None = None):
-        check_sizes(batch_size, max_queue)
-        self.transcriber, self.batch_size, self.max_queue = transcriber, batch_size, max_queue
-        self.metrics = Metrics(batch_size) if metrics is None else metrics
+    def __init__(self, transcriber: Any, batch_size: int | None = None, max_queue: int = 256,
+                 metrics: Metrics | None = None):
+        check_queue(max_queue)
+        self.transcriber = transcriber
+        self.batch_size = transcriber.batch_rows(batch_size)
+        self.max_queue = max_queue
+        self.metrics = Metrics(self.batch_size) if metrics is None else metrics
         self._queue: deque[tuple[Job, int]] = deque()  # (job, chunk index)
-        self._jobs: dict[int, Job] = {}  # jobs with a chunk queued or in the engine
+        self._jobs: dict[Any, Job] = {}  # jobs with a chunk queued or in the engine
         self._in_engine = 0  # chunks pulled by the engine and not yet finished
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
 
     # -- preparing a request (any thread but the engine's) ----------------------------------------------------
-    def prepare(self, data: bytes, name: str = "upload") -> tuple[list[ChunkSpan], Any, float]:
-        """Decode, chunk (as the transcriber does: `Transcriber.chunk_audio`) and featurise encoded audio:
-        (spans, (n_chunks, n_mels, n_frames) features, seconds). A file that is not audio raises `AudioError`
-        (one line, naming `name`)."""
-        try:
-            samples = load_audio({"bytes": data})
-        except AudioError as err:  # load_audio calls a bytes source "<dict>": name the upload instead
-            raise AudioError(f"{name}: {one_line(err, '<dict>')}") from err
-        pieces = list(self.transcriber.chunk_audio([samples]))
-        spans = [span for span, _ in pieces]
-        if not pieces:
-            return [], None, 0.0
-        features = torch.cat([self.transcriber.features([s for _, s in pieces[i:i + self.batch_size]])
-                              for i in range(0, len(pieces), self.batch_size)])
-        return spans, features, len(samples) / SAMPLE_RATE
+    def prepare(self, data: bytes, name: str = "upload", *, words: bool = False) -> Job:
+        """The job of one upload: its audio decoded, chunked and featurised by `Transcriber.prepare`, as the
+        transcriber does it; words: align its chunks' words (needs the transcriber's word_timestamps, else
+        `InputError`). A file that is not audio raises `AudioError` (one line, naming `name`)."""
+        # a datasets-style {"bytes", "path"} row: the bytes are decoded, the path names them in error messages
+        item = Input(next(_job_ids), name, {"bytes": data, "path": name}, word_timestamps=words)
+        requests = list(self.transcriber.prepare([item], self.batch_size))
+        if isinstance(item.exception, AudioError):
+            raise AudioError(f"{name}: {item.error}") from item.exception
+        if item.exception is not None:  # not the upload's fault: the server's (a 500)
+            raise item.exception
+        return Job(item, requests, words={} if words else None)
 
     # -- the queue ------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         """Queue the job's chunks behind everyone else's; `QueueFull` when max_queue chunks already wait."""
-        if job.words is not None and self.transcriber.aligner is None:
-            raise InputError("word timestamps are off on this server (they need the transcriber's word_timestamps)")
         if not job.spans:
             self._finish(job)
             return
@@ -171,15 +181,10 @@ class Batcher:
                     self._in_engine += 1
                     self.metrics.queue_depth = len(self._queue)
                 self.metrics.engine_chunks = self._in_engine
-            yield None if job is None else self._request(job, index)
-
-    def _request(self, job: Job, index: int) -> ChunkRequest:
-        """The engine's request for chunk `index` of `job` (in the engine thread); a job that wants words has all
-        its chunks encoded at its first (`Engine.encode`), as `Transcriber` does, and keeps the output."""
-        if job.words is not None and job.encoded is None:
-            job.encoded = self.transcriber.engine.encode(job.features, MAX_ENCODE_BATCH)
-        encoded = None if job.encoded is None else job.encoded[index]
-        return ChunkRequest((job.id, index), job.features[index], encoded)
+            if job is None:
+                yield None
+            else:
+                yield job.requests[index]
 
     # -- the engine thread ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -203,7 +208,7 @@ class Batcher:
             self._finish(job)
 
     def _serve(self) -> None:
-        engine = self.transcriber.engine_for(self.batch_size)
+        engine = self.transcriber.engine
         while not self._stopping:
             try:
                 for result in engine.run(self._source(), self.batch_size):
@@ -222,8 +227,9 @@ class Batcher:
     def _deliver(self, result: ChunkResult) -> None:
         job_id, index = result.id
         job = self._jobs.get(job_id)
-        if job is not None and job.words is not None and not job.cancelled:  # in the engine thread, like transcribe
-            job.words[index] = self.transcriber.align_chunk(result, job.spans[index], job.encoded[index])
+        words = None
+        if job is not None and not job.cancelled:  # in the engine thread, like transcribe
+            result, words = self.transcriber.finish_chunk(result, job.spans[index])
         with self._cond:
             self._in_engine -= 1
             self.metrics.engine_chunks = self._in_engine
@@ -232,6 +238,8 @@ class Batcher:
                 return
             job.in_engine -= 1
             job.results[index] = result
+            if words is not None:
+                job.words[index] = words
             self.metrics.chunk_done(result.stats)
             done = len(job.results) == len(job.spans)
             if done or (job.cancelled and not job.in_engine):

@@ -1,6 +1,7 @@
 """Server metrics in Prometheus' text exposition format (no client library: a handful of counters and gauges).
 
-Counters: requests by outcome, seconds of audio transcribed, chunks decoded, generated tokens, target passes.
+Counters: requests by outcome, seconds of audio transcribed, chunks decoded, generated tokens, target passes,
+drafted and accepted tokens.
 Gauges: chunks waiting in the queue, chunks in the engine, batch occupancy (chunks in the engine / rows, at most 1).
 Histogram: request latency in seconds (upload received to response ready).
 """
@@ -55,6 +56,10 @@ class Metrics:
                              [("", self.stats.generated_tokens)])
             lines += _metric("asr_spec_target_passes_total", "counter", "Target forward passes, summed over rows.",
                              [("", self.stats.target_passes)])
+            lines += _metric("asr_spec_drafted_tokens_total", "counter", "Tokens the draft proposed (0: greedy).",
+                             [("", self.stats.drafted_tokens)])
+            lines += _metric("asr_spec_accepted_tokens_total", "counter", "Drafted tokens the target accepted.",
+                             [("", self.stats.accepted_tokens)])
             lines += _metric("asr_spec_tokens_per_target_pass", "gauge",
                              "Generated tokens per target pass so far (1 greedy, up to K+1 speculative).",
                              [("", self.stats.tokens_per_target_pass)])

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from asr_spec.errors import InputError
+from asr_spec.transcribe.segments import WordTiming
 
 __all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "median_filter", "token_jump_times",
            "group_words", "snap_to_speech"]
@@ -33,16 +34,6 @@ FRAME_S = 0.02  # seconds per encoder frame: 30 s window / 1500 positions
 MEDIAN_WIDTH = 7  # frames (Whisper's medfilt_width)
 PREPEND_PUNCTUATION = "\"'“¿([{-"
 APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
-
-
-@dataclass(frozen=True)
-class WordTiming:
-    """One word with file times in seconds (Whisper's json names)."""
-
-    word: str  # as decoded, with its leading space
-    start: float
-    end: float
-    probability: float  # mean probability of its tokens
 
 
 # -- pure maths ------------------------------------------------------------------------------------------------
@@ -185,7 +176,10 @@ class Aligner:
     """
 
     def __init__(self, target, eot: int, notimestamps: int, decode_piece: Callable[[int], str]):
-        self.target, self.eot, self.notimestamps, self.decode_piece = target, eot, notimestamps, decode_piece
+        self.target = target
+        self.eot = eot
+        self.notimestamps = notimestamps
+        self.decode_piece = decode_piece
         self.heads = alignment_heads(target)
         layers = target.model.decoder.layers
         self.layers = sorted({layer for layer, _ in self.heads})
@@ -230,9 +224,14 @@ class Aligner:
 
     def _scores(self, audio: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (1, S, d), ids (1, T) -> alignment-head scores (heads, T, S) and logits (T, vocab)."""
-        queries: dict[int, torch.Tensor] = {}
-        hooks = [self.attention[layer].q_proj.register_forward_hook(
-            lambda module, args, out, layer=layer: queries.__setitem__(layer, out)) for layer in self.layers]
+        queries: dict[int, torch.Tensor] = {}  # layer -> (1, T, d) the queries its cross-attention computed
+
+        def keep_queries(layer: int) -> Callable[..., None]:
+            def hook(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
+                queries[layer] = out
+            return hook
+
+        hooks = [self.attention[layer].q_proj.register_forward_hook(keep_queries(layer)) for layer in self.layers]
         try:
             hidden = self.target.model.decoder(input_ids=ids, encoder_hidden_states=audio,
                                                use_cache=False).last_hidden_state

@@ -16,7 +16,7 @@ from asr_spec.errors import InputError
 from asr_spec.transcribe.nospeech import NoSpeechRule
 from asr_spec.transcribe.outputs import parse_formats
 
-__all__ = ["TranscribeOptions"]
+__all__ = ["TranscribeOptions", "check_batch_size"]
 
 
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
@@ -94,6 +94,10 @@ def _vad(mode: Any, vad: VadOptions | None, chunk_length_s: float) -> VadOptions
     return dataclasses.replace(VadOptions() if vad is None else vad, max_chunk_s=chunk_length_s)
 
 
+def check_batch_size(batch_size: Any) -> None:
+    """The one check of a batch size (chunks decoded together: engine rows), an option or a run's own."""
+    check_int(batch_size, "batch_size", 1, InputError)
+
 
 def _verify_options(options: TranscribeOptions) -> None:
     """All checks of TranscribeOptions in one place (the nested options check themselves)."""
@@ -124,7 +128,7 @@ def _verify_options(options: TranscribeOptions) -> None:
         raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
     if not isinstance(options.no_speech, NoSpeechRule):
         raise InputError(f"no_speech must be a NoSpeechRule, got {type(options.no_speech).__name__}")
-    check_int(options.batch_size, "batch_size", 1, InputError)
+    check_batch_size(options.batch_size)
     block = options.block_s
     if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
         raise InputError(f"block_s must be a positive number of seconds, got {block!r}")

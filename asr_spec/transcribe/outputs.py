@@ -6,7 +6,8 @@ once the whole file is written and flushed, so a crash or a failing writer never
 
 The result given to the writers is a mapping or a dataclass (converted with ``dataclasses.asdict``) holding:
     text      str, the whole transcript                                               (required)
-    segments  list of {start_s, end_s, text} mappings or objects with those attributes (required for srt/vtt)
+    segments  list of {start_s, end_s, text[, words]} mappings or objects with those attributes, e.g. `Segment`s
+              (required for srt/vtt; a segment's token_ids are not written)
     stats     dict, per-chunk / decoding statistics                                   (optional, json only)
     timings   dict, stage timings in seconds                                          (optional, json only)
 Any other JSON-able key is kept in the json output as is.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from asr_spec.errors import InputError
+from asr_spec.transcribe.segments import Segment, TranscriptSegment
 
 __all__ = [
     "FORMATS",
@@ -42,17 +44,6 @@ __all__ = [
     "prepare_output_dir",
     "output_stems",
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class TranscriptSegment:
-    """A segment as the writers see it: file times in seconds and its decoded text."""
-
-    start_s: float
-    end_s: float
-    text: str
-    words: tuple[Any, ...] = ()  # WordTiming-like (word, start, end, probability) when word timestamps were asked
-
 
 
 def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
@@ -92,7 +83,7 @@ def _field(item: Any, name: str, index: int) -> Any:
     return getattr(item, name)
 
 
-def _segments(result: Mapping[str, Any], fmt: str) -> list[TranscriptSegment]:
+def _segments(result: Mapping[str, Any], fmt: str) -> list[Segment]:
     raw = result.get("segments")
     if raw is None:
         raise InputError(f"{fmt}: the result has no 'segments' (needed for timed captions)")
@@ -109,7 +100,7 @@ def _segments(result: Mapping[str, Any], fmt: str) -> list[TranscriptSegment]:
             raise InputError(f"segment {index}: starts at {start_s} s, before the previous one ends ({previous_end} s)")
         if not isinstance(text, str):
             raise InputError(f"segment {index}: text must be a str, got {type(text).__name__}")
-        segments.append(TranscriptSegment(float(start_s), float(end_s), text))
+        segments.append(Segment(float(start_s), float(end_s), text))
         previous_end = float(end_s)
     return segments
 
@@ -171,10 +162,11 @@ def _segment_dict(item: Any, index: int) -> dict[str, Any]:
         out = {name: _field(item, name, index) for name in ("start_s", "end_s", "text")}
     if "words" in out and not out["words"]:
         del out["words"]  # no word timestamps asked: the json stays as it was
+    out.pop("token_ids", None)  # a Segment's: the decoder's ids, not the transcript (see `transcript_dict`)
     return out
 
 
-def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> list[TranscriptSegment]:
+def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> list[Segment]:
     """Caption cues: one per segment, or with `max_words` cues of at most that many words of a segment (times
     from the first word's start to the last word's end; a segment without words stays one cue)."""
     segments = _segments(result, fmt)
@@ -188,7 +180,7 @@ def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> li
         for i in range(0, len(words), max_words):
             group = words[i : i + max_words]
             text = "".join(str(w["word"]) for w in group).strip()
-            cues.append(TranscriptSegment(float(group[0]["start"]), float(group[-1]["end"]), text))
+            cues.append(Segment(float(group[0]["start"]), float(group[-1]["end"]), text))
     return cues
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asr_spec.engine import ChunkStats
-from asr_spec.transcribe.outputs import TranscriptSegment
+from asr_spec.transcribe.segments import Segment
 
 __all__ = ["ChunkReport", "Transcription"]
 
@@ -31,7 +31,7 @@ class Transcription:
 
     source: str  # the path as given, or "<array 3>" for the fourth input when it is not a file
     text: str
-    segments: tuple[TranscriptSegment, ...]  # file times in seconds, non-overlapping, in order
+    segments: tuple[Segment, ...]  # file times in seconds, non-overlapping, in order
     language: str | None  # the language most chunks were decoded in
     stats: ChunkStats | None  # summed over the chunks; None when the input failed
     audio_s: float  # seconds of audio read (all of it, unless it failed part-way)

@@ -25,6 +25,7 @@ emit overlapping segments); a segment left open at the end of the file ends at t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.errors import InputError
+from asr_spec.transcribe.segments import Segment
 
 __all__ = [
     "TIME_PRECISION_S",
@@ -60,18 +62,9 @@ class ChunkTokens:
 
 
 @dataclass(frozen=True)
-class Segment:
-    """A stretch of transcript with file times in seconds; ``start_s <= end_s``."""
-
-    start_s: float
-    end_s: float
-    token_ids: tuple[int, ...]  # text tokens only
-
-
-@dataclass(frozen=True)
 class StitchResult:
     token_ids: tuple[int, ...]  # the merged text tokens of the whole file
-    segments: tuple[Segment, ...]  # in file order, non-overlapping, times non-decreasing
+    segments: tuple[Segment, ...]  # in file order, non-overlapping, times non-decreasing; token ids, no text yet
     # True when the segment times come from Whisper's timestamp tokens; False when no chunk had any and each
     # segment is one chunk's share of the text spanning that chunk's unstrided middle (an approximation).
     timestamped: bool = field(default=True)
@@ -169,8 +162,8 @@ def stitch_chunks(
         _walk_chunk(chunk, state, segments, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
     if state.pieces:  # Whisper never closed the last segment (audio cut mid-word): it ends with the file
         end_s = _round_ms(chunks[-1].span.end_sample / sampling_rate)
-        start_s = state.start_s if state.start_s is not None else (segments[-1].end_s if segments else 0.0)
-        segments.append(Segment(start_s, end_s, tuple(merge_overlapping(state.pieces))))
+        start_s = _open_start_s(state, segments, 0.0)
+        segments.append(Segment(start_s, end_s, token_ids=tuple(merge_overlapping(state.pieces))))
     segments = _monotonic(segments, _round_ms(chunks[-1].span.end_sample / sampling_rate))
     token_ids = tuple(token for segment in segments for token in segment.token_ids)
     return StitchResult(token_ids=token_ids, segments=tuple(segments), timestamped=True)
@@ -217,7 +210,7 @@ def _walk_chunk(
             state.start_s = time_s
         elif time_s != state.start_s:  # an end equal to the start is Whisper repeating the start: ignore it
             text = merge_overlapping([*state.pieces, current])
-            segments.append(Segment(state.start_s, time_s, tuple(text)))
+            segments.append(Segment(state.start_s, time_s, token_ids=tuple(text)))
             state.start_s, state.pieces, current = None, [], []
     if current:
         state.pieces.append(current)
@@ -246,9 +239,9 @@ def concat_chunks(
         _walk_chunk(chunk, state, found, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
         end_s = _round_ms(chunk.span.end_sample / sampling_rate)
         if state.pieces:
-            start_s = state.start_s if state.start_s is not None else (
-                found[-1].end_s if found else _round_ms(chunk.span.start_sample / sampling_rate))
-            found.append(Segment(start_s, end_s, tuple(token for piece in state.pieces for token in piece)))
+            start_s = _open_start_s(state, found, _round_ms(chunk.span.start_sample / sampling_rate))
+            text = tuple(token for piece in state.pieces for token in piece)
+            found.append(Segment(start_s, end_s, token_ids=text))
         found = _monotonic(found, end_s, floor_s=_round_ms(chunk.span.start_sample / sampling_rate))
         segments.extend(found)
         owners.extend([index] * len(found))
@@ -267,7 +260,7 @@ def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate:
         if share:
             start_s = _round_ms(chunk.span.keep_start_sample / sampling_rate)
             end_s = _round_ms(chunk.span.keep_end_sample / sampling_rate)
-            segments.append(Segment(start_s, end_s, tuple(merged[position : position + share])))
+            segments.append(Segment(start_s, end_s, token_ids=tuple(merged[position : position + share])))
         position += share
     return StitchResult(token_ids=tuple(merged), segments=tuple(_monotonic(segments)), timestamped=False)
 
@@ -279,9 +272,19 @@ def _monotonic(segments: list[Segment], file_end_s: float = float("inf"), floor_
     for segment in segments:
         start_s = min(max(segment.start_s, floor_s), file_end_s)
         end_s = min(max(segment.end_s, start_s), file_end_s)
-        out.append(Segment(start_s, end_s, segment.token_ids))
+        out.append(dataclasses.replace(segment, start_s=start_s, end_s=end_s))
         floor_s = end_s
     return out
+
+
+def _open_start_s(state: _OpenSegment, closed: list[Segment], floor_s: float) -> float:
+    """Where the segment Whisper left open starts: its own start timestamp, else the end of the last closed
+    segment, else `floor_s`."""
+    if state.start_s is not None:
+        return state.start_s
+    if closed:
+        return closed[-1].end_s
+    return floor_s
 
 
 def _round_ms(time_s: float) -> float:

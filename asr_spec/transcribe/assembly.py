@@ -1,0 +1,109 @@
+"""The back half of the pipeline: the chunks of one input, decoded, become its `Transcription`.
+
+    ChunkResult per chunk (in chunk order) ──no-speech rule──► kept tokens ──stitch_chunks (stride: overlapping
+    windows) / concat_chunks (vad: disjoint speech chunks)──► segments ──decode──► text, segments with words,
+    language (the one most kept chunks were decoded in), summed statistics, a report per chunk
+
+Pure of the models: it needs the tokenizer (to decode text), the tokens' ids and the options (chunking mode, the
+no-speech rule). The words come from the aligner (`Transcriber.finish_chunk`), per chunk and segment.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.engine import ChunkResult, ChunkStats
+from asr_spec.transcribe.nospeech import NO_SPEECH
+from asr_spec.transcribe.options import TranscribeOptions
+from asr_spec.transcribe.results import ChunkReport, Transcription
+from asr_spec.transcribe.segments import Segment, WordTiming
+from asr_spec.transcribe.stitch import ChunkTokens, StitchResult, concat_chunks, stitch_chunks
+
+__all__ = ["Assembler"]
+
+ChunkWords = Sequence[Sequence[WordTiming]]  # the words of each segment of one chunk
+
+
+class Assembler:
+    """Turns an input's chunk results into its `Transcription`.
+
+    tokenizer: the target's tokenizer; tokens: its `WhisperTokens` (`Engine.tokens`); options: how it was chunked
+    (stride or vad) and the no-speech rule.
+    """
+
+    def __init__(self, tokenizer: Any, tokens: Any, options: TranscribeOptions):
+        self.tokenizer = tokenizer
+        self.tokens = tokens
+        self.options = options
+        # language token id -> its code ("en"); empty for an English-only model
+        self._code_of = {token_id: token.strip("<|>") for token, token_id in tokens.lang_to_id.items()}
+
+    def assemble(self, source: str, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], audio_s: float,
+                 wall_s: float, chunk_words: Sequence[ChunkWords] | None = None) -> Transcription:
+        """The `Transcription` of one input from its chunks' spans and engine results (both in chunk order):
+        stitched text and segments, language, summed statistics. chunk_words: per chunk, the words of each of
+        its segments (word timestamps), or None."""
+        # a window dropped by the no-speech rule contributes no text, no segment and no word
+        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self.decode(r.tokens))
+                   for r in results]
+        kept = [ChunkTokens(() if drop else r.tokens, span) for r, span, drop in zip(results, spans, dropped)]
+        stitched = self.stitch(kept)
+        if chunk_words is None:
+            words: list[Sequence[WordTiming]] = [()] * len(stitched.segments)
+        else:  # one list per segment, chunk by chunk: the order concat_chunks gives the segments
+            words = [w for chunk, drop in zip(chunk_words, dropped) if not drop for w in chunk]
+        languages = [self.language(r) for r in results]
+        spoken = [lang for lang, drop in zip(languages, dropped) if not drop] or languages
+        segments = tuple(Segment(s.start_s, s.end_s, self.decode(s.token_ids), tuple(w), s.token_ids)
+                         for s, w in zip(stitched.segments, words))
+        return Transcription(
+            source=source,
+            text=self.decode(stitched.token_ids),
+            segments=segments,
+            language=Counter(spoken).most_common(1)[0][0] if spoken else None,
+            stats=ChunkStats.total(r.stats for r in results),
+            audio_s=audio_s, wall_s=wall_s, chunks=_reports(spans, results, languages, dropped),
+            timestamped=stitched.timestamped,
+            chunk_tokens=tuple(r.tokens for r in results),
+        )
+
+    def stitch(self, chunks: Sequence[ChunkTokens]) -> StitchResult:
+        """The chunks' tokens joined as the chunking mode says: stitched across strides, or concatenated."""
+        if self.options.vad is None:
+            join = stitch_chunks
+        else:
+            join = concat_chunks
+        return join(chunks, eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
+                    sampling_rate=SAMPLE_RATE)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids` (control and timestamp tokens left out)."""
+        text_ids = [t for t in token_ids if t < self.tokens.eot]
+        return self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
+
+    def piece(self, token_id: int) -> str:
+        """The text of one token, as decoded alone (special tokens kept): how the aligner groups words."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def language(self, result: ChunkResult) -> str | None:
+        """The language of a chunk from its prompt (sot, language, task, ...); "en" for English-only models."""
+        if not self._code_of:
+            return "en"
+        if len(result.prompt) > 1:
+            return self._code_of.get(result.prompt[1])
+        return None
+
+
+def _reports(spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], languages: Sequence[str | None],
+             dropped: Sequence[bool]) -> tuple[ChunkReport, ...]:
+    """Where each chunk lies and how its decoding went."""
+    reports = []
+    for span, r, language, drop in zip(spans, results, languages, dropped):
+        reports.append(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, language,
+                                   r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob,
+                                   NO_SPEECH if drop else None))
+    return tuple(reports)

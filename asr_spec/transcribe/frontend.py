@@ -1,0 +1,118 @@
+"""The front half of the pipeline: sources -> 16 kHz blocks -> chunks -> log-mel features -> engine requests.
+
+    Input.source ──stream_audio / load_audio──► blocks ──ChunkingOptions.iter / iter_vad_chunks──► (span, samples)
+    ──FeatureBatcher, min(batch_size, MAX_ENCODE_BATCH) chunks at a time──► ChunkRequest((key, index), features)
+
+It is one lazy generator: a file is read one block at a time as the chunker asks for it, and chunks are
+featurised one batch at a time as requests are pulled (`Engine.run` pulls them as rows free up), so a 2-hour file
+is never held whole. A batch may hold the chunks of several inputs. The front half stops at the features: the
+engine encodes (a chunk that needs word timestamps asks it to keep its encoder output, `keep_encoded`).
+`Transcriber.iter_transcribe` runs it inside the engine's pull; the server runs it in a worker thread per request.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Hashable, Iterable, Iterator
+
+import numpy as np
+
+from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.audio.features import FeatureBatcher
+from asr_spec.audio.loading import load_audio, stream_audio
+from asr_spec.audio.vad import SileroVad, iter_vad_chunks
+from asr_spec.engine import ChunkRequest
+from asr_spec.engine.memory import MAX_ENCODE_BATCH
+from asr_spec.errors import InputError, one_line
+from asr_spec.transcribe.inputs import INPUT_ERRORS, Input
+from asr_spec.transcribe.options import TranscribeOptions
+
+__all__ = ["FrontEnd"]
+
+_Piece = tuple[tuple[Hashable, int], bool, np.ndarray]  # (request id, keep_encoded, samples) of one chunk
+
+
+class FrontEnd:
+    """Decodes, chunks and featurises inputs as `options` say, for the models `features` was made for.
+
+    options:  the transcription options (chunking or vad, block_s, word_timestamps).
+    features: the target's `FeatureBatcher` (its mel bins, device and dtype).
+    """
+
+    def __init__(self, options: TranscribeOptions, features: FeatureBatcher):
+        self.options = options
+        self.features = features
+        self._vads: list[SileroVad] = []  # idle VAD states, loaded when first needed (see chunk_audio)
+        self._vad_lock = threading.Lock()
+
+    def prepare(self, inputs: Iterable[Input], batch_size: int) -> Iterator[ChunkRequest]:
+        """The engine requests of every chunk of `inputs`, in input and chunk order, lazily; request ids are
+        (input.key, chunk index), features (n_mels, n_frames) made min(batch_size, MAX_ENCODE_BATCH) chunks at a
+        time. Each input's spans, n_samples, started and read_done are filled in as it is read; one that cannot be
+        read gets `error` (one line) and `exception`, and the requests of it already yielded are to be ignored.
+        An input asking for word timestamps needs options.word_timestamps (else `InputError`). batch_size: the
+        run's engine rows, checked by the caller (`Transcriber.batch_rows`)."""
+        return self._featurise(self._chunks(inputs), min(batch_size, MAX_ENCODE_BATCH))
+
+    def chunk_audio(self, blocks: Iterable[np.ndarray]) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
+        """(span, samples) of one 16 kHz mono signal given as blocks: overlapping windows (`options.vad` None) or
+        speech chunks found by the VAD. Concurrent calls are safe (each takes its own VAD state, loaded at the
+        first call that needs one)."""
+        if self.options.vad is None:
+            yield from self.options.chunking.iter(blocks)
+            return
+        with self._vad_lock:
+            vad = self._vads.pop() if self._vads else None
+        if vad is None:
+            vad = SileroVad()
+        vad.reset()
+        try:
+            yield from iter_vad_chunks(blocks, self.options.vad, vad)
+        finally:
+            with self._vad_lock:
+                self._vads.append(vad)
+
+    def _chunks(self, inputs: Iterable[Input]) -> Iterator[_Piece]:
+        """Every chunk of every input, in order, read lazily; an input that fails is marked and left."""
+        for item in inputs:
+            if item.word_timestamps and not self.options.word_timestamps:
+                raise InputError("word timestamps are off: set word_timestamps (with chunking 'vad')")
+            item.started = time.perf_counter()
+            try:
+                for span, samples in self.chunk_audio(self._blocks(item)):
+                    chunk_id = (item.key, len(item.spans))
+                    item.spans.append(span)
+                    yield chunk_id, item.word_timestamps, samples
+            except INPUT_ERRORS as err:
+                item.error = one_line(err, item.name)
+                item.exception = err
+            item.read_done = True
+
+    def _blocks(self, item: Input) -> Iterator[np.ndarray]:
+        """16 kHz mono blocks of one input (files stream, in-memory sources come as one block), counted into
+        `item.n_samples`."""
+        if isinstance(item.source, (str, os.PathLike)):
+            blocks = stream_audio(item.source, self.options.block_s)
+        else:
+            blocks = iter([load_audio(item.source)])
+        for block in blocks:
+            item.n_samples += len(block)
+            yield block
+
+    def _featurise(self, pieces: Iterator[_Piece], batch: int) -> Iterator[ChunkRequest]:
+        """Requests for `pieces`, featurised `batch` chunks at a time (bounded features in flight)."""
+        pending: list[_Piece] = []
+        for piece in pieces:
+            pending.append(piece)
+            if len(pending) == batch:
+                yield from self._requests(pending)
+                pending = []
+        if pending:
+            yield from self._requests(pending)
+
+    def _requests(self, pending: list[_Piece]) -> Iterator[ChunkRequest]:
+        features = self.features([samples for _, _, samples in pending])  # (B, n_mels, n_frames)
+        for (chunk_id, keep_encoded, _), row in zip(pending, features):
+            yield ChunkRequest(chunk_id, row, keep_encoded=keep_encoded)
