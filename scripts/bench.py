@@ -174,12 +174,13 @@ def ours_runner(transcriber: Transcriber, keep: dict[str, Any]) -> Callable[[lis
 
 
 def fw_runner(preset: str, device: torch.device, language: str, clips: list[Clip],
-              timestamps: bool = False) -> Callable[[list[Clip], int], list[str]]:
-    """faster-whisper's BatchedInferencePipeline on the CTranslate2 directory of the preset's embedded model
-    (the same weights asr-spec converts), greedy (beam 1), fp32 on CPU, in a process of its own: CTranslate2's
-    OpenMP threads and torch's would otherwise spin against each other in one process (measured: both systems
-    7-15 % slower side by side in one process than alone). The child holds the clips; a call runs the first
-    len(clips) of them. ImportError/ValueError when unusable."""
+              timestamps: bool = False, sequential: bool = False) -> Callable[[list[Clip], int], list[str]]:
+    """faster-whisper's BatchedInferencePipeline (sequential: `WhisperModel.transcribe`, its openai-whisper-style
+    loop over 30 s windows that seeks to the last timestamp; batch size unused) on the CTranslate2 directory of
+    the preset's embedded model (the same weights asr-spec converts), greedy (beam 1), fp32 on CPU, in a process
+    of its own: CTranslate2's OpenMP threads and torch's would otherwise spin against each other in one process
+    (measured: both systems 7-15 % slower side by side in one process than alone). The child holds the clips; a
+    call runs the first len(clips) of them. ImportError/ValueError when unusable."""
     import multiprocessing as mp
 
     from asr_spec.models.embedded import embedded_ct2_dir
@@ -194,7 +195,7 @@ def fw_runner(preset: str, device: torch.device, language: str, clips: list[Clip
     worker = spawn.Process(
         target=_fw_worker, daemon=True, args=(child, str(embedded_ct2_dir(target.split(":", 1)[1])), device.type,
                                               compute, torch.get_num_threads(), language, [c.samples for c in clips],
-                                              timestamps))
+                                              timestamps, sequential))
     worker.start()
     child.close()  # the child's end lives in the child now: its death reads as EOF here
     try:
@@ -218,7 +219,7 @@ def fw_runner(preset: str, device: torch.device, language: str, clips: list[Clip
 
 
 def _fw_worker(conn: Any, model_dir: str, device: str, compute: str, threads: int, language: str,
-               samples: list[np.ndarray], timestamps: bool) -> None:
+               samples: list[np.ndarray], timestamps: bool, sequential: bool = False) -> None:
     """The faster-whisper process: loads the model, then transcribes the first n clips at batch size b for each
     (n, b) it is sent, answering with the texts."""
     try:
@@ -237,8 +238,12 @@ def _fw_worker(conn: Any, model_dir: str, device: str, compute: str, threads: in
             return
         texts = []
         for audio in samples[:n]:
-            segments, _ = pipe.transcribe(audio, language=language, batch_size=batch_size, beam_size=1,
-                                          without_timestamps=not timestamps)
+            if sequential:
+                segments, _ = pipe.model.transcribe(audio, language=language, beam_size=1,
+                                                    without_timestamps=not timestamps)
+            else:
+                segments, _ = pipe.transcribe(audio, language=language, batch_size=batch_size, beam_size=1,
+                                              without_timestamps=not timestamps)
             texts.append(" ".join(seg.text.strip() for seg in segments))
         conn.send(texts)
 
