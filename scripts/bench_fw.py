@@ -29,11 +29,13 @@ class FwRunner:
     clips:      objects with `.samples` (float32 mono 16 kHz, shape = (n_samples,)), sent to the child once.
     timestamps: False: faster-whisper's batched default, no timestamp tokens (one segment per voice-activity
                 chunk); True: timestamp tokens and segments, as asr-spec's default makes.
+    sequential: `WhisperModel.transcribe` instead, its openai-whisper-style loop over 30 s windows that seeks to
+                the last timestamp (the batch size is unused).
     ImportError when faster-whisper cannot run (not installed, or the child died), with the child's reason.
     """
 
     def __init__(self, preset: str, device: torch.device, language: str, clips: Sequence[Any],
-                 timestamps: bool = False):
+                 timestamps: bool = False, sequential: bool = False):
         from asr_spec.models.embedded import embedded_ct2_dir
         from asr_spec.models.presets import load_preset
 
@@ -45,7 +47,7 @@ class FwRunner:
         spawn = mp.get_context("spawn")
         self._conn, child = spawn.Pipe()
         worker_args = (child, model_dir, device.type, compute, torch.get_num_threads(), language,
-                       [c.samples for c in clips], timestamps)
+                       [c.samples for c in clips], timestamps, sequential)
         self._worker = spawn.Process(target=_fw_worker, daemon=True, args=worker_args)
         self._worker.start()
         child.close()  # the child's end lives in the child now: its death reads as EOF here
@@ -68,7 +70,7 @@ class FwRunner:
 
 
 def _fw_worker(conn: Any, model_dir: str, device: str, compute: str, threads: int, language: str,
-               samples: list[np.ndarray], timestamps: bool) -> None:
+               samples: list[np.ndarray], timestamps: bool, sequential: bool) -> None:
     """The faster-whisper process: loads the model, then transcribes the first n clips at batch size b for each
     (n, b) it is sent, answering with the texts."""
     try:
@@ -87,7 +89,11 @@ def _fw_worker(conn: Any, model_dir: str, device: str, compute: str, threads: in
             return
         texts = []
         for audio in samples[:n]:
-            segments, _ = pipe.transcribe(audio, language=language, batch_size=batch_size, beam_size=1,
-                                          without_timestamps=not timestamps)
+            if sequential:
+                segments, _ = model.transcribe(audio, language=language, beam_size=1,
+                                               without_timestamps=not timestamps)
+            else:
+                segments, _ = pipe.transcribe(audio, language=language, batch_size=batch_size, beam_size=1,
+                                              without_timestamps=not timestamps)
             texts.append(" ".join(seg.text.strip() for seg in segments))
         conn.send(texts)

@@ -1,4 +1,4 @@
-"""WER/CER against hand-counted alignments."""
+"""WER/CER against hand-counted alignments; sentence coverage on hand-made transcripts."""
 
 import json
 import math
@@ -6,7 +6,15 @@ import math
 import pytest
 
 from asr_spec.eval import metrics
-from asr_spec.eval.metrics import Score, english_normalizer, load_spelling_mapping, normalize, score
+from asr_spec.eval.metrics import (
+    Score,
+    english_normalizer,
+    load_spelling_mapping,
+    missing_sentences,
+    normalize,
+    score,
+    sentence_coverage,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:English text normaliser built without")
 
@@ -106,3 +114,61 @@ def test_warns_once_without_spelling_table():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         normalize("y")  # second time: silent
+
+
+SENTENCES = [
+    "The little port was quiet when the first boats came back.",
+    "Gulls followed them in, crying over the nets.",
+    "On the pier an old woman was selling bread.",
+    "Her grandson counted the coins.",
+]
+
+
+def test_a_fully_present_transcript_misses_nothing():
+    hypothesis = " ".join(SENTENCES).lower().replace(",", "")
+    assert missing_sentences(SENTENCES, hypothesis) == []
+    assert sentence_coverage(SENTENCES, hypothesis) == [1.0] * 4
+
+
+def test_a_dropped_sentence_is_found():
+    hypothesis = " ".join(SENTENCES[:2] + SENTENCES[3:])
+    assert missing_sentences(SENTENCES, hypothesis) == [2]
+    assert sentence_coverage(SENTENCES, hypothesis)[2] == 0.0
+
+
+def test_a_doubled_seam_word_does_not_hide_a_dropped_sentence():
+    # chunk seam after sentence 1 repeats "nets"; sentence 3 is gone (its words "the" and "coins" are common)
+    hypothesis = f"{SENTENCES[0]} {SENTENCES[1]} nets. {SENTENCES[2]}"
+    assert missing_sentences(SENTENCES, hypothesis) == [3]
+    # and with every sentence there, the doubled word costs none of them
+    assert missing_sentences(SENTENCES, f"{SENTENCES[0]} {SENTENCES[1]} nets {SENTENCES[2]} {SENTENCES[3]}") == []
+
+
+def test_a_partly_heard_sentence_counts_by_its_fraction_of_words():
+    # the first sentence's first word lost: 10 of 11 words (0.91 >= 0.8); the last one cut to 2 of 5 words
+    hypothesis = " ".join(SENTENCES[1:3])
+    hypothesis = f"little port was quiet when the first boats came back {hypothesis} her grandson"
+    coverage = sentence_coverage(SENTENCES, hypothesis)
+    assert coverage[0] == pytest.approx(10 / 11) and coverage[3] == pytest.approx(2 / 5)
+    assert missing_sentences(SENTENCES, hypothesis) == [3]
+    assert missing_sentences(SENTENCES, hypothesis, min_fraction=0.4) == []
+
+
+def test_words_out_of_order_are_not_matched():
+    # every word of sentence 3 is there, but before sentence 0: an in-order alignment gives it nothing
+    hypothesis = f"{SENTENCES[3]} {SENTENCES[0]} {SENTENCES[1]} {SENTENCES[2]}"
+    assert missing_sentences(SENTENCES, hypothesis) == [3]
+
+
+def test_sentence_coverage_of_empty_inputs():
+    assert missing_sentences([], "anything at all") == []
+    assert missing_sentences(SENTENCES, "") == [0, 1, 2, 3]
+    assert missing_sentences(["", "Um.", "Hello there."], "") == [2]  # no words to miss in the first two
+    assert sentence_coverage(["", "hello there"], "hello there", normalized=True) == [1.0, 1.0]
+
+
+def test_sentence_coverage_bad_arguments():
+    with pytest.raises(TypeError, match="sequence of sentences"):
+        sentence_coverage("one string", "one string")
+    with pytest.raises(ValueError, match="min_fraction"):
+        missing_sentences(SENTENCES, "", min_fraction=0)

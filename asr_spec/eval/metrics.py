@@ -4,6 +4,10 @@ Both texts go through Whisper's English normaliser (`EnglishTextNormalizer` from
 punctuation and filler words removed, contractions expanded, numbers written as digits), then jiwer aligns them.
 Rates are corpus-level: the sum of edits over the sum of reference words, never a mean of per-utterance rates.
 
+Sentence coverage (`sentence_coverage`, `missing_sentences`) asks a different question than WER: is every reference
+sentence in the transcript? A long-form pipeline that drops one sentence of a hundred moves WER by a point or two,
+which a WER bound may hide; a dropped sentence shows here as one whose words are (nearly) all unmatched.
+
 British/American spelling: `EnglishTextNormalizer` also maps British spellings to American ones ("colour" ->
 "color") through a ~1,700-entry table that openai/whisper ships as `english.json` and Hugging Face tokenizer
 folders ship as `normalizer.json` (`WhisperTokenizer` loads it into `tokenizer.english_spelling_normalizer`; that is
@@ -16,6 +20,7 @@ reference counts as an error when the hypothesis spells it the American way (Whi
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -26,8 +31,10 @@ from pathlib import Path
 import jiwer
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
-__all__ = ["Score", "english_normalizer", "load_spelling_mapping", "normalize", "score"]
+__all__ = ["Score", "english_normalizer", "load_spelling_mapping", "missing_sentences", "normalize", "score",
+           "sentence_coverage"]
 
+MIN_SENTENCE_FRACTION = 0.8  # a sentence is present when this share of its words is matched in order
 SPELLING_FILE = "normalizer.json"  # the name WhisperTokenizer gives the spelling table in a tokenizer folder
 
 Spelling = Mapping[str, str] | str | os.PathLike | None
@@ -138,3 +145,38 @@ def _rate(errors: int, total: int) -> float:
     if total == 0:
         return 0.0 if errors == 0 else float("inf")
     return errors / total
+
+
+def sentence_coverage(sentences: Sequence[str], hypothesis: str, *, normalized: bool = False,
+                      spelling: Spelling = None) -> list[float]:
+    """For each reference sentence, the fraction of its words matched in order in `hypothesis` (1.0 for a
+    sentence with no words after normalisation).
+
+    The sentences (in the order spoken) are normalised one by one and joined into one word list; it is aligned with
+    the normalised hypothesis by difflib's matching blocks (no junk heuristic), so every hypothesis word is matched
+    to at most one reference position and matches never cross. A word doubled at a chunk seam is an insertion and
+    costs no sentence anything; a dropped sentence's words find no partner in order.
+    normalized: the texts are already normalised (skip the English normaliser).
+    """
+    if isinstance(sentences, str):
+        raise TypeError("sentence_coverage() takes a sequence of sentences, not a single string")
+    norm = (lambda text: text) if normalized else english_normalizer(spelling)
+    words = [norm(sentence).split() for sentence in sentences]
+    owner = [index for index, sentence_words in enumerate(words) for _ in sentence_words]
+    ref = [word for sentence_words in words for word in sentence_words]
+    matched = [0] * len(words)
+    matcher = difflib.SequenceMatcher(None, ref, norm(hypothesis).split(), autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for position in range(block.a, block.a + block.size):
+            matched[owner[position]] += 1
+    return [m / len(w) if w else 1.0 for m, w in zip(matched, words, strict=True)]
+
+
+def missing_sentences(sentences: Sequence[str], hypothesis: str, min_fraction: float = MIN_SENTENCE_FRACTION, *,
+                      normalized: bool = False, spelling: Spelling = None) -> list[int]:
+    """Indices of the reference `sentences` that `hypothesis` lacks: fewer than `min_fraction` of their words
+    matched in order (see `sentence_coverage`). An empty hypothesis lacks every sentence that has words."""
+    if not 0 < min_fraction <= 1:
+        raise ValueError(f"min_fraction must be in (0, 1], got {min_fraction!r}")
+    coverage = sentence_coverage(sentences, hypothesis, normalized=normalized, spelling=spelling)
+    return [index for index, fraction in enumerate(coverage) if fraction < min_fraction]

