@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.testing import Shape, random_whisper
 from asr_spec.models.loading import decoder_draft
@@ -197,13 +198,28 @@ def test_restricted_vocabulary_draft_is_lossless():
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
-def test_live_source_with_gaps_gives_the_same_results(monkeypatch):
+class CountingRunner(StepRunner):
+    """The eager step, remembering the rows each step runs on (the live rows, packed into the first slots)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __call__(self, m, rules, st, k, n_keys):
+        self.sizes.append(st.n_tok.shape[0])
+        super().__call__(m, rules, st, k, n_keys)
+
+
+def test_live_source_with_gaps_gives_the_same_results():
     """A source that yields None ("nothing right now") between chunks: the engine keeps decoding the busy rows,
     drops idle ones, grows back when chunks come, and every chunk decodes exactly as in one offline run."""
     from asr_spec.engine import ChunkRequest
 
-    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW))
+    runner = CountingRunner()
+    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW),
+                    runner=runner)
     offline = {r.id: r.tokens for r in engine.decode(_features(), batch_size=3)}
+    runner.sizes.clear()
     offline = dict(enumerate(offline.values()))
     pattern = [0, None, None, 1, 2, 3, None, 4, None, None, None, None, None, None, None, None, 5, 6, 7, 8, 9]
 
@@ -211,13 +227,10 @@ def test_live_source_with_gaps_gives_the_same_results(monkeypatch):
         for item in pattern:
             yield None if item is None else ChunkRequest(item, _features()[item])
 
-    sizes = []  # rows each step runs on (the live rows are packed into the first slots)
-    pack = Engine._pack
-    monkeypatch.setattr(Engine, "_pack", staticmethod(lambda *args: sizes.append(pack(*args)) or sizes[-1]))
     results = list(engine.run(live(), batch_size=3))
     assert sorted(r.id for r in results) == list(range(10))
-    busy = [n for n in sizes if n]
-    assert min(busy) == 1 and any(b > a for a, b in zip(busy, busy[1:])), sizes  # shrunk, then grown back
+    busy = runner.sizes
+    assert min(busy) == 1 and any(b > a for a, b in zip(busy, busy[1:])), busy  # shrunk, then grown back
     assert {r.id: r.tokens for r in results} == offline
 
 
