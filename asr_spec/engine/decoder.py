@@ -37,7 +37,9 @@ def bf16_copy(draft: nn.Module) -> tuple[nn.Module, nn.Module]:
         decoder, proj_out = copy.deepcopy(modules)  # one copy: a tied head stays tied
         return decoder.to(torch.bfloat16), proj_out.to(torch.bfloat16)
 
-    return shared("bf16-copy", tuple(p for module in modules for p in module.parameters()), make)
+    # the draft's own layers first: the entry is kept by its first source (the embeddings may be the target's)
+    sources = (*draft.model.decoder.layers.parameters(), *(p for module in modules for p in module.parameters()))
+    return shared("bf16-copy", sources, make)
 
 
 def _vocab_sources(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -91,7 +93,6 @@ class Decoder:
         self.scaling: float = first.scaling
         self.n_layers: int = len(self.layers)
         self.max_positions: int = decoder.embed_positions.weight.shape[0]
-        self.cross_width: int = self.layers[0].encoder_attn.k_proj.in_features
         self.embed = decoder.embed_tokens
         self.pos_table = decoder.embed_positions.weight
         self.vocab_size: int = proj_out.weight.shape[0]
@@ -154,7 +155,7 @@ class Decoder:
         """Compute R new chunks' cross-attention keys/values (once per chunk) into `cache`, a view of the R batch
         slots they are admitted to (`KVCache.rows`): written in place, no copy.
 
-        audio: (R, n_audio_ctx, cross_width) encoder output.
+        audio: (R, n_audio_ctx, d_encoder) the encoder output its cross-attention reads.
         """
         audio = audio.to(self.dtype)
         r, s, _ = audio.shape

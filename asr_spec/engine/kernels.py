@@ -26,7 +26,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 T = TypeVar("T")
 
 # first source tensor -> {(recipe, the other sources' ids): (weak refs to the other sources, versions, value)};
-# an entry lives as long as its first source (values never refer to their sources, so nothing keeps them alive)
+# an entry lives as long as all its sources (values never refer to their sources, so nothing keeps them alive)
 _SHARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 # oneDNN post-ops, by the name of a transformers activation: erf GELU ("gelu") fuses into the product
@@ -44,7 +44,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def shared(recipe: Hashable, sources: tuple[torch.Tensor, ...], make: Callable[[], T]) -> T:
     """`make()`, a copy derived from the `sources` tensors by `recipe`, made once and then shared: the same object
     for every caller asking with the same recipe and the same tensors (not equal ones: the tensors themselves),
-    for as long as the first source lives, until a source is modified in place (its `_version` moves on).
+    for as long as the sources live, until a source is modified in place (its `_version` moves on).
 
     make: must not return (or hold) a source itself, else the entry would keep it alive. Inference tensors keep
     no version counter: for them the copy is made afresh.
@@ -61,8 +61,17 @@ def shared(recipe: Hashable, sources: tuple[torch.Tensor, ...], make: Callable[[
         if made_at == versions and all(ref() is s for ref, s in zip(refs, others)):
             return value
     value = make()
-    entries[key] = (tuple(weakref.ref(s) for s in others), versions, value)
+    entries[key] = (tuple(weakref.ref(s, _forget(entries, key)) for s in others), versions, value)
     return value
+
+
+def _forget(entries: dict, key: Hashable) -> Callable[[weakref.ref], None]:
+    """A weak reference's callback dropping an entry once one of its other sources is gone."""
+
+    def callback(_: weakref.ref) -> None:
+        entries.pop(key, None)
+
+    return callback
 
 
 def reorder(weight: torch.Tensor) -> torch.Tensor:

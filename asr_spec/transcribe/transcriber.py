@@ -288,8 +288,8 @@ class Transcriber:
     def engine_for(self, rows: int) -> Engine:
         """The engine for batches of `rows` chunks: the draft's, or a greedy one above `draft_max_batch`."""
         if self.draft is not None and self.draft_max_batch is not None and rows > self.draft_max_batch:
-            self._greedy_engine = self._greedy_engine or Engine(self.target, None, self.options.decode,
-                                                                share=self.engine)  # one set of packed weights
+            # its packed weights are the speculative engine's (shared per weight tensor)
+            self._greedy_engine = self._greedy_engine or Engine(self.target, None, self.options.decode)
             return self._greedy_engine
         return self.engine
 
