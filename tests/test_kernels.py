@@ -120,6 +120,38 @@ def test_admission_writes_into_slot_views_as_into_a_cache_of_their_own():
     assert batch.lengths.tolist() == [0, 3, 3, 0] and own.lengths.tolist() == [3, 3]
 
 
+def test_admission_to_slots_apart_equals_admission_to_one_run_of_slots():
+    """Two chunks admitted to slots apart (0 and 3: computed in caches of their own, then copied in) get exactly
+    the audio keys/values, prefilled prompt and decoding state they get in one run of slots (1 and 2, written in
+    place); the language is detected on the way (a multilingual model, no language given)."""
+    from dataclasses import fields
+
+    from asr_spec.engine import DecodeOptions, Engine
+    from asr_spec.engine.speculative import DecodeState, Models
+
+    model = random_whisper("test", seed=2, vocab_size=70, init_std=0.2)
+    engine = Engine(model, None, DecodeOptions())
+    n_ctx = model.config.max_source_positions
+    audio = torch.randn(2, n_ctx, model.config.d_model, generator=torch.Generator().manual_seed(1))
+    admitted = []
+    for rows in ([1, 2], [0, 3]):
+        m = Models(engine.target_dec, engine.target_dec.new_cache(4, 16, n_ctx))
+        st = DecodeState.empty(4, 24, 0, CPU)
+        engine.admission(m, st, rows, audio, None)
+        admitted.append((rows, m.target_cache, st))
+    (run, a, sa), (apart, b, sb) = admitted
+    n = engine.prompt_len - 1
+    for name in ("cross_k", "cross_v", "self_k", "self_v"):
+        x, y = getattr(a, name)[:, run], getattr(b, name)[:, apart]
+        if name.startswith("self"):
+            x, y = x[:, :, :, :n], y[:, :, :, :n]
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert a.lengths[run].tolist() == b.lengths[apart].tolist() == [n, n]
+    for f in fields(DecodeState):
+        torch.testing.assert_close(getattr(sa, f.name)[run], getattr(sb, f.name)[apart], rtol=0, atol=0)
+    assert sa.n_tok[run].tolist() == [engine.prompt_len] * 2 and bool((sa.no_speech_prob[run] > 0).all())
+
+
 @needs_onednn
 def test_engines_over_one_target_read_one_packed_copy_of_each_weight():
     """Packed copies are made once per weight tensor: a greedy and a speculative engine over one target read the

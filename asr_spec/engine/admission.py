@@ -1,10 +1,13 @@
 """Admission: new chunks attached to free batch slots and brought to the state the step expects of every row.
 
-The scheduler keeps the live rows first (`slots.Slots`), so the free slots are always the last ones and R new
-chunks go to one contiguous run of slots [first, first + R). Every step below writes straight into views of those
-slots (`KVCache.rows`, `DecodeState.rows`): nothing is staged apart and copied in. In order:
+New chunks take the free slots with the lowest indices (`slots.Slots.place`). When those form one run of slots
+[first, first + R) (always so for one chunk, and whenever the free slots are the last ones) every step below writes
+straight into views of them (`KVCache.rows`); slots apart are admitted in caches of R rows of their own, copied into
+the slots at the end (`KVCache.write_rows`). Either way the R chunks go through each pass together, in one batch of
+R rows, so a chunk's numbers do not depend on where its slot is (CPU attention rounds by the batch a row is in).
+In order:
 
-1. cross-attention: each model's keys/values of the chunks' audio, computed once per chunk, in the slots;
+1. cross-attention: each model's keys/values of the chunks' audio, computed once per chunk;
 2. the <|startoftranscript|> pass (language detection, or a one-token prompt): the target's logits there;
 3. the prompts, with the detected (or given) language;
 4. prefill: each model is fed the prompt but its last token (the step feeds that one), target then draft;
@@ -38,25 +41,47 @@ class Admission:
         self.limit = min(self.n_prompt + max_new, tokens.max_positions)  # n_tok at which a row stops
 
     @torch.inference_mode()
-    def __call__(self, m: Models, st: DecodeState, first: int, audio: torch.Tensor,
+    def __call__(self, m: Models, st: DecodeState, rows: list[int], audio: torch.Tensor,
                  draft_audio: torch.Tensor | None) -> None:
-        """Admit R chunks to slots [first, first + R).
+        """Admit R chunks to slots `rows` (ascending).
 
         audio: (R, n_audio_ctx, d_model) target encoder output; draft_audio: what the draft's cross-attention reads
         (the same, or its own encoder's output), None when the run does not draft.
         """
+        r, first = len(rows), rows[0]
+        together = rows == list(range(first, first + r))
+        caches = m.rows(r, first) if together else self._own_caches(m, r)
+        prompts, sot_logits = self._prefill_all(caches, audio, draft_audio)
+        index = torch.tensor(rows, device=prompts.device)
+        if not together:
+            m.target_cache.write_rows(index, caches.target_cache)
+            if m.draft_cache is not None:
+                m.draft_cache.write_rows(index, caches.draft_cache)
+        st.start(index, prompts, self.limit, self._no_speech_prob(sot_logits))
+
+    def _own_caches(self, m: Models, r: int) -> Models:
+        """Caches of R rows for chunks admitted to slots apart: their audio, and their prompts but the last token."""
+        n_audio_ctx = m.target_cache.cross_v.shape[3]
+        n_positions = max(self.n_prompt - 1, 1)
+        draft_cache = None if m.draft is None else m.draft.new_cache(r, n_positions, n_audio_ctx)
+        return Models(m.target, m.target.new_cache(r, n_positions, n_audio_ctx), m.draft, draft_cache)
+
+    def _prefill_all(self, caches: Models, audio: torch.Tensor,
+                     draft_audio: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps 1-4 into R-row caches (views of the slots, or their own); returns the (R, prompt_len) prompts and
+        the target's (R, V) logits at the <|startoftranscript|> position."""
         r = len(audio)
-        slots = m.rows(r, first)
-        slots.target.write_audio(slots.target_cache, audio)
-        sot_logits = self._sot_pass(slots.target, slots.target_cache) if self.detect or self.n_prompt == 1 else None
-        prompts = self._prompts(self._languages(sot_logits, r, slots.target.device))
-        prefill_logits = prefill(slots.target, slots.target_cache, prompts, 0 if sot_logits is None else 1)
+        caches.target.write_audio(caches.target_cache, audio)
+        detect_pass = self.detect or self.n_prompt == 1
+        sot_logits = self._sot_pass(caches.target, caches.target_cache) if detect_pass else None
+        prompts = self._prompts(self._languages(sot_logits, r, caches.target.device))
+        prefill_logits = prefill(caches.target, caches.target_cache, prompts, 0 if sot_logits is None else 1)
         if sot_logits is None:  # the prefill pass started at <|startoftranscript|>: its logits are the same
             sot_logits = prefill_logits
-        if slots.draft is not None:
-            slots.draft.write_audio(slots.draft_cache, draft_audio)
-            prefill(slots.draft, slots.draft_cache, prompts, 0)
-        st.rows(r, first).start(prompts, self.limit, self._no_speech_prob(sot_logits))
+        if caches.draft is not None:
+            caches.draft.write_audio(caches.draft_cache, draft_audio)
+            prefill(caches.draft, caches.draft_cache, prompts, 0)
+        return prompts, sot_logits
 
     def _sot_pass(self, dec: Decoder, cache: KVCache) -> torch.Tensor:
         """(R, V) target logits at the <|startoftranscript|> position, from a pass over that token alone."""

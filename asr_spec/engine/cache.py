@@ -78,9 +78,19 @@ class KVCache:
 
     def move_row(self, src: int, dst: int, n_positions: int) -> None:
         """Copy slot `src` into slot `dst` (its first n_positions self-attention entries and its audio): keeps the
-        live rows first when a row finishes (new chunks then go to the last slots). One row moves, not the cache."""
+        live rows first when a row finishes and no chunk waits for its slot. One row moves, not the whole cache."""
         self.self_k[:, dst, :, :n_positions] = self.self_k[:, src, :, :n_positions]
         self.self_v[:, dst, :, :n_positions] = self.self_v[:, src, :, :n_positions]
         self.cross_k[:, dst] = self.cross_k[:, src]
         self.cross_v[:, dst] = self.cross_v[:, src]
         self.lengths[dst] = self.lengths[src]
+
+    def write_rows(self, rows: torch.Tensor, source: "KVCache") -> None:
+        """Copy a cache of R rows into slots `rows` ((R,) long): its audio keys/values, its self-attention part
+        (source.n_positions positions) and its lengths. Admission of chunks to slots apart uses it."""
+        n = source.n_positions
+        self.self_k[:, rows, :, :n] = source.self_k
+        self.self_v[:, rows, :, :n] = source.self_v
+        self.cross_k[:, rows] = source.cross_k
+        self.cross_v[:, rows] = source.cross_v
+        self.lengths[rows] = source.lengths

@@ -114,12 +114,13 @@ class Decoder:
         self.cpu_layout = self.device.type == "cpu"
         packed = onednn_usable(self.device, self.dtype)
         self.linear = onednn_linear if packed else F.linear
-        # packed: the step's products read only the packed copies (q, k, v and the cross-attention q as fused or
-        # scaled ones below); this Decoder holds no other copy of a weight
-        step_layers = [proj for layer in self.layers for proj in (
-            layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2,
-            *(() if packed else (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                                 layer.encoder_attn.q_proj)))]
+        # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q
+        # copies below instead of those projections' own weights (no other packed copy of them is held)
+        step_layers = [proj for layer in self.layers
+                       for proj in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2)]
+        if not packed:
+            step_layers += [proj for layer in self.layers for proj in (
+                layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.encoder_attn.q_proj)]
         self.weights = {proj: pack(proj.weight) if packed else proj.weight for proj in step_layers}
         self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None

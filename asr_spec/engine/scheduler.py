@@ -2,9 +2,9 @@
 
 Chunks arrive as log-mel features from any iterable (lazily: a long file streams through). The encoder runs
 once per batch of chunks (`Feed`); its output is shared by the target and a shared-encoder draft. Whenever rows
-finish, the live rows are packed first (`slots.Slots`) and the free slots refilled with the next encoded chunks
-(`admission.Admission`: cross-attention keys/values computed once, prompts prefilled), so the batch stays full
-until the queue runs dry; then the step runs on fewer rows. Results come back tagged with the chunk id, in the
+finish, their slots are refilled with the next encoded chunks (`admission.Admission`: cross-attention keys/values
+computed once, prompts prefilled) and the live rows packed first (`slots.Slots`), so the batch stays full until the
+queue runs dry; then the step runs on fewer rows. Results come back tagged with the chunk id, in the
 order chunks finish.
 
 A live source (a server's queue) yields None for "nothing right now": the engine then stops filling and keeps
@@ -231,9 +231,9 @@ class Engine:
         result per request, in the order they finish. A source may yield None ("nothing right now": see the module
         doc); the run ends when it is exhausted and no row is busy. Errors: see `EngineError`.
 
-        Slots are fixed: when rows finish, the last live rows move into their slots (`Slots.pack`) and new chunks
-        fill the free slots after the live ones, so the step runs on the first n_active slots (views, no copy).
-        Shapes then depend only on (n_active, n_keys bucket, K)."""
+        Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a finished
+        row's slot, the last live row moves into it (`Slots.pack`), so the step runs on the first n_active slots
+        (views, no copy). Shapes then depend only on (n_active, n_keys bucket, K)."""
         check_int(batch_size, "batch_size", 1)
         feed = Feed(iter(requests), self._encode, min(batch_size, memory.MAX_ENCODE_BATCH))
         n_rows = self._first_fill(feed, batch_size)
@@ -245,16 +245,16 @@ class Engine:
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
         max_len = 0  # the longest row's n_tok as last read from the device (HostReader)
         while True:
-            with feed.losing():
-                for src, dst in slots.pack():
-                    m.move_row(src, dst, min(max_len + k + 2, self.n_positions))
-                    st.move_row(src, dst)
             if slots.n_free and feed.more:
                 feed.fill(slots.n_free)
             if slots.n_free and feed.ready:
                 with feed.losing():
                     self._admit(m, st, slots, feed.take(slots.n_free))
                 max_len = max(max_len, self.prompt_len)
+            with feed.losing():
+                for src, dst in slots.pack():
+                    m.move_row(src, dst, min(max_len + k + 2, self.n_positions))
+                    st.move_row(src, dst)
             if slots.n_live == 0:
                 if feed.done:
                     return
@@ -319,15 +319,15 @@ class Engine:
         return m, DecodeState.empty(n_rows, self.n_positions + k + 8, k, self.target_dec.device)
 
     def _admit(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], taken: list[Encoded]) -> None:
-        """Place encoded chunks in the first free slots (one contiguous run: the live rows are packed) and admit
-        them there (`Admission`); a request that asks to keep its encoder output keeps it in its slot."""
-        first = slots.place([replace(req, encoded=enc) if req.keep_encoded else req for req, enc, _ in taken])
+        """Place encoded chunks in the free slots with the lowest indices and admit them there (`Admission`); a
+        request that asks to keep its encoder output keeps it in its slot."""
+        rows = slots.place([replace(req, encoded=enc) if req.keep_encoded else req for req, enc, _ in taken])
         audio = torch.stack([enc for _, enc, _ in taken])
         draft_audio = None
         if m.draft is not None:
             own = self.kind is DraftKind.OWN_ENCODER
             draft_audio = torch.stack([o for _, _, o in taken]) if own else audio
-        self.admission(m, st, first, audio, draft_audio)
+        self.admission(m, st, rows, audio, draft_audio)
 
     def _step(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], reader: HostReader, k: int,
               max_len: int) -> tuple[int, list[int], int] | None:

@@ -1,8 +1,8 @@
 """Which chunk is in which batch slot, and since when: the scheduler's bookkeeping (plain Python, no tensor).
 
-A run has a fixed number of slots (its caches hold that many rows). The live rows are kept first: before chunks are
-admitted, the last live rows move into the holes finished rows left before them (`Slots.pack`), so the step runs on
-slots [0, n_live) (views, no copy) and new chunks go to one contiguous run of free slots [n_live, n_live + R).
+A run has a fixed number of slots (its caches hold that many rows). New chunks take the free slots with the lowest
+indices (`Slots.place`); then the last live rows move into the holes left before them (`Slots.pack`), so the live
+rows are slots [0, n_live) and the step runs on them as views (no copy).
 
 The host learns which rows finished from a read of the device after a step (on CUDA one step late:
 `capture.HostReader`). A read tagged with step t describes the slots' occupants at step t, so an occupant placed in
@@ -46,15 +46,14 @@ class Slots(Generic[Occupant]):
             self.since[dst] = self.n_step
         return moves
 
-    def place(self, occupants: list[Occupant]) -> int:
-        """Put new occupants in the first free slots, [n_live, n_live + len(occupants)) after `pack`; returns the
-        first of them."""
-        first = self.n_live
-        if any(o is not None for o in self.occupants[first:first + len(occupants)]):
-            raise RuntimeError("slots placed before the live rows were packed")
-        for row, occupant in enumerate(occupants, first):
+    def place(self, occupants: list[Occupant]) -> list[int]:
+        """Put new occupants in the free slots with the lowest indices; returns those slots, in order."""
+        rows = [row for row, o in enumerate(self.occupants) if o is None][:len(occupants)]
+        if len(rows) < len(occupants):
+            raise RuntimeError(f"{len(occupants)} chunks placed in {len(rows)} free slots")
+        for row, occupant in zip(rows, occupants):
             self.occupants[row], self.since[row] = occupant, self.n_step
-        return first
+        return rows
 
     def step(self) -> int:
         """Count a step run over the live rows; returns its number (the tag of the read that follows it)."""

@@ -72,26 +72,26 @@ class DecodeState:
                    sum_logprob=torch.zeros(n_rows, device=device), no_speech_prob=torch.zeros(n_rows, device=device),
                    **per_row)
 
-    def rows(self, n_rows: int, first: int = 0) -> "DecodeState":
-        """Slots [first, first + n_rows), as views (in-place updates reach the full state)."""
-        return DecodeState(*(getattr(self, f.name)[first:first + n_rows] for f in fields(self)))
+    def rows(self, n_rows: int) -> "DecodeState":
+        """The first `n_rows` slots, as views (in-place updates reach the full state)."""
+        return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
 
-    def start(self, prompts: torch.Tensor, limit: int, no_speech_prob: torch.Tensor) -> None:
-        """Start every row of this state (a view of newly admitted slots) on its prompt, counts at zero.
+    def start(self, rows: torch.Tensor, prompts: torch.Tensor, limit: int, no_speech_prob: torch.Tensor) -> None:
+        """Start rows `rows` ((R,) long: newly admitted slots) on their prompts, their counts at zero.
 
         prompts: (R, prompt_len) long; limit: n_tok at which the rows stop; no_speech_prob: (R,) float32.
         """
         n_prompt = prompts.shape[1]
-        self.seq[:, :n_prompt] = prompts
-        self.n_tok.fill_(n_prompt)
-        self.begin.fill_(n_prompt)
-        self.limit.fill_(limit)
-        self.finish.fill_(FINISH_NONE)
+        self.seq[rows, :n_prompt] = prompts
+        self.n_tok[rows] = n_prompt
+        self.begin[rows] = n_prompt
+        self.limit[rows] = limit
+        self.finish[rows] = FINISH_NONE
         for name in COUNTS:
-            getattr(self, name).zero_()
-        self.hist.zero_()
-        self.sum_logprob.zero_()
-        self.no_speech_prob.copy_(no_speech_prob)
+            getattr(self, name)[rows] = 0
+        self.hist[rows] = 0
+        self.sum_logprob[rows] = 0.0
+        self.no_speech_prob[rows] = no_speech_prob
 
     def move_row(self, src: int, dst: int) -> None:
         for f in fields(self):
