@@ -224,34 +224,32 @@ def test_memory_estimate_is_plain_arithmetic() -> None:
 
 
 def test_slots_never_exceed_the_chunks_that_exist(monkeypatch) -> None:
-    from asr_spec.engine import cache
-
-    rows: list[int] = []
-    original = cache.KVCache.empty.__func__
-
-    def spy(cls, n_layers, n_rows, n_heads, head_dim, n_positions, *args, **kwargs):
-        if n_positions > 64:  # the batch's caches (max_target_positions + K), not admission's prompt staging
-            rows.append(n_rows)
-        return original(cls, n_layers, n_rows, n_heads, head_dim, n_positions, *args, **kwargs)
-
-    monkeypatch.setattr(cache.KVCache, "empty", classmethod(spy))
+    """A run takes min(batch size, chunks) rows: with memory free for exactly that many rows (caches of the target
+    and the draft), a batch size of a thousand decodes 3 chunks, and one row less does not fit."""
     target = tiny_target()
     engine = Engine(target, decoder_draft(target), DecodeOptions(language="en", max_new_tokens=8))
+
+    def free_for(n_rows: int) -> None:
+        need = memory.run_bytes(engine.run_shape(n_rows), n_rows)
+        monkeypatch.setattr(memory, "free_bytes", lambda device: int(need / memory.USABLE_FRACTION) + 1)
+
+    assert engine.run_shape(3).draft is not None  # the draft's caches are counted
+    free_for(3)
     assert len(engine.decode(_features()[:3], batch_size=1000)) == 3
-    assert rows == [3, 3]  # target and draft caches: three rows each, not a thousand
-    rows.clear()
+    free_for(4)
     assert len(engine.decode(_features(), batch_size=4)) == 5
-    assert rows == [4, 4]
-    rows.clear()  # more chunks than rows, encoded ahead in micro-batches of 16: still batch_size rows
+    free_for(20)  # more chunks than rows, encoded ahead in micro-batches of 16: still batch_size rows
     many = _features().repeat(5, 1, 1)[:25]
     assert len(engine.decode(many, batch_size=20)) == 25
-    assert rows == [20, 20]
+    free_for(2)
+    with pytest.raises(ResourceError, match="batch of 3 needs"):
+        engine.decode(_features()[:3], batch_size=1000)
 
 
 def test_a_batch_that_cannot_fit_stops_at_once_saying_what_fits(capsys, monkeypatch, model_dirs) -> None:
     target = tiny_target()
     engine = Engine(target, None, DecodeOptions(language="en", max_new_tokens=8))
-    one_row = memory.row_bytes(engine._run_shape(448 + 2, 0))
+    one_row = memory.row_bytes(engine.run_shape(1))
     monkeypatch.setattr(memory, "free_bytes", lambda device: int(2.5 * one_row / memory.USABLE_FRACTION))
     with pytest.raises(ResourceError, match="--batch-size 2 fits"):
         engine.decode(_features(), batch_size=4)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.testing import Shape, random_whisper
 from asr_spec.models.loading import decoder_draft
@@ -197,13 +198,28 @@ def test_restricted_vocabulary_draft_is_lossless():
     assert sum(r.stats.accepted_tokens for r in results) > 0
 
 
-def test_live_source_with_gaps_gives_the_same_results(monkeypatch):
+class CountingRunner(StepRunner):
+    """The eager step, remembering the rows each step runs on (the live rows, packed into the first slots)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def __call__(self, m, rules, st, k, n_keys):
+        self.sizes.append(st.n_tok.shape[0])
+        super().__call__(m, rules, st, k, n_keys)
+
+
+def test_live_source_with_gaps_gives_the_same_results():
     """A source that yields None ("nothing right now") between chunks: the engine keeps decoding the busy rows,
     drops idle ones, grows back when chunks come, and every chunk decodes exactly as in one offline run."""
     from asr_spec.engine import ChunkRequest
 
-    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW))
+    runner = CountingRunner()
+    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW),
+                    runner=runner)
     offline = {r.id: r.tokens for r in engine.decode(_features(), batch_size=3)}
+    runner.sizes.clear()
     offline = dict(enumerate(offline.values()))
     pattern = [0, None, None, 1, 2, 3, None, 4, None, None, None, None, None, None, None, None, 5, 6, 7, 8, 9]
 
@@ -211,13 +227,10 @@ def test_live_source_with_gaps_gives_the_same_results(monkeypatch):
         for item in pattern:
             yield None if item is None else ChunkRequest(item, _features()[item])
 
-    sizes = []  # rows each step runs on (the live rows are packed into the first slots)
-    pack = Engine._pack
-    monkeypatch.setattr(Engine, "_pack", staticmethod(lambda *args: sizes.append(pack(*args)) or sizes[-1]))
     results = list(engine.run(live(), batch_size=3))
     assert sorted(r.id for r in results) == list(range(10))
-    busy = [n for n in sizes if n]
-    assert min(busy) == 1 and any(b > a for a, b in zip(busy, busy[1:])), sizes  # shrunk, then grown back
+    busy = runner.sizes
+    assert min(busy) == 1 and any(b > a for a, b in zip(busy, busy[1:])), busy  # shrunk, then grown back
     assert {r.id: r.tokens for r in results} == offline
 
 
@@ -253,3 +266,46 @@ def test_draft_only_in_runs_of_few_rows(timestamps):
     assert all(r.stats.drafted_tokens > 0 for r in few_chunks)  # 2 chunks at batch 8: 2 slots, drafted
     with pytest.raises(ValueError, match="draft_max_rows must be an integer >= 1"):
         DecodeOptions(draft_max_rows=0)
+
+
+def test_memory_is_checked_after_the_draft_decision(monkeypatch):
+    """DecodeOptions.drafts is the one rule of draft_max_rows; the memory check asks it too: a run of more rows than
+    that is not charged for the draft's caches, so it fits where a drafted run of as many rows would not."""
+    from asr_spec.engine import ResourceError, memory
+
+    opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, draft_max_rows=2)
+    assert DecodeOptions().drafts(1000) and opts.drafts(2) and not opts.drafts(3)
+    engine = Engine(_target(), drafts("perturbed-shared"), opts)
+    greedy_run, drafted_run = engine.run_shape(4), engine.run_shape(2)
+    assert greedy_run.draft is None and greedy_run.k_max == 0
+    assert drafted_run.draft is not None and drafted_run.k_max == opts.num_draft_tokens
+    need = memory.run_bytes(greedy_run, 4)
+    assert need < memory.run_bytes(drafted_run, 4)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: int(need / memory.USABLE_FRACTION) + 1)
+    results = engine.decode(_features()[:4], batch_size=4)
+    assert all(r.stats.draft_passes == 0 for r in results)
+    monkeypatch.setattr(memory, "free_bytes", lambda device: int(need / memory.USABLE_FRACTION) - 1)
+    with pytest.raises(ResourceError, match="batch of 4 needs"):
+        engine.decode(_features()[:4], batch_size=4)
+    with pytest.raises(ValueError, match="certified_head must be true or false"):
+        DecodeOptions(certified_head=1)
+
+
+def test_a_kept_encoder_output_is_the_one_its_chunk_was_decoded_from():
+    """ChunkRequest.keep_encoded: the result carries the target encoder output its chunk was decoded from (decoding
+    that output again gives the same result; it equals the engine's encoding of the features); None when not
+    asked."""
+    from asr_spec.engine import ChunkRequest
+
+    engine = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(language="en", max_new_tokens=MAX_NEW))
+    features = _features()
+    requests = [ChunkRequest(i, features[i], keep_encoded=i % 2 == 0) for i in range(len(features))]
+    results = sorted(engine.run(requests, batch_size=3), key=lambda r: r.id)
+    assert all((r.encoded is None) == (r.id % 2 == 1) for r in results)
+    kept = [r for r in results if r.encoded is not None]
+    encoded = torch.stack([r.encoded for r in kept])
+    assert encoded.shape == (len(kept), engine.n_audio_ctx, _target().config.d_model)
+    torch.testing.assert_close(encoded, engine.encode(features[[r.id for r in kept]]), rtol=1e-5, atol=1e-5)
+    again = engine.decode(None, encoded, batch_size=3)
+    assert [(r.tokens, r.avg_logprob, r.no_speech_prob) for r in again] == \
+        [(r.tokens, r.avg_logprob, r.no_speech_prob) for r in kept]

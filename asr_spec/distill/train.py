@@ -374,13 +374,24 @@ def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCa
     return AgreementReport(sum(flat) / n, len(flat), acc, tpp, coverage)
 
 
-def decoder_step_ms(model: nn.Module, batch_size: int, n_audio_ctx: int) -> float:
+def decoder_step_ms(model: nn.Module, batch_size: int, n_audio_ctx: int, repeats: int = 20) -> float:
     """Milliseconds of one engine decoder step of `model` (a target, or a draft with its restricted head if it has
-    one) at `batch_size` rows: `asr_spec.engine.Decoder.step_ms`."""
+    one) at `batch_size` rows: a single-token step at position 40, cross-attention over `n_audio_ctx` frames of
+    random keys/values, after 3 warm-up steps. Host clock, no device sync: for CPU benchmarks."""
     from asr_spec.engine import Decoder
 
     decoder = Decoder(model.model.decoder, model.proj_out, getattr(model, "draft_vocab_ids", None))
-    return decoder.step_ms(batch_size, n_audio_ctx)
+    cache = decoder.new_cache(batch_size, 64, n_audio_ctx)
+    cache.cross_k.normal_()
+    cache.cross_v.normal_()
+    tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=decoder.device)
+    positions = torch.full((batch_size, 1), 40, device=decoder.device)
+    for _ in range(3):
+        decoder.forward(cache, tokens, positions, 41)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        decoder.forward(cache, tokens, positions, 41)
+    return (time.perf_counter() - start) / repeats * 1e3
 
 
 @dataclass(frozen=True)

@@ -70,34 +70,27 @@ class KVCache:
         self.self_k[layer].scatter_(2, index, k)
         self.self_v[layer].scatter_(2, index, v)
 
-    def rows(self, n_rows: int) -> "KVCache":
-        """The first `n_rows` slots, as views (no copy): the step of a batch whose live rows are packed first."""
-        return KVCache(self.self_k[:, :n_rows], self.self_v[:, :n_rows], self.cross_k[:, :n_rows],
-                       self.cross_v[:, :n_rows], self.lengths[:n_rows])
+    def rows(self, n_rows: int, first: int = 0) -> "KVCache":
+        """Slots [first, first + n_rows), as views (no copy; writes reach this cache): the first n_rows for the
+        step of a batch whose live rows are packed first, a run of free slots for admission to prefill into."""
+        s = slice(first, first + n_rows)
+        return KVCache(self.self_k[:, s], self.self_v[:, s], self.cross_k[:, s], self.cross_v[:, s], self.lengths[s])
 
     def move_row(self, src: int, dst: int, n_positions: int) -> None:
-        """Copy slot `src` into slot `dst` (its first n_positions self-attention entries and its audio): packs the
-        live rows first when a row finishes and nothing waits for its slot. One row moves, not the whole cache."""
+        """Copy slot `src` into slot `dst` (its first n_positions self-attention entries and its audio): keeps the
+        live rows first when a row finishes and no chunk waits for its slot. One row moves, not the whole cache."""
         self.self_k[:, dst, :, :n_positions] = self.self_k[:, src, :, :n_positions]
         self.self_v[:, dst, :, :n_positions] = self.self_v[:, src, :, :n_positions]
         self.cross_k[:, dst] = self.cross_k[:, src]
         self.cross_v[:, dst] = self.cross_v[:, src]
         self.lengths[dst] = self.lengths[src]
 
-    def commit(self, rows: torch.Tensor, staged: "KVCache") -> None:
-        """Store the slots of a staging cache (new chunks' audio and prefilled prompt) into slots `rows`.
-
-        rows: (R,) long; staged: a cache of R rows whose self-attention part holds staged.lengths (all equal)
-        positions at most.
-        """
-        n = staged.n_positions
-        self.self_k[:, rows, :, :n] = staged.self_k
-        self.self_v[:, rows, :, :n] = staged.self_v
-        if not self.holds_cross(staged):
-            self.cross_k[:, rows] = staged.cross_k
-            self.cross_v[:, rows] = staged.cross_v
-        self.lengths[rows] = staged.lengths
-
-    def holds_cross(self, staged: "KVCache") -> bool:
-        """Whether a staging cache's cross-attention part is a view of this cache's (`Decoder.stage` with into)."""
-        return staged.cross_k.untyped_storage().data_ptr() == self.cross_k.untyped_storage().data_ptr()
+    def write_rows(self, rows: torch.Tensor, source: "KVCache") -> None:
+        """Copy a cache of R rows into slots `rows` ((R,) long): its audio keys/values, its self-attention part
+        (source.n_positions positions) and its lengths. Admission of chunks to slots apart uses it."""
+        n = source.n_positions
+        self.self_k[:, rows, :, :n] = source.self_k
+        self.self_v[:, rows, :, :n] = source.self_v
+        self.cross_k[:, rows] = source.cross_k
+        self.cross_v[:, rows] = source.cross_v
+        self.lengths[rows] = source.lengths

@@ -46,9 +46,20 @@ class StepRunner:
         self.pool = None
 
     def __call__(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
-        if self.mode != "cuda-graphs":
-            self.fn(m, rules, st, k, n_keys)
-            return
+        """Run the step once (eager steps in inference mode, ~0.3 ms a step less dispatch; traced and captured
+        ones in no_grad: inference tensors cannot be traced)."""
+        if self.mode == "eager":
+            with torch.inference_mode():
+                self.fn(m, rules, st, k, n_keys)
+        elif self.mode == "wrapped":
+            with torch.no_grad():
+                self.fn(m, rules, st, k, n_keys)
+        else:
+            with torch.no_grad():
+                self._graph_step(m, rules, st, k, n_keys)
+
+    def _graph_step(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
+        """Replay the CUDA graph of this (rows, n_keys, K), or run the step eagerly and capture it for next time."""
         key = (st.n_tok.shape[0], n_keys, k)
         graph = self.graphs.get(key)
         if graph is not None:
@@ -93,6 +104,16 @@ class HostReader:
         if self.cuda:
             self.event.record()
         self.pending, self.tag = n, tag
+
+    def after_step(self, st: DecodeState, tag: int) -> tuple[int, list[int], int] | None:
+        """Queue the read of the state after the step numbered `tag` and return the read due now (see `pull`):
+        that step's at lag 0, the previous step's at lag 1 (None after the first step)."""
+        if self.lag == 0:
+            self.push(st, tag)
+        read = self.pull()
+        if self.lag:
+            self.push(st, tag)
+        return read
 
     def pull(self) -> tuple[int, list[int], int] | None:
         """(tag, finish codes of the rows after that step, longest n_tok) of the read pushed last; None if none."""

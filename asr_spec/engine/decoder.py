@@ -15,7 +15,7 @@ from torch import nn
 
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead
-from asr_spec.engine.kernels import POST_OPS, fused_qkv, onednn_linear, onednn_usable, pack, scaled
+from asr_spec.engine.kernels import POST_OPS, fused_qkv, onednn_linear, onednn_usable, pack, reorder, scaled, shared
 
 
 def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
@@ -29,9 +29,43 @@ def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, voca
 
 def bf16_copy(draft: nn.Module) -> tuple[nn.Module, nn.Module]:
     """A draft's decoder and output projection copied into bf16 (the model itself, and a target whose tensors it
-    shares, are left as they are): a draft's precision changes only its proposals, never the output."""
-    decoder, proj_out = copy.deepcopy((draft.model.decoder, draft.proj_out))  # one copy: a tied head stays tied
-    return decoder.to(torch.bfloat16), proj_out.to(torch.bfloat16)
+    shares, are left as they are): a draft's precision changes only its proposals, never the output. One copy per
+    draft (`kernels.shared`), whatever the number of engines using it, and so one set of its packed weights."""
+    modules = (draft.model.decoder, draft.proj_out)
+
+    def make() -> tuple[nn.Module, nn.Module]:
+        decoder, proj_out = copy.deepcopy(modules)  # one copy: a tied head stays tied
+        return decoder.to(torch.bfloat16), proj_out.to(torch.bfloat16)
+
+    # the draft's own layers first: the entry is kept by its first source (the embeddings may be the target's)
+    sources = (*draft.model.decoder.layers.parameters(), *(p for module in modules for p in module.parameters()))
+    return shared("bf16-copy", sources, make)
+
+
+def _vocab_sources(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The tensors the head rows a decoder scores are made of (the sources of their shared copies)."""
+    return (weight,) if vocab_ids is None else (weight, vocab_ids)
+
+
+def _head_rows(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """The (V', d_model) rows of a head the decoder scores: all of them (the tensor itself), or a restricted draft
+    vocabulary's (a copy, shared per head and vocabulary: `kernels.shared`)."""
+    if vocab_ids is None:
+        return weight
+    return shared("rows", (weight, vocab_ids), lambda: weight.detach()[vocab_ids])
+
+
+def _head_packed(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """The head rows packed for oneDNN, shared per head and vocabulary."""
+    if vocab_ids is None:
+        return pack(weight)
+    return shared("packed-rows", (weight, vocab_ids), lambda: reorder(weight.detach()[vocab_ids]))
+
+
+def _head_transposed(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """The head rows as a contiguous (d_model, V') matrix (CPU bf16/fp16, one row: x @ W^T), shared likewise."""
+    return shared("transposed", _vocab_sources(weight, vocab_ids),
+                  lambda: _head_rows(weight, vocab_ids).detach().t().contiguous())
 
 
 def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -59,34 +93,34 @@ class Decoder:
         self.scaling: float = first.scaling
         self.n_layers: int = len(self.layers)
         self.max_positions: int = decoder.embed_positions.weight.shape[0]
-        self.cross_width: int = self.layers[0].encoder_attn.k_proj.in_features
         self.embed = decoder.embed_tokens
         self.pos_table = decoder.embed_positions.weight
         self.vocab_size: int = proj_out.weight.shape[0]
         # A draft may score only a subset of the vocabulary (the output head dominates a small decoder's cost):
         # its logits are scattered into the full vocabulary with -inf elsewhere. The target always scores all.
         self.vocab_ids = vocab_ids
-        weight = proj_out.weight if vocab_ids is None else proj_out.weight[vocab_ids]
+        weight = _head_rows(proj_out.weight, vocab_ids)
         # On CPU a step is bound by memory traffic; measured on this project's CPU (whisper-base shapes, weights and
         # caches streamed from memory as in a real step):
         # - the cross-attention keys stored transposed (head_dim, n_audio_ctx), attended with two matrix products
         #   (~2x faster than SDPA for 1-13 queries over 1500 keys);
         # - CPU fp32 with oneDNN: the step's projections and the head through oneDNN with their weights reordered
         #   once into its blocked layout (`kernels.pack`; q, k, v fused into one product): 1.4-2x faster than MKL's
-        #   layouts at 2-32 rows. The packed copies are taken here: a Decoder reads its module's weights as they
-        #   were when it was built;
+        #   layouts at 2-32 rows. The packed copies are taken here, shared with every other Decoder over the same
+        #   tensors (`kernels.shared`): a Decoder reads its module's weights as they were when it was built;
         # - otherwise (CPU bf16/fp16) the head as a contiguous (d_model, vocab) matrix for one row (x @ W^T) and
         #   W (vocab, d_model) @ x^T from 2 rows on (MKL runs thin x @ W^T products badly).
         # On CUDA the fused kernels are used as they are.
         self.cpu_layout = self.device.type == "cpu"
         packed = onednn_usable(self.device, self.dtype)
         self.linear = onednn_linear if packed else F.linear
-        # packed: the step's products read only the packed copies (q, k, v and the cross-attention q as fused or
-        # scaled ones below); this Decoder holds no other copy of a weight
-        step_layers = [proj for layer in self.layers for proj in (
-            layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2,
-            *(() if packed else (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                                 layer.encoder_attn.q_proj)))]
+        # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q
+        # copies below instead of those projections' own weights (no other packed copy of them is held)
+        step_layers = [proj for layer in self.layers
+                       for proj in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2)]
+        if not packed:
+            step_layers += [proj for layer in self.layers for proj in (
+                layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.encoder_attn.q_proj)]
         self.weights = {proj: pack(proj.weight) if packed else proj.weight for proj in step_layers}
         self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
@@ -96,9 +130,9 @@ class Decoder:
         exact_fp32 = (packed and self.dtype == torch.float32 and vocab_ids is None
                       and onednn_usable(self.device, torch.bfloat16))
         self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
-        self.head_packed = pack(weight) if packed and self.certified is None else None
+        self.head_packed = _head_packed(proj_out.weight, vocab_ids) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
-        self.head_weight_t = weight.t().contiguous() if self.cpu_layout and not packed else None
+        self.head_weight_t = _head_transposed(proj_out.weight, vocab_ids) if self.cpu_layout and not packed else None
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)
@@ -118,28 +152,20 @@ class Decoder:
         )
 
     @torch.inference_mode()
-    def stage(self, audio: torch.Tensor, n_positions: int, into: tuple[KVCache, int] | None = None) -> KVCache:
-        """A staging cache for R new chunks: their cross-attention keys/values (computed once per chunk) and an
-        empty self-attention part of n_positions, to prefill the prompt in before `KVCache.commit` stores it in
-        the batch slots. Language detection reads this cache: no copy of the batch's cache is made.
+    def write_audio(self, cache: KVCache, audio: torch.Tensor) -> None:
+        """Compute R new chunks' cross-attention keys/values (once per chunk) into `cache`, a view of the R batch
+        slots they are admitted to (`KVCache.rows`): written in place, no copy.
 
-        audio: (R, n_audio_ctx, cross_width) encoder output.
-        into: (cache, first): the chunks go to slots [first, first + R) of `cache`; their keys/values are then
-            written there directly (the staging cache's cross part is a view of them), not copied at commit.
+        audio: (R, n_audio_ctx, d_encoder) the encoder output its cross-attention reads.
         """
         audio = audio.to(self.dtype)
         r, s, _ = audio.shape
-        staged = self.new_cache(r, max(n_positions, 1), s if into is None else 0)
-        if into is not None:
-            cache, first = into
-            staged.cross_k, staged.cross_v = cache.cross_k[:, first:first + r], cache.cross_v[:, first:first + r]
         for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
             k, v = (self.linear(audio, p.weight, p.bias).view(r, s, self.n_heads, self.head_dim)
                     for p in (attn.k_proj, attn.v_proj))
-            staged.cross_k[i] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
-            staged.cross_v[i] = v.transpose(1, 2)
-        return staged
+            cache.cross_k[i] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
+            cache.cross_v[i] = v.transpose(1, 2)
 
     def _head(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """(B, P, d_model) -> (B, P, V') logits, in the layout measured fastest for B * P rows. With a certified
@@ -230,20 +256,3 @@ class Decoder:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
         x = _layer_norm(self.decoder.layer_norm, x)
         return full_vocab_logits(self._head(x, exact), self.vocab_ids, self.vocab_size)
-
-    def step_ms(self, n_rows: int, n_audio_ctx: int, repeats: int = 20) -> float:
-        """Milliseconds of one single-token step at `n_rows` rows, position 40, cross-attention over `n_audio_ctx`
-        frames of random keys/values, after 3 warm-up steps. Host clock, no device sync: for CPU benchmarks."""
-        import time
-
-        cache = self.new_cache(n_rows, 64, n_audio_ctx)
-        cache.cross_k.normal_()
-        cache.cross_v.normal_()
-        tokens = torch.zeros(n_rows, 1, dtype=torch.long, device=self.device)
-        positions = torch.full((n_rows, 1), 40, device=self.device)
-        for _ in range(3):
-            self.forward(cache, tokens, positions, 41)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            self.forward(cache, tokens, positions, 41)
-        return (time.perf_counter() - start) / repeats * 1e3

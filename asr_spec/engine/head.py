@@ -24,9 +24,11 @@ uses the exact product).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from asr_spec.engine.kernels import onednn_linear, pack
+from asr_spec.engine.kernels import reorder, onednn_linear, shared
 
 _BF16_REL = 2.0 ** -7  # bf16 keeps 8 significant bits: rounding moves a value by < 2^-8 of it; 2^-7 is generous
 _FP32_EPS = 2.0 ** -24
@@ -44,7 +46,7 @@ class CertifiedHead:
 
     def __init__(self, weight: torch.Tensor, exact_from: int, protected: tuple[int, ...] = (),
                  n_candidates: int = 32):
-        weight = weight.detach()
+        source, weight = weight, weight.detach()
         v, d = weight.shape
         if not 0 < exact_from <= v:
             raise ValueError(f"exact_from must be in (0, {v}], got {exact_from}")
@@ -53,9 +55,11 @@ class CertifiedHead:
         self.exact_from = exact_from
         text = weight[:exact_from]
         text_bf16 = text.to(torch.bfloat16)
-        self.text_packed = pack(text_bf16)
+        # the packed rows are shared per head tensor (kernels.shared): every engine over this target reads one copy
+        self.text_packed = shared(("bf16-rows", exact_from), (source,), functools.partial(reorder, text_bf16))
         self.exact_ids = torch.cat([protected_ids, torch.arange(exact_from, v)])  # (E,)
-        self.exact_packed = pack(weight[self.exact_ids])
+        exact_rows = functools.partial(reorder, weight[self.exact_ids])
+        self.exact_packed = shared(("rows", tuple(self.exact_ids.tolist())), (source,), exact_rows)
         self.select_bias = torch.zeros(exact_from)
         self.select_bias[protected_ids] = float("-inf")
         self.k = max(min(n_candidates, exact_from - len(protected_ids) - 1), 0)

@@ -35,8 +35,12 @@ class DecodeOptions:
     # CPU fp32: a draft that reads the target's encoder output runs its decoder in bf16 (oneDNN, where the CPU has
     # bf16 instructions): a draft pass reads half the bytes; only its proposals change, never the output
     draft_bf16: bool = True
+    # CPU fp32 where the CPU has bf16 instructions: the target's output head is read in bf16 and certified
+    # (engine/head.py: every decision, hence every token, is the fp32 head's); False reads it in fp32
+    certified_head: bool = True
     # The draft decodes only runs of at most this many rows (batch slots: min(batch size, chunks to decode)); larger
-    # runs decode greedily without it (on a CPU a verify pass of several rows is compute-bound). None: every run.
+    # runs decode greedily without it (on a CPU a verify pass of several rows is compute-bound). None: every run;
+    # at least 1 (a run that never drafts is a run without a draft).
     draft_max_rows: int | None = None
 
     def __post_init__(self) -> None:
@@ -44,7 +48,7 @@ class DecodeOptions:
             raise ValueError(f"language must be a language code or name, or None (detect), got {self.language!r}")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', got {self.task!r}")
-        for name in ("timestamps", "cuda_graphs", "draft_bf16"):
+        for name in ("timestamps", "cuda_graphs", "draft_bf16", "certified_head"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.max_new_tokens is not None:
@@ -52,3 +56,8 @@ class DecodeOptions:
         check_int(self.num_draft_tokens, "num_draft_tokens", 1)
         if self.draft_max_rows is not None:
             check_int(self.draft_max_rows, "draft_max_rows", 1)
+
+    def drafts(self, n_rows: int) -> bool:
+        """Whether a run of `n_rows` rows (batch slots) decodes with the draft, when one is loaded: the one home of
+        the draft_max_rows rule (the engine's memory check and its allocation both ask it)."""
+        return self.draft_max_rows is None or n_rows <= self.draft_max_rows

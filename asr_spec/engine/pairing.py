@@ -24,13 +24,18 @@ class DraftKind(enum.Enum):
     OWN_ENCODER = "own-encoder"  # full Whisper with its own encoder, run once on the same features
 
 
+def _setting(model: nn.Module, name: str) -> Any:
+    """A token setting from the model's generation config, else from its config (None when neither has it)."""
+    value = getattr(getattr(model, "generation_config", None), name, None)
+    return value if value is not None else getattr(model.config, name, None)
+
+
 def _special_ids(model: nn.Module) -> dict[str, Any]:
     gen, cfg = getattr(model, "generation_config", None), model.config
-    get = lambda name: getattr(gen, name, None) if getattr(gen, name, None) is not None else getattr(cfg, name, None)  # noqa: E731
-    eos = get("eos_token_id")
+    eos = _setting(model, "eos_token_id")
     return {
         "vocab_size": cfg.vocab_size,
-        "decoder_start_token_id": get("decoder_start_token_id"),
+        "decoder_start_token_id": _setting(model, "decoder_start_token_id"),
         "eos_token_id": eos[0] if isinstance(eos, (list, tuple)) else eos,
         "no_timestamps_token_id": getattr(gen, "no_timestamps_token_id", None),
         "lang_to_id": getattr(gen, "lang_to_id", None),

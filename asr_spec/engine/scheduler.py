@@ -1,10 +1,11 @@
 """Continuous batching around the speculative step.
 
 Chunks arrive as log-mel features from any iterable (lazily: a long file streams through). The encoder runs
-once per batch of chunks; its output is shared by the target and a shared-encoder draft. Whenever a row
-finishes, its slot is refilled with the next encoded chunk (its cross-attention keys/values computed once, its
-prompt fed by the next step), so the batch stays full until the queue runs dry; then finished rows are dropped
-from the batch. Results come back tagged with the chunk id, in the order chunks finish.
+once per batch of chunks (`Feed`); its output is shared by the target and a shared-encoder draft. Whenever rows
+finish, their slots are refilled with the next encoded chunks (`admission.Admission`: cross-attention keys/values
+computed once, prompts prefilled) and the live rows packed first (`slots.Slots`), so the batch stays full until the
+queue runs dry; then the step runs on fewer rows. Results come back tagged with the chunk id, in the
+order chunks finish.
 
 A live source (a server's queue) yields None for "nothing right now": the engine then stops filling and keeps
 decoding the busy rows (the step runs on the first n_active slots, so idle slots cost nothing). An error in the
@@ -14,7 +15,7 @@ engine's own work raises `EngineError` naming the chunks lost with it, so a serv
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -22,15 +23,16 @@ import torch
 from torch import nn
 
 from asr_spec.engine import memory
-from asr_spec.engine.cache import KVCache
+from asr_spec.engine.admission import Admission
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
-from asr_spec.engine.rules import LogitRules, WhisperTokens
-from asr_spec.engine.speculative import FINISH_EOS, FINISH_NONE, DecodeState, Models, step
 from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.engine.rules import LogitRules, WhisperTokens
+from asr_spec.engine.slots import Slots
+from asr_spec.engine.speculative import COUNTS, FINISH_EOS, DecodeState, Models
 from asr_spec.engine.stats import ChunkStats
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
@@ -47,15 +49,6 @@ class EngineError(RuntimeError):
         super().__init__(f"engine step failed with {len(chunk_ids)} chunk(s) in flight: "
                          f"{type(cause).__name__}: {cause}")
         self.chunk_ids = chunk_ids
-
-
-@contextmanager
-def _losing(in_flight: set) -> Iterator[None]:
-    """Turn an exception of the engine's own work into `EngineError` naming the chunks in flight."""
-    try:
-        yield
-    except Exception as err:
-        raise EngineError(tuple(in_flight), err) from err
 
 
 @dataclass(frozen=True)
@@ -90,6 +83,63 @@ class ChunkResult:
     encoded: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
 
+Encoded = tuple[ChunkRequest, torch.Tensor, torch.Tensor | None]  # a request, its target and own-draft encoder outputs
+
+
+class Feed:
+    """The chunks on their way to a slot: pulled from the source, encoded a micro-batch at a time, then waiting in
+    `ready` for a free slot. Every id pulled and not yet given back (`done_with`) is in flight: lost with the run if
+    the engine raises (`losing`)."""
+
+    def __init__(self, source: Iterator[ChunkRequest | None],
+                 encode: Callable[[list[ChunkRequest]], tuple[list[torch.Tensor], list[torch.Tensor] | None]],
+                 micro_batch: int):
+        self.source, self.encode, self.micro_batch = source, encode, micro_batch
+        self.ready: deque[Encoded] = deque()
+        self.in_flight: set = set()
+        self.more = True  # False once the source is exhausted
+
+    @property
+    def done(self) -> bool:
+        """The source is exhausted and no encoded chunk waits."""
+        return not self.more and not self.ready
+
+    def fill(self, n_needed: int) -> None:
+        """Encode micro-batches until `n_needed` chunks are ready, the source has nothing right now (it yields
+        None) or is exhausted (`more` becomes False)."""
+        while len(self.ready) < n_needed:
+            batch = []
+            while len(batch) < self.micro_batch:
+                req = next(self.source, StopIteration)
+                if req is StopIteration or req is None:
+                    self.more = req is None
+                    break
+                batch.append(req)
+                self.in_flight.add(req.id)
+            if batch:
+                with self.losing():
+                    enc, own = self.encode(batch)
+                for i, r in enumerate(batch):
+                    self.ready.append((r, enc[i], None if own is None else own[i]))
+            if len(batch) < self.micro_batch:
+                return
+
+    def take(self, n: int) -> list[Encoded]:
+        """Up to `n` ready chunks, oldest first."""
+        return [self.ready.popleft() for _ in range(min(n, len(self.ready)))]
+
+    def done_with(self, chunk_id: Hashable) -> None:
+        self.in_flight.discard(chunk_id)
+
+    @contextmanager
+    def losing(self) -> Iterator[None]:
+        """Turn an exception of the engine's own work into `EngineError` naming the chunks in flight."""
+        try:
+            yield
+        except Exception as err:
+            raise EngineError(tuple(self.in_flight), err) from err
+
+
 class Engine:
     """Lossless batched speculative decoding of Whisper chunks (greedy when `draft` is None).
 
@@ -103,38 +153,39 @@ class Engine:
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
             A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens.
-    share:  an engine of the same target whose encoder and target decoder this one reuses (with their packed CPU
-            weight copies), e.g. a greedy engine beside a speculative one.
+    Any number of engines over the same target (a greedy one beside a speculative one) hold one set of its packed
+    CPU weight copies: they are shared per weight tensor (`kernels.shared`).
     """
 
     def __init__(self, target: nn.Module, draft: nn.Module | None = None, options: DecodeOptions = DecodeOptions(),
-                 runner: StepRunner | None = None, share: Engine | None = None):
+                 runner: StepRunner | None = None):
         self.kind = check_pair(target, draft)
         self.target, self.draft, self.options = target, draft, options
         self.tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
-        self.lang_id = None if options.language is None else self.tokens.language_id(options.language)
-        placeholder = self.tokens.sot if self.lang_id is None else self.lang_id  # detected later: same length
-        prompt_len = len(self.tokens.prompt(placeholder, options.task, options.timestamps))
-        self.prompt_len = prompt_len  # the same for every chunk (a detected language replaces the placeholder)
-        if options.max_new_tokens is not None and prompt_len + options.max_new_tokens > self.tokens.max_positions:
+        lang_id = None if options.language is None else self.tokens.language_id(options.language)
+        # the same for every chunk (a detected language replaces the SOT placeholder)
+        self.prompt_len = len(self.tokens.prompt(self.tokens.sot, options.task, options.timestamps))
+        if options.max_new_tokens is not None and self.prompt_len + options.max_new_tokens > self.tokens.max_positions:
             raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
+                f"prompt ({self.prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
                 f"max_target_positions ({self.tokens.max_positions})"
             )
-        # share: another engine of the same target, whose encoder and decoder (their packed weight copies on CPU)
-        # this one uses too instead of making its own
-        same = share is not None and share.target is target
-        self.encoder = share.encoder if same else Encoder(target.model.encoder)
+        self.encoder = Encoder(target.model.encoder)
         # the target's head is certified (read in bf16, decisions exact) from <|endoftext|> on, with the tokens
-        # Whisper's rules suppress by id kept exact
+        # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where the CPU
+        # has native bf16 products: decoder.py)
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
-        self.target_dec = share.target_dec if same else Decoder(target.model.decoder, target.proj_out,
-                                                                certify=certify)
+        self.target_dec = Decoder(target.model.decoder, target.proj_out,
+                                  certify=certify if options.certified_head else None)
         self.draft_dec = None if draft is None else Decoder(
             *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None))
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
+        self.admission = Admission(self.tokens, self.rules, options, lang_id)
         self.n_audio_ctx = target.config.max_source_positions
+        # self-attention cache positions per row: max_target_positions + K + 2, with the K of a loaded draft also in
+        # runs that decode without it (one cache size, and so the same key buckets, for every run of this engine)
+        self.n_positions = self.tokens.max_positions + (options.num_draft_tokens if draft is not None else 0) + 2
         # runner: how the step runs (tests pass a wrapped one); by default CUDA graphs on CUDA (unless
         # options.cuda_graphs is False), eager on CPU (measured fastest there: docs/engine-step.md)
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
@@ -168,97 +219,11 @@ class Engine:
             own = list(self.draft_encoder(x))
         return enc, own
 
-    def _fill_ready(self, source: Iterator[ChunkRequest | None], ready: deque, n_needed: int,
-                    batch_size: int, in_flight: set) -> bool:
-        """Encode batches of chunks until `n_needed` are ready or the source has nothing right now (it yields
-        None); returns False once the source is exhausted. Pulled ids are added to `in_flight`."""
-        while len(ready) < n_needed:
-            batch, more = [], True
-            while len(batch) < batch_size:
-                req = next(source, StopIteration)
-                if req is StopIteration or req is None:
-                    more = req is None
-                    break
-                batch.append(req)
-                in_flight.add(req.id)
-            if batch:
-                with _losing(in_flight):
-                    enc, own = self._encode(batch)
-                for i, r in enumerate(batch):
-                    ready.append((r, enc[i], None if own is None else own[i]))
-            if len(batch) < batch_size:
-                return more
-        return True
-
-    # -- admission ------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _admit(self, m: Models, st: DecodeState, rows: list[int], items: list) -> torch.Tensor | None:
-        """Attach encoded chunks to free slots `rows` and prefill their prompts (the eager admission step): each
-        model gets the new chunks' audio in a staging cache, detects the language there when asked (a pass at the
-        <|startoftranscript|> position), is fed the prompt but its last token, and the staging cache is stored in
-        the slots. Returns the target's (R, V) logits at the <|startoftranscript|> position (from the language
-        probe or the prefill pass; None only for a one-token prompt, whose SOT is fed by the first step)."""
-        dev = self.target_dec.device
-        idx = torch.tensor(rows, device=dev)
-        enc = torch.stack([e for _, e, _ in items])
-        n_prompt, r = self.prompt_len, len(rows)
-        # contiguous free slots (always so for one chunk): the audio's keys/values are written there directly
-        first = rows[0] if rows == list(range(rows[0], rows[0] + len(rows))) else None
-        staged = self.target_dec.stage(enc, n_prompt - 1, None if first is None else (m.target_cache, first))
-        sot_logits = None
-        detect = self.lang_id is None and self.tokens.is_multilingual
-        if detect or n_prompt == 1:  # a pass at the SOT position alone (else the prefill pass starts there)
-            sot = torch.full((r, 1), self.tokens.sot, device=dev)
-            sot_logits = self.target_dec.forward(staged, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
-        if detect:
-            lang = self.rules.detect_language(sot_logits.float())
-        else:
-            lang = torch.full((r,), self.tokens.sot if self.lang_id is None else self.lang_id, device=dev)
-        prompts = self._prompts(lang)
-        prefill_logits = self._prefill(self.target_dec, staged, prompts, 0 if sot_logits is None else 1)
-        if sot_logits is None:  # the prefill pass started at <|startoftranscript|>: its logits are the same
-            sot_logits = prefill_logits
-        m.target_cache.commit(idx, staged)
-        if m.draft is not None:
-            draft_audio = enc if self.kind is DraftKind.SHARED_ENCODER else torch.stack([o for _, _, o in items])
-            d_staged = m.draft.stage(draft_audio, n_prompt - 1, None if first is None else (m.draft_cache, first))
-            self._prefill(m.draft, d_staged, prompts, 0)
-            m.draft_cache.commit(idx, d_staged)
-        max_new = self.options.max_new_tokens or self.tokens.max_positions
-        st.seq[idx, :n_prompt] = prompts
-        st.n_tok[idx] = n_prompt
-        st.begin[idx] = n_prompt
-        st.limit[idx] = min(n_prompt + max_new, self.tokens.max_positions)
-        st.finish[idx] = FINISH_NONE
-        st.stats[idx] = 0
-        st.hist[idx] = 0
-        # Whisper's no_speech_prob: softmax of the raw logits (no rule applied) at <|nospeech|>, which precedes
-        # <|notimestamps|> in every Whisper vocabulary (transformers' WhisperNoSpeechDetection uses the same id)
-        st.logp[idx, 0] = 0.0
-        st.logp[idx, 1] = sot_logits.float().softmax(-1)[:, self.tokens.no_timestamps - 1]
-        return sot_logits
-
-    def _prompts(self, lang: torch.Tensor) -> torch.Tensor:
-        """(R,) language token ids (ignored by an English-only model) -> (R, prompt_len) prompts, on the device."""
-        template = self.tokens.prompt(self.tokens.sot, self.options.task, self.options.timestamps)
-        prompts = torch.tensor(template, device=lang.device).repeat(len(lang), 1)
-        if self.tokens.is_multilingual:
-            prompts[:, 1] = lang
-        return prompts
-
-    @staticmethod
-    def _prefill(dec: Decoder, staged: KVCache, prompts: torch.Tensor, fed: int) -> torch.Tensor | None:
-        """Feed prompts[:, fed:-1] at their positions into a staging cache that holds `fed` tokens already;
-        returns the (R, V) logits at the first position fed (None when nothing was fed)."""
-        n_prompt = prompts.shape[1]
-        logits = None
-        if n_prompt - 1 > fed:
-            pos = torch.arange(fed, n_prompt - 1, device=prompts.device).expand(len(prompts), -1)
-            logits = dec.forward(staged, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1),
-                                 exact=True)
-            logits = logits[:, 0]
-        staged.lengths.fill_(n_prompt - 1)
-        return logits
+    def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+        """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
+        x = features.to(self.target_dec.device, self.target_dec.dtype)
+        return torch.cat([self.encoder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
@@ -267,138 +232,133 @@ class Engine:
         doc); the run ends when it is exhausted and no row is busy. Errors: see `EngineError`.
 
         Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a finished
-        row's slot, the last live row moves into it, so the step runs on the first n_active slots (views, no copy).
-        Shapes then depend only on (n_active, n_keys bucket, K)."""
+        row's slot, the last live row moves into it (`Slots.pack`), so the step runs on the first n_active slots
+        (views, no copy). Shapes then depend only on (n_active, n_keys bucket, K)."""
         check_int(batch_size, "batch_size", 1)
-        k = self.options.num_draft_tokens if self.draft_dec is not None else 0
-        n_positions = self.tokens.max_positions + k + 2
-        source, ready = iter(requests), deque()
-        in_flight: set = set()  # ids pulled from the source and not yet yielded: lost if the engine raises
-        more = self._first_fill(source, ready, batch_size, in_flight, self._run_shape(n_positions, k))
-        n_rows = batch_size if more else min(batch_size, len(ready))  # never a slot for a chunk that does not exist
+        feed = Feed(iter(requests), self._encode, min(batch_size, memory.MAX_ENCODE_BATCH))
+        n_rows = self._first_fill(feed, batch_size)
         if n_rows == 0:
             return
-        m, st, k = self._allocate(n_rows, n_positions, k)
-        slots: list[ChunkRequest | None] = [None] * n_rows
-        since = [0] * n_rows  # number of the last step before each slot's occupant was placed there
+        k = self._k(n_rows)
+        m, st = self._allocate(n_rows, k)
+        slots: Slots[ChunkRequest] = Slots(n_rows)
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
-        max_len, n_step = 0, 0
+        max_len = 0  # the longest row's n_tok as last read from the device (HostReader)
         while True:
-            free = [i for i, s in enumerate(slots) if s is None]
-            if free and more:
-                more = self._fill_ready(source, ready, len(free), min(batch_size, memory.MAX_ENCODE_BATCH),
-                                        in_flight)
-            if free and ready:
-                take = [ready.popleft() for _ in range(min(len(free), len(ready)))]
-                with _losing(in_flight):
-                    self._admit(m, st, free[: len(take)], take)
-                for row, (req, enc, _) in zip(free, take):
-                    slots[row], since[row] = replace(req, encoded=enc) if req.keep_encoded else req, n_step
+            if slots.n_free and feed.more:
+                feed.fill(slots.n_free)
+            if slots.n_free and feed.ready:
+                with feed.losing():
+                    self._admit(m, st, slots, feed.take(slots.n_free))
                 max_len = max(max_len, self.prompt_len)
-            with _losing(in_flight):
-                n_active = self._pack(m, st, slots, since, n_step, min(max_len + k + 2, n_positions))
-            if n_active == 0:
-                if not more and not ready:
+            with feed.losing():
+                for src, dst in slots.pack():
+                    m.move_row(src, dst, min(max_len + k + 2, self.n_positions))
+                    st.move_row(src, dst)
+            if slots.n_live == 0:
+                if feed.done:
                     return
                 continue
-            n_keys = n_keys_bucket(max_len, k, reader.lag, n_positions)
-            # eager steps run in inference mode (~0.3 ms a step less dispatch); traced and captured ones in no_grad
-            with _losing(in_flight), (torch.inference_mode() if self.runner.mode == "eager" else torch.no_grad()):
-                self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
-                n_step += 1
-                if reader.lag == 0:
-                    reader.push(st.rows(n_active), n_step)
-                read = reader.pull()  # on CUDA: the previous step's, the one just queued is not waited for
-                if reader.lag:
-                    reader.push(st.rows(n_active), n_step)
+            with feed.losing():
+                read = self._step(m, st, slots, reader, k, max_len)
             if read is not None:
-                tag, finish, max_len = read
-                max_len = max(max_len, self.prompt_len)
-                done = [r for r, code in enumerate(finish)
-                        if code != FINISH_NONE and slots[r] is not None and tag > since[r]]
-                for result in self._results(slots, st, done, finish):
-                    in_flight.discard(result.id)
+                tag, finish, longest = read
+                max_len = max(longest, self.prompt_len)
+                for result in self._results(st, slots.finish(tag, finish), finish):
+                    feed.done_with(result.id)
                     yield result
-                for r in done:
-                    slots[r] = None
 
-    def _first_fill(self, source: Iterator[ChunkRequest | None], ready: deque, batch_size: int, in_flight: set,
-                    run: memory.RunShape) -> bool:
-        """Encode up to `batch_size` chunks, one micro-batch at a time, checking after each that a batch of the
-        chunks seen so far fits in memory (ResourceError at once when not); returns whether more chunks may come.
-        Stops early when a live source has nothing right now."""
-        micro, more = min(batch_size, memory.MAX_ENCODE_BATCH), True
-        while more and len(ready) < batch_size:
-            want = min(batch_size, len(ready) + micro)
-            more = self._fill_ready(source, ready, want, micro, in_flight)
-            reason = memory.check_fits(run, len(ready), memory.free_bytes(self.target_dec.device))
-            if reason is not None:
-                raise memory.ResourceError(reason)
-            if more and len(ready) < want:  # the source yielded None
+    def _first_fill(self, feed: Feed, batch_size: int) -> int:
+        """Encode up to `batch_size` chunks, one micro-batch at a time, checking after each that a run of the
+        chunks seen so far fits in memory (ResourceError at once when not); stops early when a live source has
+        nothing right now. Returns the run's rows, checked to fit too: batch_size while more chunks may come, else
+        the chunks there are (never a slot for a chunk that does not exist)."""
+        while feed.more and len(feed.ready) < batch_size:
+            want = min(batch_size, len(feed.ready) + feed.micro_batch)
+            feed.fill(want)
+            self._check_fits(min(batch_size, len(feed.ready)))
+            if feed.more and len(feed.ready) < want:  # the source yielded None
                 break
-        return more
+        n_rows = batch_size if feed.more else min(batch_size, len(feed.ready))
+        self._check_fits(n_rows)
+        return n_rows
 
-    def _run_shape(self, n_positions: int, k_max: int) -> memory.RunShape:
+    def _k(self, n_rows: int) -> int:
+        """Draft tokens per step of a run of `n_rows` rows: the options' K when a draft is loaded and the options
+        let it decode runs of this size (`DecodeOptions.drafts`), else 0 (greedy, the draft not even given the
+        chunks). The memory check and the allocation both follow it."""
+        if self.draft_dec is None or not self.options.drafts(n_rows):
+            return 0
+        return self.options.num_draft_tokens
+
+    def run_shape(self, n_rows: int) -> memory.RunShape:
+        """What the memory of a run of `n_rows` rows is made of: the draft's caches only when the run drafts
+        (`_k`); both models' parameters, resident either way."""
         def shape(dec: Decoder) -> memory.DecoderShape:
             return memory.DecoderShape(dec.n_layers, dec.n_heads, dec.head_dim, dec.dtype.itemsize)
 
+        k = self._k(n_rows)
         models = [self.target] + ([self.draft] if self.draft is not None else [])
         model_bytes = sum(p.numel() * p.element_size() for model in models for p in model.parameters())
-        return memory.RunShape(shape(self.target_dec), None if self.draft_dec is None else shape(self.draft_dec),
-                               n_positions, self.n_audio_ctx, self.target.config.d_model, self.target_dec.vocab_size,
-                               k_max, model_bytes)
+        return memory.RunShape(shape(self.target_dec), shape(self.draft_dec) if k else None, self.n_positions,
+                               self.n_audio_ctx, self.target.config.d_model, self.target_dec.vocab_size, k,
+                               model_bytes)
 
-    def _allocate(self, n_rows: int, n_positions: int, k: int) -> tuple[Models, DecodeState, int]:
-        """The caches and decoding state of `n_rows` slots, allocated once per run, and the run's K: 0 (greedy, the
-        draft not even given the chunks) when the run has more rows than options.draft_max_rows."""
-        limit = self.options.draft_max_rows
-        k = 0 if limit is not None and n_rows > limit else k
-        m = Models(self.target_dec, self.target_dec.new_cache(n_rows, n_positions, self.n_audio_ctx))
-        if self.draft_dec is not None and k > 0:
-            m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, n_positions, self.n_audio_ctx)
-        return m, DecodeState.empty(n_rows, n_positions + k + 8, k, self.target_dec.device), k
+    def _check_fits(self, n_rows: int) -> None:
+        """ResourceError, saying what fits, when a run of `n_rows` rows would not fit in the memory free now."""
+        reason = memory.check_fits(self.run_shape(n_rows), n_rows, memory.free_bytes(self.target_dec.device))
+        if reason is not None:
+            raise memory.ResourceError(reason)
+
+    def _allocate(self, n_rows: int, k: int) -> tuple[Models, DecodeState]:
+        """The caches and decoding state of `n_rows` slots, allocated once per run of K = `k` (`_k`)."""
+        m = Models(self.target_dec, self.target_dec.new_cache(n_rows, self.n_positions, self.n_audio_ctx))
+        if k > 0:
+            m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, self.n_positions,
+                                                                              self.n_audio_ctx)
+        return m, DecodeState.empty(n_rows, self.n_positions + k + 8, k, self.target_dec.device)
+
+    def _admit(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], taken: list[Encoded]) -> None:
+        """Place encoded chunks in the free slots with the lowest indices and admit them there (`Admission`); a
+        request that asks to keep its encoder output keeps it in its slot."""
+        rows = slots.place([replace(req, encoded=enc) if req.keep_encoded else req for req, enc, _ in taken])
+        audio = torch.stack([enc for _, enc, _ in taken])
+        draft_audio = None
+        if m.draft is not None:
+            own = self.kind is DraftKind.OWN_ENCODER
+            draft_audio = torch.stack([o for _, _, o in taken]) if own else audio
+        self.admission(m, st, rows, audio, draft_audio)
+
+    def _step(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], reader: HostReader, k: int,
+              max_len: int) -> tuple[int, list[int], int] | None:
+        """One step over the live rows, slots [0, n_live); returns the host read due now (`HostReader`)."""
+        n_active = slots.n_live
+        n_keys = n_keys_bucket(max_len, k, reader.lag, self.n_positions)
+        self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
+        return reader.after_step(st.rows(n_active), slots.step())
 
     @staticmethod
-    def _pack(m: Models, st: DecodeState, slots: list, since: list[int], n_step: int, n_positions: int) -> int:
-        """Move the last live rows into the holes before them so the live rows are slots [0, n); returns n."""
-        n_live = sum(s is not None for s in slots)
-        holes = [i for i in range(n_live) if slots[i] is None]
-        tail = [i for i in range(n_live, len(slots)) if slots[i] is not None]
-        for dst, src in zip(holes, tail):
-            m.target_cache.move_row(src, dst, n_positions)
-            if m.draft_cache is not None:
-                m.draft_cache.move_row(src, dst, n_positions)
-            st.move_row(src, dst)
-            slots[dst], slots[src], since[dst] = slots[src], None, n_step
-        return n_live
-
-    @staticmethod
-    def _results(slots: list, st: DecodeState, done: list[int], finish: list[int]) -> list[ChunkResult]:
-        """The results of finished rows `done`, read from the device in one copy per state field."""
+    def _results(st: DecodeState, done: list[tuple[int, ChunkRequest]], finish: list[int]) -> list[ChunkResult]:
+        """The results of the finished (row, request) pairs `done`, read from the device in one copy per state
+        field; finish: every row's FINISH_* code as read."""
         if not done:
             return []
-        idx = torch.tensor(done, device=st.n_tok.device)
-        seqs, begins, n_toks = st.seq[idx].tolist(), st.begin[idx].tolist(), st.n_tok[idx].tolist()
-        stats, hists, logps = st.stats[idx].tolist(), st.hist[idx].tolist(), st.logp[idx].tolist()
+        idx = torch.tensor([row for row, _ in done], device=st.n_tok.device)
+        names = ("seq", "n_tok", "begin", *COUNTS, "hist", "sum_logprob", "no_speech_prob")
+        columns = [getattr(st, name)[idx].tolist() for name in names]
         out = []
-        for i, row in enumerate(done):
-            begin, n_tok = begins[i], n_toks[i]
-            target_passes, draft_passes, drafted, accepted = stats[i]
-            chunk_stats = ChunkStats(1, n_tok - begin, target_passes, draft_passes, drafted, accepted,
-                                     tuple(hists[i]))
-            sum_logprob, no_speech_prob = logps[i]
+        for (row, req), values in zip(done, zip(*columns)):
+            r = dict(zip(names, values))
+            begin, n_tok = r["begin"], r["n_tok"]
+            stats = ChunkStats(chunks=1, generated_tokens=n_tok - begin, target_passes=r["target_passes"],
+                               draft_passes=r["draft_passes"], drafted_tokens=r["drafted"],
+                               accepted_tokens=r["accepted"], accepted_hist=tuple(r["hist"]))
             # Whisper divides by the text tokens + 1: the generated count with a final <|endoftext|>, one more without
-            avg_logprob = sum_logprob / (n_tok - begin + (finish[row] != FINISH_EOS))
-            out.append(ChunkResult(slots[row].id, tuple(seqs[i][begin:n_tok]), tuple(seqs[i][:begin]),
-                                   FINISH_REASONS.get(finish[row], "length"), chunk_stats, no_speech_prob,
-                                   avg_logprob, slots[row].encoded if slots[row].keep_encoded else None))
+            avg_logprob = r["sum_logprob"] / (n_tok - begin + (finish[row] != FINISH_EOS))
+            out.append(ChunkResult(req.id, tuple(r["seq"][begin:n_tok]), tuple(r["seq"][:begin]),
+                                   FINISH_REASONS.get(finish[row], "length"), stats, r["no_speech_prob"],
+                                   avg_logprob, req.encoded if req.keep_encoded else None))
         return out
-
-    @torch.inference_mode()
-    def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
-        """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
-        x = features.to(self.target_dec.device, self.target_dec.dtype)
-        return torch.cat([self.encoder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
     def decode(self, features: torch.Tensor | None, encoded: torch.Tensor | None = None,
                batch_size: int = 8) -> list[ChunkResult]:

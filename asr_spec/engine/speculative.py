@@ -29,6 +29,9 @@ from asr_spec.engine.rules import LogitRules
 FINISH_NONE, FINISH_EOS, FINISH_LENGTH = 0, 1, 2
 
 
+COUNTS = ("target_passes", "draft_passes", "drafted", "accepted")  # the per-row counts of DecodeState
+
+
 @dataclass
 class DecodeState:
     """Per-row decoding state of the batch slots; every tensor's first dimension is the row.
@@ -37,10 +40,12 @@ class DecodeState:
     n_tok:    (B,) committed tokens; begin: (B,) prompt length (index of the first generated token)
     limit:    (B,) n_tok at which the row must stop (prompt + max_new_tokens, capped at max_target_positions)
     finish:   (B,) FINISH_* code (0 = still decoding)
-    stats:    (B, 4) long [target passes, draft passes, drafted tokens, accepted tokens]
+    target_passes, draft_passes: (B,) long target / draft forward passes over the row (steps; steps x K)
+    drafted, accepted: (B,) long draft tokens offered for verification, and of them those the target accepted
     hist:     (B, k_max + 1) long number of steps that accepted j draft tokens
-    logp:     (B, 2) float32 [sum of the log-probabilities of the generated tokens under the target's rule-applied
-              scores (Whisper's sum_logprobs), <|nospeech|> probability at the SOT position (set by admission)]
+    sum_logprob:    (B,) float32 sum of the log-probabilities of the generated tokens under the target's
+                    rule-applied scores (Whisper's sum_logprobs)
+    no_speech_prob: (B,) float32 <|nospeech|> probability at the SOT position (set by admission)
     """
 
     seq: torch.Tensor
@@ -48,19 +53,45 @@ class DecodeState:
     begin: torch.Tensor
     limit: torch.Tensor
     finish: torch.Tensor
-    stats: torch.Tensor
+    target_passes: torch.Tensor
+    draft_passes: torch.Tensor
+    drafted: torch.Tensor
+    accepted: torch.Tensor
     hist: torch.Tensor
-    logp: torch.Tensor
+    sum_logprob: torch.Tensor
+    no_speech_prob: torch.Tensor
 
     @classmethod
     def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> "DecodeState":
-        z = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)  # noqa: E731
-        return cls(z(n_rows, n_seq), z(n_rows), z(n_rows), z(n_rows), z(n_rows) + FINISH_LENGTH,
-                   z(n_rows, 4), z(n_rows, k_max + 1), torch.zeros(n_rows, 2, device=device))
+        """The state of `n_rows` free slots (finished: FINISH_LENGTH), seq of `n_seq` tokens each."""
+        per_row = {name: torch.zeros(n_rows, dtype=torch.long, device=device)
+                   for name in ("n_tok", "begin", "limit", *COUNTS)}
+        return cls(seq=torch.zeros(n_rows, n_seq, dtype=torch.long, device=device),
+                   finish=torch.full((n_rows,), FINISH_LENGTH, dtype=torch.long, device=device),
+                   hist=torch.zeros(n_rows, k_max + 1, dtype=torch.long, device=device),
+                   sum_logprob=torch.zeros(n_rows, device=device), no_speech_prob=torch.zeros(n_rows, device=device),
+                   **per_row)
 
     def rows(self, n_rows: int) -> "DecodeState":
         """The first `n_rows` slots, as views (in-place updates reach the full state)."""
         return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
+
+    def start(self, rows: torch.Tensor, prompts: torch.Tensor, limit: int, no_speech_prob: torch.Tensor) -> None:
+        """Start rows `rows` ((R,) long: newly admitted slots) on their prompts, their counts at zero.
+
+        prompts: (R, prompt_len) long; limit: n_tok at which the rows stop; no_speech_prob: (R,) float32.
+        """
+        n_prompt = prompts.shape[1]
+        self.seq[rows, :n_prompt] = prompts
+        self.n_tok[rows] = n_prompt
+        self.begin[rows] = n_prompt
+        self.limit[rows] = limit
+        self.finish[rows] = FINISH_NONE
+        for name in COUNTS:
+            getattr(self, name)[rows] = 0
+        self.hist[rows] = 0
+        self.sum_logprob[rows] = 0.0
+        self.no_speech_prob[rows] = no_speech_prob
 
     def move_row(self, src: int, dst: int) -> None:
         for f in fields(self):
@@ -83,10 +114,16 @@ class Models:
     draft: Decoder | None = None
     draft_cache: KVCache | None = None
 
-    def rows(self, n_rows: int) -> "Models":
-        """The same models over the first `n_rows` cache slots (views)."""
-        return Models(self.target, self.target_cache.rows(n_rows), self.draft,
-                      None if self.draft_cache is None else self.draft_cache.rows(n_rows))
+    def rows(self, n_rows: int, first: int = 0) -> "Models":
+        """The same models over cache slots [first, first + n_rows) (views)."""
+        return Models(self.target, self.target_cache.rows(n_rows, first), self.draft,
+                      None if self.draft_cache is None else self.draft_cache.rows(n_rows, first))
+
+    def move_row(self, src: int, dst: int, n_positions: int) -> None:
+        """Copy slot `src` into slot `dst` in every cache (`KVCache.move_row`)."""
+        self.target_cache.move_row(src, dst, n_positions)
+        if self.draft_cache is not None:
+            self.draft_cache.move_row(src, dst, n_positions)
 
 
 def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
@@ -129,10 +166,12 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
 
     # statistics; log-probability of each emitted token (the argmax: its score less the logsumexp)
     emitted = j[None, :] < n_new[:, None]
-    st.logp[:, 0].add_(torch.where(emitted, best.float() - scores.float().logsumexp(-1), 0.0).sum(1))
+    st.sum_logprob.add_(torch.where(emitted, best.float() - scores.float().logsumexp(-1), 0.0).sum(1))
     live_l = live.long()
-    accepted = torch.minimum(n_acc, n_new)
-    st.stats.add_(torch.stack([live_l, live_l * k, proposed.sum(1), accepted], 1) * live_l[:, None])
+    st.target_passes.add_(live_l)
+    st.draft_passes.add_(live_l * k)
+    st.drafted.add_(proposed.sum(1) * live_l)
+    st.accepted.add_(torch.minimum(n_acc, n_new) * live_l)
     if k > 0:
         st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], live_l[:, None])
 

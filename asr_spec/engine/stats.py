@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -28,13 +29,12 @@ class ChunkStats:
         object.__setattr__(self, "tokens_per_target_pass", per_pass)
 
     def add(self, other: ChunkStats) -> ChunkStats:
-        width = max(len(self.accepted_hist), len(other.accepted_hist))
-        pad = lambda h: tuple(h) + (0,) * (width - len(h))  # noqa: E731
+        hist = itertools.zip_longest(self.accepted_hist, other.accepted_hist, fillvalue=0)
         return ChunkStats(
             self.chunks + other.chunks, self.generated_tokens + other.generated_tokens,
             self.target_passes + other.target_passes, self.draft_passes + other.draft_passes,
             self.drafted_tokens + other.drafted_tokens, self.accepted_tokens + other.accepted_tokens,
-            tuple(a + b for a, b in zip(pad(self.accepted_hist), pad(other.accepted_hist))),
+            tuple(a + b for a, b in hist),
         )
 
     @classmethod
