@@ -125,6 +125,7 @@ def decode_report(items: list[Item], variants: dict[str, dict[str, Any]], args: 
     for item in items:
         for name, (wall, texts) in run_item(item, runners, args).items():
             rows.append(row(item, name, wall, texts, keep.get(name)))
+        print(markdown(rows[-len(runners):]), file=sys.stderr)  # as it goes: a long run cut short still tells
     return rows
 
 

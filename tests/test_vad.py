@@ -36,6 +36,19 @@ def test_regions_hysteresis_bridging_and_min_speech():
     assert speech_regions(p, VadOptions(min_speech_s=0.0, min_silence_s=0.2)).tolist() == [[1, 11]]
 
 
+def test_extend_onset_starts_at_the_run_above_the_lower_bar():
+    # onset (>= 0.5) at frame 4; frames 2-3 are >= 0.35 (threshold - 0.15), frame 1 below it
+    p = np.array([0.1, 0.2, 0.4, 0.45, 0.9, 0.9, 0.3, 0.1, 0.36, 0.4, 0.7, 0.8, 0.1], dtype=np.float32)
+    opts = VadOptions(min_speech_s=0.0, min_silence_s=0.0)
+    assert speech_regions(p, opts).tolist() == [[4, 6], [10, 12]]
+    extended = VadOptions(min_speech_s=0.0, min_silence_s=0.0, extend_onset=True)
+    assert speech_regions(p, extended).tolist() == [[2, 6], [8, 12]]
+    # from the first frame when nothing before the onset is below the lower bar
+    assert speech_regions(np.array([0.4, 0.4, 0.9, 0.9, 0.1]), extended).tolist() == [[0, 4]]
+    # frames between the bars with no onset after them stay out
+    assert speech_regions(np.array([0.4] * 20 + [0.1]), extended).tolist() == []
+
+
 def test_regions_empty_and_all_silence():
     assert speech_regions(np.zeros(0), OPTS).shape == (0, 2)
     assert speech_regions(np.zeros(100), OPTS).shape == (0, 2)
@@ -63,6 +76,14 @@ def test_pack_prefers_chunks_of_at_least_half_a_window():
     assert pack_regions(np.array(regions), 60) == [(0, 50), (52, 70)]
 
 
+def test_pack_cut_within_the_last_seconds_of_a_full_chunk():
+    regions = [(0, 32), (40, 50), (52, 70)]  # an 8-sample pause after 32, a 2-sample one after 50
+    assert pack_regions(np.array(regions), 60) == [(0, 32), (40, 70)]  # the longest pause leaving >= 30
+    assert pack_regions(np.array(regions), 60, min_cut_samples=45) == [(0, 50), (52, 70)]
+    assert pack_regions(np.array(regions), 60, min_cut_samples=55) == [(0, 32), (40, 70)]  # none: any that fits
+    assert plan_vad_chunks(np.zeros(10), 10 * FRAME_SAMPLES, VadOptions(cut_within_s=3.0)) == []
+
+
 def test_split_long_region_at_its_quietest_frame():
     p = np.full(100, 0.9, dtype=np.float32)
     p[37] = 0.6
@@ -85,11 +106,16 @@ def test_plan_spans_cover_all_speech_within_the_window():
 
 
 @pytest.mark.parametrize("block_s", [0.7, 3.0, 60.0])
-def test_streaming_equals_the_whole_plan(block_s):
+@pytest.mark.parametrize("options", [OPTS, VadOptions(extend_onset=True, cut_within_s=4.0)], ids=["default", "extended"])
+def test_streaming_equals_the_whole_plan(block_s, options):
     rng = np.random.default_rng(0)
     total_s = 200
     spans = [(s, s + d) for s, d in zip(np.cumsum(rng.uniform(0.3, 8, 80)), rng.uniform(0.2, 6, 80)) if s + d < total_s]
     p = frames_of(*spans, total_s=total_s)
+    for start, _ in spans:  # 0.4 (between the bars) for up to 3 s before each onset: extend_onset reaches back
+        onset = int(start * SR / FRAME_SAMPLES)
+        shoulder = p[max(onset - int(rng.uniform(0, 3) * SR / FRAME_SAMPLES), 0): onset]
+        shoulder[shoulder < 0.35] = 0.4
     n = total_s * SR
     signal = rng.standard_normal(n).astype(np.float32)
     seen = []
@@ -100,8 +126,8 @@ def test_streaming_equals_the_whole_plan(block_s):
         return p[first: first + len(samples) // FRAME_SAMPLES]
 
     block = int(block_s * SR)
-    out = list(iter_vad_chunks((signal[i: i + block] for i in range(0, n, block)), OPTS, probs))
-    expected = plan_vad_chunks(p, n, OPTS)
+    out = list(iter_vad_chunks((signal[i: i + block] for i in range(0, n, block)), options, probs))
+    expected = plan_vad_chunks(p, n, options)
     assert [(s.start_sample, s.end_sample) for s, _ in out] == expected
     for span, samples in out:
         np.testing.assert_array_equal(samples, signal[span.start_sample: span.end_sample])
@@ -113,7 +139,8 @@ def test_no_speech_no_chunks():
 
 
 @pytest.mark.parametrize("bad", [dict(threshold=1.5), dict(min_silence_s=-1), dict(max_chunk_s=40),
-                                 dict(speech_pad_s=float("nan")), dict(speech_pad_s=10)])
+                                 dict(speech_pad_s=float("nan")), dict(speech_pad_s=10), dict(extend_onset=1),
+                                 dict(cut_within_s=0), dict(cut_within_s=31)])
 def test_bad_options_are_one_line_errors(bad):
     with pytest.raises(InputError, match="vad"):
         VadOptions(**bad)

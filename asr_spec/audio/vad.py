@@ -57,6 +57,12 @@ class VadOptions:
     min_silence_s: float = 0.1  # shorter pauses are bridged (the places a chunk may be cut)
     speech_pad_s: float = 0.2  # added to each side of a region (at most half the pause to its neighbour)
     max_chunk_s: float = CHUNK_LENGTH_S  # a chunk's longest span: the window length
+    # a region starts where the run of frames >= threshold - 0.15 leading to its onset starts (the hysteresis
+    # applied backwards), not at its first frame >= threshold
+    extend_onset: bool = False
+    # a full chunk is cut at the longest pause leaving it at least max_chunk_s - cut_within_s long (None: at
+    # least half of max_chunk_s)
+    cut_within_s: float | None = None
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -89,6 +95,10 @@ def _verify_options(options: VadOptions) -> None:
         raise InputError(f"vad max_chunk_s must be in [1, {CHUNK_LENGTH_S:g}] seconds, got {options.max_chunk_s!r}")
     if 2 * options.speech_pad_s >= options.max_chunk_s / 2:
         raise InputError(f"vad speech_pad_s ({options.speech_pad_s}) must be under a quarter of max_chunk_s")
+    if not isinstance(options.extend_onset, bool):
+        raise InputError(f"vad extend_onset must be True or False, got {options.extend_onset!r}")
+    if options.cut_within_s is not None and not 0 < number("cut_within_s") <= options.max_chunk_s:
+        raise InputError(f"vad cut_within_s must be in (0, max_chunk_s] seconds, got {options.cut_within_s!r}")
 
 
 @dataclass(frozen=True)
@@ -104,8 +114,9 @@ class SpeechSpan(ChunkSpan):
 def speech_regions(probs: np.ndarray, options: VadOptions) -> np.ndarray:
     """(n_frames,) speech probabilities -> (R, 2) int64 [start, end) frame ranges of speech, in order.
 
-    Hysteresis: speech starts at a frame >= threshold and lasts until a frame < threshold - 0.15; pauses shorter
-    than min_silence_s are bridged, then regions shorter than min_speech_s dropped.
+    Hysteresis: speech starts at a frame >= threshold and lasts until a frame < threshold - 0.15 (with
+    extend_onset, it starts at the first frame of the run of frames >= threshold - 0.15 that leads to that frame);
+    pauses shorter than min_silence_s are bridged, then regions shorter than min_speech_s dropped.
     """
     p = np.asarray(probs, dtype=np.float32)
     if p.ndim != 1:
@@ -116,6 +127,9 @@ def speech_regions(probs: np.ndarray, options: VadOptions) -> np.ndarray:
     speech = (last >= 0) & on[np.maximum(last, 0)]
     edges = np.diff(np.concatenate([[0], speech.astype(np.int8), [0]]))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    if options.extend_onset and len(starts):  # back to the start of the run of frames not below the lower bar
+        below = np.where(off, np.arange(len(p)), -1)
+        starts = np.maximum.accumulate(below)[starts] + 1  # after the last frame below it (or 0); past the last end
     if len(starts) > 1:  # bridge short pauses
         keep = (starts[1:] - ends[:-1]) >= options.frames(options.min_silence_s)
         starts, ends = starts[np.concatenate([[True], keep])], ends[np.concatenate([keep, [True]])]
@@ -149,15 +163,17 @@ def pad_regions(regions: np.ndarray, pad_samples: int, n_samples: int) -> np.nda
     return np.stack([start, np.maximum(end, start)], axis=1).reshape(-1, 2)
 
 
-def pack_regions(regions: np.ndarray, max_samples: int) -> list[tuple[int, int]]:
+def pack_regions(regions: np.ndarray, max_samples: int, min_cut_samples: int | None = None) -> list[tuple[int, int]]:
     """Pack ordered, non-overlapping [start, end) ranges (each at most `max_samples`) into chunks
-    [first start, last end) of at most `max_samples`. The last chunk is the one still growing when more regions
-    may follow (see `iter_vad_chunks`)."""
+    [first start, last end) of at most `max_samples`, cut at the longest pause that leaves a chunk at least
+    `min_cut_samples` long (None: half of `max_samples`) where there is one. The last chunk is the one still
+    growing when more regions may follow (see `iter_vad_chunks`)."""
     chunks: list[tuple[int, int]] = []
     group: list[tuple[int, int]] = []
+    min_cut = max_samples // 2 if min_cut_samples is None else min_cut_samples
     for region in np.asarray(regions, dtype=np.int64).reshape(-1, 2).tolist():
         while group and region[1] - group[0][0] > max_samples:
-            n_keep = _cut_index(group + [region], max_samples)
+            n_keep = _cut_index(group + [region], max_samples, min_cut)
             chunks.append((group[0][0], group[n_keep - 1][1]))
             group = group[n_keep:]
         group.append((region[0], region[1]))
@@ -166,15 +182,15 @@ def pack_regions(regions: np.ndarray, max_samples: int) -> list[tuple[int, int]]
     return chunks
 
 
-def _cut_index(group: list[tuple[int, int]], max_samples: int) -> int:
+def _cut_index(group: list[tuple[int, int]], max_samples: int, min_cut_samples: int) -> int:
     """How many leading regions of `group` make the next chunk: cut at the longest pause that leaves the chunk
-    within `max_samples`, preferring chunks of at least half of it."""
+    within `max_samples`, preferring chunks of at least `min_cut_samples`."""
     starts = np.array([g[0] for g in group])
     ends = np.array([g[1] for g in group])
     gaps = starts[1:] - ends[:-1]  # pause before region i + 1
     span = ends[:-1] - starts[0]  # chunk length when cut after region i
     fits = span <= max_samples
-    candidates = fits & (span >= max_samples // 2)
+    candidates = fits & (span >= min_cut_samples)
     if not candidates.any():
         candidates = fits
     score = np.where(candidates, gaps, -1)
@@ -186,7 +202,9 @@ def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> l
     max_frames = max((options.max_chunk_samples - 2 * options.pad_samples) // FRAME_SAMPLES, 1)
     regions = split_long_regions(speech_regions(probs, options), probs, max_frames)
     samples = np.minimum(regions * FRAME_SAMPLES, n_samples)
-    return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples)
+    min_cut = None if options.cut_within_s is None else int(round((options.max_chunk_s - options.cut_within_s)
+                                                                  * SAMPLE_RATE))
+    return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples, min_cut)
 
 
 def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: int, threshold: float) -> np.ndarray:
@@ -239,8 +257,9 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
         for start, end in plan[n_done:-1]:
             yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
             n_done += 1
-        # A later chunk starts no earlier than the last planned one, or than a burst too short to count yet.
-        keep_from = (len(probs) - lookback_frames) * FRAME_SAMPLES
+        # A later chunk starts no earlier than the last planned one, or than a burst too short to count yet (or,
+        # with extend_onset, than the trailing run of frames not below the lower bar it may start from).
+        keep_from = (min(len(probs), _trailing_run_start(probs, options)) - lookback_frames) * FRAME_SAMPLES
         keep_from = max(min(plan[-1][0] if plan else keep_from, keep_from), held_start)
         held, held_start = held[keep_from - held_start :], keep_from
     if len(tail):  # the last partial frame, zero-padded as silero-vad does
@@ -249,6 +268,15 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
     for start, end in plan_vad_chunks(probs, n_samples, options)[n_done:]:
         yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
         n_done += 1
+
+
+def _trailing_run_start(probs: np.ndarray, options: VadOptions) -> int:
+    """With extend_onset, the first frame of the run of frames >= threshold - 0.15 at the end of `probs` (a
+    region that starts later may start there); else len(probs)."""
+    if not options.extend_onset:
+        return len(probs)
+    below = np.flatnonzero(probs < options.threshold - NEG_THRESHOLD_GAP)
+    return int(below[-1]) + 1 if len(below) else 0
 
 
 def _chunk(start: int, end: int, index: int, probs: np.ndarray, samples: np.ndarray,
