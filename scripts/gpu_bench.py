@@ -7,7 +7,7 @@ run of the same chunks, each token replaced by a wrong one with probability 1 - 
 2-layer draft of distil-large-v2's shape (its logits discarded), so a step costs what it would with that draft.
 Random encoder outputs stand in for audio (decoding speed does not depend on their values); EOS is suppressed so
 every row decodes --new-tokens tokens. Random weights give near-uniform logits whose top two are within fp16
-rounding at a few % of positions; the tied embedding/head is scaled by --logit-scale so greedy choices are clear.
+rounding at a few % of positions; the output head (untied) is scaled by --logit-scale so greedy choices are clear.
 
 Per configuration: one warm-up decode (CUDA graphs are captured there), then --repeats timed ones (device
 synchronised), the median kept. Columns: tokens/s; speed-up over greedy at the same batch and step mode; measured
@@ -40,10 +40,13 @@ from asr_spec.testing import random_whisper
 
 import step_floor as sf  # scripts/step_floor.py (this script's folder is on sys.path)
 
+# Random attention is near-uniform, so it averages the audio over its positions: encoder outputs of std 10 keep
+# each chunk's audio steering its row (greedy rows differ from chunk to chunk; a row's chunk matters to the oracle)
+AUDIO_STD = 10.0
 FULL = dict(target="large-v2", draft="distil-large-v2", batches="1,4,16,64", ks="3,5,8", rates="0.6,0.8,0.9",
-            new_tokens=64, repeats=2, modes="eager,graphs", dtype="float16")
-TINY = dict(target="test", draft="test", batches="8", ks="3,8", rates="0.6,0.9", new_tokens=160, repeats=1,
-            modes="eager", dtype="float32")  # no warm-up: its figures are not the point, its checks are
+            new_tokens=64, repeats=2, modes="eager,graphs", dtype="float16", chunks_per_slot=1)
+TINY = dict(target="test", draft="test", batches="8", ks="3,8", rates="0.6,0.9", new_tokens=120, repeats=1,
+            modes="eager", dtype="float32", chunks_per_slot=2)  # no warm-up: its figures are not the point, its checks are
 
 
 class CountingRunner(StepRunner):
@@ -64,32 +67,34 @@ def sync(device: torch.device) -> None:
 
 
 def build_models(args, device: torch.device, dtype: torch.dtype):
-    """(target, cost draft): random weights of the target's shape, its EOS suppressed and its tied embedding/head
-    scaled by args.logit_scale; a 2-layer draft. Tiny shapes use a 70-token vocabulary."""
+    """(target, cost draft): random weights of the target's shape, its EOS suppressed and its output head scaled
+    by args.logit_scale; a 2-layer draft (tiny: 1 layer, and a 70-token vocabulary)."""
     vocab = 70 if args.tiny else None
     target = random_whisper(args.target, vocab_size=vocab)
-    with torch.no_grad():
-        target.model.decoder.embed_tokens.weight.mul_(args.logit_scale)
+    # the head untied from the embeddings and scaled: clear choices, the residual stream (and so the weight of
+    # the audio in it) left as initialised
+    target.proj_out.weight = torch.nn.Parameter(target.proj_out.weight.detach() * args.logit_scale)
     gen = target.generation_config
     gen.suppress_tokens = list(gen.suppress_tokens or []) + [gen.eos_token_id]
     # the cost draft: 2 decoder layers (distil-large-v2's shape), the target's first and last (distil-whisper's
     # initialisation); only its shape matters, its logits are discarded
-    draft = decoder_draft(target, [0, target.config.decoder_layers - 1])
+    draft = decoder_draft(target, [0] if args.tiny else [0, target.config.decoder_layers - 1])
     return target.to(device, dtype).eval(), draft.to(device, dtype).eval()
 
 
-def timed_decode(engine: Engine, enc: torch.Tensor, repeats: int, warm_up: bool) -> tuple[float, list, list]:
-    """A warm-up decode (when asked), then `repeats` timed ones: (median seconds, results of the last, its step
-    keys)."""
+def timed_decode(engine: Engine, enc: torch.Tensor, batch: int, repeats: int, warm_up: bool
+                 ) -> tuple[float, list, list]:
+    """A warm-up decode of the chunks `enc` (when asked), then `repeats` timed ones, `batch` rows at a time:
+    (median seconds, results of the last, its step keys)."""
     device = enc.device
     if warm_up:
-        engine.decode(None, enc, len(enc))
+        engine.decode(None, enc, batch)
     times = []
     for _ in range(repeats):
         engine.runner.keys.clear()
         sync(device)
         t0 = time.perf_counter()
-        results = engine.decode(None, enc, len(enc))
+        results = engine.decode(None, enc, batch)
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times), results, list(engine.runner.keys)
@@ -134,7 +139,7 @@ def result_row(common: dict, seconds: float, results, keys, greedy, floor_total:
         hist = [a + b for a, b in zip(hist or [0] * len(r.stats.accepted_hist), r.stats.accepted_hist)]
     pooled, by_position = measured_acceptance(hist) if len(hist) > 1 else (None, [])
     return dict(common, measured_acceptance=pooled, acceptance_by_position=by_position, accepted_hist=hist,
-                rows=len(results), rows_equal_greedy=sum(r.tokens == g.tokens for r, g in zip(results, greedy)),
+                rows=len(results), distinct_rows=len({r.tokens for r in results}), rows_equal_greedy=sum(r.tokens == g.tokens for r, g in zip(results, greedy)),
                 tokens=n_tokens, seconds=seconds, tokens_per_s=n_tokens / seconds,
                 tokens_per_target_pass=n_tokens / sum(r.stats.target_passes for r in results),
                 steps=len(keys), step_ms=seconds / len(keys) * 1e3,
@@ -158,7 +163,7 @@ def _num(value: float | None, spec: str) -> str:
 
 def bench_batch(args, target, draft, enc, batch: int, rates, out_rows: list, deadline: float) -> None:
     """Greedy, then the oracle draft at every (mode, K, acceptance), at one batch size (rows appended)."""
-    enc = enc[:batch]
+    enc = enc[:batch * args.chunks_per_slot]
     base = dict(device=args.device_name, dtype=args.dtype, batch=batch)
     floors: dict = {}
     greedy, greedy_tps = None, {}
@@ -166,7 +171,7 @@ def bench_batch(args, target, draft, enc, batch: int, rates, out_rows: list, dea
     for mode in args.modes:
         opts = DecodeOptions(language="en", max_new_tokens=args.new_tokens, cuda_graphs=mode == "graphs")
         engine = Engine(target, None, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
-        seconds, results, keys = timed_decode(engine, enc, args.repeats, not args.tiny)
+        seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
         if greedy is None:  # the first mode's greedy run is the reference and the oracle's recording
             greedy = results
             oracle, script = oracle_draft(draft, [r.prompt + r.tokens for r in results], enc, rates[0], args.seed)
@@ -184,7 +189,7 @@ def bench_batch(args, target, draft, enc, batch: int, rates, out_rows: list, dea
             engine = Engine(target, oracle, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
             for rate in rates:
                 script.set_acceptance(rate)
-                seconds, results, keys = timed_decode(engine, enc, args.repeats, not args.tiny)
+                seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
                 common = dict(base, mode=mode, k=k, set_acceptance=rate)
                 row = result_row(common, seconds, results, keys, greedy,
                                  floor_ms(target, draft, keys, args.machine, floors))
@@ -207,23 +212,42 @@ def _emit(row: dict, out_rows: list, args) -> None:
                                                "machine": args.machine, "rows": out_rows}, indent=1))
 
 
+def check(rows: list[dict], tolerance: float) -> list[str]:
+    """What fails the checks, one line per row: a measured acceptance more than `tolerance` from the set rate, or a
+    row whose tokens differ from greedy's (speculative rows, and greedy in another step mode)."""
+    failures = []
+    for row in rows:
+        name = f"batch {row['batch']} {row['mode']} K={row['k']} a={row['set_acceptance']}"
+        if row["set_acceptance"] is not None and not abs(row["measured_acceptance"] - row["set_acceptance"]) <= tolerance:
+            failures.append(f"{name}: measured acceptance {row['measured_acceptance']:.3f}, set "
+                            f"{row['set_acceptance']} (tolerance {tolerance})")
+        if row["rows_equal_greedy"] != row["rows"]:
+            failures.append(f"{name}: {row['rows'] - row['rows_equal_greedy']} of {row['rows']} rows differ from greedy")
+    return failures
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small shapes (a 2-layer 64-wide target), a few seconds")
     for name in ("batches", "ks", "rates", "modes", "dtype"):
         ap.add_argument(f"--{name}", default=None, help=f"comma list (default: {FULL[name]}; tiny {TINY[name]})")
-    ap.add_argument("--new-tokens", type=int, default=None, help="tokens per row (default 64; tiny 160)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="tokens per row (default 64; tiny 120)")
     ap.add_argument("--repeats", type=int, default=None, help="timed decodes per configuration, after a warm-up "
                     "one (none with --tiny); the median is kept")
-    ap.add_argument("--logit-scale", type=float, default=10.0, help="scale of the target's tied embedding/head")
+    ap.add_argument("--chunks-per-slot", type=int, default=None,
+                    help="chunks decoded per batch slot (default 1; tiny 2: slots are refilled)")
+    ap.add_argument("--logit-scale", type=float, default=10.0, help="scale of the target's output head")
     ap.add_argument("--seed", type=int, default=0, help="the oracle's corruption hash seed")
     ap.add_argument("--max-seconds", type=float, default=float("inf"), help="skip what is left after this")
     ap.add_argument("--json", default=None, help="write the rows here (rewritten after each row)")
+    ap.add_argument("--check", type=float, default=None, metavar="TOL",
+                    help="exit 1 unless every measured acceptance is within TOL of the set one and every row equals "
+                         "greedy (the CPU check; in fp16 a near-tie may make a row differ)")
     args = ap.parse_args(argv)
     preset = TINY if args.tiny else FULL
     args.target, args.draft = preset["target"], preset["draft"]
-    for name in ("new_tokens", "repeats", "dtype", "modes", "batches", "ks"):
+    for name in ("new_tokens", "repeats", "dtype", "modes", "batches", "ks", "chunks_per_slot"):
         if getattr(args, name) is None:
             setattr(args, name, preset[name])
     args.rate_list = [float(a) for a in (args.rates or preset["rates"]).split(",")]
@@ -246,8 +270,8 @@ def main(argv=None) -> list[dict]:
     target, draft = build_models(args, device, dtype)
     # the floor needs the machine's measured rates (a few seconds on a CPU): not measured for the tiny check
     args.machine = None if args.tiny else sf.machine_rates(device, dtype)
-    enc = torch.randn(max(args.batches), target.config.max_source_positions, target.config.d_model,
-                      generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    enc = AUDIO_STD * torch.randn(max(args.batches) * args.chunks_per_slot, target.config.max_source_positions,
+                                  target.config.d_model, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     print(f"# {args.device_name}  {args.dtype}  {args.target} target, {args.draft}-shaped oracle draft, "
           f"{args.new_tokens} tokens per row; machine {args.machine} (set-up {time.perf_counter() - t0:.0f} s)")
     print(f"{'batch':>5} {'mode':>6} {'K':>2} {'set a':>5} {'meas.':>6} {'tok/p':>6} {'tok/s':>9} {'speed':>6} "
@@ -256,6 +280,11 @@ def main(argv=None) -> list[dict]:
     deadline = t0 + args.max_seconds
     for batch in args.batches:
         bench_batch(args, target, draft, enc, batch, args.rate_list, rows, deadline)
+    if args.check is not None:
+        failures = check(rows, args.check)
+        print("\n".join(failures) if failures else f"# checks passed: acceptance within {args.check}, rows == greedy")
+        if failures:
+            raise SystemExit(1)
     return rows
 
 
