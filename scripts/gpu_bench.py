@@ -265,6 +265,8 @@ def main(argv=None) -> list[dict]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_bench.py: no CUDA GPU visible (use --device cpu --tiny for the CPU check)")
+    if device.type != "cuda" and "graphs" in args.modes:
+        raise SystemExit(f"--modes graphs: CUDA graphs need a CUDA device, not {device} (use --modes eager)")
     args.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     t0 = time.perf_counter()
     target, draft = build_models(args, device, dtype)

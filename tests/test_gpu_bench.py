@@ -64,3 +64,25 @@ def test_check_fails_when_the_set_rate_is_not_the_rate_measured(gpu_bench, monke
     assert rows[1]["measured_acceptance"] == pytest.approx(0.7, abs=TOLERANCE)  # what the oracle really did
     failures = gpu_bench.check(rows, TOLERANCE)
     assert len(failures) == 1 and "measured acceptance" in failures[0] and "set 0.6" in failures[0]
+
+
+def test_oracle_proposals_keep_the_set_share_and_never_corrupt_to_the_right_token():
+    """Model-free: over 64 chunks x 400 positions the share of recorded tokens kept is the set rate (standard
+    error 0.003), every other proposal differs from the recorded token, and a row's proposals do not depend on
+    which other rows share the batch."""
+    import torch
+
+    from asr_spec.engine.oracle import OracleScript
+
+    sequences = torch.randint(0, 5, (64, 400), generator=torch.Generator().manual_seed(0))
+    script = OracleScript(sequences, torch.arange(0, 5), torch.zeros(64, 1, 1), acceptance=0.8, seed=7)
+    chunks, positions = torch.arange(64), torch.arange(400).expand(64, -1)
+    proposed = script.proposals(chunks, positions)
+    kept = proposed == sequences
+    assert kept.float().mean().item() == pytest.approx(0.8, abs=0.01)
+    alone = script.proposals(chunks[5:6], positions[:1])
+    assert torch.equal(alone, proposed[5:6])
+    script.set_acceptance(0.0)
+    assert not (script.proposals(chunks, positions) == sequences).any()
+    with pytest.raises(ValueError, match="acceptance must be in"):
+        script.set_acceptance(1.5)
