@@ -18,7 +18,7 @@ measured matmul rate, for the rows and key bucket each step really ran, K draft 
 greedy's (a count). The last steps of a row offer fewer than K proposals (its limit): a full accept there counts as
 a rejection, a bias of about -0.005 at 64+ tokens per row.
 
-    python scripts/gpu_bench.py --json gpu_bench.json          # on a GPU (about 4 minutes)
+    python scripts/gpu_bench.py --json gpu_bench.json          # on a GPU (never run yet; gpu_check.sh cuts it at 270 s)
     python scripts/gpu_bench.py --device cpu --tiny            # the same logic at small shapes, a few seconds
 """
 
