@@ -126,3 +126,25 @@ def test_cuda_graphs_equal_eager(speculative):
         if graphs:
             assert engine.runner.graphs, "no CUDA graph was captured"
     assert [(r.tokens, r.stats) for r in runs[True]] == [(r.tokens, r.stats) for r in runs[False]]
+
+
+@pytest.mark.cuda
+@NEEDS_GPU
+def test_oracle_bench_on_gpu_through_cuda_graphs():
+    """scripts/gpu_bench.py's tiny run on the GPU (fp32, so no near-tie may make a row differ), eager and CUDA
+    graphs: the captured step reads the oracle's acceptance as set between runs, every row equals greedy."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_bench", scripts / "gpu_bench.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        rows = bench.main(["--device", "cuda", "--tiny", "--dtype", "float32", "--modes", "eager,graphs"])
+    finally:
+        sys.path.remove(str(scripts))
+    assert {row["mode"] for row in rows} == {"eager", "graphs"}
+    assert bench.check(rows, 0.05) == []

@@ -152,7 +152,8 @@ class Engine:
     target: a transformers `WhisperForConditionalGeneration`, eval mode, on its device and dtype.
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
-            A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens.
+            A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens; one carrying a
+            `step_decoder` runs through the Decoder it makes (a benchmark's oracle: `engine/oracle.py`).
     Any number of engines over the same target (a greedy one beside a speculative one) hold one set of its packed
     CPU weight copies: they are shared per weight tensor (`kernels.shared`).
     """
@@ -177,7 +178,10 @@ class Engine:
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
         self.target_dec = Decoder(target.model.decoder, target.proj_out,
                                   certify=certify if options.certified_head else None)
-        self.draft_dec = None if draft is None else Decoder(
+        # a draft carrying `step_decoder` (a Decoder subclass, called as Decoder is) is run through it: the
+        # benchmarks' oracle draft (engine/oracle.py); the step only ever sees a Decoder
+        make_draft = getattr(draft, "step_decoder", Decoder)
+        self.draft_dec = None if draft is None else make_draft(
             *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None))
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
