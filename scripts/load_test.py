@@ -39,7 +39,7 @@ def free_port() -> int:
 
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "asr_spec", "serve", "--preset", args.preset, "--host", "127.0.0.1",
-               "--port", str(port), "--batch-size", str(args.batch_size), "--max-queue", "1024", *args.serve_args]
+               "--port", str(port), "--batch-size", str(args.batch_size), "--max-requests", "256", *args.serve_args]
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=sys.stderr)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
