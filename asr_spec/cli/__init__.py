@@ -48,7 +48,7 @@ def serve(
     port: int = typer.Option(8000, help="TCP port."),
     batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
     max_requests: int = typer.Option(64, help="Requests in flight at once; beyond: 503 with Retry-After."),
-    max_audio_in_flight_s: float = typer.Option(28800.0, help="Seconds of audio in flight at once (8 h); beyond: "
+    max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
                                                 "503 with Retry-After."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
     max_audio_s: float = typer.Option(7200.0, help="Longest audio of one request in seconds (2 h); beyond: 413, "

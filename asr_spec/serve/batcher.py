@@ -147,7 +147,7 @@ class Batcher:
     """
 
     def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 64,
-                 max_audio_in_flight_s: float = 8 * 3600.0, metrics: Metrics | None = None):
+                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None):
         check_limits(max_requests, max_audio_in_flight_s)
         self.transcriber = transcriber
         self.batch_size = transcriber.batch_rows(batch_size)
