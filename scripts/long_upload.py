@@ -73,18 +73,24 @@ def make_long_opus(clip: str | Path, seconds: float, out: str | Path) -> Path:
     pages = _pages(data)
     headers = [p for p in pages if p[1] == 0]  # OpusHead, OpusTags
     audio = [p for p in pages if p[1] != 0]
-    period = audio[-1][1]  # 48 kHz samples the clip's packets hold, pre-skip included
+    if len(audio) < 2:
+        raise ValueError(f"{clip}: too short to repeat (one audio page)")
+    # A page's granule counts the 48 kHz samples of every packet up to its end, except the last page's, which
+    # may trim the final packet: the repeated body is every audio page but the last, which ends the file once.
+    body, tail = audio[:-1], audio[-1]
+    period = max(granule for _, granule, _ in body)
     times = max(1, int(seconds * 48_000 // period))  # whole repeats: no longer than `seconds`
     out_pages, sequence = [], 0
     for kind, granule, rest in headers:
         out_pages.append(_page(kind, granule, serial, sequence, rest))
         sequence += 1
     for repeat in range(times):
-        for i, (kind, granule, rest) in enumerate(audio):
-            last = repeat == times - 1 and i == len(audio) - 1
-            kind = (kind & ~4) | (4 if last else 0)
-            out_pages.append(_page(kind, granule + repeat * period, serial, sequence, rest))
+        for kind, granule, rest in body:
+            shifted = granule if granule == -1 else granule + repeat * period  # -1: no packet ends on the page
+            out_pages.append(_page(kind & ~4, shifted, serial, sequence, rest))
             sequence += 1
+    kind, granule, rest = tail
+    out_pages.append(_page(kind | 4, granule + (times - 1) * period, serial, sequence, rest))
     Path(out).write_bytes(b"".join(out_pages))
     return Path(out)
 

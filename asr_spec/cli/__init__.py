@@ -47,7 +47,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, help="TCP port."),
     batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
-    max_requests: int = typer.Option(64, help="Requests in flight at once; beyond: 503 with Retry-After."),
+    max_requests: int = typer.Option(32, help="Requests in flight at once; beyond: 503 with Retry-After."),
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
                                                 "503 with Retry-After."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),

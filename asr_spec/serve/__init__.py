@@ -15,7 +15,7 @@ from typing import Any
 __all__ = ["build_app", "run_server"]
 
 
-def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_requests: int = 64,
+def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_requests: int = 32,
               max_audio_in_flight_s: float = 12 * 3600.0, max_file_mb: float = 25.0, max_audio_s: float = 7200.0,
               upload_timeout_s: float = 120.0, api_keys: Sequence[str] = (), **overrides: Any) -> Any:
     """Load the models (`Transcriber.from_preset(preset, batch_size=batch_size, **overrides)`) and return the

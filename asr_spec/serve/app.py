@@ -35,7 +35,7 @@ from asr_spec.serve.auth import ApiKeyMiddleware
 from asr_spec.serve.batcher import Batcher, Busy, Job, Refused
 from asr_spec.serve.params import MODEL_ALIASES, Params, check_params
 from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError, render
-from asr_spec.serve.schema import error_responses, models_responses, transcription_openapi, transcription_responses
+from asr_spec.serve.schema import models_responses, transcription_openapi, transcription_responses
 
 __all__ = ["RESPONSE_FORMATS", "HTTPError", "ServeOptions", "create_app"]
 

@@ -146,7 +146,7 @@ class Batcher:
     max_requests, max_audio_in_flight_s: what `admit` lets in at once (requests; seconds of audio).
     """
 
-    def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 64,
+    def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 32,
                  max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None):
         check_limits(max_requests, max_audio_in_flight_s)
         self.transcriber = transcriber
