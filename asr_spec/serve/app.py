@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from asr_spec.serve.schema import models_responses, transcription_openapi, trans
 
 __all__ = ["RESPONSE_FORMATS", "HTTPError", "ServeOptions", "create_app"]
 
+log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries allowed on top of the file itself
 
@@ -100,6 +102,10 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> Fast
         except HTTPError as err:
             metrics.request_done(OUTCOMES.get(err.status, "failed"))
             return err.response()
+        except Exception as err:  # the server's bug, not the request's: a 500 in OpenAI's shape, logged
+            log.exception("transcription request")
+            metrics.request_done("failed")
+            return HTTPError(500, f"internal error ({type(err).__name__}: {one_line(err)})").response()
         if response.status_code == 200:
             metrics.request_done("ok", time.perf_counter() - started, audio_s)
         else:
