@@ -102,6 +102,9 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> Fast
         except HTTPError as err:
             metrics.request_done(OUTCOMES.get(err.status, "failed"))
             return err.response()
+        except StarletteHTTPException as err:  # starlette's own answer to a malformed body (400)
+            metrics.request_done(OUTCOMES.get(err.status_code, "failed"))
+            return HTTPError(err.status_code, f"{err.detail}", headers=dict(err.headers or {})).response()
         except Exception as err:  # the server's bug, not the request's: a 500 in OpenAI's shape, logged
             log.exception("transcription request")
             metrics.request_done("failed")
