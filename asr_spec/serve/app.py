@@ -96,24 +96,7 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> Fast
 
     @app.post("/v1/audio/transcriptions", responses=transcription_responses(keys), openapi_extra=body)
     async def transcriptions(request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            response, audio_s = await _transcribe(request, batcher, options)
-        except HTTPError as err:
-            metrics.request_done(OUTCOMES.get(err.status, "failed"))
-            return err.response()
-        except StarletteHTTPException as err:  # starlette's own answer to a malformed body (400)
-            metrics.request_done(OUTCOMES.get(err.status_code, "failed"))
-            return HTTPError(err.status_code, f"{err.detail}", headers=dict(err.headers or {})).response()
-        except Exception as err:  # the server's bug, not the request's: a 500 in OpenAI's shape, logged
-            log.exception("transcription request")
-            metrics.request_done("failed")
-            return HTTPError(500, f"internal error ({type(err).__name__}: {one_line(err)})").response()
-        if response.status_code == 200:
-            metrics.request_done("ok", time.perf_counter() - started, audio_s)
-        else:
-            metrics.request_done("disconnected")
-        return response
+        return await _answer(request, batcher, options)
 
     @app.get("/v1/models", responses=models_responses(keys))
     async def models() -> dict[str, Any]:
@@ -159,6 +142,29 @@ def _document_bearer(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _answer(request: Request, batcher: Batcher, options: ServeOptions) -> Response:
+    """The answer to one transcription request, counted in the metrics by outcome."""
+    metrics = batcher.metrics
+    started = time.perf_counter()
+    try:
+        response, audio_s = await _transcribe(request, batcher, options)
+    except HTTPError as err:
+        metrics.request_done(OUTCOMES.get(err.status, "failed"))
+        return err.response()
+    except StarletteHTTPException as err:  # starlette's own answer to a malformed body (400)
+        metrics.request_done(OUTCOMES.get(err.status_code, "failed"))
+        return HTTPError(err.status_code, f"{err.detail}", headers=dict(err.headers or {})).response()
+    except Exception as err:  # the server's bug, not the request's: a 500 in OpenAI's shape, logged
+        log.exception("transcription request")
+        metrics.request_done("failed")
+        return HTTPError(500, f"internal error ({type(err).__name__}: {one_line(err)})").response()
+    if response.status_code == 200:
+        metrics.request_done("ok", time.perf_counter() - started, audio_s)
+    else:
+        metrics.request_done("disconnected")
+    return response
 
 
 async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions) -> tuple[Response, float]:
