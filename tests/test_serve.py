@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
-from asr_spec.serve.batcher import Batcher, QueueFull  # noqa: E402
+from asr_spec.serve.batcher import Batcher, Refused  # noqa: E402
 from asr_spec.transcribe.outputs import render_srt, render_vtt  # noqa: E402
 from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
@@ -40,7 +40,7 @@ def expected(greedy):
 
 @pytest.fixture(scope="module")
 def client(greedy):
-    app = create_app(Batcher(greedy, batch_size=4, max_queue=64), ServeOptions(model_id="tiny", max_file_mb=2))
+    app = create_app(Batcher(greedy, batch_size=4), ServeOptions(model_id="tiny", max_file_mb=2))
     with TestClient(app) as client:  # runs the lifespan: the engine thread starts and stops with it
         yield client
 
@@ -90,15 +90,18 @@ def test_every_format_equals_the_transcriber(client, expected, fmt):
     ({"response_format": "xml"}, 400, "response_format 'xml'"),
     ({"model": "gpt-4o-transcribe"}, 400, "not served here"),
     ({"language": "fr"}, 400, "per-request language is not supported"),
+    ({"prompt": "Earlier text."}, 400, "prompt: not supported yet"),
+    ({"stream": "true"}, 400, "unknown field(s) 'stream'"),
 ])
 def test_bad_options_get_400_with_the_reason(client, fields, status, needle):
     response = post(client, SHORT[0], **fields)
     assert response.status_code == status
-    assert needle in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert needle in error["message"] and error["type"] == "invalid_request_error" and error["code"] == status
 
 
 def test_accepted_options(client, expected):
-    response = post(client, SHORT[0], temperature="0", language="english", prompt="ignored",
+    response = post(client, SHORT[0], temperature="0", language="english", prompt="",
                     **{"timestamp_granularities[]": "segment"})
     assert response.status_code == 200 and response.json()["text"] == expected[SHORT[0].name].text
 
@@ -127,15 +130,34 @@ def test_models_health_and_metrics(client):
     assert float(ok.split()[-1]) >= 1
 
 
-def test_full_queue_answers_503_with_retry_after(greedy):
-    batcher = Batcher(greedy, batch_size=4, max_queue=3)
-    app = create_app(batcher)
-    client = TestClient(app)  # no lifespan: the engine thread does not run, so the queue stays full
-    batcher.submit(batcher.prepare(LONG.read_bytes()))  # 4 chunks: over 3, but the queue was empty
-    response = post(client, SHORT[0], model="")
-    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
-    with pytest.raises(QueueFull):
-        batcher.submit(batcher.prepare(SHORT[0].read_bytes()))
+def test_a_busy_server_answers_503_with_retry_after(greedy, expected):
+    """Requests and seconds of audio in flight are bounded server-wide; an idle server takes any one request."""
+    batcher = Batcher(greedy, batch_size=4, max_requests=2, max_audio_in_flight_s=100)
+    with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
+        batcher.admit(30.0)  # another request in flight, holding 30 s
+        over = post(client, LONG)  # 77.7 s more: over 100 s
+        assert over.status_code == 503 and over.headers["Retry-After"] == "1"
+        assert "--max-audio-in-flight-s 100" in over.json()["error"]["message"]
+        fits = post(client, SHORT[0])
+        assert fits.status_code == 200 and fits.json()["text"] == expected[SHORT[0].name].text
+        batcher.admit(1.0)  # two in flight now
+        crowded = post(client, SHORT[0])
+        assert crowded.status_code == 503 and "--max-requests 2" in crowded.json()["error"]["message"]
+        batcher.release(1.0)
+        batcher.release(30.0)
+        assert batcher.in_flight == (0, 0.0)
+        alone = Batcher(greedy, batch_size=4, max_requests=1, max_audio_in_flight_s=10)
+    with TestClient(create_app(alone, ServeOptions(model_id="tiny"))) as client:
+        response = post(client, LONG)  # longer than the whole budget, but the server is idle
+        assert response.status_code == 200 and response.json()["text"] == expected[LONG.name].text
+    assert alone.in_flight == (0, 0.0)  # its budget given back
+
+
+def drain(job) -> list:
+    """Every engine request of a prepared job (reading its whole input)."""
+    requests = [job.pending, *job.requests]
+    job.pending = None
+    return requests
 
 
 # -- voice-activity chunks and word timestamps ----------------------------------------------------------------
@@ -160,16 +182,17 @@ def test_vad_server_chunks_and_stitches_as_the_transcriber(vad_words):
     model, want = vad_words
     batcher = Batcher(model, batch_size=4)
     with ThreadPoolExecutor(3) as pool:
-        prepared = list(pool.map(batcher.prepare, [LONG.read_bytes()] * 3))
+        prepared = list(pool.map(batcher.prepare, [str(LONG)] * 3))
+        requests = list(pool.map(drain, prepared))
     spans = [(c.start_s, c.end_s) for c in want[LONG.name].chunks]
     assert len(spans) > 1  # a multi-chunk file
-    for job in prepared:
+    for job, reqs in zip(prepared, requests):
         assert [(s.start_sample / 16_000, s.end_sample / 16_000) for s in job.spans] == spans
-        assert [r.id for r in job.requests] == [(job.id, i) for i in range(len(spans))]
-        assert not any(r.keep_encoded for r in job.requests)  # no words asked: no encoder output kept
+        assert [r.id for r in reqs] == [(job.id, i) for i in range(len(spans))]
+        assert not any(r.keep_encoded for r in reqs)  # no words asked: no encoder output kept
     assert len({job.id for job in prepared}) == 3
-    worded = batcher.prepare(SHORT[0].read_bytes(), words=True)
-    assert worded.requests and all(r.keep_encoded for r in worded.requests)  # the engine keeps what it encodes
+    worded = drain(batcher.prepare(SHORT[0].read_bytes(), words=True))
+    assert worded and all(r.keep_encoded for r in worded)  # the engine keeps what it encodes
     with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
         for path in FILES:
             for fmt in ("json", "verbose_json"):
@@ -218,16 +241,57 @@ def wait_for(jobs, timeout_s: float = TIMEOUT_S) -> None:
         time.sleep(0.02)
 
 
-def test_a_cancelled_job_frees_its_queued_chunks(greedy, expected):
-    batcher = Batcher(greedy, batch_size=2, max_queue=64)
+def test_jobs_are_read_lazily_and_take_turns(greedy, expected):
+    """A prepared job has read one chunk (its first) and nothing more; the engine reads the rest one chunk at a
+    time, the jobs taking turns, so the short request is done long before the long one."""
+    batcher = Batcher(greedy, batch_size=1)
+    long_job = batcher.prepare(str(LONG))
+    short_job = batcher.prepare(str(SHORT[0]))
+    assert len(long_job.spans) == 1 and long_job.audio_s < 77 and not long_job.input.read_done
+    finished = []
+    long_job.on_done = short_job.on_done = lambda job: finished.append((job, len(long_job.results)))
+    batcher.submit(long_job)
+    batcher.submit(short_job)
+    batcher.start()
+    try:
+        wait_for([long_job, short_job])
+    finally:
+        batcher.stop()
+    assert [job for job, _ in finished] == [short_job, long_job]
+    assert finished[0][1] < 4  # the long job was not fully decoded when the short one was done
+    for job, path in ((long_job, LONG), (short_job, SHORT[0])):
+        assert greedy.assemble("x", job.spans, job.ordered_results(), 0, 0).text == expected[path.name].text
+
+
+def test_a_request_longer_than_the_limit_is_refused_while_read(greedy):
+    """Without a duration from the container (bytes here) the samples are counted as they are read: 413."""
+    batcher = Batcher(greedy, batch_size=2)
+    with pytest.raises(Refused, match=r"long\.flac: longer than this server's limit of 20 s") as info:
+        batcher.prepare(LONG.read_bytes(), "long.flac", max_audio_s=20, reserved_s=None)
+    assert info.value.status == 413
+    job = batcher.prepare(str(LONG), max_audio_s=65)  # the first 60 s block fits, the second one (77.7 s) not
+    batcher.submit(job)
+    batcher.start()
+    try:
+        wait_for([job])
+    finally:
+        batcher.stop()
+    assert job.status == 413 and "refused after reading" in job.error and job.ended
+
+
+def test_a_cancelled_job_frees_its_reader_and_budget(greedy, expected):
+    batcher = Batcher(greedy, batch_size=2)
     done = []
-    gone = batcher.prepare(LONG.read_bytes())
-    kept = batcher.prepare(SHORT[0].read_bytes())
+    batcher.admit(77.7)
+    gone = batcher.prepare(str(LONG), reserved_s=77.7)
+    kept = batcher.prepare(str(SHORT[0]))
     gone.on_done = kept.on_done = done.append
     batcher.submit(gone)
     batcher.submit(kept)
-    assert batcher.queue_depth == 5
-    assert batcher.cancel(gone) == 4 and batcher.queue_depth == 1
+    assert batcher.queue_depth == 2 and batcher.in_flight == (1, 77.7)
+    batcher.cancel(gone)
+    assert batcher.queue_depth == 1 and batcher.in_flight == (0, 0.0)
+    assert gone.ended and gone.requests.gi_frame is None  # its reader is closed: no block of it stays in memory
     batcher.start()
     try:
         wait_for([kept])
@@ -239,10 +303,10 @@ def test_a_cancelled_job_frees_its_queued_chunks(greedy, expected):
 
 
 def test_an_engine_error_fails_only_its_request_and_serving_goes_on(greedy, expected):
-    batcher = Batcher(greedy, batch_size=2, max_queue=64)
+    batcher = Batcher(greedy, batch_size=2)
     broken = batcher.prepare(SHORT[1].read_bytes())
     # 7 frames instead of 3000: the encoder raises on this request's chunks
-    broken.requests = [dataclasses.replace(r, features=torch.randn(80, 7)) for r in broken.requests]
+    broken.requests = iter([dataclasses.replace(r, features=torch.randn(80, 7)) for r in drain(broken)])
     batcher.start()
     try:
         batcher.submit(broken)
@@ -301,12 +365,12 @@ def test_a_client_that_hangs_up_has_its_queued_chunks_dropped(greedy):
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
             conn.sendall(head + payload)
             deadline = time.monotonic() + TIMEOUT_S
-            while batcher.queue_depth != 4:  # the long file's four chunks are waiting
+            while batcher.queue_depth != 1:  # the long file's job is waiting
                 assert time.monotonic() < deadline, "the request was never queued"
                 time.sleep(0.02)
         deadline = time.monotonic() + 30
-        while batcher.queue_depth:  # the handler notices the hang-up and drops them
-            assert time.monotonic() < deadline, "the chunks of a gone client stayed queued"
+        while batcher.queue_depth or batcher.in_flight != (0, 0.0):  # the handler notices the hang-up
+            assert time.monotonic() < deadline, "the job of a gone client stayed queued"
             time.sleep(0.02)
     assert 'outcome="disconnected"' in batcher.metrics.render()
 
@@ -375,6 +439,9 @@ def test_cli_refuses_bad_options_in_one_line_before_loading(capsys, tmp_path):
     cases = [(["--no-draft", "--draft", "x"], "contradict"),
              (["--model", str(tmp_path / "absent"), "--batch-size", "0"], "batch_size must be an integer >= 1"),
              (["--model", str(tmp_path / "absent"), "--max-file-mb", "0"], "max_file_mb must be a positive"),
+             (["--model", str(tmp_path / "absent"), "--max-audio-s", "-1"], "max_audio_s must be a positive"),
+             (["--model", str(tmp_path / "absent"), "--max-requests", "0"], "max_requests must be an integer"),
+             (["--model", str(tmp_path / "absent"), "--api-key", " "], "api_key must not be empty"),
              (["--model", str(tmp_path)], "not a Whisper model directory"),
              (["--preset", str(stride), "--word-timestamps"], "word_timestamps need chunking 'vad'")]
     for args, needle in cases:

@@ -32,6 +32,7 @@ __all__ = [
     "load_audio",
     "stream_audio",
     "audio_duration_s",
+    "header_duration_s",
     "to_mono",
     "to_float32",
     "resample",
@@ -182,7 +183,21 @@ def stream_audio(
 
 
 def audio_duration_s(path: str | os.PathLike[str]) -> float:
-    """Duration of the audio file ``path`` in seconds, read from its header (no decoding for libsndfile formats)."""
+    """Duration of the audio file ``path`` in seconds, read from its header (no decoding for libsndfile formats);
+    decoded and counted when the container does not say."""
+    name = os.fspath(path)
+    duration_s = header_duration_s(name)
+    if duration_s is not None:
+        return duration_s
+    with _audioread_decoder(name, AudioError("length missing from the header")) as decoder:
+        n_bytes = sum(len(buffer) for buffer in decoder)  # no duration in the container: decode and count
+        return n_bytes / (2 * decoder.channels) / float(decoder.samplerate)
+
+
+def header_duration_s(path: str | os.PathLike[str]) -> float | None:
+    """Duration of the audio file ``path`` in seconds as its container states it, without decoding: libsndfile's
+    frame count (exact; estimated from the bitrate for MP3), else ffmpeg's (audioread) reading of the container;
+    None when neither says (a FLAC written to a pipe, raw ADTS). ``AudioError`` when nothing can open it."""
     name = os.fspath(path)
     _check_path(name)
     try:
@@ -194,10 +209,7 @@ def audio_duration_s(path: str | os.PathLike[str]) -> float:
     except (sf.LibsndfileError, RuntimeError) as err:
         sf_err = err
     with _audioread_decoder(name, sf_err) as decoder:
-        if decoder.duration:
-            return float(decoder.duration)
-        n_bytes = sum(len(buffer) for buffer in decoder)  # no duration in the container: decode and count
-        return n_bytes / (2 * decoder.channels) / float(decoder.samplerate)
+        return float(decoder.duration) if decoder.duration else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -47,8 +47,15 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, help="TCP port."),
     batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
-    max_queue: int = typer.Option(256, help="Chunks (30 s windows) that may wait for a row; beyond: 503."),
+    max_requests: int = typer.Option(32, help="Requests in flight at once; beyond: 503 with Retry-After."),
+    max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
+                                                "503 with Retry-After."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
+    max_audio_s: float = typer.Option(7200.0, help="Longest audio of one request in seconds (2 h); beyond: 413, "
+                                      "from the container's header before decoding, else while decoding."),
+    upload_timeout_s: float = typer.Option(120.0, help="Seconds an upload may take to arrive; beyond: 408."),
+    api_key: Optional[list[str]] = typer.Option(None, help="Require `Authorization: Bearer KEY` on every route "
+                                                "but /health (repeatable; also ASR_SPEC_API_KEY, comma-separated)."),
     language: Optional[str] = LANGUAGE,
     word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
                                                    help="Answer timestamp_granularities[]=word (verbose_json "
@@ -60,8 +67,9 @@ def serve(
 
     overrides = preset_overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps)
     try:
-        run_server(preset, host=host, port=port, batch_size=batch_size, max_queue=max_queue,
-                   max_file_mb=max_file_mb, device=device, **overrides)
+        run_server(preset, host=host, port=port, batch_size=batch_size, max_requests=max_requests,
+                   max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb, max_audio_s=max_audio_s,
+                   upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device, **overrides)
     except ImportError as err:
         fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
     except USER_ERRORS as err:

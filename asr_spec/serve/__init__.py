@@ -1,5 +1,7 @@
 """`asr-spec serve`: an OpenAI-compatible transcription server whose concurrent requests share one speculative
-batch (app.py: routes and formats; batcher.py: the engine thread and its queue; metrics.py: Prometheus text).
+batch (app.py: routes; params.py: the form fields; responses.py: formats and errors; uploads.py: receiving an
+upload within limits; auth.py: API keys; schema.py: the OpenAPI description; batcher.py: the engine thread and
+the jobs feeding it; metrics.py: Prometheus text).
 
 FastAPI, uvicorn and python-multipart come with the `asr-spec[serve]` extra; they are imported only here.
 """
@@ -7,30 +9,41 @@ FastAPI, uvicorn and python-multipart come with the `asr-spec[serve]` extra; the
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["build_app", "run_server"]
 
 
-def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_queue: int = 256,
-              max_file_mb: float = 25.0, **overrides: Any) -> Any:
+def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_requests: int = 32,
+              max_audio_in_flight_s: float = 12 * 3600.0, max_file_mb: float = 25.0, max_audio_s: float = 7200.0,
+              upload_timeout_s: float = 120.0, api_keys: Sequence[str] = (), **overrides: Any) -> Any:
     """Load the models (`Transcriber.from_preset(preset, batch_size=batch_size, **overrides)`) and return the
     FastAPI app serving them, batch_size engine rows shared by all requests. The model id it answers to is the
-    preset's name, or the model given in `overrides`."""
+    preset's name, or the model given in `overrides`. api_keys: with ASR_SPEC_API_KEY's, the keys every route but
+    /health requires (none: open)."""
     from asr_spec.serve.app import ServeOptions, create_app
-    from asr_spec.serve.batcher import Batcher, check_queue
+    from asr_spec.serve.auth import api_keys as all_keys
+    from asr_spec.serve.batcher import Batcher, check_limits
     from asr_spec.transcribe import Transcriber
 
-    check_queue(max_queue)  # bad sizes fail before the models load (batch_size: in from_preset, before loading)
-    options = ServeOptions(model_id=str(overrides.get("model") or preset), max_file_mb=max_file_mb)
+    # bad values fail before the models load (batch_size: in from_preset, before loading)
+    check_limits(max_requests, max_audio_in_flight_s)
+    options = ServeOptions(model_id=str(overrides.get("model") or preset), max_file_mb=max_file_mb,
+                           max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=all_keys(api_keys))
     transcriber = Transcriber.from_preset(preset, batch_size=batch_size, **overrides)
-    return create_app(Batcher(transcriber, max_queue=max_queue), options)
+    batcher = Batcher(transcriber, max_requests=max_requests, max_audio_in_flight_s=max_audio_in_flight_s)
+    return create_app(batcher, options)
 
 
 def run_server(preset: str | os.PathLike = "base", *, host: str = "127.0.0.1", port: int = 8000,
-               batch_size: int = 8, max_queue: int = 256, max_file_mb: float = 25.0, **overrides: Any) -> None:
-    """Serve until interrupted (what `asr-spec serve` calls)."""
+               **settings: Any) -> None:
+    """Serve until interrupted (what `asr-spec serve` calls); `settings`: `build_app`'s. Warns when listening
+    beyond this machine without an API key."""
     import uvicorn
 
-    app = build_app(preset, batch_size=batch_size, max_queue=max_queue, max_file_mb=max_file_mb, **overrides)
+    from asr_spec.serve.auth import api_keys, warn_if_exposed
+
+    warn_if_exposed(host, api_keys(settings.get("api_keys")))
+    app = build_app(preset, **settings)
     uvicorn.run(app, host=host, port=port, log_level="info")

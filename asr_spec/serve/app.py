@@ -4,81 +4,76 @@
                                     timestamp_granularities[]   -> json | text | srt | vtt | verbose_json
                                     (word: verbose_json gains `words`; needs `serve --word-timestamps`)
     GET  /v1/models                 the one model served
-    GET  /health                    200 while the engine thread runs
+    GET  /health                    200 while the engine thread runs (open without a key)
     GET  /metrics                   Prometheus text (asr_spec.serve.metrics)
 
-A request's audio is decoded, chunked and featurised in a worker thread (`Batcher.prepare`: the transcriber's own
-front half); its chunks join the one engine queue (`Batcher`) and the handler awaits the job without blocking the
-event loop, checking meanwhile whether the client went away (then its queued chunks are dropped). Errors use
-OpenAI's shape, {"error": {"message", "type", "param", "code"}}: 400 bad request (not audio, bad option), 413 upload
-too large, 503 queue full (with Retry-After), 500 the engine failed on this request's chunks.
+A request's body is read within a byte limit and a time limit and its file spooled to disk (uploads.py); its
+duration is read from the container before decoding and refused past `max_audio_s` (413); it is admitted into the
+server's budget (`Batcher.admit`, else 503 with Retry-After); then its first chunk is read in a worker thread
+(`Batcher.prepare`: a file that is not audio is a 400 now) and the job joins the engine's rotation, which reads
+the rest one chunk at a time. The handler awaits the job without blocking the event loop, checking meanwhile
+whether the client went away (then its job ends and its memory is freed). Errors use OpenAI's shape,
+{"error": {"message", "type", "param", "code"}}, with the statuses the schema lists (schema.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from asr_spec.audio.loading import header_duration_s
 from asr_spec.errors import AudioError, InputError, one_line
-from asr_spec.serve.batcher import Batcher, Job, QueueFull
-from asr_spec.transcribe.outputs import render_srt, render_vtt
+from asr_spec.serve import uploads
+from asr_spec.serve.auth import ApiKeyMiddleware
+from asr_spec.serve.batcher import Batcher, Busy, Job, Refused
+from asr_spec.serve.params import MODEL_ALIASES, Params, check_params
+from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError, render
+from asr_spec.serve.schema import models_responses, transcription_openapi, transcription_responses
 
-__all__ = ["RESPONSE_FORMATS", "ServeOptions", "create_app"]
+__all__ = ["RESPONSE_FORMATS", "HTTPError", "ServeOptions", "create_app"]
 
-RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
-MODEL_ALIASES = ("whisper-1",)  # what OpenAI's examples send; served by the one model here
+log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries allowed on top of the file itself
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How the server takes requests (the decoding options are the transcriber's)."""
+    """How the server takes requests (the decoding options are the transcriber's; what is admitted at once, the
+    batcher's)."""
 
     model_id: str = "asr-spec"  # the id /v1/models lists and `model` may name
     max_file_mb: float = 25.0  # largest upload accepted, in MB (10**6 bytes); OpenAI's own limit is 25 MB
-    retry_after_s: int = 1  # Retry-After of a 503 (queue full)
+    max_audio_s: float = 7200.0  # longest audio accepted, in seconds (2 h): a byte limit does not bound audio
+    upload_timeout_s: float = 120.0  # the whole body must have arrived by then (a trickling upload: 408)
+    api_keys: tuple[str, ...] = ()  # with keys, every route but /health needs `Authorization: Bearer <key>`
+    retry_after_s: int = 1  # Retry-After of a 503 (busy)
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_file_mb, bool) or not isinstance(self.max_file_mb, (int, float)) or self.max_file_mb <= 0:
-            raise InputError(f"max_file_mb must be a positive number of MB, got {self.max_file_mb!r}")
+        for name in ("max_file_mb", "max_audio_s", "upload_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                unit = "MB" if name == "max_file_mb" else "seconds"
+                raise InputError(f"{name} must be a positive number of {unit}, got {value!r}")
         if not self.model_id:
             raise InputError("model_id must not be empty")
+        if any(not key for key in self.api_keys):
+            raise InputError("api_keys must not hold an empty key")
 
     @property
     def max_file_bytes(self) -> int:
         return int(self.max_file_mb * 1_000_000)
 
 
-class HTTPError(Exception):
-    """An answer other than 200, in OpenAI's error shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.headers = headers or {}
-
-    def response(self) -> JSONResponse:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
-
-
-@dataclass(frozen=True)
-class _Params:
-    """The form fields of one transcription request, checked."""
-
-    upload: Any
-    response_format: str
-    words: bool  # timestamp_granularities[] holds "word"
+OUTCOMES = {400: "bad_request", 408: "timeout", 413: "too_large", 503: "busy"}
 
 
 def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> FastAPI:
@@ -94,72 +89,147 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> Fast
 
     app = FastAPI(title="asr-spec", lifespan=lifespan)
     metrics = batcher.metrics
+    keys = bool(options.api_keys)
+    decode = batcher.transcriber.options
+    body = transcription_openapi((options.model_id, *MODEL_ALIASES), RESPONSE_FORMATS, decode.decode.language,
+                                 decode.word_timestamps)
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post("/v1/audio/transcriptions", responses=transcription_responses(keys), openapi_extra=body)
     async def transcriptions(request: Request) -> Response:
-        started = time.perf_counter()
-        try:
-            response, audio_s = await _transcribe(request, batcher, options)
-        except HTTPError as err:
-            metrics.request_done({400: "bad_request", 413: "too_large", 503: "queue_full"}.get(err.status, "failed"))
-            return err.response()
-        if response.status_code == 200:
-            metrics.request_done("ok", time.perf_counter() - started, audio_s)
-        else:
-            metrics.request_done("disconnected")
-        return response
+        return await _answer(request, batcher, options)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=models_responses(keys))
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": options.model_id, "object": "model", "created": 0,
                                             "owned_by": "asr-spec"}]}
 
-    @app.get("/health")
+    health_503 = {503: {"description": "The engine thread has stopped.",
+                        "content": {"application/json": {"schema": {"type": "object"}}}}}
+
+    @app.get("/health", responses=health_503)
     async def health() -> Response:
         alive = batcher.alive
         body = {"status": "ok" if alive else "engine stopped", "queue_depth": batcher.queue_depth}
         return JSONResponse(body, status_code=200 if alive else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=models_responses(keys))
     async def prometheus() -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:  # 404, 405: OpenAI's shape
+        return HTTPError(err.status_code, str(err.detail), headers=dict(err.headers or {})).response()
+
+    if keys:
+        app.add_middleware(ApiKeyMiddleware, keys=options.api_keys)
+        _document_bearer(app)
     return app
 
 
+def _document_bearer(app: FastAPI) -> None:
+    """Declare the bearer key in the schema, on every route but /health."""
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = plain_openapi()
+            schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            for path, operations in schema["paths"].items():
+                if path != "/health":
+                    for operation in operations.values():
+                        operation["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+async def _answer(request: Request, batcher: Batcher, options: ServeOptions) -> Response:
+    """The answer to one transcription request, counted in the metrics by outcome."""
+    metrics = batcher.metrics
+    started = time.perf_counter()
+    try:
+        response, audio_s = await _transcribe(request, batcher, options)
+    except HTTPError as err:
+        metrics.request_done(OUTCOMES.get(err.status, "failed"))
+        return err.response()
+    except StarletteHTTPException as err:  # starlette's own answer to a malformed body (400)
+        metrics.request_done(OUTCOMES.get(err.status_code, "failed"))
+        return HTTPError(err.status_code, f"{err.detail}", headers=dict(err.headers or {})).response()
+    except Exception as err:  # the server's bug, not the request's: a 500 in OpenAI's shape, logged
+        log.exception("transcription request")
+        metrics.request_done("failed")
+        return HTTPError(500, f"internal error ({type(err).__name__}: {one_line(err)})").response()
+    if response.status_code == 200:
+        metrics.request_done("ok", time.perf_counter() - started, audio_s)
+    else:
+        metrics.request_done("disconnected")
+    return response
+
+
 async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions) -> tuple[Response, float]:
-    """Check, prepare, queue and await one request; its response and seconds of audio."""
+    """Receive, check, admit, prepare, queue and await one request; its response and seconds of audio."""
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > options.max_file_bytes + MULTIPART_OVERHEAD_BYTES:
+    max_bytes = options.max_file_bytes + MULTIPART_OVERHEAD_BYTES
+    if length.isdigit() and int(length) > max_bytes:
         raise _too_large(int(length), options)
-    params = _check_params(await request.form(), batcher, options)
-    if params.upload.size is not None and params.upload.size > options.max_file_bytes:
-        raise _too_large(params.upload.size, options)
-    if batcher.queue_depth >= batcher.max_queue:  # refuse before decoding the upload
-        raise _queue_full(batcher, options)
-    data = await params.upload.read()
+    try:
+        form = await uploads.read_form(uploads.limited_request(request, max_bytes, options.upload_timeout_s))
+    except uploads.UploadTooLarge as err:
+        raise _too_large(err.n_bytes, options) from err
+    except uploads.UploadTimeout as err:
+        raise HTTPError(408, f"file: the upload did not arrive within {options.upload_timeout_s:g} s "
+                        "(--upload-timeout-s)", "file", {"Connection": "close"}) from err
+    except uploads.ClientDisconnect:
+        return Response(status_code=499), 0.0
+    try:
+        params = check_params(form, batcher.transcriber.options, options.model_id)
+        if params.upload.size is not None and params.upload.size > options.max_file_bytes:
+            raise _too_large(params.upload.size, options)
+        path = await asyncio.to_thread(uploads.spool, params.upload)
+    finally:
+        await form.close()
+    try:
+        return await _decode(request, batcher, options, params, path)
+    finally:
+        uploads.remove(path)
+
+
+async def _decode(request: Request, batcher: Batcher, options: ServeOptions, params: Params,
+                  path: str) -> tuple[Response, float]:
     name = params.upload.filename or "file"
     try:
-        job = await asyncio.to_thread(batcher.prepare, data, name, words=params.words)
+        duration_s = await asyncio.to_thread(header_duration_s, path)
     except AudioError as err:
-        raise HTTPError(400, one_line(err), "file") from err
-    done = _completion(job)
+        raise HTTPError(400, f"{name}: {one_line(err, path).replace(path, 'the upload')}", "file") from err
+    if duration_s is not None and duration_s > options.max_audio_s:  # refused before any decoding
+        raise HTTPError(413, f"{name}: {duration_s:.0f} s of audio (the container says) is over this server's "
+                        f"limit of {options.max_audio_s:g} s (--max-audio-s)", "file")
+    reserved_s = options.max_audio_s if duration_s is None else duration_s  # unknown: the most it may be
     try:
-        batcher.submit(job)
-    except QueueFull as err:
-        raise _queue_full(batcher, options) from err
+        batcher.admit(reserved_s)
+    except Busy as err:
+        raise HTTPError(503, f"server busy: {err}; retry later",
+                        headers={"Retry-After": str(options.retry_after_s)}) from err
+    try:
+        job = await asyncio.to_thread(batcher.prepare, path, name, words=params.words,
+                                      max_audio_s=options.max_audio_s, reserved_s=reserved_s)
+    except Refused as err:
+        raise HTTPError(err.status, one_line(err), "file") from err
+    done = _completion(job)
+    batcher.submit(job)
     while not done.done():
         await asyncio.wait({done}, timeout=DISCONNECT_POLL_S)
         if not done.done() and await request.is_disconnected():
             batcher.cancel(job)
             return Response(status_code=499), job.audio_s  # nginx's "client closed request": nobody reads it
     if job.error is not None:
-        raise HTTPError(500, f"{name}: {job.error}")
+        raise HTTPError(job.status, f"{name}: {job.error}", "file" if job.status < 500 else None)
     wall_s = time.perf_counter() - job.started
     transcriber = batcher.transcriber
     result = await asyncio.to_thread(transcriber.assemble, name, job.spans, job.ordered_results(), job.audio_s,
                                      wall_s, job.ordered_words())
-    return _render(result, params.response_format, transcriber.options.decode.task, params.words), job.audio_s
+    return render(result, params.response_format, transcriber.options.decode.task, params.words), job.audio_s
 
 
 def _completion(job: Job) -> asyncio.Future:
@@ -178,97 +248,6 @@ def _completion(job: Job) -> asyncio.Future:
     return done
 
 
-def _check_params(form: Any, batcher: Batcher, options: ServeOptions) -> _Params:
-    upload = form.get("file")
-    if upload is None or isinstance(upload, str):
-        raise HTTPError(400, "file: missing (send the audio as a multipart file field named 'file')", "file")
-    model = form.get("model")
-    if model and model not in (options.model_id, *MODEL_ALIASES):
-        served = ", ".join((options.model_id, *MODEL_ALIASES))
-        raise HTTPError(400, f"model {model!r} is not served here (serving: {served})", "model")
-    response_format = form.get("response_format") or "json"
-    if response_format not in RESPONSE_FORMATS:
-        raise HTTPError(400, f"response_format {response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}",
-                        "response_format")
-    _check_temperature(form.get("temperature"))
-    _check_language(form.get("language"), batcher.transcriber.options.decode.language)
-    words = _wants_words(form, response_format, batcher.transcriber.options.word_timestamps)
-    return _Params(upload, response_format, words)  # `prompt` is accepted and ignored (see the docs)
-
-
-def _wants_words(form: Any, response_format: str, words_on: bool) -> bool:
-    """Whether timestamp_granularities[] asks for words (OpenAI: only with verbose_json); 400 when this server
-    cannot give them (started without --word-timestamps) or for a granularity other than segment and word."""
-    granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
-    for granularity in granularities:
-        if granularity not in ("segment", "word"):
-            raise HTTPError(400, f"timestamp_granularities: {granularity!r} is not segment or word",
-                            "timestamp_granularities")
-    if "word" not in granularities:
-        return False
-    if not words_on:
-        raise HTTPError(400, "timestamp_granularities: word timestamps are off on this server (start it with "
-                        "`asr-spec serve --word-timestamps`, which needs chunking 'vad')", "timestamp_granularities")
-    if response_format != "verbose_json":
-        raise HTTPError(400, f"timestamp_granularities: word needs response_format verbose_json, got "
-                        f"{response_format!r}", "timestamp_granularities")
-    return True
-
-
-def _check_temperature(value: Any) -> None:
-    if value in (None, ""):
-        return
-    try:
-        temperature = float(value)
-    except ValueError:
-        temperature = None
-    if temperature != 0.0:
-        raise HTTPError(400, f"temperature {value!r}: only 0 is supported (greedy/lossless only: the transcript "
-                        "is the model's own greedy decoding)", "temperature")
-
-
-def _check_language(value: Any, served: str | None) -> None:
-    """A request may name the language the server decodes (e.g. "en"), nothing else: one batch, one language."""
-    if not value:
-        return
-    if served is None or _language_code(value) != _language_code(served):
-        mode = "detects the language per chunk" if served is None else f"decodes {served!r}"
-        raise HTTPError(400, f"language {value!r}: this server {mode} (set with `asr-spec serve --language`); "
-                        "a per-request language is not supported", "language")
-
-
-def _language_code(value: str) -> str:
-    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
-
-    code = value.strip().strip("<|>").lower()
-    return TO_LANGUAGE_CODE.get(code, code)
-
-
-def _render(result: Any, response_format: str, task: str, words: bool = False) -> Response:
-    if response_format == "json":
-        return JSONResponse({"text": result.text})
-    if response_format == "text":
-        return PlainTextResponse(result.text + "\n")
-    if response_format == "srt":
-        return PlainTextResponse(render_srt(result))
-    if response_format == "vtt":
-        return PlainTextResponse(render_vtt(result), media_type="text/vtt")
-    from transformers.models.whisper.tokenization_whisper import LANGUAGES
-
-    segments = [{"id": i, "start": s.start_s, "end": s.end_s, "text": s.text} for i, s in enumerate(result.segments)]
-    body = {"task": task, "language": LANGUAGES.get(result.language or "", result.language or ""),
-            "duration": result.audio_s, "text": result.text, "segments": segments}
-    if words:  # OpenAI's shape: the words of the whole file, text without the leading space
-        body["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end}
-                         for s in result.segments for w in s.words]
-    return JSONResponse(body)
-
-
 def _too_large(n_bytes: int, options: ServeOptions) -> HTTPError:
     return HTTPError(413, f"file: {n_bytes / 1e6:.1f} MB is over this server's limit of {options.max_file_mb:g} MB "
                      "(--max-file-mb)", "file")
-
-
-def _queue_full(batcher: Batcher, options: ServeOptions) -> HTTPError:
-    return HTTPError(503, f"server busy: {batcher.queue_depth} chunks are waiting (--max-queue {batcher.max_queue});"
-                     " retry later", headers={"Retry-After": str(options.retry_after_s)})

@@ -1,24 +1,33 @@
-"""One engine, one continuous batch, many requests: the engine thread and the queue of chunks that feeds it.
+"""One engine, one continuous batch, many requests: the engine thread and the jobs whose chunks feed it.
 
-    request bytes ──prepare (a worker thread: Transcriber.prepare)──► Job(requests) ──submit──► queue of chunks
-    queue ──live source──► Engine.run (its own thread) ──ChunkResult──► Transcriber.finish_chunk ──► the job's
-    results ──last one──► done ──Transcriber.assemble (app.py)──► transcript
+    upload ──prepare (a worker thread: opens it, Transcriber.prepare's first chunk)──► Job(lazy requests)
+    ──submit──► rotation of jobs ──live source (engine thread: next chunk of the next job, decoded and
+    featurised now)──► Engine.run ──ChunkResult──► Transcriber.finish_chunk ──► the job's results ──last one──►
+    done ──Transcriber.assemble (app.py)──► transcript
 
-Each request's audio is decoded, chunked and featurised off the event loop by the transcriber's own front half
-(`Transcriber.prepare`, batched as `transcribe` batches it); its chunks then wait in one queue with every other
-request's, and the engine pulls them as rows free up, so a row that finishes takes the next chunk, whoever sent
-it. The queue is the engine's live source: it yields None when empty (after waiting briefly when no chunk is in
-the engine, so an idle server does not spin). A job is done when its last chunk is; the caller gets the results
-in chunk order and assembles the transcript. A job that wants word timestamps has its chunks keep their encoder
-output in the engine (`keep_encoded`), and each chunk is aligned in the engine thread as it finishes
-(`Transcriber.finish_chunk`), as `Transcriber.transcribe` does. Cancelling a job drops its chunks still queued;
-an engine error fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
+Memory is bounded per request and in all. A job holds its input's lazy front half (`Transcriber.prepare`,
+featurising one chunk at a time): its audio is read one block at a time and a chunk's features are made only when
+the engine is about to take it, so a 2-hour upload costs one block, one chunk and its features, not 2 hours of
+samples. Jobs take turns, one chunk each (round robin), so a short request is not queued behind a long one. What
+may be in flight is admitted up front (`admit`): at most `max_requests` jobs and `max_audio_in_flight_s` seconds
+of audio (a request's header duration, or `max_audio_s` when the container does not say), else `Busy` (a 503);
+a single request is always admitted into an idle server. A request longer than its `max_audio_s` is refused while
+it is read (`Job.status` 413), and the part already read is dropped.
+
+The source yields None when no job has a chunk ready (after waiting briefly when nothing is in the engine, so an
+idle server does not spin). A job is done when its input is read and its last chunk is. A job that wants word
+timestamps has its chunks keep their encoder output in the engine (`keep_encoded`), and each chunk is aligned in
+the engine thread as it finishes (`Transcriber.finish_chunk`), as `Transcriber.transcribe` does. Cancelling a job
+(a client went away) ends it at once when none of its chunks is being read: its reader is closed, its upload
+removed, its budget given back; its chunks already in the engine finish there and are ignored. An engine error
+fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -27,43 +36,69 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.engine import ChunkRequest, ChunkResult, EngineError, check_int
-from asr_spec.errors import AsrSpecError, AudioError, InputError
+from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve.metrics import Metrics
 from asr_spec.transcribe.inputs import Input
 from asr_spec.transcribe.segments import WordTiming
 
-__all__ = ["Batcher", "Job", "QueueFull", "check_queue"]
+__all__ = ["Batcher", "Busy", "Job", "Refused", "check_limits"]
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long the source waits for a chunk when the engine is idle, before it says None
 _job_ids = itertools.count()
 
 
-class QueueFull(AsrSpecError):
-    """The queue of chunks is full: try again later (HTTP 503 with Retry-After)."""
+class Busy(InputError):
+    """The server has `max_requests` jobs or `max_audio_in_flight_s` seconds of audio in flight: retry later."""
+
+
+class Refused(AudioError):
+    """An upload the server will not transcribe; `status` is the HTTP answer (400 unreadable, 413 too long)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def _close(requests: Iterator[ChunkRequest]) -> None:
+    """Close a job's reader (its file handle, its VAD state); not while another thread runs it."""
+    close = getattr(requests, "close", None)
+    if close is not None:
+        try:
+            close()
+        except ValueError:  # "generator already executing": the engine thread is in it, it ends the job itself
+            log.warning("a reader was still running when its job ended")
 
 
 @dataclass(eq=False)
 class Job:
-    """One request: its input as the front half read it, its chunks' engine requests, and what came back.
+    """The chunks of one request and what came back for them.
 
-    input:    the `Input` (`input.key` is the job's id; spans, seconds of audio).
-    requests: one `ChunkRequest` per span, id (job id, chunk index), made by `Batcher.prepare`.
-    words:    None, or the words of each finished chunk (`Transcriber.finish_chunk`) by chunk index, when the
-              request asked for word timestamps.
-    on_done:  called once, from the engine thread (or `submit` for an input without chunks), when the job is
-              complete or failed; it must not block.
+    input:      what the front half fills in (spans so far, samples read, read_done, error).
+    requests:   the input's lazy engine requests (`Transcriber.prepare`), pulled one chunk at a time; `pending` is
+                the one `Batcher.prepare` pulled to open the upload.
+    words:      by chunk index, the words of each of its segments; None when the request asked for no words.
+    status:     the HTTP status of `error`: 400 unreadable audio, 413 too long, 500 the engine failed.
+    reserved_s: seconds of the server's audio budget this job holds until it ends.
+    on_done:    called once, from the engine thread (or `submit`, for an input without chunks), when the job is
+                complete or failed; it must not block.
     """
 
     input: Input
-    requests: list[ChunkRequest] = field(default_factory=list)
+    requests: Iterator[ChunkRequest]
+    pending: ChunkRequest | None = None
     words: dict[int, list[list[WordTiming]]] | None = None
+    max_samples: int | None = None  # 16 kHz samples past which the request is refused (413)
+    reserved_s: float | None = None  # None: not admitted (a caller of `prepare` that skipped `admit`)
     on_done: Callable[[Job], None] = field(default=lambda job: None)
     results: dict[int, ChunkResult] = field(default_factory=dict)
     error: str | None = None
+    status: int = 200
     cancelled: bool = False
     finished: bool = False
+    ended: bool = False  # its reader closed and its budget given back
     in_engine: int = 0  # chunks pulled by the engine and not finished
     started: float = field(default_factory=time.perf_counter)
 
@@ -79,6 +114,11 @@ class Job:
     def audio_s(self) -> float:
         return self.input.audio_s
 
+    @property
+    def complete(self) -> bool:
+        """Every chunk read and decoded."""
+        return self.input.read_done and self.pending is None and len(self.results) == len(self.spans)
+
     def ordered_results(self) -> list[ChunkResult]:
         return [self.results[i] for i in range(len(self.spans))]
 
@@ -89,73 +129,127 @@ class Job:
         return [self.words[i] for i in range(len(self.spans))]
 
 
-def check_queue(max_queue: int) -> None:
-    """max_queue (chunks that may wait for a row) is an integer >= 1, else `InputError`."""
-    check_int(max_queue, "max_queue", 1, InputError)
+def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:
+    """max_requests is an integer >= 1 and max_audio_in_flight_s a positive number of seconds, else `InputError`."""
+    check_int(max_requests, "max_requests", 1, InputError)
+    value = max_audio_in_flight_s
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InputError(f"max_audio_in_flight_s must be a positive number of seconds, got {value!r}")
 
 
 class Batcher:
     """Feeds the chunks of many jobs to one `Engine` running in its own thread.
 
-    transcriber: an `asr_spec.transcribe.Transcriber`: its front half prepares the jobs, its engine decodes them,
+    transcriber: an `asr_spec.transcribe.Transcriber`: its front half reads the jobs, its engine decodes them,
                  its `finish_chunk` aligns their words and its `assemble` makes their transcripts.
-    batch_size:  engine rows (default the transcriber's options.batch_size); max_queue: chunks that may wait for
-                 a row before `submit` refuses a job.
+    batch_size:  engine rows (default the transcriber's options.batch_size).
+    max_requests, max_audio_in_flight_s: what `admit` lets in at once (requests; seconds of audio).
     """
 
-    def __init__(self, transcriber: Any, batch_size: int | None = None, max_queue: int = 256,
-                 metrics: Metrics | None = None):
-        check_queue(max_queue)
+    def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 32,
+                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None):
+        check_limits(max_requests, max_audio_in_flight_s)
         self.transcriber = transcriber
         self.batch_size = transcriber.batch_rows(batch_size)
-        self.max_queue = max_queue
+        self.max_requests = max_requests
+        self.max_audio_in_flight_s = float(max_audio_in_flight_s)
         self.metrics = Metrics(self.batch_size) if metrics is None else metrics
-        self._queue: deque[tuple[Job, int]] = deque()  # (job, chunk index)
-        self._jobs: dict[Any, Job] = {}  # jobs with a chunk queued or in the engine
+        self._active: deque[Job] = deque()  # jobs with chunks still to read, in turn
+        self._jobs: dict[Any, Job] = {}  # submitted jobs not ended
         self._in_engine = 0  # chunks pulled by the engine and not yet finished
+        self._admitted = 0  # requests admitted and not ended
+        self._reserved_s = 0.0  # seconds of audio they hold
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
 
-    # -- preparing a request (any thread but the engine's) ----------------------------------------------------
-    def prepare(self, data: bytes, name: str = "upload", *, words: bool = False) -> Job:
-        """The job of one upload: its audio decoded, chunked and featurised by `Transcriber.prepare`, as the
-        transcriber does it; words: align its chunks' words (needs the transcriber's word_timestamps, else
-        `InputError`). A file that is not audio raises `AudioError` (one line, naming `name`)."""
-        # a datasets-style {"bytes", "path"} row: the bytes are decoded, the path names them in error messages
-        item = Input(next(_job_ids), name, {"bytes": data, "path": name}, word_timestamps=words)
-        requests = list(self.transcriber.prepare([item], self.batch_size))
-        if isinstance(item.exception, AudioError):
-            raise AudioError(f"{name}: {item.error}") from item.exception
-        if item.exception is not None:  # not the upload's fault: the server's (a 500)
-            raise item.exception
-        return Job(item, requests, words={} if words else None)
-
-    # -- the queue ------------------------------------------------------------------------------------------
-    def submit(self, job: Job) -> None:
-        """Queue the job's chunks behind everyone else's; `QueueFull` when max_queue chunks already wait."""
-        if not job.spans:
-            self._finish(job)
-            return
+    # -- admission (any thread) ---------------------------------------------------------------------------------
+    def admit(self, audio_s: float) -> None:
+        """Reserve room for one request of `audio_s` seconds, else `Busy`; given back by `release` (or when the
+        job `prepare` makes of it ends). An idle server admits any one request."""
         with self._cond:
-            if self._queue and len(self._queue) + len(job.spans) > self.max_queue:
-                raise QueueFull(f"{len(self._queue)} chunks are waiting (max {self.max_queue}): try again later")
-            self._jobs[job.id] = job
-            self._queue.extend((job, i) for i in range(len(job.spans)))
-            self.metrics.queue_depth = len(self._queue)
-            self._cond.notify_all()
+            if self._admitted >= self.max_requests:
+                raise Busy(f"{self._admitted} requests are in flight (--max-requests {self.max_requests})")
+            if self._admitted and self._reserved_s + audio_s > self.max_audio_in_flight_s:
+                raise Busy(f"{self._reserved_s:.0f} s of audio are in flight and this request adds {audio_s:.0f} s "
+                           f"(--max-audio-in-flight-s {self.max_audio_in_flight_s:g})")
+            self._admitted += 1
+            self._reserved_s += audio_s
+            self._publish()
 
-    def cancel(self, job: Job) -> int:
-        """Drop the job's chunks still waiting (a client went away); returns how many. Its chunks already in the
-        engine finish there and are ignored."""
+    def release(self, audio_s: float) -> None:
+        with self._cond:
+            self._admitted -= 1
+            self._reserved_s = max(0.0, self._reserved_s - audio_s)
+            self._publish()
+
+    # -- preparing a request (any thread but the engine's) ----------------------------------------------------
+    def prepare(self, source: Any, name: str = "upload", *, words: bool = False, max_audio_s: float | None = None,
+                reserved_s: float | None = None) -> Job:
+        """The job of one upload (`source`: a file path, streamed, or its bytes), opened by reading its first chunk
+        (`Transcriber.prepare`, one chunk featurised at a time); words: align its chunks' words (needs the
+        transcriber's word_timestamps, else `InputError`). reserved_s: what `admit` reserved for it (given back
+        when the job ends, or now if this raises). A file that is not audio raises `AudioError` naming `name`."""
+        label = name  # what the reader's messages call it: the path of a file, replaced by `name` in job.error
+        if isinstance(source, (bytes, bytearray, memoryview)):  # a {bytes, path} row: `path` names it in errors
+            source = {"bytes": bytes(source), "path": name}
+        else:
+            label = os.fspath(source)
+        item = Input(next(_job_ids), label, source, word_timestamps=words)
+        max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
+        job = Job(item, iter(()), words={} if words else None, max_samples=max_samples, reserved_s=reserved_s)
+        try:
+            job.requests = self.transcriber.prepare([item], 1)
+            job.pending = next(job.requests, None)
+            self._check_read(job)
+            if job.status == 500:  # not the upload's fault: the server's
+                raise item.exception  # type: ignore[misc]
+            if job.error is not None:
+                raise Refused(f"{name}: {job.error}", job.status) from item.exception
+        except BaseException:
+            _close(job.requests)
+            if reserved_s is not None:
+                self.release(reserved_s)
+            raise
+        return job
+
+    def _check_read(self, job: Job) -> None:
+        """Mark the job failed when its input could not be read (400, or 500 for an error that is not the
+        upload's) or has grown past max_samples (413)."""
+        item = job.input
+        if item.exception is not None and job.error is None:
+            job.status = 400 if isinstance(item.exception, AudioError) else 500
+            job.error = item.error or ""
+            if isinstance(item.source, str):  # a spooled upload: its temporary path means nothing to the client
+                job.error = job.error.replace(item.name, "the upload")
+        elif job.max_samples is not None and item.n_samples > job.max_samples and job.error is None:
+            job.status = 413
+            job.error = (f"longer than this server's limit of {job.max_samples / SAMPLE_RATE:g} s of audio "
+                         f"(--max-audio-s; refused after reading {item.audio_s:.0f} s)")
+
+    # -- the rotation ---------------------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Give the job its turns with every other job's."""
+        with self._cond:
+            self._jobs[job.id] = job
+            if job.complete:  # no chunks at all (e.g. no speech found)
+                self._end(job)
+            else:
+                self._active.append(job)
+            self._publish()
+            self._cond.notify_all()
+        if job.complete:
+            self._finish(job)
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: end the job now unless the engine thread is reading its next chunk (then it
+        ends the job when that read returns). Its chunks in the engine finish there and are ignored."""
         with self._cond:
             job.cancelled = True
-            before = len(self._queue)
-            self._queue = deque(item for item in self._queue if item[0] is not job)
-            self.metrics.queue_depth = len(self._queue)
-            if job.id in self._jobs and not job.in_engine:  # nothing of it in the engine either
-                del self._jobs[job.id]
-            return before - len(self._queue)
+            if job in self._active:
+                self._active.remove(job)
+                self._end(job)
+            self._publish()
 
     @property
     def alive(self) -> bool:
@@ -164,27 +258,74 @@ class Batcher:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        """Requests with chunks still to read."""
+        return len(self._active)
+
+    @property
+    def in_flight(self) -> tuple[int, float]:
+        """(requests admitted and not ended, seconds of audio they hold)."""
+        return self._admitted, self._reserved_s
 
     def _source(self) -> Iterator[ChunkRequest | None]:
-        """The engine's live source: the next queued chunk, or None when there is none right now."""
+        """The engine's live source: the next chunk of the next job in turn, or None when none is ready now."""
         while True:
             with self._cond:
-                if not self._queue and not self._stopping and self._in_engine == 0:
+                if not self._active and not self._stopping and self._in_engine == 0:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
-                job = None
-                if self._queue:
-                    job, index = self._queue.popleft()
-                    job.in_engine += 1
-                    self._in_engine += 1
-                    self.metrics.queue_depth = len(self._queue)
-                self.metrics.engine_chunks = self._in_engine
+                job = self._active.popleft() if self._active else None
             if job is None:
                 yield None
-            else:
-                yield job.requests[index]
+                continue
+            request = self._next_chunk(job)  # outside the lock: reads and featurises one chunk
+            with self._cond:
+                failed = job.error is not None
+                if failed or job.cancelled:
+                    request = None
+                    self._end(job)
+                elif request is not None:
+                    job.in_engine += 1
+                    self._in_engine += 1
+                    self._active.append(job)
+                elif job.complete:
+                    self._end(job)
+                self.metrics.engine_chunks = self._in_engine
+                self._publish()
+            if (failed or job.complete) and not job.cancelled:
+                self._finish(job)
+            if request is not None:
+                yield request
+
+    def _next_chunk(self, job: Job) -> ChunkRequest | None:
+        """The job's next request (None when its input is read or failed), checked against its limits."""
+        request, job.pending = job.pending, None
+        try:
+            if request is None:
+                request = next(job.requests, None)
+        except Exception as err:  # not the upload's fault: fail this request, keep serving the others
+            log.exception("job %s: reading its audio", job.id)
+            job.status, job.error = 500, f"reading the audio failed ({type(err).__name__}: {one_line(err)})"
+            return None
+        self._check_read(job)
+        return None if job.error is not None else request
+
+    def _end(self, job: Job) -> None:
+        """Under the lock: close the job's reader, give back its budget, forget it unless chunks are in the engine."""
+        if not job.ended:
+            job.ended = True
+            _close(job.requests)
+            job.pending = None
+            if job.reserved_s is not None:
+                self._admitted -= 1
+                self._reserved_s = max(0.0, self._reserved_s - job.reserved_s)
+        if not job.in_engine:
+            self._jobs.pop(job.id, None)
+
+    def _publish(self) -> None:
+        self.metrics.queue_depth = len(self._active)
+        self.metrics.requests_in_flight = self._admitted
+        self.metrics.audio_in_flight_s = self._reserved_s
 
     # -- the engine thread ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -201,10 +342,13 @@ class Batcher:
             self._thread.join(timeout_s)
         with self._cond:
             left = list(self._jobs.values())
-            self._jobs.clear()
-            self._queue.clear()
+            self._active.clear()
+            for job in left:
+                job.in_engine = 0
+                self._end(job)
+                job.status, job.error = 503, "the server is shutting down"
+            self._publish()
         for job in left:
-            job.error = "the server is shutting down"
             self._finish(job)
 
     def _serve(self) -> None:
@@ -215,20 +359,18 @@ class Batcher:
                     self._deliver(result)
             except EngineError as err:
                 log.error("%s", err)
-                self._fail(set(err.chunk_ids), str(err.__cause__ or err))
+                self._fail({job_id for job_id, _ in err.chunk_ids}, str(err.__cause__ or err))
             except Exception as err:  # a bug outside the engine's own work: fail what is in flight, keep serving
                 log.exception("engine thread")
                 with self._cond:
-                    lost = {(job.id, i) for job in self._jobs.values() for i in range(len(job.spans))
-                            if i not in job.results}
-                    lost -= {(job.id, i) for job, i in self._queue}
+                    lost = {job.id for job in self._jobs.values() if job.in_engine}
                 self._fail(lost, f"{type(err).__name__}: {err}")
 
     def _deliver(self, result: ChunkResult) -> None:
         job_id, index = result.id
         job = self._jobs.get(job_id)
         words = None
-        if job is not None and not job.cancelled:  # in the engine thread, like transcribe
+        if job is not None and not job.cancelled and job.error is None:  # in the engine thread, like transcribe
             result, words = self.transcriber.finish_chunk(result, job.spans[index])
         with self._cond:
             self._in_engine -= 1
@@ -241,29 +383,35 @@ class Batcher:
             if words is not None:
                 job.words[index] = words
             self.metrics.chunk_done(result.stats)
-            done = len(job.results) == len(job.spans)
-            if done or (job.cancelled and not job.in_engine):
-                del self._jobs[job_id]
+            done = job.complete and job.error is None
+            if done or job.ended:
+                self._end(job)
+            self._publish()
         if done and not job.cancelled:
             self._finish(job)
 
-    def _fail(self, chunk_ids: set, cause: str) -> None:
-        """Fail every job that lost a chunk in `chunk_ids`; its chunks still queued are dropped."""
+    def _fail(self, job_ids: set, cause: str) -> None:
+        """Fail every job in `job_ids` (they lost a chunk in the engine); the run is over."""
         with self._cond:
-            failed = {self._jobs[job_id] for job_id, _ in chunk_ids if job_id in self._jobs}
-            self._in_engine = 0  # the run is over: nothing is in the engine any more
-            self._queue = deque(item for item in self._queue if item[0] not in failed)
-            self.metrics.queue_depth = len(self._queue)
+            failed = [self._jobs[job_id] for job_id in job_ids if job_id in self._jobs]
+            self._in_engine = 0  # nothing is in the engine any more
+            for job in self._jobs.values():
+                job.in_engine = 0
             for job in failed:
-                del self._jobs[job.id]
-                job.error = f"decoding failed ({cause})"
+                if job in self._active:
+                    self._active.remove(job)
+                self._end(job)
+                job.status, job.error = 500, f"decoding failed ({cause})"
+            for job in [job for job in self._jobs.values() if job.ended]:
+                self._end(job)  # ended jobs that waited only for their chunks in the engine
+            self._publish()
         for job in failed:
             self._finish(job)
 
     @staticmethod
     def _finish(job: Job) -> None:
         """Mark the job done and tell its owner (nobody is listening to a cancelled one)."""
-        if job.cancelled:
+        if job.cancelled or job.finished:
             return
         job.finished = True
         try:

@@ -2,7 +2,7 @@
 
 Counters: requests by outcome, seconds of audio transcribed, chunks decoded, generated tokens, target passes,
 drafted and accepted tokens.
-Gauges: chunks waiting in the queue, chunks in the engine, batch occupancy (chunks in the engine / rows, at most 1).
+Gauges: requests with chunks still to read, requests and seconds of audio in flight, chunks in the engine, batch occupancy (chunks in the engine / rows, at most 1).
 Histogram: request latency in seconds (upload received to response ready).
 """
 
@@ -29,6 +29,8 @@ class Metrics:
         self.stats = ChunkStats(chunks=0)
         self.queue_depth = 0  # chunks waiting for a row (set by the batcher)
         self.engine_chunks = 0  # chunks pulled by the engine, not finished (set by the batcher)
+        self.requests_in_flight = 0  # requests admitted, not ended (set by the batcher)
+        self.audio_in_flight_s = 0.0  # seconds of audio they hold in the budget (set by the batcher)
         self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)  # last: +Inf
         self.latency_sum_s = 0.0
 
@@ -63,8 +65,13 @@ class Metrics:
             lines += _metric("asr_spec_tokens_per_target_pass", "gauge",
                              "Generated tokens per target pass so far (1 greedy, up to K+1 speculative).",
                              [("", self.stats.tokens_per_target_pass)])
-            lines += _metric("asr_spec_queue_depth", "gauge", "Chunks waiting for an engine row.",
+            lines += _metric("asr_spec_queue_depth", "gauge", "Requests with chunks still to read.",
                              [("", self.queue_depth)])
+            lines += _metric("asr_spec_requests_in_flight", "gauge", "Requests admitted and not finished.",
+                             [("", self.requests_in_flight)])
+            lines += _metric("asr_spec_audio_in_flight_seconds", "gauge",
+                             "Seconds of audio the requests in flight hold in the server's budget.",
+                             [("", self.audio_in_flight_s)])
             lines += _metric("asr_spec_engine_chunks", "gauge", "Chunks in the engine (in a row or encoded).",
                              [("", self.engine_chunks)])
             lines += _metric("asr_spec_batch_occupancy", "gauge", "Chunks in the engine / batch rows (at most 1).",

@@ -1,0 +1,101 @@
+"""The form fields of a transcription request, checked against what this server does: every field OpenAI's
+endpoint takes is either honoured or refused with a 400 naming it, never silently ignored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError
+
+__all__ = ["FIELDS", "MODEL_ALIASES", "Params", "check_params"]
+
+MODEL_ALIASES = ("whisper-1",)  # what OpenAI's examples send; served by the one model here
+FIELDS = ("file", "model", "response_format", "language", "prompt", "temperature", "timestamp_granularities[]")
+
+
+@dataclass(frozen=True)
+class Params:
+    """The form fields of one transcription request, checked."""
+
+    upload: Any  # starlette's UploadFile
+    response_format: str
+    words: bool  # timestamp_granularities[] holds "word"
+
+
+def check_params(form: Any, options: Any, model_id: str) -> Params:
+    """The checked fields of `form` for a server with `TranscribeOptions` `options` serving `model_id`; 400
+    (`HTTPError`) for a missing file, an unknown field or a value this server does not take."""
+    unknown = sorted(set(form.keys()) - set(FIELDS))
+    if unknown:
+        raise HTTPError(400, f"unknown field(s) {', '.join(map(repr, unknown))} (accepted: {', '.join(FIELDS)})",
+                        unknown[0])
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise HTTPError(400, "file: missing (send the audio as a multipart file field named 'file')", "file")
+    for key in FIELDS[1:]:
+        if any(not isinstance(value, str) for value in form.getlist(key)):
+            raise HTTPError(400, f"{key}: must be a text field, not a file", key)
+    model = form.get("model")
+    if model and model not in (model_id, *MODEL_ALIASES):
+        served = ", ".join((model_id, *MODEL_ALIASES))
+        raise HTTPError(400, f"model {model!r} is not served here (serving: {served})", "model")
+    response_format = form.get("response_format") or "json"
+    if response_format not in RESPONSE_FORMATS:
+        raise HTTPError(400, f"response_format {response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}",
+                        "response_format")
+    if form.get("prompt"):
+        raise HTTPError(400, "prompt: not supported yet (the engine does not condition on previous text); send "
+                        "none", "prompt")
+    _check_temperature(form.get("temperature"))
+    _check_language(form.get("language"), options.decode.language)
+    words = _wants_words(form, response_format, options.word_timestamps)
+    return Params(upload, response_format, words)
+
+
+def _wants_words(form: Any, response_format: str, words_on: bool) -> bool:
+    """Whether timestamp_granularities[] asks for words (OpenAI: only with verbose_json); 400 when this server
+    cannot give them (started without --word-timestamps) or for a granularity other than segment and word."""
+    granularities = form.getlist("timestamp_granularities[]")
+    for granularity in granularities:
+        if granularity not in ("segment", "word"):
+            raise HTTPError(400, f"timestamp_granularities: {granularity!r} is not segment or word",
+                            "timestamp_granularities[]")
+    if "word" not in granularities:
+        return False
+    if not words_on:
+        raise HTTPError(400, "timestamp_granularities: word timestamps are off on this server (start it with "
+                        "`asr-spec serve --word-timestamps`, which needs chunking 'vad')", "timestamp_granularities[]")
+    if response_format != "verbose_json":
+        raise HTTPError(400, f"timestamp_granularities: word needs response_format verbose_json, got "
+                        f"{response_format!r}", "timestamp_granularities[]")
+    return True
+
+
+def _check_temperature(value: Any) -> None:
+    if value in (None, ""):
+        return
+    try:
+        temperature = float(value)
+    except ValueError:
+        temperature = None
+    if temperature != 0.0:
+        raise HTTPError(400, f"temperature {value!r}: only 0 is supported (greedy/lossless only: the transcript "
+                        "is the model's own greedy decoding)", "temperature")
+
+
+def _check_language(value: Any, served: str | None) -> None:
+    """A request may name the language the server decodes (e.g. "en"), nothing else: one batch, one language."""
+    if not value:
+        return
+    if served is None or _language_code(value) != _language_code(served):
+        mode = "detects the language per chunk" if served is None else f"decodes {served!r}"
+        raise HTTPError(400, f"language {value!r}: this server {mode} (set with `asr-spec serve --language`); "
+                        "a per-request language is not supported", "language")
+
+
+def _language_code(value: str) -> str:
+    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+    code = value.strip().strip("<|>").lower()
+    return TO_LANGUAGE_CODE.get(code, code)
