@@ -19,7 +19,7 @@ from collections.abc import Hashable, Iterable, Iterator
 
 import numpy as np
 
-from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.audio.chunking import ChunkSpan, skip_silent_windows
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import load_audio, stream_audio
 from asr_spec.audio.vad import SileroVad, iter_vad_chunks
@@ -62,8 +62,8 @@ class FrontEnd:
         """(span, samples) of one 16 kHz mono signal given as blocks: overlapping windows (`options.vad` None) or
         speech chunks found by the VAD. Concurrent calls are safe (each takes its own VAD state, loaded at the
         first call that needs one)."""
-        if self.options.vad is None:
-            yield from self.options.chunking.iter(blocks)
+        if self.options.vad is None:  # digital silence is not decoded (as the VAD never makes a chunk of it)
+            yield from skip_silent_windows(self.options.chunking.iter(blocks))
             return
         with self._vad_lock:
             vad = self._vads.pop() if self._vads else None
