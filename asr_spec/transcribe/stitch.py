@@ -260,10 +260,11 @@ def concat_chunks(
 
 def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate: int) -> StitchResult:
     texts = [[token for token in chunk.token_ids if token < eot_id] for chunk in chunks]
-    spoken = [(chunk, text) for chunk, text in zip(chunks, texts) if text]  # empty chunks take no part in merging
     segments: list[Segment] = []
     merged_all: list[int] = []
-    for run in _overlapping_runs(spoken):  # chunks that do not overlap (a skipped silence between) are not merged
+    # chunks on either side of a gap (skipped silence: no chunk overlaps the next) are not merged
+    for run in _overlapping_runs(list(zip(chunks, texts))):
+        run = [(chunk, text) for chunk, text in run if text]  # empty chunks take no part in merging
         merged, shares = _merge_with_shares([text for _, text in run])
         position = 0
         for (chunk, _), share in zip(run, shares):
@@ -276,10 +277,10 @@ def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate:
     return StitchResult(token_ids=tuple(merged_all), segments=tuple(_monotonic(segments)), timestamped=False)
 
 
-def _overlapping_runs(spoken: list[tuple[ChunkTokens, list[int]]]) -> list[list[tuple[ChunkTokens, list[int]]]]:
-    """`spoken` split where a chunk starts at or after the end of the one before it."""
+def _overlapping_runs(chunks: list[tuple[ChunkTokens, list[int]]]) -> list[list[tuple[ChunkTokens, list[int]]]]:
+    """(chunk, text) pairs split where a chunk starts at or after the end of the one before it."""
     runs: list[list[tuple[ChunkTokens, list[int]]]] = []
-    for item in spoken:
+    for item in chunks:
         if runs and item[0].span.start_sample < runs[-1][-1][0].span.end_sample:
             runs[-1].append(item)
         else:
