@@ -11,8 +11,13 @@ reads audio one block and computes features one batch at a time. Results come ba
 they are regrouped per input, put back in chunk order and assembled once an input's last chunk is in.
 Transcriptions are yielded in input order. An input that cannot be read gets `error` set; the others carry on.
 
+Tail repair (tails.py, vad chunks in timestamp mode): when a finished chunk's transcript stops before its speech
+does (`tail_of`), the rest of it is queued as a new chunk of the same input into the same engine run (the source is
+`TailSource`, which yields None while a chunk that may need a tail is in flight) and assembled after its parent.
+
 The server (`asr_spec.serve`) runs the same pipeline through the same public methods: `prepare` per request,
-`finish_chunk` per finished chunk, `assemble` per request.
+`finish_chunk` per finished chunk, `assemble` per request (`tail_of` is the decision its queue would need to
+repair tails too; it does not yet).
 """
 
 from __future__ import annotations
@@ -229,6 +234,16 @@ class Transcriber:
         continues: per chunk, whether it is a re-decoded tail of the one before (`tails.with_tails`)."""
         return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
 
+    def tail_of(self, span: ChunkSpan, result: ChunkResult) -> SpeechSpan | None:
+        """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
+        span of its input, or None. result.id[2], when there is one, is the attempt that made it (at most
+        options.tail_repairs per chunk)."""
+        attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
+        if self.options.vad is None or not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
+            return None
+        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
+                         self.options.tail_margin_s)
+
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
     def _tail_source(self) -> TailSource | None:
         """The engine source feeding re-decoded tails (tails.py), when they apply: vad chunks, timestamp mode."""
@@ -248,10 +263,7 @@ class Transcriber:
         span = item.tails[index][attempt - 1][0] if attempt else item.spans[index]
         finished, words = self.finish_chunk(result, span)
         if repair is not None:
-            tail = None
-            if attempt < self.options.tail_repairs:
-                tail = plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
-                                 self.options.tail_margin_s)
+            tail = self.tail_of(span, result)
             repair.finished(result, tail, span, item.word_timestamps)
             if tail is not None:
                 item.tails.setdefault(index, []).append([tail, None, None])
