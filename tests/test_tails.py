@@ -203,3 +203,17 @@ def test_tail_options_are_checked() -> None:
                        (dict(tail_margin_s=0), "tail_margin_s"), (dict(tail_margin_s="1"), "tail_margin_s")]:
         with pytest.raises(InputError, match=cause):
             TranscribeOptions.from_values(**bad)
+
+
+def test_words_of_repaired_tails_do_not_depend_on_the_draft_and_stay_in_order() -> None:
+    target, draft, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1, word_timestamps=True)
+    words = {}
+    for name, model in (("greedy", None), ("spec", draft)):
+        (result,) = Transcriber(target, model, processor, options).transcribe([str(LONG)], progress=False)
+        assert result.redecoded_tails >= 1
+        words[name] = [w for seg in result.segments for w in seg.words]
+    assert words["spec"] == words["greedy"] and words["greedy"]
+    starts = [w.start for w in words["greedy"]]
+    assert starts == sorted(starts)

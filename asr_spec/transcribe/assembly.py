@@ -10,6 +10,7 @@ no-speech rule). The words come from the aligner (`Transcriber.finish_chunk`), p
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -86,10 +87,15 @@ class Assembler:
             if not continues[i]:
                 continue
             out[i], n_drop = drop_repeated_head(out[i - 1], out[i], self.tokens.eot, self._starts_word)
-            if n_drop and words is not None and words[i]:
+            if words is None or not words[i]:
+                continue
+            if n_drop:
                 text = [t for t in tokens[i] if t < self.tokens.eot][:n_drop]
                 n_words = sum(self._starts_word(t) for t in text)
                 words[i][0] = list(words[i][0])[n_words:]
+            earlier = [w for segment in words[i - 1] for w in segment]
+            if earlier:  # the parent's last word may be timed past where its tail starts: times stay monotonic
+                words[i] = _not_before(words[i], earlier[-1].end)
         return out, words
 
     def _starts_word(self, token_id: int) -> bool:
@@ -120,6 +126,12 @@ class Assembler:
         if len(result.prompt) > 1:
             return self._code_of.get(result.prompt[1])
         return None
+
+
+def _not_before(segments: list, floor_s: float) -> list[list[WordTiming]]:
+    """The words of each segment with times raised to at least `floor_s` seconds."""
+    return [[dataclasses.replace(w, start=max(w.start, floor_s), end=max(w.end, floor_s)) for w in segment]
+            for segment in segments]
 
 
 def _reports(spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], languages: Sequence[str | None],
