@@ -217,3 +217,34 @@ def test_words_of_repaired_tails_do_not_depend_on_the_draft_and_stay_in_order() 
     assert words["spec"] == words["greedy"] and words["greedy"]
     starts = [w.start for w in words["greedy"]]
     assert starts == sorted(starts)
+
+
+def test_feed_asks_for_no_more_rows_than_there_are_chunks(monkeypatch) -> None:
+    requests = [ChunkRequest((0, i), torch.zeros(80, 3000)) for i in range(5)]
+    for batch_size, rows in ((8, 5), (5, 5), (4, 4), (1, 1)):
+        source = TailSource(lambda samples: torch.zeros(len(samples), 80, 3000))
+        run, n_rows = source.feed(iter(requests), batch_size)
+        assert n_rows == rows
+        pulled = [next(run).id for _ in range(5)]
+        assert pulled == [r.id for r in requests]
+        source.n_finished = source.n_pulled
+        assert list(run) == []
+    _, n_rows = TailSource(lambda samples: None).feed(iter([]), 8)
+    assert n_rows == 1
+
+    from asr_spec.engine import cache
+
+    rows_made: list[int] = []
+    original = cache.KVCache.empty.__func__
+
+    def spy(cls, n_layers, n_rows, n_heads, head_dim, n_positions, *args, **kwargs):
+        if n_positions > 40:  # the batch's caches, not admission's prompt staging
+            rows_made.append(n_rows)
+        return original(cls, n_layers, n_rows, n_heads, head_dim, n_positions, *args, **kwargs)
+
+    monkeypatch.setattr(cache.KVCache, "empty", classmethod(spy))
+    target, _, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", chunking="vad", timestamps=True)
+    (result,) = Transcriber(target, None, processor, options).transcribe(str(SHORT[0]), batch_size=1000,
+                                                                         progress=False)
+    assert result.ok and rows_made and set(rows_made) == {1}  # one chunk: one row, its tails included

@@ -21,6 +21,7 @@ chunk's SPEECH_FRAME_S speech frames), `_sample` 16 kHz samples, `_s` seconds.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
@@ -141,6 +142,15 @@ class TailSource:
         self.queue: deque[tuple[TailId, np.ndarray, bool]] = deque()  # tails waiting to be pulled
         self.n_pulled = 0
         self.n_finished = 0
+
+    def feed(self, requests: Iterator[ChunkRequest], batch_size: int) -> tuple[Iterator[ChunkRequest | None], int]:
+        """The engine's source over `requests` (see `run`) and the rows its run needs: batch_size, or the number of
+        chunks when all of them fit in it (read now: the engine would pull them at once anyway). A tail is queued
+        only once its parent has finished, so tails never need more rows than there are chunks; without this
+        the source's None would have the engine allocate every row for a short file."""
+        head = list(itertools.islice(requests, batch_size))
+        rows = batch_size if len(head) == batch_size else max(len(head), 1)
+        return self.run(itertools.chain(head, requests)), rows
 
     def run(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkRequest | None]:
         """The engine's source: `requests` in order, the queued tails first whenever there are some."""

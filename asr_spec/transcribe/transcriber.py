@@ -182,7 +182,7 @@ class Transcriber:
         if repair is None:
             source = self.prepare(inputs, rows)
         else:  # the tails go into the same engine run as the chunks
-            source = repair.run(self.frontend.prepare(inputs, rows, repair.samples))
+            source, rows = repair.feed(self.frontend.prepare(inputs, rows, repair.samples), rows)
         try:
             for result in self.engine.run(source, rows):
                 self._collect(inputs[result.id[0]], result, bar, repair)
