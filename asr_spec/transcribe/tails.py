@@ -5,9 +5,10 @@ window it may close a segment and write `<|endoftext|>` although a sentence foll
 "114-116 s"). openai-whisper's sequential loop survives it by seeking to the last timestamp; a pipeline decoding
 independent chunks in one batch does the equivalent here:
 
-    chunk result ──covered_steps (its last timestamp, when it ends "<|t|><|endoftext|>")──► covered time
-    ──uncovered_speech_s (the chunk's SpeechSpan.speech frames after it)──► >= margin_s: plan_tail
-    ──► a new chunk [covered, chunk end) of the same input, into the running engine (`TailSource`)
+    chunk result ──covered_steps: the first closed segment after which >= margin_s of the chunk's speech frames
+    (SpeechSpan.speech) go by before the next segment (a sentence skipped inside the chunk) or the chunk's end
+    (a chunk closed early)──► plan_tail ──► a new chunk [that segment's end, chunk end) of the same input, into
+    the running engine (`TailSource`); the parent keeps its segments before it
     ──► assembled after its parent (its parent's span trimmed to where it starts; `drop_repeated_head`)
 
 A tail is itself checked the same way, up to `TranscribeOptions.tail_repairs` re-decodings per chunk; past that
@@ -40,13 +41,34 @@ MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 
-def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int) -> int | None:
-    """Where a chunk's transcript provably ends, in timestamp steps from its start: its last timestamp when the
-    chunk finished by `<|endoftext|>` right after a timestamp (its last segment closed). None when there is
-    nothing to compare (no timestamps, a segment left open, the token limit hit): the chunk is not repaired."""
-    if len(tokens) < 2 or tokens[-1] != eot_id or tokens[-2] < timestamp_begin_id:
+def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, speech: np.ndarray,
+                  margin_s: float) -> tuple[int, int] | None:
+    """Where a chunk's transcript stops covering its speech: (step, token index) of the end timestamp of the
+    first closed segment after which at least `margin_s` seconds of speech frames (speech: (F,) bool, one per
+    step) go by before the next segment starts (or, after the last segment, before the chunk ends). None when
+    the transcript covers its speech, or there is nothing to compare: no closed segment, or the token limit hit.
+    A segment Whisper left open covers the rest of the chunk."""
+    if not len(tokens) or tokens[-1] != eot_id:
         return None
-    return int(tokens[-2]) - timestamp_begin_id
+    closed: list[tuple[int, int, int]] = []  # (start step, end step, index of the end timestamp)
+    start, spoken, open_start = None, False, None
+    for index, token in enumerate(tokens):
+        if token < eot_id:
+            spoken = True
+        elif token >= timestamp_begin_id:
+            step = int(token) - timestamp_begin_id
+            if start is not None and spoken:
+                closed.append((start, step, index))
+                start, spoken = None, False
+            else:
+                start, spoken = step, False
+    if start is not None and spoken:
+        open_start = start
+    starts = [s for s, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
+    for (_, end, index), next_start in zip(closed, starts):
+        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
+            return end, index
+    return None
 
 
 def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
@@ -55,19 +77,23 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
 
 
 def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int,
-              margin_s: float) -> SpeechSpan | None:
-    """The tail of a chunk to decode again, or None: [its covered time, its end) when at least `margin_s` seconds
-    of its speech frames lie past the covered time (and the covered time is inside the chunk, after its start)."""
+              margin_s: float) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    """The tail of a chunk to decode again and the chunk's tokens up to it, or None: the tail is [the end of the
+    segment after which speech goes uncovered (`covered_steps`), the chunk's end); the tokens keep the segments
+    before it (closed by `<|endoftext|>`), the tail decodes the rest. A tail would start inside the chunk, after
+    its start (a transcript that misses the chunk's first words would only be decoded again the same)."""
     if not isinstance(span, SpeechSpan):
         return None
-    covered = covered_steps(tokens, eot_id, timestamp_begin_id)
-    if covered is None or covered <= 0:
+    found = covered_steps(tokens, eot_id, timestamp_begin_id, span.speech, margin_s)
+    if found is None or found[0] <= 0:
         return None
+    covered, index = found
     start = span.start_sample + covered * STEP_SAMPLES
-    if start >= span.end_sample or uncovered_speech_s(span.speech, covered) < margin_s:
+    if start >= span.end_sample:
         return None
-    return SpeechSpan(start, span.end_sample, 0, 0, is_first=False, is_last=span.is_last,
+    tail = SpeechSpan(start, span.end_sample, 0, 0, is_first=False, is_last=span.is_last,
                       speech=span.speech[covered:])
+    return tail, tuple(int(t) for t in tokens[: index + 1]) + (eot_id,)
 
 
 def trim_span(span: SpeechSpan, end_sample: int) -> SpeechSpan:

@@ -234,10 +234,10 @@ class Transcriber:
         continues: per chunk, whether it is a re-decoded tail of the one before (`tails.with_tails`)."""
         return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
 
-    def tail_of(self, span: ChunkSpan, result: ChunkResult) -> SpeechSpan | None:
+    def tail_of(self, span: ChunkSpan, result: ChunkResult) -> tuple[SpeechSpan, tuple[int, ...]] | None:
         """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
-        span of its input, or None. result.id[2], when there is one, is the attempt that made it (at most
-        options.tail_repairs per chunk)."""
+        span of its input, with the chunk's tokens before it; or None. result.id[2], when there is one, is the
+        attempt that made it (at most options.tail_repairs per chunk)."""
         attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
         if self.options.vad is None or not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
             return None
@@ -263,9 +263,13 @@ class Transcriber:
         span = item.tails[index][attempt - 1][0] if attempt else item.spans[index]
         finished, words = self.finish_chunk(result, span)
         if repair is not None:
-            tail = self.tail_of(span, result)
+            planned = self.tail_of(span, result)
+            tail = None if planned is None else planned[0]
             repair.finished(result, tail, span, item.word_timestamps)
-            if tail is not None:
+            if planned is not None:  # the parent keeps its segments before the tail
+                finished = dataclasses.replace(finished, tokens=planned[1])
+                if words is not None:
+                    words = words[: len(self.assembler.stitch([ChunkTokens(planned[1], span)]).segments)]
                 item.tails.setdefault(index, []).append([tail, None, None])
                 item.pending_tails += 1
         if attempt:
