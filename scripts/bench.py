@@ -160,6 +160,7 @@ def ours_runner(transcriber: Transcriber, keep: dict[str, Any]) -> Runner:
             raise AsrSpecError("; ".join(failed))
         keep["stats"] = ChunkStats.total(r.stats for r in results)
         keep["tokens"] = [r.chunk_tokens for r in results]
+        keep["redecoded_tails"] = sum(r.redecoded_tails for r in results)
         return [r.text for r in results]
 
     return run

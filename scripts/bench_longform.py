@@ -3,6 +3,7 @@
 
     vad       asr-spec as `Transcriber.from_preset(--preset)` decodes (voice-activity chunks, the default)
     stride    the same preset with `chunking="stride"` (overlapping 30 s windows, stitched)
+    vad-norepair  the default without tail repair (tail_repairs=0: a chunk's transcript is kept as first decoded)
     vad@L     the default with chunk_length_s=L (a voice-activity chunk of at most L s; --vad-chunk-lengths)
     fw        faster-whisper 1.2.1 `BatchedInferencePipeline`, beam 1, fp32 on CPU, on the CTranslate2 directory
               the preset's embedded model is built from (the same weights), its default (no timestamp tokens)
@@ -53,7 +54,7 @@ from asr_spec.errors import AsrSpecError, one_line  # noqa: E402
 from asr_spec.eval.metrics import missing_sentences, normalize, score  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "longform"
-CONFIGS = ("vad", "stride", "fw", "fw-ts", "fw-seq")
+CONFIGS = ("vad", "vad-norepair", "stride", "fw", "fw-ts", "fw-seq")
 DEFAULT_CONFIGS = "vad,stride,fw,fw-seq"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -126,6 +127,8 @@ def asr_spec_runners(configs: list[str], args: argparse.Namespace) -> tuple[dict
             values = {"chunk_length_s": float(config.split("@", 1)[1])}
         elif config == "vad":
             values = {}
+        elif config == "vad-norepair":
+            values = {"tail_repairs": 0}
         else:
             continue
         keep[config] = {}
@@ -186,18 +189,21 @@ def row(item: Item, config: str, wall_s: float, texts: list[str], stats: dict | 
         out["first_word_lost"] = [c.name for c, t in zip(item.clips, texts, strict=True) if first_word_lost(c.ref, t)]
     if stats and stats.get("stats") is not None:
         out["chunks"] = [len(tokens) for tokens in stats.get("tokens", [])]
+    if stats and "redecoded_tails" in stats:
+        out["tails"] = stats["redecoded_tails"]
     return out
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| item | audio s | config | WER % | wall s | sentences missing | which | words (hyp/ref) | "
-             "first word lost |", "|---|---:|---|---:|---:|---:|---|---:|---|"]
+             "first word lost | tails re-decoded |", "|---|---:|---|---:|---:|---:|---|---:|---|---:|"]
     for r in rows:
         which = ", ".join(f"{m['index']}" if r["item"] != "clips" else m["clip"] for m in r["missing"]) or "-"
         lost = ", ".join(r["first_word_lost"]) if "first_word_lost" in r else ""
         lines.append(f"| {r['item']} | {r['audio_s']:.1f} | {r['config']} | {100 * r['wer']:.2f} | "
                      f"{r['wall_s']:.2f} | {len(r['missing'])}/{r['n_sentences']} | {which} | "
-                     f"{r['hyp_words']}/{r['ref_words']} | {lost or ('-' if 'first_word_lost' in r else '')} |")
+                     f"{r['hyp_words']}/{r['ref_words']} | {lost or ('-' if 'first_word_lost' in r else '')} | "
+                     f"{r.get('tails', '')} |")
     return "\n".join(lines)
 
 

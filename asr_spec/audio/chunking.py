@@ -16,6 +16,7 @@ Everything here counts samples (ints); seconds appear only in :class:`ChunkingOp
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -29,9 +30,13 @@ __all__ = [
     "ChunkingOptions",
     "plan_chunks",
     "iter_chunks",
+    "skip_silent_windows",
 ]
 
 CHUNK_LENGTH_S = 30.0  # seconds: Whisper's encoder window (3000 mel frames x 10 ms)
+# |sample| bound of digital silence (3 LSB of 16-bit audio); the same bound as the VAD's frames scored 0
+# without the model (`asr_spec.audio.vad.DIGITAL_SILENCE`, tested equal)
+DIGITAL_SILENCE = 1e-4
 STRIDE_FRACTION = 1 / 6  # default stride per side, as a fraction of the chunk (transformers' choice: 5 s of 30 s)
 
 
@@ -238,3 +243,32 @@ def _iter_chunks(
         buffer = buffer[step:]
         n_buffered -= step
         start += step
+
+
+def skip_silent_windows(windows: Iterable[tuple[ChunkSpan, np.ndarray]]) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
+    """The windows of ``iter_chunks`` without those that are digital silence (every |sample| <= DIGITAL_SILENCE):
+    no model hears them, so they cost nothing and give no words (Whisper writes "you" into 30 s of zeros with
+    enough confidence to pass its no-speech rule). A window next to a skipped one loses its stride on that side:
+    the stride lies in the silence, and stitching joins only chunks that overlap. Holds one window back."""
+    held: tuple[ChunkSpan, np.ndarray] | None = None
+    previous_silent = False
+    for span, samples in windows:
+        silent = not samples.size or float(np.max(np.abs(samples))) <= DIGITAL_SILENCE
+        if held is not None:
+            yield _unstrided(held, right=silent)
+            held = None
+        if not silent:
+            held = (span, samples) if not previous_silent else _unstrided((span, samples), left=True)
+        previous_silent = silent
+    if held is not None:
+        yield held
+
+
+def _unstrided(window: tuple[ChunkSpan, np.ndarray], left: bool = False,
+               right: bool = False) -> tuple[ChunkSpan, np.ndarray]:
+    span, samples = window
+    if left and span.stride_left_samples:
+        span = dataclasses.replace(span, stride_left_samples=0)
+    if right and span.stride_right_samples:
+        span = dataclasses.replace(span, stride_right_samples=0)
+    return span, samples

@@ -153,7 +153,7 @@ class _Run:
 
     def __init__(self, n_files: int, output_dir: Path | None):
         self.n_files, self.output_dir = n_files, output_dir
-        self.n_done = self.n_failed = self.n_dropped = 0
+        self.n_done = self.n_failed = self.n_dropped = self.n_tails = 0
         self.audio_s, self.stats, self.start = 0.0, [], time.perf_counter()
 
     def add(self, result: Any) -> None:
@@ -165,6 +165,7 @@ class _Run:
         self.audio_s += result.audio_s
         self.stats.append(result.stats)
         self.n_dropped += result.n_dropped
+        self.n_tails += result.redecoded_tails
         if self.output_dir is None:
             if self.n_files > 1:
                 typer.echo(f"==> {result.source} <==")
@@ -193,4 +194,5 @@ class _Run:
         else:
             drafting = "greedy (no draft), 1.00 tokens/target pass"
         dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
-        return f"{files}: {speed}, {drafting}{dropped}"
+        tails = f", {self.n_tails} chunk tails decoded again" if self.n_tails else ""
+        return f"{files}: {speed}, {drafting}{dropped}{tails}"

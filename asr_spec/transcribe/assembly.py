@@ -10,6 +10,7 @@ no-speech rule). The words come from the aligner (`Transcriber.finish_chunk`), p
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from asr_spec.transcribe.options import TranscribeOptions
 from asr_spec.transcribe.results import ChunkReport, Transcription
 from asr_spec.transcribe.segments import Segment, WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens, StitchResult, concat_chunks, stitch_chunks
+from asr_spec.transcribe.tails import drop_repeated_head
 
 __all__ = ["Assembler"]
 
@@ -43,14 +45,18 @@ class Assembler:
         self._code_of = {token_id: token.strip("<|>") for token, token_id in tokens.lang_to_id.items()}
 
     def assemble(self, source: str, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], audio_s: float,
-                 wall_s: float, chunk_words: Sequence[ChunkWords] | None = None) -> Transcription:
+                 wall_s: float, chunk_words: Sequence[ChunkWords] | None = None,
+                 continues: Sequence[bool] | None = None) -> Transcription:
         """The `Transcription` of one input from its chunks' spans and engine results (both in chunk order):
         stitched text and segments, language, summed statistics. chunk_words: per chunk, the words of each of
-        its segments (word timestamps), or None."""
+        its segments (word timestamps), or None. continues: per chunk, whether it is a re-decoded tail of the
+        chunk before it (tails.py): the words its head repeats from that chunk are left out."""
+        continues = [False] * len(results) if continues is None else list(continues)
+        tokens, chunk_words = self._seams([r.tokens for r in results], continues, chunk_words)
         # a window dropped by the no-speech rule contributes no text, no segment and no word
-        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self.decode(r.tokens))
-                   for r in results]
-        kept = [ChunkTokens(() if drop else r.tokens, span) for r, span, drop in zip(results, spans, dropped)]
+        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self.decode(t))
+                   for r, t in zip(results, tokens)]
+        kept = [ChunkTokens(() if drop else t, span) for t, span, drop in zip(tokens, spans, dropped)]
         stitched = self.stitch(kept)
         if chunk_words is None:
             words: list[Sequence[WordTiming]] = [()] * len(stitched.segments)
@@ -66,10 +72,34 @@ class Assembler:
             segments=segments,
             language=Counter(spoken).most_common(1)[0][0] if spoken else None,
             stats=ChunkStats.total(r.stats for r in results),
-            audio_s=audio_s, wall_s=wall_s, chunks=_reports(spans, results, languages, dropped),
+            audio_s=audio_s, wall_s=wall_s, chunks=_reports(spans, results, languages, dropped, continues),
             timestamped=stitched.timestamped,
             chunk_tokens=tuple(r.tokens for r in results),
+            redecoded_tails=sum(continues),
         )
+
+    def _seams(self, tokens: list[tuple[int, ...]], continues: Sequence[bool],
+               chunk_words: Sequence[ChunkWords] | None) -> tuple[list[tuple[int, ...]], list | None]:
+        """Each tail's tokens without the whole words at its head that repeat its parent's last ones, and its
+        first segment's words without as many words."""
+        out, words = list(tokens), None if chunk_words is None else [list(w) for w in chunk_words]
+        for i in range(1, len(out)):
+            if not continues[i]:
+                continue
+            out[i], n_drop = drop_repeated_head(out[i - 1], out[i], self.tokens.eot, self._starts_word)
+            if words is None or not words[i]:
+                continue
+            if n_drop:
+                text = [t for t in tokens[i] if t < self.tokens.eot][:n_drop]
+                n_words = sum(self._starts_word(t) for t in text)
+                words[i][0] = list(words[i][0])[n_words:]
+            earlier = [w for segment in words[i - 1] for w in segment]
+            if earlier:  # the parent's last word may be timed past where its tail starts: times stay monotonic
+                words[i] = _not_before(words[i], earlier[-1].end)
+        return out, words
+
+    def _starts_word(self, token_id: int) -> bool:
+        return self.piece(token_id).startswith(" ")
 
     def stitch(self, chunks: Sequence[ChunkTokens]) -> StitchResult:
         """The chunks' tokens joined as the chunking mode says: stitched across strides, or concatenated."""
@@ -98,12 +128,18 @@ class Assembler:
         return None
 
 
+def _not_before(segments: list, floor_s: float) -> list[list[WordTiming]]:
+    """The words of each segment with times raised to at least `floor_s` seconds."""
+    return [[dataclasses.replace(w, start=max(w.start, floor_s), end=max(w.end, floor_s)) for w in segment]
+            for segment in segments]
+
+
 def _reports(spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], languages: Sequence[str | None],
-             dropped: Sequence[bool]) -> tuple[ChunkReport, ...]:
+             dropped: Sequence[bool], continues: Sequence[bool]) -> tuple[ChunkReport, ...]:
     """Where each chunk lies and how its decoding went."""
     reports = []
-    for span, r, language, drop in zip(spans, results, languages, dropped):
+    for span, r, language, drop, tail in zip(spans, results, languages, dropped, continues):
         reports.append(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, language,
                                    r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob,
-                                   NO_SPEECH if drop else None))
+                                   NO_SPEECH if drop else None, tail))
     return tuple(reports)

@@ -19,7 +19,7 @@ from collections.abc import Hashable, Iterable, Iterator
 
 import numpy as np
 
-from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.audio.chunking import ChunkSpan, skip_silent_windows
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import load_audio, stream_audio
 from asr_spec.audio.vad import SileroVad, iter_vad_chunks
@@ -47,21 +47,23 @@ class FrontEnd:
         self._vads: list[SileroVad] = []  # idle VAD states, loaded when first needed (see chunk_audio)
         self._vad_lock = threading.Lock()
 
-    def prepare(self, inputs: Iterable[Input], batch_size: int) -> Iterator[ChunkRequest]:
+    def prepare(self, inputs: Iterable[Input], batch_size: int,
+                keep_samples: dict | None = None) -> Iterator[ChunkRequest]:
         """The engine requests of every chunk of `inputs`, in input and chunk order, lazily; request ids are
         (input.key, chunk index), features (n_mels, n_frames) made min(batch_size, MAX_ENCODE_BATCH) chunks at a
         time. Each input's spans, n_samples, started and read_done are filled in as it is read; one that cannot be
         read gets `error` (one line) and `exception`, and the requests of it already yielded are to be ignored.
         An input asking for word timestamps needs options.word_timestamps (else `InputError`). batch_size: the
-        run's engine rows, checked by the caller (`Transcriber.batch_rows`)."""
-        return self._featurise(self._chunks(inputs), min(batch_size, MAX_ENCODE_BATCH))
+        run's engine rows, checked by the caller (`Transcriber.batch_rows`). keep_samples: when given, each
+        chunk's samples are put there under its request id (tail repair, `tails.TailSource`, lets them go)."""
+        return self._featurise(self._chunks(inputs), min(batch_size, MAX_ENCODE_BATCH), keep_samples)
 
     def chunk_audio(self, blocks: Iterable[np.ndarray]) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
         """(span, samples) of one 16 kHz mono signal given as blocks: overlapping windows (`options.vad` None) or
         speech chunks found by the VAD. Concurrent calls are safe (each takes its own VAD state, loaded at the
         first call that needs one)."""
-        if self.options.vad is None:
-            yield from self.options.chunking.iter(blocks)
+        if self.options.vad is None:  # digital silence is not decoded (as the VAD never makes a chunk of it)
+            yield from skip_silent_windows(self.options.chunking.iter(blocks))
             return
         with self._vad_lock:
             vad = self._vads.pop() if self._vads else None
@@ -101,18 +103,20 @@ class FrontEnd:
             item.n_samples += len(block)
             yield block
 
-    def _featurise(self, pieces: Iterator[_Piece], batch: int) -> Iterator[ChunkRequest]:
+    def _featurise(self, pieces: Iterator[_Piece], batch: int, keep_samples: dict | None) -> Iterator[ChunkRequest]:
         """Requests for `pieces`, featurised `batch` chunks at a time (bounded features in flight)."""
         pending: list[_Piece] = []
         for piece in pieces:
             pending.append(piece)
             if len(pending) == batch:
-                yield from self._requests(pending)
+                yield from self._requests(pending, keep_samples)
                 pending = []
         if pending:
-            yield from self._requests(pending)
+            yield from self._requests(pending, keep_samples)
 
-    def _requests(self, pending: list[_Piece]) -> Iterator[ChunkRequest]:
+    def _requests(self, pending: list[_Piece], keep_samples: dict | None) -> Iterator[ChunkRequest]:
         features = self.features([samples for _, _, samples in pending])  # (B, n_mels, n_frames)
-        for (chunk_id, keep_encoded, _), row in zip(pending, features):
+        for (chunk_id, keep_encoded, samples), row in zip(pending, features):
+            if keep_samples is not None:  # held from the moment the engine pulls the chunk
+                keep_samples[chunk_id] = samples
             yield ChunkRequest(chunk_id, row, keep_encoded=keep_encoded)

@@ -61,10 +61,15 @@ class RunInput(Input):
     results: dict[int, ChunkResult] = field(default_factory=dict)  # by chunk index, without encoder outputs
     chunk_words: dict[int, list[list[WordTiming]]] = field(default_factory=dict)  # per chunk, per segment
     progress_s: float = 0.0  # seconds of it already counted into the progress bar
+    # tail repair (tails.py): per chunk index, its tails in attempt order as [span, result, words] (result None
+    # until it is in), and how many are still decoding
+    tails: dict[int, list[list]] = field(default_factory=dict)
+    pending_tails: int = 0
 
     @property
     def complete(self) -> bool:
-        return self.read_done and (self.error is not None or len(self.results) == len(self.spans))
+        done = len(self.results) == len(self.spans) and self.pending_tails == 0
+        return self.read_done and (self.error is not None or done)
 
 
 def run_inputs(audio: Any, word_timestamps: bool = False) -> list[RunInput]:

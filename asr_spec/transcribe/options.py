@@ -22,7 +22,8 @@ __all__ = ["TranscribeOptions", "check_batch_size"]
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
 _NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
-_TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "max_words_per_cue")
+_TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "max_words_per_cue", "tail_repairs",
+             "tail_margin_s")
 _MODE_KEY = "chunking"  # flat key: "vad" or "stride" (sets `vad`)
 CHUNKING_MODES = ("vad", "stride")
 
@@ -41,6 +42,10 @@ class TranscribeOptions:
     block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
     word_timestamps: bool = False  # per-word times from the alignment heads (needs vad chunking)
     max_words_per_cue: int | None = None  # srt/vtt: cues of at most this many words (needs word_timestamps)
+    # vad chunking, timestamp mode: a chunk whose last segment closes >= tail_margin_s seconds of speech frames
+    # before its speech ends has that tail decoded again, at most tail_repairs times per chunk (0: never; tails.py)
+    tail_repairs: int = 2
+    tail_margin_s: float = 0.5
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -129,6 +134,10 @@ def _verify_options(options: TranscribeOptions) -> None:
     if not isinstance(options.no_speech, NoSpeechRule):
         raise InputError(f"no_speech must be a NoSpeechRule, got {type(options.no_speech).__name__}")
     check_batch_size(options.batch_size)
+    check_int(options.tail_repairs, "tail_repairs", 0, InputError)
+    margin = options.tail_margin_s
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
+        raise InputError(f"tail_margin_s must be a positive number of seconds, got {margin!r}")
     block = options.block_s
     if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
         raise InputError(f"block_s must be a positive number of seconds, got {block!r}")

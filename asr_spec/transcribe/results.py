@@ -23,6 +23,7 @@ class ChunkReport:
     no_speech_prob: float = float("nan")  # the target's P(<|nospeech|>) at the window's start; NaN: not computed
     avg_logprob: float = float("nan")  # mean log-probability of its tokens (Whisper's avg_logprob)
     dropped: str | None = None  # why its text was left out ("no speech": Whisper's no-speech rule); None: kept
+    tail: bool = False  # a re-decoded tail of the chunk before it (tails.py): its speech went on past its text
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Transcription:
     timestamped: bool = False  # segment times from Whisper's timestamp tokens, not from chunk boundaries
     error: str | None = None  # the cause, one line, when the input could not be transcribed
     chunk_tokens: tuple[tuple[int, ...], ...] = ()  # each chunk's generated token ids, exactly as decoded
+    redecoded_tails: int = 0  # chunk tails decoded again because their speech went on past their text (tails.py)
 
     @property
     def ok(self) -> bool:

@@ -158,15 +158,23 @@ def stitch_chunks(
         return _stitch_text_only(chunks, eot_id, sampling_rate)
     segments: list[Segment] = []
     state = _OpenSegment()
-    for chunk in chunks:
+    for index, chunk in enumerate(chunks):
+        if index and chunk.span.start_sample >= chunks[index - 1].span.end_sample:  # a gap (skipped silence)
+            _close_open(state, segments, chunks[index - 1].span.end_sample / sampling_rate)
+            state = _OpenSegment()
         _walk_chunk(chunk, state, segments, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
-    if state.pieces:  # Whisper never closed the last segment (audio cut mid-word): it ends with the file
-        end_s = _round_ms(chunks[-1].span.end_sample / sampling_rate)
-        start_s = _open_start_s(state, segments, 0.0)
-        segments.append(Segment(start_s, end_s, token_ids=tuple(merge_overlapping(state.pieces))))
+    # Whisper never closed the last segment (audio cut mid-word): it ends with the file
+    _close_open(state, segments, chunks[-1].span.end_sample / sampling_rate)
     segments = _monotonic(segments, _round_ms(chunks[-1].span.end_sample / sampling_rate))
     token_ids = tuple(token for segment in segments for token in segment.token_ids)
     return StitchResult(token_ids=token_ids, segments=tuple(segments), timestamped=True)
+
+
+def _close_open(state: _OpenSegment, segments: list[Segment], end_s: float) -> None:
+    """A segment left open (its text not closed by a timestamp) ends at `end_s` seconds (its chunk's end)."""
+    if state.pieces:
+        start_s = _open_start_s(state, segments, 0.0)
+        segments.append(Segment(start_s, _round_ms(end_s), token_ids=tuple(merge_overlapping(state.pieces))))
 
 
 def _walk_chunk(
@@ -252,17 +260,32 @@ def concat_chunks(
 
 def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate: int) -> StitchResult:
     texts = [[token for token in chunk.token_ids if token < eot_id] for chunk in chunks]
-    spoken = [(chunk, text) for chunk, text in zip(chunks, texts) if text]  # empty chunks take no part in merging
-    merged, shares = _merge_with_shares([text for _, text in spoken])
     segments: list[Segment] = []
-    position = 0
-    for (chunk, _), share in zip(spoken, shares):
-        if share:
-            start_s = _round_ms(chunk.span.keep_start_sample / sampling_rate)
-            end_s = _round_ms(chunk.span.keep_end_sample / sampling_rate)
-            segments.append(Segment(start_s, end_s, token_ids=tuple(merged[position : position + share])))
-        position += share
-    return StitchResult(token_ids=tuple(merged), segments=tuple(_monotonic(segments)), timestamped=False)
+    merged_all: list[int] = []
+    # chunks on either side of a gap (skipped silence: no chunk overlaps the next) are not merged
+    for run in _overlapping_runs(list(zip(chunks, texts))):
+        run = [(chunk, text) for chunk, text in run if text]  # empty chunks take no part in merging
+        merged, shares = _merge_with_shares([text for _, text in run])
+        position = 0
+        for (chunk, _), share in zip(run, shares):
+            if share:
+                start_s = _round_ms(chunk.span.keep_start_sample / sampling_rate)
+                end_s = _round_ms(chunk.span.keep_end_sample / sampling_rate)
+                segments.append(Segment(start_s, end_s, token_ids=tuple(merged[position : position + share])))
+            position += share
+        merged_all += merged
+    return StitchResult(token_ids=tuple(merged_all), segments=tuple(_monotonic(segments)), timestamped=False)
+
+
+def _overlapping_runs(chunks: list[tuple[ChunkTokens, list[int]]]) -> list[list[tuple[ChunkTokens, list[int]]]]:
+    """(chunk, text) pairs split where a chunk starts at or after the end of the one before it."""
+    runs: list[list[tuple[ChunkTokens, list[int]]]] = []
+    for item in chunks:
+        if runs and item[0].span.start_sample < runs[-1][-1][0].span.end_sample:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
 
 
 def _monotonic(segments: list[Segment], file_end_s: float = float("inf"), floor_s: float = 0.0) -> list[Segment]:

@@ -11,8 +11,13 @@ reads audio one block and computes features one batch at a time. Results come ba
 they are regrouped per input, put back in chunk order and assembled once an input's last chunk is in.
 Transcriptions are yielded in input order. An input that cannot be read gets `error` set; the others carry on.
 
+Tail repair (tails.py, vad chunks in timestamp mode): when a finished chunk's transcript stops before its speech
+does (`tail_of`), the rest of it is queued as a new chunk of the same input into the same engine run (the source is
+`TailSource`, which yields None while a chunk that may need a tail is in flight) and assembled after its parent.
+
 The server (`asr_spec.serve`) runs the same pipeline through the same public methods: `prepare` per request,
-`finish_chunk` per finished chunk, `assemble` per request.
+`finish_chunk` per finished chunk, `assemble` per request (`tail_of` is the decision its queue would need to
+repair tails too; it does not yet).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens
+from asr_spec.transcribe.tails import TailSource, plan_tail, with_tails
 
 __all__ = ["Transcriber"]
 
@@ -172,9 +178,14 @@ class Transcriber:
             prepare_output_dir(output_dir)
         bar = Progress(progress, inputs)
         next_out = 0
+        repair = self._tail_source()
+        if repair is None:
+            source = self.prepare(inputs, rows)
+        else:  # the tails go into the same engine run as the chunks
+            source, rows = repair.feed(self.frontend.prepare(inputs, rows, repair.samples), rows)
         try:
-            for result in self.engine.run(self.prepare(inputs, rows), rows):
-                self._collect(inputs[result.id[0]], result, bar)
+            for result in self.engine.run(source, rows):
+                self._collect(inputs[result.id[0]], result, bar, repair)
                 while next_out < len(inputs) and inputs[next_out].complete:
                     yield self._finish(inputs[next_out], bar, output_dir)
                     # free its spans and results; `prepare`, reading the same list, is past it (it is complete)
@@ -216,19 +227,56 @@ class Transcriber:
         return dataclasses.replace(result, encoded=None), words
 
     def assemble(self, source: str, spans: list[ChunkSpan], results: list[ChunkResult], audio_s: float,
-                 wall_s: float, chunk_words: list[list[list[WordTiming]]] | None = None) -> Transcription:
+                 wall_s: float, chunk_words: list[list[list[WordTiming]]] | None = None,
+                 continues: list[bool] | None = None) -> Transcription:
         """The `Transcription` of one input from its chunks' spans and results, both in chunk order (see
-        `Assembler.assemble`); chunk_words: per chunk, what `finish_chunk` gave, or None without words."""
-        return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words)
+        `Assembler.assemble`); chunk_words: per chunk, what `finish_chunk` gave, or None without words;
+        continues: per chunk, whether it is a re-decoded tail of the one before (`tails.with_tails`)."""
+        return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
+
+    def tail_of(self, span: ChunkSpan, result: ChunkResult) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+        """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
+        span of its input, with the chunk's tokens before it; or None. result.id[2], when there is one, is the
+        attempt that made it (at most options.tail_repairs per chunk)."""
+        attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
+        if self.options.vad is None or not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
+            return None
+        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
+                         self.options.tail_margin_s)
 
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
-    def _collect(self, item: RunInput | None, result: ChunkResult, bar: Progress) -> None:
-        """Keep a finished chunk's result (and words) with its input and count its audio as done."""
+    def _tail_source(self) -> TailSource | None:
+        """The engine source feeding re-decoded tails (tails.py), when they apply: vad chunks, timestamp mode."""
+        if self.options.vad is None or not self.options.decode.timestamps or not self.options.tail_repairs:
+            return None
+        return TailSource(self.frontend.features)
+
+    def _collect(self, item: RunInput | None, result: ChunkResult, bar: Progress, repair: TailSource | None) -> None:
+        """Keep a finished chunk's (or tail's) result and words with its input, queue its tail when its speech
+        goes on past its transcript, and count a chunk's audio as done."""
         if item is None or item.error is not None:  # None: failed and already reported
+            if repair is not None:
+                repair.finished(result, None, None, False)
             return
         index = result.id[1]
-        span = item.spans[index]
-        item.results[index], words = self.finish_chunk(result, span)
+        attempt = result.id[2] if len(result.id) == 3 else 0  # 0: the chunk itself; n: its n-th tail
+        span = item.tails[index][attempt - 1][0] if attempt else item.spans[index]
+        finished, words = self.finish_chunk(result, span)
+        if repair is not None:
+            planned = self.tail_of(span, result)
+            tail = None if planned is None else planned[0]
+            repair.finished(result, tail, span, item.word_timestamps)
+            if planned is not None:  # the parent keeps its segments before the tail
+                finished = dataclasses.replace(finished, tokens=planned[1])
+                if words is not None:
+                    words = words[: len(self.assembler.stitch([ChunkTokens(planned[1], span)]).segments)]
+                item.tails.setdefault(index, []).append([tail, None, None])
+                item.pending_tails += 1
+        if attempt:
+            item.tails[index][attempt - 1][1:] = [finished, words]
+            item.pending_tails -= 1
+            return
+        item.results[index] = finished
         if words is not None:
             item.chunk_words[index] = words
         seconds = (span.keep_end_sample - span.keep_start_sample) / SAMPLE_RATE
@@ -241,11 +289,13 @@ class Transcriber:
         wall_s = time.perf_counter() - item.started
         if item.error is not None:
             return Transcription(item.name, "", (), None, None, item.audio_s, wall_s, (), error=item.error)
-        results = [item.results[i] for i in range(len(item.spans))]
+        chunks = [(span, item.results[i], item.chunk_words.get(i)) for i, span in enumerate(item.spans)]
+        pieces, continues = with_tails(chunks, item.tails)
         words = None
         if self.aligner is not None:
-            words = [item.chunk_words[i] for i in range(len(item.spans))]
-        transcription = self.assemble(item.name, item.spans, results, item.audio_s, wall_s, words)
+            words = [w for _, _, w in pieces]
+        transcription = self.assemble(item.name, [p[0] for p in pieces], [p[1] for p in pieces], item.audio_s,
+                                      wall_s, words, continues)
         if output_dir is None:
             return transcription
         try:

@@ -1,0 +1,214 @@
+"""Tail repair: a voice-activity chunk whose transcript stops before its speech does gets its tail decoded again.
+
+In timestamp mode Whisper was trained on 30 s windows whose last segment is often cut, so near the end of a full
+window it may close a segment and write `<|endoftext|>` although a sentence follows (issue 28: a 29.1 s chunk lost
+"114-116 s"). openai-whisper's sequential loop survives it by seeking to the last timestamp; a pipeline decoding
+independent chunks in one batch does the equivalent here:
+
+    chunk result ──covered_steps: the first closed segment after which >= margin_s of the chunk's speech frames
+    (SpeechSpan.speech) go by before the next segment (a sentence skipped inside the chunk) or the chunk's end
+    (a chunk closed early)──► plan_tail ──► a new chunk [that segment's end, chunk end) of the same input, into
+    the running engine (`TailSource`); the parent keeps its segments before it
+    ──► assembled after its parent (its parent's span trimmed to where it starts; `drop_repeated_head`)
+
+A tail is itself checked the same way, up to `TranscribeOptions.tail_repairs` re-decodings per chunk; past that
+bound the text decoded so far is kept as it is (the rest of the chunk's speech stays untranscribed). The tails are
+decoded by the same engine as every chunk, so with a draft they are speculative and identical to greedy.
+
+Units: `_steps` are Whisper timestamp steps of TIME_PRECISION_S (0.02 s, one encoder position, the same as a
+chunk's SPEECH_FRAME_S speech frames), `_sample` 16 kHz samples, `_s` seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator, Sequence
+
+import numpy as np
+
+from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
+from asr_spec.engine import ChunkRequest, ChunkResult
+from asr_spec.transcribe.stitch import TIME_PRECISION_S
+
+__all__ = ["MAX_SEAM_TOKENS", "TailSource", "covered_steps", "drop_repeated_head", "plan_tail", "seam_overlap",
+           "trim_span", "uncovered_speech_s", "with_tails"]
+
+STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
+MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
+assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
+
+
+def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, speech: np.ndarray,
+                  margin_s: float) -> tuple[int, int] | None:
+    """Where a chunk's transcript stops covering its speech: (step, token index) of the end timestamp of the
+    first closed segment after which at least `margin_s` seconds of speech frames (speech: (F,) bool, one per
+    step) go by before the next segment starts (or, after the last segment, before the chunk ends). None when
+    the transcript covers its speech, or there is nothing to compare: no closed segment, or the token limit hit.
+    A segment Whisper left open covers the rest of the chunk."""
+    if not len(tokens) or tokens[-1] != eot_id:
+        return None
+    closed: list[tuple[int, int, int]] = []  # (start step, end step, index of the end timestamp)
+    start, spoken, open_start = None, False, None
+    for index, token in enumerate(tokens):
+        if token < eot_id:
+            spoken = True
+        elif token >= timestamp_begin_id:
+            step = int(token) - timestamp_begin_id
+            if start is not None and spoken:
+                closed.append((start, step, index))
+                start, spoken = None, False
+            else:
+                start, spoken = step, False
+    if start is not None and spoken:
+        open_start = start
+    starts = [s for s, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
+    for (_, end, index), next_start in zip(closed, starts):
+        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
+            return end, index
+    return None
+
+
+def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
+    """Seconds of speech frames (speech: (F,) bool, SPEECH_FRAME_S each) from step `covered` on."""
+    return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
+
+
+def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int,
+              margin_s: float) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    """The tail of a chunk to decode again and the chunk's tokens up to it, or None: the tail is [the end of the
+    segment after which speech goes uncovered (`covered_steps`), the chunk's end); the tokens keep the segments
+    before it (closed by `<|endoftext|>`), the tail decodes the rest. A tail would start inside the chunk, after
+    its start (a transcript that misses the chunk's first words would only be decoded again the same)."""
+    if not isinstance(span, SpeechSpan):
+        return None
+    found = covered_steps(tokens, eot_id, timestamp_begin_id, span.speech, margin_s)
+    if found is None or found[0] <= 0:
+        return None
+    covered, index = found
+    start = span.start_sample + covered * STEP_SAMPLES
+    if start >= span.end_sample:
+        return None
+    tail = SpeechSpan(start, span.end_sample, 0, 0, is_first=False, is_last=span.is_last,
+                      speech=span.speech[covered:])
+    return tail, tuple(int(t) for t in tokens[: index + 1]) + (eot_id,)
+
+
+def trim_span(span: SpeechSpan, end_sample: int) -> SpeechSpan:
+    """`span` ending at `end_sample` (where its tail starts), its speech frames cut to match."""
+    n_steps = (end_sample - span.start_sample) // STEP_SAMPLES
+    return dataclasses.replace(span, end_sample=end_sample, speech=span.speech[:n_steps])
+
+
+def seam_overlap(left_text: Sequence[int], right_text: Sequence[int], max_tokens: int = MAX_SEAM_TOKENS,
+                 starts_word: Callable[[int], bool] | None = None) -> int:
+    """How many text tokens at the head of `right_text` repeat the end of `left_text`: the largest k <=
+    max_tokens with left_text[-k:] == right_text[:k] and, given `starts_word`, right_text[k] starting a word (the
+    repetition is whole words); 0 when none. A tail starts where its parent's last segment ended, so a word
+    Whisper timed a little early may be heard again at the tail's start."""
+    left, right = list(left_text), list(right_text)
+    for k in range(min(max_tokens, len(left), len(right)), 0, -1):
+        whole = starts_word is None or k == len(right) or starts_word(right[k])
+        if left[-k:] == right[:k] and whole:
+            return k
+    return 0
+
+
+def drop_repeated_head(parent: Sequence[int], tail: Sequence[int], eot_id: int,
+                       starts_word: Callable[[int], bool] | None = None) -> tuple[tuple[int, ...], int]:
+    """The tail's tokens without the text tokens at its head that repeat the parent's last ones, and how many
+    were dropped (see `seam_overlap`); timestamps and control tokens stay."""
+    n_drop = seam_overlap([t for t in parent if t < eot_id], [t for t in tail if t < eot_id],
+                          starts_word=starts_word)
+    out, left = [], n_drop
+    for token in tail:
+        if token < eot_id and left:
+            left -= 1
+            continue
+        out.append(int(token))
+    return tuple(out), n_drop
+
+
+Piece = tuple[SpeechSpan, ChunkResult, object]  # (span, result, words or None) of a chunk or of one of its tails
+
+
+def with_tails(chunks: Sequence[Piece], tails: dict[int, list[list]]) -> tuple[list[Piece], list[bool]]:
+    """The pieces to assemble, in file order: each chunk followed by its tails (`tails[i]`: [span, result,
+    words] per attempt), every piece but the last of a chunk ending where the next one starts; and per piece
+    whether it continues the one before it (a tail)."""
+    pieces: list[Piece] = []
+    continues: list[bool] = []
+    for index, chunk in enumerate(chunks):
+        run = [chunk] + [(span, result, words) for span, result, words in tails.get(index, [])]
+        for j, (span, result, words) in enumerate(run):
+            if j + 1 < len(run):
+                span = trim_span(span, run[j + 1][0].start_sample)
+            pieces.append((span, result, words))
+            continues.append(j > 0)
+    return pieces, continues
+
+
+TailId = tuple[Hashable, int, int]  # (input key, chunk index, attempt): attempt 1 is the chunk's first tail
+
+
+class TailSource:
+    """The engine's source with tails fed in: the front half's requests, and each tail queued by `finished` as soon
+    as the engine pulls again; None ("nothing right now") while a chunk that may need its tail is still decoding.
+
+    The samples of each chunk are held from the moment it is pulled until its result arrives (`samples`, filled
+    by the front half), so memory stays bounded by the chunks in flight.
+    featurise: samples list -> (B, n_mels, n_frames) features (the front half's `FeatureBatcher`).
+    """
+
+    def __init__(self, featurise: Callable[[list[np.ndarray]], object]):
+        self.featurise = featurise
+        self.samples: dict[Hashable, np.ndarray] = {}  # request id -> its chunk's samples, until its result
+        self.queue: deque[tuple[TailId, np.ndarray, bool]] = deque()  # tails waiting to be pulled
+        self.n_pulled = 0
+        self.n_finished = 0
+
+    def feed(self, requests: Iterator[ChunkRequest], batch_size: int) -> tuple[Iterator[ChunkRequest | None], int]:
+        """The engine's source over `requests` (see `run`) and the rows its run needs: batch_size, or the number of
+        chunks when all of them fit in it (read now: the engine would pull them at once anyway). A tail is queued
+        only once its parent has finished, so tails never need more rows than there are chunks; without this
+        the source's None would have the engine allocate every row for a short file."""
+        head = list(itertools.islice(requests, batch_size))
+        rows = batch_size if len(head) == batch_size else max(len(head), 1)
+        return self.run(itertools.chain(head, requests)), rows
+
+    def run(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkRequest | None]:
+        """The engine's source: `requests` in order, the queued tails first whenever there are some."""
+        for request in requests:
+            yield from self._tails()
+            self.n_pulled += 1
+            yield request
+        while True:
+            yield from self._tails()
+            if self.n_finished == self.n_pulled:
+                return
+            yield None
+
+    def finished(self, result: ChunkResult, tail: SpeechSpan | None, parent_span: SpeechSpan,
+                 keep_encoded: bool) -> None:
+        """A result is in: its samples are let go, and when `tail` is given its samples are queued as the next
+        attempt (id: (key, chunk index, attempt + 1))."""
+        self.n_finished += 1
+        samples = self.samples.pop(result.id, None)
+        if tail is None or samples is None:
+            return
+        key, index = result.id[0], result.id[1]
+        attempt = result.id[2] if len(result.id) == 3 else 0
+        offset = tail.start_sample - parent_span.start_sample
+        self.queue.append(((key, index, attempt + 1), samples[offset:].copy(), keep_encoded))
+
+    def _tails(self) -> Iterator[ChunkRequest]:
+        if not self.queue:
+            return
+        batch = [self.queue.popleft() for _ in range(len(self.queue))]
+        features = self.featurise([samples for _, samples, _ in batch])  # (B, n_mels, n_frames)
+        for (tail_id, samples, keep), row in zip(batch, features):
+            self.samples[tail_id] = samples
+            self.n_pulled += 1
+            yield ChunkRequest(tail_id, row, keep_encoded=keep)

@@ -1,0 +1,263 @@
+"""Tail repair (issue 28): the pure decision (covered time vs speech frames), the seam merge, the live source that
+feeds tails into the running engine, and, with a tiny random Whisper, speculative == greedy with repaired tails.
+Digital silence: skipped stride windows and stitching across the gap."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asr_spec import TranscribeOptions, Transcriber
+from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, DIGITAL_SILENCE, skip_silent_windows
+from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE, SpeechSpan
+from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
+from asr_spec.errors import InputError
+from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
+from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, covered_steps, drop_repeated_head, plan_tail,
+                                       seam_overlap, trim_span, uncovered_speech_s, with_tails)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_transcribe import LONG, SHORT, tiny_draft, tiny_processor, tiny_real_vocab_whisper  # noqa: E402
+
+EOT, TS = 50257, 50364  # whisper's <|endoftext|> and <|0.00|>
+
+
+def ts(seconds: float) -> int:
+    return TS + int(round(seconds / 0.02))
+
+
+def speech_span(start_s: float, n_s: float, speech_s: list[tuple[float, float]]) -> SpeechSpan:
+    """A vad chunk starting at start_s, n_s long, whose speech frames are the given (from, to) chunk seconds."""
+    frames = np.zeros(int(round(n_s / 0.02)), bool)
+    for a, b in speech_s:
+        frames[int(round(a / 0.02)) : int(round(b / 0.02))] = True
+    start = int(start_s * 16000)
+    return SpeechSpan(start, start + int(n_s * 16000), 0, 0, is_first=False, is_last=False, speech=frames)
+
+
+# -- the decision ----------------------------------------------------------------------------------------------
+
+def test_covered_time_is_where_speech_first_goes_untranscribed() -> None:
+    speech = np.zeros(1500, bool)
+    speech[:175] = True
+    speech[200:260] = True  # 1.2 s of speech after 4 s
+    closed_early = (ts(0), 1, 2, ts(3.5), EOT)
+    assert covered_steps(closed_early, EOT, TS, speech, 0.5) == (175, 3)
+    assert covered_steps(closed_early, EOT, TS, speech, 1.5) is None  # under the margin
+    assert covered_steps((ts(0), 1, 2, ts(3.5), ts(4.0), 7, ts(5.2), EOT), EOT, TS, speech, 0.5) is None
+    skipped = (ts(0), 1, ts(3.5), ts(5.5), 7, ts(6.0), EOT)  # the speech at 4-5.2 s lies between two segments
+    speech[275:300] = True
+    assert covered_steps(skipped, EOT, TS, speech, 0.5) == (175, 2)
+    assert covered_steps((ts(0), 1, 2, ts(3.5), ts(4.0), 7, EOT), EOT, TS, speech, 0.5) is None  # open: covers
+    assert covered_steps((ts(0), 1, 2, ts(3.5), 7), EOT, TS, speech, 0.5) is None  # token limit, no eot
+    assert covered_steps((1, 2, EOT), EOT, TS, speech, 0.5) is None  # no timestamps
+    assert covered_steps((), EOT, TS, speech, 0.5) is None
+    frames = np.array([1, 1, 0, 0, 1, 1, 1], bool)
+    assert uncovered_speech_s(frames, 2) == pytest.approx(0.06)
+    assert uncovered_speech_s(frames, 7) == 0.0
+
+
+def test_a_tail_is_planned_only_when_speech_goes_on_past_the_text() -> None:
+    span = speech_span(60.0, 29.1, [(0.2, 25.0), (26.0, 28.0)])  # a sentence at 26-28 s after the text ends at 25
+    tokens = (ts(0.2), 1, 2, ts(25.0), EOT)
+    tail, kept = plan_tail(span, tokens, EOT, TS, margin_s=0.5)
+    assert kept == tokens
+    assert tail.start_sample == span.start_sample + int(25.0 * 16000) and tail.end_sample == span.end_sample
+    assert tail.start_sample % STEP_SAMPLES == span.start_sample % STEP_SAMPLES
+    assert len(tail.speech) == len(span.speech) - 1250 and tail.speech.sum() == 100
+    assert plan_tail(span, tokens, EOT, TS, margin_s=2.5) is None  # 2 s of speech left: under the margin
+    assert plan_tail(span, (ts(0.2), 1, ts(28.0), EOT), EOT, TS, 0.5) is None  # covered to the speech end
+    assert plan_tail(span, (ts(0.2), 1, 2, EOT), EOT, TS, 0.5) is None  # open segment: nothing to compare
+    assert plan_tail(span, (ts(0), ts(0), EOT), EOT, TS, 0.5) is None  # covered nothing: same chunk again
+    plain = ChunkSpan(0, 16000 * 29, 0, 0, True, False)  # a stride window: no speech frames, no tail
+    assert plan_tail(plain, tokens, EOT, TS, 0.5) is None
+    trimmed = trim_span(span, tail.start_sample)
+    assert trimmed.end_sample == tail.start_sample and len(trimmed.speech) == 1250
+    # a sentence skipped between two segments: the tail starts after the first, the parent keeps only it
+    hole = (ts(0.2), 1, ts(25.0), ts(27.9), 5, ts(28.5), EOT)
+    tail, kept = plan_tail(speech_span(60.0, 29.1, [(0.2, 25.0), (25.5, 27.5)]), hole, EOT, TS, 0.5)
+    assert kept == (ts(0.2), 1, ts(25.0), EOT) and tail.start_sample == span.start_sample + 25 * 16000
+
+
+# -- the seam --------------------------------------------------------------------------------------------------
+
+def test_seam_drops_only_whole_repeated_words() -> None:
+    assert seam_overlap([1, 2, 3, 4], [3, 4, 5]) == 2
+    assert seam_overlap([1, 2, 3], [4, 5]) == 0
+    assert seam_overlap([], [1]) == 0 and seam_overlap([1], []) == 0
+    starts = {3, 5}.__contains__  # tokens 3 and 5 start words; 4 continues one
+    assert seam_overlap([1, 2, 3], [3, 4, 5], starts_word=starts) == 0  # "3" would split the word 3-4
+    assert seam_overlap([1, 3, 4], [3, 4, 5], starts_word=starts) == 2
+    tail, n = drop_repeated_head((ts(0), 7, 3, 4, ts(2), EOT), (ts(0), 3, 4, 5, ts(1), EOT), EOT, starts)
+    assert n == 2 and tail == (ts(0), 5, ts(1), EOT)  # timestamps stay, the repeated words go
+
+
+def _result(key, tokens) -> ChunkResult:
+    return ChunkResult(key, tuple(tokens), (), "eos", ChunkStats())
+
+
+def test_with_tails_orders_pieces_and_ends_each_where_the_next_starts() -> None:
+    a, b = speech_span(0.0, 29.0, [(0, 29)]), speech_span(30.0, 10.0, [(0, 10)])
+    tail1 = plan_tail(a, (ts(0), 1, ts(20.0), EOT), EOT, TS, 0.5)[0]
+    tail2 = plan_tail(tail1, (ts(0), 2, ts(4.0), EOT), EOT, TS, 0.5)[0]
+    chunks = [(a, _result(0, [1]), None), (b, _result(1, [2]), None)]
+    tails = {0: [[tail1, _result((0, 0, 1), [3]), None], [tail2, _result((0, 0, 2), [4]), None]]}
+    pieces, continues = with_tails(chunks, tails)
+    assert continues == [False, True, True, False]
+    starts = [p[0].start_sample for p in pieces]
+    ends = [p[0].end_sample for p in pieces]
+    assert starts == sorted(starts) and all(e <= s for e, s in zip(ends, starts[1:]))
+    assert ends[0] == tail1.start_sample and ends[1] == tail2.start_sample and ends[2] == a.end_sample
+
+
+# -- the live source -------------------------------------------------------------------------------------------
+
+def test_tail_source_feeds_tails_into_the_run_and_ends_when_nothing_is_in_flight() -> None:
+    featurised = []
+
+    def featurise(samples):
+        featurised.append([len(s) for s in samples])
+        return torch.zeros(len(samples), 80, 3000)
+
+    source = TailSource(featurise)
+    span = speech_span(0.0, 2.0, [(0, 2)])
+    source.samples[(0, 0)] = np.ones(span.n_samples, np.float32)
+    run = source.run(iter([ChunkRequest((0, 0), torch.zeros(80, 3000))]))
+    assert next(run).id == (0, 0)
+    assert next(run) is None  # the chunk is decoding: the source must not end
+    tail = plan_tail(span, (ts(0), 1, ts(1.0), EOT), EOT, TS, 0.5)[0]
+    source.finished(_result((0, 0), []), tail, span, keep_encoded=True)
+    assert (0, 0) not in source.samples  # let go once its result is in
+    request = next(run)
+    assert request.id == (0, 0, 1) and request.keep_encoded and featurised == [[16000]]
+    assert next(run) is None
+    source.finished(_result((0, 0, 1), []), None, tail, False)
+    assert list(run) == [] and source.samples == {}
+
+
+# -- digital silence -------------------------------------------------------------------------------------------
+
+def test_silent_windows_are_skipped_and_their_neighbours_lose_that_stride() -> None:
+    assert DIGITAL_SILENCE == VAD_DIGITAL_SILENCE
+    rate = 16000
+    signal = np.zeros(120 * rate, np.float32)
+    signal[5 * rate : 10 * rate] = 0.1  # speech in window 0 only
+    signal[100 * rate : 110 * rate] = 0.1  # and in the last windows
+    options = ChunkingOptions()
+    all_windows = list(options.iter([signal]))
+    kept = list(skip_silent_windows(options.iter([signal])))
+    kept_starts = [span.start_sample // rate for span, _ in kept]
+    assert len(kept) < len(all_windows) and kept_starts[0] == 0 and 40 not in kept_starts
+    for (span, samples), (nxt, _) in zip(kept, kept[1:] + [(None, None)]):
+        assert np.max(np.abs(samples)) > DIGITAL_SILENCE
+        if nxt is not None and nxt.start_sample >= span.end_sample:  # a gap: no stride toward it
+            assert span.stride_right_samples == 0 and nxt.stride_left_samples == 0
+    assert list(skip_silent_windows(options.iter([np.zeros(60 * rate, np.float32)]))) == []
+
+
+def test_stitching_does_not_merge_chunks_across_a_gap() -> None:
+    rate = 16000
+    a = ChunkSpan(0, 30 * rate, 0, 0, True, False)
+    b = ChunkSpan(40 * rate, 70 * rate, 0, 5 * rate, False, False)
+    c = ChunkSpan(60 * rate, 80 * rate, 5 * rate, 0, False, True)
+    text = stitch_chunks([ChunkTokens((1, 2, 3), a), ChunkTokens((2, 3, 4), b), ChunkTokens((4, 5), c)],
+                         eot_id=EOT, timestamp_begin_id=TS)
+    assert text.token_ids[:6] == (1, 2, 3, 2, 3, 4)  # a and b do not overlap: both kept whole
+    last = ChunkSpan(40 * rate, 70 * rate, 0, 0, False, True)
+    timed = stitch_chunks([ChunkTokens((ts(0), 1, 2), a), ChunkTokens((ts(0), 3, ts(5), EOT), last)],
+                          eot_id=EOT, timestamp_begin_id=TS)
+    assert [(s.start_s, s.end_s, s.token_ids) for s in timed.segments] == [(0.0, 30.0, (1, 2)), (40.0, 45.0, (3,))]
+
+
+# -- end to end, tiny random Whisper ---------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _eager_models():
+    """The tiny random Whisper with <|endoftext|> made likely (its final layer norm's bias moved along the eot
+    row, +10 on the eot logit), so its chunks end early after a timestamp, as a real model's may: tails follow."""
+    target = tiny_real_vocab_whisper()
+    eot = target.generation_config.eos_token_id
+    row = target.proj_out.weight[eot].detach()
+    with torch.no_grad():
+        target.model.decoder.layer_norm.bias += 10.0 * row / row.norm() ** 2
+    return target, tiny_draft(target), tiny_processor()
+
+
+def test_repaired_tails_are_speculative_and_equal_to_greedy() -> None:
+    target, draft, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1)
+    audio = [str(LONG)] + [str(p) for p in SHORT[:3]]
+    greedy = Transcriber(target, None, processor, options).transcribe(audio, progress=False)
+    spec = Transcriber(target, draft, processor, options).transcribe(audio, progress=False)
+    off = Transcriber(target, None, processor, TranscribeOptions.from_values(options, tail_repairs=0))
+    plain = off.transcribe(audio, progress=False)
+    assert sum(g.redecoded_tails for g in greedy) >= 1 and sum(p.redecoded_tails for p in plain) == 0
+    for g, s, p in zip(greedy, spec, plain):
+        assert s.chunk_tokens == g.chunk_tokens and s.text == g.text and s.redecoded_tails == g.redecoded_tails
+        assert len(g.chunks) == len(p.chunks) + g.redecoded_tails
+        assert sum(c.tail for c in g.chunks) == g.redecoded_tails
+        times = [t for seg in g.segments for t in (seg.start_s, seg.end_s)]
+        assert times == sorted(times)
+    assert sum(s.stats.drafted_tokens for s in spec) > 0
+    tail_chunks = [c for c in greedy[0].chunks if c.tail]
+    assert all(c.stats.drafted_tokens == 0 for c in tail_chunks)  # greedy run: nothing drafted
+    spec_tails = [c for s in spec for c in s.chunks if c.tail]
+    assert spec_tails and sum(c.stats.drafted_tokens for c in spec_tails) > 0  # tails are decoded speculatively
+
+
+def test_tail_options_are_checked() -> None:
+    for bad, cause in [(dict(tail_repairs=-1), "tail_repairs"), (dict(tail_repairs=True), "tail_repairs"),
+                       (dict(tail_margin_s=0), "tail_margin_s"), (dict(tail_margin_s="1"), "tail_margin_s")]:
+        with pytest.raises(InputError, match=cause):
+            TranscribeOptions.from_values(**bad)
+
+
+def test_words_of_repaired_tails_do_not_depend_on_the_draft_and_stay_in_order() -> None:
+    target, draft, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1, word_timestamps=True)
+    words = {}
+    for name, model in (("greedy", None), ("spec", draft)):
+        (result,) = Transcriber(target, model, processor, options).transcribe([str(LONG)], progress=False)
+        assert result.redecoded_tails >= 1
+        words[name] = [w for seg in result.segments for w in seg.words]
+    assert words["spec"] == words["greedy"] and words["greedy"]
+    starts = [w.start for w in words["greedy"]]
+    assert starts == sorted(starts)
+
+
+def test_feed_asks_for_no_more_rows_than_there_are_chunks(monkeypatch) -> None:
+    requests = [ChunkRequest((0, i), torch.zeros(80, 3000)) for i in range(5)]
+    for batch_size, rows in ((8, 5), (5, 5), (4, 4), (1, 1)):
+        source = TailSource(lambda samples: torch.zeros(len(samples), 80, 3000))
+        run, n_rows = source.feed(iter(requests), batch_size)
+        assert n_rows == rows
+        pulled = [next(run).id for _ in range(5)]
+        assert pulled == [r.id for r in requests]
+        source.n_finished = source.n_pulled
+        assert list(run) == []
+    _, n_rows = TailSource(lambda samples: None).feed(iter([]), 8)
+    assert n_rows == 1
+
+    from asr_spec.engine import cache
+
+    rows_made: list[int] = []
+    original = cache.KVCache.empty.__func__
+
+    def spy(cls, n_layers, n_rows, n_heads, head_dim, n_positions, *args, **kwargs):
+        if n_positions > 40:  # the batch's caches, not admission's prompt staging
+            rows_made.append(n_rows)
+        return original(cls, n_layers, n_rows, n_heads, head_dim, n_positions, *args, **kwargs)
+
+    monkeypatch.setattr(cache.KVCache, "empty", classmethod(spy))
+    target, _, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", chunking="vad", timestamps=True)
+    (result,) = Transcriber(target, None, processor, options).transcribe(str(SHORT[0]), batch_size=1000,
+                                                                         progress=False)
+    assert result.ok and rows_made and set(rows_made) == {1}  # one chunk: one row, its tails included
