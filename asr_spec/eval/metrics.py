@@ -147,6 +147,11 @@ def _rate(errors: int, total: int) -> float:
     return errors / total
 
 
+def _unchanged(text: str) -> str:
+    """Already normalised text, as it is."""
+    return text
+
+
 def sentence_coverage(sentences: Sequence[str], hypothesis: str, *, normalized: bool = False,
                       spelling: Spelling = None) -> list[float]:
     """For each reference sentence, the fraction of its words matched in order in `hypothesis` (1.0 for a
@@ -160,7 +165,10 @@ def sentence_coverage(sentences: Sequence[str], hypothesis: str, *, normalized: 
     """
     if isinstance(sentences, str):
         raise TypeError("sentence_coverage() takes a sequence of sentences, not a single string")
-    norm = (lambda text: text) if normalized else english_normalizer(spelling)
+    if normalized:
+        norm = _unchanged
+    else:
+        norm = english_normalizer(spelling)
     words = [norm(sentence).split() for sentence in sentences]
     owner = [index for index, sentence_words in enumerate(words) for _ in sentence_words]
     ref = [word for sentence_words in words for word in sentence_words]
