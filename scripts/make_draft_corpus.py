@@ -1,18 +1,28 @@
 """Build the speech corpus that a draft is distilled on, and its held-out set, with one command:
 
     apt-get install -y fortunes fortunes-min espeak-ng flite festival festvox-us-slt-hts festvox-kallpc16k
-    python scripts/make_draft_corpus.py --out /data/draft-corpus --hours 10 --jobs 2
+    /work/kokoro-venv/bin/python scripts/make_draft_corpus.py --out /data/draft-corpus --hours 10 --jobs 2
+
+(the Kokoro venv: install lines in scripts/kokoro_tts.py; `--voices debian` needs only numpy, soundfile and soxr).
 
 Texts: every English fortune database that Debian installs (/usr/share/games/fortunes: quotations, jokes,
 dialogue, definitions, literature, 41 files), cleaned to speakable prose and cut at sentence ends into pieces of
-at most 40 words. Voices: Debian's three TTS engines (festival, flite, espeak-ng) in 26 training voices and voice
-variants (speaker, speed, pitch); augmentation per utterance: noise (white, pink or brown at 5-25 dB SNR), synthetic
-reverberation (RT60 0.2-0.8 s), telephone band (300-3400 Hz, 8 kHz, mu-law), speed (0.88-1.12x), or clean.
+at most 40 words; the fixtures' own sentences are left out. Voices (`--voices all`, the default, or `debian` /
+`kokoro` alone):
+- Debian's three TTS engines (festival, flite, espeak-ng) in 26 training voices and voice variants (speaker, speed,
+  pitch);
+- Kokoro-82M neural voices: 18 of the 22 usable English voices, 6 of them also at another speed (0.87-1.13), and
+  8 blends of two training voices' style tables (32 settings). The six evaluation-only voices are refused.
+Augmentation per utterance: noise (white, pink or brown at 5-25 dB SNR), synthetic reverberation (RT60 0.2-0.8 s),
+telephone band (300-3400 Hz, 8 kHz, mu-law), speed (0.88-1.12x), or clean. Each split's utterances go round its
+voices in turn.
 
 Held out, disjoint from training in both:
 - text: a seeded 2 % of the texts (by content, so the same text is on the same side in every run);
-- voice settings: 5 voices never used in training (flite awb, whose speaker is in no training voice; espeak-ng's
-  Scottish English and two variants; festival slt at a speed no training voice uses).
+- voice settings: 5 Debian voices never used in training (flite awb, whose speaker is in no training voice;
+  espeak-ng's Scottish English and two variants; festival slt at a speed no training voice uses), and 4 Kokoro
+  voices (af_river, am_onyx, bf_isabella, bm_daniel) whose tables are in no training voice or blend, alone and
+  one blend of two of them.
 
 Output (LibriSpeech layout, the input of `asr-spec distill cache`): OUT/train/... and OUT/heldout/...,
 manifest.tsv (split, id, voice, augmentation, seconds, text), voices.tsv, split.json. Deterministic given --seed;
@@ -35,8 +45,11 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from make_fixtures import (  # noqa: E402  (scripts/ is not a package)
-    SAMPLE_RATE, Voice, _espeak, _festival, _flite, fixture_texts, librispeech_text, synthesize, trim, write_flac)
+import kokoro_tts  # noqa: E402  (scripts/ is not a package)
+import longform_texts  # noqa: E402
+from make_fixtures import (  # noqa: E402
+    SAMPLE_RATE, Voice, _espeak, _festival, _flite, _kokoro, fixture_texts, librispeech_text, synthesize, trim,
+    write_flac)
 
 from asr_spec.distill import corpus  # noqa: E402
 
@@ -79,6 +92,34 @@ HELD_OUT_VOICES = (
     _espeak("en-us+f4", 1.0, 70),
     _espeak("en-gb-x-rp+m5", 0.95),
 )
+# Kokoro-82M neural voices (scripts/kokoro_tts.py): 4 of the 22 usable voices are held out, the other 18 train,
+# alone, at other speeds and in blends of two training voices; none of the six evaluation-only voices anywhere.
+KOKORO_HELD_OUT = ("af_river", "am_onyx", "bf_isabella", "bm_daniel")
+KOKORO_TRAIN = tuple(v for v in kokoro_tts.USABLE_VOICES if v not in KOKORO_HELD_OUT)
+KOKORO_TRAIN_VOICES = tuple(_kokoro(v) for v in KOKORO_TRAIN) + (
+    _kokoro("af_heart", 1.13),
+    _kokoro("am_michael", 0.88),
+    _kokoro("bf_emma", 1.12),
+    _kokoro("bm_george", 0.87),
+    _kokoro("am_adam", 1.1),
+    _kokoro("af_kore", 0.9),
+    _kokoro(kokoro_tts.blend_spec("af_heart", "bf_emma", 0.5)),
+    _kokoro(kokoro_tts.blend_spec("am_michael", "bm_lewis", 0.4)),
+    _kokoro(kokoro_tts.blend_spec("af_sarah", "am_eric", 0.3)),
+    _kokoro(kokoro_tts.blend_spec("bm_george", "am_liam", 0.5)),
+    _kokoro(kokoro_tts.blend_spec("af_nova", "af_jessica", 0.5), 1.08),
+    _kokoro(kokoro_tts.blend_spec("bf_alice", "af_alloy", 0.4), 0.92),
+    _kokoro(kokoro_tts.blend_spec("am_fenrir", "am_santa", 0.3)),
+    _kokoro(kokoro_tts.blend_spec("af_aoede", "af_bella", 0.6)),
+)
+KOKORO_HELD_OUT_VOICES = tuple(_kokoro(v) for v in KOKORO_HELD_OUT) + (
+    _kokoro(kokoro_tts.blend_spec("af_river", "bm_daniel", 0.5), 1.05),
+)
+VOICE_SETS = {  # --voices: (training voices, held-out voices)
+    "debian": (TRAIN_VOICES, HELD_OUT_VOICES),
+    "kokoro": (KOKORO_TRAIN_VOICES, KOKORO_HELD_OUT_VOICES),
+    "all": (TRAIN_VOICES + KOKORO_TRAIN_VOICES, HELD_OUT_VOICES + KOKORO_HELD_OUT_VOICES),
+}
 
 
 def fortune_texts() -> list[str]:
@@ -102,9 +143,11 @@ class Utterance(NamedTuple):
         return root / self.split / speaker / chapter
 
 
-def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: int) -> list[Utterance]:
-    """Every utterance the corpus can hold: the held-out ones, then training in a seeded random order."""
-    fixtures = {corpus.text_key(t) for t in fixture_texts()}
+def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: int,
+         voices: tuple[tuple[Voice, ...], tuple[Voice, ...]]) -> list[Utterance]:
+    """Every utterance the corpus can hold: the held-out ones, then training in a seeded random order. `voices`:
+    (training voices, held-out voices), each split's utterances going round its voices."""
+    fixtures = {corpus.text_key(t) for t in fixture_texts() + longform_texts.every_text()}
     train, held = [], []
     for t in texts:
         key = corpus.text_key(t)
@@ -113,8 +156,9 @@ def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: in
         (held if corpus.is_held_out(key, held_out_fraction, seed) else train).append(t)
     order = np.random.default_rng(seed).permutation(len(train))
     out = []
-    for split, items, voices in (("heldout", held[:max_held_out], HELD_OUT_VOICES),
-                                 ("train", [train[i] for i in order], TRAIN_VOICES)):
+    train_voices, held_voices = voices
+    for split, items, voices in (("heldout", held[:max_held_out], held_voices),
+                                 ("train", [train[i] for i in order], train_voices)):
         rng = np.random.default_rng([seed, len(split)])
         base = 9000 if split == "heldout" else 8000
         for i, text in enumerate(items):
@@ -146,12 +190,14 @@ def _make_one(job: tuple[Utterance, Path]) -> float:
     return len(audio) / SAMPLE_RATE
 
 
-def build(out: Path, hours: float, seed: int, jobs: int, held_out_fraction: float, max_held_out: int) -> None:
+def build(out: Path, hours: float, seed: int, jobs: int, held_out_fraction: float, max_held_out: int,
+          voice_set: str) -> None:
+    train_voices, held_voices = VOICE_SETS[voice_set]
     done: list[tuple[Utterance, float]] = []
     seconds = {"train": 0.0, "heldout": 0.0}
     skipped = 0
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-        pending = iter(plan(fortune_texts(), seed, held_out_fraction, max_held_out))
+        pending = iter(plan(fortune_texts(), seed, held_out_fraction, max_held_out, VOICE_SETS[voice_set]))
         while True:
             wave = []
             for utt in pending:
@@ -179,25 +225,50 @@ def build(out: Path, hours: float, seed: int, jobs: int, held_out_fraction: floa
     rows = ["split\tid\tvoice\taugmentation\tseconds\ttext"] + [
         f"{u.split}\t{u.utt_id}\t{u.voice.name}\t{u.aug.label()}\t{d:.3f}\t{u.text}" for u, d in done]
     (out / "manifest.tsv").write_text("\n".join(rows) + "\n")
-    voices = [("train", 8000 + i, v) for i, v in enumerate(TRAIN_VOICES)]
-    voices += [("heldout", 9000 + i, v) for i, v in enumerate(HELD_OUT_VOICES)]
+    voices = [("train", 8000 + i, v) for i, v in enumerate(train_voices)]
+    voices += [("heldout", 9000 + i, v) for i, v in enumerate(held_voices)]
     (out / "voices.tsv").write_text("split\tspeaker_id\tvoice\tspeaker\tengine\n" + "".join(
         f"{s}\t{i}\t{v.name}\t{v.speaker}\t{v.engine}\n" for s, i, v in voices))
     n = {s: sum(1 for u, _ in done if u.split == s) for s in seconds}
     (out / "split.json").write_text(json.dumps({
-        "seed": seed, "held_out_fraction": held_out_fraction, "utterances": n, "skipped_tts_failures": skipped,
+        "seed": seed, "voice_set": voice_set, "held_out_fraction": held_out_fraction, "utterances": n,
+        "skipped_tts_failures": skipped,
         "hours": {s: round(v / 3600, 3) for s, v in seconds.items()},
         "text_rule": "a text is held out when sha256(f'{seed}:{text_key}') < fraction (scripts/make_draft_corpus.py)",
-        "voice_rule": "held-out voices are never used for training",
-        "train_voices": [v.name for v in TRAIN_VOICES], "heldout_voices": [v.name for v in HELD_OUT_VOICES],
+        "voice_rule": "held-out voices (and, for Kokoro, their voice tables) are never used for training",
+        "train_voices": [v.name for v in train_voices], "heldout_voices": [v.name for v in held_voices],
     }, indent=2) + "\n")
     print(json.dumps({"out": str(out), "utterances": n, "hours": {s: round(v / 3600, 2) for s, v in seconds.items()}}))
 
 
+def voice_sources(voice: Voice) -> set[str]:
+    """What a voice is made from: its name, and for a Kokoro voice each voice table of its spec."""
+    if voice.engine == "kokoro":
+        return {voice.name} | {name for name, _ in kokoro_tts.components(voice.voice)}
+    return {voice.name}
+
+
 def check_voices_disjoint(train: tuple[Voice, ...], held: tuple[Voice, ...]) -> None:
-    same = {v.name for v in train} & {v.name for v in held}
+    """Raises SystemExit when a held-out voice (or a Kokoro voice table of one) is also used for training."""
+    used = set().union(*(voice_sources(v) for v in train))
+    same = used & set().union(*(voice_sources(v) for v in held))
     if same:
         raise SystemExit(f"voices both in training and held out: {sorted(same)}")
+
+
+def check_kokoro(voice_set: str) -> None:
+    """Raises SystemExit with the fix when the voice set needs Kokoro and it cannot load here."""
+    if voice_set == "debian":
+        return
+    try:  # only the imports: the model itself loads in each worker process (an ONNX session is not forked)
+        import hibari  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(f"--voices {voice_set}: Kokoro cannot load ({err}); run under the Kokoro venv "
+                         "(install lines in scripts/kokoro_tts.py) or pass --voices debian") from err
+    if not (kokoro_tts.VOICES_DIR / "af_heart.bin").exists():
+        raise SystemExit(f"--voices {voice_set}: no Kokoro voice tables in {kokoro_tts.VOICES_DIR} (set "
+                         "KOKORO_VOICES to kokoro-js's voices/ folder) or pass --voices debian")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,11 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="parallel TTS processes (default: %(default)s)")
     parser.add_argument("--held-out-fraction", type=float, default=0.02, help="share of texts held out")
     parser.add_argument("--max-held-out", type=int, default=250, help="held-out utterances at most")
+    parser.add_argument("--voices", choices=sorted(VOICE_SETS), default="all",
+                        help="Debian TTS voices, Kokoro neural voices, or both (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.hours <= 0 or args.jobs < 1 or not 0 < args.held_out_fraction < 1 or args.max_held_out < 1:
         parser.error("--hours > 0, --jobs >= 1, 0 < --held-out-fraction < 1, --max-held-out >= 1")
-    check_voices_disjoint(TRAIN_VOICES, HELD_OUT_VOICES)
-    build(args.out, args.hours, args.seed, args.jobs, args.held_out_fraction, args.max_held_out)
+    check_voices_disjoint(*VOICE_SETS[args.voices])
+    check_kokoro(args.voices)
+    build(args.out, args.hours, args.seed, args.jobs, args.held_out_fraction, args.max_held_out, args.voices)
     return 0
 
 

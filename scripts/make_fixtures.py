@@ -54,8 +54,8 @@ SEED = 20_240_601
 @dataclasses.dataclass(frozen=True)
 class Voice:
     name: str  # unique, used in manifests and file names
-    engine: str  # "festival" | "flite" | "espeak"
-    voice: str  # the engine's own voice name
+    engine: str  # "festival" | "flite" | "espeak" | "kokoro"
+    voice: str  # the engine's own voice name (kokoro: a voice spec, see scripts/kokoro_tts.py)
     speaker: str  # the recorded (or modelled) speaker behind it; voices sharing one are not independent
     stretch: float = 1.0  # duration stretch (>1 slower); espeak: words per minute = 175 / stretch
     pitch: int | None = None  # espeak -p (0-99)
@@ -77,6 +77,12 @@ def _espeak(voice: str, stretch: float = 1.0, pitch: int | None = None) -> Voice
     return Voice(f"espeak-{voice.replace('+', '-')}{suffix}", "espeak", voice, f"espeak:{voice}", stretch, pitch)
 
 
+def _kokoro(spec: str, stretch: float = 1.0) -> Voice:
+    """A Kokoro-82M neural voice (one voice table or a blend, see scripts/kokoro_tts.py); speed = 1 / stretch."""
+    suffix = "" if stretch == 1.0 else f"-x{stretch:g}"
+    return Voice(f"kokoro-{spec}{suffix}", "kokoro", spec, f"kokoro:{spec.partition('@')[0]}", stretch)
+
+
 SLT_HTS = _festival("cmu_us_slt_arctic_hts", "slt")  # clearest (whisper-base WER 9 %)
 KAL = _festival("kal_diphone", "kal")
 FLITE_SLT = _flite("slt", "slt")
@@ -88,6 +94,10 @@ FIXTURE_VOICES = (SLT_HTS, KAL, FLITE_SLT, FLITE_RMS, FLITE_AWB, ESPEAK_US)
 
 def synthesize(voice: Voice, text: str, workdir: Path) -> np.ndarray:
     """Speak `text` with `voice`; returns float32 mono at SAMPLE_RATE. shape = (n_samples,)"""
+    if voice.engine == "kokoro":  # in-process ONNX model, no subprocess (runs under the Kokoro venv)
+        import kokoro_tts
+
+        return kokoro_tts.shared()(text, voice.voice, 1.0 / voice.stretch)
     wav = workdir / "tts.wav"
     wav.unlink(missing_ok=True)
     if voice.engine == "festival":

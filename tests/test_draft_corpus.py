@@ -108,3 +108,51 @@ def test_drawn_augmentations_cover_every_kind_with_valid_settings():
     assert {a.kind for a in drawn} == set(corpus.KINDS)
     assert all(5 <= a.snr_db <= 25 and 0.2 <= a.rt60_s <= 0.8 and 0.88 <= a.speed <= 1.12 for a in drawn)
     assert corpus.Augmentation("noise", snr_db=12.4, noise_color="pink").label() == "noise:pink12dB"
+
+
+def _corpus_script():
+    import importlib
+    import sys
+    from pathlib import Path
+
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("make_draft_corpus"), importlib.import_module("kokoro_tts")
+
+
+def test_kokoro_voice_specs_parse_and_refuse_the_evaluation_voices():
+    _, kokoro = _corpus_script()
+    assert kokoro.components("af_heart") == [("af_heart", 1.0)]
+    assert kokoro.components(kokoro.blend_spec("af_heart", "bm_george", 0.3)) == [("af_heart", 0.7),
+                                                                                  ("bm_george", 0.3)]
+    for bad in ("af_heart+bm_george", "af_heart+bm_george@1.5", "af_sky", "af_heart+bm_fable@0.5"):
+        with pytest.raises(ValueError, match="voice"):
+            kokoro.components(bad)
+    assert len(kokoro.USABLE_VOICES) == 22 and not set(kokoro.USABLE_VOICES) & kokoro.EXCLUDED_VOICES
+
+
+@pytest.mark.parametrize("voice_set", ["debian", "kokoro", "all"])
+def test_voice_sets_hold_out_voices_and_their_tables(voice_set):
+    script, kokoro = _corpus_script()
+    train, held = script.VOICE_SETS[voice_set]
+    script.check_voices_disjoint(train, held)  # raises on any overlap
+    names = [v.name for v in train + held]
+    assert len(names) == len(set(names))
+    for voice in train + held:
+        if voice.engine == "kokoro":
+            assert not {n for n, _ in kokoro.components(voice.voice)} & kokoro.EXCLUDED_VOICES
+    texts = [f"Sentence number {i} is here." for i in range(400)]
+    utterances = script.plan(texts, seed=1, held_out_fraction=0.1, max_held_out=50, voices=(train, held))
+    assert {u.voice for u in utterances if u.split == "train"} <= set(train)
+    assert {u.voice for u in utterances if u.split == "heldout"} <= set(held)
+    assert not {u.text for u in utterances if u.split == "train"} & {u.text for u in utterances
+                                                                      if u.split == "heldout"}
+
+
+def test_a_blend_sharing_a_held_out_table_is_refused():
+    script, kokoro = _corpus_script()
+    train, held = script.VOICE_SETS["kokoro"]
+    leaky = train + (script._kokoro(kokoro.blend_spec("af_heart", held[0].voice, 0.2)),)
+    with pytest.raises(SystemExit, match="both in training and held out"):
+        script.check_voices_disjoint(leaky, held)
