@@ -370,8 +370,8 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
     assert explicit.draft is not None
     assert from_preset.options.batch_size == 3
     assert Transcriber.from_preset(preset, model=str(target_dir)).draft is None  # its draft went with its model
-    with pytest.raises(InputError, match=r"unknown option\(s\) temperature"):
-        Transcriber.from_preset(preset, temperature=0.2)
+    with pytest.raises(InputError, match=r"unknown option\(s\) beam_size"):
+        Transcriber.from_preset(preset, beam_size=5)
     with pytest.raises(InputError, match=r"^chunk_length_s must be in"):  # the caller's value: no file blamed
         Transcriber.from_preset(preset, chunk_length_s=45)
     preset.write_text('model = "./tiny"\nchunk_length_s = 45\n')

@@ -24,7 +24,7 @@ from asr_spec.errors import one_line
 __all__ = ["transcribe"]
 
 
-def transcribe(  # long function: typer declares each of its ~23 options as a parameter
+def transcribe(  # long function: typer declares each of its ~27 options as a parameter
     files: Optional[list[str]] = typer.Argument(None, metavar="FILE", help="Audio files (wav, flac, mp3, ogg, "
                                                  "m4a...); with --ray also glob patterns."),
     preset: str = PRESET,
@@ -66,9 +66,20 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
     no_speech_threshold: Optional[float] = typer.Option(None, help="Drop a window whose <|nospeech|> probability "
                                                         "exceeds this (Whisper's rule). Default 0.6."),
     logprob_threshold: Optional[float] = typer.Option(None, help="...unless its average token log-probability "
-                                                      "exceeds this. Default -1.0."),
+                                                      "exceeds this; with --temperature, a window below it is "
+                                                      "decoded again. Default -1.0."),
     keep_no_speech: bool = typer.Option(False, "--keep-no-speech", help="Turn the no-speech rule off: decode "
                                         "and keep every window, silent or not."),
+    temperature: Optional[str] = typer.Option(None, help="Temperature fallback: comma-separated increasing "
+                                              "temperatures in [0, 1]; a window failing the thresholds is decoded "
+                                              "again at the next (openai-whisper: 0,0.2,0.4,0.6,0.8,1.0). 0 alone: "
+                                              "greedy only. Default 0."),
+    compression_ratio_threshold: Optional[float] = typer.Option(None, help="Fallback when a window's text "
+                                                                "compresses (zlib) by more than this. Default 2.4."),
+    best_of: Optional[int] = typer.Option(None, help="Candidates per window at a temperature > 0 (rows of the same "
+                                          "batch); the likeliest is kept. Default 5."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the sampled windows (same seed, same transcript, at "
+                                       "any batch size). Default 0."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
     from asr_spec.transcribe import Transcriber
@@ -88,7 +99,9 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
                                  batch_size=batch_size, formats=format, timestamps=timestamps,
                                  cuda_graphs=False if no_graphs else None, no_speech_threshold=no_speech_threshold,
                                  logprob_threshold=logprob_threshold, chunking=chunking,
-                                 word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue)
+                                 word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue,
+                                 temperature=temperature, compression_ratio_threshold=compression_ratio_threshold,
+                                 best_of=best_of, seed=seed)
     if keep_no_speech:
         overrides["no_speech_threshold"] = None
     if ray:
@@ -154,6 +167,7 @@ class _Run:
     def __init__(self, n_files: int, output_dir: Path | None):
         self.n_files, self.output_dir = n_files, output_dir
         self.n_done = self.n_failed = self.n_dropped = self.n_tails = 0
+        self.fallback: dict[float, int] = {}  # windows decoded again at each temperature
         self.audio_s, self.stats, self.start = 0.0, [], time.perf_counter()
 
     def add(self, result: Any) -> None:
@@ -166,6 +180,8 @@ class _Run:
         self.stats.append(result.stats)
         self.n_dropped += result.n_dropped
         self.n_tails += result.redecoded_tails
+        for t, n in result.fallback_windows:
+            self.fallback[t] = self.fallback.get(t, 0) + n
         if self.output_dir is None:
             if self.n_files > 1:
                 typer.echo(f"==> {result.source} <==")
@@ -195,4 +211,6 @@ class _Run:
             drafting = "greedy (no draft), 1.00 tokens/target pass"
         dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
         tails = f", {self.n_tails} chunk tails decoded again" if self.n_tails else ""
-        return f"{files}: {speed}, {drafting}{dropped}{tails}"
+        at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())
+        fallback = f", windows decoded again (fallback_windows): {at}" if self.fallback else ""
+        return f"{files}: {speed}, {drafting}{dropped}{tails}{fallback}"

@@ -42,7 +42,7 @@ class StepRunner:
             raise ValueError("a wrapper is given exactly with mode 'wrapped'")
         self.mode = mode
         self.fn: StepFn = wrap(step) if wrap is not None else step
-        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
         self.pool = None
 
     def __call__(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
@@ -59,8 +59,9 @@ class StepRunner:
                 self._graph_step(m, rules, st, k, n_keys)
 
     def _graph_step(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
-        """Replay the CUDA graph of this (rows, n_keys, K), or run the step eagerly and capture it for next time."""
-        key = (st.n_tok.shape[0], n_keys, k)
+        """Replay the CUDA graph of this (rows, n_keys, K, sampling), or run the step eagerly and capture it for
+        next time."""
+        key = (st.n_tok.shape[0], n_keys, k, rules.sampling)
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()

@@ -10,6 +10,7 @@ per-row decision is a tensor op.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,15 @@ class LogitRules:
         max_init = tokens.max_initial_timestamp_index
         self.max_initial = n_ts - 1 if max_init is None else int(max_init)
         self.lang_ids = torch.tensor(sorted(tokens.lang_to_id.values()), dtype=torch.long, device=device)
+        # whether the step also samples (rows at a temperature > 0; engine/sampling.py): a Python constant of each
+        # traced or captured step, so a batch of greedy rows runs the greedy step alone (`with_sampling`)
+        self.sampling = False
+
+    def with_sampling(self) -> "LogitRules":
+        """The same rules for a step whose batch has sampled rows (`sampling` True; the tensors are shared)."""
+        rules = copy.copy(self)
+        rules.sampling = True
+        return rules
 
     def detect_language(self, logits: torch.Tensor) -> torch.Tensor:
         """logits: (R, vocab) at the <|startoftranscript|> position -> (R,) most likely language token id."""

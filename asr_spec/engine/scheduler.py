@@ -14,6 +14,7 @@ engine's own work raises `EngineError` naming the chunks lost with it, so a serv
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
@@ -61,12 +62,25 @@ class ChunkRequest:
               draft has its own encoder.
     keep_encoded: return the chunk's target encoder output with its result (`ChunkResult.encoded`), e.g. for the
               word-timestamp alignment pass; off by default (it holds n_audio_ctx x d_model values per chunk).
+    temperature: 0 decodes greedily (the target's argmax, token-identical with or without a draft); > 0 samples
+              at that temperature (speculative sampling with a draft: distributed as the target's sampling).
+    seed:     the row's random key, an integer in [0, 2^32): a sampled chunk's tokens are a function of (seed,
+              its audio, the models, K) only, whatever its batch (engine/sampling.py); unused when greedy.
     """
 
     id: Hashable
     features: torch.Tensor | None
     encoded: torch.Tensor | None = None
     keep_encoded: bool = False
+    temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"chunk {self.id!r}: temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
+            raise ValueError(f"chunk {self.id!r}: seed must be an integer in [0, 2^32), got {self.seed!r}")
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,7 @@ class ChunkResult:
     avg_logprob: float = float("nan")  # sum of the tokens' log-probabilities / (text tokens + 1), as Whisper
     # (n_audio_ctx, d_model) the target encoder output it was decoded from, when the request asked to keep it
     encoded: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    temperature: float = 0.0  # the request's: 0 greedy, else the temperature it was sampled at
 
 
 Encoded = tuple[ChunkRequest, torch.Tensor, torch.Tensor | None]  # a request, its target and own-draft encoder outputs
@@ -185,6 +200,7 @@ class Engine:
             *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None))
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
+        self.sampling_rules = self.rules.with_sampling()  # for the steps whose batch has a sampled row
         self.admission = Admission(self.tokens, self.rules, options, lang_id)
         self.n_audio_ctx = target.config.max_source_positions
         # self-attention cache positions per row: max_target_positions + K + 2, with the K of a loaded draft also in
@@ -332,13 +348,19 @@ class Engine:
             own = self.kind is DraftKind.OWN_ENCODER
             draft_audio = torch.stack([o for _, _, o in taken]) if own else audio
         self.admission(m, st, rows, audio, draft_audio)
+        dev = st.n_tok.device
+        st.set_sampling(torch.tensor(rows, device=dev),
+                        torch.tensor([float(req.temperature) for req, _, _ in taken], device=dev),
+                        torch.tensor([req.seed for req, _, _ in taken], device=dev))
 
     def _step(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], reader: HostReader, k: int,
               max_len: int) -> tuple[int, list[int], int] | None:
         """One step over the live rows, slots [0, n_live); returns the host read due now (`HostReader`)."""
         n_active = slots.n_live
         n_keys = n_keys_bucket(max_len, k, reader.lag, self.n_positions)
-        self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
+        sampling = any(o is not None and o.temperature > 0 for o in slots.occupants[:n_active])
+        rules = self.sampling_rules if sampling else self.rules
+        self.runner(m.rows(n_active), rules, st.rows(n_active), k, n_keys)
         return reader.after_step(st.rows(n_active), slots.step())
 
     @staticmethod
@@ -361,7 +383,7 @@ class Engine:
             avg_logprob = r["sum_logprob"] / (n_tok - begin + (finish[row] != FINISH_EOS))
             out.append(ChunkResult(req.id, tuple(r["seq"][begin:n_tok]), tuple(r["seq"][:begin]),
                                    FINISH_REASONS.get(finish[row], "length"), stats, r["no_speech_prob"],
-                                   avg_logprob, req.encoded if req.keep_encoded else None))
+                                   avg_logprob, req.encoded if req.keep_encoded else None, float(req.temperature)))
         return out
 
     def decode(self, features: torch.Tensor | None, encoded: torch.Tensor | None = None,

@@ -6,6 +6,12 @@ Whisper's rules at each of the K + 1 positions; (3) accepts the longest prefix w
 plus the target's next token; (4) moves each cache's length to exactly the tokens it holds that were accepted.
 Without a draft (K = 0) the same step is plain batched greedy decoding (a window of 1).
 
+Sampled rows (temperature > 0, when `rules.sampling` says the batch has some: engine/sampling.py): the draft draws
+its proposals from its own rule-applied distribution q at the row's temperature, and (3) becomes speculative
+sampling: accept proposal x with probability min(1, p(x)/q(x)), else emit a token drawn from max(0, p - q), the
+token after the last accepted proposal drawn from p. Lossless in distribution; greedy rows (temperature 0) beside
+them are decided exactly as above, token for token.
+
 Invariant between steps, per row: `seq[:n_tok]` are the committed tokens (prompt + generated); the target cache
 holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len` with n_tok - 2 <= d_len <=
 n_tok - 1, so each step feeds the target one pending token and the draft a window of two. A refilled slot's prompt
@@ -25,6 +31,7 @@ import torch
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.rules import LogitRules
+from asr_spec.engine.sampling import DRAW_DRAFT, DRAW_TARGET, draw, probabilities, speculative_choice, uniform
 
 FINISH_NONE, FINISH_EOS, FINISH_LENGTH = 0, 1, 2
 
@@ -46,6 +53,8 @@ class DecodeState:
     sum_logprob:    (B,) float32 sum of the log-probabilities of the generated tokens under the target's
                     rule-applied scores (Whisper's sum_logprobs)
     no_speech_prob: (B,) float32 <|nospeech|> probability at the SOT position (set by admission)
+    temperature:    (B,) float32 sampling temperature (0 = greedy); key: (B,) long the row's random key, in
+                    [0, 2^32) (set by the scheduler from the request: `set_sampling`)
     """
 
     seq: torch.Tensor
@@ -60,6 +69,8 @@ class DecodeState:
     hist: torch.Tensor
     sum_logprob: torch.Tensor
     no_speech_prob: torch.Tensor
+    temperature: torch.Tensor
+    key: torch.Tensor
 
     @classmethod
     def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> "DecodeState":
@@ -70,6 +81,7 @@ class DecodeState:
                    finish=torch.full((n_rows,), FINISH_LENGTH, dtype=torch.long, device=device),
                    hist=torch.zeros(n_rows, k_max + 1, dtype=torch.long, device=device),
                    sum_logprob=torch.zeros(n_rows, device=device), no_speech_prob=torch.zeros(n_rows, device=device),
+                   temperature=torch.zeros(n_rows, device=device), key=torch.zeros_like(per_row["n_tok"]),
                    **per_row)
 
     def rows(self, n_rows: int) -> "DecodeState":
@@ -92,6 +104,11 @@ class DecodeState:
         self.hist[rows] = 0
         self.sum_logprob[rows] = 0.0
         self.no_speech_prob[rows] = no_speech_prob
+
+    def set_sampling(self, rows: torch.Tensor, temperature: torch.Tensor, key: torch.Tensor) -> None:
+        """Rows `rows` ((R,) long) sample at `temperature` ((R,) float32, 0 = greedy) with keys `key` ((R,) long)."""
+        self.temperature[rows] = temperature
+        self.key[rows] = key
 
     def move_row(self, src: int, dst: int) -> None:
         for f in fields(self):
@@ -130,23 +147,28 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     """Advance every unfinished row by at least one token, in place.
 
     k: draft tokens proposed this step (0 = greedy); n_keys: attention keys read, a bucket above every real
-    position of the step (> max n_tok + k over live rows), at most the caches' n_positions.
+    position of the step (> max n_tok + k over live rows), at most the caches' n_positions. rules.sampling (a
+    Python bool, fixed per traced graph): rows with st.temperature > 0 are sampled; False: every row is greedy.
     """
     live = st.finish == FINISH_NONE
     n_rows = st.n_tok.shape[0]
     dev = st.n_tok.device
-    proposed = _draft(m, rules, st, k, n_keys) if k > 0 else torch.zeros(n_rows, 0, dtype=torch.bool, device=dev)
+    proposed, q = _draft(m, rules, st, k, n_keys) if k > 0 else (
+        torch.zeros(n_rows, 0, dtype=torch.bool, device=dev), None)
 
     # verify: the target's pending token then the k proposals, one pass, logits at all k + 1 positions
     t_len = m.target_cache.lengths
     tokens, pos = _window(st.seq, t_len, k + 1)
     logits = m.target.forward(m.target_cache, tokens, pos, n_keys)
     scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, k + 1, V)
-    best, choice = scores.max(-1)  # (B, k + 1) each
+    choice = scores.max(-1).indices  # (B, k + 1)
 
     # accept the longest agreeing prefix plus the target's own next token, within each row's limits
     j = torch.arange(k + 1, device=dev)
-    match = (st.seq.gather(1, st.n_tok[:, None] + j[:k]) == choice[:, :k]) & proposed
+    drafted = st.seq.gather(1, st.n_tok[:, None] + j[:k])
+    match = (drafted == choice[:, :k]) & proposed
+    if rules.sampling:  # sampled rows: speculative sampling instead (engine/sampling.py)
+        match, choice = _sampled(st, scores, q, drafted, proposed, match, choice)
     n_acc = match.long().cumprod(1).sum(1)
     is_eos = (choice == rules.tokens.eot) & (j[None, :] <= n_acc[:, None])
     eos_at = torch.where(is_eos, j[None, :], k + 1).min(1).values
@@ -164,9 +186,11 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
 
-    # statistics; log-probability of each emitted token (the argmax: its score less the logsumexp)
+    # statistics; log-probability of each emitted token under the rule-applied scores at temperature 1, as
+    # Whisper's sum_logprobs (its score less the logsumexp)
     emitted = j[None, :] < n_new[:, None]
-    st.sum_logprob.add_(torch.where(emitted, best.float() - scores.float().logsumexp(-1), 0.0).sum(1))
+    chosen = scores.gather(-1, choice[..., None])[..., 0]
+    st.sum_logprob.add_(torch.where(emitted, chosen.float() - scores.float().logsumexp(-1), 0.0).sum(1))
     live_l = live.long()
     st.target_passes.add_(live_l)
     st.draft_passes.add_(live_l * k)
@@ -176,21 +200,45 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
         st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], live_l[:, None])
 
 
-def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> torch.Tensor:
+def _sampled(st: DecodeState, scores: torch.Tensor, q: torch.Tensor | None, drafted: torch.Tensor,
+             proposed: torch.Tensor, match: torch.Tensor, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampled rows' (match, choice) replaced by speculative sampling's (plain sampling from p when K = 0);
+    the greedy rows' (temperature 0) kept as they are. scores: (B, K + 1, V); q: (B, K, V) or None (K = 0);
+    drafted, proposed, match: (B, K); choice: (B, K + 1)."""
+    sampled = (st.temperature > 0)[:, None]
+    p = probabilities(scores, st.temperature)
+    if q is not None:
+        accept, drawn = speculative_choice(p, q, drafted, proposed, st.key, st.n_tok)
+    else:
+        accept, drawn = match, draw(p, uniform(st.key, st.n_tok[:, None], DRAW_TARGET))
+    return torch.where(sampled, accept, match), torch.where(sampled, drawn, choice)
+
+
+def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int,
+           n_keys: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Let the draft propose k tokens per row, written into st.seq[n_tok:n_tok + k]; returns the (B, k) mask of
-    the tokens each row really offers (none it could not keep before its limit)."""
+    the tokens each row really offers (none it could not keep before its limit) and, when rules.sampling, the
+    (B, k, V) float32 distributions q the sampled rows' proposals were drawn from (None otherwise).
+
+    Greedy rows propose the argmax after the static rules (`LogitRules.draft_choice`); sampled rows draw from q:
+    all of Whisper's rules applied (the proposals so far are the history), divided by the row's temperature."""
     d_len = m.draft_cache.lengths
     # catch up on the committed tokens the draft has not seen: one more than the target after a full accept
     tokens, pos = _window(st.seq, d_len, 2)
     index = (st.n_tok - d_len - 1)[:, None]
-    proposed = []
+    proposed, qs = [], []
     for i in range(k):
         logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index)
         token = rules.draft_choice(logits, st.n_tok + i, st.begin)
+        if rules.sampling:
+            q = probabilities(rules.apply(logits, st.seq, st.n_tok + i, st.begin), st.temperature)[:, 0]
+            drawn = draw(q, uniform(st.key, (st.n_tok + i)[:, None], DRAW_DRAFT)[:, 0])
+            token = torch.where(st.temperature > 0, drawn, token)
+            qs.append(q)
         st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
         # a row proposes none it could not keep (room before its limit, less the target's own token): the batch
         # still computes them, but they are neither offered nor counted
         proposed.append(i < st.limit - st.n_tok - 1)
         tokens, pos = token[:, None], (st.n_tok + i)[:, None]
         index = torch.zeros_like(index)
-    return torch.stack(proposed, 1)
+    return torch.stack(proposed, 1), torch.stack(qs, 1) if qs else None

@@ -213,7 +213,8 @@ async def _decode(request: Request, batcher: Batcher, options: ServeOptions, par
                         headers={"Retry-After": str(options.retry_after_s)}) from err
     try:
         job = await asyncio.to_thread(batcher.prepare, path, name, words=params.words,
-                                      max_audio_s=options.max_audio_s, reserved_s=reserved_s)
+                                      max_audio_s=options.max_audio_s, reserved_s=reserved_s,
+                                      temperature=params.temperature)
     except Refused as err:
         raise HTTPError(err.status, one_line(err), "file") from err
     done = _completion(job)

@@ -84,6 +84,7 @@ class Job:
     reserved_s: seconds of the server's audio budget this job holds until it ends.
     on_done:    called once, from the engine thread (or `submit`, for an input without chunks), when the job is
                 complete or failed; it must not block.
+    temperature: its windows' temperature schedule (fallback.py); None: the transcriber's options.temperature.
     """
 
     input: Input
@@ -101,6 +102,7 @@ class Job:
     ended: bool = False  # its reader closed and its budget given back
     in_engine: int = 0  # chunks pulled by the engine and not finished
     started: float = field(default_factory=time.perf_counter)
+    temperature: tuple[float, ...] | None = None
 
     @property
     def id(self) -> Any:
@@ -185,11 +187,12 @@ class Batcher:
 
     # -- preparing a request (any thread but the engine's) ----------------------------------------------------
     def prepare(self, source: Any, name: str = "upload", *, words: bool = False, max_audio_s: float | None = None,
-                reserved_s: float | None = None) -> Job:
+                reserved_s: float | None = None, temperature: tuple[float, ...] | None = None) -> Job:
         """The job of one upload (`source`: a file path, streamed, or its bytes), opened by reading its first chunk
         (`Transcriber.prepare`, one chunk featurised at a time); words: align its chunks' words (needs the
         transcriber's word_timestamps, else `InputError`). reserved_s: what `admit` reserved for it (given back
-        when the job ends, or now if this raises). A file that is not audio raises `AudioError` naming `name`."""
+        when the job ends, or now if this raises); temperature: its schedule (`Job.temperature`). A file that is not
+        audio raises `AudioError` naming `name`."""
         label = name  # what the reader's messages call it: the path of a file, replaced by `name` in job.error
         if isinstance(source, (bytes, bytearray, memoryview)):  # a {bytes, path} row: `path` names it in errors
             source = {"bytes": bytes(source), "path": name}
@@ -197,7 +200,8 @@ class Batcher:
             label = os.fspath(source)
         item = Input(next(_job_ids), label, source, word_timestamps=words)
         max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
-        job = Job(item, iter(()), words={} if words else None, max_samples=max_samples, reserved_s=reserved_s)
+        job = Job(item, iter(()), words={} if words else None, max_samples=max_samples, reserved_s=reserved_s,
+                  temperature=temperature)
         try:
             job.requests = self.transcriber.prepare([item], 1)
             job.pending = next(job.requests, None)
@@ -354,17 +358,28 @@ class Batcher:
     def _serve(self) -> None:
         engine = self.transcriber.engine
         while not self._stopping:
+            # windows that fail Whisper's thresholds are decoded again at the next temperature in the same run
+            fallback = self.transcriber.fallback(self._schedule)
             try:
-                for result in engine.run(self._source(), self.batch_size):
-                    self._deliver(result)
+                for result in engine.run(fallback.run(self._source()), self.batch_size):
+                    result = fallback.resolve(result)
+                    if result is not None:  # None: its window is being decoded again
+                        self._deliver(result)
             except EngineError as err:
                 log.error("%s", err)
-                self._fail({job_id for job_id, _ in err.chunk_ids}, str(err.__cause__ or err))
+                self._fail({fallback.origin(chunk_id)[0] for chunk_id in err.chunk_ids}, str(err.__cause__ or err))
             except Exception as err:  # a bug outside the engine's own work: fail what is in flight, keep serving
                 log.exception("engine thread")
                 with self._cond:
                     lost = {job.id for job in self._jobs.values() if job.in_engine}
                 self._fail(lost, f"{type(err).__name__}: {err}")
+
+    def _schedule(self, chunk_id: Any) -> tuple[float, ...]:
+        """The temperature schedule of a chunk's job (the request's, else the server's options)."""
+        job = self._jobs.get(chunk_id[0])
+        if job is None or job.temperature is None:
+            return self.transcriber.options.temperature
+        return job.temperature
 
     def _deliver(self, result: ChunkResult) -> None:
         job_id, index = result.id

@@ -3,10 +3,12 @@ endpoint takes is either honoured or refused with a 400 naming it, never silentl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError
+from asr_spec.transcribe.fallback import schedule_from
 
 __all__ = ["FIELDS", "MODEL_ALIASES", "Params", "check_params"]
 
@@ -21,6 +23,10 @@ class Params:
     upload: Any  # starlette's UploadFile
     response_format: str
     words: bool  # timestamp_granularities[] holds "word"
+    # the request's temperature schedule (fallback.py): None = the server's (--temperature); OpenAI's temperature
+    # 0 = "raise the temperature automatically until the thresholds are met": openai-whisper's 0, 0.2, ..., 1.0;
+    # t > 0: the schedule starts at t (t, t + 0.2, ... <= 1)
+    temperature: tuple[float, ...] | None = None
 
 
 def check_params(form: Any, options: Any, model_id: str) -> Params:
@@ -47,10 +53,10 @@ def check_params(form: Any, options: Any, model_id: str) -> Params:
     if form.get("prompt"):
         raise HTTPError(400, "prompt: not supported yet (the engine does not condition on previous text); send "
                         "none", "prompt")
-    _check_temperature(form.get("temperature"))
+    temperature = _temperature(form.get("temperature"))
     _check_language(form.get("language"), options.decode.language)
     words = _wants_words(form, response_format, options.word_timestamps)
-    return Params(upload, response_format, words)
+    return Params(upload, response_format, words, temperature)
 
 
 def _wants_words(form: Any, response_format: str, words_on: bool) -> bool:
@@ -72,16 +78,18 @@ def _wants_words(form: Any, response_format: str, words_on: bool) -> bool:
     return True
 
 
-def _check_temperature(value: Any) -> None:
+def _temperature(value: Any) -> tuple[float, ...] | None:
+    """The schedule of OpenAI's temperature field (see `Params.temperature`); 400 outside [0, 1]."""
     if value in (None, ""):
-        return
+        return None
     try:
         temperature = float(value)
     except ValueError:
-        temperature = None
-    if temperature != 0.0:
-        raise HTTPError(400, f"temperature {value!r}: only 0 is supported (greedy/lossless only: the transcript "
-                        "is the model's own greedy decoding)", "temperature")
+        temperature = math.nan
+    if not 0.0 <= temperature <= 1.0:
+        raise HTTPError(400, f"temperature {value!r}: must be a number in [0, 1] (0: raise it automatically while a "
+                        "window fails Whisper's thresholds)", "temperature")
+    return schedule_from(temperature)
 
 
 def _check_language(value: Any, served: str | None) -> None:

@@ -85,8 +85,11 @@ def transcription_openapi(model_ids: tuple[str, ...], formats: tuple[str, ...], 
         "language": language_schema,
         "prompt": {"type": "string", "maxLength": 0,
                    "description": "Not supported yet: a non-empty prompt is refused (400)."},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 0, "default": 0,
-                        "description": "Only 0: decoding is greedy and lossless."},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1,
+                        "description": "OpenAI's meaning: 0 raises the temperature automatically (0, 0.2, ..., 1.0) "
+                        "while a window fails Whisper's thresholds (compression ratio 2.4, log-probability -1); t > 0 "
+                        "starts there (t, t + 0.2, ...). Absent: the server's --temperature. Windows decoded at 0 "
+                        "are the model's greedy decoding; sampled ones are distributed as its sampling."},
         "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": granularities},
                                       "description": "word: with response_format verbose_json only."},
     }

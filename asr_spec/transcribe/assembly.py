@@ -54,7 +54,9 @@ class Assembler:
         continues = [False] * len(results) if continues is None else list(continues)
         tokens, chunk_words = self._seams([r.tokens for r in results], continues, chunk_words)
         # a window dropped by the no-speech rule contributes no text, no segment and no word
-        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self.decode(t))
+        schedule = self.options.temperature
+        fallback = len(schedule) > 1
+        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self.decode(t), fallback)
                    for r, t in zip(results, tokens)]
         kept = [ChunkTokens(() if drop else t, span) for t, span, drop in zip(tokens, spans, dropped)]
         stitched = self.stitch(kept)
@@ -76,6 +78,8 @@ class Assembler:
             timestamped=stitched.timestamped,
             chunk_tokens=tuple(r.tokens for r in results),
             redecoded_tails=sum(continues),
+            # a window kept at temperature t was decoded at every temperature of the schedule up to t
+            fallback_windows=tuple((t, sum(r.temperature >= t for r in results)) for t in schedule[1:]),
         )
 
     def _seams(self, tokens: list[tuple[int, ...]], continues: Sequence[bool],
@@ -141,5 +145,5 @@ def _reports(spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], languag
     for span, r, language, drop, tail in zip(spans, results, languages, dropped, continues):
         reports.append(ChunkReport(span.start_sample / SAMPLE_RATE, span.end_sample / SAMPLE_RATE, language,
                                    r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob,
-                                   NO_SPEECH if drop else None, tail))
+                                   NO_SPEECH if drop else None, tail, r.temperature))
     return tuple(reports)

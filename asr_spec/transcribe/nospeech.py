@@ -6,14 +6,19 @@ log-probability exceeds `logprob_threshold` (-1.0). Before that check it re-deco
 window that "needs fallback": average log-probability below -1.0 or a text so repetitive that its zlib
 compression ratio exceeds `compression_ratio_threshold` (2.4).
 
-asr-spec decodes greedily only (temperature 0: that is what keeps speculation lossless), so there is no fallback
-to run. A window that would need one for repetition keeps its looped text, and the confidence of a loop is high:
-on 60 s of near-silence whisper-base detects Welsh and repeats "yw'n" with an average log-probability of -0.38.
-So here a window is rescued by its confidence only when Whisper would have accepted it at temperature 0, i.e.
-when its compression ratio is within the threshold too:
+Without fallback (asr-spec's `temperature` (0,): greedy only, what keeps every window identical to greedy) a window
+that would need one for repetition keeps its looped text, and the confidence of a loop is high: on 60 s of
+near-silence whisper-base detects Welsh and repeats "yw'n" with an average log-probability of -0.38. So then a
+window is rescued by its confidence only when Whisper would have accepted it at temperature 0, i.e. when its
+compression ratio is within the threshold too:
 
     dropped = no_speech_prob > no_speech_threshold
               and not (avg_logprob > logprob_threshold and compression_ratio <= compression_ratio_threshold)
+
+With fallback (a schedule of several temperatures, fallback.py) the repetition is fallback's to cure, and the rule
+is Whisper's exactly, on the window's final result:
+
+    dropped = no_speech_prob > no_speech_threshold and not avg_logprob > logprob_threshold
 
 Every input to the rule comes from the target model alone (`engine.ChunkResult`), so the decision is the same with
 or without a draft.
@@ -65,11 +70,12 @@ class NoSpeechRule:
     def enabled(self) -> bool:
         return self.no_speech_threshold is not None
 
-    def drops(self, no_speech_prob: float, avg_logprob: float, text: str) -> bool:
-        """Whether a window with these statistics and decoded `text` is left out."""
+    def drops(self, no_speech_prob: float, avg_logprob: float, text: str, fallback: bool = False) -> bool:
+        """Whether a window with these statistics and decoded `text` is left out; fallback: it went through
+        temperature fallback (Whisper's rule exactly, without the repetition condition)."""
         if self.no_speech_threshold is None or not no_speech_prob > self.no_speech_threshold:
             return False
         confident = self.logprob_threshold is not None and avg_logprob > self.logprob_threshold
-        not_looping = self.compression_ratio_threshold is None or (
+        not_looping = fallback or self.compression_ratio_threshold is None or (
             compression_ratio(text) <= self.compression_ratio_threshold)
         return not (confident and not_looping)

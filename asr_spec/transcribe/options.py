@@ -16,14 +16,14 @@ from asr_spec.errors import InputError
 from asr_spec.transcribe.nospeech import NoSpeechRule
 from asr_spec.transcribe.outputs import parse_formats
 
-__all__ = ["TranscribeOptions", "check_batch_size"]
+__all__ = ["TranscribeOptions", "check_batch_size", "parse_temperatures"]
 
 
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
 _NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
 _TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "max_words_per_cue", "tail_repairs",
-             "tail_margin_s")
+             "tail_margin_s", "temperature", "best_of", "seed")
 _MODE_KEY = "chunking"  # flat key: "vad" or "stride" (sets `vad`)
 CHUNKING_MODES = ("vad", "stride")
 
@@ -46,6 +46,12 @@ class TranscribeOptions:
     # before its speech ends has that tail decoded again, at most tail_repairs times per chunk (0: never; tails.py)
     tail_repairs: int = 2
     tail_margin_s: float = 0.5
+    # temperature fallback (fallback.py): each window is decoded at temperature[0] (0: greedy) and, while it fails
+    # the no-speech rule's thresholds (compression ratio, average log-probability), again at the next one; a
+    # sequence of increasing temperatures in [0, 1] ("0,0.2,0.4" or a number are accepted). (0,): no fallback
+    temperature: tuple[float, ...] = (0.0,)
+    best_of: int = 5  # candidates per window at a temperature > 0 (rows of the same batch); the likeliest is kept
+    seed: int = 0  # sampled rows' random keys derive from it (and each window's audio): same seed, same transcript
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -104,6 +110,34 @@ def check_batch_size(batch_size: Any) -> None:
     check_int(batch_size, "batch_size", 1, InputError)
 
 
+def parse_temperatures(value: Any) -> tuple[float, ...]:
+    """A temperature schedule from a number, a sequence of numbers or a comma-separated string ("0,0.2,0.4"):
+    a non-empty, strictly increasing tuple of temperatures in [0, 1]; `InputError` naming the value otherwise."""
+    items = value.split(",") if isinstance(value, str) else value
+    if isinstance(items, (int, float)) and not isinstance(items, bool):
+        items = (items,)
+    try:
+        if isinstance(items, bool) or any(isinstance(t, bool) for t in items):
+            raise TypeError("booleans")
+        temps = tuple(float(t) for t in items)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"temperature must be a number or increasing numbers in [0, 1] (e.g. 0,0.2,0.4), got "
+                         f"{value!r}") from err
+    if not temps or any(not (0.0 <= t <= 1.0) for t in temps) or any(a >= b for a, b in zip(temps, temps[1:])):
+        raise InputError(f"temperature must be a number or increasing numbers in [0, 1] (e.g. 0,0.2,0.4), got "
+                         f"{value!r}")
+    return temps
+
+
+def _verify_sampling(options: TranscribeOptions) -> None:
+    """temperature (normalised to a tuple of floats), best_of and seed."""
+    object.__setattr__(options, "temperature", parse_temperatures(options.temperature))
+    check_int(options.best_of, "best_of", 1, InputError)
+    check_int(options.seed, "seed", 0, InputError)
+    if options.seed >= 2 ** 63:
+        raise InputError(f"seed must be below 2^63, got {options.seed}")
+
+
 def _verify_options(options: TranscribeOptions) -> None:
     """All checks of TranscribeOptions in one place (the nested options check themselves)."""
     if not isinstance(options.chunking, ChunkingOptions):
@@ -138,6 +172,7 @@ def _verify_options(options: TranscribeOptions) -> None:
     margin = options.tail_margin_s
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
         raise InputError(f"tail_margin_s must be a positive number of seconds, got {margin!r}")
+    _verify_sampling(options)
     block = options.block_s
     if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
         raise InputError(f"block_s must be a positive number of seconds, got {block!r}")

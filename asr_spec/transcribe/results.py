@@ -24,6 +24,7 @@ class ChunkReport:
     avg_logprob: float = float("nan")  # mean log-probability of its tokens (Whisper's avg_logprob)
     dropped: str | None = None  # why its text was left out ("no speech": Whisper's no-speech rule); None: kept
     tail: bool = False  # a re-decoded tail of the chunk before it (tails.py): its speech went on past its text
+    temperature: float = 0.0  # the temperature its kept text was decoded at (0: greedy; fallback.py)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class Transcription:
     error: str | None = None  # the cause, one line, when the input could not be transcribed
     chunk_tokens: tuple[tuple[int, ...], ...] = ()  # each chunk's generated token ids, exactly as decoded
     redecoded_tails: int = 0  # chunk tails decoded again because their speech went on past their text (tails.py)
+    # temperature fallback (fallback.py): (temperature, windows decoded again at it) for each temperature of the
+    # schedule after its first; empty without fallback
+    fallback_windows: tuple[tuple[float, int], ...] = ()
 
     @property
     def ok(self) -> bool:

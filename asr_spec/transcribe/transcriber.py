@@ -23,9 +23,10 @@ repair tails too; it does not yet).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens
+from asr_spec.transcribe.fallback import Fallback
 from asr_spec.transcribe.tails import TailSource, plan_tail, with_tails
 
 __all__ = ["Transcriber"]
@@ -183,8 +185,15 @@ class Transcriber:
             source = self.prepare(inputs, rows)
         else:  # the tails go into the same engine run as the chunks
             source, rows = repair.feed(self.frontend.prepare(inputs, rows, repair.samples), rows)
+        fallback = self.fallback()
+        if fallback is not None:  # failing windows are decoded again in the same engine run, best_of rows side by side
+            source, rows = fallback.run(source), max(rows, min(self.batch_rows(batch_size), self.options.best_of))
         try:
             for result in self.engine.run(source, rows):
+                if fallback is not None:
+                    result = fallback.resolve(result)
+                    if result is None:  # its window is being decoded again
+                        continue
                 self._collect(inputs[result.id[0]], result, bar, repair)
                 while next_out < len(inputs) and inputs[next_out].complete:
                     yield self._finish(inputs[next_out], bar, output_dir)
@@ -243,6 +252,18 @@ class Transcriber:
             return None
         return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
                          self.options.tail_margin_s)
+
+    def fallback(self, schedule: Callable[[Hashable], tuple[float, ...]] | None = None) -> Fallback | None:
+        """The temperature fallback of one engine run (fallback.py): `Fallback.run` wraps the run's source and
+        `Fallback.resolve` filters its results. schedule: a window's temperatures from its request id (the server
+        gives each request's); default options.temperature for every window, and then None when that is greedy
+        only ((0,): nothing to wrap)."""
+        if schedule is None:
+            if self.options.temperature == (0.0,):
+                return None
+            schedule = functools.partial(_same_schedule, self.options.temperature)
+        return Fallback(schedule, self.options.no_speech, self.assembler.decode, self.tokens.eot,
+                        self.options.best_of, self.options.seed)
 
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
     def _tail_source(self) -> TailSource | None:
@@ -304,3 +325,8 @@ class Transcriber:
             cause = one_line(err)
             return dataclasses.replace(transcription, error=f"cannot write outputs to {output_dir} ({cause})")
         return transcription
+
+
+def _same_schedule(schedule: tuple[float, ...], _chunk_id: Hashable) -> tuple[float, ...]:
+    """Every window's temperatures: `schedule` (a run of one `TranscribeOptions`)."""
+    return schedule

@@ -1,0 +1,212 @@
+"""Sampling: speculative sampling is distributed as the target's own sampling, a sampled row does not depend on its
+batch, and greedy rows beside sampled ones stay exactly greedy.
+
+The distribution test decodes 2,000 rows of one tiny random model from one fixed prefix (the same audio and prompt,
+a different key per row) and compares the histogram of the first and of the second generated token with the
+target's exact probabilities, computed with the transformers model directly (rules applied by hand from its
+generation config), by a chi-square test at significance 1e-3. The draft is an unrelated random model, so its q is
+far from p and both the acceptance and the residual path run often (asserted from the run's statistics).
+Mutation check (run by hand, not committed): accepting with probability min(1, q/p) instead of min(1, p/q) in
+`sampling.speculative_choice` makes `test_speculative_sampling_is_distributed_as_the_target` fail.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
+from asr_spec.engine.capture import StepRunner
+from asr_spec.engine.sampling import draw, uniform
+from asr_spec.models.loading import decoder_draft
+from conftest import tiny_target
+
+N_ROWS = 2000
+TEMPERATURE = 0.9
+ALPHA_Z = 3.0902  # the standard normal's 1 - 1e-3 quantile: the tests' significance is 1e-3
+MIN_EXPECTED = 5.0  # chi-square bins with fewer expected draws are pooled into one
+
+
+@functools.lru_cache(maxsize=None)
+def _target():
+    return tiny_target()
+
+
+@functools.lru_cache(maxsize=None)
+def _draft(kind: str):
+    return {"none": None, "unrelated": decoder_draft(tiny_target(seed=7))}[kind]
+
+
+@functools.lru_cache(maxsize=None)
+def _features():
+    return torch.randn(10, 16, 100, generator=torch.Generator().manual_seed(0))
+
+
+def chi2_quantile(df: int) -> float:
+    """The chi-square distribution's 1 - 1e-3 quantile (Wilson-Hilferty; within 1 % for df >= 3)."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + ALPHA_Z * math.sqrt(h)) ** 3
+
+
+def chi2_statistic(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic of observed `counts` (V,) against `probs` (V,), bins under MIN_EXPECTED pooled; and its
+    degrees of freedom. A draw where the probability is 0 fails at once."""
+    n = float(counts.sum())
+    expected = probs.double() * n
+    assert counts[probs == 0].sum() == 0, "a token of probability 0 was drawn"
+    big = expected >= MIN_EXPECTED
+    obs = torch.cat([counts[big].double(), counts[~big].double().sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    return float(((obs - exp) ** 2 / exp).sum()), int(keep.sum()) - 1
+
+
+def _rule_probs(logits: torch.Tensor, first: bool) -> torch.Tensor:
+    """(N, V) raw logits -> the target's sampling distribution at TEMPERATURE with Whisper's rules applied by hand
+    from its generation config (no timestamps: suppress_tokens always, begin_suppress_tokens at the first token)."""
+    gen = _target().generation_config
+    scores = logits.float().clone()
+    scores[:, list(gen.suppress_tokens)] = -math.inf
+    if first:
+        scores[:, list(gen.begin_suppress_tokens)] = -math.inf
+    return (scores / TEMPERATURE).softmax(-1)
+
+
+def _exact(prompt: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's exact distributions of the first generated token (V,) and of the second (V,), marginalised
+    over the first, by the transformers model itself."""
+    model = _target()
+    with torch.no_grad():
+        feats = _features()[:1]
+        first = model(input_features=feats, decoder_input_ids=torch.tensor([prompt])).logits[:, -1]
+        p1 = _rule_probs(first, True)[0]
+        x1 = torch.nonzero(p1 > 0)[:, 0]
+        ids = torch.cat([torch.tensor([prompt]).expand(len(x1), -1), x1[:, None]], 1)
+        second = model(input_features=feats.expand(len(x1), -1, -1), decoder_input_ids=ids).logits[:, -1]
+        p2 = (p1[x1, None] * _rule_probs(second, False)).sum(0)
+    return p1, p2
+
+
+def _sampled_rows(draft: str, n_rows: int, temperature: float, batch_size: int, seed0: int = 0):
+    engine = Engine(_target(), _draft(draft), DecodeOptions(language="en", max_new_tokens=3, num_draft_tokens=3))
+    encoded = engine.encode(_features()[:1])[0]
+    reqs = (ChunkRequest(i, None, encoded=encoded, temperature=temperature, seed=seed0 + i) for i in range(n_rows))
+    return list(engine.run(reqs, batch_size=batch_size))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", ["none", "unrelated"])
+def test_speculative_sampling_is_distributed_as_the_target(draft):
+    results = _sampled_rows(draft, N_ROWS, TEMPERATURE, batch_size=250)
+    assert len(results) == N_ROWS
+    p1, p2 = _exact(results[0].prompt)
+    vocab = p1.shape[0]
+    for position, probs in ((0, p1), (1, p2)):
+        counts = torch.bincount(torch.tensor([r.tokens[position] for r in results]), minlength=vocab)
+        stat, df = chi2_statistic(counts, probs)
+        assert df >= 5, f"position {position}: too few bins ({df + 1}) for a meaningful test"
+        assert stat < chi2_quantile(df), f"position {position}: chi-square {stat:.1f} >= {chi2_quantile(df):.1f}"
+    if draft != "none":  # both paths of speculative sampling really ran: accepted proposals and rejected ones
+        drafted = sum(r.stats.drafted_tokens for r in results)
+        accepted = sum(r.stats.accepted_tokens for r in results)
+        assert 0.1 * drafted < accepted < 0.8 * drafted, (accepted, drafted)
+
+
+def test_the_test_has_power_against_the_greedy_distribution():
+    """The same chi-square check rejects draws from the wrong distribution (the sanity check of the statistic)."""
+    p1, _ = _exact(_sampled_rows("none", 1, TEMPERATURE, 1)[0].prompt)
+    wrong = (p1.log() / 0.5).softmax(-1)  # the target at temperature 0.45 instead of 0.9
+    u = uniform(torch.arange(N_ROWS), torch.zeros(N_ROWS, 1, dtype=torch.long), 3)[:, 0]
+    counts = torch.bincount(draw(wrong.expand(N_ROWS, -1), u), minlength=p1.shape[0])
+    stat, df = chi2_statistic(counts, p1)
+    assert stat > chi2_quantile(df)
+    right = torch.bincount(draw(p1.expand(N_ROWS, -1), u), minlength=p1.shape[0])
+    stat, df = chi2_statistic(right, p1)
+    assert stat < chi2_quantile(df)
+
+
+def test_uniforms_are_in_the_open_interval_and_differ_per_key_position_and_draw():
+    keys = torch.arange(4000)
+    pos = torch.arange(8).expand(4000, -1)
+    u = uniform(keys, pos, 1)
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.01
+    assert len(torch.unique(u)) > 0.99 * u.numel()
+    assert not torch.equal(u, uniform(keys, pos, 2))
+    assert torch.equal(u[7:9], uniform(keys[7:9], pos[7:9], 1))  # a row's draws are its own, whatever the batch
+
+
+def test_draw_never_picks_a_zero_weight_token():
+    weights = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(1000, -1)
+    u = uniform(torch.arange(1000), torch.zeros(1000, 1, dtype=torch.long), 1)[:, 0]
+    picked = draw(weights, u)
+    assert set(picked.tolist()) == {1, 3}
+    extreme = draw(weights[:2], torch.tensor([2.0 ** -24, 1 - 2.0 ** -24]))
+    assert extreme.tolist() == [1, 3]
+
+
+def _chunks(ids, temperature: float | dict = 0.8):
+    temps = temperature if isinstance(temperature, dict) else {i: temperature for i in ids}
+    return [ChunkRequest(i, _features()[i], temperature=temps[i], seed=1000 + i) for i in ids]
+
+
+@pytest.mark.parametrize("draft", ["none", "unrelated"])
+def test_sampled_rows_do_not_depend_on_the_batch(draft):
+    """The same chunk with the same key gives the same tokens at batch 1 and 8, alone and among other chunks (in
+    another order, admitted at other times)."""
+    engine = Engine(_target(), _draft(draft), DecodeOptions(language="en", max_new_tokens=30))
+    full = {r.id: r.tokens for r in engine.run(_chunks(range(10)), batch_size=8)}
+    one = {r.id: r.tokens for r in engine.run(_chunks(range(10)), batch_size=1)}
+    alone = {r.id: r.tokens for r in engine.run(_chunks([6]), batch_size=8)}
+    mixed = {r.id: r.tokens for r in engine.run(_chunks([9, 6, 2, 3]), batch_size=3)}
+    assert full == one
+    assert alone[6] == full[6] and all(mixed[i] == full[i] for i in mixed)
+    assert len(set(full.values())) == 10  # really sampled: the rows differ
+
+
+@pytest.mark.parametrize("draft", ["none", "unrelated"])
+def test_greedy_rows_beside_sampled_rows_are_the_greedy_output(draft):
+    engine = Engine(_target(), _draft(draft), DecodeOptions(language="en", max_new_tokens=30))
+    greedy = {r.id: r for r in engine.run(_chunks(range(10), 0.0), batch_size=4)}
+    temps = {i: 0.0 if i % 3 == 0 else 1.0 for i in range(10)}
+    mixed = {r.id: r for r in engine.run(_chunks(range(10), temps), batch_size=4)}
+    for i in range(10):
+        if temps[i] == 0.0:
+            assert mixed[i].tokens == greedy[i].tokens
+            assert mixed[i].avg_logprob == pytest.approx(greedy[i].avg_logprob, abs=1e-5)
+    assert any(mixed[i].tokens != greedy[i].tokens for i in range(10) if temps[i] > 0)
+
+
+@pytest.mark.slow
+def test_sampled_step_traces_into_one_graph_and_equals_eager():
+    """torch.compile(fullgraph=True) of the sampling step (a draft, rows greedy and sampled): no graph break, the
+    same tokens as the eager step."""
+    backend_calls = []
+
+    def backend(gm, example_inputs):
+        backend_calls.append(gm)
+        return gm.forward
+
+    def wrap(fn):
+        return torch.compile(fn, fullgraph=True, backend=backend)
+
+    torch._dynamo.reset()
+    opts = DecodeOptions(language="en", timestamps=True, max_new_tokens=12)
+    temps = {i: 0.0 if i % 2 else 0.7 for i in range(4)}
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        traced = Engine(_target(), _draft("unrelated"), opts, runner=StepRunner("wrapped", wrap))
+        ours = {r.id: r.tokens for r in traced.run(_chunks(range(4), temps), batch_size=4)}
+    eager = {r.id: r.tokens for r in Engine(_target(), _draft("unrelated"), opts).run(_chunks(range(4), temps), 4)}
+    assert ours == eager
+    assert backend_calls
+
+
+def test_bad_temperature_or_seed_names_the_chunk():
+    with pytest.raises(ValueError, match="chunk 3: temperature"):
+        ChunkRequest(3, None, temperature=-0.1)
+    with pytest.raises(ValueError, match="chunk 'a': seed"):
+        ChunkRequest("a", None, seed=2 ** 32)
