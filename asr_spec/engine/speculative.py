@@ -159,7 +159,9 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     # verify: the target's pending token then the k proposals, one pass, logits at all k + 1 positions
     t_len = m.target_cache.lengths
     tokens, pos = _window(st.seq, t_len, k + 1)
-    logits = m.target.forward(m.target_cache, tokens, pos, n_keys)
+    # a batch with sampled rows reads the whole distribution: every logit in fp32 (a certified head's approximate
+    # text logits decide no argmax, but a sampled token would see them)
+    logits = m.target.forward(m.target_cache, tokens, pos, n_keys, exact=rules.sampling)
     scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, k + 1, V)
     choice = scores.max(-1).indices  # (B, k + 1)
 

@@ -15,6 +15,11 @@ Tail repair (tails.py, vad chunks in timestamp mode): when a finished chunk's tr
 does (`tail_of`), the rest of it is queued as a new chunk of the same input into the same engine run (the source is
 `TailSource`, which yields None while a chunk that may need a tail is in flight) and assembled after its parent.
 
+Temperature fallback (fallback.py, when options.temperature has more than 0 alone): the engine's source is
+wrapped by `Fallback.run`, which hands a window that failed Whisper's thresholds back to the same running engine at
+the next temperature (best_of sampled rows side by side); `Fallback.resolve` turns the engine's results into each
+window's final one before they are collected. Greedy windows are the target's greedy decoding, token for token.
+
 The server (`asr_spec.serve`) runs the same pipeline through the same public methods: `prepare` per request,
 `finish_chunk` per finished chunk, `assemble` per request (`tail_of` is the decision its queue would need to
 repair tails too; it does not yet).
