@@ -24,7 +24,7 @@ from asr_spec.errors import one_line
 __all__ = ["transcribe"]
 
 
-def transcribe(  # long function: typer declares each of its ~23 options as a parameter
+def transcribe(  # long function: typer declares each of its ~26 options as a parameter
     files: Optional[list[str]] = typer.Argument(None, metavar="FILE", help="Audio files (wav, flac, mp3, ogg, "
                                                  "m4a...); with --ray also glob patterns."),
     preset: str = PRESET,
@@ -69,6 +69,12 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
                                                       "exceeds this. Default -1.0."),
     keep_no_speech: bool = typer.Option(False, "--keep-no-speech", help="Turn the no-speech rule off: decode "
                                         "and keep every window, silent or not."),
+    initial_prompt: Optional[str] = typer.Option(None, help="Previous text given to every chunk (after "
+                                                 "<|startofprev|>, its last 223 tokens): names, terms, style."),
+    hotwords: Optional[str] = typer.Option(None, help="Hint phrases (faster-whisper's): before the initial prompt, "
+                                           "on every chunk but one with a prefix."),
+    prefix: Optional[str] = typer.Option(None, help="Text each file's transcript starts with (forced on its first "
+                                         "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
     from asr_spec.transcribe import Transcriber
@@ -88,7 +94,8 @@ def transcribe(  # long function: typer declares each of its ~23 options as a pa
                                  batch_size=batch_size, formats=format, timestamps=timestamps,
                                  cuda_graphs=False if no_graphs else None, no_speech_threshold=no_speech_threshold,
                                  logprob_threshold=logprob_threshold, chunking=chunking,
-                                 word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue)
+                                 word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue,
+                                 initial_prompt=initial_prompt, hotwords=hotwords, prefix=prefix)
     if keep_no_speech:
         overrides["no_speech_threshold"] = None
     if ray:

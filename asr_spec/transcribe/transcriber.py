@@ -232,6 +232,9 @@ class Transcriber:
         options = self.options.prompts if options is None else options
         if options.empty:
             return None
+        if self.tokens.sot_prev is None and (options.initial_prompt or options.hotwords):
+            raise InputError("initial_prompt/hotwords: the model's generation config has no prev_sot_token_id "
+                             "(<|startofprev|>), so it takes no prompt")
         return encode_prompt(options, self.tokenizer, self.tokens.max_prompt_tokens)
 
     def finish_chunk(self, result: ChunkResult,
