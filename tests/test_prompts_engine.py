@@ -46,11 +46,14 @@ def _reference(row: int, timestamps: bool) -> tuple[int, ...]:
     return tuple(model.generate(_features()[row][None], **kwargs).sequences[0].tolist())
 
 
-def _run(draft, timestamps: bool, batch_size: int, prefixes=None, max_new: int | None = MAX_NEW):
+def _run(draft, timestamps: bool, batch_size: int, prefixes=None, max_new: int | None = MAX_NEW,
+         read_lag: int | None = None):
     options = DecodeOptions(language="en", timestamps=timestamps, max_new_tokens=max_new, draft_bf16=False)
     reqs = [ChunkRequest(i, _features()[i], prompt=_prompt(i), prefix=() if prefixes is None else prefixes[i])
             for i in range(N_ROWS)]
-    results = {r.id: r for r in Engine(_target(), draft, options).run(reqs, batch_size)}
+    engine = Engine(_target(), draft, options)
+    engine.read_lag = read_lag  # 1: the CUDA scheduling (the host reads a step late), on the CPU
+    results = {r.id: r for r in engine.run(reqs, batch_size)}
     return [results[i] for i in range(N_ROWS)]
 
 
@@ -74,6 +77,15 @@ def test_prompts_of_different_lengths_share_a_batch(timestamps, batch_size):
         prev = (_target().generation_config.prev_sot_token_id, *_prompt(row)) if _prompt(row) else ()
         assert res.prompt[:len(prev)] == prev
     _assert_reference(results, timestamps)
+
+
+def test_a_long_prompt_refilled_while_the_host_reads_a_step_late():
+    """CUDA's scheduling: a row admitted after the step the host last read has a prompt that read did not see;
+    the keys each step attends to must still cover it (here a 223-token prompt refills a slot of a run whose
+    other rows are short)."""
+    results = _run(None, False, 3, read_lag=1)
+    assert len(_prompt(6)) == 223 and results[6].prompt[0] == _target().generation_config.prev_sot_token_id
+    _assert_reference(results, False)
 
 
 @pytest.mark.parametrize("draft_name", ["self", "perturbed"])
