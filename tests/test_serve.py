@@ -90,7 +90,7 @@ def test_every_format_equals_the_transcriber(client, expected, fmt):
     ({"response_format": "xml"}, 400, "response_format 'xml'"),
     ({"model": "gpt-4o-transcribe"}, 400, "not served here"),
     ({"language": "fr"}, 400, "per-request language is not supported"),
-    ({"prompt": "Earlier text."}, 400, "prompt: not supported yet"),
+    ({"prompt": "x" * 10_001}, 400, "prompt: 10001 characters, over this server's limit"),
     ({"stream": "true"}, 400, "unknown field(s) 'stream'"),
 ])
 def test_bad_options_get_400_with_the_reason(client, fields, status, needle):

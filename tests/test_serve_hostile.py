@@ -137,7 +137,7 @@ def test_the_schema_documents_the_body_the_formats_and_the_errors(greedy):
     operation = app.openapi()["paths"]["/v1/audio/transcriptions"]["post"]
     body = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert set(body["properties"]) == {"file", "model", "response_format", "language", "prompt", "temperature",
-                                       "timestamp_granularities[]"}
+                                       "timestamp_granularities[]", "hotwords", "prefix"}
     assert body["properties"]["timestamp_granularities[]"]["items"]["enum"] == ["segment"]  # no --word-timestamps
     assert set(operation["responses"]["200"]["content"]) == {"application/json", "text/plain", "text/vtt"}
     assert {"400", "408", "413", "500", "503"} <= set(operation["responses"])

@@ -24,7 +24,7 @@ from asr_spec.errors import one_line
 __all__ = ["transcribe"]
 
 
-def transcribe(  # long function: typer declares each of its ~27 options as a parameter
+def transcribe(  # long function: typer declares each of its ~30 options as a parameter
     files: Optional[list[str]] = typer.Argument(None, metavar="FILE", help="Audio files (wav, flac, mp3, ogg, "
                                                  "m4a...); with --ray also glob patterns."),
     preset: str = PRESET,
@@ -80,6 +80,12 @@ def transcribe(  # long function: typer declares each of its ~27 options as a pa
                                           "batch); the likeliest is kept. Default 5."),
     seed: Optional[int] = typer.Option(None, help="Seed of the sampled windows (same seed, same transcript, at "
                                        "any batch size). Default 0."),
+    initial_prompt: Optional[str] = typer.Option(None, help="Previous text given to every chunk (after "
+                                                 "<|startofprev|>, its last 223 tokens): names, terms, style."),
+    hotwords: Optional[str] = typer.Option(None, help="Hint phrases (faster-whisper's): before the initial prompt, "
+                                           "on every chunk but one with a prefix."),
+    prefix: Optional[str] = typer.Option(None, help="Text each file's transcript starts with (forced on its first "
+                                         "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
     from asr_spec.transcribe import Transcriber
@@ -101,7 +107,8 @@ def transcribe(  # long function: typer declares each of its ~27 options as a pa
                                  logprob_threshold=logprob_threshold, chunking=chunking,
                                  word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue,
                                  temperature=temperature, compression_ratio_threshold=compression_ratio_threshold,
-                                 best_of=best_of, seed=seed)
+                                 best_of=best_of, seed=seed, initial_prompt=initial_prompt, hotwords=hotwords,
+                                 prefix=prefix)
     if keep_no_speech:
         overrides["no_speech_threshold"] = None
     if ray:

@@ -13,10 +13,21 @@ In order:
 4. prefill: each model is fed the prompt but its last token (the step feeds that one), target then draft;
 5. the rows' decoding state starts, with Whisper's no-speech probability from the target's SOT logits.
 
+A row's prompt is ``[<|startofprev|> previous text] sot [language task] [<|notimestamps|>] [<|0.00|>] [prefix]``
+(`RowPrompt`): rows of one admission may differ in length. They are fed right-padded in one pass (a row's padding
+lies past its own tokens, so causal attention never lets its real tokens see it, and its cache length stops before
+it: stale entries, overwritten as the row decodes). Each row's `begin` (the first token Whisper's rules treat as
+generated) is right after its SOT sequence, so a prefix counts as generated and previous text never does; the
+no-speech probability is read at its own SOT position. Language detection reads a pass over <|startoftranscript|>
+alone, without the previous text, as openai-whisper and transformers detect it.
+
 The invariant `speculative.step` relies on then holds for the new rows too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -27,6 +38,19 @@ from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import DecodeState, Models
 
 
+@dataclass(frozen=True)
+class RowPrompt:
+    """What one chunk's decoder prompt holds besides the SOT sequence (`ChunkRequest.prompt`, `.prefix`).
+
+    previous: token ids after <|startofprev|> (the prompt); prefix: the forced start of the transcript."""
+
+    previous: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = ()
+
+
+NO_PROMPT = RowPrompt()
+
+
 class Admission:
     """Admits chunks to slots of one engine's caches and state (its tokens, rules and options fixed)."""
 
@@ -34,54 +58,90 @@ class Admission:
         """lang_id: the options' language as a token id, None to detect it per chunk (multilingual models)."""
         self.tokens, self.rules = tokens, rules
         self.template = tokens.prompt(tokens.sot, options.task, options.timestamps)
-        self.n_prompt = len(self.template)  # the same for every chunk (a detected language replaces a token)
+        self.n_prompt = len(self.template)  # the SOT sequence, the same for every chunk (a detected language
+        # replaces a token)
+        self.timestamps = options.timestamps
         self.detect = lang_id is None and tokens.is_multilingual
         self.lang_id = tokens.sot if lang_id is None else lang_id  # the language token when not detected
-        max_new = options.max_new_tokens or tokens.max_positions
-        self.limit = min(self.n_prompt + max_new, tokens.max_positions)  # n_tok at which a row stops
+        self.max_new = options.max_new_tokens or tokens.max_positions
+
+    def check(self, chunk_id: object, prompt: RowPrompt) -> None:
+        """ValueError naming the chunk when its prompt or prefix cannot be decoded by this model."""
+        limit = self.tokens.max_prompt_tokens
+        for name, ids in (("prompt", prompt.previous), ("prefix", prompt.prefix)):
+            if len(ids) > limit:
+                raise ValueError(f"chunk {chunk_id!r}: {name} of {len(ids)} tokens, more than the model's {limit}")
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.rules.bias.shape[0]
+                   for t in ids):
+                raise ValueError(f"chunk {chunk_id!r}: {name} holds a value that is not a token id of the model")
+        if prompt.previous and self.tokens.sot_prev is None:
+            raise ValueError(f"chunk {chunk_id!r}: a prompt was given but the model's generation config has no "
+                             "prev_sot_token_id")
+        if self.length(prompt) >= self.tokens.max_positions:
+            raise ValueError(f"chunk {chunk_id!r}: prompt and prefix leave no room in the model's "
+                             f"{self.tokens.max_positions} positions")
+
+    def length(self, prompt: RowPrompt) -> int:
+        """Tokens of a row's whole prompt (its n_tok when admitted)."""
+        n_previous = len(prompt.previous) + 1 if prompt.previous else 0
+        n_prefix = len(prompt.prefix) + 1 if prompt.prefix and self.timestamps else len(prompt.prefix)
+        return n_previous + self.n_prompt + n_prefix
+
+    def forced(self, prompt: RowPrompt) -> int:
+        """Tokens of a row's prefix, <|0.00|> included: the start of its transcript that was not decoded."""
+        return self.length(prompt) - self.n_prompt - (len(prompt.previous) + 1 if prompt.previous else 0)
 
     @torch.inference_mode()
     def __call__(self, m: Models, st: DecodeState, rows: list[int], audio: torch.Tensor,
-                 draft_audio: torch.Tensor | None) -> None:
+                 draft_audio: torch.Tensor | None, prompts: Sequence[RowPrompt] | None = None) -> None:
         """Admit R chunks to slots `rows` (ascending).
 
         audio: (R, n_audio_ctx, d_model) target encoder output; draft_audio: what the draft's cross-attention reads
-        (the same, or its own encoder's output), None when the run does not draft.
+        (the same, or its own encoder's output), None when the run does not draft; prompts: each chunk's previous
+        text and prefix (checked with `check`), None for none.
         """
         r, first = len(rows), rows[0]
+        prompts = [NO_PROMPT] * r if prompts is None else list(prompts)
         together = rows == list(range(first, first + r))
-        caches = m.rows(r, first) if together else self._own_caches(m, r)
-        prompts, sot_logits = self._prefill_all(caches, audio, draft_audio)
-        index = torch.tensor(rows, device=prompts.device)
+        n_longest = max(self.length(p) for p in prompts)
+        caches = m.rows(r, first) if together else self._own_caches(m, r, n_longest)
+        seqs, lengths, begin, sot_logits = self._prefill_all(caches, audio, draft_audio, prompts)
+        index = torch.tensor(rows, device=seqs.device)
         if not together:
             m.target_cache.write_rows(index, caches.target_cache)
             if m.draft_cache is not None:
                 m.draft_cache.write_rows(index, caches.draft_cache)
-        st.start(index, prompts, self.limit, self._no_speech_prob(sot_logits))
+        limit = torch.clamp(lengths + self.max_new, max=self.tokens.max_positions)
+        st.start(index, seqs, limit, self._no_speech_prob(sot_logits), lengths=lengths, begin=begin)
 
-    def _own_caches(self, m: Models, r: int) -> Models:
-        """Caches of R rows for chunks admitted to slots apart: their audio, and their prompts but the last token."""
+    def _own_caches(self, m: Models, r: int, n_longest: int) -> Models:
+        """Caches of R rows for chunks admitted to slots apart: their audio, and their prompts (the longest whole,
+        for a pass that reads the SOT logits of a row whose SOT is its last token)."""
         n_audio_ctx = m.target_cache.cross_v.shape[3]
-        n_positions = max(self.n_prompt - 1, 1)
-        draft_cache = None if m.draft is None else m.draft.new_cache(r, n_positions, n_audio_ctx)
-        return Models(m.target, m.target.new_cache(r, n_positions, n_audio_ctx), m.draft, draft_cache)
+        draft_cache = None if m.draft is None else m.draft.new_cache(r, n_longest, n_audio_ctx)
+        return Models(m.target, m.target.new_cache(r, n_longest, n_audio_ctx), m.draft, draft_cache)
 
-    def _prefill_all(self, caches: Models, audio: torch.Tensor,
-                     draft_audio: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Steps 1-4 into R-row caches (views of the slots, or their own); returns the (R, prompt_len) prompts and
-        the target's (R, V) logits at the <|startoftranscript|> position."""
+    def _prefill_all(self, caches: Models, audio: torch.Tensor, draft_audio: torch.Tensor | None,
+                     prompts: list[RowPrompt]) -> tuple[torch.Tensor, ...]:
+        """Steps 1-4 into R-row caches (views of the slots, or their own); returns the (R, L) right-padded prompts,
+        their (R,) lengths and begins, and the target's (R, V) logits at each row's <|startoftranscript|>."""
         r = len(audio)
         caches.target.write_audio(caches.target_cache, audio)
-        detect_pass = self.detect or self.n_prompt == 1
-        sot_logits = self._sot_pass(caches.target, caches.target_cache) if detect_pass else None
-        prompts = self._prompts(self._languages(sot_logits, r, caches.target.device))
-        prefill_logits = prefill(caches.target, caches.target_cache, prompts, 0 if sot_logits is None else 1)
-        if sot_logits is None:  # the prefill pass started at <|startoftranscript|>: its logits are the same
+        any_previous = any(p.previous for p in prompts)
+        all_single = all(self.length(p) == 1 for p in prompts)
+        sot_logits = None
+        if self.detect or all_single:
+            sot_logits = self._sot_pass(caches.target, caches.target_cache)
+        langs = self._languages(sot_logits, r, caches.target.device)
+        seqs, lengths, sot_index = self._prompts(langs, prompts)
+        fed = 1 if sot_logits is not None and not any_previous else 0  # the SOT pass's key/values are kept
+        prefill_logits = prefill(caches.target, caches.target_cache, seqs, lengths, fed, sot_index)
+        if fed == 0 and prefill_logits is not None:  # the prefill pass went through every row's SOT position
             sot_logits = prefill_logits
         if caches.draft is not None:
             caches.draft.write_audio(caches.draft_cache, draft_audio)
-            prefill(caches.draft, caches.draft_cache, prompts, 0)
-        return prompts, sot_logits
+            prefill(caches.draft, caches.draft_cache, seqs, lengths, 0)
+        return seqs, lengths, sot_index + self.n_prompt, sot_logits
 
     def _sot_pass(self, dec: Decoder, cache: KVCache) -> torch.Tensor:
         """(R, V) target logits at the <|startoftranscript|> position, from a pass over that token alone."""
@@ -94,12 +154,22 @@ class Admission:
             return self.rules.detect_language(sot_logits.float())
         return torch.full((r,), self.lang_id, device=device)
 
-    def _prompts(self, lang: torch.Tensor) -> torch.Tensor:
-        """(R,) language token ids -> (R, prompt_len) prompts, on the device."""
-        prompts = torch.tensor(self.template, device=lang.device).repeat(len(lang), 1)
-        if self.tokens.is_multilingual:
-            prompts[:, 1] = lang
-        return prompts
+    def _prompts(self, lang: torch.Tensor, prompts: list[RowPrompt]) -> tuple[torch.Tensor, ...]:
+        """(R,) language token ids -> the (R, L) prompts right-padded with <|endoftext|>, their (R,) lengths and
+        the (R,) index of each one's <|startoftranscript|>, on the device."""
+        rows = []
+        for lang_id, p in zip(lang.tolist(), prompts):
+            template = list(self.template)
+            if self.tokens.is_multilingual:
+                template[1] = lang_id
+            previous = [self.tokens.sot_prev, *p.previous] if p.previous else []
+            stamp = [self.tokens.timestamp_begin] if p.prefix and self.timestamps else []
+            rows.append(previous + template + stamp + list(p.prefix))
+        n_longest = max(len(row) for row in rows)
+        seqs = torch.tensor([row + [self.tokens.eot] * (n_longest - len(row)) for row in rows], device=lang.device)
+        lengths = torch.tensor([len(row) for row in rows], device=lang.device)
+        sot_index = torch.tensor([len(p.previous) + 1 if p.previous else 0 for p in prompts], device=lang.device)
+        return seqs, lengths, sot_index
 
     def _no_speech_prob(self, sot_logits: torch.Tensor) -> torch.Tensor:
         """Whisper's no_speech_prob, (R,) float32: softmax of the raw logits (no rule applied) at <|nospeech|>,
@@ -108,16 +178,19 @@ class Admission:
         return sot_logits.float().softmax(-1)[:, self.tokens.no_timestamps - 1]
 
 
-def prefill(dec: Decoder, cache: KVCache, prompts: torch.Tensor, fed: int) -> torch.Tensor | None:
-    """Feed prompts[:, fed:-1] at their positions into `cache` (the slots' view) that holds `fed` tokens already,
-    and set its lengths to prompt_len - 1; returns the (R, V) logits at the first position fed (None when nothing
-    was fed)."""
-    n_prompt = prompts.shape[1]
+def prefill(dec: Decoder, cache: KVCache, prompts: torch.Tensor, lengths: torch.Tensor, fed: int,
+            sot_index: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Feed the right-padded (R, L) `prompts` from position `fed` (the tokens `cache`, the slots' view, holds
+    already) up to each row's last token but one, and set the cache's lengths to `lengths` - 1 (R,). Returns the
+    (R, V) logits at each row's `sot_index` (R,) (None when not asked or nothing was fed); every such index must be
+    >= fed. Rows are fed together: [fed, L - 1), or [fed, L) when a SOT index asked for is a row's last token."""
+    end = int(lengths.max()) - 1
+    if sot_index is not None:
+        end = max(end, int(sot_index.max()) + 1)
     logits = None
-    if n_prompt - 1 > fed:
-        pos = torch.arange(fed, n_prompt - 1, device=prompts.device).expand(len(prompts), -1)
-        logits = dec.forward(cache, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1),
-                             exact=True)
-        logits = logits[:, 0]
-    cache.lengths.fill_(n_prompt - 1)
-    return logits
+    if end > fed:
+        pos = torch.arange(fed, end, device=prompts.device).expand(len(prompts), -1)
+        at = prompts.new_zeros(len(prompts), 1) if sot_index is None else (sot_index - fed)[:, None]
+        logits = dec.forward(cache, prompts[:, fed:end], pos, end, at, exact=True)[:, 0]
+    cache.lengths.copy_(lengths - 1)
+    return None if sot_index is None else logits

@@ -33,10 +33,17 @@ class WhisperTokens:
     begin_suppress: tuple[int, ...]
     max_initial_timestamp_index: int | None
     max_positions: int  # the decoder's max_target_positions (448 for every Whisper)
+    sot_prev: int | None = None  # <|startofprev|>, which opens a prompt of previous text (None: prompts refused)
 
     @property
     def timestamp_begin(self) -> int:
         return self.no_timestamps + 1
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """openai-whisper's limit on a prompt of previous text (the tokens after <|startofprev|>) and on a prefix:
+        n_text_ctx // 2 - 1 tokens (223 for Whisper's 448 positions)."""
+        return self.max_positions // 2 - 1
 
     @classmethod
     def from_generation_config(cls, gen: Any, max_positions: int) -> "WhisperTokens":
@@ -57,6 +64,7 @@ class WhisperTokens:
             begin_suppress=tuple(int(t) for t in (getattr(gen, "begin_suppress_tokens", None) or ())),
             max_initial_timestamp_index=getattr(gen, "max_initial_timestamp_index", None),
             max_positions=int(max_positions),
+            sot_prev=None if getattr(gen, "prev_sot_token_id", None) is None else int(gen.prev_sot_token_id),
         )
 
     def language_id(self, language: str) -> int | None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from asr_spec.engine import memory
-from asr_spec.engine.admission import Admission
+from asr_spec.engine.admission import Admission, RowPrompt
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
@@ -66,6 +66,12 @@ class ChunkRequest:
               at that temperature (speculative sampling with a draft: distributed as the target's sampling).
     seed:     the row's random key, an integer in [0, 2^32): a sampled chunk's tokens are a function of (seed,
               its audio, the models, K) only, whatever its batch (engine/sampling.py); unused when greedy.
+    prompt:   token ids of previous text, fed after <|startofprev|> before the SOT sequence (openai-whisper's
+              prompt); at most `WhisperTokens.max_prompt_tokens`; () = none. Rows with prompts of any lengths
+              share a batch. Text tokens: `asr_spec.transcribe.prompts` builds them from text.
+    prefix:   token ids the transcript starts with, forced after the SOT sequence (after <|0.00|> in timestamp
+              mode, which the engine adds); Whisper's rules treat them as generated, and they are part of
+              `ChunkResult.tokens`; at most `WhisperTokens.max_prompt_tokens`; () = none.
     """
 
     id: Hashable
@@ -74,6 +80,8 @@ class ChunkRequest:
     keep_encoded: bool = False
     temperature: float = 0.0
     seed: int = 0
+    prompt: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -86,8 +94,9 @@ class ChunkRequest:
 @dataclass(frozen=True)
 class ChunkResult:
     id: Hashable
-    tokens: tuple[int, ...]  # generated tokens (prompt excluded), ending with <|endoftext|> when finished by it
-    prompt: tuple[int, ...]
+    # generated tokens (prompt excluded, a request's prefix included), ending with <|endoftext|> when finished by it
+    tokens: tuple[int, ...]
+    prompt: tuple[int, ...]  # [<|startofprev|> previous text] <|startoftranscript|> [language task] [notimestamps]
     finish_reason: str  # "eos" or "length" (max_new_tokens or max_target_positions)
     stats: ChunkStats
     # Whisper's window statistics, from the target's logits only (so identical with or without a draft):
@@ -99,6 +108,11 @@ class ChunkResult:
 
 
 Encoded = tuple[ChunkRequest, torch.Tensor, torch.Tensor | None]  # a request, its target and own-draft encoder outputs
+
+
+def _row_prompt(req: ChunkRequest) -> RowPrompt:
+    """A request's previous text and prefix, as admission takes them."""
+    return RowPrompt(tuple(req.prompt), tuple(req.prefix))
 
 
 class Feed:
@@ -226,6 +240,8 @@ class Engine:
         """Target encoder outputs (n_audio_ctx, d) of a batch of chunks — one encoder pass for those not encoded
         yet — and the draft's own encoder outputs when it has its own encoder."""
         dev, dtype = self.target_dec.device, self.target_dec.dtype
+        for r in batch:
+            self.admission.check(r.id, _row_prompt(r))
         need = [r for r in batch if r.encoded is None]
         if any(r.features is None for r in need) or (
             self.kind is DraftKind.OWN_ENCODER and any(r.features is None for r in batch)
@@ -269,8 +285,7 @@ class Engine:
                 feed.fill(slots.n_free)
             if slots.n_free and feed.ready:
                 with feed.losing():
-                    self._admit(m, st, slots, feed.take(slots.n_free))
-                max_len = max(max_len, self.prompt_len)
+                    max_len = max(max_len, self._admit(m, st, slots, feed.take(slots.n_free)))
             with feed.losing():
                 for src, dst in slots.pack():
                     m.move_row(src, dst, min(max_len + k + 2, self.n_positions))
@@ -283,7 +298,9 @@ class Engine:
                 read = self._step(m, st, slots, reader, k, max_len)
             if read is not None:
                 tag, finish, longest = read
-                max_len = max(longest, self.prompt_len)
+                # rows placed after the step read have prompts the read did not see (CUDA reads a step late)
+                max_len = max(longest, self.prompt_len, *(self.admission.length(_row_prompt(req))
+                                                          for req in slots.placed_since(tag)))
                 for result in self._results(st, slots.finish(tag, finish), finish):
                     feed.done_with(result.id)
                     yield result
@@ -338,20 +355,22 @@ class Engine:
                                                                               self.n_audio_ctx)
         return m, DecodeState.empty(n_rows, self.n_positions + k + 8, k, self.target_dec.device)
 
-    def _admit(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], taken: list[Encoded]) -> None:
+    def _admit(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], taken: list[Encoded]) -> int:
         """Place encoded chunks in the free slots with the lowest indices and admit them there (`Admission`); a
-        request that asks to keep its encoder output keeps it in its slot."""
+        request that asks to keep its encoder output keeps it in its slot. Returns the longest prompt admitted."""
+        prompts = [_row_prompt(req) for req, _, _ in taken]
         rows = slots.place([replace(req, encoded=enc) if req.keep_encoded else req for req, enc, _ in taken])
         audio = torch.stack([enc for _, enc, _ in taken])
         draft_audio = None
         if m.draft is not None:
             own = self.kind is DraftKind.OWN_ENCODER
             draft_audio = torch.stack([o for _, _, o in taken]) if own else audio
-        self.admission(m, st, rows, audio, draft_audio)
+        self.admission(m, st, rows, audio, draft_audio, prompts)
         dev = st.n_tok.device
         st.set_sampling(torch.tensor(rows, device=dev),
                         torch.tensor([float(req.temperature) for req, _, _ in taken], device=dev),
                         torch.tensor([req.seed for req, _, _ in taken], device=dev))
+        return max(self.admission.length(p) for p in prompts)
 
     def _step(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], reader: HostReader, k: int,
               max_len: int) -> tuple[int, list[int], int] | None:
@@ -363,8 +382,7 @@ class Engine:
         self.runner(m.rows(n_active), rules, st.rows(n_active), k, n_keys)
         return reader.after_step(st.rows(n_active), slots.step())
 
-    @staticmethod
-    def _results(st: DecodeState, done: list[tuple[int, ChunkRequest]], finish: list[int]) -> list[ChunkResult]:
+    def _results(self, st: DecodeState, done: list[tuple[int, ChunkRequest]], finish: list[int]) -> list[ChunkResult]:
         """The results of the finished (row, request) pairs `done`, read from the device in one copy per state
         field; finish: every row's FINISH_* code as read."""
         if not done:
@@ -376,11 +394,12 @@ class Engine:
         for (row, req), values in zip(done, zip(*columns)):
             r = dict(zip(names, values))
             begin, n_tok = r["begin"], r["n_tok"]
-            stats = ChunkStats(chunks=1, generated_tokens=n_tok - begin, target_passes=r["target_passes"],
+            n_generated = n_tok - begin - self.admission.forced(_row_prompt(req))  # a prefix was not generated
+            stats = ChunkStats(chunks=1, generated_tokens=n_generated, target_passes=r["target_passes"],
                                draft_passes=r["draft_passes"], drafted_tokens=r["drafted"],
                                accepted_tokens=r["accepted"], accepted_hist=tuple(r["hist"]))
             # Whisper divides by the text tokens + 1: the generated count with a final <|endoftext|>, one more without
-            avg_logprob = r["sum_logprob"] / (n_tok - begin + (finish[row] != FINISH_EOS))
+            avg_logprob = r["sum_logprob"] / (n_generated + (finish[row] != FINISH_EOS))
             out.append(ChunkResult(req.id, tuple(r["seq"][begin:n_tok]), tuple(r["seq"][:begin]),
                                    FINISH_REASONS.get(finish[row], "length"), stats, r["no_speech_prob"],
                                    avg_logprob, req.encoded if req.keep_encoded else None, float(req.temperature)))

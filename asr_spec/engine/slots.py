@@ -60,6 +60,10 @@ class Slots(Generic[Occupant]):
         self.n_step += 1
         return self.n_step
 
+    def placed_since(self, tag: int) -> list[Occupant]:
+        """The occupants placed at or after step `tag` (those a read after that step did not see)."""
+        return [o for o, since in zip(self.occupants, self.since) if o is not None and since >= tag]
+
     def finish(self, tag: int, finish: list[int]) -> list[tuple[int, Occupant]]:
         """The (row, occupant) pairs that a read after step `tag` (each slot's FINISH_* code) says finished, for
         the occupants already in their slots at that step; their slots are free from now on."""

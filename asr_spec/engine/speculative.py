@@ -44,7 +44,8 @@ class DecodeState:
     """Per-row decoding state of the batch slots; every tensor's first dimension is the row.
 
     seq:      (B, S) long committed tokens, then scratch (draft proposals are written past n_tok)
-    n_tok:    (B,) committed tokens; begin: (B,) prompt length (index of the first generated token)
+    n_tok:    (B,) committed tokens; begin: (B,) index of the first generated token (the end of the SOT
+              sequence: a forced prefix after it counts as generated for Whisper's rules)
     limit:    (B,) n_tok at which the row must stop (prompt + max_new_tokens, capped at max_target_positions)
     finish:   (B,) FINISH_* code (0 = still decoding)
     target_passes, draft_passes: (B,) long target / draft forward passes over the row (steps; steps x K)
@@ -88,15 +89,18 @@ class DecodeState:
         """The first `n_rows` slots, as views (in-place updates reach the full state)."""
         return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
 
-    def start(self, rows: torch.Tensor, prompts: torch.Tensor, limit: int, no_speech_prob: torch.Tensor) -> None:
+    def start(self, rows: torch.Tensor, prompts: torch.Tensor, limit: int | torch.Tensor, no_speech_prob: torch.Tensor,
+              lengths: torch.Tensor | None = None, begin: torch.Tensor | None = None) -> None:
         """Start rows `rows` ((R,) long: newly admitted slots) on their prompts, their counts at zero.
 
-        prompts: (R, prompt_len) long; limit: n_tok at which the rows stop; no_speech_prob: (R,) float32.
+        prompts: (R, prompt_len) long, right-padded where `lengths` (R,) says how many tokens each row has (None:
+        all of them); begin: (R,) index of each row's first generated token (None: its length); limit: n_tok at
+        which the rows stop, one for all or (R,); no_speech_prob: (R,) float32.
         """
         n_prompt = prompts.shape[1]
         self.seq[rows, :n_prompt] = prompts
-        self.n_tok[rows] = n_prompt
-        self.begin[rows] = n_prompt
+        self.n_tok[rows] = n_prompt if lengths is None else lengths
+        self.begin[rows] = self.n_tok[rows] if begin is None else begin
         self.limit[rows] = limit
         self.finish[rows] = FINISH_NONE
         for name in COUNTS:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP layer: routes, request checks, response formats.
 
     POST /v1/audio/transcriptions   multipart: file, model, language, prompt, response_format, temperature,
-                                    timestamp_granularities[]   -> json | text | srt | vtt | verbose_json
+                                    timestamp_granularities[], hotwords, prefix
+                                    -> json | text | srt | vtt | verbose_json
                                     (word: verbose_json gains `words`; needs `serve --word-timestamps`)
     GET  /v1/models                 the one model served
     GET  /health                    200 while the engine thread runs (open without a key)
@@ -214,7 +215,7 @@ async def _decode(request: Request, batcher: Batcher, options: ServeOptions, par
     try:
         job = await asyncio.to_thread(batcher.prepare, path, name, words=params.words,
                                       max_audio_s=options.max_audio_s, reserved_s=reserved_s,
-                                      temperature=params.temperature)
+                                      temperature=params.temperature, prompts=params.prompts)
     except Refused as err:
         raise HTTPError(err.status, one_line(err), "file") from err
     done = _completion(job)

@@ -187,18 +187,20 @@ class Batcher:
 
     # -- preparing a request (any thread but the engine's) ----------------------------------------------------
     def prepare(self, source: Any, name: str = "upload", *, words: bool = False, max_audio_s: float | None = None,
-                reserved_s: float | None = None, temperature: tuple[float, ...] | None = None) -> Job:
+                reserved_s: float | None = None, temperature: tuple[float, ...] | None = None,
+                prompts: Any = None) -> Job:
         """The job of one upload (`source`: a file path, streamed, or its bytes), opened by reading its first chunk
         (`Transcriber.prepare`, one chunk featurised at a time); words: align its chunks' words (needs the
         transcriber's word_timestamps, else `InputError`). reserved_s: what `admit` reserved for it (given back
-        when the job ends, or now if this raises); temperature: its schedule (`Job.temperature`). A file that is not
-        audio raises `AudioError` naming `name`."""
+        when the job ends, or now if this raises); temperature: its schedule (`Job.temperature`); prompts: its
+        `PromptOptions` (None: the transcriber's own). A file that is not audio raises `AudioError` naming `name`."""
         label = name  # what the reader's messages call it: the path of a file, replaced by `name` in job.error
         if isinstance(source, (bytes, bytearray, memoryview)):  # a {bytes, path} row: `path` names it in errors
             source = {"bytes": bytes(source), "path": name}
         else:
             label = os.fspath(source)
-        item = Input(next(_job_ids), label, source, word_timestamps=words)
+        item = Input(next(_job_ids), label, source, word_timestamps=words,
+                     prompt=self.transcriber.prompt_tokens(prompts))
         max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
         job = Job(item, iter(()), words={} if words else None, max_samples=max_samples, reserved_s=reserved_s,
                   temperature=temperature)

@@ -7,13 +7,18 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from asr_spec.errors import InputError, one_line
 from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError
 from asr_spec.transcribe.fallback import schedule_from
+from asr_spec.transcribe.prompts import PromptOptions, per_input
 
 __all__ = ["FIELDS", "MODEL_ALIASES", "Params", "check_params"]
 
 MODEL_ALIASES = ("whisper-1",)  # what OpenAI's examples send; served by the one model here
-FIELDS = ("file", "model", "response_format", "language", "prompt", "temperature", "timestamp_granularities[]")
+# OpenAI's fields, then asr-spec's own: hotwords and prefix (asr_spec.transcribe.prompts)
+FIELDS = ("file", "model", "response_format", "language", "prompt", "temperature", "timestamp_granularities[]",
+          "hotwords", "prefix")
+MAX_PROMPT_CHARS = 10_000  # of a prompt, hotwords or prefix field: far more than the 223 tokens a prompt keeps
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class Params:
     # 0 = "raise the temperature automatically until the thresholds are met": openai-whisper's 0, 0.2, ..., 1.0;
     # t > 0: the schedule starts at t (t, t + 0.2, ... <= 1)
     temperature: tuple[float, ...] | None = None
+    prompts: PromptOptions = PromptOptions()  # prompt (as initial_prompt), hotwords, prefix over the server's own
 
 
 def check_params(form: Any, options: Any, model_id: str) -> Params:
@@ -50,13 +56,26 @@ def check_params(form: Any, options: Any, model_id: str) -> Params:
     if response_format not in RESPONSE_FORMATS:
         raise HTTPError(400, f"response_format {response_format!r} is not one of {', '.join(RESPONSE_FORMATS)}",
                         "response_format")
-    if form.get("prompt"):
-        raise HTTPError(400, "prompt: not supported yet (the engine does not condition on previous text); send "
-                        "none", "prompt")
     temperature = _temperature(form.get("temperature"))
     _check_language(form.get("language"), options.decode.language)
     words = _wants_words(form, response_format, options.word_timestamps)
-    return Params(upload, response_format, words, temperature)
+    return Params(upload, response_format, words, temperature, _prompts(form, options.prompts))
+
+
+def _prompts(form: Any, served: PromptOptions) -> PromptOptions:
+    """The request's prompts: OpenAI's `prompt` (previous text: Whisper's initial prompt), `hotwords` and
+    `prefix`, each over the server's own (an empty or absent field keeps the server's)."""
+    values = {}
+    for field, name in (("prompt", "initial_prompt"), ("hotwords", "hotwords"), ("prefix", "prefix")):
+        value = form.get(field)
+        if value and len(value) > MAX_PROMPT_CHARS:
+            raise HTTPError(400, f"{field}: {len(value)} characters, over this server's limit of "
+                            f"{MAX_PROMPT_CHARS} (a prompt keeps its last 223 tokens)", field)
+        values[name] = value or None
+    try:
+        return per_input(served, 1, **values)[0]
+    except InputError as err:
+        raise HTTPError(400, one_line(err), "prompt") from err
 
 
 def _wants_words(form: Any, response_format: str, words_on: bool) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from asr_spec.serve.params import MAX_PROMPT_CHARS
+
 __all__ = ["ERROR_SCHEMA", "error_responses", "models_responses", "transcription_openapi", "transcription_responses"]
 
 ERROR_SCHEMA = {
@@ -83,8 +85,15 @@ def transcription_openapi(model_ids: tuple[str, ...], formats: tuple[str, ...], 
         "model": {"type": "string", "enum": list(model_ids)},
         "response_format": {"type": "string", "enum": list(formats), "default": "json"},
         "language": language_schema,
-        "prompt": {"type": "string", "maxLength": 0,
-                   "description": "Not supported yet: a non-empty prompt is refused (400)."},
+        "prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS,
+                   "description": "Previous text (names, terms, style) given to every chunk after <|startofprev|>; "
+                   "its last 223 tokens are kept."},
+        "hotwords": {"type": "string", "maxLength": MAX_PROMPT_CHARS,
+                     "description": "asr-spec: hint phrases (faster-whisper's hotwords), before the prompt, on every "
+                     "chunk but one with a prefix."},
+        "prefix": {"type": "string", "maxLength": MAX_PROMPT_CHARS,
+                   "description": "asr-spec: text the transcript starts with (forced on the first chunk, part of "
+                   "the transcript)."},
         "temperature": {"type": "number", "minimum": 0, "maximum": 1,
                         "description": "OpenAI's meaning: 0 raises the temperature automatically (0, 0.2, ..., 1.0) "
                         "while a window fails Whisper's thresholds (compression ratio 2.4, log-probability -1); t > 0 "

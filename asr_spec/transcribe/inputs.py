@@ -21,6 +21,7 @@ from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s
 from asr_spec.engine import ChunkResult
 from asr_spec.errors import AsrSpecError, InputError
 from asr_spec.transcribe.outputs import output_stems
+from asr_spec.transcribe.prompts import InputPrompt
 from asr_spec.transcribe.segments import WordTiming
 
 __all__ = ["INPUT_ERRORS", "Input", "Progress", "ProgressCallback", "RunInput", "expected_s", "name_outputs",
@@ -33,12 +34,13 @@ ProgressCallback = Callable[[float, float], None]  # (done_s, total_s), seconds 
 
 @dataclass(eq=False)
 class Input:
-    """One source as the front half reads it (`Transcriber.prepare` fills in everything after `word_timestamps`)."""
+    """One source as the front half reads it (`Transcriber.prepare` fills in everything after `prompt`)."""
 
     key: Hashable  # its chunks' request ids are (key, chunk index)
     name: str  # the path as given, or "<array 3>"; error causes leave it out (the caller names the input)
     source: Any  # a path (streamed block by block), an array, a tensor or a dict (see `load_audio`)
     word_timestamps: bool = False  # its chunks keep their encoder output for the alignment (keep_encoded)
+    prompt: InputPrompt | None = None  # its prompts as token ids (`Transcriber.prompt_tokens`); None: none
     spans: list[ChunkSpan] = field(default_factory=list)  # its chunks so far, in order
     n_samples: int = 0  # 16 kHz samples read so far
     started: float = 0.0  # time.perf_counter() when its first block was asked for

@@ -15,6 +15,7 @@ from asr_spec.engine.options import check_int
 from asr_spec.errors import InputError
 from asr_spec.transcribe.nospeech import NoSpeechRule
 from asr_spec.transcribe.outputs import parse_formats
+from asr_spec.transcribe.prompts import PROMPT_KEYS, PromptOptions
 
 __all__ = ["TranscribeOptions", "check_batch_size", "parse_temperatures"]
 
@@ -37,6 +38,8 @@ class TranscribeOptions:
     vad: VadOptions | None = None
     decode: DecodeOptions = field(default_factory=DecodeOptions)  # language, task, timestamps, drafting
     no_speech: NoSpeechRule = field(default_factory=NoSpeechRule)  # Whisper's rule for windows without speech
+    # initial_prompt, hotwords, prefix of every input (a call may give each input its own: prompts.py)
+    prompts: PromptOptions = field(default_factory=PromptOptions)
     batch_size: int = 8  # chunks decoded together (engine rows); they may come from different inputs
     formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
     block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
@@ -59,7 +62,7 @@ class TranscribeOptions:
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """The flat option names `from_values` takes."""
-        return (_MODE_KEY,) + _CHUNKING_KEYS + _DECODE_KEYS + _NO_SPEECH_KEYS + _TOP_KEYS
+        return (_MODE_KEY,) + _CHUNKING_KEYS + _DECODE_KEYS + _NO_SPEECH_KEYS + PROMPT_KEYS + _TOP_KEYS
 
     @property
     def chunking_mode(self) -> str:
@@ -88,6 +91,7 @@ class TranscribeOptions:
                 vad=_vad(values.get(_MODE_KEY, base.chunking_mode), base.vad, chunking.chunk_length_s),
                 decode=dataclasses.replace(base.decode, **decode),
                 no_speech=dataclasses.replace(base.no_speech, **{k: values[k] for k in _NO_SPEECH_KEYS if k in values}),
+                prompts=dataclasses.replace(base.prompts, **{k: values[k] for k in PROMPT_KEYS if k in values}),
                 **{k: values[k] for k in _TOP_KEYS if k in values},
             )
         except InputError:
@@ -167,6 +171,8 @@ def _verify_options(options: TranscribeOptions) -> None:
         raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
     if not isinstance(options.no_speech, NoSpeechRule):
         raise InputError(f"no_speech must be a NoSpeechRule, got {type(options.no_speech).__name__}")
+    if not isinstance(options.prompts, PromptOptions):
+        raise InputError(f"prompts must be a PromptOptions, got {type(options.prompts).__name__}")
     check_batch_size(options.batch_size)
     check_int(options.tail_repairs, "tail_repairs", 0, InputError)
     margin = options.tail_margin_s

@@ -50,6 +50,7 @@ from asr_spec.transcribe.inputs import (INPUT_ERRORS, Input, Progress, ProgressC
                                         run_inputs)
 from asr_spec.transcribe.options import TranscribeOptions, check_batch_size
 from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
+from asr_spec.transcribe.prompts import InputPrompt, PromptOptions, encode_prompt, per_input, with_prompts
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens
@@ -147,7 +148,7 @@ class Transcriber:
 
     # -- public entry points -------------------------------------------------------------------------------------
     def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,
-                   output_dir: str | os.PathLike | None = None) -> list[Transcription]:
+                   output_dir: str | os.PathLike | None = None, **prompts: Any) -> list[Transcription]:
         """Transcribe one input or a list of them; one `Transcription` per input, in input order.
 
         audio:      a path, a 16 kHz array/tensor, a {"array", "sampling_rate"} / {"bytes"} / {"path"} dict, or a
@@ -159,8 +160,12 @@ class Transcriber:
                     soon as it is done; a failed write sets that input's `error`. Checked before any work (a file,
                     or a folder that cannot be created or written: `InputError`). Inputs with the same name in
                     different folders are written as `<folder>__<stem>.*`; the same file twice is refused.
+        prompts:    initial_prompt, hotwords, prefix (see `asr_spec.transcribe.prompts`) for this call, over the
+                    options' own: a text for every input, or a list of one per input (None: the options' value;
+                    "": none).
         """
-        return list(self.iter_transcribe(audio, batch_size=batch_size, progress=progress, output_dir=output_dir))
+        return list(self.iter_transcribe(audio, batch_size=batch_size, progress=progress, output_dir=output_dir,
+                                         **prompts))
 
     def __call__(self, audio: Any, *, batch_size: int | None = None) -> dict[str, Any] | list[dict[str, Any]]:
         """Transcribe like transformers' ASR pipeline: {"text", "chunks": [{"timestamp": (start_s, end_s), "text"}]}
@@ -175,11 +180,13 @@ class Transcriber:
 
     def iter_transcribe(self, audio: Any, *, batch_size: int | None = None,
                         progress: bool | ProgressCallback | None = None,
-                        output_dir: str | os.PathLike | None = None) -> Iterator[Transcription]:
+                        output_dir: str | os.PathLike | None = None, **prompts: Any) -> Iterator[Transcription]:
         """`transcribe`, yielding each input's transcript (in input order) as soon as it and those before it are
         done: a long archive shows results, and writes files, while later inputs are still decoding."""
         rows = self.batch_rows(batch_size)
         inputs = run_inputs(audio, word_timestamps=self.aligner is not None)
+        for item, options in zip(inputs, per_input(self.options.prompts, len(inputs), **prompts)):
+            item.prompt = self.prompt_tokens(options)
         if output_dir is not None:  # before any work: names resolved, the folder usable, stale temp files gone
             name_outputs(inputs)
             prepare_output_dir(output_dir)
@@ -188,8 +195,9 @@ class Transcriber:
         repair = self._tail_source()
         if repair is None:
             source = self.prepare(inputs, rows)
-        else:  # the tails go into the same engine run as the chunks
+        else:  # the tails go into the same engine run as the chunks, with their input's prompt
             source, rows = repair.feed(self.frontend.prepare(inputs, rows, repair.samples), rows)
+            source = with_prompts(source, {item.key: item.prompt for item in inputs}.get)
         fallback = self.fallback()
         if fallback is not None:  # failing windows are decoded again in the same engine run, best_of rows side by side
             source, rows = fallback.run(source), max(rows, min(self.batch_rows(batch_size), self.options.best_of))
@@ -221,8 +229,27 @@ class Transcriber:
     def prepare(self, inputs: Iterable[Input], batch_size: int | None = None) -> Iterator[ChunkRequest]:
         """The front half, lazily: every input decoded, chunked and featurised (see `FrontEnd.prepare`), batched
         as `transcribe` batches it for `batch_size` rows (default options.batch_size). Request ids are
-        (input.key, chunk index); an input with word_timestamps has its chunks keep their encoder output."""
-        return self.frontend.prepare(inputs, self.batch_rows(batch_size))
+        (input.key, chunk index); an input with word_timestamps has its chunks keep their encoder output, and one
+        with a `prompt` (`prompt_tokens`) has its chunks carry it (prompts.py: which chunk gets what)."""
+        prompts: dict = {}
+
+        def noted(items: Iterable[Input]) -> Iterator[Input]:
+            for item in items:
+                prompts[item.key] = item.prompt
+                yield item
+
+        return with_prompts(self.frontend.prepare(noted(inputs), self.batch_rows(batch_size)), prompts.get)
+
+    def prompt_tokens(self, options: PromptOptions | None = None) -> InputPrompt | None:
+        """An input's prompts as token ids for `Input.prompt` (`options` None: the options' own); None when there
+        are none."""
+        options = self.options.prompts if options is None else options
+        if options.empty:
+            return None
+        if self.tokens.sot_prev is None and (options.initial_prompt or options.hotwords):
+            raise InputError("initial_prompt/hotwords: the model's generation config has no prev_sot_token_id "
+                             "(<|startofprev|>), so it takes no prompt")
+        return encode_prompt(options, self.tokenizer, self.tokens.max_prompt_tokens)
 
     def finish_chunk(self, result: ChunkResult,
                      span: ChunkSpan) -> tuple[ChunkResult, list[list[WordTiming]] | None]:

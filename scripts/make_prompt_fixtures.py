@@ -1,0 +1,43 @@
+"""Make the prompt fixtures: tests/fixtures/prompts/<key>.flac + names.json.
+
+Each clip is one sentence with a rare name, spoken by the clearest Debian TTS voice (festival's SLT HTS, see
+make_fixtures.py), trimmed. whisper-base spells each name the common way without a prompt ("Jackson Brookide",
+"Michaela Shepanski", "Caitlin Vanderweld") and as written when the name is given as the initial prompt or as
+hotwords (tests/test_prompts.py). The JSON records each clip's sentence and its name:
+
+    [{"file": "jaxxon.flac", "text": "...", "name": "Jaxxon Brookhyde"}, ...]
+
+Deterministic with the same package versions; a few seconds. Run: python scripts/make_prompt_fixtures.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_fixtures import SLT_HTS, synthesize, trim, write_flac  # noqa: E402
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "prompts"
+CLIPS = {
+    "jaxxon": ("Our new engineer, Jaxxon Brookhyde, fixed the server.", "Jaxxon Brookhyde"),
+    "mikayla": ("Doctor Mikayla Szczepanski will see you now.", "Mikayla Szczepanski"),
+    "kaitlynn": ("We thank Kaitlynn Vanderwoude for the kind donation.", "Kaitlynn Vanderwoude"),
+}
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, (text, name) in CLIPS.items():
+            write_flac(OUT / f"{key}.flac", trim(synthesize(SLT_HTS, text, Path(tmp))))
+            records.append({"file": f"{key}.flac", "text": text, "name": name})
+    (OUT / "names.json").write_text(json.dumps(records, indent=1) + "\n")
+    print(f"wrote {len(records)} clips to {OUT}")
+
+
+if __name__ == "__main__":
+    main()

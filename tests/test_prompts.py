@@ -1,0 +1,113 @@
+"""Prompts through the pipeline: the token rules of asr_spec/transcribe/prompts.py (no model), then the real
+whisper-base on TTS clips of rare names (tests/fixtures/prompts, scripts/make_prompt_fixtures.py): without a
+prompt it spells each name the common way, with the name as initial prompt or as hotwords it spells it as given."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from asr_spec.errors import InputError
+from asr_spec.transcribe.options import TranscribeOptions
+from asr_spec.transcribe.prompts import InputPrompt, PromptOptions, encode_prompt, per_input
+
+PROMPTS = Path(__file__).parent / "fixtures" / "prompts"
+
+
+class WordTokenizer:
+    """A tokenizer stand-in: one token per word, its id the word's number ("w12" -> 12)."""
+
+    def __call__(self, text, add_special_tokens, split_special_tokens):
+        assert not add_special_tokens and split_special_tokens and text.startswith(" ")
+
+        class Out:
+            input_ids = [int(word[1:]) for word in text.split()]
+        return Out()
+
+
+def _words(first: int, n: int) -> str:
+    return " ".join(f"w{i}" for i in range(first, first + n))
+
+
+def test_initial_prompt_keeps_its_last_tokens_hotwords_their_first():
+    tok = WordTokenizer()
+    prompt = encode_prompt(PromptOptions(initial_prompt=_words(0, 300)), tok, 223)
+    assert prompt.previous == tuple(range(77, 300)) and prompt.first_previous == prompt.previous
+    both = encode_prompt(PromptOptions(initial_prompt=_words(0, 300), hotwords=_words(1000, 50)), tok, 223)
+    assert both.previous == tuple(range(1000, 1050)) + tuple(range(127, 300))  # 223 in all, hotwords first
+    only_hot = encode_prompt(PromptOptions(hotwords=_words(1000, 400)), tok, 223)
+    assert only_hot.previous == tuple(range(1000, 1223))
+
+
+def test_prefix_goes_with_the_first_chunk_and_takes_the_hotwords_place_there():
+    prompt = encode_prompt(PromptOptions(initial_prompt="w1 w2", hotwords="w7", prefix=_words(500, 300)),
+                           WordTokenizer(), 223)
+    assert prompt.for_chunk(0) == ((1, 2), tuple(range(500, 723)))  # faster-whisper: no hotwords with a prefix
+    assert prompt.for_chunk(1) == ((7, 1, 2), ())
+    assert prompt.for_chunk(0, attempt=1) == ((7, 1, 2), ())  # a re-decoded tail of chunk 0: no prefix again
+    assert InputPrompt().for_chunk(0) == ((), ())
+
+
+def test_prompt_options_are_checked_and_given_per_input():
+    assert PromptOptions(initial_prompt="  ").empty  # empty text: no prompt (OpenAI's prompt="")
+    with pytest.raises(InputError, match="initial_prompt must be text or None, got int"):
+        PromptOptions(initial_prompt=3)
+    opts = TranscribeOptions.from_values(initial_prompt="Kubernetes", hotwords="Jaeger")
+    assert opts.prompts == PromptOptions("Kubernetes", "Jaeger")
+    each = per_input(opts.prompts, 3, initial_prompt=["a", None, ""], prefix="So")
+    assert [p.initial_prompt for p in each] == ["a", "Kubernetes", None]
+    assert {p.prefix for p in each} == {"So"} and {p.hotwords for p in each} == {"Jaeger"}
+    with pytest.raises(InputError, match="initial_prompt: 2 values for 3 inputs"):
+        per_input(opts.prompts, 3, initial_prompt=["a", "b"])
+    with pytest.raises(InputError, match="unknown prompt option"):
+        per_input(opts.prompts, 1, initial_promt="a")
+
+
+# -- the real whisper-base ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _asr(**overrides):
+    from asr_spec import Transcriber
+
+    pytest.importorskip("asr_spec.models.ct2", reason="the CTranslate2 converter is not available")
+    try:
+        return Transcriber.from_preset("base", language="en", **overrides)
+    except (ImportError, OSError, ValueError) as err:
+        pytest.skip(f"whisper-base offline packages not usable: {err}")
+
+
+def _clips() -> list[dict]:
+    return json.loads((PROMPTS / "names.json").read_text())
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_prompted_name_is_spelled_as_in_the_prompt():
+    """All clips in one batch, each with its own prompt (rows of different prompt lengths), then as hotwords."""
+    asr, clips = _asr(), _clips()
+    files = [str(PROMPTS / c["file"]) for c in clips]
+    names = [c["name"] for c in clips]
+    plain = asr.transcribe(files, progress=False)
+    for name, t in zip(names, plain):  # the fixture's point: without a prompt the name is spelled otherwise
+        assert name.split()[0] not in t.text and name.split()[1] not in t.text, t.text
+    for kind in ("initial_prompt", "hotwords"):
+        prompted = asr.transcribe(files, progress=False, **{kind: names})
+        for name, t in zip(names, prompted):
+            assert name in t.text, f"{kind}: {t.text}"
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_prefix_starts_the_transcript_and_word_timestamps_work_with_a_prompt():
+    clip = _clips()[0]  # "Our new engineer, Jaxxon Brookhyde, fixed the server."
+    path = str(PROMPTS / clip["file"])
+    asr = _asr(word_timestamps=True)
+    [t] = asr.transcribe(path, progress=False, prefix="Our new engineer, Jaxxon", initial_prompt="Brookhyde")
+    assert t.text.strip().startswith("Our new engineer, Jaxxon Brookhyde"), t.text
+    words = [w for s in t.segments for w in s.words]
+    assert [w.word.strip(" ,.") for w in words[:5]] == ["Our", "new", "engineer", "Jaxxon", "Brookhyde"]
+    starts = [w.start for w in words]
+    assert starts == sorted(starts) and 0.0 <= starts[0] and words[-1].end <= t.audio_s + 0.05

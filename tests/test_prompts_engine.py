@@ -1,0 +1,158 @@
+"""Prompts in the engine: rows with previous-text prompts of different lengths (and prefixes) in one batch stay
+token-identical to transformers' `generate(prompt_ids=...)` of each row alone, with or without a draft."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from asr_spec.engine import ChunkRequest, DecodeOptions, Engine, EngineError
+from asr_spec.models.loading import decoder_draft
+from conftest import first_divergence, perturbed, tiny_target
+
+TIE = 1e-4
+MAX_NEW = 30
+N_ROWS = 8
+# previous-text prompt lengths of the rows: none, short, long, the model's limit (448 // 2 - 1 = 223)
+PROMPT_LENGTHS = (0, 3, 17, 0, 60, 1, 223, 9)
+
+
+@functools.lru_cache(maxsize=None)
+def _target():
+    return tiny_target()
+
+
+@functools.lru_cache(maxsize=None)
+def _features():
+    return torch.randn(N_ROWS, 16, 100, generator=torch.Generator().manual_seed(5))
+
+
+def _prompt(row: int) -> tuple[int, ...]:
+    """Row `row`'s previous text: text token ids (3..39 of the 70-token test vocabulary), varied per row."""
+    g = torch.Generator().manual_seed(100 + row)
+    return tuple(torch.randint(3, 40, (PROMPT_LENGTHS[row],), generator=g).tolist())
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(row: int, timestamps: bool) -> tuple[int, ...]:
+    """transformers' greedy decoding of row `row` alone with its prompt as `prompt_ids` (prompt + generated)."""
+    model = _target()
+    kwargs = dict(language="en", task="transcribe", return_timestamps=timestamps, max_new_tokens=MAX_NEW,
+                  force_unique_generate_call=True, return_dict_in_generate=True)
+    if _prompt(row):
+        kwargs["prompt_ids"] = torch.tensor([model.generation_config.prev_sot_token_id, *_prompt(row)])
+    return tuple(model.generate(_features()[row][None], **kwargs).sequences[0].tolist())
+
+
+def _run(draft, timestamps: bool, batch_size: int, prefixes=None, max_new: int | None = MAX_NEW,
+         read_lag: int | None = None):
+    options = DecodeOptions(language="en", timestamps=timestamps, max_new_tokens=max_new, draft_bf16=False)
+    reqs = [ChunkRequest(i, _features()[i], prompt=_prompt(i), prefix=() if prefixes is None else prefixes[i])
+            for i in range(N_ROWS)]
+    engine = Engine(_target(), draft, options)
+    engine.read_lag = read_lag  # 1: the CUDA scheduling (the host reads a step late), on the CPU
+    results = {r.id: r for r in engine.run(reqs, batch_size)}
+    return [results[i] for i in range(N_ROWS)]
+
+
+def _assert_reference(results, timestamps: bool) -> None:
+    """Each row equals transformers' output, or first differs at a checked top-2 tie."""
+    for row, res in enumerate(results):
+        ref = _reference(row, timestamps)
+        ours = res.prompt + res.tokens
+        assert ours[:len(res.prompt)] == ref[:len(res.prompt)], f"row {row}: prompts differ"
+        diverged = first_divergence(_target(), _features()[row], ours, ref, len(res.prompt), timestamps)
+        if diverged is not None:
+            i, gap, _ = diverged
+            assert abs(gap) < TIE, f"row {row}: diverges at token {i} without a tie (top-2 gap {gap:.2e})"
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("batch_size", [3, 8])
+def test_prompts_of_different_lengths_share_a_batch(timestamps, batch_size):
+    results = _run(None, timestamps, batch_size)
+    for row, res in enumerate(results):  # the prompt really went in, after <|startofprev|>
+        prev = (_target().generation_config.prev_sot_token_id, *_prompt(row)) if _prompt(row) else ()
+        assert res.prompt[:len(prev)] == prev
+    _assert_reference(results, timestamps)
+
+
+def test_a_long_prompt_refilled_while_the_host_reads_a_step_late():
+    """CUDA's scheduling: a row admitted after the step the host last read has a prompt that read did not see;
+    the keys each step attends to must still cover it (here a 223-token prompt refills a slot of a run whose
+    other rows are short)."""
+    results = _run(None, False, 3, read_lag=1)
+    assert len(_prompt(6)) == 223 and results[6].prompt[0] == _target().generation_config.prev_sot_token_id
+    _assert_reference(results, False)
+
+
+@pytest.mark.parametrize("draft_name", ["self", "perturbed"])
+def test_speculative_equals_greedy_with_prompts(draft_name):
+    t = _target()
+    draft = decoder_draft(t) if draft_name == "self" else decoder_draft(perturbed(t, 0.3, seed=3, encoder=False))
+    results = _run(draft, True, 4)
+    if draft_name == "self":  # the target as its own draft: proposals really were offered and accepted
+        assert sum(r.stats.accepted_tokens for r in results) > 0
+    _assert_reference(results, True)
+    greedy = _run(None, True, 4)
+    assert [r.tokens for r in results] == [r.tokens for r in greedy]
+
+
+def test_no_speech_prob_is_read_at_the_moved_sot_position():
+    """With previous text, <|startoftranscript|> is no longer at position 0: the probability is transformers'
+    softmax of the raw logits at that position of the prompted input."""
+    model = _target()
+    results = _run(None, False, 8)
+    for row in (2, 6):  # prompts of 17 and 223 tokens
+        ids = torch.tensor([results[row].prompt])
+        sot_at = len(_prompt(row)) + 1
+        with torch.no_grad():
+            logits = model(input_features=_features()[row][None], decoder_input_ids=ids).logits[0, sot_at]
+        expected = logits.float().softmax(-1)[model.generation_config.no_timestamps_token_id - 1].item()
+        assert results[row].no_speech_prob == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_a_prefix_that_greedy_would_emit_changes_nothing(timestamps):
+    """A prefix counts as generated for Whisper's rules, so forcing the first tokens greedy emits anyway gives
+    greedy's output, token for token; the prefix is part of the result's tokens, not of its decoded count
+    (max_new_tokens counts decoded tokens too, so both runs go to the model's 448 positions)."""
+    plain = _run(None, timestamps, 8, max_new=None)
+    n_forced = [min(3, len(r.tokens) - 1) for r in plain]
+    # in timestamp mode the engine writes <|0.00|> itself: force only rows whose greedy output starts with it
+    ts0 = _target().generation_config.no_timestamps_token_id + 1
+    prefixes = []
+    for r, n in zip(plain, n_forced):
+        if timestamps and r.tokens[0] != ts0:
+            prefixes.append(())
+        else:
+            prefixes.append(tuple(r.tokens[int(timestamps):n]))
+    assert sum(bool(p) for p in prefixes) >= 2  # not vacuous
+    forced = _run(None, timestamps, 8, prefixes, max_new=None)
+    assert [r.tokens for r in forced] == [r.tokens for r in plain]
+    for p, f, r in zip(prefixes, forced, plain):
+        n_stamp = 1 if timestamps and p else 0
+        assert f.stats.generated_tokens == r.stats.generated_tokens - len(p) - n_stamp
+
+
+def test_any_prefix_starts_the_transcript_and_speculation_keeps_it():
+    prefixes = [(), (5,), (20, 21, 22), (), (9, 9), (30,), (11, 12), ()]
+    greedy = _run(None, True, 8, prefixes)
+    ts0 = _target().generation_config.no_timestamps_token_id + 1
+    for p, r in zip(prefixes, greedy):
+        if p:
+            assert r.tokens[:len(p) + 1] == (ts0, *p)
+    spec = _run(decoder_draft(perturbed(_target(), 0.3, seed=3, encoder=False)), True, 8, prefixes)
+    assert [r.tokens for r in spec] == [r.tokens for r in greedy]
+
+
+def test_a_prompt_over_the_limit_is_refused_naming_the_chunk():
+    engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=5))
+    too_long = ChunkRequest("talk.wav#0", _features()[0], prompt=(5,) * 224)
+    with pytest.raises(EngineError, match=r"'talk.wav#0'.*prompt of 224 tokens, more than the model's 223"):
+        list(engine.run([too_long]))
+    not_ids = ChunkRequest("x", _features()[0], prefix=(5, 70))
+    with pytest.raises(EngineError, match="prefix holds a value that is not a token id"):
+        list(engine.run([not_ids]))
