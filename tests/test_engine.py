@@ -205,9 +205,9 @@ class CountingRunner(StepRunner):
         super().__init__()
         self.sizes: list[int] = []
 
-    def __call__(self, m, rules, st, k, n_keys):
+    def __call__(self, m, rules, st, k, n_keys, hyp=None):
         self.sizes.append(st.n_tok.shape[0])
-        super().__call__(m, rules, st, k, n_keys)
+        super().__call__(m, rules, st, k, n_keys, hyp)
 
 
 def test_live_source_with_gaps_gives_the_same_results():

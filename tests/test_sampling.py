@@ -181,6 +181,24 @@ def test_greedy_rows_beside_sampled_rows_are_the_greedy_output(draft):
     assert any(mixed[i].tokens != greedy[i].tokens for i in range(10) if temps[i] > 0)
 
 
+@pytest.mark.parametrize("draft", ["none", "unrelated"])
+def test_sampled_rows_beside_hypothesis_rows(draft):
+    """A batch of sampled rows and greedy rows with hypotheses (a stream's re-decodes beside sampled windows): the
+    sampled rows' tokens are those they get without the hypothesis rows (the hypothesis steps' wider window offers
+    them nothing past their own draft), and the hypothesis rows are their greedy output; a hypothesis with a
+    temperature is refused."""
+    options = DecodeOptions(language="en", max_new_tokens=30, num_hypothesis_tokens=8)
+    engine = Engine(_target(), _draft(draft), options)
+    greedy = {r.id: r.tokens for r in engine.run(_chunks(range(4), 0.0), batch_size=4)}
+    sampled = {r.id: r.tokens for r in engine.run(_chunks(range(4, 8)), batch_size=4)}
+    with_hyp = [ChunkRequest(i, _features()[i], hypothesis=greedy[i][: 5 + i]) for i in range(4)]
+    mixed = {r.id: r.tokens for r in engine.run(with_hyp + _chunks(range(4, 8)), batch_size=8)}
+    assert {i: mixed[i] for i in range(4)} == greedy
+    assert {i: mixed[i] for i in range(4, 8)} == sampled
+    with pytest.raises(ValueError, match="chunk 0: a hypothesis is for greedy decoding"):
+        ChunkRequest(0, _features()[0], hypothesis=(1, 2), temperature=0.5)
+
+
 @pytest.mark.slow
 def test_sampled_step_traces_into_one_graph_and_equals_eager():
     """torch.compile(fullgraph=True) of the sampling step (a draft, rows greedy and sampled): no graph break, the
