@@ -4,7 +4,7 @@ else from asr_spec, the encoder run by the engine alone, and the removed workaro
 
 The layers, lowest first (README, "How it works", states the same rule)::
 
-    errors, logs, testing → engine → audio → models → transcribe → asr_spec/__init__.py (the public API) → eval
+    errors, logs, testing → engine → audio → models → stream → transcribe → asr_spec/__init__.py (the public API) → eval
     → distill → distributed, serve → cli, __main__
 
 A module may import from its own layer or a lower one, never from a higher one (lazy imports inside functions
@@ -26,6 +26,7 @@ LAYERS = (
     ("engine",),
     ("audio",),
     ("models",),
+    ("stream",),
     ("transcribe",),
     ("__init__",),
     ("eval",),

@@ -1,0 +1,113 @@
+"""Pure token arithmetic of the streaming policy: text tokens, agreement of two hypotheses, Whisper's timestamp
+segments, and the shift of a hypothesis's timestamps when its buffer is trimmed.
+
+A hypothesis is the tokens the engine generated for a buffer in Whisper's timestamp mode (prompt excluded):
+``<|0.00|> text... <|2.40|><|2.40|> text... <|5.00|> <|endoftext|>``. Timestamp tokens count
+`TIME_PRECISION_S` seconds each from the buffer's first sample: ``timestamp_begin + i`` is ``i * 0.02`` s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+SAMPLE_RATE = 16_000
+TIME_PRECISION_S = 0.02  # one Whisper timestamp token step
+SAMPLES_PER_TIMESTAMP = 320  # TIME_PRECISION_S * SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class TokenKinds:
+    """What the policy needs to know of a vocabulary's token ids.
+
+    eot: <|endoftext|>; every id >= eot is special (timestamps included), every id below is text.
+    timestamp_begin: the id of <|0.00|>.
+    word_start: (V,) bool, True where a text token begins a new word (Whisper's byte-level BPE: a leading space).
+    """
+
+    eot: int
+    timestamp_begin: int
+    word_start: np.ndarray
+
+    def is_text(self, token: int) -> bool:
+        return token < self.eot
+
+    def starts_word(self, token: int) -> bool:
+        return bool(self.word_start[token]) if 0 <= token < len(self.word_start) else False
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A closed timestamp segment of a hypothesis.
+
+    text_end: text tokens of the hypothesis up to and including this segment's;
+    end_index: index (in the hypothesis) of its closing timestamp token; end_ts: that timestamp, in steps of
+    TIME_PRECISION_S from the buffer's start.
+    """
+
+    text_end: int
+    end_index: int
+    end_ts: int
+
+    @property
+    def end_samples(self) -> int:
+        return self.end_ts * SAMPLES_PER_TIMESTAMP
+
+
+def text_of(tokens: Sequence[int], kinds: TokenKinds) -> list[int]:
+    """The text tokens of a hypothesis, in order (timestamps and other special tokens left out)."""
+    return [t for t in tokens if kinds.is_text(t)]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def agreed_words(previous: Sequence[int], new: Sequence[int], n_committed: int, kinds: TokenKinds) -> int:
+    """LocalAgreement-2 on text tokens, cut back to whole words: the number of leading text tokens of `new` that
+    may be committed (>= n_committed, the tokens committed already).
+
+    The prefix both hypotheses share ends inside a word unless the token after it starts a word in both (or
+    `previous` ends there: it stopped at its buffer's end where `new` goes on with a new word); otherwise the
+    commit stops before the last word the prefix touches.
+    """
+    n = common_prefix(previous, new)
+    if n <= n_committed:
+        return n_committed
+    new_goes_on = n < len(new) and kinds.starts_word(new[n])
+    prev_goes_on = n == len(previous) or kinds.starts_word(previous[n])
+    if new_goes_on and prev_goes_on:
+        return n
+    for i in range(n - 1, n_committed, -1):
+        if kinds.starts_word(new[i]):
+            return i
+    return n_committed
+
+
+def segments(tokens: Sequence[int], kinds: TokenKinds) -> list[Segment]:
+    """The closed segments of a hypothesis, in order: a timestamp opens a segment, the next one closes it
+    (Whisper writes a segment boundary as a pair: the end of one, the start of the next)."""
+    out, is_open, n_text = [], False, 0
+    for index, token in enumerate(tokens):
+        if token >= kinds.timestamp_begin:
+            if is_open:
+                out.append(Segment(n_text, index, token - kinds.timestamp_begin))
+            is_open = not is_open
+        elif kinds.is_text(token):
+            n_text += 1
+    return out
+
+
+def shifted(tokens: Sequence[int], ts_steps: int, kinds: TokenKinds) -> tuple[int, ...]:
+    """A hypothesis's tokens re-expressed for its buffer trimmed by `ts_steps` timestamp steps at the start:
+    every timestamp moved back by that much (none below <|0.00|>), other tokens as they are."""
+    begin = kinds.timestamp_begin
+    return tuple(max(t - ts_steps, begin) if t >= begin else t for t in tokens)

@@ -1,0 +1,287 @@
+"""The streaming policy of one stream: audio blocks in, decode requests out, results back, stable text out.
+
+The API (pure: no model, no clock; the caller decodes, e.g. `driver.StreamRunner` or a server)::
+
+    policy = StreamPolicy(kinds, detokenize, StreamOptions(step_s=1.0), voice=None)
+    policy.feed(samples)              # (n,) float32 16 kHz mono, any block size
+    decode = policy.request()         # a Decode to run now, or None (one at a time per stream)
+    update = policy.accept(decode, tokens)   # tokens: the engine's generated tokens for decode.audio
+    update.delta, update.tentative, update.text, update.final, update.heard_s
+    policy.finish()                   # end of input: returns the final Update when nothing is left to
+                                      # decode, else None (the final one then comes from `accept`)
+    policy.done                       # the final Update was given
+
+A `Decode` carries `audio` (the uncommitted buffer, at most one 30 s window) and `hypothesis` (the stream's
+previous hypothesis of that buffer, to offer as the engine's draft: `ChunkRequest.hypothesis`). Decode in Whisper's
+timestamp mode; `tokens` are the generated ids (prompt excluded), <|endoftext|> included or not.
+
+How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
+
+- every `step_s` of new audio the buffer is decoded again, from its start;
+- the text tokens on which two successive hypotheses agree are committed, cut back to whole words
+  (`agreement.agreed_words`); committed text is never taken back;
+- once a closed timestamp segment is wholly committed, the buffer is trimmed at its end: the audio before goes,
+  the hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`);
+- a buffer reaching `max_buffer_s` commits the closed segments of its latest hypothesis but the last one and is
+  trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
+- with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
+  after speech closes the utterance: the buffer up to the speech's end is decoded once more and all of it is
+  committed, then the buffer starts afresh; a buffer without speech is never decoded.
+
+Units: `_samples` are 16 kHz samples of the stream since its start, `_s` seconds of stream audio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from asr_spec.errors import InputError
+from asr_spec.stream.agreement import (SAMPLE_RATE, TokenKinds, agreed_words, segments, shifted, text_of)
+
+FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
+WINDOW_S = 30.0  # Whisper's window: a decode never holds more audio than this
+
+VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How one stream is re-decoded and committed. Validated once, here."""
+
+    step_s: float = 1.0  # re-decode the buffer after this much new audio
+    max_buffer_s: float = 24.0  # a buffer this long is trimmed by force (its closed segments but the last)
+    silence_s: float = 0.8  # non-speech after speech that closes an utterance (with a voice function)
+    vad_threshold: float = 0.5  # speech probability at or above which a frame is speech
+    speech_pad_s: float = 0.3  # audio kept after an utterance's last speech frame when it is closed
+
+    def __post_init__(self) -> None:
+        for name in ("step_s", "max_buffer_s", "silence_s", "vad_threshold", "speech_pad_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InputError(f"stream {name} must be a finite number, got {value!r}")
+        if not 0.1 <= self.step_s <= 10.0:
+            raise InputError(f"stream step_s must be in [0.1, 10] seconds, got {self.step_s!r}")
+        if not 2 * self.step_s <= self.max_buffer_s <= WINDOW_S - self.step_s:
+            raise InputError(f"stream max_buffer_s must be in [2 * step_s, {WINDOW_S:g} - step_s] seconds, "
+                             f"got {self.max_buffer_s!r}")
+        if self.silence_s <= 0 or self.speech_pad_s < 0 or self.speech_pad_s >= self.silence_s:
+            raise InputError(f"stream silence_s must be > speech_pad_s >= 0, got silence_s={self.silence_s!r}, "
+                             f"speech_pad_s={self.speech_pad_s!r}")
+        if not 0 < self.vad_threshold < 1:
+            raise InputError(f"stream vad_threshold must be in (0, 1), got {self.vad_threshold!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class Decode:
+    """A decode the stream asks for: `audio` from stream time `start_s`, `hypothesis` offered as the draft.
+
+    kind: "step" (a periodic re-decode), "overflow" (the buffer is full: trimmed by force after it) or "close"
+    (silence or the end of the input: everything it returns is committed). heard_s: the stream's audio received
+    when it was asked for (the time its update describes).
+    """
+
+    serial: int
+    audio: np.ndarray
+    hypothesis: tuple[int, ...]
+    kind: str
+    start_s: float
+    heard_s: float
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one result changed. delta: text newly committed (Whisper's spacing, a leading space per word);
+    tentative: the rest of the latest hypothesis, not committed (may change); text: everything committed so far;
+    final: the stream is over and `text` is its whole transcript; heard_s: stream audio heard when asked."""
+
+    delta: str
+    tentative: str
+    text: str
+    final: bool
+    heard_s: float
+
+
+class StreamPolicy:
+    """One stream's buffer, hypotheses and committed text (see the module docstring for the API)."""
+
+    def __init__(self, kinds: TokenKinds, detokenize: Callable[[Sequence[int]], str],
+                 options: StreamOptions | None = None, voice: VoiceFn | None = None):
+        self.kinds, self.detokenize = kinds, detokenize
+        self.options = StreamOptions() if options is None else options
+        self.voice = voice
+        self._buffer = np.zeros(0, np.float32)
+        self._start = 0  # stream sample of _buffer[0]
+        self._received = 0  # samples fed so far
+        self._unframed = np.zeros(0, np.float32)  # samples not yet scored by `voice` (< one frame)
+        self._probs = np.zeros(0, np.float32)  # speech probability of every frame of the stream so far
+        self._decoded_at = 0  # _received when the last decode was asked for
+        self._previous: tuple[int, ...] = ()  # the last hypothesis, relative to the buffer's start
+        self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
+        self._text = ""
+        self._in_flight: Decode | None = None
+        self._serial = 0
+        self._finished = False
+        self.done = False
+
+    # -- input ----------------------------------------------------------------------------------------------------
+    def feed(self, samples: np.ndarray) -> None:
+        """Append a block of (n,) float32 16 kHz mono samples."""
+        if self._finished:
+            raise InputError("stream: audio fed after finish()")
+        block = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if not np.isfinite(block).all():
+            raise InputError("stream: audio block has NaN or infinite samples")
+        self._buffer = np.concatenate([self._buffer, block])
+        self._received += len(block)
+        if self.voice is not None:
+            pending = np.concatenate([self._unframed, block])
+            n = len(pending) // FRAME_SAMPLES * FRAME_SAMPLES
+            if n:
+                self._probs = np.concatenate([self._probs, np.asarray(self.voice(pending[:n]), np.float32)])
+            self._unframed = pending[n:]
+
+    def finish(self) -> Update | None:
+        """End of input: the final Update at once when nothing is left to decode, else None (`accept` gives it)."""
+        self._finished = True
+        if self._in_flight is None and not self._has_speech():
+            return self._final()
+        return None
+
+    # -- decoding -------------------------------------------------------------------------------------------------
+    def request(self) -> Decode | None:
+        """The decode due now, or None (one in flight, too little new audio, no speech, or done)."""
+        if self._in_flight is not None or self.done:
+            return None
+        if not self._has_speech():
+            self._drop_non_speech()
+            return None
+        if self._finished:
+            return self._ask("close", len(self._buffer))
+        close_at = self._close_point()
+        if close_at is not None:
+            return self._ask("close", close_at - self._start)
+        if self._received - self._decoded_at < self._seconds(self.options.step_s):
+            return None
+        full = len(self._buffer) >= self._seconds(self.options.max_buffer_s)
+        return self._ask("overflow" if full else "step", len(self._buffer))
+
+    def accept(self, decode: Decode, tokens: Sequence[int]) -> Update:
+        """Take the engine's generated tokens for `decode` (the one `request` gave last) and commit what is stable."""
+        if decode is not self._in_flight:
+            raise InputError(f"stream: result for decode {decode.serial}, which is not the one in flight")
+        self._in_flight = None
+        hypothesis = tuple(int(t) for t in tokens)
+        new_text = text_of(hypothesis, self.kinds)
+        n_done = len(self._committed)
+        if decode.kind == "close":
+            delta = self._commit(new_text, len(new_text))
+            self._reset_after(int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio))
+            if self._finished and not self._has_speech():
+                return self._final(delta, decode.heard_s)
+            return Update(delta, "", self._text, False, decode.heard_s)
+        n_agreed = agreed_words(text_of(self._previous, self.kinds), new_text, n_done, self.kinds)
+        delta = self._commit(new_text, n_agreed)
+        tentative = self.detokenize(new_text[len(self._committed):])
+        self._previous = hypothesis
+        if decode.kind == "overflow":
+            delta += self._force_trim(hypothesis, new_text)
+        else:
+            self._trim_committed(hypothesis)
+        if self._finished and self._in_flight is None and not self._has_speech():
+            return self._final(delta, decode.heard_s)
+        return Update(delta, tentative, self._text, False, decode.heard_s)
+
+    # -- commit and trim ------------------------------------------------------------------------------------------
+    def _commit(self, new_text: list[int], n_agreed: int) -> str:
+        """Commit new_text[len(committed):n_agreed] (by count: text committed before is kept as it was said even
+        where the new hypothesis words it differently); returns the delta text."""
+        start = len(self._committed)
+        if n_agreed <= start:
+            return ""
+        piece = new_text[start:n_agreed]
+        self._committed.extend(piece)
+        delta = self.detokenize(piece)
+        self._text += delta
+        return delta
+
+    def _trim_committed(self, hypothesis: tuple[int, ...]) -> None:
+        """Trim the buffer at the end of the last closed segment whose text is all committed."""
+        done = [s for s in segments(hypothesis, self.kinds) if 0 < s.text_end <= len(self._committed)]
+        if done:
+            self._trim(hypothesis, done[-1])
+
+    def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int]) -> str:
+        """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
+        no closed segment, commit everything and start afresh. Returns the text committed."""
+        closed = [s for s in segments(hypothesis, self.kinds) if s.end_ts > 0]
+        if not closed:
+            delta = self._commit(new_text, len(new_text))
+            self._reset_after(self._start + len(self._buffer))
+            return delta
+        cut = closed[-2] if len(closed) > 1 else closed[0]
+        delta = self._commit(new_text, max(cut.text_end, len(self._committed)))
+        self._trim(hypothesis, cut)
+        return delta
+
+    def _trim(self, hypothesis: tuple[int, ...], segment) -> None:
+        cut = min(segment.end_samples, len(self._buffer))
+        self._buffer = self._buffer[cut:]
+        self._start += cut
+        self._committed = self._committed[segment.text_end:]
+        self._previous = shifted(hypothesis[segment.end_index + 1:], segment.end_ts, self.kinds)
+
+    def _reset_after(self, end_sample: int) -> None:
+        """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""
+        cut = max(0, min(end_sample - self._start, len(self._buffer)))
+        self._buffer = self._buffer[cut:]
+        self._start += cut
+        self._previous, self._committed = (), []
+
+    def _final(self, delta: str = "", heard_s: float | None = None) -> Update:
+        self.done = True
+        heard = self._received / SAMPLE_RATE if heard_s is None else heard_s
+        return Update(delta, "", self._text, True, heard)
+
+    # -- voice activity -------------------------------------------------------------------------------------------
+    def _ask(self, kind: str, n_samples: int) -> Decode:
+        n = min(n_samples, self._seconds(WINDOW_S))
+        self._serial += 1
+        self._decoded_at = self._received
+        self._in_flight = Decode(self._serial, self._buffer[:n].copy(), self._previous, kind,
+                                 self._start / SAMPLE_RATE, self._received / SAMPLE_RATE)
+        return self._in_flight
+
+    def _speech_frames(self) -> np.ndarray:
+        """Indices (stream frames) of the buffer's speech frames."""
+        first = self._start // FRAME_SAMPLES
+        return first + np.flatnonzero(self._probs[first:] >= self.options.vad_threshold)
+
+    def _has_speech(self) -> bool:
+        if len(self._buffer) == 0:
+            return False
+        return self.voice is None or len(self._speech_frames()) > 0
+
+    def _close_point(self) -> int | None:
+        """The stream sample an utterance closes at (its last speech frame's end plus the pad), when `silence_s`
+        of non-speech follows speech in the buffer; else None."""
+        if self.voice is None:
+            return None
+        speech = self._speech_frames()
+        speech_end = (int(speech[-1]) + 1) * FRAME_SAMPLES
+        if self._received - speech_end < self._seconds(self.options.silence_s):
+            return None
+        return speech_end + self._seconds(self.options.speech_pad_s)
+
+    def _drop_non_speech(self) -> None:
+        """A buffer without speech keeps only its last `speech_pad_s` (the onset of what may come)."""
+        keep = self._seconds(self.options.speech_pad_s)
+        if len(self._buffer) > keep:
+            self._reset_after(self._start + len(self._buffer) - keep)
+
+    @staticmethod
+    def _seconds(seconds: float) -> int:
+        return int(round(seconds * SAMPLE_RATE))

@@ -1,0 +1,165 @@
+"""The streaming policy without a model: a scripted decoder that hears words in the audio, a stream fed block by
+block, and the invariants: committed text only grows, every word is committed once, in order, and the decoded
+buffer never exceeds one window."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asr_spec.errors import InputError
+from asr_spec.stream.agreement import (TokenKinds, agreed_words, common_prefix, segments, shifted, text_of)
+from asr_spec.stream.policy import WINDOW_S, StreamOptions, StreamPolicy
+
+SR = 16_000
+EOT, TS = 50, 60  # text ids < 50 (even: a word's first token, odd: its second), timestamps from 60
+KINDS = TokenKinds(EOT, TS, np.arange(EOT + 1) % 2 == 0)
+WORD_SAMPLES = 8000  # 0.5 s a word: 25 timestamp steps
+
+
+def detokenize(tokens) -> str:
+    return "".join(f" w{t // 2}" if t % 2 == 0 else "+" for t in tokens)
+
+
+def speech(words: list[int | None]) -> np.ndarray:
+    """Audio of `words` (None: 0.5 s of silence), each word a run of the constant (w + 1) / 100."""
+    return np.concatenate([np.full(WORD_SAMPLES, 0.0 if w is None else (w + 1) / 100, np.float32) for w in words])
+
+
+def hear(audio: np.ndarray) -> list[int]:
+    """The scripted decoder: every whole word in the buffer as two tokens, a word cut by the buffer's end as its
+    first token only (one cut at its start is not heard); a segment per 3 words, timestamps at the words' edges,
+    then <|endoftext|>."""
+    edges = np.flatnonzero(np.diff(audio, prepend=np.float32(-1), append=np.float32(-1)))
+    tokens, n_words, seg_open = [], 0, False
+    for start, end in zip(edges[:-1], edges[1:]):
+        if audio[start] == 0 or (start == 0 and end - start < WORD_SAMPLES):
+            continue
+        w = int(round(audio[start] * 100)) - 1
+        if not seg_open:
+            tokens.append(TS + start // 320)
+            seg_open = True
+        whole = end - start >= WORD_SAMPLES
+        tokens += [2 * w, 2 * w + 1] if whole else [2 * w]
+        n_words += 1
+        if n_words % 3 == 0 and whole:
+            tokens.append(TS + end // 320)
+            seg_open = False
+    if seg_open:
+        tokens.append(TS + len(audio) // 320)
+    return tokens + [EOT]
+
+
+def energy(samples: np.ndarray) -> np.ndarray:
+    return (np.abs(samples.reshape(-1, 512)).max(1) > 0).astype(np.float32)
+
+
+def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: float = 0.25):
+    policy = StreamPolicy(KINDS, detokenize, options, voice)
+    updates, longest = [], 0
+    block = int(block_s * SR)
+
+    def serve() -> None:
+        nonlocal longest
+        while (decode := policy.request()) is not None:
+            longest = max(longest, len(decode.audio))
+            updates.append(policy.accept(decode, hear(decode.audio)))
+
+    for i in range(0, len(audio), block):
+        policy.feed(audio[i:i + block])
+        serve()
+    final = policy.finish()
+    if final is None:
+        serve()
+    else:
+        updates.append(final)
+    return policy, updates, longest
+
+
+def words_of(text: str) -> list[str]:
+    return text.replace("+", "").split()
+
+
+def test_agreement_helpers() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    # a0 a1 | b0 (cut) vs a0 a1 b0 b1 c0: b is not known whole in both: commit a only
+    assert agreed_words([0, 1, 2], [0, 1, 2, 3, 4], 0, KINDS) == 2
+    # both go on with a new word after a0 a1 b0 b1
+    assert agreed_words([0, 1, 2, 3, 6], [0, 1, 2, 3, 4], 0, KINDS) == 4
+    assert agreed_words([0, 1], [8, 9], 0, KINDS) == 0
+    assert agreed_words([0, 1, 2, 3], [0, 1, 2, 3, 4], 2, KINDS) == 4  # previous stopped at a word end
+    hyp = [TS, 0, 1, TS + 25, TS + 25, 2, 3, TS + 50, EOT]
+    assert text_of(hyp, KINDS) == [0, 1, 2, 3]
+    assert [(s.text_end, s.end_index, s.end_ts) for s in segments(hyp, KINDS)] == [(2, 3, 25), (4, 7, 50)]
+    assert shifted(hyp[4:], 25, KINDS) == (TS, 2, 3, TS + 25, EOT)
+
+
+@pytest.mark.parametrize("block_s", [0.1, 0.25, 1.3])
+def test_every_word_committed_once_in_order(block_s: float) -> None:
+    words = list(range(20)) + list(range(5))  # 12.5 s of speech without a pause
+    policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0), block_s=block_s)
+    assert updates[-1].final and policy.done
+    assert words_of(updates[-1].text) == [f"w{w}" for w in words]
+    texts = [u.text for u in updates]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # committed text only grows
+    assert "".join(u.delta for u in updates) == updates[-1].text
+    assert sum(bool(u.delta) for u in updates[:-1]) >= 5  # text became stable while the stream went on
+    assert longest <= 8 * SR  # trimmed at committed segment ends: the buffer stays short
+
+
+def test_a_pause_closes_the_utterance_and_silence_is_never_decoded() -> None:
+    words = [1, 2, 3, 4, None, None, None, None, 5, 6, 7]
+    decoded = []
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    audio = speech(words)
+    updates = []
+    for i in range(0, len(audio), 4000):
+        policy.feed(audio[i:i + 4000])
+        while (d := policy.request()) is not None:
+            decoded.append(d)
+            updates.append(policy.accept(d, hear(d.audio)))
+    assert any(d.kind == "close" for d in decoded)
+    closed = next(u for d, u in zip(decoded, updates) if d.kind == "close")
+    assert words_of(closed.text) == ["w1", "w2", "w3", "w4"] and closed.tentative == ""
+    assert all(np.abs(d.audio).max() > 0 for d in decoded)  # no decode of silence alone
+    final = policy.finish()
+    while final is None and (d := policy.request()) is not None:
+        final = policy.accept(d, hear(d.audio))
+    assert final.final and words_of(final.text) == ["w1", "w2", "w3", "w4", "w5", "w6", "w7"]
+
+
+def test_a_decoder_that_never_agrees_still_commits_and_the_window_holds() -> None:
+    """Every decode words the last segment differently: only the overflow rule commits; the buffer never exceeds
+    max_buffer_s + one step, and never one window."""
+    options = StreamOptions(step_s=1.0, max_buffer_s=6.0)
+    policy = StreamPolicy(KINDS, detokenize, options)
+    audio = speech(list(range(24)) * 2)
+    longest, n = 0, 0
+    for i in range(0, len(audio), SR):
+        policy.feed(audio[i:i + SR])
+        while (d := policy.request()) is not None:
+            n += 1
+            tokens = hear(d.audio)
+            if n % 2:  # a different first word each time: two decodes never agree
+                tokens = [t if i != 1 else (t + 2) % EOT for i, t in enumerate(tokens)]
+            longest = max(longest, len(d.audio))
+            policy.accept(d, tokens)
+    assert longest <= (options.max_buffer_s + options.step_s) * SR < WINDOW_S * SR
+    assert len(words_of(policy._text)) > 20
+
+
+def test_options_and_misuse_are_refused() -> None:
+    with pytest.raises(InputError, match="step_s"):
+        StreamOptions(step_s=0)
+    with pytest.raises(InputError, match="max_buffer_s"):
+        StreamOptions(max_buffer_s=29.5)
+    policy = StreamPolicy(KINDS, detokenize)
+    policy.feed(speech([1, 2, 3]))
+    d = policy.request()
+    with pytest.raises(InputError, match="not the one in flight"):
+        policy.accept(type(d)(99, d.audio, (), "step", 0.0, 0.0), [EOT])
+    with pytest.raises(InputError, match="NaN"):
+        policy.feed(np.array([np.nan], np.float32))
+    assert policy.finish() is None
+    with pytest.raises(InputError, match="after finish"):
+        policy.feed(speech([1]))
