@@ -40,6 +40,7 @@ from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.engine import ChunkRequest, ChunkResult, EngineError, check_int
 from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve.metrics import Metrics
+from asr_spec.serve.stream_jobs import StreamQueue
 from asr_spec.transcribe.inputs import Input
 from asr_spec.transcribe.segments import WordTiming
 
@@ -144,10 +145,12 @@ class Batcher:
                  its `finish_chunk` aligns their words and its `assemble` makes their transcripts.
     batch_size:  engine rows (default the transcriber's options.batch_size).
     max_requests, max_audio_in_flight_s: what `admit` lets in at once (requests; seconds of audio).
+    max_streams: live streams (`/v1/realtime`) open at once; their re-decodes come from `streams` (stream_jobs.py)
+                 and take their turns before the uploads' chunks (a stream waits on each one).
     """
 
     def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 32,
-                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None):
+                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None, max_streams: int = 16):
         check_limits(max_requests, max_audio_in_flight_s)
         self.transcriber = transcriber
         self.batch_size = transcriber.batch_rows(batch_size)
@@ -162,6 +165,8 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.streams = StreamQueue(self._cond, transcriber.frontend.features, transcriber.engine.withdraw,
+                                   max_streams)
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
     def admit(self, audio_s: float) -> None:
@@ -270,10 +275,15 @@ class Batcher:
         """The engine's live source: the next chunk of the next job in turn, or None when none is ready now."""
         while True:
             with self._cond:
-                if not self._active and not self._stopping and self._in_engine == 0:
+                if not self._active and not self._stopping and self._in_engine == 0 and self.streams.idle:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
+            redecode = self.streams.take()  # a stream's re-decode, featurised now: it goes first
+            if redecode is not None:
+                yield redecode
+                continue
+            with self._cond:
                 job = self._active.popleft() if self._active else None
             if job is None:
                 yield None
@@ -348,6 +358,7 @@ class Batcher:
                 self._end(job)
                 job.status, job.error = 503, "the server is shutting down"
             self._publish()
+        self.streams.stop("the server is shutting down")
         for job in left:
             self._finish(job)
 
@@ -359,14 +370,19 @@ class Batcher:
                     self._deliver(result)
             except EngineError as err:
                 log.error("%s", err)
-                self._fail({job_id for job_id, _ in err.chunk_ids}, str(err.__cause__ or err))
+                self.streams.fail(str(err.__cause__ or err))
+                self._fail({chunk_id[0] for chunk_id in err.chunk_ids}, str(err.__cause__ or err))
             except Exception as err:  # a bug outside the engine's own work: fail what is in flight, keep serving
                 log.exception("engine thread")
                 with self._cond:
                     lost = {job.id for job in self._jobs.values() if job.in_engine}
+                self.streams.fail(f"{type(err).__name__}: {err}")
                 self._fail(lost, f"{type(err).__name__}: {err}")
 
     def _deliver(self, result: ChunkResult) -> None:
+        if self.streams.deliver(result):
+            self.metrics.chunk_done(result.stats)
+            return
         job_id, index = result.id
         job = self._jobs.get(job_id)
         words = None
