@@ -44,14 +44,14 @@ function newClient() {
 async function startMicrophone() {
   try {
     client = newClient();
+    await client.open($("api-key").value);  // first: no captured audio waits for the socket
+    const context = new AudioContext({sampleRate: RATE});
+    await context.audioWorklet.addModule("/static/pcm-worklet.js");
+    const node = new AudioWorkletNode(context, "pcm16");
+    node.port.onmessage = (event) => client.append(new Int16Array(event.data));
     const media = await navigator.mediaDevices.getUserMedia({
       audio: {channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false},
     });
-    const context = new AudioContext({sampleRate: RATE});
-    await context.audioWorklet.addModule("/static/pcm-worklet.js");
-    await client.open($("api-key").value);
-    const node = new AudioWorkletNode(context, "pcm16");
-    node.port.onmessage = (event) => client.append(new Int16Array(event.data));
     context.createMediaStreamSource(media).connect(node);
     capture = {context, media, node};
     setState("streaming", "Listening...");
