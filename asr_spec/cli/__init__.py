@@ -3,6 +3,7 @@
     asr-spec transcribe FILES... [--preset base] [--model M] [--draft D | --no-draft] [--output-dir DIR] ...
     asr-spec transcribe --ray [--ray-address auto] [--workers N] FILES|--manifest M --output results.jsonl
     asr-spec convert CT2_DIR OUT_DIR
+    asr-spec stream FILE|- [--preset base] [--speed 1] [--step-s 1] [--no-vad] [--no-hypothesis] [--tentative]
     asr-spec serve [--preset base] [--model M] [--draft D | --no-draft] [--host H] [--port P] ...
     asr-spec eval [--preset base] [--data-dir TREE] [--split test.clean] [--compare-greedy] ...
     asr-spec distill [--model TARGET] run | cache | train | eval | head ...
@@ -25,6 +26,7 @@ from asr_spec.cli.distill import distill_app, expand_variadic
 from asr_spec.cli.evaluation import eval_command
 from asr_spec.cli.options import (DEVICE, DRAFT, EXIT_FAILED, EXIT_USAGE, LANGUAGE, MODEL, NO_DRAFT, PRESET,
                                   USER_ERRORS, fail, preset_overrides)
+from asr_spec.cli.stream import stream
 from asr_spec.cli.transcribe import transcribe
 from asr_spec.errors import one_line
 from asr_spec.logs import configure_logging
@@ -36,6 +38,7 @@ app = typer.Typer(
     add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
 )
 app.command()(transcribe)
+app.command()(stream)
 
 
 @app.command()

@@ -11,18 +11,20 @@ from collections.abc import Callable
 
 import torch
 
+from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.rules import LogitRules
 from asr_spec.engine.speculative import DecodeState, Models, step
 
 KEY_BUCKET = 32  # n_keys is rounded up to a multiple of this: at most 14 buckets over Whisper's 448 positions
 
-StepFn = Callable[[Models, LogitRules, DecodeState, int, int], None]
+StepFn = Callable[..., None]  # speculative.step: (models, rules, state, k, n_keys[, hypotheses])
 
 
 def n_keys_bucket(max_len: int, k: int, lag: int, n_positions: int) -> int:
     """Keys a step must attend to, rounded up to a bucket: above every position a row can reach this step.
 
-    max_len: the longest row's n_tok as last read from the device, `lag` steps ago (each step adds <= k + 1).
+    max_len: the longest row's n_tok as last read from the device, `lag` steps ago (each step adds <= k + 1; k is
+    max(K, hypothesis width) in a hypothesis step).
     """
     need = max_len + (k + 1) * (lag + 1)
     return min(-(-need // KEY_BUCKET) * KEY_BUCKET, n_positions)
@@ -31,7 +33,8 @@ def n_keys_bucket(max_len: int, k: int, lag: int, n_positions: int) -> int:
 class StepRunner:
     """Calls the step eagerly, through `wrap(step)` (e.g. torch.compile), or as lazily captured CUDA graphs.
 
-    mode: "eager"; "cuda-graphs" (CUDA only: the first call of each (rows, n_keys, K) runs eagerly as the warm-up,
+    mode: "eager"; "cuda-graphs" (CUDA only: the first call of each (rows, n_keys, K, hypothesis width) runs
+    eagerly as the warm-up,
     the graph is captured right after and replayed from the next call on); or "wrapped" with `wrap`.
     """
 
@@ -42,25 +45,30 @@ class StepRunner:
             raise ValueError("a wrapper is given exactly with mode 'wrapped'")
         self.mode = mode
         self.fn: StepFn = wrap(step) if wrap is not None else step
-        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, int, int], torch.cuda.CUDAGraph] = {}
         self.pool = None
 
-    def __call__(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
+    def __call__(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
+                 hyp: Hypotheses | None = None) -> None:
         """Run the step once (eager steps in inference mode, ~0.3 ms a step less dispatch; traced and captured
-        ones in no_grad: inference tensors cannot be traced)."""
+        ones in no_grad: inference tensors cannot be traced). hyp: the rows' hypotheses in a hypothesis step."""
+        args = (m, rules, st, k, n_keys) if hyp is None else (m, rules, st, k, n_keys, hyp)
         if self.mode == "eager":
             with torch.inference_mode():
-                self.fn(m, rules, st, k, n_keys)
+                self.fn(*args)
         elif self.mode == "wrapped":
             with torch.no_grad():
-                self.fn(m, rules, st, k, n_keys)
+                self.fn(*args)
         else:
             with torch.no_grad():
-                self._graph_step(m, rules, st, k, n_keys)
+                self._graph_step(args)
 
-    def _graph_step(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
-        """Replay the CUDA graph of this (rows, n_keys, K), or run the step eagerly and capture it for next time."""
-        key = (st.n_tok.shape[0], n_keys, k)
+    def _graph_step(self, args: tuple) -> None:
+        """Replay the CUDA graph of this (rows, n_keys, K, hypothesis width), or run the step eagerly and capture
+        it for next time."""
+        st, k, n_keys = args[2:5]
+        width = args[5].width if len(args) > 5 else 0
+        key = (st.n_tok.shape[0], n_keys, k, width)
         graph = self.graphs.get(key)
         if graph is not None:
             graph.replay()
@@ -69,13 +77,13 @@ class StepRunner:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            step(m, rules, st, k, n_keys)
+            step(*args)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):  # records, does not run: the state is not advanced twice
-            step(m, rules, st, k, n_keys)
+            step(*args)
         self.graphs[key] = graph
 
 

@@ -42,6 +42,9 @@ class DecodeOptions:
     # runs decode greedily without it (on a CPU a verify pass of several rows is compute-bound). None: every run;
     # at least 1 (a run that never drafts is a run without a draft).
     draft_max_rows: int | None = None
+    # Hypothesis drafting: tokens a request offers (`ChunkRequest.hypothesis`, a stream's previous hypothesis)
+    # proposed per step while they last and agree, all verified in one target pass (a window of this + 1)
+    num_hypothesis_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
@@ -54,6 +57,7 @@ class DecodeOptions:
         if self.max_new_tokens is not None:
             check_int(self.max_new_tokens, "max_new_tokens", 1)
         check_int(self.num_draft_tokens, "num_draft_tokens", 1)
+        check_int(self.num_hypothesis_tokens, "num_hypothesis_tokens", 1)
         if self.draft_max_rows is not None:
             check_int(self.draft_max_rows, "draft_max_rows", 1)
 

@@ -27,6 +27,7 @@ from asr_spec.engine.admission import Admission
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
+from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.pairing import DraftKind, check_pair
@@ -62,12 +63,22 @@ class ChunkRequest:
               draft has its own encoder.
     keep_encoded: return the chunk's target encoder output with its result (`ChunkResult.encoded`), e.g. for the
               word-timestamp alignment pass; off by default (it holds n_audio_ctx x d_model values per chunk).
+    hypothesis: generated token ids (prompt excluded) the decoding is expected to start with, e.g. a stream's
+              previous hypothesis of the same audio: proposed as the row's draft, up to
+              `DecodeOptions.num_hypothesis_tokens` a step, while they last and agree with the target; then the
+              model draft (or greedy decoding) goes on. It never changes the output (engine/hypothesis.py).
     """
 
     id: Hashable
     features: torch.Tensor | None
     encoded: torch.Tensor | None = None
     keep_encoded: bool = False
+    hypothesis: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.hypothesis, tuple) or any(
+                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.hypothesis):
+            raise ValueError(f"chunk {self.id!r}: hypothesis must be a tuple of token ids, got {self.hypothesis!r}"[:200])
 
 
 @dataclass(frozen=True)
@@ -246,7 +257,7 @@ class Engine:
         if n_rows == 0:
             return
         k = self._k(n_rows)
-        m, st = self._allocate(n_rows, k)
+        m, st, hyp = self._allocate(n_rows, k)
         slots: Slots[ChunkRequest] = Slots(n_rows)
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
         max_len = 0  # the longest row's n_tok as last read from the device (HostReader)
@@ -257,22 +268,23 @@ class Engine:
                 feed.fill(slots.n_free)
             if slots.n_free and feed.ready:
                 with feed.losing():
-                    self._admit(m, st, slots, feed.take(slots.n_free))
+                    self._admit(m, st, hyp, slots, feed.take(slots.n_free))
                 max_len = max(max_len, self.prompt_len)
             with feed.losing():
                 for src, dst in slots.pack():
                     m.move_row(src, dst, min(max_len + k + 2, self.n_positions))
                     st.move_row(src, dst)
+                    hyp.move_row(src, dst)
             if slots.n_live == 0:
                 if feed.done:
                     return
                 continue
             with feed.losing():
-                read = self._step(m, st, slots, reader, k, max_len)
+                read = self._step(m, st, hyp, slots, reader, k, max_len)
             if read is not None:
                 tag, finish, longest = read
                 max_len = max(longest, self.prompt_len)
-                for result in self._results(st, slots.finish(tag, finish), finish):
+                for result in self._results(st, hyp, slots.finish(tag, finish), finish):
                     feed.done_with(result.id)
                     yield result
 
@@ -323,17 +335,25 @@ class Engine:
         if reason is not None:
             raise memory.ResourceError(reason)
 
-    def _allocate(self, n_rows: int, k: int) -> tuple[Models, DecodeState]:
-        """The caches and decoding state of `n_rows` slots, allocated once per run of K = `k` (`_k`)."""
+    def _allocate(self, n_rows: int, k: int) -> tuple[Models, DecodeState, Hypotheses]:
+        """The caches, decoding state and hypotheses of `n_rows` slots, allocated once per run of K = `k` (`_k`).
+        A hypothesis step writes max(k, width) proposals past a row's n_tok: the state's seq has room for them;
+        the caches need none (positions past a row's limit are never real: `Decoder.forward` clamps them)."""
         m = Models(self.target_dec, self.target_dec.new_cache(n_rows, self.n_positions, self.n_audio_ctx))
         if k > 0:
             m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, self.n_positions,
                                                                               self.n_audio_ctx)
-        return m, DecodeState.empty(n_rows, self.n_positions + k + 8, k, self.target_dec.device)
+        width = self.options.num_hypothesis_tokens
+        dev = self.target_dec.device
+        st = DecodeState.empty(n_rows, self.n_positions + max(k, width) + 8, k, dev)
+        return m, st, Hypotheses.empty(n_rows, self.tokens.max_positions, width, dev)
 
-    def _admit(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], taken: list[Encoded]) -> None:
-        """Place encoded chunks in the free slots with the lowest indices and admit them there (`Admission`); a
-        request that asks to keep its encoder output keeps it in its slot."""
+    def _admit(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest],
+               taken: list[Encoded]) -> None:
+        """Place encoded chunks in the free slots with the lowest indices and admit them there (`Admission`), with
+        their hypotheses; a request that asks to keep its encoder output keeps it in its slot."""
+        for req, _, _ in taken:
+            self._check_hypothesis(req)
         rows = slots.place([replace(req, encoded=enc) if req.keep_encoded else req for req, enc, _ in taken])
         audio = torch.stack([enc for _, enc, _ in taken])
         draft_audio = None
@@ -341,31 +361,48 @@ class Engine:
             own = self.kind is DraftKind.OWN_ENCODER
             draft_audio = torch.stack([o for _, _, o in taken]) if own else audio
         self.admission(m, st, rows, audio, draft_audio)
+        hyp.start(rows, [req.hypothesis for req, _, _ in taken])
 
-    def _step(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], reader: HostReader, k: int,
-              max_len: int) -> tuple[int, list[int], int] | None:
-        """One step over the live rows, slots [0, n_live); returns the host read due now (`HostReader`)."""
+    def _check_hypothesis(self, req: ChunkRequest) -> None:
+        """ValueError naming the chunk when its hypothesis holds an id past the target's vocabulary (the request
+        checked the rest when it was made)."""
+        vocab = self.target_dec.vocab_size
+        bad = [t for t in req.hypothesis if t >= vocab]
+        if bad:
+            raise ValueError(f"chunk {req.id!r}: hypothesis holds {bad[0]!r}, not a token id below {vocab}")
+
+    def _step(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest], reader: HostReader,
+              k: int, max_len: int) -> tuple[int, list[int], int] | None:
+        """One step over the live rows, slots [0, n_live); returns the host read due now (`HostReader`). It is a
+        hypothesis step (window max(k, width) + 1) while a live row's request came with a hypothesis: known on
+        the host, so no read decides it, and the draft's catch-up stays in step (engine/hypothesis.py)."""
         n_active = slots.n_live
-        n_keys = n_keys_bucket(max_len, k, reader.lag, self.n_positions)
-        self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys)
+        with_hyp = any(req is not None and req.hypothesis for req in slots.occupants[:n_active])
+        width = max(k, hyp.width) if with_hyp else k
+        n_keys = n_keys_bucket(max_len, width, reader.lag, self.n_positions)
+        self.runner(m.rows(n_active), self.rules, st.rows(n_active), k, n_keys,
+                    hyp.rows(n_active) if with_hyp else None)
         return reader.after_step(st.rows(n_active), slots.step())
 
     @staticmethod
-    def _results(st: DecodeState, done: list[tuple[int, ChunkRequest]], finish: list[int]) -> list[ChunkResult]:
+    def _results(st: DecodeState, hyp: Hypotheses, done: list[tuple[int, ChunkRequest]],
+                 finish: list[int]) -> list[ChunkResult]:
         """The results of the finished (row, request) pairs `done`, read from the device in one copy per state
         field; finish: every row's FINISH_* code as read."""
         if not done:
             return []
         idx = torch.tensor([row for row, _ in done], device=st.n_tok.device)
-        names = ("seq", "n_tok", "begin", *COUNTS, "hist", "sum_logprob", "no_speech_prob")
-        columns = [getattr(st, name)[idx].tolist() for name in names]
+        names = ("seq", "n_tok", "begin", *COUNTS, "hist", "sum_logprob", "no_speech_prob", "offered", "taken")
+        columns = [getattr(st, name)[idx].tolist() for name in names[:-2]]
+        columns += [hyp.offered[idx].tolist(), hyp.accepted[idx].tolist()]
         out = []
         for (row, req), values in zip(done, zip(*columns)):
             r = dict(zip(names, values))
             begin, n_tok = r["begin"], r["n_tok"]
             stats = ChunkStats(chunks=1, generated_tokens=n_tok - begin, target_passes=r["target_passes"],
                                draft_passes=r["draft_passes"], drafted_tokens=r["drafted"],
-                               accepted_tokens=r["accepted"], accepted_hist=tuple(r["hist"]))
+                               accepted_tokens=r["accepted"], accepted_hist=tuple(r["hist"]),
+                               hypothesis_offered=r["offered"], hypothesis_accepted=r["taken"])
             # Whisper divides by the text tokens + 1: the generated count with a final <|endoftext|>, one more without
             avg_logprob = r["sum_logprob"] / (n_tok - begin + (finish[row] != FINISH_EOS))
             out.append(ChunkResult(req.id, tuple(r["seq"][begin:n_tok]), tuple(r["seq"][:begin]),

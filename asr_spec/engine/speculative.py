@@ -4,11 +4,14 @@ Per row, the step: (1) lets the draft catch up on the committed tokens it has no
 (2) feeds the target its pending token plus the K proposals in *one* pass (a fixed window of K + 1) and applies
 Whisper's rules at each of the K + 1 positions; (3) accepts the longest prefix where proposal == target's choice,
 plus the target's next token; (4) moves each cache's length to exactly the tokens it holds that were accepted.
-Without a draft (K = 0) the same step is plain batched greedy decoding (a window of 1).
+Without a draft (K = 0) the same step is plain batched greedy decoding (a window of 1). With `hyp`
+(`hypothesis.Hypotheses`), rows that have a hypothesis left propose its next tokens instead of the draft's, and the
+window is max(K, hyp.width) + 1 for every row (hypothesis drafting: the same accept, the same invariant).
 
 Invariant between steps, per row: `seq[:n_tok]` are the committed tokens (prompt + generated); the target cache
 holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len` with n_tok - 2 <= d_len <=
-n_tok - 1, so each step feeds the target one pending token and the draft a window of two. A refilled slot's prompt
+n_tok - 1, so each step feeds the target one pending token and the draft a window of two (after a hypothesis
+step n_tok - hyp.width - 2 <= d_len: the next one, a hypothesis step too, feeds a window of hyp.width + 2). A refilled slot's prompt
 is prefilled by the scheduler's admission before the next step (the invariant then holds for it too).
 
 Static: every tensor shape depends only on (rows, n_keys, K), every update is in place and nothing is read back
@@ -24,6 +27,7 @@ import torch
 
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.rules import LogitRules
 
 FINISH_NONE, FINISH_EOS, FINISH_LENGTH = 0, 1, 2
@@ -126,30 +130,37 @@ class Models:
             self.draft_cache.move_row(src, dst, n_positions)
 
 
-def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
+def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp: Hypotheses | None = None) -> None:
     """Advance every unfinished row by at least one token, in place.
 
     k: draft tokens proposed this step (0 = greedy); n_keys: attention keys read, a bucket above every real
-    position of the step (> max n_tok + k over live rows), at most the caches' n_positions.
+    position of the step (> max n_tok + max(k, hyp.width) over live rows), at most the caches' n_positions.
+    hyp: the rows' hypotheses (None: no row has one; the step is then exactly the draft/greedy step).
     """
     live = st.finish == FINISH_NONE
     n_rows = st.n_tok.shape[0]
     dev = st.n_tok.device
-    proposed = _draft(m, rules, st, k, n_keys) if k > 0 else torch.zeros(n_rows, 0, dtype=torch.bool, device=dev)
+    catch_up = 2 if hyp is None else hyp.width + 2
+    proposed = (_draft(m, rules, st, k, n_keys, catch_up) if k > 0
+                else torch.zeros(n_rows, 0, dtype=torch.bool, device=dev))
+    from_hyp = torch.zeros_like(live)
+    if hyp is not None:
+        proposed, from_hyp = hyp.propose(st.seq, st.n_tok, st.begin, st.limit, proposed)
+    p = proposed.shape[1]  # proposals verified this step: k, or max(k, hyp.width)
 
-    # verify: the target's pending token then the k proposals, one pass, logits at all k + 1 positions
+    # verify: the target's pending token then the p proposals, one pass, logits at all p + 1 positions
     t_len = m.target_cache.lengths
-    tokens, pos = _window(st.seq, t_len, k + 1)
+    tokens, pos = _window(st.seq, t_len, p + 1)
     logits = m.target.forward(m.target_cache, tokens, pos, n_keys)
-    scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, k + 1, V)
-    best, choice = scores.max(-1)  # (B, k + 1) each
+    scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, p + 1, V)
+    best, choice = scores.max(-1)  # (B, p + 1) each
 
     # accept the longest agreeing prefix plus the target's own next token, within each row's limits
-    j = torch.arange(k + 1, device=dev)
-    match = (st.seq.gather(1, st.n_tok[:, None] + j[:k]) == choice[:, :k]) & proposed
+    j = torch.arange(p + 1, device=dev)
+    match = (st.seq.gather(1, st.n_tok[:, None] + j[:p]) == choice[:, :p]) & proposed
     n_acc = match.long().cumprod(1).sum(1)
     is_eos = (choice == rules.tokens.eot) & (j[None, :] <= n_acc[:, None])
-    eos_at = torch.where(is_eos, j[None, :], k + 1).min(1).values
+    eos_at = torch.where(is_eos, j[None, :], p + 1).min(1).values
     n_new = torch.minimum(torch.minimum(n_acc + 1, eos_at + 1), st.limit - st.n_tok)
     n_new = torch.where(live, n_new, 0)
     # past n_tok + n_new the row's seq is scratch, so all k + 1 choices can be written
@@ -157,9 +168,10 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     old_n = st.n_tok.clone()
     st.n_tok.add_(n_new)
     t_len.copy_(torch.where(live, st.n_tok - 1, t_len))
-    if k > 0:
+    if k > 0:  # the draft holds the accepted proposals it was fed itself; none of a hypothesis row's
         d_len = m.draft_cache.lengths
-        d_len.copy_(torch.where(live, old_n + torch.clamp(n_new - 1, max=k - 1), d_len))
+        d_keep = torch.where(from_hyp, 0, torch.clamp(n_new - 1, max=k - 1))
+        d_len.copy_(torch.where(live, old_n + d_keep, d_len))
     ended_eos = live & (eos_at < n_new)
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
@@ -168,20 +180,26 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     emitted = j[None, :] < n_new[:, None]
     st.sum_logprob.add_(torch.where(emitted, best.float() - scores.float().logsumexp(-1), 0.0).sum(1))
     live_l = live.long()
+    drafting = (live & ~from_hyp).long()  # the rows whose proposals were the model draft's
+    n_offered, n_taken = proposed.sum(1), torch.minimum(n_acc, n_new)
     st.target_passes.add_(live_l)
     st.draft_passes.add_(live_l * k)
-    st.drafted.add_(proposed.sum(1) * live_l)
-    st.accepted.add_(torch.minimum(n_acc, n_new) * live_l)
+    st.drafted.add_(n_offered * drafting)
+    st.accepted.add_(n_taken * drafting)
     if k > 0:
-        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], live_l[:, None])
+        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting[:, None])
+    if hyp is not None:
+        hyp.settle(choice, old_n, st.begin, n_new, live & from_hyp, n_offered, n_taken)
 
 
-def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> torch.Tensor:
+def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, catch_up: int = 2) -> torch.Tensor:
     """Let the draft propose k tokens per row, written into st.seq[n_tok:n_tok + k]; returns the (B, k) mask of
-    the tokens each row really offers (none it could not keep before its limit)."""
+    the tokens each row really offers (none it could not keep before its limit). catch_up: the width of the
+    window feeding the draft the committed tokens it has not seen (2; hyp.width + 2 in a hypothesis step)."""
     d_len = m.draft_cache.lengths
-    # catch up on the committed tokens the draft has not seen: one more than the target after a full accept
-    tokens, pos = _window(st.seq, d_len, 2)
+    # catch up on the committed tokens the draft has not seen: one more than the target after a full accept (more
+    # after a hypothesis step)
+    tokens, pos = _window(st.seq, d_len, catch_up)
     index = (st.n_tok - d_len - 1)[:, None]
     proposed = []
     for i in range(k):

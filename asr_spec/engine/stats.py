@@ -19,6 +19,8 @@ class ChunkStats:
     drafted_tokens: int = 0  # draft tokens offered for verification
     accepted_tokens: int = 0  # of those, accepted by the target
     accepted_hist: tuple[int, ...] = ()  # accepted_hist[j] = steps that accepted j draft tokens
+    hypothesis_offered: int = 0  # tokens of the request's hypothesis proposed for verification (engine/hypothesis.py)
+    hypothesis_accepted: int = 0  # of those, accepted by the target
     acceptance_rate: float = field(init=False)  # accepted_tokens / drafted_tokens (0 without a draft)
     tokens_per_target_pass: float = field(init=False)  # generated / target passes (1 greedy, up to K+1)
 
@@ -34,7 +36,8 @@ class ChunkStats:
             self.chunks + other.chunks, self.generated_tokens + other.generated_tokens,
             self.target_passes + other.target_passes, self.draft_passes + other.draft_passes,
             self.drafted_tokens + other.drafted_tokens, self.accepted_tokens + other.accepted_tokens,
-            tuple(a + b for a, b in hist),
+            tuple(a + b for a, b in hist), self.hypothesis_offered + other.hypothesis_offered,
+            self.hypothesis_accepted + other.hypothesis_accepted,
         )
 
     @classmethod

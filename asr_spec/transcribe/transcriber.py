@@ -37,6 +37,9 @@ from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, Engine
 from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.models.presets import DEFAULT_PRESET
+from asr_spec.stream.driver import StreamRunner
+from asr_spec.stream.policy import StreamOptions
+from asr_spec.stream.policy import Update as StreamUpdate
 from asr_spec.transcribe.alignment import Aligner
 from asr_spec.transcribe.assembly import Assembler
 from asr_spec.transcribe.frontend import FrontEnd
@@ -87,6 +90,7 @@ class Transcriber:
         self.engine = Engine(self.target, self.draft, self.options.decode)  # checks the pair and language now
         self.tokens = self.engine.tokens
         self.assembler = Assembler(self.tokenizer, self.tokens, self.options)
+        self._stream_engine: Engine | None = None  # live streams' engine (`streams`), made when first asked for
         self.aligner = None  # word timestamps: the teacher-forced pass over each finished chunk
         if self.options.word_timestamps:
             self.aligner = Aligner(self.target, self.tokens.eot, self.tokens.no_timestamps, self.assembler.piece)
@@ -202,6 +206,38 @@ class Transcriber:
             return self.options.batch_size
         check_batch_size(batch_size)
         return batch_size
+
+    # -- live transcription (asr_spec/stream/) ---------------------------------------------------------------------
+    def streams(self, options: StreamOptions | None = None, *, vad: bool = True, batch_size: int | None = None,
+                offer_hypothesis: bool = True) -> StreamRunner:
+        """Live streams sharing one engine (`asr_spec.stream.driver.StreamRunner`): open streams, feed them audio
+        blocks, `pump()` for the updates. Decodes in timestamp mode (an engine of its own when this transcriber's
+        options have timestamps off); vad: close utterances at silence (silero-vad); offer_hypothesis: offer each
+        stream's previous hypothesis as the draft (off: plain re-decoding, the same text)."""
+        from asr_spec.stream.driver import silero_voices
+
+        if self._stream_engine is None:
+            decode = self.options.decode
+            self._stream_engine = self.engine if decode.timestamps else Engine(
+                self.target, self.draft, dataclasses.replace(decode, timestamps=True))
+        return StreamRunner(self._stream_engine, self.frontend.features, self.tokenizer, options,
+                            silero_voices() if vad else None, self.batch_rows(batch_size), offer_hypothesis)
+
+    def stream(self, blocks: Iterable[Any], options: StreamOptions | None = None, *,
+               vad: bool = True) -> Iterator[StreamUpdate]:
+        """One live stream: each of `blocks` ((n,) float32 16 kHz mono, as it arrives) is fed, what is due decoded,
+        and every update yielded (delta: newly committed text; the last one final, with the whole text)."""
+        runner = self.streams(options, vad=vad, batch_size=1)
+        stream = runner.open()
+        for block in blocks:
+            stream.feed(block)
+            yield from (update for _, update in runner.pump())
+        stream.finish()
+        while not stream.done:
+            updates = runner.pump()
+            if not updates:
+                raise RuntimeError("stream: finished but no final update came")  # a bug of the policy
+            yield from (update for _, update in updates)
 
     # -- the pipeline's stages, public: the server runs them too --------------------------------------------------
     def prepare(self, inputs: Iterable[Input], batch_size: int | None = None) -> Iterator[ChunkRequest]:

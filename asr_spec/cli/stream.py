@@ -1,0 +1,114 @@
+"""`asr-spec stream FILE|-`: live transcription from the command line, the policy of `Transcriber.stream`.
+
+A file is read at `--speed` times real time (0: as fast as the decoding goes), `-` reads raw PCM16 16 kHz mono
+from stdin as it comes. Committed text goes to stdout as soon as it is stable (no newline until the end);
+`--tentative` also shows the uncommitted rest on stderr. Exit codes: 0 done, 2 bad options, an unusable model or
+input (one ``error:`` line), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import Optional
+
+import numpy as np
+import typer
+
+from asr_spec.cli.options import (DEVICE, DRAFT, EXIT_INTERRUPTED, EXIT_USAGE, LANGUAGE, MODEL, NO_DRAFT, PRESET,
+                                  USER_ERRORS, fail, preset_overrides)
+from asr_spec.errors import InputError, one_line
+
+__all__ = ["stream"]
+
+SAMPLE_RATE = 16_000
+
+
+def stream(
+    source: str = typer.Argument(..., metavar="FILE|-", help="An audio file, or - for raw PCM16 16 kHz mono on "
+                                 "stdin."),
+    preset: str = PRESET,
+    model: Optional[str] = MODEL,
+    draft: Optional[str] = DRAFT,
+    no_draft: bool = NO_DRAFT,
+    language: Optional[str] = LANGUAGE,
+    device: str = DEVICE,
+    speed: float = typer.Option(1.0, help="A file is fed at this many times real time; 0: as fast as possible."),
+    step_s: float = typer.Option(1.0, help="Re-decode the uncommitted audio after this many new seconds."),
+    no_vad: bool = typer.Option(False, "--no-vad", help="No voice activity: utterances are not closed at silence."),
+    no_hypothesis: bool = typer.Option(False, "--no-hypothesis", help="Plain re-decoding: do not offer the previous "
+                                       "hypothesis as the draft (the same text, more target passes)."),
+    tentative: bool = typer.Option(False, "--tentative", help="Also show the uncommitted text on stderr."),
+) -> None:
+    """Transcribe a live stream: committed text is printed as it becomes stable."""
+    from asr_spec.stream.policy import StreamOptions
+    from asr_spec.transcribe import Transcriber
+
+    if speed < 0:
+        fail(f"--speed must be >= 0, got {speed}", EXIT_USAGE)
+    try:
+        options = StreamOptions(step_s=step_s)
+        asr = Transcriber.from_preset(preset, **preset_overrides(model, draft, no_draft, language=language,
+                                                                 device=device, batch_size=1))
+        blocks = _stdin_blocks(step_s) if source == "-" else _file_blocks(source, step_s, speed)
+        runner = asr.streams(options, vad=not no_vad, batch_size=1, offer_hypothesis=not no_hypothesis)
+        _run(runner, blocks, tentative)
+    except KeyboardInterrupt:
+        typer.echo("", err=False)
+        fail("interrupted", EXIT_INTERRUPTED)
+    except USER_ERRORS as err:
+        fail(one_line(err), EXIT_USAGE)
+
+
+def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> None:
+    stream = runner.open()
+
+    def show(updates) -> None:
+        for _, update in updates:
+            if update.delta:
+                sys.stdout.write(update.delta)
+                sys.stdout.flush()
+            if tentative and not update.final:
+                sys.stderr.write(f"\r\x1b[K… {update.tentative.strip()}"[-200:])
+                sys.stderr.flush()
+
+    for block in blocks:
+        stream.feed(block)
+        show(runner.pump())
+    stream.finish()
+    while not stream.done:
+        show(runner.pump())
+    if tentative:
+        sys.stderr.write("\r\x1b[K")
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _file_blocks(path: str, step_s: float, speed: float) -> Iterator[np.ndarray]:
+    """The file's samples in blocks of step_s, each given no earlier than its end time / speed after the start."""
+    from asr_spec.audio.loading import stream_audio
+
+    start, fed_s = time.monotonic(), 0.0
+    for block in stream_audio(path, block_s=step_s):
+        fed_s += len(block) / SAMPLE_RATE
+        if speed > 0:
+            time.sleep(max(0.0, start + fed_s / speed - time.monotonic()))
+        yield block
+
+
+def _stdin_blocks(step_s: float) -> Iterator[np.ndarray]:
+    """Raw little-endian PCM16 mono 16 kHz from stdin, step_s at a time (the last block may be shorter)."""
+    n_bytes = int(step_s * SAMPLE_RATE) * 2
+    pipe = sys.stdin.buffer
+    rest = b""
+    while True:
+        data = pipe.read(n_bytes)
+        if not data:
+            break
+        data = rest + data
+        usable = len(data) // 2 * 2
+        rest = data[usable:]
+        yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+    if rest:
+        raise InputError("stdin: an odd number of bytes: not PCM16")

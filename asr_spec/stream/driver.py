@@ -1,0 +1,143 @@
+"""Many streams through one engine: every stream's due decode goes into one engine run (rows shared), the results
+go back to each stream's policy, and the updates come out.
+
+    runner = StreamRunner(engine, features, tokenizer, StreamOptions())   # or Transcriber.streams()
+    stream = runner.open()            # as many as wanted
+    stream.feed(samples)              # (n,) float32 16 kHz blocks, as they arrive
+    for stream, update in runner.pump():   # decodes what is due now, all streams in one batch
+        print(stream.id, update.delta, update.tentative)
+    stream.finish()                   # then pump() until stream.done
+
+Each decode offers the stream's previous hypothesis as the engine's draft (`ChunkRequest.hypothesis`, unless
+`offer_hypothesis` is off: plain re-decoding, the same text). The engine decodes in Whisper's timestamp mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+from asr_spec.audio.features import FeatureBatcher
+from asr_spec.engine import ChunkRequest, ChunkStats, Engine
+from asr_spec.errors import InputError
+from asr_spec.stream.agreement import TokenKinds
+from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update, VoiceFn
+
+
+def token_kinds(tokenizer: Any, eot: int, timestamp_begin: int) -> TokenKinds:
+    """The `TokenKinds` of a Whisper tokenizer: a text token starts a word when its byte-level BPE piece starts
+    with a space ("Ġ")."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(eot)))
+    word_start = np.array([p is not None and p.startswith("Ġ") for p in pieces] + [False], dtype=bool)
+    return TokenKinds(eot, timestamp_begin, word_start)
+
+
+class Stream:
+    """One live stream of a `StreamRunner`: feed it audio blocks, finish it; its updates come from `pump`."""
+
+    def __init__(self, stream_id: Hashable, policy: StreamPolicy):
+        self.id, self.policy = stream_id, policy
+        self.stats = ChunkStats(chunks=0)  # the engine's counts over every decode of this stream
+        self.text = ""  # committed so far
+        self._pending: list[Update] = []
+
+    def feed(self, samples: np.ndarray) -> None:
+        """Append (n,) float32 16 kHz mono samples."""
+        self.policy.feed(samples)
+
+    def finish(self) -> None:
+        """End of input: the final update comes from the next `pump` (at once when nothing is left to decode)."""
+        final = self.policy.finish()
+        if final is not None:
+            self._pending.append(final)
+
+    @property
+    def done(self) -> bool:
+        return self.policy.done and not self._pending
+
+
+class StreamRunner:
+    """Streams sharing one engine (see the module docstring).
+
+    engine: an `Engine` decoding in timestamp mode; features: the target's `FeatureBatcher`; tokenizer: the
+    target's; voice: a factory of per-stream speech-probability functions (None: no voice activity, a stream is
+    only trimmed by its segments and closed at its end); batch_size: engine rows.
+    """
+
+    def __init__(self, engine: Engine, features: FeatureBatcher, tokenizer: Any, options: StreamOptions | None = None,
+                 voice: Callable[[], VoiceFn] | None = None, batch_size: int = 8, offer_hypothesis: bool = True):
+        if not engine.options.timestamps:
+            raise InputError("streaming decodes in Whisper's timestamp mode: the engine's options.timestamps is off")
+        self.engine, self.features, self.tokenizer = engine, features, tokenizer
+        self.options = StreamOptions() if options is None else options
+        self.voice, self.batch_size, self.offer_hypothesis = voice, batch_size, offer_hypothesis
+        tokens = engine.tokens
+        self.kinds = token_kinds(tokenizer, tokens.eot, tokens.timestamp_begin)
+        self.streams: dict[Hashable, Stream] = {}
+        self._ids = itertools.count()
+        self.stats = ChunkStats(chunks=0)  # over every decode of every stream
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens)
+
+    def open(self, stream_id: Hashable | None = None) -> Stream:
+        """A new stream (its id: the next integer unless given)."""
+        key = next(self._ids) if stream_id is None else stream_id
+        if key in self.streams:
+            raise InputError(f"stream {key!r} is open already")
+        voice = None if self.voice is None else self.voice()
+        stream = Stream(key, StreamPolicy(self.kinds, self.detokenize, self.options, voice))
+        self.streams[key] = stream
+        return stream
+
+    def close(self, stream: Stream) -> None:
+        """Forget a stream (finished or abandoned): it takes no row from now on."""
+        self.streams.pop(stream.id, None)
+
+    def pump(self) -> list[tuple[Stream, Update]]:
+        """Decode every stream's due decode in one engine run, until none is due; returns the updates, in order.
+        A finished stream is forgotten once its final update is returned."""
+        out = [(s, u) for s in self.streams.values() for u in s._pending]
+        for s in self.streams.values():
+            s._pending = []
+        while True:
+            due = [(s, d) for s in self.streams.values() if (d := s.policy.request()) is not None]
+            if not due:
+                break
+            out += self._decode(due)
+        for stream, update in out:
+            stream.text = update.text
+            if update.final:
+                self.close(stream)
+        return out
+
+    def _decode(self, due: list[tuple[Stream, Decode]]) -> list[tuple[Stream, Update]]:
+        feats = self.features([d.audio for _, d in due])
+        requests = [ChunkRequest(i, feats[i], hypothesis=d.hypothesis if self.offer_hypothesis else ())
+                    for i, (_, d) in enumerate(due)]
+        results = {r.id: r for r in self.engine.run(requests, min(self.batch_size, len(requests)))}
+        out = []
+        for i, (stream, decode) in enumerate(due):
+            result = results[i]
+            stream.stats = stream.stats.add(result.stats)
+            self.stats = self.stats.add(result.stats)
+            out.append((stream, stream.policy.accept(decode, result.tokens)))
+        return out
+
+
+def silero_voices() -> Callable[[], VoiceFn]:
+    """A factory of per-stream silero-vad probability functions sharing one model (each its own state)."""
+    from asr_spec.audio.vad import SileroVad
+
+    base = SileroVad()
+
+    def make() -> VoiceFn:
+        voice = copy.copy(base)
+        voice.reset()
+        return voice
+
+    return make
