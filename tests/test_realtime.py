@@ -1,6 +1,6 @@
 """WS /v1/realtime on a real 127.0.0.1 port (uvicorn in a thread), driven as vLLM's realtime example client drives
 it (the `websockets` package: session.created, commit, appends, commit final, deltas, done), with the tiny
-real-vocabulary Whisper of test_transcribe: each stream's text equals its policy run alone on the same samples;
+real-vocabulary Whisper of test_transcribe: each stream's text equals the streaming API's (`Transcriber.stream`) for the same samples;
 8 streams and an upload at once; a malformed event; --max-streams; a client that goes away; API keys."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from asr_spec.audio.loading import load_audio  # noqa: E402
 from asr_spec.engine.capture import StepRunner  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
-from asr_spec.serve.realtime import RealtimeOptions, default_policy  # noqa: E402
+from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
 from test_serve import serving  # noqa: E402
 from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
@@ -48,26 +48,24 @@ def pcm16(path) -> np.ndarray:
     return np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2")
 
 
-def policy_alone(transcriber, pcm: np.ndarray, block_samples: int = 1600) -> str:
-    """The final text of the streaming policy fed `pcm` one block at a time, each decode run alone in the engine:
-    what the server must give for the same samples whatever else shares its engine."""
-    policy = default_policy(transcriber)()
+_STREAMED: dict[tuple[int, bytes], str] = {}
+
+
+def streaming_api(transcriber, pcm: np.ndarray, block_samples: int = 1600) -> str:
+    """The final text of `Transcriber.stream` (the streaming API) fed `pcm` in 0.1 s blocks: what the server must
+    give for the same samples whatever else shares its engine (kept per transcriber and samples)."""
+    key = (id(transcriber), pcm.tobytes())
+    if key not in _STREAMED:
+        _STREAMED[key] = _stream_alone(transcriber, pcm, block_samples)
+    return _STREAMED[key]
+
+
+def _stream_alone(transcriber, pcm: np.ndarray, block_samples: int) -> str:
     samples = pcm.astype(np.float32) / 32768.0
-    features = transcriber.frontend.features
-
-    def drain():
-        update = None
-        while (decode := policy.request()) is not None:
-            result = transcriber.engine.decode(features([decode.audio]), batch_size=1)[0]
-            update = policy.accept(decode, result.tokens)
-        return update
-
-    for start in range(0, len(samples), block_samples):
-        policy.feed(samples[start:start + block_samples])
-        drain()
-    update = policy.finish() or drain()
-    assert update is not None and update.final
-    return update.text
+    blocks = [samples[i:i + block_samples] for i in range(0, len(samples), block_samples)]
+    updates = list(transcriber.stream(blocks))
+    assert updates and updates[-1].final
+    return updates[-1].text
 
 
 async def stream(uri: str, pcm: np.ndarray, headers=None, subprotocols=None, pace_s: float = 0.0,
@@ -110,12 +108,12 @@ def check(done: dict, deltas: list[str], want: str) -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
-def test_a_stream_equals_its_policy_run_alone(greedy):
+def test_a_stream_equals_the_streaming_api(greedy):
     pcm = pcm16(SHORT[0])
     with serving(create_app(Batcher(greedy, batch_size=4))) as base_url:
         done, deltas, errors = asyncio.run(stream(ws_url(base_url), pcm))
     assert not errors
-    want = policy_alone(greedy, pcm)
+    want = streaming_api(greedy, pcm)
     assert want.strip()  # the tiny model says something: the comparison is not of two empty strings
     check(done, deltas, want)
 
@@ -147,7 +145,7 @@ def test_eight_streams_and_an_upload_at_once(greedy):
     assert upload["text"] == upload_want
     for pcm, (done, deltas, errors) in zip(pcms, outcomes):
         assert not errors
-        check(done, deltas, policy_alone(greedy, pcm))
+        check(done, deltas, streaming_api(greedy, pcm))
     assert chunks >= 8 * 3  # every stream re-decoded several times, through the server's one engine
 
 
@@ -159,7 +157,7 @@ def test_a_malformed_event_gets_an_error_event_and_the_connection_goes_on(greedy
         done, deltas, errors = asyncio.run(stream(ws_url(base_url), pcm, before=bad))
     assert [e["code"] for e in errors] == ["invalid_json", "invalid_audio", "model_not_found", "unknown_event"]
     assert all("\n" not in e["error"] and e["error"] for e in errors)
-    check(done, deltas, policy_alone(greedy, pcm))
+    check(done, deltas, streaming_api(greedy, pcm))
 
 
 def test_streams_past_max_streams_are_refused_cleanly(greedy):
@@ -195,10 +193,10 @@ def test_a_client_that_goes_away_frees_its_row_at_once():
     steps: list[float] = []
 
     def wrap(fn):
-        def paced(m, rules, st, k, n_keys):
+        def paced(m, rules, st, *args):
             steps.append(time.monotonic())
             time.sleep(0.05)  # a step as slow as a real model's: a re-decode takes seconds
-            fn(m, rules, st, k, n_keys)
+            fn(m, rules, st, *args)
         return paced
 
     slow.engine.runner = StepRunner("wrapped", wrap)

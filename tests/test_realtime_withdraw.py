@@ -20,9 +20,9 @@ def _engine(sizes: list[int], withdraw_after: int | None = None, chunk_id=None) 
     """An engine whose steps record how many rows they ran on; after `withdraw_after` steps it is told (as a
     server's event loop would tell it, between two steps) to withdraw `chunk_id`."""
     def wrap(fn):
-        def recorded(m, rules, st, k, n_keys):
+        def recorded(m, rules, st, *args):
             sizes.append(int(st.n_tok.shape[0]))
-            fn(m, rules, st, k, n_keys)
+            fn(m, rules, st, *args)
             if len(sizes) == withdraw_after:
                 engine.withdraw(chunk_id)
         return recorded

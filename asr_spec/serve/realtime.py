@@ -42,6 +42,7 @@ __all__ = ["STATIC_DIR", "RealtimeOptions", "add_realtime_routes"]
 
 log = logging.getLogger(__name__)
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at --max-streams
+UNSUPPORTED = 1003  # WebSocket close code: this server cannot stream (its decoding has no timestamps)
 STATIC_DIR = Path(__file__).parent / "static"  # the page at / and its scripts
 SUBPROTOCOL = "realtime"  # answered when offered (a browser offering subprotocols needs one chosen)
 
@@ -54,6 +55,7 @@ class RealtimeOptions:
     max_backlog_s: float = 30.0  # audio received and not yet given to the policy, in seconds; past it: not read
     max_append_s: float = 10.0  # the most audio one append event may carry, in seconds
     block_s: float = 0.1  # the policy is fed this much audio at a time (so as the streaming API feeds it)
+    vad: bool = True  # the default policy closes utterances at silence (silero-vad), as Transcriber.stream does
     # () -> a new stream's policy; None: the streaming policy of `asr_spec.stream` over the server's transcriber
     policy: Callable[[], Any] | None = field(default=None, compare=False)
 
@@ -249,11 +251,20 @@ def add_realtime_routes(app: Any, batcher: Batcher, options: RealtimeOptions) ->
     from fastapi.responses import FileResponse
     from fastapi.staticfiles import StaticFiles
 
-    make_policy = options.policy or default_policy(batcher.transcriber)
+    refusal = None  # why this server cannot stream, if it cannot (its uploads are served all the same)
+    try:
+        make_policy = options.policy or default_policy(batcher.transcriber, options.vad)
+    except InputError as err:
+        refusal, make_policy = one_line(err), None
 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
         with contextlib.suppress(WebSocketDisconnect):
+            if refusal is not None:
+                await websocket.accept()
+                await websocket.send_json(events.error(refusal, "streaming_unavailable"))
+                await websocket.close(UNSUPPORTED, "streaming unavailable")
+                return
             await Session(websocket, batcher, options, make_policy).run()
 
     @app.get("/", include_in_schema=False)
@@ -263,21 +274,12 @@ def add_realtime_routes(app: Any, batcher: Batcher, options: RealtimeOptions) ->
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
 
-def default_policy(transcriber: Any) -> Callable[[], Any]:
-    """() -> a new `StreamPolicy` for a stream decoded by `transcriber`'s engine (its tokenizer's token kinds and
-    text; default `StreamOptions`)."""
-    from asr_spec.stream.agreement import TokenKinds
-    from asr_spec.stream.policy import StreamOptions, StreamPolicy
-
-    tokenizer, tokens = transcriber.tokenizer, transcriber.tokens
-    pieces = tokenizer.convert_ids_to_tokens(list(range(tokens.eot)))
-    kinds = TokenKinds(tokens.eot, tokens.timestamp_begin, np.array([p.startswith("Ġ") for p in pieces] + [False]))
-    options = StreamOptions()
-
-    def detokenize(ids: Any) -> str:
-        return tokenizer.decode(list(ids))
-
-    def make() -> StreamPolicy:
-        return StreamPolicy(kinds, detokenize, options)
-
-    return make
+def default_policy(transcriber: Any, vad: bool = True) -> Callable[[], Any]:
+    """() -> a new stream's policy, made as `Transcriber.stream` makes it (`StreamRunner.new_policy`: default
+    `StreamOptions`; vad: utterances closed at silence by silero-vad), for re-decodes by `transcriber`'s own
+    engine, which must decode in Whisper's timestamp mode (else `InputError`: the streams could not share it)."""
+    if not transcriber.engine.options.timestamps:
+        raise InputError("/v1/realtime needs the server to decode in Whisper's timestamp mode (the preset's "
+                         "timestamps = true)")
+    runner = transcriber.streams(vad=vad)
+    return runner.new_policy

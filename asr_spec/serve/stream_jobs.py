@@ -150,7 +150,7 @@ class StreamQueue:
         if stale is not None:
             self._withdraw(stale)
         features = self._featurise([pending.samples])[0]
-        return ChunkRequest(pending.request_id, features)
+        return ChunkRequest(pending.request_id, features, hypothesis=pending.hypothesis)
 
     def deliver(self, result: ChunkResult) -> bool:
         """Hand a result to its stream; False when `result` is not a stream's (an upload chunk's)."""
