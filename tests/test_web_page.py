@@ -1,0 +1,151 @@
+"""The page at / in headless Chromium (Debian's `chromium`, driven by Playwright; no browser download), against a
+real server on 127.0.0.1 with the tiny real-vocabulary Whisper: a file streamed at real-time pace through the file
+picker ends with exactly the streaming API's text for that file; the fake microphone playing the same clip is
+captured (AudioWorklet, 16 kHz PCM16), and the page ends with exactly the streaming API's text for the samples it
+sent; committed and tentative text look different. Each test saves a screenshot in its tmp_path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (the asr-spec[test] extra)")
+
+from asr_spec.serve.app import create_app  # noqa: E402
+from asr_spec.serve.batcher import Batcher  # noqa: E402
+from asr_spec.serve.realtime import RealtimeOptions, default_policy  # noqa: E402
+from test_realtime import pcm16, realtime_transcriber, streaming_api  # noqa: E402
+from test_serve import serving  # noqa: E402
+from test_transcribe import SHORT  # noqa: E402
+
+CHROMIUM = os.environ.get("ASR_SPEC_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")]
+CLIP = SHORT[0]  # 3.2 s of speech
+TIMEOUT_MS = 120_000
+
+
+def chromium_args(wav: Path) -> list[str]:
+    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}%noloop"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return realtime_transcriber()
+
+
+@pytest.fixture
+def clip(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """The fixture clip as a 16 kHz PCM16 WAV (what the fake microphone plays and the file picker is given)."""
+    import soundfile as sf
+
+    pcm = pcm16(CLIP)
+    wav = tmp_path / "clip.wav"
+    sf.write(wav, pcm, 16000, subtype="PCM_16")
+    return wav, pcm
+
+
+class Recorded:
+    """The server's stream policies, with the samples each was fed (what the page sent, in order)."""
+
+    def __init__(self, transcriber):
+        self.make = default_policy(transcriber)
+        self.fed: list[list[np.ndarray]] = []
+
+    def __call__(self):
+        policy, blocks = self.make(), []
+        self.fed.append(blocks)
+        feed = policy.feed
+
+        def recording(samples):
+            blocks.append(np.array(samples, dtype=np.float32))
+            feed(samples)
+
+        policy.feed = recording
+        return policy
+
+
+def open_page(playwright, wav: Path, url: str):
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(wav))
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(url)
+    return browser, page, errors
+
+
+def finished_text(page) -> str:
+    page.wait_for_selector("body[data-state=done]", timeout=TIMEOUT_MS)
+    assert page.text_content("#tentative") == ""
+    return page.text_content("#committed")
+
+
+def test_a_file_streamed_from_the_page_ends_with_the_streaming_apis_text(model, clip, tmp_path):
+    wav, pcm = clip
+    want = streaming_api(model, pcm)
+    with serving(create_app(Batcher(model, batch_size=2))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.set_input_files("#file", str(wav))
+            started = time.monotonic()
+            page.click("#file-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            text = finished_text(page)
+            took_s = time.monotonic() - started
+            shot = tmp_path / "web_page_file.png"
+            page.screenshot(path=str(shot))
+            browser.close()
+    assert not errors
+    assert want.strip() and text == want
+    assert took_s >= len(pcm) / 16000 * 0.9  # sent at real-time pace, not at once
+    assert shot.stat().st_size > 1000
+    print(f"screenshot: {shot}")
+
+
+def test_the_microphone_is_captured_and_transcribed(model, clip, tmp_path):
+    wav, pcm = clip
+    recorded = Recorded(model)
+    app = create_app(Batcher(model, batch_size=2), realtime=RealtimeOptions(policy=recorded))
+    with serving(app) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.click("#mic-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            page.wait_for_function("document.getElementById('tentative').textContent.length > 0",
+                                   timeout=TIMEOUT_MS)
+            colours = page.evaluate("['committed', 'tentative'].map((id) => "
+                                    "getComputedStyle(document.getElementById(id)).color)")
+            time.sleep(len(pcm) / 16000 + 0.7)  # the whole clip, then a little silence
+            page.click("#mic-stop")
+            text = finished_text(page)
+            shot = tmp_path / "web_page_microphone.png"
+            page.screenshot(path=str(shot))
+            browser.close()
+    assert not errors and len(recorded.fed) == 1
+    sent = np.concatenate(recorded.fed[0])
+    assert text == streaming_api(model, np.round(sent * 32768).astype("<i2"))
+    assert colours[0] != colours[1]  # committed and tentative text are shown differently
+    lag, gain, residual = alignment(sent, pcm.astype(np.float32) / 32768)
+    # the capture is the clip: Chromium resamples its fake device (48 kHz) to the page's 16 kHz, so close, not equal
+    assert lag < 1600 and 0.9 < gain < 1.1 and residual < 0.35, (lag, gain, residual)
+    assert shot.stat().st_size > 1000
+
+
+def alignment(captured: np.ndarray, clip: np.ndarray) -> tuple[int, float, float]:
+    """(lag in samples, gain, residual rms / clip rms) of the clip's best match inside the captured samples."""
+    n = len(captured) + len(clip)
+    corr = np.fft.irfft(np.fft.rfft(captured, n) * np.conj(np.fft.rfft(clip, n)), n)[: len(captured)]
+    lag = int(np.argmax(corr))
+    part = captured[lag: lag + len(clip)]
+    ref = clip[: len(part)]
+    gain = float(np.dot(part, ref) / np.dot(ref, ref))
+    residual = float(np.sqrt(np.mean((part - gain * ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
+    return lag, gain, residual
