@@ -257,3 +257,36 @@ def test_realtime_options_are_checked():
 
     with pytest.raises(InputError, match="max_backlog_s must be a positive number of seconds"):
         RealtimeOptions(max_backlog_s=0)
+
+
+def test_one_input_after_another_on_a_connection_and_a_tight_backlog(greedy):
+    """A backlog bound of 0.2 s (the server stops reading past it: TCP holds the client) changes nothing in the
+    text; after transcription.done the same connection streams the next input; an append after a final commit is
+    an error (input_finished), and the connection goes on."""
+    first, second = pcm16(SHORT[1])[:24000], pcm16(SHORT[2])[:20000]
+    options = RealtimeOptions(model_id="asr-spec", max_backlog_s=0.2)
+
+    async def two_inputs(uri: str):
+        async with websockets.connect(uri) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            outcomes = []
+            for pcm in (first, second):
+                raw = pcm.tobytes()
+                for start in range(0, len(raw), BLOCK_BYTES):
+                    audio = base64.b64encode(raw[start:start + BLOCK_BYTES]).decode()
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                events_seen = []
+                while not events_seen or events_seen[-1]["type"] != "transcription.done":
+                    events_seen.append(json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S)))
+                outcomes.append(events_seen)
+            return outcomes
+
+    with serving(create_app(Batcher(greedy, batch_size=2), realtime=options)) as base_url:
+        outcomes = asyncio.run(two_inputs(ws_url(base_url)))
+    for pcm, seen in zip((first, second), outcomes):
+        errors = [e for e in seen if e["type"] == "error"]
+        assert [e["code"] for e in errors] == ["input_finished"]
+        deltas = [e["delta"] for e in seen if e["type"] == "transcription.delta"]
+        check(seen[-1], deltas, streaming_api(greedy, pcm))
