@@ -1,16 +1,17 @@
 """`/v1/realtime`: live transcription over a WebSocket, vLLM's realtime protocol (events: realtime_events.py).
 
     client ──append (PCM16 16 kHz)──► backlog (bounded: past it the server stops reading, TCP holds the client)
-    ──one step of audio at a time──► the stream's policy ──re-decode due──► StreamQueue.submit (stream_jobs.py)
-    ──the server's one engine run, rows shared with uploads──► result ──policy.take──► transcription.delta
+    ──0.1 s blocks──► the stream's policy ──re-decode due──► StreamQueue.submit (stream_jobs.py)
+    ──the server's one engine run, rows shared with uploads──► result ──policy.accept──► transcription.delta
     (newly committed text) [+ transcription.tentative] ... commit final ──► the policy's last re-decodes ──►
     transcription.done (the whole text, usage)
 
 A connection holds one stream (`--max-streams` in all; past it the connection gets an error event and is closed
 with code 1013, "try again later"). The policy (the streaming policy of `asr_spec.stream`) decides what to
-re-decode and what is committed; it is fed in audio time, one step of samples after another, never more than one
-re-decode in flight, so what it commits does not depend on how fast audio arrives or on the engine's load: the text
-equals the streaming API's for the same audio. A session's memory is bounded: the backlog (`max_backlog_s`), one
+re-decode and what is committed; it is fed in audio time, one `block_s` of samples after another, never more than
+one re-decode in flight, so what it commits depends neither on how the client cuts its appends, nor on how fast
+they arrive, nor on the engine's load: the text equals `Transcriber.stream`'s fed the same samples in the same
+blocks. A session's memory is bounded: the backlog (`max_backlog_s`), one
 append (`max_append_s`), the policy's one window. A malformed event gets an error event and the connection goes
 on. When the client goes away, its stream closes at once: its waiting re-decode is dropped and its engine row freed
 (`StreamQueue.close`). After `transcription.done` the connection may stream the next input.
@@ -64,6 +65,8 @@ class RealtimeOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise InputError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.vad, bool):
+            raise InputError(f"vad must be true or false, got {self.vad!r}")
 
     @property
     def max_append_samples(self) -> int:
