@@ -290,3 +290,34 @@ def test_one_input_after_another_on_a_connection_and_a_tight_backlog(greedy):
         assert [e["code"] for e in errors] == ["input_finished"]
         deltas = [e["delta"] for e in seen if e["type"] == "transcription.delta"]
         check(seen[-1], deltas, streaming_api(greedy, pcm))
+
+
+def test_cli_refuses_a_bad_max_streams_before_loading(capsys, tmp_path):
+    from asr_spec.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(tmp_path / "absent"), "--max-streams", "0"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "max_streams must be an integer >= 1" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_server_without_timestamp_mode_refuses_streams_and_still_serves_uploads():
+    plain = transcriber(speculative=False, timestamps=False, max_new_tokens=MAX_NEW)
+
+    async def refused(uri: str):
+        async with websockets.connect(uri) as ws:
+            event = json.loads(await ws.recv())
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            return event, closed.value.rcvd.code
+
+    import httpx
+
+    with serving(create_app(Batcher(plain, batch_size=2))) as base_url:
+        event, code = asyncio.run(refused(ws_url(base_url)))
+        files = {"file": (SHORT[0].name, SHORT[0].read_bytes(), "audio/flac")}
+        upload = httpx.post(f"{base_url}/audio/transcriptions", files=files, timeout=TIMEOUT_S)
+    assert event["type"] == "error" and event["code"] == "streaming_unavailable" and code == 1003
+    assert "timestamp mode" in event["error"]
+    assert upload.status_code == 200
