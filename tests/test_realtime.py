@@ -257,6 +257,8 @@ def test_realtime_options_are_checked():
 
     with pytest.raises(InputError, match="max_backlog_s must be a positive number of seconds"):
         RealtimeOptions(max_backlog_s=0)
+    with pytest.raises(InputError, match=r"max_backlog_s \(0.05\) must be at least block_s \(0.1\)"):
+        RealtimeOptions(max_backlog_s=0.05)
 
 
 def test_one_input_after_another_on_a_connection_and_a_tight_backlog(greedy):

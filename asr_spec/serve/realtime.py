@@ -65,6 +65,8 @@ class RealtimeOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise InputError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
+            raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
         if not isinstance(self.vad, bool):
             raise InputError(f"vad must be true or false, got {self.vad!r}")
 
@@ -220,8 +222,8 @@ class Session:
             if decode is not None:
                 current.decode = decode
                 self.batcher.streams.submit(self.stream, decode.audio, decode.hypothesis)
-            elif block is not None:
-                current.policy.feed(block)
+            elif block is not None:  # in a worker thread: the policy's voice activity model runs on it
+                await asyncio.to_thread(current.policy.feed, block)
             elif current.finishing and not current.ended:
                 current.ended = True
                 update = current.policy.finish()
