@@ -2,7 +2,8 @@
 real server on 127.0.0.1 with the tiny real-vocabulary Whisper: a file streamed at real-time pace through the file
 picker ends with exactly the streaming API's text for that file; the fake microphone playing the same clip is
 captured (AudioWorklet, 16 kHz PCM16), and the page ends with exactly the streaming API's text for the samples it
-sent; committed and tentative text look different. Each test saves a screenshot in its tmp_path."""
+sent; committed and tentative text look different; the worklet's resampling of a 48 kHz capture is exact where
+it should be. The page tests save a screenshot in their tmp_path."""
 
 from __future__ import annotations
 
@@ -149,3 +150,40 @@ def alignment(captured: np.ndarray, clip: np.ndarray) -> tuple[int, float, float
     gain = float(np.dot(part, ref) / np.dot(ref, ref))
     residual = float(np.sqrt(np.mean((part - gain * ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
     return lag, gain, residual
+
+
+RESAMPLE_SCRIPT = """async () => {
+  const rate = 48000, n = 48000;
+  const context = new OfflineAudioContext(1, n, rate);
+  await context.audioWorklet.addModule("/static/pcm-worklet.js");
+  const node = new AudioWorkletNode(context, "pcm16");
+  const blocks = [];
+  node.port.onmessage = (event) => blocks.push(Array.from(new Int16Array(event.data)));
+  const buffer = context.createBuffer(1, n, rate);
+  const samples = buffer.getChannelData(0);
+  for (let i = 0; i < n; i++) samples[i] = 0.5 * Math.sin(2 * Math.PI * 440 * i / rate);
+  const source = context.createBufferSource();
+  source.buffer = buffer;
+  source.connect(node);
+  node.connect(context.destination);
+  source.start();
+  await context.startRendering();
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  return blocks.flat();
+}"""
+
+
+def test_the_worklet_resamples_a_48_khz_capture_to_16_khz(model, clip):
+    """A browser whose microphone cannot be opened at 16 kHz: the worklet takes every third 48 kHz sample (its
+    linear interpolation lands on whole samples at this ratio), as PCM16, in 1600-sample blocks."""
+    wav, _ = clip
+    with serving(create_app(Batcher(model, batch_size=1))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            out = np.array(page.evaluate(RESAMPLE_SCRIPT), dtype=np.int64)
+            browser.close()
+    assert not errors and len(out) == 16000  # ten whole blocks of 0.1 s
+    source_index = 3 * np.arange(len(out)) - 1  # output j is input sample 3j - 1 (one sample of delay)
+    want = np.round(np.clip(0.5 * np.sin(2 * np.pi * 440 * source_index / 48000), -1, 1) * 32768)
+    want[0] = 0  # before the first input sample
+    assert np.abs(out - want).max() <= 1

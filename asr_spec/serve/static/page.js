@@ -42,22 +42,45 @@ function newClient() {
 }
 
 async function startMicrophone() {
+  let media = null;
+  let worklet = null;
   try {
     client = newClient();
-    await client.open($("api-key").value);  // first: no captured audio waits for the socket
-    const context = new AudioContext({sampleRate: RATE});
+    await client.open($("api-key").value);  // first the socket, then the worklet: no captured audio waits
+    worklet = await pcmWorklet({sampleRate: RATE});  // the browser resamples the microphone to 16 kHz
+    media = await navigator.mediaDevices.getUserMedia({
+      audio: {channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false},
+    });
+    try {
+      worklet.context.createMediaStreamSource(media).connect(worklet.node);
+    } catch (err) {  // a browser that cannot: the worklet resamples from the device's rate
+      worklet.context.close();
+      worklet = await pcmWorklet({});
+      worklet.context.createMediaStreamSource(media).connect(worklet.node);
+    }
+    capture = {context: worklet.context, node: worklet.node, media};
+    setState("streaming", "Listening...");
+  } catch (err) {
+    if (!capture) {
+      if (media) media.getTracks().forEach((track) => track.stop());
+      if (worklet) worklet.context.close();
+    }
+    stopCapture();
+    if (client) client.close();
+    setState("error", `Error: ${err.message}`);
+  }
+}
+
+async function pcmWorklet(contextOptions) {  // -> {context, node}: the pcm16 worklet, its blocks sent
+  const context = new AudioContext(contextOptions);
+  try {
     await context.audioWorklet.addModule("/static/pcm-worklet.js");
     const node = new AudioWorkletNode(context, "pcm16");
     node.port.onmessage = (event) => client.append(new Int16Array(event.data));
-    const media = await navigator.mediaDevices.getUserMedia({
-      audio: {channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false},
-    });
-    context.createMediaStreamSource(media).connect(node);
-    capture = {context, media, node};
-    setState("streaming", "Listening...");
+    return {context, node};
   } catch (err) {
-    stopCapture();
-    setState("error", `Error: ${err.message}`);
+    context.close();
+    throw err;
   }
 }
 
