@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from asr_spec.audio.features import FeatureBatcher
-from asr_spec.engine import ChunkRequest, ChunkStats, Engine
+from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import TokenKinds
 from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update, VoiceFn
@@ -107,30 +107,40 @@ class StreamRunner:
         """Decode every stream's due decode in one engine run, until none is due; returns the updates, in order.
         A finished stream is forgotten once its final update is returned."""
         out = [(s, u) for s in self.streams.values() for u in s._pending]
-        for s in self.streams.values():
-            s._pending = []
-        while True:
-            due = [(s, d) for s in self.streams.values() if (d := s.policy.request()) is not None]
-            if not due:
-                break
-            out += self._decode(due)
         for stream, update in out:
-            stream.text = update.text
+            stream._pending = []
             if update.final:
                 self.close(stream)
+        while due := self.due():
+            requests = self.requests(due)
+            results = {r.id: r for r in self.engine.run(requests, min(self.batch_size, len(requests)))}
+            out += self.deliver(due, [results[i] for i in range(len(due))])
         return out
 
-    def _decode(self, due: list[tuple[Stream, Decode]]) -> list[tuple[Stream, Update]]:
+    # -- the three parts of a pump, public for a benchmark that decodes the same requests two ways ----------------
+    def due(self) -> list[tuple[Stream, Decode]]:
+        """Every open stream's decode due now (`StreamPolicy.request`)."""
+        return [(s, d) for s in list(self.streams.values()) if (d := s.policy.request()) is not None]
+
+    def requests(self, due: list[tuple[Stream, Decode]]) -> list[ChunkRequest]:
+        """The engine requests of `due` (ids 0..n-1): the buffers' features, each with its stream's previous
+        hypothesis unless offer_hypothesis is off."""
         feats = self.features([d.audio for _, d in due])
-        requests = [ChunkRequest(i, feats[i], hypothesis=d.hypothesis if self.offer_hypothesis else ())
-                    for i, (_, d) in enumerate(due)]
-        results = {r.id: r for r in self.engine.run(requests, min(self.batch_size, len(requests)))}
+        return [ChunkRequest(i, feats[i], hypothesis=d.hypothesis if self.offer_hypothesis else ())
+                for i, (_, d) in enumerate(due)]
+
+    def deliver(self, due: list[tuple[Stream, Decode]], results: list[ChunkResult]) -> list[tuple[Stream, Update]]:
+        """Hand each decode's result (in the order of `due`) to its stream; returns the updates (a stream whose
+        update is final is forgotten)."""
         out = []
-        for i, (stream, decode) in enumerate(due):
-            result = results[i]
+        for (stream, decode), result in zip(due, results, strict=True):
             stream.stats = stream.stats.add(result.stats)
             self.stats = self.stats.add(result.stats)
-            out.append((stream, stream.policy.accept(decode, result.tokens)))
+            update = stream.policy.accept(decode, result.tokens)
+            stream.text = update.text
+            out.append((stream, update))
+            if update.final:
+                self.close(stream)
         return out
 
 

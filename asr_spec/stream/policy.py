@@ -20,8 +20,9 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
 - every `step_s` of new audio the buffer is decoded again, from its start;
 - the text tokens on which two successive hypotheses agree are committed, cut back to whole words
   (`agreement.agreed_words`); committed text is never taken back;
-- once a closed timestamp segment is wholly committed, the buffer is trimmed at its end: the audio before goes,
-  the hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`);
+- once a closed timestamp segment is wholly committed, the buffer is trimmed at its end (with a voice function:
+  at a pause within PAUSE_SEARCH_S of it, not inside the next word's onset): the audio before goes, the
+  hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`);
 - a buffer reaching `max_buffer_s` commits the closed segments of its latest hypothesis but the last one and is
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
@@ -40,10 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from asr_spec.errors import InputError
-from asr_spec.stream.agreement import (SAMPLE_RATE, TokenKinds, agreed_words, segments, shifted, text_of)
+from asr_spec.stream.agreement import (SAMPLE_RATE, SAMPLES_PER_TIMESTAMP, Segment, TokenKinds, agreed_words,
+                                       segments, shifted, text_of)
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 WINDOW_S = 30.0  # Whisper's window: a decode never holds more audio than this
+PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -127,6 +130,11 @@ class StreamPolicy:
         self._finished = False
         self.done = False
 
+    @property
+    def finished(self) -> bool:
+        """`finish()` was called: no more audio comes."""
+        return self._finished
+
     # -- input ----------------------------------------------------------------------------------------------------
     def feed(self, samples: np.ndarray) -> None:
         """Append a block of (n,) float32 16 kHz mono samples."""
@@ -209,10 +217,14 @@ class StreamPolicy:
         return delta
 
     def _trim_committed(self, hypothesis: tuple[int, ...]) -> None:
-        """Trim the buffer at the end of the last closed segment whose text is all committed."""
+        """Trim the buffer after the last closed segment whose text is all committed, at a pause near its end
+        (`_cut_near`); a segment with no pause there is not trimmed yet."""
         done = [s for s in segments(hypothesis, self.kinds) if 0 < s.text_end <= len(self._committed)]
-        if done:
-            self._trim(hypothesis, done[-1])
+        for segment in reversed(done):
+            cut = self._cut_near(segment.end_ts)
+            if cut is not None:
+                self._trim(hypothesis, segment, cut)
+                return
 
     def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int]) -> str:
         """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
@@ -222,17 +234,39 @@ class StreamPolicy:
             delta = self._commit(new_text, len(new_text))
             self._reset_after(self._start + len(self._buffer))
             return delta
-        cut = closed[-2] if len(closed) > 1 else closed[0]
-        delta = self._commit(new_text, max(cut.text_end, len(self._committed)))
-        self._trim(hypothesis, cut)
+        segment = closed[-2] if len(closed) > 1 else closed[0]
+        delta = self._commit(new_text, max(segment.text_end, len(self._committed)))
+        cut = self._cut_near(segment.end_ts)
+        self._trim(hypothesis, segment, segment.end_ts if cut is None else cut)
         return delta
 
-    def _trim(self, hypothesis: tuple[int, ...], segment) -> None:
-        cut = min(segment.end_samples, len(self._buffer))
+    def _trim(self, hypothesis: tuple[int, ...], segment: Segment, cut_ts: int) -> None:
+        """Drop the buffer's first `cut_ts` timestamp steps and the committed text of `segment` and those before;
+        the hypothesis's tokens after the segment stay, shifted to the new start."""
+        cut = min(cut_ts * SAMPLES_PER_TIMESTAMP, len(self._buffer))
         self._buffer = self._buffer[cut:]
         self._start += cut
         self._committed = self._committed[segment.text_end:]
-        self._previous = shifted(hypothesis[segment.end_index + 1:], segment.end_ts, self.kinds)
+        self._previous = shifted(hypothesis[segment.end_index + 1:], cut // SAMPLES_PER_TIMESTAMP, self.kinds)
+
+    def _cut_near(self, end_ts: int) -> int | None:
+        """Where to cut the buffer for a segment ending at `end_ts` (timestamp steps from the buffer's start):
+        Whisper's segment ends are often late or early by a few tenths of a second, and a cut inside the next
+        word loses its onset. With a voice function: the quietest frame within PAUSE_SEARCH_S of the end, if it
+        is not speech (None if every frame there is speech); without: the end itself."""
+        if self.voice is None:
+            return end_ts
+        end = self._start + end_ts * SAMPLES_PER_TIMESTAMP
+        radius = self._seconds(PAUSE_SEARCH_S)
+        first = max(self._start, end - radius) // FRAME_SAMPLES
+        last = min(len(self._probs), (end + radius) // FRAME_SAMPLES + 1)
+        if last <= first:
+            return None
+        quietest = first + int(np.argmin(self._probs[first:last]))
+        if self._probs[quietest] >= self.options.vad_threshold:
+            return None
+        middle = quietest * FRAME_SAMPLES + FRAME_SAMPLES // 2 - self._start
+        return max(middle, 0) // SAMPLES_PER_TIMESTAMP
 
     def _reset_after(self, end_sample: int) -> None:
         """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""

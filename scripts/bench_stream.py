@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""Live transcription measured: hypothesis drafting against plain re-decoding, side by side on the same decodes.
+
+N streams (slices of the long-form fixtures, tests/fixtures/longform/*.opus) are fed in lockstep, --step-s of audio
+each per tick, in simulated real time (no sleeping: compute is measured, not waited for). Each tick's due decodes
+(`StreamRunner.due` / `requests`, the driver's own decisions) are encoded once (`Engine.encode`), then decoded twice
+from that encoder output, in alternating order tick by tick: with each stream's previous hypothesis offered
+(`ChunkRequest.hypothesis`) and without (plain re-decoding). Lossless means the two give the same tokens (checked;
+mismatches are counted), so both configurations see the same decodes; the policy takes the first's result.
+
+Per configuration, over all streams: target passes per second of audio; CPU seconds (process time, all threads)
+per second of audio, split into features + encoder (the same work in both: counted in both) and decoding. CPU
+time is measured on one torch thread by default (--threads 1): on a machine shared with other work, two threads
+burn CPU spin-waiting for each other and process time stops measuring compute. From it: the most real-time
+streams a machine of --cores cores sustains, derived as cores / (CPU s per audio s, all N streams together, / N)
+(assumes the cores are used as well as one; a measured N is the basis: a larger N batches a little better);
+latency from a word's end (word timestamps of the offline transcript of the same slice, aligned to the committed
+words) to its commit, p50 / p95: the audio heard when its decode was asked for plus that tick's compute (features,
+encoder and that configuration's decoding) as CPU seconds / cores, i.e. on that machine unshared; time to the
+first tentative text after the first word's start, likewise; and the committed transcript's WER against the
+offline transcription of the same slice (`Transcriber.transcribe`, the same preset).
+
+    python scripts/bench_stream.py --streams 8 --seconds 12 --json runs/stream8.json
+    python scripts/bench_stream.py --streams 1 --seconds 24 --no-draft --json runs/stream1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from asr_spec import Transcriber  # noqa: E402
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio  # noqa: E402
+from asr_spec.engine import ChunkRequest  # noqa: E402
+from asr_spec.eval.metrics import normalize, score  # noqa: E402
+
+FIXTURES = sorted((REPO / "tests" / "fixtures" / "longform").glob("*.opus"))
+CONFIGS = ("hypothesis", "plain")
+
+
+def slices(n_streams: int, seconds: float) -> list[tuple[str, np.ndarray]]:
+    """N distinct audio slices of `seconds`: the fixtures' first slices, then their next ones."""
+    audio = [load_audio(path) for path in FIXTURES]
+    n = int(seconds * SAMPLE_RATE)
+    out = []
+    for i in range(n_streams):
+        f, part = i % len(FIXTURES), i // len(FIXTURES)
+        piece = audio[f][part * n:(part + 1) * n]
+        if len(piece) < n:
+            raise SystemExit(f"{FIXTURES[f].name}: shorter than {(part + 1) * seconds} s")
+        out.append((f"{FIXTURES[f].stem}@{part * seconds:g}s", piece))
+    return out
+
+
+def offline(asr: Transcriber, items: list[tuple[str, np.ndarray]]) -> dict[str, tuple[str, list]]:
+    """The offline transcript of each slice and its words (WordTiming: word, start, end)."""
+    out = {}
+    for (name, audio), t in zip(items, asr.transcribe([a for _, a in items], progress=False)):
+        out[name] = (t.text, [w for s in t.segments for w in s.words])
+    return out
+
+
+def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, float], dict[str, float], int]:
+    """One tick's decodes: features + encoder once, then each configuration from the encoder output. Returns the
+    hypothesis run's results, CPU and wall seconds per part, and the token mismatches between the two runs."""
+    engine = runner.engine
+    cpu, wall = {}, {}
+    c0, w0 = time.process_time(), time.perf_counter()
+    requests = runner.requests(due)
+    encoded = engine.encode(torch.stack([r.features for r in requests]))
+    cpu["front"], wall["front"] = time.process_time() - c0, time.perf_counter() - w0
+    results = {}
+    for config in order:
+        reqs = [ChunkRequest(r.id, None, encoded=encoded[i], hypothesis=r.hypothesis if config == "hypothesis" else ())
+                for i, r in enumerate(requests)]
+        c0, w0 = time.process_time(), time.perf_counter()
+        got = {r.id: r for r in engine.run(reqs, min(runner.batch_size, len(reqs)))}
+        cpu[config], wall[config] = time.process_time() - c0, time.perf_counter() - w0
+        results[config] = [got[i] for i in range(len(reqs))]
+    mismatches = sum(a.tokens != b.tokens for a, b in zip(results["hypothesis"], results["plain"]))
+    return results, cpu, wall, mismatches
+
+
+def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int) -> dict:
+    """Feed every slice in lockstep; returns the measurements (see the module docstring)."""
+    runner = asr.streams(vad=vad, batch_size=len(items))
+    streams = [runner.open(name) for name, _ in items]
+    step = int(step_s * SAMPLE_RATE)
+    n_ticks = -(-max(len(a) for _, a in items) // step)
+    totals = {c: {"passes": 0, "generated": 0, "cpu": 0.0, "decodes": 0} for c in CONFIGS}
+    front_cpu, mismatches = 0.0, 0
+    commits = {name: {c: [] for c in CONFIGS} for name, _ in items}  # (word, commit time s)
+    first_tentative = {name: {c: None for c in CONFIGS} for name, _ in items}
+    for tick in range(n_ticks + 1):
+        for stream, (_, audio) in zip(streams, items):
+            if stream.id in runner.streams:
+                if tick < n_ticks:
+                    stream.feed(audio[tick * step:(tick + 1) * step])
+                elif not stream.policy.finished:
+                    stream.finish()
+        order = CONFIGS if tick % 2 == 0 else CONFIGS[::-1]
+        while due := runner.due():
+            results, cpu, wall, bad = decode_twice(runner, due, order)
+            mismatches += bad
+            front_cpu += cpu["front"]
+            for c in CONFIGS:
+                totals[c]["passes"] += sum(r.stats.target_passes for r in results[c])
+                totals[c]["generated"] += sum(r.stats.generated_tokens for r in results[c])
+                totals[c]["cpu"] += cpu[c]
+                totals[c]["decodes"] += len(due)
+            updates = runner.deliver(due, results["hypothesis"])
+            for stream, update in updates:
+                for c in CONFIGS:
+                    when = update.heard_s + (cpu["front"] + cpu[c]) / cores
+                    commits[stream.id][c] += [(w, when) for w in update.delta.split()]
+                    if first_tentative[stream.id][c] is None and (update.tentative.strip() or update.delta.strip()):
+                        first_tentative[stream.id][c] = when
+        runner.pump()  # finished streams' final updates without a decode
+    audio_s = sum(len(a) for _, a in items) / SAMPLE_RATE
+    return dict(audio_s=audio_s, totals=totals, front_cpu=front_cpu, mismatches=mismatches,
+                texts={s.id: s.text for s in streams}, commits=commits, first_tentative=first_tentative)
+
+
+def latencies(commits: list[tuple[str, float]], words: list) -> list[float]:
+    """Commit time less the offline word's end, for the committed words matched (in order) to offline words."""
+    ours = [normalize(w) for w, _ in commits]
+    theirs = [normalize(w.word) for w in words]
+    out = []
+    for block in difflib.SequenceMatcher(None, ours, theirs, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            out.append(commits[block.a + k][1] - words[block.b + k].end)
+    return out
+
+
+def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
+    out = {"streams": n, "audio_s": run["audio_s"], "token_mismatches": run["mismatches"]}
+    texts = [run["texts"][name] for name in reference]
+    refs = [reference[name][0] for name in reference]
+    out["wer_vs_offline"] = score(refs, texts).wer
+    for c in CONFIGS:
+        t = run["totals"][c]
+        lat = [x for name in reference for x in latencies(run["commits"][name][c], reference[name][1])]
+        onset = [run["first_tentative"][name][c] - reference[name][1][0].start for name in reference
+                 if run["first_tentative"][name][c] is not None and reference[name][1]]
+        cpu_per_s = (run["front_cpu"] + t["cpu"]) / run["audio_s"]
+        out[c] = dict(target_passes_per_audio_s=t["passes"] / run["audio_s"],
+                      decode_cpu_per_audio_s=t["cpu"] / run["audio_s"],
+                      front_cpu_per_audio_s=run["front_cpu"] / run["audio_s"], cpu_per_audio_s=cpu_per_s,
+                      sustained_streams=cores / cpu_per_s, tokens_per_pass=t["generated"] / max(t["passes"], 1),
+                      latency_p50_s=float(np.percentile(lat, 50)) if lat else None,
+                      latency_p95_s=float(np.percentile(lat, 95)) if lat else None,
+                      first_tentative_s=float(np.mean(onset)) if onset else None, decodes=t["decodes"])
+    out["passes_ratio"] = out["hypothesis"]["target_passes_per_audio_s"] / out["plain"]["target_passes_per_audio_s"]
+    out["decode_cpu_ratio"] = out["hypothesis"]["decode_cpu_per_audio_s"] / out["plain"]["decode_cpu_per_audio_s"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="base")
+    parser.add_argument("--streams", default="1,8", help="comma-separated numbers of concurrent streams")
+    parser.add_argument("--seconds", type=float, default=40.0, help="audio per stream")
+    parser.add_argument("--step-s", type=float, default=1.0)
+    parser.add_argument("--no-vad", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads while measuring")
+    parser.add_argument("--cores", type=int, default=2, help="cores of the machine the derived figures are for")
+    parser.add_argument("--no-draft", action="store_true", help="no model draft (else the preset's decision)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    counts = [int(x) for x in args.streams.split(",")]
+    draft = {"draft": None} if args.no_draft else {}
+    asr = Transcriber.from_preset(args.preset, word_timestamps=True, batch_size=max(counts), **draft)
+    torch.set_num_threads(args.threads)  # after loading: silero-vad's import sets it too
+    cores = args.cores
+    report = {"preset": args.preset, "draft": "none" if args.no_draft else "preset", "step_s": args.step_s,
+              "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "runs": []}
+    for n in counts:
+        items = slices(n, args.seconds)
+        reference = offline(asr, items)
+        summary = summarise(n, run_streams(asr, items, args.step_s, not args.no_vad, cores), reference, cores)
+        report["runs"].append(summary)
+        print(json.dumps(summary, indent=1), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

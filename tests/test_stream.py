@@ -1,0 +1,92 @@
+"""Streams through the engine (stream/driver.py, Transcriber.streams / stream, `asr-spec stream`) with the tiny
+random Whisper of the real vocabulary: offering the previous hypothesis changes nothing but the passes, streams
+sharing one engine get what each gets alone, and the CLI prints what the Python API gives."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.cli import app
+from asr_spec.stream.policy import StreamOptions
+from test_transcribe import LONG, save_tiny_models, transcriber
+
+SECONDS = 6
+FAST = dict(max_new_tokens=12, num_hypothesis_tokens=6)  # a tiny model's decodes, kept short
+
+
+@functools.lru_cache(maxsize=None)
+def _audio() -> np.ndarray:
+    return load_audio(str(LONG))[: SECONDS * SAMPLE_RATE]
+
+
+def run(offer: bool, n_streams: int = 1, block_s: float = 1.0):
+    """Feed n_streams streams (the same audio, each from a different offset) block by block; returns each
+    stream's updates and the runner's stats."""
+    runner = transcriber(speculative=False, **FAST).streams(StreamOptions(step_s=1.0, max_buffer_s=4.0), vad=False,
+                                                            batch_size=4, offer_hypothesis=offer)
+    audio = [np.roll(_audio(), i * 2 * SAMPLE_RATE) for i in range(n_streams)]
+    streams = [runner.open() for _ in range(n_streams)]
+    updates = {s.id: [] for s in streams}
+    block = int(block_s * SAMPLE_RATE)
+    for i in range(0, len(audio[0]), block):
+        for stream, a in zip(streams, audio):
+            stream.feed(a[i:i + block])
+        for stream, update in runner.pump():
+            updates[stream.id].append(update)
+    for stream in streams:
+        stream.finish()
+    while runner.streams:
+        for stream, update in runner.pump():
+            updates[stream.id].append(update)
+    return [updates[s.id] for s in streams], runner.stats
+
+
+def test_offering_the_hypothesis_changes_only_the_passes():
+    with_hyp, stats = run(True)
+    plain, plain_stats = run(False)
+    assert with_hyp == plain  # every update (delta, tentative, text) the same: each decode gave greedy's tokens
+    final = with_hyp[0][-1]
+    assert final.final and final.text.strip()
+    assert stats.generated_tokens == plain_stats.generated_tokens
+    assert stats.hypothesis_accepted > 0 and plain_stats.hypothesis_offered == 0
+    assert stats.target_passes < plain_stats.target_passes
+
+
+def test_streams_sharing_the_engine_get_what_each_gets_alone():
+    together, _ = run(True, n_streams=3)
+    alone, _ = run(True, n_streams=1)
+    assert alone[0] == together[0] and together[1] != together[0]
+
+
+def test_transcriber_stream_yields_the_same_text():
+    blocks = (_audio()[i:i + 8000] for i in range(0, len(_audio()), 8000))
+    updates = list(transcriber(speculative=False, **FAST).stream(blocks, StreamOptions(step_s=1.0, max_buffer_s=4.0),
+                                                                 vad=False))
+    assert updates[-1].final
+    assert "".join(u.delta for u in updates) == updates[-1].text
+
+
+@pytest.mark.slow
+def test_cli_prints_the_committed_text(tmp_path):
+    target_dir, _ = save_tiny_models(tmp_path)
+    wav = tmp_path / "in.raw"
+    pcm = (np.clip(_audio(), -1, 1) * 32767).astype("<i2")
+    wav.write_bytes(pcm.tobytes())
+    cli = CliRunner()
+    args = ["stream", "--model", str(target_dir), "--language", "en", "--no-vad", "--speed", "0", "--device", "cpu"]
+    from_stdin = cli.invoke(app, args + ["-"], input=pcm.tobytes())
+    assert from_stdin.exit_code == 0, from_stdin.output
+    flac = tmp_path / "in.flac"
+    import soundfile as sf
+
+    sf.write(flac, pcm, SAMPLE_RATE)
+    from_file = cli.invoke(app, args + [str(flac)])
+    assert from_file.exit_code == 0, from_file.output
+    assert from_file.stdout.strip() and from_file.stdout == from_stdin.stdout
+    bad = cli.invoke(app, args[:-4] + ["--speed", "-1", str(flac)])
+    assert bad.exit_code == 2 and "--speed" in bad.output
