@@ -146,7 +146,7 @@ class Batcher:
     batch_size:  engine rows (default the transcriber's options.batch_size).
     max_requests, max_audio_in_flight_s: what `admit` lets in at once (requests; seconds of audio).
     max_streams: live streams (`/v1/realtime`) open at once; their re-decodes come from `streams` (stream_jobs.py)
-                 and take their turns before the uploads' chunks (a stream waits on each one).
+                 and alternate with the uploads' chunks (neither starves the other).
     """
 
     def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 32,
@@ -165,6 +165,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
         self.streams = StreamQueue(self._cond, transcriber.frontend.features, transcriber.engine.withdraw,
                                    max_streams)
 
@@ -279,7 +280,9 @@ class Batcher:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
-            redecode = self.streams.take()  # a stream's re-decode, featurised now: it goes first
+            # a stream's re-decode (featurised now) and an upload's chunk take turns when both wait
+            redecode = None if self._upload_turn else self.streams.take()
+            self._upload_turn = redecode is not None and bool(self._active)
             if redecode is not None:
                 yield redecode
                 continue

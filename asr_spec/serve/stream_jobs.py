@@ -9,8 +9,8 @@ A stream holds at most one re-decode waiting and one in the engine: a newer one 
 policy's buffer has grown; the old request is stale), so memory per stream is one window of samples and its
 features. `open` refuses past `max_streams` (`TooManyStreams`). `close` (the client went away, or the stream
 ended) drops its waiting re-decode and withdraws the one in the engine, whose row the engine frees before its next
-step (`Engine.withdraw`); a result that still comes back for it is ignored. Re-decodes go before the uploads'
-chunks: a stream waits on each of its re-decodes, an upload's chunks are many.
+step (`Engine.withdraw`); a result that still comes back for it is ignored. The batcher alternates re-decodes
+with the uploads' chunks when both wait, so neither starves the other.
 
 Request ids are ("stream", stream id, re-decode number): `deliver` routes results by that tag, so the batcher's
 upload jobs never see them.
