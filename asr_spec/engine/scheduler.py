@@ -78,7 +78,8 @@ class ChunkRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.hypothesis, tuple) or any(
                 isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.hypothesis):
-            raise ValueError(f"chunk {self.id!r}: hypothesis must be a tuple of token ids, got {self.hypothesis!r}"[:200])
+            shown = repr(self.hypothesis)[:80]
+            raise ValueError(f"chunk {self.id!r}: hypothesis must be a tuple of token ids, got {shown}")
 
 
 @dataclass(frozen=True)
