@@ -172,6 +172,7 @@ def test_streams_past_max_streams_are_refused_cleanly(greedy):
         refusal = json.loads(await third.recv())
         with pytest.raises(websockets.ConnectionClosed) as closed:
             await third.recv()
+        gauges = batcher.metrics.render()
         await first.close()
         for _ in range(100):  # the server notices the close
             if batcher.streams.n_open < 2:
@@ -179,10 +180,11 @@ def test_streams_past_max_streams_are_refused_cleanly(greedy):
             await asyncio.sleep(0.02)
         done = await stream(uri, pcm16(SHORT[3]))
         await second.close()
-        return refusal, closed.value.rcvd.code, done
+        return refusal, closed.value.rcvd.code, done, gauges
 
     with serving(create_app(batcher)) as base_url:
-        refusal, code, (done, deltas, errors) = asyncio.run(scenario(ws_url(base_url)))
+        refusal, code, (done, deltas, errors), gauges = asyncio.run(scenario(ws_url(base_url)))
+    assert "asr_spec_streams_open 2\n" in gauges  # /metrics counts the open streams
     assert refusal["type"] == "error" and refusal["code"] == "too_many_streams"
     assert "--max-streams 2" in refusal["error"] and code == 1013
     assert not errors and done["text"] == "".join(deltas)

@@ -167,7 +167,7 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
         self.streams = StreamQueue(self._cond, transcriber.frontend.features, transcriber.engine.withdraw,
-                                   max_streams)
+                                   max_streams, self.metrics)
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
     def admit(self, audio_s: float) -> None:

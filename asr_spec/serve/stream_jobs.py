@@ -72,15 +72,17 @@ class StreamQueue:
     featurise:   (samples list) -> (B, n_mels, n_frames) features (the transcriber's `FeatureBatcher`).
     withdraw:    the engine's `withdraw(request id)`: frees a row now.
     max_streams: open streams allowed at once.
+    metrics:     the server's `Metrics`, whose stream gauges this keeps (None: none kept).
     """
 
     def __init__(self, cond: threading.Condition, featurise: Callable[[list[np.ndarray]], Any],
-                 withdraw: Callable[[Any], None], max_streams: int = 16):
+                 withdraw: Callable[[Any], None], max_streams: int = 16, metrics: Any = None):
         check_int(max_streams, "max_streams", 1, InputError)
         self.max_streams = max_streams
         self._cond = cond
         self._featurise = featurise
         self._withdraw = withdraw
+        self._metrics = metrics
         self._n_in_engine = 0  # re-decodes taken by the engine and not yet back, withdrawn or lost
         self._open: dict[int, LiveStream] = {}
         self._waiting: OrderedDict[int, _Pending] = OrderedDict()  # by stream id, oldest first
@@ -93,6 +95,7 @@ class StreamQueue:
                 raise TooManyStreams(f"{len(self._open)} streams are open (--max-streams {self.max_streams})")
             stream = LiveStream(on_result)
             self._open[stream.id] = stream
+            self._publish()
             return stream
 
     def submit(self, stream: LiveStream, samples: np.ndarray, hypothesis: tuple[int, ...] = ()) -> None:
@@ -118,6 +121,7 @@ class StreamQueue:
             in_engine, stream.in_engine = stream.in_engine, None
             if in_engine is not None:
                 self._n_in_engine -= 1
+            self._publish()
         if in_engine is not None:
             self._withdraw(in_engine)
 
@@ -147,6 +151,7 @@ class StreamQueue:
             _, pending = self._waiting.popitem(last=False)
             stale, pending.stream.in_engine = pending.stream.in_engine, pending.request_id
             self._n_in_engine += 1 if stale is None else 0  # a newer re-decode takes the place of a stale one
+            self._publish()
         if stale is not None:
             self._withdraw(stale)
         features = self._featurise([pending.samples])[0]
@@ -168,6 +173,7 @@ class StreamQueue:
             for stream in lost:
                 stream.in_engine = None
             self._n_in_engine = 0
+            self._publish()
         for stream in lost:
             _notify(stream, f"decoding failed ({cause})")
 
@@ -179,6 +185,7 @@ class StreamQueue:
                 return None
             stream.in_engine = None
             self._n_in_engine -= 1
+            self._publish()
             return stream
 
     def stop(self, cause: str) -> None:
@@ -188,6 +195,13 @@ class StreamQueue:
             self._waiting.clear()
         for stream in streams:
             _notify(stream, cause)
+
+
+    def _publish(self) -> None:
+        """Under the lock: the stream gauges of the server's metrics."""
+        if self._metrics is not None:
+            self._metrics.streams_open = len(self._open)
+            self._metrics.stream_redecodes = self._n_in_engine
 
 
 def is_stream_id(request_id: Any) -> bool:
