@@ -163,3 +163,32 @@ def test_options_and_misuse_are_refused() -> None:
     assert policy.finish() is None
     with pytest.raises(InputError, match="after finish"):
         policy.feed(speech([1]))
+
+
+def test_a_late_segment_end_is_cut_at_the_pause_not_in_the_next_word() -> None:
+    """Whisper's segment ends can be late: here 0.6 s, inside the next word. With a voice function the buffer is
+    cut at the pause before it, and that word is still heard whole; cutting at the timestamp would lose it."""
+    late = 30  # timestamp steps: 0.6 s
+
+    def hear_late(audio: np.ndarray) -> list[int]:
+        tokens, seen = [], 0
+        for t in hear(audio):
+            if t > TS:
+                seen += 1
+                t = t + late if seen % 2 == 0 and t != TS + len(audio) // 320 else t  # every segment end
+            tokens.append(t)
+        return tokens
+
+    words = [w for i in range(1, 13) for w in ((i, None) if i % 3 == 0 else (i,))]  # pauses after segments
+    for voice, complete in ((energy, True), (None, False)):
+        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), voice)
+        audio = speech(words)
+        for i in range(0, len(audio), 4000):
+            policy.feed(audio[i:i + 4000])
+            while (d := policy.request()) is not None:
+                policy.accept(d, hear_late(d.audio))
+        final = policy.finish()
+        while final is None and (d := policy.request()) is not None:
+            final = policy.accept(d, hear_late(d.audio))
+        got = words_of(final.text)
+        assert (got == [f"w{i}" for i in range(1, 13)]) == complete, (voice, got)

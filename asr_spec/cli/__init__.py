@@ -51,6 +51,8 @@ def serve(
     port: int = typer.Option(8000, help="TCP port."),
     batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
     max_requests: int = typer.Option(32, help="Requests in flight at once; beyond: 503 with Retry-After."),
+    max_streams: int = typer.Option(16, help="Live streams (WebSocket /v1/realtime) open at once; beyond: an error "
+                                    "event and close code 1013."),
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
                                                 "503 with Retry-After."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
@@ -65,14 +67,16 @@ def serve(
                                                    "`words`); needs chunking vad. Default: the preset's."),
     device: str = DEVICE,
 ) -> None:
-    """Serve OpenAI's POST /v1/audio/transcriptions; concurrent requests share one speculative batch."""
+    """Serve OpenAI's POST /v1/audio/transcriptions and live transcription (WebSocket /v1/realtime, the page at /);
+    concurrent requests and streams share one speculative batch."""
     from asr_spec.serve import run_server
 
     overrides = preset_overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps)
     try:
         run_server(preset, host=host, port=port, batch_size=batch_size, max_requests=max_requests,
-                   max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb, max_audio_s=max_audio_s,
-                   upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device, **overrides)
+                   max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,
+                   max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device,
+                   **overrides)
     except ImportError as err:
         fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
     except USER_ERRORS as err:

@@ -36,6 +36,7 @@ from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.slots import Slots
 from asr_spec.engine.speculative import COUNTS, FINISH_EOS, DecodeState, Models
 from asr_spec.engine.stats import ChunkStats
+from asr_spec.engine.withdrawals import Withdrawals
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
 
@@ -239,6 +240,7 @@ class Engine:
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
+        self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
 
     def _draft_modules(self, draft: nn.Module) -> tuple[nn.Module, nn.Module]:
         """The draft's decoder and projection as the step runs them: bf16 copies on a CPU fp32 target when the
@@ -295,6 +297,8 @@ class Engine:
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
         max_len = 0  # the longest row's n_tok as last read from the device (HostReader)
         while True:
+            if self.withdrawals:
+                self.withdrawals.evict(slots.occupants, feed.ready, feed.in_flight)
             if slots.n_free and feed.more:
                 feed.fill(slots.n_free)
             if slots.n_free and feed.ready:
@@ -319,6 +323,11 @@ class Engine:
                 for result in self._results(st, hyp, slots.finish(tag, finish), finish):
                     feed.done_with(result.id)
                     yield result
+
+    def withdraw(self, chunk_id: Hashable) -> None:
+        """Free the row of request `chunk_id` before the next step of the run decoding it, or drop it if it waits
+        for a row; it yields no result (any thread: a server whose client went away). See `withdrawals.py`."""
+        self.withdrawals.add(chunk_id)
 
     def _first_fill(self, feed: Feed, batch_size: int) -> int:
         """Encode up to `batch_size` chunks, one micro-batch at a time, checking after each that a run of the

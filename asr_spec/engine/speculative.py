@@ -15,10 +15,11 @@ token after the last accepted proposal drawn from p. Lossless in distribution; g
 them are decided exactly as above, token for token.
 
 Invariant between steps, per row: `seq[:n_tok]` are the committed tokens (prompt + generated); the target cache
-holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len` with n_tok - 2 <= d_len <=
-n_tok - 1, so each step feeds the target one pending token and the draft a window of two (after a hypothesis
-step n_tok - hyp.width - 2 <= d_len: the next one, a hypothesis step too, feeds a window of hyp.width + 2). A
-refilled slot's prompt is prefilled by the scheduler's admission before the next step (the invariant then holds for it too).
+holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len` with
+n_tok - 2 <= d_len <= n_tok - 1, so each step feeds the target one pending token and the draft a window of two
+(after a hypothesis step n_tok - hyp.width - 2 <= d_len: the next one, a hypothesis step too, feeds a window of
+hyp.width + 2). A refilled slot's prompt is prefilled by the scheduler's admission before the next step (the
+invariant then holds for it too).
 
 Static: every tensor shape depends only on (rows, n_keys, K), every update is in place and nothing is read back
 to the host, so the step traces into one graph (`torch.compile(fullgraph=True)`) and is captured as one CUDA graph

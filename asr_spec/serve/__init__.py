@@ -1,7 +1,9 @@
 """`asr-spec serve`: an OpenAI-compatible transcription server whose concurrent requests share one speculative
 batch (app.py: routes; params.py: the form fields; responses.py: formats and errors; uploads.py: receiving an
 upload within limits; auth.py: API keys; schema.py: the OpenAPI description; batcher.py: the engine thread and
-the jobs feeding it; metrics.py: Prometheus text).
+the jobs feeding it; metrics.py: Prometheus text), and live streams over WebSocket /v1/realtime, whose re-decodes
+share that batch (realtime.py: the session; realtime_events.py: the events; stream_jobs.py: the re-decodes in the
+engine; static/: the page at /).
 
 FastAPI, uvicorn and python-multipart come with the `asr-spec[serve]` extra; they are imported only here.
 """
@@ -16,12 +18,15 @@ __all__ = ["build_app", "run_server"]
 
 
 def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_requests: int = 32,
-              max_audio_in_flight_s: float = 12 * 3600.0, max_file_mb: float = 25.0, max_audio_s: float = 7200.0,
-              upload_timeout_s: float = 120.0, api_keys: Sequence[str] = (), **overrides: Any) -> Any:
+              max_streams: int = 16, max_audio_in_flight_s: float = 12 * 3600.0, max_file_mb: float = 25.0,
+              max_audio_s: float = 7200.0, upload_timeout_s: float = 120.0, api_keys: Sequence[str] = (),
+              **overrides: Any) -> Any:
     """Load the models (`Transcriber.from_preset(preset, batch_size=batch_size, **overrides)`) and return the
     FastAPI app serving them, batch_size engine rows shared by all requests. The model id it answers to is the
     preset's name, or the model given in `overrides`. api_keys: with ASR_SPEC_API_KEY's, the keys every route but
-    /health requires (none: open)."""
+    /health (and the page at /) requires (none: open). max_streams: live streams (/v1/realtime) open at once."""
+    from asr_spec.engine import check_int
+    from asr_spec.errors import InputError
     from asr_spec.serve.app import ServeOptions, create_app
     from asr_spec.serve.auth import api_keys as all_keys
     from asr_spec.serve.batcher import Batcher, check_limits
@@ -29,10 +34,12 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
 
     # bad values fail before the models load (batch_size: in from_preset, before loading)
     check_limits(max_requests, max_audio_in_flight_s)
+    check_int(max_streams, "max_streams", 1, InputError)
     options = ServeOptions(model_id=str(overrides.get("model") or preset), max_file_mb=max_file_mb,
                            max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=all_keys(api_keys))
     transcriber = Transcriber.from_preset(preset, batch_size=batch_size, **overrides)
-    batcher = Batcher(transcriber, max_requests=max_requests, max_audio_in_flight_s=max_audio_in_flight_s)
+    batcher = Batcher(transcriber, max_requests=max_requests, max_audio_in_flight_s=max_audio_in_flight_s,
+                      max_streams=max_streams)
     return create_app(batcher, options)
 
 

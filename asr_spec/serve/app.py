@@ -7,6 +7,8 @@
     GET  /v1/models                 the one model served
     GET  /health                    200 while the engine thread runs (open without a key)
     GET  /metrics                   Prometheus text (asr_spec.serve.metrics)
+    WS   /v1/realtime               live transcription, vLLM's realtime protocol (realtime.py)
+    GET  /                          the live transcription page (static/: microphone or file, over /v1/realtime)
 
 A request's body is read within a byte limit and a time limit and its file spooled to disk (uploads.py); its
 duration is read from the container before decoding and refused past `max_audio_s` (413); it is admitted into the
@@ -36,6 +38,7 @@ from asr_spec.serve import uploads
 from asr_spec.serve.auth import ApiKeyMiddleware
 from asr_spec.serve.batcher import Batcher, Busy, Job, Refused
 from asr_spec.serve.params import MODEL_ALIASES, Params, check_params
+from asr_spec.serve.realtime import RealtimeOptions, add_realtime_routes
 from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError, render
 from asr_spec.serve.schema import models_responses, transcription_openapi, transcription_responses
 
@@ -77,8 +80,10 @@ class ServeOptions:
 OUTCOMES = {400: "bad_request", 408: "timeout", 413: "too_large", 503: "busy"}
 
 
-def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> FastAPI:
-    """The FastAPI app over `batcher` (started and stopped with the app's lifespan)."""
+def create_app(batcher: Batcher, options: ServeOptions = ServeOptions(),
+               realtime: RealtimeOptions | None = None) -> FastAPI:
+    """The FastAPI app over `batcher` (started and stopped with the app's lifespan); realtime: how
+    /v1/realtime takes audio (default: RealtimeOptions with the served model id)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
@@ -116,6 +121,8 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions()) -> Fast
     @app.get("/metrics", response_class=PlainTextResponse, responses=models_responses(keys))
     async def prometheus() -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    add_realtime_routes(app, batcher, RealtimeOptions(model_id=options.model_id) if realtime is None else realtime)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> Response:  # 404, 405: OpenAI's shape

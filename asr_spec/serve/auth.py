@@ -1,6 +1,11 @@
 """API keys, as vLLM's `--api-key` does: with keys set, every endpoint but `/health` needs
 `Authorization: Bearer <key>` (what the official `openai` client sends for `api_key=<key>`); anything else is a
 401 in OpenAI's error shape. Keys come from `--api-key` (repeatable) and `ASR_SPEC_API_KEY` (comma-separated).
+
+A WebSocket (`/v1/realtime`) without a valid key is refused before it opens (HTTP 403). A browser cannot set
+headers on a WebSocket, so there the key may also come as the subprotocol `openai-insecure-api-key.<key>` (what
+OpenAI's browser clients send); the page at `/` and its files are open (they hold no data: the page asks for the
+key and sends it so).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ __all__ = ["API_KEY_ENV", "OPEN_PATHS", "ApiKeyMiddleware", "api_keys", "warn_if
 
 log = logging.getLogger(__name__)
 API_KEY_ENV = "ASR_SPEC_API_KEY"
-OPEN_PATHS = frozenset({"/health"})  # answered without a key (a load balancer's probe)
+OPEN_PATHS = frozenset({"/health", "/"})  # answered without a key (a load balancer's probe; the page)
+OPEN_PREFIXES = ("/static/",)  # the page's files
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # a WebSocket subprotocol carrying the key (browsers)
 
 
 def api_keys(keys: Iterable[str] | None = None, environ: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -60,7 +67,9 @@ class ApiKeyMiddleware:
         self.keys = tuple(key.encode() for key in keys)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket") or scope.get("path") in OPEN_PATHS or self._allowed(scope):
+        path = scope.get("path", "")
+        open_path = path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+        if scope["type"] not in ("http", "websocket") or open_path or self._allowed(scope):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -74,7 +83,8 @@ class ApiKeyMiddleware:
     def _allowed(self, scope: dict[str, Any]) -> bool:
         header = dict(scope.get("headers") or ()).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer":
-            return False
-        token = token.strip()
-        return any(hmac.compare_digest(token, key) for key in self.keys)  # compare_digest: no timing leak
+        tokens = [token.strip()] if scheme.lower() == b"bearer" else []
+        if scope["type"] == "websocket":
+            prefix = KEY_SUBPROTOCOL
+            tokens += [p[len(prefix):].encode() for p in scope.get("subprotocols", ()) if p.startswith(prefix)]
+        return any(hmac.compare_digest(token, key) for token in tokens for key in self.keys)  # no timing leak

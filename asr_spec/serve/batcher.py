@@ -40,6 +40,7 @@ from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.engine import ChunkRequest, ChunkResult, EngineError, check_int
 from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve.metrics import Metrics
+from asr_spec.serve.stream_jobs import StreamQueue, is_stream_id
 from asr_spec.transcribe.inputs import Input
 from asr_spec.transcribe.segments import WordTiming
 
@@ -146,10 +147,12 @@ class Batcher:
                  its `finish_chunk` aligns their words and its `assemble` makes their transcripts.
     batch_size:  engine rows (default the transcriber's options.batch_size).
     max_requests, max_audio_in_flight_s: what `admit` lets in at once (requests; seconds of audio).
+    max_streams: live streams (`/v1/realtime`) open at once; their re-decodes come from `streams` (stream_jobs.py)
+                 and alternate with the uploads' chunks (neither starves the other).
     """
 
     def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 32,
-                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None):
+                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None, max_streams: int = 16):
         check_limits(max_requests, max_audio_in_flight_s)
         self.transcriber = transcriber
         self.batch_size = transcriber.batch_rows(batch_size)
@@ -164,6 +167,9 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
+        self.streams = StreamQueue(self._cond, transcriber.frontend.features, transcriber.engine.withdraw,
+                                   max_streams, self.metrics)
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
     def admit(self, audio_s: float) -> None:
@@ -276,10 +282,17 @@ class Batcher:
         """The engine's live source: the next chunk of the next job in turn, or None when none is ready now."""
         while True:
             with self._cond:
-                if not self._active and not self._stopping and self._in_engine == 0:
+                if not self._active and not self._stopping and self._in_engine == 0 and self.streams.idle:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
+            # a stream's re-decode (featurised now) and an upload's chunk take turns when both wait
+            redecode = None if self._upload_turn else self.streams.take()
+            self._upload_turn = redecode is not None and bool(self._active)
+            if redecode is not None:
+                yield redecode
+                continue
+            with self._cond:
                 job = self._active.popleft() if self._active else None
             if job is None:
                 yield None
@@ -354,6 +367,7 @@ class Batcher:
                 self._end(job)
                 job.status, job.error = 503, "the server is shutting down"
             self._publish()
+        self.streams.stop("the server is shutting down")
         for job in left:
             self._finish(job)
 
@@ -369,21 +383,29 @@ class Batcher:
                         self._deliver(result)
             except EngineError as err:
                 log.error("%s", err)
+                self.streams.fail(str(err.__cause__ or err))
                 self._fail({fallback.origin(chunk_id)[0] for chunk_id in err.chunk_ids}, str(err.__cause__ or err))
             except Exception as err:  # a bug outside the engine's own work: fail what is in flight, keep serving
                 log.exception("engine thread")
                 with self._cond:
                     lost = {job.id for job in self._jobs.values() if job.in_engine}
+                self.streams.fail(f"{type(err).__name__}: {err}")
                 self._fail(lost, f"{type(err).__name__}: {err}")
 
     def _schedule(self, chunk_id: Any) -> tuple[float, ...]:
-        """The temperature schedule of a chunk's job (the request's, else the server's options)."""
+        """The temperature schedule of a chunk's job (the request's, else the server's options); a stream's
+        re-decode is greedy only (its policy compares greedy hypotheses, and its hypothesis drafts greedy rows)."""
+        if is_stream_id(chunk_id):
+            return (0.0,)
         job = self._jobs.get(chunk_id[0])
         if job is None or job.temperature is None:
             return self.transcriber.options.temperature
         return job.temperature
 
     def _deliver(self, result: ChunkResult) -> None:
+        if self.streams.deliver(result):
+            self.metrics.chunk_done(result.stats)
+            return
         job_id, index = result.id
         job = self._jobs.get(job_id)
         words = None

