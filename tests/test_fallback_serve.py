@@ -41,3 +41,11 @@ def test_temperature_field_runs_the_fallback_schedule_in_the_servers_batch():
                     assert expected.text != plain.text
         response = post(client, SHORT[0])  # no field: the server's own schedule (greedy here)
         assert response.json()["text"] == greedy[0].text
+
+
+def test_a_streams_redecodes_stay_greedy_under_a_servers_fallback_schedule():
+    """A server started with a fallback schedule decodes uploads' failing windows again at a temperature, never a
+    stream's re-decode: its policy compares greedy hypotheses (and a hypothesis drafts greedy rows only)."""
+    batcher = Batcher(transcriber(speculative=False, timestamps=True, temperature=WHISPER_SCHEDULE), batch_size=2)
+    assert batcher._schedule(("stream", 3, 0)) == (0.0,)
+    assert batcher._schedule((12345, 0)) == WHISPER_SCHEDULE  # an upload with no request schedule: the server's
