@@ -18,8 +18,8 @@ from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE, SpeechSpa
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
-from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, covered_steps, drop_repeated_head, plan_tail,
-                                       seam_overlap, trim_span, uncovered_speech_s, with_tails)
+from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, closed_segments, covered_steps, drop_repeated_head,
+                                       plan_tail, rewind, seam_overlap, trim_span, uncovered_speech_s, with_tails)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_transcribe import LONG, SHORT, tiny_draft, tiny_processor, tiny_real_vocab_whisper  # noqa: E402
@@ -82,6 +82,23 @@ def test_a_tail_is_planned_only_when_speech_goes_on_past_the_text() -> None:
     hole = (ts(0.2), 1, ts(25.0), ts(27.9), 5, ts(28.5), EOT)
     tail, kept = plan_tail(speech_span(60.0, 29.1, [(0.2, 25.0), (25.5, 27.5)]), hole, EOT, TS, 0.5)
     assert kept == (ts(0.2), 1, ts(25.0), EOT) and tail.start_sample == span.start_sample + 25 * 16000
+
+
+def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before_it() -> None:
+    span = speech_span(0.0, 29.2, [(0.1, 25.6), (25.8, 29.1)])  # the last sentence (25.8-29.1 s) went undecoded
+    tokens = (ts(0.1), 1, ts(4.0), ts(4.0), 2, ts(19.8), ts(19.8), 3, ts(23.1), ts(23.1), 4, ts(25.6), EOT)
+    closed, open_start = closed_segments(tokens, EOT, TS)
+    assert [(a, b) for a, b, _, _ in closed] == [(5, 200), (200, 990), (990, 1155), (1155, 1280)]
+    assert open_start is None and [tokens[i] for _, _, i, _ in closed] == [ts(0.1), ts(4.0), ts(19.8), ts(23.1)]
+    tail, kept = plan_tail(span, tokens, EOT, TS, 0.5, context_s=5.0)
+    assert tail.start_sample == int(19.8 * 16000)  # 23.1 s is only 2.5 s before 25.6 s: one segment further back
+    assert kept == tokens[:6] + (EOT,) and len(tail.speech) == len(span.speech) - 990  # segments 0 and 1
+    assert plan_tail(span, tokens, EOT, TS, 0.5, context_s=2.0)[0].start_sample == int(23.1 * 16000)
+    assert plan_tail(span, tokens, EOT, TS, 0.5, context_s=0.0)[1] == tokens[:-1] + (EOT,)  # from 25.6 s
+    assert rewind(closed, 3, 60.0) == (200, 3)  # a short chunk: segment 1, never the chunk's first segment
+    assert rewind(closed, 0, 5.0) == (5 + 195, 3)  # nothing before the first segment: its end
+    whole = plan_tail(span, tokens[:3] + (EOT,), EOT, TS, 0.5, context_s=5.0)  # one segment: the tail starts at its end
+    assert whole[0].start_sample == int(4.0 * 16000) and whole[1] == tokens[:3] + (EOT,)
 
 
 # -- the seam --------------------------------------------------------------------------------------------------
@@ -213,7 +230,8 @@ def test_repaired_tails_are_speculative_and_equal_to_greedy() -> None:
 
 def test_tail_options_are_checked() -> None:
     for bad, cause in [(dict(tail_repairs=-1), "tail_repairs"), (dict(tail_repairs=True), "tail_repairs"),
-                       (dict(tail_margin_s=0), "tail_margin_s"), (dict(tail_margin_s="1"), "tail_margin_s")]:
+                       (dict(tail_margin_s=0), "tail_margin_s"), (dict(tail_margin_s="1"), "tail_margin_s"),
+                       (dict(tail_context_s=-1), "tail_context_s"), (dict(tail_context_s=None), "tail_context_s")]:
         with pytest.raises(InputError, match=cause):
             TranscribeOptions.from_values(**bad)
 

@@ -23,7 +23,7 @@ _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
 _NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
 _TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "max_words_per_cue", "tail_repairs",
-             "tail_margin_s")
+             "tail_margin_s", "tail_context_s")
 _MODE_KEY = "chunking"  # flat key: "vad" or "stride" (sets `vad`)
 CHUNKING_MODES = ("vad", "stride")
 
@@ -46,6 +46,10 @@ class TranscribeOptions:
     # before its speech ends has that tail decoded again, at most tail_repairs times per chunk (0: never; tails.py)
     tail_repairs: int = 2
     tail_margin_s: float = 0.5
+    # a tail starts this many seconds of decoded text before the point its chunk's transcript stopped covering the
+    # speech (at a segment start; tails.rewind): decoded with no text before it, a sentence's first words are
+    # misheard more often. 5 s: the left context stride chunking gives every window (chunk_length_s / 6)
+    tail_context_s: float = 5.0
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -138,6 +142,9 @@ def _verify_options(options: TranscribeOptions) -> None:
     margin = options.tail_margin_s
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
         raise InputError(f"tail_margin_s must be a positive number of seconds, got {margin!r}")
+    context = options.tail_context_s
+    if isinstance(context, bool) or not isinstance(context, (int, float)) or not math.isfinite(context) or context < 0:
+        raise InputError(f"tail_context_s must be a number of seconds >= 0, got {context!r}")
     block = options.block_s
     if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
         raise InputError(f"block_s must be a positive number of seconds, got {block!r}")

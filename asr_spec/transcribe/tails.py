@@ -33,12 +33,45 @@ from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
-__all__ = ["MAX_SEAM_TOKENS", "TailSource", "covered_steps", "drop_repeated_head", "plan_tail", "seam_overlap",
-           "trim_span", "uncovered_speech_s", "with_tails"]
+__all__ = ["MAX_SEAM_TOKENS", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head", "plan_tail",
+           "rewind", "seam_overlap", "trim_span", "uncovered_speech_s", "with_tails"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
+
+
+Segment = tuple[int, int, int, int]  # a closed segment: (start step, end step, index of its start, of its end timestamp)
+
+
+def closed_segments(tokens: Sequence[int], eot_id: int,
+                    timestamp_begin_id: int) -> tuple[list[Segment], int | None]:
+    """A chunk's closed segments in order, and the start step of a last segment Whisper left open (None when
+    there is none); a pair of timestamps with no text between them is no segment."""
+    closed: list[Segment] = []
+    start, start_index, spoken = None, 0, False
+    for index, token in enumerate(tokens):
+        if token < eot_id:
+            spoken = True
+        elif token >= timestamp_begin_id:
+            step = int(token) - timestamp_begin_id
+            if start is not None and spoken:
+                closed.append((start, step, start_index, index))
+                start, spoken = None, False
+            else:
+                start, start_index, spoken = step, index, False
+    return closed, (start if start is not None and spoken else None)
+
+
+def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray,
+                       margin_s: float) -> int | None:
+    """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
+    by before the next segment starts (or, after the last one, before the chunk ends), or None."""
+    starts = [s for s, _, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
+    for position, ((_, end, _, _), next_start) in enumerate(zip(closed, starts)):
+        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
+            return position
+    return None
 
 
 def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, speech: np.ndarray,
@@ -50,25 +83,11 @@ def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, s
     A segment Whisper left open covers the rest of the chunk."""
     if not len(tokens) or tokens[-1] != eot_id:
         return None
-    closed: list[tuple[int, int, int]] = []  # (start step, end step, index of the end timestamp)
-    start, spoken, open_start = None, False, None
-    for index, token in enumerate(tokens):
-        if token < eot_id:
-            spoken = True
-        elif token >= timestamp_begin_id:
-            step = int(token) - timestamp_begin_id
-            if start is not None and spoken:
-                closed.append((start, step, index))
-                start, spoken = None, False
-            else:
-                start, spoken = step, False
-    if start is not None and spoken:
-        open_start = start
-    starts = [s for s, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
-    for (_, end, index), next_start in zip(closed, starts):
-        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
-            return end, index
-    return None
+    closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
+    position = _uncovered_segment(closed, open_start, speech, margin_s)
+    if position is None:
+        return None
+    return closed[position][1], closed[position][3]
 
 
 def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
@@ -76,24 +95,43 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
+def rewind(closed: list[Segment], position: int, context_s: float) -> tuple[int, int]:
+    """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
+    the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
+    already decoded: it starts at the latest segment start at least that far before the covered step, never at
+    the chunk's first segment (that would decode the same chunk again), so at segment 1 when the chunk is
+    shorter, and at the covered step itself when the chunk has one segment before it (or context_s is 0)."""
+    covered = closed[position][1]
+    back = int(round(context_s / TIME_PRECISION_S))
+    if back <= 0 or position == 0:
+        return covered, closed[position][3] + 1
+    chosen = 1
+    for j in range(1, position + 1):
+        if closed[j][0] <= covered - back:
+            chosen = j
+    return closed[chosen][0], closed[chosen][2]
+
+
 def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int,
-              margin_s: float) -> tuple[SpeechSpan, tuple[int, ...]] | None:
-    """The tail of a chunk to decode again and the chunk's tokens up to it, or None: the tail is [the end of the
-    segment after which speech goes uncovered (`covered_steps`), the chunk's end); the tokens keep the segments
-    before it (closed by `<|endoftext|>`), the tail decodes the rest. A tail would start inside the chunk, after
-    its start (a transcript that misses the chunk's first words would only be decoded again the same)."""
-    if not isinstance(span, SpeechSpan):
+              margin_s: float, context_s: float = 0.0) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    """The tail of a chunk to decode again and the chunk's tokens before it, or None. The transcript stops
+    covering the speech at the end of a segment (`covered_steps`); the tail is [`rewind`'s start: context_s
+    seconds of decoded text before that point, the chunk's end), the tokens keep the segments before it (closed
+    by `<|endoftext|>`), the tail decodes the rest. A tail starts inside the chunk, after its start (a transcript
+    that misses the chunk's first words would only be decoded again the same)."""
+    if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
-    found = covered_steps(tokens, eot_id, timestamp_begin_id, span.speech, margin_s)
-    if found is None or found[0] <= 0:
+    closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
+    position = _uncovered_segment(closed, open_start, span.speech, margin_s)
+    if position is None:
         return None
-    covered, index = found
-    start = span.start_sample + covered * STEP_SAMPLES
-    if start >= span.end_sample:
+    step, n_kept = rewind(closed, position, context_s)
+    start = span.start_sample + step * STEP_SAMPLES
+    if step <= 0 or start >= span.end_sample:
         return None
     tail = SpeechSpan(start, span.end_sample, 0, 0, is_first=False, is_last=span.is_last,
-                      speech=span.speech[covered:])
-    return tail, tuple(int(t) for t in tokens[: index + 1]) + (eot_id,)
+                      speech=span.speech[step:])
+    return tail, tuple(int(t) for t in tokens[:n_kept]) + (eot_id,)
 
 
 def trim_span(span: SpeechSpan, end_sample: int) -> SpeechSpan:

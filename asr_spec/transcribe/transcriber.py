@@ -242,7 +242,7 @@ class Transcriber:
         if self.options.vad is None or not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
             return None
         return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
-                         self.options.tail_margin_s)
+                         self.options.tail_margin_s, self.options.tail_context_s)
 
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
     def _tail_source(self) -> TailSource | None:
