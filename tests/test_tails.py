@@ -17,9 +17,11 @@ from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, DIGITAL_SILENCE,
 from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
+from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
 from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, closed_segments, covered_steps, drop_repeated_head,
-                                       plan_tail, rewind, seam_overlap, trim_span, uncovered_speech_s, with_tails)
+                                       plan_tail, rewind, seam_overlap, trim_span, uncovered_speech_s, with_tails,
+                                       word_ends)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_transcribe import LONG, SHORT, tiny_draft, tiny_processor, tiny_real_vocab_whisper  # noqa: E402
@@ -99,6 +101,34 @@ def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before
     assert rewind(closed, 0, 5.0) == (5 + 195, 3)  # nothing before the first segment: its end
     whole = plan_tail(span, tokens[:3] + (EOT,), EOT, TS, 0.5, context_s=5.0)  # one segment: the tail starts at its end
     assert whole[0].start_sample == int(4.0 * 16000) and whole[1] == tokens[:3] + (EOT,)
+
+
+def test_with_word_timestamps_the_transcript_covers_to_its_last_words_end() -> None:
+    span = speech_span(60.0, 29.0, [(0.2, 26.0)])
+    early = (ts(0.2), 1, 2, ts(25.0), EOT)  # the timestamp says 25.0 s, the speech goes on to 26.0 s
+    assert plan_tail(span, early, EOT, TS, 0.5) is not None
+    words = [(0.3, 12.0), (12.1, 25.9)]  # but the last word ends at 25.9 s: covered
+    assert plan_tail(span, early, EOT, TS, 0.5, words_s=words) is None
+    late = (ts(0.2), 1, 2, ts(26.0), EOT)  # the timestamp covers the speech, the last word ends at 24.0 s
+    assert plan_tail(span, late, EOT, TS, 0.5) is None
+    tail, kept = plan_tail(span, late, EOT, TS, 0.5, words_s=[(0.3, 12.0), (12.1, 24.0)])
+    assert tail.start_sample == span.start_sample + 24 * 16000 and kept == late  # from the word's end
+    closed, _ = closed_segments((ts(0), 1, ts(4.0), ts(4.0), 2, ts(9.0), EOT), EOT, TS)
+    assert word_ends(closed, [(0.1, 3.5), (4.2, 9.4)]) == [175, 470]
+    assert word_ends(closed, []) == [200, 450]  # no words: the timestamps
+    assert word_ends(closed, [(4.2, 9.4)]) == [200, 470]  # segment 0 has no word: its timestamp
+
+
+def test_the_transcriber_decides_a_tail_from_the_words_it_aligned() -> None:
+    target, _, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", chunking="vad", timestamps=True, word_timestamps=True)
+    transcriber = Transcriber(target, None, processor, options)
+    span = speech_span(60.0, 29.0, [(0.2, 26.0)])
+    result = _result((0, 0), (ts(0.2), 1, 2, ts(25.0), EOT))
+    assert transcriber.tail_of(span, result) is not None
+    words = [[WordTiming(" a", 60.3, 72.0, 0.9), WordTiming(" b", 72.1, 85.9, 0.9)]]  # file times
+    assert transcriber.tail_of(span, result, words) is None
+    assert transcriber.tail_of(span, _result((0, 0, 2), result.tokens)) is None  # the repair bound
 
 
 # -- the seam --------------------------------------------------------------------------------------------------

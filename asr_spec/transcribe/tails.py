@@ -34,7 +34,7 @@ from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
 __all__ = ["MAX_SEAM_TOKENS", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head", "plan_tail",
-           "rewind", "seam_overlap", "trim_span", "uncovered_speech_s", "with_tails"]
+           "rewind", "seam_overlap", "trim_span", "uncovered_speech_s", "with_tails", "word_ends"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
@@ -63,15 +63,29 @@ def closed_segments(tokens: Sequence[int], eot_id: int,
     return closed, (start if start is not None and spoken else None)
 
 
-def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray,
-                       margin_s: float) -> int | None:
+def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray, margin_s: float,
+                       ends: Sequence[int] | None = None) -> int | None:
     """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
-    by before the next segment starts (or, after the last one, before the chunk ends), or None."""
+    by before the next segment starts (or, after the last one, before the chunk ends), or None. ends: per closed
+    segment, the step the transcript covers to after it (default: its end timestamp; see `word_ends`)."""
+    ends = [end for _, end, _, _ in closed] if ends is None else ends
     starts = [s for s, _, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
-    for position, ((_, end, _, _), next_start) in enumerate(zip(closed, starts)):
+    for position, (end, next_start) in enumerate(zip(ends, starts)):
         if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
             return position
     return None
+
+
+def word_ends(closed: list[Segment], words_s: Sequence[tuple[float, float]]) -> list[int]:
+    """Per closed segment, the step its words cover to: the end of the last word (words_s: (start_s, end_s) in
+    chunk seconds, in order) that starts before the segment's end timestamp, or that timestamp when no word does.
+    With word timestamps this is where the transcript stops, not the segment's timestamp (which Whisper may put
+    after the speech, or before its last word ends)."""
+    ends = []
+    for _, end, _, _ in closed:
+        before = [w_end for w_start, w_end in words_s if w_start < end * TIME_PRECISION_S]
+        ends.append(int(round(max(before) / TIME_PRECISION_S)) if before else end)
+    return ends
 
 
 def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, speech: np.ndarray,
@@ -95,13 +109,14 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
-def rewind(closed: list[Segment], position: int, context_s: float) -> tuple[int, int]:
+def rewind(closed: list[Segment], position: int, context_s: float, covered: int | None = None) -> tuple[int, int]:
     """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
     the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
     already decoded: it starts at the latest segment start at least that far before the covered step, never at
     the chunk's first segment (that would decode the same chunk again), so at segment 1 when the chunk is
-    shorter, and at the covered step itself when the chunk has one segment before it (or context_s is 0)."""
-    covered = closed[position][1]
+    shorter, and at the covered step itself when the chunk has one segment before it (or context_s is 0).
+    covered: the step the transcript covers to (default: closed[position]'s end timestamp)."""
+    covered = closed[position][1] if covered is None else covered
     back = int(round(context_s / TIME_PRECISION_S))
     if back <= 0 or position == 0:
         return covered, closed[position][3] + 1
@@ -112,20 +127,23 @@ def rewind(closed: list[Segment], position: int, context_s: float) -> tuple[int,
     return closed[chosen][0], closed[chosen][2]
 
 
-def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int,
-              margin_s: float, context_s: float = 0.0) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
+              context_s: float = 0.0, words_s: Sequence[tuple[float, float]] | None = None,
+              ) -> tuple[SpeechSpan, tuple[int, ...]] | None:
     """The tail of a chunk to decode again and the chunk's tokens before it, or None. The transcript stops
-    covering the speech at the end of a segment (`covered_steps`); the tail is [`rewind`'s start: context_s
+    covering the speech at the end of a segment (`covered_steps`; given the chunk's words, words_s: (start_s,
+    end_s) in chunk seconds, at its last word's end, `word_ends`); the tail is [`rewind`'s start: context_s
     seconds of decoded text before that point, the chunk's end), the tokens keep the segments before it (closed
     by `<|endoftext|>`), the tail decodes the rest. A tail starts inside the chunk, after its start (a transcript
     that misses the chunk's first words would only be decoded again the same)."""
     if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
-    position = _uncovered_segment(closed, open_start, span.speech, margin_s)
+    ends = None if words_s is None else word_ends(closed, words_s)
+    position = _uncovered_segment(closed, open_start, span.speech, margin_s, ends)
     if position is None:
         return None
-    step, n_kept = rewind(closed, position, context_s)
+    step, n_kept = rewind(closed, position, context_s, None if ends is None else ends[position])
     start = span.start_sample + step * STEP_SAMPLES
     if step <= 0 or start >= span.end_sample:
         return None

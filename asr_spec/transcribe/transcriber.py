@@ -234,15 +234,20 @@ class Transcriber:
         continues: per chunk, whether it is a re-decoded tail of the one before (`tails.with_tails`)."""
         return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
 
-    def tail_of(self, span: ChunkSpan, result: ChunkResult) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    def tail_of(self, span: ChunkSpan, result: ChunkResult, words: list[list[WordTiming]] | None = None,
+                ) -> tuple[SpeechSpan, tuple[int, ...]] | None:
         """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
         span of its input, with the chunk's tokens before it; or None. result.id[2], when there is one, is the
-        attempt that made it (at most options.tail_repairs per chunk)."""
+        attempt that made it (at most options.tail_repairs per chunk). words: what `finish_chunk` gave for it
+        (word timestamps): the transcript then covers the speech to its last word's end, not to its last
+        timestamp."""
         attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
         if self.options.vad is None or not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
             return None
+        offset_s = span.start_sample / SAMPLE_RATE
+        words_s = None if words is None else [(w.start - offset_s, w.end - offset_s) for seg in words for w in seg]
         return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
-                         self.options.tail_margin_s, self.options.tail_context_s)
+                         self.options.tail_margin_s, self.options.tail_context_s, words_s)
 
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
     def _tail_source(self) -> TailSource | None:
@@ -263,7 +268,7 @@ class Transcriber:
         span = item.tails[index][attempt - 1][0] if attempt else item.spans[index]
         finished, words = self.finish_chunk(result, span)
         if repair is not None:
-            planned = self.tail_of(span, result)
+            planned = self.tail_of(span, result, words)
             tail = None if planned is None else planned[0]
             repair.finished(result, tail, span, item.word_timestamps)
             if planned is not None:  # the parent keeps its segments before the tail
