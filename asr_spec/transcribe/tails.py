@@ -28,12 +28,13 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
+from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
-__all__ = ["MAX_SEAM_TOKENS", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head", "plan_tail",
+__all__ = ["MAX_SEAM_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head", "plan_tail",
            "rewind", "seam_overlap", "trim_span", "uncovered_speech_s", "with_tails", "word_ends"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
@@ -206,6 +207,43 @@ def with_tails(chunks: Sequence[Piece], tails: dict[int, list[list]]) -> tuple[l
     return pieces, continues
 
 
+@dataclasses.dataclass
+class TailBook:
+    """One input's re-decoded tails, kept the same way by `Transcriber.iter_transcribe` and the server's batcher.
+
+    tails: per chunk index, its tails in attempt order as [span, result, words] (result and words None until it
+    is in); pending: how many are still decoding. A result's id is (key, chunk index) for a chunk and (key,
+    chunk index, attempt) for its attempt-th tail.
+    """
+
+    tails: dict[int, list[list]] = dataclasses.field(default_factory=dict)
+    pending: int = 0
+
+    def span(self, spans: Sequence[ChunkSpan], result_id: tuple) -> ChunkSpan:
+        """The span a result was decoded from: its chunk's, or its tail's."""
+        index, attempt = result_id[1], (result_id[2] if len(result_id) == 3 else 0)
+        return self.tails[index][attempt - 1][0] if attempt else spans[index]
+
+    def add(self, index: int, tail: SpeechSpan) -> None:
+        """A tail of chunk `index` is to be decoded."""
+        self.tails.setdefault(index, []).append([tail, None, None])
+        self.pending += 1
+
+    def arrived(self, result_id: tuple, result: ChunkResult, words: object) -> bool:
+        """Keep a finished tail's result and words; False (nothing kept) when `result_id` is a chunk's."""
+        if len(result_id) != 3:
+            return False
+        self.tails[result_id[1]][result_id[2] - 1][1:] = [result, words]
+        self.pending -= 1
+        return True
+
+    def pieces(self, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult],
+               words: Sequence[object] | None) -> tuple[list[Piece], list[bool]]:
+        """`with_tails` over the input's chunks (in chunk order) and its tails; words None: no words."""
+        chunks = [(span, results[i], None if words is None else words[i]) for i, span in enumerate(spans)]
+        return with_tails(chunks, self.tails)
+
+
 TailId = tuple[Hashable, int, int]  # (input key, chunk index, attempt): attempt 1 is the chunk's first tail
 
 
@@ -237,11 +275,11 @@ class TailSource:
     def run(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkRequest | None]:
         """The engine's source: `requests` in order, the queued tails first whenever there are some."""
         for request in requests:
-            yield from self._tails()
+            yield from self.queued()
             self.n_pulled += 1
             yield request
         while True:
-            yield from self._tails()
+            yield from self.queued()
             if self.n_finished == self.n_pulled:
                 return
             yield None
@@ -259,7 +297,8 @@ class TailSource:
         offset = tail.start_sample - parent_span.start_sample
         self.queue.append(((key, index, attempt + 1), samples[offset:].copy(), keep_encoded))
 
-    def _tails(self) -> Iterator[ChunkRequest]:
+    def queued(self) -> Iterator[ChunkRequest]:
+        """The requests of the tails queued so far, featurised together (their samples held until their result)."""
         if not self.queue:
             return
         batch = [self.queue.popleft() for _ in range(len(self.queue))]

@@ -16,8 +16,8 @@ does (`tail_of`), the rest of it is queued as a new chunk of the same input into
 `TailSource`, which yields None while a chunk that may need a tail is in flight) and assembled after its parent.
 
 The server (`asr_spec.serve`) runs the same pipeline through the same public methods: `prepare` per request,
-`finish_chunk` per finished chunk, `assemble` per request (`tail_of` is the decision its queue would need to
-repair tails too; it does not yet).
+`finish_piece` per finished chunk or tail (`finish_chunk`, then `tail_of`: the one tail decision), its tails kept
+in a `tails.TailBook` and fed by a `tail_source`, `assemble` per request.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens
-from asr_spec.transcribe.tails import TailSource, plan_tail, with_tails
+from asr_spec.transcribe.tails import TailSource, plan_tail
 
 __all__ = ["Transcriber"]
 
@@ -178,11 +178,11 @@ class Transcriber:
             prepare_output_dir(output_dir)
         bar = Progress(progress, inputs)
         next_out = 0
-        repair = self._tail_source()
+        repair = self.tail_source()
         if repair is None:
             source = self.prepare(inputs, rows)
         else:  # the tails go into the same engine run as the chunks
-            source, rows = repair.feed(self.frontend.prepare(inputs, rows, repair.samples), rows)
+            source, rows = repair.feed(self.prepare(inputs, rows, repair.samples), rows)
         try:
             for result in self.engine.run(source, rows):
                 self._collect(inputs[result.id[0]], result, bar, repair)
@@ -204,11 +204,14 @@ class Transcriber:
         return batch_size
 
     # -- the pipeline's stages, public: the server runs them too --------------------------------------------------
-    def prepare(self, inputs: Iterable[Input], batch_size: int | None = None) -> Iterator[ChunkRequest]:
+    def prepare(self, inputs: Iterable[Input], batch_size: int | None = None,
+                keep_samples: dict | None = None) -> Iterator[ChunkRequest]:
         """The front half, lazily: every input decoded, chunked and featurised (see `FrontEnd.prepare`), batched
         as `transcribe` batches it for `batch_size` rows (default options.batch_size). Request ids are
-        (input.key, chunk index); an input with word_timestamps has its chunks keep their encoder output."""
-        return self.frontend.prepare(inputs, self.batch_rows(batch_size))
+        (input.key, chunk index); an input with word_timestamps has its chunks keep their encoder output.
+        keep_samples: each chunk's samples are put there under its request id (a `TailSource`'s samples, for
+        tail repair)."""
+        return self.frontend.prepare(inputs, self.batch_rows(batch_size), keep_samples)
 
     def finish_chunk(self, result: ChunkResult,
                      span: ChunkSpan) -> tuple[ChunkResult, list[list[WordTiming]] | None]:
@@ -249,9 +252,25 @@ class Transcriber:
         return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
                          self.options.tail_margin_s, self.options.tail_context_s, words_s)
 
+    def finish_piece(self, result: ChunkResult, span: ChunkSpan,
+                     ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
+        """`finish_chunk`, then the tail decision (`tail_of`): the result to keep (when a tail follows, its tokens
+        cut before it and its words to match), its words, and the tail to decode next (None: none). The CLI's
+        run and the server's batcher both call it for every finished chunk and tail."""
+        finished, words = self.finish_chunk(result, span)
+        planned = self.tail_of(span, result, words)
+        if planned is None:
+            return finished, words, None
+        tail, kept = planned
+        finished = dataclasses.replace(finished, tokens=kept)
+        if words is not None:  # the parent keeps the words of the segments it keeps
+            words = words[: len(self.assembler.stitch([ChunkTokens(kept, span)]).segments)]
+        return finished, words, tail
+
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
-    def _tail_source(self) -> TailSource | None:
-        """The engine source feeding re-decoded tails (tails.py), when they apply: vad chunks, timestamp mode."""
+    def tail_source(self) -> TailSource | None:
+        """A source of re-decoded tails (tails.py) for one engine run, when they apply (vad chunks, timestamp
+        mode, tail_repairs > 0), else None; the server's batcher keeps one for all its jobs."""
         if self.options.vad is None or not self.options.decode.timestamps or not self.options.tail_repairs:
             return None
         return TailSource(self.frontend.features)
@@ -263,24 +282,15 @@ class Transcriber:
             if repair is not None:
                 repair.finished(result, None, None, False)
             return
-        index = result.id[1]
-        attempt = result.id[2] if len(result.id) == 3 else 0  # 0: the chunk itself; n: its n-th tail
-        span = item.tails[index][attempt - 1][0] if attempt else item.spans[index]
-        finished, words = self.finish_chunk(result, span)
+        span = item.repairs.span(item.spans, result.id)
+        finished, words, tail = self.finish_piece(result, span)
         if repair is not None:
-            planned = self.tail_of(span, result, words)
-            tail = None if planned is None else planned[0]
             repair.finished(result, tail, span, item.word_timestamps)
-            if planned is not None:  # the parent keeps its segments before the tail
-                finished = dataclasses.replace(finished, tokens=planned[1])
-                if words is not None:
-                    words = words[: len(self.assembler.stitch([ChunkTokens(planned[1], span)]).segments)]
-                item.tails.setdefault(index, []).append([tail, None, None])
-                item.pending_tails += 1
-        if attempt:
-            item.tails[index][attempt - 1][1:] = [finished, words]
-            item.pending_tails -= 1
+        if tail is not None:
+            item.repairs.add(result.id[1], tail)
+        if item.repairs.arrived(result.id, finished, words):
             return
+        index = result.id[1]
         item.results[index] = finished
         if words is not None:
             item.chunk_words[index] = words
@@ -294,10 +304,9 @@ class Transcriber:
         wall_s = time.perf_counter() - item.started
         if item.error is not None:
             return Transcription(item.name, "", (), None, None, item.audio_s, wall_s, (), error=item.error)
-        chunks = [(span, item.results[i], item.chunk_words.get(i)) for i, span in enumerate(item.spans)]
-        pieces, continues = with_tails(chunks, item.tails)
-        words = None
-        if self.aligner is not None:
+        words = None if self.aligner is None else [item.chunk_words.get(i) for i in range(len(item.spans))]
+        pieces, continues = item.repairs.pieces(item.spans, [item.results[i] for i in range(len(item.spans))], words)
+        if words is not None:
             words = [w for _, _, w in pieces]
         transcription = self.assemble(item.name, [p[0] for p in pieces], [p[1] for p in pieces], item.audio_s,
                                       wall_s, words, continues)
