@@ -309,3 +309,50 @@ def test_feed_asks_for_no_more_rows_than_there_are_chunks(monkeypatch) -> None:
     (result,) = Transcriber(target, None, processor, options).transcribe(str(SHORT[0]), batch_size=1000,
                                                                          progress=False)
     assert result.ok and rows_made and set(rows_made) == {1}  # one chunk: one row, its tails included
+
+
+# -- the server ------------------------------------------------------------------------------------------------
+
+def test_the_server_repairs_tails_as_the_transcriber_does() -> None:
+    """An upload whose chunks get tails re-decoded: the server's text, segments and words are the Transcriber's
+    (the same decision, `finish_piece`, and bookkeeping, `TailBook`), with requests sharing the batch. A request
+    without words is decided on its timestamps, as a Transcriber without word timestamps decides."""
+    pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from asr_spec.serve.app import ServeOptions, create_app
+    from asr_spec.serve.batcher import Batcher
+
+    target, draft, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=3, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1, word_timestamps=True)
+    model = Transcriber(target, draft, processor, options)
+    paths = [LONG, SHORT[0], LONG]
+    worded = model.transcribe([str(LONG)], progress=False)[0]
+    plain = Transcriber(target, draft, processor, TranscribeOptions.from_values(options, word_timestamps=False))
+    want = {(LONG, True): worded}
+    want[LONG, False], want[SHORT[0], False] = plain.transcribe([str(LONG), str(SHORT[0])], progress=False)
+    assert worded.redecoded_tails >= 1 and want[LONG, False].redecoded_tails >= 1
+    batcher = Batcher(model, batch_size=3)
+
+    def post(client, path, granularities):
+        files = {"file": (path.name, path.read_bytes(), "audio/flac")}
+        data = {"model": "tiny", "response_format": "verbose_json", "timestamp_granularities[]": granularities}
+        return client.post("/v1/audio/transcriptions", files=files, data=data)
+
+    with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
+        with ThreadPoolExecutor(3) as pool:
+            asked = [["segment", "word"], ["segment"], ["segment"]]
+            answers = list(pool.map(post, [client] * 3, paths, asked))
+    assert batcher._tails is not None and batcher._tails.samples == {}  # every chunk's samples let go
+    for path, answer, granularities in zip(paths, answers, asked):
+        assert answer.status_code == 200, answer.text
+        data, expect = answer.json(), want[path, "word" in granularities]
+        assert data["text"] == expect.text
+        assert [(s["start"], s["end"], s["text"]) for s in data["segments"]] == [
+            (s.start_s, s.end_s, s.text) for s in expect.segments]
+        if "word" in granularities:
+            assert [(w["word"].strip(), w["start"], w["end"]) for w in data["words"]] == [
+                (w.word.strip(), w.start, w.end) for s in expect.segments for w in s.words]

@@ -21,6 +21,11 @@ the engine thread as it finishes (`Transcriber.finish_chunk`), as `Transcriber.t
 (a client went away) ends it at once when none of its chunks is being read: its reader is closed, its upload
 removed, its budget given back; its chunks already in the engine finish there and are ignored. An engine error
 fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
+
+Tail repair, as `Transcriber.transcribe` does it (vad chunks, timestamp mode): each finished chunk goes through
+`Transcriber.finish_piece` (the one decision, `tail_of`); a tail is queued in the batcher's `TailSource`, which
+holds each chunk's samples while it is in the engine, and is fed to the engine before the next job's chunk; the
+job is complete when its tails are in too (`TailBook`), and assembled with them.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve.metrics import Metrics
 from asr_spec.transcribe.inputs import Input
 from asr_spec.transcribe.segments import WordTiming
+from asr_spec.transcribe.tails import TailBook
 
 __all__ = ["Batcher", "Busy", "Job", "Refused", "check_limits"]
 
@@ -80,6 +86,7 @@ class Job:
     requests:   the input's lazy engine requests (`Transcriber.prepare`), pulled one chunk at a time; `pending` is
                 the one `Batcher.prepare` pulled to open the upload.
     words:      by chunk index, the words of each of its segments; None when the request asked for no words.
+    repairs:    its re-decoded tails (`TailBook`): their spans, results and words.
     status:     the HTTP status of `error`: 400 unreadable audio, 413 too long, 500 the engine failed.
     reserved_s: seconds of the server's audio budget this job holds until it ends.
     on_done:    called once, from the engine thread (or `submit`, for an input without chunks), when the job is
@@ -94,6 +101,7 @@ class Job:
     reserved_s: float | None = None  # None: not admitted (a caller of `prepare` that skipped `admit`)
     on_done: Callable[[Job], None] = field(default=lambda job: None)
     results: dict[int, ChunkResult] = field(default_factory=dict)
+    repairs: TailBook = field(default_factory=TailBook)
     error: str | None = None
     status: int = 200
     cancelled: bool = False
@@ -117,7 +125,8 @@ class Job:
     @property
     def complete(self) -> bool:
         """Every chunk read and decoded."""
-        return self.input.read_done and self.pending is None and len(self.results) == len(self.spans)
+        done = len(self.results) == len(self.spans) and self.repairs.pending == 0
+        return self.input.read_done and self.pending is None and done
 
     def ordered_results(self) -> list[ChunkResult]:
         return [self.results[i] for i in range(len(self.spans))]
@@ -127,6 +136,12 @@ class Job:
         if self.words is None:
             return None
         return [self.words[i] for i in range(len(self.spans))]
+
+    def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
+        """`Transcriber.assemble`'s spans, results, chunk_words and continues: its chunks with their tails."""
+        pieces, continues = self.repairs.pieces(self.spans, self.ordered_results(), self.ordered_words())
+        words = None if self.words is None else [w for _, _, w in pieces]
+        return [p[0] for p in pieces], [p[1] for p in pieces], words, continues
 
 
 def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:
@@ -162,6 +177,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._tails = transcriber.tail_source()  # None: no tail repair (stride chunks, no timestamps, off)
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
     def admit(self, audio_s: float) -> None:
@@ -199,7 +215,7 @@ class Batcher:
         max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
         job = Job(item, iter(()), words={} if words else None, max_samples=max_samples, reserved_s=reserved_s)
         try:
-            job.requests = self.transcriber.prepare([item], 1)
+            job.requests = self.transcriber.prepare([item], 1, None if self._tails is None else self._tails.samples)
             job.pending = next(job.requests, None)
             self._check_read(job)
             if job.status == 500:  # not the upload's fault: the server's
@@ -208,6 +224,7 @@ class Batcher:
                 raise Refused(f"{name}: {job.error}", job.status) from item.exception
         except BaseException:
             _close(job.requests)
+            self._let_go(job.pending)
             if reserved_s is not None:
                 self.release(reserved_s)
             raise
@@ -267,8 +284,10 @@ class Batcher:
         return self._admitted, self._reserved_s
 
     def _source(self) -> Iterator[ChunkRequest | None]:
-        """The engine's live source: the next chunk of the next job in turn, or None when none is ready now."""
+        """The engine's live source: the tails queued (`_queued_tails`), then the next chunk of the next job in
+        turn, or None when none is ready now."""
         while True:
+            yield from self._queued_tails()
             with self._cond:
                 if not self._active and not self._stopping and self._in_engine == 0:
                     self._cond.wait(IDLE_WAIT_S)
@@ -282,6 +301,7 @@ class Batcher:
             with self._cond:
                 failed = job.error is not None
                 if failed or job.cancelled:
+                    self._let_go(request)
                     request = None
                     self._end(job)
                 elif request is not None:
@@ -296,6 +316,31 @@ class Batcher:
                 self._finish(job)
             if request is not None:
                 yield request
+
+    def _queued_tails(self) -> Iterator[ChunkRequest]:
+        """The tails `_deliver` queued, featurised now; those of a job that ended meanwhile are dropped."""
+        if self._tails is None:
+            return
+        for request in self._tails.queued():
+            with self._cond:
+                job = self._jobs.get(request.id[0])
+                alive = job is not None and not (job.ended or job.cancelled or job.error is not None)
+                if alive:
+                    job.in_engine += 1
+                    self._in_engine += 1
+                    self.metrics.engine_chunks = self._in_engine
+                elif job is not None:  # cancelled or failed while its tail waited
+                    job.repairs.pending -= 1
+                    self._end(job)
+            if alive:
+                yield request
+            else:
+                self._let_go(request)
+
+    def _let_go(self, request: ChunkRequest | None) -> None:
+        """Drop the samples held for a request that will not reach the engine."""
+        if request is not None and self._tails is not None:
+            self._tails.samples.pop(request.id, None)
 
     def _next_chunk(self, job: Job) -> ChunkRequest | None:
         """The job's next request (None when its input is read or failed), checked against its limits."""
@@ -315,6 +360,7 @@ class Batcher:
         if not job.ended:
             job.ended = True
             _close(job.requests)
+            self._let_go(job.pending)
             job.pending = None
             if job.reserved_s is not None:
                 self._admitted -= 1
@@ -359,7 +405,7 @@ class Batcher:
                     self._deliver(result)
             except EngineError as err:
                 log.error("%s", err)
-                self._fail({job_id for job_id, _ in err.chunk_ids}, str(err.__cause__ or err))
+                self._fail({chunk_id[0] for chunk_id in err.chunk_ids}, str(err.__cause__ or err))
             except Exception as err:  # a bug outside the engine's own work: fail what is in flight, keep serving
                 log.exception("engine thread")
                 with self._cond:
@@ -367,11 +413,14 @@ class Batcher:
                 self._fail(lost, f"{type(err).__name__}: {err}")
 
     def _deliver(self, result: ChunkResult) -> None:
-        job_id, index = result.id
+        job_id, index = result.id[0], result.id[1]
         job = self._jobs.get(job_id)
-        words = None
+        words, tail, span = None, None, None
         if job is not None and not job.cancelled and job.error is None:  # in the engine thread, like transcribe
-            result, words = self.transcriber.finish_chunk(result, job.spans[index])
+            span = job.repairs.span(job.spans, result.id)
+            result, words, tail = self.transcriber.finish_piece(result, span)
+        if self._tails is not None:  # its samples let go; its tail's queued
+            self._tails.finished(result, tail, span, job is not None and job.words is not None)
         with self._cond:
             self._in_engine -= 1
             self.metrics.engine_chunks = self._in_engine
@@ -379,9 +428,12 @@ class Batcher:
             if job is None:
                 return
             job.in_engine -= 1
-            job.results[index] = result
-            if words is not None:
-                job.words[index] = words
+            if tail is not None:
+                job.repairs.add(index, tail)
+            if not job.repairs.arrived(result.id, result, words):
+                job.results[index] = result
+                if words is not None:
+                    job.words[index] = words
             self.metrics.chunk_done(result.stats)
             done = job.complete and job.error is None
             if done or job.ended:
@@ -395,6 +447,9 @@ class Batcher:
         with self._cond:
             failed = [self._jobs[job_id] for job_id in job_ids if job_id in self._jobs]
             self._in_engine = 0  # nothing is in the engine any more
+            if self._tails is not None:  # the samples of the failed jobs' chunks in the engine
+                for chunk_id in [key for key in self._tails.samples if key[0] in job_ids]:
+                    self._tails.samples.pop(chunk_id, None)
             for job in self._jobs.values():
                 job.in_engine = 0
             for job in failed:
