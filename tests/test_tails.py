@@ -17,10 +17,11 @@ from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, DIGITAL_SILENCE,
 from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
+from asr_spec.eval.metrics import normalize
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
 from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, closed_segments, covered_steps, drop_repeated_head,
-                                       plan_tail, rewind, seam_overlap, trim_span, uncovered_speech_s, with_tails,
+                                       plan_tail, rewind, seam_overlap, stride_tail, trim_span, uncovered_speech_s, with_tails,
                                        word_ends)
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -129,6 +130,38 @@ def test_the_transcriber_decides_a_tail_from_the_words_it_aligned() -> None:
     words = [[WordTiming(" a", 60.3, 72.0, 0.9), WordTiming(" b", 72.1, 85.9, 0.9)]]  # file times
     assert transcriber.tail_of(span, result, words) is None
     assert transcriber.tail_of(span, _result((0, 0, 2), result.tokens)) is None  # the repair bound
+
+
+def test_a_stride_window_gets_a_tail_only_for_speech_in_the_middle_it_keeps() -> None:
+    rate = 16000
+    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 25-45 s of the file
+    calls = []
+
+    def speech_of(spans):
+        def frames():
+            calls.append(1)
+            return speech_span(0.0, 30.0, spans).speech
+        return frames
+
+    ended_early = (ts(0.0), 1, ts(6.0), ts(6.0), 2, ts(14.0), EOT)  # the text stops at 14 s of 30
+    tail, kept = stride_tail(window, ended_early, EOT, TS, 0.5, 0.0, speech_of([(0, 18.0)]))
+    assert calls and kept == ended_early and tail.start_sample == window.start_sample + 14 * rate
+    assert tail.end_sample == window.end_sample and tail.stride_right_samples == window.stride_right_samples
+    assert tail.stride_left_samples == 0 and not tail.is_first
+    assert stride_tail(window, ended_early, EOT, TS, 0.5, 0.0, speech_of([(26.0, 30.0)])) is None  # right stride
+    calls.clear()
+    covered = (ts(0.0), 1, ts(6.0), ts(6.0), 2, ts(24.8), EOT)  # ends within 0.5 s of the kept middle's end
+    assert stride_tail(window, covered, EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None and not calls
+    assert stride_tail(window, ended_early[:-1], EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None  # no eot
+    assert stride_tail(window, (ts(0.0), 1, ts(6.0), ts(6.0), 2, EOT), EOT, TS, 0.5, 0.0, speech_of([])) is None
+    assert not calls  # open last segment or no eot: no speech frames computed
+    # rewinding never starts a tail inside the left stride (the window before keeps that text)
+    early = (ts(0.0), 1, ts(4.0), ts(4.0), 2, ts(9.0), EOT)
+    tail, kept = stride_tail(window, early, EOT, TS, 0.5, 5.0, speech_of([(0, 18.0)]))
+    assert tail.start_sample == window.start_sample + 9 * rate and kept == early  # segment 1 starts at 4 s < 5 s
+    trimmed = trim_span(window, tail.start_sample)
+    assert trimmed.end_sample == tail.start_sample and trimmed.stride_right_samples == 0
+    assert trimmed.stride_left_samples == window.stride_left_samples
 
 
 # -- the seam --------------------------------------------------------------------------------------------------
@@ -256,6 +289,28 @@ def test_repaired_tails_are_speculative_and_equal_to_greedy() -> None:
     assert all(c.stats.drafted_tokens == 0 for c in tail_chunks)  # greedy run: nothing drafted
     spec_tails = [c for s in spec for c in s.chunks if c.tail]
     assert spec_tails and sum(c.stats.drafted_tokens for c in spec_tails) > 0  # tails are decoded speculatively
+
+
+def test_stride_windows_get_their_tails_repaired_speculatively_and_equal_to_greedy() -> None:
+    target, draft, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="stride", timestamps=True,
+                                            tail_margin_s=0.1)
+    from asr_spec.audio.loading import load_audio
+
+    audio = [load_audio(str(LONG))[: 25 * 16000], str(LONG)]  # the first one's window closes early (measured)
+    greedy = Transcriber(target, None, processor, options).transcribe(audio, progress=False)
+    spec = Transcriber(target, draft, processor, options).transcribe(audio, progress=False)
+    off = Transcriber(target, None, processor, TranscribeOptions.from_values(options, tail_repairs=0))
+    plain = off.transcribe(audio, progress=False)
+    assert greedy[0].redecoded_tails >= 1 and sum(c.tail for c in spec[0].chunks) == greedy[0].redecoded_tails
+    assert len(normalize(greedy[0].text).split()) > len(normalize(plain[0].text).split())  # the tail's words
+    for g, s, p in zip(greedy, spec, plain):
+        assert s.chunk_tokens == g.chunk_tokens and s.text == g.text
+        assert len(g.chunks) == len(p.chunks) + g.redecoded_tails
+        times = [t for seg in g.segments for t in (seg.start_s, seg.end_s)]
+        assert times == sorted(times)
+        if not g.redecoded_tails:  # nothing repaired: stride's output as it was
+            assert g.text == p.text and g.segments == p.segments
 
 
 def test_tail_options_are_checked() -> None:

@@ -25,7 +25,8 @@ fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine sta
 Tail repair, as `Transcriber.transcribe` does it (vad chunks, timestamp mode): each finished chunk goes through
 `Transcriber.finish_piece` (the one decision, `tail_of`); a tail is queued in the batcher's `TailSource`, which
 holds each chunk's samples while it is in the engine, and is fed to the engine before the next job's chunk; the
-job is complete when its tails are in too (`TailBook`), and assembled with them.
+job is complete when its tails are in too (`TailBook`), and assembled with them. A job and the errors a request
+ends in are jobs.py's.
 """
 
 from __future__ import annotations
@@ -34,122 +35,22 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
-from asr_spec.engine import ChunkRequest, ChunkResult, EngineError, check_int
-from asr_spec.errors import AudioError, InputError, one_line
+from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
+from asr_spec.errors import AudioError, one_line
+from asr_spec.serve.jobs import Busy, Job, Refused, check_limits, close_reader
 from asr_spec.serve.metrics import Metrics
 from asr_spec.transcribe.inputs import Input
-from asr_spec.transcribe.segments import WordTiming
-from asr_spec.transcribe.tails import TailBook
 
 __all__ = ["Batcher", "Busy", "Job", "Refused", "check_limits"]
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long the source waits for a chunk when the engine is idle, before it says None
 _job_ids = itertools.count()
-
-
-class Busy(InputError):
-    """The server has `max_requests` jobs or `max_audio_in_flight_s` seconds of audio in flight: retry later."""
-
-
-class Refused(AudioError):
-    """An upload the server will not transcribe; `status` is the HTTP answer (400 unreadable, 413 too long)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
-def _close(requests: Iterator[ChunkRequest]) -> None:
-    """Close a job's reader (its file handle, its VAD state); not while another thread runs it."""
-    close = getattr(requests, "close", None)
-    if close is not None:
-        try:
-            close()
-        except ValueError:  # "generator already executing": the engine thread is in it, it ends the job itself
-            log.warning("a reader was still running when its job ended")
-
-
-@dataclass(eq=False)
-class Job:
-    """The chunks of one request and what came back for them.
-
-    input:      what the front half fills in (spans so far, samples read, read_done, error).
-    requests:   the input's lazy engine requests (`Transcriber.prepare`), pulled one chunk at a time; `pending` is
-                the one `Batcher.prepare` pulled to open the upload.
-    words:      by chunk index, the words of each of its segments; None when the request asked for no words.
-    repairs:    its re-decoded tails (`TailBook`): their spans, results and words.
-    status:     the HTTP status of `error`: 400 unreadable audio, 413 too long, 500 the engine failed.
-    reserved_s: seconds of the server's audio budget this job holds until it ends.
-    on_done:    called once, from the engine thread (or `submit`, for an input without chunks), when the job is
-                complete or failed; it must not block.
-    """
-
-    input: Input
-    requests: Iterator[ChunkRequest]
-    pending: ChunkRequest | None = None
-    words: dict[int, list[list[WordTiming]]] | None = None
-    max_samples: int | None = None  # 16 kHz samples past which the request is refused (413)
-    reserved_s: float | None = None  # None: not admitted (a caller of `prepare` that skipped `admit`)
-    on_done: Callable[[Job], None] = field(default=lambda job: None)
-    results: dict[int, ChunkResult] = field(default_factory=dict)
-    repairs: TailBook = field(default_factory=TailBook)
-    error: str | None = None
-    status: int = 200
-    cancelled: bool = False
-    finished: bool = False
-    ended: bool = False  # its reader closed and its budget given back
-    in_engine: int = 0  # chunks pulled by the engine and not finished
-    started: float = field(default_factory=time.perf_counter)
-
-    @property
-    def id(self) -> Any:
-        return self.input.key
-
-    @property
-    def spans(self) -> list[ChunkSpan]:
-        return self.input.spans
-
-    @property
-    def audio_s(self) -> float:
-        return self.input.audio_s
-
-    @property
-    def complete(self) -> bool:
-        """Every chunk read and decoded."""
-        done = len(self.results) == len(self.spans) and self.repairs.pending == 0
-        return self.input.read_done and self.pending is None and done
-
-    def ordered_results(self) -> list[ChunkResult]:
-        return [self.results[i] for i in range(len(self.spans))]
-
-    def ordered_words(self) -> list[list[list[WordTiming]]] | None:
-        """`Transcriber.assemble`'s chunk_words: per chunk, the words of each of its segments; None without."""
-        if self.words is None:
-            return None
-        return [self.words[i] for i in range(len(self.spans))]
-
-    def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
-        """`Transcriber.assemble`'s spans, results, chunk_words and continues: its chunks with their tails."""
-        pieces, continues = self.repairs.pieces(self.spans, self.ordered_results(), self.ordered_words())
-        words = None if self.words is None else [w for _, _, w in pieces]
-        return [p[0] for p in pieces], [p[1] for p in pieces], words, continues
-
-
-def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:
-    """max_requests is an integer >= 1 and max_audio_in_flight_s a positive number of seconds, else `InputError`."""
-    check_int(max_requests, "max_requests", 1, InputError)
-    value = max_audio_in_flight_s
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InputError(f"max_audio_in_flight_s must be a positive number of seconds, got {value!r}")
 
 
 class Batcher:
@@ -223,7 +124,7 @@ class Batcher:
             if job.error is not None:
                 raise Refused(f"{name}: {job.error}", job.status) from item.exception
         except BaseException:
-            _close(job.requests)
+            close_reader(job.requests)
             self._let_go(job.pending)
             if reserved_s is not None:
                 self.release(reserved_s)
@@ -359,7 +260,7 @@ class Batcher:
         """Under the lock: close the job's reader, give back its budget, forget it unless chunks are in the engine."""
         if not job.ended:
             job.ended = True
-            _close(job.requests)
+            close_reader(job.requests)
             self._let_go(job.pending)
             job.pending = None
             if job.reserved_s is not None:
@@ -418,7 +319,8 @@ class Batcher:
         words, tail, span = None, None, None
         if job is not None and not job.cancelled and job.error is None:  # in the engine thread, like transcribe
             span = job.repairs.span(job.spans, result.id)
-            result, words, tail = self.transcriber.finish_piece(result, span)
+            samples = None if self._tails is None else self._tails.samples.get(result.id)
+            result, words, tail = self.transcriber.finish_piece(result, span, samples)
         if self._tails is not None:  # its samples let go; its tail's queued
             self._tails.finished(result, tail, span, job is not None and job.words is not None)
         with self._cond:

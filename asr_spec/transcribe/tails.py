@@ -35,7 +35,7 @@ from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
 __all__ = ["MAX_SEAM_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head", "plan_tail",
-           "rewind", "seam_overlap", "trim_span", "uncovered_speech_s", "with_tails", "word_ends"]
+           "rewind", "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s", "with_tails", "word_ends"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
@@ -110,19 +110,22 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
-def rewind(closed: list[Segment], position: int, context_s: float, covered: int | None = None) -> tuple[int, int]:
+def rewind(closed: list[Segment], position: int, context_s: float, covered: int | None = None,
+           min_step: int = 0) -> tuple[int, int]:
     """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
     the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
     already decoded: it starts at the latest segment start at least that far before the covered step, never at
     the chunk's first segment (that would decode the same chunk again), so at segment 1 when the chunk is
     shorter, and at the covered step itself when the chunk has one segment before it (or context_s is 0).
-    covered: the step the transcript covers to (default: closed[position]'s end timestamp)."""
+    covered: the step the transcript covers to (default: closed[position]'s end timestamp); min_step: no tail
+    starts before it (a stride window's left stride, whose text the window before it keeps)."""
     covered = closed[position][1] if covered is None else covered
     back = int(round(context_s / TIME_PRECISION_S))
-    if back <= 0 or position == 0:
+    starts = [j for j in range(1, position + 1) if closed[j][0] >= min_step]
+    if back <= 0 or not starts:
         return covered, closed[position][3] + 1
-    chosen = 1
-    for j in range(1, position + 1):
+    chosen = starts[0]
+    for j in starts:
         if closed[j][0] <= covered - back:
             chosen = j
     return closed[chosen][0], closed[chosen][2]
@@ -136,7 +139,8 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     end_s) in chunk seconds, at its last word's end, `word_ends`); the tail is [`rewind`'s start: context_s
     seconds of decoded text before that point, the chunk's end), the tokens keep the segments before it (closed
     by `<|endoftext|>`), the tail decodes the rest. A tail starts inside the chunk, after its start (a transcript
-    that misses the chunk's first words would only be decoded again the same)."""
+    that misses the chunk's first words would only be decoded again the same). A span with a right stride (a
+    stride window, `stride_tail`) hands it to its tail, as the next window expects."""
     if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
@@ -144,19 +148,44 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     position = _uncovered_segment(closed, open_start, span.speech, margin_s, ends)
     if position is None:
         return None
-    step, n_kept = rewind(closed, position, context_s, None if ends is None else ends[position])
+    min_step = span.stride_left_samples // STEP_SAMPLES
+    step, n_kept = rewind(closed, position, context_s, None if ends is None else ends[position], min_step)
+    step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
     start = span.start_sample + step * STEP_SAMPLES
     if step <= 0 or start >= span.end_sample:
         return None
-    tail = SpeechSpan(start, span.end_sample, 0, 0, is_first=False, is_last=span.is_last,
+    tail = SpeechSpan(start, span.end_sample, 0, span.stride_right_samples, is_first=False, is_last=span.is_last,
                       speech=span.speech[step:])
     return tail, tuple(int(t) for t in tokens[:n_kept]) + (eot_id,)
 
 
-def trim_span(span: SpeechSpan, end_sample: int) -> SpeechSpan:
-    """`span` ending at `end_sample` (where its tail starts), its speech frames cut to match."""
+def stride_tail(span: ChunkSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
+                context_s: float, speech_of: Callable[[], np.ndarray]) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    """`plan_tail` for a stride window (no VAD frames of its own): only when its last closed segment ends at
+    least `margin_s` before the end of the middle it keeps (the next window re-decodes its right stride) are its
+    speech frames computed (speech_of: () -> (F,) bool, e.g. `vad.window_speech`) and the window's speech in that
+    middle compared with its segments. Otherwise None, at no cost: the window's output stays as decoded."""
+    if isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
+        return None
+    closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
+    keep_end = (span.n_samples - span.stride_right_samples) // STEP_SAMPLES
+    if not closed or open_start is not None or (keep_end - closed[-1][1]) * TIME_PRECISION_S < margin_s:
+        return None
+    speech = np.array(speech_of(), bool)
+    speech[keep_end:] = False  # the next window's to decode
+    speech[: span.stride_left_samples // STEP_SAMPLES] = False  # the window before's
+    view = SpeechSpan(span.start_sample, span.end_sample, span.stride_left_samples, span.stride_right_samples,
+                      span.is_first, span.is_last, speech=speech)
+    return plan_tail(view, tokens, eot_id, timestamp_begin_id, margin_s, context_s)
+
+
+def trim_span(span: ChunkSpan, end_sample: int) -> ChunkSpan:
+    """`span` ending at `end_sample` (where its tail starts), its speech frames cut to match; its right stride
+    goes to the tail (a stride window's)."""
+    if not isinstance(span, SpeechSpan):
+        return dataclasses.replace(span, end_sample=end_sample, stride_right_samples=0)
     n_steps = (end_sample - span.start_sample) // STEP_SAMPLES
-    return dataclasses.replace(span, end_sample=end_sample, speech=span.speech[:n_steps])
+    return dataclasses.replace(span, end_sample=end_sample, speech=span.speech[:n_steps], stride_right_samples=0)
 
 
 def seam_overlap(left_text: Sequence[int], right_text: Sequence[int], max_tokens: int = MAX_SEAM_TOKENS,

@@ -11,9 +11,10 @@ reads audio one block and computes features one batch at a time. Results come ba
 they are regrouped per input, put back in chunk order and assembled once an input's last chunk is in.
 Transcriptions are yielded in input order. An input that cannot be read gets `error` set; the others carry on.
 
-Tail repair (tails.py, vad chunks in timestamp mode): when a finished chunk's transcript stops before its speech
-does (`tail_of`), the rest of it is queued as a new chunk of the same input into the same engine run (the source is
-`TailSource`, which yields None while a chunk that may need a tail is in flight) and assembled after its parent.
+Tail repair (tails.py, timestamp mode): when a finished chunk's transcript stops before its speech does
+(`tail_of`; a stride window's speech frames are computed only when its text ends early), the rest of it is
+queued as a new chunk of the same input into the same engine run (the source is `TailSource`, which yields None
+while a chunk that may need a tail is in flight) and assembled after its parent.
 
 The server (`asr_spec.serve`) runs the same pipeline through the same public methods: `prepare` per request,
 `finish_piece` per finished chunk or tail (`finish_chunk`, then `tail_of`: the one tail decision), its tails kept
@@ -28,6 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from asr_spec.audio.chunking import ChunkSpan
@@ -47,7 +49,7 @@ from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens
-from asr_spec.transcribe.tails import TailSource, plan_tail
+from asr_spec.transcribe.tails import TailSource, plan_tail, stride_tail
 
 __all__ = ["Transcriber"]
 
@@ -238,27 +240,35 @@ class Transcriber:
         return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
 
     def tail_of(self, span: ChunkSpan, result: ChunkResult, words: list[list[WordTiming]] | None = None,
-                ) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+                samples: np.ndarray | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
         """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
         span of its input, with the chunk's tokens before it; or None. result.id[2], when there is one, is the
         attempt that made it (at most options.tail_repairs per chunk). words: what `finish_chunk` gave for it
         (word timestamps): the transcript then covers the speech to its last word's end, not to its last
-        timestamp."""
+        timestamp. samples: the chunk's, for a stride window (its speech frames are computed from them only when
+        its text ends early, `tails.stride_tail`); without them a stride window gets no tail."""
         attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
-        if self.options.vad is None or not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
+        if not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
             return None
+        margin_s, context_s = self.options.tail_margin_s, self.options.tail_context_s
+        if not isinstance(span, SpeechSpan):
+            if samples is None:
+                return None
+            return stride_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s,
+                               context_s, lambda: self.frontend.window_speech(samples))
         offset_s = span.start_sample / SAMPLE_RATE
         words_s = None if words is None else [(w.start - offset_s, w.end - offset_s) for seg in words for w in seg]
-        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
-                         self.options.tail_margin_s, self.options.tail_context_s, words_s)
+        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s,
+                         words_s)
 
-    def finish_piece(self, result: ChunkResult, span: ChunkSpan,
+    def finish_piece(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
                      ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
-        """`finish_chunk`, then the tail decision (`tail_of`): the result to keep (when a tail follows, its tokens
-        cut before it and its words to match), its words, and the tail to decode next (None: none). The CLI's
-        run and the server's batcher both call it for every finished chunk and tail."""
+        """`finish_chunk`, then the tail decision (`tail_of`; samples: the chunk's, see there): the result to keep
+        (when a tail follows, its tokens cut before it and its words to match), its words, and the tail to
+        decode next (None: none). The CLI's run and the server's batcher both call it for every finished chunk
+        and tail."""
         finished, words = self.finish_chunk(result, span)
-        planned = self.tail_of(span, result, words)
+        planned = self.tail_of(span, result, words, samples)
         if planned is None:
             return finished, words, None
         tail, kept = planned
@@ -269,9 +279,9 @@ class Transcriber:
 
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
     def tail_source(self) -> TailSource | None:
-        """A source of re-decoded tails (tails.py) for one engine run, when they apply (vad chunks, timestamp
-        mode, tail_repairs > 0), else None; the server's batcher keeps one for all its jobs."""
-        if self.options.vad is None or not self.options.decode.timestamps or not self.options.tail_repairs:
+        """A source of re-decoded tails (tails.py) for one engine run, when they apply (timestamp mode,
+        tail_repairs > 0), else None; the server's batcher keeps one for all its jobs."""
+        if not self.options.decode.timestamps or not self.options.tail_repairs:
             return None
         return TailSource(self.frontend.features)
 
@@ -283,7 +293,8 @@ class Transcriber:
                 repair.finished(result, None, None, False)
             return
         span = item.repairs.span(item.spans, result.id)
-        finished, words, tail = self.finish_piece(result, span)
+        samples = None if repair is None else repair.samples.get(result.id)  # held until `repair.finished`
+        finished, words, tail = self.finish_piece(result, span, samples)
         if repair is not None:
             repair.finished(result, tail, span, item.word_timestamps)
         if tail is not None:
