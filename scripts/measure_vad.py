@@ -11,7 +11,9 @@ where a full chunk is cut, on the long-form fixtures, the weak-first-syllable cl
               noise floor), and wall time
 
 A variant is VadOptions fields, e.g. `pad0.4=speech_pad_s:0.4` or `ext=extend_onset:1` or
-`max28=max_chunk_s:28` (chunk_length_s follows max_chunk_s) or several joined by `,` in one `NAME=...`.
+`max28=max_chunk_s:28` (chunk_length_s follows max_chunk_s), or the tail repair's numeric TranscribeOptions
+(`tail_context_s`, `tail_margin_s`, `tail_repairs`: `ctx0=tail_context_s:0`), or several joined by `,` in one
+`NAME=...`.
 
     python scripts/measure_vad.py plan
     python scripts/measure_vad.py decode --only clips,silence --threads 2
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import Clip, ours_runner  # noqa: E402
 from bench_longform import FIXTURES, Item, fixture_items, markdown, row, run_item  # noqa: E402
 
-from asr_spec import Transcriber  # noqa: E402
+from asr_spec import TranscribeOptions, Transcriber  # noqa: E402
 from asr_spec.audio.loading import SAMPLE_RATE  # noqa: E402
 from asr_spec.audio.chunking import CHUNK_LENGTH_S  # noqa: E402
 from asr_spec.audio.vad import FRAME_SAMPLES, SileroVad, VadOptions, plan_vad_chunks  # noqa: E402
@@ -47,16 +49,22 @@ SOUND_ONSET_S = 0.22  # where every clip's sound starts: CLIP_LEAD_S + TRIM_MARG
 SILENCE_S = 120.0
 
 
+TAIL_KEYS = {"tail_context_s": float, "tail_margin_s": float, "tail_repairs": int}  # TranscribeOptions a variant sets
+
+
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """"NAME=field:value,field:value" -> (NAME, VadOptions fields)."""
+    """"NAME=field:value,field:value" -> (NAME, fields): VadOptions fields and TAIL_KEYS."""
     name, _, body = text.partition("=")
     fields: dict[str, Any] = {}
     for part in filter(None, body.split(",")):
         key, _, value = part.partition(":")
         kind = {f.name: f.type for f in dataclasses.fields(VadOptions)}.get(key)
-        if kind is None:
-            raise ValueError(f"variant {name}: VadOptions has no field {key!r}")
-        fields[key] = bool(int(value)) if "bool" in str(kind) else float(value)
+        if key in TAIL_KEYS:
+            fields[key] = TAIL_KEYS[key](value)
+        elif kind is None:
+            raise ValueError(f"variant {name}: neither VadOptions nor {', '.join(TAIL_KEYS)} has {key!r}")
+        else:
+            fields[key] = bool(int(value)) if "bool" in str(kind) else float(value)
     return name, fields
 
 
@@ -67,6 +75,10 @@ def silence_items() -> list[Item]:
                "silence_noise70": rng.normal(0, 3e-4, n).astype(np.float32),
                "silence_noise50": rng.normal(0, 3e-3, n).astype(np.float32)}
     return [Item(name, [Clip(name, samples, "")], [[]]) for name, samples in signals.items()]
+
+
+def _vad_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if key not in TAIL_KEYS}
 
 
 # -- plan ------------------------------------------------------------------------------------------------------
@@ -83,7 +95,8 @@ def plan_report(items: list[Item], variants: dict[str, dict[str, Any]]) -> dict[
     for item in items:
         for clip in item.clips:
             probs = vad_probs(vad, clip.samples)
-            out[clip.name] = {name: plan_one(clip, probs, VadOptions(**fields)) for name, fields in variants.items()}
+            out[clip.name] = {name: plan_one(clip, probs, VadOptions(**_vad_fields(fields)))
+                              for name, fields in variants.items()}
     return out
 
 
@@ -112,7 +125,9 @@ def variant_runners(variants: dict[str, dict[str, Any]], args: argparse.Namespac
         if length not in loaded:
             loaded[length] = Transcriber.from_preset(args.preset, language=args.language, chunk_length_s=length)
         base = loaded[length]
-        options = dataclasses.replace(base.options, vad=VadOptions(**fields | {"max_chunk_s": length}))
+        tail = {key: value for key, value in fields.items() if key in TAIL_KEYS}
+        options = dataclasses.replace(TranscribeOptions.from_values(base.options, **tail),
+                                      vad=VadOptions(**_vad_fields(fields) | {"max_chunk_s": length}))
         keep[name] = {}
         runners[name] = ours_runner(Transcriber(base.target, base.draft, base.processor, options, base.device),
                                     keep[name])

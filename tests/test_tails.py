@@ -17,9 +17,12 @@ from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, DIGITAL_SILENCE,
 from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
+from asr_spec.eval.metrics import normalize
+from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
-from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, covered_steps, drop_repeated_head, plan_tail,
-                                       seam_overlap, trim_span, uncovered_speech_s, with_tails)
+from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, closed_segments, covered_steps, drop_repeated_head,
+                                       plan_tail, rewind, seam_overlap, stride_tail, trim_span, uncovered_speech_s, with_tails,
+                                       word_ends)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_transcribe import LONG, SHORT, tiny_draft, tiny_processor, tiny_real_vocab_whisper  # noqa: E402
@@ -82,6 +85,83 @@ def test_a_tail_is_planned_only_when_speech_goes_on_past_the_text() -> None:
     hole = (ts(0.2), 1, ts(25.0), ts(27.9), 5, ts(28.5), EOT)
     tail, kept = plan_tail(speech_span(60.0, 29.1, [(0.2, 25.0), (25.5, 27.5)]), hole, EOT, TS, 0.5)
     assert kept == (ts(0.2), 1, ts(25.0), EOT) and tail.start_sample == span.start_sample + 25 * 16000
+
+
+def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before_it() -> None:
+    span = speech_span(0.0, 29.2, [(0.1, 25.6), (25.8, 29.1)])  # the last sentence (25.8-29.1 s) went undecoded
+    tokens = (ts(0.1), 1, ts(4.0), ts(4.0), 2, ts(19.8), ts(19.8), 3, ts(23.1), ts(23.1), 4, ts(25.6), EOT)
+    closed, open_start = closed_segments(tokens, EOT, TS)
+    assert [(a, b) for a, b, _, _ in closed] == [(5, 200), (200, 990), (990, 1155), (1155, 1280)]
+    assert open_start is None and [tokens[i] for _, _, i, _ in closed] == [ts(0.1), ts(4.0), ts(19.8), ts(23.1)]
+    tail, kept = plan_tail(span, tokens, EOT, TS, 0.5, context_s=5.0)
+    assert tail.start_sample == int(19.8 * 16000)  # 23.1 s is only 2.5 s before 25.6 s: one segment further back
+    assert kept == tokens[:6] + (EOT,) and len(tail.speech) == len(span.speech) - 990  # segments 0 and 1
+    assert plan_tail(span, tokens, EOT, TS, 0.5, context_s=2.0)[0].start_sample == int(23.1 * 16000)
+    assert plan_tail(span, tokens, EOT, TS, 0.5, context_s=0.0)[1] == tokens[:-1] + (EOT,)  # from 25.6 s
+    assert rewind(closed, 3, 60.0) == (200, 3)  # a short chunk: segment 1, never the chunk's first segment
+    assert rewind(closed, 0, 5.0) == (5 + 195, 3)  # nothing before the first segment: its end
+    whole = plan_tail(span, tokens[:3] + (EOT,), EOT, TS, 0.5, context_s=5.0)  # one segment: the tail starts at its end
+    assert whole[0].start_sample == int(4.0 * 16000) and whole[1] == tokens[:3] + (EOT,)
+
+
+def test_with_word_timestamps_the_transcript_covers_to_its_last_words_end() -> None:
+    span = speech_span(60.0, 29.0, [(0.2, 26.0)])
+    early = (ts(0.2), 1, 2, ts(25.0), EOT)  # the timestamp says 25.0 s, the speech goes on to 26.0 s
+    assert plan_tail(span, early, EOT, TS, 0.5) is not None
+    words = [(0.3, 12.0), (12.1, 25.9)]  # but the last word ends at 25.9 s: covered
+    assert plan_tail(span, early, EOT, TS, 0.5, words_s=words) is None
+    late = (ts(0.2), 1, 2, ts(26.0), EOT)  # the timestamp covers the speech, the last word ends at 24.0 s
+    assert plan_tail(span, late, EOT, TS, 0.5) is None
+    tail, kept = plan_tail(span, late, EOT, TS, 0.5, words_s=[(0.3, 12.0), (12.1, 24.0)])
+    assert tail.start_sample == span.start_sample + 24 * 16000 and kept == late  # from the word's end
+    closed, _ = closed_segments((ts(0), 1, ts(4.0), ts(4.0), 2, ts(9.0), EOT), EOT, TS)
+    assert word_ends(closed, [(0.1, 3.5), (4.2, 9.4)]) == [175, 470]
+    assert word_ends(closed, []) == [200, 450]  # no words: the timestamps
+    assert word_ends(closed, [(4.2, 9.4)]) == [200, 470]  # segment 0 has no word: its timestamp
+
+
+def test_the_transcriber_decides_a_tail_from_the_words_it_aligned() -> None:
+    target, _, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", chunking="vad", timestamps=True, word_timestamps=True)
+    transcriber = Transcriber(target, None, processor, options)
+    span = speech_span(60.0, 29.0, [(0.2, 26.0)])
+    result = _result((0, 0), (ts(0.2), 1, 2, ts(25.0), EOT))
+    assert transcriber.tail_of(span, result) is not None
+    words = [[WordTiming(" a", 60.3, 72.0, 0.9), WordTiming(" b", 72.1, 85.9, 0.9)]]  # file times
+    assert transcriber.tail_of(span, result, words) is None
+    assert transcriber.tail_of(span, _result((0, 0, 2), result.tokens)) is None  # the repair bound
+
+
+def test_a_stride_window_gets_a_tail_only_for_speech_in_the_middle_it_keeps() -> None:
+    rate = 16000
+    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 25-45 s of the file
+    calls = []
+
+    def speech_of(spans):
+        def frames():
+            calls.append(1)
+            return speech_span(0.0, 30.0, spans).speech
+        return frames
+
+    ended_early = (ts(0.0), 1, ts(6.0), ts(6.0), 2, ts(14.0), EOT)  # the text stops at 14 s of 30
+    tail, kept = stride_tail(window, ended_early, EOT, TS, 0.5, 0.0, speech_of([(0, 18.0)]))
+    assert calls and kept == ended_early and tail.start_sample == window.start_sample + 14 * rate
+    assert tail.end_sample == window.end_sample and tail.stride_right_samples == window.stride_right_samples
+    assert tail.stride_left_samples == 0 and not tail.is_first
+    assert stride_tail(window, ended_early, EOT, TS, 0.5, 0.0, speech_of([(26.0, 30.0)])) is None  # right stride
+    calls.clear()
+    covered = (ts(0.0), 1, ts(6.0), ts(6.0), 2, ts(24.8), EOT)  # ends within 0.5 s of the kept middle's end
+    assert stride_tail(window, covered, EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None and not calls
+    assert stride_tail(window, ended_early[:-1], EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None  # no eot
+    assert stride_tail(window, (ts(0.0), 1, ts(6.0), ts(6.0), 2, EOT), EOT, TS, 0.5, 0.0, speech_of([])) is None
+    assert not calls  # open last segment or no eot: no speech frames computed
+    # rewinding never starts a tail inside the left stride (the window before keeps that text)
+    early = (ts(0.0), 1, ts(4.0), ts(4.0), 2, ts(9.0), EOT)
+    tail, kept = stride_tail(window, early, EOT, TS, 0.5, 5.0, speech_of([(0, 18.0)]))
+    assert tail.start_sample == window.start_sample + 9 * rate and kept == early  # segment 1 starts at 4 s < 5 s
+    trimmed = trim_span(window, tail.start_sample)
+    assert trimmed.end_sample == tail.start_sample and trimmed.stride_right_samples == 0
+    assert trimmed.stride_left_samples == window.stride_left_samples
 
 
 # -- the seam --------------------------------------------------------------------------------------------------
@@ -211,9 +291,32 @@ def test_repaired_tails_are_speculative_and_equal_to_greedy() -> None:
     assert spec_tails and sum(c.stats.drafted_tokens for c in spec_tails) > 0  # tails are decoded speculatively
 
 
+def test_stride_windows_get_their_tails_repaired_speculatively_and_equal_to_greedy() -> None:
+    target, draft, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="stride", timestamps=True,
+                                            tail_margin_s=0.1)
+    from asr_spec.audio.loading import load_audio
+
+    audio = [load_audio(str(LONG))[: 25 * 16000], str(LONG)]  # the first one's window closes early (measured)
+    greedy = Transcriber(target, None, processor, options).transcribe(audio, progress=False)
+    spec = Transcriber(target, draft, processor, options).transcribe(audio, progress=False)
+    off = Transcriber(target, None, processor, TranscribeOptions.from_values(options, tail_repairs=0))
+    plain = off.transcribe(audio, progress=False)
+    assert greedy[0].redecoded_tails >= 1 and sum(c.tail for c in spec[0].chunks) == greedy[0].redecoded_tails
+    assert len(normalize(greedy[0].text).split()) > len(normalize(plain[0].text).split())  # the tail's words
+    for g, s, p in zip(greedy, spec, plain):
+        assert s.chunk_tokens == g.chunk_tokens and s.text == g.text
+        assert len(g.chunks) == len(p.chunks) + g.redecoded_tails
+        times = [t for seg in g.segments for t in (seg.start_s, seg.end_s)]
+        assert times == sorted(times)
+        if not g.redecoded_tails:  # nothing repaired: stride's output as it was
+            assert g.text == p.text and g.segments == p.segments
+
+
 def test_tail_options_are_checked() -> None:
     for bad, cause in [(dict(tail_repairs=-1), "tail_repairs"), (dict(tail_repairs=True), "tail_repairs"),
-                       (dict(tail_margin_s=0), "tail_margin_s"), (dict(tail_margin_s="1"), "tail_margin_s")]:
+                       (dict(tail_margin_s=0), "tail_margin_s"), (dict(tail_margin_s="1"), "tail_margin_s"),
+                       (dict(tail_context_s=-1), "tail_context_s"), (dict(tail_context_s=None), "tail_context_s")]:
         with pytest.raises(InputError, match=cause):
             TranscribeOptions.from_values(**bad)
 
@@ -261,3 +364,50 @@ def test_feed_asks_for_no_more_rows_than_there_are_chunks(monkeypatch) -> None:
     (result,) = Transcriber(target, None, processor, options).transcribe(str(SHORT[0]), batch_size=1000,
                                                                          progress=False)
     assert result.ok and rows_made and set(rows_made) == {1}  # one chunk: one row, its tails included
+
+
+# -- the server ------------------------------------------------------------------------------------------------
+
+def test_the_server_repairs_tails_as_the_transcriber_does() -> None:
+    """An upload whose chunks get tails re-decoded: the server's text, segments and words are the Transcriber's
+    (the same decision, `finish_piece`, and bookkeeping, `TailBook`), with requests sharing the batch. A request
+    without words is decided on its timestamps, as a Transcriber without word timestamps decides."""
+    pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from asr_spec.serve.app import ServeOptions, create_app
+    from asr_spec.serve.batcher import Batcher
+
+    target, draft, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=3, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1, word_timestamps=True)
+    model = Transcriber(target, draft, processor, options)
+    paths = [LONG, SHORT[0], LONG]
+    worded = model.transcribe([str(LONG)], progress=False)[0]
+    plain = Transcriber(target, draft, processor, TranscribeOptions.from_values(options, word_timestamps=False))
+    want = {(LONG, True): worded}
+    want[LONG, False], want[SHORT[0], False] = plain.transcribe([str(LONG), str(SHORT[0])], progress=False)
+    assert worded.redecoded_tails >= 1 and want[LONG, False].redecoded_tails >= 1
+    batcher = Batcher(model, batch_size=3)
+
+    def post(client, path, granularities):
+        files = {"file": (path.name, path.read_bytes(), "audio/flac")}
+        data = {"model": "tiny", "response_format": "verbose_json", "timestamp_granularities[]": granularities}
+        return client.post("/v1/audio/transcriptions", files=files, data=data)
+
+    with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
+        with ThreadPoolExecutor(3) as pool:
+            asked = [["segment", "word"], ["segment"], ["segment"]]
+            answers = list(pool.map(post, [client] * 3, paths, asked))
+    assert batcher._tails is not None and batcher._tails.samples == {}  # every chunk's samples let go
+    for path, answer, granularities in zip(paths, answers, asked):
+        assert answer.status_code == 200, answer.text
+        data, expect = answer.json(), want[path, "word" in granularities]
+        assert data["text"] == expect.text
+        assert [(s["start"], s["end"], s["text"]) for s in data["segments"]] == [
+            (s.start_s, s.end_s, s.text) for s in expect.segments]
+        if "word" in granularities:
+            assert [(w["word"].strip(), w["start"], w["end"]) for w in data["words"]] == [
+                (w.word.strip(), w.start, w.end) for s in expect.segments for w in s.words]

@@ -28,6 +28,7 @@ from asr_spec.errors import InputError
 
 __all__ = [
     "FRAME_SAMPLES",
+    "window_speech",
     "SileroVad",
     "SpeechSpan",
     "VadOptions",
@@ -222,6 +223,15 @@ def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: in
     vad_index = np.minimum((np.arange(n_frames) * frame - probs_start_sample) // FRAME_SAMPLES, len(probs) - 1)
     voiced = probs[np.maximum(vad_index, 0)] >= threshold if len(probs) else np.zeros(n_frames, bool)
     return loud & voiced
+
+
+def window_speech(samples: np.ndarray, vad: SileroVad, threshold: float) -> np.ndarray:
+    """(F,) bool speech frames (`speech_frames`) of one window cut without the VAD (a stride window), from the
+    VAD's probabilities over the window alone (a fresh state; the last partial VAD frame padded with zeros)."""
+    vad.reset()
+    padded = np.pad(samples, (0, (-len(samples)) % FRAME_SAMPLES))
+    probs = vad(padded) if len(padded) else np.zeros(0, np.float32)
+    return speech_frames(samples, probs, 0, threshold)
 
 
 # -- streaming -------------------------------------------------------------------------------------------------

@@ -236,8 +236,9 @@ async def _decode(request: Request, batcher: Batcher, options: ServeOptions, par
         raise HTTPError(job.status, f"{name}: {job.error}", "file" if job.status < 500 else None)
     wall_s = time.perf_counter() - job.started
     transcriber = batcher.transcriber
-    result = await asyncio.to_thread(transcriber.assemble, name, job.spans, job.ordered_results(), job.audio_s,
-                                     wall_s, job.ordered_words())
+    spans, results, words, continues = job.pieces()  # its chunks with their re-decoded tails
+    result = await asyncio.to_thread(transcriber.assemble, name, spans, results, job.audio_s, wall_s, words,
+                                     continues)
     return render(result, params.response_format, transcriber.options.decode.task, params.words), job.audio_s
 
 

@@ -21,6 +21,12 @@ the engine thread as it finishes (`Transcriber.finish_chunk`), as `Transcriber.t
 (a client went away) ends it at once when none of its chunks is being read: its reader is closed, its upload
 removed, its budget given back; its chunks already in the engine finish there and are ignored. An engine error
 fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
+
+Tail repair, as `Transcriber.transcribe` does it (vad chunks, timestamp mode): each finished chunk goes through
+`Transcriber.finish_piece` (the one decision, `tail_of`); a tail is queued in the batcher's `TailSource`, which
+holds each chunk's samples while it is in the engine, and is fed to the engine before the next job's chunk; the
+job is complete when its tails are in too (`TailBook`), and assembled with them. A job and the errors a request
+ends in are jobs.py's.
 """
 
 from __future__ import annotations
@@ -29,115 +35,24 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
-from asr_spec.engine import ChunkRequest, ChunkResult, EngineError, check_int
-from asr_spec.errors import AudioError, InputError, one_line
+from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
+from asr_spec.errors import AudioError, one_line
+from asr_spec.serve.jobs import Busy, Job, Refused, check_limits, close_reader
 from asr_spec.serve.metrics import Metrics
 from asr_spec.serve.stream_jobs import StreamQueue, is_stream_id
 from asr_spec.transcribe.inputs import Input
-from asr_spec.transcribe.segments import WordTiming
+from asr_spec.transcribe.prompts import with_prompts
 
 __all__ = ["Batcher", "Busy", "Job", "Refused", "check_limits"]
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.05  # how long the source waits for a chunk when the engine is idle, before it says None
 _job_ids = itertools.count()
-
-
-class Busy(InputError):
-    """The server has `max_requests` jobs or `max_audio_in_flight_s` seconds of audio in flight: retry later."""
-
-
-class Refused(AudioError):
-    """An upload the server will not transcribe; `status` is the HTTP answer (400 unreadable, 413 too long)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
-def _close(requests: Iterator[ChunkRequest]) -> None:
-    """Close a job's reader (its file handle, its VAD state); not while another thread runs it."""
-    close = getattr(requests, "close", None)
-    if close is not None:
-        try:
-            close()
-        except ValueError:  # "generator already executing": the engine thread is in it, it ends the job itself
-            log.warning("a reader was still running when its job ended")
-
-
-@dataclass(eq=False)
-class Job:
-    """The chunks of one request and what came back for them.
-
-    input:      what the front half fills in (spans so far, samples read, read_done, error).
-    requests:   the input's lazy engine requests (`Transcriber.prepare`), pulled one chunk at a time; `pending` is
-                the one `Batcher.prepare` pulled to open the upload.
-    words:      by chunk index, the words of each of its segments; None when the request asked for no words.
-    status:     the HTTP status of `error`: 400 unreadable audio, 413 too long, 500 the engine failed.
-    reserved_s: seconds of the server's audio budget this job holds until it ends.
-    on_done:    called once, from the engine thread (or `submit`, for an input without chunks), when the job is
-                complete or failed; it must not block.
-    temperature: its windows' temperature schedule (fallback.py); None: the transcriber's options.temperature.
-    """
-
-    input: Input
-    requests: Iterator[ChunkRequest]
-    pending: ChunkRequest | None = None
-    words: dict[int, list[list[WordTiming]]] | None = None
-    max_samples: int | None = None  # 16 kHz samples past which the request is refused (413)
-    reserved_s: float | None = None  # None: not admitted (a caller of `prepare` that skipped `admit`)
-    on_done: Callable[[Job], None] = field(default=lambda job: None)
-    results: dict[int, ChunkResult] = field(default_factory=dict)
-    error: str | None = None
-    status: int = 200
-    cancelled: bool = False
-    finished: bool = False
-    ended: bool = False  # its reader closed and its budget given back
-    in_engine: int = 0  # chunks pulled by the engine and not finished
-    started: float = field(default_factory=time.perf_counter)
-    temperature: tuple[float, ...] | None = None
-
-    @property
-    def id(self) -> Any:
-        return self.input.key
-
-    @property
-    def spans(self) -> list[ChunkSpan]:
-        return self.input.spans
-
-    @property
-    def audio_s(self) -> float:
-        return self.input.audio_s
-
-    @property
-    def complete(self) -> bool:
-        """Every chunk read and decoded."""
-        return self.input.read_done and self.pending is None and len(self.results) == len(self.spans)
-
-    def ordered_results(self) -> list[ChunkResult]:
-        return [self.results[i] for i in range(len(self.spans))]
-
-    def ordered_words(self) -> list[list[list[WordTiming]]] | None:
-        """`Transcriber.assemble`'s chunk_words: per chunk, the words of each of its segments; None without."""
-        if self.words is None:
-            return None
-        return [self.words[i] for i in range(len(self.spans))]
-
-
-def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:
-    """max_requests is an integer >= 1 and max_audio_in_flight_s a positive number of seconds, else `InputError`."""
-    check_int(max_requests, "max_requests", 1, InputError)
-    value = max_audio_in_flight_s
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InputError(f"max_audio_in_flight_s must be a positive number of seconds, got {value!r}")
 
 
 class Batcher:
@@ -170,6 +85,7 @@ class Batcher:
         self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
         self.streams = StreamQueue(self._cond, transcriber.frontend.features, transcriber.engine.withdraw,
                                    max_streams, self.metrics)
+        self._tails = transcriber.tail_source()  # None: no tail repair (stride chunks, no timestamps, off)
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
     def admit(self, audio_s: float) -> None:
@@ -211,7 +127,7 @@ class Batcher:
         job = Job(item, iter(()), words={} if words else None, max_samples=max_samples, reserved_s=reserved_s,
                   temperature=temperature)
         try:
-            job.requests = self.transcriber.prepare([item], 1)
+            job.requests = self.transcriber.prepare([item], 1, None if self._tails is None else self._tails.samples)
             job.pending = next(job.requests, None)
             self._check_read(job)
             if job.status == 500:  # not the upload's fault: the server's
@@ -219,7 +135,8 @@ class Batcher:
             if job.error is not None:
                 raise Refused(f"{name}: {job.error}", job.status) from item.exception
         except BaseException:
-            _close(job.requests)
+            close_reader(job.requests)
+            self._let_go(job.pending)
             if reserved_s is not None:
                 self.release(reserved_s)
             raise
@@ -279,8 +196,10 @@ class Batcher:
         return self._admitted, self._reserved_s
 
     def _source(self) -> Iterator[ChunkRequest | None]:
-        """The engine's live source: the next chunk of the next job in turn, or None when none is ready now."""
+        """The engine's live source: the tails queued (`_queued_tails`), then the next chunk of the next job in
+        turn, or None when none is ready now."""
         while True:
+            yield from self._queued_tails()
             with self._cond:
                 if not self._active and not self._stopping and self._in_engine == 0 and self.streams.idle:
                     self._cond.wait(IDLE_WAIT_S)
@@ -301,6 +220,7 @@ class Batcher:
             with self._cond:
                 failed = job.error is not None
                 if failed or job.cancelled:
+                    self._let_go(request)
                     request = None
                     self._end(job)
                 elif request is not None:
@@ -315,6 +235,31 @@ class Batcher:
                 self._finish(job)
             if request is not None:
                 yield request
+
+    def _queued_tails(self) -> Iterator[ChunkRequest]:
+        """The tails `_deliver` queued, featurised now; those of a job that ended meanwhile are dropped."""
+        if self._tails is None:
+            return
+        for request in self._tails.queued():
+            with self._cond:
+                job = self._jobs.get(request.id[0])
+                alive = job is not None and not (job.ended or job.cancelled or job.error is not None)
+                if alive:
+                    job.in_engine += 1
+                    self._in_engine += 1
+                    self.metrics.engine_chunks = self._in_engine
+                elif job is not None:  # cancelled or failed while its tail waited
+                    job.repairs.pending -= 1
+                    self._end(job)
+            if alive:  # with its input's prompt, as its chunks have (prompts.py)
+                yield next(with_prompts([request], {job.id: job.input.prompt}.get))
+            else:
+                self._let_go(request)
+
+    def _let_go(self, request: ChunkRequest | None) -> None:
+        """Drop the samples held for a request that will not reach the engine."""
+        if request is not None and self._tails is not None:
+            self._tails.samples.pop(request.id, None)
 
     def _next_chunk(self, job: Job) -> ChunkRequest | None:
         """The job's next request (None when its input is read or failed), checked against its limits."""
@@ -333,7 +278,8 @@ class Batcher:
         """Under the lock: close the job's reader, give back its budget, forget it unless chunks are in the engine."""
         if not job.ended:
             job.ended = True
-            _close(job.requests)
+            close_reader(job.requests)
+            self._let_go(job.pending)
             job.pending = None
             if job.reserved_s is not None:
                 self._admitted -= 1
@@ -406,11 +352,15 @@ class Batcher:
         if self.streams.deliver(result):
             self.metrics.chunk_done(result.stats)
             return
-        job_id, index = result.id
+        job_id, index = result.id[0], result.id[1]
         job = self._jobs.get(job_id)
-        words = None
+        words, tail, span = None, None, None
         if job is not None and not job.cancelled and job.error is None:  # in the engine thread, like transcribe
-            result, words = self.transcriber.finish_chunk(result, job.spans[index])
+            span = job.repairs.span(job.spans, result.id)
+            samples = None if self._tails is None else self._tails.samples.get(result.id)
+            result, words, tail = self.transcriber.finish_piece(result, span, samples)
+        if self._tails is not None:  # its samples let go; its tail's queued
+            self._tails.finished(result, tail, span, job is not None and job.words is not None)
         with self._cond:
             self._in_engine -= 1
             self.metrics.engine_chunks = self._in_engine
@@ -418,9 +368,12 @@ class Batcher:
             if job is None:
                 return
             job.in_engine -= 1
-            job.results[index] = result
-            if words is not None:
-                job.words[index] = words
+            if tail is not None:
+                job.repairs.add(index, tail)
+            if not job.repairs.arrived(result.id, result, words):
+                job.results[index] = result
+                if words is not None:
+                    job.words[index] = words
             self.metrics.chunk_done(result.stats)
             done = job.complete and job.error is None
             if done or job.ended:
@@ -434,6 +387,9 @@ class Batcher:
         with self._cond:
             failed = [self._jobs[job_id] for job_id in job_ids if job_id in self._jobs]
             self._in_engine = 0  # nothing is in the engine any more
+            if self._tails is not None:  # the samples of the failed jobs' chunks in the engine
+                for chunk_id in [key for key in self._tails.samples if key[0] in job_ids]:
+                    self._tails.samples.pop(chunk_id, None)
             for job in self._jobs.values():
                 job.in_engine = 0
             for job in failed:

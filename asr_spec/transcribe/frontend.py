@@ -22,7 +22,7 @@ import numpy as np
 from asr_spec.audio.chunking import ChunkSpan, skip_silent_windows
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import load_audio, stream_audio
-from asr_spec.audio.vad import SileroVad, iter_vad_chunks
+from asr_spec.audio.vad import SileroVad, VadOptions, iter_vad_chunks, window_speech
 from asr_spec.engine import ChunkRequest
 from asr_spec.engine.memory import MAX_ENCODE_BATCH
 from asr_spec.errors import InputError, one_line
@@ -57,6 +57,20 @@ class FrontEnd:
         run's engine rows, checked by the caller (`Transcriber.batch_rows`). keep_samples: when given, each
         chunk's samples are put there under its request id (tail repair, `tails.TailSource`, lets them go)."""
         return self._featurise(self._chunks(inputs), min(batch_size, MAX_ENCODE_BATCH), keep_samples)
+
+    def window_speech(self, samples: np.ndarray) -> np.ndarray:
+        """(F,) bool speech frames of one chunk's samples (`vad.window_speech`, at the VAD threshold of
+        options.vad or the default's): for a stride window whose transcript may stop early (tail repair)."""
+        threshold = (self.options.vad or VadOptions()).threshold
+        with self._vad_lock:
+            vad = self._vads.pop() if self._vads else None
+        if vad is None:
+            vad = SileroVad()
+        try:
+            return window_speech(samples, vad, threshold)
+        finally:
+            with self._vad_lock:
+                self._vads.append(vad)
 
     def chunk_audio(self, blocks: Iterable[np.ndarray]) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
         """(span, samples) of one 16 kHz mono signal given as blocks: overlapping windows (`options.vad` None) or

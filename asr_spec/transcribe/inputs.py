@@ -23,6 +23,7 @@ from asr_spec.errors import AsrSpecError, InputError
 from asr_spec.transcribe.outputs import output_stems
 from asr_spec.transcribe.prompts import InputPrompt
 from asr_spec.transcribe.segments import WordTiming
+from asr_spec.transcribe.tails import TailBook
 
 __all__ = ["INPUT_ERRORS", "Input", "Progress", "ProgressCallback", "RunInput", "expected_s", "name_outputs",
            "run_inputs"]
@@ -63,14 +64,11 @@ class RunInput(Input):
     results: dict[int, ChunkResult] = field(default_factory=dict)  # by chunk index, without encoder outputs
     chunk_words: dict[int, list[list[WordTiming]]] = field(default_factory=dict)  # per chunk, per segment
     progress_s: float = 0.0  # seconds of it already counted into the progress bar
-    # tail repair (tails.py): per chunk index, its tails in attempt order as [span, result, words] (result None
-    # until it is in), and how many are still decoding
-    tails: dict[int, list[list]] = field(default_factory=dict)
-    pending_tails: int = 0
+    repairs: TailBook = field(default_factory=TailBook)  # its re-decoded tails (tails.py)
 
     @property
     def complete(self) -> bool:
-        done = len(self.results) == len(self.spans) and self.pending_tails == 0
+        done = len(self.results) == len(self.spans) and self.repairs.pending == 0
         return self.read_done and (self.error is not None or done)
 
 

@@ -24,7 +24,7 @@ _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
 _NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
 _TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "max_words_per_cue", "tail_repairs",
-             "tail_margin_s", "temperature", "best_of", "seed")
+             "tail_margin_s", "tail_context_s", "temperature", "best_of", "seed")
 _MODE_KEY = "chunking"  # flat key: "vad" or "stride" (sets `vad`)
 CHUNKING_MODES = ("vad", "stride")
 
@@ -55,6 +55,10 @@ class TranscribeOptions:
     temperature: tuple[float, ...] = (0.0,)
     best_of: int = 5  # candidates per window at a temperature > 0 (rows of the same batch); the likeliest is kept
     seed: int = 0  # sampled rows' random keys derive from it (and each window's audio): same seed, same transcript
+    # a tail starts this many seconds of decoded text before the point its chunk's transcript stopped covering the
+    # speech (at a segment start; tails.rewind): decoded with no text before it, a sentence's first words are
+    # misheard more often. 5 s: the left context stride chunking gives every window (chunk_length_s / 6)
+    tail_context_s: float = 5.0
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -179,6 +183,9 @@ def _verify_options(options: TranscribeOptions) -> None:
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
         raise InputError(f"tail_margin_s must be a positive number of seconds, got {margin!r}")
     _verify_sampling(options)
+    context = options.tail_context_s
+    if isinstance(context, bool) or not isinstance(context, (int, float)) or not math.isfinite(context) or context < 0:
+        raise InputError(f"tail_context_s must be a number of seconds >= 0, got {context!r}")
     block = options.block_s
     if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
         raise InputError(f"block_s must be a positive number of seconds, got {block!r}")

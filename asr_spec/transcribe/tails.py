@@ -28,17 +28,65 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
+from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
-__all__ = ["MAX_SEAM_TOKENS", "TailSource", "covered_steps", "drop_repeated_head", "plan_tail", "seam_overlap",
-           "trim_span", "uncovered_speech_s", "with_tails"]
+__all__ = ["MAX_SEAM_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head", "plan_tail",
+           "rewind", "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s", "with_tails", "word_ends"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
+
+
+Segment = tuple[int, int, int, int]  # a closed segment: (start step, end step, index of its start, of its end timestamp)
+
+
+def closed_segments(tokens: Sequence[int], eot_id: int,
+                    timestamp_begin_id: int) -> tuple[list[Segment], int | None]:
+    """A chunk's closed segments in order, and the start step of a last segment Whisper left open (None when
+    there is none); a pair of timestamps with no text between them is no segment."""
+    closed: list[Segment] = []
+    start, start_index, spoken = None, 0, False
+    for index, token in enumerate(tokens):
+        if token < eot_id:
+            spoken = True
+        elif token >= timestamp_begin_id:
+            step = int(token) - timestamp_begin_id
+            if start is not None and spoken:
+                closed.append((start, step, start_index, index))
+                start, spoken = None, False
+            else:
+                start, start_index, spoken = step, index, False
+    return closed, (start if start is not None and spoken else None)
+
+
+def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray, margin_s: float,
+                       ends: Sequence[int] | None = None) -> int | None:
+    """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
+    by before the next segment starts (or, after the last one, before the chunk ends), or None. ends: per closed
+    segment, the step the transcript covers to after it (default: its end timestamp; see `word_ends`)."""
+    ends = [end for _, end, _, _ in closed] if ends is None else ends
+    starts = [s for s, _, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
+    for position, (end, next_start) in enumerate(zip(ends, starts)):
+        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
+            return position
+    return None
+
+
+def word_ends(closed: list[Segment], words_s: Sequence[tuple[float, float]]) -> list[int]:
+    """Per closed segment, the step its words cover to: the end of the last word (words_s: (start_s, end_s) in
+    chunk seconds, in order) that starts before the segment's end timestamp, or that timestamp when no word does.
+    With word timestamps this is where the transcript stops, not the segment's timestamp (which Whisper may put
+    after the speech, or before its last word ends)."""
+    ends = []
+    for _, end, _, _ in closed:
+        before = [w_end for w_start, w_end in words_s if w_start < end * TIME_PRECISION_S]
+        ends.append(int(round(max(before) / TIME_PRECISION_S)) if before else end)
+    return ends
 
 
 def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, speech: np.ndarray,
@@ -50,25 +98,11 @@ def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, s
     A segment Whisper left open covers the rest of the chunk."""
     if not len(tokens) or tokens[-1] != eot_id:
         return None
-    closed: list[tuple[int, int, int]] = []  # (start step, end step, index of the end timestamp)
-    start, spoken, open_start = None, False, None
-    for index, token in enumerate(tokens):
-        if token < eot_id:
-            spoken = True
-        elif token >= timestamp_begin_id:
-            step = int(token) - timestamp_begin_id
-            if start is not None and spoken:
-                closed.append((start, step, index))
-                start, spoken = None, False
-            else:
-                start, spoken = step, False
-    if start is not None and spoken:
-        open_start = start
-    starts = [s for s, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
-    for (_, end, index), next_start in zip(closed, starts):
-        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
-            return end, index
-    return None
+    closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
+    position = _uncovered_segment(closed, open_start, speech, margin_s)
+    if position is None:
+        return None
+    return closed[position][1], closed[position][3]
 
 
 def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
@@ -76,30 +110,82 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
-def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int,
-              margin_s: float) -> tuple[SpeechSpan, tuple[int, ...]] | None:
-    """The tail of a chunk to decode again and the chunk's tokens up to it, or None: the tail is [the end of the
-    segment after which speech goes uncovered (`covered_steps`), the chunk's end); the tokens keep the segments
-    before it (closed by `<|endoftext|>`), the tail decodes the rest. A tail would start inside the chunk, after
-    its start (a transcript that misses the chunk's first words would only be decoded again the same)."""
+def rewind(closed: list[Segment], position: int, context_s: float, covered: int | None = None,
+           min_step: int = 0) -> tuple[int, int]:
+    """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
+    the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
+    already decoded: it starts at the latest segment start at least that far before the covered step, never at
+    the chunk's first segment (that would decode the same chunk again), so at segment 1 when the chunk is
+    shorter, and at the covered step itself when the chunk has one segment before it (or context_s is 0).
+    covered: the step the transcript covers to (default: closed[position]'s end timestamp); min_step: no tail
+    starts before it (a stride window's left stride, whose text the window before it keeps)."""
+    covered = closed[position][1] if covered is None else covered
+    back = int(round(context_s / TIME_PRECISION_S))
+    starts = [j for j in range(1, position + 1) if closed[j][0] >= min_step]
+    if back <= 0 or not starts:
+        return covered, closed[position][3] + 1
+    chosen = starts[0]
+    for j in starts:
+        if closed[j][0] <= covered - back:
+            chosen = j
+    return closed[chosen][0], closed[chosen][2]
+
+
+def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
+              context_s: float = 0.0, words_s: Sequence[tuple[float, float]] | None = None,
+              ) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    """The tail of a chunk to decode again and the chunk's tokens before it, or None. The transcript stops
+    covering the speech at the end of a segment (`covered_steps`; given the chunk's words, words_s: (start_s,
+    end_s) in chunk seconds, at its last word's end, `word_ends`); the tail is [`rewind`'s start: context_s
+    seconds of decoded text before that point, the chunk's end), the tokens keep the segments before it (closed
+    by `<|endoftext|>`), the tail decodes the rest. A tail starts inside the chunk, after its start (a transcript
+    that misses the chunk's first words would only be decoded again the same). A span with a right stride (a
+    stride window, `stride_tail`) hands it to its tail, as the next window expects."""
+    if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
+        return None
+    closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
+    ends = None if words_s is None else word_ends(closed, words_s)
+    position = _uncovered_segment(closed, open_start, span.speech, margin_s, ends)
+    if position is None:
+        return None
+    min_step = span.stride_left_samples // STEP_SAMPLES
+    step, n_kept = rewind(closed, position, context_s, None if ends is None else ends[position], min_step)
+    step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
+    start = span.start_sample + step * STEP_SAMPLES
+    if step <= 0 or start >= span.end_sample:
+        return None
+    tail = SpeechSpan(start, span.end_sample, 0, span.stride_right_samples, is_first=False, is_last=span.is_last,
+                      speech=span.speech[step:])
+    return tail, tuple(int(t) for t in tokens[:n_kept]) + (eot_id,)
+
+
+def stride_tail(span: ChunkSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
+                context_s: float, speech_of: Callable[[], np.ndarray]) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    """`plan_tail` for a stride window (no VAD frames of its own): only when its last closed segment ends at
+    least `margin_s` before the end of the middle it keeps (the next window re-decodes its right stride) are its
+    speech frames computed (speech_of: () -> (F,) bool, e.g. `vad.window_speech`) and the window's speech in that
+    middle compared with its segments. Otherwise None, at no cost: the window's output stays as decoded."""
+    if isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
+        return None
+    closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
+    keep_end = (span.n_samples - span.stride_right_samples) // STEP_SAMPLES
+    if not closed or open_start is not None or (keep_end - closed[-1][1]) * TIME_PRECISION_S < margin_s:
+        return None
+    speech = np.array(speech_of(), bool)
+    speech[keep_end:] = False  # the next window's to decode
+    speech[: span.stride_left_samples // STEP_SAMPLES] = False  # the window before's
+    view = SpeechSpan(span.start_sample, span.end_sample, span.stride_left_samples, span.stride_right_samples,
+                      span.is_first, span.is_last, speech=speech)
+    return plan_tail(view, tokens, eot_id, timestamp_begin_id, margin_s, context_s)
+
+
+def trim_span(span: ChunkSpan, end_sample: int) -> ChunkSpan:
+    """`span` ending at `end_sample` (where its tail starts), its speech frames cut to match; its right stride
+    goes to the tail (a stride window's)."""
     if not isinstance(span, SpeechSpan):
-        return None
-    found = covered_steps(tokens, eot_id, timestamp_begin_id, span.speech, margin_s)
-    if found is None or found[0] <= 0:
-        return None
-    covered, index = found
-    start = span.start_sample + covered * STEP_SAMPLES
-    if start >= span.end_sample:
-        return None
-    tail = SpeechSpan(start, span.end_sample, 0, 0, is_first=False, is_last=span.is_last,
-                      speech=span.speech[covered:])
-    return tail, tuple(int(t) for t in tokens[: index + 1]) + (eot_id,)
-
-
-def trim_span(span: SpeechSpan, end_sample: int) -> SpeechSpan:
-    """`span` ending at `end_sample` (where its tail starts), its speech frames cut to match."""
+        return dataclasses.replace(span, end_sample=end_sample, stride_right_samples=0)
     n_steps = (end_sample - span.start_sample) // STEP_SAMPLES
-    return dataclasses.replace(span, end_sample=end_sample, speech=span.speech[:n_steps])
+    return dataclasses.replace(span, end_sample=end_sample, speech=span.speech[:n_steps], stride_right_samples=0)
 
 
 def seam_overlap(left_text: Sequence[int], right_text: Sequence[int], max_tokens: int = MAX_SEAM_TOKENS,
@@ -150,6 +236,43 @@ def with_tails(chunks: Sequence[Piece], tails: dict[int, list[list]]) -> tuple[l
     return pieces, continues
 
 
+@dataclasses.dataclass
+class TailBook:
+    """One input's re-decoded tails, kept the same way by `Transcriber.iter_transcribe` and the server's batcher.
+
+    tails: per chunk index, its tails in attempt order as [span, result, words] (result and words None until it
+    is in); pending: how many are still decoding. A result's id is (key, chunk index) for a chunk and (key,
+    chunk index, attempt) for its attempt-th tail.
+    """
+
+    tails: dict[int, list[list]] = dataclasses.field(default_factory=dict)
+    pending: int = 0
+
+    def span(self, spans: Sequence[ChunkSpan], result_id: tuple) -> ChunkSpan:
+        """The span a result was decoded from: its chunk's, or its tail's."""
+        index, attempt = result_id[1], (result_id[2] if len(result_id) == 3 else 0)
+        return self.tails[index][attempt - 1][0] if attempt else spans[index]
+
+    def add(self, index: int, tail: SpeechSpan) -> None:
+        """A tail of chunk `index` is to be decoded."""
+        self.tails.setdefault(index, []).append([tail, None, None])
+        self.pending += 1
+
+    def arrived(self, result_id: tuple, result: ChunkResult, words: object) -> bool:
+        """Keep a finished tail's result and words; False (nothing kept) when `result_id` is a chunk's."""
+        if len(result_id) != 3:
+            return False
+        self.tails[result_id[1]][result_id[2] - 1][1:] = [result, words]
+        self.pending -= 1
+        return True
+
+    def pieces(self, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult],
+               words: Sequence[object] | None) -> tuple[list[Piece], list[bool]]:
+        """`with_tails` over the input's chunks (in chunk order) and its tails; words None: no words."""
+        chunks = [(span, results[i], None if words is None else words[i]) for i, span in enumerate(spans)]
+        return with_tails(chunks, self.tails)
+
+
 TailId = tuple[Hashable, int, int]  # (input key, chunk index, attempt): attempt 1 is the chunk's first tail
 
 
@@ -181,11 +304,11 @@ class TailSource:
     def run(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkRequest | None]:
         """The engine's source: `requests` in order, the queued tails first whenever there are some."""
         for request in requests:
-            yield from self._tails()
+            yield from self.queued()
             self.n_pulled += 1
             yield request
         while True:
-            yield from self._tails()
+            yield from self.queued()
             if self.n_finished == self.n_pulled:
                 return
             yield None
@@ -203,7 +326,8 @@ class TailSource:
         offset = tail.start_sample - parent_span.start_sample
         self.queue.append(((key, index, attempt + 1), samples[offset:].copy(), keep_encoded))
 
-    def _tails(self) -> Iterator[ChunkRequest]:
+    def queued(self) -> Iterator[ChunkRequest]:
+        """The requests of the tails queued so far, featurised together (their samples held until their result)."""
         if not self.queue:
             return
         batch = [self.queue.popleft() for _ in range(len(self.queue))]

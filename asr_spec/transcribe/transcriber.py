@@ -11,9 +11,10 @@ reads audio one block and computes features one batch at a time. Results come ba
 they are regrouped per input, put back in chunk order and assembled once an input's last chunk is in.
 Transcriptions are yielded in input order. An input that cannot be read gets `error` set; the others carry on.
 
-Tail repair (tails.py, vad chunks in timestamp mode): when a finished chunk's transcript stops before its speech
-does (`tail_of`), the rest of it is queued as a new chunk of the same input into the same engine run (the source is
-`TailSource`, which yields None while a chunk that may need a tail is in flight) and assembled after its parent.
+Tail repair (tails.py, timestamp mode): when a finished chunk's transcript stops before its speech does
+(`tail_of`; a stride window's speech frames are computed only when its text ends early), the rest of it is
+queued as a new chunk of the same input into the same engine run (the source is `TailSource`, which yields None
+while a chunk that may need a tail is in flight) and assembled after its parent.
 
 Temperature fallback (fallback.py, when options.temperature has more than 0 alone): the engine's source is
 wrapped by `Fallback.run`, which hands a window that failed Whisper's thresholds back to the same running engine at
@@ -21,8 +22,8 @@ the next temperature (best_of sampled rows side by side); `Fallback.resolve` tur
 window's final one before they are collected. Greedy windows are the target's greedy decoding, token for token.
 
 The server (`asr_spec.serve`) runs the same pipeline through the same public methods: `prepare` per request,
-`finish_chunk` per finished chunk, `assemble` per request (`tail_of` is the decision its queue would need to
-repair tails too; it does not yet).
+`finish_piece` per finished chunk or tail (`finish_chunk`, then `tail_of`: the one tail decision), its tails kept
+in a `tails.TailBook` and fed by a `tail_source`, `assemble` per request.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from asr_spec.audio.chunking import ChunkSpan
@@ -58,7 +60,7 @@ from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens
 from asr_spec.transcribe.fallback import Fallback
-from asr_spec.transcribe.tails import TailSource, plan_tail, with_tails
+from asr_spec.transcribe.tails import TailSource, plan_tail, stride_tail
 
 __all__ = ["Transcriber"]
 
@@ -196,11 +198,11 @@ class Transcriber:
             prepare_output_dir(output_dir)
         bar = Progress(progress, inputs)
         next_out = 0
-        repair = self._tail_source()
+        repair = self.tail_source()
         if repair is None:
             source = self.prepare(inputs, rows)
         else:  # the tails go into the same engine run as the chunks, with their input's prompt
-            source, rows = repair.feed(self.frontend.prepare(inputs, rows, repair.samples), rows)
+            source, rows = repair.feed(self.prepare(inputs, rows, repair.samples), rows)
             source = with_prompts(source, {item.key: item.prompt for item in inputs}.get)
         fallback = self.fallback()
         if fallback is not None:  # failing windows are decoded again in the same engine run, best_of rows side by side
@@ -262,11 +264,14 @@ class Transcriber:
             yield from (update for _, update in updates)
 
     # -- the pipeline's stages, public: the server runs them too --------------------------------------------------
-    def prepare(self, inputs: Iterable[Input], batch_size: int | None = None) -> Iterator[ChunkRequest]:
+    def prepare(self, inputs: Iterable[Input], batch_size: int | None = None,
+                keep_samples: dict | None = None) -> Iterator[ChunkRequest]:
         """The front half, lazily: every input decoded, chunked and featurised (see `FrontEnd.prepare`), batched
         as `transcribe` batches it for `batch_size` rows (default options.batch_size). Request ids are
         (input.key, chunk index); an input with word_timestamps has its chunks keep their encoder output, and one
-        with a `prompt` (`prompt_tokens`) has its chunks carry it (prompts.py: which chunk gets what)."""
+        with a `prompt` (`prompt_tokens`) has its chunks carry it (prompts.py: which chunk gets what).
+        keep_samples: each chunk's samples are put there under its request id (a `TailSource`'s samples, for
+        tail repair)."""
         prompts: dict = {}
 
         def noted(items: Iterable[Input]) -> Iterator[Input]:
@@ -274,7 +279,8 @@ class Transcriber:
                 prompts[item.key] = item.prompt
                 yield item
 
-        return with_prompts(self.frontend.prepare(noted(inputs), self.batch_rows(batch_size)), prompts.get)
+        requests = self.frontend.prepare(noted(inputs), self.batch_rows(batch_size), keep_samples)
+        return with_prompts(requests, prompts.get)
 
     def prompt_tokens(self, options: PromptOptions | None = None) -> InputPrompt | None:
         """An input's prompts as token ids for `Input.prompt` (`options` None: the options' own); None when there
@@ -311,15 +317,43 @@ class Transcriber:
         continues: per chunk, whether it is a re-decoded tail of the one before (`tails.with_tails`)."""
         return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
 
-    def tail_of(self, span: ChunkSpan, result: ChunkResult) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+    def tail_of(self, span: ChunkSpan, result: ChunkResult, words: list[list[WordTiming]] | None = None,
+                samples: np.ndarray | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
         """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
         span of its input, with the chunk's tokens before it; or None. result.id[2], when there is one, is the
-        attempt that made it (at most options.tail_repairs per chunk)."""
+        attempt that made it (at most options.tail_repairs per chunk). words: what `finish_chunk` gave for it
+        (word timestamps): the transcript then covers the speech to its last word's end, not to its last
+        timestamp. samples: the chunk's, for a stride window (its speech frames are computed from them only when
+        its text ends early, `tails.stride_tail`); without them a stride window gets no tail."""
         attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
-        if self.options.vad is None or not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
+        if not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
             return None
-        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin,
-                         self.options.tail_margin_s)
+        margin_s, context_s = self.options.tail_margin_s, self.options.tail_context_s
+        if not isinstance(span, SpeechSpan):
+            if samples is None:
+                return None
+            return stride_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s,
+                               context_s, lambda: self.frontend.window_speech(samples))
+        offset_s = span.start_sample / SAMPLE_RATE
+        words_s = None if words is None else [(w.start - offset_s, w.end - offset_s) for seg in words for w in seg]
+        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s,
+                         words_s)
+
+    def finish_piece(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
+                     ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
+        """`finish_chunk`, then the tail decision (`tail_of`; samples: the chunk's, see there): the result to keep
+        (when a tail follows, its tokens cut before it and its words to match), its words, and the tail to
+        decode next (None: none). The CLI's run and the server's batcher both call it for every finished chunk
+        and tail."""
+        finished, words = self.finish_chunk(result, span)
+        planned = self.tail_of(span, result, words, samples)
+        if planned is None:
+            return finished, words, None
+        tail, kept = planned
+        finished = dataclasses.replace(finished, tokens=kept)
+        if words is not None:  # the parent keeps the words of the segments it keeps
+            words = words[: len(self.assembler.stitch([ChunkTokens(kept, span)]).segments)]
+        return finished, words, tail
 
     def fallback(self, schedule: Callable[[Hashable], tuple[float, ...]] | None = None) -> Fallback | None:
         """The temperature fallback of one engine run (fallback.py): `Fallback.run` wraps the run's source and
@@ -334,9 +368,10 @@ class Transcriber:
                         self.options.best_of, self.options.seed)
 
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
-    def _tail_source(self) -> TailSource | None:
-        """The engine source feeding re-decoded tails (tails.py), when they apply: vad chunks, timestamp mode."""
-        if self.options.vad is None or not self.options.decode.timestamps or not self.options.tail_repairs:
+    def tail_source(self) -> TailSource | None:
+        """A source of re-decoded tails (tails.py) for one engine run, when they apply (timestamp mode,
+        tail_repairs > 0), else None; the server's batcher keeps one for all its jobs."""
+        if not self.options.decode.timestamps or not self.options.tail_repairs:
             return None
         return TailSource(self.frontend.features)
 
@@ -347,24 +382,16 @@ class Transcriber:
             if repair is not None:
                 repair.finished(result, None, None, False)
             return
-        index = result.id[1]
-        attempt = result.id[2] if len(result.id) == 3 else 0  # 0: the chunk itself; n: its n-th tail
-        span = item.tails[index][attempt - 1][0] if attempt else item.spans[index]
-        finished, words = self.finish_chunk(result, span)
+        span = item.repairs.span(item.spans, result.id)
+        samples = None if repair is None else repair.samples.get(result.id)  # held until `repair.finished`
+        finished, words, tail = self.finish_piece(result, span, samples)
         if repair is not None:
-            planned = self.tail_of(span, result)
-            tail = None if planned is None else planned[0]
             repair.finished(result, tail, span, item.word_timestamps)
-            if planned is not None:  # the parent keeps its segments before the tail
-                finished = dataclasses.replace(finished, tokens=planned[1])
-                if words is not None:
-                    words = words[: len(self.assembler.stitch([ChunkTokens(planned[1], span)]).segments)]
-                item.tails.setdefault(index, []).append([tail, None, None])
-                item.pending_tails += 1
-        if attempt:
-            item.tails[index][attempt - 1][1:] = [finished, words]
-            item.pending_tails -= 1
+        if tail is not None:
+            item.repairs.add(result.id[1], tail)
+        if item.repairs.arrived(result.id, finished, words):
             return
+        index = result.id[1]
         item.results[index] = finished
         if words is not None:
             item.chunk_words[index] = words
@@ -378,10 +405,9 @@ class Transcriber:
         wall_s = time.perf_counter() - item.started
         if item.error is not None:
             return Transcription(item.name, "", (), None, None, item.audio_s, wall_s, (), error=item.error)
-        chunks = [(span, item.results[i], item.chunk_words.get(i)) for i, span in enumerate(item.spans)]
-        pieces, continues = with_tails(chunks, item.tails)
-        words = None
-        if self.aligner is not None:
+        words = None if self.aligner is None else [item.chunk_words.get(i) for i in range(len(item.spans))]
+        pieces, continues = item.repairs.pieces(item.spans, [item.results[i] for i in range(len(item.spans))], words)
+        if words is not None:
             words = [w for _, _, w in pieces]
         transcription = self.assemble(item.name, [p[0] for p in pieces], [p[1] for p in pieces], item.audio_s,
                                       wall_s, words, continues)

@@ -1,0 +1,119 @@
+"""A request's job in the server: the chunks of one upload, what came back for them, and the errors a request
+can end in (`Busy`, `Refused`); the batcher (batcher.py) feeds jobs to the engine."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.engine import ChunkRequest, ChunkResult, check_int
+from asr_spec.errors import AudioError, InputError
+from asr_spec.transcribe.inputs import Input
+from asr_spec.transcribe.segments import WordTiming
+from asr_spec.transcribe.tails import TailBook
+
+__all__ = ["Busy", "Job", "Refused", "check_limits", "close_reader"]
+
+log = logging.getLogger(__name__)
+
+
+class Busy(InputError):
+    """The server has `max_requests` jobs or `max_audio_in_flight_s` seconds of audio in flight: retry later."""
+
+
+class Refused(AudioError):
+    """An upload the server will not transcribe; `status` is the HTTP answer (400 unreadable, 413 too long)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def close_reader(requests: Iterator[ChunkRequest]) -> None:
+    """Close a job's reader (its file handle, its VAD state); not while another thread runs it."""
+    close = getattr(requests, "close", None)
+    if close is not None:
+        try:
+            close()
+        except ValueError:  # "generator already executing": the engine thread is in it, it ends the job itself
+            log.warning("a reader was still running when its job ended")
+
+
+@dataclass(eq=False)
+class Job:
+    """The chunks of one request and what came back for them.
+
+    input:      what the front half fills in (spans so far, samples read, read_done, error).
+    requests:   the input's lazy engine requests (`Transcriber.prepare`), pulled one chunk at a time; `pending` is
+                the one `Batcher.prepare` pulled to open the upload.
+    words:      by chunk index, the words of each of its segments; None when the request asked for no words.
+    repairs:    its re-decoded tails (`TailBook`): their spans, results and words.
+    status:     the HTTP status of `error`: 400 unreadable audio, 413 too long, 500 the engine failed.
+    reserved_s: seconds of the server's audio budget this job holds until it ends.
+    on_done:    called once, from the engine thread (or `submit`, for an input without chunks), when the job is
+                complete or failed; it must not block.
+    temperature: its windows' temperature schedule (fallback.py); None: the transcriber's options.temperature.
+    """
+
+    input: Input
+    requests: Iterator[ChunkRequest]
+    pending: ChunkRequest | None = None
+    words: dict[int, list[list[WordTiming]]] | None = None
+    max_samples: int | None = None  # 16 kHz samples past which the request is refused (413)
+    reserved_s: float | None = None  # None: not admitted (a caller of `prepare` that skipped `admit`)
+    on_done: Callable[[Job], None] = field(default=lambda job: None)
+    results: dict[int, ChunkResult] = field(default_factory=dict)
+    repairs: TailBook = field(default_factory=TailBook)
+    error: str | None = None
+    status: int = 200
+    cancelled: bool = False
+    finished: bool = False
+    ended: bool = False  # its reader closed and its budget given back
+    in_engine: int = 0  # chunks pulled by the engine and not finished
+    started: float = field(default_factory=time.perf_counter)
+    temperature: tuple[float, ...] | None = None
+
+    @property
+    def id(self) -> Any:
+        return self.input.key
+
+    @property
+    def spans(self) -> list[ChunkSpan]:
+        return self.input.spans
+
+    @property
+    def audio_s(self) -> float:
+        return self.input.audio_s
+
+    @property
+    def complete(self) -> bool:
+        """Every chunk read and decoded."""
+        done = len(self.results) == len(self.spans) and self.repairs.pending == 0
+        return self.input.read_done and self.pending is None and done
+
+    def ordered_results(self) -> list[ChunkResult]:
+        return [self.results[i] for i in range(len(self.spans))]
+
+    def ordered_words(self) -> list[list[list[WordTiming]]] | None:
+        """`Transcriber.assemble`'s chunk_words: per chunk, the words of each of its segments; None without."""
+        if self.words is None:
+            return None
+        return [self.words[i] for i in range(len(self.spans))]
+
+    def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
+        """`Transcriber.assemble`'s spans, results, chunk_words and continues: its chunks with their tails."""
+        pieces, continues = self.repairs.pieces(self.spans, self.ordered_results(), self.ordered_words())
+        words = None if self.words is None else [w for _, _, w in pieces]
+        return [p[0] for p in pieces], [p[1] for p in pieces], words, continues
+
+
+def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:
+    """max_requests is an integer >= 1 and max_audio_in_flight_s a positive number of seconds, else `InputError`."""
+    check_int(max_requests, "max_requests", 1, InputError)
+    value = max_audio_in_flight_s
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InputError(f"max_audio_in_flight_s must be a positive number of seconds, got {value!r}")
