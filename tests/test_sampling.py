@@ -246,3 +246,25 @@ def test_sampled_rows_in_cuda_graphs_equal_the_eager_step():
         if graphs:
             assert any(key[3] for key in engine.runner.graphs), "no sampling graph was captured"
     assert out[True] == out[False]
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_candidates_sharing_features_are_encoded_once(batch_size):
+    """The sampled candidates of a window carry the very same features tensor: one encoder pass per window, also
+    at batch 1 where they are pulled one by one; the tokens are those of separately encoded copies."""
+    engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=10))
+    encoded_rows = []
+    real_encode = engine.encode
+
+    def counting(features, batch=8):
+        encoded_rows.append(len(features))
+        return real_encode(features, batch)
+
+    engine.encode = counting
+    feats = list(_features()[:3])
+    reqs = [ChunkRequest((i, c), feats[i], temperature=0.7, seed=c) for i in range(3) for c in range(4)]
+    shared = {r.id: r.tokens for r in engine.run(reqs, batch_size=batch_size)}
+    assert sum(encoded_rows) == 3
+    copies = [ChunkRequest(r.id, r.features.clone(), temperature=0.7, seed=r.seed) for r in reqs]
+    fresh = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=10))
+    assert {r.id: r.tokens for r in fresh.run(copies, batch_size=batch_size)} == shared

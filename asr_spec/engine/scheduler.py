@@ -241,6 +241,8 @@ class Engine:
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
+        # the features and target encoder output of the last request encoded (`_encode`: its sampled candidates)
+        self._last_encoded: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     def _draft_modules(self, draft: nn.Module) -> tuple[nn.Module, nn.Module]:
         """The draft's decoder and projection as the step runs them: bf16 copies on a CPU fp32 target when the
@@ -254,7 +256,8 @@ class Engine:
     @torch.inference_mode()
     def _encode(self, batch: list[ChunkRequest]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Target encoder outputs (n_audio_ctx, d) of a batch of chunks — one encoder pass for those not encoded
-        yet — and the draft's own encoder outputs when it has its own encoder."""
+        yet — and the draft's own encoder outputs when it has its own encoder. Requests carrying the very same
+        features tensor (the sampled candidates of one window) are encoded once, also across consecutive calls."""
         dev, dtype = self.target_dec.device, self.target_dec.dtype
         for r in batch:
             self.admission.check(r.id, _row_prompt(r))
@@ -263,8 +266,16 @@ class Engine:
             self.kind is DraftKind.OWN_ENCODER and any(r.features is None for r in batch)
         ):
             raise ValueError("a chunk request has neither features nor (usable) encoder output")
-        fresh = iter(self.encode(torch.stack([r.features for r in need]), len(need)) if need else [])
-        enc = [r.encoded.to(dev, dtype) if r.encoded is not None else next(fresh) for r in batch]
+        last_features, last_encoded = self._last_encoded
+        distinct = list({id(r.features): r.features for r in need if r.features is not last_features}.values())
+        encoded: dict[int, torch.Tensor] = {}  # id(features) -> its encoder output
+        if last_features is not None:
+            encoded[id(last_features)] = last_encoded
+        if distinct:
+            encoded.update(zip(map(id, distinct), self.encode(torch.stack(distinct), len(distinct))))
+        enc = [r.encoded.to(dev, dtype) if r.encoded is not None else encoded[id(r.features)] for r in batch]
+        if need:
+            self._last_encoded = (need[-1].features, encoded[id(need[-1].features)])
         own = None
         if self.kind is DraftKind.OWN_ENCODER:
             x = torch.stack([r.features for r in batch]).to(dev, self.draft_dec.dtype)
