@@ -7,9 +7,10 @@ The verify window is then max(K, width) + 1 wide for every row of the step (stat
 such steps only while a row with a hypothesis is live). Once a committed token differs from the hypothesis at its
 place, the row is out of step: it continues with the model draft, or greedily, and after each step looks for its
 last committed token within two tokens of where it diverged (a token inserted or left out there), else for its last
-two committed tokens anywhere further on; where found, it is in step again from the token after them. Why not drop the hypothesis at the first rejection: successive decodes of a growing buffer differ
-mostly in a timestamp here and there (measured: scripts/bench_stream.py gave 2.0 tokens a target pass without
-re-synchronising), and the text after such a timestamp is usually the same. The target still decides every token,
+two committed tokens anywhere further on; where found, it is in step again from the token after them. Why not
+drop the hypothesis at the first rejection: successive decodes of a growing buffer differ mostly in a timestamp
+here and there, and the text after such a timestamp is usually the same (scripts/bench_stream.py, one stream:
+2.0 tokens a target pass when dropping it, 2.4 re-synchronising). The target still decides every token,
 so the output is the greedy decoding whatever the hypothesis (lossless).
 
 The model draft stays in step: its cache does not hold the hypothesis tokens a row accepted, so after a
@@ -111,8 +112,8 @@ class Hypotheses:
         """After the accept: move each row's place in its hypothesis past its newly committed tokens
         (choice[:, :n_new], the target's choices) where they agree with it; elsewhere (out of step) look for the
         last committed token near where the row diverged, else the last two (seq[n_tok - 2 : n_tok], the state
-        after the accept) further on, and go on after them, or stay out of step. Counts the rows `counted` ((B,) bool: live and
-        proposing from their hypothesis) offered / accepted tokens ((B,) long each)."""
+        after the accept) further on, and go on after them, or stay out of step. Counts the rows `counted` ((B,)
+        bool: live and proposing from their hypothesis) offered / accepted tokens ((B,) long each)."""
         n_hyp = self.tokens.shape[1]
         j = torch.arange(choice.shape[1], device=choice.device)
         at = self.at[:, None] + j
