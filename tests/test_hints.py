@@ -13,7 +13,7 @@ from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.speculative import step
 from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy, drafts, reference
 
-KINDS = ("true", "perturbed", "wrong", "empty", "longer")
+KINDS = ("true", "perturbed", "inserted", "wrong", "empty", "longer")
 
 
 def hypothesis(kind: str, row: int, timestamps: bool) -> tuple[int, ...]:
@@ -26,6 +26,8 @@ def hypothesis(kind: str, row: int, timestamps: bool) -> tuple[int, ...]:
         return gen
     if kind == "perturbed":  # right for 6 tokens, then one wrong, then right again
         return gen[:6] + ((gen[6] + 1) % vocab,) + gen[7:] if len(gen) > 6 else gen
+    if kind == "inserted":  # one token too many after the 6th
+        return gen[:6] + ((gen[5] + 1) % vocab,) + gen[6:] if len(gen) > 6 else gen
     if kind == "wrong":
         return tuple(int(t) for t in torch.randint(0, vocab, (30,), generator=torch.Generator().manual_seed(row)))
     if kind == "empty":
@@ -84,18 +86,32 @@ def test_the_true_hypothesis_saves_target_passes():
         assert t.stats.hypothesis_accepted >= t.stats.generated_tokens - t.stats.target_passes
         assert t.stats.drafted_tokens == 0  # hypothesis tokens are counted as such, not as draft tokens
     wrong = run("none", ["wrong"], 4)
-    assert sum(r.stats.hypothesis_accepted for r in wrong) < sum(r.stats.hypothesis_offered for r in wrong)
-    # once rejected the hypothesis is dropped: a wrong one costs a step's window, not one per token
-    assert all(r.stats.hypothesis_offered <= 2 * width for r in wrong)
+    assert sum(r.stats.hypothesis_accepted for r in wrong) < sum(r.stats.hypothesis_offered for r in wrong) / 2
+
+
+def test_a_row_out_of_step_finds_its_place_again():
+    """A token inserted into the true continuation (as a timestamp that moved between two decodes): the row is out
+    of step for one token, finds its last committed token further on, and the rest is verified a window a pass."""
+    width = 16
+    inserted = run("none", ["inserted"], 4, num_hypothesis_tokens=width)
+    assert_same_as_greedy(inserted, False, MAX_NEW)
+    # (the tiny model repeats tokens a lot, so a row may find its place at an earlier repeat first: a few passes
+    # more than the window allows, never one a token)
+    for r in inserted:
+        n = r.stats.generated_tokens
+        if n > 8:
+            assert r.stats.target_passes <= n / 4, (n, r.stats)
+            assert r.stats.hypothesis_accepted >= n / 2
 
 
 def test_perturbed_hypothesis_then_the_draft_goes_on():
-    """After the rejected token the model draft proposes again (its cache caught up on the accepted tokens)."""
+    """After the rejected token the model draft proposes (its cache caught up on the accepted tokens) until the
+    row is in step with its hypothesis again."""
     results = run("self-shared", ["perturbed"], 4, draft_bf16=False)
     assert_same_as_greedy(results, False, MAX_NEW)
     long_rows = [r for r in results if len(r.tokens) > 12]
     assert long_rows and all(r.stats.hypothesis_accepted >= 6 for r in long_rows)
-    assert all(r.stats.accepted_tokens > 0 for r in long_rows)  # the draft (the target itself) took over
+    assert any(r.stats.accepted_tokens > 0 for r in long_rows)  # the draft (the target itself) took over
 
 
 def test_a_bad_hypothesis_is_refused_naming_the_chunk():

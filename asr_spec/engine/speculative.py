@@ -222,7 +222,7 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     if k > 0:
         st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting[:, None])
     if hyp is not None:
-        hyp.settle(choice, old_n, st.begin, n_new, live & from_hyp, n_offered, n_taken)
+        hyp.settle(choice, n_new, st.seq, st.n_tok, live & from_hyp, n_offered, n_taken)
 
 
 def _sampled(st: DecodeState, scores: torch.Tensor, q: torch.Tensor | None, drafted: torch.Tensor,
