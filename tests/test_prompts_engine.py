@@ -170,4 +170,5 @@ def test_language_detection_with_prompts_matches_transformers():
             kwargs["prompt_ids"] = torch.tensor([model.generation_config.prev_sot_token_id, *_prompt(row)])
         ref = model.generate(_features()[row][None], **kwargs).sequences[0].tolist()
         at = len(_prompt(row)) + 2 if _prompt(row) else 1  # the language token, after <|startoftranscript|>
-        assert results[row].prompt[at] == ref[at] and results[row].prompt[at - 1] == model.generation_config.decoder_start_token_id
+        sot = model.generation_config.decoder_start_token_id
+        assert results[row].prompt[at] == ref[at] and results[row].prompt[at - 1] == sot
