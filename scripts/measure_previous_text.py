@@ -76,7 +76,8 @@ def main() -> None:
         wall_s = time.perf_counter() - start
         hyps[name] = [asr.assemble(item.name, item.spans, [results[r.id] for r in reqs], item.audio_s, 0.0).text
                       for item, reqs in zip(inputs, per_file)]
-        print(f"{name}: decoded {sum(map(len, per_file))} chunks of {len(paths)} files in {wall_s:.1f} s")
+        print(f"{name}: decoded {sum(map(len, per_file))} chunks of {len(paths)} files in {wall_s:.1f} s, corpus WER "
+              f"{score(refs, hyps[name]).wer:.2%}", flush=True)
     print(f"\n| file | chunks | WER independent | WER previous |\n|---|---|---|---|")
     for i, path in enumerate(paths):
         cells = [f"{score([refs[i]], [hyps[n][i]]).wer:.2%}" for n in ("independent", "previous")]

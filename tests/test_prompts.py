@@ -111,3 +111,24 @@ def test_prefix_starts_the_transcript_and_word_timestamps_work_with_a_prompt():
     assert [w.word.strip(" ,.") for w in words[:5]] == ["Our", "new", "engineer", "Jaxxon", "Brookhyde"]
     starts = [w.start for w in words]
     assert starts == sorted(starts) and 0.0 <= starts[0] and words[-1].end <= t.audio_s + 0.05
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_cli_flags_reach_the_transcript(capsys):
+    pytest.importorskip("asr_spec.models.ct2", reason="the CTranslate2 converter is not available")
+    from asr_spec.cli import main
+
+    clip = _clips()[1]  # "Doctor Mikayla Szczepanski will see you now."
+    args = ["transcribe", str(PROMPTS / clip["file"]), "--preset", "base", "--language", "en", "--quiet",
+            "--initial-prompt", "Mikayla Szczepanski", "--prefix", "Doctor"]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out = capsys.readouterr()
+    assert int(info.value.code or 0) == 0, out.err
+    assert out.out.strip().startswith("Doctor Mikayla Szczepanski"), out.out
+    main_help = ["transcribe", "--help"]
+    with pytest.raises(SystemExit):
+        main(main_help)
+    shown = capsys.readouterr().out
+    assert all(flag in shown for flag in ("--initial-prompt", "--hotwords", "--prefix"))

@@ -156,3 +156,19 @@ def test_a_prompt_over_the_limit_is_refused_naming_the_chunk():
     not_ids = ChunkRequest("x", _features()[0], prefix=(5, 70))
     with pytest.raises(EngineError, match="prefix holds a value that is not a token id"):
         list(engine.run([not_ids]))
+
+
+def test_language_detection_with_prompts_matches_transformers():
+    """Detection reads <|startoftranscript|> alone, then the rows are prefilled with their prompts from position 0
+    (the detection pass's key/values at position 0 are not the prompt's)."""
+    model = _target()
+    reqs = [ChunkRequest(i, _features()[i], prompt=_prompt(i)) for i in range(N_ROWS)]
+    results = {r.id: r for r in Engine(model, None, DecodeOptions(max_new_tokens=5)).run(reqs, 8)}
+    for row in range(N_ROWS):
+        kwargs = dict(max_new_tokens=5, force_unique_generate_call=True, return_dict_in_generate=True)
+        if _prompt(row):
+            kwargs["prompt_ids"] = torch.tensor([model.generation_config.prev_sot_token_id, *_prompt(row)])
+        ref = model.generate(_features()[row][None], **kwargs).sequences[0].tolist()
+        at = len(_prompt(row)) + 2 if _prompt(row) else 1  # the language token, after <|startoftranscript|>
+        sot = model.generation_config.decoder_start_token_id
+        assert results[row].prompt[at] == ref[at] and results[row].prompt[at - 1] == sot

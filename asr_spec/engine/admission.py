@@ -135,11 +135,10 @@ class Admission:
         langs = self._languages(sot_logits, r, caches.target.device)
         seqs, lengths, sot_index = self._prompts(langs, prompts)
         fed = 1 if sot_logits is not None and not any_previous else 0  # the SOT pass's key/values are kept
-        # the SOT logits come from the SOT pass when its key/values are kept (fed = 1), else from this prefill
-        prefill_logits = prefill(caches.target, caches.target_cache, seqs, lengths, fed,
-                                 sot_index if fed == 0 else None)
-        if fed == 0 and prefill_logits is not None:  # the prefill pass went through every row's SOT position
-            sot_logits = prefill_logits
+        if fed == 0:  # the prefill pass goes through every row's SOT position: its logits there
+            sot_logits = prefill(caches.target, caches.target_cache, seqs, lengths, fed, sot_index)
+        else:
+            prefill(caches.target, caches.target_cache, seqs, lengths, fed)
         if caches.draft is not None:
             caches.draft.write_audio(caches.draft_cache, draft_audio)
             prefill(caches.draft, caches.draft_cache, seqs, lengths, 0)
