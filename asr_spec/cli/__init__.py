@@ -24,7 +24,8 @@ import typer
 
 from asr_spec.cli.distill import distill_app, expand_variadic
 from asr_spec.cli.evaluation import eval_command
-from asr_spec.cli.options import (DEVICE, DRAFT, EXIT_FAILED, EXIT_USAGE, LANGUAGE, MODEL, NO_DRAFT, PRESET,
+from asr_spec.cli.options import (BEST_OF, COMPRESSION_RATIO_THRESHOLD, DEVICE, DRAFT, EXIT_FAILED, EXIT_USAGE,
+                                  HOTWORDS, INITIAL_PROMPT, LANGUAGE, MODEL, NO_DRAFT, PRESET, SEED, TEMPERATURE,
                                   USER_ERRORS, fail, preset_overrides)
 from asr_spec.cli.stream import stream
 from asr_spec.cli.transcribe import transcribe
@@ -42,7 +43,7 @@ app.command()(stream)
 
 
 @app.command()
-def serve(
+def serve(  # long function: typer declares each of its ~25 options as a parameter
     preset: str = PRESET,
     model: Optional[str] = MODEL,
     draft: Optional[str] = DRAFT,
@@ -65,13 +66,21 @@ def serve(
     word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
                                                    help="Answer timestamp_granularities[]=word (verbose_json "
                                                    "`words`); needs chunking vad. Default: the preset's."),
+    temperature: Optional[str] = TEMPERATURE,
+    compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD,
+    best_of: Optional[int] = BEST_OF,
+    seed: Optional[int] = SEED,
+    initial_prompt: Optional[str] = INITIAL_PROMPT,
+    hotwords: Optional[str] = HOTWORDS,
     device: str = DEVICE,
 ) -> None:
     """Serve OpenAI's POST /v1/audio/transcriptions and live transcription (WebSocket /v1/realtime, the page at /);
     concurrent requests and streams share one speculative batch."""
     from asr_spec.serve import run_server
 
-    overrides = preset_overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps)
+    overrides = preset_overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps,
+                                 temperature=temperature, compression_ratio_threshold=compression_ratio_threshold,
+                                 best_of=best_of, seed=seed, initial_prompt=initial_prompt, hotwords=hotwords)
     try:
         run_server(preset, host=host, port=port, batch_size=batch_size, max_requests=max_requests,
                    max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,

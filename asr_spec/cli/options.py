@@ -13,8 +13,9 @@ import typer
 
 from asr_spec.errors import AsrSpecError
 
-__all__ = ["BATCH_SIZE", "DEVICE", "DRAFT", "DTYPE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
-           "LANGUAGE", "MODEL", "NO_DRAFT", "PRESET", "RAY", "RAY_ADDRESS", "USER_ERRORS", "WORKERS", "fail",
+__all__ = ["BATCH_SIZE", "BEST_OF", "COMPRESSION_RATIO_THRESHOLD", "DEVICE", "DRAFT", "DTYPE", "EXIT_FAILED",
+           "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "HOTWORDS", "INITIAL_PROMPT", "LANGUAGE", "MODEL", "NO_DRAFT",
+           "PRESET", "RAY", "RAY_ADDRESS", "SEED", "TEMPERATURE", "USER_ERRORS", "WORKERS", "fail",
            "preset_overrides"]
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
@@ -52,6 +53,21 @@ RAY = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-
 RAY_ADDRESS = typer.Option(None, help="With --ray: the cluster (auto, ray://host:10001). Default: RAY_ADDRESS, else "
                            "a local Ray on this machine.")
 WORKERS = typer.Option(1, help="With --ray: transcription actors (one per GPU on GPU machines).")
+
+# Decoding options of `transcribe` and `serve` (for the server: the default of requests that set none).
+TEMPERATURE = typer.Option(None, help="Temperature fallback: comma-separated increasing temperatures in [0, 1]; a "
+                           "window failing the thresholds is decoded again at the next (openai-whisper: "
+                           "0,0.2,0.4,0.6,0.8,1.0). 0 alone: greedy only. Default 0.")
+COMPRESSION_RATIO_THRESHOLD = typer.Option(None, help="Fallback when a window's text compresses (zlib) by more "
+                                           "than this. Default 2.4.")
+BEST_OF = typer.Option(None, help="Candidates per window at a temperature > 0 (rows of the same batch); the "
+                       "likeliest is kept. Default 5.")
+SEED = typer.Option(None, help="Seed of the sampled windows: the same seed and models give the same transcript "
+                    "(README: Temperature fallback). Default 0.")
+INITIAL_PROMPT = typer.Option(None, help="Previous text given to every chunk (after <|startofprev|>, its last 223 "
+                              "tokens): names, terms, style.")
+HOTWORDS = typer.Option(None, help="Hint phrases (faster-whisper's): before the initial prompt, on every chunk but "
+                        "one with a prefix.")
 
 
 def preset_overrides(model: str | None, draft: str | None, no_draft: bool, **options: Any) -> dict[str, Any]:

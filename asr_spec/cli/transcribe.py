@@ -16,8 +16,9 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
-from asr_spec.cli.options import (BATCH_SIZE, DEVICE, DRAFT, DTYPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE,
-                                  LANGUAGE, MODEL, NO_DRAFT, PRESET, RAY, RAY_ADDRESS, USER_ERRORS, WORKERS, fail,
+from asr_spec.cli.options import (BATCH_SIZE, BEST_OF, COMPRESSION_RATIO_THRESHOLD, DEVICE, DRAFT, DTYPE,
+                                  EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, HOTWORDS, INITIAL_PROMPT, LANGUAGE, MODEL,
+                                  NO_DRAFT, PRESET, RAY, RAY_ADDRESS, SEED, TEMPERATURE, USER_ERRORS, WORKERS, fail,
                                   preset_overrides)
 from asr_spec.errors import one_line
 
@@ -70,20 +71,12 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                                       "decoded again. Default -1.0."),
     keep_no_speech: bool = typer.Option(False, "--keep-no-speech", help="Turn the no-speech rule off: decode "
                                         "and keep every window, silent or not."),
-    temperature: Optional[str] = typer.Option(None, help="Temperature fallback: comma-separated increasing "
-                                              "temperatures in [0, 1]; a window failing the thresholds is decoded "
-                                              "again at the next (openai-whisper: 0,0.2,0.4,0.6,0.8,1.0). 0 alone: "
-                                              "greedy only. Default 0."),
-    compression_ratio_threshold: Optional[float] = typer.Option(None, help="Fallback when a window's text "
-                                                                "compresses (zlib) by more than this. Default 2.4."),
-    best_of: Optional[int] = typer.Option(None, help="Candidates per window at a temperature > 0 (rows of the same "
-                                          "batch); the likeliest is kept. Default 5."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the sampled windows (same seed, same transcript, at "
-                                       "any batch size). Default 0."),
-    initial_prompt: Optional[str] = typer.Option(None, help="Previous text given to every chunk (after "
-                                                 "<|startofprev|>, its last 223 tokens): names, terms, style."),
-    hotwords: Optional[str] = typer.Option(None, help="Hint phrases (faster-whisper's): before the initial prompt, "
-                                           "on every chunk but one with a prefix."),
+    temperature: Optional[str] = TEMPERATURE,
+    compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD,
+    best_of: Optional[int] = BEST_OF,
+    seed: Optional[int] = SEED,
+    initial_prompt: Optional[str] = INITIAL_PROMPT,
+    hotwords: Optional[str] = HOTWORDS,
     prefix: Optional[str] = typer.Option(None, help="Text each file's transcript starts with (forced on its first "
                                          "chunk, part of the transcript)."),
 ) -> None:
