@@ -14,11 +14,10 @@ engine's own work raises `EngineError` naming the chunks lost with it, so a serv
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -32,6 +31,7 @@ from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.engine.requests import ChunkRequest, ChunkResult
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.slots import Slots
 from asr_spec.engine.speculative import COUNTS, FINISH_EOS, DecodeState, Models
@@ -52,74 +52,6 @@ class EngineError(RuntimeError):
         super().__init__(f"engine step failed with {len(chunk_ids)} chunk(s) in flight: "
                          f"{type(cause).__name__}: {cause}")
         self.chunk_ids = chunk_ids
-
-
-@dataclass(frozen=True)
-class ChunkRequest:
-    """One 30 s window to decode.
-
-    features: (n_mels, n_frames) log-mel, n_frames = 2 * the encoder's positions.
-    encoded:  optional (n_audio_ctx, d_model) target encoder output the engine gave before (`ChunkResult.encoded`,
-              e.g. to decode the same audio twice, greedy and speculative); features may then be None unless the
-              draft has its own encoder.
-    keep_encoded: return the chunk's target encoder output with its result (`ChunkResult.encoded`), e.g. for the
-              word-timestamp alignment pass; off by default (it holds n_audio_ctx x d_model values per chunk).
-    temperature: 0 decodes greedily (the target's argmax, token-identical with or without a draft); > 0 samples
-              at that temperature (speculative sampling with a draft: distributed as the target's sampling).
-    seed:     the row's random key, an integer in [0, 2^32): a sampled chunk's tokens are a function of (seed,
-              its audio, the models, K) only, whatever its batch (engine/sampling.py); unused when greedy.
-    prompt:   token ids of previous text, fed after <|startofprev|> before the SOT sequence (openai-whisper's
-              prompt); at most `WhisperTokens.max_prompt_tokens`; () = none. Rows with prompts of any lengths
-              share a batch. Text tokens: `asr_spec.transcribe.prompts` builds them from text.
-    prefix:   token ids the transcript starts with, forced after the SOT sequence (after <|0.00|> in timestamp
-              mode, which the engine adds); Whisper's rules treat them as generated, and they are part of
-              `ChunkResult.tokens`; at most `WhisperTokens.max_prompt_tokens`; () = none.
-    hypothesis: generated token ids (prompt excluded) the decoding is expected to start with, e.g. a stream's
-              previous hypothesis of the same audio: proposed as the row's draft, up to
-              `DecodeOptions.num_hypothesis_tokens` a step, while they last and agree with the target; then the
-              model draft (or greedy decoding) goes on. It never changes the output (engine/hypothesis.py). Greedy
-              rows only (temperature 0).
-    """
-
-    id: Hashable
-    features: torch.Tensor | None
-    encoded: torch.Tensor | None = None
-    keep_encoded: bool = False
-    temperature: float = 0.0
-    seed: int = 0
-    prompt: tuple[int, ...] = ()
-    prefix: tuple[int, ...] = ()
-    hypothesis: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"chunk {self.id!r}: temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
-            raise ValueError(f"chunk {self.id!r}: seed must be an integer in [0, 2^32), got {self.seed!r}")
-        if not isinstance(self.hypothesis, tuple) or any(
-                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.hypothesis):
-            shown = repr(self.hypothesis)[:120]
-            raise ValueError(f"chunk {self.id!r}: hypothesis must be a tuple of token ids, got {shown}")
-        if self.hypothesis and t > 0:
-            raise ValueError(f"chunk {self.id!r}: a hypothesis is for greedy decoding (temperature 0), got "
-                             f"temperature {t!r}")
-
-
-@dataclass(frozen=True)
-class ChunkResult:
-    id: Hashable
-    # generated tokens (prompt excluded, a request's prefix included), ending with <|endoftext|> when finished by it
-    tokens: tuple[int, ...]
-    prompt: tuple[int, ...]  # [<|startofprev|> previous text] <|startoftranscript|> [language task] [notimestamps]
-    finish_reason: str  # "eos" or "length" (max_new_tokens or max_target_positions)
-    stats: ChunkStats
-    # Whisper's window statistics, from the target's logits only (so identical with or without a draft):
-    no_speech_prob: float = float("nan")  # P(<|nospeech|>) at the SOT position, from the raw logits
-    avg_logprob: float = float("nan")  # sum of the tokens' log-probabilities / (text tokens + 1), as Whisper
-    # (n_audio_ctx, d_model) the target encoder output it was decoded from, when the request asked to keep it
-    encoded: torch.Tensor | None = field(default=None, compare=False, repr=False)
-    temperature: float = 0.0  # the request's: 0 greedy, else the temperature it was sampled at
 
 
 Encoded = tuple[ChunkRequest, torch.Tensor, torch.Tensor | None]  # a request, its target and own-draft encoder outputs

@@ -162,17 +162,9 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     step); a row with a hypothesis is greedy (`ChunkRequest` refuses one with a temperature).
     """
     live = st.finish == FINISH_NONE
-    n_rows = st.n_tok.shape[0]
     dev = st.n_tok.device
-    catch_up = 2 if hyp is None else hyp.width + 2
-    proposed, q = (_draft(m, rules, st, k, n_keys, catch_up) if k > 0
-                   else (torch.zeros(n_rows, 0, dtype=torch.bool, device=dev), None))
-    from_hyp = torch.zeros_like(live)
-    if hyp is not None:
-        proposed, from_hyp = hyp.propose(st.seq, st.n_tok, st.begin, st.limit, proposed)
+    proposed, q, from_hyp = _propose(m, rules, st, k, n_keys, hyp)
     p = proposed.shape[1]  # proposals verified this step: k, or max(k, hyp.width)
-    if q is not None and p > k:  # a sampled row offers only its k draft proposals: none past them (q = 0 there)
-        q = torch.nn.functional.pad(q, (0, 0, 0, p - k))
 
     # verify: the target's pending token then the p proposals, one pass, logits at all p + 1 positions
     t_len = m.target_cache.lengths
@@ -207,22 +199,51 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
 
-    # statistics; log-probability of each emitted token under the rule-applied scores at temperature 1, as
-    # Whisper's sum_logprobs (its score less the logsumexp)
+    n_offered, n_taken = _count(st, scores, choice, proposed, n_acc, n_new, live, live & ~from_hyp, k)
+    if hyp is not None:
+        hyp.settle(choice, n_new, st.seq, st.n_tok, live & from_hyp, n_offered, n_taken)
+
+
+def _propose(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
+             hyp: Hypotheses | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The step's proposals, written into st.seq[n_tok:]: the (B, P) mask of those each row offers (P = k, or
+    max(k, hyp.width) in a hypothesis step), the (B, P, V) q the sampled rows drew theirs from (zero past their k;
+    None when no row samples or k = 0), and the (B,) bool rows whose proposals came from their hypothesis."""
+    n_rows = st.n_tok.shape[0]
+    catch_up = 2 if hyp is None else hyp.width + 2
+    proposed, q = (_draft(m, rules, st, k, n_keys, catch_up) if k > 0
+                   else (torch.zeros(n_rows, 0, dtype=torch.bool, device=st.n_tok.device), None))
+    from_hyp = torch.zeros_like(st.finish, dtype=torch.bool)
+    if hyp is not None:
+        proposed, from_hyp = hyp.propose(st.seq, st.n_tok, st.begin, st.limit, proposed)
+    p = proposed.shape[1]
+    if q is not None and p > k:  # a sampled row offers only its k draft proposals: none past them (q = 0 there)
+        q = torch.nn.functional.pad(q, (0, 0, 0, p - k))
+    return proposed, q, from_hyp
+
+
+def _count(st: DecodeState, scores: torch.Tensor, choice: torch.Tensor, proposed: torch.Tensor, n_acc: torch.Tensor,
+           n_new: torch.Tensor, live: torch.Tensor, drafting: torch.Tensor,
+           k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's statistics, in place: each emitted token's log-probability under the rule-applied scores at
+    temperature 1 (Whisper's sum_logprobs: its score less the logsumexp), the passes of the rows `live` ((B,) bool:
+    unfinished before the step), and the model draft's offered / accepted counts of the rows `drafting` ((B,)
+    bool: live, proposing from the model draft). scores: (B, P + 1, V); choice: (B, P + 1); proposed: (B, P);
+    n_acc, n_new: (B,). Returns the (B,) offered and taken counts of every row."""
+    j = torch.arange(choice.shape[1], device=choice.device)
     emitted = j[None, :] < n_new[:, None]
     chosen = scores.gather(-1, choice[..., None])[..., 0]
     st.sum_logprob.add_(torch.where(emitted, chosen.float() - scores.float().logsumexp(-1), 0.0).sum(1))
     live_l = live.long()
-    drafting = (live & ~from_hyp).long()  # the rows whose proposals were the model draft's
+    drafting_l = drafting.long()
     n_offered, n_taken = proposed.sum(1), torch.minimum(n_acc, n_new)
     st.target_passes.add_(live_l)
     st.draft_passes.add_(live_l * k)
-    st.drafted.add_(n_offered * drafting)
-    st.accepted.add_(n_taken * drafting)
+    st.drafted.add_(n_offered * drafting_l)
+    st.accepted.add_(n_taken * drafting_l)
     if k > 0:
-        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting[:, None])
-    if hyp is not None:
-        hyp.settle(choice, n_new, st.seq, st.n_tok, live & from_hyp, n_offered, n_taken)
+        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting_l[:, None])
+    return n_offered, n_taken
 
 
 def _sampled(st: DecodeState, scores: torch.Tensor, q: torch.Tensor | None, drafted: torch.Tensor,
