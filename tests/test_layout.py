@@ -211,3 +211,12 @@ def test_no_lambda_kept_by_a_noqa() -> None:
     found = [f"{path.relative_to(REPO)}:{number}" for path in _python_files(*SOURCE_FOLDERS)
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if marker in line]
     assert found == []
+
+
+def test_every_package_is_in_the_wheel() -> None:
+    """A package missing from pyproject's [tool.setuptools] packages works from a checkout but not once installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "asr_spec").rglob("__init__.py")}
+    assert sorted(found - listed) == []
