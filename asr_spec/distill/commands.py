@@ -35,7 +35,7 @@ from types import SimpleNamespace
 
 import torch
 
-from asr_spec.distill import data as draft_data, train as distill
+from asr_spec.distill import data as draft_data, evaluation, train as distill
 from asr_spec.models import drafts
 
 
@@ -140,7 +140,7 @@ def cmd_train(args) -> None:
             init_draft=str(args.init_draft) if args.init_draft else None,
             command=" ".join(sys.argv), threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d"))
         if held is not None:
-            info["held_out"] = asdict(distill.evaluate_agreement(target, res.draft, held))
+            info["held_out"] = asdict(evaluation.evaluate_agreement(target, res.draft, held))
         drafts.save_trained_draft(res.draft, args.out, info=info)
         print(f"saved {args.out}")
 
@@ -163,22 +163,22 @@ def cmd_eval(args) -> None:
     for spec in args.untrained or []:
         candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions
-    out["step_ms_b%d" % args.batch_size] = {"target": round(distill.decoder_step_ms(target, args.batch_size, n_ctx), 1)}
+    out["step_ms_b%d" % args.batch_size] = {"target": round(evaluation.decoder_step_ms(target, args.batch_size, n_ctx), 1)}
     encoded = torch.from_numpy(held.encoded[: args.speed_windows or len(held)].astype("float32"))
     sim_k = tuple(sorted({*args.sim_k, *args.k}))
     for name, draft in candidates.items():
-        rep = distill.evaluate_agreement(target, draft, held, ks=sim_k)
+        rep = evaluation.evaluate_agreement(target, draft, held, ks=sim_k)
         line = {"agreement": round(rep.agreement, 4), "tokens": rep.tokens,
                 "vocab_coverage": round(rep.vocab_coverage, 4),
                 "accepted_per_step": {k: round(v, 3) for k, v in rep.accepted_per_step.items()},
                 "tokens_per_pass": {k: round(v, 3) for k, v in rep.tokens_per_pass.items()}}
-        line["draft_step_ms"] = round(distill.decoder_step_ms(draft, args.batch_size, n_ctx), 1)
+        line["draft_step_ms"] = round(evaluation.decoder_step_ms(draft, args.batch_size, n_ctx), 1)
         if getattr(draft, "draft_vocab_ids", None) is not None:
             full_head = copy.copy(draft)  # same layers, scoring the whole vocabulary
             full_head.draft_vocab_ids = None
-            line["draft_step_ms_full_head"] = round(distill.decoder_step_ms(full_head, args.batch_size, n_ctx), 1)
+            line["draft_step_ms_full_head"] = round(evaluation.decoder_step_ms(full_head, args.batch_size, n_ctx), 1)
         for k in [] if args.no_speed else (args.k if name != "trained-full-head" else args.k[-1:]):
-            sp = distill.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
+            sp = evaluation.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
                                    max_new_tokens=held.meta["max_new_tokens"], timestamps=held.timestamps)
             key = f"speed_k{k}"
             line[key] = {"greedy_s": round(sp.greedy_s, 2), "speculative_s": round(sp.speculative_s, 2),

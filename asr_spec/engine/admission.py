@@ -10,7 +10,8 @@ In order:
 1. cross-attention: each model's keys/values of the chunks' audio, computed once per chunk;
 2. the <|startoftranscript|> pass (language detection, or a one-token prompt): the target's logits there;
 3. the prompts, with the detected (or given) language;
-4. prefill: each model is fed the prompt but its last token (the step feeds that one), target then draft;
+4. prefill: each model is fed the prompt but its last token (the step feeds that one), target then draft (a
+   feature-conditioned draft with the target's states of the prompt, kept by the target's passes);
 5. the rows' decoding state starts, with Whisper's no-speech probability from the target's SOT logits.
 
 The invariant `speculative.step` relies on then holds for the new rows too.
@@ -22,6 +23,7 @@ import torch
 
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.features import TargetFeatures
 from asr_spec.engine.options import DecodeOptions
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import DecodeState, Models
@@ -57,6 +59,8 @@ class Admission:
             m.target_cache.write_rows(index, caches.target_cache)
             if m.draft_cache is not None:
                 m.draft_cache.write_rows(index, caches.draft_cache)
+            if m.features is not None:
+                m.features.write_rows(index, caches.features)
         st.start(index, prompts, self.limit, self._no_speech_prob(sot_logits))
 
     def _own_caches(self, m: Models, r: int) -> Models:
@@ -64,7 +68,9 @@ class Admission:
         n_audio_ctx = m.target_cache.cross_v.shape[3]
         n_positions = max(self.n_prompt - 1, 1)
         draft_cache = None if m.draft is None else m.draft.new_cache(r, n_positions, n_audio_ctx)
-        return Models(m.target, m.target.new_cache(r, n_positions, n_audio_ctx), m.draft, draft_cache)
+        features = None if m.features is None else type(m.features).empty(
+            r, max(self.n_prompt - 1, 1), m.target.d_model, m.target.device, m.target.dtype)
+        return Models(m.target, m.target.new_cache(r, n_positions, n_audio_ctx), m.draft, draft_cache, features)
 
     def _prefill_all(self, caches: Models, audio: torch.Tensor,
                      draft_audio: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,19 +79,27 @@ class Admission:
         r = len(audio)
         caches.target.write_audio(caches.target_cache, audio)
         detect_pass = self.detect or self.n_prompt == 1
-        sot_logits = self._sot_pass(caches.target, caches.target_cache) if detect_pass else None
+        sot_logits = self._sot_pass(caches) if detect_pass else None
         prompts = self._prompts(self._languages(sot_logits, r, caches.target.device))
-        prefill_logits = prefill(caches.target, caches.target_cache, prompts, 0 if sot_logits is None else 1)
+        prefill_logits = prefill(caches.target, caches.target_cache, prompts, 0 if sot_logits is None else 1,
+                                 caches.features)
         if sot_logits is None:  # the prefill pass started at <|startoftranscript|>: its logits are the same
             sot_logits = prefill_logits
         if caches.draft is not None:
             caches.draft.write_audio(caches.draft_cache, draft_audio)
-            prefill(caches.draft, caches.draft_cache, prompts, 0)
+            if caches.features is None:
+                prefill(caches.draft, caches.draft_cache, prompts, 0)
+            else:
+                caches.features.prefill_draft(caches.draft, caches.draft_cache, prompts)
         return prompts, sot_logits
 
-    def _sot_pass(self, dec: Decoder, cache: KVCache) -> torch.Tensor:
-        """(R, V) target logits at the <|startoftranscript|> position, from a pass over that token alone."""
+    def _sot_pass(self, caches: Models) -> torch.Tensor:
+        """(R, V) target logits at the <|startoftranscript|> position, from a pass over that token alone (its final
+        state kept for a feature-conditioned draft)."""
+        dec, cache = caches.target, caches.target_cache
         sot = torch.full((cache.n_rows, 1), self.tokens.sot, device=dec.device)
+        if caches.features is not None:
+            return caches.features.target_pass(dec, cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
         return dec.forward(cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
 
     def _languages(self, sot_logits: torch.Tensor | None, r: int, device: torch.device) -> torch.Tensor:
@@ -108,16 +122,21 @@ class Admission:
         return sot_logits.float().softmax(-1)[:, self.tokens.no_timestamps - 1]
 
 
-def prefill(dec: Decoder, cache: KVCache, prompts: torch.Tensor, fed: int) -> torch.Tensor | None:
+def prefill(dec: Decoder, cache: KVCache, prompts: torch.Tensor, fed: int,
+            features: TargetFeatures | None = None) -> torch.Tensor | None:
     """Feed prompts[:, fed:-1] at their positions into `cache` (the slots' view) that holds `fed` tokens already,
     and set its lengths to prompt_len - 1; returns the (R, V) logits at the first position fed (None when nothing
-    was fed)."""
+    was fed). features: the target's final states of the fed positions are kept there (a target's prefill for a
+    feature-conditioned draft)."""
     n_prompt = prompts.shape[1]
     logits = None
     if n_prompt - 1 > fed:
         pos = torch.arange(fed, n_prompt - 1, device=prompts.device).expand(len(prompts), -1)
-        logits = dec.forward(cache, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1),
-                             exact=True)
+        if features is None:
+            logits = dec.forward(cache, prompts[:, fed:-1], pos, n_prompt - 1, prompts.new_zeros(len(prompts), 1),
+                                 exact=True)
+        else:
+            logits = features.target_pass(dec, cache, prompts[:, fed:-1], pos, n_prompt - 1, exact=True)
         logits = logits[:, 0]
     cache.lengths.fill_(n_prompt - 1)
     return logits

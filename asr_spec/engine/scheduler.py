@@ -27,6 +27,7 @@ from asr_spec.engine.admission import Admission
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
+from asr_spec.engine.features import TargetFeatures
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.pairing import DraftKind, check_pair
@@ -153,7 +154,8 @@ class Engine:
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
             A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens; one carrying a
-            `step_decoder` runs through the Decoder it makes (a benchmark's oracle: `engine/oracle.py`).
+            `step_decoder` runs through the Decoder it makes (a benchmark's oracle: `engine/oracle.py`; a
+            feature-conditioned draft's `FeatureDecoder`: `engine/features.py`).
     Any number of engines over the same target (a greedy one beside a speculative one) hold one set of its packed
     CPU weight copies: they are shared per weight tensor (`kernels.shared`).
     """
@@ -320,6 +322,9 @@ class Engine:
         if k > 0:
             m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, self.n_positions,
                                                                               self.n_audio_ctx)
+        if k > 0 and self.kind is DraftKind.TARGET_FEATURES:
+            m.features = TargetFeatures.empty(n_rows, self.n_positions, self.target_dec.d_model,
+                                              self.target_dec.device, self.target_dec.dtype)
         return m, DecodeState.empty(n_rows, self.n_positions + k + 8, k, self.target_dec.device)
 
     def _admit(self, m: Models, st: DecodeState, slots: Slots[ChunkRequest], taken: list[Encoded]) -> None:

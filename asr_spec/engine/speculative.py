@@ -9,7 +9,9 @@ Without a draft (K = 0) the same step is plain batched greedy decoding (a window
 Invariant between steps, per row: `seq[:n_tok]` are the committed tokens (prompt + generated); the target cache
 holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len` with n_tok - 2 <= d_len <=
 n_tok - 1, so each step feeds the target one pending token and the draft a window of two. A refilled slot's prompt
-is prefilled by the scheduler's admission before the next step (the invariant then holds for it too).
+is prefilled by the scheduler's admission before the next step (the invariant then holds for it too). A
+feature-conditioned draft (`Models.features`, engine/features.py) keeps only what it was fed with the target's own
+states: n_tok - K - 1 <= d_len <= n_tok - 1, a catch-up window of K + 1.
 
 Static: every tensor shape depends only on (rows, n_keys, K), every update is in place and nothing is read back
 to the host, so the step traces into one graph (`torch.compile(fullgraph=True)`) and is captured as one CUDA graph
@@ -19,6 +21,7 @@ per (rows, n_keys bucket, K). A finished row (finish != 0) is masked: it compute
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -113,17 +116,23 @@ class Models:
     target_cache: KVCache
     draft: Decoder | None = None
     draft_cache: KVCache | None = None
+    # a feature-conditioned draft's store of the target's final states (`engine.features.TargetFeatures`): it then
+    # proposes (`propose`) and the verify pass runs through it (`target_pass`)
+    features: Any = None
 
     def rows(self, n_rows: int, first: int = 0) -> "Models":
         """The same models over cache slots [first, first + n_rows) (views)."""
         return Models(self.target, self.target_cache.rows(n_rows, first), self.draft,
-                      None if self.draft_cache is None else self.draft_cache.rows(n_rows, first))
+                      None if self.draft_cache is None else self.draft_cache.rows(n_rows, first),
+                      None if self.features is None else self.features.rows(n_rows, first))
 
     def move_row(self, src: int, dst: int, n_positions: int) -> None:
         """Copy slot `src` into slot `dst` in every cache (`KVCache.move_row`)."""
         self.target_cache.move_row(src, dst, n_positions)
         if self.draft_cache is not None:
             self.draft_cache.move_row(src, dst, n_positions)
+        if self.features is not None:
+            self.features.move_row(src, dst, n_positions)
 
 
 def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> None:
@@ -135,12 +144,16 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     live = st.finish == FINISH_NONE
     n_rows = st.n_tok.shape[0]
     dev = st.n_tok.device
-    proposed = _draft(m, rules, st, k, n_keys) if k > 0 else torch.zeros(n_rows, 0, dtype=torch.bool, device=dev)
+    draft = _draft if m.features is None else m.features.propose
+    proposed = draft(m, rules, st, k, n_keys) if k > 0 else torch.zeros(n_rows, 0, dtype=torch.bool, device=dev)
 
     # verify: the target's pending token then the k proposals, one pass, logits at all k + 1 positions
     t_len = m.target_cache.lengths
     tokens, pos = _window(st.seq, t_len, k + 1)
-    logits = m.target.forward(m.target_cache, tokens, pos, n_keys)
+    if m.features is None:
+        logits = m.target.forward(m.target_cache, tokens, pos, n_keys)
+    else:  # the same pass, its final states kept for the feature-conditioned draft
+        logits = m.features.target_pass(m.target, m.target_cache, tokens, pos, n_keys)
     scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, k + 1, V)
     best, choice = scores.max(-1)  # (B, k + 1) each
 
@@ -159,7 +172,10 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int) -> 
     t_len.copy_(torch.where(live, st.n_tok - 1, t_len))
     if k > 0:
         d_len = m.draft_cache.lengths
-        d_len.copy_(torch.where(live, old_n + torch.clamp(n_new - 1, max=k - 1), d_len))
+        # the draft keeps the accepted proposals it was fed; a feature-conditioned one none (it was fed them with its
+        # own guesses of the target's states: the next catch-up feeds them again with the target's)
+        kept = old_n + torch.clamp(n_new - 1, max=k - 1) if m.features is None else old_n
+        d_len.copy_(torch.where(live, kept, d_len))
     ended_eos = live & (eos_at < n_new)
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
