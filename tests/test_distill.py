@@ -33,7 +33,7 @@ def cache(model, feats, tmp_path_factory):
     ids = [f"w{i}" for i in range(len(feats))]
     batches = [(ids[:5], feats[:5]), (ids[5:], feats[5:])]
     return draft_data.build_cache(model, batches, len(feats), out, max_new_tokens=MAX_NEW, enc_dtype="float32",
-                               progress=False)
+                               progress=False, hidden_dtype="float32")
 
 
 @pytest.fixture(scope="module")

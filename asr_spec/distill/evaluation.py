@@ -113,18 +113,45 @@ def decoder_step_ms(model: nn.Module, batch_size: int, n_audio_ctx: int, repeats
     random keys/values, after 3 warm-up steps. Host clock, no device sync: for CPU benchmarks."""
     from asr_spec.engine import Decoder
 
-    decoder = Decoder(model.model.decoder, model.proj_out, getattr(model, "draft_vocab_ids", None))
+    decoder = getattr(model, "step_decoder", Decoder)(model.model.decoder, model.proj_out,
+                                                      getattr(model, "draft_vocab_ids", None))
     cache = decoder.new_cache(batch_size, 64, n_audio_ctx)
     cache.cross_k.normal_()
     cache.cross_v.normal_()
     tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=decoder.device)
     positions = torch.full((batch_size, 1), 40, device=decoder.device)
+    if reads_features(model):  # a feature-conditioned draft's step: the token and the state it reads
+        states = torch.zeros(batch_size, 1, decoder.d_model, device=decoder.device, dtype=decoder.dtype)
+
+        def one_step() -> None:
+            decoder.draft_forward(cache, tokens, states, positions, 41)
+    else:
+        def one_step() -> None:
+            decoder.forward(cache, tokens, positions, 41)
     for _ in range(3):
-        decoder.forward(cache, tokens, positions, 41)
+        one_step()
     start = time.perf_counter()
     for _ in range(repeats):
-        decoder.forward(cache, tokens, positions, 41)
+        one_step()
     return (time.perf_counter() - start) / repeats * 1e3
+
+
+def engine_tokens_per_pass(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache, k: int,
+                           batch_size: int = 8) -> dict:
+    """The engine's own speculative run over a cache's windows (their stored encoder outputs, the cache's mode and
+    token limit) at K = `k`: tokens per target pass, acceptance (accepted / offered draft tokens) and whether the
+    output equals the cache's greedy pseudo-labels (it must, up to a near-tie: fp16 encoder outputs, other batch)."""
+    from asr_spec.engine import ChunkStats, DecodeOptions, Engine
+
+    opts = DecodeOptions(language=cache.meta["language"], max_new_tokens=cache.meta["max_new_tokens"],
+                         num_draft_tokens=k, timestamps=cache.timestamps)
+    encoded = torch.from_numpy(cache.encoded[:].astype("float32"))
+    results = Engine(target, draft, opts).decode(None, encoded, batch_size)
+    stats = ChunkStats.total(r.stats for r in results)
+    same = sum(list(r.prompt + r.tokens) == cache.sequence(i) for i, r in enumerate(results))
+    return {"tokens_per_target_pass": round(stats.tokens_per_target_pass, 3),
+            "acceptance_rate": round(stats.acceptance_rate, 3), "tokens": stats.generated_tokens,
+            "windows_equal_to_labels": f"{same}/{len(results)}"}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Distil a small decoder-only draft for any Whisper target (distil-whisper style, made for speculative decoding).
+"""Distil a small draft for any Whisper target, made for speculative decoding: decoder-only (distil-whisper style),
+or feature-conditioned (EAGLE style: `asr_spec.models.feature_draft`, `TrainConfig.kind`).
 
 The cache and window packing live in `asr_spec.distill.data`; the saved format in `asr_spec.models.drafts`.
 
@@ -17,10 +18,21 @@ pass per window per epoch (on 2 CPU cores the target's cross-attention projectio
 
 Restricted head: a draft may score only a subset of the vocabulary (`draft_vocab_ids`); the engine fills the
 rest with -inf. Training then uses the teacher's distribution renormalised over that subset.
+
+A feature-conditioned draft reads the same stored states: teacher-forced, its input at position t is the target's
+state at t - 1 (`feature_draft.shift_features`), and its loss is EAGLE's (Li et al., 2024, eq. 1-3): a feature
+regression, smooth L1 between its guess of the state at t and the target's, plus the token cross-entropy against
+the target's distribution from that state (the KL term below: the same gradient), optionally the pseudo-label CE:
+
+    loss = reg_weight * SmoothL1(guess_t, state_t) + kl_weight * T^2 * KL(teacher_T || draft_T) + ce_weight * CE
+
+EAGLE uses reg 1 and 0.1 on the token term, with uniform noise on the input states (`feature_noise`: U(-a, a)),
+which stands in for the draft's own guesses it reads past its first proposal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -35,19 +47,29 @@ from torch import nn
 
 from asr_spec.distill.data import CacheBatch, CacheUnion, PseudoLabelCache
 from asr_spec.distill.evaluation import draft_states, evaluate_agreement
-from asr_spec.models.drafts import SHARED_PREFIXES, decoder_draft, tie_shared
+from asr_spec.models.drafts import DECODER_KIND, SHARED_PREFIXES, decoder_draft, tie_shared
+from asr_spec.models.feature_draft import KIND as FEATURE_KIND, init_feature_draft
 
 
 
 # -- the draft --------------------------------------------------------------------------------------------------
 
-def init_draft(target: nn.Module, layers: Sequence[int] | None = None) -> Any:
+def init_draft(target: nn.Module, layers: Sequence[int] | None = None, kind: str = DECODER_KIND) -> Any:
     """A `WhisperForCausalLM` draft from target decoder `layers` (default first and last: distil-whisper's init),
-    its embeddings, position table and output head *the target's own tensors*, frozen."""
+    its embeddings, position table and output head *the target's own tensors*, frozen; of kind "target-features",
+    a feature-conditioned draft of those layers (default the last: `init_feature_draft`)."""
+    if kind == FEATURE_KIND:
+        return init_feature_draft(target, layers)
     n = target.config.decoder_layers
-    draft = decoder_draft(target, list(layers) if layers is not None else sorted({0, n - 1}))
+    draft = decoder_draft(target, list(layers) if layers is not None else default_layers(n, kind))
     tie_shared(draft, target)
     return draft
+
+
+def default_layers(n_layers: int, kind: str) -> list[int]:
+    """The target layers a draft starts from when none are given: the first and last (decoder-only), the last
+    (feature-conditioned: the layer whose output the head reads)."""
+    return [n_layers - 1] if kind == FEATURE_KIND else sorted({0, n_layers - 1})
 
 
 def trainable_parameters(draft: nn.Module) -> dict[str, nn.Parameter]:
@@ -78,8 +100,10 @@ def choose_draft_vocab(counts: np.ndarray, size: int, eot: int, always: Sequence
 @dataclass(frozen=True)
 class TrainConfig:
     """One distillation run. The loss per generated token is kl_weight * T^2 * KL(teacher_T || draft_T)
-    + ce_weight * CE(draft, pseudo-label), both over the draft's vocabulary minus suppressed tokens."""
+    + ce_weight * CE(draft, pseudo-label), both over the draft's vocabulary minus suppressed tokens; for a
+    feature-conditioned draft plus reg_weight * SmoothL1 of its guessed states (module docstring)."""
 
+    kind: str = DECODER_KIND  # "decoder" or "target-features" (asr_spec.models.feature_draft)
     steps: int = 1000
     batch_windows: int = 4  # windows per optimiser step
     lr: float = 3e-4
@@ -92,8 +116,16 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 50  # steps between held-out agreement checks (0 = never)
     ckpt_every: int = 50  # steps between checkpoints (0 = only at the end)
+    reg_weight: float | None = None  # feature regression (target-features only; None: 1.0 there)
+    feature_noise: float = 0.0  # U(-a, a) noise on the input states in training (target-features only)
 
     def __post_init__(self) -> None:
+        if self.kind not in (DECODER_KIND, FEATURE_KIND):
+            raise ValueError(f"kind must be {DECODER_KIND} or {FEATURE_KIND}, got {self.kind!r}")
+        if self.kind == DECODER_KIND and (self.reg_weight is not None or self.feature_noise):
+            raise ValueError("reg_weight and feature_noise apply to target-features drafts only")
+        if self.feature_noise < 0 or (self.reg_weight is not None and self.reg_weight < 0):
+            raise ValueError("reg_weight and feature_noise must be >= 0")
         for name in ("steps", "batch_windows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -125,7 +157,11 @@ def loss_on_batch(draft: nn.Module, head: torch.Tensor, vocab: torch.Tensor, b: 
                   cfg: TrainConfig) -> tuple[torch.Tensor, int]:
     """Mean loss over the batch's generated tokens, and their number. head: the (V, d) output head."""
     mask = b.labels != -100
-    h = draft_states(draft, b)[mask]  # (n, d)
+    inputs = b
+    if cfg.kind == FEATURE_KIND and cfg.feature_noise:  # noisy input states; the loss's targets stay b's
+        noise = (torch.rand_like(b.teacher_hidden) * 2 - 1) * cfg.feature_noise
+        inputs = dataclasses.replace(b, teacher_hidden=b.teacher_hidden + noise)
+    h = draft_states(draft, inputs)[mask]  # (n, d)
     w = head[vocab]
     s_logits = h @ w.T
     with torch.no_grad():
@@ -138,7 +174,11 @@ def loss_on_batch(draft: nn.Module, head: torch.Tensor, vocab: torch.Tensor, b: 
     pos = torch.searchsorted(vocab, b.labels[mask]).clamp(max=len(vocab) - 1)
     ok = vocab[pos] == b.labels[mask]
     ce = F.cross_entropy(s_logits[ok], pos[ok]) if bool(ok.any()) else s_logits.sum() * 0
-    return cfg.kl_weight * kl + cfg.ce_weight * ce, int(mask.sum())
+    loss = cfg.kl_weight * kl + cfg.ce_weight * ce
+    if cfg.kind == FEATURE_KIND:  # EAGLE's feature regression onto the target's own state at each position
+        reg = 1.0 if cfg.reg_weight is None else cfg.reg_weight
+        loss = loss + reg * F.smooth_l1_loss(h, b.teacher_hidden[mask].to(h.dtype))
+    return loss, int(mask.sum())
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
@@ -179,9 +219,9 @@ def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCac
 def _init_from_draft(draft: nn.Module, params: dict[str, nn.Parameter], target: nn.Module,
                      path: str | os.PathLike) -> None:
     """Copy a saved draft's own (trainable) weights into `draft`; ValueError when its layers do not fit."""
-    from asr_spec.models.drafts import load_trained_draft
+    from asr_spec.models.loading import load_distilled
 
-    src = trainable_parameters(load_trained_draft(path, target))
+    src = trainable_parameters(load_distilled(path, target))
     if set(src) != set(params) or any(src[k].shape != params[k].shape for k in params):
         raise ValueError(f"--init-draft {path}: its layers do not match the draft being trained "
                          f"({len(src)} tensors against {len(params)}; give --layers with as many layers)")
@@ -220,9 +260,9 @@ def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, layers
     """A fresh draft (from the target's layers, or `init_from`'s) and its optimiser, or both resumed from
     `ckpt_path` when it exists."""
     torch.manual_seed(cfg.seed)
-    draft = init_draft(target, layers)
+    draft = init_draft(target, layers, cfg.kind)
     draft.draft_vocab_ids = draft_vocab
-    layer_ids = list(layers) if layers is not None else sorted({0, target.config.decoder_layers - 1})
+    layer_ids = list(layers) if layers is not None else default_layers(target.config.decoder_layers, cfg.kind)
     params = trainable_parameters(draft)
     if init_from is not None and not ckpt_path.is_file():
         _init_from_draft(draft, params, target, init_from)
