@@ -69,9 +69,14 @@ def test_config_rejects_feature_options_for_the_decoder_kind():
 @pytest.mark.parametrize("noise", [0.0, 0.1])
 def test_training_lowers_the_loss(model, cache, ts_cache, tmp_path, noise):
     union = draft_data.CacheUnion([cache, ts_cache])  # both labelling modes
-    cfg = _cfg(feature_noise=noise)
-    run = distill.train_draft(model, union, cfg, work_dir=tmp_path, progress=False)
+    cfg = _cfg(feature_noise=noise, eval_every=6)
+    run = distill.train_draft(model, union, cfg, work_dir=tmp_path, held_out=ts_cache, progress=False)
     assert isinstance(run.draft, FeatureDraft)
+    # the curve: teacher-forced agreement, and the engine's own tokens per target pass (not a simulation)
+    assert [p["step"] for p in run.history] == [6, 12]
+    for point in run.history:
+        assert 0 <= point["agreement"] <= 1 and "accepted_k4" not in point
+        assert point["engine_k4"]["windows_equal_to_labels"] == f"{len(ts_cache)}/{len(ts_cache)}"
     head = model.proj_out.weight
     vocab = distill.train_vocab(model.config.vocab_size, model.generation_config.suppress_tokens or (), None)
     fresh = distill.init_draft(model, kind="target-features")

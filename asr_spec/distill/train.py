@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr_spec.distill.data import CacheBatch, CacheUnion, PseudoLabelCache
-from asr_spec.distill.evaluation import draft_states, evaluate_agreement
+from asr_spec.distill.evaluation import draft_states, engine_tokens_per_pass, evaluate_agreement, reads_features
 from asr_spec.models.drafts import DECODER_KIND, SHARED_PREFIXES, decoder_draft, tie_shared
 from asr_spec.models.feature_draft import KIND as FEATURE_KIND, init_feature_draft
 
@@ -211,9 +211,14 @@ def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCac
         return dict(step=step, loss=loss)
     draft.eval()
     rep = evaluate_agreement(target, draft, held_out)
+    if reads_features(draft):  # its simulated counts are upper bounds (evaluation's doc): the engine's own instead
+        point = dict(step=step, loss=loss, agreement=rep.agreement,
+                     engine_k4=engine_tokens_per_pass(target, draft, held_out, 4))
+    else:
+        point = dict(step=step, loss=loss, agreement=rep.agreement, accepted_k4=rep.accepted_per_step[4],
+                     accepted_k8=rep.accepted_per_step[8])
     draft.train()
-    return dict(step=step, loss=loss, agreement=rep.agreement, accepted_k4=rep.accepted_per_step[4],
-                accepted_k8=rep.accepted_per_step[8])
+    return point
 
 
 def _init_from_draft(draft: nn.Module, params: dict[str, nn.Parameter], target: nn.Module,
