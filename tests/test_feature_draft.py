@@ -164,3 +164,23 @@ def test_save_load_round_trip(tmp_path):
         load_feature_draft(tmp_path / "d", _target())
     with pytest.raises(ValueError, match="not a decoder-only one"):
         saved_drafts.load_trained_draft(tmp_path / "d", _target())
+
+
+def test_gpu_bench_measures_the_feature_draft_too(tmp_path):
+    """scripts/gpu_bench.py --kinds features (on by default at large-v2 shapes): its rows equal greedy, marked."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_bench", scripts / "gpu_bench.py")
+        gpu_bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gpu_bench)
+        rows = gpu_bench.main(["--device", "cpu", "--tiny", "--kinds", "features", "--ks", "3", "--check", "0.05"])
+    finally:
+        sys.path.remove(str(scripts))
+    assert [(r["draft"], r["k"]) for r in rows] == [("none", 0), ("features", 3)]
+    assert all(r["rows_equal_greedy"] == r["rows"] == 16 for r in rows)
+    assert gpu_bench.parse_args([]).kinds == ["oracle", "features"]  # at full shapes both kinds are measured
