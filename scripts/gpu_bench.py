@@ -19,7 +19,7 @@ greedy's (a count). The last steps of a row offer fewer than K proposals (its li
 a rejection, a bias of about -0.005 at 64+ tokens per row.
 
 The feature-conditioned (EAGLE-style) draft kind (`--kinds ...,features`, on by default at full shapes): a random
-one-layer draft of the target's shape (`init_feature_draft`: the target's last layer, fc = [I | I]) at each K, its
+one-layer draft of the target's shape (`init_feature_draft`: the target's first layer, fc = [0 | I]) at each K, its
 rows marked `draft = "features"` and `set_acceptance` empty. What it measures is its cost per step (its own
 acceptance with random weights means nothing), beside the oracle's 2-layer cost at the same K; the floor counts its
 one layer (its input projection, 2 d x d, not counted).

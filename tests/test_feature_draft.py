@@ -30,7 +30,7 @@ def _self_draft():
 
 
 def _reading_draft(seed: int = 5):
-    """A draft whose proposals depend on the states it reads: the last layer, fc perturbed from [I | I]."""
+    """A draft whose proposals depend on the states it reads: the first layer, fc perturbed from [0 | I]."""
     draft = init_feature_draft(_target())
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -15,9 +15,9 @@ as one namespace (their names are the command's option names):
     # 3. held-out agreement, tokens per target pass for several K, real speed-up vs greedy; other heads too
     asr-spec distill eval --draft drafts/whisper-base --held-out-cache /data/cache-heldout \
         --head-sizes 4096 8192 0 --train-cache /data/cache-train
-    # a feature-conditioned (EAGLE-style) draft, one layer from the target's last; side by side with another draft,
-    # tokens per target pass counted by the engine itself
-    asr-spec distill train --kind target-features --layers 5, --train-cache /data/cache-train --work /data/work-f \
+    # a feature-conditioned (EAGLE-style) draft, one layer (from the target's first); side by side with another
+    # draft, tokens per target pass counted by the engine itself
+    asr-spec distill train --kind target-features --train-cache /data/cache-train --work /data/work-f \
         --steps 1500 --vocab-size 4096 --out /data/draft-features
     asr-spec distill eval --draft /data/draft-features --compare-draft drafts/whisper-base-2l \
         --held-out-cache /data/cache-heldout --engine-k 3 4 6 --no-speed

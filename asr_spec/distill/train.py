@@ -57,7 +57,7 @@ from asr_spec.models.feature_draft import KIND as FEATURE_KIND, init_feature_dra
 def init_draft(target: nn.Module, layers: Sequence[int] | None = None, kind: str = DECODER_KIND) -> Any:
     """A `WhisperForCausalLM` draft from target decoder `layers` (default first and last: distil-whisper's init),
     its embeddings, position table and output head *the target's own tensors*, frozen; of kind "target-features",
-    a feature-conditioned draft of those layers (default the last: `init_feature_draft`)."""
+    a feature-conditioned draft of those layers (default the first: `init_feature_draft`)."""
     if kind == FEATURE_KIND:
         return init_feature_draft(target, layers)
     n = target.config.decoder_layers
@@ -67,9 +67,9 @@ def init_draft(target: nn.Module, layers: Sequence[int] | None = None, kind: str
 
 
 def default_layers(n_layers: int, kind: str) -> list[int]:
-    """The target layers a draft starts from when none are given: the first and last (decoder-only), the last
-    (feature-conditioned: the layer whose output the head reads)."""
-    return [n_layers - 1] if kind == FEATURE_KIND else sorted({0, n_layers - 1})
+    """The target layers a draft starts from when none are given: the first and last (decoder-only), the first
+    (feature-conditioned: `init_feature_draft`, which says why)."""
+    return [0] if kind == FEATURE_KIND else sorted({0, n_layers - 1})
 
 
 def trainable_parameters(draft: nn.Module) -> dict[str, nn.Parameter]:

@@ -8,9 +8,11 @@ The target's head scores it (optionally a restricted vocabulary: `draft_vocab_id
 `asr_spec.engine.features.FeatureDecoder` (its `step_decoder`); `hidden` here is the same computation with
 gradients, teacher-forced on the target's states (what `asr-spec distill` trains).
 
-Initialisation: the layers are copies of target decoder layers (the last by default: the one whose output the head
-reads), the final LayerNorm the target's, fc = [I | I] (the state plus the token's embedding, as the target's own
-residual stream starts from the embedding).
+Initialisation: the layers are copies of target decoder layers (the first by default), the final LayerNorm the
+target's, fc = [0 | I]: the draft starts as the target's one-layer cut (its input the token's embedding plus the
+position's, as the target's own first layer sees), and training opens the state's channel. Measured on whisper-base
+(8 LibriSpeech fixture utterances, timestamp mode, teacher-forced): that start agrees on 18.7 % of tokens; the last
+layer with fc = [I | I] (the state plus the embedding) or [I | 0], or the first with [I | I], on 0.8 %.
 """
 
 from __future__ import annotations
@@ -105,10 +107,10 @@ def shift_features(states: torch.Tensor) -> torch.Tensor:
 
 
 def init_feature_draft(target: nn.Module, layers: Sequence[int] | None = None) -> FeatureDraft:
-    """A feature-conditioned draft of copies of target decoder `layers` (default: the last), the target's final
-    LayerNorm, fc = [I | I]; embeddings, positions and head the target's own tensors (frozen)."""
+    """A feature-conditioned draft of copies of target decoder `layers` (default: the first), the target's final
+    LayerNorm, fc = [0 | I]; embeddings, positions and head the target's own tensors (frozen)."""
     n = target.config.decoder_layers
-    layers = [n - 1] if layers is None else list(layers)
+    layers = [0] if layers is None else list(layers)
     bad = [i for i in layers if not 0 <= i < n]
     if bad or not layers:
         raise ValueError(f"decoder layers {layers} not in 0..{n - 1}")
@@ -120,7 +122,7 @@ def init_feature_draft(target: nn.Module, layers: Sequence[int] | None = None) -
     d = config.d_model
     with torch.no_grad():
         eye = torch.eye(d, dtype=decoder.fc.weight.dtype)
-        decoder.fc.weight.copy_(torch.cat([eye, eye], 1))
+        decoder.fc.weight.copy_(torch.cat([torch.zeros_like(eye), eye], 1))
         decoder.fc.bias.zero_()
     draft = FeatureDraft(config, decoder, target.proj_out, copy.deepcopy(target.generation_config))
     for p in (src.embed_tokens.weight, src.embed_positions.weight):
@@ -170,8 +172,7 @@ def load_feature_draft(path: str | os.PathLike, target: nn.Module) -> FeatureDra
     for key in ("d_model", "vocab_size", "max_target_positions"):
         if getattr(config, key) != getattr(target.config, key):
             raise ValueError(f"{where}: draft {key} {getattr(config, key)} != target's {getattr(target.config, key)}")
-    n = target.config.decoder_layers
-    draft = init_feature_draft(target, [n - 1] * config.decoder_layers)  # shapes; every own tensor is loaded
+    draft = init_feature_draft(target, [0] * config.decoder_layers)  # the shapes; every own tensor is loaded
     state = load_file(str(weights))
     missing, extra = sorted(set(own_state(draft)) - set(state)), sorted(set(state) - set(own_state(draft)))
     if missing or extra:
