@@ -171,20 +171,9 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     step); a row with a hypothesis is greedy (`ChunkRequest` refuses one with a temperature).
     """
     live = st.finish == FINISH_NONE
-    n_rows = st.n_tok.shape[0]
     dev = st.n_tok.device
-    if m.features is None:
-        catch_up, draft = (2 if hyp is None else hyp.width + 2), _draft
-    else:  # it keeps none of last step's tokens: a window over every one (engine/features.py)
-        catch_up, draft = (k + 1 if hyp is None else max(k, hyp.width) + 1), m.features.propose
-    proposed, q = (draft(m, rules, st, k, n_keys, catch_up) if k > 0
-                   else (torch.zeros(n_rows, 0, dtype=torch.bool, device=dev), None))
-    from_hyp = torch.zeros_like(live)
-    if hyp is not None:
-        proposed, from_hyp = hyp.propose(st.seq, st.n_tok, st.begin, st.limit, proposed)
+    proposed, q, from_hyp = _propose(m, rules, st, k, n_keys, hyp)
     p = proposed.shape[1]  # proposals verified this step: k, or max(k, hyp.width)
-    if q is not None and p > k:  # a sampled row offers only its k draft proposals: none past them (q = 0 there)
-        q = torch.nn.functional.pad(q, (0, 0, 0, p - k))
 
     # verify: the target's pending token then the p proposals, one pass, logits at all p + 1 positions
     t_len = m.target_cache.lengths
@@ -224,9 +213,42 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
 
-    # statistics; log-probability of each emitted token under the rule-applied scores at temperature 1, as
-    # Whisper's sum_logprobs (its score less the logsumexp)
-    emitted = j[None, :] < n_new[:, None]
+    n_offered, n_taken = _count(st, scores, choice, live, from_hyp, proposed, n_acc, n_new, k)
+    if hyp is not None:
+        hyp.settle(choice, old_n, st.begin, n_new, live & from_hyp, n_offered, n_taken)
+
+
+def _propose(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
+             hyp: Hypotheses | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The step's proposals, written into st.seq[n_tok:n_tok + P]: the draft's k (a plain draft's `_draft`, a
+    feature-conditioned one's `TargetFeatures.propose`), overlaid by the hypothesis rows' own. Returns the (B, P)
+    bool proposals each row offers (P = k, or max(k, hyp.width) in a hypothesis step), the sampled rows' (B, P, V)
+    q (None without one) and the (B,) bool rows proposing from their hypothesis."""
+    n_rows, dev = st.n_tok.shape[0], st.n_tok.device
+    if m.features is None:
+        catch_up, draft = (2 if hyp is None else hyp.width + 2), _draft
+    else:  # it keeps none of last step's tokens: a window over every one (engine/features.py)
+        catch_up, draft = (k + 1 if hyp is None else max(k, hyp.width) + 1), m.features.propose
+    proposed, q = (draft(m, rules, st, k, n_keys, catch_up) if k > 0
+                   else (torch.zeros(n_rows, 0, dtype=torch.bool, device=dev), None))
+    from_hyp = torch.zeros(n_rows, dtype=torch.bool, device=dev)
+    if hyp is not None:
+        proposed, from_hyp = hyp.propose(st.seq, st.n_tok, st.begin, st.limit, proposed)
+    p = proposed.shape[1]
+    if q is not None and p > k:  # a sampled row offers only its k draft proposals: none past them (q = 0 there)
+        q = torch.nn.functional.pad(q, (0, 0, 0, p - k))
+    return proposed, q, from_hyp
+
+
+def _count(st: DecodeState, scores: torch.Tensor, choice: torch.Tensor, live: torch.Tensor, from_hyp: torch.Tensor,
+           proposed: torch.Tensor, n_acc: torch.Tensor, n_new: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """The step's statistics into `st`; returns the (B,) long proposals offered and accepted per row.
+
+    scores: (B, P + 1, V) rule-applied; choice: (B, P + 1) the tokens written; live, from_hyp: (B,) bool the rows
+    decoding this step, those proposing from their hypothesis; proposed: (B, P) bool; n_acc, n_new: (B,) long. The
+    log-probability of each emitted token is taken under the scores at temperature 1, as Whisper's sum_logprobs
+    (its score less the logsumexp)."""
+    emitted = torch.arange(choice.shape[1], device=choice.device)[None, :] < n_new[:, None]
     chosen = scores.gather(-1, choice[..., None])[..., 0]
     st.sum_logprob.add_(torch.where(emitted, chosen.float() - scores.float().logsumexp(-1), 0.0).sum(1))
     live_l = live.long()
@@ -238,8 +260,7 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     st.accepted.add_(n_taken * drafting)
     if k > 0:
         st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting[:, None])
-    if hyp is not None:
-        hyp.settle(choice, old_n, st.begin, n_new, live & from_hyp, n_offered, n_taken)
+    return n_offered, n_taken
 
 
 def _sampled(st: DecodeState, scores: torch.Tensor, q: torch.Tensor | None, drafted: torch.Tensor,
