@@ -168,3 +168,31 @@ def test_hypothesis_steps_equal_greedy_and_keep_the_draft_in_step(name, batch_si
         for i, r in results.items():
             assert r.stats.drafted_tokens - r.stats.accepted_tokens <= k, i  # only the last step is cut by a limit
         assert sum(r.stats.accepted_tokens for r in results.values()) > 0
+
+
+def test_a_sampled_hypothesis_step_with_the_feature_draft_has_no_graph_break():
+    """The step with a feature-conditioned draft, sampled rows and hypothesis rows at once (the widest combination
+    a server runs) still traces into one graph: what CUDA graphs capture per (rows, n_keys, K, sampling, width)."""
+    from asr_spec.engine.capture import StepRunner
+    from asr_spec.engine.speculative import step
+
+    engine = Engine(_target(), drafts("reading"), DecodeOptions(language="en", max_new_tokens=8,
+                                                                num_hypothesis_tokens=5))
+    captured = {}
+
+    def grab(*args):
+        if len(args) > 5 and args[1].sampling:
+            captured["args"] = args
+        step(*args)
+
+    engine.runner = StepRunner("wrapped", lambda fn: grab)
+    greedy = _greedy()
+    requests = [ChunkRequest(0, _features()[0], hypothesis=greedy[0][:4]),
+                ChunkRequest(1, _features()[1], temperature=0.7, seed=3), ChunkRequest(2, _features()[2])]
+    list(engine.run(requests, 3))
+    assert "args" in captured
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(step)(*captured["args"])
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
