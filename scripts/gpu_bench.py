@@ -18,6 +18,12 @@ measured matmul rate, for the rows and key bucket each step really ran, K draft 
 greedy's (a count). The last steps of a row offer fewer than K proposals (its limit): a full accept there counts as
 a rejection, a bias of about -0.005 at 64+ tokens per row.
 
+The feature-conditioned (EAGLE-style) draft kind (`--kinds ...,features`, on by default at full shapes): a random
+one-layer draft of the target's shape (`init_feature_draft`: the target's first layer, fc = [0 | I]) at each K, its
+rows marked `draft = "features"` and `set_acceptance` empty. What it measures is its cost per step (its own
+acceptance with random weights means nothing), beside the oracle's 2-layer cost at the same K; the floor counts its
+one layer (its input projection, 2 d x d, not counted).
+
     python scripts/gpu_bench.py --json gpu_bench.json          # on a GPU (never run yet; gpu_check.sh cuts it at 270 s)
     python scripts/gpu_bench.py --device cpu --tiny            # the same logic at small shapes, a few seconds
 """
@@ -35,6 +41,7 @@ import torch
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.oracle import oracle_draft
+from asr_spec.models.feature_draft import init_feature_draft
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
 
@@ -44,9 +51,9 @@ import step_floor as sf  # scripts/step_floor.py (this script's folder is on sys
 # each chunk's audio steering its row (greedy rows differ from chunk to chunk; a row's chunk matters to the oracle)
 AUDIO_STD = 10.0
 FULL = dict(target="large-v2", draft="distil-large-v2", batches="1,4,16,64", ks="3,5,8", rates="0.6,0.8,0.9",
-            new_tokens=64, repeats=2, modes="eager,graphs", dtype="float16", chunks_per_slot=1)
+            new_tokens=64, repeats=2, modes="eager,graphs", dtype="float16", chunks_per_slot=1, kinds="oracle,features")
 TINY = dict(target="test", draft="test", batches="8", ks="3,8", rates="0.6,0.9", new_tokens=120, repeats=1,
-            modes="eager", dtype="float32", chunks_per_slot=2)  # no warm-up: its figures are not the point, its checks are
+            modes="eager", dtype="float32", chunks_per_slot=2, kinds="oracle")  # no warm-up: its figures are not the point, its checks are
 
 
 class CountingRunner(StepRunner):
@@ -56,9 +63,9 @@ class CountingRunner(StepRunner):
         super().__init__(mode)
         self.keys: list[tuple[int, int, int]] = []
 
-    def __call__(self, m, rules, st, k, n_keys):
+    def __call__(self, m, rules, st, k, n_keys, hyp=None):
         self.keys.append((st.n_tok.shape[0], n_keys, k))
-        super().__call__(m, rules, st, k, n_keys)
+        super().__call__(m, rules, st, k, n_keys, hyp)
 
 
 def sync(device: torch.device) -> None:
@@ -149,6 +156,8 @@ def result_row(common: dict, seconds: float, results, keys, greedy, floor_total:
 
 def print_row(row: dict) -> None:
     acc = "" if row["set_acceptance"] is None else f"{row['set_acceptance']:.2f}"
+    if row.get("draft") == "features":  # a feature-conditioned draft: no set rate
+        acc = "feat"
     meas = "" if row["measured_acceptance"] is None else f"{row['measured_acceptance']:.3f}"
     print(f"{row['batch']:>5} {row['mode']:>6} {row['k']:>2} {acc:>5} {meas:>6} {row['tokens_per_target_pass']:>6.2f} "
           f"{row['tokens_per_s']:>9.1f} {row['speedup_vs_greedy']:>6.2f} {row['step_ms']:>8.2f} "
@@ -162,7 +171,8 @@ def _num(value: float | None, spec: str) -> str:
 
 
 def bench_batch(args, target, draft, enc, batch: int, rates, out_rows: list, deadline: float) -> None:
-    """Greedy, then the oracle draft at every (mode, K, acceptance), at one batch size (rows appended)."""
+    """Greedy, then the drafts of args.kinds (the oracle at every (mode, K, acceptance), the feature-conditioned
+    draft at every (mode, K)), at one batch size (rows appended)."""
     enc = enc[:batch * args.chunks_per_slot]
     base = dict(device=args.device_name, dtype=args.dtype, batch=batch)
     floors: dict = {}
@@ -175,10 +185,21 @@ def bench_batch(args, target, draft, enc, batch: int, rates, out_rows: list, dea
         if greedy is None:  # the first mode's greedy run is the reference and the oracle's recording
             greedy = results
             oracle, script = oracle_draft(draft, [r.prompt + r.tokens for r in results], enc, rates[0], args.seed)
-        common = dict(base, mode=mode, k=0, set_acceptance=None)
+        common = dict(base, mode=mode, k=0, set_acceptance=None, draft="none")
         row = result_row(common, seconds, results, keys, greedy, floor_ms(target, draft, keys, args.machine, floors))
         greedy_tps[mode] = row["tokens_per_s"]
         _emit(dict(row, speedup_vs_greedy=1.0), out_rows, args)
+    if "oracle" in args.kinds:
+        _bench_oracle(args, target, draft, oracle, script, enc, batch, rates, greedy, greedy_tps, out_rows, deadline)
+    if "features" in args.kinds:
+        _bench_features(args, target, enc, batch, greedy, greedy_tps, out_rows, deadline)
+
+
+def _bench_oracle(args, target, draft, oracle, script, enc, batch: int, rates, greedy, greedy_tps: dict,
+                  out_rows: list, deadline: float) -> None:
+    """The oracle draft at every (mode, K, acceptance), at one batch size (rows appended)."""
+    base = dict(device=args.device_name, dtype=args.dtype, batch=batch, draft="oracle")
+    floors: dict = {}
     for mode in args.modes:
         for k in args.ks:
             if time.perf_counter() > deadline:
@@ -197,6 +218,27 @@ def bench_batch(args, target, draft, enc, batch: int, rates, out_rows: list, dea
             del engine
             if enc.device.type == "cuda":
                 torch.cuda.empty_cache()
+
+
+def _bench_features(args, target, enc, batch: int, greedy, greedy_tps: dict, out_rows: list,
+                    deadline: float) -> None:
+    """A random feature-conditioned draft at every (mode, K), at one batch size: its cost per step."""
+    feature_draft = init_feature_draft(target)
+    base = dict(device=args.device_name, dtype=args.dtype, batch=batch, draft="features", set_acceptance=None)
+    floors: dict = {}
+    for mode in args.modes:
+        for k in args.ks:
+            if time.perf_counter() > deadline:
+                print(f"# time budget spent: batch {batch} {mode} features K={k} and later skipped", flush=True)
+                return
+            opts = DecodeOptions(language="en", max_new_tokens=args.new_tokens, num_draft_tokens=k,
+                                 cuda_graphs=mode == "graphs")
+            engine = Engine(target, feature_draft, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
+            seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
+            row = result_row(dict(base, mode=mode, k=k), seconds, results, keys, greedy,
+                             floor_ms(target, feature_draft, keys, args.machine, floors))
+            _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / greedy_tps[mode]), out_rows, args)
+            del engine
 
 
 def _runner_mode(mode: str, device: torch.device) -> str:
@@ -230,7 +272,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small shapes (a 2-layer 64-wide target), a few seconds")
-    for name in ("batches", "ks", "rates", "modes", "dtype"):
+    for name in ("batches", "ks", "rates", "modes", "dtype", "kinds"):
         ap.add_argument(f"--{name}", default=None, help=f"comma list (default: {FULL[name]}; tiny {TINY[name]})")
     ap.add_argument("--new-tokens", type=int, default=None, help="tokens per row (default 64; tiny 120)")
     ap.add_argument("--repeats", type=int, default=None, help="timed decodes per configuration, after a warm-up "
@@ -247,7 +289,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     preset = TINY if args.tiny else FULL
     args.target, args.draft = preset["target"], preset["draft"]
-    for name in ("new_tokens", "repeats", "dtype", "modes", "batches", "ks", "chunks_per_slot"):
+    for name in ("new_tokens", "repeats", "dtype", "modes", "batches", "ks", "chunks_per_slot", "kinds"):
         if getattr(args, name) is None:
             setattr(args, name, preset[name])
     args.rate_list = [float(a) for a in (args.rates or preset["rates"]).split(",")]
@@ -257,6 +299,10 @@ def parse_args(argv=None):
     bad = [m for m in args.modes if m not in ("graphs", "eager")]
     if bad:
         raise SystemExit(f"--modes: {bad} not among graphs, eager")
+    args.kinds = str(args.kinds).split(",")
+    bad = [k for k in args.kinds if k not in ("oracle", "features")]
+    if bad or not args.kinds:
+        raise SystemExit(f"--kinds: {bad} not among oracle, features")
     return args
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr_spec.distill import data as draft_data, train as distill
+from asr_spec.distill import data as draft_data, evaluation, train as distill
 from asr_spec.models import drafts
 from asr_spec.engine import DecodeOptions, Engine
 from conftest import tiny_target
@@ -33,7 +33,7 @@ def cache(model, feats, tmp_path_factory):
     ids = [f"w{i}" for i in range(len(feats))]
     batches = [(ids[:5], feats[:5]), (ids[5:], feats[5:])]
     return draft_data.build_cache(model, batches, len(feats), out, max_new_tokens=MAX_NEW, enc_dtype="float32",
-                               progress=False)
+                               progress=False, hidden_dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_cache_round_trip_matches_engine_greedy(model, feats, cache):
 
 def test_agreement_is_one_for_the_target_as_draft(model, cache):
     draft = distill.init_draft(model, layers=list(range(model.config.decoder_layers)))
-    rep = distill.evaluate_agreement(model, draft, cache)
+    rep = evaluation.evaluate_agreement(model, draft, cache)
     assert rep.agreement == 1.0 and rep.tokens > 0
     assert rep.accepted_per_step[4] > 1.0 and rep.tokens_per_pass[8] >= rep.tokens_per_pass[4]
 
@@ -119,7 +119,7 @@ def test_agreement_predicts_the_engines_accepted_tokens(model, cache, ts_cache, 
     spec = Engine(model, draft, opts).decode(None, torch.from_numpy(np.array(held.encoded)), batch_size=3)
     for i, r in enumerate(spec):
         at_limit = held.sequence(i)[-1] != held.eot
-        _, accepted = distill.simulate_steps(distill.draft_matches(model, draft, held, i), 3, at_limit)
+        _, accepted = evaluation.simulate_steps(evaluation.draft_matches(model, draft, held, i), 3, at_limit)
         assert accepted == r.stats.accepted_tokens, i
     assert 0 < sum(r.stats.accepted_tokens for r in spec) < sum(r.stats.drafted_tokens for r in spec)
 
@@ -138,10 +138,10 @@ def test_training_can_start_from_a_saved_draft(model, cache, ts_cache, tmp_path)
 
 
 def test_simulate_steps():
-    assert distill.simulate_steps([True] * 6, 4) == (2, 5)  # 4 accepted + 1, then 1 accepted + nothing left
-    assert distill.simulate_steps([False] * 3, 4) == (3, 0)
-    assert distill.simulate_steps([True, False, True, True], 2) == (2, 3)
-    assert distill.simulate_steps([True, False, True, True], 2, at_limit=True) == (2, 2)  # the last is the target's
+    assert evaluation.simulate_steps([True] * 6, 4) == (2, 5)  # 4 accepted + 1, then 1 accepted + nothing left
+    assert evaluation.simulate_steps([False] * 3, 4) == (3, 0)
+    assert evaluation.simulate_steps([True, False, True, True], 2) == (2, 3)
+    assert evaluation.simulate_steps([True, False, True, True], 2, at_limit=True) == (2, 2)  # the last is the target's
 
 
 def test_choose_draft_vocab_keeps_seen_tokens_then_low_ids():

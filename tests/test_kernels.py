@@ -108,7 +108,8 @@ def test_admission_writes_into_slot_views_as_into_a_cache_of_their_own():
     with torch.inference_mode():  # as admission runs
         for cache in (batch.rows(2, 1), own):
             dec.write_audio(cache, audio)
-            logits.append(prefill(dec, cache, prompts, 0))
+            # every row's 4 tokens (lengths), from position 0, the logits at position 0 (a SOT index)
+            logits.append(prefill(dec, cache, prompts, torch.full((2,), 4), 0, torch.zeros(2, dtype=torch.long)))
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
     for name in ("cross_k", "cross_v"):
         torch.testing.assert_close(getattr(batch, name)[:, 1:3], getattr(own, name), rtol=0, atol=0)

@@ -19,14 +19,21 @@ import typer
 
 __all__ = ["VARIADIC", "distill_app", "distill_main", "expand_variadic"]
 
-VARIADIC = ("--train-cache", "--k", "--sim-k", "--head-sizes")  # options that take one or more values
+VARIADIC = ("--train-cache", "--k", "--sim-k", "--head-sizes", "--compare-draft", "--engine-k")  # options that take one or more values
 
 
 class EncDtype(str, enum.Enum):
-    """How cached encoder outputs are stored."""
+    """How cached encoder outputs (and the target's final states) are stored."""
 
     float16 = "float16"
     float32 = "float32"
+
+
+class DraftKindName(str, enum.Enum):
+    """The kind of draft `train` makes (asr_spec.models.drafts / feature_draft)."""
+
+    decoder = "decoder"
+    target_features = "target-features"
 
 
 def expand_variadic(argv: Sequence[str]) -> list[str]:
@@ -67,8 +74,9 @@ def _group(ctx: typer.Context,
 def _call(command: Callable[[Any], None], ctx: typer.Context, params: dict[str, Any]) -> None:
     """Run `command` on the group's --model and a command's parameters (its `locals()` on entry)."""
     values = {name: value for name, value in params.items() if name != "ctx"}
-    if isinstance(values.get("enc_dtype"), EncDtype):
-        values["enc_dtype"] = values["enc_dtype"].value
+    for name in ("enc_dtype", "hidden_dtype", "kind"):
+        if isinstance(values.get(name), enum.Enum):
+            values[name] = values[name].value
     command(SimpleNamespace(model=ctx.obj["model"], **values))
 
 
@@ -90,10 +98,15 @@ CE_WEIGHT = typer.Option(1.0, help="Weight of the cross-entropy on the pseudo-la
 SEED = typer.Option(0, help="Seed of initialisation and window order.")
 CKPT_EVERY = typer.Option(50, help="Steps between checkpoints.")
 STOP_AFTER = typer.Option(None, help="Stop once this many steps are done (resume later).")
+HIDDEN_DTYPE = typer.Option(EncDtype.float16, help="How the target's cached final states are stored.")
+KIND = typer.Option(DraftKindName.decoder, help="decoder: a decoder-only draft; target-features: EAGLE-style, "
+                    "reading the target's final states.")
+REG_WEIGHT = typer.Option(None, help="target-features: weight of the smooth-L1 feature regression (default 1).")
+FEATURE_NOISE = typer.Option(0.0, help="target-features: U(-a, a) noise on the input states in training.")
 
 
 @distill_app.command("cache")
-def cache(  # long function: typer declares each of its 15 options as a parameter
+def cache(  # long function: typer declares each of its 16 options as a parameter
     ctx: typer.Context,
     corpus: Optional[Path] = typer.Option(None, help="LibriSpeech-layout tree."),
     long_file: Optional[list[Path]] = typer.Option(None, help="A long recording, cut into 30 s windows "
@@ -112,6 +125,7 @@ def cache(  # long function: typer declares each of its 15 options as a paramete
     from_cache: Optional[Path] = typer.Option(None, help="Label the windows of this cache again (its encoder "
                                               "outputs)."),
     max_windows: int = typer.Option(0, help="With --from-cache: this many windows, evenly spread."),
+    hidden_dtype: EncDtype = HIDDEN_DTYPE,
 ) -> None:
     """Encode + pseudo-label a LibriSpeech-layout corpus."""
     params = dict(locals())  # first: the parameters only
@@ -121,7 +135,7 @@ def cache(  # long function: typer declares each of its 15 options as a paramete
 
 
 @distill_app.command("train")
-def train(  # long function: typer declares each of its 18 options as a parameter
+def train(  # long function: typer declares each of its 21 options as a parameter
     ctx: typer.Context,
     train_cache: list[Path] = typer.Option(..., help="One cache, or several trained on as one."),
     init_draft: Optional[Path] = typer.Option(None, help="Start from this trained draft's layers (same layer "
@@ -129,7 +143,8 @@ def train(  # long function: typer declares each of its 18 options as a paramete
     held_out_cache: Optional[Path] = typer.Option(None, help="Held-out cache for agreement during training."),
     work: Path = typer.Option(..., help="Checkpoint folder (resumes when ckpt.pt is there)."),
     out: Optional[Path] = typer.Option(None, help="Save the trained draft here."),
-    layers: str = typer.Option("0,5", help="Target decoder layers to initialise from."),
+    layers: str = typer.Option("", help="Target decoder layers to initialise from (default: the first and last; "
+                               "the last for target-features)."),
     vocab_size: int = typer.Option(0, help="Restricted head size (0 = full vocabulary)."),
     steps: int = typer.Option(1000, help="Training steps."),
     stop_after: Optional[int] = STOP_AFTER,
@@ -141,6 +156,9 @@ def train(  # long function: typer declares each of its 18 options as a paramete
     seed: int = SEED,
     eval_every: int = typer.Option(50, help="Steps between held-out evaluations."),
     ckpt_every: int = CKPT_EVERY,
+    kind: DraftKindName = KIND,
+    reg_weight: Optional[float] = REG_WEIGHT,
+    feature_noise: float = FEATURE_NOISE,
 ) -> None:
     """Train a draft on a cache."""
     params = dict(locals())  # first: the parameters only
@@ -150,7 +168,7 @@ def train(  # long function: typer declares each of its 18 options as a paramete
 
 
 @distill_app.command("eval")
-def evaluate(  # long function: typer declares each of its 13 options as a parameter
+def evaluate(  # long function: typer declares each of its 15 options as a parameter
     ctx: typer.Context,
     held_out_cache: Path = typer.Option(..., help="The held-out cache."),
     draft: Optional[Path] = typer.Option(None, help="A draft saved by `train --out`."),
@@ -169,6 +187,10 @@ def evaluate(  # long function: typer declares each of its 13 options as a param
                                                    "(0 = full)."),
     train_cache: Optional[list[Path]] = typer.Option(None, help="With --head-sizes: the caches whose token "
                                                      "counts pick the heads."),
+    compare_draft: Optional[list[Path]] = typer.Option(None, help="Other saved drafts, side by side on the same "
+                                                       "windows."),
+    engine_k: Optional[list[int]] = typer.Option(None, help="K values whose tokens per target pass the engine "
+                                                 "counts (exact for every kind) at --batch-size."),
 ) -> None:
     """Held-out agreement and speed-up vs greedy."""
     params = dict(locals())  # first: the parameters only
@@ -193,7 +215,7 @@ def head(
 
 
 @distill_app.command("run")
-def run(  # long function: typer declares each of its 24 options as a parameter
+def run(  # long function: typer declares each of its 28 options as a parameter
     ctx: typer.Context,
     audio: Path = typer.Option(..., help="LibriSpeech-layout tree of training speech."),
     split: str = SPLIT,
@@ -220,6 +242,10 @@ def run(  # long function: typer declares each of its 24 options as a parameter
     timestamps: bool = TIMESTAMPS,
     language: str = LANGUAGE,
     enc_dtype: EncDtype = ENC_DTYPE,
+    hidden_dtype: EncDtype = HIDDEN_DTYPE,
+    kind: DraftKindName = KIND,
+    reg_weight: Optional[float] = REG_WEIGHT,
+    feature_noise: float = FEATURE_NOISE,
 ) -> None:
     """Cache + train + save: the whole distillation in one command."""
     params = dict(locals())  # first: the parameters only

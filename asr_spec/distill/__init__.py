@@ -1,1 +1,2 @@
-"""Draft distillation: pseudo-label cache (data), training and agreement (train), `asr-spec distill` (cli)."""
+"""Draft distillation: pseudo-label cache (data), training (train), agreement and speed (evaluation),
+`asr-spec distill` (commands, parsed by cli/distill.py)."""

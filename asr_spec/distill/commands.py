@@ -15,6 +15,12 @@ as one namespace (their names are the command's option names):
     # 3. held-out agreement, tokens per target pass for several K, real speed-up vs greedy; other heads too
     asr-spec distill eval --draft drafts/whisper-base --held-out-cache /data/cache-heldout \
         --head-sizes 4096 8192 0 --train-cache /data/cache-train
+    # a feature-conditioned (EAGLE-style) draft, one layer (from the target's first); side by side with another
+    # draft, tokens per target pass counted by the engine itself
+    asr-spec distill train --kind target-features --train-cache /data/cache-train --work /data/work-f \
+        --steps 1500 --vocab-size 4096 --out /data/draft-features
+    asr-spec distill eval --draft /data/draft-features --compare-draft drafts/whisper-base-2l \
+        --held-out-cache /data/cache-heldout --engine-k 3 4 6 --no-speed
     # 4. keep the head the comparison chose
     asr-spec distill head --draft drafts/whisper-base --train-cache /data/cache-train --head-size 8192 \
         --out drafts/whisper-base-8k
@@ -35,8 +41,10 @@ from types import SimpleNamespace
 
 import torch
 
-from asr_spec.distill import data as draft_data, train as distill
+from asr_spec.distill import data as draft_data, evaluation, train as distill
 from asr_spec.models import drafts
+from asr_spec.models.feature_draft import save_feature_draft
+from asr_spec.models.loading import load_distilled
 
 
 def _target(name: str):
@@ -73,7 +81,7 @@ def cmd_cache(args) -> None:
     t0 = time.perf_counter()
     cache = draft_data.build_cache(target, batches(), len(windows), args.out, language=args.language,
                                 max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                enc_dtype=args.enc_dtype, timestamps=args.timestamps)
+                                enc_dtype=args.enc_dtype, timestamps=args.timestamps, hidden_dtype=args.hidden_dtype)
     print(json.dumps({"windows": len(cache), "utterances": len(utts),
                       "audio_s": round(sum(u.duration_s for u in utts), 1),
                       "generated_tokens": cache.meta["generated_tokens"], "seconds": round(time.perf_counter() - t0)}))
@@ -93,7 +101,8 @@ def _cache_long_files(args, target) -> None:
     cache = draft_data.build_cache(target, (([w[0] for w in g], log_mel_batch([w[1] for w in g], fe))
                                          for g in draft_data.iter_batches(windows, args.batch_size)),
                                 len(windows), args.out, language=args.language, max_new_tokens=args.max_new_tokens,
-                                batch_size=args.batch_size, enc_dtype=args.enc_dtype, timestamps=args.timestamps)
+                                batch_size=args.batch_size, enc_dtype=args.enc_dtype, timestamps=args.timestamps,
+                                hidden_dtype=args.hidden_dtype)
     print(json.dumps({"windows": len(cache), "generated_tokens": cache.meta["generated_tokens"]}))
 
 
@@ -113,7 +122,8 @@ def _relabel(args, target) -> None:
     t0 = time.perf_counter()
     cache = draft_data.build_cache(target, batches(), len(rows), args.out, language=src.meta["language"],
                                    max_new_tokens=src.meta["max_new_tokens"], batch_size=args.batch_size,
-                                   enc_dtype=src.meta["enc_dtype"], timestamps=args.timestamps, pre_encoded=True)
+                                   enc_dtype=src.meta["enc_dtype"], timestamps=args.timestamps, pre_encoded=True,
+                                   hidden_dtype=args.hidden_dtype)
     print(json.dumps({"windows": len(cache), "from": str(args.from_cache), "timestamps": args.timestamps,
                       "generated_tokens": cache.meta["generated_tokens"], "seconds": round(time.perf_counter() - t0)}))
 
@@ -128,8 +138,10 @@ def cmd_train(args) -> None:
         vocab = distill.choose_draft_vocab(train.token_counts(target.config.vocab_size), args.vocab_size, train.eot)
     cfg = distill.TrainConfig(steps=args.steps, batch_windows=args.batch_windows, lr=args.lr, seed=args.seed,
                               warmup_steps=args.warmup_steps, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
-                              kl_weight=args.kl_weight, ce_weight=args.ce_weight)
-    layers = layer_ids(args.layers, target.config.decoder_layers)
+                              kl_weight=args.kl_weight, ce_weight=args.ce_weight, kind=args.kind,
+                              reg_weight=args.reg_weight, feature_noise=args.feature_noise)
+    n_layers = target.config.decoder_layers
+    layers = layer_ids(args.layers, n_layers) if args.layers else distill.default_layers(n_layers, args.kind)
     t0 = time.perf_counter()
     res = distill.train_draft(target, train, cfg, work_dir=args.work, layers=layers, draft_vocab=vocab,
                               held_out=held, stop_after=args.stop_after, init_from=args.init_draft)
@@ -140,9 +152,17 @@ def cmd_train(args) -> None:
             init_draft=str(args.init_draft) if args.init_draft else None,
             command=" ".join(sys.argv), threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d"))
         if held is not None:
-            info["held_out"] = asdict(distill.evaluate_agreement(target, res.draft, held))
-        drafts.save_trained_draft(res.draft, args.out, info=info)
+            info["held_out"] = asdict(evaluation.evaluate_agreement(target, res.draft, held))
+        save_draft(res.draft, args.out, info)
         print(f"saved {args.out}")
+
+
+def save_draft(draft, out: Path, info: dict) -> None:
+    """Save a trained draft in the drafts/ format of its kind."""
+    if evaluation.reads_features(draft):
+        save_feature_draft(draft, out, info=info)
+    else:
+        drafts.save_trained_draft(draft, out, info=info)
 
 
 def cmd_eval(args) -> None:
@@ -151,7 +171,7 @@ def cmd_eval(args) -> None:
     out = {"held_out": str(args.held_out_cache), "windows": len(held)}
     candidates = {}
     if args.draft:
-        candidates["trained"] = drafts.load_trained_draft(args.draft, target)
+        candidates["trained"] = load_distilled(args.draft, target)
         if args.also_full_head and getattr(candidates["trained"], "draft_vocab_ids", None) is not None:
             full = copy.copy(candidates["trained"])  # same layers, scoring the whole vocabulary
             full.draft_vocab_ids = None
@@ -160,25 +180,29 @@ def cmd_eval(args) -> None:
             if args.train_cache is None:
                 raise SystemExit("eval --head-sizes: give --train-cache (its token counts choose each head's tokens)")
             candidates.update(_head_variants(candidates["trained"], args.head_sizes, args.train_cache, target))
+    for path in args.compare_draft or []:  # side by side on the same held-out windows, named by their folder
+        candidates[Path(path).name] = load_distilled(path, target)
     for spec in args.untrained or []:
         candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions
-    out["step_ms_b%d" % args.batch_size] = {"target": round(distill.decoder_step_ms(target, args.batch_size, n_ctx), 1)}
+    out["step_ms_b%d" % args.batch_size] = {"target": round(evaluation.decoder_step_ms(target, args.batch_size, n_ctx), 1)}
     encoded = torch.from_numpy(held.encoded[: args.speed_windows or len(held)].astype("float32"))
     sim_k = tuple(sorted({*args.sim_k, *args.k}))
     for name, draft in candidates.items():
-        rep = distill.evaluate_agreement(target, draft, held, ks=sim_k)
+        rep = evaluation.evaluate_agreement(target, draft, held, ks=sim_k)
         line = {"agreement": round(rep.agreement, 4), "tokens": rep.tokens,
                 "vocab_coverage": round(rep.vocab_coverage, 4),
                 "accepted_per_step": {k: round(v, 3) for k, v in rep.accepted_per_step.items()},
                 "tokens_per_pass": {k: round(v, 3) for k, v in rep.tokens_per_pass.items()}}
-        line["draft_step_ms"] = round(distill.decoder_step_ms(draft, args.batch_size, n_ctx), 1)
+        line["draft_step_ms"] = round(evaluation.decoder_step_ms(draft, args.batch_size, n_ctx), 1)
+        for k in args.engine_k or []:  # the engine's own count: exact for either kind (the module doc)
+            line[f"engine_k{k}"] = evaluation.engine_tokens_per_pass(target, draft, held, k, args.batch_size)
         if getattr(draft, "draft_vocab_ids", None) is not None:
             full_head = copy.copy(draft)  # same layers, scoring the whole vocabulary
             full_head.draft_vocab_ids = None
-            line["draft_step_ms_full_head"] = round(distill.decoder_step_ms(full_head, args.batch_size, n_ctx), 1)
+            line["draft_step_ms_full_head"] = round(evaluation.decoder_step_ms(full_head, args.batch_size, n_ctx), 1)
         for k in [] if args.no_speed else (args.k if name != "trained-full-head" else args.k[-1:]):
-            sp = distill.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
+            sp = evaluation.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
                                    max_new_tokens=held.meta["max_new_tokens"], timestamps=held.timestamps)
             key = f"speed_k{k}"
             line[key] = {"greedy_s": round(sp.greedy_s, 2), "speculative_s": round(sp.speculative_s, 2),
@@ -208,13 +232,13 @@ def cmd_head(args) -> None:
     """Save a trained draft again with another restricted head (its layers unchanged): the head a comparison of
     `eval --head-sizes` chose."""
     target = _target(args.model)
-    trained = drafts.load_trained_draft(args.draft, target)
+    trained = load_distilled(args.draft, target)
     (draft,) = _head_variants(trained, [args.head_size], args.train_cache, target).values()
     info = json.loads((Path(args.draft) / drafts.INFO_FILE).read_text())
     info["head"] = {"size": args.head_size or "full", "from": str(args.draft),
                     "counts_from": [str(p) for p in args.train_cache],
                     "command": " ".join(sys.argv)}
-    drafts.save_trained_draft(draft, args.out, info=info)
+    save_draft(draft, args.out, info)
     print(f"saved {args.out} (head: {args.head_size or 'full vocabulary'})")
 
 

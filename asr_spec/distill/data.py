@@ -71,7 +71,8 @@ class CacheBatch:
 
 class PseudoLabelCache:
     """A cache directory, memory-mapped: meta.json, encoded.npy (N, ctx, d), tokens.npy (N, L) int32 (padded with
-    -1), lengths.npy (N,), hidden.npy (N, L - 1, d) float32."""
+    -1), lengths.npy (N,), hidden.npy (N, L - 1, d) the target's final states, float16 or float32 (read as
+    float32)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -160,14 +161,17 @@ def make_batch(rows: Sequence[tuple[PseudoLabelCache, int]]) -> CacheBatch:
 def build_cache(
     target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
     *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
-    timestamps: bool = False, pre_encoded: bool = False, progress: bool = True,
+    timestamps: bool = False, pre_encoded: bool = False, progress: bool = True, hidden_dtype: str = "float16",
 ) -> PseudoLabelCache:
     """Encode and greedily transcribe `n_windows` windows with `target`, and store what training needs.
 
     batches: (ids, features (b, n_mels, n_frames)) pairs, `n_windows` rows in all; ids name each window's contents.
         pre_encoded: the pairs hold encoder outputs (b, n_audio_ctx, d_model) instead (relabelling a cache).
-    enc_dtype: storage of the encoder outputs ("float16" halves the disk; the teacher states are always fp32 and are
-        computed from the unrounded encoder output).
+    enc_dtype: storage of the encoder outputs ("float16" halves the disk; the teacher states are computed from the
+        unrounded encoder output).
+    hidden_dtype: storage of the target's teacher-forced final states at every input position (the teacher logits
+        of both draft kinds, and a feature-conditioned draft's inputs and regression targets): "float16" halves the
+        disk and memory (a relative rounding of 2^-11), "float32" as computed.
     timestamps: decode in Whisper's timestamp mode, as transcription does by default: a draft that is to run there
         must learn where the target puts its timestamp tokens.
     """
@@ -184,7 +188,7 @@ def build_cache(
     enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype), (n_windows, ctx, d))
     tokens = np.full((n_windows, max_len), -1, dtype=np.int32)
     lengths = np.zeros(n_windows, dtype=np.int32)
-    hidden = np.zeros((n_windows, max_len - 1, d), dtype=np.float32)
+    hidden = np.zeros((n_windows, max_len - 1, d), dtype=np.dtype(hidden_dtype))
     ids: list[list[str]] = []
     prompt_len, row = None, 0
     bar = tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress)
@@ -200,7 +204,7 @@ def build_cache(
             enc_mm[row] = enc[r].float().cpu().numpy().astype(enc_dtype)
             tokens[row, : len(seq)] = seq
             lengths[row] = len(seq)
-            hidden[row, : len(seq) - 1] = h[0].float().cpu().numpy()
+            hidden[row, : len(seq) - 1] = h[0].float().cpu().numpy().astype(hidden_dtype)
             ids.append(list(batch_ids[r]) if isinstance(batch_ids[r], (list, tuple)) else [str(batch_ids[r])])
             row += 1
         bar.update(len(results))
@@ -211,6 +215,7 @@ def build_cache(
     del enc_mm
     meta = dict(format=CACHE_FORMAT, n=n_windows, prompt_len=prompt_len, eot=engine.tokens.eot,
                 n_audio_ctx=ctx, d_model=d, language=language, max_new_tokens=max_new_tokens, enc_dtype=enc_dtype,
+                hidden_dtype=hidden_dtype,
                 timestamps=timestamps, generated_tokens=int((lengths - prompt_len).sum()), ids=ids)
     return _write_cache(out, tokens, lengths, hidden, meta)
 

@@ -1,4 +1,5 @@
-"""Distil a small decoder-only draft for any Whisper target (distil-whisper style, made for speculative decoding).
+"""Distil a small draft for any Whisper target, made for speculative decoding: decoder-only (distil-whisper style),
+or feature-conditioned (EAGLE style: `asr_spec.models.feature_draft`, `TrainConfig.kind`).
 
 The cache and window packing live in `asr_spec.distill.data`; the saved format in `asr_spec.models.drafts`.
 
@@ -17,13 +18,23 @@ pass per window per epoch (on 2 CPU cores the target's cross-attention projectio
 
 Restricted head: a draft may score only a subset of the vocabulary (`draft_vocab_ids`); the engine fills the
 rest with -inf. Training then uses the teacher's distribution renormalised over that subset.
+
+A feature-conditioned draft reads the same stored states: teacher-forced, its input at position t is the target's
+state at t - 1 (`feature_draft.shift_features`), and its loss is EAGLE's (Li et al., 2024, eq. 1-3): a feature
+regression, smooth L1 between its guess of the state at t and the target's, plus the token cross-entropy against
+the target's distribution from that state (the KL term below: the same gradient), optionally the pseudo-label CE:
+
+    loss = reg_weight * SmoothL1(guess_t, state_t) + kl_weight * T^2 * KL(teacher_T || draft_T) + ce_weight * CE
+
+EAGLE uses reg 1 and 0.1 on the token term, with uniform noise on the input states (`feature_noise`: U(-a, a)),
+which stands in for the draft's own guesses it reads past its first proposal.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,20 +46,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr_spec.distill.data import CacheBatch, CacheUnion, PseudoLabelCache
-from asr_spec.engine import full_vocab_logits
-from asr_spec.models.drafts import SHARED_PREFIXES, decoder_draft, tie_shared
+from asr_spec.distill.evaluation import draft_states, engine_tokens_per_pass, evaluate_agreement, reads_features
+from asr_spec.models.drafts import DECODER_KIND, SHARED_PREFIXES, decoder_draft, tie_shared
+from asr_spec.models.feature_draft import KIND as FEATURE_KIND, init_feature_draft
 
 
 
 # -- the draft --------------------------------------------------------------------------------------------------
 
-def init_draft(target: nn.Module, layers: Sequence[int] | None = None) -> Any:
+def init_draft(target: nn.Module, layers: Sequence[int] | None = None, kind: str = DECODER_KIND) -> Any:
     """A `WhisperForCausalLM` draft from target decoder `layers` (default first and last: distil-whisper's init),
-    its embeddings, position table and output head *the target's own tensors*, frozen."""
+    its embeddings, position table and output head *the target's own tensors*, frozen; of kind "target-features",
+    a feature-conditioned draft of those layers (default the first: `init_feature_draft`)."""
+    if kind == FEATURE_KIND:
+        return init_feature_draft(target, layers)
     n = target.config.decoder_layers
-    draft = decoder_draft(target, list(layers) if layers is not None else sorted({0, n - 1}))
+    draft = decoder_draft(target, list(layers) if layers is not None else default_layers(n, kind))
     tie_shared(draft, target)
     return draft
+
+
+def default_layers(n_layers: int, kind: str) -> list[int]:
+    """The target layers a draft starts from when none are given: the first and last (decoder-only), the first
+    (feature-conditioned: `init_feature_draft`, which says why)."""
+    return [0] if kind == FEATURE_KIND else sorted({0, n_layers - 1})
 
 
 def trainable_parameters(draft: nn.Module) -> dict[str, nn.Parameter]:
@@ -74,19 +95,15 @@ def choose_draft_vocab(counts: np.ndarray, size: int, eot: int, always: Sequence
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
-def draft_hidden(draft: nn.Module, input_ids: torch.Tensor, encoded: torch.Tensor) -> torch.Tensor:
-    """(B, T) tokens + (B, ctx, d) encoder output -> (B, T, d) the draft's final LayerNormed state."""
-    return draft.model.decoder(input_ids=input_ids, encoder_hidden_states=encoded.to(draft.dtype),
-                               use_cache=False).last_hidden_state
-
-
 # -- training ---------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class TrainConfig:
     """One distillation run. The loss per generated token is kl_weight * T^2 * KL(teacher_T || draft_T)
-    + ce_weight * CE(draft, pseudo-label), both over the draft's vocabulary minus suppressed tokens."""
+    + ce_weight * CE(draft, pseudo-label), both over the draft's vocabulary minus suppressed tokens; for a
+    feature-conditioned draft plus reg_weight * SmoothL1 of its guessed states (module docstring)."""
 
+    kind: str = DECODER_KIND  # "decoder" or "target-features" (asr_spec.models.feature_draft)
     steps: int = 1000
     batch_windows: int = 4  # windows per optimiser step
     lr: float = 3e-4
@@ -99,8 +116,16 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 50  # steps between held-out agreement checks (0 = never)
     ckpt_every: int = 50  # steps between checkpoints (0 = only at the end)
+    reg_weight: float | None = None  # feature regression (target-features only; None: 1.0 there)
+    feature_noise: float = 0.0  # U(-a, a) noise on the input states in training (target-features only)
 
     def __post_init__(self) -> None:
+        if self.kind not in (DECODER_KIND, FEATURE_KIND):
+            raise ValueError(f"kind must be {DECODER_KIND} or {FEATURE_KIND}, got {self.kind!r}")
+        if self.kind == DECODER_KIND and (self.reg_weight is not None or self.feature_noise):
+            raise ValueError("reg_weight and feature_noise apply to target-features drafts only")
+        if self.feature_noise < 0 or (self.reg_weight is not None and self.reg_weight < 0):
+            raise ValueError("reg_weight and feature_noise must be >= 0")
         for name in ("steps", "batch_windows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -132,7 +157,11 @@ def loss_on_batch(draft: nn.Module, head: torch.Tensor, vocab: torch.Tensor, b: 
                   cfg: TrainConfig) -> tuple[torch.Tensor, int]:
     """Mean loss over the batch's generated tokens, and their number. head: the (V, d) output head."""
     mask = b.labels != -100
-    h = draft_hidden(draft, b.input_ids, b.encoded)[mask]  # (n, d)
+    inputs = b
+    if cfg.kind == FEATURE_KIND and cfg.feature_noise:  # noisy input states; the loss's targets stay b's
+        noise = (torch.rand_like(b.teacher_hidden) * 2 - 1) * cfg.feature_noise
+        inputs = dataclasses.replace(b, teacher_hidden=b.teacher_hidden + noise)
+    h = draft_states(draft, inputs)[mask]  # (n, d)
     w = head[vocab]
     s_logits = h @ w.T
     with torch.no_grad():
@@ -145,7 +174,11 @@ def loss_on_batch(draft: nn.Module, head: torch.Tensor, vocab: torch.Tensor, b: 
     pos = torch.searchsorted(vocab, b.labels[mask]).clamp(max=len(vocab) - 1)
     ok = vocab[pos] == b.labels[mask]
     ce = F.cross_entropy(s_logits[ok], pos[ok]) if bool(ok.any()) else s_logits.sum() * 0
-    return cfg.kl_weight * kl + cfg.ce_weight * ce, int(mask.sum())
+    loss = cfg.kl_weight * kl + cfg.ce_weight * ce
+    if cfg.kind == FEATURE_KIND:  # EAGLE's feature regression onto the target's own state at each position
+        reg = 1.0 if cfg.reg_weight is None else cfg.reg_weight
+        loss = loss + reg * F.smooth_l1_loss(h, b.teacher_hidden[mask].to(h.dtype))
+    return loss, int(mask.sum())
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
@@ -178,17 +211,22 @@ def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCac
         return dict(step=step, loss=loss)
     draft.eval()
     rep = evaluate_agreement(target, draft, held_out)
+    if reads_features(draft):  # its simulated counts are upper bounds (evaluation's doc): the engine's own instead
+        point = dict(step=step, loss=loss, agreement=rep.agreement,
+                     engine_k4=engine_tokens_per_pass(target, draft, held_out, 4))
+    else:
+        point = dict(step=step, loss=loss, agreement=rep.agreement, accepted_k4=rep.accepted_per_step[4],
+                     accepted_k8=rep.accepted_per_step[8])
     draft.train()
-    return dict(step=step, loss=loss, agreement=rep.agreement, accepted_k4=rep.accepted_per_step[4],
-                accepted_k8=rep.accepted_per_step[8])
+    return point
 
 
 def _init_from_draft(draft: nn.Module, params: dict[str, nn.Parameter], target: nn.Module,
                      path: str | os.PathLike) -> None:
     """Copy a saved draft's own (trainable) weights into `draft`; ValueError when its layers do not fit."""
-    from asr_spec.models.drafts import load_trained_draft
+    from asr_spec.models.loading import load_distilled
 
-    src = trainable_parameters(load_trained_draft(path, target))
+    src = trainable_parameters(load_distilled(path, target))
     if set(src) != set(params) or any(src[k].shape != params[k].shape for k in params):
         raise ValueError(f"--init-draft {path}: its layers do not match the draft being trained "
                          f"({len(src)} tensors against {len(params)}; give --layers with as many layers)")
@@ -227,9 +265,9 @@ def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, layers
     """A fresh draft (from the target's layers, or `init_from`'s) and its optimiser, or both resumed from
     `ckpt_path` when it exists."""
     torch.manual_seed(cfg.seed)
-    draft = init_draft(target, layers)
+    draft = init_draft(target, layers, cfg.kind)
     draft.draft_vocab_ids = draft_vocab
-    layer_ids = list(layers) if layers is not None else sorted({0, target.config.decoder_layers - 1})
+    layer_ids = list(layers) if layers is not None else default_layers(target.config.decoder_layers, cfg.kind)
     params = trainable_parameters(draft)
     if init_from is not None and not ckpt_path.is_file():
         _init_from_draft(draft, params, target, init_from)
@@ -298,139 +336,3 @@ def train_draft(
     bar.close()
     run.draft.eval()
     return TrainResult(run.draft, run.history)
-
-
-# -- evaluation -------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class AgreementReport:
-    """Teacher-forced agreement of a draft with the target's greedy tokens on cached windows."""
-
-    agreement: float  # fraction of generated tokens where draft argmax (Whisper rules applied) == target token
-    tokens: int  # generated tokens scored
-    accepted_per_step: dict[int, float]  # K -> mean draft tokens accepted per speculative step (constant K)
-    tokens_per_pass: dict[int, float]  # K -> generated tokens per target pass
-    vocab_coverage: float  # fraction of target tokens inside the draft's vocabulary (1.0 for a full head)
-
-
-def simulate_steps(match: Sequence[bool], k: int, at_limit: bool = False) -> tuple[int, int]:
-    """(target passes, accepted draft tokens) of constant-K speculative decoding of one sequence, given whether
-    the draft's argmax (on the target's prefix) equals the target's token at each generated position.
-
-    Exact for greedy verification: a step at position p accepts the run of matches from p (at most K) and adds
-    the target's own token; a draft proposal past the first mismatch is never looked at. at_limit: the sequence
-    ended at its length limit (not with <|endoftext|>), where the engine offers no proposal for the last token.
-    """
-    if at_limit and match:
-        match = [*match[:-1], False]
-    n, pos, passes, accepted = len(match), 0, 0, 0
-    while pos < n:
-        run = 0
-        while run < k and pos + run < n and match[pos + run]:
-            run += 1
-        accepted += min(run, n - pos)
-        pos += min(run + 1, n - pos)
-        passes += 1
-    return passes, accepted
-
-
-@torch.inference_mode()
-def draft_matches(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache, i: int) -> list[bool]:
-    """Per generated token of window i: does the draft's proposal equal the target's token? The proposal is chosen
-    as the engine chooses it (`LogitRules.draft_choice`: the history-free rules of the cache's mode)."""
-    from asr_spec.engine.rules import LogitRules, WhisperTokens
-
-    tokens = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions)
-    rules = LogitRules(tokens, target.config.vocab_size, cache.timestamps, torch.device("cpu"))
-    b = cache.batch([i])
-    p = cache.prompt_len
-    h = draft_hidden(draft, b.input_ids, b.encoded)[:, p - 1:]
-    vocab_ids = getattr(draft, "draft_vocab_ids", None)
-    w = draft.proj_out.weight
-    logits = full_vocab_logits(h @ (w if vocab_ids is None else w[vocab_ids]).T, vocab_ids, w.shape[0])
-    seq = torch.tensor([cache.sequence(i)])
-    at_begin = torch.arange(logits.shape[1])[None, :] == 0
-    return (rules.static_scores(logits, at_begin).argmax(-1)[0] == seq[0, p:]).tolist()
-
-
-def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache,
-                       ks: Sequence[int] = (4, 8)) -> AgreementReport:
-    matches = [draft_matches(target, draft, cache, i) for i in range(len(cache))]
-    at_limit = [cache.sequence(i)[-1] != cache.eot for i in range(len(cache))]
-    flat = [m for ms in matches for m in ms]
-    n = max(1, len(flat))
-    acc, tpp = {}, {}
-    for k in ks:
-        sims = [simulate_steps(ms, k, lim) for ms, lim in zip(matches, at_limit)]
-        passes = sum(s[0] for s in sims)
-        acc[k] = sum(s[1] for s in sims) / max(1, passes)
-        tpp[k] = len(flat) / max(1, passes)
-    vocab_ids = getattr(draft, "draft_vocab_ids", None)
-    if vocab_ids is None:
-        coverage = 1.0
-    else:
-        gen = [t for i in range(len(cache)) for t in cache.sequence(i)[cache.prompt_len:]]
-        coverage = float(torch.isin(torch.tensor(gen), vocab_ids).float().mean()) if gen else 1.0
-    return AgreementReport(sum(flat) / n, len(flat), acc, tpp, coverage)
-
-
-def decoder_step_ms(model: nn.Module, batch_size: int, n_audio_ctx: int, repeats: int = 20) -> float:
-    """Milliseconds of one engine decoder step of `model` (a target, or a draft with its restricted head if it has
-    one) at `batch_size` rows: a single-token step at position 40, cross-attention over `n_audio_ctx` frames of
-    random keys/values, after 3 warm-up steps. Host clock, no device sync: for CPU benchmarks."""
-    from asr_spec.engine import Decoder
-
-    decoder = Decoder(model.model.decoder, model.proj_out, getattr(model, "draft_vocab_ids", None))
-    cache = decoder.new_cache(batch_size, 64, n_audio_ctx)
-    cache.cross_k.normal_()
-    cache.cross_v.normal_()
-    tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=decoder.device)
-    positions = torch.full((batch_size, 1), 40, device=decoder.device)
-    for _ in range(3):
-        decoder.forward(cache, tokens, positions, 41)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        decoder.forward(cache, tokens, positions, 41)
-    return (time.perf_counter() - start) / repeats * 1e3
-
-
-@dataclass(frozen=True)
-class SpeedReport:
-    batch_size: int
-    k: int
-    greedy_s: float
-    speculative_s: float
-    generated_tokens: int
-    tokens_per_target_pass: float
-    acceptance_rate: float
-    identical: bool  # speculative output == greedy output, token for token, every chunk
-
-    @property
-    def speedup(self) -> float:
-        return self.greedy_s / self.speculative_s
-
-
-def benchmark(target: nn.Module, draft: nn.Module, encoded: torch.Tensor, *, batch_size: int = 4, k: int = 4,
-              language: str | None = "en", max_new_tokens: int = 256, repeats: int = 2, timestamps: bool = False,
-) -> SpeedReport:
-    """Wall time of the Engine's greedy vs speculative decoding of the same encoder outputs (best of `repeats`
-    interleaved runs each, after a warm-up run each); CPU only (no device sync)."""
-    from asr_spec.engine import ChunkStats, DecodeOptions, Engine
-
-    opts = DecodeOptions(language=language, max_new_tokens=max_new_tokens, num_draft_tokens=k, timestamps=timestamps)
-    greedy = Engine(target, None, opts)
-    spec = Engine(target, draft, opts)  # packed weights are shared by construction: one copy of the target's
-
-    res_g = greedy.decode(None, encoded, batch_size)  # warm-up
-    res_s = spec.decode(None, encoded, batch_size)
-    t_g = t_s = float("inf")
-    for _ in range(repeats):  # interleaved, best of each: a machine shared with other jobs drifts between runs
-        t0 = time.perf_counter()
-        greedy.decode(None, encoded, batch_size)
-        t1 = time.perf_counter()
-        spec.decode(None, encoded, batch_size)
-        t_g, t_s = min(t_g, t1 - t0), min(t_s, time.perf_counter() - t1)
-
-    stats = ChunkStats.total(r.stats for r in res_s)
-    return SpeedReport(batch_size, k, t_g, t_s, stats.generated_tokens, stats.tokens_per_target_pass,
-                       stats.acceptance_rate, [r.tokens for r in res_g] == [r.tokens for r in res_s])

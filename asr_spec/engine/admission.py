@@ -10,7 +10,8 @@ In order:
 1. cross-attention: each model's keys/values of the chunks' audio, computed once per chunk;
 2. the <|startoftranscript|> pass (language detection, or a one-token prompt): the target's logits there;
 3. the prompts, with the detected (or given) language;
-4. prefill: each model is fed the prompt but its last token (the step feeds that one), target then draft;
+4. prefill: each model is fed the prompt but its last token (the step feeds that one), target then draft (a
+   feature-conditioned draft with the target's states of the prompt, kept by the target's passes);
 5. the rows' decoding state starts, with Whisper's no-speech probability from the target's SOT logits.
 
 A row's prompt is ``[<|startofprev|> previous text] sot [language task] [<|notimestamps|>] [<|0.00|>] [prefix]``
@@ -33,6 +34,7 @@ import torch
 
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.features import TargetFeatures
 from asr_spec.engine.options import DecodeOptions
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.speculative import DecodeState, Models
@@ -111,6 +113,8 @@ class Admission:
             m.target_cache.write_rows(index, caches.target_cache)
             if m.draft_cache is not None:
                 m.draft_cache.write_rows(index, caches.draft_cache)
+            if m.features is not None:
+                m.features.write_rows(index, caches.features)
         limit = torch.clamp(lengths + self.max_new, max=self.tokens.max_positions)
         st.start(index, seqs, limit, self._no_speech_prob(sot_logits), lengths=lengths, begin=begin)
 
@@ -119,7 +123,9 @@ class Admission:
         for a pass that reads the SOT logits of a row whose SOT is its last token)."""
         n_audio_ctx = m.target_cache.cross_v.shape[3]
         draft_cache = None if m.draft is None else m.draft.new_cache(r, n_longest, n_audio_ctx)
-        return Models(m.target, m.target.new_cache(r, n_longest, n_audio_ctx), m.draft, draft_cache)
+        features = None if m.features is None else type(m.features).empty(
+            r, n_longest, m.target.d_model, m.target.device, m.target.dtype)
+        return Models(m.target, m.target.new_cache(r, n_longest, n_audio_ctx), m.draft, draft_cache, features)
 
     def _prefill_all(self, caches: Models, audio: torch.Tensor, draft_audio: torch.Tensor | None,
                      prompts: list[RowPrompt]) -> tuple[torch.Tensor, ...]:
@@ -131,22 +137,30 @@ class Admission:
         all_single = all(self.length(p) == 1 for p in prompts)
         sot_logits = None
         if self.detect or all_single:
-            sot_logits = self._sot_pass(caches.target, caches.target_cache)
+            sot_logits = self._sot_pass(caches)
         langs = self._languages(sot_logits, r, caches.target.device)
         seqs, lengths, sot_index = self._prompts(langs, prompts)
         fed = 1 if sot_logits is not None and not any_previous else 0  # the SOT pass's key/values are kept
-        if fed == 0:  # the prefill pass goes through every row's SOT position: its logits there
-            sot_logits = prefill(caches.target, caches.target_cache, seqs, lengths, fed, sot_index)
-        else:
-            prefill(caches.target, caches.target_cache, seqs, lengths, fed)
+        # the SOT logits come from the SOT pass when its key/values are kept (fed = 1), else from this prefill
+        prefill_logits = prefill(caches.target, caches.target_cache, seqs, lengths, fed,
+                                 sot_index if fed == 0 else None, caches.features)
+        if fed == 0 and prefill_logits is not None:  # the prefill pass went through every row's SOT position
+            sot_logits = prefill_logits
         if caches.draft is not None:
             caches.draft.write_audio(caches.draft_cache, draft_audio)
-            prefill(caches.draft, caches.draft_cache, seqs, lengths, 0)
+            if caches.features is None:
+                prefill(caches.draft, caches.draft_cache, seqs, lengths, 0)
+            else:  # fed the target's states of each row's prompt, kept by the passes above
+                caches.features.prefill_draft(caches.draft, caches.draft_cache, seqs, lengths)
         return seqs, lengths, sot_index + self.n_prompt, sot_logits
 
-    def _sot_pass(self, dec: Decoder, cache: KVCache) -> torch.Tensor:
-        """(R, V) target logits at the <|startoftranscript|> position, from a pass over that token alone."""
+    def _sot_pass(self, caches: Models) -> torch.Tensor:
+        """(R, V) target logits at the <|startoftranscript|> position, from a pass over that token alone (its final
+        state kept for a feature-conditioned draft)."""
+        dec, cache = caches.target, caches.target_cache
         sot = torch.full((cache.n_rows, 1), self.tokens.sot, device=dec.device)
+        if caches.features is not None:
+            return caches.features.target_pass(dec, cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
         return dec.forward(cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
 
     def _languages(self, sot_logits: torch.Tensor | None, r: int, device: torch.device) -> torch.Tensor:
@@ -180,11 +194,13 @@ class Admission:
 
 
 def prefill(dec: Decoder, cache: KVCache, prompts: torch.Tensor, lengths: torch.Tensor, fed: int,
-            sot_index: torch.Tensor | None = None) -> torch.Tensor | None:
+            sot_index: torch.Tensor | None = None, features: TargetFeatures | None = None) -> torch.Tensor | None:
     """Feed the right-padded (R, L) `prompts` from position `fed` (the tokens `cache`, the slots' view, holds
     already) up to each row's last token but one, and set the cache's lengths to `lengths` - 1 (R,). Returns the
     (R, V) logits at each row's `sot_index` (R,) (None when not asked or nothing was fed); every such index must be
-    >= fed. Rows are fed together: [fed, L - 1), or [fed, L) when a SOT index asked for is a row's last token."""
+    >= fed. Rows are fed together: [fed, L - 1), or [fed, L) when a SOT index asked for is a row's last token.
+    features: the target's final states of the fed positions are kept there (a target's prefill for a
+    feature-conditioned draft)."""
     end = int(lengths.max()) - 1
     if sot_index is not None:
         end = max(end, int(sot_index.max()) + 1)
@@ -192,6 +208,9 @@ def prefill(dec: Decoder, cache: KVCache, prompts: torch.Tensor, lengths: torch.
     if end > fed:
         pos = torch.arange(fed, end, device=prompts.device).expand(len(prompts), -1)
         at = prompts.new_zeros(len(prompts), 1) if sot_index is None else (sot_index - fed)[:, None]
-        logits = dec.forward(cache, prompts[:, fed:end], pos, end, at, exact=True)[:, 0]
+        if features is None:
+            logits = dec.forward(cache, prompts[:, fed:end], pos, end, at, exact=True)[:, 0]
+        else:
+            logits = features.target_pass(dec, cache, prompts[:, fed:end], pos, end, exact=True, logit_index=at)[:, 0]
     cache.lengths.copy_(lengths - 1)
     return None if sot_index is None else logits

@@ -238,10 +238,28 @@ class Decoder:
         exact: every logit in fp32 even with a certified head (whose other values are only decisions-exact).
         returns: (B, P, vocab) logits in the model dtype (-inf outside a restricted draft vocabulary).
         """
-        b, t = tokens.shape
         x = self.embed(tokens) + self.pos_table[positions.clamp(max=self.max_positions - 1)]
+        x = self.run_layers(x, cache, positions, n_keys)
+        if logit_index is not None:
+            x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
+        return self.logits(_layer_norm(self.decoder.layer_norm, x), exact)
+
+    @torch.no_grad()
+    def features(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, n_keys: int) -> torch.Tensor:
+        """`forward` without the head: (B, T, d_model) final (LayerNormed) states, the features a feature-conditioned
+        draft reads (`engine/features.py`); `logits(features(...))` is `forward(...)`."""
+        x = self.embed(tokens) + self.pos_table[positions.clamp(max=self.max_positions - 1)]
+        return _layer_norm(self.decoder.layer_norm, self.run_layers(x, cache, positions, n_keys))
+
+    def logits(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
+        """(B, P, d_model) final states -> (B, P, vocab) logits (-inf outside a restricted draft vocabulary)."""
+        return full_vocab_logits(self._head(x, exact), self.vocab_ids, self.vocab_size)
+
+    def run_layers(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor, n_keys: int) -> torch.Tensor:
+        """(B, T, d_model) inputs (embeddings + positions) through every layer over the cache, writing this pass's
+        keys/values at `positions` ((B, T) long, as in `forward`) -> (B, T, d_model) before the final LayerNorm."""
         write_pos = positions.clamp(max=cache.n_positions - 1)
-        key_pos = torch.arange(n_keys, device=tokens.device)
+        key_pos = torch.arange(n_keys, device=positions.device)
         mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
         for i, layer in enumerate(self.layers):
             x = self._self_attention(i, layer, x, cache, write_pos, mask, n_keys)
@@ -252,7 +270,4 @@ class Decoder:
             else:
                 h = layer.activation_fn(self._proj(layer.fc1, h))
             x = x + self._proj(layer.fc2, h)
-        if logit_index is not None:
-            x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
-        x = _layer_norm(self.decoder.layer_norm, x)
-        return full_vocab_logits(self._head(x, exact), self.vocab_ids, self.vocab_size)
+        return x

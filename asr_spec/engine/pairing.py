@@ -22,6 +22,8 @@ class DraftKind(enum.Enum):
     NONE = "none"
     SHARED_ENCODER = "shared-encoder"  # decoder-only draft reading the target's encoder output (distil-whisper)
     OWN_ENCODER = "own-encoder"  # full Whisper with its own encoder, run once on the same features
+    # reads the target's final states and encoder output (EAGLE-style: engine/features.py)
+    TARGET_FEATURES = "target-features"
 
 
 def _setting(model: nn.Module, name: str) -> Any:
@@ -55,6 +57,11 @@ def check_pair(target: nn.Module, draft: nn.Module | None) -> DraftKind:
         if d_ids[key] is not None and value is not None and d_ids[key] != value:
             raise ValueError(f"draft and target disagree on {key} ({d_ids[key]} vs {value}): different tokenizers")
     enc_width = target.config.d_model
+    if getattr(draft, "reads_target_features", False):  # asr_spec.models.feature_draft.FeatureDraft
+        if draft.config.d_model != enc_width:
+            raise ValueError(f"feature-conditioned draft of width {draft.config.d_model} for a target of width "
+                             f"{enc_width}: it reads the target's own states")
+        return DraftKind.TARGET_FEATURES
     if isinstance(draft, WhisperForCausalLM):
         width = draft.model.decoder.layers[0].encoder_attn.k_proj.in_features
         if width != enc_width:

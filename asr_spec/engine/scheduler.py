@@ -27,6 +27,7 @@ from asr_spec.engine.admission import Admission, RowPrompt
 from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
+from asr_spec.engine.features import TargetFeatures
 from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
@@ -129,7 +130,8 @@ class Engine:
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
             (its own encoder, run once on the same features; dropped in favour of the target's when identical).
             A draft carrying a `draft_vocab_ids` (V',) long tensor proposes only from those tokens; one carrying a
-            `step_decoder` runs through the Decoder it makes (a benchmark's oracle: `engine/oracle.py`).
+            `step_decoder` runs through the Decoder it makes (a benchmark's oracle: `engine/oracle.py`; a
+            feature-conditioned draft's `FeatureDecoder`: `engine/features.py`).
     Any number of engines over the same target (a greedy one beside a speculative one) hold one set of its packed
     CPU weight copies: they are shared per weight tensor (`kernels.shared`).
     """
@@ -249,7 +251,7 @@ class Engine:
                     max_len = max(max_len, self._admit(m, st, hyp, slots, feed.take(slots.n_free)))
             with feed.losing():
                 for src, dst in slots.pack():
-                    m.move_row(src, dst, min(max_len + k + 2, self.n_positions))
+                    m.move_row(src, dst, min(max_len + max(k, hyp.width) + 2, self.n_positions))
                     st.move_row(src, dst)
                     hyp.move_row(src, dst)
             if slots.n_live == 0:
@@ -317,11 +319,15 @@ class Engine:
     def _allocate(self, n_rows: int, k: int) -> tuple[Models, DecodeState, Hypotheses]:
         """The caches, decoding state and hypotheses of `n_rows` slots, allocated once per run of K = `k` (`_k`).
         A hypothesis step writes max(k, width) proposals past a row's n_tok: the state's seq has room for them;
-        the caches need none (positions past a row's limit are never real: `Decoder.forward` clamps them)."""
+        the caches need none (positions past a row's limit are never real: `Decoder.forward` clamps them). A
+        feature-conditioned draft's run keeps the target's final states too (`m.features`)."""
         m = Models(self.target_dec, self.target_dec.new_cache(n_rows, self.n_positions, self.n_audio_ctx))
         if k > 0:
             m.draft, m.draft_cache = self.draft_dec, self.draft_dec.new_cache(n_rows, self.n_positions,
                                                                               self.n_audio_ctx)
+        if k > 0 and self.kind is DraftKind.TARGET_FEATURES:
+            m.features = TargetFeatures.empty(n_rows, self.n_positions, self.target_dec.d_model,
+                                              self.target_dec.device, self.target_dec.dtype)
         width = self.options.num_hypothesis_tokens
         dev = self.target_dec.device
         st = DecodeState.empty(n_rows, self.n_positions + max(k, width) + 8, k, dev)

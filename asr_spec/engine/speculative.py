@@ -19,7 +19,9 @@ holds exactly the first `n_tok - 1` of them and the draft cache the first `d_len
 n_tok - 2 <= d_len <= n_tok - 1, so each step feeds the target one pending token and the draft a window of two
 (after a hypothesis step n_tok - hyp.width - 2 <= d_len: the next one, a hypothesis step too, feeds a window of
 hyp.width + 2). A refilled slot's prompt is prefilled by the scheduler's admission before the next step (the
-invariant then holds for it too).
+invariant then holds for it too). A feature-conditioned draft (`Models.features`, engine/features.py) keeps only
+what it was fed with the target's own states: n_tok - K - 1 <= d_len <= n_tok - 1, a catch-up window of K + 1
+(max(K, hyp.width) + 1 in a hypothesis step); it has no q of its own, so sampled rows offer none of its proposals.
 
 Static: every tensor shape depends only on (rows, n_keys, K), every update is in place and nothing is read back
 to the host, so the step traces into one graph (`torch.compile(fullgraph=True)`) and is captured as one CUDA graph
@@ -29,6 +31,7 @@ per (rows, n_keys bucket, K). A finished row (finish != 0) is masked: it compute
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -139,17 +142,23 @@ class Models:
     target_cache: KVCache
     draft: Decoder | None = None
     draft_cache: KVCache | None = None
+    # a feature-conditioned draft's store of the target's final states (`engine.features.TargetFeatures`): it then
+    # proposes (`propose`) and the verify pass runs through it (`target_pass`)
+    features: Any = None
 
     def rows(self, n_rows: int, first: int = 0) -> "Models":
         """The same models over cache slots [first, first + n_rows) (views)."""
         return Models(self.target, self.target_cache.rows(n_rows, first), self.draft,
-                      None if self.draft_cache is None else self.draft_cache.rows(n_rows, first))
+                      None if self.draft_cache is None else self.draft_cache.rows(n_rows, first),
+                      None if self.features is None else self.features.rows(n_rows, first))
 
     def move_row(self, src: int, dst: int, n_positions: int) -> None:
         """Copy slot `src` into slot `dst` in every cache (`KVCache.move_row`)."""
         self.target_cache.move_row(src, dst, n_positions)
         if self.draft_cache is not None:
             self.draft_cache.move_row(src, dst, n_positions)
+        if self.features is not None:
+            self.features.move_row(src, dst, n_positions)
 
 
 def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp: Hypotheses | None = None) -> None:
@@ -171,7 +180,10 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     tokens, pos = _window(st.seq, t_len, p + 1)
     # a batch with sampled rows reads the whole distribution: every logit in fp32 (a certified head's approximate
     # text logits decide no argmax, but a sampled token would see them)
-    logits = m.target.forward(m.target_cache, tokens, pos, n_keys, exact=rules.sampling)
+    if m.features is None:
+        logits = m.target.forward(m.target_cache, tokens, pos, n_keys, exact=rules.sampling)
+    else:  # the same pass, its final states kept for the feature-conditioned draft
+        logits = m.features.target_pass(m.target, m.target_cache, tokens, pos, n_keys, exact=rules.sampling)
     scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, p + 1, V)
     choice = scores.max(-1).indices  # (B, p + 1)
 
@@ -193,27 +205,33 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     t_len.copy_(torch.where(live, st.n_tok - 1, t_len))
     if k > 0:  # the draft holds the accepted proposals it was fed itself; none of a hypothesis row's
         d_len = m.draft_cache.lengths
-        d_keep = torch.where(from_hyp, 0, torch.clamp(n_new - 1, max=k - 1))
+        # a feature-conditioned draft keeps none: it was fed them with its own guesses of the target's states (the
+        # next catch-up feeds them again with the target's)
+        d_keep = torch.where(from_hyp, 0, torch.clamp(n_new - 1, max=k - 1)) if m.features is None else 0
         d_len.copy_(torch.where(live, old_n + d_keep, d_len))
     ended_eos = live & (eos_at < n_new)
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
 
-    n_offered, n_taken = _count(st, scores, choice, proposed, n_acc, n_new, live, live & ~from_hyp, k)
+    n_offered, n_taken = _count(st, scores, choice, live, from_hyp, proposed, n_acc, n_new, k)
     if hyp is not None:
         hyp.settle(choice, n_new, st.seq, st.n_tok, live & from_hyp, n_offered, n_taken)
 
 
 def _propose(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
              hyp: Hypotheses | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The step's proposals, written into st.seq[n_tok:]: the (B, P) mask of those each row offers (P = k, or
-    max(k, hyp.width) in a hypothesis step), the (B, P, V) q the sampled rows drew theirs from (zero past their k;
-    None when no row samples or k = 0), and the (B,) bool rows whose proposals came from their hypothesis."""
-    n_rows = st.n_tok.shape[0]
-    catch_up = 2 if hyp is None else hyp.width + 2
-    proposed, q = (_draft(m, rules, st, k, n_keys, catch_up) if k > 0
-                   else (torch.zeros(n_rows, 0, dtype=torch.bool, device=st.n_tok.device), None))
-    from_hyp = torch.zeros_like(st.finish, dtype=torch.bool)
+    """The step's proposals, written into st.seq[n_tok:n_tok + P]: the draft's k (a plain draft's `_draft`, a
+    feature-conditioned one's `TargetFeatures.propose`), overlaid by the hypothesis rows' own. Returns the (B, P)
+    bool proposals each row offers (P = k, or max(k, hyp.width) in a hypothesis step), the sampled rows' (B, P, V)
+    q (None without one) and the (B,) bool rows proposing from their hypothesis."""
+    n_rows, dev = st.n_tok.shape[0], st.n_tok.device
+    if m.features is None:
+        catch_up, draft = (2 if hyp is None else hyp.width + 2), _draft
+    else:  # it keeps none of last step's tokens: a window over every one (engine/features.py)
+        catch_up, draft = (k + 1 if hyp is None else max(k, hyp.width) + 1), m.features.propose
+    proposed, q = (draft(m, rules, st, k, n_keys, catch_up) if k > 0
+                   else (torch.zeros(n_rows, 0, dtype=torch.bool, device=dev), None))
+    from_hyp = torch.zeros(n_rows, dtype=torch.bool, device=dev)
     if hyp is not None:
         proposed, from_hyp = hyp.propose(st.seq, st.n_tok, st.begin, st.limit, proposed)
     p = proposed.shape[1]
@@ -222,27 +240,26 @@ def _propose(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
     return proposed, q, from_hyp
 
 
-def _count(st: DecodeState, scores: torch.Tensor, choice: torch.Tensor, proposed: torch.Tensor, n_acc: torch.Tensor,
-           n_new: torch.Tensor, live: torch.Tensor, drafting: torch.Tensor,
-           k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's statistics, in place: each emitted token's log-probability under the rule-applied scores at
-    temperature 1 (Whisper's sum_logprobs: its score less the logsumexp), the passes of the rows `live` ((B,) bool:
-    unfinished before the step), and the model draft's offered / accepted counts of the rows `drafting` ((B,)
-    bool: live, proposing from the model draft). scores: (B, P + 1, V); choice: (B, P + 1); proposed: (B, P);
-    n_acc, n_new: (B,). Returns the (B,) offered and taken counts of every row."""
-    j = torch.arange(choice.shape[1], device=choice.device)
-    emitted = j[None, :] < n_new[:, None]
+def _count(st: DecodeState, scores: torch.Tensor, choice: torch.Tensor, live: torch.Tensor, from_hyp: torch.Tensor,
+           proposed: torch.Tensor, n_acc: torch.Tensor, n_new: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """The step's statistics into `st`; returns the (B,) long proposals offered and accepted per row.
+
+    scores: (B, P + 1, V) rule-applied; choice: (B, P + 1) the tokens written; live, from_hyp: (B,) bool the rows
+    decoding this step, those proposing from their hypothesis; proposed: (B, P) bool; n_acc, n_new: (B,) long. The
+    log-probability of each emitted token is taken under the scores at temperature 1, as Whisper's sum_logprobs
+    (its score less the logsumexp)."""
+    emitted = torch.arange(choice.shape[1], device=choice.device)[None, :] < n_new[:, None]
     chosen = scores.gather(-1, choice[..., None])[..., 0]
     st.sum_logprob.add_(torch.where(emitted, chosen.float() - scores.float().logsumexp(-1), 0.0).sum(1))
     live_l = live.long()
-    drafting_l = drafting.long()
+    drafting = (live & ~from_hyp).long()  # the rows whose proposals were the model draft's
     n_offered, n_taken = proposed.sum(1), torch.minimum(n_acc, n_new)
     st.target_passes.add_(live_l)
     st.draft_passes.add_(live_l * k)
-    st.drafted.add_(n_offered * drafting_l)
-    st.accepted.add_(n_taken * drafting_l)
+    st.drafted.add_(n_offered * drafting)
+    st.accepted.add_(n_taken * drafting)
     if k > 0:
-        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting_l[:, None])
+        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting[:, None])
     return n_offered, n_taken
 
 

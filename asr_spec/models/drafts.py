@@ -15,6 +15,7 @@ from torch import nn
 SHARED_PREFIXES = ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "proj_out.")  # from the target
 VOCAB_FILE = "draft_vocab.json"
 INFO_FILE = "distill.json"
+DECODER_KIND = "decoder"  # distill.json "kind" of a decoder-only draft (models/feature_draft.py: the other kind)
 
 
 def decoder_draft(target: nn.Module, layers: list[int] | None = None) -> Any:
@@ -64,14 +65,26 @@ def save_trained_draft(draft: nn.Module, out_dir: str | os.PathLike, *, dtype: t
     to_save.config = copy.deepcopy(draft.config)
     to_save.config.dtype = str(dtype).removeprefix("torch.")
     to_save.save_pretrained(out, state_dict=state)
+    write_draft_extras(draft, out, {"kind": DECODER_KIND, **(info or {})})
+    return out
+
+
+def write_draft_extras(draft: nn.Module, out: Path, info: dict) -> None:
+    """A saved draft's files beside its weights, whatever its kind: `draft_vocab.json` when its head is restricted
+    (removed when not), `distill.json` (`info`, with the prefixes of the tensors that are the target's)."""
     vocab_ids = getattr(draft, "draft_vocab_ids", None)
     if vocab_ids is not None:
         (out / VOCAB_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_ids)) + "\n")
     elif (out / VOCAB_FILE).exists():
         (out / VOCAB_FILE).unlink()
-    meta = {"shared_from_target": list(SHARED_PREFIXES), **(info or {})}
+    meta = {"shared_from_target": list(SHARED_PREFIXES), **info}
     (out / INFO_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-    return out
+
+
+def draft_kind(path: str | os.PathLike) -> str:
+    """The kind a draft directory saved by `asr-spec distill` holds ("decoder" when its distill.json predates
+    kinds, as drafts/whisper-base-2l's does)."""
+    return json.loads((Path(path) / INFO_FILE).read_text()).get("kind", DECODER_KIND)
 
 
 def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
@@ -84,6 +97,9 @@ def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
     weights = where / "model.safetensors"
     if not weights.is_file():
         raise ValueError(f"{where}: no model.safetensors (not a draft saved by save_trained_draft)")
+    if (where / INFO_FILE).is_file() and draft_kind(where) != DECODER_KIND:
+        raise ValueError(f"{where}: a {draft_kind(where)} draft, not a decoder-only one (load it with "
+                         "asr_spec.models.loading.load_distilled)")
     config = WhisperConfig.from_pretrained(where)
     for key in ("d_model", "vocab_size", "max_target_positions"):
         if getattr(config, key) != getattr(target.config, key):

@@ -15,7 +15,8 @@ from torch import nn
 
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.errors import AsrSpecError, ModelLoadError
-from asr_spec.models.drafts import INFO_FILE, decoder_draft, load_trained_draft
+from asr_spec.models.drafts import DECODER_KIND, INFO_FILE, decoder_draft, draft_kind, load_trained_draft
+from asr_spec.models.feature_draft import KIND as FEATURE_KIND, load_feature_draft
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,17 @@ def load_processor(name: str | os.PathLike) -> Any:
     return processor
 
 
+def load_distilled(path: str | os.PathLike, target: nn.Module) -> Any:
+    """A draft saved by `asr-spec distill`, of the kind its distill.json names: decoder-only
+    (`drafts.load_trained_draft`) or feature-conditioned (`feature_draft.load_feature_draft`)."""
+    kind = draft_kind(path)
+    if kind == FEATURE_KIND:
+        return load_feature_draft(path, target)
+    if kind != DECODER_KIND:
+        raise ModelLoadError(f"{path}: unknown draft kind {kind!r} in {INFO_FILE} ({DECODER_KIND} or {FEATURE_KIND})")
+    return load_trained_draft(path, target)
+
+
 def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype,
                share_encoder: bool | None = None) -> Any:
     """Load a draft for `target`: a draft made by `asr-spec distill` (shares the target's embeddings); a
@@ -146,7 +158,7 @@ def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device,
         where = model_dir(name)
     if (Path(where) / INFO_FILE).is_file():  # made by `asr-spec distill`: its own layers, the target's rest
         with _loading(name, "draft"):
-            return load_trained_draft(where, target).to(device, dtype).eval()
+            return load_distilled(where, target).to(device, dtype).eval()
     with _loading(name, "draft's config"):
         config = AutoConfig.from_pretrained(where)
     archs = getattr(config, "architectures", None) or []
