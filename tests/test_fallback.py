@@ -6,6 +6,7 @@ other files."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import functools
 
 import pytest
@@ -104,3 +105,16 @@ def test_sampled_windows_do_not_depend_on_batch_size_or_other_files():
     assert [c.temperature for c in alone_1.chunks] == [c.temperature for c in among_8.chunks]
     other_seed = _with_fallback(4, str(LONG), seed=1)[0]
     assert other_seed.chunk_tokens != alone_1.chunk_tokens  # the seed does change the sampled window
+
+
+def test_greedy_only_windows_pass_through_untracked():
+    """A window with no fallback (schedule (0,)) is not tracked: one whose result never comes back (a stream's
+    re-decode withdrawn when its client left) must not keep the engine's source yielding None forever — that kept a
+    server's engine thread spinning after shutdown, holding the GIL."""
+    from asr_spec.engine import ChunkRequest
+    from asr_spec.transcribe.fallback import Fallback
+
+    fallback = Fallback(lambda _id: (0.0,), NoSpeechRule(), lambda ids: "", 50257, best_of=2, seed=0)
+    requests = [ChunkRequest(("stream", 1, n), None) for n in range(3)]
+    out = list(itertools.islice(fallback.run(iter(requests)), 10))
+    assert out == requests and not fallback.windows

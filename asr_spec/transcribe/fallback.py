@@ -106,6 +106,9 @@ class _Window:
     digest: bytes | None = None
 
 
+GREEDY_ONLY = (0.0,)  # a schedule with no fallback: the window's one greedy pass is its result
+
+
 class Fallback:
     """The engine source and result filter that re-decode failing windows at rising temperatures.
 
@@ -130,7 +133,11 @@ class Fallback:
             if request is None:
                 yield None
                 continue
-            window = _Window(request, self.schedule(request.id))
+            schedule = self.schedule(request.id)
+            if schedule == GREEDY_ONLY:  # nothing to fall back to: not tracked (a withdrawn one would never end)
+                yield request
+                continue
+            window = _Window(request, schedule)
             self.windows[request.id] = window
             yield from self._pass(window)
         while self.windows:
