@@ -200,24 +200,30 @@ def _bench_oracle(args, target, draft, oracle, script, enc, batch: int, rates, g
     """The oracle draft at every (mode, K, acceptance), at one batch size (rows appended)."""
     base = dict(device=args.device_name, dtype=args.dtype, batch=batch, draft="oracle")
     floors: dict = {}
+    for mode, k, opts in _grid(args, batch, "", deadline):
+        engine = Engine(target, oracle, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
+        for rate in rates:
+            script.set_acceptance(rate)
+            seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
+            common = dict(base, mode=mode, k=k, set_acceptance=rate)
+            row = result_row(common, seconds, results, keys, greedy,
+                             floor_ms(target, draft, keys, args.machine, floors))
+            _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / greedy_tps[mode]), out_rows, args)
+        del engine
+        if enc.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _grid(args, batch: int, what: str, deadline: float):
+    """The (mode, K, DecodeOptions) of the grid at one batch size, in order, until the time budget is spent (then
+    one line says what was skipped); what: the draft named in that line ("" for the oracle)."""
     for mode in args.modes:
         for k in args.ks:
             if time.perf_counter() > deadline:
-                print(f"# time budget spent: batch {batch} {mode} K={k} and later skipped", flush=True)
+                print(f"# time budget spent: batch {batch} {mode} {what}K={k} and later skipped", flush=True)
                 return
-            opts = DecodeOptions(language="en", max_new_tokens=args.new_tokens, num_draft_tokens=k,
-                                 cuda_graphs=mode == "graphs")
-            engine = Engine(target, oracle, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
-            for rate in rates:
-                script.set_acceptance(rate)
-                seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
-                common = dict(base, mode=mode, k=k, set_acceptance=rate)
-                row = result_row(common, seconds, results, keys, greedy,
-                                 floor_ms(target, draft, keys, args.machine, floors))
-                _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / greedy_tps[mode]), out_rows, args)
-            del engine
-            if enc.device.type == "cuda":
-                torch.cuda.empty_cache()
+            yield mode, k, DecodeOptions(language="en", max_new_tokens=args.new_tokens, num_draft_tokens=k,
+                                         cuda_graphs=mode == "graphs")
 
 
 def _bench_features(args, target, enc, batch: int, greedy, greedy_tps: dict, out_rows: list,
@@ -226,19 +232,13 @@ def _bench_features(args, target, enc, batch: int, greedy, greedy_tps: dict, out
     feature_draft = init_feature_draft(target)
     base = dict(device=args.device_name, dtype=args.dtype, batch=batch, draft="features", set_acceptance=None)
     floors: dict = {}
-    for mode in args.modes:
-        for k in args.ks:
-            if time.perf_counter() > deadline:
-                print(f"# time budget spent: batch {batch} {mode} features K={k} and later skipped", flush=True)
-                return
-            opts = DecodeOptions(language="en", max_new_tokens=args.new_tokens, num_draft_tokens=k,
-                                 cuda_graphs=mode == "graphs")
-            engine = Engine(target, feature_draft, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
-            seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
-            row = result_row(dict(base, mode=mode, k=k), seconds, results, keys, greedy,
-                             floor_ms(target, feature_draft, keys, args.machine, floors))
-            _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / greedy_tps[mode]), out_rows, args)
-            del engine
+    for mode, k, opts in _grid(args, batch, "features ", deadline):
+        engine = Engine(target, feature_draft, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
+        seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
+        row = result_row(dict(base, mode=mode, k=k), seconds, results, keys, greedy,
+                         floor_ms(target, feature_draft, keys, args.machine, floors))
+        _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / greedy_tps[mode]), out_rows, args)
+        del engine
 
 
 def _runner_mode(mode: str, device: torch.device) -> str:
