@@ -138,3 +138,72 @@ def test_cli_train_and_eval_side_by_side(model, cache, tmp_path, capsys):
     for name in ("trained", "old"):
         assert set(out[name]) >= {"agreement", "engine_k2", "engine_k3", "draft_step_ms"}
         assert out[name]["engine_k3"]["windows_equal_to_labels"] == f"{len(cache)}/{len(cache)}"
+
+
+def test_warm_start_from_a_plain_draft_proposes_what_it_proposes(model, cache, tmp_path):
+    """A feature-conditioned draft started from a plain distilled draft of as many layers (its layers, LayerNorm
+    and head; fc = [0 | I]) drafts exactly the plain draft's tokens before training: the engine accepts the same
+    number of them, row by row, and both equal greedy."""
+    from asr_spec.models import drafts
+
+    plain = distill.train_draft(model, cache, distill.TrainConfig(steps=3, eval_every=0, ckpt_every=0, lr=3e-3),
+                                work_dir=tmp_path / "p", layers=[0, 1], progress=False).draft
+    plain.draft_vocab_ids = distill.choose_draft_vocab(cache.token_counts(70), 60, cache.eot)
+    saved = drafts.save_trained_draft(plain, tmp_path / "plain", dtype=torch.float32)
+    warm = distill.train_draft(model, cache, _cfg(steps=3), work_dir=tmp_path / "w", layers=[0, 1], init_from=saved,
+                               stop_after=0, progress=False).draft
+    assert isinstance(warm, FeatureDraft)
+    assert torch.equal(warm.draft_vocab_ids.cpu(), plain.draft_vocab_ids.cpu())
+    enc = torch.from_numpy(np.array(cache.encoded))
+    opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, num_draft_tokens=3)
+    greedy = Engine(model, None, opts).decode(None, enc, batch_size=3)
+    runs = [Engine(model, d, opts).decode(None, enc, batch_size=3) for d in (load_distilled(saved, model), warm)]
+    for g, a, b in zip(greedy, *runs, strict=True):
+        assert a.tokens == g.tokens and b.tokens == g.tokens
+        assert (a.stats.accepted_tokens, a.stats.drafted_tokens) == (b.stats.accepted_tokens, b.stats.drafted_tokens)
+    assert sum(r.stats.accepted_tokens for r in runs[1]) > 0
+    with pytest.raises(ValueError, match="init-draft"):  # a plain draft of another layer count does not fit
+        distill.train_draft(model, cache, _cfg(steps=3), work_dir=tmp_path / "x", layers=[0], init_from=saved,
+                            progress=False)
+
+
+def test_warm_start_extra():
+    plain = {"model.decoder.layers.0.w", "model.decoder.layer_norm.w"}
+    feature = plain | {"model.decoder.fc.weight", "model.decoder.fc.bias"}
+    assert distill.warm_start_extra(plain, plain) == set()
+    assert distill.warm_start_extra(feature, plain) == {"model.decoder.fc.weight", "model.decoder.fc.bias"}
+    assert distill.warm_start_extra(feature, feature) == set()
+    assert distill.warm_start_extra(plain, feature) is None  # the source has a tensor the draft lacks
+    assert distill.warm_start_extra(feature | {"model.decoder.layers.1.w"}, plain) is None
+
+
+def test_the_projection_learns_at_its_own_share_of_the_rate(model, cache, tmp_path):
+    """projection_lr_scale: fc's group runs at that share of the schedule's lr, the layers at the whole of it; a
+    decoder-only draft has no projection and refuses the option."""
+    cfg = _cfg(steps=4, warmup_steps=1, projection_lr_scale=0.01, ckpt_every=0)
+    draft = distill.init_draft(model, kind="target-features")
+    params = distill.trainable_parameters(draft)
+    groups = distill.param_groups(params, cfg)
+    assert [g["lr_scale"] for g in groups] == [1.0, 0.01]
+    assert {id(p) for p in groups[1]["params"]} == {id(draft.model.decoder.fc.weight), id(draft.model.decoder.fc.bias)}
+    assert sum(len(g["params"]) for g in groups) == len(params)
+    run = distill.train_draft(model, cache, cfg, work_dir=tmp_path, progress=False, stop_after=2)
+    assert run.draft is not None
+    plain = distill.trainable_parameters(distill.init_draft(model))
+    assert [g["lr_scale"] for g in distill.param_groups(plain, distill.TrainConfig())] == [1.0]
+    with pytest.raises(ValueError, match="target-features drafts only"):
+        distill.TrainConfig(projection_lr_scale=0.5)
+    with pytest.raises(ValueError, match="projection_lr_scale must be > 0"):
+        _cfg(projection_lr_scale=0.0)
+
+
+def test_a_small_projection_rate_moves_the_state_columns_less(model, cache, tmp_path):
+    """The same steps with the projection at 1/100 of the rate change fc's state columns about 100x less (Adam:
+    a step's size is the rate's, whatever the gradient's scale)."""
+    moved = []
+    for scale in (1.0, 0.01):
+        cfg = _cfg(steps=3, warmup_steps=1, projection_lr_scale=scale, ckpt_every=0)
+        draft = distill.train_draft(model, cache, cfg, work_dir=tmp_path / str(scale), progress=False).draft
+        d = model.config.d_model
+        moved.append(float(draft.model.decoder.fc.weight.detach()[:, :d].abs().max()))  # the state columns start at 0
+    assert 0 < moved[1] < moved[0] / 20

@@ -103,6 +103,9 @@ KIND = typer.Option(DraftKindName.decoder, help="decoder: a decoder-only draft; 
                     "reading the target's final states.")
 REG_WEIGHT = typer.Option(None, help="target-features: weight of the smooth-L1 feature regression (default 1).")
 FEATURE_NOISE = typer.Option(0.0, help="target-features: U(-a, a) noise on the input states in training.")
+PROJECTION_LR_SCALE = typer.Option(1.0, help="target-features: the input projection's learning rate as a share of "
+                                   "--lr (the target's states are far larger than its embeddings; whisper-base: "
+                                   "0.002 evens their steps).")
 
 
 @distill_app.command("cache")
@@ -135,11 +138,12 @@ def cache(  # long function: typer declares each of its 16 options as a paramete
 
 
 @distill_app.command("train")
-def train(  # long function: typer declares each of its 21 options as a parameter
+def train(  # long function: typer declares each of its 22 options as a parameter
     ctx: typer.Context,
     train_cache: list[Path] = typer.Option(..., help="One cache, or several trained on as one."),
     init_draft: Optional[Path] = typer.Option(None, help="Start from this trained draft's layers (same layer "
-                                              "count)."),
+                                              "count; with --kind target-features it may be a plain distilled draft: "
+                                              "a warm start from its proposals, and its head unless --vocab-size)."),
     held_out_cache: Optional[Path] = typer.Option(None, help="Held-out cache for agreement during training."),
     work: Path = typer.Option(..., help="Checkpoint folder (resumes when ckpt.pt is there)."),
     out: Optional[Path] = typer.Option(None, help="Save the trained draft here."),
@@ -159,6 +163,7 @@ def train(  # long function: typer declares each of its 21 options as a paramete
     kind: DraftKindName = KIND,
     reg_weight: Optional[float] = REG_WEIGHT,
     feature_noise: float = FEATURE_NOISE,
+    projection_lr_scale: float = PROJECTION_LR_SCALE,
 ) -> None:
     """Train a draft on a cache."""
     params = dict(locals())  # first: the parameters only
@@ -215,7 +220,7 @@ def head(
 
 
 @distill_app.command("run")
-def run(  # long function: typer declares each of its 28 options as a parameter
+def run(  # long function: typer declares each of its 29 options as a parameter
     ctx: typer.Context,
     audio: Path = typer.Option(..., help="LibriSpeech-layout tree of training speech."),
     split: str = SPLIT,
@@ -246,6 +251,7 @@ def run(  # long function: typer declares each of its 28 options as a parameter
     kind: DraftKindName = KIND,
     reg_weight: Optional[float] = REG_WEIGHT,
     feature_noise: float = FEATURE_NOISE,
+    projection_lr_scale: float = PROJECTION_LR_SCALE,
 ) -> None:
     """Cache + train + save: the whole distillation in one command."""
     params = dict(locals())  # first: the parameters only

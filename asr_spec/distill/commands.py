@@ -139,7 +139,8 @@ def cmd_train(args) -> None:
     cfg = distill.TrainConfig(steps=args.steps, batch_windows=args.batch_windows, lr=args.lr, seed=args.seed,
                               warmup_steps=args.warmup_steps, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
                               kl_weight=args.kl_weight, ce_weight=args.ce_weight, kind=args.kind,
-                              reg_weight=args.reg_weight, feature_noise=args.feature_noise)
+                              reg_weight=args.reg_weight, feature_noise=args.feature_noise,
+                              projection_lr_scale=args.projection_lr_scale)
     n_layers = target.config.decoder_layers
     layers = layer_ids(args.layers, n_layers) if args.layers else distill.default_layers(n_layers, args.kind)
     t0 = time.perf_counter()

@@ -50,6 +50,8 @@ from asr_spec.distill.evaluation import draft_states, engine_tokens_per_pass, ev
 from asr_spec.models.drafts import DECODER_KIND, SHARED_PREFIXES, decoder_draft, tie_shared
 from asr_spec.models.feature_draft import KIND as FEATURE_KIND, init_feature_draft
 
+FEATURE_PROJECTION = "model.decoder.fc."  # a feature-conditioned draft's input projection, by parameter name
+
 
 
 # -- the draft --------------------------------------------------------------------------------------------------
@@ -118,12 +120,19 @@ class TrainConfig:
     ckpt_every: int = 50  # steps between checkpoints (0 = only at the end)
     reg_weight: float | None = None  # feature regression (target-features only; None: 1.0 there)
     feature_noise: float = 0.0  # U(-a, a) noise on the input states in training (target-features only)
+    # the input projection's learning rate as a share of lr (target-features only): the target's final states are
+    # ~500x larger than its token embeddings on whisper-base (RMS 13.2 vs 0.028), so at lr an Adam step on the
+    # state's columns moves the layers' input ~500x more than one on the embedding's (`projection_lr_scale` below)
+    projection_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.kind not in (DECODER_KIND, FEATURE_KIND):
             raise ValueError(f"kind must be {DECODER_KIND} or {FEATURE_KIND}, got {self.kind!r}")
-        if self.kind == DECODER_KIND and (self.reg_weight is not None or self.feature_noise):
-            raise ValueError("reg_weight and feature_noise apply to target-features drafts only")
+        if self.kind == DECODER_KIND and (self.reg_weight is not None or self.feature_noise
+                                          or self.projection_lr_scale != 1.0):
+            raise ValueError("reg_weight, feature_noise and projection_lr_scale apply to target-features drafts only")
+        if self.projection_lr_scale <= 0:
+            raise ValueError(f"projection_lr_scale must be > 0, got {self.projection_lr_scale}")
         if self.feature_noise < 0 or (self.reg_weight is not None and self.reg_weight < 0):
             raise ValueError("reg_weight and feature_noise must be >= 0")
         for name in ("steps", "batch_windows"):
@@ -188,6 +197,17 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0)))
 
 
+def param_groups(params: dict[str, nn.Parameter], cfg: TrainConfig) -> list[dict[str, Any]]:
+    """The optimiser's parameter groups, each with its "lr_scale" (a share of the schedule's lr): the input
+    projection of a feature-conditioned draft at cfg.projection_lr_scale, everything else at 1."""
+    projection = [p for k, p in params.items() if k.startswith(FEATURE_PROJECTION)]
+    rest = [p for k, p in params.items() if not k.startswith(FEATURE_PROJECTION)]
+    groups = [dict(params=rest, lr_scale=1.0)]
+    if projection:
+        groups.append(dict(params=projection, lr_scale=cfg.projection_lr_scale))
+    return groups
+
+
 def _resume(ckpt_path: Path, cfg: TrainConfig, layer_ids: list[int], draft: nn.Module,
             opt: torch.optim.Optimizer) -> tuple[int, list[dict]]:
     """Load a checkpoint of the same run into `draft` and `opt`; returns (step, history)."""
@@ -222,17 +242,37 @@ def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCac
 
 
 def _init_from_draft(draft: nn.Module, params: dict[str, nn.Parameter], target: nn.Module,
-                     path: str | os.PathLike) -> None:
-    """Copy a saved draft's own (trainable) weights into `draft`; ValueError when its layers do not fit."""
+                     path: str | os.PathLike) -> torch.Tensor | None:
+    """Copy a saved draft's own (trainable) weights into `draft`; returns its restricted vocabulary (None: full).
+    ValueError when its layers do not fit.
+
+    A feature-conditioned draft may start from a plain distilled draft with as many layers (a warm start): its
+    layers and final LayerNorm are copied and fc stays [0 | I], so before training it proposes exactly what that
+    draft proposes, and training opens the target state's channel (`warm_start_extra`)."""
     from asr_spec.models.loading import load_distilled
 
-    src = trainable_parameters(load_distilled(path, target))
-    if set(src) != set(params) or any(src[k].shape != params[k].shape for k in params):
+    source = load_distilled(path, target)
+    src = trainable_parameters(source)
+    extra = warm_start_extra(set(params), set(src))
+    if extra is None or any(src[k].shape != params[k].shape for k in src):
         raise ValueError(f"--init-draft {path}: its layers do not match the draft being trained "
                          f"({len(src)} tensors against {len(params)}; give --layers with as many layers)")
     with torch.no_grad():
-        for k, p in params.items():
-            p.copy_(src[k].to(p.dtype))
+        for k, t in src.items():
+            params[k].copy_(t.to(params[k].dtype))
+    return getattr(source, "draft_vocab_ids", None)
+
+
+def warm_start_extra(draft_names: set[str], source_names: set[str]) -> set[str] | None:
+    """The draft's tensors a saved draft does not provide: none for a draft of its own kind, the input projection
+    (fc) for a feature-conditioned draft started from a plain one; None when the source does not fit (it has a
+    tensor the draft lacks, or lacks anything else)."""
+    if not source_names <= draft_names:
+        return None
+    extra = draft_names - source_names
+    if any(not name.startswith(FEATURE_PROJECTION) for name in extra):
+        return None
+    return extra
 
 
 def _save_checkpoint(ckpt_path: Path, step: int, cfg: TrainConfig, layer_ids: list[int], history: list[dict],
@@ -270,8 +310,10 @@ def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, layers
     layer_ids = list(layers) if layers is not None else default_layers(target.config.decoder_layers, cfg.kind)
     params = trainable_parameters(draft)
     if init_from is not None and not ckpt_path.is_file():
-        _init_from_draft(draft, params, target, init_from)
-    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        source_vocab = _init_from_draft(draft, params, target, init_from)
+        if draft_vocab is None and source_vocab is not None:  # the head its layers were trained for
+            draft.draft_vocab_ids = draft_vocab = source_vocab.cpu()
+    opt = torch.optim.AdamW(param_groups(params, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
     suppress = target.generation_config.suppress_tokens or ()
     run = _Training(draft, params, opt, train_vocab(target.config.vocab_size, suppress, draft_vocab), layer_ids)
     if ckpt_path.is_file():
@@ -283,7 +325,7 @@ def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, layers
 def _train_step(run: _Training, head: torch.Tensor, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig) -> None:
     """One optimiser step on the batch of windows `batch_indices` picks for `run.step`; the running loss updated."""
     for group in run.opt.param_groups:
-        group["lr"] = _lr_at(run.step, cfg)
+        group["lr"] = _lr_at(run.step, cfg) * group["lr_scale"]
     batch = train.batch(batch_indices(run.step, len(train), cfg.batch_windows, cfg.seed))
     loss, _ = loss_on_batch(run.draft, head, run.vocab, batch, cfg)
     run.opt.zero_grad(set_to_none=True)
