@@ -1,15 +1,37 @@
-"""Shared test helpers: tiny random Whisper models built in-process, and the transformers greedy reference."""
+"""Shared test helpers: tiny random Whisper models built in-process, the transformers greedy reference, and the
+scripts/ modules loaded as modules."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib.util
 import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
 torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
 
 EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+@contextlib.contextmanager
+def script_module(name: str) -> Iterator[ModuleType]:
+    """scripts/NAME.py as a module, with scripts/ on sys.path while it is in use (a script imports its siblings, as
+    gpu_bench does step_floor)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(SCRIPTS))
 
 
 def tiny_target(seed: int = 3, eos_boost: float = 2.0, multilingual: bool = True):

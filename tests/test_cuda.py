@@ -17,7 +17,7 @@ import torch
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.models.loading import decoder_draft
-from conftest import first_divergence, hf_greedy, perturbed, tiny_target
+from conftest import first_divergence, hf_greedy, perturbed, script_module, tiny_target
 
 
 DEVICE = "cuda"
@@ -133,18 +133,7 @@ def test_cuda_graphs_equal_eager(speculative):
 def test_oracle_bench_on_gpu_through_cuda_graphs():
     """scripts/gpu_bench.py's tiny run on the GPU (fp32, so no near-tie may make a row differ), eager and CUDA
     graphs: the captured step reads the oracle's acceptance as set between runs, every row equals greedy."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    scripts = Path(__file__).resolve().parent.parent / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_bench", scripts / "gpu_bench.py")
-        bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(bench)
+    with script_module("gpu_bench") as bench:
         rows = bench.main(["--device", "cuda", "--tiny", "--dtype", "float32", "--modes", "eager,graphs"])
-    finally:
-        sys.path.remove(str(scripts))
     assert {row["mode"] for row in rows} == {"eager", "graphs"}
     assert bench.check(rows, 0.05) == []

@@ -15,7 +15,7 @@ from asr_spec.models.feature_draft import (init_feature_draft, is_feature_draft,
                                           save_feature_draft, shift_features)
 from asr_spec.models import drafts as saved_drafts
 from asr_spec.models.loading import load_distilled
-from conftest import perturbed
+from conftest import perturbed, script_module
 from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy
 
 
@@ -168,19 +168,8 @@ def test_save_load_round_trip(tmp_path):
 
 def test_gpu_bench_measures_the_feature_draft_too(tmp_path):
     """scripts/gpu_bench.py --kinds features (on by default at large-v2 shapes): its rows equal greedy, marked."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    scripts = Path(__file__).resolve().parent.parent / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_bench", scripts / "gpu_bench.py")
-        gpu_bench = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gpu_bench)
+    with script_module("gpu_bench") as gpu_bench:
         rows = gpu_bench.main(["--device", "cpu", "--tiny", "--kinds", "features", "--ks", "3", "--check", "0.05"])
-    finally:
-        sys.path.remove(str(scripts))
     assert [(r["draft"], r["k"]) for r in rows] == [("none", 0), ("features", 3)]
     assert all(r["rows_equal_greedy"] == r["rows"] == 16 for r in rows)
     assert gpu_bench.parse_args([]).kinds == ["oracle", "features"]  # at full shapes both kinds are measured

@@ -15,19 +15,7 @@ from asr_spec.distill.commands import save_draft
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.models.feature_draft import FeatureDraft, is_feature_draft
 from asr_spec.models.loading import load_distilled
-from conftest import tiny_target
-
-MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def feats():
-    return torch.randn(8, 16, 100, generator=torch.Generator().manual_seed(1))
+from test_distill import MAX_NEW, feats, model  # noqa: F401  (the same tiny target and features as fixtures)
 
 
 def _cache(model, feats, out, **kw):

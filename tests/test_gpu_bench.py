@@ -10,14 +10,12 @@ several standard errors; a set rate off by 0.1 fails it (the last test).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from conftest import script_module
+
 TOLERANCE = 0.05
 COLUMNS = ("batch", "k", "set_acceptance", "measured_acceptance", "rows_equal_greedy", "tokens_per_s",
            "speedup_vs_greedy", "tokens_per_target_pass", "step_ms", "floor_ms", "mode")
@@ -25,14 +23,8 @@ COLUMNS = ("batch", "k", "set_acceptance", "measured_acceptance", "rows_equal_gr
 
 @pytest.fixture(scope="module")
 def gpu_bench():
-    sys.path.insert(0, str(SCRIPTS))  # gpu_bench imports step_floor from its own folder
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_bench", SCRIPTS / "gpu_bench.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    with script_module("gpu_bench") as module:
         yield module
-    finally:
-        sys.path.remove(str(SCRIPTS))
 
 
 def test_tiny_bench_acceptance_and_identity(gpu_bench, tmp_path):

@@ -148,7 +148,7 @@ def train(  # long function: typer declares each of its 22 options as a paramete
     work: Path = typer.Option(..., help="Checkpoint folder (resumes when ckpt.pt is there)."),
     out: Optional[Path] = typer.Option(None, help="Save the trained draft here."),
     layers: str = typer.Option("", help="Target decoder layers to initialise from (default: the first and last; "
-                               "the last for target-features)."),
+                               "the first for target-features)."),
     vocab_size: int = typer.Option(0, help="Restricted head size (0 = full vocabulary)."),
     steps: int = typer.Option(1000, help="Training steps."),
     stop_after: Optional[int] = STOP_AFTER,

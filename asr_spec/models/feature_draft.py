@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from asr_spec.engine.features import FeatureDecoder
-from asr_spec.models.drafts import INFO_FILE, SHARED_PREFIXES, VOCAB_FILE, write_draft_extras
+from asr_spec.models.drafts import INFO_FILE, SHARED_PREFIXES, VOCAB_FILE, draft_kind, write_draft_extras
 
 KIND = "target-features"  # distill.json "kind" of this draft (a plain distilled draft: "decoder")
 
@@ -155,8 +155,7 @@ def save_feature_draft(draft: FeatureDraft, out_dir: str | os.PathLike, *, dtype
 
 def is_feature_draft(path: str | os.PathLike) -> bool:
     """Whether the draft directory at `path` holds a feature-conditioned draft (its distill.json says so)."""
-    info = Path(path) / INFO_FILE
-    return info.is_file() and json.loads(info.read_text()).get("kind") == KIND
+    return (Path(path) / INFO_FILE).is_file() and draft_kind(path) == KIND
 
 
 def load_feature_draft(path: str | os.PathLike, target: nn.Module) -> FeatureDraft:
