@@ -4,6 +4,8 @@
     vad       asr-spec as `Transcriber.from_preset(--preset)` decodes (voice-activity chunks, the default)
     stride    the same preset with `chunking="stride"` (overlapping 30 s windows, stitched)
     vad-norepair  the default without tail repair (tail_repairs=0: a chunk's transcript is kept as first decoded)
+    vad-greedy    the default without its draft (draft=None); beside vad, each vad row says whether its chunk
+              tokens equal these (speculative == greedy; on a CPU the preset drafts at most 4 rows: --batch-size 4)
     vad@L     the default with chunk_length_s=L (a voice-activity chunk of at most L s; --vad-chunk-lengths)
     fw        faster-whisper 1.2.1 `BatchedInferencePipeline`, beam 1, fp32 on CPU, on the CTranslate2 directory
               the preset's embedded model is built from (the same weights), its default (no timestamp tokens)
@@ -54,7 +56,7 @@ from asr_spec.errors import AsrSpecError, one_line  # noqa: E402
 from asr_spec.eval.metrics import missing_sentences, normalize, score  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "longform"
-CONFIGS = ("vad", "vad-norepair", "stride", "fw", "fw-ts", "fw-seq")
+CONFIGS = ("vad", "vad-norepair", "vad-greedy", "stride", "fw", "fw-ts", "fw-seq")
 DEFAULT_CONFIGS = "vad,stride,fw,fw-seq"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -81,13 +83,14 @@ def read_sentences(path: str | Path) -> list[str]:
     return [row[2].strip() for row in rows if row[0] != "start_s"]
 
 
-def fixture_items(only: list[str] | None) -> list[Item]:
+def fixture_items(only: list[str] | None, root: Path = FIXTURES) -> list[Item]:
+    """The long files under `root` (NAME.opus with NAME.txt and NAME.sentences.tsv) and its clips/ as one item."""
     items = []
-    for audio in sorted(FIXTURES.glob("*.opus")):
+    for audio in sorted(root.glob("*.opus")):
         text = audio.with_suffix(".txt").read_text(encoding="utf-8").strip()
         sentences = read_sentences(audio.with_suffix(".sentences.tsv"))
         items.append(Item(audio.stem, [Clip(audio.stem, load_audio(audio), text)], [sentences]))
-    clip_paths = sorted((FIXTURES / "clips").glob("*.opus"))
+    clip_paths = sorted((root / "clips").glob("*.opus"))
     if clip_paths:
         texts = [p.with_suffix(".txt").read_text(encoding="utf-8").strip() for p in clip_paths]
         clips = [Clip(p.stem, load_audio(p), t) for p, t in zip(clip_paths, texts, strict=True)]
@@ -129,6 +132,8 @@ def asr_spec_runners(configs: list[str], args: argparse.Namespace) -> tuple[dict
             values = {}
         elif config == "vad-norepair":
             values = {"tail_repairs": 0}
+        elif config == "vad-greedy":
+            values = {"draft": None}
         else:
             continue
         keep[config] = {}
@@ -194,16 +199,21 @@ def row(item: Item, config: str, wall_s: float, texts: list[str], stats: dict | 
     return out
 
 
+def _yes_no(flag: bool | None) -> str:
+    return "" if flag is None else ("yes" if flag else "NO")
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| item | audio s | config | WER % | wall s | sentences missing | which | words (hyp/ref) | "
-             "first word lost | tails re-decoded |", "|---|---:|---|---:|---:|---:|---|---:|---|---:|"]
+             "first word lost | tails re-decoded | tokens = greedy |",
+             "|---|---:|---|---:|---:|---:|---|---:|---|---:|---|"]
     for r in rows:
         which = ", ".join(f"{m['index']}" if r["item"] != "clips" else m["clip"] for m in r["missing"]) or "-"
         lost = ", ".join(r["first_word_lost"]) if "first_word_lost" in r else ""
         lines.append(f"| {r['item']} | {r['audio_s']:.1f} | {r['config']} | {100 * r['wer']:.2f} | "
                      f"{r['wall_s']:.2f} | {len(r['missing'])}/{r['n_sentences']} | {which} | "
                      f"{r['hyp_words']}/{r['ref_words']} | {lost or ('-' if 'first_word_lost' in r else '')} | "
-                     f"{r.get('tails', '')} |")
+                     f"{r.get('tails', '')} | {_yes_no(r.get('identical_to_greedy'))} |")
     return "\n".join(lines)
 
 
@@ -218,6 +228,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--refs", nargs="+", help="reference text files, one per --audio file")
     p.add_argument("--sentences", nargs="+", help="sentence tsv files, one per --audio file")
     p.add_argument("--only", help="comma list of fixture names (e.g. dense_windows,clips)")
+    p.add_argument("--fixtures", type=Path, default=FIXTURES,
+                   help="a folder laid out as the fixtures (default tests/fixtures/longform; e.g. the held-out set "
+                        "of make_longform_fixtures.py --set heldout)")
     p.add_argument("--batch-size", type=int, default=8, help="chunks decoded together (default 8), all configs")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per configuration, interleaved; median kept")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed first run of each item")
@@ -242,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeats < 1 or args.batch_size < 1:
             raise ValueError("--repeats and --batch-size must be >= 1")
         items = (given_items(args.audio, args.refs, args.sentences) if args.audio
-                 else fixture_items(args.only.split(",") if args.only else None))
+                 else fixture_items(args.only.split(",") if args.only else None, args.fixtures))
         if not items:
-            raise ValueError(f"no audio: no fixtures under {FIXTURES} (scripts/make_longform_fixtures.py)")
+            raise ValueError(f"no audio: no fixtures under {args.fixtures} (scripts/make_longform_fixtures.py)")
         ours, stats = asr_spec_runners(configs, args)
     except (AsrSpecError, ValueError, OSError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
@@ -258,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for runner in runners.values():
                 getattr(runner, "close", lambda: None)()
-        rows += [row(item, config, wall, texts, stats.get(config)) for config, (wall, texts) in results.items()]
+        item_rows = {config: row(item, config, wall, texts, stats.get(config))
+                     for config, (wall, texts) in results.items()}
+        if "vad" in item_rows and "vad-greedy" in item_rows:
+            item_rows["vad"]["identical_to_greedy"] = stats["vad"]["tokens"] == stats["vad-greedy"]["tokens"]
+        rows += list(item_rows.values())
     header = (f"preset {args.preset}; batch {args.batch_size}; torch threads {torch.get_num_threads()}; "
               f"repeats {args.repeats}{'' if args.no_warmup else ' after a warm-up'}")
     print(header)

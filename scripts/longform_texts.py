@@ -176,8 +176,3 @@ WEAK_ONSETS = [
     "As soon as the rain stopped, the birds began to sing.",
     "To reach the farm you have to cross two fields.",
 ]
-
-
-def every_text() -> list[str]:
-    """Every sentence these fixtures speak (kept out of the draft-training corpus)."""
-    return [*DENSE, *DIALOGUE, *GARDEN, LAST_SENTENCE, *BRIDGES, *WEAK_ONSETS]

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kokoro_tts  # noqa: E402  (scripts/ is not a package)
-import longform_texts  # noqa: E402
+from make_longform_fixtures import SETS as LONGFORM_SETS  # noqa: E402
 from make_fixtures import (  # noqa: E402
     SAMPLE_RATE, Voice, _espeak, _festival, _flite, _kokoro, fixture_texts, librispeech_text, synthesize, trim,
     write_flac)
@@ -147,7 +147,8 @@ def plan(texts: list[str], seed: int, held_out_fraction: float, max_held_out: in
          voices: tuple[tuple[Voice, ...], tuple[Voice, ...]]) -> list[Utterance]:
     """Every utterance the corpus can hold: the held-out ones, then training in a seeded random order. `voices`:
     (training voices, held-out voices), each split's utterances going round its voices."""
-    fixtures = {corpus.text_key(t) for t in fixture_texts() + longform_texts.every_text()}
+    longform = [t for file_set in LONGFORM_SETS.values() for t in file_set.every_text()]
+    fixtures = {corpus.text_key(t) for t in fixture_texts() + longform}
     train, held = [], []
     for t in texts:
         key = corpus.text_key(t)

@@ -6,7 +6,10 @@ Kokoro runs in a virtual environment of its own, with no torch and no network (i
 scripts/kokoro_tts.py, which holds the voices):
 
     /work/kokoro-venv/bin/python scripts/make_longform_fixtures.py --voices /work/kokoro-voices/package/voices
+    /work/kokoro-venv/bin/python scripts/make_longform_fixtures.py --set heldout --out runs/longform_heldout
 
+`--set heldout` makes the same four structures and clips from other texts (scripts/longform_heldout_texts.py) in
+other voice pairings with another seed: files nothing was tuned on, to check what the fixtures chose.
 Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
 
     dense_windows.opus       (a) dense speech in three voices, 0.2-0.45 s pauses, planned so that each 30 s
@@ -20,26 +23,27 @@ Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
                              ...), speech starting 0.2 s into the file; the odd ones start softly (-20 dB
                              rising to 0 over 0.35 s); clips/manifest.tsv: file, voice, onset, text
 
-Deterministic: the pauses, speeds, voices and noise come from SEED; Kokoro runs on one onnxruntime thread. A low
-noise floor (-70 dBFS, white) lies under everything, as under a real recording (digital silence would take the
-voice-activity detector's shortcut for silent frames). Times in the tsv files are of the trimmed speech (frames
-within kokoro_tts.TRIM_DB of the sentence's loudest), so a sentence's `start_s` is where its first sound starts.
+Deterministic: the pauses, speeds, voices and noise come from the set's seed; Kokoro runs on one onnxruntime
+thread. A low noise floor (-70 dBFS, white) lies under everything, as under a real recording (digital silence
+would take the voice-activity detector's shortcut for silent frames). Times in the tsv files are of the trimmed
+speech (frames within kokoro_tts.TRIM_DB of the sentence's loudest), so a sentence's `start_s` is where its first
+sound starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import longform_texts as texts  # noqa: E402  # the fixture texts, next to this script
 from kokoro_tts import SAMPLE_RATE, Kokoro  # noqa: E402
 
-SEED = 28_2026
 NOISE_STD = 3e-4  # the noise floor under every file: -70 dBFS, above the VAD's digital-silence bound (1e-4)
 OPUS_LEVEL = 0.9  # libsndfile Opus compression level (0 = best quality, 1 = smallest): about 31 kbit/s here
 
@@ -58,11 +62,42 @@ CLIP_LEAD_S, CLIP_TAIL_S = 0.2, 0.4  # silence before and after a clip's speech
 SOFT_ONSET_DB, SOFT_ONSET_S = -20.0, 0.35
 FILE_LEAD_S, FILE_TAIL_S = 0.3, 0.5  # silence before and after a long file's speech
 
-DENSE_VOICES = ("af_heart", "bm_george", "bf_emma")
-DIALOGUE_VOICES = ("am_michael", "bf_alice")
-GARDEN_VOICES = ("af_sarah", "bm_lewis", "af_aoede")
-BRIDGES_VOICE = "bm_daniel"
-CLIP_VOICES = ("af_alloy", "am_liam", "bf_isabella", "af_kore", "am_fenrir", "af_jessica", "bm_george", "af_nova")
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """What a set of files speaks and in which voices: its texts module (next to this script: the lists DENSE,
+    DIALOGUE, GARDEN, BRIDGES, WEAK_ONSETS and LAST_SENTENCE / LAST_SPOKEN) and its seed."""
+
+    texts: str
+    seed: int
+    dense: tuple[str, ...]
+    dialogue: tuple[str, str]
+    garden: tuple[str, ...]
+    bridges: str
+    clips: tuple[str, ...]
+
+    def module(self) -> ModuleType:
+        return importlib.import_module(self.texts)
+
+    def every_text(self) -> list[str]:
+        """Every sentence the set speaks (kept out of the draft-training corpus, make_draft_corpus.py)."""
+        t = self.module()
+        return [*t.DENSE, *t.DIALOGUE, *t.GARDEN, t.LAST_SENTENCE, *t.BRIDGES, *t.WEAK_ONSETS]
+
+
+SETS = {
+    # the committed fixtures (tests/fixtures/longform)
+    "fixtures": FileSet("longform_texts", 28_2026, ("af_heart", "bm_george", "bf_emma"), ("am_michael", "bf_alice"),
+                        ("af_sarah", "bm_lewis", "af_aoede"), "bm_daniel",
+                        ("af_alloy", "am_liam", "bf_isabella", "af_kore", "am_fenrir", "af_jessica", "bm_george",
+                         "af_nova")),
+    # held out: other texts, the six voices no fixture uses and other pairings of the rest; for checking that what
+    # was measured and chosen on the fixtures holds on files nobody tuned anything on (not committed as audio)
+    "heldout": FileSet("longform_heldout_texts", 28_1201, ("af_bella", "am_onyx", "bf_alice"), ("am_adam", "af_river"),
+                       ("af_nova", "bm_george", "am_eric"), "af_kore",
+                       ("af_bella", "am_onyx", "af_river", "am_adam", "bf_emma", "am_eric", "bm_lewis", "af_heart")),
+}
 
 
 @dataclass
@@ -96,10 +131,11 @@ class Track:
 
 # -- the four long files ---------------------------------------------------------------------------------------
 
-def dense_windows(tts: Kokoro, rng: np.random.Generator) -> Track:
+def dense_windows(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(a): sentences packed into windows whose speech spans WINDOW_SPAN_S, windows split by DENSE_BOUNDARY_S."""
-    voices = [DENSE_VOICES[i % len(DENSE_VOICES)] for i in range(len(texts.DENSE))]
-    pool = [(text, tts(text, voice)) for text, voice in zip(texts.DENSE, voices, strict=True)]
+    sentences = fs.module().DENSE
+    voices = [fs.dense[i % len(fs.dense)] for i in range(len(sentences))]
+    pool = [(text, tts(text, voice)) for text, voice in zip(sentences, voices, strict=True)]
     track = Track.start(FILE_LEAD_S)
     while pool:
         window = plan_window(pool, rng)
@@ -156,29 +192,30 @@ def fill_window(pool: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarra
     return chosen
 
 
-def dialogue_pauses(tts: Kokoro, rng: np.random.Generator) -> Track:
+def dialogue_pauses(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(b): two voices taking turns, a long pause before every turn."""
     track = Track.start(FILE_LEAD_S)
-    for index, text in enumerate(texts.DIALOGUE):
+    for index, text in enumerate(fs.module().DIALOGUE):
         if index:
             track.pause(rng.uniform(*DIALOGUE_PAUSE_S))
-        track.say(tts(text, DIALOGUE_VOICES[index % 2]), text)
+        track.say(tts(text, fs.dialogue[index % 2]), text)
     return track
 
 
-def ends_mid_sentence(tts: Kokoro, rng: np.random.Generator) -> Track:
+def ends_mid_sentence(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(c): readers taking turns every 3-5 sentences; the last sentence is cut at its comma, ending the file."""
     track = Track.start(FILE_LEAD_S)
+    texts = fs.module()
     voice, left = 0, int(rng.integers(3, 6))
     for index, text in enumerate(texts.GARDEN):
         if index:
             track.pause(rng.uniform(*GARDEN_PAUSE_S))
-        track.say(tts(text, GARDEN_VOICES[voice]), text)
+        track.say(tts(text, fs.garden[voice]), text)
         left -= 1
         if not left:
-            voice, left = (voice + 1) % len(GARDEN_VOICES), int(rng.integers(3, 6))
+            voice, left = (voice + 1) % len(fs.garden), int(rng.integers(3, 6))
     track.pause(rng.uniform(*GARDEN_PAUSE_S))
-    last_voice = GARDEN_VOICES[voice]
+    last_voice = fs.garden[voice]
     full = tts(texts.LAST_SENTENCE, last_voice)
     track.say(full[: comma_cut(full, len(tts(texts.LAST_SPOKEN + ",", last_voice)))], texts.LAST_SPOKEN)
     return track
@@ -193,13 +230,13 @@ def comma_cut(audio: np.ndarray, prefix_samples: int) -> int:
     return int(starts[int(np.argmin(rms))] + frame // 2)
 
 
-def monologue_speeds(tts: Kokoro, rng: np.random.Generator) -> Track:
+def monologue_speeds(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(d): one voice, each sentence at its own speed."""
     track = Track.start(FILE_LEAD_S)
-    for index, text in enumerate(texts.BRIDGES):
+    for index, text in enumerate(fs.module().BRIDGES):
         if index:
             track.pause(rng.uniform(*BRIDGES_PAUSE_S))
-        track.say(tts(text, BRIDGES_VOICE, round(float(rng.uniform(*BRIDGES_SPEED)), 3)), text)
+        track.say(tts(text, fs.bridges, round(float(rng.uniform(*BRIDGES_SPEED)), 3)), text)
     return track
 
 
@@ -213,9 +250,9 @@ def write_audio(path: Path, audio: np.ndarray) -> None:
              compression_level=OPUS_LEVEL)
 
 
-def write_file(out: Path, name: str, track: Track, rng: np.random.Generator) -> float:
+def write_file(out: Path, name: str, track: Track, rng: np.random.Generator, fs: FileSet) -> float:
     """NAME.opus, NAME.txt and NAME.sentences.tsv; returns the duration in seconds."""
-    audio = track.finish(FILE_TAIL_S if track.rows[-1][2] != texts.LAST_SPOKEN else 0.0, rng)
+    audio = track.finish(FILE_TAIL_S if track.rows[-1][2] != fs.module().LAST_SPOKEN else 0.0, rng)
     write_audio(out / f"{name}.opus", audio)
     (out / f"{name}.txt").write_text(" ".join(row[2] for row in track.rows) + "\n", encoding="utf-8")
     lines = ["start_s\tend_s\tsentence"] + [f"{a:.3f}\t{b:.3f}\t{text}" for a, b, text in track.rows]
@@ -223,8 +260,9 @@ def write_file(out: Path, name: str, track: Track, rng: np.random.Generator) -> 
     return len(audio) / SAMPLE_RATE
 
 
-def write_clips(out: Path, tts: Kokoro, rng: np.random.Generator) -> None:
-    for index, (text, voice) in enumerate(zip(texts.WEAK_ONSETS, CLIP_VOICES, strict=True)):
+def write_clips(out: Path, tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> None:
+    onsets = fs.module().WEAK_ONSETS
+    for index, (text, voice) in enumerate(zip(onsets, fs.clips, strict=True)):
         track = Track.start(CLIP_LEAD_S)
         audio = tts(text, voice)
         if index % 2:
@@ -234,7 +272,7 @@ def write_clips(out: Path, tts: Kokoro, rng: np.random.Generator) -> None:
         write_audio(out / "clips" / f"weak_{index:02d}.opus", track.finish(CLIP_TAIL_S, rng))
         (out / "clips" / f"weak_{index:02d}.txt").write_text(text + "\n", encoding="utf-8")
     lines = ["file\tvoice\tonset\ttext"] + [f"weak_{i:02d}.opus\t{v}\t{'soft' if i % 2 else 'plain'}\t{t}"
-                                             for i, (t, v) in enumerate(zip(texts.WEAK_ONSETS, CLIP_VOICES))]
+                                             for i, (t, v) in enumerate(zip(onsets, fs.clips))]
     (out / "clips" / "manifest.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -243,20 +281,27 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parent.parent
     parser.add_argument("--voices", type=Path, default=Path("/work/kokoro-voices/package/voices"),
                         help="kokoro-js's voices/ folder (raw float32 style tables)")
-    parser.add_argument("--out", type=Path, default=root / "tests" / "fixtures" / "longform")
+    parser.add_argument("--set", choices=sorted(SETS), default="fixtures",
+                        help="fixtures (default: the committed ones) or heldout (other texts and voices)")
+    parser.add_argument("--out", type=Path, help="default tests/fixtures/longform for --set fixtures "
+                                                 "(--set heldout needs it)")
     parser.add_argument("--cache", type=Path, help="keep each synthesised sentence here (reruns skip Kokoro)")
     args = parser.parse_args(argv)
     if not (args.voices / "af_heart.bin").exists():
         parser.error(f"--voices {args.voices}: no Kokoro voice tables there (see the install lines above)")
+    if args.out is None and args.set != "fixtures":
+        parser.error(f"--set {args.set}: give --out (only the fixtures have a home in the tree)")
+    out = args.out or root / "tests" / "fixtures" / "longform"
+    fs = SETS[args.set]
     tts = Kokoro(args.voices, args.cache)
     makers = [("dense_windows", dense_windows), ("dialogue_pauses", dialogue_pauses),
               ("ends_mid_sentence", ends_mid_sentence), ("monologue_speeds", monologue_speeds)]
     for index, (name, make) in enumerate(makers):
-        rng = np.random.default_rng([SEED, index])  # one stream per file: a change to one leaves the others
-        track = make(tts, rng)
-        seconds = write_file(args.out, name, track, rng)
+        rng = np.random.default_rng([fs.seed, index])  # one stream per file: a change to one leaves the others
+        track = make(tts, rng, fs)
+        seconds = write_file(out, name, track, rng, fs)
         print(f"{name}: {seconds:.1f} s, {len(track.rows)} sentences", file=sys.stderr)
-    write_clips(args.out, tts, np.random.default_rng([SEED, len(makers)]))
+    write_clips(out, tts, np.random.default_rng([fs.seed, len(makers)]), fs)
     return 0
 
 

@@ -41,7 +41,8 @@ from bench_longform import FIXTURES, Item, fixture_items, markdown, row, run_ite
 from asr_spec import TranscribeOptions, Transcriber  # noqa: E402
 from asr_spec.audio.loading import SAMPLE_RATE  # noqa: E402
 from asr_spec.audio.chunking import CHUNK_LENGTH_S  # noqa: E402
-from asr_spec.audio.vad import FRAME_SAMPLES, SileroVad, VadOptions, plan_vad_chunks  # noqa: E402
+from asr_spec.audio.silero import SileroVad  # noqa: E402
+from asr_spec.audio.vad import FRAME_SAMPLES, VadOptions, plan_vad_chunks  # noqa: E402
 
 DEFAULT_VARIANTS = ("base=", "pad0.4=speech_pad_s:0.4", "ext=extend_onset:1",
                     "ext+pad0.4=extend_onset:1,speech_pad_s:0.4")
@@ -90,19 +91,19 @@ def vad_probs(vad: SileroVad, samples: np.ndarray) -> np.ndarray:
     return np.concatenate([vad(samples[:whole]), vad(tail) if len(tail) else np.zeros(0, np.float32)])
 
 
-def plan_report(items: list[Item], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def plan_report(items: list[Item], variants: dict[str, dict[str, Any]], root: Path = FIXTURES) -> dict[str, Any]:
     vad, out = SileroVad(), {}
     for item in items:
         for clip in item.clips:
             probs = vad_probs(vad, clip.samples)
-            out[clip.name] = {name: plan_one(clip, probs, VadOptions(**_vad_fields(fields)))
+            out[clip.name] = {name: plan_one(clip, probs, VadOptions(**_vad_fields(fields)), root)
                               for name, fields in variants.items()}
     return out
 
 
-def plan_one(clip: Clip, probs: np.ndarray, options: VadOptions) -> dict[str, Any]:
+def plan_one(clip: Clip, probs: np.ndarray, options: VadOptions, root: Path = FIXTURES) -> dict[str, Any]:
     chunks = [(s / SAMPLE_RATE, e / SAMPLE_RATE) for s, e in plan_vad_chunks(probs, len(clip.samples), options)]
-    tsv = FIXTURES / f"{clip.name}.sentences.tsv"
+    tsv = root / f"{clip.name}.sentences.tsv"
     result: dict[str, Any] = {"chunks": len(chunks), "lengths_s": [round(e - s, 2) for s, e in chunks]}
     if tsv.exists():
         ends = [float(line.split("\t")[1]) for line in tsv.read_text().splitlines()[1:]]
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("what", choices=["plan", "decode"])
     p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), help="NAME=field:value,... (see above)")
     p.add_argument("--only", help="comma list of items: fixture names, clips, silence")
+    p.add_argument("--fixtures", type=Path, default=FIXTURES, help="a folder laid out as the fixtures (default "
+                                                                    "tests/fixtures/longform)")
     p.add_argument("--preset", default="base")
     p.add_argument("--language", default="en")
     p.add_argument("--batch-size", type=int, default=8)
@@ -164,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="English text normaliser built without")
     variants = dict(parse_variant(v) for v in args.variants)
     only = set(args.only.split(",")) if args.only else None
-    items = [i for i in fixture_items(None) + silence_items()
+    items = [i for i in fixture_items(None, args.fixtures) + silence_items()
              if only is None or i.name in only or ("silence" in only and i.name.startswith("silence"))]
     if args.what == "plan":
-        figures: Any = plan_report([i for i in items if not i.name.startswith("silence")], variants)
+        figures: Any = plan_report([i for i in items if not i.name.startswith("silence")], variants, args.fixtures)
         for clip, by_variant in figures.items():
             for name, result in by_variant.items():
                 print(f"{clip:<20} {name:<12} {json.dumps(result)}")

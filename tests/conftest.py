@@ -23,15 +23,21 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 @contextlib.contextmanager
 def script_module(name: str) -> Iterator[ModuleType]:
     """scripts/NAME.py as a module, with scripts/ on sys.path while it is in use (a script imports its siblings, as
-    gpu_bench does step_floor)."""
+    gpu_bench does step_floor) and the module in sys.modules (dataclasses look their module up there)."""
     sys.path.insert(0, str(SCRIPTS))
+    before = sys.modules.get(name)
     try:
         spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         spec.loader.exec_module(module)
         yield module
     finally:
         sys.path.remove(str(SCRIPTS))
+        if before is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = before
 
 
 def tiny_target(seed: int = 3, eos_boost: float = 2.0, multilingual: bool = True):

@@ -8,7 +8,6 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,6 +20,7 @@ from asr_spec.eval.runner import run_eval
 from asr_spec.eval.summary import eval_summary, format_summary, summary_path
 from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_local
 from asr_spec.models.loading import decoder_draft
+from conftest import script_module
 from test_transcribe import _models, save_tiny_models
 
 ROOT = Path(__file__).parent / "fixtures" / "librispeech"
@@ -273,63 +273,50 @@ def test_real_whisper_base_fixture_eval(tmp_path: Path) -> None:
     assert s["acceptance_rate"] > 0.3 and s["tokens_per_target_pass"] > 2  # measured 46 %, 3.3
 
 
-def _load_bench(monkeypatch) -> Any:
-    """scripts/bench.py as a module, with scripts/ on sys.path as when the script runs (it imports its siblings
-    bench_fw and bench_report; the faster-whisper child process imports its worker function from bench_fw)."""
-    import importlib.util
-
-    scripts = Path(__file__).parent.parent / "scripts"
-    monkeypatch.syspath_prepend(str(scripts))
-    spec = importlib.util.spec_from_file_location("bench", scripts / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench", bench)  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
-    return bench
-
-
-def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, monkeypatch, model_dirs) -> None:
+def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, model_dirs) -> None:
     """scripts/bench.py on two fixture clips with the tiny models: every row of ours, the batch-2 assistant error."""
     pytest.importorskip("matplotlib")
-    bench = _load_bench(monkeypatch)
-    target_dir, _ = model_dirs
-    preset = tmp_path / "tiny.toml"
-    preset.write_text(f'model = "{target_dir}"\n')  # no draft: cut one from the target
-    plot = tmp_path / "bench.png"
-    code = bench.main(["--preset", str(preset), "--limit", "2", "--batch-sizes", "1,2", "--draft-layers", "0",
-                       "--plot", str(plot)])
-    captured = capsys.readouterr()
-    out = captured.out
-    assert code == 0, out
-    assert "decoder layers 0 of the target's 1" in out
-    assert "assisted generate is only supported for batch_size = 1" in out
-    assert plot.stat().st_size > 0
-    rows = json.loads(plot.with_suffix(".json").read_text())["rows"]
-    # faster-whisper needs the CTranslate2 weights of an embedded preset: skipped, and said so, for this one
-    assert "faster-whisper batched: skipped" in captured.err and "faster-whisper timestamps: skipped" in captured.err
-    ours = {(c, n) for c in bench.CONFIGS if not c.startswith("fw") for n in (1, 2)}
-    assert {(r["config"], r["batch_size"]) for r in rows} == ours
-    assert all(r["identical_to_greedy"] for r in rows if r["config"] in ("spec", "default"))
+    with script_module("bench") as bench:
+        target_dir, _ = model_dirs
+        preset = tmp_path / "tiny.toml"
+        preset.write_text(f'model = "{target_dir}"\n')  # no draft: cut one from the target
+        plot = tmp_path / "bench.png"
+        code = bench.main(["--preset", str(preset), "--limit", "2", "--batch-sizes", "1,2", "--draft-layers", "0",
+                           "--plot", str(plot)])
+        captured = capsys.readouterr()
+        out = captured.out
+        assert code == 0, out
+        assert "decoder layers 0 of the target's 1" in out
+        assert "assisted generate is only supported for batch_size = 1" in out
+        assert plot.stat().st_size > 0
+        rows = json.loads(plot.with_suffix(".json").read_text())["rows"]
+        # faster-whisper needs the CTranslate2 weights of an embedded preset: skipped, and said so, for this one
+        assert "faster-whisper batched: skipped" in captured.err
+        assert "faster-whisper timestamps: skipped" in captured.err
+        ours = {(c, n) for c in bench.CONFIGS if not c.startswith("fw") for n in (1, 2)}
+        assert {(r["config"], r["batch_size"]) for r in rows} == ours
+        assert all(r["identical_to_greedy"] for r in rows if r["config"] in ("spec", "default"))
 
 
 @pytest.mark.slow
-def test_bench_faster_whisper_column_runs_in_its_own_process(monkeypatch) -> None:
+def test_bench_faster_whisper_column_runs_in_its_own_process() -> None:
     """The faster-whisper column runs in a child process holding the clips; where faster-whisper is not installed
     the child says so and the column is skipped (ImportError), as in CI."""
     import importlib.util
 
-    bench = _load_bench(monkeypatch)
-    clips = bench.load_clips(["tests/fixtures/speech/short/festival-kal.flac"], None)
-    try:
-        run = bench.FwRunner("base", bench.torch.device("cpu"), "en", clips)
-    except ImportError as err:
-        assert importlib.util.find_spec("faster_whisper") is None, err
-        assert "faster_whisper" in str(err)
-        return
-    texts = run(clips, 1)
-    assert len(texts) == 1 and len(texts[0].split()) >= 5
-    assert run(clips[:0], 1) == []
-    run.close()
-    with_timestamps = bench.FwRunner("base", bench.torch.device("cpu"), "en", clips, timestamps=True)
-    stamped = with_timestamps(clips, 1)  # timestamp mode may pick other words: only the shape is checked
-    with_timestamps.close()
-    assert len(stamped) == 1 and len(stamped[0].split()) >= 5
+    with script_module("bench") as bench:
+        clips = bench.load_clips(["tests/fixtures/speech/short/festival-kal.flac"], None)
+        try:
+            run = bench.FwRunner("base", bench.torch.device("cpu"), "en", clips)
+        except ImportError as err:
+            assert importlib.util.find_spec("faster_whisper") is None, err
+            assert "faster_whisper" in str(err)
+            return
+        texts = run(clips, 1)
+        assert len(texts) == 1 and len(texts[0].split()) >= 5
+        assert run(clips[:0], 1) == []
+        run.close()
+        with_timestamps = bench.FwRunner("base", bench.torch.device("cpu"), "en", clips, timestamps=True)
+        stamped = with_timestamps(clips, 1)  # timestamp mode may pick other words: only the shape is checked
+        with_timestamps.close()
+        assert len(stamped) == 1 and len(stamped[0].split()) >= 5

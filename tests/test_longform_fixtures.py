@@ -47,3 +47,29 @@ def test_weak_onset_clips_start_speaking_at_a_fifth_of_a_second():
         onset_s = np.flatnonzero(rms > 0.01 * rms.max())[0] * frame / 16_000
         assert 0.15 <= onset_s <= 0.3, path.name
         assert path.with_suffix(".txt").read_text().split()[0] in {"A", "An", "The", "In", "Of", "At", "As", "To"}
+
+
+EVALUATION_VOICES = {"af_nicole", "af_sky", "am_echo", "am_puck", "bf_lily", "bm_fable"}  # shared/notes: never ours
+WEAK_WORDS = {"A", "An", "The", "In", "Of", "At", "As", "To"}
+
+
+def voices_of(file_set) -> set[str]:
+    return {*file_set.dense, *file_set.dialogue, *file_set.garden, file_set.bridges, *file_set.clips}
+
+
+def test_the_held_out_set_speaks_other_texts_in_the_fixtures_structures_and_no_evaluation_voice():
+    from conftest import script_module
+
+    with script_module("make_longform_fixtures") as maker:
+        fixtures, heldout = maker.SETS["fixtures"], maker.SETS["heldout"]
+        assert not set(fixtures.every_text()) & set(heldout.every_text())
+        assert fixtures.seed != heldout.seed
+        for file_set in (fixtures, heldout):
+            texts = file_set.module()
+            assert len(texts.WEAK_ONSETS) == len(fixtures.clips) == len(heldout.clips)
+            assert {t.split()[0] for t in texts.WEAK_ONSETS} <= WEAK_WORDS
+            assert texts.LAST_SENTENCE.startswith(texts.LAST_SPOKEN + ",")
+            assert all(t[-1] in ".?" for t in file_set.every_text())
+        assert not (voices_of(fixtures) | voices_of(heldout)) & EVALUATION_VOICES
+        # the dense file's voices are none of the fixture dense file's: other speakers at the window's edge
+        assert not set(heldout.dense) & set(fixtures.dense)

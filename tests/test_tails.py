@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,8 @@ from asr_spec.eval.metrics import normalize
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
 from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, closed_segments, covered_steps, drop_repeated_head,
-                                       plan_tail, rewind, seam_overlap, stride_tail, trim_span, uncovered_speech_s, with_tails,
-                                       word_ends)
+                                       longest_gap_s, plan_tail, rewind, seam_overlap, stride_tail, trim_span,
+                                       uncovered_speech_s, with_tails, word_ends)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_transcribe import LONG, SHORT, tiny_draft, tiny_processor, tiny_real_vocab_whisper  # noqa: E402
@@ -132,17 +133,21 @@ def test_the_transcriber_decides_a_tail_from_the_words_it_aligned() -> None:
     assert transcriber.tail_of(span, _result((0, 0, 2), result.tokens)) is None  # the repair bound
 
 
-def test_a_stride_window_gets_a_tail_only_for_speech_in_the_middle_it_keeps() -> None:
-    rate = 16000
-    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 25-45 s of the file
-    calls = []
-
+def counted_speech(calls: list[int]) -> Callable[[list[tuple[float, float]]], Callable[[], np.ndarray]]:
+    """speech_of(spans) -> () -> a 30 s window's speech frames over `spans` (s), each call counted in `calls`."""
     def speech_of(spans):
         def frames():
             calls.append(1)
             return speech_span(0.0, 30.0, spans).speech
         return frames
+    return speech_of
 
+
+def test_a_stride_window_gets_a_tail_only_for_speech_in_the_middle_it_keeps() -> None:
+    rate = 16000
+    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 25-45 s of the file
+    calls: list[int] = []
+    speech_of = counted_speech(calls)
     ended_early = (ts(0.0), 1, ts(6.0), ts(6.0), 2, ts(14.0), EOT)  # the text stops at 14 s of 30
     tail, kept = stride_tail(window, ended_early, EOT, TS, 0.5, 0.0, speech_of([(0, 18.0)]))
     assert calls and kept == ended_early and tail.start_sample == window.start_sample + 14 * rate
@@ -162,6 +167,34 @@ def test_a_stride_window_gets_a_tail_only_for_speech_in_the_middle_it_keeps() ->
     trimmed = trim_span(window, tail.start_sample)
     assert trimmed.end_sample == tail.start_sample and trimmed.stride_right_samples == 0
     assert trimmed.stride_left_samples == window.stride_left_samples
+
+
+def test_a_stride_window_that_skips_a_sentence_inside_its_middle_gets_a_tail_from_there() -> None:
+    """Whisper may jump from one segment to a later one over a pause and the sentence after it (issue 28's
+    held-out dialogue and monologue through stride): a gap of the kept middle is checked as its end is."""
+    rate = 16000
+    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 5-25 s of the window
+    calls: list[int] = []
+    speech_of = counted_speech(calls)
+    skipped = (ts(5.0), 1, ts(8.0), ts(12.0), 2, ts(24.9), EOT)  # nothing between 8 and 12 s
+    tail, kept = stride_tail(window, skipped, EOT, TS, 0.5, 0.0, speech_of([(5.0, 8.0), (8.6, 11.4), (12.0, 25.0)]))
+    assert calls and tail.start_sample == window.start_sample + 8 * rate and kept == skipped[:3] + (EOT,)
+    assert tail.stride_right_samples == window.stride_right_samples
+    calls.clear()
+    assert stride_tail(window, skipped, EOT, TS, 0.5, 0.0, speech_of([(5.0, 8.0), (12.0, 25.0)])) is None
+    assert calls  # a pause there: looked at, nothing to repair
+    calls.clear()
+    in_left_stride = (ts(1.0), 1, ts(2.0), ts(5.3), 2, ts(24.9), EOT)  # the gap is the window before's but 0.3 s
+    assert stride_tail(window, in_left_stride, EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None and not calls
+
+
+def test_longest_gap_is_what_no_segment_covers_after_a_closed_one_within_bounds() -> None:
+    closed = [(0, 100, 0, 2), (150, 400, 3, 5)]
+    assert longest_gap_s(closed, None, 0, 1000) == pytest.approx(12.0)  # 400 -> 1000
+    assert longest_gap_s(closed, None, 0, 420) == pytest.approx(1.0)  # 100 -> 150
+    assert longest_gap_s(closed, 410, 0, 1000) == pytest.approx(1.0)  # open from 410: 400 -> 410 and 100 -> 150
+    assert longest_gap_s(closed, None, 140, 420) == pytest.approx(0.4)  # 400 -> 420; 100 -> 150 starts before 140
+    assert longest_gap_s([(0, 100, 0, 2)], 100, 0, 1000) == 0.0
 
 
 # -- the seam --------------------------------------------------------------------------------------------------

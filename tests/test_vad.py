@@ -80,8 +80,19 @@ def test_pack_cut_within_the_last_seconds_of_a_full_chunk():
     regions = [(0, 32), (40, 50), (52, 70)]  # an 8-sample pause after 32, a 2-sample one after 50
     assert pack_regions(np.array(regions), 60) == [(0, 32), (40, 70)]  # the longest pause leaving >= 30
     assert pack_regions(np.array(regions), 60, min_cut_samples=45) == [(0, 50), (52, 70)]
-    assert pack_regions(np.array(regions), 60, min_cut_samples=55) == [(0, 32), (40, 70)]  # none: any that fits
+    assert pack_regions(np.array(regions), 60, min_cut_samples=55) == [(0, 32), (40, 70)]  # none: the half rule
+    # no pause in the last seconds: the longest pause leaving at least half, not a short chunk at a longer pause
+    short_first = [(0, 10), (14, 20), (21, 50), (51, 70)]
+    assert pack_regions(np.array(short_first), 60, min_cut_samples=55) == [(0, 50), (51, 70)]
+    assert pack_regions(np.array([(0, 10), (14, 25), (26, 70)]), 60, min_cut_samples=55) == [(0, 10), (14, 70)]
     assert plan_vad_chunks(np.zeros(10), 10 * FRAME_SAMPLES, VadOptions(cut_within_s=3.0)) == []
+
+
+def test_a_full_chunk_is_cut_in_its_last_five_seconds_by_default_at_most_its_last_half():
+    assert VadOptions().min_cut_samples == 25 * SR  # 30 s chunks cut in their last 5 s
+    assert VadOptions(cut_within_s=None).min_cut_samples == 15 * SR  # the last half
+    assert VadOptions(max_chunk_s=8.0).min_cut_samples == 4 * SR  # 5 s is more than half of 8: the half
+    assert VadOptions(cut_within_s=40.0).min_cut_samples == 15 * SR
 
 
 def test_split_long_region_at_its_quietest_frame():
@@ -140,7 +151,7 @@ def test_no_speech_no_chunks():
 
 @pytest.mark.parametrize("bad", [dict(threshold=1.5), dict(min_silence_s=-1), dict(max_chunk_s=40),
                                  dict(speech_pad_s=float("nan")), dict(speech_pad_s=10), dict(extend_onset=1),
-                                 dict(cut_within_s=0), dict(cut_within_s=31)])
+                                 dict(cut_within_s=0), dict(cut_within_s=-2.0), dict(cut_within_s="5")])
 def test_bad_options_are_one_line_errors(bad):
     with pytest.raises(InputError, match="vad"):
         VadOptions(**bad)
@@ -150,7 +161,7 @@ def test_bad_options_are_one_line_errors(bad):
 def test_silero_finds_the_speech_of_a_real_file():
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
-    from asr_spec.audio.vad import SileroVad
+    from asr_spec.audio.silero import SileroVad
 
     audio = load_audio("tests/fixtures/speech/long_75s.flac")
     silence = np.zeros(SR * 40, np.float32)
@@ -167,7 +178,7 @@ def test_loading_silero_leaves_torch_threads_alone():
     """silero_vad sets torch's thread count to 1 when imported; the encoder and decoder must keep theirs. A fresh
     process, so that the import really happens here."""
     pytest.importorskip("silero_vad")
-    code = ("import torch; torch.set_num_threads(2); from asr_spec.audio.vad import SileroVad; SileroVad(); "
+    code = ("import torch; torch.set_num_threads(2); from asr_spec.audio.silero import SileroVad; SileroVad(); "
             "print(torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split()[-1] == "2"
@@ -178,7 +189,8 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     probabilities, with the state carried across blocks of any size and reset after digital silence."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
-    from asr_spec.audio.vad import DIGITAL_SILENCE, SileroVad
+    from asr_spec.audio.silero import SileroVad
+    from asr_spec.audio.vad import DIGITAL_SILENCE
 
     speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")[: SR * 3]
     signal = np.concatenate([speech, np.zeros(SR // 2, np.float32), speech[::-1], np.zeros(700, np.float32), speech])

@@ -1,23 +1,23 @@
 """Voice-activity chunking: cut a long signal into speech chunks of at most one window, skipping non-speech.
 
-    blocks ──SileroVad──► speech probability per 32 ms frame ──speech_regions──► regions (frames)
+    blocks ──SileroVad (audio/silero.py)──► speech probability per 32 ms frame ──speech_regions──► regions (frames)
            ──split_long_regions──► regions no longer than a window ──pad_regions──► sample ranges
            ──pack_regions──► chunks: contiguous spans [first region start, last region end) of at most one window
 
 A chunk is a contiguous stretch of the file, so chunk-relative times map back to file time by adding the chunk's
 start sample, exactly, and chunks never overlap (no stitching). Neighbouring regions are merged into one chunk
 while the span still fits the window; when the next region does not fit, the chunk is cut at its longest pause
-(preferring pauses that leave the chunk at least half a window long, so chunks stay few). A single region longer
+in its last `cut_within_s` (5 s; else the longest leaving it at least half a window long), so chunks are few and
+full. A single region longer
 than a window (no pause of `min_silence_s` inside) is split at its quietest frame.
 
-Everything below `SileroVad` is pure (numpy on plain arrays) and tested without the model. Units: `_frames` are
+Everything here is pure (numpy on plain arrays) and tested without the model. Units: `_frames` are
 VAD frames of `FRAME_SAMPLES` samples, `_samples` are 16 kHz samples, `_s` seconds.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -28,8 +28,6 @@ from asr_spec.errors import InputError
 
 __all__ = [
     "FRAME_SAMPLES",
-    "window_speech",
-    "SileroVad",
     "SpeechSpan",
     "VadOptions",
     "iter_vad_chunks",
@@ -61,9 +59,10 @@ class VadOptions:
     # a region starts where the run of frames >= threshold - 0.15 leading to its onset starts (the hysteresis
     # applied backwards), not at its first frame >= threshold
     extend_onset: bool = False
-    # a full chunk is cut at the longest pause leaving it at least max_chunk_s - cut_within_s long (None: at
-    # least half of max_chunk_s)
-    cut_within_s: float | None = None
+    # a full chunk is cut at the longest pause in its last cut_within_s seconds (at most half of max_chunk_s;
+    # None: that half), where there is one: chunks packed full (fewer chunks, fewer starts with no speech before
+    # them), whose tails the tail repair covers (docs/long-form-measurements.md)
+    cut_within_s: float | None = 5.0
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -71,6 +70,12 @@ class VadOptions:
     @property
     def max_chunk_samples(self) -> int:
         return int(round(self.max_chunk_s * SAMPLE_RATE))
+
+    @property
+    def min_cut_samples(self) -> int:
+        """The shortest chunk a full one is cut to where a pause allows (see cut_within_s)."""
+        within = self.max_chunk_s / 2 if self.cut_within_s is None else min(self.cut_within_s, self.max_chunk_s / 2)
+        return int(round((self.max_chunk_s - within) * SAMPLE_RATE))
 
     @property
     def pad_samples(self) -> int:
@@ -98,8 +103,8 @@ def _verify_options(options: VadOptions) -> None:
         raise InputError(f"vad speech_pad_s ({options.speech_pad_s}) must be under a quarter of max_chunk_s")
     if not isinstance(options.extend_onset, bool):
         raise InputError(f"vad extend_onset must be True or False, got {options.extend_onset!r}")
-    if options.cut_within_s is not None and not 0 < number("cut_within_s") <= options.max_chunk_s:
-        raise InputError(f"vad cut_within_s must be in (0, max_chunk_s] seconds, got {options.cut_within_s!r}")
+    if options.cut_within_s is not None and not number("cut_within_s") > 0:
+        raise InputError(f"vad cut_within_s must be > 0 seconds (or None), got {options.cut_within_s!r}")
 
 
 @dataclass(frozen=True)
@@ -167,8 +172,8 @@ def pad_regions(regions: np.ndarray, pad_samples: int, n_samples: int) -> np.nda
 def pack_regions(regions: np.ndarray, max_samples: int, min_cut_samples: int | None = None) -> list[tuple[int, int]]:
     """Pack ordered, non-overlapping [start, end) ranges (each at most `max_samples`) into chunks
     [first start, last end) of at most `max_samples`, cut at the longest pause that leaves a chunk at least
-    `min_cut_samples` long (None: half of `max_samples`) where there is one. The last chunk is the one still
-    growing when more regions may follow (see `iter_vad_chunks`)."""
+    `min_cut_samples` long (None: half of `max_samples`) where there is one, else at least half, else any. The
+    last chunk is the one still growing when more regions may follow (see `iter_vad_chunks`)."""
     chunks: list[tuple[int, int]] = []
     group: list[tuple[int, int]] = []
     min_cut = max_samples // 2 if min_cut_samples is None else min_cut_samples
@@ -185,15 +190,16 @@ def pack_regions(regions: np.ndarray, max_samples: int, min_cut_samples: int | N
 
 def _cut_index(group: list[tuple[int, int]], max_samples: int, min_cut_samples: int) -> int:
     """How many leading regions of `group` make the next chunk: cut at the longest pause that leaves the chunk
-    within `max_samples`, preferring chunks of at least `min_cut_samples`."""
+    within `max_samples`, preferring chunks of at least `min_cut_samples`, then of at least half `max_samples`."""
     starts = np.array([g[0] for g in group])
     ends = np.array([g[1] for g in group])
     gaps = starts[1:] - ends[:-1]  # pause before region i + 1
     span = ends[:-1] - starts[0]  # chunk length when cut after region i
     fits = span <= max_samples
-    candidates = fits & (span >= min_cut_samples)
-    if not candidates.any():
-        candidates = fits
+    for floor in (min_cut_samples, max_samples // 2, 0):
+        candidates = fits & (span >= floor)
+        if candidates.any():
+            break
     score = np.where(candidates, gaps, -1)
     return int(len(score) - np.argmax(score[::-1]))  # the latest of the longest pauses; a cut after index i
 
@@ -203,9 +209,8 @@ def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> l
     max_frames = max((options.max_chunk_samples - 2 * options.pad_samples) // FRAME_SAMPLES, 1)
     regions = split_long_regions(speech_regions(probs, options), probs, max_frames)
     samples = np.minimum(regions * FRAME_SAMPLES, n_samples)
-    min_cut = None if options.cut_within_s is None else int(round((options.max_chunk_s - options.cut_within_s)
-                                                                  * SAMPLE_RATE))
-    return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples, min_cut)
+    return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples,
+                        options.min_cut_samples)
 
 
 def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: int, threshold: float) -> np.ndarray:
@@ -223,15 +228,6 @@ def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: in
     vad_index = np.minimum((np.arange(n_frames) * frame - probs_start_sample) // FRAME_SAMPLES, len(probs) - 1)
     voiced = probs[np.maximum(vad_index, 0)] >= threshold if len(probs) else np.zeros(n_frames, bool)
     return loud & voiced
-
-
-def window_speech(samples: np.ndarray, vad: SileroVad, threshold: float) -> np.ndarray:
-    """(F,) bool speech frames (`speech_frames`) of one window cut without the VAD (a stride window), from the
-    VAD's probabilities over the window alone (a fresh state; the last partial VAD frame padded with zeros)."""
-    vad.reset()
-    padded = np.pad(samples, (0, (-len(samples)) % FRAME_SAMPLES))
-    probs = vad(padded) if len(padded) else np.zeros(0, np.float32)
-    return speech_frames(samples, probs, 0, threshold)
 
 
 # -- streaming -------------------------------------------------------------------------------------------------
@@ -296,148 +292,3 @@ def _chunk(start: int, end: int, index: int, probs: np.ndarray, samples: np.ndar
                            options.threshold)
     span = SpeechSpan(int(start), int(end), 0, 0, is_first=index == 0, is_last=False, speech=speech)
     return span, samples.copy()
-
-
-# -- the model -------------------------------------------------------------------------------------------------
-
-class SileroVad:
-    """silero-vad (from the `silero-vad` package, its TorchScript model) as a stateful `ProbabilityFn`. Call
-    `reset()` before each new signal.
-
-    The model is a convolutional front end (STFT + encoder) that sees each 512-sample frame with the 64 samples
-    before it, then a small LSTM, then a 1x1 convolution. Only the LSTM is recurrent, so the front end runs on
-    every frame of a call at once and the LSTM over each run of frames in one call: the same probabilities as
-    feeding the model frame by frame (within 1e-4), 3.5x faster than silero-vad's ONNX model fed frame by frame
-    through onnxruntime (0.10 s against 0.35 s for 75 s of speech, one thread). A model of another layout is fed
-    frame by frame.
-
-    Frames of digital silence (every sample within DIGITAL_SILENCE) are scored 0 without running the model, which
-    is reset after them (its state after silence).
-    """
-
-    def __init__(self) -> None:
-        import torch
-
-        threads = torch.get_num_threads()
-        try:
-            # importing silero_vad calls torch.set_num_threads(1) for the whole process: every encoder and decoder
-            # step after it would run on one core (measured: the default run took 2x as long). Undone below.
-            from silero_vad import load_silero_vad
-        except ImportError as err:
-            raise InputError("chunking 'vad' needs the silero-vad package: pip install silero-vad") from err
-        finally:
-            torch.set_num_threads(threads)
-        with warnings.catch_warnings():  # silero-vad's own use of a deprecated importlib.resources call
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self.model = load_silero_vad(onnx=False)
-        self._parts = _model_parts(self.model)
-        self.reset()
-
-    def reset(self) -> None:
-        self.model.reset_states()
-        self._after_silence = False
-        self._state = None  # the LSTM's (h, c) after the last frame, None = zeros
-        self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
-
-    def __call__(self, samples: np.ndarray) -> np.ndarray:
-        frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
-        silent = np.abs(frames).max(axis=1, initial=0.0) <= DIGITAL_SILENCE
-        if self._parts is None:
-            return self._frame_by_frame(frames, silent)
-        import torch
-
-        out = np.zeros(len(frames), dtype=np.float32)
-        if not len(frames):
-            return out
-        # a frame right after digital silence starts afresh: zero context, zero LSTM state
-        fresh = ~silent & np.r_[self._after_silence, silent[:-1]]
-        context = np.concatenate([self._context[None], frames[:-1, -CONTEXT_SAMPLES:]])
-        context[fresh] = 0.0
-        live = np.flatnonzero(~silent)
-        if len(live):
-            front, lstm, head = self._parts
-            with torch.inference_mode():
-                x = torch.from_numpy(np.concatenate([context[live], frames[live]], axis=1))
-                feats = front(x)  # (n_live, 128)
-                hidden, state = [], self._state
-                for run in np.split(np.arange(len(live)), np.flatnonzero(fresh[live])):
-                    if not len(run):
-                        continue
-                    if fresh[live[run[0]]]:
-                        state = None
-                    h, state = lstm(feats[run[0]: run[-1] + 1][None], state)
-                    hidden.append(h[0])
-                out[live] = head(torch.cat(hidden).T[None])[0, 0].numpy()
-                self._state = state
-        self._after_silence = bool(silent[-1]) or (self._after_silence and not len(live))
-        self._context = frames[-1, -CONTEXT_SAMPLES:].copy()
-        return out
-
-    def _frame_by_frame(self, frames: np.ndarray, silent: np.ndarray) -> np.ndarray:
-        import torch
-
-        out = np.zeros(len(frames), dtype=np.float32)
-        x = torch.from_numpy(frames)
-        with torch.inference_mode():
-            for index in range(len(frames)):
-                if silent[index]:
-                    self._after_silence = True
-                    continue
-                if self._after_silence:
-                    self.model.reset_states()
-                    self._after_silence = False
-                out[index] = float(self.model(x[index][None], SAMPLE_RATE))
-        return out
-
-
-def _model_parts(model):
-    """(front end, LSTM, head) of silero-vad's 16 kHz TorchScript model, run eagerly with its weights (the
-    TorchScript executor's first calls cost seconds): front (n, 64 + 512) samples -> (n, 128) features (reflect
-    pad, STFT as a strided convolution, magnitude, four conv + ReLU blocks), its LSTMCell over a run of frames,
-    head (1, 128, n) -> (1, 1, n) probabilities. None when the model is not laid out so
-    (another silero-vad version): it is then fed frame by frame."""
-    import torch
-    import torch.nn.functional as F
-
-    try:
-        net = model._model
-        stft, cell = net.stft, net.decoder.rnn
-        basis, hop, half = stft.forward_basis_buffer, int(stft.hop_length), int(stft.filter_length) // 2 + 1
-        pad = tuple(stft.padding.padding)
-        convs = [getattr(net.encoder, str(i)).reparam_conv for i in range(4)]
-        convs = [(c.weight, c.bias, c.stride[0], c.padding[0]) for c in convs]
-        head_conv = getattr(net.decoder.decoder, "2")
-        head_w, head_b = head_conv.weight, head_conv.bias
-        w_ih, w_hh_t, bias = cell.weight_ih, cell.weight_hh.t().contiguous(), cell.bias_ih + cell.bias_hh
-        n_hidden = w_hh_t.shape[0]
-        if int(net.context_size_samples) != CONTEXT_SAMPLES:
-            return None
-    except (AttributeError, RuntimeError, TypeError, ValueError):
-        return None
-
-    def front(x):
-        spec = F.conv1d(F.pad(x[:, None], pad, mode="reflect"), basis, stride=hop)
-        h = torch.sqrt(spec[:, :half] ** 2 + spec[:, half:] ** 2)
-        for w, b, stride, padding in convs:
-            h = F.relu(F.conv1d(h, w, b, stride=stride, padding=padding))
-        return h.squeeze(-1)
-
-    def head(h):
-        return torch.sigmoid(F.conv1d(F.relu(h), head_w, head_b))
-
-    def lstm(x, state):
-        """The LSTMCell over x (1, n, 128) from `state` ((h, c), None = zeros) -> ((1, n, 128) outputs, state).
-        A loop of small ops on purpose: none is large enough to be split over threads, so no step waits on a
-        thread barrier (oneDNN's fused RNN does, and took seconds per call when the cores were shared)."""
-        gates_in = torch.addmm(bias, x[0], w_ih.t())  # (n, 4 * n_hidden): the input's part of every step at once
-        h, c = state if state is not None else (x.new_zeros(1, n_hidden), x.new_zeros(1, n_hidden))
-        out = []
-        for t in range(gates_in.shape[0]):
-            g = torch.addmm(gates_in[t: t + 1], h, w_hh_t)  # gates i, f, g, o
-            s = g.sigmoid()
-            c = s[:, n_hidden: 2 * n_hidden] * c + s[:, :n_hidden] * g[:, 2 * n_hidden: 3 * n_hidden].tanh()
-            h = s[:, 3 * n_hidden:] * c.tanh()
-            out.append(h)
-        return torch.cat(out)[None], (h, c)
-
-    return front, lstm, head

@@ -146,7 +146,7 @@ class StreamRunner:
 
 def silero_voices() -> Callable[[], VoiceFn]:
     """A factory of per-stream silero-vad probability functions sharing one model (each its own state)."""
-    from asr_spec.audio.vad import SileroVad
+    from asr_spec.audio.silero import SileroVad
 
     base = SileroVad()
 

@@ -22,7 +22,8 @@ import numpy as np
 from asr_spec.audio.chunking import ChunkSpan, skip_silent_windows
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import load_audio, stream_audio
-from asr_spec.audio.vad import SileroVad, VadOptions, iter_vad_chunks, window_speech
+from asr_spec.audio.silero import SileroVad, window_speech
+from asr_spec.audio.vad import VadOptions, iter_vad_chunks
 from asr_spec.engine import ChunkRequest
 from asr_spec.engine.memory import MAX_ENCODE_BATCH
 from asr_spec.errors import InputError, one_line
@@ -59,7 +60,7 @@ class FrontEnd:
         return self._featurise(self._chunks(inputs), min(batch_size, MAX_ENCODE_BATCH), keep_samples)
 
     def window_speech(self, samples: np.ndarray) -> np.ndarray:
-        """(F,) bool speech frames of one chunk's samples (`vad.window_speech`, at the VAD threshold of
+        """(F,) bool speech frames of one chunk's samples (`silero.window_speech`, at the VAD threshold of
         options.vad or the default's): for a stride window whose transcript may stop early (tail repair)."""
         threshold = (self.options.vad or VadOptions()).threshold
         with self._vad_lock:

@@ -34,8 +34,9 @@ from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
-__all__ = ["MAX_SEAM_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head", "plan_tail",
-           "rewind", "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s", "with_tails", "word_ends"]
+__all__ = ["MAX_SEAM_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head",
+           "longest_gap_s", "plan_tail", "rewind", "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s",
+           "with_tails", "word_ends"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
@@ -159,21 +160,34 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     return tail, tuple(int(t) for t in tokens[:n_kept]) + (eot_id,)
 
 
+def longest_gap_s(closed: list[Segment], open_start: int | None, low: int, high: int) -> float:
+    """Seconds of the longest stretch of steps [low, high) that follows a closed segment and no segment covers:
+    from a closed segment's end to the next segment's start (a segment left open starts at open_start and covers
+    the rest; after the last closed one, to high). 0 when there is none. Only in such a stretch can speech go
+    untranscribed (`_uncovered_segment`)."""
+    starts = [s for s, _, _, _ in closed[1:]] + [high if open_start is None else open_start]
+    gaps = [min(next_start, high) - max(end, low) for (_, end, _, _), next_start in zip(closed, starts)]
+    return max([0, *gaps]) * TIME_PRECISION_S
+
+
 def stride_tail(span: ChunkSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
                 context_s: float, speech_of: Callable[[], np.ndarray]) -> tuple[SpeechSpan, tuple[int, ...]] | None:
-    """`plan_tail` for a stride window (no VAD frames of its own): only when its last closed segment ends at
-    least `margin_s` before the end of the middle it keeps (the next window re-decodes its right stride) are its
-    speech frames computed (speech_of: () -> (F,) bool, e.g. `vad.window_speech`) and the window's speech in that
-    middle compared with its segments. Otherwise None, at no cost: the window's output stays as decoded."""
+    """`plan_tail` for a stride window (no VAD frames of its own): only when the middle it keeps (the window
+    before keeps its left stride, the next re-decodes its right one) has at least `margin_s` that no segment
+    covers after a closed segment (its text ends early, or skips from one segment to a later one: a sentence
+    after a long pause, `longest_gap_s`) are its speech frames computed (speech_of: () -> (F,) bool, e.g.
+    `silero.window_speech`) and the window's speech in that middle compared with its segments. Otherwise None, at no
+    cost: the window's output stays as decoded."""
     if isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
+    keep_start = span.stride_left_samples // STEP_SAMPLES
     keep_end = (span.n_samples - span.stride_right_samples) // STEP_SAMPLES
-    if not closed or open_start is not None or (keep_end - closed[-1][1]) * TIME_PRECISION_S < margin_s:
+    if not closed or longest_gap_s(closed, open_start, keep_start, keep_end) < margin_s:
         return None
     speech = np.array(speech_of(), bool)
     speech[keep_end:] = False  # the next window's to decode
-    speech[: span.stride_left_samples // STEP_SAMPLES] = False  # the window before's
+    speech[:keep_start] = False  # the window before's
     view = SpeechSpan(span.start_sample, span.end_sample, span.stride_left_samples, span.stride_right_samples,
                       span.is_first, span.is_last, speech=speech)
     return plan_tail(view, tokens, eot_id, timestamp_begin_id, margin_s, context_s)
