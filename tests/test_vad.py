@@ -88,10 +88,10 @@ def test_pack_cut_within_the_last_seconds_of_a_full_chunk():
     assert plan_vad_chunks(np.zeros(10), 10 * FRAME_SAMPLES, VadOptions(cut_within_s=3.0)) == []
 
 
-def test_a_full_chunk_is_cut_in_its_last_five_seconds_by_default_at_most_its_last_half():
-    assert VadOptions().min_cut_samples == 25 * SR  # 30 s chunks cut in their last 5 s
-    assert VadOptions(cut_within_s=None).min_cut_samples == 15 * SR  # the last half
-    assert VadOptions(max_chunk_s=8.0).min_cut_samples == 4 * SR  # 5 s is more than half of 8: the half
+def test_a_full_chunk_is_cut_in_its_last_half_by_default_or_its_last_cut_within_s_at_most_that_half():
+    assert VadOptions().min_cut_samples == 15 * SR  # 30 s chunks: the last half
+    assert VadOptions(cut_within_s=5.0).min_cut_samples == 25 * SR
+    assert VadOptions(max_chunk_s=8.0, cut_within_s=5.0).min_cut_samples == 4 * SR  # more than half of 8: the half
     assert VadOptions(cut_within_s=40.0).min_cut_samples == 15 * SR
 
 

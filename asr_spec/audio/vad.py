@@ -7,8 +7,8 @@
 A chunk is a contiguous stretch of the file, so chunk-relative times map back to file time by adding the chunk's
 start sample, exactly, and chunks never overlap (no stitching). Neighbouring regions are merged into one chunk
 while the span still fits the window; when the next region does not fit, the chunk is cut at its longest pause
-in its last `cut_within_s` (5 s; else the longest leaving it at least half a window long), so chunks are few and
-full. A single region longer
+(preferring pauses that leave the chunk at least half a window long, so chunks stay few; `cut_within_s` prefers
+the last few seconds). A single region longer
 than a window (no pause of `min_silence_s` inside) is split at its quietest frame.
 
 Everything here is pure (numpy on plain arrays) and tested without the model. Units: `_frames` are
@@ -60,9 +60,9 @@ class VadOptions:
     # applied backwards), not at its first frame >= threshold
     extend_onset: bool = False
     # a full chunk is cut at the longest pause in its last cut_within_s seconds (at most half of max_chunk_s;
-    # None: that half), where there is one: chunks packed full (fewer chunks, fewer starts with no speech before
-    # them), whose tails the tail repair covers (docs/long-form-measurements.md)
-    cut_within_s: float | None = 5.0
+    # None: that half), else in its last half, else anywhere; 5 packs chunks fuller (measured, not the default:
+    # docs/long-form-measurements.md)
+    cut_within_s: float | None = None
 
     def __post_init__(self) -> None:
         _verify_options(self)
