@@ -63,7 +63,6 @@ SOFT_ONSET_DB, SOFT_ONSET_S = -20.0, 0.35
 FILE_LEAD_S, FILE_TAIL_S = 0.3, 0.5  # silence before and after a long file's speech
 
 
-
 @dataclass(frozen=True)
 class FileSet:
     """What a set of files speaks and in which voices: its texts module (next to this script: the lists DENSE,
@@ -92,8 +91,8 @@ SETS = {
                         ("af_sarah", "bm_lewis", "af_aoede"), "bm_daniel",
                         ("af_alloy", "am_liam", "bf_isabella", "af_kore", "am_fenrir", "af_jessica", "bm_george",
                          "af_nova")),
-    # held out: other texts, the six voices no fixture uses and other pairings of the rest; for checking that what
-    # was measured and chosen on the fixtures holds on files nobody tuned anything on (not committed as audio)
+    # held out: other texts, five of the six voices no fixture uses and other pairings of the rest; for checking
+    # that what was measured and chosen on the fixtures holds on files nobody tuned anything on (not committed)
     "heldout": FileSet("longform_heldout_texts", 28_1201, ("af_bella", "am_onyx", "bf_alice"), ("am_adam", "af_river"),
                        ("af_nova", "bm_george", "am_eric"), "af_kore",
                        ("af_bella", "am_onyx", "af_river", "am_adam", "bf_emma", "am_eric", "bm_lewis", "af_heart")),

@@ -11,6 +11,7 @@ from asr_spec.audio.loading import load_audio
 
 LONGFORM = Path(__file__).parent / "fixtures" / "longform"
 LONG_FILES = ["dense_windows", "dialogue_pauses", "ends_mid_sentence", "monologue_speeds"]
+WEAK_WORDS = {"A", "An", "The", "In", "Of", "At", "As", "To"}  # the first words of the weak-onset clips
 
 
 def sentence_rows(name: str) -> list[tuple[float, float, str]]:
@@ -46,11 +47,7 @@ def test_weak_onset_clips_start_speaking_at_a_fifth_of_a_second():
         rms = np.sqrt(np.mean(audio[: len(audio) // frame * frame].reshape(-1, frame) ** 2, axis=1))
         onset_s = np.flatnonzero(rms > 0.01 * rms.max())[0] * frame / 16_000
         assert 0.15 <= onset_s <= 0.3, path.name
-        assert path.with_suffix(".txt").read_text().split()[0] in {"A", "An", "The", "In", "Of", "At", "As", "To"}
-
-
-EVALUATION_VOICES = {"af_nicole", "af_sky", "am_echo", "am_puck", "bf_lily", "bm_fable"}  # shared/notes: never ours
-WEAK_WORDS = {"A", "An", "The", "In", "Of", "At", "As", "To"}
+        assert path.with_suffix(".txt").read_text().split()[0] in WEAK_WORDS
 
 
 def voices_of(file_set) -> set[str]:
@@ -60,7 +57,7 @@ def voices_of(file_set) -> set[str]:
 def test_the_held_out_set_speaks_other_texts_in_the_fixtures_structures_and_no_evaluation_voice():
     from conftest import script_module
 
-    with script_module("make_longform_fixtures") as maker:
+    with script_module("make_longform_fixtures") as maker, script_module("kokoro_tts") as tts:
         fixtures, heldout = maker.SETS["fixtures"], maker.SETS["heldout"]
         assert not set(fixtures.every_text()) & set(heldout.every_text())
         assert fixtures.seed != heldout.seed
@@ -70,6 +67,6 @@ def test_the_held_out_set_speaks_other_texts_in_the_fixtures_structures_and_no_e
             assert {t.split()[0] for t in texts.WEAK_ONSETS} <= WEAK_WORDS
             assert texts.LAST_SENTENCE.startswith(texts.LAST_SPOKEN + ",")
             assert all(t[-1] in ".?" for t in file_set.every_text())
-        assert not (voices_of(fixtures) | voices_of(heldout)) & EVALUATION_VOICES
+        assert not (voices_of(fixtures) | voices_of(heldout)) & tts.EXCLUDED_VOICES
         # the dense file's voices are none of the fixture dense file's: other speakers at the window's edge
         assert not set(heldout.dense) & set(fixtures.dense)

@@ -8,8 +8,8 @@ A chunk is a contiguous stretch of the file, so chunk-relative times map back to
 start sample, exactly, and chunks never overlap (no stitching). Neighbouring regions are merged into one chunk
 while the span still fits the window; when the next region does not fit, the chunk is cut at its longest pause
 (preferring pauses that leave the chunk at least half a window long, so chunks stay few; `cut_within_s` prefers
-the last few seconds). A single region longer
-than a window (no pause of `min_silence_s` inside) is split at its quietest frame.
+the last few seconds). A single region longer than a window (no pause of `min_silence_s` inside) is split at its
+quietest frame.
 
 Everything here is pure (numpy on plain arrays) and tested without the model. Units: `_frames` are
 VAD frames of `FRAME_SAMPLES` samples, `_samples` are 16 kHz samples, `_s` seconds.

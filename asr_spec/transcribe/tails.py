@@ -71,11 +71,17 @@ def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np
     by before the next segment starts (or, after the last one, before the chunk ends), or None. ends: per closed
     segment, the step the transcript covers to after it (default: its end timestamp; see `word_ends`)."""
     ends = [end for _, end, _, _ in closed] if ends is None else ends
-    starts = [s for s, _, _, _ in closed[1:]] + [len(speech) if open_start is None else open_start]
+    starts = _next_starts(closed, open_start, len(speech))
     for position, (end, next_start) in enumerate(zip(ends, starts)):
         if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
             return position
     return None
+
+
+def _next_starts(closed: list[Segment], open_start: int | None, end: int) -> list[int]:
+    """Per closed segment, the step where the next segment starts: the next closed one's start, then the open
+    segment's start (it covers the rest), or `end` when the last segment is closed."""
+    return [s for s, _, _, _ in closed[1:]] + [end if open_start is None else open_start]
 
 
 def word_ends(closed: list[Segment], words_s: Sequence[tuple[float, float]]) -> list[int]:
@@ -165,7 +171,7 @@ def longest_gap_s(closed: list[Segment], open_start: int | None, low: int, high:
     from a closed segment's end to the next segment's start (a segment left open starts at open_start and covers
     the rest; after the last closed one, to high). 0 when there is none. Only in such a stretch can speech go
     untranscribed (`_uncovered_segment`)."""
-    starts = [s for s, _, _, _ in closed[1:]] + [high if open_start is None else open_start]
+    starts = _next_starts(closed, open_start, high)
     gaps = [min(next_start, high) - max(end, low) for (_, end, _, _), next_start in zip(closed, starts)]
     return max([0, *gaps]) * TIME_PRECISION_S
 
