@@ -70,11 +70,11 @@ class TimedRunner(StepRunner):
         super().__init__(mode, wrap)
         self.times: list[tuple[tuple[int, int, int], float]] = []
 
-    def __call__(self, m, rules, st, k, n_keys):
+    def __call__(self, m, rules, st, k, n_keys, hyp=None):
         device = st.n_tok.device
         sync(device)
         t0 = time.perf_counter()
-        super().__call__(m, rules, st, k, n_keys)
+        super().__call__(m, rules, st, k, n_keys, hyp)
         sync(device)
         self.times.append(((st.n_tok.shape[0], n_keys, k), time.perf_counter() - t0))
 
