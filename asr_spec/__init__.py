@@ -41,12 +41,11 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from asr_spec.audio.chunking import ChunkingOptions
-    from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, DecodeOptions, Engine
-    from asr_spec.engine import ResourceError
+    from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, DecodeOptions, Engine, ResourceError
     from asr_spec.errors import AsrSpecError, AudioError, InputError, ModelLoadError
-    from asr_spec.transcribe.outputs import TranscriptSegment
     from asr_spec.models.presets import Preset, load_preset
     from asr_spec.transcribe import ChunkReport, TranscribeOptions, Transcriber, Transcription
+    from asr_spec.transcribe.outputs import TranscriptSegment
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 
-
 @dataclass(frozen=True)
 class Shape:
     d_model: int

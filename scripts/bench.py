@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_fw import FwRunner  # scripts/ is on sys.path when a script in it runs
+from bench_report import CONFIGS, LABELS, Result, plot, table
 
 from asr_spec import ChunkStats, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
@@ -57,8 +59,6 @@ from asr_spec.eval.librispeech import iter_local
 from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.models.presets import load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
-from bench_fw import FwRunner  # scripts/ is on sys.path when a script in it runs
-from bench_report import CONFIGS, LABELS, Result, plot, table
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
 Runner = Callable[[list["Clip"], int], list[str]]  # (clips, batch size) -> their texts

@@ -22,8 +22,8 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 
 from asr_spec.engine import ChunkStats, DecodeOptions, Engine
-from asr_spec.testing import SHAPES, random_whisper
 from asr_spec.models.loading import decoder_draft, resolve_device, resolve_dtype
+from asr_spec.testing import SHAPES, random_whisper
 
 
 def sync(device: torch.device) -> None:

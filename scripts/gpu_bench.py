@@ -36,6 +36,7 @@ import statistics
 import time
 from pathlib import Path
 
+import step_floor as sf  # scripts/step_floor.py (this script's folder is on sys.path)
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine
@@ -44,8 +45,6 @@ from asr_spec.engine.oracle import oracle_draft
 from asr_spec.models.feature_draft import init_feature_draft
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
-
-import step_floor as sf  # scripts/step_floor.py (this script's folder is on sys.path)
 
 # Random attention is near-uniform, so it averages the audio over its positions: encoder outputs of std 10 keep
 # each chunk's audio steering its row (greedy rows differ from chunk to chunk; a row's chunk matters to the oracle)

@@ -46,10 +46,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import kokoro_tts  # noqa: E402  (scripts/ is not a package)
-from make_longform_fixtures import SETS as LONGFORM_SETS  # noqa: E402
 from make_fixtures import (  # noqa: E402
-    SAMPLE_RATE, Voice, _espeak, _festival, _flite, _kokoro, fixture_texts, librispeech_text, synthesize, trim,
-    write_flac)
+    SAMPLE_RATE,
+    Voice,
+    _espeak,
+    _festival,
+    _flite,
+    _kokoro,
+    fixture_texts,
+    librispeech_text,
+    synthesize,
+    trim,
+    write_flac,
+)
+from make_longform_fixtures import SETS as LONGFORM_SETS  # noqa: E402
 
 from asr_spec.distill import corpus  # noqa: E402
 

@@ -78,7 +78,7 @@ def main() -> None:
                       for item, reqs in zip(inputs, per_file)]
         print(f"{name}: decoded {sum(map(len, per_file))} chunks of {len(paths)} files in {wall_s:.1f} s, corpus WER "
               f"{score(refs, hyps[name]).wer:.2%}", flush=True)
-    print(f"\n| file | chunks | WER independent | WER previous |\n|---|---|---|---|")
+    print("\n| file | chunks | WER independent | WER previous |\n|---|---|---|---|")
     for i, path in enumerate(paths):
         cells = [f"{score([refs[i]], [hyps[n][i]]).wer:.2%}" for n in ("independent", "previous")]
         print(f"| {path.stem} | {len(per_file[i])} | {cells[0]} | {cells[1]} |")

@@ -39,8 +39,8 @@ from bench import Clip, ours_runner  # noqa: E402
 from bench_longform import FIXTURES, Item, fixture_items, markdown, row, run_item  # noqa: E402
 
 from asr_spec import TranscribeOptions, Transcriber  # noqa: E402
-from asr_spec.audio.loading import SAMPLE_RATE  # noqa: E402
 from asr_spec.audio.chunking import CHUNK_LENGTH_S  # noqa: E402
+from asr_spec.audio.loading import SAMPLE_RATE  # noqa: E402
 from asr_spec.audio.silero import SileroVad  # noqa: E402
 from asr_spec.audio.vad import FRAME_SAMPLES, VadOptions, plan_vad_chunks  # noqa: E402
 

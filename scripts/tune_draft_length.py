@@ -16,9 +16,9 @@ import time
 
 from bench_engine import timed  # scripts/ is on sys.path when a script in it runs
 
+from asr_spec.audio.features import log_mel_batch, make_feature_extractor
 from asr_spec.audio.loading import load_audio
 from asr_spec.engine import ChunkStats, DecodeOptions, Engine
-from asr_spec.audio.features import log_mel_batch, make_feature_extractor
 from asr_spec.models.loading import decoder_draft, load_draft, load_model, resolve_device, resolve_dtype
 
 

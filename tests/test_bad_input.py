@@ -19,18 +19,17 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-
-from asr_spec import TranscribeOptions, Transcriber
-from asr_spec.audio.loading import SAMPLE_RATE, load_audio
-from asr_spec.engine import DecodeOptions, Engine, memory
-from asr_spec.engine.rules import LogitRules, WhisperTokens
-from asr_spec.engine import ResourceError
-from asr_spec.errors import AudioError, InputError, ModelLoadError
-from asr_spec.models.loading import decoder_draft
-from asr_spec.transcribe.nospeech import NoSpeechRule, compression_ratio
 from conftest import perturbed, tiny_target
 from test_cli import assert_one_line_error, run_cli, tiny
 from test_transcribe import LONG, SHORT, save_tiny_models, transcriber
+
+from asr_spec import TranscribeOptions, Transcriber
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.engine import DecodeOptions, Engine, ResourceError, memory
+from asr_spec.engine.rules import LogitRules, WhisperTokens
+from asr_spec.errors import AudioError, InputError, ModelLoadError
+from asr_spec.models.loading import decoder_draft
+from asr_spec.transcribe.nospeech import NoSpeechRule, compression_ratio
 
 FORMATS = {".txt", ".json", ".srt", ".vtt"}
 
@@ -40,7 +39,7 @@ def model_dirs(tmp_path_factory) -> tuple[Path, Path]:
     return save_tiny_models(tmp_path_factory.mktemp("models"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_text(path: Path, chunking: str = "vad") -> str:
     """The tiny target's greedy transcript of `path` in timestamp mode with VAD chunks, as the CLI's default preset
     decodes (its tiny models are the same weights)."""
@@ -274,8 +273,9 @@ def test_batch_size_1000_on_a_short_file_costs_no_more_memory_than_8(tmp_path: P
     """A Whisper with the full 448 decoder positions (d=128, one layer: 460 KB of self-attention cache per row),
     measured in fresh processes: before issue 13, batch 1000 allocated 1000 rows of caches up front (~0.5 GB more
     here, 11.8 GB with whisper-base); now the slots follow the chunks that exist."""
-    from asr_spec.testing import Shape, random_whisper
     from test_transcribe import tiny_processor
+
+    from asr_spec.testing import Shape, random_whisper
 
     model_dir = tmp_path / "positions448"
     random_whisper(Shape(128, 1, 1, 4, n_mels=80, audio_ctx=1500), vocab_size=None, seed=1).save_pretrained(model_dir)

@@ -8,22 +8,22 @@ import functools
 
 import pytest
 import torch
+from conftest import tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.capture import KEY_BUCKET, HostReader, StepRunner, n_keys_bucket
 from asr_spec.engine.speculative import step
 from asr_spec.models.loading import decoder_draft
-from conftest import tiny_target
 
 N_CHUNKS, BATCH, MAX_NEW = 8, 3, 40
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _target():
     return tiny_target()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _features():
     return torch.randn(N_CHUNKS, 16, 100, generator=torch.Generator().manual_seed(5))
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from test_transcribe import LONG, SHORT, make_bad_inputs, save_tiny_models
 
 from asr_spec.cli import main
-from test_transcribe import LONG, SHORT, make_bad_inputs, save_tiny_models
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +137,8 @@ def test_python_dash_m_works() -> None:
 @pytest.mark.slow
 def test_real_base_preset_and_convert(capsys, tmp_path: Path) -> None:
     pytest.importorskip("asr_spec.models.ct2", reason="the CTranslate2 converter is not available")
-    from asr_spec.models import embedded
     from asr_spec.eval.metrics import score
+    from asr_spec.models import embedded
 
     try:
         tiny_en = embedded.embedded_ct2_dir("whisper-tiny.en")

@@ -26,8 +26,13 @@ import torch
 from asr_spec.models import embedded
 from asr_spec.models.ct2 import ModelFormatError, read_ct2
 from asr_spec.models.ct2_whisper import WhisperDims, whisper_dims, whisper_state_dict
-from asr_spec.models.embedded import convert_ct2
-from asr_spec.models.embedded import MissingModelError, embedded_ct2_dir, embedded_model_dir, ensure_converted
+from asr_spec.models.embedded import (
+    MissingModelError,
+    convert_ct2,
+    embedded_ct2_dir,
+    embedded_model_dir,
+    ensure_converted,
+)
 
 # ---------------------------------------------------------------------------- a CT2 writer for test files
 

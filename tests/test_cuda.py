@@ -14,11 +14,10 @@ import copy
 
 import pytest
 import torch
+from conftest import first_divergence, hf_greedy, perturbed, script_module, tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.models.loading import decoder_draft
-from conftest import first_divergence, hf_greedy, perturbed, script_module, tiny_target
-
 
 DEVICE = "cuda"
 # Largest top-2 gap of the target's scores that counts as a tie, per dtype: a few units in the last place of

@@ -8,11 +8,13 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from asr_spec.distill import data as draft_data, evaluation, train as distill
-from asr_spec.models import drafts
-from asr_spec.engine import DecodeOptions, Engine
 from conftest import tiny_target
+
+from asr_spec.distill import data as draft_data
+from asr_spec.distill import evaluation
+from asr_spec.distill import train as distill
+from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.models import drafts
 
 MAX_NEW = 24
 
@@ -220,10 +222,11 @@ def test_distill_command_end_to_end(tmp_path, capsys):
     loads through models.load_draft (sharing the target's embeddings) and decodes losslessly."""
     from pathlib import Path
 
+    from test_transcribe import save_tiny_models
+
     from asr_spec.cli import main
     from asr_spec.engine import DecodeOptions, Engine
     from asr_spec.models.loading import load_draft, load_model
-    from test_transcribe import save_tiny_models
 
     target_dir, _ = save_tiny_models(tmp_path)
     corpus = Path(__file__).parent / "fixtures" / "librispeech"

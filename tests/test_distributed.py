@@ -7,7 +7,6 @@ One Ray instance for the module; tiny random models saved to a folder; the commi
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -17,12 +16,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from test_transcribe import save_tiny_models  # noqa: E402
+
 from asr_spec import distributed  # noqa: E402
 from asr_spec.cli import main as cli_main  # noqa: E402
 from asr_spec.cli.evaluation import eval_main  # noqa: E402
 from asr_spec.transcribe import Transcriber  # noqa: E402
 from asr_spec.transcribe.segments import transcript_dict  # noqa: E402
-from test_transcribe import save_tiny_models  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +89,7 @@ class CrashOnce:
     def __init__(self, marker: str, preset: str):
         self.marker, self.preset = marker, preset
 
-    def __call__(self) -> "CrashOnce":
+    def __call__(self) -> CrashOnce:
         self.transcriber = Transcriber.from_preset(self.preset, device="cpu")
         return self
 

@@ -6,19 +6,19 @@ import functools
 
 import pytest
 import torch
+from conftest import first_divergence, hf_greedy, perturbed, tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.pairing import DraftKind, check_pair
-from asr_spec.testing import Shape, random_whisper
 from asr_spec.models.loading import decoder_draft
-from conftest import first_divergence, hf_greedy, perturbed, tiny_target
+from asr_spec.testing import Shape, random_whisper
 
 TIE = 1e-4
 MAX_NEW = 40
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def drafts(name: str):
     t = _target()
     return {
@@ -33,17 +33,17 @@ def drafts(name: str):
     }[name]()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _target():
     return tiny_target()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _features():
     return torch.randn(10, 16, 100, generator=torch.Generator().manual_seed(0))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(row: int, timestamps: bool, max_new: int) -> tuple[int, ...]:
     return tuple(hf_greedy(_target(), _features()[row], language="en", task="transcribe", timestamps=timestamps,
                            max_new_tokens=max_new))

@@ -10,18 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import script_module
+from test_transcribe import _models, save_tiny_models
 
 from asr_spec import TranscribeOptions, Transcriber
-from asr_spec.errors import InputError
 from asr_spec.cli.evaluation import eval_main
+from asr_spec.errors import InputError
 from asr_spec.eval.evaluate import evaluate
+from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_local
 from asr_spec.eval.options import EvalOptions, parse_split
 from asr_spec.eval.runner import run_eval
 from asr_spec.eval.summary import eval_summary, format_summary, summary_path
-from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_local
 from asr_spec.models.loading import decoder_draft
-from conftest import script_module
-from test_transcribe import _models, save_tiny_models
 
 ROOT = Path(__file__).parent / "fixtures" / "librispeech"
 IDS = [u.id for u in iter_local(ROOT, "test-clean")]  # 14 utterances, 4 chapters, in corpus order
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:English text normaliser built wi
 CHAPTERS = ["9001-100201", "9001-100202", "9002-100301", "9003-100401"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny(draft: str = "perturbed") -> Transcriber:
     """The tiny target with no draft, a perturbed draft (disagrees now and then) or all its own decoder layers (in
     fp32: a bf16 copy of them would disagree at near-ties, and "same" must agree on every token)."""

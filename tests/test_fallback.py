@@ -6,17 +6,17 @@ other files."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import functools
+import itertools
 
 import pytest
+from test_transcribe import LONG, SHORT, transcriber
 
 from asr_spec import TranscribeOptions
 from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.errors import InputError
 from asr_spec.transcribe.fallback import best_candidate, needs_fallback, row_key
 from asr_spec.transcribe.nospeech import NoSpeechRule
-from test_transcribe import LONG, SHORT, transcriber
 
 RULE = NoSpeechRule()  # Whisper's thresholds: no speech 0.6, log-probability -1.0, compression ratio 2.4
 EOT = 50257
@@ -62,7 +62,7 @@ def test_temperature_options_are_checked_in_one_place():
         TranscribeOptions.from_values(seed=-1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _greedy():
     return transcriber(speculative=True, no_speech_threshold=None).transcribe(str(LONG), progress=False)[0]
 

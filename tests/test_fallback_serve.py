@@ -8,12 +8,12 @@ import pytest
 
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
+from test_serve import post  # noqa: E402
+from test_transcribe import SHORT, transcriber  # noqa: E402
 
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
 from asr_spec.transcribe.fallback import WHISPER_SCHEDULE, schedule_from  # noqa: E402
-from test_serve import post  # noqa: E402
-from test_transcribe import SHORT, transcriber  # noqa: E402
 
 
 def test_schedule_from_is_openai_whispers_increment():

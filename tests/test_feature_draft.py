@@ -8,15 +8,20 @@ import functools
 
 import pytest
 import torch
+from conftest import perturbed, script_module
+from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy
 
 from asr_spec.engine import DecodeOptions, DraftKind, Engine, check_pair
 from asr_spec.engine.capture import StepRunner
-from asr_spec.models.feature_draft import (init_feature_draft, is_feature_draft, load_feature_draft,
-                                          save_feature_draft, shift_features)
 from asr_spec.models import drafts as saved_drafts
+from asr_spec.models.feature_draft import (
+    init_feature_draft,
+    is_feature_draft,
+    load_feature_draft,
+    save_feature_draft,
+    shift_features,
+)
 from asr_spec.models.loading import load_distilled
-from conftest import perturbed, script_module
-from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy
 
 
 def _self_draft():
@@ -39,7 +44,7 @@ def _reading_draft(seed: int = 5):
     return draft
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def drafts(name: str):
     return {"self": _self_draft, "reading": _reading_draft,
             "perturbed": lambda: perturbed(_self_draft(), 0.3, seed=3)}[name]()
@@ -50,7 +55,7 @@ def run(name: str, batch_size: int, timestamps: bool = False, max_new: int = MAX
     return Engine(_target(), drafts(name), options, runner=runner).decode(_features(), batch_size=batch_size)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def greedy(timestamps: bool, batch_size: int = 1):
     options = DecodeOptions(language="en", timestamps=timestamps, max_new_tokens=MAX_NEW)
     return Engine(_target(), None, options).decode(_features(), batch_size=batch_size)

@@ -10,10 +10,10 @@ import functools
 
 import pytest
 import torch
-
-from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 from test_engine import MAX_NEW, _features, _target
 from test_feature_draft import _teacher_forced_matches, drafts
+
+from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 
 N_CHUNKS = 10
 PROMPT_LENGTHS = (0, 3, 17, 0, 40, 1, 9, 25, 0, 5)  # previous-text tokens per chunk: none to long, in one batch
@@ -38,7 +38,7 @@ def _run(draft, requests, batch_size: int, read_lag: int | None = None, **opts) 
     return {r.id: r for r in engine.run(requests, batch_size)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _greedy_prompted(prefixes: bool, batch_size: int) -> dict:
     return {i: r.tokens for i, r in _run(None, _prompted(prefixes), batch_size).items()}
 
@@ -145,7 +145,7 @@ def _hypothesis(kind: str, tokens: tuple[int, ...], row: int) -> tuple[int, ...]
 HYP_KINDS = ("start", "true", "perturbed", "wrong", "none")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _greedy() -> dict:
     return {i: r.tokens for i, r in _run(None, _chunks({i: 0.0 for i in range(N_CHUNKS)}), 1).items()}
 

@@ -9,13 +9,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_distill import MAX_NEW, feats, model  # noqa: F401  (the same tiny target and features as fixtures)
 
-from asr_spec.distill import data as draft_data, evaluation, train as distill
+from asr_spec.distill import data as draft_data
+from asr_spec.distill import evaluation
+from asr_spec.distill import train as distill
 from asr_spec.distill.commands import save_draft
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.models.feature_draft import FeatureDraft, is_feature_draft
 from asr_spec.models.loading import load_distilled
-from test_distill import MAX_NEW, feats, model  # noqa: F401  (the same tiny target and features as fixtures)
 
 
 def _cache(model, feats, out, **kw):

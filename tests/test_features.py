@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import WhisperConfig
 
-from asr_spec.errors import InputError
 from asr_spec.audio.features import N_FRAMES, N_SAMPLES, FeatureBatcher, log_mel_batch, make_feature_extractor
+from asr_spec.errors import InputError
 
 SR = 16_000
 

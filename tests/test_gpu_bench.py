@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import script_module
 
 TOLERANCE = 0.05

@@ -4,10 +4,10 @@ uncertified one is recomputed in fp32, and a whole greedy decode is the same wit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-
-from dataclasses import replace
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.head import CertifiedHead

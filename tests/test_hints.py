@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy, drafts, reference
 
 from asr_spec.engine import ChunkRequest, DecodeOptions, Engine, EngineError
 from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.speculative import step
-from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy, drafts, reference
 
 KINDS = ("true", "perturbed", "inserted", "wrong", "empty", "longer")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import first_divergence, hf_greedy
 
 from asr_spec.engine import decoder as decoder_module
 from asr_spec.engine.admission import prefill
@@ -14,7 +15,6 @@ from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.encoder import Encoder
 from asr_spec.engine.kernels import onednn_linear, onednn_usable, pack
 from asr_spec.testing import random_whisper
-from conftest import first_divergence, hf_greedy
 
 CPU = torch.device("cpu")
 needs_onednn = pytest.mark.skipif(not onednn_usable(CPU, torch.float32), reason="torch built without oneDNN")

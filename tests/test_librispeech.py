@@ -9,7 +9,16 @@ import pytest
 import soundfile as sf
 
 from asr_spec.errors import InputError
-from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, Utterance, iter_hub, iter_local, long_form, summarize, take
+from asr_spec.eval.librispeech import (
+    HubUnavailableError,
+    ResultsLog,
+    Utterance,
+    iter_hub,
+    iter_local,
+    long_form,
+    summarize,
+    take,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:English text normaliser built without")
 

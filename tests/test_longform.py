@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 LONGFORM = Path(__file__).parent / "fixtures" / "longform"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _preset(**overrides) -> Transcriber:
     pytest.importorskip("asr_spec.models.ct2", reason="the CTranslate2 converter is not available")
     try:

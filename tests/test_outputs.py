@@ -11,9 +11,17 @@ import numpy as np
 import pytest
 
 from asr_spec.errors import InputError
+from asr_spec.transcribe.outputs import (
+    TranscriptSegment,
+    atomic_write,
+    format_timestamp,
+    render_json,
+    render_srt,
+    render_txt,
+    render_vtt,
+    write_outputs,
+)
 from asr_spec.transcribe.segments import Segment
-from asr_spec.transcribe.outputs import (TranscriptSegment, atomic_write, format_timestamp, render_json, render_srt,
-                                         render_txt, render_vtt, write_outputs)
 
 
 def _result() -> dict:

@@ -9,8 +9,15 @@ import pytest
 
 from asr_spec.engine import DecodeOptions
 from asr_spec.errors import InputError
-from asr_spec.models.presets import (DEFAULT_PRESET, ModelPlan, Preset, available_presets, load_preset, plan_models,
-                                    presets_dir)
+from asr_spec.models.presets import (
+    DEFAULT_PRESET,
+    ModelPlan,
+    Preset,
+    available_presets,
+    load_preset,
+    plan_models,
+    presets_dir,
+)
 from asr_spec.transcribe import TranscribeOptions
 
 REPO = Path(__file__).resolve().parent.parent

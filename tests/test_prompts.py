@@ -68,7 +68,7 @@ def test_prompt_options_are_checked_and_given_per_input():
 
 # -- the real whisper-base ---------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _asr(**overrides):
     from asr_spec import Transcriber
 

@@ -7,10 +7,10 @@ import functools
 
 import pytest
 import torch
+from conftest import first_divergence, perturbed, tiny_target
 
 from asr_spec.engine import ChunkRequest, DecodeOptions, Engine, EngineError
 from asr_spec.models.loading import decoder_draft
-from conftest import first_divergence, perturbed, tiny_target
 
 TIE = 1e-4
 MAX_NEW = 30
@@ -19,12 +19,12 @@ N_ROWS = 8
 PROMPT_LENGTHS = (0, 3, 17, 0, 60, 1, 223, 9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _target():
     return tiny_target()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _features():
     return torch.randn(N_ROWS, 16, 100, generator=torch.Generator().manual_seed(5))
 
@@ -35,7 +35,7 @@ def _prompt(row: int) -> tuple[int, ...]:
     return tuple(torch.randint(3, 40, (PROMPT_LENGTHS[row],), generator=g).tolist())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reference(row: int, timestamps: bool) -> tuple[int, ...]:
     """transformers' greedy decoding of row `row` alone with its prompt as `prompt_ids` (prompt + generated)."""
     model = _target()

@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
+from test_serve import post  # noqa: E402
+from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
-from test_serve import post  # noqa: E402
-from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 PROMPT = "Earlier text about a village, a baker and the river."
 

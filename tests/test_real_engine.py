@@ -24,8 +24,8 @@ def base():
 
 @pytest.fixture(scope="module")
 def feats():
-    from asr_spec.audio.loading import load_audio
     from asr_spec.audio.features import log_mel_batch, make_feature_extractor
+    from asr_spec.audio.loading import load_audio
 
     return log_mel_batch([load_audio(c) for c in CLIPS], make_feature_extractor(80))
 

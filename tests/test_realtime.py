@@ -17,13 +17,14 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
 
+from test_serve import serving  # noqa: E402
+from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
+
 from asr_spec.audio.loading import load_audio  # noqa: E402
 from asr_spec.engine.capture import StepRunner  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
 from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
-from test_serve import serving  # noqa: E402
-from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 TIMEOUT_S = 120
 BLOCK_BYTES = 4096  # vLLM's example client sends 4 KB of PCM16 per append

@@ -4,10 +4,10 @@ yields no result, and leaves every other row's tokens as they were (the lossless
 from __future__ import annotations
 
 import torch
+from conftest import tiny_target
 
 from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 from asr_spec.engine.capture import StepRunner
-from conftest import tiny_target
 
 MAX_NEW = 40
 

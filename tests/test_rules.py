@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_target
 from transformers.generation.logits_process import (
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
@@ -11,7 +12,6 @@ from transformers.generation.logits_process import (
 )
 
 from asr_spec.engine.rules import LogitRules, WhisperTokens
-from conftest import tiny_target
 
 
 def hf_chain(gen, begin: int, timestamps: bool):

@@ -17,12 +17,12 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_target
 
 from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.sampling import draw, uniform
 from asr_spec.models.loading import decoder_draft
-from conftest import tiny_target
 
 N_ROWS = 2000
 TEMPERATURE = 0.9
@@ -30,17 +30,17 @@ ALPHA_Z = 3.0902  # the standard normal's 1 - 1e-3 quantile: the tests' signific
 MIN_EXPECTED = 5.0  # chi-square bins with fewer expected draws are pooled into one
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _target():
     return tiny_target()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _draft(kind: str):
     return {"none": None, "unrelated": decoder_draft(tiny_target(seed=7))}[kind]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _features():
     return torch.randn(10, 16, 100, generator=torch.Generator().manual_seed(0))
 

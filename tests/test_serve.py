@@ -16,12 +16,12 @@ import torch
 
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
+from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher, Refused  # noqa: E402
 from asr_spec.transcribe.outputs import render_srt, render_vtt  # noqa: E402
-from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 FILES = [LONG, SHORT[0], SHORT[1]]
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -451,8 +451,9 @@ def test_cli_refuses_bad_options_in_one_line_before_loading(capsys, tmp_path):
 
 
 def test_build_app_loads_a_model_directory(tmp_path, expected):
-    from asr_spec.serve import build_app
     from test_transcribe import save_tiny_models
+
+    from asr_spec.serve import build_app
 
     target_dir, _ = save_tiny_models(tmp_path)
     app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0,

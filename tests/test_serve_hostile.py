@@ -18,13 +18,13 @@ import soundfile as sf
 
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
+from test_serve import TIMEOUT_S, post, serving  # noqa: E402
+from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.auth import api_keys  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
-from test_serve import TIMEOUT_S, post, serving  # noqa: E402
-from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-test-0123456789"
@@ -71,8 +71,8 @@ def test_a_trickling_upload_gets_408(greedy):
     app = create_app(Batcher(greedy, batch_size=2), ServeOptions(model_id="tiny", upload_timeout_s=1.0))
     with serving(app) as base_url:
         port = int(base_url.rsplit(":", 1)[1].split("/")[0])
-        head = ("POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n"
-                "Content-Type: multipart/form-data; boundary=b\r\n\r\n").encode()
+        head = (b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n"
+                b"Content-Type: multipart/form-data; boundary=b\r\n\r\n")
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
             conn.sendall(head + b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.flac\"\r\n\r\n")
             started = time.monotonic()

@@ -8,18 +8,18 @@ import functools
 
 import numpy as np
 import pytest
+from test_transcribe import LONG, save_tiny_models, transcriber
 from typer.testing import CliRunner
 
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.cli import app
 from asr_spec.stream.policy import StreamOptions
-from test_transcribe import LONG, save_tiny_models, transcriber
 
 SECONDS = 6
 FAST = dict(max_new_tokens=12, num_hypothesis_tokens=6)  # a tiny model's decodes, kept short
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _audio() -> np.ndarray:
     return load_audio(str(LONG))[: SECONDS * SAMPLE_RATE]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from asr_spec.errors import InputError
-from asr_spec.stream.agreement import (TokenKinds, agreed_words, common_prefix, segments, shifted, text_of)
+from asr_spec.stream.agreement import TokenKinds, agreed_words, common_prefix, segments, shifted, text_of
 from asr_spec.stream.policy import WINDOW_S, StreamOptions, StreamPolicy
 
 SR = 16_000

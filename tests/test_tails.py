@@ -14,16 +14,30 @@ import pytest
 import torch
 
 from asr_spec import TranscribeOptions, Transcriber
-from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, DIGITAL_SILENCE, skip_silent_windows
-from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE, SpeechSpan
+from asr_spec.audio.chunking import DIGITAL_SILENCE, ChunkingOptions, ChunkSpan, skip_silent_windows
+from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE
+from asr_spec.audio.vad import SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
 from asr_spec.eval.metrics import normalize
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
-from asr_spec.transcribe.tails import (STEP_SAMPLES, TailSource, closed_segments, covered_steps, drop_repeated_head,
-                                       longest_gap_s, plan_tail, rewind, seam_overlap, stride_tail, trim_span,
-                                       uncovered_speech_s, with_tails, word_ends)
+from asr_spec.transcribe.tails import (
+    STEP_SAMPLES,
+    TailSource,
+    closed_segments,
+    covered_steps,
+    drop_repeated_head,
+    longest_gap_s,
+    plan_tail,
+    rewind,
+    seam_overlap,
+    stride_tail,
+    trim_span,
+    uncovered_speech_s,
+    with_tails,
+    word_ends,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_transcribe import LONG, SHORT, tiny_draft, tiny_processor, tiny_real_vocab_whisper  # noqa: E402
@@ -289,7 +303,7 @@ def test_stitching_does_not_merge_chunks_across_a_gap() -> None:
 
 # -- end to end, tiny random Whisper ---------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _eager_models():
     """The tiny random Whisper with <|endoftext|> made likely (its final layer norm's bias moved along the eot
     row, +10 on the eot logit), so its chunks end early after a timestamp, as a real model's may: tails follow."""

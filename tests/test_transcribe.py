@@ -13,13 +13,13 @@ import pytest
 import soundfile as sf
 import soxr
 import torch
+from conftest import perturbed
 
 from asr_spec import TranscribeOptions, Transcriber, Transcription
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import AudioError, InputError
-from asr_spec.testing import Shape, random_whisper
 from asr_spec.models.loading import decoder_draft
-from conftest import perturbed
+from asr_spec.testing import Shape, random_whisper
 
 SPEECH = Path(__file__).parent / "fixtures" / "speech"
 LONG = SPEECH / "long_75s.flac"  # 77.7 s: four 30 s windows with 5 s strides
@@ -73,7 +73,7 @@ def save_tiny_models(folder: Path) -> tuple[Path, Path]:
     return target_dir, draft_dir
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _models():
     target = tiny_real_vocab_whisper()
     return target, tiny_draft(target), tiny_processor()
@@ -391,7 +391,7 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
 
 # -- real weights (whisper-base, offline packages) -----------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _real_base():
     pytest.importorskip("asr_spec.models.ct2", reason="the CTranslate2 converter is not available")
     from asr_spec.models import loading as models

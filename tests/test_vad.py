@@ -8,8 +8,16 @@ import sys
 import numpy as np
 import pytest
 
-from asr_spec.audio.vad import (FRAME_SAMPLES, VadOptions, iter_vad_chunks, pack_regions, pad_regions,
-                                plan_vad_chunks, speech_regions, split_long_regions)
+from asr_spec.audio.vad import (
+    FRAME_SAMPLES,
+    VadOptions,
+    iter_vad_chunks,
+    pack_regions,
+    pad_regions,
+    plan_vad_chunks,
+    speech_regions,
+    split_long_regions,
+)
 from asr_spec.errors import InputError
 
 SR = 16_000

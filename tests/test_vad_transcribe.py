@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
+from test_transcribe import LONG, SHORT, transcriber
 
 from asr_spec import TranscribeOptions
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import InputError
 from asr_spec.transcribe.outputs import render_json, render_srt, render_vtt
-from test_transcribe import LONG, SHORT, transcriber
 
 pytest.importorskip("silero_vad")
 
@@ -128,9 +128,10 @@ def _matched_starts(truth: list[dict], words: list) -> list[tuple[float, float]]
 @pytest.mark.real
 @pytest.mark.slow
 def test_real_word_timestamps_on_known_boundaries() -> None:
+    from test_transcribe import _real_base
+
     from asr_spec.models.loading import decoder_draft
     from asr_spec.transcribe import Transcriber
-    from test_transcribe import _real_base
 
     target, processor = _real_base()
     options = TranscribeOptions.from_values(language="en", batch_size=3, timestamps=True, chunking="vad",

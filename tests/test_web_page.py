@@ -18,12 +18,13 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (the asr-spec[test] extra)")
 
-from asr_spec.serve.app import create_app  # noqa: E402
-from asr_spec.serve.batcher import Batcher  # noqa: E402
-from asr_spec.serve.realtime import RealtimeOptions, default_policy  # noqa: E402
 from test_realtime import pcm16, realtime_transcriber, streaming_api  # noqa: E402
 from test_serve import serving  # noqa: E402
 from test_transcribe import SHORT  # noqa: E402
+
+from asr_spec.serve.app import create_app  # noqa: E402
+from asr_spec.serve.batcher import Batcher  # noqa: E402
+from asr_spec.serve.realtime import RealtimeOptions, default_policy  # noqa: E402
 
 CHROMIUM = os.environ.get("ASR_SPEC_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.slow,

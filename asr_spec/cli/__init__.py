@@ -24,9 +24,25 @@ import typer
 
 from asr_spec.cli.distill import distill_app, expand_variadic
 from asr_spec.cli.evaluation import eval_command
-from asr_spec.cli.options import (BEST_OF, COMPRESSION_RATIO_THRESHOLD, DEVICE, DRAFT, EXIT_FAILED, EXIT_USAGE,
-                                  HOTWORDS, INITIAL_PROMPT, LANGUAGE, MODEL, NO_DRAFT, PRESET, SEED, TEMPERATURE,
-                                  USER_ERRORS, fail, preset_overrides)
+from asr_spec.cli.options import (
+    BEST_OF,
+    COMPRESSION_RATIO_THRESHOLD,
+    DEVICE,
+    DRAFT,
+    EXIT_FAILED,
+    EXIT_USAGE,
+    HOTWORDS,
+    INITIAL_PROMPT,
+    LANGUAGE,
+    MODEL,
+    NO_DRAFT,
+    PRESET,
+    SEED,
+    TEMPERATURE,
+    USER_ERRORS,
+    fail,
+    preset_overrides,
+)
 from asr_spec.cli.stream import stream
 from asr_spec.cli.transcribe import transcribe
 from asr_spec.errors import one_line
@@ -45,8 +61,8 @@ app.command()(stream)
 @app.command()
 def serve(  # long function: typer declares each of its ~25 options as a parameter
     preset: str = PRESET,
-    model: Optional[str] = MODEL,
-    draft: Optional[str] = DRAFT,
+    model: str | None = MODEL,
+    draft: str | None = DRAFT,
     no_draft: bool = NO_DRAFT,
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, help="TCP port."),
@@ -60,18 +76,18 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     max_audio_s: float = typer.Option(7200.0, help="Longest audio of one request in seconds (2 h); beyond: 413, "
                                       "from the container's header before decoding, else while decoding."),
     upload_timeout_s: float = typer.Option(120.0, help="Seconds an upload may take to arrive; beyond: 408."),
-    api_key: Optional[list[str]] = typer.Option(None, help="Require `Authorization: Bearer KEY` on every route "
+    api_key: list[str] | None = typer.Option(None, help="Require `Authorization: Bearer KEY` on every route "
                                                 "but /health (repeatable; also ASR_SPEC_API_KEY, comma-separated)."),
-    language: Optional[str] = LANGUAGE,
-    word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
+    language: str | None = LANGUAGE,
+    word_timestamps: bool | None = typer.Option(None, "--word-timestamps/--no-word-timestamps",
                                                    help="Answer timestamp_granularities[]=word (verbose_json "
                                                    "`words`); needs chunking vad. Default: the preset's."),
-    temperature: Optional[str] = TEMPERATURE,
-    compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD,
-    best_of: Optional[int] = BEST_OF,
-    seed: Optional[int] = SEED,
-    initial_prompt: Optional[str] = INITIAL_PROMPT,
-    hotwords: Optional[str] = HOTWORDS,
+    temperature: str | None = TEMPERATURE,
+    compression_ratio_threshold: float | None = COMPRESSION_RATIO_THRESHOLD,
+    best_of: int | None = BEST_OF,
+    seed: int | None = SEED,
+    initial_prompt: str | None = INITIAL_PROMPT,
+    hotwords: str | None = HOTWORDS,
     device: str = DEVICE,
 ) -> None:
     """Serve OpenAI's POST /v1/audio/transcriptions and live transcription (WebSocket /v1/realtime, the page at /);

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -111,8 +111,8 @@ PROJECTION_LR_SCALE = typer.Option(1.0, help="target-features: the input project
 @distill_app.command("cache")
 def cache(  # long function: typer declares each of its 16 options as a parameter
     ctx: typer.Context,
-    corpus: Optional[Path] = typer.Option(None, help="LibriSpeech-layout tree."),
-    long_file: Optional[list[Path]] = typer.Option(None, help="A long recording, cut into 30 s windows "
+    corpus: Path | None = typer.Option(None, help="LibriSpeech-layout tree."),
+    long_file: list[Path] | None = typer.Option(None, help="A long recording, cut into 30 s windows "
                                                    "(repeatable)."),
     split: str = SPLIT,
     out: Path = typer.Option(..., help="The cache folder to write."),
@@ -125,7 +125,7 @@ def cache(  # long function: typer declares each of its 16 options as a paramete
     max_new_tokens: int = MAX_NEW_TOKENS,
     enc_dtype: EncDtype = ENC_DTYPE,
     timestamps: bool = TIMESTAMPS,
-    from_cache: Optional[Path] = typer.Option(None, help="Label the windows of this cache again (its encoder "
+    from_cache: Path | None = typer.Option(None, help="Label the windows of this cache again (its encoder "
                                               "outputs)."),
     max_windows: int = typer.Option(0, help="With --from-cache: this many windows, evenly spread."),
     hidden_dtype: EncDtype = HIDDEN_DTYPE,
@@ -141,17 +141,17 @@ def cache(  # long function: typer declares each of its 16 options as a paramete
 def train(  # long function: typer declares each of its 22 options as a parameter
     ctx: typer.Context,
     train_cache: list[Path] = typer.Option(..., help="One cache, or several trained on as one."),
-    init_draft: Optional[Path] = typer.Option(None, help="Start from this trained draft's layers (same layer "
+    init_draft: Path | None = typer.Option(None, help="Start from this trained draft's layers (same layer "
                                               "count; with --kind target-features it may be a plain distilled draft: "
                                               "a warm start from its proposals, and its head unless --vocab-size)."),
-    held_out_cache: Optional[Path] = typer.Option(None, help="Held-out cache for agreement during training."),
+    held_out_cache: Path | None = typer.Option(None, help="Held-out cache for agreement during training."),
     work: Path = typer.Option(..., help="Checkpoint folder (resumes when ckpt.pt is there)."),
-    out: Optional[Path] = typer.Option(None, help="Save the trained draft here."),
+    out: Path | None = typer.Option(None, help="Save the trained draft here."),
     layers: str = typer.Option("", help="Target decoder layers to initialise from (default: the first and last; "
                                "the first for target-features)."),
     vocab_size: int = typer.Option(0, help="Restricted head size (0 = full vocabulary)."),
     steps: int = typer.Option(1000, help="Training steps."),
-    stop_after: Optional[int] = STOP_AFTER,
+    stop_after: int | None = STOP_AFTER,
     batch_windows: int = BATCH_WINDOWS,
     lr: float = LR,
     warmup_steps: int = WARMUP_STEPS,
@@ -161,7 +161,7 @@ def train(  # long function: typer declares each of its 22 options as a paramete
     eval_every: int = typer.Option(50, help="Steps between held-out evaluations."),
     ckpt_every: int = CKPT_EVERY,
     kind: DraftKindName = KIND,
-    reg_weight: Optional[float] = REG_WEIGHT,
+    reg_weight: float | None = REG_WEIGHT,
     feature_noise: float = FEATURE_NOISE,
     projection_lr_scale: float = PROJECTION_LR_SCALE,
 ) -> None:
@@ -176,8 +176,8 @@ def train(  # long function: typer declares each of its 22 options as a paramete
 def evaluate(  # long function: typer declares each of its 15 options as a parameter
     ctx: typer.Context,
     held_out_cache: Path = typer.Option(..., help="The held-out cache."),
-    draft: Optional[Path] = typer.Option(None, help="A draft saved by `train --out`."),
-    untrained: Optional[list[str]] = typer.Option(None, help="Also evaluate an untrained cut, e.g. 0,5 "
+    draft: Path | None = typer.Option(None, help="A draft saved by `train --out`."),
+    untrained: list[str] | None = typer.Option(None, help="Also evaluate an untrained cut, e.g. 0,5 "
                                                   "(repeatable)."),
     batch_size: int = typer.Option(4, help="Rows of the step-time and speed measurements."),
     k: list[int] = typer.Option([4], help="Draft tokens per step of the speed measurements (one or more)."),
@@ -188,13 +188,13 @@ def evaluate(  # long function: typer declares each of its 15 options as a param
     sim_k: list[int] = typer.Option([3, 4, 5, 6, 8], help="K values for simulated tokens per target pass (exact "
                                     "for greedy verification)."),
     speed_windows: int = typer.Option(0, help="Time speed on the first N windows only (0 = all)."),
-    head_sizes: Optional[list[int]] = typer.Option(None, help="Also the draft with these restricted heads "
+    head_sizes: list[int] | None = typer.Option(None, help="Also the draft with these restricted heads "
                                                    "(0 = full)."),
-    train_cache: Optional[list[Path]] = typer.Option(None, help="With --head-sizes: the caches whose token "
+    train_cache: list[Path] | None = typer.Option(None, help="With --head-sizes: the caches whose token "
                                                      "counts pick the heads."),
-    compare_draft: Optional[list[Path]] = typer.Option(None, help="Other saved drafts, side by side on the same "
+    compare_draft: list[Path] | None = typer.Option(None, help="Other saved drafts, side by side on the same "
                                                        "windows."),
-    engine_k: Optional[list[int]] = typer.Option(None, help="K values whose tokens per target pass the engine "
+    engine_k: list[int] | None = typer.Option(None, help="K values whose tokens per target pass the engine "
                                                  "counts (exact for every kind) at --batch-size."),
 ) -> None:
     """Held-out agreement and speed-up vs greedy."""
@@ -225,7 +225,7 @@ def run(  # long function: typer declares each of its 29 options as a parameter
     audio: Path = typer.Option(..., help="LibriSpeech-layout tree of training speech."),
     split: str = SPLIT,
     out: Path = typer.Option(..., help="Where the draft is saved."),
-    work: Optional[Path] = typer.Option(None, help="Pseudo-label cache and checkpoints (default: OUT.work; "
+    work: Path | None = typer.Option(None, help="Pseudo-label cache and checkpoints (default: OUT.work; "
                                         "resumable)."),
     layers: str = typer.Option("2", help="Number of decoder layers (first..last), or explicit ids 0,5."),
     vocab_size: int = typer.Option(8192, help="Restricted head size (0 = full vocabulary)."),
@@ -243,13 +243,13 @@ def run(  # long function: typer declares each of its 29 options as a parameter
     seed: int = SEED,
     eval_every: int = typer.Option(0, help="Steps between held-out evaluations (0: none)."),
     ckpt_every: int = CKPT_EVERY,
-    stop_after: Optional[int] = STOP_AFTER,
+    stop_after: int | None = STOP_AFTER,
     timestamps: bool = TIMESTAMPS,
     language: str = LANGUAGE,
     enc_dtype: EncDtype = ENC_DTYPE,
     hidden_dtype: EncDtype = HIDDEN_DTYPE,
     kind: DraftKindName = KIND,
-    reg_weight: Optional[float] = REG_WEIGHT,
+    reg_weight: float | None = REG_WEIGHT,
     feature_noise: float = FEATURE_NOISE,
     projection_lr_scale: float = PROJECTION_LR_SCALE,
 ) -> None:

@@ -8,12 +8,28 @@ stderr; typer's own usage errors exit 2 too), 130 interrupted.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
-from asr_spec.cli.options import (BATCH_SIZE, DEVICE, DRAFT, DTYPE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK,
-                                  EXIT_USAGE, LANGUAGE, MODEL, NO_DRAFT, PRESET, RAY, RAY_ADDRESS, WORKERS, fail)
+from asr_spec.cli.options import (
+    BATCH_SIZE,
+    DEVICE,
+    DRAFT,
+    DTYPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    LANGUAGE,
+    MODEL,
+    NO_DRAFT,
+    PRESET,
+    RAY,
+    RAY_ADDRESS,
+    WORKERS,
+    fail,
+)
 from asr_spec.errors import AsrSpecError, one_line, show_warning_line
 from asr_spec.eval.options import GROUP_BATCHES, EvalOptions
 
@@ -63,28 +79,28 @@ def eval_command(  # long function: typer declares each of its 19 options as a p
     preset: str = PRESET,
     split: str = typer.Option("test.clean", help="Hub: test.clean, test.other, validation.clean, ...; with "
                               "--data-dir: any folder of the tree (test-clean, my-split, ...)."),
-    data_dir: Optional[str] = typer.Option(None, help="Local LibriSpeech tree (holding e.g. test-clean/). Default: "
+    data_dir: str | None = typer.Option(None, help="Local LibriSpeech tree (holding e.g. test-clean/). Default: "
                                            "the HF hub."),
-    limit: Optional[int] = typer.Option(None, help="First N utterances (with --long-form: chapters)."),
+    limit: int | None = typer.Option(None, help="First N utterances (with --long-form: chapters)."),
     long_form: bool = typer.Option(False, "--long-form", help="One input per chapter, its utterances end to end."),
     compare_greedy: bool = typer.Option(False, "--compare-greedy", help="Also decode without the draft: check "
                                         "identical output, measure the speed-up."),
-    batch_size: Optional[int] = BATCH_SIZE,
-    group_size: Optional[int] = typer.Option(None, help=f"Utterances per Transcriber call. Default: {GROUP_BATCHES} "
+    batch_size: int | None = BATCH_SIZE,
+    group_size: int | None = typer.Option(None, help=f"Utterances per Transcriber call. Default: {GROUP_BATCHES} "
                                              "x batch (long-form: batch)."),
-    output: Optional[str] = typer.Option(None, help="Results JSONL (default runs/<preset>-<split>.jsonl); its "
+    output: str | None = typer.Option(None, help="Results JSONL (default runs/<preset>-<split>.jsonl); its "
                                          "summary is written next to it as <name>.summary.json."),
-    model: Optional[str] = MODEL,
-    draft: Optional[str] = DRAFT,
+    model: str | None = MODEL,
+    draft: str | None = DRAFT,
     no_draft: bool = NO_DRAFT,
     device: str = DEVICE,
-    dtype: Optional[str] = DTYPE,
-    language: Optional[str] = LANGUAGE,
+    dtype: str | None = DTYPE,
+    language: str | None = LANGUAGE,
     no_streaming: bool = typer.Option(False, "--no-streaming", help="Hub: download the split instead of streaming "
                                       "it."),
     quiet: bool = typer.Option(False, "--quiet", help="No per-utterance lines."),
     ray: bool = RAY,
-    ray_address: Optional[str] = RAY_ADDRESS,
+    ray_address: str | None = RAY_ADDRESS,
     workers: int = WORKERS,
 ) -> None:
     """WER, CER and speed of asr-spec on LibriSpeech (hub or a local tree); resumable (one JSONL line per

@@ -11,13 +11,23 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from typing import Optional
 
 import numpy as np
 import typer
 
-from asr_spec.cli.options import (DEVICE, DRAFT, EXIT_INTERRUPTED, EXIT_USAGE, LANGUAGE, MODEL, NO_DRAFT, PRESET,
-                                  USER_ERRORS, fail, preset_overrides)
+from asr_spec.cli.options import (
+    DEVICE,
+    DRAFT,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    LANGUAGE,
+    MODEL,
+    NO_DRAFT,
+    PRESET,
+    USER_ERRORS,
+    fail,
+    preset_overrides,
+)
 from asr_spec.errors import InputError, one_line
 
 __all__ = ["stream"]
@@ -29,10 +39,10 @@ def stream(
     source: str = typer.Argument(..., metavar="FILE|-", help="An audio file, or - for raw PCM16 16 kHz mono on "
                                  "stdin."),
     preset: str = PRESET,
-    model: Optional[str] = MODEL,
-    draft: Optional[str] = DRAFT,
+    model: str | None = MODEL,
+    draft: str | None = DRAFT,
     no_draft: bool = NO_DRAFT,
-    language: Optional[str] = LANGUAGE,
+    language: str | None = LANGUAGE,
     device: str = DEVICE,
     speed: float = typer.Option(1.0, help="A file is fed at this many times real time; 0: as fast as possible."),
     step_s: float = typer.Option(1.0, help="Re-decode the uncommitted audio after this many new seconds."),

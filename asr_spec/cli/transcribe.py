@@ -12,72 +12,93 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 import typer
 
-from asr_spec.cli.options import (BATCH_SIZE, BEST_OF, COMPRESSION_RATIO_THRESHOLD, DEVICE, DRAFT, DTYPE,
-                                  EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, HOTWORDS, INITIAL_PROMPT, LANGUAGE, MODEL,
-                                  NO_DRAFT, PRESET, RAY, RAY_ADDRESS, SEED, TEMPERATURE, USER_ERRORS, WORKERS, fail,
-                                  preset_overrides)
+from asr_spec.cli.options import (
+    BATCH_SIZE,
+    BEST_OF,
+    COMPRESSION_RATIO_THRESHOLD,
+    DEVICE,
+    DRAFT,
+    DTYPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    HOTWORDS,
+    INITIAL_PROMPT,
+    LANGUAGE,
+    MODEL,
+    NO_DRAFT,
+    PRESET,
+    RAY,
+    RAY_ADDRESS,
+    SEED,
+    TEMPERATURE,
+    USER_ERRORS,
+    WORKERS,
+    fail,
+    preset_overrides,
+)
 from asr_spec.errors import one_line
 
 __all__ = ["transcribe"]
 
 
 def transcribe(  # long function: typer declares each of its ~30 options as a parameter
-    files: Optional[list[str]] = typer.Argument(None, metavar="FILE", help="Audio files (wav, flac, mp3, ogg, "
+    files: list[str] | None = typer.Argument(None, metavar="FILE", help="Audio files (wav, flac, mp3, ogg, "
                                                  "m4a...); with --ray also glob patterns."),
     preset: str = PRESET,
-    model: Optional[str] = MODEL,
-    draft: Optional[str] = DRAFT,
+    model: str | None = MODEL,
+    draft: str | None = DRAFT,
     no_draft: bool = NO_DRAFT,
     device: str = DEVICE,
-    dtype: Optional[str] = DTYPE,
-    language: Optional[str] = LANGUAGE,
-    task: Optional[str] = typer.Option(None, help="transcribe or translate (to English)."),
-    timestamps: Optional[bool] = typer.Option(None, "--timestamps/--no-timestamps", help="Whisper timestamp mode "
+    dtype: str | None = DTYPE,
+    language: str | None = LANGUAGE,
+    task: str | None = typer.Option(None, help="transcribe or translate (to English)."),
+    timestamps: bool | None = typer.Option(None, "--timestamps/--no-timestamps", help="Whisper timestamp mode "
                                               "(segment times from the model). Default: the preset's (on)."),
-    chunk_length: Optional[float] = typer.Option(None, help="Seconds per window (at most 30). Default: the "
+    chunk_length: float | None = typer.Option(None, help="Seconds per window (at most 30). Default: the "
                                                  "preset's."),
-    chunking: Optional[str] = typer.Option(None, help="vad (speech chunks found by silero-vad; silence skipped) "
+    chunking: str | None = typer.Option(None, help="vad (speech chunks found by silero-vad; silence skipped) "
                                            "or stride (overlapping windows stitched at the seams). Default: the "
                                            "preset's."),
-    word_timestamps: Optional[bool] = typer.Option(None, "--word-timestamps/--no-word-timestamps",
+    word_timestamps: bool | None = typer.Option(None, "--word-timestamps/--no-word-timestamps",
                                                    help="Per-word times in the json output (needs --chunking "
                                                    "vad). Default: the preset's (off)."),
-    max_words_per_cue: Optional[int] = typer.Option(None, help="srt/vtt cues of at most N words (needs "
+    max_words_per_cue: int | None = typer.Option(None, help="srt/vtt cues of at most N words (needs "
                                                     "--word-timestamps). Default: one cue per segment."),
-    num_draft_tokens: Optional[int] = typer.Option(None, help="Draft tokens per step (K). Default: the "
+    num_draft_tokens: int | None = typer.Option(None, help="Draft tokens per step (K). Default: the "
                                                   "preset's, else DecodeOptions'."),
-    batch_size: Optional[int] = BATCH_SIZE,
-    output_dir: Optional[Path] = typer.Option(None, help="Write <name>.<format> files here instead of printing."),
-    format: Optional[str] = typer.Option(None, "--format", help="With --output-dir: comma-separated txt, json, "
+    batch_size: int | None = BATCH_SIZE,
+    output_dir: Path | None = typer.Option(None, help="Write <name>.<format> files here instead of printing."),
+    format: str | None = typer.Option(None, "--format", help="With --output-dir: comma-separated txt, json, "
                                          "srt, vtt. Default: all four."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary (errors still shown)."),
     ray: bool = RAY,
-    ray_address: Optional[str] = RAY_ADDRESS,
+    ray_address: str | None = RAY_ADDRESS,
     workers: int = WORKERS,
     threads_per_worker: int = typer.Option(1, help="With --ray: torch threads of each CPU actor."),
-    manifest: Optional[Path] = typer.Option(None, help="With --ray: a .csv/.tsv/.jsonl manifest with a path column "
+    manifest: Path | None = typer.Option(None, help="With --ray: a .csv/.tsv/.jsonl manifest with a path column "
                                             "(a text column is kept as the reference) instead of FILEs."),
-    output: Optional[Path] = typer.Option(None, help="With --ray: the results JSONL (rerun to resume)."),
+    output: Path | None = typer.Option(None, help="With --ray: the results JSONL (rerun to resume)."),
     no_graphs: bool = typer.Option(False, "--no-graphs", help="CUDA: run the decode step eagerly, not as captured "
                                    "CUDA graphs (the same tokens; the tests' reference)."),
-    no_speech_threshold: Optional[float] = typer.Option(None, help="Drop a window whose <|nospeech|> probability "
+    no_speech_threshold: float | None = typer.Option(None, help="Drop a window whose <|nospeech|> probability "
                                                         "exceeds this (Whisper's rule). Default 0.6."),
-    logprob_threshold: Optional[float] = typer.Option(None, help="...unless its average token log-probability "
+    logprob_threshold: float | None = typer.Option(None, help="...unless its average token log-probability "
                                                       "exceeds this; with --temperature, a window below it is "
                                                       "decoded again. Default -1.0."),
     keep_no_speech: bool = typer.Option(False, "--keep-no-speech", help="Turn the no-speech rule off: decode "
                                         "and keep every window, silent or not."),
-    temperature: Optional[str] = TEMPERATURE,
-    compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD,
-    best_of: Optional[int] = BEST_OF,
-    seed: Optional[int] = SEED,
-    initial_prompt: Optional[str] = INITIAL_PROMPT,
-    hotwords: Optional[str] = HOTWORDS,
-    prefix: Optional[str] = typer.Option(None, help="Text each file's transcript starts with (forced on its first "
+    temperature: str | None = TEMPERATURE,
+    compression_ratio_threshold: float | None = COMPRESSION_RATIO_THRESHOLD,
+    best_of: int | None = BEST_OF,
+    seed: int | None = SEED,
+    initial_prompt: str | None = INITIAL_PROMPT,
+    hotwords: str | None = HOTWORDS,
+    prefix: str | None = typer.Option(None, help="Text each file's transcript starts with (forced on its first "
                                          "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
@@ -133,7 +154,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
         raise typer.Exit(EXIT_FAILED)
 
 
-def _transcribe_on_ray(files: list[str], manifest: Optional[Path], output: Optional[Path], preset: str, device: str,
+def _transcribe_on_ray(files: list[str], manifest: Path | None, output: Path | None, preset: str, device: str,
                        overrides: dict[str, Any], quiet: bool, **ray_options: Any) -> None:
     """`transcribe --ray`: `asr_spec.distributed.transcribe_dataset` over the files or the manifest."""
     from asr_spec import distributed

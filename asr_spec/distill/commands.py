@@ -41,7 +41,9 @@ from types import SimpleNamespace
 
 import torch
 
-from asr_spec.distill import data as draft_data, evaluation, train as distill
+from asr_spec.distill import data as draft_data
+from asr_spec.distill import evaluation
+from asr_spec.distill import train as distill
 from asr_spec.models import drafts
 from asr_spec.models.feature_draft import save_feature_draft
 from asr_spec.models.loading import load_distilled
@@ -89,8 +91,8 @@ def cmd_cache(args) -> None:
 
 def _cache_long_files(args, target) -> None:
     """Long recordings cut into plain consecutive 30 s windows (no overlap), as a long-form evaluation set."""
-    from asr_spec.audio.loading import load_audio
     from asr_spec.audio.features import N_SAMPLES, SAMPLE_RATE, log_mel_batch, make_feature_extractor
+    from asr_spec.audio.loading import load_audio
 
     fe = make_feature_extractor(target.config.num_mel_bins)
     windows = []

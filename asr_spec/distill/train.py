@@ -54,7 +54,8 @@ from torch import nn
 from asr_spec.distill.data import CacheBatch, CacheUnion, PseudoLabelCache
 from asr_spec.distill.evaluation import draft_states, engine_tokens_per_pass, evaluate_agreement, reads_features
 from asr_spec.models.drafts import DECODER_KIND, SHARED_PREFIXES, decoder_draft, tie_shared
-from asr_spec.models.feature_draft import KIND as FEATURE_KIND, init_feature_draft
+from asr_spec.models.feature_draft import KIND as FEATURE_KIND
+from asr_spec.models.feature_draft import init_feature_draft
 
 FEATURE_PROJECTION = "model.decoder.fc."  # a feature-conditioned draft's input projection, by parameter name
 

@@ -41,7 +41,7 @@ class KVCache:
         device: torch.device,
         dtype: torch.dtype,
         cross_k_transposed: bool = False,
-    ) -> "KVCache":
+    ) -> KVCache:
         self_shape = (n_layers, n_rows, n_heads, n_positions, head_dim)
         cross_shape = (n_layers, n_rows, n_heads, n_audio_ctx, head_dim)
         k_shape = (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) if cross_k_transposed else cross_shape
@@ -70,7 +70,7 @@ class KVCache:
         self.self_k[layer].scatter_(2, index, k)
         self.self_v[layer].scatter_(2, index, v)
 
-    def rows(self, n_rows: int, first: int = 0) -> "KVCache":
+    def rows(self, n_rows: int, first: int = 0) -> KVCache:
         """Slots [first, first + n_rows), as views (no copy; writes reach this cache): the first n_rows for the
         step of a batch whose live rows are packed first, a run of free slots for admission to prefill into."""
         s = slice(first, first + n_rows)
@@ -85,7 +85,7 @@ class KVCache:
         self.cross_v[:, dst] = self.cross_v[:, src]
         self.lengths[dst] = self.lengths[src]
 
-    def write_rows(self, rows: torch.Tensor, source: "KVCache") -> None:
+    def write_rows(self, rows: torch.Tensor, source: KVCache) -> None:
         """Copy a cache of R rows into slots `rows` ((R,) long): its audio keys/values, its self-attention part
         (source.n_positions positions) and its lengths. Admission of chunks to slots apart uses it."""
         n = source.n_positions

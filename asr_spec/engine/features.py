@@ -81,17 +81,17 @@ class TargetFeatures:
 
     @classmethod
     def empty(cls, n_rows: int, n_positions: int, d_model: int, device: torch.device,
-              dtype: torch.dtype) -> "TargetFeatures":
+              dtype: torch.dtype) -> TargetFeatures:
         return cls(torch.zeros(n_rows, n_positions, d_model, device=device, dtype=dtype))
 
-    def rows(self, n_rows: int, first: int = 0) -> "TargetFeatures":
+    def rows(self, n_rows: int, first: int = 0) -> TargetFeatures:
         """Slots [first, first + n_rows), as a view (`KVCache.rows`)."""
         return TargetFeatures(self.states[first:first + n_rows])
 
     def move_row(self, src: int, dst: int, n_positions: int) -> None:
         self.states[dst, :n_positions] = self.states[src, :n_positions]
 
-    def write_rows(self, rows: torch.Tensor, source: "TargetFeatures") -> None:
+    def write_rows(self, rows: torch.Tensor, source: TargetFeatures) -> None:
         """Copy the states of R rows admitted apart ((R, P, d) `source`) into slots `rows` ((R,) long)."""
         self.states[rows, : source.states.shape[1]] = source.states
 

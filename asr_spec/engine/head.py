@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from asr_spec.engine.kernels import reorder, onednn_linear, shared
+from asr_spec.engine.kernels import onednn_linear, reorder, shared
 
 _BF16_REL = 2.0 ** -7  # bf16 keeps 8 significant bits: rounding moves a value by < 2^-8 of it; 2^-7 is generous
 _FP32_EPS = 2.0 ** -24

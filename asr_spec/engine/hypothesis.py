@@ -49,7 +49,7 @@ class Hypotheses:
     width: int
 
     @classmethod
-    def empty(cls, n_rows: int, n_tokens: int, width: int, device: torch.device) -> "Hypotheses":
+    def empty(cls, n_rows: int, n_tokens: int, width: int, device: torch.device) -> Hypotheses:
         """No hypothesis in `n_rows` slots of `n_tokens` tokens each."""
         def zeros() -> torch.Tensor:
             return torch.zeros(n_rows, dtype=torch.long, device=device)
@@ -60,7 +60,7 @@ class Hypotheses:
     def _tensors(self) -> list[str]:
         return [f.name for f in fields(self) if f.name != "width"]
 
-    def rows(self, n_rows: int) -> "Hypotheses":
+    def rows(self, n_rows: int) -> Hypotheses:
         """The first `n_rows` slots, as views."""
         return Hypotheses(*(getattr(self, name)[:n_rows] for name in self._tensors()), self.width)
 

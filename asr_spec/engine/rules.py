@@ -46,7 +46,7 @@ class WhisperTokens:
         return self.max_positions // 2 - 1
 
     @classmethod
-    def from_generation_config(cls, gen: Any, max_positions: int) -> "WhisperTokens":
+    def from_generation_config(cls, gen: Any, max_positions: int) -> WhisperTokens:
         missing = [k for k in ("decoder_start_token_id", "eos_token_id", "no_timestamps_token_id") if
                    getattr(gen, k, None) is None]
         if missing:
@@ -123,7 +123,7 @@ class LogitRules:
         # traced or captured step, so a batch of greedy rows runs the greedy step alone (`with_sampling`)
         self.sampling = False
 
-    def with_sampling(self) -> "LogitRules":
+    def with_sampling(self) -> LogitRules:
         """The same rules for a step whose batch has sampled rows (`sampling` True; the tensors are shared)."""
         rules = copy.copy(self)
         rules.sampling = True

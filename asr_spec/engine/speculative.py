@@ -82,7 +82,7 @@ class DecodeState:
     key: torch.Tensor
 
     @classmethod
-    def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> "DecodeState":
+    def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> DecodeState:
         """The state of `n_rows` free slots (finished: FINISH_LENGTH), seq of `n_seq` tokens each."""
         per_row = {name: torch.zeros(n_rows, dtype=torch.long, device=device)
                    for name in ("n_tok", "begin", "limit", *COUNTS)}
@@ -93,7 +93,7 @@ class DecodeState:
                    temperature=torch.zeros(n_rows, device=device), key=torch.zeros_like(per_row["n_tok"]),
                    **per_row)
 
-    def rows(self, n_rows: int) -> "DecodeState":
+    def rows(self, n_rows: int) -> DecodeState:
         """The first `n_rows` slots, as views (in-place updates reach the full state)."""
         return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
 
@@ -146,7 +146,7 @@ class Models:
     # proposes (`propose`) and the verify pass runs through it (`target_pass`)
     features: Any = None
 
-    def rows(self, n_rows: int, first: int = 0) -> "Models":
+    def rows(self, n_rows: int, first: int = 0) -> Models:
         """The same models over cache slots [first, first + n_rows) (views)."""
         return Models(self.target, self.target_cache.rows(n_rows, first), self.draft,
                       None if self.draft_cache is None else self.draft_cache.rows(n_rows, first),

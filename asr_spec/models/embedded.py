@@ -43,9 +43,9 @@ from transformers import (
     WhisperTokenizer,
 )
 
+from asr_spec.errors import InputError
 from asr_spec.models.ct2 import CT2Model, ModelFormatError, read_ct2
 from asr_spec.models.ct2_whisper import WhisperDims, whisper_dims, whisper_state_dict
-from asr_spec.errors import InputError
 
 __all__ = [
     "EMBEDDED_MODELS", "MissingModelError", "WhisperTokenIds", "build_whisper_tokenizer", "cache_dir", "convert_ct2",

@@ -16,7 +16,8 @@ from torch import nn
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.errors import AsrSpecError, ModelLoadError
 from asr_spec.models.drafts import DECODER_KIND, INFO_FILE, decoder_draft, draft_kind, load_trained_draft
-from asr_spec.models.feature_draft import KIND as FEATURE_KIND, load_feature_draft
+from asr_spec.models.feature_draft import KIND as FEATURE_KIND
+from asr_spec.models.feature_draft import load_feature_draft
 
 log = logging.getLogger(__name__)
 

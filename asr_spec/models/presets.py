@@ -42,14 +42,13 @@ from __future__ import annotations
 
 import logging
 import os
+import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from asr_spec.errors import InputError
-
-import tomllib
 
 __all__ = ["DEFAULT_PRESET", "ModelPlan", "Preset", "available_presets", "load_preset", "plan_models",
            "presets_dir"]

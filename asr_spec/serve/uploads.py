@@ -50,7 +50,7 @@ def limited_request(request: Request, max_bytes: int, timeout_s: float) -> Reque
             raise UploadTimeout()
         try:
             message = await asyncio.wait_for(receive(), left_s)
-        except asyncio.TimeoutError as err:
+        except TimeoutError as err:
             raise UploadTimeout() from err
         if message["type"] == "http.request":
             n_bytes += len(message.get("body", b""))

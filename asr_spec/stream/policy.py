@@ -41,8 +41,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from asr_spec.errors import InputError
-from asr_spec.stream.agreement import (SAMPLE_RATE, SAMPLES_PER_TIMESTAMP, Segment, TokenKinds, agreed_words,
-                                       segments, shifted, text_of)
+from asr_spec.stream.agreement import (
+    SAMPLE_RATE,
+    SAMPLES_PER_TIMESTAMP,
+    Segment,
+    TokenKinds,
+    agreed_words,
+    segments,
+    shifted,
+    text_of,
+)
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 WINDOW_S = 30.0  # Whisper's window: a decode never holds more audio than this

@@ -50,16 +50,23 @@ from asr_spec.stream.policy import StreamOptions
 from asr_spec.stream.policy import Update as StreamUpdate
 from asr_spec.transcribe.alignment import Aligner
 from asr_spec.transcribe.assembly import Assembler
+from asr_spec.transcribe.fallback import Fallback
 from asr_spec.transcribe.frontend import FrontEnd
-from asr_spec.transcribe.inputs import (INPUT_ERRORS, Input, Progress, ProgressCallback, RunInput, name_outputs,
-                                        run_inputs)
+from asr_spec.transcribe.inputs import (
+    INPUT_ERRORS,
+    Input,
+    Progress,
+    ProgressCallback,
+    RunInput,
+    name_outputs,
+    run_inputs,
+)
 from asr_spec.transcribe.options import TranscribeOptions, check_batch_size
 from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
 from asr_spec.transcribe.prompts import InputPrompt, PromptOptions, encode_prompt, per_input, with_prompts
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens
-from asr_spec.transcribe.fallback import Fallback
 from asr_spec.transcribe.tails import TailSource, plan_tail, stride_tail
 
 __all__ = ["Transcriber"]
