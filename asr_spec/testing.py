@@ -76,7 +76,8 @@ def random_whisper(
     extra = dict(lang_to_id=lang_to_id, task_to_id={"transcribe": ids["transcribe"], "translate": ids["translate"]})
     model.generation_config = GenerationConfig(
         decoder_start_token_id=ids["sot"], eos_token_id=ids["eot"], pad_token_id=ids["eot"],
-        bos_token_id=ids["eot"], max_length=448, no_timestamps_token_id=ids["no_timestamps"], prev_sot_token_id=ids["prev"],
+        bos_token_id=ids["eot"], max_length=448, no_timestamps_token_id=ids["no_timestamps"],
+        prev_sot_token_id=ids["prev"],
         is_multilingual=multilingual, suppress_tokens=text_suppress + specials,
         begin_suppress_tokens=[3 if vocab_size else 220, ids["eot"]],
         max_initial_timestamp_index=5 if vocab_size else 50, return_timestamps=False,

@@ -3,8 +3,9 @@
 
 Random-weight models with the real shapes of whisper-base and of large-v2 + distil-large-v2 (d_model 1280,
 32 vs 2 decoder layers), and the converted real whisper-base when available. Encoder outputs are computed once
-(random ones for the random-weight shapes) and shared by every configuration, so the figures compare decoding. Every row decodes exactly
---new-tokens tokens (EOS is suppressed for the random models) so tokens/s compare like with like.
+(random ones for the random-weight shapes) and shared by every configuration, so the figures compare decoding.
+Every row decodes exactly --new-tokens tokens (EOS is suppressed for the random models) so tokens/s compare like
+with like.
 
     python scripts/bench_engine.py --shapes base --batch-sizes 1,4,16 --new-tokens 48
     python scripts/bench_engine.py --device cuda --dtype fp16 --shapes base,large-v2   # on a GPU
@@ -184,8 +185,8 @@ def main() -> None:
     if args.head:
         bench_head(batch_sizes, device)
         return
-    print(json.dumps({"device": str(device), "dtype": str(dtype), "threads": torch.get_num_threads(), "clock": args.clock,
-                      "new_tokens": args.new_tokens, "K": args.num_draft_tokens}))
+    print(json.dumps({"device": str(device), "dtype": str(dtype), "threads": torch.get_num_threads(),
+                      "clock": args.clock, "new_tokens": args.new_tokens, "K": args.num_draft_tokens}))
     for shape in args.shapes.split(","):
         if shape == "real-base":
             from asr_spec.models.loading import load_model

@@ -110,7 +110,7 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     for batch_size in (1, 8):
         times: dict[str, list[float]] = {name: [] for name in configs}
         stats: dict[str, ChunkStats] = {}
-        for name, transcriber in configs.items():  # warm-up, untimed
+        for transcriber in configs.values():  # warm-up, untimed
             transcribe(transcriber, clips, batch_size)
         for _ in range(args.repeats):
             for name, transcriber in configs.items():

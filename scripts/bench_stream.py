@@ -66,7 +66,7 @@ def slices(n_streams: int, seconds: float) -> list[tuple[str, np.ndarray]]:
 def offline(asr: Transcriber, items: list[tuple[str, np.ndarray]]) -> dict[str, tuple[str, list]]:
     """The offline transcript of each slice and its words (WordTiming: word, start, end)."""
     out = {}
-    for (name, audio), t in zip(items, asr.transcribe([a for _, a in items], progress=False)):
+    for (name, _audio), t in zip(items, asr.transcribe([a for _, a in items], progress=False)):
         out[name] = (t.text, [w for s in t.segments for w in s.words])
     return out
 

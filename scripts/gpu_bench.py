@@ -51,8 +51,9 @@ from asr_spec.testing import random_whisper
 AUDIO_STD = 10.0
 FULL = dict(target="large-v2", draft="distil-large-v2", batches="1,4,16,64", ks="3,5,8", rates="0.6,0.8,0.9",
             new_tokens=64, repeats=2, modes="eager,graphs", dtype="float16", chunks_per_slot=1, kinds="oracle,features")
+# no warm-up: its figures are not the point, its checks are
 TINY = dict(target="test", draft="test", batches="8", ks="3,8", rates="0.6,0.9", new_tokens=120, repeats=1,
-            modes="eager", dtype="float32", chunks_per_slot=2, kinds="oracle")  # no warm-up: its figures are not the point, its checks are
+            modes="eager", dtype="float32", chunks_per_slot=2, kinds="oracle")
 
 
 class CountingRunner(StepRunner):
@@ -145,7 +146,8 @@ def result_row(common: dict, seconds: float, results, keys, greedy, floor_total:
         hist = [a + b for a, b in zip(hist or [0] * len(r.stats.accepted_hist), r.stats.accepted_hist)]
     pooled, by_position = measured_acceptance(hist) if len(hist) > 1 else (None, [])
     return dict(common, measured_acceptance=pooled, acceptance_by_position=by_position, accepted_hist=hist,
-                rows=len(results), distinct_rows=len({r.tokens for r in results}), rows_equal_greedy=sum(r.tokens == g.tokens for r, g in zip(results, greedy)),
+                rows=len(results), distinct_rows=len({r.tokens for r in results}),
+                rows_equal_greedy=sum(r.tokens == g.tokens for r, g in zip(results, greedy)),
                 tokens=n_tokens, seconds=seconds, tokens_per_s=n_tokens / seconds,
                 tokens_per_target_pass=n_tokens / sum(r.stats.target_passes for r in results),
                 steps=len(keys), step_ms=seconds / len(keys) * 1e3,
@@ -259,11 +261,13 @@ def check(rows: list[dict], tolerance: float) -> list[str]:
     failures = []
     for row in rows:
         name = f"batch {row['batch']} {row['mode']} K={row['k']} a={row['set_acceptance']}"
-        if row["set_acceptance"] is not None and not abs(row["measured_acceptance"] - row["set_acceptance"]) <= tolerance:
+        if (row["set_acceptance"] is not None
+                and not abs(row["measured_acceptance"] - row["set_acceptance"]) <= tolerance):
             failures.append(f"{name}: measured acceptance {row['measured_acceptance']:.3f}, set "
                             f"{row['set_acceptance']} (tolerance {tolerance})")
         if row["rows_equal_greedy"] != row["rows"]:
-            failures.append(f"{name}: {row['rows'] - row['rows_equal_greedy']} of {row['rows']} rows differ from greedy")
+            differ = row["rows"] - row["rows_equal_greedy"]
+            failures.append(f"{name}: {differ} of {row['rows']} rows differ from greedy")
     return failures
 
 

@@ -43,7 +43,8 @@ def model_dirs(tmp_path_factory) -> tuple[Path, Path]:
 def reference_text(path: Path, chunking: str = "vad") -> str:
     """The tiny target's greedy transcript of `path` in timestamp mode with VAD chunks, as the CLI's default preset
     decodes (its tiny models are the same weights)."""
-    return transcriber(speculative=False, timestamps=True, chunking=chunking).transcribe(str(path), progress=False)[0].text
+    run = transcriber(speculative=False, timestamps=True, chunking=chunking)
+    return run.transcribe(str(path), progress=False)[0].text
 
 
 def assert_outputs(out_dir: Path, stem: str, source: Path, chunking: str = "vad") -> None:
@@ -253,7 +254,8 @@ def test_a_batch_that_cannot_fit_stops_at_once_saying_what_fits(capsys, monkeypa
     with pytest.raises(ResourceError, match="--batch-size 2 fits"):
         engine.decode(_features(), batch_size=4)
     assert len(engine.decode(_features(), batch_size=2)) == 5
-    code, out, err = run_cli(capsys, *tiny(model_dirs, str(LONG), "--batch-size", "8", "--chunking", "stride"))  # 4 rows
+    # 4 rows
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(LONG), "--batch-size", "8", "--chunking", "stride"))
     assert code == 2 and out == ""
     assert_one_line_error(err, "batch of 4 needs", "--batch-size")
 

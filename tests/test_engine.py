@@ -262,7 +262,8 @@ def test_draft_only_in_runs_of_few_rows(timestamps):
     assert all(r.stats.draft_passes == 0 and r.stats.target_passes == r.stats.generated_tokens for r in wide)
     assert sum(r.stats.accepted_tokens for r in narrow) > 0
     few_chunks = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(
-        language="en", timestamps=timestamps, max_new_tokens=MAX_NEW, draft_max_rows=2)).decode(_features()[:2], batch_size=8)
+        language="en", timestamps=timestamps, max_new_tokens=MAX_NEW, draft_max_rows=2)
+    ).decode(_features()[:2], batch_size=8)
     assert all(r.stats.drafted_tokens > 0 for r in few_chunks)  # 2 chunks at batch 8: 2 slots, drafted
     with pytest.raises(ValueError, match="draft_max_rows must be an integer >= 1"):
         DecodeOptions(draft_max_rows=0)

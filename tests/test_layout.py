@@ -146,6 +146,17 @@ def test_engine_imports_nothing_else_from_asr_spec() -> None:
     assert outside == []
 
 
+def test_type_checking_imports_are_the_lazy_exports() -> None:
+    """asr_spec/__init__.py's TYPE_CHECKING block imports exactly the names `_EXPORTS` serves lazily, each from its
+    module (pyproject's ruff section lets that block's imports go unused on the strength of this test)."""
+    tree = _tree(PACKAGE / "__init__.py")
+    exports = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets))
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    imported = {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert imported == exports
+
 def _identifiers(tree: ast.AST) -> set[str]:
     """Every name the code binds or uses: variables, attributes, functions, classes, parameters, keywords."""
     found = set()

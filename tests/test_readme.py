@@ -152,6 +152,15 @@ def test_readme_has_blocks_that_run() -> None:
     assert any(b.skip_reason is None for b in blocks), "every README block is marked not run"
 
 
+def test_ci_runs_readme_test_command() -> None:
+    """.ci/run ends by running README's test command (the block that runs pytest) line for line, linter included."""
+    tests = [b for b in code_blocks(README.read_text(encoding="utf-8")) if "python -m pytest" in b.code]
+    assert len(tests) == 1, "README shows one test command"
+    command = tests[0].code.strip()
+    assert "ruff check ." in command
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-len(command.splitlines()):] == command.splitlines()
+
 def _command_lines(text: str) -> list[str]:
     """The ``asr-spec ...`` command lines of a Markdown text's bash blocks (continuations joined, comments and
     pipes cut; lines with a ``...`` placeholder left out)."""

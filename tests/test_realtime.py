@@ -1,6 +1,7 @@
 """WS /v1/realtime on a real 127.0.0.1 port (uvicorn in a thread), driven as vLLM's realtime example client drives
 it (the `websockets` package: session.created, commit, appends, commit final, deltas, done), with the tiny
-real-vocabulary Whisper of test_transcribe: each stream's text equals the streaming API's (`Transcriber.stream`) for the same samples;
+real-vocabulary Whisper of test_transcribe: each stream's text equals the streaming API's (`Transcriber.stream`)
+for the same samples;
 8 streams and an upload at once; a malformed event; --max-streams; a client that goes away; API keys."""
 
 from __future__ import annotations

@@ -221,7 +221,8 @@ def test_word_timestamps_equal_the_transcriber(vad_words):
         else:
             assert "words" not in body
     assert words_of(want[LONG.name]) and len(want[LONG.name].chunks) > 1
-    assert refused.status_code == 400 and "word needs response_format verbose_json" in refused.json()["error"]["message"]
+    assert refused.status_code == 400
+    assert "word needs response_format verbose_json" in refused.json()["error"]["message"]
 
 
 def test_word_timestamps_need_the_aligner(greedy):

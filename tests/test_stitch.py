@@ -102,7 +102,7 @@ def _whisper_like_outputs(
         a, b = span.start_sample / SR, span.end_sample / SR
 
         def heard(i: int) -> int:
-            near_edge = times[i] < a + 1.5 or times[i] > b - 1.5
+            near_edge = times[i] < a + 1.5 or times[i] > b - 1.5  # noqa: B023 (called only in this iteration)
             return int(rng.integers(1, 20_000)) if near_edge and rng.random() < mishear else words[i]
 
         tokens: list[int] = []

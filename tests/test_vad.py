@@ -125,7 +125,8 @@ def test_plan_spans_cover_all_speech_within_the_window():
 
 
 @pytest.mark.parametrize("block_s", [0.7, 3.0, 60.0])
-@pytest.mark.parametrize("options", [OPTS, VadOptions(extend_onset=True, cut_within_s=4.0)], ids=["default", "extended"])
+@pytest.mark.parametrize("options", [OPTS, VadOptions(extend_onset=True, cut_within_s=4.0)],
+                         ids=["default", "extended"])
 def test_streaming_equals_the_whole_plan(block_s, options):
     rng = np.random.default_rng(0)
     total_s = 200

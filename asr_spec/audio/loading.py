@@ -308,7 +308,8 @@ def _resampled_blocks(
         message = f"{name}: truncated audio (decoded {n_read} of {expected_frames} frames the header announces)"
         if exact_length:
             raise AudioError(message)
-        warnings.warn(message + "; the header length is an estimate for this format, keeping what decoded")
+        warnings.warn(message + "; the header length is an estimate for this format, keeping what decoded",
+                      stacklevel=2)
 
 
 def _open_raw_blocks(

@@ -19,7 +19,8 @@ import typer
 
 __all__ = ["VARIADIC", "distill_app", "distill_main", "expand_variadic"]
 
-VARIADIC = ("--train-cache", "--k", "--sim-k", "--head-sizes", "--compare-draft", "--engine-k")  # options that take one or more values
+# options that take one or more values
+VARIADIC = ("--train-cache", "--k", "--sim-k", "--head-sizes", "--compare-draft", "--engine-k")
 
 
 class EncDtype(str, enum.Enum):

@@ -188,7 +188,8 @@ def cmd_eval(args) -> None:
     for spec in args.untrained or []:
         candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions
-    out["step_ms_b%d" % args.batch_size] = {"target": round(evaluation.decoder_step_ms(target, args.batch_size, n_ctx), 1)}
+    step_ms = evaluation.decoder_step_ms(target, args.batch_size, n_ctx)
+    out[f"step_ms_b{args.batch_size}"] = {"target": round(step_ms, 1)}
     encoded = torch.from_numpy(held.encoded[: args.speed_windows or len(held)].astype("float32"))
     sim_k = tuple(sorted({*args.sim_k, *args.k}))
     for name, draft in candidates.items():

@@ -8,5 +8,5 @@ from asr_spec.engine.requests import ChunkRequest, ChunkResult
 from asr_spec.engine.scheduler import Engine, EngineError
 from asr_spec.engine.stats import ChunkStats
 
-__all__ = ["ChunkRequest", "ChunkResult", "ChunkStats", "DecodeOptions", "Decoder", "DraftKind", "Engine", "EngineError",
-           "ResourceError", "check_int", "check_pair", "full_vocab_logits"]
+__all__ = ["ChunkRequest", "ChunkResult", "ChunkStats", "DecodeOptions", "Decoder", "DraftKind", "Engine",
+           "EngineError", "ResourceError", "check_int", "check_pair", "full_vocab_logits"]

@@ -99,8 +99,9 @@ class LogitRules:
     """Vectorised Whisper logit rules for one decoding configuration.
 
     The rules that depend only on the vocabulary (suppress_tokens, <|notimestamps|> in timestamp mode) are a
-    precomputed additive (V,) bias; begin_suppress_tokens touch only their own columns. The timestamp rules that depend on the history are reductions over
-    the 1,501 timestamp tokens and a cut-off index over the text tokens: no (B, P, V) boolean mask is built.
+    precomputed additive (V,) bias; begin_suppress_tokens touch only their own columns. The timestamp rules that
+    depend on the history are reductions over the 1,501 timestamp tokens and a cut-off index over the text tokens:
+    no (B, P, V) boolean mask is built.
     """
 
     def __init__(self, tokens: WhisperTokens, vocab_size: int, timestamps: bool, device: torch.device):

@@ -3,7 +3,8 @@
 A preset is named after its file (``configs/large-v2.toml`` is ``"large-v2"``) or given as a path to any ``.toml``
 file. Its keys (every one optional except ``model``; an unknown key is an error, not ignored)::
 
-    model             the target: the model to transcribe with: hub id, local directory, CTranslate2 directory, "embedded:<name>"
+    model             the target: the model to transcribe with: hub id, local directory, CTranslate2 directory,
+                      "embedded:<name>"
     draft             draft model (same forms); left out = no draft, plain greedy decoding
     draft_optional    true: a draft given as a path that does not exist means greedy decoding, with a one-line
                       warning, instead of an error (hub ids are always loaded)

@@ -2,7 +2,8 @@
 
 Counters: requests by outcome, seconds of audio transcribed, chunks decoded, generated tokens, target passes,
 drafted and accepted tokens.
-Gauges: requests with chunks still to read, requests and seconds of audio in flight, chunks in the engine, batch occupancy (chunks in the engine / rows, at most 1).
+Gauges: requests with chunks still to read, requests and seconds of audio in flight, chunks in the engine, batch
+occupancy (chunks in the engine / rows, at most 1).
 Histogram: request latency in seconds (upload received to response ready).
 """
 

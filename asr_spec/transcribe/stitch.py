@@ -3,10 +3,11 @@
 Neighbouring chunks hear the same audio in their strides, so both transcribe it. Following the transformers ASR
 pipeline (``_find_longest_common_sequence`` and the ``_decode_asr`` state machine in
 ``transformers/models/whisper/tokenization_whisper.py``; transformers 5 no longer has the older pipeline's
-``_find_timestamp_sequence``, its timestamp merge now lives in ``_decode_asr``), the seam is resolved by sliding the head of the right
-sequence under the tail of the left one, taking the offset with the best match fraction (ties broken toward longer
-overlaps), and cutting both at the middle of that overlap: the left chunk is trusted for the first half of the
-shared audio, the right chunk for the second half. No word is doubled or lost when the two readings agree.
+``_find_timestamp_sequence``, its timestamp merge now lives in ``_decode_asr``), the seam is resolved by sliding the
+head of the right sequence under the tail of the left one, taking the offset with the best match fraction (ties
+broken toward longer overlaps), and cutting both at the middle of that overlap: the left chunk is trusted for the
+first half of the shared audio, the right chunk for the second half. No word is doubled or lost when the two readings
+agree.
 
 With timestamp tokens, segments are closed by Whisper's own timestamp pairs; a timestamp in a stride is not
 trusted (the right stride's trailing timestamps and the left stride's leading ones are skipped) and the text of a

@@ -43,7 +43,8 @@ MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 
-Segment = tuple[int, int, int, int]  # a closed segment: (start step, end step, index of its start, of its end timestamp)
+# a closed segment: (start step, end step, index of its start, of its end timestamp)
+Segment = tuple[int, int, int, int]
 
 
 def closed_segments(tokens: Sequence[int], eot_id: int,
