@@ -18,9 +18,8 @@ group is then decoded by the same target without a draft: `greedy_wall_s` is tim
 Record fields: id, ref, hyp, audio_s, wall_s, latency_s, language, the fields of `asr_spec.engine.ChunkStats`
 as `dataclasses.asdict` gives them (chunks, generated_tokens, target_passes, draft_passes, drafted_tokens,
 accepted_tokens, accepted_hist, acceptance_rate, tokens_per_target_pass), parts (long-form: the utterance ids
-joined), error (a failed utterance, one line); with
-compare_greedy: greedy_hyp, greedy_wall_s, greedy_generated_tokens, identical_to_greedy (the same token ids in
-every chunk, so the same text and segments).
+joined), error (a failed utterance, one line); with compare_greedy: greedy_hyp, greedy_wall_s,
+greedy_generated_tokens, identical_to_greedy (the same token ids in every chunk, so the same text and segments).
 """
 
 from __future__ import annotations
