@@ -2,7 +2,7 @@
 (scripts/check_sizes.py), the layer order with no upward import and no import cycle, an engine that imports nothing
 else from asr_spec, the encoder run by the engine alone, and the removed workarounds staying removed.
 
-The layers, lowest first (README, "How it works", states the same rule)::
+The layers, lowest first (docs/layout.md states the same rule, checked below)::
 
     errors, logs, testing → engine → audio → models → stream → transcribe → asr_spec/__init__.py (the public API) → eval
     → distill → distributed, serve → cli, __main__
@@ -107,6 +107,13 @@ def test_no_module_or_function_over_the_limits() -> None:
     assert check.CHECKED == ("asr_spec", "scripts")
     assert [line for folder in check.CHECKED for line in check.offenders(REPO / folder)] == []
 
+
+def test_docs_state_the_layers() -> None:
+    """docs/layout.md's layer line (the indented one with the arrows) names LAYERS, in order."""
+    text = (REPO / "docs" / "layout.md").read_text(encoding="utf-8")
+    [line] = [line for line in text.splitlines() if line.startswith("    ") and "→" in line]
+    stated = tuple(tuple(part.strip() for part in layer.split(",")) for layer in line.strip().split("→"))
+    assert stated == LAYERS
 
 def test_every_part_of_the_package_has_a_layer() -> None:
     assert sorted({_part(name) for name in _modules()} - set(LAYER_OF)) == []

@@ -175,13 +175,19 @@ def _command_lines(text: str) -> list[str]:
     return lines
 
 
+DOCS = sorted((REPO / "docs").glob("*.md"))
+
+
 def test_readme_commands_parse(capsys) -> None:
-    """Every `asr-spec` command README shows (run or not) is accepted by the CLI: with --help appended, each
-    parses its options and prints its help instead of running (an unknown option or a bad value exits 2)."""
+    """Every `asr-spec` command README and docs/*.md show (run or not) is accepted by the CLI: with --help
+    appended, each parses its options and prints its help instead of running (an unknown option or a bad value
+    exits 2). The docs' blocks follow README's convention (a malformed `not run` marker is an error)."""
     from asr_spec.cli import main
 
-    lines = _command_lines(README.read_text(encoding="utf-8"))
-    assert any(line.startswith("asr-spec eval") for line in lines) and any("distill" in line for line in lines)
+    readme = _command_lines(README.read_text(encoding="utf-8"))
+    assert any(line.startswith("asr-spec eval") for line in readme) and any("distill" in line for line in readme)
+    lines = readme + [line for path in DOCS for line in _command_lines(path.read_text(encoding="utf-8"))]
+    assert any(line.startswith("asr-spec serve") for line in lines)
     for line in lines:
         with pytest.raises(SystemExit) as exit_:
             main([*shlex.split(line)[1:], "--help"])
