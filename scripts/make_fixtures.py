@@ -12,7 +12,7 @@ Writes under `--out` (default: tests/fixtures next to this script's repo):
     librispeech/test-clean/<spk>/<chapter>/...  LibriSpeech layout: 3 speakers (= voices), 4 chapters, 14 utts
     speech/short/*.flac + manifest.tsv          6 clips of 3-6 s, one per voice
 
-    python scripts/make_fixtures.py                       # regenerate tests/fixtures
+    python -m scripts.make_fixtures                       # regenerate tests/fixtures
 
 The speech a draft is distilled on is made by scripts/make_draft_corpus.py (it reuses the voices and TTS calls here).
 """

@@ -5,10 +5,11 @@ different structure, and short clips whose first word is a weak syllable.
 Kokoro runs in a virtual environment of its own, with no torch and no network (install lines in
 scripts/kokoro_tts.py, which holds the voices):
 
-    /work/kokoro-venv/bin/python scripts/make_longform_fixtures.py --voices /work/kokoro-voices/package/voices
-    /work/kokoro-venv/bin/python scripts/make_longform_fixtures.py --set heldout --out runs/longform_heldout
+    ~/kokoro-venv/bin/python -m scripts.make_longform_fixtures               # voices from $KOKORO_VOICES
+    ~/kokoro-venv/bin/python -m scripts.make_longform_fixtures --set heldout --out runs/longform_heldout
 
-`--set heldout` makes the same four structures and clips from other texts (scripts/longform_heldout_texts.py) in
+The texts are data: scripts/texts/longform_fixtures.json and, for `--set heldout`, longform_heldout.json.
+`--set heldout` makes the same four structures and clips from other texts (scripts/texts/longform_heldout.json) in
 other voice pairings with another seed: files nothing was tuned on, to check what the fixtures chose.
 Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
 
@@ -33,16 +34,16 @@ sound starts.
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kokoro_tts import SAMPLE_RATE, Kokoro  # noqa: E402
+from scripts.kokoro_tts import SAMPLE_RATE, VOICES_DIR, Kokoro
+
+TEXTS_DIR = Path(__file__).resolve().parent / "texts"  # the sets' texts, as JSON data
 
 NOISE_STD = 3e-4  # the noise floor under every file: -70 dBFS, above the VAD's digital-silence bound (1e-4)
 OPUS_LEVEL = 0.9  # libsndfile Opus compression level (0 = best quality, 1 = smallest): about 31 kbit/s here
@@ -64,9 +65,27 @@ FILE_LEAD_S, FILE_TAIL_S = 0.3, 0.5  # silence before and after a long file's sp
 
 
 @dataclass(frozen=True)
+class Texts:
+    """What a set's files say (scripts/texts/*.json; its "about" entry says what each list is for)."""
+
+    dense: tuple[str, ...]
+    dialogue: tuple[str, ...]
+    garden: tuple[str, ...]
+    last_sentence: str
+    last_spoken: str  # the part of last_sentence before its first comma: all the memoir's file says of it
+    bridges: tuple[str, ...]
+    weak_onsets: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> Texts:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(**{name: data[name] if isinstance(data[name], str) else tuple(data[name])
+                      for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class FileSet:
-    """What a set of files speaks and in which voices: its texts module (next to this script: the lists DENSE,
-    DIALOGUE, GARDEN, BRIDGES, WEAK_ONSETS and LAST_SENTENCE / LAST_SPOKEN) and its seed."""
+    """What a set of files speaks and in which voices: its texts file (in scripts/texts/) and its seed."""
 
     texts: str
     seed: int
@@ -76,24 +95,24 @@ class FileSet:
     bridges: str
     clips: tuple[str, ...]
 
-    def module(self) -> ModuleType:
-        return importlib.import_module(self.texts)
+    def load_texts(self) -> Texts:
+        return Texts.load(TEXTS_DIR / self.texts)
 
     def every_text(self) -> list[str]:
         """Every sentence the set speaks (kept out of the draft-training corpus, make_draft_corpus.py)."""
-        t = self.module()
-        return [*t.DENSE, *t.DIALOGUE, *t.GARDEN, t.LAST_SENTENCE, *t.BRIDGES, *t.WEAK_ONSETS]
+        t = self.load_texts()
+        return [*t.dense, *t.dialogue, *t.garden, t.last_sentence, *t.bridges, *t.weak_onsets]
 
 
 SETS = {
     # the committed fixtures (tests/fixtures/longform)
-    "fixtures": FileSet("longform_texts", 28_2026, ("af_heart", "bm_george", "bf_emma"), ("am_michael", "bf_alice"),
-                        ("af_sarah", "bm_lewis", "af_aoede"), "bm_daniel",
+    "fixtures": FileSet("longform_fixtures.json", 28_2026, ("af_heart", "bm_george", "bf_emma"),
+                        ("am_michael", "bf_alice"), ("af_sarah", "bm_lewis", "af_aoede"), "bm_daniel",
                         ("af_alloy", "am_liam", "bf_isabella", "af_kore", "am_fenrir", "af_jessica", "bm_george",
                          "af_nova")),
     # held out: other texts, five of the six voices no fixture uses and other pairings of the rest; for checking
     # that what was measured and chosen on the fixtures holds on files nobody tuned anything on (not committed)
-    "heldout": FileSet("longform_heldout_texts", 28_1201, ("af_bella", "am_onyx", "bf_alice"), ("am_adam", "af_river"),
+    "heldout": FileSet("longform_heldout.json", 28_1201, ("af_bella", "am_onyx", "bf_alice"), ("am_adam", "af_river"),
                        ("af_nova", "bm_george", "am_eric"), "af_kore",
                        ("af_bella", "am_onyx", "af_river", "am_adam", "bf_emma", "am_eric", "bm_lewis", "af_heart")),
 }
@@ -132,7 +151,7 @@ class Track:
 
 def dense_windows(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(a): sentences packed into windows whose speech spans WINDOW_SPAN_S, windows split by DENSE_BOUNDARY_S."""
-    sentences = fs.module().DENSE
+    sentences = fs.load_texts().dense
     voices = [fs.dense[i % len(fs.dense)] for i in range(len(sentences))]
     pool = [(text, tts(text, voice)) for text, voice in zip(sentences, voices, strict=True)]
     track = Track.start(FILE_LEAD_S)
@@ -194,7 +213,7 @@ def fill_window(pool: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarra
 def dialogue_pauses(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(b): two voices taking turns, a long pause before every turn."""
     track = Track.start(FILE_LEAD_S)
-    for index, text in enumerate(fs.module().DIALOGUE):
+    for index, text in enumerate(fs.load_texts().dialogue):
         if index:
             track.pause(rng.uniform(*DIALOGUE_PAUSE_S))
         track.say(tts(text, fs.dialogue[index % 2]), text)
@@ -204,9 +223,9 @@ def dialogue_pauses(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track
 def ends_mid_sentence(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(c): readers taking turns every 3-5 sentences; the last sentence is cut at its comma, ending the file."""
     track = Track.start(FILE_LEAD_S)
-    texts = fs.module()
+    texts = fs.load_texts()
     voice, left = 0, int(rng.integers(3, 6))
-    for index, text in enumerate(texts.GARDEN):
+    for index, text in enumerate(texts.garden):
         if index:
             track.pause(rng.uniform(*GARDEN_PAUSE_S))
         track.say(tts(text, fs.garden[voice]), text)
@@ -215,8 +234,8 @@ def ends_mid_sentence(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Tra
             voice, left = (voice + 1) % len(fs.garden), int(rng.integers(3, 6))
     track.pause(rng.uniform(*GARDEN_PAUSE_S))
     last_voice = fs.garden[voice]
-    full = tts(texts.LAST_SENTENCE, last_voice)
-    track.say(full[: comma_cut(full, len(tts(texts.LAST_SPOKEN + ",", last_voice)))], texts.LAST_SPOKEN)
+    full = tts(texts.last_sentence, last_voice)
+    track.say(full[: comma_cut(full, len(tts(texts.last_spoken + ",", last_voice)))], texts.last_spoken)
     return track
 
 
@@ -232,7 +251,7 @@ def comma_cut(audio: np.ndarray, prefix_samples: int) -> int:
 def monologue_speeds(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(d): one voice, each sentence at its own speed."""
     track = Track.start(FILE_LEAD_S)
-    for index, text in enumerate(fs.module().BRIDGES):
+    for index, text in enumerate(fs.load_texts().bridges):
         if index:
             track.pause(rng.uniform(*BRIDGES_PAUSE_S))
         track.say(tts(text, fs.bridges, round(float(rng.uniform(*BRIDGES_SPEED)), 3)), text)
@@ -251,7 +270,7 @@ def write_audio(path: Path, audio: np.ndarray) -> None:
 
 def write_file(out: Path, name: str, track: Track, rng: np.random.Generator, fs: FileSet) -> float:
     """NAME.opus, NAME.txt and NAME.sentences.tsv; returns the duration in seconds."""
-    audio = track.finish(FILE_TAIL_S if track.rows[-1][2] != fs.module().LAST_SPOKEN else 0.0, rng)
+    audio = track.finish(FILE_TAIL_S if track.rows[-1][2] != fs.load_texts().last_spoken else 0.0, rng)
     write_audio(out / f"{name}.opus", audio)
     (out / f"{name}.txt").write_text(" ".join(row[2] for row in track.rows) + "\n", encoding="utf-8")
     lines = ["start_s\tend_s\tsentence"] + [f"{a:.3f}\t{b:.3f}\t{text}" for a, b, text in track.rows]
@@ -260,7 +279,7 @@ def write_file(out: Path, name: str, track: Track, rng: np.random.Generator, fs:
 
 
 def write_clips(out: Path, tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> None:
-    onsets = fs.module().WEAK_ONSETS
+    onsets = fs.load_texts().weak_onsets
     for index, (text, voice) in enumerate(zip(onsets, fs.clips, strict=True)):
         track = Track.start(CLIP_LEAD_S)
         audio = tts(text, voice)
@@ -278,8 +297,9 @@ def write_clips(out: Path, tts: Kokoro, rng: np.random.Generator, fs: FileSet) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     root = Path(__file__).resolve().parent.parent
-    parser.add_argument("--voices", type=Path, default=Path("/work/kokoro-voices/package/voices"),
-                        help="kokoro-js's voices/ folder (raw float32 style tables)")
+    parser.add_argument("--voices", type=Path, default=VOICES_DIR,
+                        help="kokoro-js's voices/ folder (raw float32 style tables; default $KOKORO_VOICES, else "
+                             "~/kokoro-voices/package/voices)")
     parser.add_argument("--set", choices=sorted(SETS), default="fixtures",
                         help="fixtures (default: the committed ones) or heldout (other texts and voices)")
     parser.add_argument("--out", type=Path, help="default tests/fixtures/longform for --set fixtures "

@@ -7,18 +7,16 @@ hotwords (tests/test_prompts.py). The JSON records each clip's sentence and its 
 
     [{"file": "jaxxon.flac", "text": "...", "name": "Jaxxon Brookhyde"}, ...]
 
-Deterministic with the same package versions; a few seconds. Run: python scripts/make_prompt_fixtures.py
+Deterministic with the same package versions; a few seconds. Run: python -m scripts.make_prompt_fixtures
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import SLT_HTS, synthesize, trim, write_flac  # noqa: E402
+from scripts.make_fixtures import SLT_HTS, synthesize, trim, write_flac
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "prompts"
 CLIPS = {

@@ -6,21 +6,19 @@ lengths. The JSON records, by construction, every word's start and end in second
 
     {"voice": ..., "text": ..., "duration_s": ..., "words": [{"word": "village", "start": 0.912, "end": 1.37}, ...]}
 
-Deterministic with the same package versions; about 5 s. Run: python scripts/make_word_fixtures.py
+Deterministic with the same package versions; about 5 s. Run: python -m scripts.make_word_fixtures
 """
 
 from __future__ import annotations
 
 import json
 import random
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import FLITE_RMS, KAL, SAMPLE_RATE, SLT_HTS, synthesize, trim, write_flac  # noqa: E402
+from scripts.make_fixtures import FLITE_RMS, KAL, SAMPLE_RATE, SLT_HTS, synthesize, trim, write_flac
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "words"
 LEAD_S = 0.6  # silence before the first word

@@ -1,7 +1,7 @@
 """Record, or compare, everything asr-spec outputs for the committed fixtures: a refactoring's safety net.
 
-    python scripts/record_outputs.py record OUT.json      # on the old commit
-    python scripts/record_outputs.py compare OLD.json     # on the new one: exit 1 on any difference
+    python -m scripts.record_outputs record OUT.json      # on the old commit
+    python -m scripts.record_outputs compare OLD.json     # on the new one: exit 1 on any difference
 
 For every committed audio fixture (tests/fixtures/**.flac) and each configuration below, it keeps the transcript,
 segments (times, text, word times), language, statistics, per-chunk reports and token ids: everything a

@@ -1,13 +1,12 @@
 """Shared test helpers: tiny random Whisper models built in-process, the transformers greedy reference, and the
-scripts/ modules loaded as modules."""
+benchmarks' and scripts' modules."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
+import importlib
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -17,27 +16,15 @@ import torch
 torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
 
 EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
 def script_module(name: str) -> Iterator[ModuleType]:
-    """scripts/NAME.py as a module, with scripts/ on sys.path while it is in use (a script imports its siblings, as
-    gpu_bench does step_floor) and the module in sys.modules (dataclasses look their module up there)."""
-    sys.path.insert(0, str(SCRIPTS))
-    before = sys.modules.get(name)
-    try:
-        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPTS))
-        if before is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = before
+    """The module NAME of the benchmarks package, else of the scripts package (both at the repository root, which
+    pyproject's pytest settings put on sys.path), imported as a user's `python -m` runs it."""
+    package = "benchmarks" if (REPO / "benchmarks" / f"{name}.py").is_file() else "scripts"
+    yield importlib.import_module(f"{package}.{name}")
 
 
 def tiny_target(seed: int = 3, eos_boost: float = 2.0, multilingual: bool = True):

@@ -130,7 +130,7 @@ def test_cuda_graphs_equal_eager(speculative):
 @pytest.mark.cuda
 @NEEDS_GPU
 def test_oracle_bench_on_gpu_through_cuda_graphs():
-    """scripts/gpu_bench.py's tiny run on the GPU (fp32, so no near-tie may make a row differ), eager and CUDA
+    """benchmarks/gpu_bench.py's tiny run on the GPU (fp32, so no near-tie may make a row differ), eager and CUDA
     graphs: the captured step reads the oracle's acceptance as set between runs, every row equals greedy."""
     with script_module("gpu_bench") as bench:
         rows = bench.main(["--device", "cuda", "--tiny", "--dtype", "float32", "--modes", "eager,graphs"])

@@ -191,9 +191,9 @@ def test_evaluate_applies_batch_size_to_a_given_transcriber(tmp_path: Path, monk
     assert seen and set(seen) == {2} and transcriber.options.batch_size == 3
 
 
-def test_script_evaluates_a_local_tree_under_any_folder_name(tmp_path: Path, model_dirs) -> None:
-    """`scripts/eval_librispeech.py --data-dir TREE --split my-split`: any LibriSpeech-layout folder works
-    locally (hub split names are validated for the hub only)."""
+def test_eval_command_evaluates_a_local_tree_under_any_folder_name(tmp_path: Path, model_dirs) -> None:
+    """`python -m asr_spec eval --data-dir TREE --split my-split` in a process of its own: any LibriSpeech-layout
+    folder works locally (hub split names are validated for the hub only)."""
     import shutil
     import subprocess
 
@@ -202,9 +202,9 @@ def test_script_evaluates_a_local_tree_under_any_folder_name(tmp_path: Path, mod
     preset = tmp_path / "tiny.toml"
     preset.write_text(f'model = "{target_dir}"\nlanguage = "en"\n')
     out = tmp_path / "runs" / "mine.jsonl"
-    script = Path(__file__).parent.parent / "scripts" / "eval_librispeech.py"
-    done = subprocess.run([sys.executable, str(script), "--data-dir", str(tmp_path / "tree"), "--split", "my-split",
-                           "--preset", str(preset), "--limit", "2", "--output", str(out), "--quiet"],
+    done = subprocess.run([sys.executable, "-m", "asr_spec", "eval", "--data-dir", str(tmp_path / "tree"),
+                           "--split", "my-split", "--preset", str(preset), "--limit", "2", "--output", str(out),
+                           "--quiet"],
                           capture_output=True, text=True, timeout=600, env=_env())
     assert done.returncode == 0, done.stderr
     assert "on LibriSpeech my-split" in done.stdout
@@ -274,7 +274,7 @@ def test_real_whisper_base_fixture_eval(tmp_path: Path) -> None:
 
 
 def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, model_dirs) -> None:
-    """scripts/bench.py on two fixture clips with the tiny models: every row of ours, the batch-2 assistant error."""
+    """benchmarks/bench.py on two fixture clips with the tiny models: every row of ours, the batch-2 assistant error."""
     pytest.importorskip("matplotlib")
     with script_module("bench") as bench:
         target_dir, _ = model_dirs

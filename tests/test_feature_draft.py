@@ -172,7 +172,7 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_gpu_bench_measures_the_feature_draft_too(tmp_path):
-    """scripts/gpu_bench.py --kinds features (on by default at large-v2 shapes): its rows equal greedy, marked."""
+    """benchmarks/gpu_bench.py --kinds features (on by default at large-v2 shapes): its rows equal greedy, marked."""
     with script_module("gpu_bench") as gpu_bench:
         rows = gpu_bench.main(["--device", "cpu", "--tiny", "--kinds", "features", "--ks", "3", "--check", "0.05"])
     assert [(r["draft"], r["k"]) for r in rows] == [("none", 0), ("features", 3)]

@@ -1,4 +1,4 @@
-"""scripts/gpu_bench.py's logic on the CPU (`--device cpu --tiny`): the oracle draft's measured acceptance is the set
+"""benchmarks/gpu_bench.py's logic on the CPU (`--device cpu --tiny`): the oracle draft's measured acceptance is the set
 rate, and every speculative row equals greedy, through the engine's normal draft path: 16 chunks through 8 slots,
 so slots are refilled and rows packed, and a row's chunk must follow it (an oracle that took a row's slot for its
 chunk measured 0.30-0.48 here instead of 0.6/0.9).

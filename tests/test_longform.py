@@ -1,6 +1,6 @@
 """Long-form with the real whisper-base weights and the default preset (issue 28): every reference sentence of a
 long fixture is present (>= 80 % of its words in order), its repaired tails included, speculative == greedy, and
-digital silence gives no words in either chunking mode, quickly. The full table: scripts/bench_longform.py."""
+digital silence gives no words in either chunking mode, quickly. The full table: benchmarks/bench_longform.py."""
 
 from __future__ import annotations
 

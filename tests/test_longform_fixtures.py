@@ -62,10 +62,10 @@ def test_the_held_out_set_speaks_other_texts_in_the_fixtures_structures_and_no_e
         assert not set(fixtures.every_text()) & set(heldout.every_text())
         assert fixtures.seed != heldout.seed
         for file_set in (fixtures, heldout):
-            texts = file_set.module()
-            assert len(texts.WEAK_ONSETS) == len(fixtures.clips) == len(heldout.clips)
-            assert {t.split()[0] for t in texts.WEAK_ONSETS} <= WEAK_WORDS
-            assert texts.LAST_SENTENCE.startswith(texts.LAST_SPOKEN + ",")
+            texts = file_set.load_texts()
+            assert len(texts.weak_onsets) == len(fixtures.clips) == len(heldout.clips)
+            assert {t.split()[0] for t in texts.weak_onsets} <= WEAK_WORDS
+            assert texts.last_sentence.startswith(texts.last_spoken + ",")
             assert all(t[-1] in ".?" for t in file_set.every_text())
         assert not (voices_of(fixtures) | voices_of(heldout)) & tts.EXCLUDED_VOICES
         # the dense file's voices are none of the fixture dense file's: other speakers at the window's edge

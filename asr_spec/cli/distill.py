@@ -1,4 +1,4 @@
-"""`asr-spec distill` / `scripts/train_draft.py`: a typer group over `asr_spec.distill.commands` (cache | train |
+"""`asr-spec distill`: a typer group over `asr_spec.distill.commands` (cache | train |
 eval | head | run; see that module for the workflow). The group takes --model (the target; default
 embedded:whisper-base) and --threads (default 1: leave cores to others) before the command name.
 
@@ -262,7 +262,7 @@ def run(  # long function: typer declares each of its 29 options as a parameter
 
 
 def distill_main(argv: list[str] | None = None, *, prog: str = "asr-spec distill") -> int:
-    """`asr-spec distill ARGV` as a function (scripts/train_draft.py): the exit code. argv None: sys.argv[1:]."""
+    """`asr-spec distill ARGV` as a function: the exit code. argv None: sys.argv[1:]."""
     import sys
 
     try:

@@ -1,4 +1,4 @@
-"""`asr-spec eval` / `scripts/eval_librispeech.py`: the options parsed into `EvalOptions`, then
+"""`asr-spec eval`: the options parsed into `EvalOptions`, then
 `asr_spec.eval.evaluate` (or `asr_spec.distributed.evaluate_on_ray` with --ray), and the summary table printed.
 
 Exit codes: 0 done, 1 some utterance failed or differed from greedy, 2 bad options or data (one `error:` line on
@@ -128,7 +128,7 @@ _eval_app.command()(eval_command)
 
 
 def eval_main(argv: list[str] | None = None, *, prog: str = "asr-spec eval") -> int:
-    """`asr-spec eval ARGV` as a function (scripts/eval_librispeech.py, tests): the exit code, never SystemExit.
+    """`asr-spec eval ARGV` as a function (tests): the exit code, never SystemExit.
     argv None: sys.argv[1:]."""
     try:
         _eval_app(args=argv, prog_name=prog)

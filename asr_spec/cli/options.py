@@ -63,7 +63,7 @@ COMPRESSION_RATIO_THRESHOLD = typer.Option(None, help="Fallback when a window's 
 BEST_OF = typer.Option(None, help="Candidates per window at a temperature > 0 (rows of the same batch); the "
                        "likeliest is kept. Default 5.")
 SEED = typer.Option(None, help="Seed of the sampled windows: the same seed and models give the same transcript "
-                    "(README: Temperature fallback). Default 0.")
+                    "(docs/decoding.md: Temperature fallback). Default 0.")
 INITIAL_PROMPT = typer.Option(None, help="Previous text given to every chunk (after <|startofprev|>, its last 223 "
                               "tokens): names, terms, style.")
 HOTWORDS = typer.Option(None, help="Hint phrases (faster-whisper's): before the initial prompt, on every chunk but "

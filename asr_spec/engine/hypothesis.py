@@ -9,7 +9,7 @@ place, the row is out of step: it continues with the model draft, or greedily, a
 last committed token within two tokens of where it diverged (a token inserted or left out there), else for its last
 two committed tokens anywhere further on; where found, it is in step again from the token after them. Why not
 drop the hypothesis at the first rejection: successive decodes of a growing buffer differ mostly in a timestamp
-here and there, and the text after such a timestamp is usually the same (scripts/bench_stream.py, one stream:
+here and there, and the text after such a timestamp is usually the same (benchmarks/bench_stream.py, one stream:
 2.0 tokens a target pass when dropping it, 2.4 re-synchronising). The target still decides every token,
 so the output is the greedy decoding whatever the hypothesis (lossless).
 

@@ -1,6 +1,6 @@
 """CPU fp32 matrix products through oneDNN, the kernels the decoder step and the encoder use on CPU.
 
-Measured on this project's CPU (AMD EPYC, 2 threads; `scripts/bench_engine.py --steps`): MKL runs the thin
+Measured on this project's CPU (AMD EPYC, 2 threads; `benchmarks/bench_engine.py --steps`): MKL runs the thin
 products of a decode step (1-32 rows against a weight streamed from memory) at 5-17 GB/s, and the encoder's
 (4,500 rows) at ~180 GFLOP/s with a separate pass to broadcast the bias; oneDNN with weights reordered once into
 its blocked layout (`pack`) reads 1.4-2x faster at 2-32 rows, and on plain weights runs the encoder's products

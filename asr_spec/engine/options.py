@@ -27,7 +27,7 @@ class DecodeOptions:
     timestamps: bool = False  # Whisper timestamp mode (segment start/end tokens) instead of <|notimestamps|>
     max_new_tokens: int | None = None  # None = up to the model's max_target_positions (448 for Whisper)
     # K, draft tokens proposed per step. By measurement on whisper-base drafts (CPU, batch 4,
-    # scripts/tune_draft_length.py and `asr-spec distill eval`) K=3 was fastest (README, "Choosing K").
+    # benchmarks/tune_draft_length.py and `asr-spec distill eval`) K=3 was fastest (docs/measurements.md, "Choosing K").
     num_draft_tokens: int = 3
     # CUDA only: run the step as one CUDA graph per (rows, n_keys bucket, K), captured lazily. False keeps the
     # eager step (the tests' reference, --no-graphs); the tokens are the same either way.

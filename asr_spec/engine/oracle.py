@@ -15,7 +15,7 @@ hash of (c, p, seed): the same in every batch composition, K and step mode.
 
 Per position, P(proposal accepted | the ones before it were) = a, as long as the row's history is greedy's (it is:
 speculation is lossless) and the verify pass chooses what the recorded greedy pass chose (in fp16 a near-tie may
-flip; the row then leaves the recording and its acceptance falls: `rows_equal_greedy` in scripts/gpu_bench.py).
+flip; the row then leaves the recording and its acceptance falls: `rows_equal_greedy` in benchmarks/gpu_bench.py).
 Under torch.compile the discarded head could be eliminated as dead code; eager steps and CUDA graphs run it.
 """
 

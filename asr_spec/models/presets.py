@@ -19,7 +19,8 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
 
 A preset's draft is used on CUDA in every run; on a CPU only in the runs ``cpu_draft_max_rows`` allows, or in every
 run when a draft is asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): a CPU's
-verify pass is compute-bound from a few rows on, so there a draft pays only with few rows (README, "Speed").
+verify pass is compute-bound from a few rows on, so there a draft pays only with few rows (docs/measurements.md,
+"Speed").
     language          "en", "english", ...; "auto" = detect per chunk
     chunking          "vad" (speech chunks found by silero-vad, non-speech skipped, no overlap) or "stride"
                       (overlapping windows stitched at their seams, as transformers' pipeline does)
@@ -134,7 +135,7 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
       (`draft_or_none`) on any device, in every run;
     - else the preset's draft (`draft_or_none`): on CUDA in every run; on a CPU in the runs of at most
       `cpu_draft_max_rows` rows, and not loaded at all when that is 0 (a CPU's verify pass is compute-bound from a
-      few rows on: README, "Speed").
+      few rows on: docs/measurements.md, "Speed").
     """
     overrides = {} if overrides is None else overrides
     if "draft" in overrides:

@@ -1,4 +1,4 @@
-"""The faster-whisper columns of scripts/bench.py: faster-whisper's `BatchedInferencePipeline` on the CTranslate2
+"""The faster-whisper columns of benchmarks/bench.py: faster-whisper's `BatchedInferencePipeline` on the CTranslate2
 directory of the preset's embedded model (the same weights asr-spec converts), greedy (beam 1), fp32 on CPU
 (float16 on CUDA), in a process of its own.
 

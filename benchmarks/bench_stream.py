@@ -20,8 +20,8 @@ encoder and that configuration's decoding) as CPU seconds / cores, i.e. on that 
 first tentative text after the first word's start, likewise; and the committed transcript's WER against the
 offline transcription of the same slice (`Transcriber.transcribe`, the same preset).
 
-    python scripts/bench_stream.py --streams 8 --seconds 12 --json runs/stream8.json
-    python scripts/bench_stream.py --streams 1 --seconds 24 --no-draft --json runs/stream1.json
+    python -m benchmarks.bench_stream --streams 8 --seconds 12 --json runs/stream8.json
+    python -m benchmarks.bench_stream --streams 1 --seconds 24 --no-draft --json runs/stream1.json
 """
 
 from __future__ import annotations
@@ -30,20 +30,18 @@ import argparse
 import difflib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from asr_spec import Transcriber
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.engine import ChunkRequest
+from asr_spec.eval.metrics import normalize, score
 
-from asr_spec import Transcriber  # noqa: E402
-from asr_spec.audio.loading import SAMPLE_RATE, load_audio  # noqa: E402
-from asr_spec.engine import ChunkRequest  # noqa: E402
-from asr_spec.eval.metrics import normalize, score  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 FIXTURES = sorted((REPO / "tests" / "fixtures" / "longform").glob("*.opus"))
 CONFIGS = ("hypothesis", "plain")

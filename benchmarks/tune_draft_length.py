@@ -4,7 +4,7 @@
 Prints, per setting: target passes per generated token, acceptance rate, time (best of --repeats) and the speed
 ratio to greedy decoding on the same encoder outputs; checks every setting's tokens equal greedy's.
 
-    python scripts/tune_draft_length.py --model embedded:whisper-base --draft-layers 0,1,2,3,5 \\
+    python -m benchmarks.tune_draft_length --model embedded:whisper-base --draft-layers 0,1,2,3,5 \\
         --audio tests/fixtures/speech/short/*.flac --batch-size 4 --clock process
 """
 
@@ -14,12 +14,11 @@ import argparse
 import json
 import time
 
-from bench_engine import timed  # scripts/ is on sys.path when a script in it runs
-
 from asr_spec.audio.features import log_mel_batch, make_feature_extractor
 from asr_spec.audio.loading import load_audio
 from asr_spec.engine import ChunkStats, DecodeOptions, Engine
 from asr_spec.models.loading import decoder_draft, load_draft, load_model, resolve_device, resolve_dtype
+from benchmarks.bench_engine import timed
 
 
 def main() -> None:

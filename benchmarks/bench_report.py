@@ -1,4 +1,4 @@
-"""The figures of scripts/bench.py and how they are reported: one `Result` per configuration and batch size, the
+"""The figures of benchmarks/bench.py and how they are reported: one `Result` per configuration and batch size, the
 table (RTFx, speed-ups, WER, tokens per target pass, acceptance, "same as greedy") and the PNG of speed-up against
 batch size. Pure reporting: nothing here runs a model.
 """

@@ -19,16 +19,16 @@ weak-first-syllable clips (tests/fixtures/longform/clips, scored together as one
 --refs (reference texts) and --sentences (tsv: start_s, end_s, sentence; default: the reference split at sentence
 ends). Each item is run by every configuration once untimed, then --repeats times interleaved (A, B, C, A, B, C,
 ...), the median wall time kept; model loading is excluded. faster-whisper runs in a process of its own
-(scripts/bench_fw.py's `FwRunner`), started per item.
+(benchmarks/bench_fw.py's `FwRunner`), started per item.
 
 Columns: WER (Whisper's English normaliser, corpus over the item), wall s, sentences missing (fewer than 80 % of
 their words matched in order, `asr_spec.eval.metrics.missing_sentences`) with their numbers, hypothesis / reference
 words, and for clips the ones whose first word is lost.
 
-    python scripts/bench_longform.py --threads 2                          # every fixture, vad/stride/fw/fw-seq
-    python scripts/bench_longform.py --only clips --configs vad,stride --repeats 1
-    python scripts/bench_longform.py --configs vad --vad-chunk-lengths 28,26 --only dense_windows
-    python scripts/bench_longform.py --audio a.flac --refs a.txt --sentences a.tsv --json runs/a.json
+    python -m benchmarks.bench_longform --threads 2                          # every fixture, vad/stride/fw/fw-seq
+    python -m benchmarks.bench_longform --only clips --configs vad,stride --repeats 1
+    python -m benchmarks.bench_longform --configs vad --vad-chunk-lengths 28,26 --only dense_windows
+    python -m benchmarks.bench_longform --audio a.flac --refs a.txt --sentences a.tsv --json runs/a.json
 """
 
 from __future__ import annotations
@@ -46,14 +46,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Clip, ours_runner  # noqa: E402  # scripts/bench.py: one home for these runners
-from bench_fw import FwRunner  # noqa: E402
-
-from asr_spec import Transcriber  # noqa: E402
-from asr_spec.audio.loading import load_audio  # noqa: E402
-from asr_spec.errors import AsrSpecError, one_line  # noqa: E402
-from asr_spec.eval.metrics import missing_sentences, normalize, score  # noqa: E402
+from asr_spec import Transcriber
+from asr_spec.audio.loading import load_audio
+from asr_spec.errors import AsrSpecError, one_line
+from asr_spec.eval.metrics import missing_sentences, normalize, score
+from benchmarks.bench import Clip, ours_runner  # benchmarks/bench.py: one home for these runners
+from benchmarks.bench_fw import FwRunner
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "longform"
 CONFIGS = ("vad", "vad-norepair", "vad-greedy", "stride", "fw", "fw-ts", "fw-seq")

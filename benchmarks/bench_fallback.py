@@ -13,9 +13,9 @@
               two (speculative sampling is lossless in distribution, not draw for draw); the tokens generated and
               the target passes are printed with the times.
 
-    python scripts/bench_fallback.py --threads 2                    # both parts; a table for README
-    python scripts/bench_fallback.py --skip-speed --only clips,short
-    python scripts/bench_fallback.py --skip-accuracy --repeats 3 --json runs/fallback.json
+    python -m benchmarks.bench_fallback --threads 2                    # both parts; a table for README
+    python -m benchmarks.bench_fallback --skip-speed --only clips,short
+    python -m benchmarks.bench_fallback --skip-accuracy --repeats 3 --json runs/fallback.json
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Clip  # noqa: E402  # scripts/bench.py: the one home of a benchmark clip
-from bench_longform import Item, fixture_items  # noqa: E402
-
-from asr_spec import Transcriber  # noqa: E402
-from asr_spec.audio.loading import SAMPLE_RATE, load_audio  # noqa: E402
-from asr_spec.engine import ChunkStats  # noqa: E402
-from asr_spec.eval.metrics import score  # noqa: E402
+from asr_spec import Transcriber
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.engine import ChunkStats
+from asr_spec.eval.metrics import score
+from benchmarks.bench import Clip  # the one home of a benchmark clip
+from benchmarks.bench_longform import Item, fixture_items
 
 SPEECH = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "speech"
 WHISPER_SCHEDULE = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)

@@ -20,10 +20,10 @@ for each N (--configs picks a subset, e.g. fw,default for the end-to-end compari
 --batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) and (7) gave exactly
 (3)'s text; saves a PNG of speed-up against batch size (--plot) and the figures as JSON (--json).
 
-    python scripts/bench.py                                   # whisper-base, fixture LibriSpeech, N = 1,4,8,16
-    python scripts/bench.py --batch-sizes 1,4 --limit 6       # a quick CPU run
-    python scripts/bench.py --preset large-v2 --device cuda --audio a.flac b.flac
-    python scripts/bench.py --configs fw,default --batch-sizes 8 --audio tests/fixtures/speech/long_75s.flac \
+    python -m benchmarks.bench                                   # whisper-base, fixture LibriSpeech, N = 1,4,8,16
+    python -m benchmarks.bench --batch-sizes 1,4 --limit 6       # a quick CPU run
+    python -m benchmarks.bench --preset large-v2 --device cuda --audio a.flac b.flac
+    python -m benchmarks.bench --configs fw,default --batch-sizes 8 --audio tests/fixtures/speech/long_75s.flac \
         --refs tests/fixtures/speech/long_75s.txt --repeats 3      # the issue-9 end-to-end comparison
 
 Target: --preset (default base: the offline whisper-base). Draft: the preset's when it has one, else a decoder
@@ -31,7 +31,7 @@ cut from the target (--draft-layers, default 0,1,2,3,4), which the output says. 
 at each batch size before it is timed; clocks are read after torch.cuda.synchronize on a GPU. All transformers
 calls decode greedily (num_beams=1) in the same language as asr-spec.
 
-The faster-whisper columns live in scripts/bench_fw.py, the table and the plot in scripts/bench_report.py.
+The faster-whisper columns live in benchmarks/bench_fw.py, the table and the plot in benchmarks/bench_report.py.
 """
 
 from __future__ import annotations
@@ -49,8 +49,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_fw import FwRunner  # scripts/ is on sys.path when a script in it runs
-from bench_report import CONFIGS, LABELS, Result, plot, table
 
 from asr_spec import ChunkStats, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
@@ -59,6 +57,8 @@ from asr_spec.eval.librispeech import iter_local
 from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.models.presets import load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
+from benchmarks.bench_fw import FwRunner
+from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, table
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
 Runner = Callable[[list["Clip"], int], list[str]]  # (clips, batch size) -> their texts

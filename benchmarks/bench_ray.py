@@ -1,6 +1,6 @@
 """Throughput of the Ray runner with 1 and 2 CPU workers, side by side in one run (one local Ray instance).
 
-    PYTHONPATH=. python scripts/bench_ray.py --preset base --workers 1 2 --repeats 2 \
+    python -m benchmarks.bench_ray --preset base --workers 1 2 --repeats 2 \
         'tests/fixtures/speech/**/*.flac' 'tests/fixtures/librispeech/**/*.flac'
 
 Each configuration transcribes every file into a fresh JSONL (so nothing is skipped); the order of configurations
@@ -13,13 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from asr_spec import distributed  # noqa: E402
+from asr_spec import distributed
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ Per configuration: one warm-up decode (CUDA graphs are captured there), then --r
 synchronised), the median kept. Columns: tokens/s; speed-up over greedy at the same batch and step mode; measured
 acceptance (per position: the chance a proposal is accepted given that the ones before it were, from the summed
 accepted-length histogram: accepted / (accepted + rejections)); tokens per target pass; ms per step and that
-step's roofline floor (scripts/step_floor.py: weights + caches read once at the measured bandwidth, or FLOPs at the
+step's roofline floor (benchmarks/step_floor.py: weights + caches read once at the measured bandwidth, or FLOPs at the
 measured matmul rate, for the rows and key bucket each step really ran, K draft passes included); rows equal to
 greedy's (a count). The last steps of a row offer fewer than K proposals (its limit): a full accept there counts as
 a rejection, a bias of about -0.005 at 64+ tokens per row.
@@ -24,8 +24,8 @@ rows marked `draft = "features"` and `set_acceptance` empty. What it measures is
 acceptance with random weights means nothing), beside the oracle's 2-layer cost at the same K; the floor counts its
 one layer (its input projection, 2 d x d, not counted).
 
-    python scripts/gpu_bench.py --json gpu_bench.json          # on a GPU (never run yet; gpu_check.sh cuts it at 270 s)
-    python scripts/gpu_bench.py --device cpu --tiny            # the same logic at small shapes, a few seconds
+    python -m benchmarks.gpu_bench --json gpu_bench.json   # on a GPU (never run yet; gpu_check.sh cuts it at 270 s)
+    python -m benchmarks.gpu_bench --device cpu --tiny     # the same logic at small shapes, a few seconds
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import statistics
 import time
 from pathlib import Path
 
-import step_floor as sf  # scripts/step_floor.py (this script's folder is on sys.path)
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine
@@ -45,6 +44,7 @@ from asr_spec.engine.oracle import oracle_draft
 from asr_spec.models.feature_draft import init_feature_draft
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
+from benchmarks import step_floor as sf
 
 # Random attention is near-uniform, so it averages the audio over its positions: encoder outputs of std 10 keep
 # each chunk's audio steering its row (greedy rows differ from chunk to chunk; a row's chunk matters to the oracle)

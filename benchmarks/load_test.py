@@ -1,11 +1,11 @@
 """Bounded load test of `asr-spec serve` on 127.0.0.1: starts the server, sends the committed speech fixtures
 sequentially and then from N concurrent clients, checks every answer, prints throughput and latency, stops.
 
-    python scripts/load_test.py --preset base --clients 8 --requests-per-client 3
-    python scripts/load_test.py --preset base --clients 8 --requests-per-client 1 --long-clients 4 --long-s 7200
+    python -m benchmarks.load_test --preset base --clients 8 --requests-per-client 3
+    python -m benchmarks.load_test --preset base --clients 8 --requests-per-client 1 --long-clients 4 --long-s 7200
 
 With --long-clients, a third pass: that many clients each upload --long-s seconds of low-bitrate Opus
-(scripts/long_upload.py: the 77 s fixture repeated, ~6 kbit/s) while the N short clients send the short clips
+(benchmarks/long_upload.py: the 77 s fixture repeated, ~6 kbit/s) while the N short clients send the short clips
 again. Every short answer must be its clip's text; a long upload must be transcribed (200) or refused cleanly (an
 OpenAI-shaped 413 or 503); a long client that waits more than --long-timeout-s hangs up (counted "abandoned"),
 and the server must then free it (its requests-in-flight gauge back to 0). The server's peak resident memory is
@@ -126,7 +126,7 @@ def long_request(base_url: str, path: Path, timeout_s: float) -> tuple[str, floa
 
 def hostile_pass(args: argparse.Namespace, base_url: str, expected: dict[Path, str]) -> dict:
     """Long uploads and short requests at once; their outcomes and the server's state afterwards."""
-    from long_upload import make_long_opus
+    from benchmarks.long_upload import make_long_opus
 
     long_file = Path(args.work_dir) / f"long-{args.long_s:.0f}s.opus"
     if not long_file.exists():
@@ -228,6 +228,5 @@ def summary(wall_s: float, audio_s: float, results: list[tuple[Path, str, float]
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # long_upload.py beside this script
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

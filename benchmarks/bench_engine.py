@@ -7,10 +7,10 @@ Random-weight models with the real shapes of whisper-base and of large-v2 + dist
 Every row decodes exactly --new-tokens tokens (EOS is suppressed for the random models) so tokens/s compare like
 with like.
 
-    python scripts/bench_engine.py --shapes base --batch-sizes 1,4,16 --new-tokens 48
-    python scripts/bench_engine.py --device cuda --dtype fp16 --shapes base,large-v2   # on a GPU
-    python scripts/bench_engine.py --steps --shapes real-base --batch-sizes 1,4,8      # ms per step vs the floor
-    python scripts/bench_engine.py --head                                               # output-head layouts
+    python -m benchmarks.bench_engine --shapes base --batch-sizes 1,4,16 --new-tokens 48
+    python -m benchmarks.bench_engine --device cuda --dtype fp16 --shapes base,large-v2   # on a GPU
+    python -m benchmarks.bench_engine --steps --shapes real-base --batch-sizes 1,4,8      # ms per step vs the floor
+    python -m benchmarks.bench_engine --head                                               # output-head layouts
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-step cost of the engine next to this machine's floor (used by scripts/bench_engine.py --steps).
+"""Per-step cost of the engine next to this machine's floor (used by benchmarks/bench_engine.py --steps).
 
 The floor of one step is the roofline bound max(bytes / measured read bandwidth, FLOPs / measured matmul rate):
 bytes = every decoder weight a step reads (not the cross-attention key/value projections, run once per chunk at

@@ -2,7 +2,7 @@
 (libsndfile's Opus encoder, about 6 kbit/s) and its audio pages are repeated with shifted granule positions, so
 the container states the full length and a decoder plays the clip over and over (with a click at each seam).
 
-    python scripts/long_upload.py tests/fixtures/speech/long_75s.flac 7200 /tmp/two-hours.opus
+    python -m benchmarks.long_upload tests/fixtures/speech/long_75s.flac 7200 /tmp/two-hours.opus
 
 An Ogg page: "OggS", version, header type (1 continued, 2 first, 4 last), granule position (int64: 48 kHz samples
 up to the end of the page, pre-skip included), stream serial, page sequence number, CRC-32 (polynomial
