@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Make the real-speech test fixtures with Debian's TTS voices.
 
-Everything spoken here is text written in this file (own sentences, public domain), so the audio can be committed
+Everything spoken here is text written for this project (scripts/texts/debian_fixtures.json, public domain), so the
+audio can be committed
 and regenerated anywhere the Debian packages `festival`, `festvox-us-slt-hts`, `festvox-kallpc16k`, `flite` and
 `espeak-ng` are installed. Output is 16 kHz mono 16-bit FLAC. Runs are deterministic: the same packages give
 byte-identical files.
@@ -32,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 import soxr
+
+from scripts import texts
 
 SAMPLE_RATE = 16_000  # Hz: Whisper's input rate
 EDGE_SILENCE_S = 0.15  # silence kept before and after each trimmed utterance
@@ -177,81 +180,16 @@ def _key(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Fixture texts (written for this project; public domain)
+# Fixture texts: scripts/texts/debian_fixtures.json, each sentence with the name of the voice that speaks it
 
-LONG_SENTENCES = (
-    (SLT_HTS, "The village sat at the edge of a wide green valley."),
-    (FLITE_RMS, "Every morning the baker opened his shop before the sun came up."),
-    (KAL, "He carried warm bread to the houses along the river road."),
-    (FLITE_SLT, "One cold winter the river froze from bank to bank."),
-    (SLT_HTS, "The children skated on the ice and laughed until dark."),
-    (FLITE_RMS, "Their parents watched from the bridge and called them home for supper."),
-    (KAL, "In the spring the ice broke into great white plates."),
-    (FLITE_SLT, "The water rose quickly and covered the lower fields."),
-    (SLT_HTS, "The farmers moved their sheep to the hills above the village."),
-    (FLITE_RMS, "For three days it rained without stopping."),
-    (KAL, "When the clouds finally cleared, the valley looked like a shining lake."),
-    (FLITE_SLT, "The baker rowed a small boat from door to door with his bread."),
-    (SLT_HTS, "Nobody in the village went hungry that week."),
-    (FLITE_RMS, "By summer the fields were green again and the river ran quietly."),
-    (KAL, "The people built a stronger wall of stone along the bank."),
-    (FLITE_SLT, "They worked together in the long evenings after the harvest."),
-    (SLT_HTS, "An old teacher wrote the story down in a plain brown notebook."),
-    (FLITE_RMS, "She kept the notebook on a shelf in the school library."),
-    (KAL, "Many years later her students still read it aloud each winter."),
-    (FLITE_SLT, "They remember the baker, the boat, and the bread that came across the water."),
-    (SLT_HTS, "The wall still stands today, covered in moss and small yellow flowers."),
-)
-
+VOICE_BY_NAME = {voice.name: voice for voice in FIXTURE_VOICES}
+_TEXTS = texts.load("debian_fixtures")
+LONG_SENTENCES = tuple((VOICE_BY_NAME[name], text) for name, text in _TEXTS["long"])
 # speaker id -> (voice, {chapter id: sentences}); ids 9001-9003 are not LibriSpeech speakers.
-LIBRI_SPEAKERS = {
-    "9001": (
-        SLT_HTS,
-        {
-            "100201": (
-                "The garden behind the house was full of roses and tall grass.",
-                "My grandmother planted a row of beans beside the fence.",
-                "In the afternoon the bees moved slowly from flower to flower.",
-            ),
-            "100202": (
-                "The ship left the port early on a bright clear morning.",
-                "A strong wind filled the sails and pushed us out to sea.",
-                "The captain stood at the wheel and watched the dark clouds.",
-                "By evening we could no longer see the land behind us.",
-            ),
-        },
-    ),
-    "9002": (
-        FLITE_RMS,
-        {
-            "100301": (
-                "The streets of the old city were narrow and crowded.",
-                "Merchants sold apples, cheese, and bright wool cloth.",
-                "A young boy played the violin on the steps of the church.",
-                "People stopped to listen and dropped coins into his hat.",
-            ),
-        },
-    ),
-    "9003": (
-        KAL,
-        {
-            "100401": (
-                "We climbed the mountain path slowly in the heat of the day.",
-                "At the top there was a small hut with a wooden door.",
-                "Inside we found a table, two chairs, and a cold stove.",
-            ),
-        },
-    ),
-}
-
-SHORT_CLIPS = (
-    (SLT_HTS, "Please close the window before the rain comes in and wets the floor."),
-    (KAL, "The train to the north leaves from the second platform."),
-    (FLITE_SLT, "She found a small silver key hidden under the old stone step."),
-    (FLITE_RMS, "Turn left at the bakery and walk until you reach the park."),
-    (FLITE_AWB, "The soup was too hot, so we waited a few minutes."),
-    (ESPEAK_US, "A small dog ran across the yard and barked at the birds."),
-)
+LIBRI_SPEAKERS = {speaker: (VOICE_BY_NAME[entry["voice"]],
+                            {chapter: tuple(sentences) for chapter, sentences in entry["chapters"].items()})
+                  for speaker, entry in _TEXTS["librispeech"].items()}
+SHORT_CLIPS = tuple((VOICE_BY_NAME[name], text) for name, text in _TEXTS["short"])
 
 
 def fixture_texts() -> list[str]:

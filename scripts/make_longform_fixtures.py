@@ -34,16 +34,14 @@ sound starts.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from scripts import texts
 from scripts.kokoro_tts import SAMPLE_RATE, VOICES_DIR, Kokoro
-
-TEXTS_DIR = Path(__file__).resolve().parent / "texts"  # the sets' texts, as JSON data
 
 NOISE_STD = 3e-4  # the noise floor under every file: -70 dBFS, above the VAD's digital-silence bound (1e-4)
 OPUS_LEVEL = 0.9  # libsndfile Opus compression level (0 = best quality, 1 = smallest): about 31 kbit/s here
@@ -77,8 +75,8 @@ class Texts:
     weak_onsets: tuple[str, ...]
 
     @classmethod
-    def load(cls, path: Path) -> Texts:
-        data = json.loads(path.read_text(encoding="utf-8"))
+    def load(cls, name: str) -> Texts:
+        data = texts.load(name)
         return cls(**{name: data[name] if isinstance(data[name], str) else tuple(data[name])
                       for name in cls.__dataclass_fields__})
 
@@ -96,7 +94,7 @@ class FileSet:
     clips: tuple[str, ...]
 
     def load_texts(self) -> Texts:
-        return Texts.load(TEXTS_DIR / self.texts)
+        return Texts.load(self.texts)
 
     def every_text(self) -> list[str]:
         """Every sentence the set speaks (kept out of the draft-training corpus, make_draft_corpus.py)."""
@@ -106,13 +104,13 @@ class FileSet:
 
 SETS = {
     # the committed fixtures (tests/fixtures/longform)
-    "fixtures": FileSet("longform_fixtures.json", 28_2026, ("af_heart", "bm_george", "bf_emma"),
+    "fixtures": FileSet("longform_fixtures", 28_2026, ("af_heart", "bm_george", "bf_emma"),
                         ("am_michael", "bf_alice"), ("af_sarah", "bm_lewis", "af_aoede"), "bm_daniel",
                         ("af_alloy", "am_liam", "bf_isabella", "af_kore", "am_fenrir", "af_jessica", "bm_george",
                          "af_nova")),
     # held out: other texts, five of the six voices no fixture uses and other pairings of the rest; for checking
     # that what was measured and chosen on the fixtures holds on files nobody tuned anything on (not committed)
-    "heldout": FileSet("longform_heldout.json", 28_1201, ("af_bella", "am_onyx", "bf_alice"), ("am_adam", "af_river"),
+    "heldout": FileSet("longform_heldout", 28_1201, ("af_bella", "am_onyx", "bf_alice"), ("am_adam", "af_river"),
                        ("af_nova", "bm_george", "am_eric"), "af_kore",
                        ("af_bella", "am_onyx", "af_river", "am_adam", "bf_emma", "am_eric", "bm_lewis", "af_heart")),
 }
@@ -223,9 +221,9 @@ def dialogue_pauses(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track
 def ends_mid_sentence(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Track:
     """(c): readers taking turns every 3-5 sentences; the last sentence is cut at its comma, ending the file."""
     track = Track.start(FILE_LEAD_S)
-    texts = fs.load_texts()
+    said = fs.load_texts()
     voice, left = 0, int(rng.integers(3, 6))
-    for index, text in enumerate(texts.garden):
+    for index, text in enumerate(said.garden):
         if index:
             track.pause(rng.uniform(*GARDEN_PAUSE_S))
         track.say(tts(text, fs.garden[voice]), text)
@@ -234,8 +232,8 @@ def ends_mid_sentence(tts: Kokoro, rng: np.random.Generator, fs: FileSet) -> Tra
             voice, left = (voice + 1) % len(fs.garden), int(rng.integers(3, 6))
     track.pause(rng.uniform(*GARDEN_PAUSE_S))
     last_voice = fs.garden[voice]
-    full = tts(texts.last_sentence, last_voice)
-    track.say(full[: comma_cut(full, len(tts(texts.last_spoken + ",", last_voice)))], texts.last_spoken)
+    full = tts(said.last_sentence, last_voice)
+    track.say(full[: comma_cut(full, len(tts(said.last_spoken + ",", last_voice)))], said.last_spoken)
     return track
 
 

@@ -16,14 +16,12 @@ import json
 import tempfile
 from pathlib import Path
 
+from scripts import texts
 from scripts.make_fixtures import SLT_HTS, synthesize, trim, write_flac
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "prompts"
-CLIPS = {
-    "jaxxon": ("Our new engineer, Jaxxon Brookhyde, fixed the server.", "Jaxxon Brookhyde"),
-    "mikayla": ("Doctor Mikayla Szczepanski will see you now.", "Mikayla Szczepanski"),
-    "kaitlynn": ("We thank Kaitlynn Vanderwoude for the kind donation.", "Kaitlynn Vanderwoude"),
-}
+# clip key -> (the sentence spoken, the rare name in it) (scripts/texts/prompt_fixtures.json)
+CLIPS = {key: (clip["text"], clip["name"]) for key, clip in texts.load("prompt_fixtures")["clips"].items()}
 
 
 def main() -> None:

@@ -18,18 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.make_fixtures import FLITE_RMS, KAL, SAMPLE_RATE, SLT_HTS, synthesize, trim, write_flac
+from scripts import texts
+from scripts.make_fixtures import SAMPLE_RATE, VOICE_BY_NAME, synthesize, trim, write_flac
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "words"
 LEAD_S = 0.6  # silence before the first word
 TAIL_S = 0.4  # after the last
 GAP_RANGE_S = (0.15, 0.7)  # silence between words
 SEED = 20_261_130
-SENTENCES = {
-    SLT_HTS: "the baker carried warm bread along the river road every morning",
-    FLITE_RMS: "seven children skated on the frozen lake until dark",
-    KAL: "please bring the green lamp to the little kitchen window",
-}
+# voice -> the sentence it speaks a word at a time (scripts/texts/word_fixtures.json)
+SENTENCES = {VOICE_BY_NAME[name]: sentence for name, sentence in texts.load("word_fixtures")["sentences"]}
 
 
 def make(voice, sentence: str, rng: random.Random, workdir: Path) -> dict:
