@@ -3,7 +3,8 @@
 A preset is named after its file (``configs/large-v2.toml`` is ``"large-v2"``) or given as a path to any ``.toml``
 file. Its keys (every one optional except ``model``; an unknown key is an error, not ignored)::
 
-    model             the target: the model to transcribe with: hub id, local directory, CTranslate2 directory, "embedded:<name>"
+    model             the target: the model to transcribe with: hub id, local directory, CTranslate2 directory,
+                      "embedded:<name>"
     draft             draft model (same forms); left out = no draft, plain greedy decoding
     draft_optional    true: a draft given as a path that does not exist means greedy decoding, with a one-line
                       warning, instead of an error (hub ids are always loaded)
@@ -26,7 +27,8 @@ verify pass is compute-bound from a few rows on, so there a draft pays only with
     max_words_per_cue srt/vtt cues of at most this many words (needs word_timestamps); left out = one per segment
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
-    dtype             "auto" (float16 on CUDA, float32 on CPU), "float32", "float16" or "bfloat16"
+    dtype             "auto" (float16 on CUDA; on a CPU bfloat16 where bf16 products are native, AMX or AVX-512
+                      bf16, else float32: `asr_spec.models.cpu.auto_dtype`), "float32", "float16" or "bfloat16"
     description       one line for ``--help`` listings
 
 A key left out means the default of the option it feeds, stated once where that option is defined
@@ -57,7 +59,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "base"  # the offline one: works with no network once asr-spec[offline] is installed
 PRESET_SUFFIX = ".toml"
-# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: fp16 on CUDA, fp32 elsewhere).
+# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: `cpu.auto_dtype`).
 # The one table: models.loading.resolve_dtype reads it too.
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -115,7 +117,7 @@ class ModelPlan:
 
     model: str  # the target to load
     draft: str | None  # the draft to load; None: greedy decoding (no draft loaded)
-    dtype: str | None  # None / "auto": float16 on CUDA, float32 elsewhere
+    dtype: str | None  # None / "auto": `cpu.auto_dtype` (fp16 on CUDA; CPU: bf16 where native, else fp32)
     share_encoder: bool | None  # see `Preset.share_encoder`
     # DecodeOptions.draft_max_rows: the draft decodes only runs of at most this many rows; None: every run
     draft_max_rows: int | None
