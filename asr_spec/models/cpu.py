@@ -161,3 +161,16 @@ def precision_line(device: torch.device, dtype: torch.dtype) -> str:
     """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16" / "cuda:0, float16"."""
     where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
     return f"{where}, {str(dtype).removeprefix('torch.')}"
+
+
+# The classes a CPU run's draft decision is keyed by (`presets.plan_models`): where a verify pass of K+1 tokens
+# costs about what a 1-token step does (bf16 on native bf16 products: memory-bound up to several rows, as on a GPU)
+# and where it does not (fp32, or bf16 emulated: compute-bound from a few rows on).
+DECODE_CLASSES = ("amx-bf16", "avx512-bf16", "fp32")
+
+
+def decode_class(dtype: torch.dtype, cpu: CpuCapabilities | None = None) -> str:
+    """The decode class of a CPU run in `dtype`: the CPU's class when it decodes in bf16 on native bf16 products,
+    "fp32" otherwise (fp32, or a half precision without native products). cpu: None = this machine's."""
+    caps = detect_cpu() if cpu is None else cpu
+    return caps.cpu_class if dtype == torch.bfloat16 and caps.native_bf16 else "fp32"
