@@ -13,8 +13,11 @@
     (6) fw-ts     the same with without_timestamps=False: timestamp tokens and segments, as asr-spec's default
                   makes (the same work); --no-timestamps runs asr-spec without them instead (the same work as (5))
     (7) default   asr-spec as `Transcriber.from_preset(--preset)` decodes on this device (the draft decision of
-                  `asr_spec.models.presets.plan_models`, applied to the models already loaded): base on a CPU
-                  drafts in runs of at most 4 chunks at a time (greedy otherwise), on CUDA in every run
+                  `asr_spec.models.presets.plan_models`, applied to the models already loaded), in the dtype
+                  --dtype or the preset gives (auto: bf16 on a CPU with native bf16 products, `models.cpu`)
+    (8) fp32      the same preset default with its models loaded again in float32 (today's CPU path before
+                  dtype auto; the same draft decision)
+    (9) fw-int8   (5) with compute_type int8: what faster-whisper's CPU users pick
 
 for each N (--configs picks a subset, e.g. fw,default for the end-to-end comparison on a long file) in
 --batch-sizes. Prints RTFx, speed-up vs (1) and vs (3) at the same N, WER, and whether (4) and (7) gave exactly
@@ -37,6 +40,7 @@ The faster-whisper columns live in benchmarks/bench_fw.py, the table and the plo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -54,6 +58,7 @@ from asr_spec import ChunkStats, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import AsrSpecError, one_line
 from asr_spec.eval.librispeech import iter_local
+from asr_spec.models.cpu import precision_line, run_precision
 from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.models.presets import load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
@@ -82,6 +87,7 @@ class Models:
     greedy: Transcriber  # (3): the target without a draft
     spec: Transcriber  # (4): the target with the draft, in every run
     default: Transcriber  # (7): what Transcriber.from_preset(--preset) decodes with on this device
+    fp32: Transcriber | None  # (8): the preset default loaded in float32; None when not asked for
     draft: Any  # the draft model (also the transformers assistant of (2))
     note: str  # a line saying where the draft comes from
 
@@ -136,7 +142,11 @@ def load_models(args: argparse.Namespace) -> Models:
     else:
         options = TranscribeOptions.from_values(loaded.options, draft_max_rows=plan.draft_max_rows)
         default = Transcriber(target, draft, processor, options, device)
-    return Models(greedy, spec, default, draft, note)
+    fp32 = None
+    if "fp32" in args.configs.split(","):
+        same = {key: value for key, value in overrides.items() if key != "draft"}  # the preset's draft decision
+        fp32 = Transcriber.from_preset(args.preset, language=args.language, **(same | {"dtype": "float32"}))
+    return Models(greedy, spec, default, fp32, draft, note)
 
 
 # -- runners ------------------------------------------------------------------------------------------------------
@@ -184,7 +194,7 @@ def make_runners(configs: list[str], models: Models, clips: list[Clip], args: ar
     """A runner per configuration that can run here; the others are skipped with a line saying why."""
     gen = {"language": args.language, "task": "transcribe", "num_beams": 1}
     pipe = hf_pipeline(models) if {"hf", "hf+asst"} & set(configs) else None
-    ours = {"greedy": models.greedy, "spec": models.spec, "default": models.default}
+    ours = {"greedy": models.greedy, "spec": models.spec, "default": models.default, "fp32": models.fp32}
     device = models.greedy.device
     runners: dict[str, Runner] = {}
     for config in configs:
@@ -196,8 +206,9 @@ def make_runners(configs: list[str], models: Models, clips: list[Clip], args: ar
             elif config in ours:
                 stats[config] = {}
                 runners[config] = ours_runner(ours[config], stats[config])
-            else:  # fw, fw-ts
-                runners[config] = FwRunner(args.preset, device, args.language, clips, timestamps=config == "fw-ts")
+            else:  # fw, fw-ts, fw-int8
+                runners[config] = FwRunner(args.preset, device, args.language, clips, timestamps=config == "fw-ts",
+                                           compute="int8" if config == "fw-int8" else None)
         except (ImportError, ValueError) as err:  # faster-whisper not installed, or no CTranslate2 weights
             print(f"  {LABELS[config]}: skipped ({one_line(err)})", file=sys.stderr)
     return runners
@@ -257,7 +268,7 @@ def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Runner],
         texts_of: dict[str, list[str]] = {}
         for _ in range(repeats):
             for config in ready:
-                wall_s, texts_of[config] = timed(lambda: runners[config](clips, n), device)
+                wall_s, texts_of[config] = timed(functools.partial(runners[config], clips, n), device)
                 walls[config].append(wall_s)
         for config in ready:
             results.append(_result(config, n, walls[config], texts_of[config], stats.get(config, {})))
@@ -311,13 +322,14 @@ def _parse_lists(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     return batch_sizes, configs
 
 
-def _save(results: list[Result], rows: list[dict[str, Any]], header: str, args: argparse.Namespace,
-          title: str) -> None:
-    """The plot and the JSON figures."""
+def _save(results: list[Result], rows: list[dict[str, Any]], header: str, hardware: dict[str, Any],
+          args: argparse.Namespace, title: str) -> None:
+    """The plot and the JSON figures (`hardware`: `models.cpu.run_precision` of the run)."""
     plot_path = Path(args.plot)
     plot(rows, plot_path, title)
     json_path = Path(args.json) if args.json else plot_path.with_suffix(".json")
-    figures = {"header": header, "rows": rows, "texts": {f"{r.config}@{r.batch_size}": r.texts for r in results},
+    figures = {"header": header, "hardware": hardware, "rows": rows,
+               "texts": {f"{r.config}@{r.batch_size}": r.texts for r in results},
                "results": [asdict(r) | {"texts": None, "tokens": None} for r in results]}
     json_path.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"plot: {plot_path}\nfigures: {json_path}")
@@ -341,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, dict[str, Any]] = {}
     runners = make_runners(configs, models, clips, args, stats)
     audio_s = sum(c.audio_s for c in clips)
-    header = (f"target: {args.preset} ({target.config.decoder_layers} decoder layers), {target.dtype}, {device}; "
+    hardware = run_precision(device, target.dtype)
+    layers = target.config.decoder_layers
+    header = (f"target: {args.preset} ({layers} decoder layers), {precision_line(device, target.dtype)}; "
               f"{models.note}\naudio: {len(clips)} clips, {audio_s:.1f} s; "
               f"chunk {models.greedy.options.chunking.chunk_length_s:g} s; language {args.language}; "
               f"torch threads {torch.get_num_threads()}")
@@ -355,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     text, rows = table(results, audio_s, [c.ref for c in clips])
     print(header)
     print(text)
-    _save(results, rows, header, args, f"{args.preset}, {len(clips)} clips ({audio_s:.0f} s), {device}, {target.dtype}")
+    title = f"{args.preset}, {len(clips)} clips ({audio_s:.0f} s), {device}, {target.dtype}"
+    _save(results, rows, header, hardware, args, title)
     differs = [row["batch_size"] for row in rows if row.get("identical_to_greedy") is False]
     if differs:
         print(f"error: speculative text differs from greedy at N = {differs}", file=sys.stderr)

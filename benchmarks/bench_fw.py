@@ -31,11 +31,13 @@ class FwRunner:
                 chunk); True: timestamp tokens and segments, as asr-spec's default makes.
     sequential: `WhisperModel.transcribe` instead, its openai-whisper-style loop over 30 s windows that seeks to
                 the last timestamp (the batch size is unused).
+    compute:    CTranslate2's compute_type; None: float32 on CPU, float16 on CUDA ("int8" is what faster-whisper's
+                CPU users pick).
     ImportError when faster-whisper cannot run (not installed, or the child died), with the child's reason.
     """
 
     def __init__(self, preset: str, device: torch.device, language: str, clips: Sequence[Any],
-                 timestamps: bool = False, sequential: bool = False):
+                 timestamps: bool = False, sequential: bool = False, compute: str | None = None):
         from asr_spec.models.embedded import embedded_ct2_dir
         from asr_spec.models.presets import load_preset
 
@@ -43,7 +45,8 @@ class FwRunner:
         if not target.startswith("embedded:"):
             raise ValueError(f"faster-whisper column: preset {preset} is not an embedded CTranslate2 model")
         model_dir = str(embedded_ct2_dir(target.split(":", 1)[1]))
-        compute = "float32" if device.type == "cpu" else "float16"
+        if compute is None:
+            compute = "float32" if device.type == "cpu" else "float16"
         spawn = mp.get_context("spawn")
         self._conn, child = spawn.Pipe()
         worker_args = (child, model_dir, device.type, compute, torch.get_num_threads(), language,

@@ -13,7 +13,7 @@ from typing import Any
 
 from asr_spec.eval.metrics import score
 
-CONFIGS = ("hf", "hf+asst", "greedy", "spec", "fw", "fw-ts", "default")
+CONFIGS = ("hf", "hf+asst", "greedy", "spec", "fw", "fw-ts", "default", "fp32", "fw-int8")
 LABELS = {
     "hf": "(1) transformers pipeline",
     "hf+asst": "(2) transformers + assistant",
@@ -22,6 +22,8 @@ LABELS = {
     "fw": "(5) faster-whisper batched",
     "fw-ts": "(6) faster-whisper timestamps",
     "default": "(7) asr-spec preset default",
+    "fp32": "(8) asr-spec default, float32",
+    "fw-int8": "(9) faster-whisper int8",
 }
 BASELINES = ("hf", "greedy")  # the speed-up columns: vs (1) and vs (3) at the same batch size
 LOSSLESS = ("spec", "default")  # the configurations whose tokens must equal greedy's

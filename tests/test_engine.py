@@ -262,8 +262,8 @@ def test_draft_only_in_runs_of_few_rows(timestamps):
     assert all(r.stats.draft_passes == 0 and r.stats.target_passes == r.stats.generated_tokens for r in wide)
     assert sum(r.stats.accepted_tokens for r in narrow) > 0
     few_chunks = Engine(_target(), drafts("perturbed-shared"), DecodeOptions(
-        language="en", timestamps=timestamps, max_new_tokens=MAX_NEW, draft_max_rows=2)
-    ).decode(_features()[:2], batch_size=8)
+        language="en", timestamps=timestamps, max_new_tokens=MAX_NEW, draft_max_rows=2)).decode(_features()[:2],
+                                                                                                batch_size=8)
     assert all(r.stats.drafted_tokens > 0 for r in few_chunks)  # 2 chunks at batch 8: 2 slots, drafted
     with pytest.raises(ValueError, match="draft_max_rows must be an integer >= 1"):
         DecodeOptions(draft_max_rows=0)
@@ -307,6 +307,8 @@ def test_a_kept_encoder_output_is_the_one_its_chunk_was_decoded_from():
     encoded = torch.stack([r.encoded for r in kept])
     assert encoded.shape == (len(kept), engine.n_audio_ctx, _target().config.d_model)
     torch.testing.assert_close(encoded, engine.encode(features[[r.id for r in kept]]), rtol=1e-5, atol=1e-5)
-    again = engine.decode(None, encoded, batch_size=3)
-    assert [(r.tokens, r.avg_logprob, r.no_speech_prob) for r in again] == \
-        [(r.tokens, r.avg_logprob, r.no_speech_prob) for r in kept]
+    again = engine.decode(None, encoded, batch_size=3)  # other batch compositions: rounding may move the floats
+    assert [r.tokens for r in again] == [r.tokens for r in kept]
+    for new, old in zip(again, kept, strict=True):
+        assert new.avg_logprob == pytest.approx(old.avg_logprob, abs=1e-5)
+        assert new.no_speech_prob == pytest.approx(old.no_speech_prob, abs=1e-6)

@@ -293,6 +293,9 @@ def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, model_dirs) -> N
         # faster-whisper needs the CTranslate2 weights of an embedded preset: skipped, and said so, for this one
         assert "faster-whisper batched: skipped" in captured.err
         assert "faster-whisper timestamps: skipped" in captured.err
+        assert "faster-whisper int8: skipped" in captured.err
+        figures = json.loads(plot.with_suffix(".json").read_text())
+        assert figures["hardware"]["dtype"] == "float32" and figures["hardware"]["cpu"]["class"] == "avx2"
         ours = {(c, n) for c in bench.CONFIGS if not c.startswith("fw") for n in (1, 2)}
         assert {(r["config"], r["batch_size"]) for r in rows} == ours
         assert all(r["identical_to_greedy"] for r in rows if r["config"] in ("spec", "default"))

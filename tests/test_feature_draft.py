@@ -95,7 +95,7 @@ def test_window_statistics_equal_greedy():
     """The target's prefill through the feature store gives the same SOT logits (no-speech probability) and the
     same log-probabilities as the greedy engine at the same batch size (CPU attention rounds by the batch)."""
     for spec, ref in zip(run("reading", 3), greedy(False, 3)):
-        assert spec.no_speech_prob == ref.no_speech_prob
+        assert spec.no_speech_prob == pytest.approx(ref.no_speech_prob, abs=1e-6)  # other kernels: rounding
         assert spec.avg_logprob == pytest.approx(ref.avg_logprob, abs=1e-5)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from asr_spec.engine import DecodeOptions
 from asr_spec.errors import InputError
+from asr_spec.models.cpu import parse_cpu_flags
 from asr_spec.models.presets import (
     DEFAULT_PRESET,
     ModelPlan,
@@ -69,17 +70,19 @@ def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
         assert plan_models(base, "cuda", {"model": "m"}).draft is None
         assert plan_models(base, "cpu", {"dtype": "bfloat16"}).dtype == "bfloat16"
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # the shipped draft is there
-    for bad in (-1, True, 1.5, "1"):
-        with pytest.raises(InputError, match="cpu_draft_max_rows must be an integer >= 0"):
+    for bad in (-1, True, 1.5, "1", {"fp32": -1}, {"amx-bf16": 8, "fp32": "4"}):
+        with pytest.raises(InputError, match=r"cpu_draft_max_rows(\.\w+)? must be an integer >= 0"):
             Preset("p", "embedded:whisper-base", cpu_draft_max_rows=bad)
+    with pytest.raises(InputError, match="cpu_draft_max_rows has unknown class"):
+        Preset("p", "embedded:whisper-base", cpu_draft_max_rows={"avx2": 4})
     assert Preset("p", "embedded:whisper-base", share_encoder=False).share_encoder is False
     with pytest.raises(InputError, match="share_encoder must be true or false"):
         Preset("p", "embedded:whisper-base", share_encoder="yes")
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:
-    known = r"\(known: base, base-distilled, large-v2, large-v3, tiny.en"
-    with pytest.raises(InputError, match=r"unknown preset 'large-v9' " + known):
+    known = "base, base-distilled, large-v2, large-v3, tiny.en"
+    with pytest.raises(InputError, match=rf"unknown preset 'large-v9' \(known: {known}"):
         load_preset("large-v9")
     with pytest.raises(InputError, match="nowhere.toml: no such preset file"):
         load_preset("nowhere.toml")
@@ -154,3 +157,19 @@ def test_bad_option_values_of_a_preset_name_the_file_before_any_loading(tmp_path
     with pytest.raises(InputError, match=needle) as info:
         Transcriber.from_preset(path)  # model "x" is never loaded: the options fail first
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_the_cpu_draft_decision_follows_the_decode_class() -> None:
+    """A {decode class: rows} table: a bf16 run on an AMX or AVX-512 bf16 CPU takes its class's row, an fp32 run (or
+    bf16 where it is emulated) the fp32 row; dtype auto resolves per CPU first (bf16 where native); a class left
+    out is greedy; one number serves every class."""
+    amx, zen4, zen2 = (parse_cpu_flags(f) for f in ("avx2 avx512_bf16 amx_bf16", "avx2 avx512_bf16", "avx2"))
+    table = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows={"amx-bf16": 8, "fp32": 2})
+    assert plan_models(table, "cpu", cpu=amx).draft_max_rows == 8  # auto -> bf16 -> amx-bf16
+    assert plan_models(table, "cpu", {"dtype": "float32"}, cpu=amx).draft_max_rows == 2
+    assert plan_models(table, "cpu", cpu=zen2).draft_max_rows == 2  # auto -> fp32
+    assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=zen2).draft_max_rows == 2  # emulated bf16
+    assert plan_models(table, "cpu", cpu=zen4).draft is None  # avx512-bf16 left out: greedy
+    assert plan_models(table, "cuda", cpu=zen4).draft == "d"  # CUDA: every run, whatever the CPU
+    one = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows=3)
+    assert {plan_models(one, "cpu", cpu=c).draft_max_rows for c in (amx, zen4, zen2)} == {3}

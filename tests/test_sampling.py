@@ -157,8 +157,17 @@ def _chunks(ids, temperature: float | dict = 0.8):
 @pytest.mark.parametrize("draft", ["none", "unrelated"])
 def test_sampled_rows_do_not_depend_on_the_batch(draft):
     """The same chunk with the same key gives the same tokens at batch 1 and 8, alone and among other chunks (in
-    another order, admitted at other times)."""
-    engine = Engine(_target(), _draft(draft), DecodeOptions(language="en", max_new_tokens=30))
+    another order, admitted at other times), when the models run in one precision (here fp32, the draft too).
+
+    The draws depend on (key, position, kind) only (`uniform`, tested above). What they are compared with, p and q,
+    is computed by products whose last bits may move with the number of rows; in one precision that moves a draw
+    almost never (fp32: 0 of 40 windows at batch 8 vs 1, docs/cpu.md; bf16 throughout on AMX likewise 0 of 40). The
+    bf16 copy of the draft beside an fp32 target (`draft_bf16`, a CPU with native bf16) rounds the fp32 encoder
+    output's batch-dependent last bits into bf16 ulps: there q moves and 8 of 40 windows differ. That is the weaker
+    promise stated in docs/cpu.md (every window still an exact sample of the target:
+    `test_speculative_sampling_is_distributed_as_the_target` runs with that copy where the CPU has it); this test
+    holds the draft in fp32 so that it asserts the same thing on every CPU."""
+    engine = Engine(_target(), _draft(draft), DecodeOptions(language="en", max_new_tokens=30, draft_bf16=False))
     full = {r.id: r.tokens for r in engine.run(_chunks(range(10)), batch_size=8)}
     one = {r.id: r.tokens for r in engine.run(_chunks(range(10)), batch_size=1)}
     alone = {r.id: r.tokens for r in engine.run(_chunks([6]), batch_size=8)}

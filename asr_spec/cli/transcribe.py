@@ -102,6 +102,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                          "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
+    from asr_spec.models.cpu import precision_line
     from asr_spec.transcribe import Transcriber
 
     if not ray and (manifest is not None or output is not None or ray_address is not None):
@@ -137,6 +138,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
             output_stems(files)
             prepare_output_dir(output_dir)
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
+        run.precision = precision_line(transcriber.device, transcriber.target.dtype)
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
     except KeyboardInterrupt:
@@ -190,6 +192,7 @@ class _Run:
         self.n_done = self.n_failed = self.n_dropped = self.n_tails = 0
         self.fallback: dict[float, int] = {}  # windows decoded again at each temperature
         self.audio_s, self.stats, self.start = 0.0, [], time.perf_counter()
+        self.precision = ""  # where and in what dtype it decodes: "cpu amx-bf16, bfloat16" (models.cpu)
 
     def add(self, result: Any) -> None:
         self.n_done += 1
@@ -234,4 +237,5 @@ class _Run:
         tails = f", {self.n_tails} chunk tails decoded again" if self.n_tails else ""
         at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())
         fallback = f", windows decoded again (fallback_windows): {at}" if self.fallback else ""
-        return f"{files}: {speed}, {drafting}{dropped}{tails}{fallback}"
+        precision = f" [{self.precision}]" if self.precision else ""
+        return f"{files}: {speed}, {drafting}{dropped}{tails}{fallback}{precision}"

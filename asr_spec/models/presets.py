@@ -12,15 +12,18 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
                       the encoders (equal up to fp16 rounding = shared) and log the decision
     cpu_draft_max_rows  on a CPU, the draft decodes runs of at most this many chunks at a time (batch slots: the
                       batch size, or fewer chunks), larger runs are greedy (0, the default: greedy on a CPU unless
-                      a draft is asked for)
+                      a draft is asked for); one number for every CPU run, or a table by decode class
+                      (`asr_spec.models.cpu.DECODE_CLASSES`: "amx-bf16", "avx512-bf16" for bf16 runs on those
+                      CPUs, "fp32" for the rest), e.g. { amx-bf16 = 8, avx512-bf16 = 8, fp32 = 4 }; a class left
+                      out is 0
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]
     num_draft_tokens  draft tokens proposed per step
 
 A preset's draft is used on CUDA in every run; on a CPU only in the runs ``cpu_draft_max_rows`` allows, or in every
-run when a draft is asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): a CPU's
-verify pass is compute-bound from a few rows on, so there a draft pays only with few rows (docs/measurements.md,
-"Speed").
+run when a draft is asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): an fp32
+CPU verify pass is compute-bound from a few rows on, so there a draft pays only with few rows; a bf16 one on AMX or
+AVX-512 bf16 stays memory-bound longer (docs/cpu.md).
     language          "en", "english", ...; "auto" = detect per chunk
     chunking          "vad" (speech chunks found by silero-vad, non-speech skipped, no overlap) or "stride"
                       (overlapping windows stitched at their seams, as transformers' pipeline does)
@@ -28,7 +31,8 @@ verify pass is compute-bound from a few rows on, so there a draft pays only with
     max_words_per_cue srt/vtt cues of at most this many words (needs word_timestamps); left out = one per segment
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
-    dtype             "auto" (float16 on CUDA, float32 on CPU), "float32", "float16" or "bfloat16"
+    dtype             "auto" (float16 on CUDA; on a CPU bfloat16 where bf16 products are native, AMX or AVX-512
+                      bf16, else float32: `asr_spec.models.cpu.auto_dtype`), "float32", "float16" or "bfloat16"
     description       one line for ``--help`` listings
 
 A key left out means the default of the option it feeds, stated once where that option is defined
@@ -51,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from asr_spec.errors import InputError
+from asr_spec.models.cpu import DECODE_CLASSES, CpuCapabilities, decode_class
 
 __all__ = ["DEFAULT_PRESET", "ModelPlan", "Preset", "available_presets", "load_preset", "plan_models",
            "presets_dir"]
@@ -59,7 +64,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "base"  # the offline one: works with no network once asr-spec[offline] is installed
 PRESET_SUFFIX = ".toml"
-# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: fp16 on CUDA, fp32 elsewhere).
+# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: `cpu.auto_dtype`).
 # The one table: models.loading.resolve_dtype reads it too.
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -77,7 +82,8 @@ class Preset:
     draft: str | None = None  # None: no draft, greedy decoding
     draft_optional: bool = False  # a missing draft directory means greedy (with a warning) instead of an error
     share_encoder: bool | None = None  # None: decided by comparing the encoders (asr_spec.engine.pairing)
-    cpu_draft_max_rows: int = 0  # on a CPU the draft decodes runs of at most this many rows (0: none)
+    # on a CPU the draft decodes runs of at most this many rows (0: none); or a {decode class: rows} table
+    cpu_draft_max_rows: int | Mapping[str, int] = 0
     # The option values below: None = not set by the preset, the option's own default applies.
     chunk_length_s: float | None = None  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
@@ -99,6 +105,11 @@ class Preset:
         them (keys left out are absent, so the options' own defaults apply)."""
         return {key: getattr(self, key) for key in OPTION_KEYS if getattr(self, key) is not None}
 
+    def cpu_draft_rows(self, decode_class: str) -> int:
+        """`cpu_draft_max_rows` for a CPU run of `decode_class` (`asr_spec.models.cpu.decode_class`)."""
+        rows = self.cpu_draft_max_rows
+        return rows if isinstance(rows, int) else rows.get(decode_class, 0)
+
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
         directory is missing."""
@@ -117,14 +128,14 @@ class ModelPlan:
 
     model: str  # the target to load
     draft: str | None  # the draft to load; None: greedy decoding (no draft loaded)
-    dtype: str | None  # None / "auto": float16 on CUDA, float32 elsewhere
+    dtype: str | None  # None / "auto": `cpu.auto_dtype` (fp16 on CUDA; CPU: bf16 where native, else fp32)
     share_encoder: bool | None  # see `Preset.share_encoder`
     # DecodeOptions.draft_max_rows: the draft decodes only runs of at most this many rows; None: every run
     draft_max_rows: int | None
 
 
 def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] | None = None, *,
-                every_run: bool = False) -> ModelPlan:
+                every_run: bool = False, cpu: CpuCapabilities | None = None) -> ModelPlan:
     """The one draft decision: from a preset, the device type ("cpu", "cuda", ...) and the caller's overrides
     (any of `MODEL_KEYS`, and `draft_max_rows`; a key absent = not given), which models to load and which runs the
     draft decodes. Every caller uses it: `Transcriber.from_preset` (CLI, API, server), eval and the benchmarks.
@@ -134,28 +145,36 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
     - `every_run` (evaluating or benchmarking the preset's draft: asking for it): the preset's draft
       (`draft_or_none`) on any device, in every run;
     - else the preset's draft (`draft_or_none`): on CUDA in every run; on a CPU in the runs of at most
-      `cpu_draft_max_rows` rows, and not loaded at all when that is 0 (a CPU's verify pass is compute-bound from a
-      few rows on: docs/measurements.md, "Speed").
+      `cpu_draft_max_rows` rows of the run's decode class (`cpu.decode_class` of the dtype the run resolves to, on
+      `cpu`, None: this machine's), and not loaded at all when that is 0 (an fp32 verify pass is compute-bound
+      from a few rows on, a bf16 one on native bf16 products much later: docs/cpu.md).
     """
     overrides = {} if overrides is None else overrides
+    dtype = overrides.get("dtype", preset.dtype)
+    cpu_rows = 0
+    if device_type == "cpu" and not ({"draft", "model"} & set(overrides)) and not every_run:
+        import torch
+
+        from asr_spec.models.loading import resolve_dtype
+
+        cpu_rows = preset.cpu_draft_rows(decode_class(resolve_dtype(dtype, torch.device("cpu"), cpu), cpu))
     if "draft" in overrides:
         draft, rows = overrides["draft"], None
     elif "model" in overrides:
         draft, rows = None, None
     elif every_run or device_type == "cuda":
         draft, rows = preset.draft_or_none(), None
-    elif preset.cpu_draft_max_rows == 0:
+    elif cpu_rows == 0:
         if preset.draft is not None:
             log.info("preset %s: greedy on %s (its draft %s is used on CUDA; pass draft= to use it here)",
                      preset.name, device_type, preset.draft)
         draft, rows = None, None
     else:
-        draft, rows = preset.draft_or_none(), preset.cpu_draft_max_rows
+        draft, rows = preset.draft_or_none(), cpu_rows
     if draft is None:
         rows = None
     rows = overrides.get("draft_max_rows", rows)
-    return ModelPlan(overrides.get("model", preset.model), draft, overrides.get("dtype", preset.dtype),
-                     preset.share_encoder, rows)
+    return ModelPlan(overrides.get("model", preset.model), draft, dtype, preset.share_encoder, rows)
 
 
 def _where(preset: Preset) -> str:
@@ -177,8 +196,15 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("draft_optional", "true or false")
     from asr_spec.engine.options import check_int  # the project's one integer check (imported as below)
 
+    rows = preset.cpu_draft_max_rows
+    if isinstance(rows, Mapping):
+        unknown = sorted(set(rows) - set(DECODE_CLASSES))
+        if unknown:
+            raise InputError(f"{where}: cpu_draft_max_rows has unknown class(es) {', '.join(map(str, unknown))} "
+                             f"(known: {', '.join(DECODE_CLASSES)})")
     try:
-        check_int(preset.cpu_draft_max_rows, "cpu_draft_max_rows", 0)
+        for name, value in (rows.items() if isinstance(rows, Mapping) else [("", rows)]):
+            check_int(value, f"cpu_draft_max_rows{'.' + name if name else ''}", 0)
     except ValueError as err:
         raise InputError(f"{where}: {err} (0: no draft on a CPU)") from err
     if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:

@@ -1,0 +1,176 @@
+"""What the CPU can do, detected in one place, and the dtype `auto` picks from it.
+
+A CPU's class decides the precision a run is fastest in and whether a draft pays (`presets.plan_models`):
+
+- ``amx-bf16``: Intel AMX tiles (Sapphire Rapids and later Xeons): bf16 products at 1.1-1.6 TFLOP/s on two cores
+  (fp32: 0.22-0.31), a (K+1)-token verify pass nearly as cheap as a 1-token step;
+- ``avx512-bf16``: AVX-512 bf16 dot products (Cooper Lake, AMD Zen 4 and later): bf16 native, no tiles;
+- ``avx2``: no native bf16 (bf16 products emulated, slower than fp32): fp32;
+- ``other``: none of the above (an old x86 CPU, or a non-x86 one): fp32.
+
+The flags come from ``/proc/cpuinfo``; where that file is absent (macOS, Windows, some containers), from torch's
+own CPU capability (``torch.backends.cpu.get_cpu_capability()``: "AMX"?, "AVX512", "AVX2", "DEFAULT"), which does
+not tell AVX-512 bf16 apart, so there a CPU reporting AVX512 is taken as ``avx512-bf16`` only when torch also finds
+oneDNN's bf16 path usable. ``ASR_SPEC_CPU_FLAGS`` (a flags string, as in /proc/cpuinfo) replaces the detected flags:
+the test suite pins it so that its dtype decisions do not depend on the CPU it runs on, and it lets a user try
+another class's decisions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["CPU_CLASSES", "CpuCapabilities", "auto_dtype", "detect_cpu", "parse_cpu_flags", "parse_cpuinfo"]
+
+log = logging.getLogger(__name__)
+
+CPUINFO = Path("/proc/cpuinfo")
+FLAGS_ENV = "ASR_SPEC_CPU_FLAGS"
+CPU_CLASSES = ("amx-bf16", "avx512-bf16", "avx2", "other")  # best first
+
+
+@dataclass(frozen=True)
+class CpuCapabilities:
+    """The instruction-set features that decide a CPU run's precision and drafting."""
+
+    amx_bf16: bool = False  # AMX tiles with bf16 products
+    avx512_bf16: bool = False  # AVX-512 bf16 dot products (vdpbf16ps)
+    avx512_vnni: bool = False  # AVX-512 int8 dot products
+    avx_vnni: bool = False  # 256-bit VNNI (Alder Lake, Zen 5)
+    avx2: bool = False
+    model_name: str = ""  # "model name" of /proc/cpuinfo, "" where unknown
+    source: str = "cpuinfo"  # where the flags came from: "cpuinfo", "torch" or "env" (ASR_SPEC_CPU_FLAGS)
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 products run natively (AMX or AVX-512 bf16): faster than fp32, not emulated."""
+        return self.amx_bf16 or self.avx512_bf16
+
+    @property
+    def vnni(self) -> bool:
+        return self.avx512_vnni or self.avx_vnni
+
+    @property
+    def cpu_class(self) -> str:
+        """One of `CPU_CLASSES`: the best feature the CPU has, the key of the per-class decisions."""
+        if self.amx_bf16:
+            return "amx-bf16"
+        if self.avx512_bf16:
+            return "avx512-bf16"
+        return "avx2" if self.avx2 else "other"
+
+    def describe(self) -> str:
+        """One line: the class, then the features present, e.g. "amx-bf16 (avx512-bf16, avx512-vnni, avx2)"."""
+        names = [name.replace("_", "-") for name in ("amx_bf16", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx2")
+                 if getattr(self, name)]
+        rest = [n for n in names if n != self.cpu_class]
+        return self.cpu_class + (f" ({', '.join(rest)})" if rest else "")
+
+    def as_dict(self) -> dict[str, object]:
+        """The run summary's / --json's view: the class, the features and where they came from."""
+        return {"class": self.cpu_class, "model_name": self.model_name, "native_bf16": self.native_bf16,
+                "vnni": self.vnni, "amx_bf16": self.amx_bf16, "avx512_bf16": self.avx512_bf16, "avx2": self.avx2,
+                "source": self.source}
+
+
+def parse_cpu_flags(flags: str, model_name: str = "", source: str = "cpuinfo") -> CpuCapabilities:
+    """A whitespace-separated flags string (the ``flags`` line of /proc/cpuinfo, after the colon) -> capabilities."""
+    present = set(flags.split())
+    return CpuCapabilities(amx_bf16="amx_bf16" in present, avx512_bf16="avx512_bf16" in present,
+                           avx512_vnni="avx512_vnni" in present, avx_vnni="avx_vnni" in present,
+                           avx2="avx2" in present, model_name=model_name, source=source)
+
+
+def parse_cpuinfo(text: str) -> CpuCapabilities | None:
+    """The text of /proc/cpuinfo -> the first processor's capabilities; None when it has no flags line (an ARM
+    kernel writes "Features")."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if sep and key in ("flags", "model name") and key not in fields:
+            fields[key] = value.strip()
+    if "flags" not in fields:
+        return None
+    return parse_cpu_flags(fields["flags"], fields.get("model name", ""))
+
+
+def _from_torch() -> CpuCapabilities:
+    """The fallback where /proc/cpuinfo is absent: torch's dispatch capability and its oneDNN bf16 check."""
+    capability = torch.backends.cpu.get_cpu_capability().upper()
+    wide = capability.startswith(("AVX512", "AMX"))
+    bf16 = wide and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return CpuCapabilities(amx_bf16=capability.startswith("AMX"), avx512_bf16=bf16, avx512_vnni=wide,
+                           avx2=wide or capability.startswith("AVX2"), source="torch")
+
+
+@functools.cache
+def detect_cpu() -> CpuCapabilities:
+    """This machine's capabilities (once per process): ``ASR_SPEC_CPU_FLAGS`` if set, else /proc/cpuinfo, else
+    torch's view (see the module docstring)."""
+    forced = os.environ.get(FLAGS_ENV)
+    if forced is not None:
+        return parse_cpu_flags(forced, source="env")
+    try:
+        parsed = parse_cpuinfo(CPUINFO.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        parsed = None
+    return parsed if parsed is not None else _from_torch()
+
+
+def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None) -> torch.dtype:
+    """The dtype ``auto`` means, decided here only: float16 on CUDA; on a CPU bfloat16 where bf16 products are
+    native (AMX or AVX-512 bf16: the bf16 step reads half the bytes and its products run 4-5x faster than fp32's),
+    float32 elsewhere (emulated bf16 is slower than fp32). cpu: the capabilities to decide from (None: this
+    machine's, `detect_cpu`); other devices (mps, ...) get float32."""
+    if device.type == "cuda":
+        return torch.float16
+    if device.type != "cpu":
+        return torch.float32
+    caps = detect_cpu() if cpu is None else cpu
+    return torch.bfloat16 if caps.native_bf16 else torch.float32
+
+
+def log_decision(device: torch.device, requested: str | torch.dtype | None, chosen: torch.dtype) -> None:
+    """The start-of-run line, once per (device, request, choice): "cpu: amx-bf16 (...), dtype auto -> bfloat16"."""
+    _log_once(device.type, str(requested if requested is not None else "auto"), str(chosen).removeprefix("torch."))
+
+
+@functools.cache
+def _log_once(device_type: str, requested: str, chosen: str) -> None:
+    where = f"cpu: {detect_cpu().describe()}" if device_type == "cpu" else device_type
+    log.info("%s, dtype %s -> %s", where, requested, chosen)
+
+
+def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
+    """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU
+    its capabilities (`CpuCapabilities.as_dict`)."""
+    info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
+    if device.type == "cpu":
+        info["cpu"] = detect_cpu().as_dict()
+    return info
+
+
+def precision_line(device: torch.device, dtype: torch.dtype) -> str:
+    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16" / "cuda:0, float16"."""
+    where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
+    return f"{where}, {str(dtype).removeprefix('torch.')}"
+
+
+# The classes a CPU run's draft decision is keyed by (`presets.plan_models`): where a verify pass of K+1 tokens
+# costs about what a 1-token step does (bf16 on native bf16 products: memory-bound up to several rows, as on a GPU)
+# and where it does not (fp32, or bf16 emulated: compute-bound from a few rows on).
+DECODE_CLASSES = ("amx-bf16", "avx512-bf16", "fp32")
+
+
+def decode_class(dtype: torch.dtype, cpu: CpuCapabilities | None = None) -> str:
+    """The decode class of a CPU run in `dtype`: the CPU's class when it decodes in bf16 on native bf16 products,
+    "fp32" otherwise (fp32, or a half precision without native products). cpu: None = this machine's."""
+    caps = detect_cpu() if cpu is None else cpu
+    return caps.cpu_class if dtype == torch.bfloat16 and caps.native_bf16 else "fp32"

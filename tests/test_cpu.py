@@ -1,0 +1,103 @@
+"""CPU capabilities (asr_spec.models.cpu): the flags of the three CPU kinds this project has run on, parsed; the
+dtype `auto` picks per device and class; the one function every caller resolves a dtype through."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr_spec.models import cpu
+from asr_spec.models.loading import resolve_dtype
+
+# /proc/cpuinfo flags lines (shortened to the parts that matter, in their real order) of the CPUs seen here
+XEON_AMX = ("fpu vme sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 avx512f avx512dq avx512cd avx512bw "
+            "avx512vl avx_vnni avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg amx_bf16 avx512_fp16 amx_tile "
+            "amx_int8")
+EPYC_ZEN4 = ("fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 avx512f avx512dq avx512cd avx512bw "
+             "avx512vl avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg")
+EPYC_ZEN2 = "fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 sha_ni clzero"
+CPUS = {"amx-bf16": XEON_AMX, "avx512-bf16": EPYC_ZEN4, "avx2": EPYC_ZEN2, "other": "fpu sse sse2"}
+
+
+@pytest.mark.parametrize("expected", list(CPUS))
+def test_each_cpu_kind_parses_to_its_class(expected):
+    caps = cpu.parse_cpu_flags(CPUS[expected])
+    assert caps.cpu_class == expected
+    assert caps.native_bf16 == (expected in ("amx-bf16", "avx512-bf16"))
+    assert caps.vnni == (expected in ("amx-bf16", "avx512-bf16"))
+    assert caps.avx2 == (expected != "other")
+
+
+def test_features_are_whole_flags_not_substrings():
+    """avx512_bf16 does not make avx2 or vnni, and a flag's prefix is no flag: "amx_bf16x" is not amx_bf16."""
+    caps = cpu.parse_cpu_flags("avx512_bf16 amx_bf16x avx512_vnnix")
+    assert (caps.amx_bf16, caps.avx512_bf16, caps.avx512_vnni, caps.avx2) == (False, True, False, False)
+    assert caps.describe() == "avx512-bf16"
+    assert cpu.parse_cpu_flags(XEON_AMX).describe() == "amx-bf16 (avx512-bf16, avx512-vnni, avx-vnni, avx2)"
+
+
+def test_cpuinfo_text_gives_the_first_processor_and_its_model_name():
+    text = (f"processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+            f"flags\t\t: {XEON_AMX}\n\nprocessor\t: 1\nmodel name\t: other\nflags\t\t: {EPYC_ZEN2}\n")
+    caps = cpu.parse_cpuinfo(text)
+    assert caps.cpu_class == "amx-bf16" and caps.model_name == "Intel(R) Xeon(R) Processor"
+    assert caps.as_dict()["class"] == "amx-bf16" and caps.as_dict()["native_bf16"] is True
+    assert cpu.parse_cpuinfo("processor\t: 0\nFeatures\t: fp asimd bf16\n") is None  # an ARM kernel's file
+
+
+def test_the_environment_replaces_the_detected_flags(monkeypatch):
+    """The suite pins an AVX2-only CPU (conftest), so `auto` is float32 here whatever the machine."""
+    cpu.detect_cpu.cache_clear()
+    try:
+        assert cpu.detect_cpu().cpu_class == "avx2" and cpu.detect_cpu().source == "env"
+        monkeypatch.setenv(cpu.FLAGS_ENV, EPYC_ZEN4)
+        cpu.detect_cpu.cache_clear()
+        assert cpu.detect_cpu().cpu_class == "avx512-bf16"
+    finally:
+        monkeypatch.undo()
+        cpu.detect_cpu.cache_clear()
+
+
+def test_without_cpuinfo_torch_says_what_it_can(monkeypatch, tmp_path):
+    monkeypatch.delenv(cpu.FLAGS_ENV)
+    monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "absent")
+    cpu.detect_cpu.cache_clear()
+    try:
+        caps = cpu.detect_cpu()
+        assert caps.source == "torch" and caps.cpu_class in cpu.CPU_CLASSES
+    finally:
+        monkeypatch.undo()
+        cpu.detect_cpu.cache_clear()
+
+
+@pytest.mark.parametrize(("device", "expected"), [
+    ("cpu", {"amx-bf16": torch.bfloat16, "avx512-bf16": torch.bfloat16, "avx2": torch.float32,
+             "other": torch.float32}),
+    ("cuda", dict.fromkeys(CPUS, torch.float16)),
+    ("mps", dict.fromkeys(CPUS, torch.float32)),
+])
+def test_auto_dtype_decision_table(device, expected):
+    for name, flags in CPUS.items():
+        caps = cpu.parse_cpu_flags(flags)
+        assert cpu.auto_dtype(torch.device(device), caps) == expected[name], name
+        assert resolve_dtype("auto", torch.device(device), caps) == expected[name], name
+        assert resolve_dtype(None, torch.device(device), caps) == expected[name], name
+
+
+@pytest.mark.parametrize("name", ["float32", "fp32", "bfloat16", "bf16", "float16"])
+def test_an_explicit_dtype_is_kept_on_every_cpu(name):
+    wanted = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+              "float16": torch.float16}[name]
+    for flags in CPUS.values():
+        assert resolve_dtype(name, torch.device("cpu"), cpu.parse_cpu_flags(flags)) == wanted
+    with pytest.raises(ValueError, match="unknown dtype 'int4'"):
+        resolve_dtype("int4", torch.device("cpu"))
+
+
+def test_the_decision_is_logged_once_with_the_cpu_class(caplog):
+    cpu._log_once.cache_clear()
+    with caplog.at_level("INFO", logger="asr_spec.models.cpu"):
+        for _ in range(3):
+            resolve_dtype("auto", torch.device("cpu"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "asr_spec.models.cpu"]
+    assert lines == ["cpu: avx2, dtype auto -> float32"]
