@@ -71,9 +71,17 @@ class StepRunner:
         key = (st.n_tok.shape[0], n_keys, k, rules.sampling, width)
         graph = self.graphs.get(key)
         if graph is not None:
-            graph.replay()
-            return
-        # warm-up = this step, run eagerly on a side stream (as torch.cuda.graphs asks); then capture for next time
+            self._replay(key, graph, args)
+        else:
+            self.graphs[key] = self._capture(key, args)
+
+    def _replay(self, key: tuple, graph: torch.cuda.CUDAGraph, args: tuple) -> None:
+        """Run the step of `args` by replaying `graph`, captured for `key` (a test double checks the contract)."""
+        graph.replay()
+
+    def _capture(self, key: tuple, args: tuple) -> torch.cuda.CUDAGraph:
+        """Run the step of `args` once (the warm-up, eagerly on a side stream, as torch.cuda.graphs asks), then
+        capture it: the graph of `key`, replayed from the next call on."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -84,7 +92,7 @@ class StepRunner:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):  # records, does not run: the state is not advanced twice
             step(*args)
-        self.graphs[key] = graph
+        return graph
 
 
 class HostReader:
