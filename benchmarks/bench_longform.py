@@ -2,6 +2,7 @@
 """Long-form side by side: WER, wall time and reference sentences missing, per file, in one run:
 
     vad       asr-spec as `Transcriber.from_preset(--preset)` decodes (voice-activity chunks, the default)
+    vad-words the default with word timestamps (word_timestamps=True): its text should be the default's
     stride    the same preset with `chunking="stride"` (overlapping 30 s windows, stitched)
     vad-norepair  the default without tail repair (tail_repairs=0: a chunk's transcript is kept as first decoded)
     vad-greedy    the default without its draft (draft=None); beside vad, each vad row says whether its chunk
@@ -21,11 +22,13 @@ ends). Each item is run by every configuration once untimed, then --repeats time
 ...), the median wall time kept; model loading is excluded. faster-whisper runs in a process of its own
 (benchmarks/bench_fw.py's `FwRunner`), started per item.
 
-Columns: WER (Whisper's English normaliser, corpus over the item), wall s, sentences missing (fewer than 80 % of
-their words matched in order, `asr_spec.eval.metrics.missing_sentences`) with their numbers, hypothesis / reference
-words, and for clips the ones whose first word is lost.
+Columns: WER (Whisper's English normaliser, corpus over the item), wall s, the coverage metric
+(`asr_spec.eval.metrics.coverage`): sentences missing (fewer than 80 % of their words matched in order) with their
+numbers, and doubled 3-grams (written more often than the reference has them: extra occurrences, and the first
+few); hypothesis / reference words, and for clips the ones whose first word is lost.
 
     python -m benchmarks.bench_longform --threads 2                          # every fixture, vad/stride/fw/fw-seq
+    python -m benchmarks.bench_longform --configs vad,vad-words,stride --no-warmup --threads 2   # the modes
     python -m benchmarks.bench_longform --only clips --configs vad,stride --repeats 1
     python -m benchmarks.bench_longform --configs vad --vad-chunk-lengths 28,26 --only dense_windows
     python -m benchmarks.bench_longform --audio a.flac --refs a.txt --sentences a.tsv --json runs/a.json
@@ -49,12 +52,12 @@ import torch
 from asr_spec import Transcriber
 from asr_spec.audio.loading import load_audio
 from asr_spec.errors import AsrSpecError, one_line
-from asr_spec.eval.metrics import missing_sentences, normalize, score
+from asr_spec.eval.metrics import coverage, normalize, score
 from benchmarks.bench import Clip, ours_runner  # benchmarks/bench.py: one home for these runners
 from benchmarks.bench_fw import FwRunner
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "longform"
-CONFIGS = ("vad", "vad-norepair", "vad-greedy", "stride", "fw", "fw-ts", "fw-seq")
+CONFIGS = ("vad", "vad-words", "vad-norepair", "vad-greedy", "stride", "fw", "fw-ts", "fw-seq")
 DEFAULT_CONFIGS = "vad,stride,fw,fw-seq"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -128,6 +131,8 @@ def asr_spec_runners(configs: list[str], args: argparse.Namespace) -> tuple[dict
             values = {"chunk_length_s": float(config.split("@", 1)[1])}
         elif config == "vad":
             values = {}
+        elif config == "vad-words":
+            values = {"word_timestamps": True}
         elif config == "vad-norepair":
             values = {"tail_repairs": 0}
         elif config == "vad-greedy":
@@ -178,15 +183,18 @@ def first_word_lost(reference: str, hypothesis: str) -> bool:
 
 
 def row(item: Item, config: str, wall_s: float, texts: list[str], stats: dict | None) -> dict[str, Any]:
-    missing = []
+    missing, doubled = [], []
     for clip, sentences, text in zip(item.clips, item.sentences, texts, strict=True):
-        missing += [{"clip": clip.name, "index": i, "sentence": sentences[i]}
-                    for i in missing_sentences(sentences, text)]
+        found = coverage(sentences, text)
+        missing += [{"clip": clip.name, "index": i, "sentence": sentences[i]} for i in found.missing]
+        doubled += [{"clip": clip.name, "words": " ".join(d.words), "hyp": d.hyp_count, "ref": d.ref_count}
+                    for d in found.doubled]
     refs = [c.ref for c in item.clips]
     s = score(refs, texts)
     out = {"item": item.name, "config": config, "audio_s": item.audio_s, "wall_s": wall_s,
            "rtfx": item.audio_s / wall_s, "wer": s.wer, "ref_words": s.n_words,
-           "hyp_words": sum(len(normalize(t).split()) for t in texts), "missing": missing,
+           "hyp_words": sum(len(normalize(t).split()) for t in texts), "missing": missing, "doubled": doubled,
+           "n_doubled": sum(d["hyp"] - max(d["ref"], 1) for d in doubled),
            "n_sentences": sum(len(x) for x in item.sentences), "texts": texts}
     if len(item.clips) > 1:
         out["first_word_lost"] = [c.name for c, t in zip(item.clips, texts, strict=True) if first_word_lost(c.ref, t)]
@@ -197,21 +205,30 @@ def row(item: Item, config: str, wall_s: float, texts: list[str], stats: dict | 
     return out
 
 
+def _doubled(r: dict[str, Any]) -> str:
+    """Extra occurrences of doubled 3-grams, and the first three of them."""
+    if not r["doubled"]:
+        return "0"
+    shown = "; ".join(f"\"{d['words']}\" x{d['hyp']}" for d in r["doubled"][:3])
+    return f"{r['n_doubled']}: {shown}{' ...' if len(r['doubled']) > 3 else ''}"
+
+
 def _yes_no(flag: bool | None) -> str:
     return "" if flag is None else ("yes" if flag else "NO")
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| item | audio s | config | WER % | wall s | sentences missing | which | words (hyp/ref) | "
-             "first word lost | tails re-decoded | tokens = greedy |",
-             "|---|---:|---|---:|---:|---:|---|---:|---|---:|---|"]
+    lines = ["| item | audio s | config | WER % | wall s | sentences missing | which | doubled 3-grams | "
+             "words (hyp/ref) | first word lost | tails re-decoded | tokens = greedy | text = vad |",
+             "|---|---:|---|---:|---:|---:|---|---|---:|---|---:|---|---|"]
     for r in rows:
         which = ", ".join(f"{m['index']}" if r["item"] != "clips" else m["clip"] for m in r["missing"]) or "-"
         lost = ", ".join(r["first_word_lost"]) if "first_word_lost" in r else ""
         lines.append(f"| {r['item']} | {r['audio_s']:.1f} | {r['config']} | {100 * r['wer']:.2f} | "
-                     f"{r['wall_s']:.2f} | {len(r['missing'])}/{r['n_sentences']} | {which} | "
+                     f"{r['wall_s']:.2f} | {len(r['missing'])}/{r['n_sentences']} | {which} | {_doubled(r)} | "
                      f"{r['hyp_words']}/{r['ref_words']} | {lost or ('-' if 'first_word_lost' in r else '')} | "
-                     f"{r.get('tails', '')} | {_yes_no(r.get('identical_to_greedy'))} |")
+                     f"{r.get('tails', '')} | {_yes_no(r.get('identical_to_greedy'))} | "
+                     f"{_yes_no(r.get('same_text_as_vad'))} |")
     return "\n".join(lines)
 
 
@@ -273,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                      for config, (wall, texts) in results.items()}
         if "vad" in item_rows and "vad-greedy" in item_rows:
             item_rows["vad"]["identical_to_greedy"] = stats["vad"]["tokens"] == stats["vad-greedy"]["tokens"]
+        if "vad" in item_rows and "vad-words" in item_rows:  # word timestamps change times, not words
+            item_rows["vad-words"]["same_text_as_vad"] = item_rows["vad-words"]["texts"] == item_rows["vad"]["texts"]
         rows += list(item_rows.values())
     header = (f"preset {args.preset}; batch {args.batch_size}; torch threads {torch.get_num_threads()}; "
               f"repeats {args.repeats}{'' if args.no_warmup else ' after a warm-up'}")

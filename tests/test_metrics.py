@@ -1,4 +1,4 @@
-"""WER/CER against hand-counted alignments; sentence coverage on hand-made transcripts."""
+"""WER/CER against hand-counted alignments; sentence coverage and doubled n-grams on hand-made transcripts."""
 
 import json
 import math
@@ -7,7 +7,11 @@ import pytest
 
 from asr_spec.eval import metrics
 from asr_spec.eval.metrics import (
+    Coverage,
+    Doubled,
     Score,
+    coverage,
+    doubled_ngrams,
     english_normalizer,
     load_spelling_mapping,
     missing_sentences,
@@ -172,3 +176,49 @@ def test_sentence_coverage_bad_arguments():
         sentence_coverage("one string", "one string")
     with pytest.raises(ValueError, match="min_fraction"):
         missing_sentences(SENTENCES, "", min_fraction=0)
+
+
+def test_a_seam_written_twice_is_doubled():
+    # a stride seam kept from both windows: "crying over the nets" written twice
+    hypothesis = f"{SENTENCES[0]} Gulls followed them in, crying over the nets, crying over the nets. {SENTENCES[2]}"
+    found = doubled_ngrams(" ".join(SENTENCES), hypothesis)
+    assert [d.words for d in found] == [("crying", "over", "the"), ("over", "the", "nets")]
+    assert all(d.hyp_count == 2 and d.ref_count == 1 and d.extra == 1 for d in found)
+
+
+def test_a_phrase_the_reference_repeats_is_not_doubled():
+    reference = "the work was hard and the work was hard again"
+    assert doubled_ngrams(reference, reference) == []
+    looped = "the work was hard and the work was hard and the work was hard again"
+    (d,) = [d for d in doubled_ngrams(reference, looped) if d.words == ("the", "work", "was")]
+    assert (d.hyp_count, d.ref_count, d.extra) == (3, 2, 1)
+    # a loop of words the reference never says counts beyond its first time
+    (loop,) = doubled_ngrams("a b c", "x y z x y z", normalized=True)
+    assert loop == Doubled(("x", "y", "z"), 2, 0) and loop.extra == 1
+
+
+def test_doubled_ngrams_are_counted_after_normalisation():
+    # "Nets." and "nets" are one word once normalised; a repeated pair of words is not a doubling
+    assert doubled_ngrams("over the nets", "Over the Nets. over the nets!") != []
+    assert doubled_ngrams("the nets", "the nets the nets") == []
+    assert doubled_ngrams("the nets", "the nets the nets", n=2) == [Doubled(("the", "nets"), 2, 1)]
+
+
+def test_coverage_reports_lost_and_doubled_together():
+    complete = coverage(SENTENCES, " ".join(SENTENCES))
+    assert complete == Coverage((), (), 4) and complete.complete and complete.n_doubled == 0
+    # sentence 2 lost, sentence 1 written twice: both show
+    hypothesis = " ".join([SENTENCES[0], SENTENCES[1], SENTENCES[1], SENTENCES[3]])
+    found = coverage(SENTENCES, hypothesis)
+    assert found.missing == (2,) and not found.complete
+    assert found.n_doubled == len("gulls followed them in crying over the nets".split()) - 2
+    assert coverage(SENTENCES, "").missing == (0, 1, 2, 3)
+
+
+def test_coverage_bad_arguments():
+    with pytest.raises(TypeError, match="sequence of sentences"):
+        coverage("one string", "one string")
+    with pytest.raises(ValueError, match="positive number of words"):
+        doubled_ngrams("a b c", "a b c", n=0)
+    with pytest.raises(ValueError, match="min_fraction"):
+        coverage(SENTENCES, "", min_fraction=1.5)

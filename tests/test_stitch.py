@@ -8,7 +8,17 @@ from transformers.models.whisper import tokenization_whisper as hf_whisper
 
 from asr_spec.audio.chunking import ChunkSpan, plan_chunks
 from asr_spec.errors import InputError
-from asr_spec.transcribe.stitch import ChunkTokens, Segment, merge_overlapping, overlap_cut, stitch_chunks
+from asr_spec.transcribe.stitch import (
+    ChunkTokens,
+    Segment,
+    TimedPiece,
+    merge_overlapping,
+    merge_timed,
+    overlap_cut,
+    stitch_chunks,
+    time_cut,
+    token_times,
+)
 
 SR = 16_000
 EOT = 50_257  # Whisper multilingual layout
@@ -101,8 +111,8 @@ def _whisper_like_outputs(
     for span in spans:
         a, b = span.start_sample / SR, span.end_sample / SR
 
-        def heard(i: int) -> int:
-            near_edge = times[i] < a + 1.5 or times[i] > b - 1.5  # noqa: B023 (called only in this iteration)
+        def heard(i: int, a: float = a, b: float = b) -> int:
+            near_edge = times[i] < a + 1.5 or times[i] > b - 1.5
             return int(rng.integers(1, 20_000)) if near_edge and rng.random() < mishear else words[i]
 
         tokens: list[int] = []
@@ -285,3 +295,57 @@ def test_segments_never_end_after_the_file():
     tokens = (ts, 100, 101, ts + 400, eot)  # a segment "ending" at 8 s in a 5 s file
     result = stitch_chunks([ChunkTokens(tokens, span)], eot_id=eot, timestamp_begin_id=ts)
     assert result.segments[-1].end_s == 5.0
+
+
+# ------------------------------------------------------------------------------------------------ seams cut by time
+
+
+def test_token_times_interpolate_between_the_timestamps_around_the_text() -> None:
+    # <|1.0|> a b c d <|3.0|><|3.0|> e f <|4.0|>: tokens at the middles of their quarter / half of the segment
+    times = token_times(6, [(0, 1.0), (4, 3.0), (4, 3.0), (6, 4.0)])
+    assert times.tolist() == pytest.approx([1.25, 1.75, 2.25, 2.75, 3.25, 3.75])
+    # an end and the next start at one position: the text before ends at the first, the text after starts at the
+    # second; after the last anchor, tokens are at it; anchor times that go back are raised
+    assert token_times(2, [(0, 0.0), (1, 2.0), (1, 5.0), (2, 6.0)]).tolist() == pytest.approx([1.0, 5.5])
+    assert token_times(3, [(0, 7.0), (1, 8.0)]).tolist() == pytest.approx([7.5, 8.0, 8.0])
+    assert token_times(2, [(0, 7.0), (2, 6.0)]).tolist() == pytest.approx([7.0, 7.0])
+    assert token_times(0, [(0, 1.0)]).tolist() == []
+    with pytest.raises(InputError, match="position 0"):
+        token_times(2, [(1, 1.0)])
+
+
+def test_time_cut_keeps_each_reading_on_its_side_of_the_seam_and_words_whole() -> None:
+    left = TimedPiece((1, 2, 3, 4, 5), (22.0, 23.5, 24.9, 25.1, 27.0), seam_s=25.0)
+    right = TimedPiece((6, 7, 8, 9), (21.0, 24.0, 25.0, 26.0), seam_s=45.0)
+    assert time_cut(left, right) == (3, 2)
+    # token 4 continues the word token 3 starts, token 8 continues token 7's: the left finishes it, the right
+    # leaves its rest out
+    starts_word = {1: True, 2: True, 3: True, 4: False, 5: True, 6: True, 7: True, 8: False, 9: True}.__getitem__
+    assert time_cut(left, right, starts_word) == (4, 3)
+    everything_before = TimedPiece((6, 7), (21.0, 24.0), seam_s=45.0)
+    assert time_cut(left, everything_before) == (3, 2)
+
+
+def test_readings_that_share_no_run_are_cut_by_time_not_kept_twice() -> None:
+    # the left window heard "1 2 3 4 5 6" over 21-29 s, the right one heard the same audio as "71 72 73 74" then
+    # went on; they share no two aligned tokens. transformers keeps both (every word of 21-29 s twice).
+    left = TimedPiece((1, 2, 3, 4, 5, 6), tuple(21.0 + 1.4 * i for i in range(6)), seam_s=25.0)
+    right = TimedPiece((71, 72, 73, 74, 10, 11), (21.5, 23.5, 25.5, 27.5, 30.0, 31.0), seam_s=45.0)
+    assert merge_overlapping([left.tokens, right.tokens]) == [*left.tokens, *right.tokens]
+    assert merge_timed([left, right]) == [1, 2, 3, 73, 74, 10, 11]
+    # with a common run the merge is merge_overlapping's, whatever the times say
+    agreeing = TimedPiece((3, 4, 5, 6, 10, 11), right.times_s, seam_s=45.0)
+    assert merge_timed([left, agreeing]) == merge_overlapping([left.tokens, agreeing.tokens])
+    assert merge_timed([]) == [] and merge_timed([left]) == list(left.tokens)
+
+
+def test_a_stride_seam_whose_readings_disagree_is_neither_dropped_nor_doubled() -> None:
+    """Two windows (0-30 s and 20-50 s, seam at 25 s) both hear the sentence over 22-28 s, differently, so the
+    text merge finds no common run: each window keeps its reading of its side of the seam."""
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    left = (_ts(1.0), 11, 12, _ts(21.0), _ts(22.0), 1, 2, 3, 4, 5, 6, _ts(28.0), EOT)  # 22-28 s: 1 .. 6
+    right = (_ts(2.0), 71, 72, 73, 74, 75, 76, _ts(8.0), _ts(9.0), 21, 22, _ts(14.0), EOT)  # 22-28 s: 71 .. 76
+    result = _stitch([ChunkTokens(left, span0), ChunkTokens(right, span1)])
+    assert list(result.token_ids) == [11, 12, 1, 2, 3, 74, 75, 76, 21, 22]
+    text, _ = _reference([ChunkTokens(left, span0), ChunkTokens(right, span1)], return_timestamps=True)
+    assert text == _decode([11, 12, 1, 2, 3, 4, 5, 6, 71, 72, 73, 74, 75, 76, 21, 22])  # transformers: twice

@@ -7,6 +7,8 @@ Rates are corpus-level: the sum of edits over the sum of reference words, never 
 Sentence coverage (`sentence_coverage`, `missing_sentences`) asks a different question than WER: is every reference
 sentence in the transcript? A long-form pipeline that drops one sentence of a hundred moves WER by a point or two,
 which a WER bound may hide; a dropped sentence shows here as one whose words are (nearly) all unmatched.
+`doubled_ngrams` asks the other half: is a stretch of the transcript written twice (a seam kept from both windows,
+a window looping)? `coverage` puts both in one result: nothing lost and nothing doubled.
 
 British/American spelling: `EnglishTextNormalizer` also maps British spellings to American ones ("colour" ->
 "color") through a ~1,700-entry table that openai/whisper ships as `english.json` and Hugging Face tokenizer
@@ -19,6 +21,7 @@ reference counts as an error when the hypothesis spells it the American way (Whi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import difflib
 import functools
@@ -31,10 +34,11 @@ from pathlib import Path
 import jiwer
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
-__all__ = ["Score", "english_normalizer", "load_spelling_mapping", "missing_sentences", "normalize", "score",
-           "sentence_coverage"]
+__all__ = ["Coverage", "Doubled", "Score", "coverage", "doubled_ngrams", "english_normalizer",
+           "load_spelling_mapping", "missing_sentences", "normalize", "score", "sentence_coverage"]
 
 MIN_SENTENCE_FRACTION = 0.8  # a sentence is present when this share of its words is matched in order
+DOUBLED_NGRAM = 3  # words: a repeated run this long is a doubling (a repeated pair of words is common speech)
 SPELLING_FILE = "normalizer.json"  # the name WhisperTokenizer gives the spelling table in a tokenizer folder
 
 Spelling = Mapping[str, str] | str | os.PathLike | None
@@ -188,3 +192,68 @@ def missing_sentences(sentences: Sequence[str], hypothesis: str, min_fraction: f
         raise ValueError(f"min_fraction must be in (0, 1], got {min_fraction!r}")
     coverage = sentence_coverage(sentences, hypothesis, normalized=normalized, spelling=spelling)
     return [index for index, fraction in enumerate(coverage) if fraction < min_fraction]
+
+
+@dataclasses.dataclass(frozen=True)
+class Doubled:
+    """An n-gram the hypothesis repeats more often than the reference says it."""
+
+    words: tuple[str, ...]  # the n-gram, normalised
+    hyp_count: int  # times in the hypothesis (>= 2)
+    ref_count: int  # times in the reference (< hyp_count)
+
+    @property
+    def extra(self) -> int:
+        """Occurrences beyond the ones the reference allows (at least one of them)."""
+        return self.hyp_count - max(self.ref_count, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """Nothing lost and nothing doubled: what `coverage` finds in one transcript."""
+
+    missing: tuple[int, ...]  # indices of reference sentences with < MIN_SENTENCE_FRACTION of words matched
+    doubled: tuple[Doubled, ...]  # n-grams written more often than the reference has them, in first-seen order
+    n_sentences: int  # reference sentences
+
+    @property
+    def n_doubled(self) -> int:
+        """Extra occurrences of doubled n-grams (a seam writing k words twice gives k - n + 1 of them)."""
+        return sum(d.extra for d in self.doubled)
+
+    @property
+    def complete(self) -> bool:
+        """Every sentence present and no n-gram doubled."""
+        return not self.missing and not self.doubled
+
+
+def _ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+
+def doubled_ngrams(reference: str, hypothesis: str, n: int = DOUBLED_NGRAM, *, normalized: bool = False,
+                   spelling: Spelling = None) -> list[Doubled]:
+    """The n-grams of `hypothesis` that occur at least twice and more often than in `reference` (both normalised
+    unless `normalized`), in the order of their first occurrence: "a b c d a b c d" against "a b c d" doubles
+    (a, b, c) and (b, c, d); a phrase the reference itself says twice is not doubled when written twice."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"doubled_ngrams: n must be a positive number of words, got {n!r}")
+    norm = _unchanged if normalized else english_normalizer(spelling)
+    ref_counts = collections.Counter(_ngrams(norm(reference).split(), n))
+    hyp_counts = collections.Counter(_ngrams(norm(hypothesis).split(), n))
+    return [Doubled(gram, count, ref_counts[gram]) for gram, count in hyp_counts.items()
+            if count >= 2 and count > ref_counts[gram]]
+
+
+def coverage(sentences: Sequence[str], hypothesis: str, *, min_fraction: float = MIN_SENTENCE_FRACTION,
+             n: int = DOUBLED_NGRAM, normalized: bool = False, spelling: Spelling = None) -> Coverage:
+    """Which reference `sentences` (in the order spoken) `hypothesis` lacks (`missing_sentences`) and which
+    n-grams it doubles against their text (`doubled_ngrams`): the one coverage measure of every mode."""
+    if isinstance(sentences, str):
+        raise TypeError("coverage() takes a sequence of sentences, not a single string")
+    norm = _unchanged if normalized else english_normalizer(spelling)
+    sentences = [norm(sentence) for sentence in sentences]
+    hypothesis = norm(hypothesis)
+    missing = missing_sentences(sentences, hypothesis, min_fraction, normalized=True)
+    doubled = doubled_ngrams(" ".join(sentences), hypothesis, n, normalized=True)
+    return Coverage(tuple(missing), tuple(doubled), len(sentences))

@@ -106,13 +106,12 @@ class Assembler:
         return self.piece(token_id).startswith(" ")
 
     def stitch(self, chunks: Sequence[ChunkTokens]) -> StitchResult:
-        """The chunks' tokens joined as the chunking mode says: stitched across strides, or concatenated."""
+        """The chunks' tokens joined as the chunking mode says: stitched across strides (a seam cut by time keeps
+        words whole), or concatenated."""
+        ids = {"eot_id": self.tokens.eot, "timestamp_begin_id": self.tokens.timestamp_begin}
         if self.options.vad is None:
-            join = stitch_chunks
-        else:
-            join = concat_chunks
-        return join(chunks, eot_id=self.tokens.eot, timestamp_begin_id=self.tokens.timestamp_begin,
-                    sampling_rate=SAMPLE_RATE)
+            return stitch_chunks(chunks, **ids, sampling_rate=SAMPLE_RATE, starts_word=self._starts_word)
+        return concat_chunks(chunks, **ids, sampling_rate=SAMPLE_RATE)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of `token_ids` (control and timestamp tokens left out)."""

@@ -3,15 +3,21 @@
 Neighbouring chunks hear the same audio in their strides, so both transcribe it. Following the transformers ASR
 pipeline (``_find_longest_common_sequence`` and the ``_decode_asr`` state machine in
 ``transformers/models/whisper/tokenization_whisper.py``; transformers 5 no longer has the older pipeline's
-``_find_timestamp_sequence``, its timestamp merge now lives in ``_decode_asr``), the seam is resolved by sliding the
-head of the right sequence under the tail of the left one, taking the offset with the best match fraction (ties
-broken toward longer overlaps), and cutting both at the middle of that overlap: the left chunk is trusted for the
-first half of the shared audio, the right chunk for the second half. No word is doubled or lost when the two readings
-agree.
+``_find_timestamp_sequence``, its timestamp merge now lives in ``_decode_asr``), the seam is resolved by sliding
+the head of the right sequence under the tail of the left one, taking the offset with the best match fraction
+(ties broken toward longer overlaps), and cutting both at the middle of that overlap: the left chunk is trusted
+for the first half of the shared audio, the right chunk for the second half. No word is doubled or lost when the
+two readings agree.
 
 With timestamp tokens, segments are closed by Whisper's own timestamp pairs; a timestamp in a stride is not
 trusted (the right stride's trailing timestamps and the left stride's leading ones are skipped) and the text of a
 segment that spans a seam is merged as above. Chunk-relative times are offset to file time.
+
+Where the two readings of a seam share no run (fewer than two equal aligned tokens at any offset: a window heard
+the shared audio differently, or its text ran on past the middle it keeps), transformers keeps both, and the words
+both heard are written twice. With timestamps this stitch cuts such a seam by time instead (`time_cut`): each
+token's time is interpolated between the timestamps around it (`token_times`), the left reading keeps what it
+heard before the seam (the left window's keep end), the right what it heard from it on (`merge_timed`).
 
 Token classes, by id (Whisper's vocabulary layout; no tokenizer needed):
     id <  eot_id                         text
@@ -27,7 +33,7 @@ emit overlapping segments); a segment left open at the end of the file ends at t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,14 +47,20 @@ __all__ = [
     "ChunkTokens",
     "Segment",
     "StitchResult",
+    "TimedPiece",
     "overlap_cut",
     "merge_overlapping",
+    "merge_timed",
+    "time_cut",
+    "token_times",
     "stitch_chunks",
     "concat_chunks",
 ]
 
 TIME_PRECISION_S = 0.02  # seconds per timestamp token: 30 s window / 1500 encoder positions
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
+
+StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
 
 @dataclass(frozen=True)
@@ -87,11 +99,21 @@ def overlap_cut(left: Sequence[int], right: Sequence[int]) -> tuple[int, int]:
     ``matches / shift + shift * 1e-4``; offsets with fewer than two equal aligned tokens do not count. Both sides
     are cut at the middle of the best overlap. With no acceptable offset, everything is kept (plain concatenation).
     """
+    best = _best_overlap(left, right)
+    if best is None:
+        return len(left), 0
+    left_start, left_stop, right_start, right_stop = best
+    return (left_start + left_stop) // 2, (right_start + right_stop) // 2
+
+
+def _best_overlap(left: Sequence[int], right: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """(left_start, left_stop, right_start, right_stop) of the best-scoring overlap (see `overlap_cut`), or None
+    when no offset has two equal aligned tokens."""
     left_ids = np.asarray(left, dtype=np.int64)
     right_ids = np.asarray(right, dtype=np.int64)
     n_left, n_right = len(left_ids), len(right_ids)
     best_score = 0.0
-    best = (n_left, n_left, 0, 0)  # (left_start, left_stop, right_start, right_stop) of the chosen overlap
+    best = None
     for shift in range(1, n_left + n_right):
         left_start, left_stop = max(0, n_left - shift), min(n_left, n_left + n_right - shift)
         right_start, right_stop = max(0, shift - n_left), min(n_right, shift)
@@ -100,8 +122,7 @@ def overlap_cut(left: Sequence[int], right: Sequence[int]) -> tuple[int, int]:
         if matches > 1 and score > best_score:
             best_score = score
             best = (left_start, left_stop, right_start, right_stop)
-    left_start, left_stop, right_start, right_stop = best
-    return (left_start + left_stop) // 2, (right_start + right_stop) // 2
+    return best
 
 
 def _merge_with_shares(pieces: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
@@ -127,6 +148,72 @@ def merge_overlapping(pieces: Sequence[Sequence[int]]) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Time merge: seams whose readings share no run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimedPiece:
+    """One chunk's text of a segment that runs across a seam, with where each token was heard."""
+
+    tokens: tuple[int, ...]  # text tokens
+    times_s: tuple[float, ...]  # per token, file seconds, non-decreasing (`token_times`)
+    seam_s: float  # file seconds where the next chunk takes over: this chunk's keep end
+
+
+def token_times(n_tokens: int, anchors: Sequence[tuple[int, float]]) -> np.ndarray:
+    """(n_tokens,) seconds at which each text token was heard, from `anchors`: (position, time_s) of the
+    timestamps around the text, position p standing before token p, in order (at least one, at position 0).
+    Token i lies between the last anchor at or before position i and the first at or after position i + 1 (two
+    anchors at one position: the earlier time ends the text before them, the later starts the text after them),
+    interpolated at its middle; after the last anchor it is at that anchor. Anchor times are made
+    non-decreasing first."""
+    if not anchors or anchors[0][0] != 0:
+        raise InputError(f"token_times needs an anchor at position 0, got {list(anchors)[:3]}")
+    positions = np.array([p for p, _ in anchors], dtype=np.int64)
+    times = np.maximum.accumulate(np.array([t for _, t in anchors], dtype=np.float64))
+    index = np.arange(n_tokens)
+    lo = np.searchsorted(positions, index, side="right") - 1  # the last anchor at or before i
+    hi = np.minimum(np.searchsorted(positions, index + 1, side="left"), len(positions) - 1)  # first at/after i + 1
+    span = positions[hi] - positions[lo]
+    fraction = np.where(span > 0, (index + 0.5 - positions[lo]) / np.maximum(span, 1), 0.0)
+    return times[lo] + np.clip(fraction, 0.0, 1.0) * (times[hi] - times[lo])
+
+
+def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:
+    """Where to join two readings of a seam by time: (n_left_kept, n_right_dropped), as `overlap_cut` returns.
+    The left keeps its tokens heard before left.seam_s, the right its tokens from it on; given `starts_word`, a
+    word the seam cuts stays whole in the left and its rest leaves the right (no half words)."""
+    n_keep = int(np.searchsorted(np.asarray(left.times_s), left.seam_s, side="left"))
+    n_drop = int(np.searchsorted(np.asarray(right.times_s), left.seam_s, side="left"))
+    if starts_word is not None:
+        while n_keep < len(left.tokens) and not starts_word(left.tokens[n_keep]):
+            n_keep += 1
+        while n_drop < len(right.tokens) and not starts_word(right.tokens[n_drop]):
+            n_drop += 1
+    return n_keep, n_drop
+
+
+def merge_timed(pieces: Sequence[TimedPiece], starts_word: StartsWord | None = None) -> list[int]:
+    """Merge the readings of consecutive chunks of one segment, left to right: as `merge_overlapping` where two
+    readings share a run, cut by time (`time_cut`) where they share none."""
+    if not pieces:
+        return []
+    merged: list[int] = []
+    carry = pieces[0]
+    for piece in pieces[1:]:
+        best = _best_overlap(carry.tokens, piece.tokens)
+        if best is None:
+            n_keep, n_drop = time_cut(carry, piece, starts_word)
+        else:
+            n_keep, n_drop = (best[0] + best[1]) // 2, (best[2] + best[3]) // 2
+        merged.extend(carry.tokens[:n_keep])
+        carry = TimedPiece(piece.tokens[n_drop:], piece.times_s[n_drop:], piece.seam_s)
+    merged.extend(carry.tokens)
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Full stitch
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -136,7 +223,7 @@ class _OpenSegment:
     """Mutable state of the timestamp walk: the segment being read, possibly across chunks."""
 
     start_s: float | None = None
-    pieces: list[list[int]] = field(default_factory=list)  # text from earlier chunks, one piece per chunk
+    pieces: list[TimedPiece] = field(default_factory=list)  # text from earlier chunks, one piece per chunk
     skip_next_timestamp: bool = False  # the previous timestamp fell in a right stride: its partner is skipped too
 
 
@@ -147,12 +234,15 @@ def stitch_chunks(
     timestamp_begin_id: int,
     time_precision_s: float = TIME_PRECISION_S,
     sampling_rate: int = 16_000,
+    starts_word: StartsWord | None = None,
 ) -> StitchResult:
     """Merge per-chunk decoder outputs (in file order) into one transcript with file-time segments.
 
     ``chunks[i].span`` positions chunk ``i`` in the file (samples at ``sampling_rate`` Hz). If no chunk holds a
     timestamp token, the text is merged with ``merge_overlapping`` and each chunk's share becomes one approximate
-    segment over its unstrided middle. Otherwise segments follow Whisper's timestamps (module docstring).
+    segment over its unstrided middle. Otherwise segments follow Whisper's timestamps (module docstring), a seam
+    whose readings share no run cut by time (``merge_timed``; ``starts_word``: token id -> whether it starts a
+    word, so that such a cut keeps words whole).
     """
     _verify_stitch_args(chunks, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
     if not any(token >= timestamp_begin_id for chunk in chunks for token in chunk.token_ids):
@@ -161,21 +251,23 @@ def stitch_chunks(
     state = _OpenSegment()
     for index, chunk in enumerate(chunks):
         if index and chunk.span.start_sample >= chunks[index - 1].span.end_sample:  # a gap (skipped silence)
-            _close_open(state, segments, chunks[index - 1].span.end_sample / sampling_rate)
+            _close_open(state, segments, chunks[index - 1].span.end_sample / sampling_rate, starts_word)
             state = _OpenSegment()
-        _walk_chunk(chunk, state, segments, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
+        _walk_chunk(chunk, state, segments, eot_id, timestamp_begin_id, time_precision_s, sampling_rate, starts_word)
     # Whisper never closed the last segment (audio cut mid-word): it ends with the file
-    _close_open(state, segments, chunks[-1].span.end_sample / sampling_rate)
+    _close_open(state, segments, chunks[-1].span.end_sample / sampling_rate, starts_word)
     segments = _monotonic(segments, _round_ms(chunks[-1].span.end_sample / sampling_rate))
     token_ids = tuple(token for segment in segments for token in segment.token_ids)
     return StitchResult(token_ids=token_ids, segments=tuple(segments), timestamped=True)
 
 
-def _close_open(state: _OpenSegment, segments: list[Segment], end_s: float) -> None:
+def _close_open(state: _OpenSegment, segments: list[Segment], end_s: float,
+                starts_word: StartsWord | None = None) -> None:
     """A segment left open (its text not closed by a timestamp) ends at `end_s` seconds (its chunk's end)."""
     if state.pieces:
         start_s = _open_start_s(state, segments, 0.0)
-        segments.append(Segment(start_s, _round_ms(end_s), token_ids=tuple(merge_overlapping(state.pieces))))
+        text = merge_timed(state.pieces, starts_word)
+        segments.append(Segment(start_s, _round_ms(end_s), token_ids=tuple(text)))
 
 
 def _walk_chunk(
@@ -186,10 +278,13 @@ def _walk_chunk(
     timestamp_begin_id: int,
     time_precision_s: float,
     sampling_rate: int,
+    starts_word: StartsWord | None = None,
 ) -> None:
-    """Advance the segment state machine over one chunk's tokens, appending closed segments."""
+    """Advance the segment state machine over one chunk's tokens, appending closed segments. Every timestamp,
+    trusted or not, anchors the times of the text around it (`token_times`), for a seam cut by time."""
     span, tokens = chunk.span, chunk.token_ids
     offset_s = span.start_sample / sampling_rate
+    seam_s = span.keep_end_sample / sampling_rate
     # Timestamps (as token-index offsets from timestamp_begin_id) below this lie in the left stride.
     left_stride_index = span.stride_left_samples / sampling_rate / time_precision_s
     right_stride_start_s = (span.n_samples - span.stride_right_samples) / sampling_rate
@@ -204,6 +299,7 @@ def _walk_chunk(
                 break
             first_skipped = token
     current: list[int] = []
+    anchors: list[tuple[int, float]] = [(0, offset_s)]  # (position in current, file seconds) of each timestamp
     for token in tokens:
         if token < eot_id:
             current.append(token)
@@ -211,6 +307,7 @@ def _walk_chunk(
         if token < timestamp_begin_id:
             continue  # control token
         time_s = _round_ms((token - timestamp_begin_id) * time_precision_s + offset_s)
+        anchors.append((len(current), time_s))
         if first_skipped is not None and token >= first_skipped:
             state.skip_next_timestamp = True  # in the right stride: resolved by the next chunk
         elif state.skip_next_timestamp or (state.pieces and token - timestamp_begin_id < left_stride_index):
@@ -218,13 +315,20 @@ def _walk_chunk(
         elif state.start_s is None:
             state.start_s = time_s
         elif time_s != state.start_s:  # an end equal to the start is Whisper repeating the start: ignore it
-            text = merge_overlapping([*state.pieces, current])
+            text = merge_timed([*state.pieces, _timed(current, anchors, seam_s)], starts_word)
             segments.append(Segment(state.start_s, time_s, token_ids=tuple(text)))
-            state.start_s, state.pieces, current = None, [], []
+            state.start_s, state.pieces, current, anchors = None, [], [], [(0, time_s)]
     if current:
-        state.pieces.append(current)
-    elif not any(state.pieces):  # nothing said since the last closed segment: forget the dangling start
+        anchors.append((len(current), offset_s + span.n_samples / sampling_rate))  # open: it runs to the chunk end
+        state.pieces.append(_timed(current, anchors, seam_s))
+    elif not any(piece.tokens for piece in state.pieces):
+        # nothing said since the last closed segment: forget the dangling start
         state.start_s, state.pieces = None, []
+
+
+def _timed(tokens: list[int], anchors: list[tuple[int, float]], seam_s: float) -> TimedPiece:
+    """A chunk's text of one segment with its tokens' times (`token_times`)."""
+    return TimedPiece(tuple(tokens), tuple(token_times(len(tokens), anchors).tolist()), seam_s)
 
 
 def concat_chunks(
@@ -249,7 +353,7 @@ def concat_chunks(
         end_s = _round_ms(chunk.span.end_sample / sampling_rate)
         if state.pieces:
             start_s = _open_start_s(state, found, _round_ms(chunk.span.start_sample / sampling_rate))
-            text = tuple(token for piece in state.pieces for token in piece)
+            text = tuple(token for piece in state.pieces for token in piece.tokens)
             found.append(Segment(start_s, end_s, token_ids=text))
         found = _monotonic(found, end_s, floor_s=_round_ms(chunk.span.start_sample / sampling_rate))
         segments.extend(found)

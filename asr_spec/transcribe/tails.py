@@ -11,6 +11,12 @@ independent chunks in one batch does the equivalent here:
     the running engine (`TailSource`); the parent keeps its segments before it
     ──► assembled after its parent (its parent's span trimmed to where it starts; `drop_repeated_head`)
 
+The decision reads the same evidence in every mode: the timestamp tokens the target wrote and the chunk's speech
+frames after them. Word timestamps (alignment.py) do not enter it: the aligned end of a chunk's last word is where
+the warping path enters `<|endoftext|>`, and when the target stopped early that path stretches the last word over
+the speech it gave no token for (issue 36: a 29 s chunk's last sentence lost with word timestamps only). So word
+timestamps repair exactly the chunks the default repairs, and change times, not words.
+
 A tail is itself checked the same way, up to `TranscribeOptions.tail_repairs` re-decodings per chunk; past that
 bound the text decoded so far is kept as it is (the rest of the chunk's speech stays untranscribed). The tails are
 decoded by the same engine as every chunk, so with a draft they are speculative and identical to greedy.
@@ -36,14 +42,14 @@ from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
 __all__ = ["MAX_SEAM_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head",
            "longest_gap_s", "plan_tail", "rewind", "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s",
-           "with_tails", "word_ends"]
+           "with_tails"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 
-# a closed segment: (start step, end step, index of its start, of its end timestamp)
+# a closed segment: (start step, end step, index of its start timestamp, index of its end timestamp)
 Segment = tuple[int, int, int, int]
 
 
@@ -66,14 +72,13 @@ def closed_segments(tokens: Sequence[int], eot_id: int,
     return closed, (start if start is not None and spoken else None)
 
 
-def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray, margin_s: float,
-                       ends: Sequence[int] | None = None) -> int | None:
+def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray,
+                       margin_s: float) -> int | None:
     """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
-    by before the next segment starts (or, after the last one, before the chunk ends), or None. ends: per closed
-    segment, the step the transcript covers to after it (default: its end timestamp; see `word_ends`)."""
-    ends = [end for _, end, _, _ in closed] if ends is None else ends
+    by from its end timestamp before the next segment starts (or, after the last one, before the chunk ends), or
+    None."""
     starts = _next_starts(closed, open_start, len(speech))
-    for position, (end, next_start) in enumerate(zip(ends, starts)):
+    for position, ((_, end, _, _), next_start) in enumerate(zip(closed, starts)):
         if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
             return position
     return None
@@ -83,18 +88,6 @@ def _next_starts(closed: list[Segment], open_start: int | None, end: int) -> lis
     """Per closed segment, the step where the next segment starts: the next closed one's start, then the open
     segment's start (it covers the rest), or `end` when the last segment is closed."""
     return [s for s, _, _, _ in closed[1:]] + [end if open_start is None else open_start]
-
-
-def word_ends(closed: list[Segment], words_s: Sequence[tuple[float, float]]) -> list[int]:
-    """Per closed segment, the step its words cover to: the end of the last word (words_s: (start_s, end_s) in
-    chunk seconds, in order) that starts before the segment's end timestamp, or that timestamp when no word does.
-    With word timestamps this is where the transcript stops, not the segment's timestamp (which Whisper may put
-    after the speech, or before its last word ends)."""
-    ends = []
-    for _, end, _, _ in closed:
-        before = [w_end for w_start, w_end in words_s if w_start < end * TIME_PRECISION_S]
-        ends.append(int(round(max(before) / TIME_PRECISION_S)) if before else end)
-    return ends
 
 
 def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, speech: np.ndarray,
@@ -118,16 +111,15 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
-def rewind(closed: list[Segment], position: int, context_s: float, covered: int | None = None,
-           min_step: int = 0) -> tuple[int, int]:
+def rewind(closed: list[Segment], position: int, context_s: float, min_step: int = 0) -> tuple[int, int]:
     """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
     the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
     already decoded: it starts at the latest segment start at least that far before the covered step, never at
     the chunk's first segment (that would decode the same chunk again), so at segment 1 when the chunk is
-    shorter, and at the covered step itself when the chunk has one segment before it (or context_s is 0).
-    covered: the step the transcript covers to (default: closed[position]'s end timestamp); min_step: no tail
-    starts before it (a stride window's left stride, whose text the window before it keeps)."""
-    covered = closed[position][1] if covered is None else covered
+    shorter, and at the covered step itself (closed[position]'s end timestamp) when the chunk has one segment
+    before it (or context_s is 0). min_step: no tail starts before it (a stride window's left stride, whose text
+    the window before it keeps)."""
+    covered = closed[position][1]
     back = int(round(context_s / TIME_PRECISION_S))
     starts = [j for j in range(1, position + 1) if closed[j][0] >= min_step]
     if back <= 0 or not starts:
@@ -140,11 +132,10 @@ def rewind(closed: list[Segment], position: int, context_s: float, covered: int 
 
 
 def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
-              context_s: float = 0.0, words_s: Sequence[tuple[float, float]] | None = None,
-              ) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+              context_s: float = 0.0) -> tuple[SpeechSpan, tuple[int, ...]] | None:
     """The tail of a chunk to decode again and the chunk's tokens before it, or None. The transcript stops
-    covering the speech at the end of a segment (`covered_steps`; given the chunk's words, words_s: (start_s,
-    end_s) in chunk seconds, at its last word's end, `word_ends`); the tail is [`rewind`'s start: context_s
+    covering the speech at the end timestamp of a segment (`covered_steps`; with or without word timestamps,
+    see the module docstring); the tail is [`rewind`'s start: context_s
     seconds of decoded text before that point, the chunk's end), the tokens keep the segments before it (closed
     by `<|endoftext|>`), the tail decodes the rest. A tail starts inside the chunk, after its start (a transcript
     that misses the chunk's first words would only be decoded again the same). A span with a right stride (a
@@ -152,12 +143,11 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
-    ends = None if words_s is None else word_ends(closed, words_s)
-    position = _uncovered_segment(closed, open_start, span.speech, margin_s, ends)
+    position = _uncovered_segment(closed, open_start, span.speech, margin_s)
     if position is None:
         return None
     min_step = span.stride_left_samples // STEP_SAMPLES
-    step, n_kept = rewind(closed, position, context_s, None if ends is None else ends[position], min_step)
+    step, n_kept = rewind(closed, position, context_s, min_step)
     step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
     start = span.start_sample + step * STEP_SAMPLES
     if step <= 0 or start >= span.end_sample:

@@ -325,14 +325,14 @@ class Transcriber:
         continues: per chunk, whether it is a re-decoded tail of the one before (`tails.with_tails`)."""
         return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
 
-    def tail_of(self, span: ChunkSpan, result: ChunkResult, words: list[list[WordTiming]] | None = None,
+    def tail_of(self, span: ChunkSpan, result: ChunkResult,
                 samples: np.ndarray | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
         """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
         span of its input, with the chunk's tokens before it; or None. result.id[2], when there is one, is the
-        attempt that made it (at most options.tail_repairs per chunk). words: what `finish_chunk` gave for it
-        (word timestamps): the transcript then covers the speech to its last word's end, not to its last
-        timestamp. samples: the chunk's, for a stride window (its speech frames are computed from them only when
-        its text ends early, `tails.stride_tail`); without them a stride window gets no tail."""
+        attempt that made it (at most options.tail_repairs per chunk); word timestamps do not enter it (the same
+        chunks are repaired with and without them, tails.py). samples: the chunk's, for a stride window (its speech
+        frames are computed from them only when its text ends early, `tails.stride_tail`); without them a stride
+        window gets no tail."""
         attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
         if not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
             return None
@@ -342,10 +342,7 @@ class Transcriber:
                 return None
             return stride_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s,
                                context_s, lambda: self.frontend.window_speech(samples))
-        offset_s = span.start_sample / SAMPLE_RATE
-        words_s = None if words is None else [(w.start - offset_s, w.end - offset_s) for seg in words for w in seg]
-        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s,
-                         words_s)
+        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s)
 
     def finish_piece(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
                      ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
@@ -354,7 +351,7 @@ class Transcriber:
         decode next (None: none). The CLI's run and the server's batcher both call it for every finished chunk
         and tail."""
         finished, words = self.finish_chunk(result, span)
-        planned = self.tail_of(span, result, words, samples)
+        planned = self.tail_of(span, result, samples)
         if planned is None:
             return finished, words, None
         tail, kept = planned
