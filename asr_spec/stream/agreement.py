@@ -92,6 +92,34 @@ def agreed_words(previous: Sequence[int], new: Sequence[int], n_committed: int, 
     return n_committed
 
 
+def aligned_end(said: Sequence[int], text: Sequence[int], kinds: TokenKinds) -> int:
+    """Where in `text` (text tokens of a hypothesis) the words of `said` (text tokens, whole words: what was
+    committed of the same buffer) end: len(said) when `text` starts with them; else, as a hypothesis may reword,
+    drop or insert words before the commit point, the end of the prefix of `text` nearest to `said` in edit
+    distance over words (the longer on a tie: a word said differently counts as the committed one, an inserted
+    one is passed). Text after it is new; text before it was said already."""
+    if list(text[: len(said)]) == list(said):
+        return len(said)
+    said_words, text_words = _words(said, kinds), _words(text, kinds)
+    row = list(range(len(text_words) + 1))  # edit distance of said's first i words to text's first j words
+    for i, word in enumerate(said_words, 1):
+        previous, row = row, [i] + [0] * len(text_words)
+        for j, other in enumerate(text_words, 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (word != other))
+    best = min(range(len(row)), key=lambda j: (row[j], -j))
+    return sum(len(w) for w in text_words[:best])
+
+
+def _words(tokens: Sequence[int], kinds: TokenKinds) -> list[tuple[int, ...]]:
+    """Text tokens grouped in words (a word starts at a token that starts one, or at the first token)."""
+    out: list[list[int]] = []
+    for token in tokens:
+        if not out or kinds.starts_word(token):
+            out.append([])
+        out[-1].append(token)
+    return [tuple(w) for w in out]
+
+
 def segments(tokens: Sequence[int], kinds: TokenKinds) -> list[Segment]:
     """The closed segments of a hypothesis, in order: a timestamp opens a segment, the next one closes it
     (Whisper writes a segment boundary as a pair: the end of one, the start of the next)."""
