@@ -145,6 +145,12 @@ class StreamPolicy:
         return self._finished
 
     @property
+    def _longest_s(self) -> float:
+        """The longest the buffer gets: a full buffer whose hypothesis rewords committed text waits for one that
+        does not (a step more each time) until this long."""
+        return WINDOW_S - self.options.step_s
+
+    @property
     def full(self) -> bool:
         """The buffer holds `max_buffer_s` or more (its next decode trims it, by force if need be)."""
         return len(self._buffer) >= self._seconds(self.options.max_buffer_s)
@@ -216,6 +222,7 @@ class StreamPolicy:
             if self._finished and not self._has_speech():
                 return self._final(delta, decode.heard_s)
             return Update(delta, "", self._text, False, decode.heard_s)
+        as_said = new_text[:said] == self._committed  # it says the committed words as they were committed
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds):]
         n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
@@ -223,9 +230,11 @@ class StreamPolicy:
         said += n_agreed
         tentative = self.detokenize(new_text[said:])
         self._previous = hypothesis
-        if decode.kind == "overflow":
+        # a hypothesis that words the committed text differently may misplace its end: it cuts no audio unless
+        # the buffer is as long as it may get (a window less a step)
+        if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
             delta += self._force_trim(hypothesis, new_text, said)
-        else:
+        elif as_said:
             self._trim_committed(hypothesis, new_text, said)
         if self._finished and self._in_flight is None and not self._has_speech():
             return self._final(delta, decode.heard_s)
