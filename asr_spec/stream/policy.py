@@ -5,6 +5,7 @@ The API (pure: no model, no clock; the caller decodes, e.g. `driver.StreamRunner
     policy = StreamPolicy(kinds, detokenize, StreamOptions(step_s=1.0), voice=None)
     policy.feed(samples)              # (n,) float32 16 kHz mono, any block size
     decode = policy.request()         # a Decode to run now, or None (one at a time per stream)
+    policy.due()                      # the kind request would ask for now, asking nothing; policy.full
     update = policy.accept(decode, tokens)   # tokens: the engine's generated tokens for decode.audio
     update.delta, update.tentative, update.text, update.final, update.heard_s
     policy.finish()                   # end of input: returns the final Update when nothing is left to
@@ -19,7 +20,9 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
 
 - every `step_s` of new audio the buffer is decoded again, from its start;
 - the text tokens on which two successive hypotheses agree are committed, cut back to whole words
-  (`agreement.agreed_words`); committed text is never taken back;
+  (`agreement.agreed_words`); committed text is never taken back; each hypothesis is read after the point where
+  the committed words end in it (`agreement.aligned_end`: it may reword, drop or insert words before it), and one
+  that words the committed text differently cuts no audio (its segment ends may be misplaced);
 - once a closed timestamp segment is wholly committed, the buffer is trimmed at its end (with a voice function:
   at a pause within PAUSE_SEARCH_S of it, not inside the next word's onset): the audio before goes, the
   hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`);
