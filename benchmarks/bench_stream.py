@@ -22,6 +22,18 @@ offline transcription of the same slice (`Transcriber.transcribe`, the same pres
 
     python -m benchmarks.bench_stream --streams 8 --seconds 12 --json runs/stream8.json
     python -m benchmarks.bench_stream --streams 1 --seconds 24 --no-draft --json runs/stream1.json
+
+--server: the same slices through `asr-spec serve`'s WebSocket instead (the app in this process on 127.0.0.1,
+uvicorn in a thread; its one engine shared by all streams), each sent by a client as vLLM's example client sends
+(0.1 s appends), paced at --speed times real time in wall time, reading events as they come. Per run: whether
+every connection ended with its text (no error, no close), how far behind the server got (the largest
+transcription.lag), the wait from the last append to transcription.done, commit latency p50 / p95 in wall time
+(a committed word's delta less the moment its end was sent, words aligned to the offline transcript's word
+timestamps), first delta after the first word's end was sent, WER against offline, re-decodes, and the
+process's peak RSS during the run (VmHWM, reset before each run).
+
+    python -m benchmarks.bench_stream --server --streams 1,2,4,8 --seconds 60 --json runs/stream_ws.json
+    python -m benchmarks.bench_stream --server --streams 1 --seconds 130 --speed 10
 """
 
 from __future__ import annotations
@@ -164,6 +176,118 @@ def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
     return out
 
 
+# -- through the server's WebSocket -------------------------------------------------------------------------------
+APPEND_S = 0.1  # seconds of audio per append event
+
+
+async def ws_client(uri: str, audio: np.ndarray, speed: float) -> dict:
+    """One stream through /v1/realtime: sends `audio` at `speed` x real time while reading events; returns the
+    wall times (from its start) of each delta and of the end of each append sent, the done text, the largest
+    lag reported, and how the connection ended."""
+    import asyncio
+    import base64
+
+    import websockets
+
+    pcm = np.clip(np.round(audio * 32768), -32768, 32767).astype("<i2").tobytes()
+    step = int(APPEND_S * SAMPLE_RATE) * 2
+    out = {"deltas": [], "behind_s": 0.0, "text": None, "error": None, "closed": None, "last_sent": None}
+    async with websockets.connect(uri, max_size=None) as ws:
+        await ws.recv()  # session.created
+        await ws.send(json.dumps({"type": "session.update", "lag": True}))
+        start = time.perf_counter()
+
+        async def send() -> None:
+            for i in range(0, len(pcm), step):
+                await asyncio.sleep(max(0.0, start + i / 2 / SAMPLE_RATE / speed - time.perf_counter()))
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i:i + step]).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            out["last_sent"] = time.perf_counter() - start
+
+        sender = asyncio.create_task(send())
+        try:
+            async for message in ws:
+                event, now = json.loads(message), time.perf_counter() - start
+                if event["type"] == "transcription.delta":
+                    out["deltas"].append((event["delta"], now))
+                elif event["type"] == "transcription.lag":
+                    out["behind_s"] = max(out["behind_s"], event["behind_s"])
+                elif event["type"] == "error":
+                    out["error"] = event["code"]
+                elif event["type"] == "transcription.done":
+                    out["text"], out["done"] = event["text"], now
+                    break
+        except websockets.ConnectionClosed as closed:
+            out["closed"] = closed.rcvd.code if closed.rcvd else "no close frame"
+        await sender
+    return out
+
+
+def run_server(asr: Transcriber, items, speed: float) -> dict:
+    """All slices at once through a server on a free 127.0.0.1 port; returns each stream's ws_client result and
+    the run's peak RSS and re-decodes."""
+    import asyncio
+    import socket
+    import threading
+
+    import uvicorn
+
+    from asr_spec.serve.app import create_app
+    from asr_spec.serve.batcher import Batcher
+
+    batcher = Batcher(asr, batch_size=len(items), max_streams=len(items))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(batcher), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    Path("/proc/self/clear_refs").write_text("5")  # peak RSS from here (VmHWM)
+
+    async def all_streams():
+        uri = f"ws://127.0.0.1:{port}/v1/realtime"
+        return await asyncio.gather(*(ws_client(uri, audio, speed) for _, audio in items))
+
+    try:
+        results = asyncio.run(all_streams())
+        peak_mib = int(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
+                            if line.startswith("VmHWM:"))) / 1024
+        redecodes = batcher.metrics.stats.chunks
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    return {"streams": dict(zip((name for name, _ in items), results)), "peak_rss_mib": peak_mib,
+            "redecodes": redecodes}
+
+
+def summarise_server(n: int, speed: float, run: dict, reference: dict) -> dict:
+    streams = run["streams"]
+    texts = [streams[name]["text"] or "" for name in reference]
+    lat, first, per_stream_wer = [], [], {}
+    for name, (ref_text, words) in reference.items():
+        got = streams[name]
+        commits = [(w, t * speed) for delta, t in got["deltas"] for w in delta.split()]  # in audio seconds
+        lat += [x / speed for x in latencies(commits, words)]
+        if got["deltas"] and words:
+            first.append(got["deltas"][0][1] - words[0].end / speed)
+        per_stream_wer[name] = score([ref_text], [got["text"] or ""]).wer
+    finished = [s["text"] is not None and s["error"] is None and s["closed"] is None for s in streams.values()]
+    return {"streams": n, "speed": speed, "all_finished": all(finished), "n_finished": sum(finished),
+            "errors": sorted({str(s["error"] or s["closed"]) for s in streams.values() if s["error"] or s["closed"]}),
+            "max_behind_s": max(s["behind_s"] for s in streams.values()),
+            "final_wait_s": max((s["done"] - s["last_sent"]) for s in streams.values() if s["text"] is not None)
+            if any(finished) else None,
+            "latency_p50_s": float(np.percentile(lat, 50)) if lat else None,
+            "latency_p95_s": float(np.percentile(lat, 95)) if lat else None,
+            "first_delta_s": float(np.mean(first)) if first else None,
+            "wer_vs_offline": score([reference[k][0] for k in reference], texts).wer,
+            "worst_stream_wer_vs_offline": max(per_stream_wer.values()), "redecodes": run["redecodes"],
+            "peak_rss_mib": run["peak_rss_mib"], "load_average": os.getloadavg()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="base")
@@ -175,10 +299,14 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=2, help="cores of the machine the derived figures are for")
     parser.add_argument("--no-draft", action="store_true", help="no model draft (else the preset's decision)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--server", action="store_true", help="through the server's WebSocket (see above)")
+    parser.add_argument("--speed", type=float, default=1.0, help="--server: senders' pace, x real time")
     args = parser.parse_args()
     counts = [int(x) for x in args.streams.split(",")]
     draft = {"draft": None} if args.no_draft else {}
     asr = Transcriber.from_preset(args.preset, word_timestamps=True, batch_size=max(counts), **draft)
+    if args.server:
+        return main_server(args, asr, counts)
     torch.set_num_threads(args.threads)  # after loading: silero-vad's import sets it too
     cores = args.cores
     report = {"preset": args.preset, "draft": "none" if args.no_draft else "preset", "step_s": args.step_s,
@@ -189,6 +317,21 @@ def main() -> None:
         summary = summarise(n, run_streams(asr, items, args.step_s, not args.no_vad, cores), reference, cores)
         report["runs"].append(summary)
         print(json.dumps(summary, indent=1), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+
+def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
+    """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
+    report = {"preset": args.preset, "server": True, "speed": args.speed, "cpu_count": os.cpu_count(), "runs": []}
+    for n in counts:
+        items = slices(n, args.seconds)
+        reference = offline(asr, items)
+        summary = summarise_server(n, args.speed, run_server(asr, items, args.speed), reference)
+        report["runs"].append(summary)
+        print(json.dumps(summary), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))

@@ -325,13 +325,14 @@ def test_an_engine_error_fails_only_its_request_and_serving_goes_on(greedy, expe
 # -- a real port and the official openai client ----------------------------------------------------------------
 
 @contextmanager
-def serving(app):
+def serving(app, **config):
+    """The app on a free 127.0.0.1 port (uvicorn in a thread; `config`: more uvicorn.Config settings)."""
     import uvicorn
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -192,3 +192,103 @@ def test_a_late_segment_end_is_cut_at_the_pause_not_in_the_next_word() -> None:
             final = policy.accept(d, hear_late(d.audio))
         got = words_of(final.text)
         assert (got == [f"w{i}" for i in range(1, 13)]) == complete, (voice, got)
+
+
+# -- the commit policy against an adversarial decoder (issue 36) ---------------------------------------------------
+TRUE_WORDS = range(1, 17)  # what is said: 16 distinct words, 8 s
+NOISE_WORDS = range(17, 25)  # what an adversarial decoder says instead of, or besides, them
+
+
+def adversary(rng: np.random.Generator, max_edits: int):
+    """A decoder that hears the buffer (`hear`) and then, in up to `max_edits` edits anywhere in its text (across
+    commit points), rewords a word (a noise word instead), inserts a noise word, drops a word, or stops early;
+    returns (decode, the true words each call did not say as heard)."""
+    perturbed: set[int] = set()
+
+    def decode(audio: np.ndarray, honest: bool = False) -> list[int]:
+        tokens = hear(audio)[:-1]  # without <|endoftext|>
+        for _ in range(0 if honest else int(rng.integers(0, max_edits + 1))):
+            starts = [i for i, t in enumerate(tokens) if t < EOT and t % 2 == 0]
+            if not starts:
+                break
+            i = starts[int(rng.integers(len(starts)))]
+            end = i + 1 + (i + 1 < len(tokens) and tokens[i + 1] < EOT and tokens[i + 1] % 2 == 1)
+            noise = 2 * int(rng.choice(NOISE_WORDS))
+            kind = rng.choice(["reword", "insert", "drop", "stop"])
+            lost = [t // 2 for t in (tokens[i:end] if kind != "stop" else tokens[i:]) if t < EOT and t % 2 == 0]
+            if kind == "reword":
+                tokens[i:end] = [noise, noise + 1]
+            elif kind == "insert":
+                tokens[i:i] = [noise, noise + 1]
+                lost = []
+            elif kind == "drop":
+                del tokens[i:end]
+            else:
+                tokens = tokens[:i]
+            perturbed.update(w for w in lost if w in TRUE_WORDS)
+        return tokens + [EOT]
+
+    return decode, perturbed
+
+
+def misheard_after(word: str, text: list[str]) -> bool:
+    """`word` is in `text` and a noise word follows it."""
+    i = text.index(word) if word in text else -2
+    return 0 <= i < len(text) - 1 and int(text[i + 1][1:]) in NOISE_WORDS
+
+
+def contiguous(part: list[str], whole: list[str]) -> bool:
+    return not part or any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1))
+
+
+@pytest.mark.parametrize("max_edits", [1, 2])
+def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int) -> None:
+    """A few hundred seeded streams: the committed text only grows; each delta is a run of words of the
+    hypothesis that committed it; no word said is committed twice, nor out of order; a word no decode misheard
+    is never lost; the words of the last full-buffer hypothesis (the closing decode, heard right) after the
+    last one committed before it are all in the final text."""
+    for seed in range(150):
+        rng = np.random.default_rng(seed)
+        said = [int(w) for w in rng.permutation(TRUE_WORDS)]
+        decode, perturbed = adversary(rng, max_edits)
+        options = StreamOptions(step_s=float(rng.choice([0.5, 1.0])), max_buffer_s=float(rng.choice([3.0, 5.0])))
+        policy = StreamPolicy(KINDS, detokenize, options)
+        audio, block = speech(said), int(rng.integers(800, 12_000))
+        texts, last_hypothesis, committed_before = [""], [], []
+        for i in range(0, len(audio) + block, block):
+            if i >= len(audio) and policy.finish() is not None:
+                break
+            if i < len(audio):
+                policy.feed(audio[i:i + block])
+            while (d := policy.request()) is not None:
+                final = d.kind == "close" and policy.finished
+                tokens = decode(d.audio, honest=final)
+                if final:
+                    last_hypothesis = words_of(detokenize(t for t in tokens if t < EOT))
+                    committed_before = words_of(policy._text)
+                update = policy.accept(d, tokens)
+                assert contiguous(words_of(update.delta), words_of(detokenize(t for t in tokens if t < EOT))), seed
+                assert update.text.startswith(texts[-1]), seed  # never taken back
+                texts.append(update.text)
+            if policy.finished:
+                break
+        assert policy.done, seed
+        got = words_of(texts[-1])
+        true_got = [w for w in got if int(w[1:]) in TRUE_WORDS]
+        assert len(true_got) == len(set(true_got)), (seed, got)  # no word doubled
+        assert true_got == [f"w{w}" for w in said if f"w{w}" in true_got], (seed, got)  # in the order said
+        # a word no decode misheard is never lost, but one right after a committed word that decodes then left
+        # out, or after a committed misheard word: read as that word said differently (a rewording, a dropped
+        # word and an inserted one look alike)
+        missing = [w for i, w in enumerate(said) if w not in perturbed and f"w{w}" not in got
+                   and not (i and (said[i - 1] in perturbed or misheard_after(f"w{said[i - 1]}", got)))]
+        assert not missing, (seed, missing, got)
+        # after the last word of it committed before, the last hypothesis's words are all in the text, but one
+        # that stands where a misheard word was committed after that word (read as it, said differently); before
+        # it, a word two agreeing decodes left out or misheard stays out: committed text is never taken back
+        after = max((i + 1 for i, w in enumerate(last_hypothesis) if w in committed_before), default=0)
+        anchor = max((committed_before.index(w) + 1 for w in last_hypothesis[:after] if w in committed_before),
+                     default=0)
+        misheard = [w for w in committed_before[anchor:] if int(w[1:]) in NOISE_WORDS]
+        lost = [w for w in last_hypothesis[after:] if w not in got]
+        assert len(lost) <= len(misheard), (seed, last_hypothesis, got)

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (the asr-spec[test] extra)")
 
-from test_realtime import pcm16, realtime_transcriber, streaming_api  # noqa: E402
+from test_realtime import EVERY_STEP, pcm16, realtime_transcriber, streaming_api  # noqa: E402
 from test_serve import serving  # noqa: E402
 from test_transcribe import SHORT  # noqa: E402
 
@@ -93,7 +93,7 @@ def finished_text(page) -> str:
 def test_a_file_streamed_from_the_page_ends_with_the_streaming_apis_text(model, clip, tmp_path):
     wav, pcm = clip
     want = streaming_api(model, pcm)
-    with serving(create_app(Batcher(model, batch_size=2))) as base_url:
+    with serving(create_app(Batcher(model, batch_size=2), realtime=EVERY_STEP)) as base_url:
         with sync_api.sync_playwright() as playwright:
             browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
             page.set_input_files("#file", str(wav))
@@ -115,7 +115,7 @@ def test_a_file_streamed_from_the_page_ends_with_the_streaming_apis_text(model, 
 def test_the_microphone_is_captured_and_transcribed(model, clip, tmp_path):
     wav, pcm = clip
     recorded = Recorded(model)
-    app = create_app(Batcher(model, batch_size=2), realtime=RealtimeOptions(policy=recorded))
+    app = create_app(Batcher(model, batch_size=2), realtime=RealtimeOptions(policy=recorded, catch_up=False))
     with serving(app) as base_url:
         with sync_api.sync_playwright() as playwright:
             browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
@@ -138,6 +138,40 @@ def test_the_microphone_is_captured_and_transcribed(model, clip, tmp_path):
     lag, gain, residual = alignment(sent, pcm.astype(np.float32) / 32768)
     # the capture is the clip: Chromium resamples its fake device (48 kHz) to the page's 16 kHz, so close, not equal
     assert lag < 1600 and 0.9 < gain < 1.1 and residual < 0.35, (lag, gain, residual)
+    assert shot.stat().st_size > 1000
+
+
+def test_the_page_shows_when_the_server_is_catching_up(clip, tmp_path):
+    """A server slower than real time (each decoder step made 0.15 s: a re-decode takes about two seconds): the
+    file streamed at real-time pace, the page shows its small "catching up" note while the server is behind,
+    and hides it when the text is done."""
+    from asr_spec.engine.capture import StepRunner
+
+    wav, _ = clip
+    slow = realtime_transcriber()
+
+    def wrap(fn):
+        def paced(m, rules, st, *args):
+            time.sleep(0.15)
+            fn(m, rules, st, *args)
+        return paced
+
+    slow.engine.runner = StepRunner("wrapped", wrap)
+    with serving(create_app(Batcher(slow, batch_size=2))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.set_input_files("#file", str(wav))
+            page.click("#file-start")
+            page.wait_for_selector("body[data-lag=behind] #lag:not([hidden])", timeout=TIMEOUT_MS)
+            note = page.text_content("#lag")
+            shot = tmp_path / "web_page_catching_up.png"
+            page.screenshot(path=str(shot))
+            text = finished_text(page)
+            hidden_at_end = page.evaluate("document.getElementById('lag').hidden")
+            browser.close()
+    assert not errors and text.strip()
+    assert note.startswith("catching up: ") and note.endswith(" s behind"), note
+    assert hidden_at_end
     assert shot.stat().st_size > 1000
 
 
@@ -200,7 +234,7 @@ def test_real_whisper_base_through_the_page(clip, tmp_path):
     wav, pcm = clip
     real = Transcriber.from_preset("base", language="en", batch_size=2)
     want = streaming_api(real, pcm)
-    with serving(create_app(Batcher(real, batch_size=2))) as base_url:
+    with serving(create_app(Batcher(real, batch_size=2), realtime=EVERY_STEP)) as base_url:
         with sync_api.sync_playwright() as playwright:
             browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
             page.set_input_files("#file", str(wav))

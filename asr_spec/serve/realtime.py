@@ -1,7 +1,7 @@
 """`/v1/realtime`: live transcription over a WebSocket, vLLM's realtime protocol (events: realtime_events.py).
 
-    client ──append (PCM16 16 kHz)──► backlog (bounded: past it the server stops reading, TCP holds the client)
-    ──0.1 s blocks──► the stream's policy ──re-decode due──► StreamQueue.submit (stream_jobs.py)
+    client ──append (PCM16 16 kHz)──► backlog (bounded: past it an error event, code backlog_full, and a close)
+    ──0.1 s blocks, caught up (stream/catchup.py)──► the stream's policy ──re-decode due──► StreamQueue.submit
     ──the server's one engine run, rows shared with uploads──► result ──policy.accept──► transcription.delta
     (newly committed text) [+ transcription.tentative] ... commit final ──► the policy's last re-decodes ──►
     transcription.done (the whole text, usage)
@@ -9,12 +9,19 @@
 A connection holds one stream (`--max-streams` in all; past it the connection gets an error event and is closed
 with code 1013, "try again later"). The policy (the streaming policy of `asr_spec.stream`) decides what to
 re-decode and what is committed; it is fed in audio time, one `block_s` of samples after another, never more than
-one re-decode in flight, so what it commits depends neither on how the client cuts its appends, nor on how fast
-they arrive, nor on the engine's load: the text equals `Transcriber.stream`'s fed the same samples in the same
-blocks. A session's memory is bounded: the backlog (`max_backlog_s`), one
-append (`max_append_s`), the policy's one window. A malformed event gets an error event and the connection goes
-on. When the client goes away, its stream closes at once: its waiting re-decode is dropped and its engine row freed
-(`StreamQueue.close`). After `transcription.done` the connection may stream the next input.
+one re-decode in flight, so what it commits does not depend on how the client cuts its appends. The session reads
+the socket all the time (so the keepalive's pongs are seen however fast the client sends): what the policy has
+not taken yet waits in the backlog. A stream that is behind (a whole block waits when a step re-decode is due: a
+fast sender, or more streams than the engine's capacity) catches up: its next re-decode covers all that arrived
+(`catchup.catch_up`; pauses and a full buffer are decoded where they fall), so it is re-decoded less often and
+its text is the policy's over those re-decodes. With `catch_up` off every step is decoded (the text equals
+`Transcriber.stream`'s fed the same samples in the same blocks, whatever the send rate or the load). A session's
+memory is bounded: the backlog (`max_backlog_s`; an append past it gets an error event, code backlog_full, and
+the connection is closed with code 1008), one append (`max_append_s`), the policy's one window. A session that
+asked for it (session.update `lag`) gets a transcription.lag event with each result while it is behind, and one
+when it has caught up. A malformed event gets an error event and the connection goes on. When the client goes
+away, its stream closes at once: its waiting re-decode is dropped and its engine row freed (`StreamQueue.close`).
+After `transcription.done` the connection may stream the next input.
 """
 
 from __future__ import annotations
@@ -22,13 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from asr_spec.audio.loading import SAMPLE_RATE
@@ -38,12 +43,15 @@ from asr_spec.serve import realtime_events as events
 from asr_spec.serve.batcher import Batcher
 from asr_spec.serve.params import MODEL_ALIASES
 from asr_spec.serve.stream_jobs import LiveStream, TooManyStreams
+from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action
 
 __all__ = ["STATIC_DIR", "RealtimeOptions", "add_realtime_routes"]
 
 log = logging.getLogger(__name__)
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at --max-streams
 UNSUPPORTED = 1003  # WebSocket close code: this server cannot stream (its decoding has no timestamps)
+POLICY_VIOLATION = 1008  # WebSocket close code: the client sent more audio than the backlog holds
+BEHIND_S = 1.0  # audio waiting when a result comes back, in seconds, from which a stream is behind (lag events)
 STATIC_DIR = Path(__file__).parent / "static"  # the page at / and its scripts
 SUBPROTOCOL = "realtime"  # answered when offered (a browser offering subprotocols needs one chosen)
 
@@ -53,10 +61,11 @@ class RealtimeOptions:
     """How a realtime session takes audio (what a re-decode is: the policy's)."""
 
     model_id: str = "asr-spec"  # what session.update's `model` may name (or an alias)
-    max_backlog_s: float = 30.0  # audio received and not yet given to the policy, in seconds; past it: not read
+    max_backlog_s: float = 120.0  # audio received and not yet given to the policy, in seconds; past it: an error
     max_append_s: float = 10.0  # the most audio one append event may carry, in seconds
     block_s: float = 0.1  # the policy is fed this much audio at a time (so as the streaming API feeds it)
     vad: bool = True  # the default policy closes utterances at silence (silero-vad), as Transcriber.stream does
+    catch_up: bool = True  # a stream that is behind is re-decoded less often (stream/catchup.py); off: every step
     # () -> a new stream's policy; None: the streaming policy of `asr_spec.stream` over the server's transcriber
     policy: Callable[[], Any] | None = field(default=None, compare=False)
 
@@ -67,8 +76,9 @@ class RealtimeOptions:
                 raise InputError(f"{name} must be a positive number of seconds, got {value!r}")
         if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
             raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
-        if not isinstance(self.vad, bool):
-            raise InputError(f"vad must be true or false, got {self.vad!r}")
+        for name in ("vad", "catch_up"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def max_append_samples(self) -> int:
@@ -78,37 +88,23 @@ class RealtimeOptions:
     def block_samples(self) -> int:
         return max(1, int(round(self.block_s * SAMPLE_RATE)))
 
+    @property
+    def max_backlog_samples(self) -> int:
+        return int(self.max_backlog_s * SAMPLE_RATE)
+
 
 class _Input:
     """One input (utterance) of a session: its policy, its backlog, its usage so far."""
 
-    def __init__(self, policy: Any):
+    def __init__(self, policy: Any, max_backlog_samples: int):
         self.policy = policy
-        self.backlog: deque[np.ndarray] = deque()  # (n,) float32 16 kHz blocks not yet fed to the policy
-        self.backlog_samples = 0
+        self.backlog = Backlog(max_backlog_samples)  # audio received, not yet fed to the policy
         self.finishing = False  # commit final received
         self.ended = False  # the policy was told (`finish`)
         self.decode: Any = None  # the policy's Decode in the engine (or waiting for it)
+        self.behind = False  # the last lag event said the stream is behind
         self.prompt_tokens = 0
         self.completion_tokens = 0
-
-    def next_block(self, n_samples: int) -> np.ndarray | None:
-        """The backlog's next `n_samples` samples, however the client cut its appends (the policy is fed blocks of
-        one size, as the streaming API feeds it); None until that many are in, but at the end of the input the
-        rest, shorter."""
-        if self.backlog_samples < n_samples and not (self.finishing and self.backlog_samples):
-            return None
-        parts, wanted = [], n_samples
-        while self.backlog and wanted:
-            block = self.backlog.popleft()
-            if len(block) > wanted:
-                self.backlog.appendleft(block[wanted:])
-                block = block[:wanted]
-            parts.append(block)
-            wanted -= len(block)
-        block = np.concatenate(parts)
-        self.backlog_samples -= len(block)
-        return block
 
 
 class Session:
@@ -121,6 +117,7 @@ class Session:
         self.stream: LiveStream | None = None
         self.input: _Input | None = None
         self.tentative = False  # send transcription.tentative events (session.update)
+        self.lag = False  # send transcription.lag events (session.update)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_result(self, outcome: ChunkResult | str) -> None:  # the engine thread
@@ -143,22 +140,23 @@ class Session:
             self.batcher.streams.close(self.stream)
 
     async def _serve(self) -> None:
-        """Read events while the backlog has room, take results as they come, until the client goes away."""
+        """Read events all the time (a fast client's pings are answered), take results as they come, until the
+        client goes away or sends more than the backlog holds."""
         receiving: asyncio.Future | None = None
         result: asyncio.Future | None = None
         try:
             while True:
-                if receiving is None and self._backlog_room():
+                if receiving is None:
                     receiving = asyncio.ensure_future(self.ws.receive())
                 if result is None:
                     result = asyncio.ensure_future(self.results.get())
-                waits = {task for task in (receiving, result) if task is not None}
-                finished, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finished, _ = await asyncio.wait({receiving, result}, return_when=asyncio.FIRST_COMPLETED)
                 if receiving in finished:
                     message, receiving = receiving.result(), None
                     if message["type"] == "websocket.disconnect":
                         raise WebSocketDisconnect(message.get("code", 1000))
-                    await self._on_message(message.get("text", message.get("bytes")))
+                    if not await self._on_message(message.get("text", message.get("bytes"))):
+                        return
                 if result in finished:
                     outcome, result = result.result(), None
                     await self._on_result(outcome)
@@ -168,15 +166,17 @@ class Session:
                 if task is not None:
                     task.cancel()
 
-    def _backlog_room(self) -> bool:
-        backlog = 0 if self.input is None else self.input.backlog_samples
-        return backlog < self.options.max_backlog_s * SAMPLE_RATE
-
-    async def _on_message(self, message: str | bytes | None) -> None:
+    async def _on_message(self, message: str | bytes | None) -> bool:
+        """Apply one client event; False when the connection is over (its backlog is full: error event, close)."""
         try:
             self._apply(events.parse(message, self.options.max_append_samples))
         except events.ProtocolError as err:
             await self._send(events.error(one_line(err), err.code))
+        except BacklogFull as err:
+            await self._send(events.error(one_line(err), "backlog_full"))
+            await self.ws.close(POLICY_VIOLATION, "audio backlog full")
+            return False
+        return True
 
     def _apply(self, event: events.Event) -> None:
         if isinstance(event, events.SessionUpdate):
@@ -186,15 +186,16 @@ class Session:
                                            f"{', '.join(served)})", "model_not_found")
             if event.tentative is not None:
                 self.tentative = event.tentative
+            if event.lag is not None:
+                self.lag = event.lag
             return
         if self.input is not None and self.input.finishing:
             raise events.ProtocolError(f"{_name(event)}: this input was ended by a final commit; wait for its "
                                        "transcription.done", "input_finished")
         if self.input is None:
-            self.input = _Input(self.make_policy())
+            self.input = _Input(self.make_policy(), self.options.max_backlog_samples)
         if isinstance(event, events.Append):
             self.input.backlog.append(event.samples)
-            self.input.backlog_samples += len(event.samples)
         elif event.final:
             self.input.finishing = True
         # a commit without final starts an input (vLLM's "ready to start"); while one runs it changes nothing
@@ -210,21 +211,33 @@ class Session:
             return
         current.prompt_tokens += len(outcome.prompt)
         current.completion_tokens += len(outcome.tokens)
+        await self._send_lag(current)
         await self._send_update(current.policy.accept(decode, outcome.tokens))
 
+    async def _send_lag(self, current: _Input) -> None:
+        """A transcription.lag event (when asked for) while the stream is behind, and once when it caught up."""
+        behind_s = current.backlog.seconds
+        behind = behind_s >= BEHIND_S
+        if self.lag and (behind or current.behind):
+            await self._send(events.lag(behind_s))
+        current.behind = behind
+
     async def _pump(self) -> None:
-        """Feed the policy one block of audio at a time until it asks for a re-decode (then submitted: the next
-        block waits for its result) or nothing is left; tell it when a finished input's audio is all in."""
+        """Feed the policy from the backlog until it asks for a re-decode (then submitted: the backlog waits for
+        its result, and catches up then) or nothing is left; tell it when a finished input's audio is all in
+        (`catchup.next_action` decides which)."""
         current = self.input
+        block = self.options.block_samples
         while current is not None and current.decode is None and self.input is current:
-            decode = current.policy.request()
-            block = None if decode is not None else current.next_block(self.options.block_samples)
-            if decode is not None:
-                current.decode = decode
-                self.batcher.streams.submit(self.stream, decode.audio, decode.hypothesis)
-            elif block is not None:  # in a worker thread: the policy's voice activity model runs on it
-                await asyncio.to_thread(current.policy.feed, block)
-            elif current.finishing and not current.ended:
+            action = next_action(current.policy, current.backlog, block, current.finishing, current.ended,
+                                 self.options.catch_up)
+            if action == "decode":
+                current.decode = current.policy.request()
+                self.batcher.streams.submit(self.stream, current.decode.audio, current.decode.hypothesis)
+            elif action == "feed":  # in a worker thread: the policy's voice activity model runs there
+                await asyncio.to_thread(catch_up, current.policy, current.backlog, block, current.finishing,
+                                        self.options.catch_up)
+            elif action == "finish":
                 current.ended = True
                 update = current.policy.finish()
                 if update is not None:

@@ -2,14 +2,18 @@
 out; server events as dicts. No I/O here (the session is realtime.py); docs/serve.md lists every event.
 
 Client -> server:
-    {"type": "session.update", "model": str?, "tentative": bool?}  `tentative` (an asr-spec extension, default
-                                                                     off): also send transcription.tentative
+    {"type": "session.update", "model": str?, "tentative": bool?, "lag": bool?}
+                                                    `tentative`, `lag` (asr-spec extensions, default off): also
+                                                    send transcription.tentative, transcription.lag
     {"type": "input_audio_buffer.append", "audio": base64 of PCM16 little-endian mono 16 kHz}
     {"type": "input_audio_buffer.commit", "final": bool?}           final: the end of this input
 Server -> client:
     {"type": "session.created", "id", "created"}                     first, once
     {"type": "transcription.delta", "delta": str}                    newly committed text
     {"type": "transcription.tentative", "text": str}                 the uncommitted rest (only when asked for)
+    {"type": "transcription.lag", "behind_s": float}                 audio waiting when a result came back: sent
+                                                                     while the server is behind (catching up) and
+                                                                     once when it is not (only when asked for)
     {"type": "transcription.done", "text": str, "usage": {...}}      the whole final text of the input
     {"type": "error", "error": str, "code": str}                     one line; the connection stays usable
 """
@@ -26,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Append", "Commit", "ProtocolError", "SessionUpdate", "created", "delta", "done", "error", "parse",
+__all__ = ["Append", "Commit", "ProtocolError", "SessionUpdate", "created", "delta", "done", "error", "lag", "parse",
            "tentative"]
 
 PCM16_FULL_SCALE = 32768.0  # int16 -> float32 in [-1, 1): what the feature extractor expects
@@ -44,6 +48,7 @@ class ProtocolError(ValueError):
 class SessionUpdate:
     model: str | None = None
     tentative: bool | None = None  # None: unchanged
+    lag: bool | None = None  # None: unchanged
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class Commit:
 
 
 Event = SessionUpdate | Append | Commit
-_FIELDS = {"session.update": {"model", "tentative"}, "input_audio_buffer.append": {"audio"},
+_FIELDS = {"session.update": {"model", "tentative", "lag"}, "input_audio_buffer.append": {"audio"},
            "input_audio_buffer.commit": {"final"}}
 _IGNORED = {"type", "event_id"}  # event_id: OpenAI's clients tag events with it
 
@@ -81,7 +86,8 @@ def parse(message: str | bytes | None, max_samples: int) -> Event:
     if unknown:
         raise ProtocolError(f"{kind}: unknown field(s) {', '.join(unknown)}", "invalid_event")
     if kind == "session.update":
-        return SessionUpdate(_optional(event, kind, "model", str), _optional(event, kind, "tentative", bool))
+        return SessionUpdate(_optional(event, kind, "model", str), _optional(event, kind, "tentative", bool),
+                             _optional(event, kind, "lag", bool))
     if kind == "input_audio_buffer.commit":
         return Commit(bool(_optional(event, kind, "final", bool)))
     return Append(_pcm16(event, max_samples))
@@ -125,6 +131,11 @@ def delta(text: str) -> dict[str, Any]:
 
 def tentative(text: str) -> dict[str, Any]:
     return {"type": "transcription.tentative", "text": text}
+
+
+def lag(behind_s: float) -> dict[str, Any]:
+    """behind_s: seconds of audio received and not yet decoded when a result came back (about 0: caught up)."""
+    return {"type": "transcription.lag", "behind_s": round(behind_s, 2)}
 
 
 def done(text: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

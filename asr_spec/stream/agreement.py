@@ -16,6 +16,7 @@ import numpy as np
 SAMPLE_RATE = 16_000
 TIME_PRECISION_S = 0.02  # one Whisper timestamp token step
 SAMPLES_PER_TIMESTAMP = 320  # TIME_PRECISION_S * SAMPLE_RATE
+ANCHOR_EDITS = 2  # edits a hypothesis may add before the last committed word and still be read after it
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,38 @@ def agreed_words(previous: Sequence[int], new: Sequence[int], n_committed: int, 
         if kinds.starts_word(new[i]):
             return i
     return n_committed
+
+
+def aligned_end(said: Sequence[int], text: Sequence[int], kinds: TokenKinds) -> int:
+    """Where in `text` (text tokens of a hypothesis) the words of `said` (text tokens, whole words: what was
+    committed of the same buffer) end: len(said) when `text` starts with them; else, as a hypothesis may reword,
+    drop or insert words before the commit point, the end of the prefix of `text` nearest to `said` in edit
+    distance over words, less ANCHOR_EDITS where the prefix ends with the last committed word (a hypothesis that
+    says that word is read after it unless that costs more edits; on a tie the longer prefix: a word said
+    differently counts as the committed one, an inserted one is passed). Text after it is new; text before it
+    was said already."""
+    if list(text[: len(said)]) == list(said):
+        return len(said)
+    said_words, text_words = _words(said, kinds), _words(text, kinds)
+    row = list(range(len(text_words) + 1))  # edit distance of said's first i words to text's first j words
+    for i, word in enumerate(said_words, 1):
+        previous, row = row, [i] + [0] * len(text_words)
+        for j, other in enumerate(text_words, 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (word != other))
+    last = said_words[-1] if said_words else None
+    cost = [row[j] - (ANCHOR_EDITS if j and text_words[j - 1] == last else 0) for j in range(len(row))]
+    best = min(range(len(row)), key=lambda j: (cost[j], -j))
+    return sum(len(w) for w in text_words[:best])
+
+
+def _words(tokens: Sequence[int], kinds: TokenKinds) -> list[tuple[int, ...]]:
+    """Text tokens grouped in words (a word starts at a token that starts one, or at the first token)."""
+    out: list[list[int]] = []
+    for token in tokens:
+        if not out or kinds.starts_word(token):
+            out.append([])
+        out[-1].append(token)
+    return [tuple(w) for w in out]
 
 
 def segments(tokens: Sequence[int], kinds: TokenKinds) -> list[Segment]:

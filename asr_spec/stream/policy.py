@@ -5,6 +5,7 @@ The API (pure: no model, no clock; the caller decodes, e.g. `driver.StreamRunner
     policy = StreamPolicy(kinds, detokenize, StreamOptions(step_s=1.0), voice=None)
     policy.feed(samples)              # (n,) float32 16 kHz mono, any block size
     decode = policy.request()         # a Decode to run now, or None (one at a time per stream)
+    policy.due()                      # the kind request would ask for now, asking nothing; policy.full
     update = policy.accept(decode, tokens)   # tokens: the engine's generated tokens for decode.audio
     update.delta, update.tentative, update.text, update.final, update.heard_s
     policy.finish()                   # end of input: returns the final Update when nothing is left to
@@ -19,7 +20,9 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
 
 - every `step_s` of new audio the buffer is decoded again, from its start;
 - the text tokens on which two successive hypotheses agree are committed, cut back to whole words
-  (`agreement.agreed_words`); committed text is never taken back;
+  (`agreement.agreed_words`); committed text is never taken back; each hypothesis is read after the point where
+  the committed words end in it (`agreement.aligned_end`: it may reword, drop or insert words before it), and one
+  that words the committed text differently cuts no audio (its segment ends may be misplaced);
 - once a closed timestamp segment is wholly committed, the buffer is trimmed at its end (with a voice function:
   at a pause within PAUSE_SEARCH_S of it, not inside the next word's onset): the audio before goes, the
   hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`);
@@ -47,6 +50,7 @@ from asr_spec.stream.agreement import (
     Segment,
     TokenKinds,
     agreed_words,
+    aligned_end,
     segments,
     shifted,
     text_of,
@@ -143,9 +147,21 @@ class StreamPolicy:
         """`finish()` was called: no more audio comes."""
         return self._finished
 
+    @property
+    def _longest_s(self) -> float:
+        """The longest the buffer gets: a full buffer whose hypothesis rewords committed text waits for one that
+        does not (a step more each time) until this long."""
+        return WINDOW_S - self.options.step_s
+
+    @property
+    def full(self) -> bool:
+        """The buffer holds `max_buffer_s` or more (its next decode trims it, by force if need be)."""
+        return len(self._buffer) >= self._seconds(self.options.max_buffer_s)
+
     # -- input ----------------------------------------------------------------------------------------------------
     def feed(self, samples: np.ndarray) -> None:
-        """Append a block of (n,) float32 16 kHz mono samples."""
+        """Append a block of (n,) float32 16 kHz mono samples (a buffer without speech keeps only its last
+        `speech_pad_s`)."""
         if self._finished:
             raise InputError("stream: audio fed after finish()")
         block = np.asarray(samples, dtype=np.float32).reshape(-1)
@@ -159,6 +175,8 @@ class StreamPolicy:
             if n:
                 self._probs = np.concatenate([self._probs, np.asarray(self.voice(pending[:n]), np.float32)])
             self._unframed = pending[n:]
+        if self._in_flight is None and not self._has_speech():  # fed much at once (catching up): silence goes now
+            self._drop_non_speech()
 
     def finish(self) -> Update | None:
         """End of input: the final Update at once when nothing is left to decode, else None (`accept` gives it)."""
@@ -170,91 +188,105 @@ class StreamPolicy:
     # -- decoding -------------------------------------------------------------------------------------------------
     def request(self) -> Decode | None:
         """The decode due now, or None (one in flight, too little new audio, no speech, or done)."""
-        if self._in_flight is not None or self.done:
-            return None
-        if not self._has_speech():
+        if self._in_flight is None and not self.done and not self._has_speech():
             self._drop_non_speech()
+        kind = self.due()
+        if kind is None:
             return None
-        if self._finished:
-            return self._ask("close", len(self._buffer))
-        close_at = self._close_point()
-        if close_at is not None:
-            return self._ask("close", close_at - self._start)
+        close_at = self._close_point() if kind == "close" and not self._finished else None
+        return self._ask(kind, len(self._buffer) if close_at is None else close_at - self._start)
+
+    def due(self) -> str | None:
+        """The kind of decode `request` would ask for now ("step", "overflow" or "close"), or None; changes
+        nothing (a caller that is behind feeds more audio before asking for a step: `catchup.catch_up`)."""
+        if self._in_flight is not None or self.done or not self._has_speech():
+            return None
+        if self._finished or self._close_point() is not None:
+            return "close"
         if self._received - self._decoded_at < self._seconds(self.options.step_s):
             return None
-        full = len(self._buffer) >= self._seconds(self.options.max_buffer_s)
-        return self._ask("overflow" if full else "step", len(self._buffer))
+        return "overflow" if len(self._buffer) >= self._seconds(self.options.max_buffer_s) else "step"
 
     def accept(self, decode: Decode, tokens: Sequence[int]) -> Update:
-        """Take the engine's generated tokens for `decode` (the one `request` gave last) and commit what is stable."""
+        """Take the engine's generated tokens for `decode` (the one `request` gave last) and commit what is stable.
+
+        A hypothesis may word the committed part of the buffer differently (reworded, a word dropped or inserted
+        before the commit point): each is read after the point where the committed words end in it
+        (`agreement.aligned_end`), so a committed word is never committed again, nor one after it skipped."""
         if decode is not self._in_flight:
             raise InputError(f"stream: result for decode {decode.serial}, which is not the one in flight")
         self._in_flight = None
         hypothesis = tuple(int(t) for t in tokens)
         new_text = text_of(hypothesis, self.kinds)
-        n_done = len(self._committed)
+        said = aligned_end(self._committed, new_text, self.kinds)  # new_text[:said] is committed already
         if decode.kind == "close":
-            delta = self._commit(new_text, len(new_text))
+            delta = self._commit(new_text[said:])
             self._reset_after(int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio))
             if self._finished and not self._has_speech():
                 return self._final(delta, decode.heard_s)
             return Update(delta, "", self._text, False, decode.heard_s)
-        n_agreed = agreed_words(text_of(self._previous, self.kinds), new_text, n_done, self.kinds)
-        delta = self._commit(new_text, n_agreed)
-        tentative = self.detokenize(new_text[len(self._committed):])
+        as_said = new_text[:said] == self._committed  # it says the committed words as they were committed
+        previous = text_of(self._previous, self.kinds)
+        previous = previous[aligned_end(self._committed, previous, self.kinds):]
+        n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
+        delta = self._commit(new_text[said:said + n_agreed])
+        said += n_agreed
+        tentative = self.detokenize(new_text[said:])
         self._previous = hypothesis
-        if decode.kind == "overflow":
-            delta += self._force_trim(hypothesis, new_text)
-        else:
-            self._trim_committed(hypothesis)
+        # a hypothesis that words the committed text differently may misplace its end: it cuts no audio unless
+        # the buffer is as long as it may get (a window less a step)
+        if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
+            delta += self._force_trim(hypothesis, new_text, said)
+        elif as_said:
+            self._trim_committed(hypothesis, new_text, said)
         if self._finished and self._in_flight is None and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, tentative, self._text, False, decode.heard_s)
 
     # -- commit and trim ------------------------------------------------------------------------------------------
-    def _commit(self, new_text: list[int], n_agreed: int) -> str:
-        """Commit new_text[len(committed):n_agreed] (by count: text committed before is kept as it was said even
-        where the new hypothesis words it differently); returns the delta text."""
-        start = len(self._committed)
-        if n_agreed <= start:
+    def _commit(self, piece: list[int]) -> str:
+        """Commit the text tokens `piece` (they follow what is committed); returns the delta text."""
+        if not piece:
             return ""
-        piece = new_text[start:n_agreed]
         self._committed.extend(piece)
         delta = self.detokenize(piece)
         self._text += delta
         return delta
 
-    def _trim_committed(self, hypothesis: tuple[int, ...]) -> None:
-        """Trim the buffer after the last closed segment whose text is all committed, at a pause near its end
-        (`_cut_near`); a segment with no pause there is not trimmed yet."""
-        done = [s for s in segments(hypothesis, self.kinds) if 0 < s.text_end <= len(self._committed)]
+    def _trim_committed(self, hypothesis: tuple[int, ...], new_text: list[int], said: int) -> None:
+        """Trim the buffer after the last closed segment whose text is all committed (within the hypothesis's
+        first `said` text tokens), at a pause near its end (`_cut_near`); a segment with no pause there is not
+        trimmed yet."""
+        done = [s for s in segments(hypothesis, self.kinds) if 0 < s.text_end <= said]
         for segment in reversed(done):
             cut = self._cut_near(segment.end_ts)
             if cut is not None:
-                self._trim(hypothesis, segment, cut)
+                self._trim(hypothesis, new_text, segment, cut)
                 return
 
-    def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int]) -> str:
+    def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int) -> str:
         """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
-        no closed segment, commit everything and start afresh. Returns the text committed."""
+        no closed segment, commit everything and start afresh. `said`: the hypothesis's text tokens committed
+        already. Returns the text committed."""
         closed = [s for s in segments(hypothesis, self.kinds) if s.end_ts > 0]
         if not closed:
-            delta = self._commit(new_text, len(new_text))
+            delta = self._commit(new_text[said:])
             self._reset_after(self._start + len(self._buffer))
             return delta
         segment = closed[-2] if len(closed) > 1 else closed[0]
-        delta = self._commit(new_text, max(segment.text_end, len(self._committed)))
+        delta = self._commit(new_text[said:segment.text_end])
         cut = self._cut_near(segment.end_ts)
-        self._trim(hypothesis, segment, segment.end_ts if cut is None else cut)
+        self._trim(hypothesis, new_text, segment, segment.end_ts if cut is None else cut)
         return delta
 
-    def _trim(self, hypothesis: tuple[int, ...], segment: Segment, cut_ts: int) -> None:
-        """Drop the buffer's first `cut_ts` timestamp steps and the committed text of `segment` and those before;
-        the hypothesis's tokens after the segment stay, shifted to the new start."""
+    def _trim(self, hypothesis: tuple[int, ...], new_text: list[int], segment: Segment, cut_ts: int) -> None:
+        """Drop the buffer's first `cut_ts` timestamp steps and the committed text of `segment` and those before
+        (the committed words that new_text's first `segment.text_end` tokens say); the hypothesis's tokens after
+        the segment stay, shifted to the new start."""
         cut = min(cut_ts * SAMPLES_PER_TIMESTAMP, len(self._buffer))
         self._buffer = self._buffer[cut:]
         self._start += cut
-        self._committed = self._committed[segment.text_end:]
+        self._committed = self._committed[aligned_end(new_text[:segment.text_end], self._committed, self.kinds):]
         self._previous = shifted(hypothesis[segment.end_index + 1:], cut // SAMPLES_PER_TIMESTAMP, self.kinds)
 
     def _cut_near(self, end_ts: int) -> int | None:

@@ -1,10 +1,12 @@
 // The page: microphone capture (getUserMedia + the pcm16 AudioWorklet) or a file streamed at real-time pace,
 // both through RealtimeClient; committed text and the tentative rest shown apart. body[data-state] says where a
-// session is: idle, streaming, finishing, done, error (the browser test waits on it).
+// session is: idle, streaming, finishing, done, error (the browser test waits on it); body[data-lag] is "behind"
+// while the server reports it is catching up (transcription.lag), shown as a small note beside the status.
 "use strict";
 
 const RATE = 16000;
 const BLOCK_MS = 100;  // a file is sent in blocks of this much audio, one per BLOCK_MS of wall time
+const LAG_SHOWN_S = 1.0;  // the server is shown as catching up from this much audio waiting (its own threshold)
 const $ = (id) => document.getElementById(id);
 let client = null;
 let capture = null;  // {context, stream, node} while the microphone runs
@@ -25,7 +27,9 @@ function newClient() {
   return new RealtimeClient({
     committed: (text) => { $("committed").textContent = text; },
     tentative: (text) => { $("tentative").textContent = text ? (text.startsWith(" ") ? text : " " + text) : ""; },
+    lag: showLag,
     done: (text, usage) => {
+      showLag(0);
       $("committed").textContent = text;
       $("tentative").textContent = "";
       setState("done", `Done (${usage ? usage.completion_tokens : 0} tokens decoded).`);
@@ -39,6 +43,13 @@ function newClient() {
       stopCapture();
     },
   });
+}
+
+function showLag(behindSeconds) {  // the server's audio not yet decoded when its last result came back
+  const behind = behindSeconds >= LAG_SHOWN_S;
+  document.body.dataset.lag = behind ? "behind" : "";
+  $("lag").hidden = !behind;
+  $("lag").textContent = behind ? `catching up: ${behindSeconds.toFixed(1)} s behind` : "";
 }
 
 async function startMicrophone() {

@@ -1,5 +1,5 @@
-// A client of /v1/realtime (vLLM's realtime protocol, docs/serve.md): opens the socket, asks for tentative text,
-// sends PCM16 blocks as input_audio_buffer.append events and the final commit; calls back with the text.
+// A client of /v1/realtime (vLLM's realtime protocol, docs/serve.md): opens the socket, asks for tentative text
+// and lag events (how far behind the server is), sends PCM16 blocks as input_audio_buffer.append events and the final commit; calls back with the text.
 "use strict";
 
 const KEY_SUBPROTOCOL = "openai-insecure-api-key.";  // browsers cannot set headers on a WebSocket
@@ -14,7 +14,8 @@ function pcm16ToBase64(samples) {  // Int16Array -> base64 of its little-endian 
 }
 
 class RealtimeClient {
-  // handlers: {committed(text), tentative(text), done(text, usage), error(message), closed(reason)}
+  // handlers: {committed(text), tentative(text), lag(behindSeconds), done(text, usage), error(message),
+  //            closed(reason)}
   constructor(handlers) {
     this.handlers = handlers;
     this.socket = null;
@@ -34,7 +35,7 @@ class RealtimeClient {
         const event = JSON.parse(message.data);
         if (event.type === "session.created") {
           created = true;
-          socket.send(JSON.stringify({type: "session.update", tentative: true}));
+          socket.send(JSON.stringify({type: "session.update", tentative: true, lag: true}));
           socket.send(JSON.stringify({type: "input_audio_buffer.commit"}));  // ready to start
           resolve();
         } else {
@@ -55,6 +56,8 @@ class RealtimeClient {
       this.handlers.committed(this.committed);
     } else if (event.type === "transcription.tentative") {
       this.handlers.tentative(event.text);
+    } else if (event.type === "transcription.lag") {
+      this.handlers.lag(event.behind_s);
     } else if (event.type === "transcription.done") {
       this.committed = event.text;
       this.handlers.done(event.text, event.usage);

@@ -1,0 +1,155 @@
+"""Catching up (stream/catchup.py) without a model or a clock: streams fed in simulated time through the server's
+real re-decode queue (`StreamQueue`: one re-decode per stream, oldest first) into a fake engine that takes a fixed
+time per re-decode whatever it covers (as the encoder's window does), each stream's policy fed from its backlog by
+`catch_up` as the realtime session feeds it, the scripted decoder of test_stream_policy hearing the words.
+
+With more streams than the engine re-decodes every step: with catching up every stream is re-decoded less often
+and its lag stays bounded, none starves, all finish with every word committed once, in order; without it the lag
+grows with the audio. A sender at 10x real time gets the same text as one at 1x."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from test_stream_policy import KINDS, detokenize, energy, hear, speech, words_of
+
+from asr_spec.engine import ChunkResult, ChunkStats
+from asr_spec.serve.stream_jobs import StreamQueue
+from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action
+from asr_spec.stream.policy import StreamOptions, StreamPolicy
+
+SR = 16_000
+TICK_S = 0.1  # the simulated clock's step: the sessions' and the engine's turns
+BLOCK = 1600  # the session's block (RealtimeOptions.block_s 0.1 s)
+
+
+@dataclass(eq=False)
+class Sim:
+    """One simulated session: its audio, policy, backlog and what it saw."""
+
+    audio: np.ndarray
+    policy: StreamPolicy
+    backlog: Backlog
+    sent: int = 0
+    decode: object = None
+    inbox: list = field(default_factory=list)
+    n_decodes: int = 0
+    lags_s: list[float] = field(default_factory=list)  # backlog when each result came back
+    final: object = None
+    ended: bool = False
+
+
+def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: float = 1.0, enabled: bool = True,
+             voice=None) -> tuple[list[Sim], float]:
+    """Stream each word list (speech()) at `speed` x real time; an engine of `rows` rows takes `decode_s` per
+    re-decode. Returns the sessions and the simulated time when the last one finished."""
+    queue = StreamQueue(threading.Condition(), lambda samples: samples, lambda request_id: None, len(words))
+    sims, lives = [], []
+    for w in words:
+        sim = Sim(speech(w), StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0), voice), Backlog(3600 * SR))
+        sims.append(sim)
+        lives.append(queue.open(sim.inbox.append))
+    running: list[tuple[float, object]] = []  # (done at, request)
+    now = 0.0
+    while not all(s.final for s in sims):
+        assert now < 600, "the streams never finished"
+        for sim in sims:  # the clients' appends
+            n = int(round(speed * TICK_S * SR))
+            if sim.sent < len(sim.audio):
+                sim.backlog.append(sim.audio[sim.sent:sim.sent + n])
+                sim.sent += n
+        for done_at, request in [r for r in running if r[0] <= now]:  # the engine's results
+            running.remove((done_at, request))
+            queue.deliver(ChunkResult(request.id, tuple(hear(request.features)), (), "eos", ChunkStats(chunks=1)))
+        for sim, live in zip(sims, lives):  # the sessions
+            serve(sim, live, queue, enabled)
+        while len(running) < rows and (request := queue.take()) is not None:
+            running.append((now + decode_s, request))
+        now += TICK_S
+    return sims, now
+
+
+def serve(sim: Sim, live, queue: StreamQueue, enabled: bool) -> None:
+    """The realtime session's turn (realtime.Session._on_result / _pump, synchronously)."""
+    for result in sim.inbox:
+        sim.lags_s.append(sim.backlog.n_samples / SR)
+        update = sim.policy.accept(sim.decode, result.tokens)
+        sim.decode, sim.final = None, update if update.final else sim.final
+    sim.inbox.clear()
+    at_end = sim.sent >= len(sim.audio)
+    while sim.decode is None and not sim.final:
+        action = next_action(sim.policy, sim.backlog, BLOCK, at_end, sim.ended, enabled)
+        if action == "decode":
+            sim.decode = sim.policy.request()
+            sim.n_decodes += 1
+            queue.submit(live, sim.decode.audio, sim.decode.hypothesis)
+        elif action == "feed":
+            catch_up(sim.policy, sim.backlog, BLOCK, at_end, enabled)
+        elif action == "finish":
+            sim.ended = True
+            sim.final = sim.policy.finish()
+        else:
+            break
+
+
+def talk(seed: int, n_words: int, pauses: bool = False) -> list[int | None]:
+    """n_words words (ids < 25, no word twice in a row: speech() would merge them), with pauses if asked."""
+    rng = np.random.default_rng(seed)
+    out: list[int | None] = []
+    for _ in range(n_words):
+        choices = [w for w in range(1, 25) if not out or w != out[-1]]
+        out.append(int(rng.choice(choices)))
+        if pauses and rng.random() < 0.1:
+            out += [None, None]
+    return out
+
+
+@pytest.mark.parametrize("voice", [None, energy])
+def test_more_streams_than_capacity_are_each_redecoded_less_often_and_none_starves(voice):
+    """8 streams of 20 s; the engine re-decodes 2 a second (real time needs 8 a second: one a step each)."""
+    words = [talk(seed, 40, pauses=voice is not None) for seed in range(8)]
+    sims, end_s = simulate(words, rows=1, decode_s=0.5, voice=voice)
+    audio_s = max(len(s.audio) for s in sims) / SR
+    for sim, said in zip(sims, words):
+        assert words_of(sim.final.text) == [f"w{w}" for w in said if w is not None]  # all, once, in order
+        assert sim.n_decodes >= 4  # none starves
+        assert max(sim.lags_s) <= 8 * 0.5 + 1.0  # one round of the queue (8 re-decodes): bounded, not growing
+    counts = [s.n_decodes for s in sims]
+    assert max(counts) <= 2 * min(counts)  # shared fairly
+    assert sum(counts) <= (end_s / 0.5) + 1  # the engine's capacity was the limit...
+    assert sum(counts) < 8 * audio_s / 2  # ...so each stream was re-decoded far less often than every step
+    assert end_s <= audio_s + 2 * 8 * 0.5 + 0.5  # all finish within two rounds after their audio ends
+
+    behind, end_behind = simulate(words, rows=1, decode_s=0.5, enabled=False, voice=voice)
+    assert max(max(s.lags_s) for s in behind) > 3 * max(max(s.lags_s) for s in sims)  # without: lag grows
+    assert end_behind > end_s + audio_s  # and the streams end long after their audio
+
+
+@pytest.mark.parametrize("voice", [None, energy])
+def test_a_fast_sender_gets_the_same_text_as_a_real_time_one(voice):
+    words = talk(7, 60, pauses=voice is not None)
+    texts = []
+    for speed in (1.0, 4.0, 10.0):
+        (sim,), _ = simulate([words], rows=1, decode_s=0.8, speed=speed, voice=voice)
+        texts.append(sim.final.text)
+        if speed == 10.0:
+            assert sim.n_decodes < len(sim.audio) / SR / 2  # it did catch up: far fewer re-decodes than steps
+    assert texts[0] == texts[1] == texts[2]
+    assert words_of(texts[0]) == [f"w{w}" for w in words if w is not None]
+
+
+def test_the_backlog_is_bounded_and_hands_out_blocks_however_appends_were_cut():
+    backlog = Backlog(5 * BLOCK)
+    backlog.append(np.arange(1000, dtype=np.float32))
+    backlog.append(np.arange(1000, 4000, dtype=np.float32))
+    assert backlog.take(BLOCK) is not None and backlog.n_samples == 4000 - BLOCK
+    with pytest.raises(BacklogFull, match="audio backlog full: 0.8 s received and not yet decoded, the limit is 0.5 s"):
+        backlog.append(np.zeros(10_000, np.float32))
+    assert backlog.n_samples == 4000 - BLOCK  # the refused append was not kept
+    assert backlog.take(BLOCK).tolist() == list(range(BLOCK, 2 * BLOCK))
+    assert backlog.take(BLOCK) is None  # 800 left: not a whole block
+    assert backlog.take(BLOCK, at_end=True).tolist() == list(range(3200, 4000))
+    assert backlog.take(BLOCK, at_end=True) is None and backlog.seconds == 0
