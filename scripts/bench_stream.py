@@ -66,7 +66,7 @@ def slices(n_streams: int, seconds: float) -> list[tuple[str, np.ndarray]]:
 def offline(asr: Transcriber, items: list[tuple[str, np.ndarray]]) -> dict[str, tuple[str, list]]:
     """The offline transcript of each slice and its words (WordTiming: word, start, end)."""
     out = {}
-    for (name, audio), t in zip(items, asr.transcribe([a for _, a in items], progress=False)):
+    for (name, _), t in zip(items, asr.transcribe([a for _, a in items], progress=False)):
         out[name] = (t.text, [w for s in t.segments for w in s.words])
     return out
 
@@ -87,7 +87,7 @@ def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, f
         c0, w0 = time.process_time(), time.perf_counter()
         got = {r.id: r for r in engine.run(reqs, min(runner.batch_size, len(reqs)))}
         cpu[config], wall[config] = time.process_time() - c0, time.perf_counter() - w0
-        results[config] = [got[i] for i in range(len(reqs))]
+        results[config] = [got[r.id] for r in reqs]
     mismatches = sum(a.tokens != b.tokens for a, b in zip(results["hypothesis"], results["plain"]))
     return results, cpu, wall, mismatches
 
