@@ -97,7 +97,7 @@ def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, f
         c0, w0 = time.process_time(), time.perf_counter()
         got = {r.id: r for r in engine.run(reqs, min(runner.batch_size, len(reqs)))}
         cpu[config], wall[config] = time.process_time() - c0, time.perf_counter() - w0
-        results[config] = [got[i] for i in range(len(reqs))]
+        results[config] = [got[r.id] for r in reqs]
     mismatches = sum(a.tokens != b.tokens for a, b in zip(results["hypothesis"], results["plain"]))
     return results, cpu, wall, mismatches
 

@@ -111,10 +111,11 @@ def test_greedy_only_windows_pass_through_untracked():
     """A window with no fallback (schedule (0,)) is not tracked: one whose result never comes back (a stream's
     re-decode withdrawn when its client left) must not keep the engine's source yielding None forever — that kept a
     server's engine thread spinning after shutdown, holding the GIL."""
+    from asr_spec.chunk_id import ChunkId, StreamKey
     from asr_spec.engine import ChunkRequest
     from asr_spec.transcribe.fallback import Fallback
 
     fallback = Fallback(lambda _id: (0.0,), NoSpeechRule(), lambda ids: "", 50257, best_of=2, seed=0)
-    requests = [ChunkRequest(("stream", 1, n), None) for n in range(3)]
+    requests = [ChunkRequest(ChunkId(StreamKey(1), n), None) for n in range(3)]
     out = list(itertools.islice(fallback.run(iter(requests)), 10))
     assert out == requests and not fallback.windows

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from test_serve import post  # noqa: E402
 from test_transcribe import SHORT, transcriber  # noqa: E402
 
+from asr_spec.chunk_id import ChunkId, StreamKey  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
 from asr_spec.transcribe.fallback import WHISPER_SCHEDULE, schedule_from  # noqa: E402
@@ -47,5 +48,5 @@ def test_a_streams_redecodes_stay_greedy_under_a_servers_fallback_schedule():
     """A server started with a fallback schedule decodes uploads' failing windows again at a temperature, never a
     stream's re-decode: its policy compares greedy hypotheses (and a hypothesis drafts greedy rows only)."""
     batcher = Batcher(transcriber(speculative=False, timestamps=True, temperature=WHISPER_SCHEDULE), batch_size=2)
-    assert batcher._schedule(("stream", 3, 0)) == (0.0,)
-    assert batcher._schedule((12345, 0)) == WHISPER_SCHEDULE  # an upload with no request schedule: the server's
+    assert batcher._schedule(ChunkId(StreamKey(3), 0)) == (0.0,)
+    assert batcher._schedule(ChunkId(12345, 0)) == WHISPER_SCHEDULE  # an upload with no request schedule: the server's

@@ -1,10 +1,11 @@
 """The house's structural rules, checked on the source alone (pure AST, no import): module and function sizes
 (scripts/check_sizes.py), the layer order with no upward import and no import cycle, an engine that imports nothing
-else from asr_spec, the encoder run by the engine alone, and the removed workarounds staying removed.
+else from asr_spec, the encoder run by the engine alone, the engine's runs made by the engine session alone, chunk
+ids read by name, and the removed workarounds staying removed.
 
 The layers, lowest first (docs/layout.md states the same rule, checked below)::
 
-    errors, logs, testing → engine → audio → models → stream → transcribe → asr_spec/__init__.py (the public API) → eval
+    errors, logs, testing, chunk_id → engine → audio → models → stream → transcribe → asr_spec/__init__.py (the public API) → eval
     → distill → distributed, serve → cli, __main__
 
 A module may import from its own layer or a lower one, never from a higher one (lazy imports inside functions
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "asr_spec"
 # Top-level parts of asr_spec (a sub-package or a module; "__init__" is the package's own public API), by layer.
 LAYERS = (
-    ("errors", "logs", "testing"),
+    ("errors", "logs", "testing", "chunk_id"),
     ("engine",),
     ("audio",),
     ("models",),
@@ -38,6 +39,10 @@ SOURCE_FOLDERS = ("asr_spec", "benchmarks", "scripts", "tests")
 # Names of the workarounds removed by issue 22: no identifier, argument or keyword may carry them again.
 REMOVED_NAMES = ("draft_max_batch", "engine_for", "_greedy_engine")
 REMOVED_KEYWORDS = ("share",)  # Engine(share=...): packed weights are shared by construction
+# The one module outside the engine that calls `Engine.run`: it composes the run's source and dispatches its results.
+SESSION_MODULE = "asr_spec/transcribe/session.py"
+# Names a chunk id goes by (`ChunkId`; a request's or result's `.id`), read by field, never by position.
+CHUNK_ID_NAMES = {"id", "chunk_id", "request_id", "result_id", "tail_id"}
 # Callers of Engine.encode outside the engine, and why they may: none of them is a stage of transcription.
 ENCODE_ALLOWED = {
     "asr_spec/distill/data.py": "the pseudo-label cache stores the target's encoder outputs for training",
@@ -253,3 +258,41 @@ def test_every_package_is_in_the_wheel() -> None:
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "asr_spec").rglob("__init__.py")}
     assert sorted(found - listed) == []
+
+
+def _engine_runs(path: Path) -> list[int]:
+    """Lines of `path` that call `.run(...)` on an expression naming an engine (`engine.run`, `self.engine.run`)."""
+    return [node.lineno for node in ast.walk(_tree(path))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "run"
+            and _is_engine(node.func.value)]
+
+
+def test_only_the_engine_session_runs_the_engine() -> None:
+    """One place composes the engine's source and dispatches its results: outside asr_spec/engine/ only the
+    session module calls `Engine.run` (the CLI's and API's `Transcriber`, the server's batcher and the live
+    streams are its clients); scripts/ (benchmarks decoding the same requests two ways) and tests may."""
+    found = [f"{path.relative_to(REPO).as_posix()}:{line}" for path in _python_files("asr_spec")
+             if not path.relative_to(REPO).as_posix().startswith("asr_spec/engine/")
+             for line in _engine_runs(path)]
+    assert [where for where in found if not where.startswith(SESSION_MODULE + ":")] == []
+    assert found, "the session module calls Engine.run: the check looks for the right calls"
+
+
+def _names_chunk_id(expr: ast.expr) -> bool:
+    if isinstance(expr, ast.Attribute):
+        return expr.attr in CHUNK_ID_NAMES
+    return isinstance(expr, ast.Name) and expr.id in CHUNK_ID_NAMES - {"id"}
+
+
+def test_no_chunk_id_is_read_by_position() -> None:
+    """A chunk id is a `ChunkId` (owner, index, attempt), read by field: no `result.id[1]`, no `len(chunk_id)`
+    telling kinds of ids apart, in the package, the scripts or the tests."""
+    found = []
+    for path in _python_files(*SOURCE_FOLDERS):
+        for node in ast.walk(_tree(path)):
+            by_position = isinstance(node, ast.Subscript) and _names_chunk_id(node.value)
+            by_length = (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len"
+                         and len(node.args) == 1 and _names_chunk_id(node.args[0]))
+            if by_position or by_length:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

@@ -17,6 +17,7 @@ from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.audio.chunking import DIGITAL_SILENCE, ChunkingOptions, ChunkSpan, skip_silent_windows
 from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE
 from asr_spec.audio.vad import SpeechSpan
+from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
 from asr_spec.eval.metrics import normalize
@@ -123,15 +124,15 @@ def test_the_transcriber_decides_a_tail_the_same_with_and_without_word_timestamp
     make that speech covered (issue 36)."""
     target, _, processor = _eager_models()
     span = speech_span(60.0, 29.0, [(0.2, 26.0)])
-    early = _result((0, 0), (ts(0.2), 1, 2, ts(25.0), EOT))  # the speech goes on 1 s past the last timestamp
-    late = _result((0, 0), (ts(0.2), 1, 2, ts(26.0), EOT))  # covered to the speech's end
+    early = _result(ChunkId(0, 0), (ts(0.2), 1, 2, ts(25.0), EOT))  # the speech goes on 1 s past the last timestamp
+    late = _result(ChunkId(0, 0), (ts(0.2), 1, 2, ts(26.0), EOT))  # covered to the speech's end
     plans = []
     for word_timestamps in (False, True):
         options = TranscribeOptions.from_values(language="en", chunking="vad", timestamps=True,
                                                 word_timestamps=word_timestamps)
         transcriber = Transcriber(target, None, processor, options)
         plans.append((transcriber.tail_of(span, early), transcriber.tail_of(span, late)))
-        assert transcriber.tail_of(span, _result((0, 0, 2), early.tokens)) is None  # the repair bound
+        assert transcriber.tail_of(span, _result(ChunkId(0, 0, 2), early.tokens)) is None  # the repair bound
     (words_early, words_late), (plain_early, plain_late) = plans
     assert words_early is not None and words_late is None
     assert words_early[1] == plain_early[1] and words_early[0].start_sample == plain_early[0].start_sample
@@ -224,7 +225,7 @@ def test_with_tails_orders_pieces_and_ends_each_where_the_next_starts() -> None:
     tail1 = plan_tail(a, (ts(0), 1, ts(20.0), EOT), EOT, TS, 0.5)[0]
     tail2 = plan_tail(tail1, (ts(0), 2, ts(4.0), EOT), EOT, TS, 0.5)[0]
     chunks = [(a, _result(0, [1]), None), (b, _result(1, [2]), None)]
-    tails = {0: [[tail1, _result((0, 0, 1), [3]), None], [tail2, _result((0, 0, 2), [4]), None]]}
+    tails = {0: [[tail1, _result(ChunkId(0, 0, 1), [3]), None], [tail2, _result(ChunkId(0, 0, 2), [4]), None]]}
     pieces, continues = with_tails(chunks, tails)
     assert continues == [False, True, True, False]
     starts = [p[0].start_sample for p in pieces]
@@ -244,17 +245,21 @@ def test_tail_source_feeds_tails_into_the_run_and_ends_when_nothing_is_in_flight
 
     source = TailSource(featurise)
     span = speech_span(0.0, 2.0, [(0, 2)])
-    source.samples[(0, 0)] = np.ones(span.n_samples, np.float32)
-    run = source.run(iter([ChunkRequest((0, 0), torch.zeros(80, 3000))]))
-    assert next(run).id == (0, 0)
+    source.samples[ChunkId(0, 0)] = np.ones(span.n_samples, np.float32)
+    in_engine = {ChunkId(0, 0)}  # what the engine holds: the source ends only once it is empty
+    run = source.run(iter([ChunkRequest(ChunkId(0, 0), torch.zeros(80, 3000))]), lambda: bool(in_engine))
+    assert next(run).id == ChunkId(0, 0)
     assert next(run) is None  # the chunk is decoding: the source must not end
     tail = plan_tail(span, (ts(0), 1, ts(1.0), EOT), EOT, TS, 0.5)[0]
-    source.finished(_result((0, 0), []), tail, span, keep_encoded=True)
-    assert (0, 0) not in source.samples  # let go once its result is in
+    in_engine = set()
+    source.finished(_result(ChunkId(0, 0), []), tail, span, keep_encoded=True)
+    assert ChunkId(0, 0) not in source.samples  # let go once its result is in
     request = next(run)
-    assert request.id == (0, 0, 1) and request.keep_encoded and featurised == [[16000]]
+    assert request.id == ChunkId(0, 0, 1) and request.keep_encoded and featurised == [[16000]]
+    in_engine.add(request.id)
     assert next(run) is None
-    source.finished(_result((0, 0, 1), []), None, tail, False)
+    in_engine.clear()
+    source.finished(_result(ChunkId(0, 0, 1), []), None, tail, False)
     assert list(run) == [] and source.samples == {}
 
 
@@ -373,17 +378,13 @@ def test_words_of_repaired_tails_do_not_depend_on_the_draft_and_stay_in_order() 
     assert starts == sorted(starts)
 
 
-def test_feed_asks_for_no_more_rows_than_there_are_chunks(monkeypatch) -> None:
-    requests = [ChunkRequest((0, i), torch.zeros(80, 3000)) for i in range(5)]
+def test_a_run_with_tails_asks_for_no_more_rows_than_there_are_chunks(monkeypatch) -> None:
+    requests = [ChunkRequest(ChunkId(0, i), torch.zeros(80, 3000)) for i in range(5)]
     for batch_size, rows in ((8, 5), (5, 5), (4, 4), (1, 1)):
-        source = TailSource(lambda samples: torch.zeros(len(samples), 80, 3000))
-        run, n_rows = source.feed(iter(requests), batch_size)
+        head, n_rows = TailSource.rows(iter(requests), batch_size)
         assert n_rows == rows
-        pulled = [next(run).id for _ in range(5)]
-        assert pulled == [r.id for r in requests]
-        source.n_finished = source.n_pulled
-        assert list(run) == []
-    _, n_rows = TailSource(lambda samples: None).feed(iter([]), 8)
+        assert [r.id for r in head] == [r.id for r in requests]
+    _, n_rows = TailSource.rows(iter([]), 8)
     assert n_rows == 1
 
     from asr_spec.engine import cache
@@ -439,7 +440,7 @@ def test_the_server_repairs_tails_as_the_transcriber_does() -> None:
         with ThreadPoolExecutor(3) as pool:
             asked = [["segment", "word"], ["segment"], ["segment"]]
             answers = list(pool.map(post, [client] * 3, paths, asked))
-    assert batcher._tails is not None and batcher._tails.samples == {}  # every chunk's samples let go
+    assert batcher.session.keep_samples == {}  # every chunk's samples let go
     for path, answer, granularities in zip(paths, answers, asked):
         assert answer.status_code == 200, answer.text
         data, expect = answer.json(), want[path, "word" in granularities]

@@ -17,6 +17,7 @@ from conftest import perturbed
 
 from asr_spec import TranscribeOptions, Transcriber, Transcription
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.chunk_id import ChunkId
 from asr_spec.errors import AudioError, InputError
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import Shape, random_whisper
@@ -281,15 +282,15 @@ def test_the_pipeline_api_prepare_engine_finish_assemble(greedy: Transcriber, re
 
     items = [Input("long", str(LONG), str(LONG)), Input("gone", "missing.wav", "missing.wav")]
     requests = list(greedy.prepare(items, batch_size=3))
-    assert [r.id for r in requests] == [("long", i) for i in range(4)]
+    assert [r.id for r in requests] == [ChunkId("long", i) for i in range(4)]
     assert all(tuple(r.features.shape) == (80, 3000) and not r.keep_encoded for r in requests)
     long, gone = items
     assert long.read_done and long.error is None and len(long.spans) == 4
     assert long.audio_s == pytest.approx(reference[0].audio_s)
     assert gone.read_done and "no such file" in gone.error and gone.spans == []
-    finished = [greedy.finish_chunk(result, long.spans[result.id[1]]) for result in greedy.engine.run(requests, 3)]
+    finished = [greedy.finish_chunk(result, long.spans[result.id.index]) for result in greedy.engine.run(requests, 3)]
     assert all(words is None and result.encoded is None for result, words in finished)
-    results = sorted((result for result, _ in finished), key=lambda result: result.id[1])
+    results = sorted((result for result, _ in finished), key=lambda result: result.id.index)
     transcript = greedy.assemble(long.name, long.spans, results, long.audio_s, 0.0)
     assert transcript.text == reference[0].text and transcript.segments == reference[0].segments
     with pytest.raises(InputError, match="word timestamps are off"):  # words need the transcriber's aligner

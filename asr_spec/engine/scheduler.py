@@ -175,6 +175,7 @@ class Engine:
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
+        self._feed: Feed | None = None  # the feed of the run under way (or the last one): `in_flight`
         # the features and target encoder output of the last request encoded (`_encode`: its sampled candidates)
         self._last_encoded: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
@@ -232,7 +233,7 @@ class Engine:
         row's slot, the last live row moves into it (`Slots.pack`), so the step runs on the first n_active slots
         (views, no copy). Shapes then depend only on (n_active, n_keys bucket, K)."""
         check_int(batch_size, "batch_size", 1)
-        feed = Feed(iter(requests), self._encode, min(batch_size, memory.MAX_ENCODE_BATCH))
+        feed = self._feed = Feed(iter(requests), self._encode, min(batch_size, memory.MAX_ENCODE_BATCH))
         n_rows = self._first_fill(feed, batch_size)
         if n_rows == 0:
             return
@@ -268,6 +269,12 @@ class Engine:
                 for result in self._results(st, hyp, slots.finish(tag, finish), finish):
                     feed.done_with(result.id)
                     yield result
+
+    @property
+    def in_flight(self) -> frozenset:
+        """The ids of the requests the current run has pulled from its source and not yet yielded nor dropped
+        (`withdraw`); read it in the thread iterating the run (its source and its consumer run there)."""
+        return frozenset(()) if self._feed is None else frozenset(self._feed.in_flight)
 
     def withdraw(self, chunk_id: Hashable) -> None:
         """Free the row of request `chunk_id` before the next step of the run decoding it, or drop it if it waits

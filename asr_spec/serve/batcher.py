@@ -2,8 +2,8 @@
 
     upload ──prepare (a worker thread: opens it, Transcriber.prepare's first chunk)──► Job(lazy requests)
     ──submit──► rotation of jobs ──live source (engine thread: next chunk of the next job, decoded and
-    featurised now)──► Engine.run ──ChunkResult──► Transcriber.finish_chunk ──► the job's results ──last one──►
-    done ──Transcriber.assemble (app.py)──► transcript
+    featurised now)──► EngineSession (tails, prompts, fallback around Engine.run; finish per result) ──► the
+    job's input (`Input.keep`) ──last one──► done ──Transcriber.assemble (app.py)──► transcript
 
 Memory is bounded per request and in all. A job holds its input's lazy front half (`Transcriber.prepare`,
 featurising one chunk at a time): its audio is read one block at a time and a chunk's features are made only when
@@ -22,11 +22,9 @@ the engine thread as it finishes (`Transcriber.finish_chunk`), as `Transcriber.t
 removed, its budget given back; its chunks already in the engine finish there and are ignored. An engine error
 fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
 
-Tail repair, as `Transcriber.transcribe` does it (vad chunks, timestamp mode): each finished chunk goes through
-`Transcriber.finish_piece` (the one decision, `tail_of`); a tail is queued in the batcher's `TailSource`, which
-holds each chunk's samples while it is in the engine, and is fed to the engine before the next job's chunk; the
-job is complete when its tails are in too (`TailBook`), and assembled with them. A job and the errors a request
-ends in are jobs.py's.
+Tail repair and temperature fallback are the engine session's (session.py), as for `Transcriber.transcribe`: a
+tail is fed to the engine before the next job's chunk, unless its job ended meanwhile (`_tail_wanted`); the job is
+complete when its tails are in too, and assembled with them. A job and the errors a request ends in are jobs.py's.
 """
 
 from __future__ import annotations
@@ -40,13 +38,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
 from asr_spec.errors import AudioError, one_line
 from asr_spec.serve.jobs import Busy, Job, Refused, check_limits, close_reader
 from asr_spec.serve.metrics import Metrics
 from asr_spec.serve.stream_jobs import StreamQueue, is_stream_id
 from asr_spec.transcribe.inputs import Input
-from asr_spec.transcribe.prompts import with_prompts
+from asr_spec.transcribe.prompts import InputPrompt
+from asr_spec.transcribe.session import EngineSession
 
 __all__ = ["Batcher", "Busy", "Job", "Refused", "check_limits"]
 
@@ -85,7 +85,9 @@ class Batcher:
         self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
         self.streams = StreamQueue(self._cond, transcriber.frontend.features, transcriber.engine.withdraw,
                                    max_streams, self.metrics)
-        self._tails = transcriber.tail_source()  # None: no tail repair (stride chunks, no timestamps, off)
+        # the engine's runs, with tail repair (None: stride chunks, no timestamps, off) and the requests'
+        # temperature fallback wrapped around them
+        self.session = EngineSession(transcriber, schedule=self._schedule)
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
     def admit(self, audio_s: float) -> None:
@@ -124,10 +126,9 @@ class Batcher:
         item = Input(next(_job_ids), label, source, word_timestamps=words,
                      prompt=self.transcriber.prompt_tokens(prompts))
         max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
-        job = Job(item, iter(()), words={} if words else None, max_samples=max_samples, reserved_s=reserved_s,
-                  temperature=temperature)
+        job = Job(item, iter(()), max_samples=max_samples, reserved_s=reserved_s, temperature=temperature)
         try:
-            job.requests = self.transcriber.prepare([item], 1, None if self._tails is None else self._tails.samples)
+            job.requests = self.transcriber.prepare([item], 1, self.session.keep_samples)
             job.pending = next(job.requests, None)
             self._check_read(job)
             if job.status == 500:  # not the upload's fault: the server's
@@ -196,10 +197,9 @@ class Batcher:
         return self._admitted, self._reserved_s
 
     def _source(self) -> Iterator[ChunkRequest | None]:
-        """The engine's live source: the tails queued (`_queued_tails`), then the next chunk of the next job in
-        turn, or None when none is ready now."""
+        """The jobs' and streams' live source (the session feeds the queued tails in before each of its requests):
+        the next chunk of the next job in turn, or None when none is ready now."""
         while True:
-            yield from self._queued_tails()
             with self._cond:
                 if not self._active and not self._stopping and self._in_engine == 0 and self.streams.idle:
                     self._cond.wait(IDLE_WAIT_S)
@@ -236,30 +236,33 @@ class Batcher:
             if request is not None:
                 yield request
 
-    def _queued_tails(self) -> Iterator[ChunkRequest]:
-        """The tails `_deliver` queued, featurised now; those of a job that ended meanwhile are dropped."""
-        if self._tails is None:
-            return
-        for request in self._tails.queued():
-            with self._cond:
-                job = self._jobs.get(request.id[0])
-                alive = job is not None and not (job.ended or job.cancelled or job.error is not None)
-                if alive:
-                    job.in_engine += 1
-                    self._in_engine += 1
-                    self.metrics.engine_chunks = self._in_engine
-                elif job is not None:  # cancelled or failed while its tail waited
-                    job.repairs.pending -= 1
-                    self._end(job)
-            if alive:  # with its input's prompt, as its chunks have (prompts.py)
-                yield next(with_prompts([request], {job.id: job.input.prompt}.get))
-            else:
-                self._let_go(request)
+    def _tail_wanted(self, tail_id: ChunkId) -> bool:
+        """Whether a queued tail goes to the engine: not when its job ended meanwhile (it is then dropped), nor
+        once the server is stopping (`stop` fails its job)."""
+        with self._cond:
+            if self._stopping:
+                return False
+            job = self._jobs.get(tail_id.owner)
+            alive = job is not None and not (job.ended or job.cancelled or job.error is not None)
+            if alive:
+                job.in_engine += 1
+                self._in_engine += 1
+                self.metrics.engine_chunks = self._in_engine
+            elif job is not None:  # cancelled or failed while its tail waited
+                job.input.repairs.pending -= 1
+                self._end(job)
+        return alive
+
+    def _prompt_of(self, owner: Any) -> InputPrompt | None:
+        """The prompts of a job's chunks and tails (prompts.py); None for a stream's re-decode."""
+        job = self._jobs.get(owner)
+        return None if job is None else job.input.prompt
 
     def _let_go(self, request: ChunkRequest | None) -> None:
         """Drop the samples held for a request that will not reach the engine."""
-        if request is not None and self._tails is not None:
-            self._tails.samples.pop(request.id, None)
+        samples = self.session.keep_samples
+        if request is not None and samples is not None:
+            samples.pop(request.id, None)
 
     def _next_chunk(self, job: Job) -> ChunkRequest | None:
         """The job's next request (None when its input is read or failed), checked against its limits."""
@@ -318,19 +321,16 @@ class Batcher:
             self._finish(job)
 
     def _serve(self) -> None:
-        engine = self.transcriber.engine
         while not self._stopping:
-            # windows that fail Whisper's thresholds are decoded again at the next temperature in the same run
-            fallback = self.transcriber.fallback(self._schedule)
+            source = self.session.source(self._source(), self._prompt_of, self._tail_wanted)
             try:
-                for result in engine.run(fallback.run(self._source()), self.batch_size):
-                    result = fallback.resolve(result)
-                    if result is not None:  # None: its window is being decoded again
-                        self._deliver(result)
+                for result in self.session.run(source, self.batch_size):
+                    self._deliver(result)
             except EngineError as err:
                 log.error("%s", err)
                 self.streams.fail(str(err.__cause__ or err))
-                self._fail({fallback.origin(chunk_id)[0] for chunk_id in err.chunk_ids}, str(err.__cause__ or err))
+                self._fail({self.session.origin(chunk_id).owner for chunk_id in err.chunk_ids},
+                           str(err.__cause__ or err))
             except Exception as err:  # a bug outside the engine's own work: fail what is in flight, keep serving
                 log.exception("engine thread")
                 with self._cond:
@@ -343,7 +343,7 @@ class Batcher:
         re-decode is greedy only (its policy compares greedy hypotheses, and its hypothesis drafts greedy rows)."""
         if is_stream_id(chunk_id):
             return (0.0,)
-        job = self._jobs.get(chunk_id[0])
+        job = self._jobs.get(chunk_id.owner)
         if job is None or job.temperature is None:
             return self.transcriber.options.temperature
         return job.temperature
@@ -352,28 +352,18 @@ class Batcher:
         if self.streams.deliver(result):
             self.metrics.chunk_done(result.stats)
             return
-        job_id, index = result.id[0], result.id[1]
-        job = self._jobs.get(job_id)
-        words, tail, span = None, None, None
-        if job is not None and not job.cancelled and job.error is None:  # in the engine thread, like transcribe
-            span = job.repairs.span(job.spans, result.id)
-            samples = None if self._tails is None else self._tails.samples.get(result.id)
-            result, words, tail = self.transcriber.finish_piece(result, span, samples)
-        if self._tails is not None:  # its samples let go; its tail's queued
-            self._tails.finished(result, tail, span, job is not None and job.words is not None)
+        job = self._jobs.get(result.id.owner)
+        alive = job is not None and not job.cancelled and job.error is None
+        finished = self.session.finish(result, job.input if alive else None)  # in the engine thread
         with self._cond:
             self._in_engine -= 1
             self.metrics.engine_chunks = self._in_engine
-            job = self._jobs.get(job_id)
+            job = self._jobs.get(result.id.owner)
             if job is None:
                 return
             job.in_engine -= 1
-            if tail is not None:
-                job.repairs.add(index, tail)
-            if not job.repairs.arrived(result.id, result, words):
-                job.results[index] = result
-                if words is not None:
-                    job.words[index] = words
+            if finished is not None:
+                finished.keep(job.input)
             self.metrics.chunk_done(result.stats)
             done = job.complete and job.error is None
             if done or job.ended:
@@ -387,9 +377,10 @@ class Batcher:
         with self._cond:
             failed = [self._jobs[job_id] for job_id in job_ids if job_id in self._jobs]
             self._in_engine = 0  # nothing is in the engine any more
-            if self._tails is not None:  # the samples of the failed jobs' chunks in the engine
-                for chunk_id in [key for key in self._tails.samples if key[0] in job_ids]:
-                    self._tails.samples.pop(chunk_id, None)
+            samples = self.session.keep_samples
+            if samples is not None:  # the samples of the failed jobs' chunks in the engine
+                for chunk_id in [key for key in samples if key.owner in job_ids]:
+                    samples.pop(chunk_id, None)
             for job in self._jobs.values():
                 job.in_engine = 0
             for job in failed:

@@ -13,8 +13,6 @@ from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, check_int
 from asr_spec.errors import AudioError, InputError
 from asr_spec.transcribe.inputs import Input
-from asr_spec.transcribe.segments import WordTiming
-from asr_spec.transcribe.tails import TailBook
 
 __all__ = ["Busy", "Job", "Refused", "check_limits", "close_reader"]
 
@@ -47,11 +45,10 @@ def close_reader(requests: Iterator[ChunkRequest]) -> None:
 class Job:
     """The chunks of one request and what came back for them.
 
-    input:      what the front half fills in (spans so far, samples read, read_done, error).
+    input:      what the front half fills in (spans so far, samples read, read_done, error) and what came back
+                for its chunks and tails (`Input.keep`); its word_timestamps: the request asked for words.
     requests:   the input's lazy engine requests (`Transcriber.prepare`), pulled one chunk at a time; `pending` is
                 the one `Batcher.prepare` pulled to open the upload.
-    words:      by chunk index, the words of each of its segments; None when the request asked for no words.
-    repairs:    its re-decoded tails (`TailBook`): their spans, results and words.
     status:     the HTTP status of `error`: 400 unreadable audio, 413 too long, 500 the engine failed.
     reserved_s: seconds of the server's audio budget this job holds until it ends.
     on_done:    called once, from the engine thread (or `submit`, for an input without chunks), when the job is
@@ -62,12 +59,9 @@ class Job:
     input: Input
     requests: Iterator[ChunkRequest]
     pending: ChunkRequest | None = None
-    words: dict[int, list[list[WordTiming]]] | None = None
     max_samples: int | None = None  # 16 kHz samples past which the request is refused (413)
     reserved_s: float | None = None  # None: not admitted (a caller of `prepare` that skipped `admit`)
     on_done: Callable[[Job], None] = field(default=lambda job: None)
-    results: dict[int, ChunkResult] = field(default_factory=dict)
-    repairs: TailBook = field(default_factory=TailBook)
     error: str | None = None
     status: int = 200
     cancelled: bool = False
@@ -90,25 +84,21 @@ class Job:
         return self.input.audio_s
 
     @property
+    def results(self) -> dict[int, ChunkResult]:
+        """Its chunks' results so far, by chunk index."""
+        return self.input.results
+
+    @property
     def complete(self) -> bool:
         """Every chunk read and decoded."""
-        done = len(self.results) == len(self.spans) and self.repairs.pending == 0
-        return self.input.read_done and self.pending is None and done
+        return self.input.read_done and self.pending is None and self.input.decoded
 
     def ordered_results(self) -> list[ChunkResult]:
         return [self.results[i] for i in range(len(self.spans))]
 
-    def ordered_words(self) -> list[list[list[WordTiming]]] | None:
-        """`Transcriber.assemble`'s chunk_words: per chunk, the words of each of its segments; None without."""
-        if self.words is None:
-            return None
-        return [self.words[i] for i in range(len(self.spans))]
-
     def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
         """`Transcriber.assemble`'s spans, results, chunk_words and continues: its chunks with their tails."""
-        pieces, continues = self.repairs.pieces(self.spans, self.ordered_results(), self.ordered_words())
-        words = None if self.words is None else [w for _, _, w in pieces]
-        return [p[0] for p in pieces], [p[1] for p in pieces], words, continues
+        return self.input.pieces()
 
 
 def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:

@@ -12,8 +12,8 @@ ended) drops its waiting re-decode and withdraws the one in the engine, whose ro
 step (`Engine.withdraw`); a result that still comes back for it is ignored. The batcher alternates re-decodes
 with the uploads' chunks when both wait, so neither starves the other.
 
-Request ids are ("stream", stream id, re-decode number): `deliver` routes results by that tag, so the batcher's
-upload jobs never see them.
+Request ids are `ChunkId(StreamKey(stream id), re-decode number)`: `deliver` routes results by that owner, so
+the batcher's upload jobs never see them.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult, check_int
 from asr_spec.errors import InputError
 
-__all__ = ["STREAM_TAG", "LiveStream", "StreamQueue", "TooManyStreams"]
+__all__ = ["LiveStream", "StreamQueue", "TooManyStreams", "is_stream_id"]
 
 log = logging.getLogger(__name__)
-STREAM_TAG = "stream"  # first element of a stream re-decode's request id
 _stream_ids = itertools.count()
 
 
@@ -60,7 +60,7 @@ class LiveStream:
 @dataclass(frozen=True)
 class _Pending:
     stream: LiveStream
-    request_id: tuple
+    request_id: ChunkId
     samples: np.ndarray  # (n_samples,) float32 16 kHz, at most one window
     hypothesis: tuple[int, ...]  # token ids offered as the re-decode's draft
 
@@ -106,7 +106,7 @@ class StreamQueue:
             if stream.closed:
                 return
             stream.n_submitted += 1
-            request_id = (STREAM_TAG, stream.id, stream.n_submitted)
+            request_id = ChunkId(StreamKey(stream.id), stream.n_submitted)
             self._waiting.pop(stream.id, None)
             self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis))
             self._cond.notify_all()
@@ -177,10 +177,10 @@ class StreamQueue:
         for stream in lost:
             _notify(stream, f"decoding failed ({cause})")
 
-    def _in_engine(self, request_id: tuple) -> LiveStream | None:
+    def _in_engine(self, request_id: ChunkId) -> LiveStream | None:
         """The open stream whose re-decode in the engine is `request_id` (no longer in the engine after this)."""
         with self._cond:
-            stream = self._open.get(request_id[1])
+            stream = self._open.get(request_id.owner.stream)
             if stream is None or stream.in_engine != request_id:
                 return None
             stream.in_engine = None
@@ -205,7 +205,8 @@ class StreamQueue:
 
 
 def is_stream_id(request_id: Any) -> bool:
-    return isinstance(request_id, tuple) and len(request_id) == 3 and request_id[0] == STREAM_TAG
+    """Whether an engine request id is a live stream's re-decode."""
+    return isinstance(request_id, ChunkId) and isinstance(request_id.owner, StreamKey)
 
 
 def _notify(stream: LiveStream, outcome: ChunkResult | str) -> None:

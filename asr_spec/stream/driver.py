@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from asr_spec.audio.features import FeatureBatcher
+from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import TokenKinds
@@ -63,16 +64,19 @@ class Stream:
 class StreamRunner:
     """Streams sharing one engine (see the module docstring).
 
-    engine: an `Engine` decoding in timestamp mode; features: the target's `FeatureBatcher`; tokenizer: the
-    target's; voice: a factory of per-stream speech-probability functions (None: no voice activity, a stream is
-    only trimmed by its segments and closed at its end); batch_size: engine rows.
+    session: the engine session that decodes (`asr_spec.transcribe.session.EngineSession`, live: its `engine`
+    decodes in timestamp mode, its `run(requests, batch_size)` yields the results); features: the target's
+    `FeatureBatcher`; tokenizer: the target's; voice: a factory of per-stream speech-probability functions
+    (None: no voice activity, a stream is only trimmed by its segments and closed at its end); batch_size: engine
+    rows.
     """
 
-    def __init__(self, engine: Engine, features: FeatureBatcher, tokenizer: Any, options: StreamOptions | None = None,
+    def __init__(self, session: Any, features: FeatureBatcher, tokenizer: Any, options: StreamOptions | None = None,
                  voice: Callable[[], VoiceFn] | None = None, batch_size: int = 8, offer_hypothesis: bool = True):
+        engine: Engine = session.engine
         if not engine.options.timestamps:
             raise InputError("streaming decodes in Whisper's timestamp mode: the engine's options.timestamps is off")
-        self.engine, self.features, self.tokenizer = engine, features, tokenizer
+        self.session, self.engine, self.features, self.tokenizer = session, engine, features, tokenizer
         self.options = StreamOptions() if options is None else options
         self.voice, self.batch_size, self.offer_hypothesis = voice, batch_size, offer_hypothesis
         tokens = engine.tokens
@@ -113,8 +117,8 @@ class StreamRunner:
                 self.close(stream)
         while due := self.due():
             requests = self.requests(due)
-            results = {r.id: r for r in self.engine.run(requests, min(self.batch_size, len(requests)))}
-            out += self.deliver(due, [results[i] for i in range(len(due))])
+            results = {r.id: r for r in self.session.run(requests, min(self.batch_size, len(requests)))}
+            out += self.deliver(due, [results[r.id] for r in requests])
         return out
 
     # -- the three parts of a pump, public for a benchmark that decodes the same requests two ways ----------------
@@ -123,11 +127,11 @@ class StreamRunner:
         return [(s, d) for s in list(self.streams.values()) if (d := s.policy.request()) is not None]
 
     def requests(self, due: list[tuple[Stream, Decode]]) -> list[ChunkRequest]:
-        """The engine requests of `due` (ids 0..n-1): the buffers' features, each with its stream's previous
-        hypothesis unless offer_hypothesis is off."""
+        """The engine requests of `due` (ids `ChunkId(stream id, position in due)`): the buffers' features, each
+        with its stream's previous hypothesis unless offer_hypothesis is off."""
         feats = self.features([d.audio for _, d in due])
-        return [ChunkRequest(i, feats[i], hypothesis=d.hypothesis if self.offer_hypothesis else ())
-                for i, (_, d) in enumerate(due)]
+        return [ChunkRequest(ChunkId(s.id, i), feats[i], hypothesis=d.hypothesis if self.offer_hypothesis else ())
+                for i, (s, d) in enumerate(due)]
 
     def deliver(self, due: list[tuple[Stream, Decode]], results: list[ChunkResult]) -> list[tuple[Stream, Update]]:
         """Hand each decode's result (in the order of `due`) to its stream; returns the updates (a stream whose

@@ -1,7 +1,7 @@
 """The front half of the pipeline: sources -> 16 kHz blocks -> chunks -> log-mel features -> engine requests.
 
     Input.source ──stream_audio / load_audio──► blocks ──ChunkingOptions.iter / iter_vad_chunks──► (span, samples)
-    ──FeatureBatcher, min(batch_size, MAX_ENCODE_BATCH) chunks at a time──► ChunkRequest((key, index), features)
+    ──FeatureBatcher, min(batch_size, MAX_ENCODE_BATCH) chunks at a time──► ChunkRequest(ChunkId(key, index), features)
 
 It is one lazy generator: a file is read one block at a time as the chunker asks for it, and chunks are
 featurised one batch at a time as requests are pulled (`Engine.run` pulls them as rows free up), so a 2-hour file
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from asr_spec.audio.features import FeatureBatcher
 from asr_spec.audio.loading import load_audio, stream_audio
 from asr_spec.audio.silero import SileroVad, window_speech
 from asr_spec.audio.vad import VadOptions, iter_vad_chunks
+from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest
 from asr_spec.engine.memory import MAX_ENCODE_BATCH
 from asr_spec.errors import InputError, one_line
@@ -32,7 +33,7 @@ from asr_spec.transcribe.options import TranscribeOptions
 
 __all__ = ["FrontEnd"]
 
-_Piece = tuple[tuple[Hashable, int], bool, np.ndarray]  # (request id, keep_encoded, samples) of one chunk
+_Piece = tuple[ChunkId, bool, np.ndarray]  # (request id, keep_encoded, samples) of one chunk
 
 
 class FrontEnd:
@@ -51,9 +52,10 @@ class FrontEnd:
     def prepare(self, inputs: Iterable[Input], batch_size: int,
                 keep_samples: dict | None = None) -> Iterator[ChunkRequest]:
         """The engine requests of every chunk of `inputs`, in input and chunk order, lazily; request ids are
-        (input.key, chunk index), features (n_mels, n_frames) made min(batch_size, MAX_ENCODE_BATCH) chunks at a
-        time. Each input's spans, n_samples, started and read_done are filled in as it is read; one that cannot be
-        read gets `error` (one line) and `exception`, and the requests of it already yielded are to be ignored.
+        `ChunkId(input.key, chunk index)`, features (n_mels, n_frames) made min(batch_size, MAX_ENCODE_BATCH)
+        chunks at a time. Each input's spans, n_samples, started and read_done are filled in as it is read; one
+        that cannot be read gets `error` (one line) and `exception`, and the requests of it already yielded are to
+        be ignored.
         An input asking for word timestamps needs options.word_timestamps (else `InputError`). batch_size: the
         run's engine rows, checked by the caller (`Transcriber.batch_rows`). keep_samples: when given, each
         chunk's samples are put there under its request id (tail repair, `tails.TailSource`, lets them go)."""
@@ -99,7 +101,7 @@ class FrontEnd:
             item.started = time.perf_counter()
             try:
                 for span, samples in self.chunk_audio(self._blocks(item)):
-                    chunk_id = (item.key, len(item.spans))
+                    chunk_id = ChunkId(item.key, len(item.spans))
                     item.spans.append(span)
                     yield chunk_id, item.word_timestamps, samples
             except INPUT_ERRORS as err:

@@ -1,8 +1,9 @@
 """The inputs of a transcription and the progress over them: what each source is called, where its transcript
 files go, how much audio it holds (for the bar), and what is known about it while its chunks are decoded.
 
-`Input` is what the front half (`Transcriber.prepare`) reads and fills in; the server makes one per request.
-`RunInput` adds what `Transcriber.iter_transcribe` keeps per input until the transcript is assembled.
+`Input` is what the front half (`Transcriber.prepare`) reads and fills in, and what came back for its chunks (the
+engine session, session.py, keeps it); the server makes one per request. `RunInput` adds what
+`Transcriber.iter_transcribe` keeps for its outputs and progress bar.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s
+from asr_spec.audio.vad import SpeechSpan
+from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkResult
 from asr_spec.errors import AsrSpecError, InputError
 from asr_spec.transcribe.outputs import output_stems
@@ -35,9 +38,10 @@ ProgressCallback = Callable[[float, float], None]  # (done_s, total_s), seconds 
 
 @dataclass(eq=False)
 class Input:
-    """One source as the front half reads it (`Transcriber.prepare` fills in everything after `prompt`)."""
+    """One source as the front half reads it (`Transcriber.prepare` fills in `spans` .. `exception`) and what came
+    back for its chunks (`keep`)."""
 
-    key: Hashable  # its chunks' request ids are (key, chunk index)
+    key: Hashable  # its chunks' request ids are `ChunkId(key, chunk index)`
     name: str  # the path as given, or "<array 3>"; error causes leave it out (the caller names the input)
     source: Any  # a path (streamed block by block), an array, a tensor or a dict (see `load_audio`)
     word_timestamps: bool = False  # its chunks keep their encoder output for the alignment (keep_encoded)
@@ -48,11 +52,41 @@ class Input:
     read_done: bool = False  # every chunk made (or reading failed)
     error: str | None = None  # the cause, one line, when it could not be read; its chunks are to be ignored
     exception: BaseException | None = None  # the exception behind `error`
+    results: dict[int, ChunkResult] = field(default_factory=dict)  # by chunk index, without encoder outputs
+    words: dict[int, list[list[WordTiming]]] = field(default_factory=dict)  # by chunk index, per segment
+    repairs: TailBook = field(default_factory=TailBook)  # its re-decoded tails (tails.py)
 
     @property
     def audio_s(self) -> float:
         """Seconds of audio read (all of it, unless reading failed part-way)."""
         return self.n_samples / SAMPLE_RATE
+
+    @property
+    def decoded(self) -> bool:
+        """Every chunk made so far, and every tail queued, is back."""
+        return len(self.results) == len(self.spans) and self.repairs.pending == 0
+
+    def keep(self, chunk_id: ChunkId, result: ChunkResult, words: list[list[WordTiming]] | None,
+             tail: SpeechSpan | None) -> bool:
+        """Keep a finished chunk's (or tail's) result and words (`Transcriber.finish_piece`'s), and note the tail
+        to decode after it; True when it was a chunk (not a tail)."""
+        if tail is not None:
+            self.repairs.add(chunk_id.index, tail)
+        if self.repairs.arrived(chunk_id, result, words):
+            return False
+        self.results[chunk_id.index] = result
+        if words is not None:
+            self.words[chunk_id.index] = words
+        return True
+
+    def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
+        """`Transcriber.assemble`'s spans, results, chunk_words (None without word timestamps) and continues:
+        its chunks, in order, each followed by its re-decoded tails."""
+        n = len(self.spans)
+        words = [self.words.get(i) for i in range(n)] if self.word_timestamps else None
+        pieces, continues = self.repairs.pieces(self.spans, [self.results[i] for i in range(n)], words)
+        piece_words = None if words is None else [w for _, _, w in pieces]
+        return [p[0] for p in pieces], [p[1] for p in pieces], piece_words, continues
 
 
 @dataclass(eq=False)
@@ -61,15 +95,11 @@ class RunInput(Input):
 
     stem: str = ""  # output files are <stem>.<format>
     expected_s: float = 0.0  # progress estimate (header duration); 0 when unknown
-    results: dict[int, ChunkResult] = field(default_factory=dict)  # by chunk index, without encoder outputs
-    chunk_words: dict[int, list[list[WordTiming]]] = field(default_factory=dict)  # per chunk, per segment
     progress_s: float = 0.0  # seconds of it already counted into the progress bar
-    repairs: TailBook = field(default_factory=TailBook)  # its re-decoded tails (tails.py)
 
     @property
     def complete(self) -> bool:
-        done = len(self.results) == len(self.spans) and self.repairs.pending == 0
-        return self.read_done and (self.error is not None or done)
+        return self.read_done and (self.error is not None or self.decoded)
 
 
 def run_inputs(audio: Any, word_timestamps: bool = False) -> list[RunInput]:

@@ -111,16 +111,15 @@ def per_input(base: PromptOptions, n_inputs: int, **values: Any) -> list[PromptO
 def with_prompts(requests: Iterable[ChunkRequest | None],
                  prompt_of: Callable[[Hashable], InputPrompt | None]) -> Iterator[ChunkRequest | None]:
     """The engine's source `requests` with each chunk's prompt and prefix set from its input's `InputPrompt`
-    (`prompt_of(input key)`, None for none). Request ids are (key, chunk index) or (key, chunk index, attempt)."""
+    (`prompt_of(input key)`, None for none). Request ids are `ChunkId`s."""
     for req in requests:
         if req is None:
             yield req
             continue
-        prompt = prompt_of(req.id[0])
+        prompt = prompt_of(req.id.owner)
         if prompt is None:
             yield req
             continue
-        attempt = req.id[2] if len(req.id) == 3 else 0
-        previous, prefix = prompt.for_chunk(req.id[1], attempt)
+        previous, prefix = prompt.for_chunk(req.id.index, req.id.attempt)
         yield replace(req, prompt=previous, prefix=prefix)
 

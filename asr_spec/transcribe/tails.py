@@ -30,13 +30,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
+from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
@@ -252,28 +253,29 @@ class TailBook:
     """One input's re-decoded tails, kept the same way by `Transcriber.iter_transcribe` and the server's batcher.
 
     tails: per chunk index, its tails in attempt order as [span, result, words] (result and words None until it
-    is in); pending: how many are still decoding. A result's id is (key, chunk index) for a chunk and (key,
-    chunk index, attempt) for its attempt-th tail.
+    is in); pending: how many are still decoding. A result's id (`ChunkId`) has attempt 0 for a chunk and n for
+    its n-th tail.
     """
 
     tails: dict[int, list[list]] = dataclasses.field(default_factory=dict)
     pending: int = 0
 
-    def span(self, spans: Sequence[ChunkSpan], result_id: tuple) -> ChunkSpan:
+    def span(self, spans: Sequence[ChunkSpan], result_id: ChunkId) -> ChunkSpan:
         """The span a result was decoded from: its chunk's, or its tail's."""
-        index, attempt = result_id[1], (result_id[2] if len(result_id) == 3 else 0)
-        return self.tails[index][attempt - 1][0] if attempt else spans[index]
+        if result_id.attempt:
+            return self.tails[result_id.index][result_id.attempt - 1][0]
+        return spans[result_id.index]
 
     def add(self, index: int, tail: SpeechSpan) -> None:
         """A tail of chunk `index` is to be decoded."""
         self.tails.setdefault(index, []).append([tail, None, None])
         self.pending += 1
 
-    def arrived(self, result_id: tuple, result: ChunkResult, words: object) -> bool:
+    def arrived(self, result_id: ChunkId, result: ChunkResult, words: object) -> bool:
         """Keep a finished tail's result and words; False (nothing kept) when `result_id` is a chunk's."""
-        if len(result_id) != 3:
+        if not result_id.attempt:
             return False
-        self.tails[result_id[1]][result_id[2] - 1][1:] = [result, words]
+        self.tails[result_id.index][result_id.attempt - 1][1:] = [result, words]
         self.pending -= 1
         return True
 
@@ -284,11 +286,8 @@ class TailBook:
         return with_tails(chunks, self.tails)
 
 
-TailId = tuple[Hashable, int, int]  # (input key, chunk index, attempt): attempt 1 is the chunk's first tail
-
-
 class TailSource:
-    """The engine's source with tails fed in: the front half's requests, and each tail queued by `finished` as soon
+    """The engine's source with tails fed in: the clients' requests, and each tail queued by `finished` as soon
     as the engine pulls again; None ("nothing right now") while a chunk that may need its tail is still decoding.
 
     The samples of each chunk are held from the moment it is pulled until its result arrives (`samples`, filled
@@ -298,52 +297,63 @@ class TailSource:
 
     def __init__(self, featurise: Callable[[list[np.ndarray]], object]):
         self.featurise = featurise
-        self.samples: dict[Hashable, np.ndarray] = {}  # request id -> its chunk's samples, until its result
-        self.queue: deque[tuple[TailId, np.ndarray, bool]] = deque()  # tails waiting to be pulled
-        self.n_pulled = 0
-        self.n_finished = 0
+        self.samples: dict[ChunkId, np.ndarray] = {}  # request id -> its chunk's samples, until its result
+        self.queue: deque[tuple[ChunkId, np.ndarray, bool]] = deque()  # tails waiting to be pulled
 
-    def feed(self, requests: Iterator[ChunkRequest], batch_size: int) -> tuple[Iterator[ChunkRequest | None], int]:
-        """The engine's source over `requests` (see `run`) and the rows its run needs: batch_size, or the number of
-        chunks when all of them fit in it (read now: the engine would pull them at once anyway). A tail is queued
-        only once its parent has finished, so tails never need more rows than there are chunks; without this
-        the source's None would have the engine allocate every row for a short file."""
+    @staticmethod
+    def rows(requests: Iterator[ChunkRequest], batch_size: int) -> tuple[Iterator[ChunkRequest], int]:
+        """`requests` and the rows a run with tails needs: batch_size, or the number of chunks when all of them
+        fit in it (read now: the engine would pull them at once anyway). A tail is queued only once its parent
+        has finished, so tails never need more rows than there are chunks; without this the source's None would
+        have the engine allocate every row for a short file."""
         head = list(itertools.islice(requests, batch_size))
         rows = batch_size if len(head) == batch_size else max(len(head), 1)
-        return self.run(itertools.chain(head, requests)), rows
+        return itertools.chain(head, requests), rows
 
-    def run(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkRequest | None]:
-        """The engine's source: `requests` in order, the queued tails first whenever there are some."""
-        for request in requests:
-            yield from self.queued()
-            self.n_pulled += 1
-            yield request
+    def run(self, requests: Iterator[ChunkRequest | None], busy: Callable[[], bool],
+            wanted: Callable[[ChunkId], bool] | None = None) -> Iterator[ChunkRequest | None]:
+        """The engine's source: `requests` in order (None passed on), the queued tails first whenever there are
+        some; once `requests` is exhausted, None while `busy()` (a chunk is still in the engine: its tail may
+        come), then the end. wanted: whether a queued tail is still to be decoded (default: all are)."""
+        yield from _after(lambda: self.queued(wanted), requests)
         while True:
-            yield from self.queued()
-            if self.n_finished == self.n_pulled:
+            yield from self.queued(wanted)
+            if not busy():
                 return
             yield None
 
-    def finished(self, result: ChunkResult, tail: SpeechSpan | None, parent_span: SpeechSpan,
+    def finished(self, result: ChunkResult, tail: SpeechSpan | None, parent_span: SpeechSpan | None,
                  keep_encoded: bool) -> None:
         """A result is in: its samples are let go, and when `tail` is given its samples are queued as the next
-        attempt (id: (key, chunk index, attempt + 1))."""
-        self.n_finished += 1
+        attempt (id: `ChunkId.next_attempt`)."""
         samples = self.samples.pop(result.id, None)
         if tail is None or samples is None:
             return
-        key, index = result.id[0], result.id[1]
-        attempt = result.id[2] if len(result.id) == 3 else 0
         offset = tail.start_sample - parent_span.start_sample
-        self.queue.append(((key, index, attempt + 1), samples[offset:].copy(), keep_encoded))
+        self.queue.append((result.id.next_attempt(), samples[offset:].copy(), keep_encoded))
 
-    def queued(self) -> Iterator[ChunkRequest]:
-        """The requests of the tails queued so far, featurised together (their samples held until their result)."""
+    def queued(self, wanted: Callable[[ChunkId], bool] | None = None) -> Iterator[ChunkRequest]:
+        """The requests of the tails queued so far, featurised together (their samples held until their result);
+        those `wanted` refuses are dropped."""
         if not self.queue:
             return
         batch = [self.queue.popleft() for _ in range(len(self.queue))]
         features = self.featurise([samples for _, samples, _ in batch])  # (B, n_mels, n_frames)
         for (tail_id, samples, keep), row in zip(batch, features):
-            self.samples[tail_id] = samples
-            self.n_pulled += 1
-            yield ChunkRequest(tail_id, row, keep_encoded=keep)
+            if wanted is None or wanted(tail_id):
+                self.samples[tail_id] = samples
+                yield ChunkRequest(tail_id, row, keep_encoded=keep)
+
+
+def _after(first: Callable[[], Iterator[ChunkRequest]],
+           requests: Iterator[ChunkRequest | None]) -> Iterator[ChunkRequest | None]:
+    """Each item of `requests`, with what `first()` yields just before pulling it."""
+    while True:
+        yield from first()
+        request = next(requests, _END)
+        if request is _END:
+            return
+        yield request
+
+
+_END = object()

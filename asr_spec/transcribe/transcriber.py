@@ -1,29 +1,21 @@
 """Transcriber: wires the stages together for many (long) inputs at once; no maths of its own.
 
-    inputs (inputs.py) ──prepare (frontend.py: decode, chunk, featurise)──► ChunkRequest((input, chunk), features)
-    ──Engine.run──► ChunkResult ──finish_chunk (word timestamps: align it, from the encoder output the engine
-    kept)──► regroup per input ──assemble (assembly.py: no-speech rule, stitch, text, language)──► Transcription
+    inputs (inputs.py) ──prepare (frontend.py: decode, chunk, featurise)──► ChunkRequest(ChunkId(input, chunk),
+    features) ──EngineSession (session.py: tails, prompts, fallback around Engine.run; finish_piece per result)──►
+    Input.keep, per input ──assemble (assembly.py: no-speech rule, stitch, text, language)──► Transcription
     [──write_outputs (outputs.py), when given an output folder]
 
-The chunks of *all* inputs go through one lazy generator into one `Engine.run`, so the batch stays full across
+The chunks of *all* inputs go through one lazy generator into one engine run, so the batch stays full across
 file boundaries and a 2-hour file is never held whole: the engine pulls chunks as rows free up, and the generator
 reads audio one block and computes features one batch at a time. Results come back in the order chunks finish;
-they are regrouped per input, put back in chunk order and assembled once an input's last chunk is in.
+they are kept per input, put back in chunk order and assembled once an input's last chunk (and tail) is in.
 Transcriptions are yielded in input order. An input that cannot be read gets `error` set; the others carry on.
 
-Tail repair (tails.py, timestamp mode): when a finished chunk's transcript stops before its speech does
-(`tail_of`; a stride window's speech frames are computed only when its text ends early), the rest of it is
-queued as a new chunk of the same input into the same engine run (the source is `TailSource`, which yields None
-while a chunk that may need a tail is in flight) and assembled after its parent.
-
-Temperature fallback (fallback.py, when options.temperature has more than 0 alone): the engine's source is
-wrapped by `Fallback.run`, which hands a window that failed Whisper's thresholds back to the same running engine at
-the next temperature (best_of sampled rows side by side); `Fallback.resolve` turns the engine's results into each
-window's final one before they are collected. Greedy windows are the target's greedy decoding, token for token.
-
-The server (`asr_spec.serve`) runs the same pipeline through the same public methods: `prepare` per request,
-`finish_piece` per finished chunk or tail (`finish_chunk`, then `tail_of`: the one tail decision), its tails kept
-in a `tails.TailBook` and fed by a `tail_source`, `assemble` per request.
+The engine session (session.py) is the one place that composes a run's source (tail repair, tails.py; prompts,
+prompts.py; temperature fallback, fallback.py) and finishes each result; this class is one of its clients (the
+server's batcher and the live streams are the others) and keeps only its inputs, progress bar and outputs. Its
+stages are public because the session and the server call them: `prepare`, `finish_piece` (`finish_chunk`, then
+`tail_of`: the one tail decision), `tail_source`, `fallback`, `assemble`.
 """
 
 from __future__ import annotations
@@ -66,6 +58,7 @@ from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
 from asr_spec.transcribe.prompts import InputPrompt, PromptOptions, encode_prompt, per_input, with_prompts
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
+from asr_spec.transcribe.session import EngineSession, Finished
 from asr_spec.transcribe.stitch import ChunkTokens
 from asr_spec.transcribe.tails import TailSource, plan_tail, stride_tail
 
@@ -206,22 +199,17 @@ class Transcriber:
             prepare_output_dir(output_dir)
         bar = Progress(progress, inputs)
         next_out = 0
-        repair = self.tail_source()
-        if repair is None:
-            source = self.prepare(inputs, rows)
-        else:  # the tails go into the same engine run as the chunks, with their input's prompt
-            source, rows = repair.feed(self.prepare(inputs, rows, repair.samples), rows)
-            source = with_prompts(source, {item.key: item.prompt for item in inputs}.get)
-        fallback = self.fallback()
-        if fallback is not None:  # failing windows are decoded again in the same engine run, best_of rows side by side
-            source, rows = fallback.run(source), max(rows, min(self.batch_rows(batch_size), self.options.best_of))
+        session = EngineSession(self)
+        requests = self.prepare(inputs, rows, session.keep_samples)
+        if session.tails is not None:  # tails go into the same engine run: no more rows than chunks for them
+            requests, rows = TailSource.rows(requests, rows)
+        source = session.source(requests, {item.key: item.prompt for item in inputs}.get)
+        if session.fallback is not None:  # failing windows are decoded again, best_of rows side by side
+            rows = max(rows, min(self.batch_rows(batch_size), self.options.best_of))
         try:
-            for result in self.engine.run(source, rows):
-                if fallback is not None:
-                    result = fallback.resolve(result)
-                    if result is None:  # its window is being decoded again
-                        continue
-                self._collect(inputs[result.id[0]], result, bar, repair)
+            for result in session.run(source, rows):
+                item = inputs[result.id.owner]
+                self._collect(item, session.finish(result, None if item is None or item.error else item), bar)
                 while next_out < len(inputs) and inputs[next_out].complete:
                     yield self._finish(inputs[next_out], bar, output_dir)
                     # free its spans and results; `prepare`, reading the same list, is past it (it is complete)
@@ -252,7 +240,8 @@ class Transcriber:
             decode = self.options.decode
             self._stream_engine = self.engine if decode.timestamps else Engine(
                 self.target, self.draft, dataclasses.replace(decode, timestamps=True))
-        return StreamRunner(self._stream_engine, self.frontend.features, self.tokenizer, options,
+        session = EngineSession(self, self._stream_engine, live=True)
+        return StreamRunner(session, self.frontend.features, self.tokenizer, options,
                             silero_voices() if vad else None, self.batch_rows(batch_size), offer_hypothesis)
 
     def stream(self, blocks: Iterable[Any], options: StreamOptions | None = None, *,
@@ -328,13 +317,12 @@ class Transcriber:
     def tail_of(self, span: ChunkSpan, result: ChunkResult,
                 samples: np.ndarray | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
         """The one tail-repair decision (tails.py): the part of a finished chunk (or tail) to decode again, as a
-        span of its input, with the chunk's tokens before it; or None. result.id[2], when there is one, is the
-        attempt that made it (at most options.tail_repairs per chunk); word timestamps do not enter it (the same
+        span of its input, with the chunk's tokens before it; or None. result.id.attempt is the attempt that
+        made it (at most options.tail_repairs per chunk); word timestamps do not enter it (the same
         chunks are repaired with and without them, tails.py). samples: the chunk's, for a stride window (its speech
         frames are computed from them only when its text ends early, `tails.stride_tail`); without them a stride
         window gets no tail."""
-        attempt = result.id[2] if isinstance(result.id, tuple) and len(result.id) == 3 else 0
-        if not self.options.decode.timestamps or attempt >= self.options.tail_repairs:
+        if not self.options.decode.timestamps or result.id.attempt >= self.options.tail_repairs:
             return None
         margin_s, context_s = self.options.tail_margin_s, self.options.tail_context_s
         if not isinstance(span, SpeechSpan):
@@ -380,29 +368,13 @@ class Transcriber:
             return None
         return TailSource(self.frontend.features)
 
-    def _collect(self, item: RunInput | None, result: ChunkResult, bar: Progress, repair: TailSource | None) -> None:
-        """Keep a finished chunk's (or tail's) result and words with its input, queue its tail when its speech
-        goes on past its transcript, and count a chunk's audio as done."""
-        if item is None or item.error is not None:  # None: failed and already reported
-            if repair is not None:
-                repair.finished(result, None, None, False)
-            return
-        span = item.repairs.span(item.spans, result.id)
-        samples = None if repair is None else repair.samples.get(result.id)  # held until `repair.finished`
-        finished, words, tail = self.finish_piece(result, span, samples)
-        if repair is not None:
-            repair.finished(result, tail, span, item.word_timestamps)
-        if tail is not None:
-            item.repairs.add(result.id[1], tail)
-        if item.repairs.arrived(result.id, finished, words):
-            return
-        index = result.id[1]
-        item.results[index] = finished
-        if words is not None:
-            item.chunk_words[index] = words
-        seconds = (span.keep_end_sample - span.keep_start_sample) / SAMPLE_RATE
-        item.progress_s += seconds
-        bar.advance(seconds)
+    @staticmethod
+    def _collect(item: RunInput | None, finished: Finished | None, bar: Progress) -> None:
+        """Keep a finished chunk's (or tail's) result and words with its input (None: the input failed and was
+        reported) and count a chunk's audio as done."""
+        if finished is not None and finished.keep(item):
+            item.progress_s += finished.kept_s
+            bar.advance(finished.kept_s)
 
     def _finish(self, item: RunInput, bar: Progress, output_dir: str | os.PathLike | None) -> Transcription:
         """The transcript of a complete input (or its error), written to `output_dir` when given."""
@@ -410,12 +382,8 @@ class Transcriber:
         wall_s = time.perf_counter() - item.started
         if item.error is not None:
             return Transcription(item.name, "", (), None, None, item.audio_s, wall_s, (), error=item.error)
-        words = None if self.aligner is None else [item.chunk_words.get(i) for i in range(len(item.spans))]
-        pieces, continues = item.repairs.pieces(item.spans, [item.results[i] for i in range(len(item.spans))], words)
-        if words is not None:
-            words = [w for _, _, w in pieces]
-        transcription = self.assemble(item.name, [p[0] for p in pieces], [p[1] for p in pieces], item.audio_s,
-                                      wall_s, words, continues)
+        spans, results, words, continues = item.pieces()
+        transcription = self.assemble(item.name, spans, results, item.audio_s, wall_s, words, continues)
         if output_dir is None:
             return transcription
         try:

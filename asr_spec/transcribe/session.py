@@ -1,0 +1,124 @@
+"""The engine session: one engine run and everything wrapped around it, written once for every client.
+
+    clients' requests (ChunkId(owner, index)) ──TailSource.run: queued tails first──► with_prompts
+    ──Fallback.run: failing windows again, at the next temperature──► Engine.run ──ChunkResult──► Fallback.resolve
+    ──finish: Transcriber.finish_piece (words, the tail decision), TailSource.finished──► Finished ──► its owner
+
+The clients keep only what is theirs: `Transcriber.iter_transcribe` its inputs, progress bar and outputs; the
+server's `Batcher` its jobs' life, locking and HTTP; the live streams their policy. Each hands the session a source
+of its requests and gets back each finished chunk (or re-decoded tail) with the `Input` of its owner kept
+(`Input.keep`). What is in the engine is the engine's to say (`Engine.in_flight`), not counted here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.audio.vad import SpeechSpan
+from asr_spec.chunk_id import ChunkId
+from asr_spec.engine import ChunkRequest, ChunkResult, Engine
+from asr_spec.transcribe.fallback import Fallback
+from asr_spec.transcribe.inputs import Input
+from asr_spec.transcribe.prompts import InputPrompt, with_prompts
+from asr_spec.transcribe.segments import WordTiming
+from asr_spec.transcribe.tails import TailSource
+
+__all__ = ["EngineSession", "Finished"]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished chunk or tail, ready for its owner: the result to keep (no encoder output; tokens cut before a
+    tail that follows), its words per segment (None without word timestamps), the span it was decoded from and
+    the tail to decode after it (None: none)."""
+
+    id: ChunkId
+    result: ChunkResult
+    words: list[list[WordTiming]] | None
+    span: ChunkSpan
+    tail: SpeechSpan | None
+
+    def keep(self, item: Input) -> bool:
+        """Keep it with its owner's input (`Input.keep`); True when it was a chunk, not a tail."""
+        return item.keep(self.id, self.result, self.words, self.tail)
+
+    @property
+    def kept_s(self) -> float:
+        """Seconds of its input the chunk's transcript keeps (its span without strides)."""
+        return (self.span.keep_end_sample - self.span.keep_start_sample) / SAMPLE_RATE
+
+
+class EngineSession:
+    """One engine and the stages wrapped around its runs: tail repair, temperature fallback and prompts.
+
+    transcriber: the `Transcriber` whose engine and stages (`finish_piece`, `tail_source`, `fallback`) run.
+    engine:      the engine to run (default the transcriber's; live streams give one decoding in timestamp mode).
+    schedule:    a window's temperatures from its request id (`Transcriber.fallback`); None: the options'.
+    live:        a live stream's re-decodes only: greedy, no tail repair, no fallback.
+    """
+
+    def __init__(self, transcriber: Any, engine: Engine | None = None,
+                 schedule: Callable[[Hashable], tuple[float, ...]] | None = None, live: bool = False):
+        self.transcriber = transcriber
+        self.engine = transcriber.engine if engine is None else engine
+        self.live, self.schedule = live, schedule
+        self.tails: TailSource | None = None if live else transcriber.tail_source()
+        self.fallback: Fallback | None = None  # the fallback of the last source made (`source`)
+
+    @property
+    def keep_samples(self) -> dict | None:
+        """Where the front half puts each chunk's samples (`Transcriber.prepare`'s keep_samples): tail repair
+        needs them until the chunk's result is in; None without tail repair."""
+        return None if self.tails is None else self.tails.samples
+
+    def busy(self) -> bool:
+        """A request of the run under way is in the engine."""
+        return bool(self.engine.in_flight)
+
+    def source(self, requests: Iterable[ChunkRequest | None], prompt_of: Callable[[Hashable], InputPrompt | None],
+               wanted: Callable[[ChunkId], bool] | None = None) -> Iterator[ChunkRequest | None]:
+        """The engine's source, composed in one order: `requests`, with the re-decoded tails queued by `finish`
+        fed in first (they get their input's prompts, `prompt_of(owner)`; wanted: whether a tail's owner still
+        wants it), then every window that fails Whisper's thresholds again at the next temperature (a new
+        `Fallback` for each source: one engine run's)."""
+        source: Iterator[ChunkRequest | None] = iter(requests)
+        if self.tails is not None:
+            source = with_prompts(self.tails.run(source, self.busy, wanted), prompt_of)
+        self.fallback = None if self.live else self.transcriber.fallback(self.schedule)
+        if self.fallback is not None:
+            source = self.fallback.run(source)
+        return source
+
+    def run(self, source: Iterable[ChunkRequest | None], batch_size: int) -> Iterator[ChunkResult]:
+        """Decode `source` (made by `source`), at most batch_size rows at a time: each window's final result once
+        (its fallback passes resolved), in the order they finish. The one caller of `Engine.run` outside the
+        engine and the benchmarks."""
+        for result in self.engine.run(source, batch_size):
+            if self.fallback is not None:
+                result = self.fallback.resolve(result)
+                if result is None:  # its window is being decoded again
+                    continue
+            yield result
+
+    def finish(self, result: ChunkResult, item: Input | None) -> Finished | None:
+        """A finished chunk or tail of `item` made ready to keep (`Transcriber.finish_piece`: words, the tail
+        decision) and its tail queued; None when its owner is gone or failed (item None): only its samples are
+        let go. Call it from the engine's thread."""
+        if item is None:
+            if self.tails is not None:
+                self.tails.finished(result, None, None, False)
+            return None
+        span = item.repairs.span(item.spans, result.id)
+        samples = None if self.tails is None else self.tails.samples.get(result.id)  # held until `finished`
+        kept, words, tail = self.transcriber.finish_piece(result, span, samples)
+        if self.tails is not None:
+            self.tails.finished(result, tail, span, item.word_timestamps)
+        return Finished(result.id, kept, words, span, tail)
+
+    def origin(self, chunk_id: Hashable) -> Hashable:
+        """The window id of an engine id (fallback passes have their own): for errors naming chunks."""
+        return chunk_id if self.fallback is None else self.fallback.origin(chunk_id)
