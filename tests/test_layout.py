@@ -5,8 +5,8 @@ ids read by name, and the removed workarounds staying removed.
 
 The layers, lowest first (docs/layout.md states the same rule, checked below)::
 
-    errors, logs, testing, chunk_id → engine → audio → models → stream → transcribe → asr_spec/__init__.py (the public API) → eval
-    → distill → distributed, serve → cli, __main__
+    errors, logs, testing, chunk_id → engine → audio → models → stream → transcribe
+    → asr_spec/__init__.py (the public API) → eval → distill → distributed, serve → cli, __main__
 
 A module may import from its own layer or a lower one, never from a higher one (lazy imports inside functions
 count too).
