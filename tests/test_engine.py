@@ -308,5 +308,7 @@ def test_a_kept_encoder_output_is_the_one_its_chunk_was_decoded_from():
     assert encoded.shape == (len(kept), engine.n_audio_ctx, _target().config.d_model)
     torch.testing.assert_close(encoded, engine.encode(features[[r.id for r in kept]]), rtol=1e-5, atol=1e-5)
     again = engine.decode(None, encoded, batch_size=3)
-    assert [(r.tokens, r.avg_logprob, r.no_speech_prob) for r in again] == \
-        [(r.tokens, r.avg_logprob, r.no_speech_prob) for r in kept]
+    # tokens exactly; the probabilities within rounding (these rows shared their first batches with other rows)
+    assert [r.tokens for r in again] == [r.tokens for r in kept]
+    assert [(r.avg_logprob, r.no_speech_prob) for r in again] == \
+        [(pytest.approx(r.avg_logprob, abs=1e-5), pytest.approx(r.no_speech_prob, abs=1e-6)) for r in kept]
