@@ -12,7 +12,8 @@ The convention (README authors, read this):
 - python blocks run the same way, as ``python -c BLOCK``, in such a directory.
 - A block passes when it exits with status 0 within BLOCK_TIMEOUT_S.
 Blocks may load the offline real weights (``embedded:whisper-base``), so the tests that run them are marked
-``real`` and ``slow``; the parser's own tests are fast.
+``real`` and ``slow``; the parser's own tests are fast. The pages under docs/ follow the same convention: their
+``asr-spec`` commands are parsed (not run) beside README's.
 """
 
 from __future__ import annotations
