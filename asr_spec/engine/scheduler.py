@@ -24,7 +24,7 @@ from torch import nn
 
 from asr_spec.engine import memory
 from asr_spec.engine.admission import Admission, RowPrompt
-from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
+from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket, pin_attention
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
 from asr_spec.engine.features import TargetFeatures
@@ -35,7 +35,8 @@ from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.requests import ChunkRequest, ChunkResult
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.slots import Slots
-from asr_spec.engine.speculative import COUNTS, FINISH_EOS, DecodeState, Models
+from asr_spec.engine.speculative import COUNTS, FINISH_EOS, FINISH_LENGTH, DecodeState, Models
+from asr_spec.engine.state import RunState, StaticState
 from asr_spec.engine.stats import ChunkStats
 from asr_spec.engine.withdrawals import Withdrawals
 
@@ -56,6 +57,30 @@ class EngineError(RuntimeError):
 
 
 Encoded = tuple[ChunkRequest, torch.Tensor, torch.Tensor | None]  # a request, its target and own-draft encoder outputs
+
+
+def _release(st: DecodeState, rows: list[int]) -> None:
+    """Mark slots `rows`, left by their rows, finished on the device (a step over them masks them)."""
+    if rows:
+        st.finish[torch.tensor(rows, device=st.finish.device)] = FINISH_LENGTH
+
+
+def _read_rows(st: DecodeState, hyp: Hypotheses, rows: list[int]) -> list[dict]:
+    """The state of slots `rows` as Python values, one dict per row (seq, n_tok, begin, the COUNTS, hist,
+    sum_logprob, no_speech_prob, offered, taken): gathered on the device, then read in two copies (the integer
+    fields side by side, the two float ones), not one per field."""
+    idx = torch.tensor(rows, device=st.n_tok.device)
+    singles = ("n_tok", "begin", *COUNTS)
+    ints = torch.cat([st.seq[idx], st.hist[idx], torch.stack([getattr(st, name)[idx] for name in singles]
+                                                             + [hyp.offered[idx], hyp.accepted[idx]], 1)], 1).tolist()
+    floats = torch.stack([st.sum_logprob[idx], st.no_speech_prob[idx]], 1).tolist()
+    n_seq, n_hist = st.seq.shape[1], st.hist.shape[1]
+    out = []
+    for values, (sum_logprob, no_speech_prob) in zip(ints, floats):
+        r = dict(zip((*singles, "offered", "taken"), values[n_seq + n_hist:]))
+        out.append(dict(r, seq=values[:n_seq], hist=values[n_seq:n_seq + n_hist], sum_logprob=sum_logprob,
+                        no_speech_prob=no_speech_prob))
+    return out
 
 
 def _row_prompt(req: ChunkRequest) -> RowPrompt:
@@ -171,9 +196,14 @@ class Engine:
         self.n_positions = self.tokens.max_positions + (options.num_draft_tokens if draft is not None else 0) + 2
         # runner: how the step runs (tests pass a wrapped one); by default CUDA graphs on CUDA (unless
         # options.cuda_graphs is False), eager on CPU (measured fastest there: docs/engine-step.md)
+        pin_attention(self.target_dec.device)  # no cuDNN attention on CUDA (capture.py)
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
+        self._eager = StepRunner()  # the steps of a run in a private state (engine/state.py)
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
+        # the static state of the runs, reset in place run after run; replaced (and the runner's graphs dropped)
+        # only for a run of more slots or another K (engine/state.py)
+        self.states = StaticState(self._allocate, lambda: self.runner.drop_graphs())
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
         # the features and target encoder output of the last request encoded (`_encode`: its sampled candidates)
         self._last_encoded: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
@@ -230,36 +260,49 @@ class Engine:
 
         Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a finished
         row's slot, the last live row moves into it (`Slots.pack`), so the step runs on the first n_active slots
-        (views, no copy). Shapes then depend only on (n_active, n_keys bucket, K)."""
+        (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
+        only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
         feed = Feed(iter(requests), self._encode, min(batch_size, memory.MAX_ENCODE_BATCH))
         n_rows = self._first_fill(feed, batch_size)
         if n_rows == 0:
             return
         k = self._k(n_rows)
-        m, st, hyp = self._allocate(n_rows, k)
+        with self.states.lease(n_rows, k) as state:  # the engine's static state, reset (engine/state.py)
+            runner = self._eager if state.private else self.runner  # graphs are bound to the held state
+            yield from self._decode(feed, state, n_rows, k, runner)
+
+    def _decode(self, feed: Feed, state: RunState, n_rows: int, k: int, runner: StepRunner) -> Iterator[ChunkResult]:
+        """`run`'s loop over `n_rows` slots (the first of `state`) at K = `k`, steps by `runner`: withdraw, fill, admit,
+        pack, step, read, yield the finished rows' results. A slot left by its row (withdrawn, or moved by
+        `pack`) is marked finished on the device at once, so a step over more rows than the live ones (a rows
+        bucket) masks it. A row still busy after more steps than any row can take raises (`_check_progress`)."""
+        m, st, hyp = state.m, state.st, state.hyp
         slots: Slots[ChunkRequest] = Slots(n_rows)
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
         max_len = 0  # the longest row's n_tok as last read from the device (HostReader)
         while True:
             if self.withdrawals:
-                self.withdrawals.evict(slots.occupants, feed.ready, feed.in_flight)
+                _release(st, self.withdrawals.evict(slots.occupants, feed.ready, feed.in_flight))
             if slots.n_free and feed.more:
                 feed.fill(slots.n_free)
             if slots.n_free and feed.ready:
                 with feed.losing():
                     max_len = max(max_len, self._admit(m, st, hyp, slots, feed.take(slots.n_free)))
             with feed.losing():
-                for src, dst in slots.pack():
+                moves = slots.pack()
+                for src, dst in moves:
                     m.move_row(src, dst, min(max_len + max(k, hyp.width) + 2, self.n_positions))
                     st.move_row(src, dst)
                     hyp.move_row(src, dst)
+                _release(st, [src for src, _ in moves])
             if slots.n_live == 0:
                 if feed.done:
                     return
                 continue
             with feed.losing():
-                read = self._step(m, st, hyp, slots, reader, k, max_len)
+                read = self._step(m, st, hyp, slots, reader, k, max_len, runner)
+                self._check_progress(slots, reader.lag)
             if read is not None:
                 tag, finish, longest = read
                 # rows placed after the step read have prompts the read did not see (CUDA reads a step late)
@@ -268,6 +311,17 @@ class Engine:
                 for result in self._results(st, hyp, slots.finish(tag, finish), finish):
                     feed.done_with(result.id)
                     yield result
+
+    def _check_progress(self, slots: Slots[ChunkRequest], lag: int) -> None:
+        """RuntimeError naming the chunks when a row has been in its slot for more steps than any row can take:
+        each step commits at least one token of a live row, so a row ends within max_target_positions steps and
+        is seen `lag` steps later. Past that a step does not advance its rows (a graph replayed on memory that is
+        not the state's): the run stops instead of looping for ever."""
+        max_steps = self.tokens.max_positions + lag + 2
+        stuck = slots.overdue(max_steps)
+        if stuck:
+            raise RuntimeError(f"chunk(s) {[req.id for req in stuck][:4]} still decoding after {max_steps} steps: "
+                               "the step does not advance its rows")
 
     def withdraw(self, chunk_id: Hashable) -> None:
         """Free the row of request `chunk_id` before the next step of the run decoding it, or drop it if it waits
@@ -312,12 +366,16 @@ class Engine:
 
     def _check_fits(self, n_rows: int) -> None:
         """ResourceError, saying what fits, when a run of `n_rows` rows would not fit in the memory free now."""
-        reason = memory.check_fits(self.run_shape(n_rows), n_rows, memory.free_bytes(self.target_dec.device))
+        free = memory.free_bytes(self.target_dec.device)
+        if free is not None:  # a held state the run would replace is freed first
+            free += self.states.releasable_bytes(n_rows, self._k(n_rows))
+        reason = memory.check_fits(self.run_shape(n_rows), n_rows, free)
         if reason is not None:
             raise memory.ResourceError(reason)
 
-    def _allocate(self, n_rows: int, k: int) -> tuple[Models, DecodeState, Hypotheses]:
-        """The caches, decoding state and hypotheses of `n_rows` slots, allocated once per run of K = `k` (`_k`).
+    def _allocate(self, n_rows: int, k: int) -> RunState:
+        """The caches, decoding state and hypotheses of `n_rows` slots at K = `k` (`_k`), held by `self.states`
+        and reset in place for each run they cover.
         A hypothesis step writes max(k, width) proposals past a row's n_tok: the state's seq has room for them;
         the caches need none (positions past a row's limit are never real: `Decoder.forward` clamps them). A
         feature-conditioned draft's run keeps the target's final states too (`m.features`)."""
@@ -331,7 +389,7 @@ class Engine:
         width = self.options.num_hypothesis_tokens
         dev = self.target_dec.device
         st = DecodeState.empty(n_rows, self.n_positions + max(k, width) + 8, k, dev)
-        return m, st, Hypotheses.empty(n_rows, self.tokens.max_positions, width, dev)
+        return RunState(n_rows, k, m, st, Hypotheses.empty(n_rows, self.tokens.max_positions, width, dev))
 
     def _admit(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest],
                taken: list[Encoded]) -> int:
@@ -364,32 +422,29 @@ class Engine:
             raise ValueError(f"chunk {req.id!r}: hypothesis holds {bad[0]!r}, not a token id below {vocab}")
 
     def _step(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest], reader: HostReader,
-              k: int, max_len: int) -> tuple[int, list[int], int] | None:
-        """One step over the live rows, slots [0, n_live); returns the host read due now (`HostReader`). It is a
+              k: int, max_len: int, runner: StepRunner) -> tuple[int, list[int], int] | None:
+        """One step over the live rows, slots [0, n_live) (and the free slots up to the runner's rows bucket,
+        masked); returns the host read due now (`HostReader`). It is a
         hypothesis step (window max(k, width) + 1) while a live row's request came with a hypothesis: known on
         the host, so no read decides it, and the draft's catch-up stays in step (engine/hypothesis.py)."""
         n_active = slots.n_live
+        n_step = runner.step_rows(n_active, st.n_tok.shape[0])  # the live rows, or a bucket above them
         with_hyp = any(req is not None and req.hypothesis for req in slots.occupants[:n_active])
         width = max(k, hyp.width) if with_hyp else k
         n_keys = n_keys_bucket(max_len, width, reader.lag, self.n_positions)
         sampling = any(o is not None and o.temperature > 0 for o in slots.occupants[:n_active])
         rules = self.sampling_rules if sampling else self.rules
-        self.runner(m.rows(n_active), rules, st.rows(n_active), k, n_keys, hyp.rows(n_active) if with_hyp else None)
+        runner(m.rows(n_step), rules, st.rows(n_step), k, n_keys, hyp.rows(n_step) if with_hyp else None)
         return reader.after_step(st.rows(n_active), slots.step())
 
     def _results(self, st: DecodeState, hyp: Hypotheses, done: list[tuple[int, ChunkRequest]],
                  finish: list[int]) -> list[ChunkResult]:
-        """The results of the finished (row, request) pairs `done`, read from the device in one copy per state
-        field; finish: every row's FINISH_* code as read."""
+        """The results of the finished (row, request) pairs `done`, read from the device in two copies
+        (`_read_rows`); finish: every row's FINISH_* code as read."""
         if not done:
             return []
-        idx = torch.tensor([row for row, _ in done], device=st.n_tok.device)
-        names = ("seq", "n_tok", "begin", *COUNTS, "hist", "sum_logprob", "no_speech_prob", "offered", "taken")
-        columns = [getattr(st, name)[idx].tolist() for name in names[:-2]]
-        columns += [hyp.offered[idx].tolist(), hyp.accepted[idx].tolist()]
         out = []
-        for (row, req), values in zip(done, zip(*columns)):
-            r = dict(zip(names, values))
+        for (row, req), r in zip(done, _read_rows(st, hyp, [row for row, _ in done])):
             begin, n_tok = r["begin"], r["n_tok"]
             n_generated = n_tok - begin - self.admission.forced(_row_prompt(req))  # a prefix was not generated
             stats = ChunkStats(chunks=1, generated_tokens=n_generated, target_passes=r["target_passes"],
