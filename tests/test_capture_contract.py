@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from asr_spec.engine import DecodeOptions, Engine, EngineError
-from asr_spec.engine.capture import StepRunner, rows_bucket
+from asr_spec.engine.capture import StepRunner, all_n_keys_buckets, rows_bucket
 from asr_spec.engine.oracle import oracle_draft
 from asr_spec.engine.speculative import step
 from asr_spec.models.loading import decoder_draft
@@ -268,3 +268,20 @@ def test_rows_bucket(n_live, n_slots, rows):
     assert rows_bucket(n_live, n_slots) == rows
     assert StepRunner("cuda-graphs").step_rows(n_live, n_slots) == rows
     assert StepRunner().step_rows(n_live, n_slots) == n_live  # eager steps compute no masked row
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_graphs_captured_ahead_serve_the_runs(speculative):
+    """`Engine.capture_ahead`: every rows bucket x key bucket captured before any chunk; the runs that follow
+    (fewer slots too) capture nothing more, replay on the captured addresses and give the eager tokens."""
+    runner = AddressRunner()
+    engine = _engine(speculative, runner)
+    n_steps = engine.capture_ahead(BATCH)
+    assert n_steps == runner.captures == len(runner.graphs) == 3 * len(all_n_keys_buckets(engine.n_positions))
+    got = [engine.decode(_features(), batch_size=BATCH), engine.decode(_features()[:2], batch_size=2)]
+    assert runner.captures == n_steps and runner.replays > 0
+    assert not runner.moved, runner.report()
+    eager = _engine(speculative, StepRunner())
+    assert [_tokens(r) for r in got] == [_tokens(eager.decode(_features(), batch_size=BATCH)),
+                                         _tokens(eager.decode(_features()[:2], batch_size=2))]
+    assert _engine(speculative, StepRunner()).capture_ahead(BATCH) == 0  # eager: nothing to capture

@@ -39,6 +39,11 @@ def rows_bucket(n_live: int, n_slots: int) -> int:
     return min(1 << (n_live - 1).bit_length(), n_slots)
 
 
+def all_n_keys_buckets(n_positions: int) -> list[int]:
+    """Every value `n_keys_bucket` can give for caches of `n_positions` positions, ascending."""
+    return [*range(KEY_BUCKET, n_positions, KEY_BUCKET), n_positions]
+
+
 def n_keys_bucket(max_len: int, k: int, lag: int, n_positions: int) -> int:
     """Keys a step must attend to, rounded up to a bucket: above every position a row can reach this step.
 

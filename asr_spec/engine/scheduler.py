@@ -24,7 +24,7 @@ from torch import nn
 
 from asr_spec.engine import memory
 from asr_spec.engine.admission import Admission, RowPrompt
-from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket, pin_attention
+from asr_spec.engine.capture import HostReader, StepRunner, all_n_keys_buckets, n_keys_bucket, pin_attention
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
 from asr_spec.engine.features import TargetFeatures
@@ -322,6 +322,27 @@ class Engine:
         if stuck:
             raise RuntimeError(f"chunk(s) {[req.id for req in stuck][:4]} still decoding after {max_steps} steps: "
                                "the step does not advance its rows")
+
+    def capture_ahead(self, batch_size: int) -> int:
+        """Capture now the step graphs a run of `batch_size` rows of greedy chunks without hypotheses can need:
+        every rows bucket x n_keys bucket at that run's K, on the state such a run decodes in (all slots free, so
+        each step masks every row and changes nothing). A server calls it before its first request, a benchmark
+        before timing. Only with a CUDA-graph runner (returns 0 otherwise: an eager step has nothing to capture);
+        returns the steps run. Sampled or hypothesis steps are still captured when first met."""
+        check_int(batch_size, "batch_size", 1)
+        if self.runner.mode != "cuda-graphs":
+            return 0
+        k = self._k(batch_size)
+        self._check_fits(batch_size)
+        rows = sorted({self.runner.step_rows(n, batch_size) for n in range(1, batch_size + 1)})
+        keys = all_n_keys_buckets(self.n_positions)
+        with self.states.lease(batch_size, k) as state:
+            if state.private:  # a run holds the engine's state: nothing to capture on
+                return 0
+            for n_rows in rows:
+                for n_keys in keys:
+                    self.runner(state.m.rows(n_rows), self.rules, state.st.rows(n_rows), k, n_keys)
+        return len(rows) * len(keys)
 
     def withdraw(self, chunk_id: Hashable) -> None:
         """Free the row of request `chunk_id` before the next step of the run decoding it, or drop it if it waits

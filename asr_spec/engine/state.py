@@ -45,11 +45,18 @@ class RunState:
     def reset(self) -> None:
         """Every slot free (finished, so a step masks it) and empty, in place: the values `DecodeState.empty` and
         `Hypotheses.empty` give, copied into the held tensors; every cache length 0 (entries past a length are
-        stale by definition, so the caches' contents need no reset)."""
+        stale by definition, so the caches' contents need no reset).
+
+        Each slot is parked on one committed token (n_tok = begin = limit = 1): the step's invariant then holds
+        for it (the target cache holds n_tok - 1 = 0 tokens, the draft's 0 >= n_tok - 2), so a step over a slot
+        never admitted (a rows bucket past a run's slots, `Engine.capture_ahead`) indexes in bounds: on a GPU an
+        index of -1 is a device-side assert."""
         st, hyp = self.st, self.hyp
         fresh = DecodeState.empty(self.n_rows, st.seq.shape[1], st.hist.shape[1] - 1, st.seq.device)
         for f in fields(DecodeState):
             getattr(st, f.name).copy_(getattr(fresh, f.name))
+        for parked in (st.n_tok, st.begin, st.limit):
+            parked.fill_(1)
         empty = Hypotheses.empty(self.n_rows, hyp.tokens.shape[1], hyp.width, hyp.tokens.device)
         for name in hyp._tensors():
             getattr(hyp, name).copy_(getattr(empty, name))
