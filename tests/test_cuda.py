@@ -11,6 +11,7 @@ the same half-precision weights, at the common prefix) are within the tolerance 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -131,6 +132,23 @@ def test_cuda_graphs_equal_eager(speculative):
             again = engine.decode(feats, batch_size=4)
             assert [(r.tokens, r.stats) for r in again] == [(r.tokens, r.stats) for r in runs[True]]
     assert [(r.tokens, r.stats) for r in runs[True]] == [(r.tokens, r.stats) for r in runs[False]]
+
+
+@pytest.mark.cuda
+@NEEDS_GPU
+def test_graphs_captured_ahead_equal_eager():
+    """`Engine.capture_ahead` on a real GPU: every (rows bucket, key bucket) captured on parked slots (no
+    device-side assert), then a speculative run that captures nothing more gives the eager run's tokens."""
+    target = tiny_target().to("cuda", torch.float16)
+    feats = _features(10).cuda().half()
+    opts = DecodeOptions(language="en", timestamps=True, max_new_tokens=40)
+    engine = Engine(target, decoder_draft(target), opts)
+    n_graphs = engine.capture_ahead(4)
+    assert n_graphs == len(engine.runner.graphs) > 0
+    results = engine.decode(feats, batch_size=4)
+    assert len(engine.runner.graphs) == n_graphs
+    eager = Engine(target, decoder_draft(target), replace(opts, cuda_graphs=False)).decode(feats, batch_size=4)
+    assert [(r.tokens, r.stats) for r in results] == [(r.tokens, r.stats) for r in eager]
 
 
 @pytest.mark.cuda
