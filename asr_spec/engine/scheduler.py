@@ -14,9 +14,7 @@ engine's own work raises `EngineError` naming the chunks lost with it, so a serv
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import replace
 
 import torch
@@ -28,6 +26,7 @@ from asr_spec.engine.capture import HostReader, StepRunner, all_n_keys_buckets, 
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
 from asr_spec.engine.features import TargetFeatures
+from asr_spec.engine.feed import Encoded, Feed
 from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
@@ -41,22 +40,6 @@ from asr_spec.engine.stats import ChunkStats
 from asr_spec.engine.withdrawals import Withdrawals
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
-
-
-class EngineError(RuntimeError):
-    """The engine's own work (encoding, admitting, a decoding step) raised; the run is over.
-
-    chunk_ids: the chunks lost with it: pulled from the source and not yet yielded (the rows of the failing step
-    and any encoded chunks waiting for a row). A new `Engine.run` may carry on from the same source.
-    """
-
-    def __init__(self, chunk_ids: tuple[Hashable, ...], cause: BaseException):
-        super().__init__(f"engine step failed with {len(chunk_ids)} chunk(s) in flight: "
-                         f"{type(cause).__name__}: {cause}")
-        self.chunk_ids = chunk_ids
-
-
-Encoded = tuple[ChunkRequest, torch.Tensor, torch.Tensor | None]  # a request, its target and own-draft encoder outputs
 
 
 def _release(st: DecodeState, rows: list[int]) -> None:
@@ -86,60 +69,6 @@ def _read_rows(st: DecodeState, hyp: Hypotheses, rows: list[int]) -> list[dict]:
 def _row_prompt(req: ChunkRequest) -> RowPrompt:
     """A request's previous text and prefix, as admission takes them."""
     return RowPrompt(tuple(req.prompt), tuple(req.prefix))
-
-
-class Feed:
-    """The chunks on their way to a slot: pulled from the source, encoded a micro-batch at a time, then waiting in
-    `ready` for a free slot. Every id pulled and not yet given back (`done_with`) is in flight: lost with the run if
-    the engine raises (`losing`)."""
-
-    def __init__(self, source: Iterator[ChunkRequest | None],
-                 encode: Callable[[list[ChunkRequest]], tuple[list[torch.Tensor], list[torch.Tensor] | None]],
-                 micro_batch: int):
-        self.source, self.encode, self.micro_batch = source, encode, micro_batch
-        self.ready: deque[Encoded] = deque()
-        self.in_flight: set = set()
-        self.more = True  # False once the source is exhausted
-
-    @property
-    def done(self) -> bool:
-        """The source is exhausted and no encoded chunk waits."""
-        return not self.more and not self.ready
-
-    def fill(self, n_needed: int) -> None:
-        """Encode micro-batches until `n_needed` chunks are ready, the source has nothing right now (it yields
-        None) or is exhausted (`more` becomes False)."""
-        while len(self.ready) < n_needed:
-            batch = []
-            while len(batch) < self.micro_batch:
-                req = next(self.source, StopIteration)
-                if req is StopIteration or req is None:
-                    self.more = req is None
-                    break
-                batch.append(req)
-                self.in_flight.add(req.id)
-            if batch:
-                with self.losing():
-                    enc, own = self.encode(batch)
-                for i, r in enumerate(batch):
-                    self.ready.append((r, enc[i], None if own is None else own[i]))
-            if len(batch) < self.micro_batch:
-                return
-
-    def take(self, n: int) -> list[Encoded]:
-        """Up to `n` ready chunks, oldest first."""
-        return [self.ready.popleft() for _ in range(min(n, len(self.ready)))]
-
-    def done_with(self, chunk_id: Hashable) -> None:
-        self.in_flight.discard(chunk_id)
-
-    @contextmanager
-    def losing(self) -> Iterator[None]:
-        """Turn an exception of the engine's own work into `EngineError` naming the chunks in flight."""
-        try:
-            yield
-        except Exception as err:
-            raise EngineError(tuple(self.in_flight), err) from err
 
 
 class Engine:
