@@ -5,8 +5,9 @@ A CUDA graph records device addresses. Replaying it after the engine allocated n
 reads and writes the memory the old ones were freed to (rows that never advance, wrong tokens, or a device-side
 assert). `AddressRunner` is the CUDA-graph runner with its capture and replay replaced by a record of the
 addresses (storage, offset, shape, stride, dtype) of every tensor the step reads or writes that it did not create
-itself, in op order (a `TorchDispatchMode`): "capture" records them, each "replay" runs the step eagerly again and
-compares. The scheduling, the graph keys and when graphs are captured or dropped are the real runner's.
+itself, or created and kept (a lazily packed weight, which a graph would keep reading), by a `TorchDispatchMode`:
+"capture" records them, each "replay" runs the step eagerly again and fails on any address its capture did not
+touch. The scheduling, the graph keys and when graphs are captured or dropped are the real runner's.
 
 Checked across what reuses an engine: two runs of one engine (greedy, speculative, the oracle across rates as
 scripts/gpu_bench.py does), a second `Transcriber.transcribe`, and a run after an `EngineError`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 
 import numpy as np
 import pytest
@@ -70,12 +72,14 @@ def _address(t: torch.Tensor, storage: int) -> Address:
 
 
 class _Recorder(TorchDispatchMode):
-    """The addresses of the tensors each op reads or writes that were not made inside the recorded call, in op
-    order. A 0-dim tensor reachable from nothing the step was given is a Python number made a tensor: skipped."""
+    """The addresses of the tensors the ops read or write that were not made inside the recorded call, and of those
+    made inside it that outlive it (`kept`). A 0-dim tensor reachable from nothing the step was given is a Python
+    number made a tensor: skipped."""
 
     def __init__(self, known: dict[int, torch.Tensor]):
         super().__init__()
-        self.known, self.outside, self.made, self.addresses = known, set(), set(), []
+        self.known, self.outside, self.made, self.addresses = known, set(), set(), set()
+        self.made_refs: list[tuple[weakref.ref, Address]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -84,20 +88,25 @@ class _Recorder(TorchDispatchMode):
                 storage = _storage(t)
                 if storage in self.outside or (storage not in self.made and (t.dim() > 0 or storage in self.known)):
                     self.outside.add(storage)
-                    self.addresses.append(_address(t, storage))
+                    self.addresses.add(_address(t, storage))
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and _storage(t) not in self.outside:
                 self.made.add(_storage(t))  # made by this op (an in-place op returns its input)
+                self.made_refs.append((weakref.ref(t), _address(t, _storage(t))))
         return out
 
+    def kept(self) -> set[Address]:
+        """The addresses of the tensors made in the call and still alive after it."""
+        return {address for ref, address in self.made_refs if ref() is not None}
 
-def _record(args: tuple) -> list[Address]:
-    """Run the step on `args` eagerly, returning the addresses it touched."""
+
+def _record(args: tuple) -> set[Address]:
+    """Run the step on `args` eagerly, returning the addresses it touched or made and kept."""
     recorder = _Recorder(_reachable_tensors(args))
     with torch.no_grad(), recorder:
         step(*args)
-    return recorder.addresses
+    return recorder.addresses | recorder.kept()
 
 
 class AddressRunner(StepRunner):
@@ -111,16 +120,15 @@ class AddressRunner(StepRunner):
         self.moved: list[tuple[tuple, int, int]] = []  # (graph key, addresses moved, addresses touched) per bad replay
         self.fail_at = fail_at
 
-    def _capture(self, key: tuple, args: tuple) -> list[Address]:
+    def _capture(self, key: tuple, args: tuple) -> set[Address]:
         self.captures += 1
         return _record(args)
 
-    def _replay(self, key: tuple, graph: list[Address], args: tuple) -> None:
+    def _replay(self, key: tuple, graph: set[Address], args: tuple) -> None:
         self.replays += 1
-        now = _record(args)
-        if now != graph:
-            moved = sum(a != b for a, b in zip(now, graph)) + abs(len(now) - len(graph))
-            self.moved.append((key, moved, len(graph)))
+        moved = _record(args) - graph
+        if moved:
+            self.moved.append((key, len(moved), len(graph)))
 
     def __call__(self, *args, **kwargs) -> None:
         self.calls += 1
