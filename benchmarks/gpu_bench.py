@@ -24,8 +24,12 @@ rows marked `draft = "features"` and `set_acceptance` empty. What it measures is
 acceptance with random weights means nothing), beside the oracle's 2-layer cost at the same K; the floor counts its
 one layer (its input projection, 2 d x d, not counted).
 
-    python -m benchmarks.gpu_bench --json gpu_bench.json   # on a GPU (never run yet; gpu_check.sh cuts it at 270 s)
-    python -m benchmarks.gpu_bench --device cpu --tiny     # the same logic at small shapes, a few seconds
+Per configuration the engine is built once; its warm-up decode captures the CUDA graphs and the timed decodes
+replay them on the same state (engine/state.py), the oracle engine across its rates too.
+
+    python -m benchmarks.gpu_bench --plan check --json gpu_bench.json   # the ordered stages of CHECK_PLAN (gpu_check.sh)
+    python -m benchmarks.gpu_bench --json gpu_bench.json                # the whole grid of the options, batch by batch
+    python -m benchmarks.gpu_bench --device cpu --tiny                  # the same logic at small shapes, a few seconds
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -51,9 +56,32 @@ from benchmarks import step_floor as sf
 AUDIO_STD = 10.0
 FULL = dict(target="large-v2", draft="distil-large-v2", batches="1,4,16,64", ks="3,5,8", rates="0.6,0.8,0.9",
             new_tokens=64, repeats=2, modes="eager,graphs", dtype="float16", chunks_per_slot=1, kinds="oracle,features")
-# no warm-up: its figures are not the point, its checks are
+
+@dataclass(frozen=True)
+class Stage:
+    """One part of the grid: every (mode, K, acceptance) of `kinds` at each batch, batches in the order given."""
+
+    name: str
+    modes: tuple[str, ...]
+    batches: tuple[int, ...]
+    ks: tuple[int, ...]
+    rates: tuple[float, ...]
+    kinds: tuple[str, ...]
+
+
+# --plan check (scripts/gpu_check.sh): the first minutes answer the main question, CUDA graphs at batch 64 / 16 /
+# 4 / 1 with the oracle at 0.8 and 0.9, K = 5 (batch 64 first: a run cut short keeps the most informative rows);
+# then eager at batch 1 only (at large-v2 shapes an eager step is Python-dispatch bound, ~1,500 ops a greedy step:
+# larger batches in eager tell nothing new); then the rest of the grid
+CHECK_PLAN = (
+    Stage("main", ("graphs",), (64, 16, 4, 1), (5,), (0.8, 0.9), ("oracle",)),
+    Stage("eager", ("eager",), (1,), (5,), (0.8, 0.9), ("oracle",)),
+    Stage("other K", ("graphs",), (64, 16, 4, 1), (3, 8), (0.6, 0.8, 0.9), ("oracle",)),
+    Stage("features", ("graphs",), (64, 16, 4, 1), (5, 3, 8), (), ("features",)),
+)
 TINY = dict(target="test", draft="test", batches="8", ks="3,8", rates="0.6,0.9", new_tokens=120, repeats=1,
-            modes="eager", dtype="float32", chunks_per_slot=2, kinds="oracle")
+            modes="eager", dtype="float32", chunks_per_slot=2,
+            kinds="oracle")  # no warm-up: its figures are not the point, its checks are
 
 
 class CountingRunner(StepRunner):
@@ -171,74 +199,90 @@ def _num(value: float | None, spec: str) -> str:
     return f"{'-':>{spec.split('.')[0]}}" if value is None else f"{value:{spec}}"
 
 
-def bench_batch(args, target, draft, enc, batch: int, rates, out_rows: list, deadline: float) -> None:
-    """Greedy, then the drafts of args.kinds (the oracle at every (mode, K, acceptance), the feature-conditioned
-    draft at every (mode, K)), at one batch size (rows appended)."""
+class Reference:
+    """Per batch size: greedy's results (the first mode's: the reference every row is compared with, and the
+    oracle's recording), its tokens/s per mode, and the oracle draft made from it."""
+
+    def __init__(self):
+        self.greedy: dict[int, list] = {}
+        self.tps: dict[tuple[int, str], float] = {}
+        self.oracle: dict[int, tuple] = {}
+
+
+def bench_batch(args, target, draft, enc, batch: int, stage: Stage, ref: Reference, out_rows: list,
+                deadline: float) -> None:
+    """Greedy in each of the stage's modes not measured yet at this batch, then the drafts of stage.kinds (the
+    oracle at every (mode, K, acceptance), the feature-conditioned draft at every (mode, K)) (rows appended)."""
     enc = enc[:batch * args.chunks_per_slot]
     base = dict(device=args.device_name, dtype=args.dtype, batch=batch)
     floors: dict = {}
-    greedy, greedy_tps = None, {}
-    script = None
-    for mode in args.modes:
+    for mode in stage.modes:
+        if (batch, mode) in ref.tps:
+            continue
         opts = DecodeOptions(language="en", max_new_tokens=args.new_tokens, cuda_graphs=mode == "graphs")
         engine = Engine(target, None, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
         seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
-        if greedy is None:  # the first mode's greedy run is the reference and the oracle's recording
-            greedy = results
-            oracle, script = oracle_draft(draft, [r.prompt + r.tokens for r in results], enc, rates[0], args.seed)
+        if batch not in ref.greedy:  # the first mode's greedy run is the reference and the oracle's recording
+            ref.greedy[batch] = results
+            ref.oracle[batch] = oracle_draft(draft, [r.prompt + r.tokens for r in results], enc,
+                                             (stage.rates or (1.0,))[0], args.seed)
         common = dict(base, mode=mode, k=0, set_acceptance=None, draft="none")
-        row = result_row(common, seconds, results, keys, greedy, floor_ms(target, draft, keys, args.machine, floors))
-        greedy_tps[mode] = row["tokens_per_s"]
+        row = result_row(common, seconds, results, keys, ref.greedy[batch],
+                         floor_ms(target, draft, keys, args.machine, floors))
+        ref.tps[batch, mode] = row["tokens_per_s"]
         _emit(dict(row, speedup_vs_greedy=1.0), out_rows, args)
-    if "oracle" in args.kinds:
-        _bench_oracle(args, target, draft, oracle, script, enc, batch, rates, greedy, greedy_tps, out_rows, deadline)
-    if "features" in args.kinds:
-        _bench_features(args, target, enc, batch, greedy, greedy_tps, out_rows, deadline)
+    if "oracle" in stage.kinds:
+        _bench_oracle(args, target, draft, enc, batch, stage, ref, out_rows, deadline)
+    if "features" in stage.kinds:
+        _bench_features(args, target, enc, batch, stage, ref, out_rows, deadline)
 
 
-def _bench_oracle(args, target, draft, oracle, script, enc, batch: int, rates, greedy, greedy_tps: dict,
-                  out_rows: list, deadline: float) -> None:
-    """The oracle draft at every (mode, K, acceptance), at one batch size (rows appended)."""
+def _bench_oracle(args, target, draft, enc, batch: int, stage: Stage, ref: Reference, out_rows: list,
+                  deadline: float) -> None:
+    """The oracle draft at every (mode, K, acceptance) of the stage, at one batch size (rows appended): one engine
+    per (mode, K), decoding at each rate in turn (the rate is a device scalar: the captured graphs read it)."""
+    oracle, script = ref.oracle[batch]
     base = dict(device=args.device_name, dtype=args.dtype, batch=batch, draft="oracle")
     floors: dict = {}
-    for mode, k, opts in _grid(args, batch, "", deadline):
+    for mode, k, opts in _grid(args, stage, batch, "", deadline):
         engine = Engine(target, oracle, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
-        for rate in rates:
+        for rate in stage.rates:
             script.set_acceptance(rate)
             seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
             common = dict(base, mode=mode, k=k, set_acceptance=rate)
-            row = result_row(common, seconds, results, keys, greedy,
+            row = result_row(common, seconds, results, keys, ref.greedy[batch],
                              floor_ms(target, draft, keys, args.machine, floors))
-            _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / greedy_tps[mode]), out_rows, args)
+            _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / ref.tps[batch, mode]), out_rows, args)
         del engine
         if enc.device.type == "cuda":
             torch.cuda.empty_cache()
 
 
-def _grid(args, batch: int, what: str, deadline: float):
-    """The (mode, K, DecodeOptions) of the grid at one batch size, in order, until the time budget is spent (then
+def _grid(args, stage: Stage, batch: int, what: str, deadline: float):
+    """The (mode, K, DecodeOptions) of the stage at one batch size, in order, until the time budget is spent (then
     one line says what was skipped); what: the draft named in that line ("" for the oracle)."""
-    for mode in args.modes:
-        for k in args.ks:
+    for mode in stage.modes:
+        for k in stage.ks:
             if time.perf_counter() > deadline:
-                print(f"# time budget spent: batch {batch} {mode} {what}K={k} and later skipped", flush=True)
+                print(f"# time budget spent: {stage.name}: batch {batch} {mode} {what}K={k} and later skipped",
+                      flush=True)
                 return
             yield mode, k, DecodeOptions(language="en", max_new_tokens=args.new_tokens, num_draft_tokens=k,
                                          cuda_graphs=mode == "graphs")
 
 
-def _bench_features(args, target, enc, batch: int, greedy, greedy_tps: dict, out_rows: list,
+def _bench_features(args, target, enc, batch: int, stage: Stage, ref: Reference, out_rows: list,
                     deadline: float) -> None:
-    """A random feature-conditioned draft at every (mode, K), at one batch size: its cost per step."""
+    """A random feature-conditioned draft at every (mode, K) of the stage, at one batch size: its cost per step."""
     feature_draft = init_feature_draft(target)
     base = dict(device=args.device_name, dtype=args.dtype, batch=batch, draft="features", set_acceptance=None)
     floors: dict = {}
-    for mode, k, opts in _grid(args, batch, "features ", deadline):
+    for mode, k, opts in _grid(args, stage, batch, "features ", deadline):
         engine = Engine(target, feature_draft, opts, runner=CountingRunner(_runner_mode(mode, enc.device)))
         seconds, results, keys = timed_decode(engine, enc, batch, args.repeats, not args.tiny)
-        row = result_row(dict(base, mode=mode, k=k), seconds, results, keys, greedy,
+        row = result_row(dict(base, mode=mode, k=k), seconds, results, keys, ref.greedy[batch],
                          floor_ms(target, feature_draft, keys, args.machine, floors))
-        _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / greedy_tps[mode]), out_rows, args)
+        _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / ref.tps[batch, mode]), out_rows, args)
         del engine
 
 
@@ -261,19 +305,22 @@ def check(rows: list[dict], tolerance: float) -> list[str]:
     failures = []
     for row in rows:
         name = f"batch {row['batch']} {row['mode']} K={row['k']} a={row['set_acceptance']}"
-        if (row["set_acceptance"] is not None
-                and not abs(row["measured_acceptance"] - row["set_acceptance"]) <= tolerance):
+        set_rate = row["set_acceptance"]
+        if set_rate is not None and not abs(row["measured_acceptance"] - set_rate) <= tolerance:
             failures.append(f"{name}: measured acceptance {row['measured_acceptance']:.3f}, set "
                             f"{row['set_acceptance']} (tolerance {tolerance})")
         if row["rows_equal_greedy"] != row["rows"]:
-            differ = row["rows"] - row["rows_equal_greedy"]
-            failures.append(f"{name}: {differ} of {row['rows']} rows differ from greedy")
+            n_differ = row["rows"] - row["rows_equal_greedy"]
+            failures.append(f"{name}: {n_differ} of {row['rows']} rows differ from greedy")
     return failures
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--plan", choices=("grid", "check"), default="grid",
+                    help="grid: every (batch, mode, K, rate) of the options below; check: the ordered stages of "
+                         "CHECK_PLAN (scripts/gpu_check.sh), --batches (when given) replacing their batch sizes")
     ap.add_argument("--tiny", action="store_true", help="small shapes (a 2-layer 64-wide target), a few seconds")
     for name in ("batches", "ks", "rates", "modes", "dtype", "kinds"):
         ap.add_argument(f"--{name}", default=None, help=f"comma list (default: {FULL[name]}; tiny {TINY[name]})")
@@ -290,6 +337,7 @@ def parse_args(argv=None):
                     help="exit 1 unless every measured acceptance is within TOL of the set one and every row equals "
                          "greedy (the CPU check; in fp16 a near-tie may make a row differ)")
     args = ap.parse_args(argv)
+    batches_given = args.batches is not None
     preset = TINY if args.tiny else FULL
     args.target, args.draft = preset["target"], preset["draft"]
     for name in ("new_tokens", "repeats", "dtype", "modes", "batches", "ks", "chunks_per_slot", "kinds"):
@@ -306,6 +354,14 @@ def parse_args(argv=None):
     bad = [k for k in args.kinds if k not in ("oracle", "features")]
     if bad or not args.kinds:
         raise SystemExit(f"--kinds: {bad} not among oracle, features")
+    args.stages = [Stage("grid", tuple(args.modes), tuple(args.batches), tuple(args.ks), tuple(args.rate_list),
+                         tuple(args.kinds))]
+    if args.plan == "check":
+        args.stages = [replace(s, batches=tuple(args.batches)) if batches_given else s for s in CHECK_PLAN]
+        if args.device != "cuda":  # the CPU dry run of the check: the same stages, every step eager
+            args.stages = [replace(s, modes=("eager",)) for s in args.stages]
+        args.modes = sorted({m for s in args.stages for m in s.modes})
+        args.batches = [b for s in args.stages for b in s.batches]
     return args
 
 
@@ -329,8 +385,13 @@ def main(argv=None) -> list[dict]:
           f"{'ms/step':>8} {'floor':>8} {'x fl.':>6} {'=greedy':>7}")
     rows: list[dict] = []
     deadline = t0 + args.max_seconds
-    for batch in args.batches:
-        bench_batch(args, target, draft, enc, batch, args.rate_list, rows, deadline)
+    ref = Reference()
+    for stage in args.stages:
+        if len(args.stages) > 1:
+            print(f"# stage {stage.name}: {'/'.join(stage.modes)}, batch {stage.batches}, K {stage.ks}, "
+                  f"rates {stage.rates}, {'+'.join(stage.kinds)}", flush=True)
+        for batch in stage.batches:
+            bench_batch(args, target, draft, enc, batch, stage, ref, rows, deadline)
     if args.check is not None:
         failures = check(rows, args.check)
         print("\n".join(failures) if failures else f"# checks passed: acceptance within {args.check}, rows == greedy")

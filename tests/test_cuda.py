@@ -11,6 +11,7 @@ the same half-precision weights, at the common prefix) are within the tolerance 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -57,7 +58,10 @@ def test_speculative_equals_engine_greedy_on_gpu(dtype, batch_size):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-def test_fp32_on_gpu_equals_transformers():
+def test_fp32_on_gpu_equals_transformers(monkeypatch):
+    # exact fp32 on both sides: no TF32 in matmuls or in the encoder's convolutions (cuDNN's default is on)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     target = tiny_target().to(DEVICE)
     feats = _features(6).to(DEVICE)
     results = Engine(target, decoder_draft(target), DecodeOptions(language="en", max_new_tokens=40)).decode(
@@ -113,7 +117,7 @@ def test_half_precision_contract_against_generate_with_timestamps(dtype, specula
 @NEEDS_GPU
 def test_cuda_graphs_equal_eager(speculative):
     """The captured step replays the eager step's kernels: identical tokens and statistics, with refills and a
-    shrinking tail (10 chunks through 4 slots)."""
+    shrinking tail (10 chunks through 4 slots), also in a second run of the same engine (issue 35)."""
     target = tiny_target().to("cuda", torch.float16)
     feats = _features(10).cuda().half()
     draft = decoder_draft(target) if speculative else None
@@ -124,7 +128,27 @@ def test_cuda_graphs_equal_eager(speculative):
         runs[graphs] = engine.decode(feats, batch_size=4)
         if graphs:
             assert engine.runner.graphs, "no CUDA graph was captured"
+            # a second run of the same engine replays the graphs on the same (reset) state: the same again
+            again = engine.decode(feats, batch_size=4)
+            assert [(r.tokens, r.stats) for r in again] == [(r.tokens, r.stats) for r in runs[True]]
     assert [(r.tokens, r.stats) for r in runs[True]] == [(r.tokens, r.stats) for r in runs[False]]
+
+
+@pytest.mark.cuda
+@NEEDS_GPU
+def test_graphs_captured_ahead_equal_eager():
+    """`Engine.capture_ahead` on a real GPU: every (rows bucket, key bucket) captured on parked slots (no
+    device-side assert), then a speculative run that captures nothing more gives the eager run's tokens."""
+    target = tiny_target().to("cuda", torch.float16)
+    feats = _features(10).cuda().half()
+    opts = DecodeOptions(language="en", timestamps=True, max_new_tokens=40)
+    engine = Engine(target, decoder_draft(target), opts)
+    n_graphs = engine.capture_ahead(4)
+    assert n_graphs == len(engine.runner.graphs) > 0
+    results = engine.decode(feats, batch_size=4)
+    assert len(engine.runner.graphs) == n_graphs
+    eager = Engine(target, decoder_draft(target), replace(opts, cuda_graphs=False)).decode(feats, batch_size=4)
+    assert [(r.tokens, r.stats) for r in results] == [(r.tokens, r.stats) for r in eager]
 
 
 @pytest.mark.cuda

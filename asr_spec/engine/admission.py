@@ -138,8 +138,8 @@ class Admission:
         sot_logits = None
         if self.detect or all_single:
             sot_logits = self._sot_pass(caches)
-        langs = self._languages(sot_logits, r, caches.target.device)
-        seqs, lengths, sot_index = self._prompts(langs, prompts)
+        langs = self._languages(sot_logits, r)
+        seqs, lengths, sot_index = self._prompts(langs, prompts, caches.target.device)
         fed = 1 if sot_logits is not None and not any_previous else 0  # the SOT pass's key/values are kept
         # the SOT logits come from the SOT pass when its key/values are kept (fed = 1), else from this prefill
         prefill_logits = prefill(caches.target, caches.target_cache, seqs, lengths, fed,
@@ -163,17 +163,18 @@ class Admission:
             return caches.features.target_pass(dec, cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
         return dec.forward(cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
 
-    def _languages(self, sot_logits: torch.Tensor | None, r: int, device: torch.device) -> torch.Tensor:
-        """(R,) language token ids: detected from the SOT logits, or the one given (ignored by English-only)."""
+    def _languages(self, sot_logits: torch.Tensor | None, r: int) -> list[int]:
+        """R language token ids: detected from the SOT logits (the one host read of an admission: the prompts are
+        built on the host), or the one given (ignored by English-only)."""
         if self.detect:
-            return self.rules.detect_language(sot_logits.float())
-        return torch.full((r,), self.lang_id, device=device)
+            return self.rules.detect_language(sot_logits.float()).tolist()
+        return [self.lang_id] * r
 
-    def _prompts(self, lang: torch.Tensor, prompts: list[RowPrompt]) -> tuple[torch.Tensor, ...]:
-        """(R,) language token ids -> the (R, L) prompts right-padded with <|endoftext|>, their (R,) lengths and
-        the (R,) index of each one's <|startoftranscript|>, on the device."""
+    def _prompts(self, lang: list[int], prompts: list[RowPrompt], device: torch.device) -> tuple[torch.Tensor, ...]:
+        """R language token ids -> the (R, L) prompts right-padded with <|endoftext|> to the longest (L = its
+        length), their (R,) lengths and the (R,) index of each one's <|startoftranscript|>, on `device`."""
         rows = []
-        for lang_id, p in zip(lang.tolist(), prompts):
+        for lang_id, p in zip(lang, prompts):
             template = list(self.template)
             if self.tokens.is_multilingual:
                 template[1] = lang_id
@@ -181,9 +182,9 @@ class Admission:
             stamp = [self.tokens.timestamp_begin] if p.prefix and self.timestamps else []
             rows.append(previous + template + stamp + list(p.prefix))
         n_longest = max(len(row) for row in rows)
-        seqs = torch.tensor([row + [self.tokens.eot] * (n_longest - len(row)) for row in rows], device=lang.device)
-        lengths = torch.tensor([len(row) for row in rows], device=lang.device)
-        sot_index = torch.tensor([len(p.previous) + 1 if p.previous else 0 for p in prompts], device=lang.device)
+        seqs = torch.tensor([row + [self.tokens.eot] * (n_longest - len(row)) for row in rows], device=device)
+        lengths = torch.tensor([len(row) for row in rows], device=device)
+        sot_index = torch.tensor([len(p.previous) + 1 if p.previous else 0 for p in prompts], device=device)
         return seqs, lengths, sot_index
 
     def _no_speech_prob(self, sot_logits: torch.Tensor) -> torch.Tensor:
@@ -195,13 +196,14 @@ class Admission:
 
 def prefill(dec: Decoder, cache: KVCache, prompts: torch.Tensor, lengths: torch.Tensor, fed: int,
             sot_index: torch.Tensor | None = None, features: TargetFeatures | None = None) -> torch.Tensor | None:
-    """Feed the right-padded (R, L) `prompts` from position `fed` (the tokens `cache`, the slots' view, holds
-    already) up to each row's last token but one, and set the cache's lengths to `lengths` - 1 (R,). Returns the
+    """Feed the (R, L) `prompts`, right-padded to the longest (L = lengths.max(), so known without a host read),
+    from position `fed` (the tokens `cache`, the slots' view, holds already) up to each row's last token but one,
+    and set the cache's lengths to `lengths` - 1 (R,). Returns the
     (R, V) logits at each row's `sot_index` (R,) (None when not asked or nothing was fed); every such index must be
     >= fed. Rows are fed together: [fed, L - 1), or [fed, L) when a SOT index asked for is a row's last token.
     features: the target's final states of the fed positions are kept there (a target's prefill for a
     feature-conditioned draft)."""
-    end = int(lengths.max()) - 1
+    end = prompts.shape[1] - 1
     if sot_index is not None:
         end = max(end, int(sot_index.max()) + 1)
     logits = None

@@ -1,8 +1,12 @@
-"""Running the static step: eager, one CUDA graph per (rows, n_keys bucket, K), or a compiled function; and the
-one read per step the scheduler needs from the device (finished rows, longest row), consumed one step late on CUDA.
+"""Running the static step: eager, one CUDA graph per (rows bucket, n_keys bucket, K), or a compiled function; and
+the one read per step the scheduler needs from the device (finished rows, longest row), consumed one step late on
+CUDA.
 
 The step (speculative.step) has static shapes for a given (rows, n_keys, K) and updates its state in place, so
-replaying a graph captured on the same state tensors is the same computation as running it eagerly.
+replaying a graph captured on the same state tensors is the same computation as running it eagerly. The contract
+that makes this true: a graph is replayed only on the tensors it was captured on. The engine keeps one static
+state (engine/state.py), reset in place run after run, and drops the graphs (`drop_graphs`) when it replaces it;
+tests/test_capture_contract.py checks the addresses every replayed step touches.
 """
 
 from __future__ import annotations
@@ -20,6 +24,26 @@ KEY_BUCKET = 32  # n_keys is rounded up to a multiple of this: at most 14 bucket
 StepFn = Callable[..., None]  # speculative.step: (models, rules, state, k, n_keys[, hypotheses])
 
 
+def pin_attention(device: torch.device) -> None:
+    """On CUDA, take cuDNN out of the attention backends PyTorch's SDPA picks from (process-wide; flash,
+    memory-efficient and math stay): in fp16/bf16 on Hopper SDPA may choose cuDNN, whose recent versions have given
+    silently wrong results, and which builds a new plan for every new key bucket. Every Engine on CUDA calls it."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def rows_bucket(n_live: int, n_slots: int) -> int:
+    """Rows a captured step runs on: `n_live` rounded up to a power of two, at most `n_slots` (the run's state).
+    The rows past n_live are free slots, finished, so the step masks them; a batch of 64 slots has 7 row buckets
+    where it would have 64 row counts."""
+    return min(1 << (n_live - 1).bit_length(), n_slots)
+
+
+def all_n_keys_buckets(n_positions: int) -> list[int]:
+    """Every value `n_keys_bucket` can give for caches of `n_positions` positions, ascending."""
+    return [*range(KEY_BUCKET, n_positions, KEY_BUCKET), n_positions]
+
+
 def n_keys_bucket(max_len: int, k: int, lag: int, n_positions: int) -> int:
     """Keys a step must attend to, rounded up to a bucket: above every position a row can reach this step.
 
@@ -33,9 +57,10 @@ def n_keys_bucket(max_len: int, k: int, lag: int, n_positions: int) -> int:
 class StepRunner:
     """Calls the step eagerly, through `wrap(step)` (e.g. torch.compile), or as lazily captured CUDA graphs.
 
-    mode: "eager"; "cuda-graphs" (CUDA only: the first call of each (rows, n_keys, K, hypothesis width) runs
-    eagerly as the warm-up,
-    the graph is captured right after and replayed from the next call on); or "wrapped" with `wrap`.
+    mode: "eager"; "cuda-graphs" (CUDA only: the first call of each (rows, n_keys, K, sampling, hypothesis width)
+    runs eagerly as the warm-up, the graph is captured right after and replayed from the next call on, until
+    `drop_graphs`); or "wrapped" with `wrap`. Capture is in thread-local mode: another thread of the process (a
+    server's) may use CUDA meanwhile, as long as it does not use this capture's stream.
     """
 
     def __init__(self, mode: str = "eager", wrap: Callable[[StepFn], StepFn] | None = None):
@@ -46,6 +71,17 @@ class StepRunner:
         self.mode = mode
         self.fn: StepFn = wrap(step) if wrap is not None else step
         self.graphs: dict[tuple[int, int, int, bool, int], torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.stream = None  # the side stream of the warm-ups and captures (made at the first capture)
+
+    def step_rows(self, n_live: int, n_slots: int) -> int:
+        """Rows the step runs on when `n_live` rows are live in a state of `n_slots`: a bucket when graphs are
+        captured (few captures: `rows_bucket`), else exactly the live rows (no masked row computed for nothing)."""
+        return rows_bucket(n_live, n_slots) if self.mode == "cuda-graphs" else n_live
+
+    def drop_graphs(self) -> None:
+        """Forget every captured graph (and their memory pool): the state they were captured on is being replaced."""
+        self.graphs.clear()
         self.pool = None
 
     def __call__(self, m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
@@ -82,15 +118,18 @@ class StepRunner:
     def _capture(self, key: tuple, args: tuple) -> torch.cuda.CUDAGraph:
         """Run the step of `args` once (the warm-up, eagerly on a side stream, as torch.cuda.graphs asks), then
         capture it: the graph of `key`, replayed from the next call on."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
             step(*args)
-        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.current_stream().wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):  # records, does not run: the state is not advanced twice
+        # records, does not run: the state is not advanced twice; thread_local: only this thread's CUDA calls are
+        # checked against the capture (global mode fails a capture when a server thread touches CUDA meanwhile)
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             step(*args)
         return graph
 

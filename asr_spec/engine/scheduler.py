@@ -14,9 +14,7 @@ engine's own work raises `EngineError` naming the chunks lost with it, so a serv
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import replace
 
 import torch
@@ -24,10 +22,11 @@ from torch import nn
 
 from asr_spec.engine import memory
 from asr_spec.engine.admission import Admission, RowPrompt
-from asr_spec.engine.capture import HostReader, StepRunner, n_keys_bucket
+from asr_spec.engine.capture import HostReader, StepRunner, all_n_keys_buckets, n_keys_bucket, pin_attention
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
 from asr_spec.engine.features import TargetFeatures
+from asr_spec.engine.feed import Encoded, Feed
 from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
@@ -35,86 +34,41 @@ from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.requests import ChunkRequest, ChunkResult
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.slots import Slots
-from asr_spec.engine.speculative import COUNTS, FINISH_EOS, DecodeState, Models
+from asr_spec.engine.speculative import COUNTS, FINISH_EOS, FINISH_LENGTH, DecodeState, Models
+from asr_spec.engine.state import RunState, StaticState
 from asr_spec.engine.stats import ChunkStats
 from asr_spec.engine.withdrawals import Withdrawals
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
 
 
-class EngineError(RuntimeError):
-    """The engine's own work (encoding, admitting, a decoding step) raised; the run is over.
-
-    chunk_ids: the chunks lost with it: pulled from the source and not yet yielded (the rows of the failing step
-    and any encoded chunks waiting for a row). A new `Engine.run` may carry on from the same source.
-    """
-
-    def __init__(self, chunk_ids: tuple[Hashable, ...], cause: BaseException):
-        super().__init__(f"engine step failed with {len(chunk_ids)} chunk(s) in flight: "
-                         f"{type(cause).__name__}: {cause}")
-        self.chunk_ids = chunk_ids
+def _release(st: DecodeState, rows: list[int]) -> None:
+    """Mark slots `rows`, left by their rows, finished on the device (a step over them masks them)."""
+    if rows:
+        st.finish[torch.tensor(rows, device=st.finish.device)] = FINISH_LENGTH
 
 
-Encoded = tuple[ChunkRequest, torch.Tensor, torch.Tensor | None]  # a request, its target and own-draft encoder outputs
+def _read_rows(st: DecodeState, hyp: Hypotheses, rows: list[int]) -> list[dict]:
+    """The state of slots `rows` as Python values, one dict per row (seq, n_tok, begin, the COUNTS, hist,
+    sum_logprob, no_speech_prob, offered, taken): gathered on the device, then read in two copies (the integer
+    fields side by side, the two float ones), not one per field."""
+    idx = torch.tensor(rows, device=st.n_tok.device)
+    singles = ("n_tok", "begin", *COUNTS)
+    ints = torch.cat([st.seq[idx], st.hist[idx], torch.stack([getattr(st, name)[idx] for name in singles]
+                                                             + [hyp.offered[idx], hyp.accepted[idx]], 1)], 1).tolist()
+    floats = torch.stack([st.sum_logprob[idx], st.no_speech_prob[idx]], 1).tolist()
+    n_seq, n_hist = st.seq.shape[1], st.hist.shape[1]
+    out = []
+    for values, (sum_logprob, no_speech_prob) in zip(ints, floats):
+        r = dict(zip((*singles, "offered", "taken"), values[n_seq + n_hist:]))
+        out.append(dict(r, seq=values[:n_seq], hist=values[n_seq:n_seq + n_hist], sum_logprob=sum_logprob,
+                        no_speech_prob=no_speech_prob))
+    return out
 
 
 def _row_prompt(req: ChunkRequest) -> RowPrompt:
     """A request's previous text and prefix, as admission takes them."""
     return RowPrompt(tuple(req.prompt), tuple(req.prefix))
-
-
-class Feed:
-    """The chunks on their way to a slot: pulled from the source, encoded a micro-batch at a time, then waiting in
-    `ready` for a free slot. Every id pulled and not yet given back (`done_with`) is in flight: lost with the run if
-    the engine raises (`losing`)."""
-
-    def __init__(self, source: Iterator[ChunkRequest | None],
-                 encode: Callable[[list[ChunkRequest]], tuple[list[torch.Tensor], list[torch.Tensor] | None]],
-                 micro_batch: int):
-        self.source, self.encode, self.micro_batch = source, encode, micro_batch
-        self.ready: deque[Encoded] = deque()
-        self.in_flight: set = set()
-        self.more = True  # False once the source is exhausted
-
-    @property
-    def done(self) -> bool:
-        """The source is exhausted and no encoded chunk waits."""
-        return not self.more and not self.ready
-
-    def fill(self, n_needed: int) -> None:
-        """Encode micro-batches until `n_needed` chunks are ready, the source has nothing right now (it yields
-        None) or is exhausted (`more` becomes False)."""
-        while len(self.ready) < n_needed:
-            batch = []
-            while len(batch) < self.micro_batch:
-                req = next(self.source, StopIteration)
-                if req is StopIteration or req is None:
-                    self.more = req is None
-                    break
-                batch.append(req)
-                self.in_flight.add(req.id)
-            if batch:
-                with self.losing():
-                    enc, own = self.encode(batch)
-                for i, r in enumerate(batch):
-                    self.ready.append((r, enc[i], None if own is None else own[i]))
-            if len(batch) < self.micro_batch:
-                return
-
-    def take(self, n: int) -> list[Encoded]:
-        """Up to `n` ready chunks, oldest first."""
-        return [self.ready.popleft() for _ in range(min(n, len(self.ready)))]
-
-    def done_with(self, chunk_id: Hashable) -> None:
-        self.in_flight.discard(chunk_id)
-
-    @contextmanager
-    def losing(self) -> Iterator[None]:
-        """Turn an exception of the engine's own work into `EngineError` naming the chunks in flight."""
-        try:
-            yield
-        except Exception as err:
-            raise EngineError(tuple(self.in_flight), err) from err
 
 
 class Engine:
@@ -171,9 +125,14 @@ class Engine:
         self.n_positions = self.tokens.max_positions + (options.num_draft_tokens if draft is not None else 0) + 2
         # runner: how the step runs (tests pass a wrapped one); by default CUDA graphs on CUDA (unless
         # options.cuda_graphs is False), eager on CPU (measured fastest there: docs/engine-step.md)
+        pin_attention(self.target_dec.device)  # no cuDNN attention on CUDA (capture.py)
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
+        self._eager = StepRunner()  # the steps of a run in a private state (engine/state.py)
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
+        # the static state of the runs, reset in place run after run; replaced (and the runner's graphs dropped)
+        # only for a run of more slots or another K (engine/state.py)
+        self.states = StaticState(self._allocate, lambda: self.runner.drop_graphs())
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
         self._feed: Feed | None = None  # the feed of the run under way (or the last one): `in_flight`
         # the features and target encoder output of the last request encoded (`_encode`: its sampled candidates)
@@ -231,36 +190,49 @@ class Engine:
 
         Slots are fixed: new chunks fill the free slots with the lowest indices; when nothing waits for a finished
         row's slot, the last live row moves into it (`Slots.pack`), so the step runs on the first n_active slots
-        (views, no copy). Shapes then depend only on (n_active, n_keys bucket, K)."""
+        (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
+        only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
         feed = self._feed = Feed(iter(requests), self._encode, min(batch_size, memory.MAX_ENCODE_BATCH))
         n_rows = self._first_fill(feed, batch_size)
         if n_rows == 0:
             return
         k = self._k(n_rows)
-        m, st, hyp = self._allocate(n_rows, k)
+        with self.states.lease(n_rows, k) as state:  # the engine's static state, reset (engine/state.py)
+            runner = self._eager if state.private else self.runner  # graphs are bound to the held state
+            yield from self._decode(feed, state, n_rows, k, runner)
+
+    def _decode(self, feed: Feed, state: RunState, n_rows: int, k: int, runner: StepRunner) -> Iterator[ChunkResult]:
+        """`run`'s loop over `n_rows` slots (the first of `state`) at K = `k`, steps by `runner`: withdraw, fill, admit,
+        pack, step, read, yield the finished rows' results. A slot left by its row (withdrawn, or moved by
+        `pack`) is marked finished on the device at once, so a step over more rows than the live ones (a rows
+        bucket) masks it. A row still busy after more steps than any row can take raises (`_check_progress`)."""
+        m, st, hyp = state.m, state.st, state.hyp
         slots: Slots[ChunkRequest] = Slots(n_rows)
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
         max_len = 0  # the longest row's n_tok as last read from the device (HostReader)
         while True:
             if self.withdrawals:
-                self.withdrawals.evict(slots.occupants, feed.ready, feed.in_flight)
+                _release(st, self.withdrawals.evict(slots.occupants, feed.ready, feed.in_flight))
             if slots.n_free and feed.more:
                 feed.fill(slots.n_free)
             if slots.n_free and feed.ready:
                 with feed.losing():
                     max_len = max(max_len, self._admit(m, st, hyp, slots, feed.take(slots.n_free)))
             with feed.losing():
-                for src, dst in slots.pack():
+                moves = slots.pack()
+                for src, dst in moves:
                     m.move_row(src, dst, min(max_len + max(k, hyp.width) + 2, self.n_positions))
                     st.move_row(src, dst)
                     hyp.move_row(src, dst)
+                _release(st, [src for src, _ in moves])
             if slots.n_live == 0:
                 if feed.done:
                     return
                 continue
             with feed.losing():
-                read = self._step(m, st, hyp, slots, reader, k, max_len)
+                read = self._step(m, st, hyp, slots, reader, k, max_len, runner)
+                self._check_progress(slots, reader.lag)
             if read is not None:
                 tag, finish, longest = read
                 # rows placed after the step read have prompts the read did not see (CUDA reads a step late)
@@ -275,6 +247,38 @@ class Engine:
         """The ids of the requests the current run has pulled from its source and not yet yielded nor dropped
         (`withdraw`); read it in the thread iterating the run (its source and its consumer run there)."""
         return frozenset(()) if self._feed is None else frozenset(self._feed.in_flight)
+
+    def _check_progress(self, slots: Slots[ChunkRequest], lag: int) -> None:
+        """RuntimeError naming the chunks when a row has been in its slot for more steps than any row can take:
+        each step commits at least one token of a live row, so a row ends within max_target_positions steps and
+        is seen `lag` steps later. Past that a step does not advance its rows (a graph replayed on memory that is
+        not the state's): the run stops instead of looping for ever."""
+        max_steps = self.tokens.max_positions + lag + 2
+        stuck = slots.overdue(max_steps)
+        if stuck:
+            raise RuntimeError(f"chunk(s) {[req.id for req in stuck][:4]} still decoding after {max_steps} steps: "
+                               "the step does not advance its rows")
+
+    def capture_ahead(self, batch_size: int) -> int:
+        """Capture now the step graphs a run of `batch_size` rows of greedy chunks without hypotheses can need:
+        every rows bucket x n_keys bucket at that run's K, on the state such a run decodes in (all slots free, so
+        each step masks every row and changes nothing). A server calls it before its first request, a benchmark
+        before timing. Only with a CUDA-graph runner (returns 0 otherwise: an eager step has nothing to capture);
+        returns the steps run. Sampled or hypothesis steps are still captured when first met."""
+        check_int(batch_size, "batch_size", 1)
+        if self.runner.mode != "cuda-graphs":
+            return 0
+        k = self._k(batch_size)
+        self._check_fits(batch_size)
+        rows = sorted({self.runner.step_rows(n, batch_size) for n in range(1, batch_size + 1)})
+        keys = all_n_keys_buckets(self.n_positions)
+        with self.states.lease(batch_size, k) as state:
+            if state.private:  # a run holds the engine's state: nothing to capture on
+                return 0
+            for n_rows in rows:
+                for n_keys in keys:
+                    self.runner(state.m.rows(n_rows), self.rules, state.st.rows(n_rows), k, n_keys)
+        return len(rows) * len(keys)
 
     def withdraw(self, chunk_id: Hashable) -> None:
         """Free the row of request `chunk_id` before the next step of the run decoding it, or drop it if it waits
@@ -319,12 +323,16 @@ class Engine:
 
     def _check_fits(self, n_rows: int) -> None:
         """ResourceError, saying what fits, when a run of `n_rows` rows would not fit in the memory free now."""
-        reason = memory.check_fits(self.run_shape(n_rows), n_rows, memory.free_bytes(self.target_dec.device))
+        free = memory.free_bytes(self.target_dec.device)
+        if free is not None:  # a held state the run would replace is freed first
+            free += self.states.releasable_bytes(n_rows, self._k(n_rows))
+        reason = memory.check_fits(self.run_shape(n_rows), n_rows, free)
         if reason is not None:
             raise memory.ResourceError(reason)
 
-    def _allocate(self, n_rows: int, k: int) -> tuple[Models, DecodeState, Hypotheses]:
-        """The caches, decoding state and hypotheses of `n_rows` slots, allocated once per run of K = `k` (`_k`).
+    def _allocate(self, n_rows: int, k: int) -> RunState:
+        """The caches, decoding state and hypotheses of `n_rows` slots at K = `k` (`_k`), held by `self.states`
+        and reset in place for each run they cover.
         A hypothesis step writes max(k, width) proposals past a row's n_tok: the state's seq has room for them;
         the caches need none (positions past a row's limit are never real: `Decoder.forward` clamps them). A
         feature-conditioned draft's run keeps the target's final states too (`m.features`)."""
@@ -338,7 +346,7 @@ class Engine:
         width = self.options.num_hypothesis_tokens
         dev = self.target_dec.device
         st = DecodeState.empty(n_rows, self.n_positions + max(k, width) + 8, k, dev)
-        return m, st, Hypotheses.empty(n_rows, self.tokens.max_positions, width, dev)
+        return RunState(n_rows, k, m, st, Hypotheses.empty(n_rows, self.tokens.max_positions, width, dev))
 
     def _admit(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest],
                taken: list[Encoded]) -> int:
@@ -371,32 +379,29 @@ class Engine:
             raise ValueError(f"chunk {req.id!r}: hypothesis holds {bad[0]!r}, not a token id below {vocab}")
 
     def _step(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest], reader: HostReader,
-              k: int, max_len: int) -> tuple[int, list[int], int] | None:
-        """One step over the live rows, slots [0, n_live); returns the host read due now (`HostReader`). It is a
+              k: int, max_len: int, runner: StepRunner) -> tuple[int, list[int], int] | None:
+        """One step over the live rows, slots [0, n_live) (and the free slots up to the runner's rows bucket,
+        masked); returns the host read due now (`HostReader`). It is a
         hypothesis step (window max(k, width) + 1) while a live row's request came with a hypothesis: known on
         the host, so no read decides it, and the draft's catch-up stays in step (engine/hypothesis.py)."""
         n_active = slots.n_live
+        n_step = runner.step_rows(n_active, st.n_tok.shape[0])  # the live rows, or a bucket above them
         with_hyp = any(req is not None and req.hypothesis for req in slots.occupants[:n_active])
         width = max(k, hyp.width) if with_hyp else k
         n_keys = n_keys_bucket(max_len, width, reader.lag, self.n_positions)
         sampling = any(o is not None and o.temperature > 0 for o in slots.occupants[:n_active])
         rules = self.sampling_rules if sampling else self.rules
-        self.runner(m.rows(n_active), rules, st.rows(n_active), k, n_keys, hyp.rows(n_active) if with_hyp else None)
+        runner(m.rows(n_step), rules, st.rows(n_step), k, n_keys, hyp.rows(n_step) if with_hyp else None)
         return reader.after_step(st.rows(n_active), slots.step())
 
     def _results(self, st: DecodeState, hyp: Hypotheses, done: list[tuple[int, ChunkRequest]],
                  finish: list[int]) -> list[ChunkResult]:
-        """The results of the finished (row, request) pairs `done`, read from the device in one copy per state
-        field; finish: every row's FINISH_* code as read."""
+        """The results of the finished (row, request) pairs `done`, read from the device in two copies
+        (`_read_rows`); finish: every row's FINISH_* code as read."""
         if not done:
             return []
-        idx = torch.tensor([row for row, _ in done], device=st.n_tok.device)
-        names = ("seq", "n_tok", "begin", *COUNTS, "hist", "sum_logprob", "no_speech_prob", "offered", "taken")
-        columns = [getattr(st, name)[idx].tolist() for name in names[:-2]]
-        columns += [hyp.offered[idx].tolist(), hyp.accepted[idx].tolist()]
         out = []
-        for (row, req), values in zip(done, zip(*columns)):
-            r = dict(zip(names, values))
+        for (row, req), r in zip(done, _read_rows(st, hyp, [row for row, _ in done])):
             begin, n_tok = r["begin"], r["n_tok"]
             n_generated = n_tok - begin - self.admission.forced(_row_prompt(req))  # a prefix was not generated
             stats = ChunkStats(chunks=1, generated_tokens=n_generated, target_passes=r["target_passes"],

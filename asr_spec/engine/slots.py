@@ -60,6 +60,10 @@ class Slots(Generic[Occupant]):
         self.n_step += 1
         return self.n_step
 
+    def overdue(self, max_steps: int) -> list[Occupant]:
+        """The occupants in their slots for more than `max_steps` steps."""
+        return [o for o, since in zip(self.occupants, self.since) if o is not None and self.n_step - since > max_steps]
+
     def placed_since(self, tag: int) -> list[Occupant]:
         """The occupants placed at or after step `tag` (those a read after that step did not see)."""
         return [o for o, since in zip(self.occupants, self.since) if o is not None and since >= tag]
