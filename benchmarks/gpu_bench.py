@@ -27,7 +27,7 @@ one layer (its input projection, 2 d x d, not counted).
 Per configuration the engine is built once; its warm-up decode captures the CUDA graphs and the timed decodes
 replay them on the same state (engine/state.py), the oracle engine across its rates too.
 
-    python -m benchmarks.gpu_bench --plan check --json gpu_bench.json   # the ordered stages of CHECK_PLAN (gpu_check.sh)
+    python -m benchmarks.gpu_bench --plan check --json gpu_bench.json   # CHECK_PLAN's stages (gpu_check.sh)
     python -m benchmarks.gpu_bench --json gpu_bench.json                # the whole grid of the options, batch by batch
     python -m benchmarks.gpu_bench --device cpu --tiny                  # the same logic at small shapes, a few seconds
 """

@@ -10,7 +10,7 @@ itself, or created and kept (a lazily packed weight, which a graph would keep re
 touch. The scheduling, the graph keys and when graphs are captured or dropped are the real runner's.
 
 Checked across what reuses an engine: two runs of one engine (greedy, speculative, the oracle across rates as
-scripts/gpu_bench.py does), a second `Transcriber.transcribe`, and a run after an `EngineError`.
+benchmarks/gpu_bench.py does), a second `Transcriber.transcribe`, and a run after an `EngineError`.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def test_a_second_run_replays_on_the_tensors_captured(speculative):
 
 
 def test_the_oracle_across_rates_on_one_engine():
-    """scripts/gpu_bench.py's use: one oracle engine, decodes at several set rates (the rate is a device scalar
+    """benchmarks/gpu_bench.py's use: one oracle engine, decodes at several set rates (the rate is a device scalar
     changed in place), greedy chunks fewer than the slots on one of them."""
     t = _target()
     greedy = _engine(False, StepRunner()).decode(_features(), batch_size=BATCH)
