@@ -34,7 +34,7 @@ def prepared(asr: Transcriber, paths: list[Path]) -> tuple[list[Input], list[lis
     inputs = [Input(i, str(p), str(p)) for i, p in enumerate(paths)]
     per_file: list[list[ChunkRequest]] = [[] for _ in paths]
     for req in asr.prepare(inputs, 8):
-        per_file[req.id[0]].append(req)
+        per_file[req.id.owner].append(req)
     return inputs, per_file
 
 
@@ -53,7 +53,7 @@ def previous(asr: Transcriber, per_file: list[list[ChunkRequest]], batch_size: i
                  for f, reqs in enumerate(per_file) if j < len(reqs)]
         for result in asr.engine.run(batch, batch_size):
             results[result.id] = result
-            history[result.id[0]].extend(t for t in result.tokens if t < eot)  # text tokens only
+            history[result.id.owner].extend(t for t in result.tokens if t < eot)  # text tokens only
     return results
 
 
