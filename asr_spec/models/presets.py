@@ -48,6 +48,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from asr_spec.checks import int_at_least
 from asr_spec.errors import InputError
 
 __all__ = ["DEFAULT_PRESET", "ModelPlan", "Preset", "available_presets", "load_preset", "plan_models",
@@ -173,10 +174,8 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("draft", "a model id or path (a non-empty string), or left out")
     if not isinstance(preset.draft_optional, bool):
         raise bad("draft_optional", "true or false")
-    from asr_spec.engine.options import check_int  # the project's one integer check (imported as below)
-
     try:
-        check_int(preset.cpu_draft_max_rows, "cpu_draft_max_rows", 0)
+        int_at_least(preset.cpu_draft_max_rows, "cpu_draft_max_rows", 0)
     except ValueError as err:
         raise InputError(f"{where}: {err} (0: no draft on a CPU)") from err
     if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:
