@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.checks import int_at_least, is_number
 from asr_spec.errors import AsrSpecError, InputError, one_line
 from asr_spec.eval.librispeech import ResultsLog, iter_local
 from asr_spec.transcribe.results import Transcription
@@ -75,11 +76,9 @@ class RayOptions:
 
     def __post_init__(self) -> None:
         for name, minimum in (("workers", 1), ("threads_per_worker", 1), ("files_per_batch", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            int_at_least(getattr(self, name), name, minimum)
         gpus = self.gpus_per_worker
-        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not gpus >= 0):
+        if gpus is not None and (not is_number(gpus, finite_only=False) or not gpus >= 0):
             raise InputError(f"gpus_per_worker must be a number >= 0, got {gpus!r}")
 
 

@@ -1,11 +1,11 @@
 """The house's structural rules, checked on the source alone (pure AST, no import): module and function sizes
 (scripts/check_sizes.py), the layer order with no upward import and no import cycle, an engine that imports nothing
 else from asr_spec, the encoder run by the engine alone, the engine's runs made by the engine session alone, chunk
-ids read by name, and the removed workarounds staying removed.
+ids read by name, number checks written once (asr_spec/checks.py), and the removed workarounds staying removed.
 
 The layers, lowest first (docs/layout.md states the same rule, checked below)::
 
-    errors, logs, testing, chunk_id → engine → audio → models → stream → transcribe
+    errors, logs, testing, chunk_id, checks → engine → audio → models → stream → transcribe
     → asr_spec/__init__.py (the public API) → eval → distill → distributed, serve → cli, __main__
 
 A module may import from its own layer or a lower one, never from a higher one (lazy imports inside functions
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "asr_spec"
 # Top-level parts of asr_spec (a sub-package or a module; "__init__" is the package's own public API), by layer.
 LAYERS = (
-    ("errors", "logs", "testing", "chunk_id"),
+    ("errors", "logs", "testing", "chunk_id", "checks"),
     ("engine",),
     ("audio",),
     ("models",),
@@ -295,4 +295,32 @@ def test_no_chunk_id_is_read_by_position() -> None:
                          and len(node.args) == 1 and _names_chunk_id(node.args[0]))
             if by_position or by_length:
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def _isinstance_of(node: ast.AST, names: set[str]) -> bool:
+    """`isinstance(x, T)` or `isinstance(x, (.., T, ..))` with a T in `names`."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+            and len(node.args) == 2):
+        return False
+    kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+    return any(isinstance(kind, ast.Name) and kind.id in names for kind in kinds)
+
+
+def test_numbers_are_checked_in_one_place() -> None:
+    """"A number, not a bool" is written once, in asr_spec/checks.py (`int_at_least`, `positive_seconds`,
+    `finite`...), which every options dataclass, the CLI and the server call: no other module of the package
+    tests a value for bool and for int/float in one condition. The engine keeps its own `check_int` (it imports
+    nothing else from asr_spec)."""
+    found = []
+    for path in _python_files("asr_spec"):
+        where = path.relative_to(REPO).as_posix()
+        if where == "asr_spec/checks.py" or where.startswith("asr_spec/engine/"):
+            continue
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.BoolOp):
+                tests = [n for value in node.values for n in ast.walk(value)]
+                bools = [n for n in tests if _isinstance_of(n, {"bool"})]
+                if bools and any(_isinstance_of(n, {"int", "float"}) for n in tests if n not in bools):
+                    found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
     assert found == []

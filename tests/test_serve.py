@@ -18,6 +18,7 @@ pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 from fastapi.testclient import TestClient  # noqa: E402
 from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
+from asr_spec.chunk_id import ChunkId  # noqa: E402
 from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher, Refused  # noqa: E402
@@ -187,7 +188,7 @@ def test_vad_server_chunks_and_stitches_as_the_transcriber(vad_words):
     assert len(spans) > 1  # a multi-chunk file
     for job, reqs in zip(prepared, requests):
         assert [(s.start_sample / 16_000, s.end_sample / 16_000) for s in job.spans] == spans
-        assert [r.id for r in reqs] == [(job.id, i) for i in range(len(spans))]
+        assert [r.id for r in reqs] == [ChunkId(job.id, i) for i in range(len(spans))]
         assert not any(r.keep_encoded for r in reqs)  # no words asked: no encoder output kept
     assert len({job.id for job in prepared}) == 3
     worded = drain(batcher.prepare(SHORT[0].read_bytes(), words=True))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asr_spec.checks import is_int, is_number, positive_int
 from asr_spec.errors import InputError
 
 __all__ = [
@@ -120,18 +121,16 @@ def _stride_pair_s(options: ChunkingOptions) -> tuple[float, float]:
 
 def _verify_options(options: ChunkingOptions) -> None:
     """All checks of ChunkingOptions in one place."""
-    rate = options.sampling_rate
-    if isinstance(rate, bool) or not isinstance(rate, int) or rate <= 0:
-        raise InputError(f"sampling_rate must be a positive integer number of Hz, got {rate!r}")
+    positive_int(options.sampling_rate, "sampling_rate", "Hz")
     length = options.chunk_length_s
-    if isinstance(length, bool) or not isinstance(length, (int, float)) or not 0 < length <= CHUNK_LENGTH_S:
+    if not is_number(length, finite_only=False) or not 0 < length <= CHUNK_LENGTH_S:
         raise InputError(f"chunk_length_s must be in (0, {CHUNK_LENGTH_S:g}] seconds, got {length!r}")
     stride = options.stride_length_s
     if stride is not None and not isinstance(stride, (int, float)):
         if not isinstance(stride, (tuple, list)) or len(stride) != 2:
             raise InputError(f"stride_length_s must be a number, a (left, right) pair or None, got {stride!r}")
     values = (stride,) if isinstance(stride, (int, float)) else (stride or ())
-    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+    if any(not is_number(v, finite_only=False) for v in values):
         raise InputError(f"stride_length_s must hold numbers of seconds, got {stride!r}")
     _check_plan_args(0, options.chunk_samples, options.stride_left_samples, options.stride_right_samples)
 
@@ -144,7 +143,7 @@ def _check_plan_args(n_samples: int, chunk_samples: int, stride_left_samples: in
         "stride_right_samples": stride_right_samples,
     }
     for name, value in named.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not is_int(value):
             raise InputError(f"{name} must be an integer number of samples, got {value!r}")
         if value < 0:
             raise InputError(f"{name} must be >= 0, got {value}")

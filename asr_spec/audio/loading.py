@@ -23,6 +23,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from asr_spec.checks import positive_int, positive_seconds
 from asr_spec.errors import AudioError, InputError
 
 __all__ = [
@@ -118,9 +119,7 @@ def _check_scale(samples: np.ndarray, name: str, where: str = "") -> None:
 
 
 def _check_rate(value: Any, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise InputError(f"{what} must be a positive integer number of Hz, got {value!r}")
-    return int(value)
+    return positive_int(value, what, "Hz")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,8 +175,7 @@ def stream_audio(
     """
     name = os.fspath(path)
     sampling_rate = _check_rate(sampling_rate, "sampling_rate")
-    if isinstance(block_s, bool) or not isinstance(block_s, (int, float)) or not np.isfinite(block_s) or block_s <= 0:
-        raise InputError(f"{name}: block_s must be a positive number of seconds, got {block_s!r}")
+    positive_seconds(block_s, f"{name}: block_s")
     _check_path(name)
     return _stream_encoded(name, name, block_s, sampling_rate)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from asr_spec.audio.chunking import CHUNK_LENGTH_S, ChunkSpan
+from asr_spec.checks import finite
 from asr_spec.errors import InputError
 
 __all__ = [
@@ -87,10 +88,7 @@ class VadOptions:
 
 def _verify_options(options: VadOptions) -> None:
     def number(name: str) -> float:
-        value = getattr(options, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InputError(f"vad {name} must be a finite number, got {value!r}")
-        return value
+        return finite(getattr(options, name), f"vad {name}")
 
     if not 0 < number("threshold") < 1:
         raise InputError(f"vad threshold must be in (0, 1), got {options.threshold!r}")

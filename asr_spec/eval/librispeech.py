@@ -33,7 +33,7 @@ import numpy as np
 import soundfile as sf
 
 from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio
-from asr_spec.engine.options import check_int
+from asr_spec.checks import int_at_least
 from asr_spec.engine.stats import ChunkStats
 from asr_spec.errors import AsrSpecError, InputError
 from asr_spec.eval.metrics import Spelling, score
@@ -178,7 +178,7 @@ def take(utterances: Iterable[Utterance], limit: int | None) -> Iterator[Utteran
     """The first `limit` utterances (all when `limit` is None): the meaning of --limit."""
     if limit is None:
         return iter(utterances)
-    check_int(limit, "limit", 0, InputError)
+    int_at_least(limit, "limit", 0)
     return itertools.islice(utterances, limit)
 
 

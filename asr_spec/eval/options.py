@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asr_spec.engine.options import check_int
+from asr_spec.checks import int_at_least
 from asr_spec.errors import InputError
 
 __all__ = ["EvalOptions", "LibriSplit", "check_run_args", "parse_split"]
@@ -51,10 +51,10 @@ def parse_split(name: str) -> LibriSplit:
 def check_run_args(limit: Any, batch_size: Any, group_size: Any) -> None:
     """The checks of the run arguments that `EvalOptions` and `run_eval` share (None = not given)."""
     if limit is not None:
-        check_int(limit, "limit", 0, InputError)
+        int_at_least(limit, "limit", 0)
     for name, value in (("batch_size", batch_size), ("group_size", group_size)):
         if value is not None:
-            check_int(value, name, 1, InputError)
+            int_at_least(value, name, 1)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def _verify_eval_options(o: EvalOptions) -> None:
         raise InputError("no_draft and draft contradict each other: give one")
     if o.ray and (o.data_dir is None or o.long_form or o.compare_greedy):
         raise InputError("ray runs utterance files of a local tree: give data_dir, without long_form or compare_greedy")
-    check_int(o.workers, "workers", 1, InputError)
+    int_at_least(o.workers, "workers", 1)
     if not o.ray and (o.ray_address is not None or o.workers != 1):
         raise InputError("ray_address and workers are options of ray: turn it on (--ray) or drop them")
     if o.data_dir is not None and not Path(o.data_dir).is_dir():

@@ -54,6 +54,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from asr_spec.checks import int_at_least
 from asr_spec.errors import InputError
 from asr_spec.models.cpu import DECODE_CLASSES, CpuCapabilities, decode_class
 
@@ -194,8 +195,6 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("draft", "a model id or path (a non-empty string), or left out")
     if not isinstance(preset.draft_optional, bool):
         raise bad("draft_optional", "true or false")
-    from asr_spec.engine.options import check_int  # the project's one integer check (imported as below)
-
     rows = preset.cpu_draft_max_rows
     if isinstance(rows, Mapping):
         unknown = sorted(set(rows) - set(DECODE_CLASSES))
@@ -204,7 +203,7 @@ def _verify_preset(preset: Preset) -> None:
                              f"(known: {', '.join(DECODE_CLASSES)})")
     try:
         for name, value in (rows.items() if isinstance(rows, Mapping) else [("", rows)]):
-            check_int(value, f"cpu_draft_max_rows{'.' + name if name else ''}", 0)
+            int_at_least(value, f"cpu_draft_max_rows{'.' + name if name else ''}", 0)
     except ValueError as err:
         raise InputError(f"{where}: {err} (0: no draft on a CPU)") from err
     if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:

@@ -25,8 +25,7 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
     FastAPI app serving them, batch_size engine rows shared by all requests. The model id it answers to is the
     preset's name, or the model given in `overrides`. api_keys: with ASR_SPEC_API_KEY's, the keys every route but
     /health (and the page at /) requires (none: open). max_streams: live streams (/v1/realtime) open at once."""
-    from asr_spec.engine import check_int
-    from asr_spec.errors import InputError
+    from asr_spec.checks import int_at_least
     from asr_spec.serve.app import ServeOptions, create_app
     from asr_spec.serve.auth import api_keys as all_keys
     from asr_spec.serve.batcher import Batcher, check_limits
@@ -34,7 +33,7 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
 
     # bad values fail before the models load (batch_size: in from_preset, before loading)
     check_limits(max_requests, max_audio_in_flight_s)
-    check_int(max_streams, "max_streams", 1, InputError)
+    int_at_least(max_streams, "max_streams", 1)
     options = ServeOptions(model_id=str(overrides.get("model") or preset), max_file_mb=max_file_mb,
                            max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=all_keys(api_keys))
     transcriber = Transcriber.from_preset(preset, batch_size=batch_size, **overrides)

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asr_spec.audio.loading import header_duration_s
+from asr_spec.checks import positive
 from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve import uploads
 from asr_spec.serve.auth import ApiKeyMiddleware
@@ -63,10 +64,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_file_mb", "max_audio_s", "upload_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                unit = "MB" if name == "max_file_mb" else "seconds"
-                raise InputError(f"{name} must be a positive number of {unit}, got {value!r}")
+            positive(getattr(self, name), name, "MB" if name == "max_file_mb" else "seconds", finite_only=False)
         if not self.model_id:
             raise InputError("model_id must not be empty")
         if any(not key for key in self.api_keys):

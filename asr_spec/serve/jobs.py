@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asr_spec.audio.chunking import ChunkSpan
-from asr_spec.engine import ChunkRequest, ChunkResult, check_int
+from asr_spec.checks import int_at_least, positive_seconds
+from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.errors import AudioError, InputError
 from asr_spec.transcribe.inputs import Input
 
@@ -103,7 +104,5 @@ class Job:
 
 def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:
     """max_requests is an integer >= 1 and max_audio_in_flight_s a positive number of seconds, else `InputError`."""
-    check_int(max_requests, "max_requests", 1, InputError)
-    value = max_audio_in_flight_s
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InputError(f"max_audio_in_flight_s must be a positive number of seconds, got {value!r}")
+    int_at_least(max_requests, "max_requests", 1)
+    positive_seconds(max_audio_in_flight_s, "max_audio_in_flight_s", finite_only=False)

@@ -37,6 +37,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.checks import positive_seconds
 from asr_spec.engine import ChunkResult
 from asr_spec.errors import InputError, one_line
 from asr_spec.serve import realtime_events as events
@@ -71,9 +72,7 @@ class RealtimeOptions:
 
     def __post_init__(self) -> None:
         for name in ("max_backlog_s", "max_append_s", "block_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise InputError(f"{name} must be a positive number of seconds, got {value!r}")
+            positive_seconds(getattr(self, name), name, finite_only=False)
         if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
             raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
         for name in ("vad", "catch_up"):

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from asr_spec.checks import int_at_least
 from asr_spec.chunk_id import ChunkId, StreamKey
-from asr_spec.engine import ChunkRequest, ChunkResult, check_int
+from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.errors import InputError
 
 __all__ = ["LiveStream", "StreamQueue", "TooManyStreams", "is_stream_id"]
@@ -77,7 +78,7 @@ class StreamQueue:
 
     def __init__(self, cond: threading.Condition, featurise: Callable[[list[np.ndarray]], Any],
                  withdraw: Callable[[Any], None], max_streams: int = 16, metrics: Any = None):
-        check_int(max_streams, "max_streams", 1, InputError)
+        int_at_least(max_streams, "max_streams", 1)
         self.max_streams = max_streams
         self._cond = cond
         self._featurise = featurise

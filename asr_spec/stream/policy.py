@@ -37,12 +37,12 @@ Units: `_samples` are 16 kHz samples of the stream since its start, `_s` seconds
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from asr_spec.checks import finite
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import (
     SAMPLE_RATE,
@@ -75,9 +75,7 @@ class StreamOptions:
 
     def __post_init__(self) -> None:
         for name in ("step_s", "max_buffer_s", "silence_s", "vad_threshold", "speech_pad_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InputError(f"stream {name} must be a finite number, got {value!r}")
+            finite(getattr(self, name), f"stream {name}")
         if not 0.1 <= self.step_s <= 10.0:
             raise InputError(f"stream step_s must be in [0.1, 10] seconds, got {self.step_s!r}")
         if not 2 * self.step_s <= self.max_buffer_s <= WINDOW_S - self.step_s:

@@ -26,10 +26,10 @@ or without a draft.
 
 from __future__ import annotations
 
-import math
 import zlib
 from dataclasses import dataclass
 
+from asr_spec.checks import is_number
 from asr_spec.errors import InputError
 
 __all__ = ["NoSpeechRule", "compression_ratio"]
@@ -41,10 +41,6 @@ def compression_ratio(text: str) -> float:
     """Bytes of `text` (UTF-8) over bytes of its zlib compression, as Whisper computes it (0 for no text)."""
     data = text.encode("utf-8")
     return len(data) / len(zlib.compress(data)) if data else 0.0
-
-
-def _number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -59,11 +55,11 @@ class NoSpeechRule:
 
     def __post_init__(self) -> None:
         t = self.no_speech_threshold
-        if t is not None and not (_number(t) and 0 <= t <= 1):
+        if t is not None and not (is_number(t) and 0 <= t <= 1):
             raise InputError(f"no_speech_threshold must be a probability in [0, 1] or None, got {t!r}")
         for name in ("logprob_threshold", "compression_ratio_threshold"):
             value = getattr(self, name)
-            if value is not None and not _number(value):
+            if value is not None and not is_number(value):
                 raise InputError(f"{name} must be a finite number or None, got {value!r}")
 
     @property

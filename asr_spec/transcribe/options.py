@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from asr_spec.audio.chunking import ChunkingOptions
 from asr_spec.audio.loading import DEFAULT_BLOCK_S, SAMPLE_RATE
 from asr_spec.audio.vad import VadOptions
+from asr_spec.checks import int_at_least, is_number, positive_seconds, seconds_at_least_zero
 from asr_spec.engine import DecodeOptions
-from asr_spec.engine.options import check_int
 from asr_spec.errors import InputError
 from asr_spec.transcribe.nospeech import NoSpeechRule
 from asr_spec.transcribe.outputs import parse_formats
@@ -115,14 +114,14 @@ def _vad(mode: Any, vad: VadOptions | None, chunk_length_s: float) -> VadOptions
 
 def check_batch_size(batch_size: Any) -> None:
     """The one check of a batch size (chunks decoded together: engine rows), an option or a run's own."""
-    check_int(batch_size, "batch_size", 1, InputError)
+    int_at_least(batch_size, "batch_size", 1)
 
 
 def parse_temperatures(value: Any) -> tuple[float, ...]:
     """A temperature schedule from a number, a sequence of numbers or a comma-separated string ("0,0.2,0.4"):
     a non-empty, strictly increasing tuple of temperatures in [0, 1]; `InputError` naming the value otherwise."""
     items = value.split(",") if isinstance(value, str) else value
-    if isinstance(items, (int, float)) and not isinstance(items, bool):
+    if is_number(items, finite_only=False):
         items = (items,)
     try:
         if isinstance(items, bool) or any(isinstance(t, bool) for t in items):
@@ -140,8 +139,8 @@ def parse_temperatures(value: Any) -> tuple[float, ...]:
 def _verify_sampling(options: TranscribeOptions) -> None:
     """temperature (normalised to a tuple of floats), best_of and seed."""
     object.__setattr__(options, "temperature", parse_temperatures(options.temperature))
-    check_int(options.best_of, "best_of", 1, InputError)
-    check_int(options.seed, "seed", 0, InputError)
+    int_at_least(options.best_of, "best_of", 1)
+    int_at_least(options.seed, "seed", 0)
     if options.seed >= 2 ** 63:
         raise InputError(f"seed must be below 2^63, got {options.seed}")
 
@@ -168,7 +167,7 @@ def _verify_options(options: TranscribeOptions) -> None:
                          "aligned one chunk at a time)")
     cue = options.max_words_per_cue
     if cue is not None:
-        check_int(cue, "max_words_per_cue", 1, InputError)
+        int_at_least(cue, "max_words_per_cue", 1)
     if cue is not None and not options.word_timestamps:
         raise InputError("max_words_per_cue needs word_timestamps")
     if not isinstance(options.decode, DecodeOptions):
@@ -178,15 +177,9 @@ def _verify_options(options: TranscribeOptions) -> None:
     if not isinstance(options.prompts, PromptOptions):
         raise InputError(f"prompts must be a PromptOptions, got {type(options.prompts).__name__}")
     check_batch_size(options.batch_size)
-    check_int(options.tail_repairs, "tail_repairs", 0, InputError)
-    margin = options.tail_margin_s
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
-        raise InputError(f"tail_margin_s must be a positive number of seconds, got {margin!r}")
+    int_at_least(options.tail_repairs, "tail_repairs", 0)
+    positive_seconds(options.tail_margin_s, "tail_margin_s")
     _verify_sampling(options)
-    context = options.tail_context_s
-    if isinstance(context, bool) or not isinstance(context, (int, float)) or not math.isfinite(context) or context < 0:
-        raise InputError(f"tail_context_s must be a number of seconds >= 0, got {context!r}")
-    block = options.block_s
-    if isinstance(block, bool) or not isinstance(block, (int, float)) or not math.isfinite(block) or block <= 0:
-        raise InputError(f"block_s must be a positive number of seconds, got {block!r}")
+    seconds_at_least_zero(options.tail_context_s, "tail_context_s")
+    positive_seconds(options.block_s, "block_s")
     object.__setattr__(options, "formats", parse_formats(options.formats))  # normalised: "txt,JSON" -> ("txt", "json")

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from asr_spec.checks import finite, seconds_at_least_zero
 from asr_spec.errors import InputError
 from asr_spec.transcribe.segments import Segment, TranscriptSegment
 
@@ -51,8 +52,7 @@ def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
 
     Hours are at least two digits and grow past 99 rather than wrapping.
     """
-    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or not math.isfinite(time_s) or time_s < 0:
-        raise InputError(f"timestamp must be a finite number of seconds >= 0, got {time_s!r}")
+    seconds_at_least_zero(time_s, "timestamp")
     total_ms = int(round(time_s * 1000))
     hours, rest_ms = divmod(total_ms, 3_600_000)
     minutes, rest_ms = divmod(rest_ms, 60_000)
@@ -92,8 +92,7 @@ def _segments(result: Mapping[str, Any], fmt: str) -> list[Segment]:
     for index, item in enumerate(raw):
         start_s, end_s, text = (_field(item, name, index) for name in ("start_s", "end_s", "text"))
         for name, value in (("start_s", start_s), ("end_s", end_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InputError(f"segment {index}: {name} must be a finite number of seconds, got {value!r}")
+            finite(value, f"segment {index}: {name}", "seconds")
         if not 0 <= start_s <= end_s:
             raise InputError(f"segment {index}: needs 0 <= start_s <= end_s, got {start_s} .. {end_s}")
         if start_s < previous_end - 1e-6:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from asr_spec.audio.chunking import ChunkSpan
+from asr_spec.checks import int_at_least, positive_seconds
 from asr_spec.errors import InputError
 from asr_spec.transcribe.segments import Segment
 
@@ -422,14 +423,11 @@ def _round_ms(time_s: float) -> float:
 def _verify_stitch_args(
     chunks: Sequence[ChunkTokens], eot_id: int, timestamp_begin_id: int, time_precision_s: float, sampling_rate: int
 ) -> None:
-    if isinstance(eot_id, bool) or not isinstance(eot_id, (int, np.integer)) or eot_id <= 0:
-        raise InputError(f"eot_id must be a positive token id, got {eot_id!r}")
+    int_at_least(eot_id, "eot_id", 1)
     if not isinstance(timestamp_begin_id, (int, np.integer)) or timestamp_begin_id <= eot_id:
         raise InputError(f"timestamp_begin_id ({timestamp_begin_id!r}) must be an id above eot_id ({eot_id})")
-    if not isinstance(time_precision_s, (int, float)) or not time_precision_s > 0:
-        raise InputError(f"time_precision_s must be a positive number of seconds, got {time_precision_s!r}")
-    if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, int) or sampling_rate <= 0:
-        raise InputError(f"sampling_rate must be a positive integer number of Hz, got {sampling_rate!r}")
+    positive_seconds(time_precision_s, "time_precision_s", finite_only=False)
+    int_at_least(sampling_rate, "sampling_rate", 1)
     previous_start = -1
     for index, chunk in enumerate(chunks):
         if not isinstance(chunk, ChunkTokens):

@@ -250,7 +250,7 @@ def with_tails(chunks: Sequence[Piece], tails: dict[int, list[list]]) -> tuple[l
 
 @dataclasses.dataclass
 class TailBook:
-    """One input's re-decoded tails, kept the same way by `Transcriber.iter_transcribe` and the server's batcher.
+    """One input's re-decoded tails (`Input.repairs`, kept by the engine session for every client).
 
     tails: per chunk index, its tails in attempt order as [span, result, words] (result and words None until it
     is in); pending: how many are still decoding. A result's id (`ChunkId`) has attempt 0 for a chunk and n for

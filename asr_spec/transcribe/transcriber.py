@@ -336,8 +336,8 @@ class Transcriber:
                      ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
         """`finish_chunk`, then the tail decision (`tail_of`; samples: the chunk's, see there): the result to keep
         (when a tail follows, its tokens cut before it and its words to match), its words, and the tail to
-        decode next (None: none). The CLI's run and the server's batcher both call it for every finished chunk
-        and tail."""
+        decode next (None: none). The engine session (`EngineSession.finish`) calls it for every finished chunk
+        and tail of every client."""
         finished, words = self.finish_chunk(result, span)
         planned = self.tail_of(span, result, samples)
         if planned is None:
@@ -363,7 +363,7 @@ class Transcriber:
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
     def tail_source(self) -> TailSource | None:
         """A source of re-decoded tails (tails.py) for one engine run, when they apply (timestamp mode,
-        tail_repairs > 0), else None; the server's batcher keeps one for all its jobs."""
+        tail_repairs > 0), else None; an `EngineSession` keeps one for all its runs."""
         if not self.options.decode.timestamps or not self.options.tail_repairs:
             return None
         return TailSource(self.frontend.features)
