@@ -117,25 +117,22 @@ def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before
     assert whole[0].start_sample == int(4.0 * 16000) and whole[1] == tokens[:3] + (EOT,)
 
 
-def test_the_transcriber_decides_a_tail_the_same_with_and_without_word_timestamps() -> None:
+def test_word_timestamps_repair_the_chunks_the_default_repairs() -> None:
     """Coverage reads the timestamps the target wrote and the speech frames after them, in every mode: a last word
     whose aligned end stretches over the speech after the last timestamp (the target gave it no token) does not
-    make that speech covered (issue 36)."""
+    make that speech covered (issue 36), so word timestamps change times, not words."""
     target, _, processor = _eager_models()
-    span = speech_span(60.0, 29.0, [(0.2, 26.0)])
-    early = _result((0, 0), (ts(0.2), 1, 2, ts(25.0), EOT))  # the speech goes on 1 s past the last timestamp
-    late = _result((0, 0), (ts(0.2), 1, 2, ts(26.0), EOT))  # covered to the speech's end
-    plans = []
-    for word_timestamps in (False, True):
-        options = TranscribeOptions.from_values(language="en", chunking="vad", timestamps=True,
-                                                word_timestamps=word_timestamps)
-        transcriber = Transcriber(target, None, processor, options)
-        plans.append((transcriber.tail_of(span, early), transcriber.tail_of(span, late)))
-        assert transcriber.tail_of(span, _result((0, 0, 2), early.tokens)) is None  # the repair bound
-    (words_early, words_late), (plain_early, plain_late) = plans
-    assert words_early is not None and words_late is None
-    assert words_early[1] == plain_early[1] and words_early[0].start_sample == plain_early[0].start_sample
-    assert plain_late is None
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1)
+    audio = [str(LONG)] + [str(p) for p in SHORT[:3]]
+    plain = Transcriber(target, None, processor, options).transcribe(audio, progress=False)
+    words_on = TranscribeOptions.from_values(options, word_timestamps=True)
+    timed = Transcriber(target, None, processor, words_on).transcribe(audio, progress=False)
+    assert sum(p.redecoded_tails for p in plain) >= 1
+    for p, t in zip(plain, timed):
+        assert t.redecoded_tails == p.redecoded_tails and t.chunk_tokens == p.chunk_tokens and t.text == p.text
+        assert [(c.start_s, c.end_s) for c in t.chunks] == [(c.start_s, c.end_s) for c in p.chunks]
+        assert all(s.words for s in t.segments if s.text)
 
 
 def counted_speech(calls: list[int]) -> Callable[[list[tuple[float, float]]], Callable[[], np.ndarray]]:
