@@ -29,6 +29,7 @@ from asr_spec.transcribe.tails import (
     drop_repeated_head,
     longest_gap_s,
     plan_tail,
+    repeated_segment,
     rewind,
     seam_overlap,
     stride_tail,
@@ -188,6 +189,41 @@ def test_a_stride_window_that_skips_a_sentence_inside_its_middle_gets_a_tail_fro
     calls.clear()
     in_left_stride = (ts(1.0), 1, ts(2.0), ts(5.3), 2, ts(24.9), EOT)  # the gap is the window before's but 0.3 s
     assert stride_tail(window, in_left_stride, EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None and not calls
+
+
+def test_a_stride_window_that_loops_is_decoded_again_from_where_its_loop_starts() -> None:
+    """whisper-base may loop in a window ("the work was hard ..." three times, issue 36), its timestamps spread over
+    the sentences it does not transcribe, so every second looks covered: a window whose text repeats itself
+    (looping: compression ratio over the threshold) is trusted only up to its first segment that repeats an
+    earlier one, and the rest of its middle is decoded again."""
+    rate = 16000
+    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 5-25 s of the window
+    calls: list[int] = []
+    speech_of = counted_speech(calls)
+    loop = (7, 8, 9, 10, 11)
+    looped = (ts(5.0), 1, 2, 3, 4, ts(9.0), ts(9.0), *loop, ts(14.0), ts(14.0), *loop, ts(19.0), ts(19.0), *loop,
+              ts(24.9), EOT)
+    closed, _ = closed_segments(looped, EOT, TS)
+    assert repeated_segment(closed, looped, EOT) == 2
+    tail, kept = stride_tail(window, looped, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True)
+    assert calls and tail.start_sample == window.start_sample + 14 * rate  # after the loop's first time
+    assert kept == looped[:13] + (EOT,) and tail.stride_right_samples == window.stride_right_samples
+    calls.clear()
+    assert stride_tail(window, looped, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)])) is None and not calls  # not told
+    # a short segment said twice ("Yes."), or a loop starting in the right stride: the next window's to decode
+    short = (ts(5.0), 1, 2, 3, 4, ts(9.0), ts(9.0), 7, ts(10.0), ts(10.0), 7, ts(24.9), EOT)
+    assert repeated_segment(closed_segments(short, EOT, TS)[0], short, EOT) is None
+    assert stride_tail(window, short, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True) is None
+    late = (ts(5.0), *loop, ts(24.8), ts(25.5), *loop, ts(28.0), EOT)
+    assert stride_tail(window, late, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True) is None
+
+
+def test_the_no_speech_rule_says_when_a_text_loops() -> None:
+    from asr_spec.transcribe.nospeech import NoSpeechRule
+
+    rule = NoSpeechRule()
+    assert rule.loops("the work was hard " * 8) and not rule.loops("The work was hard and the hours were long.")
+    assert not NoSpeechRule(compression_ratio_threshold=None).loops("the work was hard " * 8)
 
 
 def test_longest_gap_is_what_no_segment_covers_after_a_closed_one_within_bounds() -> None:
