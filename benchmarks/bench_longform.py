@@ -200,6 +200,7 @@ def row(item: Item, config: str, wall_s: float, texts: list[str], stats: dict | 
         out["first_word_lost"] = [c.name for c, t in zip(item.clips, texts, strict=True) if first_word_lost(c.ref, t)]
     if stats and stats.get("stats") is not None:
         out["chunks"] = [len(tokens) for tokens in stats.get("tokens", [])]
+        out["chunk_tokens"] = [[list(chunk) for chunk in tokens] for tokens in stats.get("tokens", [])]  # per clip
     if stats and "redecoded_tails" in stats:
         out["tails"] = stats["redecoded_tails"]
     return out

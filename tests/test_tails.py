@@ -30,6 +30,7 @@ from asr_spec.transcribe.tails import (
     drop_repeated_head,
     longest_gap_s,
     plan_tail,
+    repeated_segment,
     rewind,
     seam_overlap,
     stride_tail,
@@ -118,10 +119,26 @@ def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before
     assert whole[0].start_sample == int(4.0 * 16000) and whole[1] == tokens[:3] + (EOT,)
 
 
-def test_the_transcriber_decides_a_tail_the_same_with_and_without_word_timestamps() -> None:
+def test_word_timestamps_repair_the_chunks_the_default_repairs() -> None:
     """Coverage reads the timestamps the target wrote and the speech frames after them, in every mode: a last word
     whose aligned end stretches over the speech after the last timestamp (the target gave it no token) does not
-    make that speech covered (issue 36)."""
+    make that speech covered (issue 36), so word timestamps change times, not words."""
+    target, _, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1)
+    audio = [str(LONG)] + [str(p) for p in SHORT[:3]]
+    plain = Transcriber(target, None, processor, options).transcribe(audio, progress=False)
+    words_on = TranscribeOptions.from_values(options, word_timestamps=True)
+    timed = Transcriber(target, None, processor, words_on).transcribe(audio, progress=False)
+    assert sum(p.redecoded_tails for p in plain) >= 1
+    for p, t in zip(plain, timed):
+        assert t.redecoded_tails == p.redecoded_tails and t.chunk_tokens == p.chunk_tokens and t.text == p.text
+        assert [(c.start_s, c.end_s) for c in t.chunks] == [(c.start_s, c.end_s) for c in p.chunks]
+        assert all(s.words for s in t.segments if s.text)
+
+
+def test_the_transcriber_decides_a_tail_the_same_with_and_without_word_timestamps() -> None:
+    """The decision itself: the same tail, from the same evidence, in both modes."""
     target, _, processor = _eager_models()
     span = speech_span(60.0, 29.0, [(0.2, 26.0)])
     early = _result(ChunkId(0, 0), (ts(0.2), 1, 2, ts(25.0), EOT))  # the speech goes on 1 s past the last timestamp
@@ -192,6 +209,41 @@ def test_a_stride_window_that_skips_a_sentence_inside_its_middle_gets_a_tail_fro
     calls.clear()
     in_left_stride = (ts(1.0), 1, ts(2.0), ts(5.3), 2, ts(24.9), EOT)  # the gap is the window before's but 0.3 s
     assert stride_tail(window, in_left_stride, EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None and not calls
+
+
+def test_a_stride_window_that_loops_is_decoded_again_from_where_its_loop_starts() -> None:
+    """whisper-base may loop in a window ("the work was hard ..." three times, issue 36), its timestamps spread over
+    the sentences it does not transcribe, so every second looks covered: a window whose text repeats itself
+    (looping: compression ratio over the threshold) is trusted only up to its first segment that repeats an
+    earlier one, and the rest of its middle is decoded again."""
+    rate = 16000
+    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 5-25 s of the window
+    calls: list[int] = []
+    speech_of = counted_speech(calls)
+    loop = (7, 8, 9, 10, 11)
+    looped = (ts(5.0), 1, 2, 3, 4, ts(9.0), ts(9.0), *loop, ts(14.0), ts(14.0), *loop, ts(19.0), ts(19.0), *loop,
+              ts(24.9), EOT)
+    closed, _ = closed_segments(looped, EOT, TS)
+    assert repeated_segment(closed, looped, EOT) == 2
+    tail, kept = stride_tail(window, looped, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True)
+    assert calls and tail.start_sample == window.start_sample + 14 * rate  # after the loop's first time
+    assert kept == looped[:13] + (EOT,) and tail.stride_right_samples == window.stride_right_samples
+    calls.clear()
+    assert stride_tail(window, looped, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)])) is None and not calls  # not told
+    # a short segment said twice ("Yes."), or a loop starting in the right stride: the next window's to decode
+    short = (ts(5.0), 1, 2, 3, 4, ts(9.0), ts(9.0), 7, ts(10.0), ts(10.0), 7, ts(24.9), EOT)
+    assert repeated_segment(closed_segments(short, EOT, TS)[0], short, EOT) is None
+    assert stride_tail(window, short, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True) is None
+    late = (ts(5.0), *loop, ts(24.8), ts(25.5), *loop, ts(28.0), EOT)
+    assert stride_tail(window, late, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True) is None
+
+
+def test_the_no_speech_rule_says_when_a_text_loops() -> None:
+    from asr_spec.transcribe.nospeech import NoSpeechRule
+
+    rule = NoSpeechRule()
+    assert rule.loops("the work was hard " * 8) and not rule.loops("The work was hard and the hours were long.")
+    assert not NoSpeechRule(compression_ratio_threshold=None).loops("the work was hard " * 8)
 
 
 def test_longest_gap_is_what_no_segment_covers_after_a_closed_one_within_bounds() -> None:

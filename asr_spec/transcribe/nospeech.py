@@ -72,6 +72,10 @@ class NoSpeechRule:
         if self.no_speech_threshold is None or not no_speech_prob > self.no_speech_threshold:
             return False
         confident = self.logprob_threshold is not None and avg_logprob > self.logprob_threshold
-        not_looping = fallback or self.compression_ratio_threshold is None or (
-            compression_ratio(text) <= self.compression_ratio_threshold)
-        return not (confident and not_looping)
+        return not (confident and (fallback or not self.loops(text)))
+
+    def loops(self, text: str) -> bool:
+        """Whether `text` is more repetitive than Whisper accepts (compression ratio over the threshold; never when
+        the threshold is None)."""
+        threshold = self.compression_ratio_threshold
+        return threshold is not None and compression_ratio(text) > threshold

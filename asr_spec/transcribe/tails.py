@@ -41,12 +41,13 @@ from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
-__all__ = ["MAX_SEAM_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps", "drop_repeated_head",
-           "longest_gap_s", "plan_tail", "rewind", "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s",
-           "with_tails"]
+__all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps",
+           "drop_repeated_head", "longest_gap_s", "plan_tail", "repeated_segment", "rewind", "seam_overlap",
+           "stride_tail", "trim_span", "uncovered_speech_s", "with_tails"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
+MIN_LOOP_TOKENS = 4  # a segment at least this long written again token for token is a loop (not a repeated "Yes.")
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 
@@ -133,18 +134,22 @@ def rewind(closed: list[Segment], position: int, context_s: float, min_step: int
 
 
 def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
-              context_s: float = 0.0) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+              context_s: float = 0.0, stop_at: int | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
     """The tail of a chunk to decode again and the chunk's tokens before it, or None. The transcript stops
     covering the speech at the end timestamp of a segment (`covered_steps`; with or without word timestamps,
     see the module docstring); the tail is [`rewind`'s start: context_s
     seconds of decoded text before that point, the chunk's end), the tokens keep the segments before it (closed
     by `<|endoftext|>`), the tail decodes the rest. A tail starts inside the chunk, after its start (a transcript
     that misses the chunk's first words would only be decoded again the same). A span with a right stride (a
-    stride window, `stride_tail`) hands it to its tail, as the next window expects."""
+    stride window, `stride_tail`) hands it to its tail, as the next window expects. stop_at: a closed segment
+    after which the transcript is not trusted whatever its timestamps say (a loop starts after it,
+    `repeated_segment`)."""
     if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
     position = _uncovered_segment(closed, open_start, span.speech, margin_s)
+    if stop_at is not None:
+        position = stop_at if position is None else min(position, stop_at)
     if position is None:
         return None
     min_step = span.stride_left_samples // STEP_SAMPLES
@@ -168,27 +173,46 @@ def longest_gap_s(closed: list[Segment], open_start: int | None, low: int, high:
     return max([0, *gaps]) * TIME_PRECISION_S
 
 
+def repeated_segment(closed: list[Segment], tokens: Sequence[int], eot_id: int,
+                     min_tokens: int = MIN_LOOP_TOKENS) -> int | None:
+    """The position in `closed` of the first segment whose text (at least `min_tokens` text tokens) repeats an
+    earlier segment's of the same chunk token for token: where a window that loops starts writing its loop (its
+    timestamps then run on over speech it does not transcribe, so the speech looks covered). None when none does."""
+    seen: set[tuple[int, ...]] = set()
+    for position, (_, _, first, last) in enumerate(closed):
+        text = tuple(int(t) for t in tokens[first + 1 : last] if t < eot_id)
+        if len(text) >= min_tokens and text in seen:
+            return position
+        seen.add(text)
+    return None
+
+
 def stride_tail(span: ChunkSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
-                context_s: float, speech_of: Callable[[], np.ndarray]) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+                context_s: float, speech_of: Callable[[], np.ndarray],
+                looping: bool = False) -> tuple[SpeechSpan, tuple[int, ...]] | None:
     """`plan_tail` for a stride window (no VAD frames of its own): only when the middle it keeps (the window
     before keeps its left stride, the next re-decodes its right one) has at least `margin_s` that no segment
     covers after a closed segment (its text ends early, or skips from one segment to a later one: a sentence
     after a long pause, `longest_gap_s`) are its speech frames computed (speech_of: () -> (F,) bool, e.g.
     `silero.window_speech`) and the window's speech in that middle compared with its segments. Otherwise None, at no
-    cost: the window's output stays as decoded."""
+    cost: the window's output stays as decoded. looping: the window's text repeats itself (compression ratio over
+    the no-speech rule's threshold, `NoSpeechRule.loops`): its transcript is not trusted from the first segment
+    that repeats an earlier one (`repeated_segment`) inside its middle on, and that part is decoded again."""
     if isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
     keep_start = span.stride_left_samples // STEP_SAMPLES
     keep_end = (span.n_samples - span.stride_right_samples) // STEP_SAMPLES
-    if not closed or longest_gap_s(closed, open_start, keep_start, keep_end) < margin_s:
+    loop = repeated_segment(closed, tokens, eot_id) if looping else None
+    stop_at = loop - 1 if loop is not None and closed[loop][0] < keep_end else None
+    if not closed or (stop_at is None and longest_gap_s(closed, open_start, keep_start, keep_end) < margin_s):
         return None
     speech = np.array(speech_of(), bool)
     speech[keep_end:] = False  # the next window's to decode
     speech[:keep_start] = False  # the window before's
     view = SpeechSpan(span.start_sample, span.end_sample, span.stride_left_samples, span.stride_right_samples,
                       span.is_first, span.is_last, speech=speech)
-    return plan_tail(view, tokens, eot_id, timestamp_begin_id, margin_s, context_s)
+    return plan_tail(view, tokens, eot_id, timestamp_begin_id, margin_s, context_s, stop_at)
 
 
 def trim_span(span: ChunkSpan, end_sample: int) -> ChunkSpan:

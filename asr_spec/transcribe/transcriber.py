@@ -328,8 +328,9 @@ class Transcriber:
         if not isinstance(span, SpeechSpan):
             if samples is None:
                 return None
+            looping = self.options.no_speech.loops(self.assembler.decode(result.tokens))
             return stride_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s,
-                               context_s, lambda: self.frontend.window_speech(samples))
+                               context_s, lambda: self.frontend.window_speech(samples), looping)
         return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s)
 
     def finish_piece(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
