@@ -33,7 +33,8 @@ def test_shipped_presets() -> None:
     assert (v3.model, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
     base = load_preset("base")
     assert base.model == "embedded:whisper-base" and base.draft == str(REPO / "drafts" / "whisper-base-2l")
-    assert base.draft_optional and base.cpu_draft_max_rows == 4  # on a CPU its draft decodes runs of <= 4 rows
+    # on a CPU its draft decodes runs of <= 4 rows, <= 8 in bf16 on AMX
+    assert base.draft_optional and base.cpu_draft_max_rows == {"amx-bf16": 8, "avx512-bf16": 4, "fp32": 4}
     distilled = load_preset("base-distilled")
     assert distilled.draft == base.draft  # relative to configs/, resolved
     tiny = load_preset("tiny.en")
@@ -62,6 +63,9 @@ def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
         assert "greedy on cpu" in caplog.text
         assert plan_models(distilled, "cuda") == ModelPlan(distilled.model, distilled.draft, "auto", None, None)
         assert plan_models(base, "cpu").draft == base.draft and plan_models(base, "cpu").draft_max_rows == 4
+        amx = parse_cpu_flags("avx2 avx512_bf16 amx_bf16")  # auto -> bf16 there: the draft up to batch 8
+        assert plan_models(base, "cpu", cpu=amx).draft_max_rows == 8
+        assert plan_models(base, "cpu", {"dtype": "float32"}, cpu=amx).draft_max_rows == 4
         assert plan_models(base, "cuda").draft == base.draft and plan_models(base, "cuda").draft_max_rows is None
         # asked for: in every run, unless draft_max_rows is given too; off; another model drops the preset's draft
         assert plan_models(distilled, "cpu", {"draft": "d"}).draft_max_rows is None

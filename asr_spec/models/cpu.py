@@ -26,13 +26,18 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CPU_CLASSES", "CpuCapabilities", "auto_dtype", "detect_cpu", "parse_cpu_flags", "parse_cpuinfo"]
+__all__ = ["CPU_CLASSES", "DTYPES", "CpuCapabilities", "auto_dtype", "detect_cpu", "parse_cpu_flags", "parse_cpuinfo",
+           "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 
 CPUINFO = Path("/proc/cpuinfo")
 FLAGS_ENV = "ASR_SPEC_CPU_FLAGS"
 CPU_CLASSES = ("amx-bf16", "avx512-bf16", "avx2", "other")  # best first
+# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: `auto_dtype`). The one table:
+# `resolve_dtype` reads it, and presets' checks.
+DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+          "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,22 @@ def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None) -> torc
         return torch.float32
     caps = detect_cpu() if cpu is None else cpu
     return torch.bfloat16 if caps.native_bf16 else torch.float32
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
+                  cpu: CpuCapabilities | None = None) -> torch.dtype:
+    """The dtype a run loads its models in; every caller (CLI, API, server, eval, benchmarks) comes through here.
+    "auto" / None: `cpu.auto_dtype` (fp16 on CUDA; on a CPU bf16 where bf16 products are native, else fp32),
+    logged once with the CPU's class. cpu: the capabilities to decide from (None: this machine's)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        chosen = auto_dtype(device, cpu)
+        log_decision(device, dtype, chosen)
+        return chosen
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
+    return getattr(torch, DTYPES[dtype])
 
 
 def log_decision(device: torch.device, requested: str | torch.dtype | None, chosen: torch.dtype) -> None:

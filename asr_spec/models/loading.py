@@ -15,7 +15,7 @@ from torch import nn
 
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.errors import AsrSpecError, ModelLoadError
-from asr_spec.models.cpu import CpuCapabilities, auto_dtype, log_decision
+from asr_spec.models.cpu import resolve_dtype as resolve_dtype  # decided in models.cpu; callers import it here too
 from asr_spec.models.drafts import DECODER_KIND, INFO_FILE, decoder_draft, draft_kind, load_trained_draft
 from asr_spec.models.feature_draft import KIND as FEATURE_KIND
 from asr_spec.models.feature_draft import load_feature_draft
@@ -24,24 +24,6 @@ log = logging.getLogger(__name__)
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
-                  cpu: CpuCapabilities | None = None) -> torch.dtype:
-    """The dtype a run loads its models in; every caller (CLI, API, server, eval, benchmarks) comes through here.
-    "auto" / None: `cpu.auto_dtype` (fp16 on CUDA; on a CPU bf16 where bf16 products are native, else fp32),
-    logged once with the CPU's class. cpu: the capabilities to decide from (None: this machine's)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        chosen = auto_dtype(device, cpu)
-        log_decision(device, dtype, chosen)
-        return chosen
-    from asr_spec.models.presets import DTYPES
-
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
-    return getattr(torch, DTYPES[dtype])
-
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device in (None, "auto"):

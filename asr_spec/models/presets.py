@@ -54,9 +54,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from asr_spec.checks import int_at_least
 from asr_spec.errors import InputError
-from asr_spec.models.cpu import DECODE_CLASSES, CpuCapabilities, decode_class
+from asr_spec.models.cpu import DECODE_CLASSES, DTYPES, CpuCapabilities, decode_class, resolve_dtype
 
 __all__ = ["DEFAULT_PRESET", "ModelPlan", "Preset", "available_presets", "load_preset", "plan_models",
            "presets_dir"]
@@ -65,10 +67,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PRESET = "base"  # the offline one: works with no network once asr-spec[offline] is installed
 PRESET_SUFFIX = ".toml"
-# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: `cpu.auto_dtype`).
-# The one table: models.loading.resolve_dtype reads it too.
-DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+# dtype names a preset or --dtype may use: `cpu.DTYPES` (with "auto", `cpu.auto_dtype`)
 # Preset keys that become transcription options (the rest say which models to load, and how)
 OPTION_KEYS = ("chunk_length_s", "stride_length_s", "num_draft_tokens", "language", "timestamps", "chunking",
                "word_timestamps", "max_words_per_cue")
@@ -154,10 +153,6 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
     dtype = overrides.get("dtype", preset.dtype)
     cpu_rows = 0
     if device_type == "cpu" and not ({"draft", "model"} & set(overrides)) and not every_run:
-        import torch
-
-        from asr_spec.models.loading import resolve_dtype
-
         cpu_rows = preset.cpu_draft_rows(decode_class(resolve_dtype(dtype, torch.device("cpu"), cpu), cpu))
     if "draft" in overrides:
         draft, rows = overrides["draft"], None
