@@ -218,7 +218,7 @@ def test_coverage_reports_lost_and_doubled_together():
 def test_coverage_bad_arguments():
     with pytest.raises(TypeError, match="sequence of sentences"):
         coverage("one string", "one string")
-    with pytest.raises(ValueError, match="positive number of words"):
+    with pytest.raises(ValueError, match="positive integer number of words"):
         doubled_ngrams("a b c", "a b c", n=0)
     with pytest.raises(ValueError, match="min_fraction"):
         coverage(SENTENCES, "", min_fraction=1.5)

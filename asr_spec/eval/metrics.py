@@ -34,6 +34,8 @@ from pathlib import Path
 import jiwer
 from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
+from asr_spec.checks import positive_int
+
 __all__ = ["Coverage", "Doubled", "Score", "coverage", "doubled_ngrams", "english_normalizer",
            "load_spelling_mapping", "missing_sentences", "normalize", "score", "sentence_coverage"]
 
@@ -236,8 +238,7 @@ def doubled_ngrams(reference: str, hypothesis: str, n: int = DOUBLED_NGRAM, *, n
     """The n-grams of `hypothesis` that occur at least twice and more often than in `reference` (both normalised
     unless `normalized`), in the order of their first occurrence: "a b c d a b c d" against "a b c d" doubles
     (a, b, c) and (b, c, d); a phrase the reference itself says twice is not doubled when written twice."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"doubled_ngrams: n must be a positive number of words, got {n!r}")
+    positive_int(n, "doubled_ngrams: n", "words")
     norm = _unchanged if normalized else english_normalizer(spelling)
     ref_counts = collections.Counter(_ngrams(norm(reference).split(), n))
     hyp_counts = collections.Counter(_ngrams(norm(hypothesis).split(), n))
