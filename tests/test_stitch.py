@@ -349,3 +349,22 @@ def test_a_stride_seam_whose_readings_disagree_is_neither_dropped_nor_doubled() 
     assert list(result.token_ids) == [11, 12, 1, 2, 3, 74, 75, 76, 21, 22]
     text, _ = _reference([ChunkTokens(left, span0), ChunkTokens(right, span1)], return_timestamps=True)
     assert text == _decode([11, 12, 1, 2, 3, 4, 5, 6, 71, 72, 73, 74, 75, 76, 21, 22])  # transformers: twice
+
+
+def test_a_short_match_heard_seconds_apart_is_no_common_run() -> None:
+    """ends_mid_sentence through stride: the left reading ends "... seeds. He marked the pages with", the right
+    one starts "advice. He gave it freely ..." seven seconds earlier; "." " He" align at the readings' ends and
+    won the text merge, so both sentences between them were written twice. Matched tokens must be heard at about
+    the same time (or be a run of SURE_RUN_TOKENS)."""
+    left = TimedPiece((20, 21, 22, 1, 2, 30, 31, 32), (44.2, 44.6, 45.5, 47.0, 47.4, 47.8, 48.2, 48.6), seam_s=45.0)
+    right = TimedPiece((5, 1, 2, 40, 41, 42, 20, 21, 22), (40.0, 40.4, 40.8, 41.2, 41.6, 42.0, 44.3, 44.7, 45.4),
+                       seam_s=65.0)
+    assert merge_overlapping([left.tokens, right.tokens]) == [20, 21, 22, 1, 2, 40, 41, 42, 20, 21, 22]  # twice
+    # 1, 2 heard at 47 s on the left and at 40 s on the right: no run; 20, 21, 22 heard at 44-45.5 s by both is
+    # one, and the seam is cut in its middle
+    assert merge_timed([left, right]) == [20, 21, 22]
+    # a long run is a run even when the two windows time it seconds apart (whisper-base's whole seconds)
+    run = (1, 2, 3, 4, 5)
+    late = TimedPiece((9, *run), (20.0, 24.0, 24.5, 25.0, 25.5, 26.0), seam_s=25.0)
+    early = TimedPiece((*run, 8), (20.0, 20.5, 21.0, 21.5, 22.0, 26.0), seam_s=45.0)
+    assert merge_timed([late, early]) == merge_overlapping([late.tokens, early.tokens]) == [9, 1, 2, 3, 4, 5, 8]

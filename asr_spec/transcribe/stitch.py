@@ -33,6 +33,7 @@ emit overlapping segments); a segment left open at the end of the file ends at t
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +62,13 @@ __all__ = [
 TIME_PRECISION_S = 0.02  # seconds per timestamp token: 30 s window / 1500 encoder positions
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
+# seconds two readings' times of a common run may differ by on average: token times are interpolated inside
+# segments of a few seconds (`token_times`), so a true run is off by about a second; a spurious one ("." " He"
+# matched across two sentences) by the several seconds between them
+MAX_SKEW_S = 2.5
+# equal aligned tokens that make a run whatever the times say: whisper-base may time one sentence 3-5 s apart in
+# two windows (dialogue_pauses), while a spurious match is a punctuation mark and a word or two
+SURE_RUN_TOKENS = 4
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
 
@@ -107,9 +115,13 @@ def overlap_cut(left: Sequence[int], right: Sequence[int]) -> tuple[int, int]:
     return (left_start + left_stop) // 2, (right_start + right_stop) // 2
 
 
-def _best_overlap(left: Sequence[int], right: Sequence[int]) -> tuple[int, int, int, int] | None:
+Overlap = tuple[int, int, int, int]  # (left_start, left_stop, right_start, right_stop) of an aligned overlap
+
+
+def _best_overlap(left: Sequence[int], right: Sequence[int],
+                  credible: Callable[[Overlap], bool] | None = None) -> Overlap | None:
     """(left_start, left_stop, right_start, right_stop) of the best-scoring overlap (see `overlap_cut`), or None
-    when no offset has two equal aligned tokens."""
+    when no offset has two equal aligned tokens; given `credible`, only the overlaps it accepts count."""
     left_ids = np.asarray(left, dtype=np.int64)
     right_ids = np.asarray(right, dtype=np.int64)
     n_left, n_right = len(left_ids), len(right_ids)
@@ -120,9 +132,10 @@ def _best_overlap(left: Sequence[int], right: Sequence[int]) -> tuple[int, int, 
         right_start, right_stop = max(0, shift - n_left), min(n_right, shift)
         matches = int(np.count_nonzero(left_ids[left_start:left_stop] == right_ids[right_start:right_stop]))
         score = matches / shift + shift * _TIE_BREAK_PER_TOKEN
-        if matches > 1 and score > best_score:
+        overlap = (left_start, left_stop, right_start, right_stop)
+        if matches > 1 and score > best_score and (credible is None or credible(overlap)):
             best_score = score
-            best = (left_start, left_stop, right_start, right_stop)
+            best = overlap
     return best
 
 
@@ -195,15 +208,27 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
     return n_keep, n_drop
 
 
+def _heard_together(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> bool:
+    """Whether the equal tokens an overlap aligns are a common run: at least SURE_RUN_TOKENS of them, or heard at
+    about the same time by both chunks (their times differ by at most MAX_SKEW_S on average): ". He" at the end
+    of one reading and ". He" seven seconds earlier at the start of the other are no common run."""
+    left_start, left_stop, right_start, right_stop = overlap
+    equal = np.asarray(left.tokens[left_start:left_stop]) == np.asarray(right.tokens[right_start:right_stop])
+    left_s = np.asarray(left.times_s[left_start:left_stop])[equal]
+    right_s = np.asarray(right.times_s[right_start:right_stop])[equal]
+    return len(left_s) >= SURE_RUN_TOKENS or bool(abs(float((left_s - right_s).mean())) <= MAX_SKEW_S)
+
+
 def merge_timed(pieces: Sequence[TimedPiece], starts_word: StartsWord | None = None) -> list[int]:
     """Merge the readings of consecutive chunks of one segment, left to right: as `merge_overlapping` where two
-    readings share a run, cut by time (`time_cut`) where they share none."""
+    readings share a run heard at about the same time by both (`_heard_together`), cut by time (`time_cut`)
+    where they share none."""
     if not pieces:
         return []
     merged: list[int] = []
     carry = pieces[0]
     for piece in pieces[1:]:
-        best = _best_overlap(carry.tokens, piece.tokens)
+        best = _best_overlap(carry.tokens, piece.tokens, functools.partial(_heard_together, carry, piece))
         if best is None:
             n_keep, n_drop = time_cut(carry, piece, starts_word)
         else:
