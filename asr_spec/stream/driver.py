@@ -1,7 +1,7 @@
 """Many streams through one engine: every stream's due decode goes into one engine run (rows shared), the results
 go back to each stream's policy, and the updates come out.
 
-    runner = StreamRunner(engine, features, tokenizer, StreamOptions())   # or Transcriber.streams()
+    runner = asr.streams()            # asr: a Transcriber; a live EngineSession decodes (session.py)
     stream = runner.open()            # as many as wanted
     stream.feed(samples)              # (n,) float32 16 kHz blocks, as they arrive
     for stream, update in runner.pump():   # decodes what is due now, all streams in one batch

@@ -209,7 +209,8 @@ class Transcriber:
         try:
             for result in session.run(source, rows):
                 item = inputs[result.id.owner]
-                self._collect(item, session.finish(result, None if item is None or item.error else item), bar)
+                alive = item is not None and item.error is None  # None: yielded already; error: reported
+                self._collect(item, session.finish(result, item if alive else None), bar)
                 while next_out < len(inputs) and inputs[next_out].complete:
                     yield self._finish(inputs[next_out], bar, output_dir)
                     # free its spans and results; `prepare`, reading the same list, is past it (it is complete)
