@@ -1,0 +1,178 @@
+"""Pure seam merging: where two overlapping readings of the same audio are joined, so that no word is doubled or lost.
+
+By text (`overlap_cut`, `merge_overlapping`): the head of the right sequence slides under the tail of the left one,
+the offset with the best match fraction wins (ties broken toward longer overlaps), and both are cut at the middle of
+that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). By time (`time_cut`,
+`merge_timed`), where the readings share no credible run: each token's time is interpolated between the timestamps
+around it (`token_times`), the left reading keeps what it heard before the seam, the right what it heard from it on.
+`stitch.py` walks chunks and segments and calls these at each seam.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from asr_spec.errors import InputError
+
+__all__ = ["MAX_SKEW_S", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping", "merge_timed",
+           "merge_with_shares", "overlap_cut", "time_cut", "token_times"]
+
+_TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
+
+# seconds two readings' times of a common run may differ by on average: token times are interpolated inside
+# segments of a few seconds (`token_times`), so a true run is off by about a second; a spurious one ("." " He"
+# matched across two sentences) by the several seconds between them
+MAX_SKEW_S = 2.5
+# equal aligned tokens that make a run whatever the times say: whisper-base may time one sentence 3-5 s apart in
+# two windows (dialogue_pauses), while a spurious match is a punctuation mark and a word or two
+SURE_RUN_TOKENS = 4
+StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Text merge
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def overlap_cut(left: Sequence[int], right: Sequence[int]) -> tuple[int, int]:
+    """Where to join ``left`` and ``right``: returns ``(n_left_kept, n_right_dropped)``.
+
+    The merged sequence is ``left[:n_left_kept] + right[n_right_dropped:]``. Every offset at which the head of
+    ``right`` overlaps the tail of ``left`` by ``shift`` tokens (``shift`` in ``1 .. len(left) + len(right) - 1``,
+    the overlap being shorter than ``shift`` once ``right`` slides past ``left``'s start) is scored
+    ``matches / shift + shift * 1e-4``; offsets with fewer than two equal aligned tokens do not count. Both sides
+    are cut at the middle of the best overlap. With no acceptable offset, everything is kept (plain concatenation).
+    """
+    best = _best_overlap(left, right)
+    if best is None:
+        return len(left), 0
+    left_start, left_stop, right_start, right_stop = best
+    return (left_start + left_stop) // 2, (right_start + right_stop) // 2
+
+
+Overlap = tuple[int, int, int, int]  # (left_start, left_stop, right_start, right_stop) of an aligned overlap
+
+
+def _best_overlap(left: Sequence[int], right: Sequence[int],
+                  credible: Callable[[Overlap], bool] | None = None) -> Overlap | None:
+    """(left_start, left_stop, right_start, right_stop) of the best-scoring overlap (see `overlap_cut`), or None
+    when no offset has two equal aligned tokens; given `credible`, only the overlaps it accepts count."""
+    left_ids = np.asarray(left, dtype=np.int64)
+    right_ids = np.asarray(right, dtype=np.int64)
+    n_left, n_right = len(left_ids), len(right_ids)
+    best_score = 0.0
+    best = None
+    for shift in range(1, n_left + n_right):
+        left_start, left_stop = max(0, n_left - shift), min(n_left, n_left + n_right - shift)
+        right_start, right_stop = max(0, shift - n_left), min(n_right, shift)
+        matches = int(np.count_nonzero(left_ids[left_start:left_stop] == right_ids[right_start:right_stop]))
+        score = matches / shift + shift * _TIE_BREAK_PER_TOKEN
+        overlap = (left_start, left_stop, right_start, right_stop)
+        if matches > 1 and score > best_score and (credible is None or credible(overlap)):
+            best_score = score
+            best = overlap
+    return best
+
+
+def merge_with_shares(pieces: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Merge pieces left to right; also return how many merged tokens each piece contributed."""
+    if not pieces:
+        return [], []
+    merged: list[int] = []
+    shares: list[int] = []
+    carry = list(pieces[0])  # the not-yet-committed tail: everything kept so far from the latest piece
+    for piece in pieces[1:]:
+        n_keep, n_drop = overlap_cut(carry, piece)
+        merged.extend(carry[:n_keep])
+        shares.append(n_keep)
+        carry = list(piece[n_drop:])
+    merged.extend(carry)
+    shares.append(len(carry))
+    return merged, shares
+
+
+def merge_overlapping(pieces: Sequence[Sequence[int]]) -> list[int]:
+    """Merge token sequences of consecutive overlapping chunks into one (see ``overlap_cut``)."""
+    return merge_with_shares(pieces)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Time merge: seams whose readings share no run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimedPiece:
+    """One chunk's text of a segment that runs across a seam, with where each token was heard."""
+
+    tokens: tuple[int, ...]  # text tokens
+    times_s: tuple[float, ...]  # per token, file seconds, non-decreasing (`token_times`)
+    seam_s: float  # file seconds where the next chunk takes over: this chunk's keep end
+
+
+def token_times(n_tokens: int, anchors: Sequence[tuple[int, float]]) -> np.ndarray:
+    """(n_tokens,) seconds at which each text token was heard, from `anchors`: (position, time_s) of the
+    timestamps around the text, position p standing before token p, in order (at least one, at position 0).
+    Token i lies between the last anchor at or before position i and the first at or after position i + 1 (two
+    anchors at one position: the earlier time ends the text before them, the later starts the text after them),
+    interpolated at its middle; after the last anchor it is at that anchor. Anchor times are made
+    non-decreasing first."""
+    if not anchors or anchors[0][0] != 0:
+        raise InputError(f"token_times needs an anchor at position 0, got {list(anchors)[:3]}")
+    positions = np.array([p for p, _ in anchors], dtype=np.int64)
+    times = np.maximum.accumulate(np.array([t for _, t in anchors], dtype=np.float64))
+    index = np.arange(n_tokens)
+    lo = np.searchsorted(positions, index, side="right") - 1  # the last anchor at or before i
+    hi = np.minimum(np.searchsorted(positions, index + 1, side="left"), len(positions) - 1)  # first at/after i + 1
+    span = positions[hi] - positions[lo]
+    fraction = np.where(span > 0, (index + 0.5 - positions[lo]) / np.maximum(span, 1), 0.0)
+    return times[lo] + np.clip(fraction, 0.0, 1.0) * (times[hi] - times[lo])
+
+
+def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:
+    """Where to join two readings of a seam by time: (n_left_kept, n_right_dropped), as `overlap_cut` returns.
+    The left keeps its tokens heard before left.seam_s, the right its tokens from it on; given `starts_word`, a
+    word the seam cuts stays whole in the left and its rest leaves the right (no half words)."""
+    n_keep = int(np.searchsorted(np.asarray(left.times_s), left.seam_s, side="left"))
+    n_drop = int(np.searchsorted(np.asarray(right.times_s), left.seam_s, side="left"))
+    if starts_word is not None:
+        while n_keep < len(left.tokens) and not starts_word(left.tokens[n_keep]):
+            n_keep += 1
+        while n_drop < len(right.tokens) and not starts_word(right.tokens[n_drop]):
+            n_drop += 1
+    return n_keep, n_drop
+
+
+def _heard_together(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> bool:
+    """Whether the equal tokens an overlap aligns are a common run: at least SURE_RUN_TOKENS of them, or heard at
+    about the same time by both chunks (their times differ by at most MAX_SKEW_S on average): ". He" at the end
+    of one reading and ". He" seven seconds earlier at the start of the other are no common run."""
+    left_start, left_stop, right_start, right_stop = overlap
+    equal = np.asarray(left.tokens[left_start:left_stop]) == np.asarray(right.tokens[right_start:right_stop])
+    left_s = np.asarray(left.times_s[left_start:left_stop])[equal]
+    right_s = np.asarray(right.times_s[right_start:right_stop])[equal]
+    return len(left_s) >= SURE_RUN_TOKENS or bool(abs(float((left_s - right_s).mean())) <= MAX_SKEW_S)
+
+
+def merge_timed(pieces: Sequence[TimedPiece], starts_word: StartsWord | None = None) -> list[int]:
+    """Merge the readings of consecutive chunks of one segment, left to right: as `merge_overlapping` where two
+    readings share a run heard at about the same time by both (`_heard_together`), cut by time (`time_cut`)
+    where they share none."""
+    if not pieces:
+        return []
+    merged: list[int] = []
+    carry = pieces[0]
+    for piece in pieces[1:]:
+        best = _best_overlap(carry.tokens, piece.tokens, functools.partial(_heard_together, carry, piece))
+        if best is None:
+            n_keep, n_drop = time_cut(carry, piece, starts_word)
+        else:
+            n_keep, n_drop = (best[0] + best[1]) // 2, (best[2] + best[3]) // 2
+        merged.extend(carry.tokens[:n_keep])
+        carry = TimedPiece(piece.tokens[n_drop:], piece.times_s[n_drop:], piece.seam_s)
+    merged.extend(carry.tokens)
+    return merged
