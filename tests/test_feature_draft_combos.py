@@ -70,7 +70,8 @@ def test_ragged_admission_to_slots_apart_keeps_the_states_of_one_run_of_slots():
     prompts = [RowPrompt(previous=_prompt(2)), RowPrompt(previous=_prompt(5), prefix=(11, 12))]
     admitted = []
     for rows in ([1, 2], [0, 3]):
-        m, st, _ = engine._allocate(4, 3)
+        state = engine._allocate(4, 3)
+        m, st = state.m, state.st
         engine.admission(m, st, rows, audio, audio, prompts)
         admitted.append((rows, m, st))
     (run, a, sa), (apart, b, sb) = admitted
