@@ -1,4 +1,4 @@
-"""The bf16 path on a CPU (dtype auto where bf16 products are native): what "lossless" means in bf16.
+"""The bf16 path on a CPU (`--dtype bfloat16`, faster where bf16 products are native): what "lossless" means there.
 
 A bf16 target's transcript is that target's own greedy decoding: every emitted token is the argmax, after
 Whisper's rules, of the bf16 model's scores. Two bf16 computations of the same scores (transformers' modules and

@@ -71,8 +71,7 @@ def test_without_cpuinfo_torch_says_what_it_can(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(("device", "expected"), [
-    ("cpu", {"amx-bf16": torch.bfloat16, "avx512-bf16": torch.bfloat16, "avx2": torch.float32,
-             "other": torch.float32}),
+    ("cpu", dict.fromkeys(CPUS, torch.float32)),  # bf16 is asked for: its verify pass may flip a near-tie
     ("cuda", dict.fromkeys(CPUS, torch.float16)),
     ("mps", dict.fromkeys(CPUS, torch.float32)),
 ])

@@ -63,8 +63,9 @@ def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
         assert "greedy on cpu" in caplog.text
         assert plan_models(distilled, "cuda") == ModelPlan(distilled.model, distilled.draft, "auto", None, None)
         assert plan_models(base, "cpu").draft == base.draft and plan_models(base, "cpu").draft_max_rows == 4
-        amx = parse_cpu_flags("avx2 avx512_bf16 amx_bf16")  # auto -> bf16 there: the draft up to batch 8
-        assert plan_models(base, "cpu", cpu=amx).draft_max_rows == 8
+        amx = parse_cpu_flags("avx2 avx512_bf16 amx_bf16")  # bf16 asked for there: the draft up to batch 8
+        assert plan_models(base, "cpu", {"dtype": "bfloat16"}, cpu=amx).draft_max_rows == 8
+        assert plan_models(base, "cpu", cpu=amx).draft_max_rows == 4  # auto -> fp32
         assert plan_models(base, "cpu", {"dtype": "float32"}, cpu=amx).draft_max_rows == 4
         assert plan_models(base, "cuda").draft == base.draft and plan_models(base, "cuda").draft_max_rows is None
         # asked for: in every run, unless draft_max_rows is given too; off; another model drops the preset's draft
@@ -165,15 +166,16 @@ def test_bad_option_values_of_a_preset_name_the_file_before_any_loading(tmp_path
 
 def test_the_cpu_draft_decision_follows_the_decode_class() -> None:
     """A {decode class: rows} table: a bf16 run on an AMX or AVX-512 bf16 CPU takes its class's row, an fp32 run (or
-    bf16 where it is emulated) the fp32 row; dtype auto resolves per CPU first (bf16 where native); a class left
+    bf16 where it is emulated) the fp32 row; dtype auto resolves first (fp32 on a CPU); a class left
     out is greedy; one number serves every class."""
     amx, zen4, zen2 = (parse_cpu_flags(f) for f in ("avx2 avx512_bf16 amx_bf16", "avx2 avx512_bf16", "avx2"))
     table = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows={"amx-bf16": 8, "fp32": 2})
-    assert plan_models(table, "cpu", cpu=amx).draft_max_rows == 8  # auto -> bf16 -> amx-bf16
+    assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=amx).draft_max_rows == 8  # amx-bf16
+    assert plan_models(table, "cpu", cpu=amx).draft_max_rows == 2  # auto -> fp32
     assert plan_models(table, "cpu", {"dtype": "float32"}, cpu=amx).draft_max_rows == 2
     assert plan_models(table, "cpu", cpu=zen2).draft_max_rows == 2  # auto -> fp32
     assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=zen2).draft_max_rows == 2  # emulated bf16
-    assert plan_models(table, "cpu", cpu=zen4).draft is None  # avx512-bf16 left out: greedy
+    assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=zen4).draft is None  # avx512-bf16 left out: greedy
     assert plan_models(table, "cuda", cpu=zen4).draft == "d"  # CUDA: every run, whatever the CPU
     one = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows=3)
     assert {plan_models(one, "cpu", cpu=c).draft_max_rows for c in (amx, zen4, zen2)} == {3}

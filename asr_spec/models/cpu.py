@@ -130,22 +130,24 @@ def detect_cpu() -> CpuCapabilities:
 
 
 def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None) -> torch.dtype:
-    """The dtype ``auto`` means, decided here only: float16 on CUDA; on a CPU bfloat16 where bf16 products are
-    native (AMX or AVX-512 bf16: the bf16 step reads half the bytes and its products run 4-5x faster than fp32's),
-    float32 elsewhere (emulated bf16 is slower than fp32). cpu: the capabilities to decide from (None: this
-    machine's, `detect_cpu`); other devices (mps, ...) get float32."""
+    """The dtype ``auto`` means, decided here only: float16 on CUDA; float32 on a CPU of every class, and on other
+    devices (mps, ...).
+
+    Why not bfloat16 where bf16 products are native (AMX, AVX-512 bf16), though it is ~1.6x faster end to end there
+    (docs/cpu.md): a bf16 (K+1)-token verify pass and a bf16 1-token greedy step round differently, and at a near-tie
+    the argmax flips; measured on an AMX Xeon, 3 long fixtures at batch 8, bf16 speculative differed from bf16
+    greedy by two commas in ~1,300 words. fp32 keeps the project's promise (speculative == greedy, token for token)
+    by default; `--dtype bfloat16` is the faster path, its promise every token the bf16 target's argmax up to such
+    a tie. `cpu` is kept for the decision's signature (the class is logged with it and decides the draft rows)."""
     if device.type == "cuda":
         return torch.float16
-    if device.type != "cpu":
-        return torch.float32
-    caps = detect_cpu() if cpu is None else cpu
-    return torch.bfloat16 if caps.native_bf16 else torch.float32
+    return torch.float32
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
                   cpu: CpuCapabilities | None = None) -> torch.dtype:
     """The dtype a run loads its models in; every caller (CLI, API, server, eval, benchmarks) comes through here.
-    "auto" / None: `cpu.auto_dtype` (fp16 on CUDA; on a CPU bf16 where bf16 products are native, else fp32),
+    "auto" / None: `cpu.auto_dtype` (fp16 on CUDA, fp32 on a CPU: speculative == greedy token for token),
     logged once with the CPU's class. cpu: the capabilities to decide from (None: this machine's)."""
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -112,8 +112,8 @@ class Transcriber:
                         options: TranscribeOptions | None = None, share_encoder: bool | None = None,
                         **option_values: Any) -> Transcriber:
         """Load the target `model` (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor
-        and an optional `draft` (same forms). dtype None or "auto": `models.resolve_dtype` (fp16 on CUDA; on a CPU
-        bf16 where bf16 products are native, else fp32).
+        and an optional `draft` (same forms). dtype None or "auto": `models.resolve_dtype` (fp16 on CUDA, fp32
+        on a CPU).
         `option_values` are flat `TranscribeOptions` names applied over `options`; share_encoder: see
         `asr_spec.models.loading.load_draft`."""
         from asr_spec.models import loading as models
