@@ -21,6 +21,7 @@ Units: `_samples` are 16 kHz samples, `_s` seconds.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from typing import Any
 
@@ -39,41 +40,48 @@ class BacklogFull(InputError):
 
 class Backlog:
     """Audio received for one stream and not yet fed to its policy: (n,) float32 blocks as they came, at most
-    `max_samples` in all (an append past it raises `BacklogFull` and is not kept)."""
+    `max_samples` in all (an append past it raises `BacklogFull` and is not kept).
+
+    Thread-safe: the realtime session appends in its event loop while `catch_up` takes blocks in a worker thread
+    (the policy's voice-activity model runs there); both change the blocks and the count under one lock, or a
+    block taken beside an append loses samples."""
 
     def __init__(self, max_samples: int):
         self.max_samples = max_samples
         self._blocks: deque[np.ndarray] = deque()
         self.n_samples = 0
+        self._lock = threading.Lock()
 
     @property
     def seconds(self) -> float:
         return self.n_samples / SAMPLE_RATE
 
     def append(self, samples: np.ndarray) -> None:
-        if self.n_samples + len(samples) > self.max_samples:
-            raise BacklogFull(f"audio backlog full: {(self.n_samples + len(samples)) / SAMPLE_RATE:.1f} s received "
-                              f"and not yet decoded, the limit is {self.max_samples / SAMPLE_RATE:g} s (send at most "
-                              "a few times real time)")
-        self._blocks.append(samples)
-        self.n_samples += len(samples)
+        with self._lock:
+            if self.n_samples + len(samples) > self.max_samples:
+                raise BacklogFull(f"audio backlog full: {(self.n_samples + len(samples)) / SAMPLE_RATE:.1f} s "
+                                  f"received and not yet decoded, the limit is {self.max_samples / SAMPLE_RATE:g} s "
+                                  "(send at most a few times real time)")
+            self._blocks.append(samples)
+            self.n_samples += len(samples)
 
     def take(self, n_samples: int, at_end: bool = False) -> np.ndarray | None:
         """The next `n_samples` samples, however the client cut its appends; None until that many are in, but
         at the end of the input (`at_end`) the rest, shorter (None when nothing is left)."""
-        if self.n_samples < n_samples and not (at_end and self.n_samples):
-            return None
-        parts, wanted = [], n_samples
-        while self._blocks and wanted:
-            block = self._blocks.popleft()
-            if len(block) > wanted:
-                self._blocks.appendleft(block[wanted:])
-                block = block[:wanted]
-            parts.append(block)
-            wanted -= len(block)
-        block = np.concatenate(parts)
-        self.n_samples -= len(block)
-        return block
+        with self._lock:
+            if self.n_samples < n_samples and not (at_end and self.n_samples):
+                return None
+            parts, wanted = [], n_samples
+            while self._blocks and wanted:
+                block = self._blocks.popleft()
+                if len(block) > wanted:
+                    self._blocks.appendleft(block[wanted:])
+                    block = block[:wanted]
+                parts.append(block)
+                wanted -= len(block)
+            block = np.concatenate(parts)
+            self.n_samples -= len(block)
+            return block
 
 
 def next_action(policy: Any, backlog: Backlog, block_samples: int, finishing: bool, ended: bool,
