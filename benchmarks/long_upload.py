@@ -11,8 +11,8 @@ up to the end of the page, pre-skip included), stream serial, page sequence numb
 
 from __future__ import annotations
 
+import argparse
 import struct
-import sys
 import tempfile
 from pathlib import Path
 
@@ -95,7 +95,16 @@ def make_long_opus(clip: str | Path, seconds: float, out: str | Path) -> Path:
     return Path(out)
 
 
-if __name__ == "__main__":
-    path = make_long_opus(sys.argv[1], float(sys.argv[2]), sys.argv[3])
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("clip", help="a short audio file to repeat")
+    parser.add_argument("seconds", type=float, help="the length the output states and plays")
+    parser.add_argument("out", help="the .opus file to write")
+    args = parser.parse_args()
+    path = make_long_opus(args.clip, args.seconds, args.out)
     info = sf.info(str(path))
     print(f"{path}: {info.duration:.0f} s, {path.stat().st_size / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()

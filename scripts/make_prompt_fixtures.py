@@ -12,6 +12,7 @@ Deterministic with the same package versions; a few seconds. Run: python -m scri
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ CLIPS = {key: (clip["text"], clip["name"]) for key, clip in texts.load("prompt_f
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # no options; --help must not write
     OUT.mkdir(parents=True, exist_ok=True)
     records = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,6 +11,7 @@ Deterministic with the same package versions; about 5 s. Run: python -m scripts.
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import tempfile
@@ -50,6 +51,7 @@ def make(voice, sentence: str, rng: random.Random, workdir: Path) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # no options; --help must not write
     OUT.mkdir(parents=True, exist_ok=True)
     rng = random.Random(SEED)
     with tempfile.TemporaryDirectory() as tmp:
