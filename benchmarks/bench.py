@@ -14,7 +14,8 @@
                   makes (the same work); --no-timestamps runs asr-spec without them instead (the same work as (5))
     (7) default   asr-spec as `Transcriber.from_preset(--preset)` decodes on this device (the draft decision of
                   `asr_spec.models.presets.plan_models`, applied to the models already loaded), in the dtype
-                  --dtype or the preset gives (auto: fp16 on CUDA, fp32 on a CPU, `models.cpu`)
+                  --dtype or the preset gives (auto: fp16 on CUDA; on a CPU bf16 where native and lossless, else
+                  fp32: `models.cpu`)
     (8) fp32      the same preset default with its models loaded again in float32 (today's CPU path before
                   dtype auto; the same draft decision)
     (9) fw-int8   (5) with compute_type int8: what faster-whisper's CPU users pick

@@ -19,13 +19,12 @@ from asr_spec.engine.head import CertifiedHead
 from asr_spec.engine.kernels import (
     POST_OPS,
     blocked,
+    decoder_blocks,
     fused_qkv,
     onednn_linear,
     onednn_usable,
     pack,
-    query_block,
     reorder,
-    row_block,
     scaled,
     shared,
 )
@@ -162,14 +161,8 @@ class Decoder:
         CPU in bf16 means even 1-row products do not repeat: then products run whole too."""
         if not self.cpu_layout or self.dtype == torch.float32:
             return 0, 0
-        d, ffn = self.d_model, self.layers[0].fc1.weight.shape[0]
-        shapes = [(d, d), (ffn, d), (d, ffn), (n_vocab, d), *([(3 * d, d)] if packed else [])]
-        rows = min(row_block(n_out, n_in, self.dtype, packed) for n_out, n_in in shapes)
-        # self-attention's keys are stored (n_positions, head_dim), the audio's transposed; 32 keys: the first bucket
-        queries = min(query_block(self.n_heads, self.head_dim, 32, self.dtype, False),
-                      query_block(self.n_heads, self.head_dim, self.decoder.config.max_source_positions, self.dtype,
-                                  True))
-        return (rows, queries) if rows and queries else (0, 0)
+        return decoder_blocks(self.d_model, self.layers[0].fc1.weight.shape[0], n_vocab, self.n_heads,
+                              self.decoder.config.max_source_positions, self.dtype, packed)
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)

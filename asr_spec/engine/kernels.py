@@ -186,6 +186,22 @@ def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype, ke
     return _invariant_rows(lambda queries: torch.softmax(queries @ k_t, dim=-1) @ v, q, 1)
 
 
+def decoder_blocks(d_model: int, d_ffn: int, n_vocab: int, n_heads: int, n_audio_ctx: int, dtype: torch.dtype,
+                   packed: bool) -> tuple[int, int]:
+    """(rows, queries) for a Whisper decoder of these shapes in `dtype`: the most rows every one of its products
+    (`row_block`: the projections, q/k/v fused when `packed`, the MLP, the head of `n_vocab` rows) and the most
+    queries its attention products (`query_block`: self-attention over its first key bucket of 32, keys stored
+    untransposed; cross-attention over `n_audio_ctx` transposed keys) take with every row's result unchanged.
+    (0, 0) where some product does not even repeat a 1-row result."""
+    shapes = [(d_model, d_model), (d_ffn, d_model), (d_model, d_ffn), (n_vocab, d_model),
+              *([(3 * d_model, d_model)] if packed else [])]
+    rows = min(row_block(n_out, n_in, dtype, packed) for n_out, n_in in shapes)
+    head_dim = d_model // n_heads
+    queries = min(query_block(n_heads, head_dim, 32, dtype, False),
+                  query_block(n_heads, head_dim, n_audio_ctx, dtype, True))
+    return (rows, queries) if rows and queries else (0, 0)
+
+
 def blocked(linear: Linear, rows: int, x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
     """`linear(x, weight, *args)` over the rows of x (..., d_in) in pieces of at most `rows` rows: with `rows` from
     `row_block`, each output row is what the 1-row product gives, whatever the number of rows. (..., d_out)"""
