@@ -64,7 +64,7 @@ from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.models.presets import load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
 from benchmarks.bench_fw import FwRunner
-from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, table
+from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, stage_table, table
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
 Runner = Callable[[list["Clip"], int], list[str]]  # (clips, batch size) -> their texts
@@ -165,7 +165,10 @@ def ours_runner(transcriber: Transcriber, keep: dict[str, Any]) -> Runner:
     """asr-spec's transcribe; the last run's statistics and per-chunk tokens are kept in `keep`."""
     def run(clips: list[Clip], batch_size: int) -> list[str]:
         inputs = [{"array": c.samples, "sampling_rate": SAMPLE_RATE} for c in clips]
+        before = transcriber.engine.times.copy()
         results = transcriber.transcribe(inputs, batch_size=batch_size, progress=False)
+        times = transcriber.engine.times.minus(before)
+        keep["stages"] = asdict(times) if times.steps else None  # CPU runs only
         failed = [f"{c.name}: {r.error}" for c, r in zip(clips, results) if r.error]
         if failed:
             raise AsrSpecError("; ".join(failed))
@@ -244,9 +247,12 @@ def _warm_up(runners: dict[str, Runner], clips: list[Clip], n: int, results: lis
     return ready
 
 
-def _result(config: str, n: int, times: list[float], texts: list[str], kept: dict[str, Any]) -> Result:
-    """The median wall time of `times`, with asr-spec's statistics when `kept` has them."""
-    wall_s = sorted(times)[len(times) // 2]
+def _result(config: str, n: int, times: list[float], texts: list[str], kept: dict[str, Any],
+            stages: list[dict[str, float] | None]) -> Result:
+    """The median wall time of `times` with that run's `stages` (asr-spec's stage times, one per run), and
+    asr-spec's statistics when `kept` has them."""
+    median = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]
+    wall_s = times[median]
     stats = kept.get("stats")
     tokens_per_target_pass = None
     acceptance_rate = None
@@ -255,7 +261,8 @@ def _result(config: str, n: int, times: list[float], texts: list[str], kept: dic
         if stats.drafted_tokens:
             acceptance_rate = stats.acceptance_rate
     return Result(config, n, wall_s, texts, tokens=kept.get("tokens"),
-                  tokens_per_target_pass=tokens_per_target_pass, acceptance_rate=acceptance_rate)
+                  tokens_per_target_pass=tokens_per_target_pass, acceptance_rate=acceptance_rate,
+                  stages=stages[median])
 
 
 def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Runner], device: torch.device,
@@ -266,13 +273,16 @@ def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Runner],
     for n in batch_sizes:
         ready = _warm_up(runners, clips, n, results)
         walls: dict[str, list[float]] = {config: [] for config in ready}
+        stages: dict[str, list[dict[str, float] | None]] = {config: [] for config in ready}
         texts_of: dict[str, list[str]] = {}
         for _ in range(repeats):
             for config in ready:
                 wall_s, texts_of[config] = timed(functools.partial(runners[config], clips, n), device)
                 walls[config].append(wall_s)
+                stages[config].append(stats.get(config, {}).get("stages"))
         for config in ready:
-            results.append(_result(config, n, walls[config], texts_of[config], stats.get(config, {})))
+            results.append(_result(config, n, walls[config], texts_of[config], stats.get(config, {}),
+                                   stages[config]))
             print(f"  N={n:<3} {LABELS[config]:<30} {results[-1].wall_s:7.2f} s (median of {len(walls[config])})",
                   file=sys.stderr)
     return results
@@ -370,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     text, rows = table(results, audio_s, [c.ref for c in clips])
     print(header)
     print(text)
+    stage_text = stage_table(rows)
+    if stage_text:
+        print("\nasr-spec stage times (the timed run of the median wall time):\n" + stage_text)
     title = f"{args.preset}, {len(clips)} clips ({audio_s:.0f} s), {device}, {target.dtype}"
     _save(results, rows, header, hardware, args, title)
     differs = [row["batch_size"] for row in rows if row.get("identical_to_greedy") is False]
