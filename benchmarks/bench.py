@@ -29,6 +29,10 @@ for each N (--configs picks a subset, e.g. fw,default for the end-to-end compari
     python -m benchmarks.bench --preset large-v2 --device cuda --audio a.flac b.flac
     python -m benchmarks.bench --configs fw,default --batch-sizes 8 --audio tests/fixtures/speech/long_75s.flac \
         --refs tests/fixtures/speech/long_75s.txt --repeats 3      # the issue-9 end-to-end comparison
+    python -m benchmarks.bench --emulate-isa avx2 ...             # as on an AVX2-only CPU (EMULATED_ISA)
+
+Beside the table, each asr-spec row's stage times on a CPU (`Engine.times`: encoder, decode steps, ms per step,
+the rest) and its steps' time against greedy's at the same N.
 
 Target: --preset (default base: the offline whisper-base). Draft: the preset's when it has one, else a decoder
 cut from the target (--draft-layers, default 0,1,2,3,4), which the output says. Every configuration is warmed up
@@ -44,6 +48,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -67,6 +72,12 @@ from benchmarks.bench_fw import FwRunner
 from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, stage_table, table
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
+# --emulate-isa: the environment that makes a newer x86 CPU decode as an older class does. Checked on the AMX
+# Xeon (docs/cpu.md): torch then reports capability AVX2, oneDNN has no bf16 (bf16 products ~100x slower,
+# emulated), so `auto` is fp32 and faster-whisper runs its AVX2 kernels. Not emulated: the core count and the
+# memory bandwidth of a real AVX2 machine.
+EMULATED_ISA = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                         "CT2_FORCE_CPU_ISA": "AVX2", "ASR_SPEC_CPU_FLAGS": "fma f16c avx avx2 bmi1 bmi2"}}
 Runner = Callable[[list["Clip"], int], list[str]]  # (clips, batch size) -> their texts
 
 
@@ -308,6 +319,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="asr-spec without timestamp tokens (<|notimestamps|>), as faster-whisper's batched default")
     p.add_argument("--device", help="cpu, cuda (default: cuda when available)")
     p.add_argument("--dtype", help="auto, float32, float16, bfloat16 (default: the preset's)")
+    p.add_argument("--emulate-isa", choices=sorted(EMULATED_ISA),
+                   help="run as on a CPU of this class: the command again in a process whose torch, oneDNN, MKL and "
+                        "CTranslate2 kernels are limited to it and whose CPU class is pinned (see EMULATED_ISA)")
     p.add_argument("--plot", default="runs/bench.png", help="PNG of speed-up against batch size")
     p.add_argument("--json", default=None, help="also save the figures here (default: the plot path with .json)")
     return p.parse_args(argv)
@@ -346,8 +360,18 @@ def _save(results: list[Result], rows: list[dict[str, Any]], header: str, hardwa
     print(f"plot: {plot_path}\nfigures: {json_path}")
 
 
+def _emulate(isa: str, argv: list[str] | None) -> None:
+    """Replace this process by the same command with `EMULATED_ISA[isa]`'s environment (read by the libraries
+    when they load, so it must be set before torch is imported: hence a new process)."""
+    env = os.environ | EMULATED_ISA[isa]
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)],
+              env)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.emulate_isa and any(os.environ.get(k) != v for k, v in EMULATED_ISA[args.emulate_isa].items()):
+        _emulate(args.emulate_isa, argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     _quiet_libraries()
@@ -369,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"target: {args.preset} ({layers} decoder layers), {precision_line(device, target.dtype)}; "
               f"{models.note}\naudio: {len(clips)} clips, {audio_s:.1f} s; "
               f"chunk {models.greedy.options.chunking.chunk_length_s:g} s; language {args.language}; "
-              f"torch threads {torch.get_num_threads()}")
+              f"torch threads {torch.get_num_threads()}, capability {torch.backends.cpu.get_cpu_capability()}")
     print(header, file=sys.stderr)
     try:
         results = bench(clips, batch_sizes, runners, device, stats, args.repeats)

@@ -75,10 +75,13 @@ class Engine:
     """Lossless batched speculative decoding of Whisper chunks (greedy when `draft` is None).
 
     The contract. In fp32 the output is token-identical to transformers `generate()` greedy, except at a checked
-    top-2 tie. In fp16/bf16 a (K+1)-token verify pass and a 1-token step round differently, so the promise is:
-    every emitted token is the target's own argmax (after Whisper's rules) at that position in the pass that
-    emitted it; outputs may differ from another batch composition or from `generate()` only where the top two
-    logits are within rounding.
+    top-2 tie. On a CPU in bf16/fp16 whose products the decoder found row-invariant (`Decoder.row_rows` > 0:
+    `kernels.decoder_blocks`), a (K+1)-token verify pass gives each position bit for bit what a 1-token step gives
+    it, whatever the batch: speculative == greedy token for token, at any batch composition. Elsewhere in fp16/bf16
+    (CUDA; a CPU whose kernels are not row-invariant) a verify pass and a step round differently, so the promise
+    is: every emitted token is the target's own argmax (after Whisper's rules) at that position in the pass that
+    emitted it; outputs may differ from another batch composition only where the top two logits are within
+    rounding. In bf16 and fp16 outputs may differ from `generate()` (other kernels) only at such near-ties.
 
     target: a transformers `WhisperForConditionalGeneration`, eval mode, on its device and dtype.
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
