@@ -141,6 +141,14 @@ def onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
 Linear = Callable[..., torch.Tensor]  # (x, weight, bias, *post) -> product, as `onednn_linear` or F.linear
 
 
+def _wide(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    """Probe data: +-2^e, e uniform in [-12, 12] (exact in bf16), whose sums cancel so that a product's fp32
+    accumulation order shows in its rounded result far more often than on normal data."""
+    exponent = torch.randint(-12, 13, shape, generator=gen).float()
+    sign = torch.randint(0, 2, shape, generator=gen).float() * 2 - 1
+    return sign * torch.exp2(exponent)
+
+
 def _invariant_rows(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, dim: int) -> int:
     """The largest m <= x.shape[dim] for which `product` of x's first m rows (along `dim`) gives each row, bit for
     bit, what the product of that row alone gives, for every m up to it; 0 where a lone row's product does not
@@ -164,25 +172,23 @@ def row_block(n_out: int, n_in: int, dtype: torch.dtype, packed: bool) -> int:
     (oneDNN bf16 on an AMX Xeon: rows equal up to 32-36 rows, then another kernel; fp32 from 2 rows on).
     packed: through `onednn_linear` on a `reorder`ed weight (the decoder's packed products), else F.linear."""
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(n_out, n_in, generator=gen).to(dtype)
-    x = torch.randn(ROW_BLOCK_MAX, n_in, generator=gen).to(dtype)
+    weight = _wide(gen, n_out, n_in).to(dtype)
+    x = _wide(gen, ROW_BLOCK_MAX, n_in).to(dtype)
     if packed:
         return _invariant_rows(functools.partial(onednn_linear, weight=reorder(weight), bias=None), x, 0)
     return _invariant_rows(functools.partial(F.linear, weight=weight), x, 0)
 
 
 @functools.cache
-def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype, keys_transposed: bool) -> int:
-    """`row_block` for attention's batched products: the most queries m <= ROW_BLOCK_MAX (per row and head) for
-    which softmax(q k^T) v over `n_keys` keys gives each query, bit for bit, what it gives alone (0: not even a
-    lone query repeats itself). q: (n_heads, m, head_dim); k^T: (n_heads, head_dim, n_keys), stored so
-    (`keys_transposed`, as the decoder's audio keys) or as a view of keys stored (n_heads, n_keys, head_dim)."""
+def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype) -> int:
+    """`row_block` for attention's batched products over keys of their own (the decoder's audio keys, stored
+    transposed): the most queries m <= ROW_BLOCK_MAX (per row and head) for which softmax(q k^T) v over `n_keys`
+    keys gives each query, bit for bit, what it gives alone (0: not even a lone query repeats itself).
+    q: (n_heads, m, head_dim); k^T: (n_heads, head_dim, n_keys); v: (n_heads, n_keys, head_dim)."""
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(n_heads, ROW_BLOCK_MAX, head_dim, generator=gen).to(dtype)
+    q = (torch.randn(n_heads, ROW_BLOCK_MAX, head_dim, generator=gen) / 8).to(dtype)
     k_t = torch.randn(n_heads, head_dim, n_keys, generator=gen).to(dtype)
-    if not keys_transposed:
-        k_t = k_t.transpose(1, 2).contiguous().transpose(1, 2)
-    v = torch.randn(n_heads, n_keys, head_dim, generator=gen).to(dtype)
+    v = _wide(gen, n_heads, n_keys, head_dim).to(dtype)
     return _invariant_rows(lambda queries: torch.softmax(queries @ k_t, dim=-1) @ v, q, 1)
 
 
@@ -190,15 +196,12 @@ def decoder_blocks(d_model: int, d_ffn: int, n_vocab: int, n_heads: int, n_audio
                    packed: bool) -> tuple[int, int]:
     """(rows, queries) for a Whisper decoder of these shapes in `dtype`: the most rows every one of its products
     (`row_block`: the projections, q/k/v fused when `packed`, the MLP, the head of `n_vocab` rows) and the most
-    queries its attention products (`query_block`: self-attention over its first key bucket of 32, keys stored
-    untransposed; cross-attention over `n_audio_ctx` transposed keys) take with every row's result unchanged.
-    (0, 0) where some product does not even repeat a 1-row result."""
+    queries its cross-attention products (`query_block`, over `n_audio_ctx` keys) take with every row's result
+    unchanged. (0, 0) where some product does not even repeat a 1-row result."""
     shapes = [(d_model, d_model), (d_ffn, d_model), (d_model, d_ffn), (n_vocab, d_model),
               *([(3 * d_model, d_model)] if packed else [])]
     rows = min(row_block(n_out, n_in, dtype, packed) for n_out, n_in in shapes)
-    head_dim = d_model // n_heads
-    queries = min(query_block(n_heads, head_dim, 32, dtype, False),
-                  query_block(n_heads, head_dim, n_audio_ctx, dtype, True))
+    queries = query_block(n_heads, d_model // n_heads, n_audio_ctx, dtype)
     return (rows, queries) if rows and queries else (0, 0)
 
 
