@@ -162,7 +162,7 @@ class Decoder:
         if not self.cpu_layout or self.dtype == torch.float32:
             return 0, 0
         return decoder_blocks(self.d_model, self.layers[0].fc1.weight.shape[0], n_vocab, self.n_heads,
-                              self.decoder.config.max_source_positions, self.dtype, packed)
+                              self.max_positions, self.decoder.config.max_source_positions, self.dtype, packed)
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)
@@ -228,10 +228,10 @@ class Decoder:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
-        if self.query_rows:  # one query at a time, as a 1-token step: the products over a slice of the cache
-            # round by the number of queries, with SDPA and with batched products alike (measured: a 4-token pass
-            # of whisper-base on real audio parted from the step at its 3rd query)
-            out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask, 1)
+        if self.query_rows:  # over every position (`run_layers`), in pieces of `query_rows` queries
+            if keys.shape[2] < n_keys:  # a cache shorter than max_positions (admission's own): zero keys, masked
+                keys, values = (F.pad(t, (0, 0, 0, n_keys - t.shape[2])) for t in (keys, values))
+            out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask)
         else:
             out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask,
                                                  scale=self.scaling)
@@ -313,6 +313,11 @@ class Decoder:
         """(B, T, d_model) inputs (embeddings + positions) through every layer over the cache, writing this pass's
         keys/values at `positions` ((B, T) long, as in `forward`) -> (B, T, d_model) before the final LayerNorm."""
         write_pos = positions.clamp(max=cache.n_positions - 1)
+        if self.query_rows:
+            # row-invariant: every pass reads all max_positions keys (masked past each query), whatever n_keys
+            # and the cache's size: the kernels a product runs change with the number of keys (a bf16 step over
+            # 32 keys and over 64 parted at ~1 query in 200, random data) and with the number of queries below it
+            n_keys = self.max_positions
         key_pos = torch.arange(n_keys, device=positions.device)
         mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
         for i, layer in enumerate(self.layers):

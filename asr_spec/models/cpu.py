@@ -130,8 +130,8 @@ def detect_cpu() -> CpuCapabilities:
 
 
 # whisper-base's decoder (the default preset's), the shapes `bf16_row_block` probes: d_model, d_ffn, vocabulary,
-# heads, audio positions
-PROBE_SHAPES = (512, 2048, 51865, 8, 1500)
+# heads, text positions, audio positions
+PROBE_SHAPES = (512, 2048, 51865, 8, 448, 1500)
 # bf16 is `auto` only where a greedy step of the default batch (8 rows) is one product whose every row is what a
 # 1-row product gives (fewer: still lossless, the products in smaller blocks, and slower)
 LOSSLESS_MIN_ROWS = 8
