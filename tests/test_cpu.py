@@ -118,3 +118,14 @@ def test_the_decision_is_logged_once_with_the_cpu_class(caplog):
             resolve_dtype("auto", torch.device("cpu"))
     lines = [r.getMessage() for r in caplog.records if r.name == "asr_spec.models.cpu"]
     assert lines == ["cpu: avx2, dtype auto -> float32 (no native bf16 products)"]
+
+
+def test_a_bf16_summary_says_whether_bf16_is_lossless_here(monkeypatch):
+    """The run summary and --json of a CPU bf16 run carry the probe's verdict; fp32's carry none."""
+    cpu_dev = torch.device("cpu")
+    for blocks, words in (((32, 32), "lossless"), ((0, 0), "up to near-ties")):
+        monkeypatch.setattr(cpu, "bf16_row_block", lambda blocks=blocks: blocks)
+        assert cpu.precision_line(cpu_dev, torch.bfloat16) == f"cpu avx2, bfloat16, {words}"
+        assert cpu.run_precision(cpu_dev, torch.bfloat16)["bf16_row_invariant"]["lossless"] == (words == "lossless")
+    assert cpu.precision_line(cpu_dev, torch.float32) == "cpu avx2, float32"
+    assert "bf16_row_invariant" not in cpu.run_precision(cpu_dev, torch.float32)

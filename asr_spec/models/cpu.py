@@ -210,13 +210,20 @@ def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]
     info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
+        if dtype == torch.bfloat16:
+            rows, queries = bf16_row_block()
+            info["bf16_row_invariant"] = {"rows": rows, "queries": queries, "lossless": rows > 0}
     return info
 
 
 def precision_line(device: torch.device, dtype: torch.dtype) -> str:
-    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16" / "cuda:0, float16"."""
+    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless" / "cuda:0, float16"
+    (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else "up to near-ties")."""
     where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
-    return f"{where}, {str(dtype).removeprefix('torch.')}"
+    line = f"{where}, {str(dtype).removeprefix('torch.')}"
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        line += ", lossless" if bf16_row_block()[0] else ", up to near-ties"
+    return line
 
 
 # The classes a CPU run's draft decision is keyed by (`presets.plan_models`): where a verify pass of K+1 tokens
