@@ -93,9 +93,11 @@ class Decoder:
     """
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
-                 certify: tuple[int, tuple[int, ...]] | None = None):
+                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True):
         """certify: (exact_from, protected) of a target whose head may be read in bf16 where CPU fp32 products go
-        through oneDNN (`head.CertifiedHead`: Whisper's rules take the same decisions as on fp32 logits)."""
+        through oneDNN (`head.CertifiedHead`: Whisper's rules take the same decisions as on fp32 logits).
+        row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
+        whose rounding changes only its proposals, passes False and runs its products whole."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn
@@ -128,8 +130,8 @@ class Decoder:
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
         # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
-        self.row_rows, self.query_rows = self.row_invariance(proj_out.weight.shape[0] if vocab_ids is None
-                                                             else len(vocab_ids), packed)
+        n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
+        self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
         if self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
         # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q

@@ -116,8 +116,8 @@ class Engine:
         # a draft carrying `step_decoder` (a Decoder subclass, called as Decoder is) is run through it: the
         # benchmarks' oracle draft (engine/oracle.py); the step only ever sees a Decoder
         make_draft = getattr(draft, "step_decoder", Decoder)
-        self.draft_dec = None if draft is None else make_draft(
-            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None))
+        self.draft_dec = None if draft is None else make_draft(  # its products whole: its rounding is its own
+            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), row_invariant=False)
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.sampling_rules = self.rules.with_sampling()  # for the steps whose batch has a sampled row
