@@ -113,7 +113,6 @@ class Decoder:
         # A draft may score only a subset of the vocabulary (the output head dominates a small decoder's cost):
         # its logits are scattered into the full vocabulary with -inf elsewhere. The target always scores all.
         self.vocab_ids = vocab_ids
-        weight = _head_rows(proj_out.weight, vocab_ids)
         # On CPU a step is bound by memory traffic; measured on this project's CPU (whisper-base shapes, weights and
         # caches streamed from memory as in a real step):
         # - the cross-attention keys stored transposed (head_dim, n_audio_ctx), attended with two matrix products
@@ -145,14 +144,21 @@ class Decoder:
         self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
         self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
+        self._head_layout(proj_out.weight, vocab_ids, packed, certify)
+
+    def _head_layout(self, full: torch.Tensor, vocab_ids: torch.Tensor | None, packed: bool,
+                     certify: tuple[int, tuple[int, ...]] | None) -> None:
+        """The head's copies `_head` reads (see `__init__`): certified, packed, plain or transposed. full: the
+        (vocab, d_model) head weight."""
+        weight = _head_rows(full, vocab_ids)
         # the certified head reads bf16 rows: only where the CPU has native bf16 products (emulated ones are
         # slower than fp32 and some oneDNN builds refuse to pack bf16 weights without AVX-512)
         exact_fp32 = (packed and self.dtype == torch.float32 and vocab_ids is None
                       and onednn_usable(self.device, torch.bfloat16))
         self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
-        self.head_packed = _head_packed(proj_out.weight, vocab_ids) if packed and self.certified is None else None
+        self.head_packed = _head_packed(full, vocab_ids) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
-        self.head_weight_t = (_head_transposed(proj_out.weight, vocab_ids)
+        self.head_weight_t = (_head_transposed(full, vocab_ids)
                               if self.cpu_layout and not packed and not self.row_rows else None)
 
     def row_invariance(self, n_vocab: int, packed: bool) -> tuple[int, int]:
