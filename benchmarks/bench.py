@@ -14,7 +14,8 @@
                   makes (the same work); --no-timestamps runs asr-spec without them instead (the same work as (5))
     (7) default   asr-spec as `Transcriber.from_preset(--preset)` decodes on this device (the draft decision of
                   `asr_spec.models.presets.plan_models`, applied to the models already loaded), in the dtype
-                  --dtype or the preset gives (auto: fp16 on CUDA, fp32 on a CPU, `models.cpu`)
+                  --dtype or the preset gives (auto: fp16 on CUDA; on a CPU bf16 where native and lossless, else
+                  fp32: `models.cpu`)
     (8) fp32      the same preset default with its models loaded again in float32 (today's CPU path before
                   dtype auto; the same draft decision)
     (9) fw-int8   (5) with compute_type int8: what faster-whisper's CPU users pick
@@ -28,6 +29,10 @@ for each N (--configs picks a subset, e.g. fw,default for the end-to-end compari
     python -m benchmarks.bench --preset large-v2 --device cuda --audio a.flac b.flac
     python -m benchmarks.bench --configs fw,default --batch-sizes 8 --audio tests/fixtures/speech/long_75s.flac \
         --refs tests/fixtures/speech/long_75s.txt --repeats 3      # the issue-9 end-to-end comparison
+    python -m benchmarks.bench --emulate-isa avx2 ...             # as on an AVX2-only CPU (EMULATED_ISA)
+
+Beside the table, each asr-spec row's stage times on a CPU (`Engine.times`: encoder, decode steps, ms per step,
+the rest) and its steps' time against greedy's at the same N.
 
 Target: --preset (default base: the offline whisper-base). Draft: the preset's when it has one, else a decoder
 cut from the target (--draft-layers, default 0,1,2,3,4), which the output says. Every configuration is warmed up
@@ -43,6 +48,7 @@ import argparse
 import functools
 import json
 import logging
+import os
 import sys
 import time
 import warnings
@@ -63,9 +69,15 @@ from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.models.presets import load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
 from benchmarks.bench_fw import FwRunner
-from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, table
+from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, stage_table, table
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
+# --emulate-isa: the environment that makes a newer x86 CPU decode as an older class does. Checked on the AMX
+# Xeon (docs/cpu.md): torch then reports capability AVX2, oneDNN has no bf16 (bf16 products ~100x slower,
+# emulated), so `auto` is fp32 and faster-whisper runs its AVX2 kernels. Not emulated: the core count and the
+# memory bandwidth of a real AVX2 machine.
+EMULATED_ISA = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                         "CT2_FORCE_CPU_ISA": "AVX2", "ASR_SPEC_CPU_FLAGS": "fma f16c avx avx2 bmi1 bmi2"}}
 Runner = Callable[[list["Clip"], int], list[str]]  # (clips, batch size) -> their texts
 
 
@@ -164,7 +176,10 @@ def ours_runner(transcriber: Transcriber, keep: dict[str, Any]) -> Runner:
     """asr-spec's transcribe; the last run's statistics and per-chunk tokens are kept in `keep`."""
     def run(clips: list[Clip], batch_size: int) -> list[str]:
         inputs = [{"array": c.samples, "sampling_rate": SAMPLE_RATE} for c in clips]
+        before = transcriber.engine.times.copy()
         results = transcriber.transcribe(inputs, batch_size=batch_size, progress=False)
+        times = transcriber.engine.times.minus(before)
+        keep["stages"] = asdict(times) if times.steps else None  # CPU runs only
         failed = [f"{c.name}: {r.error}" for c, r in zip(clips, results) if r.error]
         if failed:
             raise AsrSpecError("; ".join(failed))
@@ -243,9 +258,12 @@ def _warm_up(runners: dict[str, Runner], clips: list[Clip], n: int, results: lis
     return ready
 
 
-def _result(config: str, n: int, times: list[float], texts: list[str], kept: dict[str, Any]) -> Result:
-    """The median wall time of `times`, with asr-spec's statistics when `kept` has them."""
-    wall_s = sorted(times)[len(times) // 2]
+def _result(config: str, n: int, times: list[float], texts: list[str], kept: dict[str, Any],
+            stages: list[dict[str, float] | None]) -> Result:
+    """The median wall time of `times` with that run's `stages` (asr-spec's stage times, one per run), and
+    asr-spec's statistics when `kept` has them."""
+    median = sorted(range(len(times)), key=times.__getitem__)[len(times) // 2]
+    wall_s = times[median]
     stats = kept.get("stats")
     tokens_per_target_pass = None
     acceptance_rate = None
@@ -254,7 +272,8 @@ def _result(config: str, n: int, times: list[float], texts: list[str], kept: dic
         if stats.drafted_tokens:
             acceptance_rate = stats.acceptance_rate
     return Result(config, n, wall_s, texts, tokens=kept.get("tokens"),
-                  tokens_per_target_pass=tokens_per_target_pass, acceptance_rate=acceptance_rate)
+                  tokens_per_target_pass=tokens_per_target_pass, acceptance_rate=acceptance_rate,
+                  stages=stages[median])
 
 
 def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Runner], device: torch.device,
@@ -265,13 +284,16 @@ def bench(clips: list[Clip], batch_sizes: list[int], runners: dict[str, Runner],
     for n in batch_sizes:
         ready = _warm_up(runners, clips, n, results)
         walls: dict[str, list[float]] = {config: [] for config in ready}
+        stages: dict[str, list[dict[str, float] | None]] = {config: [] for config in ready}
         texts_of: dict[str, list[str]] = {}
         for _ in range(repeats):
             for config in ready:
                 wall_s, texts_of[config] = timed(functools.partial(runners[config], clips, n), device)
                 walls[config].append(wall_s)
+                stages[config].append(stats.get(config, {}).get("stages"))
         for config in ready:
-            results.append(_result(config, n, walls[config], texts_of[config], stats.get(config, {})))
+            results.append(_result(config, n, walls[config], texts_of[config], stats.get(config, {}),
+                                   stages[config]))
             print(f"  N={n:<3} {LABELS[config]:<30} {results[-1].wall_s:7.2f} s (median of {len(walls[config])})",
                   file=sys.stderr)
     return results
@@ -297,6 +319,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="asr-spec without timestamp tokens (<|notimestamps|>), as faster-whisper's batched default")
     p.add_argument("--device", help="cpu, cuda (default: cuda when available)")
     p.add_argument("--dtype", help="auto, float32, float16, bfloat16 (default: the preset's)")
+    p.add_argument("--emulate-isa", choices=sorted(EMULATED_ISA),
+                   help="run as on a CPU of this class: the command again in a process whose torch, oneDNN, MKL and "
+                        "CTranslate2 kernels are limited to it and whose CPU class is pinned (see EMULATED_ISA)")
     p.add_argument("--plot", default="runs/bench.png", help="PNG of speed-up against batch size")
     p.add_argument("--json", default=None, help="also save the figures here (default: the plot path with .json)")
     return p.parse_args(argv)
@@ -335,8 +360,18 @@ def _save(results: list[Result], rows: list[dict[str, Any]], header: str, hardwa
     print(f"plot: {plot_path}\nfigures: {json_path}")
 
 
+def _emulate(isa: str, argv: list[str] | None) -> None:
+    """Replace this process by the same command with `EMULATED_ISA[isa]`'s environment (read by the libraries
+    when they load, so it must be set before torch is imported: hence a new process)."""
+    env = os.environ | EMULATED_ISA[isa]
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)],
+              env)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.emulate_isa and any(os.environ.get(k) != v for k, v in EMULATED_ISA[args.emulate_isa].items()):
+        _emulate(args.emulate_isa, argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     _quiet_libraries()
@@ -358,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"target: {args.preset} ({layers} decoder layers), {precision_line(device, target.dtype)}; "
               f"{models.note}\naudio: {len(clips)} clips, {audio_s:.1f} s; "
               f"chunk {models.greedy.options.chunking.chunk_length_s:g} s; language {args.language}; "
-              f"torch threads {torch.get_num_threads()}")
+              f"torch threads {torch.get_num_threads()}, capability {torch.backends.cpu.get_cpu_capability()}")
     print(header, file=sys.stderr)
     try:
         results = bench(clips, batch_sizes, runners, device, stats, args.repeats)
@@ -369,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     text, rows = table(results, audio_s, [c.ref for c in clips])
     print(header)
     print(text)
+    stage_text = stage_table(rows)
+    if stage_text:
+        print("\nasr-spec stage times (the timed run of the median wall time):\n" + stage_text)
     title = f"{args.preset}, {len(clips)} clips ({audio_s:.0f} s), {device}, {target.dtype}"
     _save(results, rows, header, hardware, args, title)
     differs = [row["batch_size"] for row in rows if row.get("identical_to_greedy") is False]

@@ -94,7 +94,7 @@ def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run
 
 def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step):
     """ms per step (greedy, and speculative with `draft`) next to the roofline floor, per batch size."""
-    import step_floor as sf
+    from benchmarks import step_floor as sf
 
     gen = target.generation_config
     gen.suppress_tokens = list(gen.suppress_tokens or []) + [gen.eos_token_id]  # every row runs n_new tokens

@@ -39,6 +39,8 @@ class Result:
     tokens: list[Any] | None = None  # asr-spec only: each clip's per-chunk token ids
     tokens_per_target_pass: float | None = None  # asr-spec only
     acceptance_rate: float | None = None  # asr-spec speculative only
+    # asr-spec on a CPU: the timed run's `StageTimes` as a dict (encoder_s, steps_s, steps)
+    stages: dict[str, float] | None = None
 
 
 def _row(result: Result, by: dict[tuple[str, int], Result], audio_s: float,
@@ -61,11 +63,45 @@ def _row(result: Result, by: dict[tuple[str, int], Result], audio_s: float,
             row["wer"] = None
         row["tokens_per_target_pass"] = result.tokens_per_target_pass
         row["acceptance_rate"] = result.acceptance_rate
+        row["stages"] = _stages(result, by.get(("greedy", result.batch_size)))
     greedy = by.get(("greedy", result.batch_size))
     if result.config in LOSSLESS and greedy is not None and greedy.texts is not None:
         # token for token, not only the text
         row["identical_to_greedy"] = result.texts == greedy.texts and result.tokens == greedy.tokens
     return row
+
+
+def _stages(result: Result, greedy: Result | None) -> dict[str, float] | None:
+    """An asr-spec result's stage times (encoder, decode steps, the rest of its wall time: audio, features,
+    admission, stitching), ms per step, and its steps' time against greedy's at the same batch size (measured in
+    the same run, interleaved)."""
+    if result.stages is None or result.wall_s is None:
+        return None
+    out = dict(result.stages)
+    out["rest_s"] = result.wall_s - out["encoder_s"] - out["steps_s"]
+    out["ms_per_step"] = 1000 * out["steps_s"] / out["steps"] if out["steps"] else None
+    base = greedy.stages if greedy is not None else None
+    out["steps_vs_greedy"] = base["steps_s"] / out["steps_s"] if base and out["steps_s"] else None
+    return out
+
+
+def _stage_line(row: dict[str, Any]) -> str | None:
+    stages = row.get("stages")
+    if not stages:
+        return None
+    return (f"{row['batch_size']:>3}  {LABELS[row['config']]:<30} {row['wall_s']:7.2f} {stages['encoder_s']:9.2f} "
+            f"{stages['steps_s']:8.2f} {stages['steps']:6d} {_fmt(stages['ms_per_step'], '8.1f')} "
+            f"{stages['rest_s']:7.2f}  {_fmt(stages['steps_vs_greedy'], '6.2f')}")
+
+
+def stage_table(rows: list[dict[str, Any]]) -> str:
+    """The asr-spec rows' stage times (CPU runs; empty where none has them): encoder, decode steps, the rest."""
+    lines = [line for line in map(_stage_line, rows) if line is not None]
+    if not lines:
+        return ""
+    head = (f"{'N':>3}  {'configuration':<30} {'wall s':>7} {'encoder s':>9} {'steps s':>8} {'steps':>6} "
+            f"{'ms/step':>8} {'rest s':>7}  steps: (3)/this")
+    return "\n".join([head, "-" * len(head), *lines])
 
 
 def _fmt(x: Any, spec: str) -> str:

@@ -70,17 +70,35 @@ def test_without_cpuinfo_torch_says_what_it_can(monkeypatch, tmp_path):
         cpu.detect_cpu.cache_clear()
 
 
+NATIVE = ("amx-bf16", "avx512-bf16")
+
+
 @pytest.mark.parametrize(("device", "expected"), [
-    ("cpu", dict.fromkeys(CPUS, torch.float32)),  # bf16 is asked for: its verify pass may flip a near-tie
+    ("cpu", {name: torch.bfloat16 if name in NATIVE else torch.float32 for name in CPUS}),
     ("cuda", dict.fromkeys(CPUS, torch.float16)),
     ("mps", dict.fromkeys(CPUS, torch.float32)),
 ])
-def test_auto_dtype_decision_table(device, expected):
+def test_auto_dtype_decision_table(device, expected, monkeypatch):
+    """Where the probe finds bf16 products row-invariant (lossless): bf16 on a CPU with native bf16."""
+    monkeypatch.setattr(cpu, "bf16_row_block", lambda: (32, 32))
     for name, flags in CPUS.items():
         caps = cpu.parse_cpu_flags(flags)
         assert cpu.auto_dtype(torch.device(device), caps) == expected[name], name
         assert resolve_dtype("auto", torch.device(device), caps) == expected[name], name
         assert resolve_dtype(None, torch.device(device), caps) == expected[name], name
+
+
+@pytest.mark.parametrize(("blocks", "expected"), [
+    ((32, 32), torch.bfloat16), ((8, 1), torch.bfloat16), ((7, 32), torch.float32), ((32, 0), torch.float32),
+    ((0, 0), torch.float32)])
+def test_auto_is_bf16_only_where_bf16_is_lossless(blocks, expected):
+    """A CPU with native bf16 whose products change a row's bits below a batch of 8 rows keeps fp32, and says
+    why; the probe is not run for a CPU without native bf16."""
+    dtype, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks)
+    assert dtype == expected
+    assert ("lossless" in why and "not lossless" not in why) == (expected == torch.bfloat16), why
+    assert cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(EPYC_ZEN2), None) == (
+        torch.float32, "no native bf16 products")
 
 
 @pytest.mark.parametrize("name", ["float32", "fp32", "bfloat16", "bf16", "float16"])
@@ -99,4 +117,15 @@ def test_the_decision_is_logged_once_with_the_cpu_class(caplog):
         for _ in range(3):
             resolve_dtype("auto", torch.device("cpu"))
     lines = [r.getMessage() for r in caplog.records if r.name == "asr_spec.models.cpu"]
-    assert lines == ["cpu: avx2, dtype auto -> float32"]
+    assert lines == ["cpu: avx2, dtype auto -> float32 (no native bf16 products)"]
+
+
+def test_a_bf16_summary_says_whether_bf16_is_lossless_here(monkeypatch):
+    """The run summary and --json of a CPU bf16 run carry the probe's verdict; fp32's carry none."""
+    cpu_dev = torch.device("cpu")
+    for blocks, words in (((32, 32), "lossless"), ((0, 0), "up to near-ties")):
+        monkeypatch.setattr(cpu, "bf16_row_block", lambda blocks=blocks: blocks)
+        assert cpu.precision_line(cpu_dev, torch.bfloat16) == f"cpu avx2, bfloat16, {words}"
+        assert cpu.run_precision(cpu_dev, torch.bfloat16)["bf16_row_invariant"]["lossless"] == (words == "lossless")
+    assert cpu.precision_line(cpu_dev, torch.float32) == "cpu avx2, float32"
+    assert "bf16_row_invariant" not in cpu.run_precision(cpu_dev, torch.float32)

@@ -9,6 +9,7 @@ import pytest
 
 from asr_spec.engine import DecodeOptions
 from asr_spec.errors import InputError
+from asr_spec.models import cpu as cpu_module
 from asr_spec.models.cpu import parse_cpu_flags
 from asr_spec.models.presets import (
     DEFAULT_PRESET,
@@ -65,7 +66,11 @@ def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
         assert plan_models(base, "cpu").draft == base.draft and plan_models(base, "cpu").draft_max_rows == 4
         amx = parse_cpu_flags("avx2 avx512_bf16 amx_bf16")  # bf16 asked for there: the draft up to batch 8
         assert plan_models(base, "cpu", {"dtype": "bfloat16"}, cpu=amx).draft_max_rows == 8
-        assert plan_models(base, "cpu", cpu=amx).draft_max_rows == 4  # auto -> fp32
+        with pytest.MonkeyPatch.context() as patch:  # auto: bf16 where the probe finds bf16 lossless, else fp32
+            patch.setattr(cpu_module, "bf16_row_block", lambda: (32, 32))
+            assert plan_models(base, "cpu", cpu=amx).draft_max_rows == 8
+            patch.setattr(cpu_module, "bf16_row_block", lambda: (0, 0))
+            assert plan_models(base, "cpu", cpu=amx).draft_max_rows == 4
         assert plan_models(base, "cpu", {"dtype": "float32"}, cpu=amx).draft_max_rows == 4
         assert plan_models(base, "cuda").draft == base.draft and plan_models(base, "cuda").draft_max_rows is None
         # asked for: in every run, unless draft_max_rows is given too; off; another model drops the preset's draft
@@ -164,10 +169,11 @@ def test_bad_option_values_of_a_preset_name_the_file_before_any_loading(tmp_path
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
 
 
-def test_the_cpu_draft_decision_follows_the_decode_class() -> None:
+def test_the_cpu_draft_decision_follows_the_decode_class(monkeypatch) -> None:
     """A {decode class: rows} table: a bf16 run on an AMX or AVX-512 bf16 CPU takes its class's row, an fp32 run (or
-    bf16 where it is emulated) the fp32 row; dtype auto resolves first (fp32 on a CPU); a class left
-    out is greedy; one number serves every class."""
+    bf16 where it is emulated) the fp32 row; dtype auto resolves first (here: fp32, the probe finding bf16 not
+    lossless); a class left out is greedy; one number serves every class."""
+    monkeypatch.setattr(cpu_module, "bf16_row_block", lambda: (0, 0))
     amx, zen4, zen2 = (parse_cpu_flags(f) for f in ("avx2 avx512_bf16 amx_bf16", "avx2 avx512_bf16", "avx2"))
     table = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows={"amx-bf16": 8, "fp32": 2})
     assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=amx).draft_max_rows == 8  # amx-bf16

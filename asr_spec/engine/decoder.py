@@ -8,6 +8,7 @@ cross-attention, MLP, final LayerNorm, tied output head) with every row writing 
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,18 @@ from torch import nn
 
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead
-from asr_spec.engine.kernels import POST_OPS, fused_qkv, onednn_linear, onednn_usable, pack, reorder, scaled, shared
+from asr_spec.engine.kernels import (
+    POST_OPS,
+    blocked,
+    decoder_blocks,
+    fused_qkv,
+    onednn_linear,
+    onednn_usable,
+    pack,
+    reorder,
+    scaled,
+    shared,
+)
 
 
 def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
@@ -81,9 +93,11 @@ class Decoder:
     """
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
-                 certify: tuple[int, tuple[int, ...]] | None = None):
+                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True):
         """certify: (exact_from, protected) of a target whose head may be read in bf16 where CPU fp32 products go
-        through oneDNN (`head.CertifiedHead`: Whisper's rules take the same decisions as on fp32 logits)."""
+        through oneDNN (`head.CertifiedHead`: Whisper's rules take the same decisions as on fp32 logits).
+        row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
+        whose rounding changes only its proposals, passes False and runs its products whole."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn
@@ -99,7 +113,6 @@ class Decoder:
         # A draft may score only a subset of the vocabulary (the output head dominates a small decoder's cost):
         # its logits are scattered into the full vocabulary with -inf elsewhere. The target always scores all.
         self.vocab_ids = vocab_ids
-        weight = _head_rows(proj_out.weight, vocab_ids)
         # On CPU a step is bound by memory traffic; measured on this project's CPU (whisper-base shapes, weights and
         # caches streamed from memory as in a real step):
         # - the cross-attention keys stored transposed (head_dim, n_audio_ctx), attended with two matrix products
@@ -113,7 +126,13 @@ class Decoder:
         # On CUDA the fused kernels are used as they are.
         self.cpu_layout = self.device.type == "cpu"
         packed = onednn_usable(self.device, self.dtype)
-        self.linear = onednn_linear if packed else F.linear
+        self.linear = self.wide_linear = onednn_linear if packed else F.linear
+        # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
+        # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
+        n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
+        self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
+        if self.row_rows:
+            self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
         # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q
         # copies below instead of those projections' own weights (no other packed copy of them is held)
         step_layers = [proj for layer in self.layers
@@ -125,14 +144,33 @@ class Decoder:
         self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
         self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
+        self._head_layout(proj_out.weight, vocab_ids, packed, certify)
+
+    def _head_layout(self, full: torch.Tensor, vocab_ids: torch.Tensor | None, packed: bool,
+                     certify: tuple[int, tuple[int, ...]] | None) -> None:
+        """The head's copies `_head` reads (see `__init__`): certified, packed, plain or transposed. full: the
+        (vocab, d_model) head weight."""
+        weight = _head_rows(full, vocab_ids)
         # the certified head reads bf16 rows: only where the CPU has native bf16 products (emulated ones are
         # slower than fp32 and some oneDNN builds refuse to pack bf16 weights without AVX-512)
         exact_fp32 = (packed and self.dtype == torch.float32 and vocab_ids is None
                       and onednn_usable(self.device, torch.bfloat16))
         self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
-        self.head_packed = _head_packed(proj_out.weight, vocab_ids) if packed and self.certified is None else None
+        self.head_packed = _head_packed(full, vocab_ids) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
-        self.head_weight_t = _head_transposed(proj_out.weight, vocab_ids) if self.cpu_layout and not packed else None
+        self.head_weight_t = (_head_transposed(full, vocab_ids)
+                              if self.cpu_layout and not packed and not self.row_rows else None)
+
+    def row_invariance(self, n_vocab: int, packed: bool) -> tuple[int, int]:
+        """(rows, queries): on a CPU in bf16/fp16, the most rows each of this decoder's products and the most
+        queries its attention may take at once and still give every row, bit for bit, what one row alone gets
+        (`kernels.row_block`, `kernels.query_block`: measured once per shape); (0, 0) elsewhere (fp32, CUDA),
+        where products run whole and a verify pass matches a step up to rounding. A rows figure of 0 on a
+        CPU in bf16 means even 1-row products do not repeat: then products run whole too."""
+        if not self.cpu_layout or self.dtype == torch.float32:
+            return 0, 0
+        return decoder_blocks(self.d_model, self.layers[0].fc1.weight.shape[0], n_vocab, self.n_heads,
+                              self.max_positions, self.decoder.config.max_source_positions, self.dtype, packed)
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)
@@ -162,7 +200,7 @@ class Decoder:
         r, s, _ = audio.shape
         for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
-            k, v = (self.linear(audio, p.weight, p.bias).view(r, s, self.n_heads, self.head_dim)
+            k, v = (self.wide_linear(audio, p.weight, p.bias).view(r, s, self.n_heads, self.head_dim)
                     for p in (attn.k_proj, attn.v_proj))
             cache.cross_k[i] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
             cache.cross_v[i] = v.transpose(1, 2)
@@ -176,7 +214,9 @@ class Decoder:
             exact = exact or torch.compiler.is_compiling()
             return (self.certified.exact(flat) if exact else self.certified(flat)).view(b, p, -1)
         if self.head_packed is not None:
-            return onednn_linear(x, self.head_packed, None)
+            return self.linear(x, self.head_packed, None)
+        if self.row_rows:
+            return self.linear(x, self.head_weight, None)
         if not self.cpu_layout:
             return F.linear(x, self.head_weight)
         b, p, d = x.shape
@@ -195,8 +235,14 @@ class Decoder:
         else:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
-        out = F.scaled_dot_product_attention(self._split_heads(q), cache.self_k[i, :, :, :n_keys],
-                                             cache.self_v[i, :, :, :n_keys], attn_mask=mask, scale=self.scaling)
+        keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
+        if self.query_rows:  # over every position (`run_layers`), in pieces of `query_rows` queries
+            if keys.shape[2] < n_keys:  # a cache shorter than max_positions (admission's own): zero keys, masked
+                keys, values = (F.pad(t, (0, 0, 0, n_keys - t.shape[2])) for t in (keys, values))
+            out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask)
+        else:
+            out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask,
+                                                 scale=self.scaling)
         return x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
 
     def _cross_attention(self, i: int, layer: nn.Module, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -209,10 +255,26 @@ class Decoder:
         else:
             q = self._split_heads(self._proj(xattn.q_proj, h)) * self.scaling
         if self.cpu_layout:
-            out = torch.softmax(q @ cache.cross_k[i], dim=-1) @ cache.cross_v[i]
+            out = self._attend(q, cache.cross_k[i], cache.cross_v[i])
         else:
             out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=1.0)
         return x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
+
+    def _attend(self, q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None = None, width: int | None = None) -> torch.Tensor:
+        """softmax(q keys_t) values with keys where `mask` is False left out, in pieces of at most `width`
+        queries (None: `query_rows`; all at once where that is 0). q: (B, H, T, head_dim) scaled; keys_t:
+        (B, H, head_dim, S); values: (B, H, S, head_dim); mask: (B, 1, T, S) bool or None (every key)
+        -> (B, H, T, head_dim)"""
+        t = q.shape[2]
+        width = width or self.query_rows or t
+        out = []
+        for start in range(0, t, width):
+            scores = q[:, :, start:start + width] @ keys_t
+            if mask is not None:
+                scores = scores.masked_fill(~mask[:, :, start:start + width], float("-inf"))
+            out.append(torch.softmax(scores, dim=-1) @ values)
+        return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -259,6 +321,11 @@ class Decoder:
         """(B, T, d_model) inputs (embeddings + positions) through every layer over the cache, writing this pass's
         keys/values at `positions` ((B, T) long, as in `forward`) -> (B, T, d_model) before the final LayerNorm."""
         write_pos = positions.clamp(max=cache.n_positions - 1)
+        if self.query_rows:
+            # row-invariant: every pass reads all max_positions keys (masked past each query), whatever n_keys
+            # and the cache's size: the kernels a product runs change with the number of keys (a bf16 step over
+            # 32 keys and over 64 parted at ~1 query in 200, random data) and with the number of queries below it
+            n_keys = self.max_positions
         key_pos = torch.arange(n_keys, device=positions.device)
         mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
         for i, layer in enumerate(self.layers):

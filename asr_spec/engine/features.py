@@ -49,8 +49,8 @@ class FeatureDecoder(Decoder):
     reads_target_features = True
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
-                 certify: tuple[int, tuple[int, ...]] | None = None):
-        super().__init__(decoder, proj_out, vocab_ids, certify)
+                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True):
+        super().__init__(decoder, proj_out, vocab_ids, certify, row_invariant=row_invariant)
         self.fc = decoder.fc
 
     @torch.no_grad()

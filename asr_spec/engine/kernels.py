@@ -1,4 +1,5 @@
-"""CPU fp32 matrix products through oneDNN, the kernels the decoder step and the encoder use on CPU.
+"""CPU matrix products through oneDNN, the kernels the decoder step and the encoder use on CPU, and the probe of
+how many rows a half-precision product may take at once and still give every row what a 1-row product gives.
 
 Measured on this project's CPU (AMD EPYC, 2 threads; `benchmarks/bench_engine.py --steps`): MKL runs the thin
 products of a decode step (1-32 rows against a weight streamed from memory) at 5-17 GB/s, and the encoder's
@@ -28,6 +29,9 @@ T = TypeVar("T")
 # first source tensor -> {(recipe, the other sources' ids): (weak refs to the other sources, versions, value)};
 # an entry lives as long as all its sources (values never refer to their sources, so nothing keeps them alive)
 _SHARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+# The most rows `row_block` tries: a verify pass of 8 rows x 4 tokens, the default batch at K = 3
+ROW_BLOCK_MAX = 32
 
 # oneDNN post-ops, by the name of a transformers activation: erf GELU ("gelu") fuses into the product
 POST_OPS = {"gelu": ("gelu", "none")}
@@ -132,3 +136,86 @@ def onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
                               rtol=tol)
     except (RuntimeError, AttributeError):  # an op missing from this build of torch
         return False
+
+
+Linear = Callable[..., torch.Tensor]  # (x, weight, bias, *post) -> product, as `onednn_linear` or F.linear
+
+
+def _wide(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    """Probe data: +-2^e, e uniform in [-12, 12] (exact in bf16), whose sums cancel so that a product's fp32
+    accumulation order shows in its rounded result far more often than on normal data."""
+    exponent = torch.randint(-12, 13, shape, generator=gen).float()
+    sign = torch.randint(0, 2, shape, generator=gen).float() * 2 - 1
+    return sign * torch.exp2(exponent)
+
+
+def _invariant_rows(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, dim: int) -> int:
+    """The largest m <= x.shape[dim] for which `product` of x's first m rows (along `dim`) gives each row, bit for
+    bit, what the product of that row alone gives, for every m up to it; 0 where a lone row's product does not
+    repeat itself."""
+    n = x.shape[dim]
+    single = torch.cat([product(x.narrow(dim, i, 1)) for i in range(n)], dim=dim)
+    if not torch.equal(product(x.narrow(dim, 0, 1)), single.narrow(dim, 0, 1)):
+        return 0
+    for m in range(2, n + 1):
+        if not torch.equal(product(x.narrow(dim, 0, m)), single.narrow(dim, 0, m)):
+            return m - 1
+    return n
+
+
+@functools.cache
+def row_block(n_out: int, n_in: int, dtype: torch.dtype, packed: bool) -> int:
+    """The largest number of rows m <= ROW_BLOCK_MAX for which a (m, n_in) x (n_out, n_in)^T product in `dtype`
+    gives, row by row, bit for bit what the 1-row product of that row gives, for every m up to it; 0 where even
+    the 1-row product does not repeat itself. Measured here (once per shape, dtype and kernel, on random data of
+    that shape): the kernel a library picks changes with the number of rows, and each kernel rounds its own way
+    (oneDNN bf16 on an AMX Xeon: rows equal up to 32-36 rows, then another kernel; fp32 from 2 rows on).
+    packed: through `onednn_linear` on a `reorder`ed weight (the decoder's packed products), else F.linear."""
+    gen = torch.Generator().manual_seed(0)
+    weight = _wide(gen, n_out, n_in).to(dtype)
+    x = _wide(gen, ROW_BLOCK_MAX, n_in).to(dtype)
+    if packed:
+        return _invariant_rows(functools.partial(onednn_linear, weight=reorder(weight), bias=None), x, 0)
+    return _invariant_rows(functools.partial(F.linear, weight=weight), x, 0)
+
+
+@functools.cache
+def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype, cache_slice: bool) -> int:
+    """`row_block` for attention's batched products: the most queries m <= ROW_BLOCK_MAX (per row and head) for
+    which softmax(q k^T) v over `n_keys` keys gives each query, bit for bit, what it gives alone (0: not even a
+    lone query repeats itself). q: (n_heads, m, head_dim); k^T: (n_heads, head_dim, n_keys) stored so (the
+    decoder's audio keys), or with `cache_slice` the transposed view of keys stored (n_heads, n_positions,
+    head_dim) and sliced to `n_keys` positions, values likewise (the decoder's self-attention cache)."""
+    gen = torch.Generator().manual_seed(0)
+    q = (torch.randn(n_heads, ROW_BLOCK_MAX, head_dim, generator=gen) / 8).to(dtype)
+    spare = 8 if cache_slice else 0  # a cache holds more positions than a pass reads
+    keys = torch.randn(n_heads, n_keys + spare, head_dim, generator=gen).to(dtype)
+    k_t = keys[:, :n_keys].transpose(1, 2) if cache_slice else keys.transpose(1, 2).contiguous()
+    v = _wide(gen, n_heads, n_keys + spare, head_dim).to(dtype)[:, :n_keys]
+    return _invariant_rows(lambda queries: torch.softmax(queries @ k_t, dim=-1) @ v, q, 1)
+
+
+def decoder_blocks(d_model: int, d_ffn: int, n_vocab: int, n_heads: int, n_positions: int, n_audio_ctx: int,
+                   dtype: torch.dtype, packed: bool) -> tuple[int, int]:
+    """(rows, queries) for a Whisper decoder of these shapes in `dtype`: the most rows every one of its products
+    (`row_block`: the projections, q/k/v fused when `packed`, the MLP, the head of `n_vocab` rows) and the most
+    queries its attention products (`query_block`: self-attention over all `n_positions` of its cache,
+    cross-attention over `n_audio_ctx` keys) take with every row's result unchanged. (0, 0) where some product
+    does not even repeat a 1-row result."""
+    shapes = [(d_model, d_model), (d_ffn, d_model), (d_model, d_ffn), (n_vocab, d_model),
+              *([(3 * d_model, d_model)] if packed else [])]
+    rows = min(row_block(n_out, n_in, dtype, packed) for n_out, n_in in shapes)
+    head_dim = d_model // n_heads
+    queries = min(query_block(n_heads, head_dim, n_positions, dtype, True),
+                  query_block(n_heads, head_dim, n_audio_ctx, dtype, False))
+    return (rows, queries) if rows and queries else (0, 0)
+
+
+def blocked(linear: Linear, rows: int, x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
+    """`linear(x, weight, *args)` over the rows of x (..., d_in) in pieces of at most `rows` rows: with `rows` from
+    `row_block`, each output row is what the 1-row product gives, whatever the number of rows. (..., d_out)"""
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.shape[0] <= rows:
+        return linear(x, weight, *args)
+    out = torch.cat([linear(part, weight, *args) for part in flat.split(rows)])
+    return out.view(*x.shape[:-1], out.shape[-1])

@@ -36,7 +36,7 @@ from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.slots import Slots
 from asr_spec.engine.speculative import COUNTS, FINISH_EOS, FINISH_LENGTH, DecodeState, Models
 from asr_spec.engine.state import RunState, StaticState
-from asr_spec.engine.stats import ChunkStats
+from asr_spec.engine.stats import ChunkStats, StageTimes
 from asr_spec.engine.withdrawals import Withdrawals
 
 FINISH_REASONS = {FINISH_EOS: "eos"}
@@ -75,10 +75,13 @@ class Engine:
     """Lossless batched speculative decoding of Whisper chunks (greedy when `draft` is None).
 
     The contract. In fp32 the output is token-identical to transformers `generate()` greedy, except at a checked
-    top-2 tie. In fp16/bf16 a (K+1)-token verify pass and a 1-token step round differently, so the promise is:
-    every emitted token is the target's own argmax (after Whisper's rules) at that position in the pass that
-    emitted it; outputs may differ from another batch composition or from `generate()` only where the top two
-    logits are within rounding.
+    top-2 tie. On a CPU in bf16/fp16 whose products the decoder found row-invariant (`Decoder.row_rows` > 0:
+    `kernels.decoder_blocks`), a (K+1)-token verify pass gives each position bit for bit what a 1-token step gives
+    it, whatever the batch: speculative == greedy token for token, at any batch composition. Elsewhere in fp16/bf16
+    (CUDA; a CPU whose kernels are not row-invariant) a verify pass and a step round differently, so the promise
+    is: every emitted token is the target's own argmax (after Whisper's rules) at that position in the pass that
+    emitted it; outputs may differ from another batch composition only where the top two logits are within
+    rounding. In bf16 and fp16 outputs may differ from `generate()` (other kernels) only at such near-ties.
 
     target: a transformers `WhisperForConditionalGeneration`, eval mode, on its device and dtype.
     draft:  None, a `WhisperForCausalLM` (reads the target's encoder output) or a `WhisperForConditionalGeneration`
@@ -113,8 +116,8 @@ class Engine:
         # a draft carrying `step_decoder` (a Decoder subclass, called as Decoder is) is run through it: the
         # benchmarks' oracle draft (engine/oracle.py); the step only ever sees a Decoder
         make_draft = getattr(draft, "step_decoder", Decoder)
-        self.draft_dec = None if draft is None else make_draft(
-            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None))
+        self.draft_dec = None if draft is None else make_draft(  # its products whole: its rounding is its own
+            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), row_invariant=False)
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
         self.sampling_rules = self.rules.with_sampling()  # for the steps whose batch has a sampled row
@@ -128,6 +131,7 @@ class Engine:
         pin_attention(self.target_dec.device)  # no cuDNN attention on CUDA (capture.py)
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
+        self.times = StageTimes()  # wall seconds per stage on a CPU (benchmarks read it)
         self._eager = StepRunner()  # the steps of a run in a private state (engine/state.py)
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
         # the static state of the runs, reset in place run after run; replaced (and the runner's graphs dropped)
@@ -173,14 +177,16 @@ class Engine:
         own = None
         if self.kind is DraftKind.OWN_ENCODER:
             x = torch.stack([r.features for r in batch]).to(dev, self.draft_dec.dtype)
-            own = list(self.draft_encoder(x))
+            with self.times.count("encoder", x.device.type == "cpu"):
+                own = list(self.draft_encoder(x))
         return enc, own
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
         """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
         x = features.to(self.target_dec.device, self.target_dec.dtype)
-        return torch.cat([self.encoder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+        with self.times.count("encoder", x.device.type == "cpu"):
+            return torch.cat([self.encoder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
@@ -391,7 +397,8 @@ class Engine:
         n_keys = n_keys_bucket(max_len, width, reader.lag, self.n_positions)
         sampling = any(o is not None and o.temperature > 0 for o in slots.occupants[:n_active])
         rules = self.sampling_rules if sampling else self.rules
-        runner(m.rows(n_step), rules, st.rows(n_step), k, n_keys, hyp.rows(n_step) if with_hyp else None)
+        with self.times.count("steps", st.n_tok.device.type == "cpu"):
+            runner(m.rows(n_step), rules, st.rows(n_step), k, n_keys, hyp.rows(n_step) if with_hyp else None)
         return reader.after_step(st.rows(n_active), slots.step())
 
     def _results(self, st: DecodeState, hyp: Hypotheses, done: list[tuple[int, ChunkRequest]],

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 
@@ -61,3 +63,29 @@ class ChunkStats:
     def count_names(cls) -> tuple[str, ...]:
         """The counts (the fields summed by `add`), without the derived ratios."""
         return tuple(f.name for f in fields(cls) if f.init)
+
+
+@dataclass
+class StageTimes:
+    """Wall seconds an engine spent in its stages since it was made, on a CPU (where each stage's work is done when
+    it returns; on CUDA the stages run asynchronously and nothing is counted). `minus` gives one run's share."""
+
+    encoder_s: float = 0.0  # encoder passes (`Engine.encode`, the draft's own encoder included)
+    steps_s: float = 0.0  # decode steps: draft, verify, accept (`speculative.step`)
+    steps: int = 0
+
+    def minus(self, before: StageTimes) -> StageTimes:
+        return StageTimes(self.encoder_s - before.encoder_s, self.steps_s - before.steps_s, self.steps - before.steps)
+
+    def copy(self) -> StageTimes:
+        return replace(self)
+
+    @contextmanager
+    def count(self, stage: str, enabled: bool) -> Iterator[None]:
+        """Adds the wall time of the block to `stage` ("encoder" or "steps", which also counts one step) when
+        `enabled`."""
+        start = time.perf_counter()
+        yield
+        if enabled:
+            setattr(self, f"{stage}_s", getattr(self, f"{stage}_s") + time.perf_counter() - start)
+            self.steps += stage == "steps"

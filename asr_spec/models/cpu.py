@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CPU_CLASSES", "DTYPES", "CpuCapabilities", "auto_dtype", "detect_cpu", "parse_cpu_flags", "parse_cpuinfo",
-           "resolve_dtype"]
+__all__ = ["CPU_CLASSES", "DTYPES", "CpuCapabilities", "auto_choice", "auto_dtype", "bf16_row_block", "detect_cpu",
+           "parse_cpu_flags", "parse_cpuinfo", "resolve_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -129,46 +129,79 @@ def detect_cpu() -> CpuCapabilities:
     return parsed if parsed is not None else _from_torch()
 
 
-def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None) -> torch.dtype:
-    """The dtype ``auto`` means, decided here only: float16 on CUDA; float32 on a CPU of every class, and on other
-    devices (mps, ...).
+# whisper-base's decoder (the default preset's), the shapes `bf16_row_block` probes: d_model, d_ffn, vocabulary,
+# heads, text positions, audio positions
+PROBE_SHAPES = (512, 2048, 51865, 8, 448, 1500)
+# bf16 is `auto` only where a greedy step of the default batch (8 rows) is one product whose every row is what a
+# 1-row product gives (fewer: still lossless, the products in smaller blocks, and slower)
+LOSSLESS_MIN_ROWS = 8
 
-    Why not bfloat16 where bf16 products are native (AMX, AVX-512 bf16), though it is ~1.6x faster end to end there
-    (docs/cpu.md): a bf16 (K+1)-token verify pass and a bf16 1-token greedy step round differently, and at a near-tie
-    the argmax flips; measured on an AMX Xeon, 3 long fixtures at batch 8, bf16 speculative differed from bf16
-    greedy by two commas in ~1,300 words. fp32 keeps the project's promise (speculative == greedy, token for token)
-    by default; `--dtype bfloat16` is the faster path, its promise every token the bf16 target's argmax up to such
-    a tie. `cpu` is kept for the decision's signature (the class is logged with it and decides the draft rows)."""
+
+def bf16_row_block() -> tuple[int, int]:
+    """(rows, queries) of `kernels.decoder_blocks` in bf16 on this machine, at `PROBE_SHAPES`: how many rows a bf16
+    product and how many queries an attention product take here with every row's result bit for bit a lone row's.
+    Measured once per process (~2 s on two cores: the head's product at 1-32 rows); a decoder of other shapes
+    measures its own when built."""
+    from asr_spec.engine.kernels import decoder_blocks, onednn_usable
+
+    cpu = torch.device("cpu")
+    return decoder_blocks(*PROBE_SHAPES, torch.bfloat16, onednn_usable(cpu, torch.bfloat16))
+
+
+def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,
+                bf16_blocks: tuple[int, int] | None = None) -> tuple[torch.dtype, str]:
+    """The dtype ``auto`` means and why, decided here only: float16 on CUDA; on a CPU bfloat16 where bf16 products
+    are native (AMX, AVX-512 bf16) and lossless (`bf16_row_block`: a step's and a verify pass's products give each
+    row the same bits, so speculative == bf16 greedy token for token and a row's tokens do not depend on the batch),
+    float32 otherwise; float32 on other devices (mps, ...). cpu: the capabilities (None: this machine's);
+    bf16_blocks: the probe's (rows, queries) (None: measured here when the CPU's bf16 is native)."""
     if device.type == "cuda":
-        return torch.float16
-    return torch.float32
+        return torch.float16, "cuda"
+    if device.type != "cpu":
+        return torch.float32, device.type
+    caps = detect_cpu() if cpu is None else cpu
+    if not caps.native_bf16:
+        return torch.float32, "no native bf16 products"
+    rows, queries = bf16_row_block() if bf16_blocks is None else bf16_blocks
+    if rows < LOSSLESS_MIN_ROWS or queries < 1:
+        return torch.float32, (f"bf16 products here give a row the same bits only up to {rows} rows, attention "
+                               f"up to {queries} queries: not lossless at batch {LOSSLESS_MIN_ROWS}")
+    return torch.bfloat16, f"native bf16, row-invariant up to {rows} rows and {queries} queries: lossless"
+
+
+def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None,
+               bf16_blocks: tuple[int, int] | None = None) -> torch.dtype:
+    """`auto_choice`'s dtype."""
+    return auto_choice(device, cpu, bf16_blocks)[0]
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
                   cpu: CpuCapabilities | None = None) -> torch.dtype:
     """The dtype a run loads its models in; every caller (CLI, API, server, eval, benchmarks) comes through here.
-    "auto" / None: `cpu.auto_dtype` (fp16 on CUDA, fp32 on a CPU: speculative == greedy token for token),
-    logged once with the CPU's class. cpu: the capabilities to decide from (None: this machine's)."""
+    "auto" / None: `auto_choice` (fp16 on CUDA; on a CPU bf16 where native and lossless, else fp32), logged once
+    with the CPU's class and the reason. cpu: the capabilities to decide from (None: this machine's)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
-        chosen = auto_dtype(device, cpu)
-        log_decision(device, dtype, chosen)
+        chosen, why = auto_choice(device, cpu)
+        log_decision(device, dtype, chosen, why)
         return chosen
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
     return getattr(torch, DTYPES[dtype])
 
 
-def log_decision(device: torch.device, requested: str | torch.dtype | None, chosen: torch.dtype) -> None:
-    """The start-of-run line, once per (device, request, choice): "cpu: amx-bf16 (...), dtype auto -> bfloat16"."""
-    _log_once(device.type, str(requested if requested is not None else "auto"), str(chosen).removeprefix("torch."))
+def log_decision(device: torch.device, requested: str | torch.dtype | None, chosen: torch.dtype, why: str) -> None:
+    """The start-of-run line, once per (device, request, choice): "cpu: amx-bf16 (...), dtype auto -> bfloat16
+    (native bf16, row-invariant up to 32 rows and 32 queries: lossless)"."""
+    _log_once(device.type, str(requested if requested is not None else "auto"), str(chosen).removeprefix("torch."),
+              why)
 
 
 @functools.cache
-def _log_once(device_type: str, requested: str, chosen: str) -> None:
+def _log_once(device_type: str, requested: str, chosen: str, why: str) -> None:
     where = f"cpu: {detect_cpu().describe()}" if device_type == "cpu" else device_type
-    log.info("%s, dtype %s -> %s", where, requested, chosen)
+    log.info("%s, dtype %s -> %s (%s)", where, requested, chosen, why)
 
 
 def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
@@ -177,13 +210,20 @@ def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]
     info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
+        if dtype == torch.bfloat16:
+            rows, queries = bf16_row_block()
+            info["bf16_row_invariant"] = {"rows": rows, "queries": queries, "lossless": rows > 0}
     return info
 
 
 def precision_line(device: torch.device, dtype: torch.dtype) -> str:
-    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16" / "cuda:0, float16"."""
+    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless" / "cuda:0, float16"
+    (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else "up to near-ties")."""
     where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
-    return f"{where}, {str(dtype).removeprefix('torch.')}"
+    line = f"{where}, {str(dtype).removeprefix('torch.')}"
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        line += ", lossless" if bf16_row_block()[0] else ", up to near-ties"
+    return line
 
 
 # The classes a CPU run's draft decision is keyed by (`presets.plan_models`): where a verify pass of K+1 tokens

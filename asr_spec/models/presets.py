@@ -31,7 +31,8 @@ AVX-512 bf16 stays memory-bound longer (docs/cpu.md).
     max_words_per_cue srt/vtt cues of at most this many words (needs word_timestamps); left out = one per segment
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
-    dtype             "auto" (float16 on CUDA, float32 on a CPU: `asr_spec.models.cpu.auto_dtype`), "float32",
+    dtype             "auto" (float16 on CUDA; on a CPU bfloat16 where native and lossless, else float32:
+                      `asr_spec.models.cpu.auto_choice`), "float32",
                       "float16" or "bfloat16" (on a CPU with native bf16 products the faster path: docs/cpu.md)
     description       one line for ``--help`` listings
 
@@ -128,7 +129,7 @@ class ModelPlan:
 
     model: str  # the target to load
     draft: str | None  # the draft to load; None: greedy decoding (no draft loaded)
-    dtype: str | None  # None / "auto": `cpu.auto_dtype` (fp16 on CUDA, fp32 on a CPU)
+    dtype: str | None  # None / "auto": `cpu.auto_choice` (fp16 on CUDA; CPU: bf16 or fp32)
     share_encoder: bool | None  # see `Preset.share_encoder`
     # DecodeOptions.draft_max_rows: the draft decodes only runs of at most this many rows; None: every run
     draft_max_rows: int | None

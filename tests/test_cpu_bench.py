@@ -1,0 +1,47 @@
+"""Stage times on a CPU: what `Engine.times` counts and how benchmarks/bench.py reports them beside each row."""
+
+from __future__ import annotations
+
+import torch
+from conftest import tiny_target
+
+from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine.stats import StageTimes
+from benchmarks.bench_report import Result, stage_table, table
+
+
+def test_stage_times_count_only_where_enabled():
+    times = StageTimes()
+    with times.count("steps", True):
+        pass
+    with times.count("encoder", True):
+        pass
+    with times.count("steps", False):
+        pass
+    assert times.steps == 1 and times.steps_s >= 0 and times.encoder_s >= 0
+    before = times.copy()
+    with times.count("steps", True):
+        pass
+    assert times.minus(before).steps == 1 and before.steps == 1
+
+
+def test_an_engine_run_counts_its_encoder_and_every_step():
+    engine = Engine(tiny_target(), None, DecodeOptions(language="en", max_new_tokens=5))
+    features = torch.randn(3, 16, 100, generator=torch.Generator().manual_seed(0))
+    results = engine.decode(features, batch_size=2)
+    assert engine.times.encoder_s > 0 and engine.times.steps_s > 0
+    # each step advances every live row by one token (greedy): at least the longest row's count of steps
+    assert engine.times.steps >= max(len(r.tokens) for r in results) - 1
+
+
+def test_the_stage_table_gives_the_rest_and_the_ratio_to_greedy():
+    greedy = Result("greedy", 8, 10.0, ["a"], stages={"encoder_s": 2.0, "steps_s": 6.0, "steps": 100})
+    spec = Result("spec", 8, 7.0, ["a"], stages={"encoder_s": 2.0, "steps_s": 3.0, "steps": 30})
+    fw = Result("fw", 8, 5.0, ["a"])
+    _, rows = table([greedy, spec, fw], 60.0, [None])
+    by = {row["config"]: row["stages"] for row in rows}
+    assert by["fw"] is None
+    assert by["spec"]["rest_s"] == 2.0 and by["spec"]["ms_per_step"] == 100.0
+    assert by["spec"]["steps_vs_greedy"] == 2.0 and by["greedy"]["steps_vs_greedy"] == 1.0
+    text = stage_table(rows)
+    assert len(text.splitlines()) == 4 and "(4) asr-spec speculative" in text and "faster-whisper" not in text

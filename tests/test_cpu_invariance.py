@@ -1,0 +1,110 @@
+"""Lossless bf16 on a CPU: the decoder's passes give every row what a 1-row, 1-token step gives it, bit for bit.
+
+`kernels.row_block` / `kernels.query_block` measure, on the CPU the suite runs on, how many rows a bf16 product
+and how many queries an attention product may take at once with each row's result unchanged; the decoder runs its
+products in pieces of that size. Where the probe finds none (a CPU whose kernels do not even repeat a 1-row
+product), these tests are skipped with the probe's figures: the contract there is bf16 greedy up to a near-tie
+(tests/test_bf16.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+from conftest import perturbed, tiny_target
+
+from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.kernels import ROW_BLOCK_MAX, _invariant_rows, blocked, row_block
+from asr_spec.models.loading import decoder_draft
+from asr_spec.testing import random_whisper
+
+DTYPE = torch.bfloat16
+
+
+@functools.cache
+def _model(shape: str):
+    return random_whisper(shape, seed=1, init_std=0.2, decoder_layers=2).to(DTYPE)
+
+
+def _decoder(shape: str = "test") -> Decoder:
+    model = _model(shape)
+    decoder = Decoder(model.model.decoder, model.proj_out)
+    if not decoder.row_rows:
+        pytest.skip(f"bf16 products are not row-invariant on this CPU (rows {decoder.row_rows}, queries "
+                    f"{decoder.query_rows}): bf16 is lossless here only up to near-ties")
+    return decoder
+
+
+def _clone(cache):
+    return dataclasses.replace(cache, **{f.name: getattr(cache, f.name).clone() for f in dataclasses.fields(cache)})
+
+
+def test_the_probe_finds_the_rows_where_a_product_changes_kernel():
+    """A product that rounds differently from its 4th row on is invariant for 3 rows; one that never repeats
+    itself for none; an exact one for all."""
+    x = torch.randn(ROW_BLOCK_MAX, 8)
+    exact = functools.partial(torch.mul, other=2.0)
+    assert _invariant_rows(exact, x, 0) == ROW_BLOCK_MAX
+    assert _invariant_rows(lambda rows: rows * 2.0 + (1e-3 if len(rows) >= 4 else 0.0), x, 0) == 3
+    noise = iter(range(10**6))
+    assert _invariant_rows(lambda rows: rows + next(noise), x, 0) == 0
+
+
+def test_blocked_products_are_the_whole_product_in_pieces():
+    x, w, b = torch.randn(2, 5, 8), torch.randn(3, 8), torch.randn(3)
+    torch.testing.assert_close(blocked(torch.nn.functional.linear, 2, x, w, b), torch.nn.functional.linear(x, w, b))
+    assert row_block(3, 8, torch.float32, False) >= 0
+
+
+@pytest.mark.parametrize("n_new", [4, 12])
+def test_a_verify_pass_scores_each_position_as_a_one_token_step_does(n_new):
+    """Three rows at ragged lengths fed 4 tokens in one pass (a K = 3 verify pass; 12: 36 rows, more than one
+    kernel takes on some CPUs) vs each row alone, one token at a time, over another key bucket: logits and written
+    keys/values equal bit for bit. whisper-base's layer shapes (2 layers), where SDPA rounds by query count."""
+    decoder = _decoder("base")
+    gen = torch.Generator().manual_seed(0)
+    n_rows, n_ctx = 3, decoder.decoder.config.max_source_positions
+    cache = decoder.new_cache(n_rows, 64, n_ctx)
+    decoder.write_audio(cache, torch.randn(n_rows, n_ctx, decoder.d_model, generator=gen).to(DTYPE))
+    prompt = torch.randint(0, 1000, (n_rows, 7), generator=gen)
+    decoder.forward(cache, prompt, torch.arange(7).expand(n_rows, -1), 32)
+    lengths = torch.tensor([3, 7, 5])  # ragged rows: the rest of each prompt is stale, masked and overwritten
+    tokens = torch.randint(0, 1000, (n_rows, n_new), generator=gen)
+    positions = lengths[:, None] + torch.arange(n_new)
+    whole = _clone(cache)
+    verify = decoder.forward(whole, tokens, positions, 32)
+    for row in range(n_rows):
+        alone = _clone(cache.rows(1, row))
+        for j in range(n_new):
+            step = decoder.forward(alone, tokens[row:row + 1, j:j + 1], positions[row:row + 1, j:j + 1], 64)
+            assert torch.equal(step[0, 0], verify[row, j]), f"row {row}, position {j}"
+        end = int(lengths[row]) + n_new
+        assert torch.equal(alone.self_k[:, 0, :, :end], whole.self_k[:, row, :, :end]), f"row {row} keys"
+        assert torch.equal(alone.self_v[:, 0, :, :end], whole.self_v[:, row, :, :end]), f"row {row} values"
+
+
+@functools.cache
+def _greedy(batch_size: int):
+    target = tiny_target().to(DTYPE)
+    features = torch.randn(8, 16, 100, generator=torch.Generator().manual_seed(0)).to(DTYPE)
+    options = DecodeOptions(language="en", max_new_tokens=30)
+    return target, features, Engine(target, None, options).decode(features, batch_size=batch_size)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 8])
+def test_bf16_speculative_is_bf16_greedy_token_for_token(batch_size):
+    """No near-tie allowance: every row's tokens equal greedy's, and greedy's equal at every batch size."""
+    _decoder()
+    target, features, greedy = _greedy(batch_size)
+    options = DecodeOptions(language="en", max_new_tokens=30, num_draft_tokens=3)
+    draft = decoder_draft(perturbed(tiny_target(), 0.3, seed=3, encoder=False).to(DTYPE))
+    results = Engine(target, draft, options).decode(features, batch_size=batch_size)
+    stats = [r.stats for r in results]
+    assert sum(s.accepted_tokens for s in stats) > 0 and sum(s.drafted_tokens for s in stats) > sum(
+        s.accepted_tokens for s in stats)  # proposals accepted and rejected
+    assert [r.tokens for r in results] == [r.tokens for r in greedy]
+    assert [r.tokens for r in greedy] == [r.tokens for r in _greedy(1)[2]]
