@@ -43,9 +43,9 @@ MODEL = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory
 DRAFT = typer.Option(None, help="Draft model (same forms). Replaces the preset's.")
 NO_DRAFT = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower).")
 DEVICE = typer.Option("auto", help="auto, cpu, cuda or cuda:N.")
-DTYPE = typer.Option(None, help="auto (float16 on CUDA, float32 on a CPU: token for token greedy's), float32, "
-                     "float16, bfloat16 (on a CPU with AMX or AVX-512 bf16 ~1.6x faster, each token the bf16 "
-                     "target's argmax up to a near-tie: docs/cpu.md). Default: the preset's.")
+DTYPE = typer.Option(None, help="auto (float16 on CUDA; on a CPU bfloat16 where its products are native and "
+                     "probed row-invariant, so speculative == bf16 greedy token for token, else float32: docs/cpu.md), "
+                     "float32, float16, bfloat16. Default: the preset's.")
 LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the preset's.")
 BATCH_SIZE = typer.Option(None, help="Chunks decoded together, across files. Default: TranscribeOptions' (presets "
                           "set none).")
