@@ -277,11 +277,11 @@ async def ws_flood(uri: str, audio: np.ndarray, seconds: float) -> dict:
     return out
 
 
-def run_server(asr: Transcriber, items, speed: float, rows: int, flood_s: float = 0.0) -> dict:
+def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, flood_s: float = 0.0) -> dict:
     """All slices at once through a server of `rows` engine rows (the streams share them, as `asr-spec serve
-    --batch-size` rows do) on a free 127.0.0.1 port, with one more client sending `flood_s` seconds as fast as it
-    can when flood_s > 0; returns each stream's ws_client result, the fast sender's, and the run's peak RSS and
-    re-decodes."""
+    --batch-size` rows do) on a free 127.0.0.1 port, each stream re-decoded every `step_s`, with one more client
+    sending `flood_s` seconds as fast as it can when flood_s > 0; returns each stream's ws_client result, the
+    fast sender's, and the run's peak RSS and re-decodes."""
     import asyncio
     import socket
     import threading
@@ -290,12 +290,16 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, flood_s: float 
 
     from asr_spec.serve.app import create_app
     from asr_spec.serve.batcher import Batcher
+    from asr_spec.serve.realtime import RealtimeOptions
+    from asr_spec.stream.policy import StreamOptions
 
     batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1)
+    realtime = RealtimeOptions(model_id="bench", stream=StreamOptions(step_s=step_s))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(batcher), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(batcher, realtime=realtime)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -393,11 +397,13 @@ def main() -> None:
 def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
     """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
+              "step_s": args.step_s,
               "cpu_count": os.cpu_count(), "runs": []}
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)
-        run = run_server(asr, items, args.speed, args.batch_size, args.fast_sender_s if n == max(counts) else 0.0)
+        flood_s = args.fast_sender_s if n == max(counts) else 0.0
+        run = run_server(asr, items, args.speed, args.batch_size, args.step_s, flood_s)
         summary = summarise_server(n, args.speed, run, reference)
         report["runs"].append(summary)
         print(json.dumps(summary), flush=True)

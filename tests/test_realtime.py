@@ -23,6 +23,7 @@ from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 from asr_spec.audio.loading import load_audio  # noqa: E402
 from asr_spec.engine.capture import StepRunner  # noqa: E402
+from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
 from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
@@ -336,24 +337,27 @@ def test_a_server_without_timestamp_mode_refuses_streams_and_still_serves_upload
     assert upload.status_code == 200
 
 
-def test_cli_refuses_a_bad_max_backlog_before_loading(capsys, tmp_path):
+@pytest.mark.parametrize(("flags", "message"), [(["--max-backlog-s", "0"], "max_backlog_s must be a positive "
+                                                  "number of seconds"),
+                                                 (["--step-s", "0.01"], "stream step_s must be in [0.1, 10] seconds")])
+def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flags, message):
     from asr_spec.cli import main
 
     with pytest.raises(SystemExit) as info:
-        main(["serve", "--model", str(tmp_path / "absent"), "--max-backlog-s", "0"])
+        main(["serve", "--model", str(tmp_path / "absent"), *flags])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and "max_backlog_s must be a positive number of seconds" in err, err
+    assert info.value.code == 2 and message in err, err
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("flags", "backlog_s", "catch_up"),
-                         [([], RealtimeOptions().max_backlog_s, True),
-                          (["--max-backlog-s", "30", "--no-catch-up"], 30.0, False),
-                          (["--catch-up"], RealtimeOptions().max_backlog_s, True)])
-def test_serve_passes_its_backlog_and_catch_up_options_to_the_sessions(monkeypatch, greedy, flags, backlog_s,
-                                                                       catch_up):
-    """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up`: the app's realtime options (models and uvicorn
-    replaced by the tiny transcriber and a recorder)."""
+@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s"),
+                         [([], RealtimeOptions().max_backlog_s, True, 1.0),
+                          (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2"], 30.0, False, 2.0),
+                          (["--catch-up"], RealtimeOptions().max_backlog_s, True, 1.0)])
+def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monkeypatch, greedy, flags, backlog_s,
+                                                                            catch_up, step_s):
+    """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S`: the app's realtime options (models
+    and uvicorn replaced by the tiny transcriber and a recorder)."""
     import uvicorn
 
     import asr_spec.serve.app as app_module
@@ -374,7 +378,7 @@ def test_serve_passes_its_backlog_and_catch_up_options_to_the_sessions(monkeypat
         main(["serve", "--preset", "base", *flags])
     assert info.value.code == 0 and made["app"] is not None
     assert made["realtime"].max_backlog_s == backlog_s and made["realtime"].catch_up is catch_up
-    assert made["realtime"].model_id == "base"
+    assert made["realtime"].model_id == "base" and made["realtime"].stream.step_s == step_s
 
 
 def test_the_server_captures_its_step_graphs_before_the_engine_starts(monkeypatch):
@@ -400,3 +404,13 @@ def test_the_server_captures_its_step_graphs_before_the_engine_starts(monkeypatc
     with TestClient(create_app(batcher)) as client:
         assert client.get("/health").status_code == 200
     assert calls == [("capture_ahead", 3), ("start",)]
+
+
+def test_the_sessions_policies_take_the_servers_stream_options(greedy):
+    from asr_spec.serve.realtime import default_policy
+    from asr_spec.stream.policy import StreamOptions
+
+    assert default_policy(greedy, vad=False, options=StreamOptions(step_s=2.5))().options.step_s == 2.5
+    assert default_policy(greedy, vad=False)().options == StreamOptions()
+    with pytest.raises(InputError, match="stream must be a StreamOptions"):
+        RealtimeOptions(stream={"step_s": 2})
