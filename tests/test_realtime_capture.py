@@ -6,7 +6,11 @@ reads a capture against its clip.
   connected). Chromium's fake microphone starts playing its file when getUserMedia opens the device, a moment
   before the page connects the device to its worklet; on a loaded machine 10-20 ms of the clip play first (seen
   at ba814c2 and after). The page's test searched lags >= 0 only, so such a capture, every sample of it in order
-  and aligned, read as gain 0.09-0.17 at a wrong lag: the "misaligned capture" of issue 37.
+  and aligned, read as gain 0.09-0.17 at a wrong lag: the "misaligned capture" of issue 37. Rarer (1 run in
+  ~15 under load, also possible at ba814c2): 10 ms of zeros in the middle of a word, every later sample 160 later
+  (the browser's audio thread found no input in time: a dropout, not the server's: a server block is 1,600
+  samples and none is ever added): the whole-clip measure reads gain 0.79. `capture_check` finds each 0.1 s
+  block of the clip in order instead, allowing such 10-30 ms glitches and refusing a block lost, doubled or moved.
 - A client sending appends of odd sizes as fast as it can while the policy's feed is slow (catch-up runs in a
   worker thread, appends land in the event loop meanwhile): the samples fed equal the samples sent, in order.
 """
@@ -41,6 +45,50 @@ def alignment(captured: np.ndarray, clip: np.ndarray) -> tuple[int, float, float
     return lag, gain, residual
 
 
+def piece_lags(captured: np.ndarray, clip: np.ndarray, block: int = 1600,
+               reach: int = 3200) -> list[tuple[int, float, float]]:
+    """(lag, correlation, gain) of each sounding `block` of the clip (rms >= 0.01) at its best place in `captured`
+    within `reach` samples of the whole clip's lag (`alignment`); correlation normalised (1: the same shape)."""
+    whole, _, _ = alignment(captured, clip)
+    out = []
+    for start in range(0, len(clip) - block + 1, block):
+        piece = clip[start:start + block]
+        if np.sqrt(np.mean(piece ** 2)) < 0.01:
+            continue
+        lo, hi = max(0, start + whole - reach), min(len(captured), start + whole + reach + block)
+        window = captured[lo:hi]
+        if len(window) < block:
+            out.append((whole, 0.0, 0.0))
+            continue
+        dots = np.correlate(window, piece, mode="valid")
+        energy = np.convolve(window ** 2, np.ones(block), mode="valid")
+        corr = dots / np.sqrt(np.maximum(energy, 1e-12) * np.dot(piece, piece))
+        best = int(np.argmax(corr))
+        out.append((lo + best - start, float(corr[best]), float(dots[best] / np.dot(piece, piece))))
+    return out
+
+
+def capture_check(captured: np.ndarray, clip: np.ndarray, max_glitch: int = 480) -> str | None:
+    """None when `captured` holds the clip in order: it begins at most 0.1 s before or inside the clip, its
+    sounding 0.1 s blocks are found (median correlation >= 0.95, 70 % of them >= 0.9; the rest: quiet blocks the
+    resampling blurs, a block holding a glitch) at a median gain in (0.9, 1.1), and the place of the blocks found
+    moves by at most `max_glitch` samples (3 device buffers of 10 ms: silence a browser's audio thread inserted
+    when its input came late, or input it dropped; a block lost, doubled or moved is 1,600); else why."""
+    lag, _, _ = alignment(captured, clip)
+    pieces = piece_lags(captured, clip)
+    lags, corrs, gains = (np.array(column) for column in zip(*pieces))
+    if not -1600 < lag < 1600:
+        return f"the clip starts {lag} samples into the capture"
+    if not (np.median(corrs) >= 0.95 and np.mean(corrs >= 0.9) >= 0.7):
+        return f"blocks of the clip not found: correlations {np.round(corrs, 2).tolist()}"
+    if not 0.9 < np.median(gains) < 1.1:
+        return f"gain {np.median(gains):.2f}"
+    found = lags[corrs >= 0.9]
+    if np.abs(np.diff(found)).max(initial=0) > max_glitch:
+        return f"blocks out of place: lags {lags.tolist()}"
+    return None
+
+
 @pytest.fixture(scope="module")
 def clip() -> np.ndarray:
     return pcm16(CLIP).astype(np.float32) / 32768
@@ -51,18 +99,18 @@ def silence(n_samples: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("lag", [0, 12, 172, -148, -308])
-def test_a_capture_that_begins_before_or_inside_the_clip_aligns(clip, lag):
+def test_a_capture_that_begins_before_or_inside_the_clip_aligns_and_passes_the_check(clip, lag):
     """lags seen in the page's test: 12-172 (the usual), -148 and -308 (the clip's first 9 or 19 ms played before
     the worklet was connected: the one-sided search said gain 0.17 and 0.09 for them)."""
     captured = np.concatenate([silence(max(lag, 0)), clip[max(-lag, 0):], silence(8000)])
     captured = 0.97 * captured + 0.003 * np.random.default_rng(0).standard_normal(len(captured)).astype(np.float32)
     got_lag, gain, residual = alignment(captured, clip)
     assert got_lag == lag and abs(gain - 0.97) < 0.01 and residual < 0.05
+    assert capture_check(captured, clip) is None
 
 
-def test_a_capture_with_a_block_lost_or_doubled_does_not_align(clip):
-    """What the page's test must catch: 0.1 s lost in the middle, or sent twice, leaves the rest of the clip
-    elsewhere, whichever lag wins."""
+def test_a_capture_with_a_block_lost_doubled_or_swapped_fails_the_check(clip):
+    """What the page's test must catch: 0.1 s lost in the middle, sent twice, or out of order."""
     block = 1600
     lost = np.concatenate([clip[: 10 * block], clip[11 * block:], silence(8000)])
     doubled = np.concatenate([clip[: 11 * block], clip[10 * block:], silence(8000)])
@@ -71,6 +119,24 @@ def test_a_capture_with_a_block_lost_or_doubled_does_not_align(clip):
     for captured in (lost, doubled, swapped):
         _, gain, residual = alignment(captured, clip)
         assert not (0.9 < gain < 1.1 and residual < 0.35), (gain, residual)
+        assert capture_check(captured, clip) is not None
+    assert capture_check(0.5 * np.concatenate([clip, silence(8000)]), clip) == "gain 0.50"
+
+
+@pytest.mark.parametrize("lag", [172, -148])
+def test_a_capture_with_an_audio_thread_glitch_passes_the_check(clip, lag):
+    """Seen in the page's test under load (1 run in ~15): 10 ms of zeros in the middle of a word (the browser's
+    audio thread found no input in time and played silence), every later sample 160 later. The whole-clip
+    measure reads it as gain 0.79, residual 0.61 (the part after the glitch misaligned); the clip is all there,
+    in order. Also 10 ms dropped (the input came faster than it was read)."""
+    start = np.concatenate([silence(max(lag, 0)), clip[max(-lag, 0):]])
+    at = 28360 - 172 + max(lag, 0)  # where the glitch was seen, in clip samples
+    inserted = np.concatenate([start[:at], silence(160), start[at:], silence(8000)])
+    dropped = np.concatenate([start[:at], start[at + 160:], silence(8000)])
+    _, gain, residual = alignment(inserted, clip)
+    assert not (0.9 < gain < 1.1 and residual < 0.35)  # what failed the page's test
+    assert capture_check(inserted, clip) is None
+    assert capture_check(dropped, clip) is None
 
 
 class RecordingPolicy:

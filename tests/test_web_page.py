@@ -19,7 +19,7 @@ pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (the asr-spec[test] extra)")
 
 from test_realtime import EVERY_STEP, pcm16, realtime_transcriber, streaming_api  # noqa: E402
-from test_realtime_capture import alignment  # noqa: E402
+from test_realtime_capture import capture_check  # noqa: E402
 from test_serve import serving  # noqa: E402
 from test_transcribe import SHORT  # noqa: E402
 
@@ -137,11 +137,13 @@ def test_the_microphone_is_captured_and_transcribed(model, clip, tmp_path):
     assert text == streaming_api(model, np.round(sent * 32768).astype("<i2"))
     assert colours[0] != colours[1]  # committed and tentative text are shown differently
     assert shot.stat().st_size > 1000
-    lag, gain, residual = alignment(sent, pcm.astype(np.float32) / 32768)
-    # the capture is the clip, every sample in order: Chromium resamples its fake device (48 kHz) to the page's
-    # 16 kHz, so close, not equal. It may begin up to 0.1 s before the clip or inside it (lag < 0: the fake device
-    # starts playing at getUserMedia, a moment before the page connects it; tests/test_realtime_capture.py)
-    assert -1600 < lag < 1600 and 0.9 < gain < 1.1 and residual < 0.35, (lag, gain, residual)
+    # the capture is the clip, in order: Chromium resamples its fake device (48 kHz) to the page's 16 kHz, so close,
+    # not equal. It may begin up to 0.1 s before the clip or inside it (the fake device starts playing at
+    # getUserMedia, a moment before the page connects it), and under CPU load the browser's audio thread may
+    # insert or drop 10 ms (its input came late or early); a block lost, doubled or moved fails
+    # (tests/test_realtime_capture.py)
+    problem = capture_check(sent, pcm.astype(np.float32) / 32768)
+    assert problem is None, problem
 
 
 def test_the_page_shows_when_the_server_is_catching_up(clip, tmp_path):
