@@ -29,16 +29,26 @@ uvicorn in a thread; its one engine shared by all streams), each sent by a clien
 every connection ended with its text (no error, no close), how far behind the server got (the largest
 transcription.lag), the wait from the last append to transcription.done, commit latency p50 / p95 in wall time
 (a committed word's delta less the moment its end was sent, words aligned to the offline transcript's word
-timestamps), first delta after the first word's end was sent, WER against offline, re-decodes, and the
-process's peak RSS during the run (VmHWM, reset before each run).
+timestamps), first delta after the first word's end was sent, WER against offline, re-decodes, whether it
+kept up (every stream finished and none had more than 2 s of audio waiting at a result), and the process's peak
+RSS during the run (VmHWM, reset before each run; the clients live in the same process). The server has
+--batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows.
+The engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB
+a row for whisper-base: `memory.row_bytes`), so a process keeps what its busiest run touched: compare peak RSS
+across configurations in separate processes (one command each). --fast-sender-s adds to the largest count's run
+one client sending that much audio as fast as it can (3600: the hour sender; it ends with backlog_full and close
+code 1008 once --max-backlog-s, 120 s, waits).
 
     python -m benchmarks.bench_stream --server --streams 1,2,4,8 --seconds 60 --json runs/stream_ws.json
+    python -m benchmarks.bench_stream --server --streams 1 --seconds 60 --json runs/rss_1.json
+    python -m benchmarks.bench_stream --server --streams 16 --seconds 60 --fast-sender-s 3600 --json runs/rss_16.json
     python -m benchmarks.bench_stream --server --streams 1 --seconds 130 --speed 10
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -224,9 +234,54 @@ async def ws_client(uri: str, audio: np.ndarray, speed: float) -> dict:
     return out
 
 
-def run_server(asr: Transcriber, items, speed: float) -> dict:
-    """All slices at once through a server on a free 127.0.0.1 port; returns each stream's ws_client result and
-    the run's peak RSS and re-decodes."""
+async def ws_flood(uri: str, audio: np.ndarray, seconds: float) -> dict:
+    """The fast sender: `seconds` of `audio` looped (never held whole: an hour is 115 MB of PCM16), sent as fast
+    as the connection takes it; returns the seconds sent and how it ended (the server's error code and close
+    code: backlog_full and 1008 past --max-backlog-s, or its text)."""
+    import asyncio
+    import base64
+
+    import websockets
+
+    block = np.clip(np.round(audio * 32768), -32768, 32767).astype("<i2")
+    step = int(APPEND_S * SAMPLE_RATE)
+    out = {"sent_s": 0.0, "error": None, "closed": None, "text": None}
+    async with websockets.connect(uri, max_size=None) as ws:
+        await ws.recv()  # session.created
+
+        async def send() -> None:
+            at = 0
+            while out["sent_s"] < seconds:
+                piece = np.take(block, np.arange(at, at + step), mode="wrap")
+                at = (at + step) % len(block)
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(piece.tobytes()).decode()}))
+                out["sent_s"] += APPEND_S
+                await asyncio.sleep(0)  # let the reader run, as a real client's event loop does
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+
+        sender = asyncio.create_task(send())
+        try:
+            async for message in ws:
+                event = json.loads(message)
+                if event["type"] == "error":
+                    out["error"] = event["code"]
+                elif event["type"] == "transcription.done":
+                    out["text"] = event["text"]
+                    break
+        except websockets.ConnectionClosed as closed:
+            out["closed"] = closed.rcvd.code if closed.rcvd else "no close frame"
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, websockets.ConnectionClosed):
+            await sender
+    return out
+
+
+def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, flood_s: float = 0.0) -> dict:
+    """All slices at once through a server of `rows` engine rows (the streams share them, as `asr-spec serve
+    --batch-size` rows do) on a free 127.0.0.1 port, each stream re-decoded every `step_s`, with one more client
+    sending `flood_s` seconds as fast as it can when flood_s > 0; returns each stream's ws_client result, the
+    fast sender's, and the run's peak RSS and re-decodes."""
     import asyncio
     import socket
     import threading
@@ -235,12 +290,16 @@ def run_server(asr: Transcriber, items, speed: float) -> dict:
 
     from asr_spec.serve.app import create_app
     from asr_spec.serve.batcher import Batcher
+    from asr_spec.serve.realtime import RealtimeOptions
+    from asr_spec.stream.policy import StreamOptions
 
-    batcher = Batcher(asr, batch_size=len(items), max_streams=len(items))
+    batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1)
+    realtime = RealtimeOptions(model_id="bench", stream=StreamOptions(step_s=step_s))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(batcher), host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(batcher, realtime=realtime)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -249,10 +308,12 @@ def run_server(asr: Transcriber, items, speed: float) -> dict:
 
     async def all_streams():
         uri = f"ws://127.0.0.1:{port}/v1/realtime"
-        return await asyncio.gather(*(ws_client(uri, audio, speed) for _, audio in items))
+        flood = [ws_flood(uri, items[0][1], flood_s)] if flood_s > 0 else []
+        return await asyncio.gather(*(ws_client(uri, audio, speed) for _, audio in items), *flood)
 
     try:
         results = asyncio.run(all_streams())
+        flooded = results.pop() if flood_s > 0 else None
         peak_mib = int(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
                             if line.startswith("VmHWM:"))) / 1024
         redecodes = batcher.metrics.stats.chunks
@@ -260,7 +321,10 @@ def run_server(asr: Transcriber, items, speed: float) -> dict:
         server.should_exit = True
         thread.join(30)
     return {"streams": dict(zip((name for name, _ in items), results)), "peak_rss_mib": peak_mib,
-            "redecodes": redecodes}
+            "redecodes": redecodes, "fast_sender": flooded}
+
+
+KEPT_UP_BEHIND_S = 2.0  # a run kept up when no stream had more than this much audio waiting at a result
 
 
 def summarise_server(n: int, speed: float, run: dict, reference: dict) -> dict:
@@ -275,9 +339,11 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict) -> dict:
             first.append(got["deltas"][0][1] - words[0].end / speed)
         per_stream_wer[name] = score([ref_text], [got["text"] or ""]).wer
     finished = [s["text"] is not None and s["error"] is None and s["closed"] is None for s in streams.values()]
+    max_behind_s = max(s["behind_s"] for s in streams.values())
     return {"streams": n, "speed": speed, "all_finished": all(finished), "n_finished": sum(finished),
+            "kept_up": all(finished) and max_behind_s <= KEPT_UP_BEHIND_S,
             "errors": sorted({str(s["error"] or s["closed"]) for s in streams.values() if s["error"] or s["closed"]}),
-            "max_behind_s": max(s["behind_s"] for s in streams.values()),
+            "max_behind_s": max_behind_s,
             "final_wait_s": max((s["done"] - s["last_sent"]) for s in streams.values() if s["text"] is not None)
             if any(finished) else None,
             "latency_p50_s": float(np.percentile(lat, 50)) if lat else None,
@@ -285,7 +351,7 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict) -> dict:
             "first_delta_s": float(np.mean(first)) if first else None,
             "wer_vs_offline": score([reference[k][0] for k in reference], texts).wer,
             "worst_stream_wer_vs_offline": max(per_stream_wer.values()), "redecodes": run["redecodes"],
-            "peak_rss_mib": run["peak_rss_mib"], "load_average": os.getloadavg()}
+            "peak_rss_mib": run["peak_rss_mib"], "fast_sender": run["fast_sender"], "load_average": os.getloadavg()}
 
 
 def main() -> None:
@@ -301,10 +367,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--server", action="store_true", help="through the server's WebSocket (see above)")
     parser.add_argument("--speed", type=float, default=1.0, help="--server: senders' pace, x real time")
+    parser.add_argument("--batch-size", type=int, default=8, help="--server: the server's engine rows, shared by "
+                        "the streams (asr-spec serve's default: 8)")
+    parser.add_argument("--fast-sender-s", type=float, default=0.0, help="--server: one more client sending this "
+                        "much audio as fast as it can beside the streams (3600: the hour sender)")
     args = parser.parse_args()
     counts = [int(x) for x in args.streams.split(",")]
     draft = {"draft": None} if args.no_draft else {}
-    asr = Transcriber.from_preset(args.preset, word_timestamps=True, batch_size=max(counts), **draft)
+    rows = args.batch_size if args.server else max(counts)
+    asr = Transcriber.from_preset(args.preset, word_timestamps=True, batch_size=rows, **draft)
     if args.server:
         return main_server(args, asr, counts)
     torch.set_num_threads(args.threads)  # after loading: silero-vad's import sets it too
@@ -325,11 +396,15 @@ def main() -> None:
 
 def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
     """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
-    report = {"preset": args.preset, "server": True, "speed": args.speed, "cpu_count": os.cpu_count(), "runs": []}
+    report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
+              "step_s": args.step_s,
+              "cpu_count": os.cpu_count(), "runs": []}
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)
-        summary = summarise_server(n, args.speed, run_server(asr, items, args.speed), reference)
+        flood_s = args.fast_sender_s if n == max(counts) else 0.0
+        run = run_server(asr, items, args.speed, args.batch_size, args.step_s, flood_s)
+        summary = summarise_server(n, args.speed, run, reference)
         report["runs"].append(summary)
         print(json.dumps(summary), flush=True)
     if args.json:

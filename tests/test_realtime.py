@@ -23,6 +23,7 @@ from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
 from asr_spec.audio.loading import load_audio  # noqa: E402
 from asr_spec.engine.capture import StepRunner  # noqa: E402
+from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
 from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
@@ -334,3 +335,82 @@ def test_a_server_without_timestamp_mode_refuses_streams_and_still_serves_upload
     assert event["type"] == "error" and event["code"] == "streaming_unavailable" and code == 1003
     assert "timestamp mode" in event["error"]
     assert upload.status_code == 200
+
+
+@pytest.mark.parametrize(("flags", "message"), [(["--max-backlog-s", "0"], "max_backlog_s must be a positive "
+                                                  "number of seconds"),
+                                                 (["--step-s", "0.01"], "stream step_s must be in [0.1, 10] seconds")])
+def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flags, message):
+    from asr_spec.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(tmp_path / "absent"), *flags])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s"),
+                         [([], RealtimeOptions().max_backlog_s, True, 1.0),
+                          (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2"], 30.0, False, 2.0),
+                          (["--catch-up"], RealtimeOptions().max_backlog_s, True, 1.0)])
+def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monkeypatch, greedy, flags, backlog_s,
+                                                                            catch_up, step_s):
+    """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S`: the app's realtime options (models
+    and uvicorn replaced by the tiny transcriber and a recorder)."""
+    import uvicorn
+
+    import asr_spec.serve.app as app_module
+    from asr_spec.cli import main
+    from asr_spec.transcribe import Transcriber
+
+    made: dict = {}
+    create_app_itself = app_module.create_app
+
+    def recording_create_app(batcher, options, realtime):
+        made["realtime"] = realtime
+        return create_app_itself(batcher, options, realtime)
+
+    monkeypatch.setattr(Transcriber, "from_preset", classmethod(lambda cls, *args, **kwargs: greedy))
+    monkeypatch.setattr(app_module, "create_app", recording_create_app)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: made.setdefault("app", app))
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--preset", "base", *flags])
+    assert info.value.code == 0 and made["app"] is not None
+    assert made["realtime"].max_backlog_s == backlog_s and made["realtime"].catch_up is catch_up
+    assert made["realtime"].model_id == "base" and made["realtime"].stream.step_s == step_s
+
+
+def test_the_server_captures_its_step_graphs_before_the_engine_starts(monkeypatch):
+    """The app's startup calls `Engine.capture_ahead(rows)` once, before the engine thread starts (a CUDA-graph
+    engine captures then; an eager one returns 0, as here)."""
+    from fastapi.testclient import TestClient
+
+    model = realtime_transcriber()
+    calls: list = []
+    capture_ahead = model.engine.capture_ahead
+
+    def spy(batch_size: int) -> int:
+        calls.append(("capture_ahead", batch_size))
+        return capture_ahead(batch_size)
+
+    class Started(Batcher):
+        def start(self) -> None:
+            calls.append(("start",))
+            super().start()
+
+    monkeypatch.setattr(model.engine, "capture_ahead", spy)
+    batcher = Started(model, batch_size=3)
+    with TestClient(create_app(batcher)) as client:
+        assert client.get("/health").status_code == 200
+    assert calls == [("capture_ahead", 3), ("start",)]
+
+
+def test_the_sessions_policies_take_the_servers_stream_options(greedy):
+    from asr_spec.serve.realtime import default_policy
+    from asr_spec.stream.policy import StreamOptions
+
+    assert default_policy(greedy, vad=False, options=StreamOptions(step_s=2.5))().options.step_s == 2.5
+    assert default_policy(greedy, vad=False)().options == StreamOptions()
+    with pytest.raises(InputError, match="stream must be a StreamOptions"):
+        RealtimeOptions(stream={"step_s": 2})

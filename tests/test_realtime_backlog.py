@@ -130,3 +130,48 @@ def test_an_hour_sent_as_fast_as_possible_gets_a_clear_error_and_a_clean_close(s
     assert all(e["behind_s"] <= options.max_backlog_s for e in seen if e["type"] == "transcription.lag")
     assert n_open == 0  # its stream (and engine row) went with it
     assert after_code is None and after[-1]["type"] == "transcription.done"
+
+
+def stream_bytes_bound(options: RealtimeOptions) -> int:
+    """The most a session holds as numpy arrays beyond its engine row, in bytes: a full backlog, its policy's
+    buffer (at most one 30 s window) and one append being applied, as float32 16 kHz samples. (A waiting
+    re-decode's features, 80 x 3000 float32 = 0.96 MB, are torch tensors: at most one waiting and one in the
+    engine per stream, `StreamQueue`.)"""
+    from asr_spec.stream.policy import WINDOW_S
+
+    samples = options.max_backlog_samples + int(WINDOW_S * 16000) + options.max_append_samples
+    return 4 * samples
+
+
+def test_sixteen_streams_and_an_hour_sender_hold_bounded_memory(slow):
+    """16 streams and a client sending an hour as fast as it can, on a server whose engine is slower than real
+    time: the numpy bytes the process holds at its peak (tracemalloc: numpy reports its buffers to it; counted,
+    not timed, not RSS) stay within 17 sessions' bound, whatever the hour sender sent, and the hour sender ends
+    with backlog_full. The engine's own memory is its rows' (`--batch-size`), not the streams': they share it."""
+    import tracemalloc
+
+    pcm = pcm16(LONG)
+    options = RealtimeOptions(max_backlog_s=10.0)
+    batcher = Batcher(slow, batch_size=2, max_streams=17)
+
+    async def all_clients(uri: str):
+        streams = [client(uri, appends(pcm[i * 8000:], 6 * 16000), speed=4.0) for i in range(16)]
+        return await asyncio.gather(client(uri, appends(pcm, 3600 * 16000), speed=None), *streams)
+
+    with serving(create_app(batcher, realtime=options), **KEEPALIVE) as base_url:
+        tracemalloc.start()
+        try:
+            baseline, _ = tracemalloc.get_traced_memory()
+            outcomes = asyncio.run(all_clients(ws_url(base_url)))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    (hour, hour_code, hour_sent_s), streams = outcomes[0], outcomes[1:]
+    assert hour_code == POLICY_VIOLATION and hour_sent_s > options.max_backlog_s  # it sent past the bound
+    assert [e["code"] for e in hour if e["type"] == "error"] == ["backlog_full"]
+    for seen, code, _ in streams:
+        assert code is None and seen[-1]["type"] == "transcription.done", seen[-3:]
+    held = peak - baseline
+    bound = 17 * stream_bytes_bound(options)
+    assert held <= bound, f"{held / 1e6:.1f} MB held at the peak, bound {bound / 1e6:.1f} MB"
+    assert held >= 16 * 6 * 16000 * 2  # the count sees the streams' audio (at least the clients' own PCM)

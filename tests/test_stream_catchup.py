@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from test_stream_policy import KINDS, detokenize, energy, hear, speech, words_of
+from test_stream_policy import KINDS, WORD_SAMPLES, detokenize, energy, hear, speech, words_of
 
 from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.serve.stream_jobs import StreamQueue
@@ -38,18 +38,20 @@ class Sim:
     inbox: list = field(default_factory=list)
     n_decodes: int = 0
     lags_s: list[float] = field(default_factory=list)  # backlog when each result came back
+    committed_at: list[float] = field(default_factory=list)  # the simulated time each committed word was sent
     final: object = None
     ended: bool = False
 
 
 def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: float = 1.0, enabled: bool = True,
-             voice=None) -> tuple[list[Sim], float]:
+             voice=None, step_s: float = 1.0) -> tuple[list[Sim], float]:
     """Stream each word list (speech()) at `speed` x real time; an engine of `rows` rows takes `decode_s` per
-    re-decode. Returns the sessions and the simulated time when the last one finished."""
+    re-decode; each stream is re-decoded every `step_s` when it keeps up. Returns the sessions and the simulated
+    time when the last one finished."""
     queue = StreamQueue(threading.Condition(), lambda samples: samples, lambda request_id: None, len(words))
     sims, lives = [], []
     for w in words:
-        sim = Sim(speech(w), StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0), voice), Backlog(3600 * SR))
+        sim = Sim(speech(w), StreamPolicy(KINDS, detokenize, StreamOptions(step_s=step_s), voice), Backlog(3600 * SR))
         sims.append(sim)
         lives.append(queue.open(sim.inbox.append))
     running: list[tuple[float, object]] = []  # (done at, request)
@@ -65,18 +67,19 @@ def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: f
             running.remove((done_at, request))
             queue.deliver(ChunkResult(request.id, tuple(hear(request.features)), (), "eos", ChunkStats(chunks=1)))
         for sim, live in zip(sims, lives):  # the sessions
-            serve(sim, live, queue, enabled)
+            serve(sim, live, queue, enabled, now)
         while len(running) < rows and (request := queue.take()) is not None:
             running.append((now + decode_s, request))
         now += TICK_S
     return sims, now
 
 
-def serve(sim: Sim, live, queue: StreamQueue, enabled: bool) -> None:
-    """The realtime session's turn (realtime.Session._on_result / _pump, synchronously)."""
+def serve(sim: Sim, live, queue: StreamQueue, enabled: bool, now: float = 0.0) -> None:
+    """The realtime session's turn (realtime.Session._on_result / _pump, synchronously) at simulated time `now`."""
     for result in sim.inbox:
         sim.lags_s.append(sim.backlog.n_samples / SR)
         update = sim.policy.accept(sim.decode, result.tokens)
+        sim.committed_at += [now] * len(words_of(update.delta))
         sim.decode, sim.final = None, update if update.final else sim.final
     sim.inbox.clear()
     at_end = sim.sent >= len(sim.audio)
@@ -139,6 +142,45 @@ def test_a_fast_sender_gets_the_same_text_as_a_real_time_one(voice):
             assert sim.n_decodes < len(sim.audio) / SR / 2  # it did catch up: far fewer re-decodes than steps
     assert texts[0] == texts[1] == texts[2]
     assert words_of(texts[0]) == [f"w{w}" for w in words if w is not None]
+
+
+def commit_latencies(sim: Sim) -> np.ndarray:
+    """Seconds from each word's end (speech(): 0.5 s a word, no pauses) to the delta that committed it, for the
+    words committed by agreement while the audio was still coming (the final commit excluded)."""
+    audio_s = len(sim.audio) / SR
+    ends = (np.arange(len(sim.committed_at)) + 1) * WORD_SAMPLES / SR
+    at = np.array(sim.committed_at)
+    return (at - ends)[at <= audio_s]
+
+
+def test_with_catching_up_a_shorter_step_spends_spare_capacity_on_latency_and_costs_little_without():
+    """What sets a stream's commit latency (fake clock; an engine that takes decode_s per re-decode whatever it
+    covers, as the encoder's 30 s window does). A word is committed when two decodes agree on it: the one asked at
+    the first step after it was heard and the next one, so latency is about step_s + decode_s while the engine
+    keeps up (here, words ending on step boundaries: 1.8 s at step_s 1, decode_s 0.6). With catching up a step due
+    while a block waits waits for the next result, so step_s is only the least spacing of a stream's decodes: a
+    step shorter than a decode makes them back to back, 2 x decode_s (1.4 s). When the engine is the limit (8
+    streams, one row, 2 re-decodes a second) the spacing is its round whatever step_s says: the same re-decodes,
+    latency about 2.4 rounds, a little more at the shorter step (its first tiny re-decodes take turns: 10.8 s
+    against 9.7 s here)."""
+    words = talk(3, 60)
+    latency = {}
+    for step_s in (1.0, 0.3):
+        (sim,), _ = simulate([words], rows=1, decode_s=0.6, step_s=step_s)
+        assert words_of(sim.final.text) == [f"w{w}" for w in words]
+        latency[step_s] = np.median(commit_latencies(sim))
+    assert latency[0.3] <= latency[1.0] - 0.3, latency
+
+    loaded = {}
+    many = [talk(seed, 30) for seed in range(8)]
+    for step_s in (1.0, 0.3):
+        sims, _ = simulate(many, rows=1, decode_s=0.5, step_s=step_s)
+        for sim, said in zip(sims, many):
+            assert words_of(sim.final.text) == [f"w{w}" for w in said]
+        loaded[step_s] = (np.median(np.concatenate([commit_latencies(s) for s in sims])),
+                          sum(s.n_decodes for s in sims))
+    assert loaded[0.3][0] <= 1.15 * loaded[1.0][0], loaded  # the round sets it
+    assert abs(loaded[0.3][1] - loaded[1.0][1]) <= 8, loaded  # and the engine ran as many re-decodes
 
 
 def test_the_backlog_is_bounded_and_hands_out_blocks_however_appends_were_cut():

@@ -69,6 +69,14 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     max_requests: int = typer.Option(32, help="Requests in flight at once; beyond: 503 with Retry-After."),
     max_streams: int = typer.Option(16, help="Live streams (WebSocket /v1/realtime) open at once; beyond: an error "
                                     "event and close code 1013."),
+    max_backlog_s: float | None = typer.Option(None, help="Seconds of a live stream's audio received and not yet "
+                                               "decoded; beyond: an error event (backlog_full) and close code "
+                                               "1008. Default: the server's (120 s)."),
+    catch_up: bool | None = typer.Option(None, "--catch-up/--no-catch-up", help="A live stream that is behind "
+                                         "is re-decoded less often, each re-decode covering all that arrived "
+                                         "(default); off: every step_s re-decoded however far behind."),
+    step_s: float | None = typer.Option(None, help="A live stream is re-decoded after this many new seconds "
+                                        "(default: the streaming policy's, 1 s)."),
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
                                                 "503 with Retry-After."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
@@ -100,7 +108,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
         run_server(preset, host=host, port=port, batch_size=batch_size, max_requests=max_requests,
                    max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,
                    max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device,
-                   **overrides)
+                   max_backlog_s=max_backlog_s, catch_up=catch_up, step_s=step_s, **overrides)
     except ImportError as err:
         fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
     except USER_ERRORS as err:

@@ -85,6 +85,7 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions(),
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
+        await asyncio.to_thread(capture_ahead, batcher)
         batcher.start()
         try:
             yield
@@ -130,6 +131,17 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions(),
         app.add_middleware(ApiKeyMiddleware, keys=options.api_keys)
         _document_bearer(app)
     return app
+
+
+def capture_ahead(batcher: Batcher) -> int:
+    """Capture the engine's step graphs for the server's rows before its first request, so that no request waits
+    for a capture (`Engine.capture_ahead`: CUDA graphs only; an eager engine has nothing to capture, 0). Returns
+    the steps run."""
+    n_steps = batcher.transcriber.engine.capture_ahead(batcher.batch_size)
+    if n_steps:
+        log.info("captured the step graphs of %d rows ahead of the first request (%d steps)", batcher.batch_size,
+                 n_steps)
+    return n_steps
 
 
 def _document_bearer(app: FastAPI) -> None:

@@ -45,6 +45,7 @@ from asr_spec.serve.batcher import Batcher
 from asr_spec.serve.params import MODEL_ALIASES
 from asr_spec.serve.stream_jobs import LiveStream, TooManyStreams
 from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action
+from asr_spec.stream.policy import StreamOptions
 
 __all__ = ["STATIC_DIR", "RealtimeOptions", "add_realtime_routes"]
 
@@ -66,6 +67,7 @@ class RealtimeOptions:
     max_append_s: float = 10.0  # the most audio one append event may carry, in seconds
     block_s: float = 0.1  # the policy is fed this much audio at a time (so as the streaming API feeds it)
     vad: bool = True  # the default policy closes utterances at silence (silero-vad), as Transcriber.stream does
+    stream: StreamOptions = StreamOptions()  # the default policy's re-decode step, buffer and silence (its checks)
     catch_up: bool = True  # a stream that is behind is re-decoded less often (stream/catchup.py); off: every step
     # () -> a new stream's policy; None: the streaming policy of `asr_spec.stream` over the server's transcriber
     policy: Callable[[], Any] | None = field(default=None, compare=False)
@@ -75,6 +77,8 @@ class RealtimeOptions:
             positive_seconds(getattr(self, name), name, finite_only=False)
         if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
             raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
+        if not isinstance(self.stream, StreamOptions):
+            raise InputError(f"stream must be a StreamOptions, got {type(self.stream).__name__}")
         for name in ("vad", "catch_up"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -270,7 +274,7 @@ def add_realtime_routes(app: Any, batcher: Batcher, options: RealtimeOptions) ->
 
     refusal = None  # why this server cannot stream, if it cannot (its uploads are served all the same)
     try:
-        make_policy = options.policy or default_policy(batcher.transcriber, options.vad)
+        make_policy = options.policy or default_policy(batcher.transcriber, options.vad, options.stream)
     except InputError as err:
         refusal, make_policy = one_line(err), None
 
@@ -291,12 +295,13 @@ def add_realtime_routes(app: Any, batcher: Batcher, options: RealtimeOptions) ->
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
 
-def default_policy(transcriber: Any, vad: bool = True) -> Callable[[], Any]:
-    """() -> a new stream's policy, made as `Transcriber.stream` makes it (`StreamRunner.new_policy`: default
-    `StreamOptions`; vad: utterances closed at silence by silero-vad), for re-decodes by `transcriber`'s own
-    engine, which must decode in Whisper's timestamp mode (else `InputError`: the streams could not share it)."""
+def default_policy(transcriber: Any, vad: bool = True, options: StreamOptions | None = None) -> Callable[[], Any]:
+    """() -> a new stream's policy, made as `Transcriber.stream` makes it (`StreamRunner.new_policy`: `options`,
+    None: default `StreamOptions`; vad: utterances closed at silence by silero-vad), for re-decodes by
+    `transcriber`'s own engine, which must decode in Whisper's timestamp mode (else `InputError`: the streams
+    could not share it)."""
     if not transcriber.engine.options.timestamps:
         raise InputError("/v1/realtime needs the server to decode in Whisper's timestamp mode (the preset's "
                          "timestamps = true)")
-    runner = transcriber.streams(vad=vad)
+    runner = transcriber.streams(options, vad=vad)
     return runner.new_policy

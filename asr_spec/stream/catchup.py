@@ -42,9 +42,9 @@ class Backlog:
     """Audio received for one stream and not yet fed to its policy: (n,) float32 blocks as they came, at most
     `max_samples` in all (an append past it raises `BacklogFull` and is not kept).
 
-    Thread-safe: the realtime session appends in its event loop while `catch_up` takes blocks in a worker thread
-    (the policy's voice-activity model runs there); both change the blocks and the count under one lock, or a
-    block taken beside an append loses samples."""
+    Thread-safe (blocks and count change under one lock): `catch_up` takes blocks in a worker thread (the policy's
+    voice-activity model runs there) while the event loop runs; the realtime session itself applies its next
+    append only after that feed returns (tests/test_realtime_capture.py: the samples fed are the samples sent)."""
 
     def __init__(self, max_samples: int):
         self.max_samples = max_samples
