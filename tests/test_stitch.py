@@ -159,14 +159,16 @@ def test_segments_are_monotonic_and_in_file_time(seed: int) -> None:
 
 def test_overlapping_segments_are_clamped_monotonic() -> None:
     span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
-    # Chunk 0 closes a segment at 22 s and leaves nothing open; chunk 1 (offset 20 s) then starts one at 21.5 s,
-    # which transformers reports as is, overlapping its predecessor.
+    # Chunk 0 closes a segment at 22 s and transcribes nothing after it; chunk 1 (offset 20 s) writes 20-21.5 s and
+    # 21.5-24 s, which transformers reports as 21.5-24 s (it pairs chunk 1's first end as a start), overlapping its
+    # predecessor. Paired as Whisper wrote them and clamped, with the words chunk 0 did not hear kept.
     chunks = [
         ChunkTokens((_ts(1.0), 5, 6, _ts(22.0), _ts(22.0), _ts(24.0), EOT), span0),
         ChunkTokens((_ts(0.0), 7, 8, _ts(1.5), _ts(1.5), 9, _ts(4.0), EOT), span1),
     ]
     segments = _stitch(chunks).segments
-    assert [(s.start_s, s.end_s) for s in segments] == [(1.0, 22.0), (22.0, 24.0)]
+    assert [(s.start_s, s.end_s, s.token_ids) for s in segments] == [
+        (1.0, 22.0, (5, 6)), (22.0, 22.0, (7, 8)), (22.0, 24.0, (9,))]
     assert [c["timestamp"] for c in _reference(chunks, return_timestamps=True)[1]] == [(1.0, 22.0), (21.5, 24.0)]
 
 
@@ -368,3 +370,35 @@ def test_a_short_match_heard_seconds_apart_is_no_common_run() -> None:
     late = TimedPiece((9, *run), (20.0, 24.0, 24.5, 25.0, 25.5, 26.0), seam_s=25.0)
     early = TimedPiece((*run, 8), (20.0, 20.5, 21.0, 21.5, 22.0, 26.0), seam_s=45.0)
     assert merge_timed([late, early]) == merge_overlapping([late.tokens, early.tokens]) == [9, 1, 2, 3, 4, 5, 8]
+
+
+def test_a_sentence_one_window_timed_seconds_early_is_matched_across_segments_not_written_twice() -> None:
+    """dialogue_pauses through stride: the window at 20-50 s timed "Only because the path was flooded after the
+    rain." (A) at 35-40 s and closed it, leaving "Let us take the road ..." (B) open; the window at 40-70 s heard A
+    at 40-44 s in its left stride and B at 45-49 s as a segment of its own. Comparing only the open segment (B)
+    with the right window's head (A) found no run: B was cut in half and written again, 9 doubled 3-grams. The
+    texts of all segments near the shared audio are matched: each sentence once."""
+    spans = plan_chunks(70 * SR, 30 * SR, 5 * SR, 5 * SR)  # 0-30, 20-50, 40-70 s
+    w, a, b = (11, 12, 13, 14), tuple(range(101, 109)), tuple(range(201, 211))
+    c, d = (301, 302, 303, 304, 305), (401, 402, 403, 404)
+    left = (_ts(10.0), *w, _ts(15.0), _ts(15.0), *a, _ts(20.0), _ts(20.0), *b, _ts(25.0), _ts(25.0), EOT)
+    right = (_ts(0.0), *a, _ts(4.0), _ts(5.0), *b, _ts(9.0), _ts(9.0), *c, _ts(12.0), _ts(14.0), *d, _ts(18.0), EOT)
+    chunks = [ChunkTokens(left, spans[1]), ChunkTokens(right, spans[2])]
+    result = _stitch(chunks)
+    assert list(result.token_ids) == [*w, *a, *b, *c, *d]
+    assert [t for s in result.segments for t in s.token_ids] == [*w, *a, *b, *c, *d]
+    starts = [s.start_s for s in result.segments]
+    assert starts == sorted(starts) and result.segments[-1].end_s == 58.0
+
+
+def test_an_end_in_the_left_stride_stays_an_end() -> None:
+    """The right window's first segment ends inside its left stride (24.5 s) and the next starts after it (25.5
+    s): the start is a start. Skipping the stride's timestamps one by one paired 25.5 s as the end of the text
+    before it and the next end (29 s) as the start of "c d"."""
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    left = (_ts(1.0), 5, 6, _ts(10.0), _ts(21.0), 7, 8, _ts(24.5), _ts(24.6), EOT)
+    right = (_ts(1.0), 7, 8, _ts(4.5), _ts(5.5), 30, 31, _ts(9.0), _ts(9.5), 40, 41, _ts(12.0), EOT)
+    result = _stitch([ChunkTokens(left, span0), ChunkTokens(right, span1)])
+    assert list(result.token_ids) == [5, 6, 7, 8, 30, 31, 40, 41]
+    timed = [(s.start_s, s.end_s, s.token_ids) for s in result.segments]
+    assert (25.5, 29.0, (30, 31)) in timed and (29.5, 32.0, (40, 41)) in timed
