@@ -15,6 +15,7 @@ from asr_spec.transcribe.stitch import (
     merge_overlapping,
     merge_timed,
     overlap_cut,
+    seam_cut,
     stitch_chunks,
     time_cut,
     token_times,
@@ -402,3 +403,19 @@ def test_an_end_in_the_left_stride_stays_an_end() -> None:
     assert list(result.token_ids) == [5, 6, 7, 8, 30, 31, 40, 41]
     timed = [(s.start_s, s.end_s, s.token_ids) for s in result.segments]
     assert (25.5, 29.0, (30, 31)) in timed and (29.5, 32.0, (40, 41)) in timed
+
+
+def test_a_seam_is_cut_where_both_readings_agree_nearest_the_seam() -> None:
+    """ends_mid_sentence through stride: the left reads "freely, along ... days, he sat", the right "freely along
+    ... days he sat". The best overlap aligns the text after the last comma; its middle fell one shift off, before
+    that comma, and "days" was written twice. The cut is at an aligned token both readings agree on (and on the
+    one before it), the one nearest the seam."""
+    a, b, c, tail, comma = (1, 2, 3, 4), (11, 12, 13, 14), (21, 22, 23, 24, 25, 26), (31, 32), 9
+    left = TimedPiece((*a, comma, *b, comma, *c), tuple(40.0 + 0.5 * i for i in range(16)), seam_s=45.0)
+    right = TimedPiece((*a, *b, *c, *tail), tuple(40.2 + 0.5 * i for i in range(16)), seam_s=65.0)
+    middle_cut = overlap_cut(left.tokens, right.tokens)
+    assert left.tokens[:middle_cut[0]] + right.tokens[middle_cut[1]:] == (*a, comma, *b[:3], *b[3:], *b[3:], *c,
+                                                                           *tail)  # b's last token twice
+    assert merge_timed([left, right]) == [*a, comma, *b, comma, *c, *tail]
+    n_keep, _ = seam_cut(left, right)
+    assert left.times_s[n_keep] == pytest.approx(45.0, abs=0.5)  # the cut is at the seam

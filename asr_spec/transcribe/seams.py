@@ -167,13 +167,30 @@ def _heard_together(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> bo
 
 
 def seam_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:
-    """Where to join two readings of one seam: (n_left_kept, n_right_dropped), as `overlap_cut` returns. As
-    `overlap_cut` where the readings share a run heard at about the same time by both (`_heard_together`): both
-    cut at its middle; by time (`time_cut`) where they share none."""
+    """Where to join two readings of one seam: (n_left_kept, n_right_dropped), as `overlap_cut` returns. Where
+    the readings share a run heard at about the same time by both (`_heard_together`, the overlap `overlap_cut`
+    would take), at the aligned token both agree on nearest the seam (`_agreeing_cut`); by time (`time_cut`)
+    where they share none."""
     best = _best_overlap(left.tokens, right.tokens, functools.partial(_heard_together, left, right))
     if best is None:
         return time_cut(left, right, starts_word)
-    return (best[0] + best[1]) // 2, (best[2] + best[3]) // 2
+    return _agreeing_cut(left, right, best)
+
+
+def _agreeing_cut(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> tuple[int, int]:
+    """The cut inside an aligned overlap: before the aligned position k whose tokens and the ones before them
+    both readings agree on (else whose tokens alone agree), left.times_s[k] nearest the seam. The left is trusted
+    before the seam and the right after it, and the join cannot double or drop a word where one reading has a
+    token the other lacks (ends_mid_sentence: "days," against "days": cut at the overlap's middle, one shift off
+    after the comma, it wrote "On rainy days days he sat"; and "so we built" in the left's own middle became the
+    right stride's "so he built")."""
+    left_start, left_stop, right_start, right_stop = overlap
+    equal = np.asarray(left.tokens[left_start:left_stop]) == np.asarray(right.tokens[right_start:right_stop])
+    both = equal & np.concatenate([[False], equal[:-1]])
+    candidates = np.flatnonzero(both if both.any() else equal)
+    distance = np.abs(np.asarray(left.times_s[left_start:left_stop])[candidates] - left.seam_s)
+    k = int(candidates[int(np.argmin(distance))])
+    return left_start + k, right_start + k
 
 
 def merge_timed(pieces: Sequence[TimedPiece], starts_word: StartsWord | None = None) -> list[int]:
