@@ -325,8 +325,13 @@ def test_time_cut_keeps_each_reading_on_its_side_of_the_seam_and_words_whole() -
     # leaves its rest out
     starts_word = {1: True, 2: True, 3: True, 4: False, 5: True, 6: True, 7: True, 8: False, 9: True}.__getitem__
     assert time_cut(left, right, starts_word) == (4, 3)
+    # a right reading with nothing after the seam: the left keeps what it heard there (nobody else did)
     everything_before = TimedPiece((6, 7), (21.0, 24.0), seam_s=45.0)
-    assert time_cut(left, everything_before) == (3, 2)
+    assert time_cut(left, everything_before) == (5, 2)
+    assert time_cut(left, TimedPiece((), (), seam_s=45.0)) == (5, 0)  # a window dropped (no speech)
+    # a left reading that stopped at 22 s: the right keeps what it heard from 24.5 s on, before the seam too
+    early = TimedPiece((1,), (22.0,), seam_s=25.0)
+    assert time_cut(early, TimedPiece((6, 7, 8, 9), (21.0, 24.7, 25.0, 26.0), seam_s=45.0)) == (1, 1)
 
 
 def test_readings_that_share_no_run_are_cut_by_time_not_kept_twice() -> None:

@@ -139,12 +139,15 @@ def token_times(n_tokens: int, anchors: Sequence[tuple[int, float]]) -> np.ndarr
 
 def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:
     """Where to join two readings of a seam by time: (n_left_kept, n_right_dropped), as `overlap_cut` returns.
-    The left keeps its tokens heard before left.seam_s, the right its tokens from it on, and also those heard more
-    than MAX_SKEW_S after the left's last kept token (speech the left did not transcribe: it stopped early, or
-    heard silence); given `starts_word`, a word the seam cuts stays whole in the left and its rest leaves the
-    right (no half words)."""
+    The left keeps its tokens heard before left.seam_s, the right its tokens from it on; and each keeps what it
+    heard where the other transcribed nothing: the left its tokens up to MAX_SKEW_S before the right's first one
+    after the seam, the right its tokens more than MAX_SKEW_S after the left's last kept one (a window that
+    stopped early, heard silence or was dropped takes no words with it). Given `starts_word`, a word the seam
+    cuts stays whole in the left and its rest leaves the right (no half words)."""
     left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
-    n_keep = int(np.searchsorted(left_s, left.seam_s, side="left"))
+    after = right_s[right_s >= left.seam_s]
+    keep_before_s = max(left.seam_s, float(after[0]) - MAX_SKEW_S) if len(after) else np.inf
+    n_keep = int(np.searchsorted(left_s, keep_before_s, side="left"))
     drop_before_s = min(left.seam_s, float(left_s[n_keep - 1]) + MAX_SKEW_S) if n_keep else -np.inf
     n_drop = int(np.searchsorted(right_s, drop_before_s, side="left"))
     if starts_word is not None:
