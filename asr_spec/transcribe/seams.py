@@ -2,10 +2,11 @@
 
 By text (`overlap_cut`, `merge_overlapping`): the head of the right sequence slides under the tail of the left one,
 the offset with the best match fraction wins (ties broken toward longer overlaps), and both are cut at the middle of
-that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). By time (`time_cut`,
-`merge_timed`), where the readings share no credible run: each token's time is interpolated between the timestamps
-around it (`token_times`), the left reading keeps what it heard before the seam, the right what it heard from it on.
-`stitch.py` walks chunks and segments and calls these at each seam.
+that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). With each token's time
+(`token_times`, interpolated between the timestamps around it), `seam_cut` cuts a credible common run where both
+readings agree nearest the seam, and a seam whose readings share no credible run by time (`time_cut`): the left
+reading keeps what it heard before the seam, the right what it heard from it on. `stitch.py` reads the chunks and
+calls `seam_cut` at each seam.
 """
 
 from __future__ import annotations

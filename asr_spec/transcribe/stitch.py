@@ -1,23 +1,19 @@
 """Pure stitching: merge the token sequences of overlapping chunks into one transcript with file-time segments.
 
-Neighbouring chunks hear the same audio in their strides, so both transcribe it. Following the transformers ASR
-pipeline (``_find_longest_common_sequence`` and the ``_decode_asr`` state machine in
-``transformers/models/whisper/tokenization_whisper.py``; transformers 5 no longer has the older pipeline's
-``_find_timestamp_sequence``, its timestamp merge now lives in ``_decode_asr``), the seam is resolved by sliding
-the head of the right sequence under the tail of the left one, taking the offset with the best match fraction
-(ties broken toward longer overlaps), and cutting both at the middle of that overlap: the left chunk is trusted
-for the first half of the shared audio, the right chunk for the second half. No word is doubled or lost when the
-two readings agree.
+Neighbouring chunks hear the same audio in their strides, so both transcribe it. Without timestamps, as the
+transformers ASR pipeline does (``_find_longest_common_sequence``), the seam is resolved by sliding the head of the
+right sequence under the tail of the left one, taking the offset with the best match fraction (ties broken toward
+longer overlaps), and cutting both at the middle of that overlap (`merge_overlapping`).
 
-With timestamp tokens, segments are closed by Whisper's own timestamp pairs; a timestamp in a stride is not
-trusted (the right stride's trailing timestamps and the left stride's leading ones are skipped) and the text of a
-segment that spans a seam is merged as above. Chunk-relative times are offset to file time.
-
-Where the two readings of a seam share no run (fewer than two equal aligned tokens at any offset: a window heard
-the shared audio differently, or its text ran on past the middle it keeps), transformers keeps both, and the words
-both heard are written twice. With timestamps this stitch cuts such a seam by time instead (`time_cut`): each
-token's time is interpolated between the timestamps around it (`token_times`), the left reading keeps what it
-heard before the seam (the left window's keep end), the right what it heard from it on (`merge_timed`).
+With timestamps, each chunk is read on its own first (`_read`): its timestamps paired into segments as Whisper
+wrote them, each text token timed between the timestamps around it (`token_times`). Each seam is then joined over
+all the text either chunk wrote near the shared audio (`_seam`: every segment of the left that ends after the right
+chunk starts less SEAM_SLACK_S, every segment of the right that starts before the left chunk ends plus it), not only
+the segment left open across it as transformers' ``_decode_asr`` does: a sentence one window timed seconds early
+and closed was written twice that way. The join is `seams.seam_cut`: at a credible common run, cut where both
+readings agree nearest the seam; with none, by time (the left keeps what it heard before the seam, the right what it
+heard from it on). The kept text keeps its chunk's segments; a segment the seam cuts is one segment, from the left
+chunk's start to the right one's end (`_join`). Chunk-relative times are offset to file time.
 
 Token classes, by id (Whisper's vocabulary layout; no tokenizer needed):
     id <  eot_id                         text
