@@ -5,6 +5,8 @@
     vad-words the default with word timestamps (word_timestamps=True): its text should be the default's
     stride    the same preset with `chunking="stride"` (overlapping 30 s windows, stitched)
     vad-norepair  the default without tail repair (tail_repairs=0: a chunk's transcript is kept as first decoded)
+    stream    the preset's live transcription (`Transcriber.stream`, what `asr-spec stream` runs), each file fed in
+              --stream-step-s blocks as fast as it decodes (no real-time pacing); its final text is scored
     vad-greedy    the default without its draft (draft=None); beside vad, each vad row says whether its chunk
               tokens equal these (speculative == greedy; on a CPU the preset drafts at most 4 rows: --batch-size 4)
     vad@L     the default with chunk_length_s=L (a voice-activity chunk of at most L s; --vad-chunk-lengths)
@@ -28,7 +30,7 @@ numbers, and doubled 3-grams (written more often than the reference has them: ex
 few); hypothesis / reference words, and for clips the ones whose first word is lost.
 
     python -m benchmarks.bench_longform --threads 2                          # every fixture, vad/stride/fw/fw-seq
-    python -m benchmarks.bench_longform --configs vad,vad-words,stride --no-warmup --threads 2   # the modes
+    python -m benchmarks.bench_longform --configs vad,vad-words,stride,stream --no-warmup --threads 2   # the modes
     python -m benchmarks.bench_longform --only clips --configs vad,stride --repeats 1
     python -m benchmarks.bench_longform --configs vad --vad-chunk-lengths 28,26 --only dense_windows
     python -m benchmarks.bench_longform --audio a.flac --refs a.txt --sentences a.tsv --json runs/a.json
@@ -50,14 +52,15 @@ from typing import Any
 import torch
 
 from asr_spec import Transcriber
-from asr_spec.audio.loading import load_audio
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import AsrSpecError, one_line
 from asr_spec.eval.metrics import coverage, normalize, score
+from asr_spec.stream.policy import StreamOptions
 from benchmarks.bench import Clip, ours_runner  # benchmarks/bench.py: one home for these runners
 from benchmarks.bench_fw import FwRunner
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "longform"
-CONFIGS = ("vad", "vad-words", "vad-norepair", "vad-greedy", "stride", "fw", "fw-ts", "fw-seq")
+CONFIGS = ("vad", "vad-words", "vad-norepair", "vad-greedy", "stride", "stream", "fw", "fw-ts", "fw-seq")
 DEFAULT_CONFIGS = "vad,stride,fw,fw-seq"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -137,11 +140,32 @@ def asr_spec_runners(configs: list[str], args: argparse.Namespace) -> tuple[dict
             values = {"tail_repairs": 0}
         elif config == "vad-greedy":
             values = {"draft": None}
+        elif config == "stream":
+            runners[config] = stream_runner(Transcriber.from_preset(args.preset, **overrides), args.stream_step_s)
+            continue
         else:
             continue
         keep[config] = {}
         runners[config] = ours_runner(Transcriber.from_preset(args.preset, **overrides, **values), keep[config])
     return runners, keep
+
+
+def stream_runner(transcriber: Transcriber, step_s: float) -> Any:
+    """Each clip streamed through `Transcriber.stream` in blocks of `step_s` seconds, unpaced; its final text."""
+    options = StreamOptions(step_s=step_s)
+    block = int(round(step_s * SAMPLE_RATE))
+
+    def run(clips: list[Clip], batch_size: int) -> list[str]:
+        texts = []
+        for clip in clips:
+            blocks = (clip.samples[i:i + block] for i in range(0, len(clip.samples), block))
+            final = [update for update in transcriber.stream(blocks, options) if update.final]
+            if len(final) != 1:
+                raise AsrSpecError(f"{clip.name}: the stream gave {len(final)} final updates, not 1")
+            texts.append(final[0].text.strip())
+        return texts
+
+    return run
 
 
 def fw_runners(configs: list[str], item: Item, args: argparse.Namespace) -> dict[str, Any]:
@@ -247,6 +271,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fixtures", type=Path, default=FIXTURES,
                    help="a folder laid out as the fixtures (default tests/fixtures/longform; e.g. the held-out set "
                         "of make_longform_fixtures.py --set heldout)")
+    p.add_argument("--stream-step-s", type=float, default=1.0,
+                   help="stream: seconds of audio per block, re-decoded after each (default 1.0, asr-spec stream's)")
     p.add_argument("--batch-size", type=int, default=8, help="chunks decoded together (default 8), all configs")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per configuration, interleaved; median kept")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed first run of each item")

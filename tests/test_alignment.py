@@ -1,4 +1,5 @@
-"""Word timestamps: the pure pieces (DTW, median filter, word grouping) without a model."""
+"""Word timestamps: the pure pieces (DTW, median filter, word grouping) without a model; the word-end limit
+with a tiny random Whisper."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from asr_spec.transcribe.alignment import dtw_path, group_words, median_filter, snap_to_speech, token_jump_times
+from asr_spec.testing import random_whisper
+from asr_spec.transcribe.alignment import (
+    Aligner,
+    dtw_path,
+    group_words,
+    median_filter,
+    snap_to_speech,
+    spoken_until_s,
+    token_jump_times,
+)
 
 
 def reference_dtw(cost):
@@ -79,3 +89,36 @@ def test_snap_trims_the_pause_and_the_previous_words_tail():
     speech = np.array([0] * 5 + [1] * 5 + [0] * 3 + [1] * 10, dtype=bool)
     starts, ends = snap_to_speech(np.array([0.0]), np.array([0.46]), speech, 0.02)
     assert starts.tolist() == pytest.approx([0.1]) and ends.tolist() == pytest.approx([0.46])
+
+
+EOT, TS = 50, 60  # a layout for the pure test: text < 50, timestamps from 60 (0.02 s each)
+
+
+def test_spoken_until_is_the_timestamp_closing_the_last_text():
+    assert spoken_until_s([TS, 1, 2, TS + 50, TS + 50, 3, TS + 80, EOT], EOT, TS) == pytest.approx(1.6)
+    assert spoken_until_s([TS, 1, TS + 50, TS + 55, EOT], EOT, TS) == pytest.approx(1.0)  # <|b|><|c|> then eot
+    assert spoken_until_s([TS, 1, 2, TS + 50, TS + 50, 3, EOT], EOT, TS) == float("inf")  # open: runs on
+    assert spoken_until_s([1, 2, EOT], EOT, TS) == float("inf")  # no timestamps
+    assert spoken_until_s([], EOT, TS) == float("inf")
+
+
+def test_no_word_claims_frames_after_the_last_timestamp():
+    """The warping path ends on the chunk's last frame, so the last word's end used to stretch to wherever the
+    path entered <|endoftext|>, past the timestamp the target closed its text with."""
+    model = random_whisper("test", vocab_size=80)
+    ts = model.generation_config.no_timestamps_token_id + 1
+    eot, sot = model.generation_config.eos_token_id, model.generation_config.decoder_start_token_id
+    aligner = Aligner(model, eot, ts - 1, lambda token: f" w{token}")
+    n_mels, n_frames = model.config.num_mel_bins, 2 * model.config.max_source_positions
+    torch.manual_seed(3)
+    with torch.no_grad():
+        encoded = model.model.encoder(torch.randn(1, n_mels, n_frames)).last_hidden_state[0]
+    segments = [[3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    n_samples = int(model.config.max_source_positions * 0.02 * 16_000)
+    closed_s = 0.3
+    generated = [ts, 3, 4, 5, ts + 5, ts + 5, 6, 7, 8, 9, 10, 11, ts + int(closed_s / 0.02), eot]
+    free = aligner.align(encoded, [sot], segments, n_samples, 10.0)
+    held = aligner.align(encoded, [sot], segments, n_samples, 10.0, generated=generated)
+    assert max(w.end for s in free for w in s) > 10.0 + closed_s  # else this test shows nothing
+    assert all(w.start <= w.end <= 10.0 + closed_s for s in held for w in s)
+    assert [w.word for s in held for w in s] == [w.word for s in free for w in s]

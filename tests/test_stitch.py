@@ -15,6 +15,7 @@ from asr_spec.transcribe.stitch import (
     merge_overlapping,
     merge_timed,
     overlap_cut,
+    seam_cut,
     stitch_chunks,
     time_cut,
     token_times,
@@ -159,14 +160,16 @@ def test_segments_are_monotonic_and_in_file_time(seed: int) -> None:
 
 def test_overlapping_segments_are_clamped_monotonic() -> None:
     span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
-    # Chunk 0 closes a segment at 22 s and leaves nothing open; chunk 1 (offset 20 s) then starts one at 21.5 s,
-    # which transformers reports as is, overlapping its predecessor.
+    # Chunk 0 closes a segment at 22 s and transcribes nothing after it; chunk 1 (offset 20 s) writes 20-21.5 s and
+    # 21.5-24 s, which transformers reports as 21.5-24 s (it pairs chunk 1's first end as a start), overlapping its
+    # predecessor. Paired as Whisper wrote them and clamped, with the words chunk 0 did not hear kept.
     chunks = [
         ChunkTokens((_ts(1.0), 5, 6, _ts(22.0), _ts(22.0), _ts(24.0), EOT), span0),
         ChunkTokens((_ts(0.0), 7, 8, _ts(1.5), _ts(1.5), 9, _ts(4.0), EOT), span1),
     ]
     segments = _stitch(chunks).segments
-    assert [(s.start_s, s.end_s) for s in segments] == [(1.0, 22.0), (22.0, 24.0)]
+    assert [(s.start_s, s.end_s, s.token_ids) for s in segments] == [
+        (1.0, 22.0, (5, 6)), (22.0, 22.0, (7, 8)), (22.0, 24.0, (9,))]
     assert [c["timestamp"] for c in _reference(chunks, return_timestamps=True)[1]] == [(1.0, 22.0), (21.5, 24.0)]
 
 
@@ -322,8 +325,13 @@ def test_time_cut_keeps_each_reading_on_its_side_of_the_seam_and_words_whole() -
     # leaves its rest out
     starts_word = {1: True, 2: True, 3: True, 4: False, 5: True, 6: True, 7: True, 8: False, 9: True}.__getitem__
     assert time_cut(left, right, starts_word) == (4, 3)
+    # a right reading with nothing after the seam: the left keeps what it heard there (nobody else did)
     everything_before = TimedPiece((6, 7), (21.0, 24.0), seam_s=45.0)
-    assert time_cut(left, everything_before) == (3, 2)
+    assert time_cut(left, everything_before) == (5, 2)
+    assert time_cut(left, TimedPiece((), (), seam_s=45.0)) == (5, 0)  # a window dropped (no speech)
+    # a left reading that stopped at 22 s: the right keeps what it heard from 24.5 s on, before the seam too
+    early = TimedPiece((1,), (22.0,), seam_s=25.0)
+    assert time_cut(early, TimedPiece((6, 7, 8, 9), (21.0, 24.7, 25.0, 26.0), seam_s=45.0)) == (1, 1)
 
 
 def test_readings_that_share_no_run_are_cut_by_time_not_kept_twice() -> None:
@@ -368,3 +376,51 @@ def test_a_short_match_heard_seconds_apart_is_no_common_run() -> None:
     late = TimedPiece((9, *run), (20.0, 24.0, 24.5, 25.0, 25.5, 26.0), seam_s=25.0)
     early = TimedPiece((*run, 8), (20.0, 20.5, 21.0, 21.5, 22.0, 26.0), seam_s=45.0)
     assert merge_timed([late, early]) == merge_overlapping([late.tokens, early.tokens]) == [9, 1, 2, 3, 4, 5, 8]
+
+
+def test_a_sentence_one_window_timed_seconds_early_is_matched_across_segments_not_written_twice() -> None:
+    """dialogue_pauses through stride: the window at 20-50 s timed "Only because the path was flooded after the
+    rain." (A) at 35-40 s and closed it, leaving "Let us take the road ..." (B) open; the window at 40-70 s heard A
+    at 40-44 s in its left stride and B at 45-49 s as a segment of its own. Comparing only the open segment (B)
+    with the right window's head (A) found no run: B was cut in half and written again, 9 doubled 3-grams. The
+    texts of all segments near the shared audio are matched: each sentence once."""
+    spans = plan_chunks(70 * SR, 30 * SR, 5 * SR, 5 * SR)  # 0-30, 20-50, 40-70 s
+    w, a, b = (11, 12, 13, 14), tuple(range(101, 109)), tuple(range(201, 211))
+    c, d = (301, 302, 303, 304, 305), (401, 402, 403, 404)
+    left = (_ts(10.0), *w, _ts(15.0), _ts(15.0), *a, _ts(20.0), _ts(20.0), *b, _ts(25.0), _ts(25.0), EOT)
+    right = (_ts(0.0), *a, _ts(4.0), _ts(5.0), *b, _ts(9.0), _ts(9.0), *c, _ts(12.0), _ts(14.0), *d, _ts(18.0), EOT)
+    chunks = [ChunkTokens(left, spans[1]), ChunkTokens(right, spans[2])]
+    result = _stitch(chunks)
+    assert list(result.token_ids) == [*w, *a, *b, *c, *d]
+    assert [t for s in result.segments for t in s.token_ids] == [*w, *a, *b, *c, *d]
+    starts = [s.start_s for s in result.segments]
+    assert starts == sorted(starts) and result.segments[-1].end_s == 58.0
+
+
+def test_an_end_in_the_left_stride_stays_an_end() -> None:
+    """The right window's first segment ends inside its left stride (24.5 s) and the next starts after it (25.5
+    s): the start is a start. Skipping the stride's timestamps one by one paired 25.5 s as the end of the text
+    before it and the next end (29 s) as the start of "c d"."""
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    left = (_ts(1.0), 5, 6, _ts(10.0), _ts(21.0), 7, 8, _ts(24.5), _ts(24.6), EOT)
+    right = (_ts(1.0), 7, 8, _ts(4.5), _ts(5.5), 30, 31, _ts(9.0), _ts(9.5), 40, 41, _ts(12.0), EOT)
+    result = _stitch([ChunkTokens(left, span0), ChunkTokens(right, span1)])
+    assert list(result.token_ids) == [5, 6, 7, 8, 30, 31, 40, 41]
+    timed = [(s.start_s, s.end_s, s.token_ids) for s in result.segments]
+    assert (25.5, 29.0, (30, 31)) in timed and (29.5, 32.0, (40, 41)) in timed
+
+
+def test_a_seam_is_cut_where_both_readings_agree_nearest_the_seam() -> None:
+    """ends_mid_sentence through stride: the left reads "freely, along ... days, he sat", the right "freely along
+    ... days he sat". The best overlap aligns the text after the last comma; its middle fell one shift off, before
+    that comma, and "days" was written twice. The cut is at an aligned token both readings agree on (and on the
+    one before it), the one nearest the seam."""
+    a, b, c, tail, comma = (1, 2, 3, 4), (11, 12, 13, 14), (21, 22, 23, 24, 25, 26), (31, 32), 9
+    left = TimedPiece((*a, comma, *b, comma, *c), tuple(40.0 + 0.5 * i for i in range(16)), seam_s=45.0)
+    right = TimedPiece((*a, *b, *c, *tail), tuple(40.2 + 0.5 * i for i in range(16)), seam_s=65.0)
+    middle_cut = overlap_cut(left.tokens, right.tokens)
+    assert left.tokens[:middle_cut[0]] + right.tokens[middle_cut[1]:] == (*a, comma, *b[:3], *b[3:], *b[3:], *c,
+                                                                           *tail)  # b's last token twice
+    assert merge_timed([left, right]) == [*a, comma, *b, comma, *c, *tail]
+    n_keep, _ = seam_cut(left, right)
+    assert left.times_s[n_keep] == pytest.approx(45.0, abs=0.5)  # the cut is at the seam

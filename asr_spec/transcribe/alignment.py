@@ -28,7 +28,7 @@ from asr_spec.errors import InputError
 from asr_spec.transcribe.segments import WordTiming
 
 __all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "median_filter", "token_jump_times",
-           "group_words", "snap_to_speech"]
+           "group_words", "snap_to_speech", "spoken_until_s"]
 
 FRAME_S = 0.02  # seconds per encoder frame: 30 s window / 1500 positions
 MEDIAN_WIDTH = 7  # frames (Whisper's medfilt_width)
@@ -129,6 +129,21 @@ def _merge_punctuation(words: list[list[int]], texts: list[str]) -> list[list[in
     return out_words
 
 
+def spoken_until_s(generated: Sequence[int], eot_id: int, timestamp_begin_id: int,
+                   time_precision_s: float = FRAME_S) -> float:
+    """Chunk seconds up to which the target transcribed: the timestamp that closes its last text
+    (`... text <|b|> [<|c|>] <|endoftext|>`: b), else infinity (its last text runs on to the chunk's end, or it
+    wrote no timestamp). No word's aligned time may pass it: the warping path enters <|endoftext|> late when the
+    target stopped early, and the last word then claimed frames the target gave no token for."""
+    end_s, text_open = float("inf"), False
+    for token in generated:
+        if token < eot_id:
+            end_s, text_open = float("inf"), True
+        elif token >= timestamp_begin_id and text_open:
+            end_s, text_open = (token - timestamp_begin_id) * time_precision_s, False
+    return end_s
+
+
 MIN_PAUSE_S = 0.1  # a shorter run of non-speech inside a word (a stop consonant's closure) is not a pause
 
 
@@ -189,14 +204,15 @@ class Aligner:
 
     @torch.inference_mode()
     def align(self, encoded: torch.Tensor, prompt: Sequence[int], segments: Sequence[Sequence[int]],
-              n_samples: int, offset_s: float, speech: tuple[np.ndarray, float] | None = None
-              ) -> list[list[WordTiming]]:
+              n_samples: int, offset_s: float, speech: tuple[np.ndarray, float] | None = None,
+              generated: Sequence[int] = ()) -> list[list[WordTiming]]:
         """Words of each segment of one chunk, in file time.
 
         encoded: (n_audio_ctx, d_model) target encoder output of the chunk; prompt: its decoder prompt; segments:
         the text token ids of each segment in order; n_samples: the chunk's audio length (16 kHz); offset_s: the
         chunk's start in the file; speech: ((F,) bool speech mask of the chunk's frames, frame length in seconds),
-        to trim the pauses off the words (`snap_to_speech`), or None.
+        to trim the pauses off the words (`snap_to_speech`), or None; generated: the chunk's decoded tokens with
+        their timestamps: no word's time passes the timestamp that closes its last text (`spoken_until_s`).
         """
         text = [int(t) for segment in segments for t in segment]
         if not text:
@@ -210,8 +226,9 @@ class Aligner:
         probs = logits[rows].float()[:, : self.eot].softmax(-1)[torch.arange(len(text)), torch.tensor(text)]
         words = self._words(segments)
         lo, hi = np.array([w[0] for _, w in words]), np.array([w[-1] + 1 for _, w in words])
-        duration_s = n_samples / 16_000
-        starts, ends = np.minimum(jumps[lo], duration_s), np.minimum(jumps[hi], duration_s)
+        # Whisper's layout: the timestamps follow <|notimestamps|> (`WhisperTokens.timestamp_begin`)
+        limit_s = min(n_samples / 16_000, spoken_until_s(generated, self.eot, self.notimestamps + 1))
+        starts, ends = np.minimum(jumps[lo], limit_s), np.minimum(jumps[hi], limit_s)
         if speech is not None:
             starts, ends = snap_to_speech(starts, ends, *speech)
         mean_probs = np.add.reduceat(probs.numpy(), lo) / (hi - lo)

@@ -2,10 +2,11 @@
 
 By text (`overlap_cut`, `merge_overlapping`): the head of the right sequence slides under the tail of the left one,
 the offset with the best match fraction wins (ties broken toward longer overlaps), and both are cut at the middle of
-that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). By time (`time_cut`,
-`merge_timed`), where the readings share no credible run: each token's time is interpolated between the timestamps
-around it (`token_times`), the left reading keeps what it heard before the seam, the right what it heard from it on.
-`stitch.py` walks chunks and segments and calls these at each seam.
+that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). With each token's time
+(`token_times`, interpolated between the timestamps around it), `seam_cut` cuts a credible common run where both
+readings agree nearest the seam, and a seam whose readings share no credible run by time (`time_cut`): the left
+reading keeps what it heard before the seam, the right what it heard from it on. `stitch.py` reads the chunks and
+calls `seam_cut` at each seam.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 
 from asr_spec.errors import InputError
 
-__all__ = ["MAX_SKEW_S", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping", "merge_timed",
-           "merge_with_shares", "overlap_cut", "time_cut", "token_times"]
+__all__ = ["MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping",
+           "merge_timed", "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -30,6 +31,10 @@ MAX_SKEW_S = 2.5
 # equal aligned tokens that make a run whatever the times say: whisper-base may time one sentence 3-5 s apart in
 # two windows (dialogue_pauses), while a spurious match is a punctuation mark and a word or two
 SURE_RUN_TOKENS = 4
+# seconds beyond the audio two windows share within which either's text is compared at their seam: whisper-base
+# timed dialogue_pauses' "Only because the path was flooded after the rain." 5 s early in one window (35-40 s,
+# where the next window heard it at 40-44 s); the segment is taken whole when it reaches into this margin
+SEAM_SLACK_S = 5.0
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
 
@@ -135,10 +140,17 @@ def token_times(n_tokens: int, anchors: Sequence[tuple[int, float]]) -> np.ndarr
 
 def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:
     """Where to join two readings of a seam by time: (n_left_kept, n_right_dropped), as `overlap_cut` returns.
-    The left keeps its tokens heard before left.seam_s, the right its tokens from it on; given `starts_word`, a
-    word the seam cuts stays whole in the left and its rest leaves the right (no half words)."""
-    n_keep = int(np.searchsorted(np.asarray(left.times_s), left.seam_s, side="left"))
-    n_drop = int(np.searchsorted(np.asarray(right.times_s), left.seam_s, side="left"))
+    The left keeps its tokens heard before left.seam_s, the right its tokens from it on; and each keeps what it
+    heard where the other transcribed nothing: the left its tokens up to MAX_SKEW_S before the right's first one
+    after the seam, the right its tokens more than MAX_SKEW_S after the left's last kept one (a window that
+    stopped early, heard silence or was dropped takes no words with it). Given `starts_word`, a word the seam
+    cuts stays whole in the left and its rest leaves the right (no half words)."""
+    left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
+    after = right_s[right_s >= left.seam_s]
+    keep_before_s = max(left.seam_s, float(after[0]) - MAX_SKEW_S) if len(after) else np.inf
+    n_keep = int(np.searchsorted(left_s, keep_before_s, side="left"))
+    drop_before_s = min(left.seam_s, float(left_s[n_keep - 1]) + MAX_SKEW_S) if n_keep else -np.inf
+    n_drop = int(np.searchsorted(right_s, drop_before_s, side="left"))
     if starts_word is not None:
         while n_keep < len(left.tokens) and not starts_word(left.tokens[n_keep]):
             n_keep += 1
@@ -158,20 +170,41 @@ def _heard_together(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> bo
     return len(left_s) >= SURE_RUN_TOKENS or bool(abs(float((left_s - right_s).mean())) <= MAX_SKEW_S)
 
 
-def merge_timed(pieces: Sequence[TimedPiece], starts_word: StartsWord | None = None) -> list[int]:
-    """Merge the readings of consecutive chunks of one segment, left to right: as `merge_overlapping` where two
-    readings share a run heard at about the same time by both (`_heard_together`), cut by time (`time_cut`)
+def seam_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:
+    """Where to join two readings of one seam: (n_left_kept, n_right_dropped), as `overlap_cut` returns. Where
+    the readings share a run heard at about the same time by both (`_heard_together`, the overlap `overlap_cut`
+    would take), at the aligned token both agree on nearest the seam (`_agreeing_cut`); by time (`time_cut`)
     where they share none."""
+    best = _best_overlap(left.tokens, right.tokens, functools.partial(_heard_together, left, right))
+    if best is None:
+        return time_cut(left, right, starts_word)
+    return _agreeing_cut(left, right, best)
+
+
+def _agreeing_cut(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> tuple[int, int]:
+    """The cut inside an aligned overlap: before the aligned position k whose tokens and the ones before them
+    both readings agree on (else whose tokens alone agree), left.times_s[k] nearest the seam. The left is trusted
+    before the seam and the right after it, and the join cannot double or drop a word where one reading has a
+    token the other lacks (ends_mid_sentence: "days," against "days": cut at the overlap's middle, one shift off
+    after the comma, it wrote "On rainy days days he sat"; and "so we built" in the left's own middle became the
+    right stride's "so he built")."""
+    left_start, left_stop, right_start, right_stop = overlap
+    equal = np.asarray(left.tokens[left_start:left_stop]) == np.asarray(right.tokens[right_start:right_stop])
+    both = equal & np.concatenate([[False], equal[:-1]])
+    candidates = np.flatnonzero(both if both.any() else equal)
+    distance = np.abs(np.asarray(left.times_s[left_start:left_stop])[candidates] - left.seam_s)
+    k = int(candidates[int(np.argmin(distance))])
+    return left_start + k, right_start + k
+
+
+def merge_timed(pieces: Sequence[TimedPiece], starts_word: StartsWord | None = None) -> list[int]:
+    """Merge the readings of consecutive chunks, left to right, each seam joined where `seam_cut` says."""
     if not pieces:
         return []
     merged: list[int] = []
     carry = pieces[0]
     for piece in pieces[1:]:
-        best = _best_overlap(carry.tokens, piece.tokens, functools.partial(_heard_together, carry, piece))
-        if best is None:
-            n_keep, n_drop = time_cut(carry, piece, starts_word)
-        else:
-            n_keep, n_drop = (best[0] + best[1]) // 2, (best[2] + best[3]) // 2
+        n_keep, n_drop = seam_cut(carry, piece, starts_word)
         merged.extend(carry.tokens[:n_keep])
         carry = TimedPiece(piece.tokens[n_drop:], piece.times_s[n_drop:], piece.seam_s)
     merged.extend(carry.tokens)

@@ -1,23 +1,19 @@
 """Pure stitching: merge the token sequences of overlapping chunks into one transcript with file-time segments.
 
-Neighbouring chunks hear the same audio in their strides, so both transcribe it. Following the transformers ASR
-pipeline (``_find_longest_common_sequence`` and the ``_decode_asr`` state machine in
-``transformers/models/whisper/tokenization_whisper.py``; transformers 5 no longer has the older pipeline's
-``_find_timestamp_sequence``, its timestamp merge now lives in ``_decode_asr``), the seam is resolved by sliding
-the head of the right sequence under the tail of the left one, taking the offset with the best match fraction
-(ties broken toward longer overlaps), and cutting both at the middle of that overlap: the left chunk is trusted
-for the first half of the shared audio, the right chunk for the second half. No word is doubled or lost when the
-two readings agree.
+Neighbouring chunks hear the same audio in their strides, so both transcribe it. Without timestamps, as the
+transformers ASR pipeline does (``_find_longest_common_sequence``), the seam is resolved by sliding the head of the
+right sequence under the tail of the left one, taking the offset with the best match fraction (ties broken toward
+longer overlaps), and cutting both at the middle of that overlap (`merge_overlapping`).
 
-With timestamp tokens, segments are closed by Whisper's own timestamp pairs; a timestamp in a stride is not
-trusted (the right stride's trailing timestamps and the left stride's leading ones are skipped) and the text of a
-segment that spans a seam is merged as above. Chunk-relative times are offset to file time.
-
-Where the two readings of a seam share no run (fewer than two equal aligned tokens at any offset: a window heard
-the shared audio differently, or its text ran on past the middle it keeps), transformers keeps both, and the words
-both heard are written twice. With timestamps this stitch cuts such a seam by time instead (`time_cut`): each
-token's time is interpolated between the timestamps around it (`token_times`), the left reading keeps what it
-heard before the seam (the left window's keep end), the right what it heard from it on (`merge_timed`).
+With timestamps, each chunk is read on its own first (`_read`): its timestamps paired into segments as Whisper
+wrote them, each text token timed between the timestamps around it (`token_times`). Each seam is then joined over
+all the text either chunk wrote near the shared audio (`_seam`: every segment of the left that ends after the right
+chunk starts less SEAM_SLACK_S, every segment of the right that starts before the left chunk ends plus it), not only
+the segment left open across it as transformers' ``_decode_asr`` does: a sentence one window timed seconds early
+and closed was written twice that way. The join is `seams.seam_cut`: at a credible common run, cut where both
+readings agree nearest the seam; with none, by time (the left keeps what it heard before the seam, the right what it
+heard from it on). The kept text keeps its chunk's segments; a segment the seam cuts is one segment, from the left
+chunk's start to the right one's end (`_join`). Chunk-relative times are offset to file time.
 
 Token classes, by id (Whisper's vocabulary layout; no tokenizer needed):
     id <  eot_id                         text
@@ -35,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -42,12 +39,14 @@ from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.checks import int_at_least, positive_seconds
 from asr_spec.errors import InputError
 from asr_spec.transcribe.seams import (
+    SEAM_SLACK_S,
     StartsWord,
     TimedPiece,
     merge_overlapping,
     merge_timed,
     merge_with_shares,
     overlap_cut,
+    seam_cut,
     time_cut,
     token_times,
 )
@@ -62,12 +61,14 @@ __all__ = [
     "overlap_cut",
     "merge_overlapping",
     "merge_timed",
+    "seam_cut",
     "time_cut",
     "token_times",
     "stitch_chunks",
     "concat_chunks",
 ]
 
+_T = TypeVar("_T")
 TIME_PRECISION_S = 0.02  # seconds per timestamp token: 30 s window / 1500 encoder positions
 
 
@@ -98,13 +99,55 @@ class StitchResult:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _OpenSegment:
-    """Mutable state of the timestamp walk: the segment being read, possibly across chunks."""
+@dataclass(frozen=True)
+class _Said:
+    """One segment of one chunk as Whisper wrote it (`<|a|> text <|b|>`), over a range of the chunk's text."""
 
+    start_s: float | None  # file seconds of its start timestamp; None: text before any timestamp
+    end_s: float | None  # file seconds of its end timestamp; None: left open (the chunk ended inside it)
+    first: int  # index of its first text token in the chunk's text
+    stop: int  # one past its last
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A chunk's text, where each token was heard and how Whisper's timestamps group it."""
+
+    tokens: tuple[int, ...]  # text tokens, control and timestamp tokens left out
+    times_s: tuple[float, ...]  # per token, file seconds (`token_times` over all the chunk's timestamps)
+    said: tuple[_Said, ...]  # its segments in order, tiling the text
+
+
+def _read(chunk: ChunkTokens, eot_id: int, timestamp_begin_id: int, time_precision_s: float,
+          sampling_rate: int) -> _Reading:
+    """Pair a chunk's timestamps into segments, Whisper's way: a timestamp starts a segment when none is open and
+    ends the open one when text follows its start (`<|b|><|c|>`: an end, then the next start). An end equal to its
+    start is Whisper repeating the start (ignored); a start not followed by text before the next timestamp is
+    replaced by it. Every timestamp, paired or not, anchors the times of the text around it."""
+    offset_s = chunk.span.start_sample / sampling_rate
+    tokens: list[int] = []
+    anchors: list[tuple[int, float]] = [(0, offset_s)]  # (position in tokens, file seconds) of each timestamp
+    said: list[_Said] = []
     start_s: float | None = None
-    pieces: list[TimedPiece] = field(default_factory=list)  # text from earlier chunks, one piece per chunk
-    skip_next_timestamp: bool = False  # the previous timestamp fell in a right stride: its partner is skipped too
+    for token in chunk.token_ids:
+        if token < eot_id:
+            tokens.append(token)
+            continue
+        if token < timestamp_begin_id:
+            continue  # control token
+        time_s = _round_ms((token - timestamp_begin_id) * time_precision_s + offset_s)
+        anchors.append((len(tokens), time_s))
+        first = said[-1].stop if said else 0
+        if start_s is None or len(tokens) == first:
+            start_s = time_s
+        elif time_s != start_s:
+            said.append(_Said(start_s, time_s, first, len(tokens)))
+            start_s = None
+    first = said[-1].stop if said else 0
+    if len(tokens) > first:  # open: it runs to the chunk's end
+        anchors.append((len(tokens), offset_s + chunk.span.n_samples / sampling_rate))
+        said.append(_Said(start_s, None, first, len(tokens)))
+    return _Reading(tuple(tokens), tuple(token_times(len(tokens), anchors).tolist()), tuple(said))
 
 
 def stitch_chunks(
@@ -120,95 +163,83 @@ def stitch_chunks(
 
     ``chunks[i].span`` positions chunk ``i`` in the file (samples at ``sampling_rate`` Hz). If no chunk holds a
     timestamp token, the text is merged with ``merge_overlapping`` and each chunk's share becomes one approximate
-    segment over its unstrided middle. Otherwise segments follow Whisper's timestamps (module docstring), a seam
-    whose readings share no run cut by time (``merge_timed``; ``starts_word``: token id -> whether it starts a
-    word, so that such a cut keeps words whole).
+    segment over its unstrided middle. Otherwise each seam of two overlapping chunks is joined where `seam_cut`
+    says, over all the text of either that lies near their shared audio (`_seam`), and segments follow Whisper's
+    timestamps; a segment that the seam cuts is one segment, from the left chunk's start to the right one's end.
+    ``starts_word``: token id -> whether it starts a word, so that a seam cut by time keeps words whole.
     """
     _verify_stitch_args(chunks, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
     if not any(token >= timestamp_begin_id for chunk in chunks for token in chunk.token_ids):
         return _stitch_text_only(chunks, eot_id, sampling_rate)
+    readings = [_read(chunk, eot_id, timestamp_begin_id, time_precision_s, sampling_rate) for chunk in chunks]
+    drops = [0] * len(chunks)  # per chunk: its first text token kept
+    keeps = [len(reading.tokens) for reading in readings]  # per chunk: one past its last text token kept
+    for i in range(1, len(chunks)):
+        if chunks[i].span.start_sample < chunks[i - 1].span.end_sample:  # they overlap: a seam
+            n_keep, drops[i] = _seam(readings[i - 1], drops[i - 1], readings[i], chunks[i - 1].span,
+                                     chunks[i].span, sampling_rate, starts_word)
+            keeps[i - 1] = max(n_keep, drops[i - 1])
     segments: list[Segment] = []
-    state = _OpenSegment()
-    for index, chunk in enumerate(chunks):
-        if index and chunk.span.start_sample >= chunks[index - 1].span.end_sample:  # a gap (skipped silence)
-            _close_open(state, segments, chunks[index - 1].span.end_sample / sampling_rate, starts_word)
-            state = _OpenSegment()
-        _walk_chunk(chunk, state, segments, eot_id, timestamp_begin_id, time_precision_s, sampling_rate, starts_word)
-    # Whisper never closed the last segment (audio cut mid-word): it ends with the file
-    _close_open(state, segments, chunks[-1].span.end_sample / sampling_rate, starts_word)
+    for run in _overlapping_runs(list(zip(chunks, range(len(chunks))))):
+        pieces = [piece for chunk, i in run for piece in _kept(readings[i], drops[i], keeps[i])]
+        floor_s = segments[-1].end_s if segments else 0.0
+        segments += _join(pieces, floor_s, _round_ms(run[-1][0].span.end_sample / sampling_rate))
     segments = _monotonic(segments, _round_ms(chunks[-1].span.end_sample / sampling_rate))
     token_ids = tuple(token for segment in segments for token in segment.token_ids)
     return StitchResult(token_ids=token_ids, segments=tuple(segments), timestamped=True)
 
 
-def _close_open(state: _OpenSegment, segments: list[Segment], end_s: float,
-                starts_word: StartsWord | None = None) -> None:
-    """A segment left open (its text not closed by a timestamp) ends at `end_s` seconds (its chunk's end)."""
-    if state.pieces:
-        start_s = _open_start_s(state, segments, 0.0)
-        text = merge_timed(state.pieces, starts_word)
-        segments.append(Segment(start_s, _round_ms(end_s), token_ids=tuple(text)))
+def _seam(left: _Reading, left_from: int, right: _Reading, left_span: ChunkSpan, right_span: ChunkSpan,
+          sampling_rate: int, starts_word: StartsWord | None) -> tuple[int, int]:
+    """Where two overlapping chunks join: (the left's first text token not kept, the right's first kept). Both
+    readings of the shared audio are compared whole: every segment of the left (from `left_from` on) that ends
+    after the shared audio starts less SEAM_SLACK_S, every segment of the right that starts before the shared
+    audio ends plus SEAM_SLACK_S, whatever segment is left open (`seam_cut`)."""
+    shared_from_s = right_span.start_sample / sampling_rate - SEAM_SLACK_S
+    shared_to_s = left_span.end_sample / sampling_rate + SEAM_SLACK_S
+    lo = next((s.first for s in left.said if s.stop > left_from and (s.end_s is None or s.end_s >= shared_from_s)),
+              len(left.tokens))
+    lo = max(lo, left_from)
+    hi = max((s.stop for s in right.said if s.start_s is None or s.start_s < shared_to_s), default=0)
+    seam_s = left_span.keep_end_sample / sampling_rate
+    n_keep, n_drop = seam_cut(TimedPiece(left.tokens[lo:], left.times_s[lo:], seam_s),
+                              TimedPiece(right.tokens[:hi], right.times_s[:hi], seam_s), starts_word)
+    return lo + n_keep, n_drop
 
 
-def _walk_chunk(
-    chunk: ChunkTokens,
-    state: _OpenSegment,
-    segments: list[Segment],
-    eot_id: int,
-    timestamp_begin_id: int,
-    time_precision_s: float,
-    sampling_rate: int,
-    starts_word: StartsWord | None = None,
-) -> None:
-    """Advance the segment state machine over one chunk's tokens, appending closed segments. Every timestamp,
-    trusted or not, anchors the times of the text around it (`token_times`), for a seam cut by time."""
-    span, tokens = chunk.span, chunk.token_ids
-    offset_s = span.start_sample / sampling_rate
-    seam_s = span.keep_end_sample / sampling_rate
-    # Timestamps (as token-index offsets from timestamp_begin_id) below this lie in the left stride.
-    left_stride_index = span.stride_left_samples / sampling_rate / time_precision_s
-    right_stride_start_s = (span.n_samples - span.stride_right_samples) / sampling_rate
-    # Timestamp tokens >= this lie in the right stride and are skipped; the chunk's last one is always skipped
-    # (when there is a right stride), so the final segment stays open and is merged with the next chunk's text.
-    first_skipped = None
-    if span.stride_right_samples:
-        for token in reversed(tokens):
-            if token < timestamp_begin_id:
-                continue
-            if first_skipped is not None and (token - timestamp_begin_id) * time_precision_s < right_stride_start_s:
-                break
-            first_skipped = token
-    current: list[int] = []
-    anchors: list[tuple[int, float]] = [(0, offset_s)]  # (position in current, file seconds) of each timestamp
-    for token in tokens:
-        if token < eot_id:
-            current.append(token)
-            continue
-        if token < timestamp_begin_id:
-            continue  # control token
-        time_s = _round_ms((token - timestamp_begin_id) * time_precision_s + offset_s)
-        anchors.append((len(current), time_s))
-        if first_skipped is not None and token >= first_skipped:
-            state.skip_next_timestamp = True  # in the right stride: resolved by the next chunk
-        elif state.skip_next_timestamp or (state.pieces and token - timestamp_begin_id < left_stride_index):
-            state.skip_next_timestamp = False  # partner of a skipped one, or in the left stride of a continuation
-        elif state.start_s is None:
-            state.start_s = time_s
-        elif time_s != state.start_s:  # an end equal to the start is Whisper repeating the start: ignore it
-            text = merge_timed([*state.pieces, _timed(current, anchors, seam_s)], starts_word)
-            segments.append(Segment(state.start_s, time_s, token_ids=tuple(text)))
-            state.start_s, state.pieces, current, anchors = None, [], [], [(0, time_s)]
-    if current:
-        anchors.append((len(current), offset_s + span.n_samples / sampling_rate))  # open: it runs to the chunk end
-        state.pieces.append(_timed(current, anchors, seam_s))
-    elif not any(piece.tokens for piece in state.pieces):
-        # nothing said since the last closed segment: forget the dangling start
-        state.start_s, state.pieces = None, []
+_Piece = tuple[float | None, float | None, tuple[int, ...]]  # (start_s, end_s, tokens); None: no timestamp kept
 
 
-def _timed(tokens: list[int], anchors: list[tuple[int, float]], seam_s: float) -> TimedPiece:
-    """A chunk's text of one segment with its tokens' times (`token_times`)."""
-    return TimedPiece(tuple(tokens), tuple(token_times(len(tokens), anchors).tolist()), seam_s)
+def _kept(reading: _Reading, drop: int, keep: int) -> list[_Piece]:
+    """The segments of a reading restricted to its kept text [drop, keep); a segment whose head the seam cut has
+    no start, one whose tail it cut (or left open) no end."""
+    pieces = []
+    for said in reading.said:
+        first, stop = max(said.first, drop), min(said.stop, keep)
+        if first < stop:
+            pieces.append((said.start_s if first == said.first else None, said.end_s if stop == said.stop else None,
+                           reading.tokens[first:stop]))
+    return pieces
+
+
+def _join(pieces: list[_Piece], floor_s: float, end_s: float) -> list[Segment]:
+    """Segments of consecutive pieces of overlapping chunks: a piece without an end and the next without a start
+    are one segment cut by a seam; a start missing otherwise is the previous end (or `floor_s`), an end missing
+    the next start (or `end_s`, the last chunk's end)."""
+    joined: list[list] = []
+    for start, end, tokens in pieces:
+        if joined and joined[-1][1] is None and start is None:
+            joined[-1][1:] = [end, joined[-1][2] + tokens]
+        else:
+            joined.append([start, end, tokens])
+    segments: list[Segment] = []
+    for i, (start, end, tokens) in enumerate(joined):
+        if start is None:
+            start = segments[-1].end_s if segments else floor_s
+        if end is None:
+            end = next((s for s, _, _ in joined[i + 1:i + 2] if s is not None), end_s)
+        segments.append(Segment(start, end, token_ids=tuple(tokens)))
+    return segments
 
 
 def concat_chunks(
@@ -228,14 +259,11 @@ def concat_chunks(
     for index, chunk in enumerate(chunks):
         if chunk.span.stride_left_samples or chunk.span.stride_right_samples:
             raise InputError(f"chunk {index}: concat_chunks takes chunks without strides (use stitch_chunks)")
-        state, found = _OpenSegment(), []
-        _walk_chunk(chunk, state, found, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
+        reading = _read(chunk, eot_id, timestamp_begin_id, time_precision_s, sampling_rate)
+        start_s = _round_ms(chunk.span.start_sample / sampling_rate)
         end_s = _round_ms(chunk.span.end_sample / sampling_rate)
-        if state.pieces:
-            start_s = _open_start_s(state, found, _round_ms(chunk.span.start_sample / sampling_rate))
-            text = tuple(token for piece in state.pieces for token in piece.tokens)
-            found.append(Segment(start_s, end_s, token_ids=text))
-        found = _monotonic(found, end_s, floor_s=_round_ms(chunk.span.start_sample / sampling_rate))
+        found = _join(_kept(reading, 0, len(reading.tokens)), start_s, end_s)
+        found = _monotonic(found, end_s, floor_s=start_s)
         segments.extend(found)
         owners.extend([index] * len(found))
     timestamped = any(token >= timestamp_begin_id for chunk in chunks for token in chunk.token_ids)
@@ -262,9 +290,9 @@ def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate:
     return StitchResult(token_ids=tuple(merged_all), segments=tuple(_monotonic(segments)), timestamped=False)
 
 
-def _overlapping_runs(chunks: list[tuple[ChunkTokens, list[int]]]) -> list[list[tuple[ChunkTokens, list[int]]]]:
-    """(chunk, text) pairs split where a chunk starts at or after the end of the one before it."""
-    runs: list[list[tuple[ChunkTokens, list[int]]]] = []
+def _overlapping_runs(chunks: list[tuple[ChunkTokens, _T]]) -> list[list[tuple[ChunkTokens, _T]]]:
+    """(chunk, anything) pairs split where a chunk starts at or after the end of the one before it."""
+    runs: list[list[tuple[ChunkTokens, _T]]] = []
     for item in chunks:
         if runs and item[0].span.start_sample < runs[-1][-1][0].span.end_sample:
             runs[-1].append(item)
@@ -283,16 +311,6 @@ def _monotonic(segments: list[Segment], file_end_s: float = float("inf"), floor_
         out.append(dataclasses.replace(segment, start_s=start_s, end_s=end_s))
         floor_s = end_s
     return out
-
-
-def _open_start_s(state: _OpenSegment, closed: list[Segment], floor_s: float) -> float:
-    """Where the segment Whisper left open starts: its own start timestamp, else the end of the last closed
-    segment, else `floor_s`."""
-    if state.start_s is not None:
-        return state.start_s
-    if closed:
-        return closed[-1].end_s
-    return floor_s
 
 
 def _round_ms(time_s: float) -> float:

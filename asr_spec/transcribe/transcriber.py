@@ -304,7 +304,7 @@ class Transcriber:
         segments = self.assembler.stitch([ChunkTokens(result.tokens, span)]).segments
         speech = (span.speech, SPEECH_FRAME_S) if isinstance(span, SpeechSpan) else None
         words = self.aligner.align(result.encoded, result.prompt, [s.token_ids for s in segments], span.n_samples,
-                                   span.start_sample / SAMPLE_RATE, speech)
+                                   span.start_sample / SAMPLE_RATE, speech, result.tokens)
         return dataclasses.replace(result, encoded=None), words
 
     def assemble(self, source: str, spans: list[ChunkSpan], results: list[ChunkResult], audio_s: float,
