@@ -68,7 +68,6 @@ class Job:
     cancelled: bool = False
     finished: bool = False
     ended: bool = False  # its reader closed and its budget given back
-    in_engine: int = 0  # chunks pulled by the engine and not finished
     started: float = field(default_factory=time.perf_counter)
     temperature: tuple[float, ...] | None = None
 
