@@ -52,14 +52,14 @@ assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp ste
 
 
 # a closed segment: (start step, end step, index of its start timestamp, index of its end timestamp)
-Segment = tuple[int, int, int, int]
+ClosedSegment = tuple[int, int, int, int]
 
 
 def closed_segments(tokens: Sequence[int], eot_id: int,
-                    timestamp_begin_id: int) -> tuple[list[Segment], int | None]:
+                    timestamp_begin_id: int) -> tuple[list[ClosedSegment], int | None]:
     """A chunk's closed segments in order, and the start step of a last segment Whisper left open (None when
     there is none); a pair of timestamps with no text between them is no segment."""
-    closed: list[Segment] = []
+    closed: list[ClosedSegment] = []
     start, start_index, spoken = None, 0, False
     for index, token in enumerate(tokens):
         if token < eot_id:
@@ -74,7 +74,7 @@ def closed_segments(tokens: Sequence[int], eot_id: int,
     return closed, (start if start is not None and spoken else None)
 
 
-def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray,
+def _uncovered_segment(closed: list[ClosedSegment], open_start: int | None, speech: np.ndarray,
                        margin_s: float) -> int | None:
     """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
     by from its end timestamp before the next segment starts (or, after the last one, before the chunk ends), or
@@ -86,7 +86,7 @@ def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np
     return None
 
 
-def _next_starts(closed: list[Segment], open_start: int | None, end: int) -> list[int]:
+def _next_starts(closed: list[ClosedSegment], open_start: int | None, end: int) -> list[int]:
     """Per closed segment, the step where the next segment starts: the next closed one's start, then the open
     segment's start (it covers the rest), or `end` when the last segment is closed."""
     return [s for s, _, _, _ in closed[1:]] + [end if open_start is None else open_start]
@@ -113,7 +113,7 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
-def rewind(closed: list[Segment], position: int, context_s: float, min_step: int = 0) -> tuple[int, int]:
+def rewind(closed: list[ClosedSegment], position: int, context_s: float, min_step: int = 0) -> tuple[int, int]:
     """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
     the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
     already decoded: it starts at the latest segment start at least that far before the covered step, never at
@@ -163,7 +163,7 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     return tail, tuple(int(t) for t in tokens[:n_kept]) + (eot_id,)
 
 
-def longest_gap_s(closed: list[Segment], open_start: int | None, low: int, high: int) -> float:
+def longest_gap_s(closed: list[ClosedSegment], open_start: int | None, low: int, high: int) -> float:
     """Seconds of the longest stretch of steps [low, high) that follows a closed segment and no segment covers:
     from a closed segment's end to the next segment's start (a segment left open starts at open_start and covers
     the rest; after the last closed one, to high). 0 when there is none. Only in such a stretch can speech go
@@ -173,7 +173,7 @@ def longest_gap_s(closed: list[Segment], open_start: int | None, low: int, high:
     return max([0, *gaps]) * TIME_PRECISION_S
 
 
-def repeated_segment(closed: list[Segment], tokens: Sequence[int], eot_id: int,
+def repeated_segment(closed: list[ClosedSegment], tokens: Sequence[int], eot_id: int,
                      min_tokens: int = MIN_LOOP_TOKENS) -> int | None:
     """The position in `closed` of the first segment whose text (at least `min_tokens` text tokens) repeats an
     earlier segment's of the same chunk token for token: where a window that loops starts writing its loop (its
