@@ -96,9 +96,9 @@ class Job:
     def ordered_results(self) -> list[ChunkResult]:
         return [self.results[i] for i in range(len(self.spans))]
 
-    def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
+    def in_order(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
         """`Transcriber.assemble`'s spans, results, chunk_words and continues: its chunks with their tails."""
-        return self.input.pieces()
+        return self.input.in_order()
 
 
 def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:

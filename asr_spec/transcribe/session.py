@@ -2,7 +2,7 @@
 
     clients' requests (ChunkId(owner, index)) ──TailSource.run: queued tails first──► with_prompts
     ──Fallback.run: failing windows again, at the next temperature──► Engine.run ──ChunkResult──► Fallback.resolve
-    ──finish: Transcriber.finish_piece (words, the tail decision), TailSource.finished──► Finished ──► its owner
+    ──finish: Transcriber.finish_result (words, the tail decision), TailSource.finished──► Finished ──► its owner
 
 The clients keep only what is theirs: `Transcriber.iter_transcribe` its inputs, progress bar and outputs; the
 server's `Batcher` its jobs' life, locking and HTTP; the live streams their policy. Each hands the session a source
@@ -59,7 +59,7 @@ class Finished:
 class EngineSession:
     """One engine and the stages wrapped around its runs: tail repair, temperature fallback and prompts.
 
-    transcriber: the `Transcriber` whose engine and stages (`finish_piece`, `tail_source`, `fallback`) run.
+    transcriber: the `Transcriber` whose engine and stages (`finish_result`, `tail_source`, `fallback`) run.
     engine:      the engine to run (default the transcriber's; live streams give one decoding in timestamp mode).
     schedule:    a window's temperatures from its request id (`Transcriber.fallback`); None: the options'.
     live:        a live stream's re-decodes only: greedy, no tail repair, no fallback.
@@ -144,7 +144,7 @@ class EngineSession:
         return owners
 
     def finish(self, result: ChunkResult, item: Input | None) -> Finished | None:
-        """A finished chunk or tail of `item` made ready to keep (`Transcriber.finish_piece`: words, the tail
+        """A finished chunk or tail of `item` made ready to keep (`Transcriber.finish_result`: words, the tail
         decision) and its tail queued; None when its owner is gone or failed (item None): only its samples are
         let go. Call it from the engine's thread."""
         if item is None:
@@ -153,7 +153,7 @@ class EngineSession:
             return None
         span = item.repairs.span(item.spans, result.id)
         samples = None if self.tails is None else self.tails.samples.get(result.id)  # held until `finished`
-        kept, words, tail = self.transcriber.finish_piece(result, span, samples)
+        kept, words, tail = self.transcriber.finish_result(result, span, samples)
         if self.tails is not None:
             self.tails.finished(result, tail, span, item.word_timestamps)
         return Finished(result.id, kept, words, span, tail)

@@ -253,23 +253,24 @@ def drop_repeated_head(parent: Sequence[int], tail: Sequence[int], eot_id: int,
     return tuple(out), n_drop
 
 
-Piece = tuple[SpeechSpan, ChunkResult, object]  # (span, result, words or None) of a chunk or of one of its tails
+DecodedSpan = tuple[SpeechSpan, ChunkResult, object]  # (span, result, words or None) of a chunk or of one of its tails
 
 
-def with_tails(chunks: Sequence[Piece], tails: dict[int, list[list]]) -> tuple[list[Piece], list[bool]]:
-    """The pieces to assemble, in file order: each chunk followed by its tails (`tails[i]`: [span, result,
-    words] per attempt), every piece but the last of a chunk ending where the next one starts; and per piece
+def with_tails(chunks: Sequence[DecodedSpan],
+               tails: dict[int, list[list]]) -> tuple[list[DecodedSpan], list[bool]]:
+    """The chunks and tails to assemble, in file order: each chunk followed by its tails (`tails[i]`: [span,
+    result, words] per attempt), every one but the last of a chunk ending where the next one starts; and for each
     whether it continues the one before it (a tail)."""
-    pieces: list[Piece] = []
+    ordered: list[DecodedSpan] = []
     continues: list[bool] = []
     for index, chunk in enumerate(chunks):
         run = [chunk] + [(span, result, words) for span, result, words in tails.get(index, [])]
         for j, (span, result, words) in enumerate(run):
             if j + 1 < len(run):
                 span = trim_span(span, run[j + 1][0].start_sample)
-            pieces.append((span, result, words))
+            ordered.append((span, result, words))
             continues.append(j > 0)
-    return pieces, continues
+    return ordered, continues
 
 
 @dataclasses.dataclass
@@ -303,8 +304,8 @@ class TailBook:
         self.pending -= 1
         return True
 
-    def pieces(self, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult],
-               words: Sequence[object] | None) -> tuple[list[Piece], list[bool]]:
+    def in_order(self, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult],
+                 words: Sequence[object] | None) -> tuple[list[DecodedSpan], list[bool]]:
         """`with_tails` over the input's chunks (in chunk order) and its tails; words None: no words."""
         chunks = [(span, results[i], None if words is None else words[i]) for i, span in enumerate(spans)]
         return with_tails(chunks, self.tails)
