@@ -1,7 +1,8 @@
 """The house's structural rules, checked on the source alone (pure AST, no import): module and function sizes
 (scripts/check_sizes.py), the layer order with no upward import and no import cycle, an engine that imports nothing
-else from asr_spec, the encoder run by the engine alone, the engine's runs made by the engine session alone, chunk
-ids read by name, number checks written once (asr_spec/checks.py), and the removed workarounds staying removed.
+else from asr_spec, the encoder run by the engine alone, the engine's runs made by the engine session alone, one
+many-streams runner and one count of what is in the engine, chunk ids read by name, number checks written once
+(asr_spec/checks.py), and the removed workarounds staying removed.
 
 The layers, lowest first (docs/layout.md states the same rule, checked below)::
 
@@ -41,6 +42,8 @@ REMOVED_NAMES = ("draft_max_batch", "engine_for", "_greedy_engine")
 REMOVED_KEYWORDS = ("share",)  # Engine(share=...): packed weights are shared by construction
 # The one module outside the engine that calls `Engine.run`: it composes the run's source and dispatches its results.
 SESSION_MODULE = "asr_spec/transcribe/session.py"
+# The one many-streams runner: the live streams' requests are made there for `asr-spec stream` and the server alike.
+STREAMS_MODULE = "asr_spec/stream/decodes.py"
 # Names a chunk id goes by (`ChunkId`; a request's or result's `.id`), read by field, never by position.
 CHUNK_ID_NAMES = {"id", "chunk_id", "request_id", "result_id", "tail_id"}
 # Callers of Engine.encode outside the engine, and why they may: none of them is a stage of transcription.
@@ -276,6 +279,38 @@ def test_only_the_engine_session_runs_the_engine() -> None:
              for line in _engine_runs(path)]
     assert [where for where in found if not where.startswith(SESSION_MODULE + ":")] == []
     assert found, "the session module calls Engine.run: the check looks for the right calls"
+
+
+def _calls(node: ast.AST, name: str) -> bool:
+    """`name(...)` or `x.name(...)`."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Name) and func.id == name) or (isinstance(func, ast.Attribute) and func.attr == name)
+
+
+def test_one_runner_makes_the_live_streams_requests() -> None:
+    """One many-streams runner (stream/decodes.py) for the CLI's streams (stream/driver.py) and the server's
+    (serve/stream_jobs.py): no other module of the package makes a live stream's request owner (`StreamKey(...)`),
+    so a second runner cannot appear without failing here."""
+    found = [f"{path.relative_to(REPO).as_posix()}:{node.lineno}" for path in _python_files("asr_spec")
+             for node in ast.walk(_tree(path)) if _calls(node, "StreamKey")]
+    assert [where for where in found if not where.startswith(STREAMS_MODULE + ":")] == []
+    assert found, "the runner makes StreamKey owners: the check looks for the right calls"
+
+
+def test_no_count_of_chunks_in_the_engine_is_kept_by_hand() -> None:
+    """What each owner has in the engine is the engine session's count (transcribe/inflight.py, updated where the
+    session feeds and finishes chunks): no module of the package adds to or subtracts from a counter named for
+    chunks in the engine or in flight (`job.in_engine += 1`, `self._n_in_engine -= 1`)."""
+    found = []
+    for path in _python_files("asr_spec"):
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Add, ast.Sub)):
+                target = ast.unparse(node.target)
+                if "in_engine" in target or "in_flight" in target:
+                    found.append(f"{path.relative_to(REPO).as_posix()}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
 
 
 def _names_chunk_id(expr: ast.expr) -> bool:

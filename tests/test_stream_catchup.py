@@ -20,6 +20,7 @@ from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.serve.stream_jobs import StreamQueue
 from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action
 from asr_spec.stream.policy import StreamOptions, StreamPolicy
+from asr_spec.transcribe.inflight import InFlight
 
 SR = 16_000
 TICK_S = 0.1  # the simulated clock's step: the sessions' and the engine's turns
@@ -48,7 +49,7 @@ def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: f
     """Stream each word list (speech()) at `speed` x real time; an engine of `rows` rows takes `decode_s` per
     re-decode; each stream is re-decoded every `step_s` when it keeps up. Returns the sessions and the simulated
     time when the last one finished."""
-    queue = StreamQueue(threading.Condition(), lambda samples: samples, lambda request_id: None, len(words))
+    queue = StreamQueue(_Session(), lambda samples: samples, threading.Condition(), len(words))
     sims, lives = [], []
     for w in words:
         sim = Sim(speech(w), StreamPolicy(KINDS, detokenize, StreamOptions(step_s=step_s), voice), Backlog(3600 * SR))
@@ -72,6 +73,17 @@ def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: f
             running.append((now + decode_s, request))
         now += TICK_S
     return sims, now
+
+
+class _Session:
+    """The engine session's side the queue uses (`withdraw`, `in_flight`); this fake engine decodes every
+    re-decode to its end, so a withdrawn one only stops counting."""
+
+    def __init__(self) -> None:
+        self.in_flight = InFlight()
+
+    def withdraw(self, chunk_id) -> None:
+        self.in_flight.done(chunk_id)
 
 
 def serve(sim: Sim, live, queue: StreamQueue, enabled: bool, now: float = 0.0) -> None:

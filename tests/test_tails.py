@@ -272,16 +272,16 @@ def _result(key, tokens) -> ChunkResult:
     return ChunkResult(key, tuple(tokens), (), "eos", ChunkStats())
 
 
-def test_with_tails_orders_pieces_and_ends_each_where_the_next_starts() -> None:
+def test_with_tails_orders_chunks_and_tails_and_ends_each_where_the_next_starts() -> None:
     a, b = speech_span(0.0, 29.0, [(0, 29)]), speech_span(30.0, 10.0, [(0, 10)])
     tail1 = plan_tail(a, (ts(0), 1, ts(20.0), EOT), EOT, TS, 0.5)[0]
     tail2 = plan_tail(tail1, (ts(0), 2, ts(4.0), EOT), EOT, TS, 0.5)[0]
     chunks = [(a, _result(0, [1]), None), (b, _result(1, [2]), None)]
     tails = {0: [[tail1, _result(ChunkId(0, 0, 1), [3]), None], [tail2, _result(ChunkId(0, 0, 2), [4]), None]]}
-    pieces, continues = with_tails(chunks, tails)
+    ordered, continues = with_tails(chunks, tails)
     assert continues == [False, True, True, False]
-    starts = [p[0].start_sample for p in pieces]
-    ends = [p[0].end_sample for p in pieces]
+    starts = [d[0].start_sample for d in ordered]
+    ends = [d[0].end_sample for d in ordered]
     assert starts == sorted(starts) and all(e <= s for e, s in zip(ends, starts[1:]))
     assert ends[0] == tail1.start_sample and ends[1] == tail2.start_sample and ends[2] == a.end_sample
 
@@ -461,7 +461,7 @@ def test_a_run_with_tails_asks_for_no_more_rows_than_there_are_chunks(monkeypatc
 
 def test_the_server_repairs_tails_as_the_transcriber_does() -> None:
     """An upload whose chunks get tails re-decoded: the server's text, segments and words are the Transcriber's
-    (the same decision, `finish_piece`, and bookkeeping, `TailBook`), with requests sharing the batch. A request
+    (the same decision, `finish_result`, and bookkeeping, `TailBook`), with requests sharing the batch. A request
     without words is decided on its timestamps, as a Transcriber without word timestamps decides."""
     pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
     from concurrent.futures import ThreadPoolExecutor

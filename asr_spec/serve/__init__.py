@@ -2,8 +2,8 @@
 batch (app.py: routes; params.py: the form fields; responses.py: formats and errors; uploads.py: receiving an
 upload within limits; auth.py: API keys; schema.py: the OpenAPI description; batcher.py: the engine thread and
 the jobs feeding it; metrics.py: Prometheus text), and live streams over WebSocket /v1/realtime, whose re-decodes
-share that batch (realtime.py: the session; realtime_events.py: the events; stream_jobs.py: the re-decodes in the
-engine; static/: the page at /).
+share that batch (realtime.py: the session; realtime_events.py: the events; stream_jobs.py: the many-streams
+runner under the batcher's lock; static/: the page at /).
 
 FastAPI, uvicorn and python-multipart come with the `asr-spec[serve]` extra; they are imported only here.
 """

@@ -246,7 +246,7 @@ async def _decode(request: Request, batcher: Batcher, options: ServeOptions, par
         raise HTTPError(job.status, f"{name}: {job.error}", "file" if job.status < 500 else None)
     wall_s = time.perf_counter() - job.started
     transcriber = batcher.transcriber
-    spans, results, words, continues = job.pieces()  # its chunks with their re-decoded tails
+    spans, results, words, continues = job.in_order()  # its chunks with their re-decoded tails
     result = await asyncio.to_thread(transcriber.assemble, name, spans, results, job.audio_s, wall_s, words,
                                      continues)
     return render(result, params.response_format, transcriber.options.decode.task, params.words), job.audio_s

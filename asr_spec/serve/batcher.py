@@ -19,8 +19,10 @@ idle server does not spin). A job is done when its input is read and its last ch
 timestamps has its chunks keep their encoder output in the engine (`keep_encoded`), and each chunk is aligned in
 the engine thread as it finishes (`Transcriber.finish_chunk`), as `Transcriber.transcribe` does. Cancelling a job
 (a client went away) ends it at once when none of its chunks is being read: its reader is closed, its upload
-removed, its budget given back; its chunks already in the engine finish there and are ignored. An engine error
-fails the jobs whose chunks it lost (`EngineError.chunk_ids`) and the engine starts a new run.
+removed, its budget given back; its chunks already in the engine finish there and are ignored. A run that fails
+(an `EngineError`, or a bug around the engine) fails the jobs and streams whose chunks it held (the session says
+which: `EngineSession.lost`) and the engine starts a new run. What each job and stream has in the engine is the
+session's count (`EngineSession.in_flight`), read here, never kept by hand.
 
 Tail repair and temperature fallback are the engine session's (session.py), as for `Transcriber.transcribe`: a
 tail is fed to the engine before the next job's chunk, unless its job ended meanwhile (`_tail_wanted`); the job is
@@ -76,18 +78,17 @@ class Batcher:
         self.metrics = Metrics(self.batch_size) if metrics is None else metrics
         self._active: deque[Job] = deque()  # jobs with chunks still to read, in turn
         self._jobs: dict[Any, Job] = {}  # submitted jobs not ended
-        self._in_engine = 0  # chunks pulled by the engine and not yet finished
         self._admitted = 0  # requests admitted and not ended
         self._reserved_s = 0.0  # seconds of audio they hold
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
-        self.streams = StreamQueue(self._cond, transcriber.frontend.features, transcriber.engine.withdraw,
-                                   max_streams, self.metrics)
         # the engine's runs, with tail repair (None: stride chunks, no timestamps, off) and the requests'
-        # temperature fallback wrapped around them
+        # temperature fallback wrapped around them; what is in the engine, by job and stream (`in_flight`)
         self.session = EngineSession(transcriber, schedule=self._schedule)
+        self.streams = StreamQueue(self.session, transcriber.frontend.features, self._cond, max_streams)
+        self.metrics.refresh = self._gauges
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
     def admit(self, audio_s: float) -> None:
@@ -201,7 +202,7 @@ class Batcher:
         the next chunk of the next job in turn, or None when none is ready now."""
         while True:
             with self._cond:
-                if not self._active and not self._stopping and self._in_engine == 0 and self.streams.idle:
+                if not self._active and not self._stopping and not self.session.in_flight and self.streams.idle:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
@@ -223,13 +224,10 @@ class Batcher:
                     self._let_go(request)
                     request = None
                     self._end(job)
-                elif request is not None:
-                    job.in_engine += 1
-                    self._in_engine += 1
+                elif request is not None:  # counted in flight by the session as the engine pulls it
                     self._active.append(job)
                 elif job.complete:
                     self._end(job)
-                self.metrics.engine_chunks = self._in_engine
                 self._publish()
             if (failed or job.complete) and not job.cancelled:
                 self._finish(job)
@@ -244,11 +242,7 @@ class Batcher:
                 return False
             job = self._jobs.get(tail_id.owner)
             alive = job is not None and not (job.ended or job.cancelled or job.error is not None)
-            if alive:
-                job.in_engine += 1
-                self._in_engine += 1
-                self.metrics.engine_chunks = self._in_engine
-            elif job is not None:  # cancelled or failed while its tail waited
+            if job is not None and not alive:  # cancelled or failed while its tail waited
                 job.input.repairs.pending -= 1
                 self._end(job)
         return alive
@@ -287,13 +281,22 @@ class Batcher:
             if job.reserved_s is not None:
                 self._admitted -= 1
                 self._reserved_s = max(0.0, self._reserved_s - job.reserved_s)
-        if not job.in_engine:
+        if not self.session.in_flight.of(job.id):
             self._jobs.pop(job.id, None)
 
     def _publish(self) -> None:
         self.metrics.queue_depth = len(self._active)
         self.metrics.requests_in_flight = self._admitted
         self.metrics.audio_in_flight_s = self._reserved_s
+
+    def _gauges(self) -> None:
+        """The metrics' gauges as they are now (`Metrics.refresh`, before each rendering): the batcher's, and what
+        the session counts in the engine."""
+        with self._cond:
+            self._publish()
+            self.metrics.streams_open = self.streams.n_open
+            self.metrics.stream_redecodes = self.streams.n_in_engine
+            self.metrics.engine_chunks = self.session.in_flight.total() - self.metrics.stream_redecodes
 
     # -- the engine thread ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -312,7 +315,6 @@ class Batcher:
             left = list(self._jobs.values())
             self._active.clear()
             for job in left:
-                job.in_engine = 0
                 self._end(job)
                 job.status, job.error = 503, "the server is shutting down"
             self._publish()
@@ -328,15 +330,10 @@ class Batcher:
                     self._deliver(result)
             except EngineError as err:
                 log.error("%s", err)
-                self.streams.fail(str(err.__cause__ or err))
-                self._fail({self.session.origin(chunk_id).owner for chunk_id in err.chunk_ids},
-                           str(err.__cause__ or err))
+                self._fail(self.session.lost(), str(err.__cause__ or err))
             except Exception as err:  # a bug outside the engine's own work: fail what is in flight, keep serving
                 log.exception("engine thread")
-                with self._cond:
-                    lost = {job.id for job in self._jobs.values() if job.in_engine}
-                self.streams.fail(f"{type(err).__name__}: {err}")
-                self._fail(lost, f"{type(err).__name__}: {err}")
+                self._fail(self.session.lost(), f"{type(err).__name__}: {err}")
 
     def _schedule(self, chunk_id: Any) -> tuple[float, ...]:
         """The temperature schedule of a chunk's job (the request's, else the server's options); a stream's
@@ -356,12 +353,9 @@ class Batcher:
         alive = job is not None and not job.cancelled and job.error is None
         finished = self.session.finish(result, job.input if alive else None)  # in the engine thread
         with self._cond:
-            self._in_engine -= 1
-            self.metrics.engine_chunks = self._in_engine
             job = self._jobs.get(result.id.owner)
             if job is None:
                 return
-            job.in_engine -= 1
             if finished is not None:
                 finished.keep(job.input)
             self.metrics.chunk_done(result.stats)
@@ -372,17 +366,12 @@ class Batcher:
         if done and not job.cancelled:
             self._finish(job)
 
-    def _fail(self, job_ids: set, cause: str) -> None:
-        """Fail every job in `job_ids` (they lost a chunk in the engine); the run is over."""
+    def _fail(self, owners: set, cause: str) -> None:
+        """Fail every job and stream in `owners` (their chunks were lost in the engine: `EngineSession.lost`);
+        the run is over."""
+        self.streams.fail(owners, cause)
         with self._cond:
-            failed = [self._jobs[job_id] for job_id in job_ids if job_id in self._jobs]
-            self._in_engine = 0  # nothing is in the engine any more
-            samples = self.session.keep_samples
-            if samples is not None:  # the samples of the failed jobs' chunks in the engine
-                for chunk_id in [key for key in samples if key.owner in job_ids]:
-                    samples.pop(chunk_id, None)
-            for job in self._jobs.values():
-                job.in_engine = 0
+            failed = [self._jobs[owner] for owner in owners if owner in self._jobs]
             for job in failed:
                 if job in self._active:
                     self._active.remove(job)

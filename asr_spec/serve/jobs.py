@@ -68,7 +68,6 @@ class Job:
     cancelled: bool = False
     finished: bool = False
     ended: bool = False  # its reader closed and its budget given back
-    in_engine: int = 0  # chunks pulled by the engine and not finished
     started: float = field(default_factory=time.perf_counter)
     temperature: tuple[float, ...] | None = None
 
@@ -97,9 +96,9 @@ class Job:
     def ordered_results(self) -> list[ChunkResult]:
         return [self.results[i] for i in range(len(self.spans))]
 
-    def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
+    def in_order(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
         """`Transcriber.assemble`'s spans, results, chunk_words and continues: its chunks with their tails."""
-        return self.input.pieces()
+        return self.input.in_order()
 
 
 def check_limits(max_requests: int, max_audio_in_flight_s: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from asr_spec.engine import ChunkStats
 
@@ -29,13 +30,14 @@ class Metrics:
         self.audio_s = 0.0
         self.stats = ChunkStats(chunks=0)
         self.queue_depth = 0  # chunks waiting for a row (set by the batcher)
-        self.engine_chunks = 0  # chunks pulled by the engine, not finished (set by the batcher)
+        self.engine_chunks = 0  # uploads' chunks in the engine (set by the batcher, from the engine session's count)
         self.requests_in_flight = 0  # requests admitted, not ended (set by the batcher)
         self.audio_in_flight_s = 0.0  # seconds of audio they hold in the budget (set by the batcher)
-        self.streams_open = 0  # live streams (/v1/realtime) open (set by the stream queue)
-        self.stream_redecodes = 0  # their re-decodes in the engine (set by the stream queue)
+        self.streams_open = 0  # live streams (/v1/realtime) open (set by the batcher, from its stream queue)
+        self.stream_redecodes = 0  # their re-decodes in the engine (set by the batcher, from its stream queue)
         self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)  # last: +Inf
         self.latency_sum_s = 0.0
+        self.refresh: Callable[[], None] | None = None  # sets the gauges as they are now (the batcher's), if given
 
     def request_done(self, outcome: str, latency_s: float | None = None, audio_s: float = 0.0) -> None:
         with self._lock:
@@ -51,6 +53,8 @@ class Metrics:
             self.stats = self.stats.add(stats)
 
     def render(self) -> str:
+        if self.refresh is not None:
+            self.refresh()
         with self._lock:
             lines = _metric("asr_spec_requests_total", "counter", "Transcription requests by outcome.",
                             [(f'{{outcome="{k}"}}', v) for k, v in sorted(self.requests.items())] or [("", 0)])

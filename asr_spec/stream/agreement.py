@@ -40,7 +40,7 @@ class TokenKinds:
 
 
 @dataclass(frozen=True)
-class Segment:
+class SegmentEnd:
     """A closed timestamp segment of a hypothesis.
 
     text_end: text tokens of the hypothesis up to and including this segment's;
@@ -125,14 +125,14 @@ def _words(tokens: Sequence[int], kinds: TokenKinds) -> list[tuple[int, ...]]:
     return [tuple(w) for w in out]
 
 
-def segments(tokens: Sequence[int], kinds: TokenKinds) -> list[Segment]:
+def segments(tokens: Sequence[int], kinds: TokenKinds) -> list[SegmentEnd]:
     """The closed segments of a hypothesis, in order: a timestamp opens a segment, the next one closes it
     (Whisper writes a segment boundary as a pair: the end of one, the start of the next)."""
     out, is_open, n_text = [], False, 0
     for index, token in enumerate(tokens):
         if token >= kinds.timestamp_begin:
             if is_open:
-                out.append(Segment(n_text, index, token - kinds.timestamp_begin))
+                out.append(SegmentEnd(n_text, index, token - kinds.timestamp_begin))
             is_open = not is_open
         elif kinds.is_text(token):
             n_text += 1

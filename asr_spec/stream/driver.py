@@ -1,5 +1,6 @@
-"""Many streams through one engine: every stream's due decode goes into one engine run (rows shared), the results
-go back to each stream's policy, and the updates come out.
+"""Live streams in one process (`asr-spec stream`, `Transcriber.streams` / `stream`): every stream's due decode goes
+through the many-streams runner (decodes.py, the server's too) into one engine run (rows shared), the results go
+back to each stream's policy, and the updates come out.
 
     runner = asr.streams()            # asr: a Transcriber; a live EngineSession decodes (session.py)
     stream = runner.open()            # as many as wanted
@@ -22,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from asr_spec.audio.features import FeatureBatcher
-from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import TokenKinds
+from asr_spec.stream.decodes import LiveStream, StreamDecodes
 from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update, VoiceFn
 
 
@@ -40,11 +41,13 @@ def token_kinds(tokenizer: Any, eot: int, timestamp_begin: int) -> TokenKinds:
 class Stream:
     """One live stream of a `StreamRunner`: feed it audio blocks, finish it; its updates come from `pump`."""
 
-    def __init__(self, stream_id: Hashable, policy: StreamPolicy):
+    def __init__(self, stream_id: Hashable, policy: StreamPolicy, decodes: StreamDecodes):
         self.id, self.policy = stream_id, policy
         self.stats = ChunkStats(chunks=0)  # the engine's counts over every decode of this stream
         self.text = ""  # committed so far
         self._pending: list[Update] = []
+        self._results: list[ChunkResult | str] = []  # its decodes' results, as the runner delivers them
+        self.live: LiveStream = decodes.open(self._results.append)
 
     def feed(self, samples: np.ndarray) -> None:
         """Append (n,) float32 16 kHz mono samples."""
@@ -82,6 +85,7 @@ class StreamRunner:
         tokens = engine.tokens
         self.kinds = token_kinds(tokenizer, tokens.eot, tokens.timestamp_begin)
         self.streams: dict[Hashable, Stream] = {}
+        self.decodes = StreamDecodes(session, features)  # the streams' decodes on their way through the session
         self._ids = itertools.count()
         self.stats = ChunkStats(chunks=0)  # over every decode of every stream
 
@@ -93,7 +97,7 @@ class StreamRunner:
         key = next(self._ids) if stream_id is None else stream_id
         if key in self.streams:
             raise InputError(f"stream {key!r} is open already")
-        stream = Stream(key, self.new_policy())
+        stream = Stream(key, self.new_policy(), self.decodes)
         self.streams[key] = stream
         return stream
 
@@ -106,6 +110,7 @@ class StreamRunner:
     def close(self, stream: Stream) -> None:
         """Forget a stream (finished or abandoned): it takes no row from now on."""
         self.streams.pop(stream.id, None)
+        self.decodes.close(stream.live)
 
     def pump(self) -> list[tuple[Stream, Update]]:
         """Decode every stream's due decode in one engine run, until none is due; returns the updates, in order.
@@ -117,7 +122,12 @@ class StreamRunner:
                 self.close(stream)
         while due := self.due():
             requests = self.requests(due)
-            results = {r.id: r for r in self.session.run(requests, min(self.batch_size, len(requests)))}
+            source = self.session.source(requests)
+            try:
+                results = {r.id: r for r in self.session.run(source, min(self.batch_size, len(requests)))}
+            except Exception as err:  # the streams cannot go on; the session's counts start clean
+                self.decodes.fail(self.session.lost(), f"{type(err).__name__}: {err}")
+                raise
             out += self.deliver(due, [results[r.id] for r in requests])
         return out
 
@@ -127,17 +137,23 @@ class StreamRunner:
         return [(s, d) for s in list(self.streams.values()) if (d := s.policy.request()) is not None]
 
     def requests(self, due: list[tuple[Stream, Decode]]) -> list[ChunkRequest]:
-        """The engine requests of `due` (ids `ChunkId(stream id, position in due)`): the buffers' features, each
-        with its stream's previous hypothesis unless offer_hypothesis is off."""
-        feats = self.features([d.audio for _, d in due])
-        return [ChunkRequest(ChunkId(s.id, i), feats[i], hypothesis=d.hypothesis if self.offer_hypothesis else ())
-                for i, (s, d) in enumerate(due)]
+        """The engine requests of `due`, in its order (`StreamDecodes.submit`, then `take_all`: the buffers'
+        features made together), each with its stream's previous hypothesis unless offer_hypothesis is off."""
+        for stream, decode in due:
+            self.decodes.submit(stream.live, decode.audio, decode.hypothesis if self.offer_hypothesis else ())
+        return self.decodes.take_all()
 
     def deliver(self, due: list[tuple[Stream, Decode]], results: list[ChunkResult]) -> list[tuple[Stream, Update]]:
-        """Hand each decode's result (in the order of `due`) to its stream; returns the updates (a stream whose
-        update is final is forgotten)."""
+        """Hand each decode's result (`results` in the order of `due`) to its stream through the runner
+        (`StreamDecodes.deliver`); returns the updates, in that order (a stream whose update is final is
+        forgotten)."""
+        for result in results:
+            self.decodes.deliver(result)
         out = []
-        for (stream, decode), result in zip(due, results, strict=True):
+        for stream, decode in due:
+            result = stream._results.pop(0)
+            if isinstance(result, str):  # lost by the engine (`pump` raises then): a bug if it comes here
+                raise RuntimeError(f"stream {stream.id!r}: {result}")
             stream.stats = stream.stats.add(result.stats)
             self.stats = self.stats.add(result.stats)
             update = stream.policy.accept(decode, result.tokens)

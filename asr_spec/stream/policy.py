@@ -47,7 +47,7 @@ from asr_spec.errors import InputError
 from asr_spec.stream.agreement import (
     SAMPLE_RATE,
     SAMPLES_PER_TIMESTAMP,
-    Segment,
+    SegmentEnd,
     TokenKinds,
     agreed_words,
     aligned_end,
@@ -277,7 +277,7 @@ class StreamPolicy:
         self._trim(hypothesis, new_text, segment, segment.end_ts if cut is None else cut)
         return delta
 
-    def _trim(self, hypothesis: tuple[int, ...], new_text: list[int], segment: Segment, cut_ts: int) -> None:
+    def _trim(self, hypothesis: tuple[int, ...], new_text: list[int], segment: SegmentEnd, cut_ts: int) -> None:
         """Drop the buffer's first `cut_ts` timestamp steps and the committed text of `segment` and those before
         (the committed words that new_text's first `segment.text_end` tokens say); the hypothesis's tokens after
         the segment stay, shifted to the new start."""

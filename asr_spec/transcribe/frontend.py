@@ -33,7 +33,7 @@ from asr_spec.transcribe.options import TranscribeOptions
 
 __all__ = ["FrontEnd"]
 
-_Piece = tuple[ChunkId, bool, np.ndarray]  # (request id, keep_encoded, samples) of one chunk
+_Chunk = tuple[ChunkId, bool, np.ndarray]  # (request id, keep_encoded, samples) of one chunk
 
 
 class FrontEnd:
@@ -93,7 +93,7 @@ class FrontEnd:
             with self._vad_lock:
                 self._vads.append(vad)
 
-    def _chunks(self, inputs: Iterable[Input]) -> Iterator[_Piece]:
+    def _chunks(self, inputs: Iterable[Input]) -> Iterator[_Chunk]:
         """Every chunk of every input, in order, read lazily; an input that fails is marked and left."""
         for item in inputs:
             if item.word_timestamps and not self.options.word_timestamps:
@@ -120,18 +120,18 @@ class FrontEnd:
             item.n_samples += len(block)
             yield block
 
-    def _featurise(self, pieces: Iterator[_Piece], batch: int, keep_samples: dict | None) -> Iterator[ChunkRequest]:
-        """Requests for `pieces`, featurised `batch` chunks at a time (bounded features in flight)."""
-        pending: list[_Piece] = []
-        for piece in pieces:
-            pending.append(piece)
+    def _featurise(self, chunks: Iterator[_Chunk], batch: int, keep_samples: dict | None) -> Iterator[ChunkRequest]:
+        """Requests for `chunks`, featurised `batch` chunks at a time (bounded features in flight)."""
+        pending: list[_Chunk] = []
+        for chunk in chunks:
+            pending.append(chunk)
             if len(pending) == batch:
                 yield from self._requests(pending, keep_samples)
                 pending = []
         if pending:
             yield from self._requests(pending, keep_samples)
 
-    def _requests(self, pending: list[_Piece], keep_samples: dict | None) -> Iterator[ChunkRequest]:
+    def _requests(self, pending: list[_Chunk], keep_samples: dict | None) -> Iterator[ChunkRequest]:
         features = self.features([samples for _, _, samples in pending])  # (B, n_mels, n_frames)
         for (chunk_id, keep_encoded, samples), row in zip(pending, features):
             if keep_samples is not None:  # held from the moment the engine pulls the chunk

@@ -68,7 +68,7 @@ class Input:
 
     def keep(self, chunk_id: ChunkId, result: ChunkResult, words: list[list[WordTiming]] | None,
              tail: SpeechSpan | None) -> bool:
-        """Keep a finished chunk's (or tail's) result and words (`Transcriber.finish_piece`'s), and note the tail
+        """Keep a finished chunk's (or tail's) result and words (`Transcriber.finish_result`'s), and note the tail
         to decode after it; True when it was a chunk (not a tail)."""
         if tail is not None:
             self.repairs.add(chunk_id.index, tail)
@@ -79,14 +79,14 @@ class Input:
             self.words[chunk_id.index] = words
         return True
 
-    def pieces(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
+    def in_order(self) -> tuple[list[ChunkSpan], list[ChunkResult], list | None, list[bool]]:
         """`Transcriber.assemble`'s spans, results, chunk_words (None without word timestamps) and continues:
         its chunks, in order, each followed by its re-decoded tails."""
         n = len(self.spans)
         words = [self.words.get(i) for i in range(n)] if self.word_timestamps else None
-        pieces, continues = self.repairs.pieces(self.spans, [self.results[i] for i in range(n)], words)
-        piece_words = None if words is None else [w for _, _, w in pieces]
-        return [p[0] for p in pieces], [p[1] for p in pieces], piece_words, continues
+        ordered, continues = self.repairs.in_order(self.spans, [self.results[i] for i in range(n)], words)
+        ordered_words = None if words is None else [w for _, _, w in ordered]
+        return [d[0] for d in ordered], [d[1] for d in ordered], ordered_words, continues
 
 
 @dataclass(eq=False)

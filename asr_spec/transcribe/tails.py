@@ -52,14 +52,14 @@ assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp ste
 
 
 # a closed segment: (start step, end step, index of its start timestamp, index of its end timestamp)
-Segment = tuple[int, int, int, int]
+ClosedSegment = tuple[int, int, int, int]
 
 
 def closed_segments(tokens: Sequence[int], eot_id: int,
-                    timestamp_begin_id: int) -> tuple[list[Segment], int | None]:
+                    timestamp_begin_id: int) -> tuple[list[ClosedSegment], int | None]:
     """A chunk's closed segments in order, and the start step of a last segment Whisper left open (None when
     there is none); a pair of timestamps with no text between them is no segment."""
-    closed: list[Segment] = []
+    closed: list[ClosedSegment] = []
     start, start_index, spoken = None, 0, False
     for index, token in enumerate(tokens):
         if token < eot_id:
@@ -74,7 +74,7 @@ def closed_segments(tokens: Sequence[int], eot_id: int,
     return closed, (start if start is not None and spoken else None)
 
 
-def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np.ndarray,
+def _uncovered_segment(closed: list[ClosedSegment], open_start: int | None, speech: np.ndarray,
                        margin_s: float) -> int | None:
     """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
     by from its end timestamp before the next segment starts (or, after the last one, before the chunk ends), or
@@ -86,7 +86,7 @@ def _uncovered_segment(closed: list[Segment], open_start: int | None, speech: np
     return None
 
 
-def _next_starts(closed: list[Segment], open_start: int | None, end: int) -> list[int]:
+def _next_starts(closed: list[ClosedSegment], open_start: int | None, end: int) -> list[int]:
     """Per closed segment, the step where the next segment starts: the next closed one's start, then the open
     segment's start (it covers the rest), or `end` when the last segment is closed."""
     return [s for s, _, _, _ in closed[1:]] + [end if open_start is None else open_start]
@@ -113,7 +113,7 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
-def rewind(closed: list[Segment], position: int, context_s: float, min_step: int = 0) -> tuple[int, int]:
+def rewind(closed: list[ClosedSegment], position: int, context_s: float, min_step: int = 0) -> tuple[int, int]:
     """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
     the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
     already decoded: it starts at the latest segment start at least that far before the covered step, never at
@@ -163,7 +163,7 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     return tail, tuple(int(t) for t in tokens[:n_kept]) + (eot_id,)
 
 
-def longest_gap_s(closed: list[Segment], open_start: int | None, low: int, high: int) -> float:
+def longest_gap_s(closed: list[ClosedSegment], open_start: int | None, low: int, high: int) -> float:
     """Seconds of the longest stretch of steps [low, high) that follows a closed segment and no segment covers:
     from a closed segment's end to the next segment's start (a segment left open starts at open_start and covers
     the rest; after the last closed one, to high). 0 when there is none. Only in such a stretch can speech go
@@ -173,7 +173,7 @@ def longest_gap_s(closed: list[Segment], open_start: int | None, low: int, high:
     return max([0, *gaps]) * TIME_PRECISION_S
 
 
-def repeated_segment(closed: list[Segment], tokens: Sequence[int], eot_id: int,
+def repeated_segment(closed: list[ClosedSegment], tokens: Sequence[int], eot_id: int,
                      min_tokens: int = MIN_LOOP_TOKENS) -> int | None:
     """The position in `closed` of the first segment whose text (at least `min_tokens` text tokens) repeats an
     earlier segment's of the same chunk token for token: where a window that loops starts writing its loop (its
@@ -253,23 +253,24 @@ def drop_repeated_head(parent: Sequence[int], tail: Sequence[int], eot_id: int,
     return tuple(out), n_drop
 
 
-Piece = tuple[SpeechSpan, ChunkResult, object]  # (span, result, words or None) of a chunk or of one of its tails
+DecodedSpan = tuple[SpeechSpan, ChunkResult, object]  # (span, result, words or None) of a chunk or of one of its tails
 
 
-def with_tails(chunks: Sequence[Piece], tails: dict[int, list[list]]) -> tuple[list[Piece], list[bool]]:
-    """The pieces to assemble, in file order: each chunk followed by its tails (`tails[i]`: [span, result,
-    words] per attempt), every piece but the last of a chunk ending where the next one starts; and per piece
+def with_tails(chunks: Sequence[DecodedSpan],
+               tails: dict[int, list[list]]) -> tuple[list[DecodedSpan], list[bool]]:
+    """The chunks and tails to assemble, in file order: each chunk followed by its tails (`tails[i]`: [span,
+    result, words] per attempt), every one but the last of a chunk ending where the next one starts; and for each
     whether it continues the one before it (a tail)."""
-    pieces: list[Piece] = []
+    ordered: list[DecodedSpan] = []
     continues: list[bool] = []
     for index, chunk in enumerate(chunks):
         run = [chunk] + [(span, result, words) for span, result, words in tails.get(index, [])]
         for j, (span, result, words) in enumerate(run):
             if j + 1 < len(run):
                 span = trim_span(span, run[j + 1][0].start_sample)
-            pieces.append((span, result, words))
+            ordered.append((span, result, words))
             continues.append(j > 0)
-    return pieces, continues
+    return ordered, continues
 
 
 @dataclasses.dataclass
@@ -303,8 +304,8 @@ class TailBook:
         self.pending -= 1
         return True
 
-    def pieces(self, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult],
-               words: Sequence[object] | None) -> tuple[list[Piece], list[bool]]:
+    def in_order(self, spans: Sequence[ChunkSpan], results: Sequence[ChunkResult],
+                 words: Sequence[object] | None) -> tuple[list[DecodedSpan], list[bool]]:
         """`with_tails` over the input's chunks (in chunk order) and its tails; words None: no words."""
         chunks = [(span, results[i], None if words is None else words[i]) for i, span in enumerate(spans)]
         return with_tails(chunks, self.tails)

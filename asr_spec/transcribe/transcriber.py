@@ -1,7 +1,7 @@
 """Transcriber: wires the stages together for many (long) inputs at once; no maths of its own.
 
     inputs (inputs.py) ──prepare (frontend.py: decode, chunk, featurise)──► ChunkRequest(ChunkId(input, chunk),
-    features) ──EngineSession (session.py: tails, prompts, fallback around Engine.run; finish_piece per result)──►
+    features) ──EngineSession (session.py: tails, prompts, fallback around Engine.run; finish_result per result)──►
     Input.keep, per input ──assemble (assembly.py: no-speech rule, stitch, text, language)──► Transcription
     [──write_outputs (outputs.py), when given an output folder]
 
@@ -14,7 +14,7 @@ Transcriptions are yielded in input order. An input that cannot be read gets `er
 The engine session (session.py) is the one place that composes a run's source (tail repair, tails.py; prompts,
 prompts.py; temperature fallback, fallback.py) and finishes each result; this class is one of its clients (the
 server's batcher and the live streams are the others) and keeps only its inputs, progress bar and outputs. Its
-stages are public because the session and the server call them: `prepare`, `finish_piece` (`finish_chunk`, then
+stages are public because the session and the server call them: `prepare`, `finish_result` (`finish_chunk`, then
 `tail_of`: the one tail decision), `tail_source`, `fallback`, `assemble`.
 """
 
@@ -334,7 +334,7 @@ class Transcriber:
                                context_s, lambda: self.frontend.window_speech(samples), looping)
         return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s)
 
-    def finish_piece(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
+    def finish_result(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
                      ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
         """`finish_chunk`, then the tail decision (`tail_of`; samples: the chunk's, see there): the result to keep
         (when a tail follows, its tokens cut before it and its words to match), its words, and the tail to
@@ -384,7 +384,7 @@ class Transcriber:
         wall_s = time.perf_counter() - item.started
         if item.error is not None:
             return Transcription(item.name, "", (), None, None, item.audio_s, wall_s, (), error=item.error)
-        spans, results, words, continues = item.pieces()
+        spans, results, words, continues = item.in_order()
         transcription = self.assemble(item.name, spans, results, item.audio_s, wall_s, words, continues)
         if output_dir is None:
             return transcription

@@ -1,0 +1,209 @@
+"""Many live streams through one engine session: the one many-streams runner, for `asr-spec stream` (driver.py)
+and the server's `/v1/realtime` (serve/stream_jobs.py) alike.
+
+    a stream's policy ──submit(stream, audio, hypothesis)──► one waiting re-decode per stream (a newer one
+    replaces it) ──take / take_all (featurised now)──► the engine session's run ──ChunkResult──► deliver
+    ──stream.on_result──► the caller hands it to the stream's policy
+
+A stream holds at most one re-decode waiting and one in the engine: a newer one taken while an older one is still
+decoding withdraws the stale one (`EngineSession.withdraw`: its row freed before the next step), so memory per
+stream is one window of samples and its features. `close` drops the stream's waiting re-decode and withdraws the
+one in the engine; a result that still comes back for it is ignored. What is in the engine is the session's
+count (`EngineSession.in_flight`), read here, not kept.
+
+Request ids are `ChunkId(StreamKey(stream id), re-decode number)`: this module is the only one that makes them
+(tests/test_layout.py), and `deliver` routes results by that owner. Thread-safe: the streams' side (submit,
+close) and the engine's side (take, deliver) may run in different threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from asr_spec.chunk_id import ChunkId, StreamKey
+from asr_spec.engine import ChunkRequest, ChunkResult
+
+__all__ = ["LiveStream", "StreamDecodes", "is_stream_id"]
+
+log = logging.getLogger(__name__)
+_stream_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class LiveStream:
+    """One open stream as the engine's side sees it.
+
+    on_result: called (from the thread that runs the engine) with each re-decode's `ChunkResult`, or with an error
+               message (str) when the engine lost it; it must not block.
+    """
+
+    on_result: Callable[[ChunkResult | str], None]
+    id: int = field(default_factory=lambda: next(_stream_ids))
+    n_submitted: int = 0  # re-decodes submitted so far (the last element of their ids)
+    in_engine: ChunkId | None = None  # the request id of its re-decode taken for the engine, if any
+    closed: bool = False
+
+    @property
+    def owner(self) -> StreamKey:
+        """The owner of its requests (`ChunkId.owner`)."""
+        return StreamKey(self.id)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    stream: LiveStream
+    request_id: ChunkId
+    samples: np.ndarray  # (n_samples,) float32 16 kHz, at most one window
+    hypothesis: tuple[int, ...]  # token ids offered as the re-decode's draft
+
+
+class StreamDecodes:
+    """The streams' re-decodes waiting for the engine, and which stream each one in the engine belongs to.
+
+    session:   the engine session that decodes them (`asr_spec.transcribe.session.EngineSession`): its
+               `withdraw(chunk id)` and its `in_flight` count are used.
+    featurise: (samples list) -> (B, n_mels, n_frames) features (the transcriber's `FeatureBatcher`).
+    lock:      the lock (a `threading.Condition`) everything here happens under; a submission notifies it (the
+               server passes its batcher's, whose idle source waits on it). Default: one of its own.
+    """
+
+    def __init__(self, session: Any, featurise: Callable[[list[np.ndarray]], Any],
+                 lock: threading.Condition | None = None):
+        self.session = session
+        self._featurise = featurise
+        self._cond = threading.Condition() if lock is None else lock
+        self._open: dict[int, LiveStream] = {}
+        self._waiting: OrderedDict[int, _Pending] = OrderedDict()  # by stream id, oldest first
+
+    # -- the streams' side -----------------------------------------------------------------------------------
+    def open(self, on_result: Callable[[ChunkResult | str], None]) -> LiveStream:
+        """A new stream."""
+        with self._cond:
+            stream = LiveStream(on_result)
+            self._open[stream.id] = stream
+            return stream
+
+    def submit(self, stream: LiveStream, samples: np.ndarray, hypothesis: tuple[int, ...] = ()) -> None:
+        """Queue a re-decode of `samples` ((n,) float32, 16 kHz, at most one window) for `stream`, replacing its
+        waiting one if any; hypothesis: the stream's previous hypothesis of that audio, offered to the engine as
+        the draft of the re-decode's first tokens (`ChunkRequest.hypothesis`)."""
+        with self._cond:
+            if stream.closed:
+                return
+            stream.n_submitted += 1
+            request_id = ChunkId(stream.owner, stream.n_submitted)
+            self._waiting.pop(stream.id, None)
+            self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis))
+            self._cond.notify_all()
+
+    def close(self, stream: LiveStream) -> None:
+        """The stream is over (ended, or its client went away): drop its waiting re-decode and withdraw the one in
+        the engine (its row freed now)."""
+        with self._cond:
+            stream.closed = True
+            self._waiting.pop(stream.id, None)
+            self._open.pop(stream.id, None)
+            in_engine, stream.in_engine = stream.in_engine, None
+        if in_engine is not None:
+            self.session.withdraw(in_engine)
+
+    @property
+    def n_open(self) -> int:
+        return len(self._open)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def n_in_engine(self) -> int:
+        """The streams' re-decodes in the engine (the session's count)."""
+        return self.session.in_flight.total(_is_stream_owner)
+
+    @property
+    def idle(self) -> bool:
+        """No re-decode waits or is in the engine."""
+        return not self._waiting and not self.n_in_engine
+
+    # -- the engine's side -----------------------------------------------------------------------------------
+    def take(self) -> ChunkRequest | None:
+        """The oldest waiting re-decode as an engine request (featurised now), or None when none waits."""
+        requests = self._take(1)
+        return requests[0] if requests else None
+
+    def take_all(self) -> list[ChunkRequest]:
+        """Every waiting re-decode as engine requests, oldest first, featurised together."""
+        return self._take(None)
+
+    def _take(self, n: int | None) -> list[ChunkRequest]:
+        """Up to n (None: all) waiting re-decodes, each marked as its stream's one in the engine; a stale one
+        that stream still had there is withdrawn."""
+        with self._cond:
+            n = len(self._waiting) if n is None else min(n, len(self._waiting))
+            taken = [self._waiting.popitem(last=False)[1] for _ in range(n)]
+            stale = []
+            for pending in taken:
+                if pending.stream.in_engine is not None:
+                    stale.append(pending.stream.in_engine)
+                pending.stream.in_engine = pending.request_id
+        for chunk_id in stale:
+            self.session.withdraw(chunk_id)
+        if not taken:
+            return []
+        features = self._featurise([pending.samples for pending in taken])  # (B, n_mels, n_frames)
+        return [ChunkRequest(pending.request_id, features[i], hypothesis=pending.hypothesis)
+                for i, pending in enumerate(taken)]
+
+    def deliver(self, result: ChunkResult) -> bool:
+        """Hand a result to its stream; False when `result` is not a stream's (an upload chunk's). A result of a
+        closed stream, or a stale re-decode, is dropped."""
+        if not is_stream_id(result.id):
+            return False
+        with self._cond:
+            stream = self._open.get(result.id.owner.stream)
+            if stream is None or stream.in_engine != result.id:
+                return True
+            stream.in_engine = None
+        _notify(stream, result)
+        return True
+
+    def fail(self, owners: set[Hashable], cause: str) -> None:
+        """The engine's run failed and lost the requests of `owners` (`EngineSession.lost`): tell those streams."""
+        with self._cond:
+            lost = [s for s in self._open.values() if s.in_engine is not None and s.owner in owners]
+            for stream in lost:
+                stream.in_engine = None
+        for stream in lost:
+            _notify(stream, f"decoding failed ({cause})")
+
+    def stop(self, cause: str) -> None:
+        """No more decoding (the server is going): drop what waits and tell every open stream."""
+        with self._cond:
+            streams = list(self._open.values())
+            self._waiting.clear()
+        for stream in streams:
+            _notify(stream, cause)
+
+
+def is_stream_id(request_id: Any) -> bool:
+    """Whether an engine request id is a live stream's re-decode."""
+    return isinstance(request_id, ChunkId) and isinstance(request_id.owner, StreamKey)
+
+
+def _is_stream_owner(owner: Hashable) -> bool:
+    return isinstance(owner, StreamKey)
+
+
+def _notify(stream: LiveStream, outcome: ChunkResult | str) -> None:
+    try:
+        stream.on_result(outcome)
+    except Exception:  # a callback's bug must not stop the engine's thread
+        log.exception("stream %s: result callback failed", stream.id)

@@ -1,0 +1,182 @@
+"""What the engine session counts in the engine (transcribe/inflight.py, `EngineSession.in_flight`), without a model:
+a fake engine pulls a batch from the session's source, then finishes, drops (withdrawn) or loses (raises) what it
+holds. The counts follow the feeding and finishing per owner, and go back to zero after withdrawals and failures;
+the many-streams runner (stream/decodes.py) reads them. Then the same with the tiny random Whisper through the
+server's batcher: an engine error and a closed stream leave nothing counted."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from asr_spec.chunk_id import ChunkId, StreamKey
+from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, EngineError
+from asr_spec.stream.decodes import StreamDecodes
+from asr_spec.transcribe.inflight import InFlight
+from asr_spec.transcribe.session import EngineSession
+
+
+class FakeEngine:
+    """Pulls up to batch_size requests, then gives each one's result in pull order: none for a withdrawn one, and
+    `EngineError` naming all it holds when it reaches an id of `fail_on`. `seen` records the counts the session
+    reports at each result (read through `probe`)."""
+
+    def __init__(self, fail_on: tuple = (), probe=None):
+        self.fail_on, self.probe = set(fail_on), probe
+        self.withdrawn: set = set()
+        self.seen: list = []
+
+    def withdraw(self, chunk_id) -> None:
+        self.withdrawn.add(chunk_id)
+
+    def run(self, source, batch_size):
+        source = iter(source)
+        while True:
+            held = [r for r in (next(source, None) for _ in range(batch_size)) if r is not None]
+            if not held:
+                return
+            for request in held:
+                if request.id in self.fail_on:
+                    raise EngineError(tuple(r.id for r in held), RuntimeError("broken chunk"))
+                if self.probe is not None:
+                    self.seen.append(self.probe())
+                if request.id not in self.withdrawn:
+                    yield ChunkResult(request.id, (1, 2), (), "eos", ChunkStats(chunks=1))
+
+
+def request(owner, index: int) -> ChunkRequest:
+    return ChunkRequest(ChunkId(owner, index), torch.zeros(80, 3000))
+
+
+def session_over(engine: FakeEngine) -> EngineSession:
+    return EngineSession(SimpleNamespace(), engine=engine, live=True)
+
+
+def test_counts_follow_feeding_and_finishing_per_owner():
+    engine = FakeEngine()
+    session = session_over(engine)
+    engine.probe = lambda: (session.in_flight.of("a"), session.in_flight.of("b"))
+    requests = [request("a", 0), request("b", 0), request("a", 1), request("a", 2)]
+    results = list(session.run(session.source(requests), 3))
+    assert [r.id for r in results] == [r.id for r in requests]
+    # first batch: a0, b0, a1 pulled; each result counted out before the next one is read
+    assert engine.seen == [(2, 1), (1, 1), (1, 0), (1, 0)]
+    assert session.in_flight.total() == 0 and not session.in_flight
+
+
+def test_withdrawn_requests_stop_counting_and_give_no_result():
+    engine = FakeEngine()
+    session = session_over(engine)
+    requests = [request("a", 0), request("a", 1), request("b", 0)]
+    run = session.run(session.source(requests), 3)
+    first = next(run)  # the engine holds all three now
+    assert first.id == ChunkId("a", 0) and session.in_flight.of("a") == 1 and session.in_flight.of("b") == 1
+    session.withdraw(ChunkId("a", 1))
+    assert session.in_flight.of("a") == 0 and engine.withdrawn == {ChunkId("a", 1)}
+    assert [r.id for r in run] == [ChunkId("b", 0)]
+    session.withdraw(ChunkId("b", 0))  # finished already: a late withdrawal counts nothing twice
+    assert session.in_flight.total() == 0
+
+
+def test_a_failed_run_names_the_owners_it_lost_and_counts_start_clean():
+    engine = FakeEngine(fail_on={ChunkId("b", 0)})
+    session = session_over(engine)
+    requests = [request("a", 0), request("b", 0), request("c", 0), request("d", 0)]
+    source = session.source(requests)
+    with pytest.raises(EngineError):
+        list(session.run(source, 3))
+    assert session.in_flight.total() == 2  # b and c held when it raised (a had finished)
+    assert session.lost() == {"b", "c"}
+    assert session.in_flight.total() == 0 and session.in_flight.of("b") == 0
+    engine.fail_on = set()
+    assert [r.id for r in session.run(source, 3)] == [ChunkId("d", 0)]  # the next run carries on
+    assert session.in_flight.total() == 0
+
+
+def test_the_stream_runner_reads_the_sessions_count_through_withdrawals_and_failures():
+    engine = FakeEngine()
+    session = session_over(engine)
+    decodes = StreamDecodes(session, lambda samples: torch.zeros(len(samples), 80, 3000))
+    got: dict = {}
+    streams = [decodes.open(lambda outcome, i=i: got.setdefault(i, []).append(outcome)) for i in range(3)]
+    for stream in streams:
+        decodes.submit(stream, torch.zeros(16000).numpy(), (5,))
+    decodes.submit(streams[0], torch.zeros(8000).numpy())  # replaces its waiting one, now the newest
+    assert decodes.n_waiting == 3 and decodes.idle is False
+    requests = decodes.take_all()
+    assert [r.id for r in requests] == [ChunkId(StreamKey(streams[i].id), n) for i, n in ((1, 1), (2, 1), (0, 2))]
+    run = session.run(session.source(requests), 3)
+    decodes.deliver(next(run))  # stream 1's
+    assert decodes.n_in_engine == 2
+    decodes.close(streams[2])  # its client went away: withdrawn from the engine
+    assert decodes.n_in_engine == 1
+    for result in run:
+        decodes.deliver(result)
+    assert sorted(got) == [0, 1] and decodes.n_in_engine == 0 and decodes.idle
+    # a failed run: the stream it held is told, and nothing stays counted
+    engine.fail_on = {ChunkId(StreamKey(streams[0].id), 3)}
+    decodes.submit(streams[0], torch.zeros(16000).numpy())
+    with pytest.raises(EngineError):
+        list(session.run(session.source(decodes.take_all()), 3))
+    decodes.fail(session.lost(), "broken chunk")
+    assert got[0][-1] == "decoding failed (broken chunk)" and decodes.n_in_engine == 0
+
+
+def test_in_flight_is_counted_once_per_id_from_many_threads():
+    counts = InFlight()
+    ids = [ChunkId(owner, i) for owner in range(4) for i in range(200)]
+
+    def feed_and_finish(part):
+        for chunk_id in part:
+            counts.fed(chunk_id)
+            counts.fed(chunk_id)  # fed twice: counted once
+        for chunk_id in part:
+            assert counts.done(chunk_id)
+            assert not counts.done(chunk_id)  # done twice: counted out once
+
+    threads = [threading.Thread(target=feed_and_finish, args=(ids[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert counts.total() == 0 and not counts and all(counts.of(owner) == 0 for owner in range(4))
+
+
+def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel():
+    """The tiny random Whisper through the server's batcher: a job whose chunks break the encoder fails, a job
+    cancelled while its chunks decode is forgotten, another is served; the session then counts nothing, and the
+    metrics' gauges (read from it) say so."""
+    import dataclasses
+    import time
+
+    pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+    from test_transcribe import LONG, SHORT, transcriber
+
+    from asr_spec.serve.batcher import Batcher
+
+    batcher = Batcher(transcriber(speculative=False), batch_size=2)
+    broken = batcher.prepare(SHORT[1].read_bytes())
+    requests = [broken.pending, *broken.requests]
+    broken.pending = None  # 7 frames instead of 3000: the encoder raises on this job's chunks
+    broken.requests = iter([dataclasses.replace(r, features=torch.randn(80, 7)) for r in requests])
+    gone, good = batcher.prepare(str(LONG)), batcher.prepare(str(SHORT[0]))
+    batcher.start()
+    try:
+        for job in (broken, gone, good):
+            batcher.submit(job)
+        deadline = time.monotonic() + 300
+        while not batcher.session.in_flight.of(gone.id):
+            assert time.monotonic() < deadline, "the long job's chunks never reached the engine"
+            time.sleep(0.01)
+        batcher.cancel(gone)
+        while not (broken.finished and good.finished) or batcher.session.in_flight:
+            assert time.monotonic() < deadline, "the jobs did not finish in time"
+            time.sleep(0.02)
+    finally:
+        batcher.stop()
+    assert "decoding failed" in broken.error and good.error is None and gone.cancelled and not gone.finished
+    assert batcher.session.in_flight.total() == 0 and batcher.streams.n_in_engine == 0
+    assert "asr_spec_engine_chunks 0\n" in batcher.metrics.render()
