@@ -155,9 +155,21 @@ def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel()
     pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
     from test_transcribe import LONG, SHORT, transcriber
 
+    from asr_spec.engine.capture import StepRunner
     from asr_spec.serve.batcher import Batcher
 
-    batcher = Batcher(transcriber(speculative=False), batch_size=2)
+    gate = threading.Event()  # the engine's steps wait on it: the long job cannot finish before it is cancelled
+    gate.set()
+
+    def gated(fn):
+        def step(*args):
+            assert gate.wait(300), "the test never opened the gate"
+            fn(*args)
+        return step
+
+    model = transcriber(speculative=False)
+    model.engine.runner = StepRunner("wrapped", gated)
+    batcher = Batcher(model, batch_size=2)
     broken = batcher.prepare(SHORT[1].read_bytes())
     requests = [broken.pending, *broken.requests]
     broken.pending = None  # 7 frames instead of 3000: the encoder raises on this job's chunks
@@ -171,12 +183,14 @@ def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel()
             assert time.monotonic() < deadline, "the broken job did not fail in time"
             time.sleep(0.02)
         assert batcher.session.in_flight.total() == 0
+        gate.clear()  # from here the steps wait: the long job's chunks stay in the engine until it is cancelled
         batcher.submit(gone)
         batcher.submit(good)
         while not batcher.session.in_flight.of(gone.id):
             assert time.monotonic() < deadline, "the long job's chunks never reached the engine"
             time.sleep(0.01)
         batcher.cancel(gone)
+        gate.set()
         while not (broken.finished and good.finished) or batcher.session.in_flight:
             assert time.monotonic() < deadline, "the jobs did not finish in time"
             time.sleep(0.02)
