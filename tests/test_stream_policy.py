@@ -292,3 +292,21 @@ def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_de
         misheard = [w for w in committed_before[anchor:] if int(w[1:]) in NOISE_WORDS]
         lost = [w for w in last_hypothesis[after:] if w not in got]
         assert len(lost) <= len(misheard), (seed, last_hypothesis, got)
+
+
+def test_a_repunctuated_commit_point_is_found_where_it_is_not_at_an_earlier_the() -> None:
+    """dense_windows streamed (2026-12-02): "… the birds and the stars, the" committed, the next hypothesis said
+    "… the birds and the stars. The keeper …". Compared token for token, the cheapest alignment ended at the earlier
+    "the" (its last-word bonus) and "stars. The" was committed again ("the stars, the stars"); compared as spoken
+    words the commit point is after "The"."""
+    from asr_spec.stream.agreement import aligned_end, spoken_word
+
+    vocab = [" birds", " and", " the", " stars", ",", ".", " The", " keeper"]
+    kinds = TokenKinds(len(vocab), len(vocab) + 10, np.array([t.startswith(" ") for t in vocab] + [False]))
+    said = [0, 1, 2, 3, 4, 2]  # birds and the stars, the
+    hypothesis = [0, 1, 2, 3, 5, 6, 7]  # birds and the stars. The keeper
+    as_spoken = spoken_word(lambda tokens: "".join(vocab[t] for t in tokens))
+    assert aligned_end(said, hypothesis, kinds) == 3  # token for token: after "birds and the" (the defect)
+    assert aligned_end(said, hypothesis, kinds, as_spoken) == 6  # as spoken: after "The", before "keeper"
+    # a hypothesis that really rewords keeps its reading: "birds and a star" for "birds and the stars, the"
+    assert aligned_end(said, [0, 1, 2, 7], kinds, as_spoken) == 3

@@ -8,7 +8,8 @@ A hypothesis is the tokens the engine generated for a buffer in Whisper's timest
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,26 +94,36 @@ def agreed_words(previous: Sequence[int], new: Sequence[int], n_committed: int, 
     return n_committed
 
 
-def aligned_end(said: Sequence[int], text: Sequence[int], kinds: TokenKinds) -> int:
+def aligned_end(said: Sequence[int], text: Sequence[int], kinds: TokenKinds,
+                word_key: Callable[[tuple[int, ...]], object] = tuple) -> int:
     """Where in `text` (text tokens of a hypothesis) the words of `said` (text tokens, whole words: what was
     committed of the same buffer) end: len(said) when `text` starts with them; else, as a hypothesis may reword,
     drop or insert words before the commit point, the end of the prefix of `text` nearest to `said` in edit
     distance over words, less ANCHOR_EDITS where the prefix ends with the last committed word (a hypothesis that
     says that word is read after it unless that costs more edits; on a tie the longer prefix: a word said
     differently counts as the committed one, an inserted one is passed). Text after it is new; text before it
-    was said already."""
+    was said already. Words are compared by `word_key` (default: their tokens; the policy passes `spoken_word`,
+    so "stars," and "stars." or "the" and "The" are one word: a re-punctuated commit point is found where it is,
+    not at an earlier occurrence of its last word)."""
     if list(text[: len(said)]) == list(said):
         return len(said)
-    said_words, text_words = _words(said, kinds), _words(text, kinds)
+    said_words = [word_key(w) for w in _words(said, kinds)]
+    text_keys = [word_key(w) for w in _words(text, kinds)]
+    text_words = _words(text, kinds)
     row = list(range(len(text_words) + 1))  # edit distance of said's first i words to text's first j words
     for i, word in enumerate(said_words, 1):
         previous, row = row, [i] + [0] * len(text_words)
-        for j, other in enumerate(text_words, 1):
+        for j, other in enumerate(text_keys, 1):
             row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (word != other))
     last = said_words[-1] if said_words else None
-    cost = [row[j] - (ANCHOR_EDITS if j and text_words[j - 1] == last else 0) for j in range(len(row))]
+    cost = [row[j] - (ANCHOR_EDITS if j and text_keys[j - 1] == last else 0) for j in range(len(row))]
     best = min(range(len(row)), key=lambda j: (cost[j], -j))
     return sum(len(w) for w in text_words[:best])
+
+
+def spoken_word(detokenize: Callable[[Sequence[int]], str]) -> Callable[[tuple[int, ...]], str]:
+    """A word's key for `aligned_end`: its text lower-cased without punctuation or spaces (the word as spoken)."""
+    return lambda word: re.sub(r"[^\w']+", "", detokenize(word).lower())
 
 
 def _words(tokens: Sequence[int], kinds: TokenKinds) -> list[tuple[int, ...]]:

@@ -53,6 +53,7 @@ from asr_spec.stream.agreement import (
     aligned_end,
     segments,
     shifted,
+    spoken_word,
     text_of,
 )
 
@@ -124,6 +125,7 @@ class StreamPolicy:
     def __init__(self, kinds: TokenKinds, detokenize: Callable[[Sequence[int]], str],
                  options: StreamOptions | None = None, voice: VoiceFn | None = None):
         self.kinds, self.detokenize = kinds, detokenize
+        self._word_key = spoken_word(detokenize)  # words compared as spoken when a hypothesis is aligned
         self.options = StreamOptions() if options is None else options
         self.voice = voice
         self._buffer = np.zeros(0, np.float32)
@@ -216,7 +218,8 @@ class StreamPolicy:
         self._in_flight = None
         hypothesis = tuple(int(t) for t in tokens)
         new_text = text_of(hypothesis, self.kinds)
-        said = aligned_end(self._committed, new_text, self.kinds)  # new_text[:said] is committed already
+        # new_text[:said] is committed already
+        said = aligned_end(self._committed, new_text, self.kinds, self._word_key)
         if decode.kind == "close":
             delta = self._commit(new_text[said:])
             self._reset_after(int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio))
@@ -225,7 +228,7 @@ class StreamPolicy:
             return Update(delta, "", self._text, False, decode.heard_s)
         as_said = new_text[:said] == self._committed  # it says the committed words as they were committed
         previous = text_of(self._previous, self.kinds)
-        previous = previous[aligned_end(self._committed, previous, self.kinds):]
+        previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
         n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
         delta = self._commit(new_text[said:said + n_agreed])
         said += n_agreed
@@ -284,7 +287,8 @@ class StreamPolicy:
         cut = min(cut_ts * SAMPLES_PER_TIMESTAMP, len(self._buffer))
         self._buffer = self._buffer[cut:]
         self._start += cut
-        self._committed = self._committed[aligned_end(new_text[:segment.text_end], self._committed, self.kinds):]
+        self._committed = self._committed[aligned_end(new_text[:segment.text_end], self._committed, self.kinds,
+                                                      self._word_key):]
         self._previous = shifted(hypothesis[segment.end_index + 1:], cut // SAMPLES_PER_TIMESTAMP, self.kinds)
 
     def _cut_near(self, end_ts: int) -> int | None:
