@@ -26,6 +26,7 @@ import torch
 
 from asr_spec.errors import InputError
 from asr_spec.transcribe.segments import WordTiming
+from asr_spec.transcribe.tails import closed_segments
 
 __all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "median_filter", "token_jump_times",
            "group_words", "snap_to_speech", "spoken_until_s"]
@@ -131,17 +132,15 @@ def _merge_punctuation(words: list[list[int]], texts: list[str]) -> list[list[in
 
 def spoken_until_s(generated: Sequence[int], eot_id: int, timestamp_begin_id: int,
                    time_precision_s: float = FRAME_S) -> float:
-    """Chunk seconds up to which the target transcribed: the timestamp that closes its last text
-    (`... text <|b|> [<|c|>] <|endoftext|>`: b), else infinity (its last text runs on to the chunk's end, or it
-    wrote no timestamp). No word's aligned time may pass it: the warping path enters <|endoftext|> late when the
-    target stopped early, and the last word then claimed frames the target gave no token for."""
-    end_s, text_open = float("inf"), False
-    for token in generated:
-        if token < eot_id:
-            end_s, text_open = float("inf"), True
-        elif token >= timestamp_begin_id and text_open:
-            end_s, text_open = (token - timestamp_begin_id) * time_precision_s, False
-    return end_s
+    """Chunk seconds up to which the target transcribed: the end timestamp of its last closed segment
+    (`... text <|b|> [<|c|>] <|endoftext|>`: b), else infinity (its last segment is left open and runs on to the
+    chunk's end, or it wrote no timestamp). Read by `tails.closed_segments`, as the tail decision reads it. No
+    word's aligned time may pass it: the warping path enters <|endoftext|> late when the target stopped early,
+    and the last word then claimed frames the target gave no token for."""
+    closed, open_start = closed_segments(generated, eot_id, timestamp_begin_id)
+    if open_start is not None or not closed:
+        return float("inf")
+    return closed[-1][1] * time_precision_s
 
 
 MIN_PAUSE_S = 0.1  # a shorter run of non-speech inside a word (a stop consonant's closure) is not a pause
