@@ -13,7 +13,6 @@ from asr_spec.transcribe.stitch import (
     Segment,
     TimedPiece,
     merge_overlapping,
-    merge_timed,
     overlap_cut,
     seam_cut,
     stitch_chunks,
@@ -26,6 +25,19 @@ EOT = 50_257  # Whisper multilingual layout
 NO_TIMESTAMPS = 50_363
 TS_BEGIN = 50_364
 PRECISION_S = 0.02
+
+
+def merge_timed(pieces: list[TimedPiece]) -> list[int]:
+    """Consecutive readings joined left to right, each seam where `seam_cut` says (as stitch_chunks joins them)."""
+    if not pieces:
+        return []
+    merged: list[int] = []
+    carry = pieces[0]
+    for piece in pieces[1:]:
+        n_keep, n_drop = seam_cut(carry, piece)
+        merged.extend(carry.tokens[:n_keep])
+        carry = TimedPiece(piece.tokens[n_drop:], piece.times_s[n_drop:], piece.seam_s)
+    return [*merged, *carry.tokens]
 
 
 def _ts(time_s: float) -> int:

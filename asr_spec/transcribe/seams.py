@@ -20,7 +20,7 @@ import numpy as np
 from asr_spec.errors import InputError
 
 __all__ = ["MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping",
-           "merge_timed", "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times"]
+           "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -195,17 +195,3 @@ def _agreeing_cut(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> tupl
     distance = np.abs(np.asarray(left.times_s[left_start:left_stop])[candidates] - left.seam_s)
     k = int(candidates[int(np.argmin(distance))])
     return left_start + k, right_start + k
-
-
-def merge_timed(pieces: Sequence[TimedPiece], starts_word: StartsWord | None = None) -> list[int]:
-    """Merge the readings of consecutive chunks, left to right, each seam joined where `seam_cut` says."""
-    if not pieces:
-        return []
-    merged: list[int] = []
-    carry = pieces[0]
-    for piece in pieces[1:]:
-        n_keep, n_drop = seam_cut(carry, piece, starts_word)
-        merged.extend(carry.tokens[:n_keep])
-        carry = TimedPiece(piece.tokens[n_drop:], piece.times_s[n_drop:], piece.seam_s)
-    merged.extend(carry.tokens)
-    return merged
