@@ -277,11 +277,13 @@ async def ws_flood(uri: str, audio: np.ndarray, seconds: float) -> dict:
     return out
 
 
-def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, flood_s: float = 0.0) -> dict:
+def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, flood_s: float = 0.0,
+               hypothesis: bool = True) -> dict:
     """All slices at once through a server of `rows` engine rows (the streams share them, as `asr-spec serve
-    --batch-size` rows do) on a free 127.0.0.1 port, each stream re-decoded every `step_s`, with one more client
-    sending `flood_s` seconds as fast as it can when flood_s > 0; returns each stream's ws_client result, the
-    fast sender's, and the run's peak RSS and re-decodes."""
+    --batch-size` rows do) on a free 127.0.0.1 port, each stream re-decoded every `step_s` (its previous
+    hypothesis offered as the draft unless `hypothesis` is off), with one more client sending `flood_s` seconds as
+    fast as it can when flood_s > 0; returns each stream's ws_client result, the fast sender's, the run's peak RSS
+    and where the engine's time went (`engine_counts`)."""
     import asyncio
     import socket
     import threading
@@ -294,7 +296,7 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, 
     from asr_spec.stream.policy import StreamOptions
 
     batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1)
-    realtime = RealtimeOptions(model_id="bench", stream=StreamOptions(step_s=step_s))
+    realtime = RealtimeOptions(model_id="bench", stream=StreamOptions(step_s=step_s), hypothesis=hypothesis)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -305,6 +307,7 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, 
     while not server.started:
         time.sleep(0.05)
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS from here (VmHWM)
+    times_before = asr.engine.times.copy()
 
     async def all_streams():
         uri = f"ws://127.0.0.1:{port}/v1/realtime"
@@ -316,18 +319,38 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, 
         flooded = results.pop() if flood_s > 0 else None
         peak_mib = int(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
                             if line.startswith("VmHWM:"))) / 1024
-        redecodes = batcher.metrics.stats.chunks
+        engine = engine_counts(batcher.metrics.stats, asr.engine.times.minus(times_before), batcher.streams.counts)
     finally:
         server.should_exit = True
         thread.join(30)
     return {"streams": dict(zip((name for name, _ in items), results)), "peak_rss_mib": peak_mib,
-            "redecodes": redecodes, "fast_sender": flooded}
+            "redecodes": engine["redecodes"], "engine": engine, "fast_sender": flooded}
+
+
+def engine_counts(stats, times, counts) -> dict:
+    """Where a server run's engine capacity went: re-decodes scheduled / replaced while waiting / taken /
+    withdrawn / delivered (`DecodeCounts`), tokens and target passes per re-decode (a pass counted once per row
+    in it: `ChunkStats`), hypothesis tokens offered and accepted, rows per decoding step (row-passes / steps),
+    encoder and step seconds per re-decode (`Engine.times`, wall: ratios only on a loaded machine), and the mean
+    and longest wait of a re-decode before the engine took it and its mean time in the engine."""
+    n = max(stats.chunks, 1)
+    return {"redecodes": stats.chunks, "submitted": counts.submitted, "replaced": counts.replaced,
+            "taken": counts.taken, "withdrawn": counts.withdrawn, "delivered": counts.delivered,
+            "tokens_per_redecode": stats.generated_tokens / n, "passes_per_redecode": stats.target_passes / n,
+            "target_passes": stats.target_passes, "hypothesis_offered": stats.hypothesis_offered,
+            "hypothesis_accepted": stats.hypothesis_accepted, "steps": times.steps,
+            "rows_per_step": stats.target_passes / max(times.steps, 1),
+            "encoder_s_per_redecode": times.encoder_s / n, "steps_s_per_redecode": times.steps_s / n,
+            "encoder_share": times.encoder_s / max(times.encoder_s + times.steps_s, 1e-9),
+            "wait_mean_s": counts.wait_s / max(counts.taken, 1), "wait_max_s": counts.max_wait_s,
+            "in_engine_mean_s": counts.engine_s / max(counts.delivered, 1)}
 
 
 KEPT_UP_BEHIND_S = 2.0  # a run kept up when no stream had more than this much audio waiting at a result
 
 
-def summarise_server(n: int, speed: float, run: dict, reference: dict) -> dict:
+def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: float) -> dict:
+    """One server run's figures (see the module doc); audio_s: the seconds of audio its clients sent in all."""
     streams = run["streams"]
     texts = [streams[name]["text"] or "" for name in reference]
     lat, first, per_stream_wer = [], [], {}
@@ -351,6 +374,7 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict) -> dict:
             "first_delta_s": float(np.mean(first)) if first else None,
             "wer_vs_offline": score([reference[k][0] for k in reference], texts).wer,
             "worst_stream_wer_vs_offline": max(per_stream_wer.values()), "redecodes": run["redecodes"],
+            "target_passes_per_audio_s": run["engine"]["target_passes"] / audio_s, "engine": run["engine"],
             "peak_rss_mib": run["peak_rss_mib"], "fast_sender": run["fast_sender"], "load_average": os.getloadavg()}
 
 
@@ -369,6 +393,8 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=1.0, help="--server: senders' pace, x real time")
     parser.add_argument("--batch-size", type=int, default=8, help="--server: the server's engine rows, shared by "
                         "the streams (asr-spec serve's default: 8)")
+    parser.add_argument("--no-hypothesis", action="store_true", help="--server: plain re-decoding (the server's "
+                        "--no-hypothesis: the previous hypothesis is not offered as the draft)")
     parser.add_argument("--fast-sender-s", type=float, default=0.0, help="--server: one more client sending this "
                         "much audio as fast as it can beside the streams (3600: the hour sender)")
     args = parser.parse_args()
@@ -397,14 +423,15 @@ def main() -> None:
 def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
     """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
-              "step_s": args.step_s,
+              "step_s": args.step_s, "hypothesis": not args.no_hypothesis,
               "cpu_count": os.cpu_count(), "runs": []}
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
-        run = run_server(asr, items, args.speed, args.batch_size, args.step_s, flood_s)
-        summary = summarise_server(n, args.speed, run, reference)
+        run = run_server(asr, items, args.speed, args.batch_size, args.step_s, flood_s, not args.no_hypothesis)
+        fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
+        summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)
         report["runs"].append(summary)
         print(json.dumps(summary), flush=True)
     if args.json:

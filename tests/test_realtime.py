@@ -124,6 +124,28 @@ def test_a_stream_equals_the_streaming_api(greedy):
     check(done, deltas, want)
 
 
+@pytest.mark.parametrize("hypothesis", [True, False])
+def test_the_hypothesis_switch_changes_the_drafts_offered_not_the_text(greedy, hypothesis):
+    """RealtimeOptions(hypothesis=...) (`asr-spec serve --hypothesis/--no-hypothesis`): on, re-decodes after the
+    first offer the stream's previous hypothesis; off, none offers one; the text is the streaming API's either way."""
+    pcm = pcm16(SHORT[0])
+    batcher = Batcher(greedy, batch_size=4)
+    offered: list[tuple[int, ...]] = []
+    submit = batcher.streams.submit
+
+    def recording_submit(stream, samples, hypothesis=()):
+        offered.append(tuple(hypothesis))
+        submit(stream, samples, hypothesis)
+
+    batcher.streams.submit = recording_submit
+    options = RealtimeOptions(catch_up=False, hypothesis=hypothesis)
+    with serving(create_app(batcher, realtime=options)) as base_url:
+        done, deltas, errors = asyncio.run(stream(ws_url(base_url), pcm))
+    assert not errors and len(offered) > 2
+    assert any(offered) is hypothesis
+    check(done, deltas, streaming_api(greedy, pcm))
+
+
 @pytest.mark.slow
 def test_eight_streams_and_an_upload_at_once(greedy):
     import httpx
@@ -272,6 +294,8 @@ def test_realtime_options_are_checked():
         RealtimeOptions(max_backlog_s=0.05)
     with pytest.raises(InputError, match="catch_up must be true or false"):
         RealtimeOptions(catch_up="yes")
+    with pytest.raises(InputError, match="hypothesis must be true or false"):
+        RealtimeOptions(hypothesis=1)
 
 
 def test_one_input_after_another_on_a_connection(greedy):
@@ -350,14 +374,15 @@ def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flag
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s"),
-                         [([], RealtimeOptions().max_backlog_s, True, 1.0),
-                          (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2"], 30.0, False, 2.0),
-                          (["--catch-up"], RealtimeOptions().max_backlog_s, True, 1.0)])
+@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s", "hypothesis"),
+                         [([], RealtimeOptions().max_backlog_s, True, 1.0, True),
+                          (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2", "--no-hypothesis"], 30.0,
+                           False, 2.0, False),
+                          (["--catch-up", "--hypothesis"], RealtimeOptions().max_backlog_s, True, 1.0, True)])
 def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monkeypatch, greedy, flags, backlog_s,
-                                                                            catch_up, step_s):
-    """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S`: the app's realtime options (models
-    and uvicorn replaced by the tiny transcriber and a recorder)."""
+                                                                            catch_up, step_s, hypothesis):
+    """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S --hypothesis/--no-hypothesis`: the
+    app's realtime options (models and uvicorn replaced by the tiny transcriber and a recorder)."""
     import uvicorn
 
     import asr_spec.serve.app as app_module
@@ -379,6 +404,7 @@ def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monk
     assert info.value.code == 0 and made["app"] is not None
     assert made["realtime"].max_backlog_s == backlog_s and made["realtime"].catch_up is catch_up
     assert made["realtime"].model_id == "base" and made["realtime"].stream.step_s == step_s
+    assert made["realtime"].hypothesis is hypothesis
 
 
 def test_the_server_captures_its_step_graphs_before_the_engine_starts(monkeypatch):

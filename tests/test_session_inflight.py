@@ -125,6 +125,32 @@ def test_the_stream_runner_reads_the_sessions_count_through_withdrawals_and_fail
     assert got[0][-1] == "decoding failed (broken chunk)" and decodes.n_in_engine == 0
 
 
+def test_the_stream_runner_counts_what_became_of_each_redecode():
+    """`StreamDecodes.counts`: every submitted re-decode is replaced while waiting, taken, or still waiting; every
+    taken one delivered or withdrawn (stale when its stream's newer one is taken, or its stream closed) once the
+    run is over; waits and times in the engine are never negative and the longest wait bounds the mean."""
+    engine = FakeEngine()
+    session = session_over(engine)
+    decodes = StreamDecodes(session, lambda samples: torch.zeros(len(samples), 80, 3000))
+    streams = [decodes.open(lambda outcome: None) for _ in range(3)]
+    for stream in streams:
+        decodes.submit(stream, torch.zeros(16000).numpy())
+    decodes.submit(streams[0], torch.zeros(8000).numpy())  # replaces its waiting one
+    first = decodes.take_all()
+    decodes.submit(streams[1], torch.zeros(16000).numpy())  # taken while its older one is in the engine: stale
+    second = decodes.take_all()
+    run = session.run(session.source(first + second), 4)
+    decodes.deliver(next(run))  # stream 2's (stream 1's stale one was withdrawn when its newer one was taken)
+    decodes.close(streams[0])  # its re-decode still in the engine: withdrawn
+    for result in run:
+        decodes.deliver(result)
+    c = decodes.counts
+    assert (c.submitted, c.replaced, c.taken, c.withdrawn, c.delivered) == (5, 1, 4, 2, 2)
+    assert c.submitted == c.replaced + c.taken + decodes.n_waiting
+    assert c.taken == c.delivered + c.withdrawn  # the run is over: nothing of theirs is left in the engine
+    assert 0.0 <= c.wait_s / c.taken <= c.max_wait_s and c.engine_s >= 0.0
+
+
 def test_in_flight_is_counted_once_per_id_from_many_threads():
     counts = InFlight()
     ids = [ChunkId(owner, i) for owner in range(4) for i in range(200)]

@@ -75,6 +75,9 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     catch_up: bool | None = typer.Option(None, "--catch-up/--no-catch-up", help="A live stream that is behind "
                                          "is re-decoded less often, each re-decode covering all that arrived "
                                          "(default); off: every step_s re-decoded however far behind."),
+    hypothesis: bool | None = typer.Option(None, "--hypothesis/--no-hypothesis", help="A live stream's re-decode "
+                                           "offers its previous hypothesis as the draft (default); off: plain "
+                                           "re-decoding (the same text, more target passes)."),
     step_s: float | None = typer.Option(None, help="A live stream is re-decoded after this many new seconds "
                                         "(default: the streaming policy's, 1 s)."),
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
@@ -108,7 +111,8 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
         run_server(preset, host=host, port=port, batch_size=batch_size, max_requests=max_requests,
                    max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,
                    max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device,
-                   max_backlog_s=max_backlog_s, catch_up=catch_up, step_s=step_s, **overrides)
+                   max_backlog_s=max_backlog_s, catch_up=catch_up, step_s=step_s, hypothesis=hypothesis,
+                   **overrides)
     except ImportError as err:
         fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
     except USER_ERRORS as err:

@@ -69,6 +69,9 @@ class RealtimeOptions:
     vad: bool = True  # the default policy closes utterances at silence (silero-vad), as Transcriber.stream does
     stream: StreamOptions = StreamOptions()  # the default policy's re-decode step, buffer and silence (its checks)
     catch_up: bool = True  # a stream that is behind is re-decoded less often (stream/catchup.py); off: every step
+    # each re-decode offers the stream's previous hypothesis as the engine's draft (`ChunkRequest.hypothesis`);
+    # off: plain re-decoding (the same tokens, more target passes)
+    hypothesis: bool = True
     # () -> a new stream's policy; None: the streaming policy of `asr_spec.stream` over the server's transcriber
     policy: Callable[[], Any] | None = field(default=None, compare=False)
 
@@ -79,7 +82,7 @@ class RealtimeOptions:
             raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
         if not isinstance(self.stream, StreamOptions):
             raise InputError(f"stream must be a StreamOptions, got {type(self.stream).__name__}")
-        for name in ("vad", "catch_up"):
+        for name in ("vad", "catch_up", "hypothesis"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
@@ -236,7 +239,8 @@ class Session:
                                  self.options.catch_up)
             if action == "decode":
                 current.decode = current.policy.request()
-                self.batcher.streams.submit(self.stream, current.decode.audio, current.decode.hypothesis)
+                offered = current.decode.hypothesis if self.options.hypothesis else ()
+                self.batcher.streams.submit(self.stream, current.decode.audio, offered)
             elif action == "feed":  # in a worker thread: the policy's voice activity model runs there
                 await asyncio.to_thread(catch_up, current.policy, current.backlog, block, current.finishing,
                                         self.options.catch_up)

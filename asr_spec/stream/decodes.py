@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import numpy as np
 from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult
 
-__all__ = ["LiveStream", "StreamDecodes", "is_stream_id"]
+__all__ = ["DecodeCounts", "LiveStream", "StreamDecodes", "is_stream_id"]
 
 log = logging.getLogger(__name__)
 _stream_ids = itertools.count()
@@ -63,6 +64,23 @@ class _Pending:
     request_id: ChunkId
     samples: np.ndarray  # (n_samples,) float32 16 kHz, at most one window
     hypothesis: tuple[int, ...]  # token ids offered as the re-decode's draft
+    submitted_s: float  # time.monotonic() at submit
+
+
+@dataclass
+class DecodeCounts:
+    """What happened to the streams' re-decodes since the queue was made (benchmarks read `StreamDecodes.counts`).
+    Every submitted re-decode is replaced while waiting, dropped by `close`, still waiting, or taken; every taken
+    one is delivered, withdrawn (stale, or its stream closed), lost with a run, or still in the engine."""
+
+    submitted: int = 0
+    replaced: int = 0  # a waiting re-decode replaced by its stream's newer one before the engine took it
+    taken: int = 0  # handed to the engine
+    withdrawn: int = 0  # taken, then withdrawn from the engine (a newer one of its stream was taken, or it closed)
+    delivered: int = 0  # results handed to their stream
+    wait_s: float = 0.0  # summed over the taken: seconds from submit to take (waiting for the engine)
+    max_wait_s: float = 0.0
+    engine_s: float = 0.0  # summed over the delivered: seconds from take to result (encoder, rows, steps)
 
 
 class StreamDecodes:
@@ -82,6 +100,8 @@ class StreamDecodes:
         self._cond = threading.Condition() if lock is None else lock
         self._open: dict[int, LiveStream] = {}
         self._waiting: OrderedDict[int, _Pending] = OrderedDict()  # by stream id, oldest first
+        self._taken_s: dict[ChunkId, float] = {}  # time.monotonic() at take, of the re-decodes in the engine
+        self.counts = DecodeCounts()
 
     # -- the streams' side -----------------------------------------------------------------------------------
     def open(self, on_result: Callable[[ChunkResult | str], None]) -> LiveStream:
@@ -100,8 +120,9 @@ class StreamDecodes:
                 return
             stream.n_submitted += 1
             request_id = ChunkId(stream.owner, stream.n_submitted)
-            self._waiting.pop(stream.id, None)
-            self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis))
+            self.counts.submitted += 1
+            self.counts.replaced += self._waiting.pop(stream.id, None) is not None
+            self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis), time.monotonic())
             self._cond.notify_all()
 
     def close(self, stream: LiveStream) -> None:
@@ -112,6 +133,9 @@ class StreamDecodes:
             self._waiting.pop(stream.id, None)
             self._open.pop(stream.id, None)
             in_engine, stream.in_engine = stream.in_engine, None
+            if in_engine is not None:
+                self.counts.withdrawn += 1
+                self._taken_s.pop(in_engine, None)
         if in_engine is not None:
             self.session.withdraw(in_engine)
 
@@ -150,10 +174,17 @@ class StreamDecodes:
             n = len(self._waiting) if n is None else min(n, len(self._waiting))
             taken = [self._waiting.popitem(last=False)[1] for _ in range(n)]
             stale = []
+            now = time.monotonic()
             for pending in taken:
                 if pending.stream.in_engine is not None:
                     stale.append(pending.stream.in_engine)
+                    self._taken_s.pop(pending.stream.in_engine, None)
                 pending.stream.in_engine = pending.request_id
+                self._taken_s[pending.request_id] = now
+                self.counts.wait_s += now - pending.submitted_s
+                self.counts.max_wait_s = max(self.counts.max_wait_s, now - pending.submitted_s)
+            self.counts.taken += len(taken)
+            self.counts.withdrawn += len(stale)
         for chunk_id in stale:
             self.session.withdraw(chunk_id)
         if not taken:
@@ -169,9 +200,12 @@ class StreamDecodes:
             return False
         with self._cond:
             stream = self._open.get(result.id.owner.stream)
+            taken_s = self._taken_s.pop(result.id, None)
             if stream is None or stream.in_engine != result.id:
                 return True
             stream.in_engine = None
+            self.counts.delivered += 1
+            self.counts.engine_s += time.monotonic() - taken_s
         _notify(stream, result)
         return True
 
@@ -180,6 +214,7 @@ class StreamDecodes:
         with self._cond:
             lost = [s for s in self._open.values() if s.in_engine is not None and s.owner in owners]
             for stream in lost:
+                self._taken_s.pop(stream.in_engine, None)
                 stream.in_engine = None
         for stream in lost:
             _notify(stream, f"decoding failed ({cause})")
@@ -189,6 +224,7 @@ class StreamDecodes:
         with self._cond:
             streams = list(self._open.values())
             self._waiting.clear()
+            self._taken_s.clear()
         for stream in streams:
             _notify(stream, cause)
 
