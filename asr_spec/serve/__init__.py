@@ -26,7 +26,8 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
     FastAPI app serving them, batch_size engine rows shared by all requests. The model id it answers to is the
     preset's name, or the model given in `overrides`. api_keys: with ASR_SPEC_API_KEY's, the keys every route but
     /health (and the page at /) requires (none: open). max_streams: live streams (/v1/realtime) open at once;
-    max_backlog_s, catch_up, hypothesis: `RealtimeOptions`' (None: its default); step_s: the live streams' `StreamOptions` (None: the default)."""
+    max_backlog_s, catch_up, hypothesis: `RealtimeOptions`' (None: its default); step_s: the live streams'
+    `StreamOptions` (None: the default)."""
     from asr_spec.checks import int_at_least
     from asr_spec.serve.app import ServeOptions, create_app
     from asr_spec.serve.auth import api_keys as all_keys
