@@ -393,12 +393,18 @@ def main() -> None:
     parser.add_argument("--speed", type=float, default=1.0, help="--server: senders' pace, x real time")
     parser.add_argument("--batch-size", type=int, default=8, help="--server: the server's engine rows, shared by "
                         "the streams (asr-spec serve's default: 8)")
+    parser.add_argument("--glibc-malloc", action="store_true", help="--server: leave glibc's malloc as it is (the "
+                        "server pins its mmap threshold and arenas: asr_spec.serve.allocator; compare peak RSS)")
     parser.add_argument("--no-hypothesis", action="store_true", help="--server: plain re-decoding (the server's "
                         "--no-hypothesis: the previous hypothesis is not offered as the draft)")
     parser.add_argument("--fast-sender-s", type=float, default=0.0, help="--server: one more client sending this "
                         "much audio as fast as it can beside the streams (3600: the hour sender)")
     args = parser.parse_args()
     counts = [int(x) for x in args.streams.split(",")]
+    if args.server and not args.glibc_malloc:  # as `asr-spec serve` does, before the models load
+        from asr_spec.serve import allocator
+
+        allocator.pin()
     draft = {"draft": None} if args.no_draft else {}
     rows = args.batch_size if args.server else max(counts)
     asr = Transcriber.from_preset(args.preset, word_timestamps=True, batch_size=rows, **draft)
@@ -423,8 +429,9 @@ def main() -> None:
 def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
     """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
-              "step_s": args.step_s, "hypothesis": not args.no_hypothesis,
+              "step_s": args.step_s, "hypothesis": not args.no_hypothesis, "malloc_pinned": not args.glibc_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
+    print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)

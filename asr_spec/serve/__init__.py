@@ -53,11 +53,14 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
 def run_server(preset: str | os.PathLike = "base", *, host: str = "127.0.0.1", port: int = 8000,
                **settings: Any) -> None:
     """Serve until interrupted (what `asr-spec serve` calls); `settings`: `build_app`'s. Warns when listening
-    beyond this machine without an API key."""
+    beyond this machine without an API key. Pins glibc's malloc for a long-running server first
+    (`allocator.pin`: the encoder's transient memory given back)."""
     import uvicorn
 
+    from asr_spec.serve import allocator
     from asr_spec.serve.auth import api_keys, warn_if_exposed
 
     warn_if_exposed(host, api_keys(settings.get("api_keys")))
+    allocator.pin()
     app = build_app(preset, **settings)
     uvicorn.run(app, host=host, port=port, log_level="info")
