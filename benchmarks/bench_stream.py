@@ -62,6 +62,7 @@ from asr_spec import Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import ChunkRequest
 from asr_spec.eval.metrics import normalize, score
+from asr_spec.stream.policy import StreamOptions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -277,10 +278,10 @@ async def ws_flood(uri: str, audio: np.ndarray, seconds: float) -> dict:
     return out
 
 
-def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, flood_s: float = 0.0,
+def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamOptions, flood_s: float = 0.0,
                hypothesis: bool = True) -> dict:
     """All slices at once through a server of `rows` engine rows (the streams share them, as `asr-spec serve
-    --batch-size` rows do) on a free 127.0.0.1 port, each stream re-decoded every `step_s` (its previous
+    --batch-size` rows do) on a free 127.0.0.1 port, each stream's policy set by `stream` (its previous
     hypothesis offered as the draft unless `hypothesis` is off), with one more client sending `flood_s` seconds as
     fast as it can when flood_s > 0; returns each stream's ws_client result, the fast sender's, the run's peak RSS
     and where the engine's time went (`engine_counts`)."""
@@ -293,10 +294,9 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, step_s: float, 
     from asr_spec.serve.app import create_app
     from asr_spec.serve.batcher import Batcher
     from asr_spec.serve.realtime import RealtimeOptions
-    from asr_spec.stream.policy import StreamOptions
 
     batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1)
-    realtime = RealtimeOptions(model_id="bench", stream=StreamOptions(step_s=step_s), hypothesis=hypothesis)
+    realtime = RealtimeOptions(model_id="bench", stream=stream, hypothesis=hypothesis)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -384,6 +384,8 @@ def main() -> None:
     parser.add_argument("--streams", default="1,8", help="comma-separated numbers of concurrent streams")
     parser.add_argument("--seconds", type=float, default=40.0, help="audio per stream")
     parser.add_argument("--step-s", type=float, default=1.0)
+    parser.add_argument("--max-buffer-s", type=float, default=StreamOptions().max_buffer_s,
+                        help="--server: the streams' buffer bound (StreamOptions.max_buffer_s)")
     parser.add_argument("--no-vad", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch threads while measuring")
     parser.add_argument("--cores", type=int, default=2, help="cores of the machine the derived figures are for")
@@ -429,14 +431,16 @@ def main() -> None:
 def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
     """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
-              "step_s": args.step_s, "hypothesis": not args.no_hypothesis, "malloc_pinned": not args.glibc_malloc,
+              "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": not args.no_hypothesis,
+              "malloc_pinned": not args.glibc_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
-        run = run_server(asr, items, args.speed, args.batch_size, args.step_s, flood_s, not args.no_hypothesis)
+        stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s)
+        run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, not args.no_hypothesis)
         fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
         summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)
         report["runs"].append(summary)
