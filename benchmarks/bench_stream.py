@@ -31,7 +31,12 @@ transcription.lag), the wait from the last append to transcription.done, commit 
 (a committed word's delta less the moment its end was sent, words aligned to the offline transcript's word
 timestamps), first delta after the first word's end was sent, WER against offline, re-decodes, whether it
 kept up (every stream finished and none had more than 2 s of audio waiting at a result), and the process's peak
-RSS during the run (VmHWM, reset before each run; the clients live in the same process). The server has
+RSS during the run (VmHWM, reset before each run; the clients live in the same process), and where the engine's
+time went (`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and target passes per
+re-decode, rows per step, encoder and step seconds per re-decode, wait before the engine and time in it;
+`target_passes_per_audio_s` over all the audio sent). --no-hypothesis: the server re-decodes without offering the
+previous hypothesis as the draft (`asr-spec serve --no-hypothesis`); --max-buffer-s: the streams' buffer bound;
+--glibc-malloc: glibc's malloc left as it is (the server pins it: `asr_spec.serve.allocator`). The server has
 --batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows.
 The engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB
 a row for whisper-base: `memory.row_bytes`), so a process keeps what its busiest run touched: compare peak RSS
