@@ -2,7 +2,7 @@
 
 glibc serves a request above its mmap threshold with its own mmap, unmapped when freed; but each time such a
 block is freed it raises the threshold to that block's size (up to 32 MiB on 64-bit), so after the first encoder
-batch its activations (1-30 MB each) come from the heap arenas instead, which keep freed memory and fragment. On
+batch its activations (megabytes each) come from the heap arenas instead, which keep freed memory and fragment. On
 whisper-base an encoder batch of 8 windows then peaks 256 MB above one of 1 and leaves 130-250 MB resident after
 it; with the threshold pinned at its initial 128 KiB the peak is 147 MB above and what it leaves is 6 MB
 (docs/live.md, "Memory"). Setting the threshold with `mallopt` turns the dynamic adjustment off. Each server
