@@ -324,10 +324,12 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
         flooded = results.pop() if flood_s > 0 else None
         peak_mib = int(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines()
                             if line.startswith("VmHWM:"))) / 1024
-        engine = engine_counts(batcher.metrics.stats, asr.engine.times.minus(times_before), batcher.streams.counts)
     finally:
         server.should_exit = True
         thread.join(30)
+    # read once the server has stopped its engine thread: a stream hears its last result before the engine thread
+    # adds that result's stats to the metrics
+    engine = engine_counts(batcher.metrics.stats, asr.engine.times.minus(times_before), batcher.streams.counts)
     return {"streams": dict(zip((name for name, _ in items), results)), "peak_rss_mib": peak_mib,
             "redecodes": engine["redecodes"], "engine": engine, "fast_sender": flooded}
 
