@@ -23,26 +23,26 @@ offline transcription of the same slice (`Transcriber.transcribe`, the same pres
     python -m benchmarks.bench_stream --streams 8 --seconds 12 --json runs/stream8.json
     python -m benchmarks.bench_stream --streams 1 --seconds 24 --no-draft --json runs/stream1.json
 
---server: the same slices through `asr-spec serve`'s WebSocket instead (benchmarks/stream_server.py: the app in
-this process on 127.0.0.1, uvicorn in a thread; its one engine shared by all streams), each sent by a client as
-vLLM's example client sends (0.1 s appends), paced at --speed times real time in wall time, reading events as
-they come. Per run: whether every connection ended with its text (no error, no close), how far behind the server
-got (the largest transcription.lag), the wait from the last append to transcription.done, commit latency p50 / p95 in wall time
-(a committed word's delta less the moment its end was sent, words aligned to the offline transcript's word
-timestamps), first delta after the first word's end was sent, WER against offline, re-decodes, whether it
-kept up (every stream finished and none had more than 2 s of audio waiting at a result), and the process's peak
-RSS during the run (VmHWM, reset before each run; the clients live in the same process), and where the engine's
-time went (`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and target passes per
-re-decode, rows per step, encoder and step seconds per re-decode, wait before the engine and time in it;
+--server: the same slices through `asr-spec serve`'s WebSocket instead (benchmarks/stream_server.py: the app in this
+process on 127.0.0.1, uvicorn in a thread; its one engine shared by all streams), each sent by a client as vLLM's
+example client sends (0.1 s appends), paced at --speed times real time in wall time, reading events as they come.
+Per run: whether every connection ended with its text (no error, no close), how far behind the server got (the
+largest transcription.lag), the wait from the last append to transcription.done, commit latency p50 / p95 in wall
+time (a committed word's delta less the moment its end was sent, words aligned to the offline transcript's word
+timestamps), first delta after the first word's end was sent, WER against offline, re-decodes, whether it kept up
+(every stream finished and none had more than 2 s of audio waiting at a result), and the process's peak RSS during
+the run (VmHWM, reset before each run; the clients live in the same process), and where the engine's time went
+(`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and target passes per re-decode,
+rows per step, encoder and step seconds per re-decode, wait before the engine and time in it;
 `target_passes_per_audio_s` over all the audio sent). --no-hypothesis: the server re-decodes without offering the
 previous hypothesis as the draft (`asr-spec serve --no-hypothesis`); --max-buffer-s: the streams' buffer bound;
 --glibc-malloc: glibc's malloc left as it is (the server pins it: `asr_spec.serve.allocator`). The server has
---batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows.
-The engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB
-a row for whisper-base: `memory.row_bytes`), so a process keeps what its busiest run touched: compare peak RSS
-across configurations in separate processes (one command each). --fast-sender-s adds to the largest count's run
-one client sending that much audio as fast as it can (3600: the hour sender; it ends with backlog_full and close
-code 1008 once --max-backlog-s, 120 s, waits).
+--batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows. The
+engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB a row
+for whisper-base: `memory.row_bytes`), so a process keeps what its busiest run touched: compare peak RSS across
+configurations in separate processes (one command each). --fast-sender-s adds to the largest count's run one client
+sending that much audio as fast as it can (3600: the hour sender; it ends with backlog_full and close code 1008 once
+--max-backlog-s, 120 s, waits).
 
     python -m benchmarks.bench_stream --server --streams 1,2,4,8 --seconds 60 --json runs/stream_ws.json
     python -m benchmarks.bench_stream --server --streams 1 --seconds 60 --json runs/rss_1.json
