@@ -29,6 +29,11 @@ from asr_spec.engine.kernels import (
     shared,
 )
 
+# Positions a row-invariant decoder's self-attention cache holds past max_positions, and every pass of it reads
+# (`Decoder.key_count`): room for a pass's writes past the last position (the scheduler's K + 2, up to K = 14), the
+# same for greedy and for speculative engines so that their passes read the same number of keys
+KEY_SPARE = 16
+
 
 def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
     """The restricted draft head, in one place: `logits` (..., len(vocab_ids)) scored over `vocab_ids` only ->
@@ -130,6 +135,7 @@ class Decoder:
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
         # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
         n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
+        self.key_count = self.max_positions + KEY_SPARE
         self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
         if self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
@@ -170,7 +176,7 @@ class Decoder:
         if not self.cpu_layout or self.dtype == torch.float32:
             return 0, 0
         return decoder_blocks(self.d_model, self.layers[0].fc1.weight.shape[0], n_vocab, self.n_heads,
-                              self.max_positions, self.decoder.config.max_source_positions, self.dtype, packed)
+                              self.key_count, self.decoder.config.max_source_positions, self.dtype, packed)
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)
@@ -184,9 +190,14 @@ class Decoder:
         return self.pos_table.dtype
 
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
+        """A cache of n_rows slots. Row-invariant: of at least `key_count` positions (what each pass reads), keys
+        stored transposed, so that the self-attention products read every layer's keys and values in place."""
+        if self.query_rows:
+            n_positions = max(n_positions, self.key_count)
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
             device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout,
+            self_k_transposed=bool(self.query_rows),
         )
 
     @torch.inference_mode()
@@ -235,12 +246,12 @@ class Decoder:
         else:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
-        keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
-        if self.query_rows:  # over every position (`run_layers`), in pieces of `query_rows` queries
-            if keys.shape[2] < n_keys:  # a cache shorter than max_positions (admission's own): zero keys, masked
-                keys, values = (F.pad(t, (0, 0, 0, n_keys - t.shape[2])) for t in (keys, values))
-            out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask)
+        if self.query_rows:  # over every position (`run_layers`), in pieces of `query_rows` queries, the cache's
+            # keys (B, H, head_dim, n_positions) and values (B, H, n_positions, head_dim) read as they lie
+            out = self._attend(self._split_heads(q) * self.scaling, cache.self_k[i].transpose(-1, -2),
+                               cache.self_v[i], mask)
         else:
+            keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
             out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask,
                                                  scale=self.scaling)
         return x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
@@ -322,10 +333,11 @@ class Decoder:
         keys/values at `positions` ((B, T) long, as in `forward`) -> (B, T, d_model) before the final LayerNorm."""
         write_pos = positions.clamp(max=cache.n_positions - 1)
         if self.query_rows:
-            # row-invariant: every pass reads all max_positions keys (masked past each query), whatever n_keys
-            # and the cache's size: the kernels a product runs change with the number of keys (a bf16 step over
-            # 32 keys and over 64 parted at ~1 query in 200, random data) and with the number of queries below it
-            n_keys = self.max_positions
+            # row-invariant: every pass reads all the cache's positions (`key_count` of them from `new_cache`,
+            # masked past each query), whatever n_keys: the kernels a product runs change with the number of keys
+            # (a bf16 step over 32 keys and over 64 parted at ~1 query in 200, random data) and with the number of
+            # queries below it
+            n_keys = cache.n_positions
         key_pos = torch.arange(n_keys, device=positions.device)
         mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
         for i, layer in enumerate(self.layers):
