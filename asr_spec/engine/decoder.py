@@ -29,9 +29,10 @@ from asr_spec.engine.kernels import (
     shared,
 )
 
-# Positions a row-invariant decoder's self-attention cache holds past max_positions, and every pass of it reads
-# (`Decoder.key_count`): room for a pass's writes past the last position (the scheduler's K + 2, up to K = 14), the
-# same for greedy and for speculative engines so that their passes read the same number of keys
+# Positions past max_positions that every row-invariant pass reads (`Decoder.key_count`), and that its caches hold
+# at least (`Decoder.new_cache`): room for a pass's writes past the last position (the scheduler's K + 2: up to
+# K = 14 the cache is exactly key_count positions, read in place); greedy and speculative engines read the same
+# number of keys, so their passes round alike
 KEY_SPARE = 16
 # A row-invariant attention product of one query runs as one of this many (the query repeated): bf16 on an AMX
 # Xeon (1 thread, whisper-base, batch 8, caches streamed from memory) ran q @ k^T over 1500 audio keys at 1 query
@@ -195,7 +196,8 @@ class Decoder:
 
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
         """A cache of n_rows slots. Row-invariant: of at least `key_count` positions (what each pass reads), keys
-        stored transposed, so that the self-attention products read every layer's keys and values in place."""
+        stored transposed, so that the self-attention products read every layer's keys and values in place (where
+        n_positions <= key_count: K <= 14 in the scheduler's caches)."""
         if self.query_rows:
             n_positions = max(n_positions, self.key_count)
         return KVCache.empty(
@@ -250,12 +252,12 @@ class Decoder:
         else:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
-        if self.query_rows:  # over every position (`run_layers`), in pieces of `query_rows` queries, the cache's
-            # keys (B, H, head_dim, n_positions) and values (B, H, n_positions, head_dim) read as they lie
-            out = self._attend(self._split_heads(q) * self.scaling, cache.self_k[i].transpose(-1, -2),
-                               cache.self_v[i], mask)
+        keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
+        if self.query_rows:  # over `key_count` positions (`pass_keys`), in pieces of `query_rows` queries: keys
+            # (B, H, head_dim, n_keys) and values (B, H, n_keys, head_dim) read in place where the cache holds
+            # exactly n_keys positions (`new_cache`), else copied by the products
+            out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask)
         else:
-            keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
             out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask,
                                                  scale=self.scaling)
         return x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
@@ -340,22 +342,32 @@ class Decoder:
     def run_layers(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor, n_keys: int) -> torch.Tensor:
         """(B, T, d_model) inputs (embeddings + positions) through every layer over the cache, writing this pass's
         keys/values at `positions` ((B, T) long, as in `forward`) -> (B, T, d_model) before the final LayerNorm."""
-        write_pos = positions.clamp(max=cache.n_positions - 1)
-        if self.query_rows:
-            # row-invariant: every pass reads all the cache's positions (`key_count` of them from `new_cache`,
-            # masked past each query), whatever n_keys: the kernels a product runs change with the number of keys
-            # (a bf16 step over 32 keys and over 64 parted at ~1 query in 200, random data) and with the number of
-            # queries below it
-            n_keys = cache.n_positions
-        key_pos = torch.arange(n_keys, device=positions.device)
-        mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
+        write_pos, mask, n_keys = self.pass_keys(cache, positions, n_keys)
         for i, layer in enumerate(self.layers):
             x = self._self_attention(i, layer, x, cache, write_pos, mask, n_keys)
             x = self._cross_attention(i, layer, x, cache)
-            h = _layer_norm(layer.final_layer_norm, x)
-            if self.post is not None:  # the activation fused into fc1's product
-                h = self.linear(h, self.weights[layer.fc1], layer.fc1.bias, *self.post)
-            else:
-                h = layer.activation_fn(self._proj(layer.fc1, h))
-            x = x + self._proj(layer.fc2, h)
+            x = self._mlp(layer, x)
         return x
+
+    def pass_keys(self, cache: KVCache, positions: torch.Tensor, n_keys: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """What a pass feeding `positions` ((B, T) long) writes and reads: (write positions (B, T) clamped to the
+        cache, mask (B, 1, T, n_keys') bool of the keys each query sees, n_keys' the keys it reads)."""
+        write_pos = positions.clamp(max=cache.n_positions - 1)
+        if self.query_rows:
+            # row-invariant: every pass reads the first `key_count` positions (all of a cache from `new_cache` but
+            # at K > 14; masked past each query), whatever n_keys: the kernels a product runs change with the number
+            # of keys (a bf16 step over 32 keys and over 64 parted at ~1 query in 200, random data) and with the
+            # number of queries below it
+            n_keys = self.key_count
+        key_pos = torch.arange(n_keys, device=positions.device)
+        return write_pos, key_pos[None, None, None, :] <= positions[:, None, :, None], n_keys
+
+    def _mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x + the MLP block of `layer`. x: (B, T, d_model)"""
+        h = _layer_norm(layer.final_layer_norm, x)
+        if self.post is not None:  # the activation fused into fc1's product
+            h = self.linear(h, self.weights[layer.fc1], layer.fc1.bias, *self.post)
+        else:
+            h = layer.activation_fn(self._proj(layer.fc1, h))
+        return x + self._proj(layer.fc2, h)
