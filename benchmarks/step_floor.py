@@ -110,7 +110,7 @@ STAGES = ("self_attention", "cross_attention", "mlp", "head")
 
 def stage_ms(dec, enc: torch.Tensor, batch: int, n_pos: int, n_keys: int, repeats: int = 5) -> dict[str, float]:
     """ms of each stage of a 1-token greedy pass of `dec` (a `Decoder`) at `batch` rows, each row at position
-    n_pos, its self-attention over the bucket of n_keys keys (a row-invariant decoder reads its whole cache), summed
+    n_pos, its self-attention over the bucket of n_keys keys (a row-invariant decoder reads its key_count), summed
     over the layers: the decoder's own stage methods run one by one on a cache of the audio `enc` ((>= batch,
     n_audio_ctx, d_model)), each timed alone (device synchronised); median of `repeats` after a warm-up pass."""
     device = enc.device
