@@ -18,6 +18,7 @@ from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead
 from asr_spec.engine.kernels import (
     POST_OPS,
+    attention,
     blocked,
     decoder_blocks,
     fused_qkv,
@@ -34,10 +35,6 @@ from asr_spec.engine.kernels import (
 # K = 14 the cache is exactly key_count positions, read in place); greedy and speculative engines read the same
 # number of keys, so their passes round alike
 KEY_SPARE = 16
-# A row-invariant attention product of one query runs as one of this many (the query repeated): bf16 on an AMX
-# Xeon (1 thread, whisper-base, batch 8, caches streamed from memory) ran q @ k^T over 1500 audio keys at 1 query
-# in 5.5-5.9 ms, at 2 in 3.3 ms (a different kernel); each query's values are its lone product's (`query_block`)
-LONE_QUERY_WIDTH = 2
 
 
 def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
@@ -278,25 +275,10 @@ class Decoder:
         return x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
 
     def _attend(self, q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None = None, width: int | None = None) -> torch.Tensor:
-        """softmax(q keys_t) values with keys where `mask` is False left out, in pieces of at most `width`
-        queries (None: `query_rows`; all at once where that is 0). q: (B, H, T, head_dim) scaled; keys_t:
-        (B, H, head_dim, S); values: (B, H, S, head_dim); mask: (B, 1, T, S) bool or None (every key)
-        -> (B, H, T, head_dim)"""
-        t = q.shape[2]
-        width = width or self.query_rows or t
-        out = []
-        for start in range(0, t, width):
-            piece = q[:, :, start:start + width]
-            lone = piece.shape[2] == 1 and self.query_rows >= LONE_QUERY_WIDTH
-            if lone:  # the query twice: each gets bit for bit its lone product (`query_rows`), at a faster kernel
-                piece = piece.expand(-1, -1, LONE_QUERY_WIDTH, -1)
-            scores = piece @ keys_t
-            if mask is not None:
-                scores = scores.masked_fill(~mask[:, :, start:start + width], float("-inf"))
-            result = torch.softmax(scores, dim=-1) @ values
-            out.append(result[:, :, :1] if lone else result)
-        return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`kernels.attention` in pieces of `query_rows` queries (all at once where that is 0), a lone query's
+        scores from several copies where row-invariant (as `query_block` probed it). Shapes as there."""
+        return attention(q, keys_t, values, mask, self.query_rows, lone=bool(self.query_rows))
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
