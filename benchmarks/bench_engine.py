@@ -116,6 +116,8 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
             line["greedy_floor_bf16_head_ms"] = sf.step_floor_ms(target, b, 1, n_keys, rates, 2)["floor_ms"]
             line["greedy_vs_bf16_head_floor"] = line["greedy_ms"] / line["greedy_floor_bf16_head_ms"]
             line["head_fallback"] = f"{head.n_fallback}/{head.n_rows}"
+        line["stages"] = stage_table(target, engines[0].target_dec, enc, b, n_keys, rates, line["greedy_ms"],
+                                     2 if head is not None else None)
         if compile_step:
             t0 = time.perf_counter()
             runner = sf.inductor_runner()
@@ -126,6 +128,21 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
             line[f"spec_k{k}_ms"] = sf.step_ms(target, draft, enc, b, n_new, k, sf.TimedRunner())
             line[f"verify_k{k}_floor_ms"] = sf.step_floor_ms(target, b, k + 1, n_keys, rates)["floor_ms"]
         print(json.dumps({key: (round(v, 2) if isinstance(v, float) else v) for key, v in line.items()}), flush=True)
+
+
+def stage_table(target, dec, enc, batch: int, n_keys: int, rates: dict[str, float], greedy_ms: float,
+                head_itemsize: int | None) -> dict[str, list[float]]:
+    """{stage: [ms, floor ms, ratio]} of a greedy step at `batch` rows, a row ~48 tokens in (`step_floor.stage_ms`
+    next to `stage_floor_ms`), and "other": the step's ms not in a stage (embeddings, rules, the choice of tokens,
+    bookkeeping), whose floor is ~0."""
+    from benchmarks import step_floor as sf
+
+    measured = sf.stage_ms(dec, enc, batch, n_keys - 16, n_keys)
+    floors = sf.stage_floor_ms(target, batch, n_keys, rates["read_GB_s"], head_itemsize)
+    table = {name: [round(measured[name], 2), round(floors[name], 2), round(measured[name] / floors[name], 2)]
+             for name in sf.STAGES}
+    table["other"] = [round(greedy_ms - sum(measured.values()), 2), 0.0, None]
+    return table
 
 
 def bench_head(batch_sizes, device, repeats=7):

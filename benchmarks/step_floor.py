@@ -105,4 +105,69 @@ def inductor_runner() -> TimedRunner:
     return TimedRunner("wrapped", lambda fn: torch.compile(fn, fullgraph=True))
 
 
-__all__ = ["machine_rates", "step_floor_ms", "step_ms", "TimedRunner", "inductor_runner", "step"]
+STAGES = ("self_attention", "cross_attention", "mlp", "head")
+
+
+def stage_ms(dec, enc: torch.Tensor, batch: int, n_pos: int, n_keys: int, repeats: int = 5) -> dict[str, float]:
+    """ms of each stage of a 1-token greedy pass of `dec` (a `Decoder`) at `batch` rows, each row at position
+    n_pos, its self-attention over the bucket of n_keys keys (a row-invariant decoder reads its key_count), summed
+    over the layers: the decoder's own stage methods run one by one on a cache of the audio `enc` ((>= batch,
+    n_audio_ctx, d_model)), each timed alone (device synchronised); median of `repeats` after a warm-up pass."""
+    device = enc.device
+    cache = dec.new_cache(batch, dec.max_positions + 2, enc.shape[1])
+    dec.write_audio(cache, enc[:batch])
+    positions = torch.full((batch, 1), n_pos, device=device)
+    write_pos, mask, n_keys = dec.pass_keys(cache, positions, n_keys)
+    x0 = torch.randn(batch, 1, dec.d_model, device=device).to(dec.dtype)
+    stages = [("self_attention", lambda i, layer, x: dec._self_attention(i, layer, x, cache, write_pos, mask, n_keys)),
+              ("cross_attention", lambda i, layer, x: dec._cross_attention(i, layer, x, cache)),
+              ("mlp", lambda i, layer, x: dec._mlp(layer, x))]
+    times: dict[str, list[float]] = {name: [] for name in STAGES}
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            x, spent = x0, dict.fromkeys(STAGES, 0.0)
+            for i, layer in enumerate(dec.layers):
+                for name, run in stages:
+                    sync(device)
+                    t0 = time.perf_counter()
+                    x = run(i, layer, x)
+                    sync(device)
+                    spent[name] += time.perf_counter() - t0
+            sync(device)
+            t0 = time.perf_counter()
+            dec.logits(x)
+            sync(device)
+            spent["head"] = time.perf_counter() - t0
+            for name in STAGES:
+                times[name].append(spent[name])
+    return {name: statistics.median(v[1:]) * 1e3 for name, v in times.items()}
+
+
+def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_itemsize: int | None = None
+                   ) -> dict[str, float]:
+    """Each stage's bytes-read floor for a 1-token pass at `batch` rows, n_keys self-attention keys per row (the
+    real lengths' bucket), in ms at `read_GB_s`: the stage's weights (LayerNorm included) once, plus per row the
+    self-attention cache (n_keys keys and values) or the audio keys and values. Cross-attention's key/value
+    projections are not counted (once per chunk, at admission); head_itemsize as in `step_floor_ms`."""
+    dec = target.model.decoder
+    d, esize = target.config.d_model, target.dtype.itemsize
+    n_audio = target.config.max_source_positions
+
+    def params(*modules) -> int:
+        return sum(p.numel() for module in modules for p in module.parameters())
+
+    per_layer = {"self_attention": [], "cross_attention": [], "mlp": []}
+    for layer in dec.layers:
+        xattn = layer.encoder_attn
+        per_layer["self_attention"].append(params(layer.self_attn, layer.self_attn_layer_norm) * esize
+                                           + batch * 2 * n_keys * d * esize)
+        per_layer["cross_attention"].append(params(xattn.q_proj, xattn.out_proj, layer.encoder_attn_layer_norm)
+                                            * esize + batch * 2 * n_audio * d * esize)
+        per_layer["mlp"].append(params(layer.fc1, layer.fc2, layer.final_layer_norm) * esize)
+    bytes_read = {name: sum(v) for name, v in per_layer.items()}
+    bytes_read["head"] = target.proj_out.weight.numel() * (head_itemsize or esize) + params(dec.layer_norm) * esize
+    return {name: b / (read_GB_s * 1e9) * 1e3 for name, b in bytes_read.items()}
+
+
+__all__ = ["machine_rates", "step_floor_ms", "step_ms", "stage_ms", "stage_floor_ms", "STAGES", "TimedRunner",
+           "inductor_runner", "step"]

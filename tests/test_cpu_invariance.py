@@ -108,3 +108,20 @@ def test_bf16_speculative_is_bf16_greedy_token_for_token(batch_size):
         s.accepted_tokens for s in stats)  # proposals accepted and rejected
     assert [r.tokens for r in results] == [r.tokens for r in greedy]
     assert [r.tokens for r in greedy] == [r.tokens for r in _greedy(1)[2]]
+
+
+def test_a_cache_longer_than_the_pass_reads_gives_the_same_logits():
+    """A cache of more positions than `key_count` (a speculative engine at K > 14) is read over the same key_count
+    keys as one of exactly key_count (greedy's): the same logits bit for bit."""
+    decoder = _decoder()
+    gen = torch.Generator().manual_seed(0)
+    n_ctx = decoder.decoder.config.max_source_positions
+    audio = torch.randn(2, n_ctx, decoder.d_model, generator=gen).to(DTYPE)
+    tokens = torch.randint(0, 100, (2, 6), generator=gen)
+    logits = []
+    for n_positions in (8, decoder.key_count + 20):
+        cache = decoder.new_cache(2, n_positions, n_ctx)
+        assert cache.n_positions == max(n_positions, decoder.key_count)
+        decoder.write_audio(cache, audio)
+        logits.append(decoder.forward(cache, tokens, torch.arange(6).expand(2, -1), 32))
+    assert torch.equal(logits[0], logits[1])

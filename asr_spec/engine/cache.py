@@ -16,7 +16,9 @@ import torch
 class KVCache:
     """Self- and cross-attention caches of one decoder for `n_rows` batch slots.
 
-    self_k, self_v:   (n_layers, n_rows, n_heads, n_positions, head_dim)
+    self_k, self_v:   (n_layers, n_rows, n_heads, n_positions, head_dim); self_k is a transposed view of keys
+                      stored (n_layers, n_rows, n_heads, head_dim, n_positions) when `self_k_transposed` (a product
+                      reading every position then reads each layer's keys in place: `Decoder._self_attention`)
     cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim); cross_k is stored as
                       (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) when `cross_k_transposed`
     lengths:          (n_rows,) long — tokens of each row held in the self-attention cache
@@ -41,12 +43,15 @@ class KVCache:
         device: torch.device,
         dtype: torch.dtype,
         cross_k_transposed: bool = False,
+        self_k_transposed: bool = False,
     ) -> KVCache:
         self_shape = (n_layers, n_rows, n_heads, n_positions, head_dim)
         cross_shape = (n_layers, n_rows, n_heads, n_audio_ctx, head_dim)
         k_shape = (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) if cross_k_transposed else cross_shape
+        self_k = (torch.zeros(self_shape[:3] + (head_dim, n_positions), device=device, dtype=dtype).transpose(-1, -2)
+                  if self_k_transposed else torch.zeros(self_shape, device=device, dtype=dtype))
         return cls(
-            self_k=torch.zeros(self_shape, device=device, dtype=dtype),
+            self_k=self_k,
             self_v=torch.zeros(self_shape, device=device, dtype=dtype),
             cross_k=torch.empty(k_shape, device=device, dtype=dtype),  # always written before it is read
             cross_v=torch.empty(cross_shape, device=device, dtype=dtype),
@@ -65,10 +70,12 @@ class KVCache:
         """Store new keys/values at each row's own positions.
 
         k, v: (n_rows, n_heads, T, head_dim); positions: (n_rows, T) long, already clamped to the cache.
+        Writes the n_rows x T new entries only, in either key layout (a bf16 `scatter_` on CPU copied the whole
+        layer twice per call).
         """
-        index = positions[:, None, :, None].expand_as(k)
-        self.self_k[layer].scatter_(2, index, k)
-        self.self_v[layer].scatter_(2, index, v)
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (n_rows, 1), broadcast against positions
+        self.self_k[layer][rows, :, positions] = k.transpose(1, 2)  # indexed: (n_rows, T, n_heads, head_dim)
+        self.self_v[layer][rows, :, positions] = v.transpose(1, 2)
 
     def rows(self, n_rows: int, first: int = 0) -> KVCache:
         """Slots [first, first + n_rows), as views (no copy; writes reach this cache): the first n_rows for the

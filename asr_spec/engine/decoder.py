@@ -18,6 +18,7 @@ from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead
 from asr_spec.engine.kernels import (
     POST_OPS,
+    attention,
     blocked,
     decoder_blocks,
     fused_qkv,
@@ -28,6 +29,12 @@ from asr_spec.engine.kernels import (
     scaled,
     shared,
 )
+
+# Positions past max_positions that every row-invariant pass reads (`Decoder.key_count`), and that its caches hold
+# at least (`Decoder.new_cache`): room for a pass's writes past the last position (the scheduler's K + 2: up to
+# K = 14 the cache is exactly key_count positions, read in place); greedy and speculative engines read the same
+# number of keys, so their passes round alike
+KEY_SPARE = 16
 
 
 def full_vocab_logits(logits: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
@@ -130,6 +137,7 @@ class Decoder:
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
         # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
         n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
+        self.key_count = self.max_positions + KEY_SPARE
         self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
         if self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
@@ -170,7 +178,7 @@ class Decoder:
         if not self.cpu_layout or self.dtype == torch.float32:
             return 0, 0
         return decoder_blocks(self.d_model, self.layers[0].fc1.weight.shape[0], n_vocab, self.n_heads,
-                              self.max_positions, self.decoder.config.max_source_positions, self.dtype, packed)
+                              self.key_count, self.decoder.config.max_source_positions, self.dtype, packed)
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)
@@ -184,9 +192,15 @@ class Decoder:
         return self.pos_table.dtype
 
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
+        """A cache of n_rows slots. Row-invariant: of at least `key_count` positions (what each pass reads), keys
+        stored transposed, so that the self-attention products read every layer's keys and values in place (where
+        n_positions <= key_count: K <= 14 in the scheduler's caches)."""
+        if self.query_rows:
+            n_positions = max(n_positions, self.key_count)
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
             device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout,
+            self_k_transposed=bool(self.query_rows),
         )
 
     @torch.inference_mode()
@@ -236,9 +250,9 @@ class Decoder:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
-        if self.query_rows:  # over every position (`run_layers`), in pieces of `query_rows` queries
-            if keys.shape[2] < n_keys:  # a cache shorter than max_positions (admission's own): zero keys, masked
-                keys, values = (F.pad(t, (0, 0, 0, n_keys - t.shape[2])) for t in (keys, values))
+        if self.query_rows:  # over `key_count` positions (`pass_keys`), in pieces of `query_rows` queries: keys
+            # (B, H, head_dim, n_keys) and values (B, H, n_keys, head_dim) read in place where the cache holds
+            # exactly n_keys positions (`new_cache`), else copied by the products
             out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask)
         else:
             out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask,
@@ -261,20 +275,10 @@ class Decoder:
         return x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
 
     def _attend(self, q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None = None, width: int | None = None) -> torch.Tensor:
-        """softmax(q keys_t) values with keys where `mask` is False left out, in pieces of at most `width`
-        queries (None: `query_rows`; all at once where that is 0). q: (B, H, T, head_dim) scaled; keys_t:
-        (B, H, head_dim, S); values: (B, H, S, head_dim); mask: (B, 1, T, S) bool or None (every key)
-        -> (B, H, T, head_dim)"""
-        t = q.shape[2]
-        width = width or self.query_rows or t
-        out = []
-        for start in range(0, t, width):
-            scores = q[:, :, start:start + width] @ keys_t
-            if mask is not None:
-                scores = scores.masked_fill(~mask[:, :, start:start + width], float("-inf"))
-            out.append(torch.softmax(scores, dim=-1) @ values)
-        return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`kernels.attention` in pieces of `query_rows` queries (all at once where that is 0), a lone query's
+        scores from several copies where row-invariant (as `query_block` probed it). Shapes as there."""
+        return attention(q, keys_t, values, mask, self.query_rows, lone=bool(self.query_rows))
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -320,21 +324,32 @@ class Decoder:
     def run_layers(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor, n_keys: int) -> torch.Tensor:
         """(B, T, d_model) inputs (embeddings + positions) through every layer over the cache, writing this pass's
         keys/values at `positions` ((B, T) long, as in `forward`) -> (B, T, d_model) before the final LayerNorm."""
-        write_pos = positions.clamp(max=cache.n_positions - 1)
-        if self.query_rows:
-            # row-invariant: every pass reads all max_positions keys (masked past each query), whatever n_keys
-            # and the cache's size: the kernels a product runs change with the number of keys (a bf16 step over
-            # 32 keys and over 64 parted at ~1 query in 200, random data) and with the number of queries below it
-            n_keys = self.max_positions
-        key_pos = torch.arange(n_keys, device=positions.device)
-        mask = (key_pos[None, None, None, :] <= positions[:, None, :, None])  # (B, 1, T, n_keys)
+        write_pos, mask, n_keys = self.pass_keys(cache, positions, n_keys)
         for i, layer in enumerate(self.layers):
             x = self._self_attention(i, layer, x, cache, write_pos, mask, n_keys)
             x = self._cross_attention(i, layer, x, cache)
-            h = _layer_norm(layer.final_layer_norm, x)
-            if self.post is not None:  # the activation fused into fc1's product
-                h = self.linear(h, self.weights[layer.fc1], layer.fc1.bias, *self.post)
-            else:
-                h = layer.activation_fn(self._proj(layer.fc1, h))
-            x = x + self._proj(layer.fc2, h)
+            x = self._mlp(layer, x)
         return x
+
+    def pass_keys(self, cache: KVCache, positions: torch.Tensor, n_keys: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """What a pass feeding `positions` ((B, T) long) writes and reads: (write positions (B, T) clamped to the
+        cache, mask (B, 1, T, n_keys') bool of the keys each query sees, n_keys' the keys it reads)."""
+        write_pos = positions.clamp(max=cache.n_positions - 1)
+        if self.query_rows:
+            # row-invariant: every pass reads the first `key_count` positions (all of a cache from `new_cache` but
+            # at K > 14; masked past each query), whatever n_keys: the kernels a product runs change with the number
+            # of keys (a bf16 step over 32 keys and over 64 parted at ~1 query in 200, random data) and with the
+            # number of queries below it
+            n_keys = self.key_count
+        key_pos = torch.arange(n_keys, device=positions.device)
+        return write_pos, key_pos[None, None, None, :] <= positions[:, None, :, None], n_keys
+
+    def _mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x + the MLP block of `layer`. x: (B, T, d_model)"""
+        h = _layer_norm(layer.final_layer_norm, x)
+        if self.post is not None:  # the activation fused into fc1's product
+            h = self.linear(h, self.weights[layer.fc1], layer.fc1.bias, *self.post)
+        else:
+            h = layer.activation_fn(self._proj(layer.fc1, h))
+        return x + self._proj(layer.fc2, h)

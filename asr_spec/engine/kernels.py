@@ -180,34 +180,34 @@ def row_block(n_out: int, n_in: int, dtype: torch.dtype, packed: bool) -> int:
 
 
 @functools.cache
-def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype, cache_slice: bool) -> int:
+def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype) -> int:
     """`row_block` for attention's batched products: the most queries m <= ROW_BLOCK_MAX (per row and head) for
     which softmax(q k^T) v over `n_keys` keys gives each query, bit for bit, what it gives alone (0: not even a
-    lone query repeats itself). q: (n_heads, m, head_dim); k^T: (n_heads, head_dim, n_keys) stored so (the
-    decoder's audio keys), or with `cache_slice` the transposed view of keys stored (n_heads, n_positions,
-    head_dim) and sliced to `n_keys` positions, values likewise (the decoder's self-attention cache)."""
+    lone query repeats itself), each computed as the decoder computes it (`attention`, a lone query's scores
+    from a product of `LONE_QUERY_WIDTH` copies). q: (n_heads, m, head_dim); k^T: (n_heads, head_dim, n_keys) and
+    v: (n_heads, n_keys, head_dim), both contiguous: the layout the decoder's audio keys and its row-invariant
+    self-attention cache (`KVCache` with `self_k_transposed`, every position read) are stored in and read as they
+    lie."""
     gen = torch.Generator().manual_seed(0)
     q = (torch.randn(n_heads, ROW_BLOCK_MAX, head_dim, generator=gen) / 8).to(dtype)
-    spare = 8 if cache_slice else 0  # a cache holds more positions than a pass reads
-    keys = torch.randn(n_heads, n_keys + spare, head_dim, generator=gen).to(dtype)
-    k_t = keys[:, :n_keys].transpose(1, 2) if cache_slice else keys.transpose(1, 2).contiguous()
-    v = _wide(gen, n_heads, n_keys + spare, head_dim).to(dtype)[:, :n_keys]
-    return _invariant_rows(lambda queries: torch.softmax(queries @ k_t, dim=-1) @ v, q, 1)
+    k_t = torch.randn(n_heads, head_dim, n_keys, generator=gen).to(dtype)
+    v = _wide(gen, n_heads, n_keys, head_dim).to(dtype)
+    return _invariant_rows(lambda queries: attention(queries[None], k_t[None], v[None], lone=True)[0], q, 1)
 
 
 def decoder_blocks(d_model: int, d_ffn: int, n_vocab: int, n_heads: int, n_positions: int, n_audio_ctx: int,
                    dtype: torch.dtype, packed: bool) -> tuple[int, int]:
     """(rows, queries) for a Whisper decoder of these shapes in `dtype`: the most rows every one of its products
     (`row_block`: the projections, q/k/v fused when `packed`, the MLP, the head of `n_vocab` rows) and the most
-    queries its attention products (`query_block`: self-attention over all `n_positions` of its cache,
+    queries its attention products (`query_block`: self-attention over the `n_positions` every pass reads,
     cross-attention over `n_audio_ctx` keys) take with every row's result unchanged. (0, 0) where some product
     does not even repeat a 1-row result."""
     shapes = [(d_model, d_model), (d_ffn, d_model), (d_model, d_ffn), (n_vocab, d_model),
               *([(3 * d_model, d_model)] if packed else [])]
     rows = min(row_block(n_out, n_in, dtype, packed) for n_out, n_in in shapes)
     head_dim = d_model // n_heads
-    queries = min(query_block(n_heads, head_dim, n_positions, dtype, True),
-                  query_block(n_heads, head_dim, n_audio_ctx, dtype, False))
+    queries = min(query_block(n_heads, head_dim, n_positions, dtype),
+                  query_block(n_heads, head_dim, n_audio_ctx, dtype))
     return (rows, queries) if rows and queries else (0, 0)
 
 
@@ -219,3 +219,30 @@ def blocked(linear: Linear, rows: int, x: torch.Tensor, weight: torch.Tensor, *a
         return linear(x, weight, *args)
     out = torch.cat([linear(part, weight, *args) for part in flat.split(rows)])
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+# A lone query's scores (q k^T) come from a product of this many copies of it (`attention`): bf16 on an AMX Xeon
+# (1 thread, whisper-base, 8 rows, 6 layers' caches streamed from memory) ran q k^T over 1,500 audio keys at 1 query
+# in 22-25 ms, 2 (contiguous) in 6.5-6.8; the probabilities times the values stay 1-query (10.7-15 vs 17-20 ms)
+LONE_QUERY_WIDTH = 2
+
+
+def attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None,
+              width: int = 0, lone: bool = False) -> torch.Tensor:
+    """softmax(q keys_t) values, keys where `mask` is False left out, in pieces of at most `width` queries (0: all
+    at once); lone: a piece of one query takes its scores from a product of `LONE_QUERY_WIDTH` copies of it (a
+    row-invariant decoder, whose `query_block` probe runs this same function). q: (B, H, T, head_dim) scaled;
+    keys_t: (B, H, head_dim, S); values: (B, H, S, head_dim); mask: (B, 1, T, S) bool or None -> (B, H, T, head_dim)"""
+    t = q.shape[2]
+    width = width or t
+    out = []
+    for start in range(0, t, width):
+        piece = q[:, :, start:start + width]
+        if lone and piece.shape[2] == 1:
+            scores = (piece.expand(-1, -1, LONE_QUERY_WIDTH, -1).contiguous() @ keys_t)[:, :, :1]
+        else:
+            scores = piece @ keys_t
+        if mask is not None:
+            scores = scores.masked_fill(~mask[:, :, start:start + width], float("-inf"))
+        out.append(torch.softmax(scores, dim=-1) @ values)
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)

@@ -130,7 +130,7 @@ def detect_cpu() -> CpuCapabilities:
 
 
 # whisper-base's decoder (the default preset's), the shapes `bf16_row_block` probes: d_model, d_ffn, vocabulary,
-# heads, text positions, audio positions
+# heads, text positions (max_positions; a pass reads `decoder.KEY_SPARE` more), audio positions
 PROBE_SHAPES = (512, 2048, 51865, 8, 448, 1500)
 # bf16 is `auto` only where a greedy step of the default batch (8 rows) is one product whose every row is what a
 # 1-row product gives (fewer: still lossless, the products in smaller blocks, and slower)
@@ -142,10 +142,12 @@ def bf16_row_block() -> tuple[int, int]:
     product and how many queries an attention product take here with every row's result bit for bit a lone row's.
     Measured once per process (~2 s on two cores: the head's product at 1-32 rows); a decoder of other shapes
     measures its own when built."""
+    from asr_spec.engine.decoder import KEY_SPARE
     from asr_spec.engine.kernels import decoder_blocks, onednn_usable
 
-    cpu = torch.device("cpu")
-    return decoder_blocks(*PROBE_SHAPES, torch.bfloat16, onednn_usable(cpu, torch.bfloat16))
+    d_model, d_ffn, n_vocab, n_heads, n_text, n_audio = PROBE_SHAPES
+    return decoder_blocks(d_model, d_ffn, n_vocab, n_heads, n_text + KEY_SPARE, n_audio, torch.bfloat16,
+                          onednn_usable(torch.device("cpu"), torch.bfloat16))
 
 
 def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,

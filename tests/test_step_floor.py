@@ -1,0 +1,31 @@
+"""benchmarks/step_floor.py's per-stage table: the stages' floors add up to the step's, and every stage is timed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr_spec.engine.decoder import Decoder
+from asr_spec.testing import random_whisper
+from benchmarks import step_floor as sf
+
+
+def test_the_stage_floors_add_up_to_the_step_floor():
+    """The same bytes split by stage: weights and caches of every layer, the head; the stages count the final
+    LayerNorm besides (the step floor leaves it out)."""
+    model = random_whisper("test")
+    rates = {"read_GB_s": 2.0, "matmul_GFLOP_s": 1e9}  # memory-bound: the floor is the bytes' time
+    for batch, n_keys in ((1, 32), (8, 64)):
+        stages = sf.stage_floor_ms(model, batch, n_keys, rates["read_GB_s"])
+        step = sf.step_floor_ms(model, batch, 1, n_keys, rates)
+        final_norm = sum(p.numel() for p in model.model.decoder.layer_norm.parameters()) * 4 / 2e9 * 1e3
+        assert sum(stages.values()) == pytest.approx(step["mem_ms"] + final_norm, rel=1e-9)
+        assert set(stages) == set(sf.STAGES)
+
+
+def test_every_stage_is_timed_through_the_decoder():
+    model = random_whisper("test").eval()
+    dec = Decoder(model.model.decoder, model.proj_out)
+    enc = torch.randn(3, model.config.max_source_positions, model.config.d_model)
+    ms = sf.stage_ms(dec, enc, 2, 5, 32, repeats=2)
+    assert set(ms) == set(sf.STAGES) and all(v > 0 for v in ms.values())
