@@ -1,7 +1,7 @@
 """The Whisper encoder run once per batch of chunks: transformers' `WhisperEncoder` weights, on CPU fp32 (and bf16
 where oneDNN has bf16 products: `kernels.onednn_usable`) through oneDNN, elsewhere the module itself.
 
-On the oneDNN path every product is a oneDNN linear: the two convolutions as products over their taps
+On the oneDNN path every product is a oneDNN linear: in bf16 the two convolutions as products over their taps
 (`conv_rows`: time-major rows read in place, no im2col copy, bias and GELU fused), q/k/v/out and the MLP with bias
 and GELU fused, and each residual add fused into the product that feeds it (`onednn_linear_add`). The hidden state
 stays (N, n_audio_ctx, d_model) contiguous from the stem on: the module's `conv(...).permute(0, 2, 1)` layout,
@@ -9,8 +9,8 @@ carried through the layers, made every residual add, LayerNorm and product input
 Attention stays `F.scaled_dot_product_attention` (the CPU flash kernel): explicit q k^T / softmax / p v products in
 blocks of queries measured 3.5-4x slower at whisper-base's shapes in bf16, the softmax over 1,500 keys dominating.
 Stage times and their share of the matmul rate: `python -m benchmarks.bench_encoder` (docs/cpu.md, "Encoder").
-Weights are used as they are, except the convolutions' (d_out, d_in, 3) reordered once into (d_out, 3 * d_in)
-(shared per weight tensor: 1.8 MB in bf16 for whisper-base).
+Weights are used as they are, except, in bf16, the convolutions' (d_out, d_in, 3) reordered once into
+(d_out, 3 * d_in) (shared per weight tensor: 1.8 MB for whisper-base).
 """
 
 from __future__ import annotations
@@ -37,20 +37,23 @@ def conv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     weight: `tap_major(conv.weight)`, (d_out, kernel * d_in). The input is zero-padded in time (and at the end to a
     multiple of `stride` frames); output frame t of window n reads the `kernel * d_in` consecutive values from
     padded frame t * stride on, so the rows of all windows are one strided matrix over the padded input (row
-    n * T_pad / stride + t; the rows that straddle two windows are computed and dropped). (N, T_out, d_out), a view
-    of a (N, T_pad / stride, d_out) product."""
+    n * T_pad / stride + t; the rows past T_out, which straddle two windows, are computed and dropped).
+    (N, T_out, d_out), a view of a (N, T_pad / stride, d_out) product."""
     n, t, d_in = x.shape
     kernel = weight.shape[1] // d_in
     t_pad = t + 2 * padding
     t_pad += -t_pad % stride
     t_out = (t + 2 * padding - kernel) // stride + 1
-    padded = x.new_zeros(n, t_pad, d_in)
+    # `kernel` spare frames at the end: every window's last rows, dropped, stay inside the buffer
+    buffer = x.new_empty(n * t_pad + kernel, d_in)
+    padded = buffer[:n * t_pad].view(n, t_pad, d_in)
+    padded[:, :padding].zero_()
+    padded[:, padding + t:].zero_()
+    buffer[n * t_pad:].zero_()
     padded[:, padding:padding + t] = x
     per_window = t_pad // stride
-    rows = padded.as_strided(((n - 1) * per_window + t_out, kernel * d_in), (stride * d_in, 1))
-    y = onednn_linear(rows, weight, bias, *post)
-    y = F.pad(y, (0, 0, 0, n * per_window - y.shape[0]))
-    return y.view(n, per_window, -1)[:, :t_out]
+    rows = buffer.as_strided((n * per_window, kernel * d_in), (stride * d_in, 1))
+    return onednn_linear(rows, weight, bias, *post).view(n, per_window, -1)[:, :t_out]
 
 
 class Encoder:
@@ -71,6 +74,9 @@ class Encoder:
         attn = encoder.layers[0].self_attn
         self.n_heads, self.head_dim, self.scaling = attn.num_heads, attn.head_dim, attn.scaling
         self.post = POST_OPS.get(encoder.config.activation_function)
+        # the convolutions as products in bf16 (3x faster than oneDNN's bf16 convolution with its layout copies,
+        # whisper-base, batch 4), the module's convolutions in fp32 (5-10 % faster there than the products)
+        self.conv_products = first.dtype == torch.bfloat16
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -90,9 +96,12 @@ class Encoder:
         expected = enc.config.max_source_positions * enc.conv1.stride[0] * enc.conv2.stride[0]
         if features.shape[-1] != expected:
             raise ValueError(f"the encoder expects {expected} mel frames, got {features.shape[-1]}")
-        x = features.transpose(1, 2)
-        for conv in (enc.conv1, enc.conv2):
-            x = conv_rows(x, tap_major(conv.weight), conv.bias, conv.stride[0], conv.padding[0], ("gelu", "none"))
+        if self.conv_products:
+            x = features.transpose(1, 2)
+            for conv in (enc.conv1, enc.conv2):
+                x = conv_rows(x, tap_major(conv.weight), conv.bias, conv.stride[0], conv.padding[0], ("gelu", "none"))
+        else:
+            x = F.gelu(enc.conv2(F.gelu(enc.conv1(features)))).transpose(1, 2)
         out = torch.empty(x.shape, dtype=x.dtype)
         return torch.add(x, enc.embed_positions.weight, out=out)
 
