@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,20 +25,25 @@ import time
 import torch
 import torch.nn.functional as F
 
-from asr_spec.engine.encoder import Encoder
+from asr_spec.engine import Engine
 from asr_spec.engine.kernels import onednn_linear, onednn_usable
 from asr_spec.testing import random_whisper
 
 
-def load_encoder(name: str, dtype: torch.dtype) -> torch.nn.Module:
-    """The WhisperEncoder of `name` ("random:SHAPE" for random weights of a real shape, else any model name
+def load_whisper(name: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The Whisper model `name` ("random:SHAPE" for random weights of a real shape, else any model name
     `load_model` takes), in `dtype`, eval mode."""
     if name.startswith("random:"):
         model = random_whisper(name.split(":", 1)[1], seed=0)
     else:
         from asr_spec.models.loading import load_model
         model = load_model(name, torch.device("cpu"), torch.float32)
-    return model.model.encoder.to(dtype).eval()
+    return model.to(dtype).eval()
+
+
+def engine_encoder(model: torch.nn.Module):
+    """The encoder an `Engine` over `model` runs (the engine's own: it alone builds encoders)."""
+    return Engine(model).encoder
 
 
 def module_stages(enc: torch.nn.Module):
@@ -63,7 +67,7 @@ def module_stages(enc: torch.nn.Module):
             "whole": lambda f: enc(input_features=f).last_hidden_state}
 
 
-def encoder_stages(fast: Encoder):
+def encoder_stages(fast):
     """`Encoder`'s methods as the same stages."""
 
     def attention(x):
@@ -107,10 +111,10 @@ def _seconds(fn) -> float:
 
 
 @torch.inference_mode()
-def time_stages(enc: torch.nn.Module, features: torch.Tensor, repeats: int) -> dict[str, tuple[float, float]]:
+def time_stages(model: torch.nn.Module, features: torch.Tensor, repeats: int) -> dict[str, tuple[float, float]]:
     """{stage: (module median s, Encoder median s)}, each stage run on its own input (the previous stage's output
     in each one's own layout), the two interleaved after one warm-up each."""
-    fast = Encoder(enc)
+    enc, fast = model.model.encoder, engine_encoder(model)
     if not fast.fast:
         raise SystemExit(f"the oneDNN encoder does not run here in {features.dtype}: nothing to compare")
     sides = [module_stages(enc), encoder_stages(fast)]
@@ -131,25 +135,32 @@ def time_stages(enc: torch.nn.Module, features: torch.Tensor, repeats: int) -> d
 
 def peak_mb(model: str, dtype: str, batch: int, which: str, threads: int) -> float:
     """The rise of the process's peak RSS (MB) over one call of the module (`which` = "module") or the `Encoder`
-    at `batch` windows, in a fresh process (torch's allocations are invisible to tracemalloc)."""
+    at `batch` windows, its first call in a fresh process after loading (a later call reuses what the allocator
+    kept: less, and by chance; torch's allocations are invisible to tracemalloc; the peak is reset before the call
+    through /proc: Linux only)."""
     code = (f"import sys; sys.argv = ['', '--peak-child', {which!r}, '--model', {model!r}, '--dtype', {dtype!r}, "
             f"'--batch', '{batch}', '--threads', '{threads}']; import benchmarks.bench_encoder as b; b.main()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def _status_kb(field: str) -> int:
+    """A field of /proc/self/status in kB (VmRSS: resident now; VmHWM: its peak since the last reset)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
 def _peak_child(args, dtype: torch.dtype) -> None:
-    enc = load_encoder(args.model, dtype)
-    run = enc if args.peak_child == "module" else Encoder(enc)
+    model = load_whisper(args.model, dtype)
+    enc = model.model.encoder
+    run = enc if args.peak_child == "module" else engine_encoder(model)
     features = torch.randn(args.batch, enc.config.num_mel_bins, 2 * enc.config.max_source_positions).to(dtype)
-    with torch.inference_mode():  # the first call makes the lazily built copies (tap-major weights) too
+    with torch.inference_mode():  # the first call: with oneDNN's scratch space and the lazily built copies
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the resident size now (Linux >= 4.0)
+        before = _status_kb("VmRSS")
         _ = run(input_features=features) if args.peak_child == "module" else run(features)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        with open("/proc/self/statm") as f:
-            current = int(f.read().split()[1]) * resource.getpagesize() // 1024
-        _ = run(input_features=features) if args.peak_child == "module" else run(features)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print((max(peak, before) - current) / 1024)
+    print((_status_kb("VmHWM") - before) / 1024)
 
 
 def main() -> None:
@@ -170,12 +181,13 @@ def main() -> None:
         return _peak_child(args, dtype)
     if not onednn_usable(torch.device("cpu"), dtype):
         raise SystemExit(f"oneDNN has no {args.dtype} products on this CPU: the encoder runs the module itself")
-    enc = load_encoder(args.model, dtype)
+    model = load_whisper(args.model, dtype)
+    enc = model.model.encoder
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(args.batch, enc.config.num_mel_bins, 2 * enc.config.max_source_positions,
                            generator=gen).to(dtype)
     rate = matmul_rate(dtype, args.repeats)
-    stages = time_stages(enc, features, args.repeats)
+    stages = time_stages(model, features, args.repeats)
     flops = stage_flops(enc, args.batch)
     rows = [{"stage": k, "module_ms": 1e3 * a, "encoder_ms": 1e3 * b, "speedup": a / b,
              "encoder_gflops": flops[k] / b / 1e9, "pct_of_matmul": 100 * flops[k] / b / 1e9 / rate}
