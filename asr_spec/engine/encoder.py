@@ -2,7 +2,8 @@
 where oneDNN has bf16 products: `kernels.onednn_usable`) through oneDNN, elsewhere the module itself.
 
 On the oneDNN path every product is a oneDNN linear: in bf16 the two convolutions as products over their taps
-(`conv_rows`: time-major rows read in place, no im2col copy, bias and GELU fused), q/k/v/out and the MLP with bias
+(`conv_rows`: time-major rows, a strided view of the padded input that oneDNN copies into an im2col matrix of
+kernel x the input, 37 MB at 8 windows of whisper-base; bias and GELU fused), q/k/v/out and the MLP with bias
 and GELU fused, and each residual add fused into the product that feeds it (`onednn_linear_add`). The hidden state
 stays (N, n_audio_ctx, d_model) contiguous from the stem on: the module's `conv(...).permute(0, 2, 1)` layout,
 carried through the layers, made every residual add, LayerNorm and product input pay a strided pass or a copy.
@@ -37,7 +38,8 @@ def conv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     weight: `tap_major(conv.weight)`, (d_out, kernel * d_in). The input is zero-padded in time (and at the end to a
     multiple of `stride` frames); output frame t of window n reads the `kernel * d_in` consecutive values from
     padded frame t * stride on, so the rows of all windows are one strided matrix over the padded input (row
-    n * T_pad / stride + t; the rows past T_out, which straddle two windows, are computed and dropped).
+    n * T_pad / stride + t; the rows past T_out, which straddle two windows, are computed and dropped), which
+    oneDNN's linear copies into a contiguous (rows, kernel * d_in) matrix before its product.
     (N, T_out, d_out), a view of a (N, T_pad / stride, d_out) product."""
     n, t, d_in = x.shape
     kernel = weight.shape[1] // d_in
