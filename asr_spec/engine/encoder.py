@@ -104,7 +104,7 @@ class Encoder:
                 x = conv_rows(x, tap_major(conv.weight), conv.bias, conv.stride[0], conv.padding[0], ("gelu", "none"))
         else:
             x = F.gelu(enc.conv2(F.gelu(enc.conv1(features)))).transpose(1, 2)
-        out = torch.empty(x.shape, dtype=x.dtype)
+        out = x.new_empty(x.shape)  # contiguous
         return torch.add(x, enc.embed_positions.weight, out=out)
 
     def attention(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
