@@ -16,11 +16,13 @@ multiply-adds (2 flops each) only.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,42 +48,30 @@ def engine_encoder(model: torch.nn.Module):
     return Engine(model).encoder
 
 
-def module_stages(enc: torch.nn.Module):
-    """The module's own forward, cut into the stages: {stage: (fn(x) -> x)} over its hidden-state layout."""
+def module_stages(enc: torch.nn.Module) -> list[tuple[str, Callable]]:
+    """The module's own forward cut into stages, in order: [(stage, fn(x) -> x)], a layer's attention and MLP
+    blocks one after the other, layer by layer, over the module's hidden-state layout."""
 
     def stem(features):
         x = F.gelu(enc.conv2(F.gelu(enc.conv1(features)))).permute(0, 2, 1)
         return x + enc.embed_positions.weight
 
-    def attention(x):
-        for layer in enc.layers:
-            x = x + layer.self_attn(hidden_states=layer.self_attn_layer_norm(x))[0]
-        return x
+    def attention(layer):
+        return lambda x: x + layer.self_attn(hidden_states=layer.self_attn_layer_norm(x))[0]
 
-    def mlp(x):
-        for layer in enc.layers:
-            x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
-        return x
+    def mlp(layer):
+        return lambda x: x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
 
-    return {"stem": stem, "attention": attention, "mlp": mlp, "final norm": enc.layer_norm,
-            "whole": lambda f: enc(input_features=f).last_hidden_state}
+    blocks = [block for layer in enc.layers for block in (("attention", attention(layer)), ("mlp", mlp(layer)))]
+    return [("stem", stem), *blocks, ("final norm", enc.layer_norm)]
 
 
-def encoder_stages(fast):
-    """`Encoder`'s methods as the same stages."""
-
-    def attention(x):
-        for layer in fast.module.layers:
-            x = fast.attention(layer, x)
-        return x
-
-    def mlp(x):
-        for layer in fast.module.layers:
-            x = fast.mlp(layer, x)
-        return x
-
-    return {"stem": fast.stem, "attention": attention, "mlp": mlp, "final norm": fast.module.layer_norm,
-            "whole": fast}
+def encoder_stages(fast) -> list[tuple[str, Callable]]:
+    """The engine's `Encoder` cut into the same stages, by its methods."""
+    blocks = [block for layer in fast.module.layers
+              for block in (("attention", functools.partial(fast.attention, layer)),
+                            ("mlp", functools.partial(fast.mlp, layer)))]
+    return [("stem", fast.stem), *blocks, ("final norm", fast.module.layer_norm)]
 
 
 def stage_flops(enc: torch.nn.Module, n: int) -> dict[str, float]:
@@ -110,27 +100,36 @@ def _seconds(fn) -> float:
     return time.perf_counter() - t0
 
 
+def _timed_pass(stages: list[tuple[str, Callable]], features: torch.Tensor, times: dict[str, float]) -> None:
+    """One forward through `stages`, each stage's seconds added to `times[stage]`."""
+    x = features
+    for name, fn in stages:
+        t0 = time.perf_counter()
+        x = fn(x)
+        times[name] = times.get(name, 0.0) + time.perf_counter() - t0
+
+
 @torch.inference_mode()
 def time_stages(model: torch.nn.Module, features: torch.Tensor, repeats: int) -> dict[str, tuple[float, float]]:
-    """{stage: (module median s, Encoder median s)}, each stage run on its own input (the previous stage's output
-    in each one's own layout), the two interleaved after one warm-up each."""
+    """{stage: (module median s, Encoder median s)} over `repeats` passes (the layer stages summed over the
+    layers) and the whole forward of each, the two sides interleaved after one warm-up each."""
     enc, fast = model.model.encoder, engine_encoder(model)
     if not fast.fast:
         raise SystemExit(f"the oneDNN encoder does not run here in {features.dtype}: nothing to compare")
     sides = [module_stages(enc), encoder_stages(fast)]
-    inputs = [features, features]
-    out: dict[str, tuple[float, float]] = {}
-    for stage in sides[0]:
-        if stage == "whole":
-            inputs = [features, features]
-        times: list[list[float]] = [[], []]
-        results = [side[stage](x) for side, x in zip(sides, inputs)]  # warm-up
-        for _ in range(repeats):
-            for i, (side, x) in enumerate(zip(sides, inputs)):
-                times[i].append(_seconds(lambda: side[stage](x)))  # noqa: B023 (called at once)
-        out[stage] = (statistics.median(times[0]), statistics.median(times[1]))
-        inputs = results
-    return out
+    wholes = [lambda f: enc(input_features=f).last_hidden_state, fast]
+    runs: list[list[dict[str, float]]] = [[], []]
+    for side, whole in zip(sides, wholes):  # warm-up
+        _timed_pass(side, features, {})
+        whole(features)
+    for _ in range(repeats):
+        for i, (side, whole) in enumerate(zip(sides, wholes)):
+            times: dict[str, float] = {}
+            _timed_pass(side, features, times)
+            times["whole"] = _seconds(lambda: whole(features))  # noqa: B023 (called at once)
+            runs[i].append(times)
+    return {stage: tuple(statistics.median(run[stage] for run in side_runs) for side_runs in runs)
+            for stage in runs[0][0]}
 
 
 def peak_mb(model: str, dtype: str, batch: int, which: str, threads: int) -> float:

@@ -93,3 +93,24 @@ def test_the_stem_is_contiguous_in_both_convolution_paths():
         with torch.inference_mode():
             x = enc.stem(features)
         assert x.shape == (2, model.config.max_source_positions, model.config.d_model) and x.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_benchmarks_stages_compose_to_each_whole_forward(dtype):
+    """benchmarks.bench_encoder times stages; chained, each side's stages give its whole forward, so the stage
+    rows add up to what runs (and the engine's encoder is the one timed)."""
+    _needs(dtype)
+    from benchmarks.bench_encoder import encoder_stages, engine_encoder, module_stages
+
+    model = random_whisper("test", seed=3, vocab_size=70, init_std=0.2).to(dtype).eval()
+    features = torch.randn(2, model.config.num_mel_bins, 2 * model.config.max_source_positions,
+                           generator=torch.Generator().manual_seed(6)).to(dtype)
+    enc = model.model.encoder
+    for stages, whole in ((module_stages(enc), lambda f: enc(input_features=f).last_hidden_state),
+                          (encoder_stages(engine_encoder(model)), engine_encoder(model))):
+        assert [name for name, _ in stages] == ["stem", *["attention", "mlp"] * len(enc.layers), "final norm"]
+        with torch.inference_mode():
+            x = features
+            for _, fn in stages:
+                x = fn(x)
+            torch.testing.assert_close(x.float(), whole(features).float(), rtol=TOL[dtype], atol=TOL[dtype])
