@@ -45,6 +45,15 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
+def onednn_linear_add(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      residual: torch.Tensor) -> torch.Tensor:
+    """`residual + F.linear(x, weight, bias)` in one oneDNN product (the add a binary post-op: no second pass over
+    the output). x: (..., d_in); residual: (..., d_out), same leading shape -> (..., d_out)"""
+    flat = residual.reshape(-1, weight.shape[0])
+    y = torch.ops.mkldnn._linear_pointwise.binary(x.reshape(-1, x.shape[-1]), flat, weight, bias, "add")
+    return y.view(residual.shape)
+
+
 def shared(recipe: Hashable, sources: tuple[torch.Tensor, ...], make: Callable[[], T]) -> T:
     """`make()`, a copy derived from the `sources` tensors by `recipe`, made once and then shared: the same object
     for every caller asking with the same recipe and the same tensors (not equal ones: the tensors themselves),
