@@ -21,7 +21,6 @@ reference counts as an error when the hypothesis spells it the American way (Whi
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import difflib
 import functools
