@@ -26,8 +26,9 @@ ends). Each item is run by every configuration once untimed, then --repeats time
 
 Columns: WER (Whisper's English normaliser, corpus over the item), wall s, the coverage metric
 (`asr_spec.eval.metrics.coverage`): sentences missing (fewer than 80 % of their words matched in order) with their
-numbers, and doubled 3-grams (written more often than the reference has them: extra occurrences, and the first
-few); hypothesis / reference words, and for clips the ones whose first word is lost.
+numbers, and doubled 3-grams (written again within a seam's reach where the reference says them once:
+`asr_spec.eval.metrics.doubled_ngrams`; extra occurrences, and the first few with their count in the hypothesis);
+hypothesis / reference words, and for clips the ones whose first word is lost.
 
     python -m benchmarks.bench_longform --threads 2                          # every fixture, vad/stride/fw/fw-seq
     python -m benchmarks.bench_longform --configs vad,vad-words,stride,stream --no-warmup --threads 2   # the modes
@@ -125,7 +126,8 @@ def given_items(audio: list[str], refs: list[str] | None, sentences: list[str] |
 
 def asr_spec_runners(configs: list[str], args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, dict]]:
     """The asr-spec configurations, loaded once (each through `Transcriber.from_preset`), and their stats."""
-    overrides = {k: v for k, v in [("device", args.device), ("language", args.language)] if v is not None}
+    overrides = {k: v for k, v in [("device", args.device), ("language", args.language), ("dtype", args.dtype)]
+                 if v is not None}
     runners, keep = {}, {}
     for config in configs:
         if config == "stride":
@@ -211,14 +213,14 @@ def row(item: Item, config: str, wall_s: float, texts: list[str], stats: dict | 
     for clip, sentences, text in zip(item.clips, item.sentences, texts, strict=True):
         found = coverage(sentences, text)
         missing += [{"clip": clip.name, "index": i, "sentence": sentences[i]} for i in found.missing]
-        doubled += [{"clip": clip.name, "words": " ".join(d.words), "hyp": d.hyp_count, "ref": d.ref_count}
-                    for d in found.doubled]
+        doubled += [{"clip": clip.name, "words": " ".join(d.words), "hyp": d.hyp_count, "ref": d.ref_count,
+                     "extra": d.extra} for d in found.doubled]
     refs = [c.ref for c in item.clips]
     s = score(refs, texts)
     out = {"item": item.name, "config": config, "audio_s": item.audio_s, "wall_s": wall_s,
            "rtfx": item.audio_s / wall_s, "wer": s.wer, "ref_words": s.n_words,
            "hyp_words": sum(len(normalize(t).split()) for t in texts), "missing": missing, "doubled": doubled,
-           "n_doubled": sum(d["hyp"] - max(d["ref"], 1) for d in doubled),
+           "n_doubled": sum(d["extra"] for d in doubled),
            "n_sentences": sum(len(x) for x in item.sentences), "texts": texts}
     if len(item.clips) > 1:
         out["first_word_lost"] = [c.name for c, t in zip(item.clips, texts, strict=True) if first_word_lost(c.ref, t)]
@@ -234,7 +236,7 @@ def _doubled(r: dict[str, Any]) -> str:
     """Extra occurrences of doubled 3-grams, and the first three of them."""
     if not r["doubled"]:
         return "0"
-    shown = "; ".join(f"\"{d['words']}\" x{d['hyp']}" for d in r["doubled"][:3])
+    shown = "; ".join(f"\"{d['words']}\" x{d['hyp']}" for d in r["doubled"][:3])  # times in the hypothesis
     return f"{r['n_doubled']}: {shown}{' ...' if len(r['doubled']) > 3 else ''}"
 
 
@@ -279,6 +281,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch and faster-whisper CPU threads (0: default)")
     p.add_argument("--language", default="en")
     p.add_argument("--device", help="cpu or cuda (default: the preset's choice; fw: cpu)")
+    p.add_argument("--dtype", help="asr-spec's dtype: auto, float32, bfloat16, float16 (default: the preset's; on a "
+                                   "CPU auto is bf16 where native and lossless, else fp32); fw stays fp32")
     p.add_argument("--json", default="runs/bench_longform.json", help="figures and texts saved here")
     return p.parse_args(argv)
 
@@ -321,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             item_rows["vad-words"]["same_text_as_vad"] = item_rows["vad-words"]["texts"] == item_rows["vad"]["texts"]
         rows += list(item_rows.values())
     header = (f"preset {args.preset}; batch {args.batch_size}; torch threads {torch.get_num_threads()}; "
-              f"repeats {args.repeats}{'' if args.no_warmup else ' after a warm-up'}")
+              f"repeats {args.repeats}{'' if args.no_warmup else ' after a warm-up'}; dtype {args.dtype or 'auto'}")
     print(header)
     print(markdown(rows))
     path = Path(args.json)

@@ -16,6 +16,7 @@ from asr_spec.eval.metrics import (
     load_spelling_mapping,
     missing_sentences,
     normalize,
+    reference_positions,
     score,
     sentence_coverage,
 )
@@ -186,22 +187,67 @@ def test_a_seam_written_twice_is_doubled():
     assert all(d.hyp_count == 2 and d.ref_count == 1 and d.extra == 1 for d in found)
 
 
+def test_a_commit_written_twice_is_doubled():
+    # dense_windows streamed before the second session's fix: "stars, the" committed, then "stars. The" again
+    reference = "They watched the birds and the stars. The keeper climbed the stairs."
+    found = doubled_ngrams(reference, "They watched the birds and the stars, the stars. The keeper climbed the stairs.")
+    assert found == [Doubled(("the", "stars", "the"), 2, 1, 1)]
+
+
+def test_a_mishearing_that_recreates_a_nearby_phrase_is_not_doubled():
+    # dense_windows: "That summer the fog" heard "That some of the fog" a sentence after "Only of the fog": the
+    # hypothesis has "of the fog" twice and the reference once, 12 words apart, but the second replaces "summer"
+    # rather than writing anything again
+    reference = ("Only of the fog, he said, because the fog hides everything. "
+                 "That summer the fog came early and stayed for days.")
+    assert doubled_ngrams(reference, reference.replace("That summer", "That some of")) == []
+    # the same phrase really written twice at that place is one
+    twice = reference.replace("That summer the fog came early", "That summer the fog came early, the fog came early")
+    assert [d.words for d in doubled_ngrams(reference, twice)] == [("the", "fog", "came"), ("fog", "came", "early")]
+
+
+def test_a_loop_counts_every_repeat():
+    # whisper-base looping in one stride window: "the work was hard" three times for once
+    looped = doubled_ngrams("the work was hard.", "The work was hard, the work was hard, the work was hard.")
+    by_words = {d.words: d for d in looped}
+    assert by_words[("the", "work", "was")] == Doubled(("the", "work", "was"), 3, 1, 2)
+    assert sum(d.extra for d in looped) == 8 - 2  # 8 words written again: 6 of their 3-grams start in them
+    assert doubled_ngrams("a b c", "x y z x y z", normalized=True) == [Doubled(("x", "y", "z"), 2, 0, 1)]
+
+
 def test_a_phrase_the_reference_repeats_is_not_doubled():
     reference = "the work was hard and the work was hard again"
     assert doubled_ngrams(reference, reference) == []
+    # with unrelated words inserted between its copies it is still said as often as the reference says it
+    assert doubled_ngrams(reference, "the work was hard you know and the work was hard again") == []
     looped = "the work was hard and the work was hard and the work was hard again"
     (d,) = [d for d in doubled_ngrams(reference, looped) if d.words == ("the", "work", "was")]
     assert (d.hyp_count, d.ref_count, d.extra) == (3, 2, 1)
-    # a loop of words the reference never says counts beyond its first time
-    (loop,) = doubled_ngrams("a b c", "x y z x y z", normalized=True)
-    assert loop == Doubled(("x", "y", "z"), 2, 0) and loop.extra == 1
+
+
+def test_repeats_beyond_a_seams_reach_are_not_doubled():
+    words = [f"w{i}" for i in range(60)]
+    reference = " ".join(words)
+    far = " ".join(words[:50] + ["a", "b", "c"] + words[50:55] + ["a", "b", "c"] + words[55:])
+    assert [d.words for d in doubled_ngrams(reference, far, normalized=True)] == [("a", "b", "c")]
+    assert doubled_ngrams(reference, far, normalized=True, reach=4) == []
+
+
+def test_reference_positions_map_hypothesis_boundaries():
+    ref, hyp = "a b c d".split(), "a b x c d d".split()
+    # "x" inserted after b, the last "d" inserted at the end; equal runs map word for word
+    assert reference_positions(ref, hyp) == [0, 1, 2, 2, 3, 4, 4]
+    # a replaced run is spread over the words it replaces
+    assert reference_positions("a b c".split(), "x y z x y z".split()) == [0, 0.5, 1, 1.5, 2, 2.5, 3]
+    assert reference_positions([], "a b".split()) == [0, 0, 0]
+    assert reference_positions(ref, []) == [4]
 
 
 def test_doubled_ngrams_are_counted_after_normalisation():
     # "Nets." and "nets" are one word once normalised; a repeated pair of words is not a doubling
     assert doubled_ngrams("over the nets", "Over the Nets. over the nets!") != []
     assert doubled_ngrams("the nets", "the nets the nets") == []
-    assert doubled_ngrams("the nets", "the nets the nets", n=2) == [Doubled(("the", "nets"), 2, 1)]
+    assert doubled_ngrams("the nets", "the nets the nets", n=2) == [Doubled(("the", "nets"), 2, 1, 1)]
 
 
 def test_coverage_reports_lost_and_doubled_together():
@@ -220,5 +266,7 @@ def test_coverage_bad_arguments():
         coverage("one string", "one string")
     with pytest.raises(ValueError, match="positive integer number of words"):
         doubled_ngrams("a b c", "a b c", n=0)
+    with pytest.raises(ValueError, match="reach"):
+        doubled_ngrams("a b c", "a b c", reach=0)
     with pytest.raises(ValueError, match="min_fraction"):
         coverage(SENTENCES, "", min_fraction=1.5)

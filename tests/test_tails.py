@@ -15,6 +15,7 @@ import torch
 
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.audio.chunking import DIGITAL_SILENCE, ChunkingOptions, ChunkSpan, skip_silent_windows
+from asr_spec.audio.loading import load_audio
 from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE
 from asr_spec.audio.vad import SpeechSpan
 from asr_spec.chunk_id import ChunkId
@@ -236,6 +237,35 @@ def test_a_stride_window_that_loops_is_decoded_again_from_where_its_loop_starts(
     assert stride_tail(window, short, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True) is None
     late = (ts(5.0), *loop, ts(24.8), ts(25.5), *loop, ts(28.0), EOT)
     assert stride_tail(window, late, EOT, TS, 0.5, 0.0, speech_of([(5.0, 25.0)]), looping=True) is None
+
+
+def test_the_transcriber_decodes_a_looping_stride_window_again_before_its_seam() -> None:
+    """The wiring of the above: `Transcriber.tail_of` asks the no-speech rule whether a stride window's text loops
+    (compression ratio over 2.4) and, when it does, the window's middle from the loop's first repeat on is decoded
+    again as a tail, before the window reaches a seam; without the loop condition (compression_ratio_threshold
+    None) the same tokens, whose segments cover the middle, are kept as decoded."""
+    target, _, processor = _eager_models()
+    rate = 16000
+    samples = load_audio(LONG)[20 * rate:50 * rate]  # speech all through
+    window = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 5 * rate, False, False)  # keeps 5-25 s of the window
+    words = tuple(processor.tokenizer.encode(" The first boats came back.", add_special_tokens=False))
+    loop = tuple(processor.tokenizer.encode(" The work was hard.", add_special_tokens=False))
+    looped = (ts(5.0), *words, ts(8.0))
+    for start in range(8, 24, 3):
+        looped += (ts(start), *loop, ts(min(start + 3, 24.9)))
+    result = _result(ChunkId(0, 1), (*looped, EOT))
+    for threshold, tail_at_s in ((2.4, 11.0), (None, None)):
+        options = TranscribeOptions.from_values(language="en", chunking="stride", timestamps=True, tail_context_s=0.0,
+                                                compression_ratio_threshold=threshold)
+        transcriber = Transcriber(target, None, processor, options)
+        assert transcriber.options.no_speech.loops(processor.tokenizer.decode(looped)) == (threshold is not None)
+        planned = transcriber.tail_of(window, result, samples)
+        if tail_at_s is None:
+            assert planned is None
+        else:
+            tail, kept = planned
+            assert tail.start_sample == window.start_sample + int(tail_at_s * rate)  # after the loop's first time
+            assert kept == (*looped[:2 + len(words) + len(loop) + 2], EOT)
 
 
 def test_the_no_speech_rule_says_when_a_text_loops() -> None:

@@ -21,7 +21,6 @@ reference counts as an error when the hypothesis spells it the American way (Whi
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import difflib
 import functools
@@ -37,10 +36,15 @@ from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 from asr_spec.checks import positive_int
 
 __all__ = ["Coverage", "Doubled", "Score", "coverage", "doubled_ngrams", "english_normalizer",
-           "load_spelling_mapping", "missing_sentences", "normalize", "score", "sentence_coverage"]
+           "load_spelling_mapping", "missing_sentences", "normalize", "reference_positions", "score",
+           "sentence_coverage"]
 
 MIN_SENTENCE_FRACTION = 0.8  # a sentence is present when this share of its words is matched in order
 DOUBLED_NGRAM = 3  # words: a repeated run this long is a doubling (a repeated pair of words is common speech)
+# words: how far apart two copies written at one seam can be. A stride seam shares 10 s of audio (5 s of stride on
+# each side) and compares segments up to 5 s beyond it (seams.SEAM_SLACK_S); a tail re-hears 5 s of context. 15 s
+# of speech at ~2.7 words/s (160 words a minute) is 40 words.
+DOUBLING_REACH_WORDS = 40
 SPELLING_FILE = "normalizer.json"  # the name WhisperTokenizer gives the spelling table in a tokenizer folder
 
 Spelling = Mapping[str, str] | str | os.PathLike | None
@@ -198,16 +202,12 @@ def missing_sentences(sentences: Sequence[str], hypothesis: str, min_fraction: f
 
 @dataclasses.dataclass(frozen=True)
 class Doubled:
-    """An n-gram the hypothesis repeats more often than the reference says it."""
+    """An n-gram the hypothesis writes again within a seam's reach where the reference says it once."""
 
     words: tuple[str, ...]  # the n-gram, normalised
     hyp_count: int  # times in the hypothesis (>= 2)
-    ref_count: int  # times in the reference (< hyp_count)
-
-    @property
-    def extra(self) -> int:
-        """Occurrences beyond the ones the reference allows (at least one of them)."""
-        return self.hyp_count - max(self.ref_count, 1)
+    ref_count: int  # times in the reference
+    extra: int  # occurrences that double an earlier one (see `doubled_ngrams`), >= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,12 +215,12 @@ class Coverage:
     """Nothing lost and nothing doubled: what `coverage` finds in one transcript."""
 
     missing: tuple[int, ...]  # indices of reference sentences with < MIN_SENTENCE_FRACTION of words matched
-    doubled: tuple[Doubled, ...]  # n-grams written more often than the reference has them, in first-seen order
+    doubled: tuple[Doubled, ...]  # n-grams written again at a seam or in a loop, in first-seen order
     n_sentences: int  # reference sentences
 
     @property
     def n_doubled(self) -> int:
-        """Extra occurrences of doubled n-grams (a seam writing k words twice gives k - n + 1 of them)."""
+        """Extra occurrences of doubled n-grams (a seam writing k >= n words twice gives k - n + 1 of them)."""
         return sum(d.extra for d in self.doubled)
 
     @property
@@ -233,17 +233,94 @@ def _ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
     return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
 
 
-def doubled_ngrams(reference: str, hypothesis: str, n: int = DOUBLED_NGRAM, *, normalized: bool = False,
-                   spelling: Spelling = None) -> list[Doubled]:
-    """The n-grams of `hypothesis` that occur at least twice and more often than in `reference` (both normalised
-    unless `normalized`), in the order of their first occurrence: "a b c d a b c d" against "a b c d" doubles
-    (a, b, c) and (b, c, d); a phrase the reference itself says twice is not doubled when written twice."""
+def _opcodes(reference: Sequence[str], hypothesis: Sequence[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes turning `reference` into `hypothesis` (no junk heuristic, as in `sentence_coverage`)."""
+    return difflib.SequenceMatcher(None, list(reference), list(hypothesis), autojunk=False).get_opcodes()
+
+
+def reference_positions(reference: Sequence[str], hypothesis: Sequence[str]) -> list[float]:
+    """Where each word boundary of `hypothesis` falls in `reference`: element p (0 <= p <= len(hypothesis)) is the
+    reference boundary that hypothesis boundary p is aligned to, by difflib's opcodes. Equal runs map word for word,
+    inserted words all to the boundary where they were inserted, a replaced run proportionally onto the words it
+    replaces (so a value may be fractional). Shape: (len(hypothesis) + 1,), non-decreasing, 0 to len(reference)."""
+    return _positions(_opcodes(reference, hypothesis), len(reference), len(hypothesis))
+
+
+def _positions(opcodes: Sequence[tuple[str, int, int, int, int]], n_ref: int, n_hyp: int) -> list[float]:
+    positions = [0.0] * (n_hyp + 1)
+    for _, ref_from, ref_to, hyp_from, hyp_to in opcodes:
+        scale = (ref_to - ref_from) / (hyp_to - hyp_from) if hyp_to > hyp_from else 0.0
+        for p in range(hyp_from, hyp_to + 1):
+            positions[p] = ref_from + (p - hyp_from) * scale
+    positions[-1] = float(n_ref)
+    return positions
+
+
+def _matched(opcodes: Sequence[tuple[str, int, int, int, int]], n_hyp: int) -> list[bool]:
+    """Per hypothesis word, whether the alignment matches it to an equal reference word. Shape: (n_hyp,)."""
+    matched = [False] * n_hyp
+    for tag, _, _, hyp_from, hyp_to in opcodes:
+        if tag == "equal":
+            matched[hyp_from:hyp_to] = [True] * (hyp_to - hyp_from)
+    return matched
+
+
+def _occurrences(words: Sequence[str], n: int) -> dict[tuple[str, ...], list[int]]:
+    """Each n-gram of `words` with the positions it starts at, in order of first occurrence."""
+    found: dict[tuple[str, ...], list[int]] = {}
+    for position, gram in enumerate(_ngrams(words, n)):
+        found.setdefault(gram, []).append(position)
+    return found
+
+
+def doubled_ngrams(reference: str, hypothesis: str, n: int = DOUBLED_NGRAM, *, reach: int = DOUBLING_REACH_WORDS,
+                   normalized: bool = False, spelling: Spelling = None) -> list[Doubled]:
+    """The n-grams `hypothesis` writes twice at a seam or in a loop, against `reference` (both normalised unless
+    `normalized`), in the order of their first occurrence.
+
+    An occurrence of an n-gram at hypothesis word j doubles the previous occurrence, at word i, when all of:
+    - they are close: j - i <= `reach` words (a seam's reach, `DOUBLING_REACH_WORDS`);
+    - the reference does not say it as often there: the reference words aligned to the hypothesis words i .. j+n
+      (`reference_positions`) hold fewer occurrences of the n-gram than those hypothesis words do;
+    - the repeat is a copy, not a mishearing: the hypothesis words i .. j+n outnumber the reference words aligned
+      to them by at least min(j - i, n) (a copy of d words written twice adds d words), or one of the two
+      occurrences has fewer than half its words matched to equal reference words (a copy written where other
+      words were lost: a stray "the" of the copy may still match).
+      A mishearing that happens to recreate a phrase said nearby ("That summer the fog" heard "That some of the
+      fog" a sentence after "of the fog") replaces words, adds at most a word or two and keeps most of its words
+      matched.
+    "the stars, the stars" against "the stars" doubles ("the", "stars", "the") once; "a b c a b c a b c" against
+    "a b c" doubles each of its 3-grams as often as it repeats it; a phrase the reference itself repeats nearby is not
+    doubled when written as often as the reference has it.
+    """
     positive_int(n, "doubled_ngrams: n", "words")
+    positive_int(reach, "doubled_ngrams: reach", "words")
     norm = _unchanged if normalized else english_normalizer(spelling)
-    ref_counts = collections.Counter(_ngrams(norm(reference).split(), n))
-    hyp_counts = collections.Counter(_ngrams(norm(hypothesis).split(), n))
-    return [Doubled(gram, count, ref_counts[gram]) for gram, count in hyp_counts.items()
-            if count >= 2 and count > ref_counts[gram]]
+    ref, hyp = norm(reference).split(), norm(hypothesis).split()
+    opcodes = _opcodes(ref, hyp)
+    at_ref, matched = _positions(opcodes, len(ref), len(hyp)), _matched(opcodes, len(hyp))
+    ref_starts = _occurrences(ref, n)
+    found = []
+    for gram, starts in _occurrences(hyp, n).items():
+        extra = sum(_doubles(first, then, n, reach, at_ref, matched, ref_starts.get(gram, []))
+                    for first, then in zip(starts, starts[1:], strict=False))
+        if extra:
+            found.append(Doubled(gram, len(starts), len(ref_starts.get(gram, [])), extra))
+    return found
+
+
+def _doubles(first: int, then: int, n: int, reach: int, at_ref: Sequence[float], matched: Sequence[bool],
+             ref_starts: Sequence[int]) -> bool:
+    """Whether the occurrence at hypothesis word `then` doubles the one at `first` (the rule of `doubled_ngrams`);
+    `at_ref` and `matched` as `_positions` and `_matched` give them, `ref_starts` the n-gram's reference starts."""
+    period = then - first
+    if period > reach:
+        return False
+    ref_from, ref_to = at_ref[first], at_ref[then + n]
+    in_reference = sum(1 for start in ref_starts if ref_from - 0.5 <= start and start + n <= ref_to + 0.5)
+    added = (then + n - first) - (ref_to - ref_from)
+    unmatched_copy = min(sum(matched[first:first + n]), sum(matched[then:then + n])) < n / 2
+    return in_reference < 2 and (added >= min(period, n) or unmatched_copy)
 
 
 def coverage(sentences: Sequence[str], hypothesis: str, *, min_fraction: float = MIN_SENTENCE_FRACTION,
