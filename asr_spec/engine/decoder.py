@@ -22,6 +22,7 @@ from asr_spec.engine.kernels import (
     blocked,
     decoder_blocks,
     fused_qkv,
+    key_buckets,
     onednn_linear,
     onednn_usable,
     pack,
@@ -141,6 +142,9 @@ class Decoder:
         self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
         if self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
+        # the self-attention key counts a row-invariant pass may read, the smallest covering its positions
+        self.key_buckets = (key_buckets(self.n_heads, self.head_dim, self.key_count, self.query_rows, self.dtype)
+                            if self.query_rows else ())
         # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q
         # copies below instead of those projections' own weights (no other packed copy of them is held)
         step_layers = [proj for layer in self.layers
@@ -250,9 +254,9 @@ class Decoder:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
-        if self.query_rows:  # over `key_count` positions (`pass_keys`), in pieces of `query_rows` queries: keys
-            # (B, H, head_dim, n_keys) and values (B, H, n_keys, head_dim) read in place where the cache holds
-            # exactly n_keys positions (`new_cache`), else copied by the products
+        if self.query_rows:  # over a probed bucket of keys (`pass_keys`), in pieces of `query_rows` queries:
+            # keys (B, H, head_dim, n_keys) and values (B, H, n_keys, head_dim) read in place where n_keys is all
+            # the cache's positions (`new_cache`), else the keys copied by the product (~2x a product's time)
             out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask)
         else:
             out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask,
@@ -337,11 +341,11 @@ class Decoder:
         cache, mask (B, 1, T, n_keys') bool of the keys each query sees, n_keys' the keys it reads)."""
         write_pos = positions.clamp(max=cache.n_positions - 1)
         if self.query_rows:
-            # row-invariant: every pass reads the first `key_count` positions (all of a cache from `new_cache` but
-            # at K > 14; masked past each query), whatever n_keys: the kernels a product runs change with the number
-            # of keys (a bf16 step over 32 keys and over 64 parted at ~1 query in 200, random data) and with the
-            # number of queries below it
-            n_keys = self.key_count
+            # row-invariant: the smallest of `key_buckets` (probed: each query's output is the same over any of
+            # them covering its position) at or above n_keys, else all `key_count` positions (a cache from
+            # `new_cache` holds them all but at K > 14; masked past each query). Other key counts change the
+            # kernels' rounding (a 32-query piece over 400 keys vs 416 parted on random data)
+            n_keys = next((b for b in self.key_buckets if b >= n_keys), self.key_count)
         key_pos = torch.arange(n_keys, device=positions.device)
         return write_pos, key_pos[None, None, None, :] <= positions[:, None, :, None], n_keys
 
