@@ -18,7 +18,15 @@ from conftest import perturbed, tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.decoder import Decoder
-from asr_spec.engine.kernels import ROW_BLOCK_MAX, _invariant_rows, attention, blocked, key_buckets, row_block
+from asr_spec.engine.kernels import (
+    ROW_BLOCK_MAX,
+    _invariant_rows,
+    attention,
+    blocked,
+    key_buckets,
+    mask_bias,
+    row_block,
+)
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
 
@@ -147,7 +155,8 @@ def test_each_key_bucket_gives_a_query_what_all_keys_give():
             positions = torch.arange(last - m + 1, last + 1)
             outs = {}
             for bucket in (b for b in buckets if b > last):
-                mask = (torch.arange(bucket)[None, None, None, :] <= positions[None, None, :, None]).expand(2, 1, m, -1)
-                outs[bucket] = attention(q, k_t[..., :bucket], v[:, :, :bucket], mask, decoder.query_rows, lone=True)
+                seen = (torch.arange(bucket)[None, None, None, :] <= positions[None, None, :, None]).expand(2, 1, m, -1)
+                outs[bucket] = attention(q, k_t[..., :bucket], v[:, :, :bucket], mask_bias(seen, DTYPE),
+                                         decoder.query_rows, lone=True)
             assert all(torch.equal(out, outs[n]) for out in outs.values()), f"{m} queries ending at {last}"
     assert key_buckets(h, d, n, decoder.query_rows, DTYPE) is buckets  # probed once per shape
