@@ -18,7 +18,15 @@ from conftest import perturbed, tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.decoder import Decoder
-from asr_spec.engine.kernels import ROW_BLOCK_MAX, _invariant_rows, blocked, row_block
+from asr_spec.engine.kernels import (
+    ROW_BLOCK_MAX,
+    _invariant_rows,
+    attention,
+    blocked,
+    key_buckets,
+    mask_bias,
+    row_block,
+)
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
 
@@ -63,8 +71,9 @@ def test_blocked_products_are_the_whole_product_in_pieces():
 @pytest.mark.parametrize("n_new", [4, 12])
 def test_a_verify_pass_scores_each_position_as_a_one_token_step_does(n_new):
     """Three rows at ragged lengths fed 4 tokens in one pass (a K = 3 verify pass; 12: 36 rows, more than one
-    kernel takes on some CPUs) vs each row alone, one token at a time, over another key bucket: logits and written
-    keys/values equal bit for bit. whisper-base's layer shapes (2 layers), where SDPA rounds by query count."""
+    kernel takes on some CPUs) vs each row alone, one token at a time, over all key_count keys (the pass reads
+    the smallest key bucket where the probe allows it): logits and written keys/values equal bit for bit.
+    whisper-base's layer shapes (2 layers), where SDPA rounds by query count."""
     decoder = _decoder("base")
     gen = torch.Generator().manual_seed(0)
     n_rows, n_ctx = 3, decoder.decoder.config.max_source_positions
@@ -80,7 +89,8 @@ def test_a_verify_pass_scores_each_position_as_a_one_token_step_does(n_new):
     for row in range(n_rows):
         alone = _clone(cache.rows(1, row))
         for j in range(n_new):
-            step = decoder.forward(alone, tokens[row:row + 1, j:j + 1], positions[row:row + 1, j:j + 1], 64)
+            step = decoder.forward(alone, tokens[row:row + 1, j:j + 1], positions[row:row + 1, j:j + 1],
+                                   decoder.key_count)
             assert torch.equal(step[0, 0], verify[row, j]), f"row {row}, position {j}"
         end = int(lengths[row]) + n_new
         assert torch.equal(alone.self_k[:, 0, :, :end], whole.self_k[:, row, :, :end]), f"row {row} keys"
@@ -125,3 +135,28 @@ def test_a_cache_longer_than_the_pass_reads_gives_the_same_logits():
         decoder.write_audio(cache, audio)
         logits.append(decoder.forward(cache, tokens, torch.arange(6).expand(2, -1), 32))
     assert torch.equal(logits[0], logits[1])
+
+
+def test_each_key_bucket_gives_a_query_what_all_keys_give():
+    """The probe's claim (`kernels.key_buckets`), on other data than it saw: a query's attention output over any
+    bucket covering its position equals, bit for bit, its output over all key_count keys (masked keys exactly
+    left out), for a lone query, a verify pass's 4 queries and a full piece; whisper-base's heads."""
+    decoder = _decoder("base")
+    buckets = decoder.key_buckets
+    if len(buckets) == 1:
+        pytest.skip(f"no key bucket below {decoder.key_count} gives every query the same output on this CPU")
+    gen = torch.Generator().manual_seed(7)
+    h, d, n = decoder.n_heads, decoder.head_dim, decoder.key_count
+    k_t = torch.randn(2, h, d, n, generator=gen).to(DTYPE)
+    v = torch.randn(2, h, n, d, generator=gen).to(DTYPE)
+    for m in (1, 4, decoder.query_rows):
+        q = (torch.randn(2, h, m, d, generator=gen) / 8).to(DTYPE)
+        for last in (m - 1, 37, 63, 64, 200, 383, n - 1):
+            positions = torch.arange(last - m + 1, last + 1)
+            outs = {}
+            for bucket in (b for b in buckets if b > last):
+                seen = (torch.arange(bucket)[None, None, None, :] <= positions[None, None, :, None]).expand(2, 1, m, -1)
+                outs[bucket] = attention(q, k_t[..., :bucket], v[:, :, :bucket], mask_bias(seen, DTYPE),
+                                         decoder.query_rows, lone=True)
+            assert all(torch.equal(out, outs[n]) for out in outs.values()), f"{m} queries ending at {last}"
+    assert key_buckets(h, d, n, decoder.query_rows, DTYPE) is buckets  # probed once per shape

@@ -22,6 +22,8 @@ from asr_spec.engine.kernels import (
     blocked,
     decoder_blocks,
     fused_qkv,
+    key_buckets,
+    mask_bias,
     onednn_linear,
     onednn_usable,
     pack,
@@ -141,6 +143,9 @@ class Decoder:
         self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
         if self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
+        # the self-attention key counts a row-invariant pass may read, the smallest covering its positions
+        self.key_buckets = (key_buckets(self.n_heads, self.head_dim, self.key_count, self.query_rows, self.dtype)
+                            if self.query_rows else ())
         # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q
         # copies below instead of those projections' own weights (no other packed copy of them is held)
         step_layers = [proj for layer in self.layers
@@ -149,7 +154,7 @@ class Decoder:
             step_layers += [proj for layer in self.layers for proj in (
                 layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.encoder_attn.q_proj)]
         self.weights = {proj: pack(proj.weight) if packed else proj.weight for proj in step_layers}
-        self.qkv = [fused_qkv(layer.self_attn) for layer in self.layers] if packed else None
+        self.qkv = [fused_qkv(layer.self_attn, self.scaling) for layer in self.layers] if packed else None
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
         self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
         self._head_layout(proj_out.weight, vocab_ids, packed, certify)
@@ -244,19 +249,21 @@ class Decoder:
         b, t, _ = x.shape
         attn = layer.self_attn
         h = _layer_norm(layer.self_attn_layer_norm, x)
-        if self.qkv is not None:
+        if self.qkv is not None:  # packed, q scaled by 1/sqrt(head_dim) already
             q, k, v = self.linear(h, *self.qkv[i]).split(self.d_model, dim=-1)
+            scale = 1.0
         else:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
+            scale = self.scaling
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
-        if self.query_rows:  # over `key_count` positions (`pass_keys`), in pieces of `query_rows` queries: keys
-            # (B, H, head_dim, n_keys) and values (B, H, n_keys, head_dim) read in place where the cache holds
-            # exactly n_keys positions (`new_cache`), else copied by the products
-            out = self._attend(self._split_heads(q) * self.scaling, keys.transpose(-1, -2), values, mask)
+        if self.query_rows:  # over a probed bucket of keys (`pass_keys`), in pieces of `query_rows` queries:
+            # keys (B, H, head_dim, n_keys) and values (B, H, n_keys, head_dim) read in place where n_keys is all
+            # the cache's positions (`new_cache`), else copied by the products (~2x a product's time)
+            q = self._split_heads(q) if scale == 1.0 else self._split_heads(q) * scale
+            out = self._attend(q, keys.transpose(-1, -2), values, mask)
         else:
-            out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask,
-                                                 scale=self.scaling)
+            out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask, scale=scale)
         return x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
 
     def _cross_attention(self, i: int, layer: nn.Module, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -334,16 +341,19 @@ class Decoder:
     def pass_keys(self, cache: KVCache, positions: torch.Tensor, n_keys: int
                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """What a pass feeding `positions` ((B, T) long) writes and reads: (write positions (B, T) clamped to the
-        cache, mask (B, 1, T, n_keys') bool of the keys each query sees, n_keys' the keys it reads)."""
+        cache, mask (B, 1, T, n_keys') of the keys each query sees, n_keys' the keys it reads). The mask is bool
+        (True: seen) for SDPA, a `kernels.mask_bias` (0 / -inf) for a row-invariant decoder's `attention`."""
         write_pos = positions.clamp(max=cache.n_positions - 1)
         if self.query_rows:
-            # row-invariant: every pass reads the first `key_count` positions (all of a cache from `new_cache` but
-            # at K > 14; masked past each query), whatever n_keys: the kernels a product runs change with the number
-            # of keys (a bf16 step over 32 keys and over 64 parted at ~1 query in 200, random data) and with the
-            # number of queries below it
-            n_keys = self.key_count
+            # row-invariant: the smallest of `key_buckets` (probed: each query's output is the same over any of
+            # them covering its position) at or above n_keys, else all `key_count` positions (a cache from
+            # `new_cache` holds them all but at K > 14; masked past each query). Other key counts change the
+            # kernels' rounding (a 32-query piece over 400 keys vs 416 parted on random data)
+            n_keys = next((b for b in self.key_buckets if b >= n_keys), self.key_count)
         key_pos = torch.arange(n_keys, device=positions.device)
-        return write_pos, key_pos[None, None, None, :] <= positions[:, None, :, None], n_keys
+        seen = key_pos[None, None, None, :] <= positions[:, None, :, None]
+        # row-invariant passes add the mask to their scores (`kernels.attention`), SDPA takes it as it is
+        return write_pos, mask_bias(seen, self.dtype) if self.query_rows else seen, n_keys
 
     def _mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x + the MLP block of `layer`. x: (B, T, d_model)"""

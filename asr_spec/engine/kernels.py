@@ -101,17 +101,19 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return shared("pack", (weight,), functools.partial(reorder, weight))
 
 
-def fused_qkv(attn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_qkv(attn: nn.Module, q_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """One packed (3 * d_model, d_model) weight and its bias for an attention's q, k and v projections (k has no
-    bias in Whisper): one product instead of three, 147 vs 190 us at 3 rows for whisper-base's 512 x 512. Shared
-    per set of projection tensors."""
+    bias in Whisper), q's rows multiplied by `q_scale` (attention's 1/sqrt(head_dim), exact for a power of 2: one
+    op less a layer): one product instead of three, 147 vs 190 us at 3 rows for whisper-base's 512 x 512. Shared
+    per set of projection tensors and scale."""
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    scales = (q_scale, 1.0, 1.0)
 
     def make() -> tuple[torch.Tensor, torch.Tensor]:
-        bias = [p.bias if p.bias is not None else torch.zeros_like(p.weight[:, 0]) for p in projs]
-        return reorder(torch.cat([p.weight for p in projs])), torch.cat(bias).detach()
+        bias = [(p.bias if p.bias is not None else torch.zeros_like(p.weight[:, 0])) * c for p, c in zip(projs, scales)]
+        return reorder(torch.cat([p.weight * c for p, c in zip(projs, scales)])), torch.cat(bias).detach()
 
-    return shared("fused-qkv", _tensors(projs), make)
+    return shared(("fused-qkv", q_scale), _tensors(projs), make)
 
 
 def scaled(proj: nn.Linear, scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -236,12 +238,19 @@ def blocked(linear: Linear, rows: int, x: torch.Tensor, weight: torch.Tensor, *a
 LONE_QUERY_WIDTH = 2
 
 
-def attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None,
+def mask_bias(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True: the key is seen) as what `attention` adds to its scores: 0 where seen, -inf where left
+    out (built once per pass: scores + 0 is the score itself, so the same values as filling the hidden ones)."""
+    return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
+
+
+def attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None = None,
               width: int = 0, lone: bool = False) -> torch.Tensor:
-    """softmax(q keys_t) values, keys where `mask` is False left out, in pieces of at most `width` queries (0: all
-    at once); lone: a piece of one query takes its scores from a product of `LONE_QUERY_WIDTH` copies of it (a
-    row-invariant decoder, whose `query_block` probe runs this same function). q: (B, H, T, head_dim) scaled;
-    keys_t: (B, H, head_dim, S); values: (B, H, S, head_dim); mask: (B, 1, T, S) bool or None -> (B, H, T, head_dim)"""
+    """softmax(q keys_t + bias) values in pieces of at most `width` queries (0: all at once); lone: a piece of one
+    query takes its scores from a product of `LONE_QUERY_WIDTH` copies of it (a row-invariant decoder, whose
+    `query_block` probe runs this same function). q: (B, H, T, head_dim) scaled; keys_t: (B, H, head_dim, S);
+    values: (B, H, S, head_dim); bias: (B, 1, T, S) from `mask_bias` (-inf: a key left out) or None
+    -> (B, H, T, head_dim)"""
     t = q.shape[2]
     width = width or t
     out = []
@@ -251,7 +260,46 @@ def attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, mask:
             scores = (piece.expand(-1, -1, LONE_QUERY_WIDTH, -1).contiguous() @ keys_t)[:, :, :1]
         else:
             scores = piece @ keys_t
-        if mask is not None:
-            scores = scores.masked_fill(~mask[:, :, start:start + width], float("-inf"))
+        if bias is not None:
+            scores += bias[:, :, start:start + width]
         out.append(torch.softmax(scores, dim=-1) @ values)
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+# The self-attention key counts a row-invariant pass may read (`key_buckets`): multiples of this, then all of them.
+# On an AMX Xeon (bf16, 1 thread) multiples of 64 and of 32 gave every query the same output as all 464 keys; of 16
+# did not (32 queries over 400 keys vs 416 parted)
+KEY_BUCKET_STEP = 64
+
+
+@functools.cache
+def key_buckets(n_heads: int, head_dim: int, n_keys: int, width: int, dtype: torch.dtype) -> tuple[int, ...]:
+    """The key counts, ascending and ending with `n_keys`, over which `attention` (pieces of `width` queries, a
+    lone query as the decoder runs it) gives each query, bit for bit, what it gives over all `n_keys` keys, the
+    keys past its own position masked: the multiples of `KEY_BUCKET_STEP` below n_keys that pass, measured once
+    per shape (m = 1..width queries ending at the last key of each bucket and starting at key 0, over a store of
+    n_keys positions read in place as the decoder's cache is: keys^T (n_heads, head_dim, n_keys) sliced to the
+    bucket, values (n_heads, n_keys, head_dim)). A row-invariant pass may then read the smallest of them covering
+    every row's positions; (n_keys,) where none passes."""
+    gen = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, n_heads, width, head_dim, generator=gen) / 8).to(dtype)
+    k_t = torch.randn(1, n_heads, head_dim, n_keys, generator=gen).to(dtype)
+    v = _wide(gen, 1, n_heads, n_keys, head_dim).to(dtype)
+    kept = []
+    for bucket in range(KEY_BUCKET_STEP, n_keys, KEY_BUCKET_STEP):
+        if all(_same_over(q[:, :, :m], k_t, v, first, bucket, width) for m in range(1, width + 1)
+               for first in {0, max(bucket - m, 0)}):
+            kept.append(bucket)
+    return (*kept, n_keys)
+
+
+def _same_over(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, first: int, bucket: int, width: int) -> bool:
+    """Whether queries q (1, H, m, head_dim) at positions first.. (all below `bucket`) give the same `attention`
+    over `bucket` keys as over all of k_t's (1, H, head_dim, n_keys) and v's."""
+    positions = first + torch.arange(q.shape[2])
+
+    def over(n: int) -> torch.Tensor:
+        seen = torch.arange(n)[None, None, None, :] <= positions[None, None, :, None]
+        return attention(q, k_t[..., :n], v[:, :, :n], mask_bias(seen, q.dtype), width, lone=True)
+
+    return torch.equal(over(bucket), over(k_t.shape[-1]))
