@@ -34,8 +34,8 @@ timestamps), first delta after the first word's end was sent, WER against offlin
 the run (VmHWM, reset before each run; the clients live in the same process), and where the engine's time went
 (`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and target passes per re-decode,
 rows per step, encoder and step seconds per re-decode, wait before the engine and time in it;
-`target_passes_per_audio_s` over all the audio sent). --no-hypothesis: the server re-decodes without offering the
-previous hypothesis as the draft (`asr-spec serve --no-hypothesis`); --max-buffer-s: the streams' buffer bound;
+`target_passes_per_audio_s` over all the audio sent). --hypothesis/--no-hypothesis: the server re-decodes offering the
+previous hypothesis as the draft or not (default: the server's); --max-buffer-s: the streams' buffer bound;
 --glibc-malloc: glibc's malloc left as it is (the server pins it: `asr_spec.serve.allocator`). The server has
 --batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows. The
 engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB a row
@@ -244,8 +244,9 @@ def main() -> None:
                         "the streams (asr-spec serve's default: 8)")
     parser.add_argument("--glibc-malloc", action="store_true", help="--server: leave glibc's malloc as it is (the "
                         "server pins its mmap threshold and arenas: asr_spec.serve.allocator; compare peak RSS)")
-    parser.add_argument("--no-hypothesis", action="store_true", help="--server: plain re-decoding (the server's "
-                        "--no-hypothesis: the previous hypothesis is not offered as the draft)")
+    parser.add_argument("--hypothesis", action=argparse.BooleanOptionalAction, default=None,
+                        help="--server: offer each stream's previous hypothesis as the draft (`asr-spec serve "
+                        "--hypothesis`) or not (default: the server's, RealtimeOptions.hypothesis)")
     parser.add_argument("--fast-sender-s", type=float, default=0.0, help="--server: one more client sending this "
                         "much audio as fast as it can beside the streams (3600: the hour sender)")
     args = parser.parse_args()
@@ -277,8 +278,11 @@ def main() -> None:
 
 def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
     """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
+    from asr_spec.serve.realtime import RealtimeOptions
+
+    hypothesis = RealtimeOptions().hypothesis if args.hypothesis is None else args.hypothesis
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
-              "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": not args.no_hypothesis,
+              "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": hypothesis,
               "malloc_pinned": not args.glibc_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
@@ -287,7 +291,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
         reference = offline(asr, items)
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
         stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s)
-        run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, not args.no_hypothesis)
+        run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis)
         fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
         summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)
         report["runs"].append(summary)

@@ -375,7 +375,7 @@ def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flag
 
 
 @pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s", "hypothesis"),
-                         [([], RealtimeOptions().max_backlog_s, True, 1.0, True),
+                         [([], RealtimeOptions().max_backlog_s, True, 1.0, False),
                           (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2", "--no-hypothesis"], 30.0,
                            False, 2.0, False),
                           (["--catch-up", "--hypothesis"], RealtimeOptions().max_backlog_s, True, 1.0, True)])

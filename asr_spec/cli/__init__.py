@@ -76,8 +76,9 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                                          "is re-decoded less often, each re-decode covering all that arrived "
                                          "(default); off: every step_s re-decoded however far behind."),
     hypothesis: bool | None = typer.Option(None, "--hypothesis/--no-hypothesis", help="A live stream's re-decode "
-                                           "offers its previous hypothesis as the draft (default); off: plain "
-                                           "re-decoding (the same text, more target passes)."),
+                                           "offers its previous hypothesis as the draft (where no model draft "
+                                           "runs: fewer target passes); off (default): plain re-decoding, the same "
+                                           "text."),
     step_s: float | None = typer.Option(None, help="A live stream is re-decoded after this many new seconds "
                                         "(default: the streaming policy's, 1 s)."),
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "

@@ -69,9 +69,11 @@ class RealtimeOptions:
     vad: bool = True  # the default policy closes utterances at silence (silero-vad), as Transcriber.stream does
     stream: StreamOptions = StreamOptions()  # the default policy's re-decode step, buffer and silence (its checks)
     catch_up: bool = True  # a stream that is behind is re-decoded less often (stream/catchup.py); off: every step
-    # each re-decode offers the stream's previous hypothesis as the engine's draft (`ChunkRequest.hypothesis`);
-    # off: plain re-decoding (the same tokens, more target passes)
-    hypothesis: bool = True
+    # each re-decode offers the stream's previous hypothesis as the engine's draft (`ChunkRequest.hypothesis`), the
+    # same tokens either way. Off by default: with the preset's model draft on (bf16 on an AMX CPU, 8 rows) its
+    # 17-token verify passes cost more than the passes they save (8 streams: commit latency p95 57 s on, 41 s off,
+    # docs/live.md); on (`--hypothesis`) where no model draft runs (0.42x the target passes of plain re-decoding)
+    hypothesis: bool = False
     # () -> a new stream's policy; None: the streaming policy of `asr_spec.stream` over the server's transcriber
     policy: Callable[[], Any] | None = field(default=None, compare=False)
 
