@@ -50,6 +50,7 @@ class LiveStream:
     id: int = field(default_factory=lambda: next(_stream_ids))
     n_submitted: int = 0  # re-decodes submitted so far (the last element of their ids)
     in_engine: ChunkId | None = None  # the request id of its re-decode taken for the engine, if any
+    taken_s: float = 0.0  # time.monotonic() when that re-decode was taken
     closed: bool = False
 
     @property
@@ -100,7 +101,6 @@ class StreamDecodes:
         self._cond = threading.Condition() if lock is None else lock
         self._open: dict[int, LiveStream] = {}
         self._waiting: OrderedDict[int, _Pending] = OrderedDict()  # by stream id, oldest first
-        self._taken_s: dict[ChunkId, float] = {}  # time.monotonic() at take, of the re-decodes in the engine
         self.counts = DecodeCounts()
 
     # -- the streams' side -----------------------------------------------------------------------------------
@@ -133,9 +133,7 @@ class StreamDecodes:
             self._waiting.pop(stream.id, None)
             self._open.pop(stream.id, None)
             in_engine, stream.in_engine = stream.in_engine, None
-            if in_engine is not None:
-                self.counts.withdrawn += 1
-                self._taken_s.pop(in_engine, None)
+            self.counts.withdrawn += in_engine is not None
         if in_engine is not None:
             self.session.withdraw(in_engine)
 
@@ -178,9 +176,7 @@ class StreamDecodes:
             for pending in taken:
                 if pending.stream.in_engine is not None:
                     stale.append(pending.stream.in_engine)
-                    self._taken_s.pop(pending.stream.in_engine, None)
-                pending.stream.in_engine = pending.request_id
-                self._taken_s[pending.request_id] = now
+                pending.stream.in_engine, pending.stream.taken_s = pending.request_id, now
                 self.counts.wait_s += now - pending.submitted_s
                 self.counts.max_wait_s = max(self.counts.max_wait_s, now - pending.submitted_s)
             self.counts.taken += len(taken)
@@ -200,12 +196,11 @@ class StreamDecodes:
             return False
         with self._cond:
             stream = self._open.get(result.id.owner.stream)
-            taken_s = self._taken_s.pop(result.id, None)
             if stream is None or stream.in_engine != result.id:
                 return True
             stream.in_engine = None
             self.counts.delivered += 1
-            self.counts.engine_s += time.monotonic() - taken_s
+            self.counts.engine_s += time.monotonic() - stream.taken_s
         _notify(stream, result)
         return True
 
@@ -214,7 +209,6 @@ class StreamDecodes:
         with self._cond:
             lost = [s for s in self._open.values() if s.in_engine is not None and s.owner in owners]
             for stream in lost:
-                self._taken_s.pop(stream.in_engine, None)
                 stream.in_engine = None
         for stream in lost:
             _notify(stream, f"decoding failed ({cause})")
@@ -224,7 +218,6 @@ class StreamDecodes:
         with self._cond:
             streams = list(self._open.values())
             self._waiting.clear()
-            self._taken_s.clear()
         for stream in streams:
             _notify(stream, cause)
 
