@@ -183,10 +183,10 @@ def sentence_coverage(sentences: Sequence[str], hypothesis: str, *, normalized: 
     owner = [index for index, sentence_words in enumerate(words) for _ in sentence_words]
     ref = [word for sentence_words in words for word in sentence_words]
     matched = [0] * len(words)
-    matcher = difflib.SequenceMatcher(None, ref, norm(hypothesis).split(), autojunk=False)
-    for block in matcher.get_matching_blocks():
-        for position in range(block.a, block.a + block.size):
-            matched[owner[position]] += 1
+    for tag, ref_from, ref_to, _, _ in _opcodes(ref, norm(hypothesis).split()):
+        if tag == "equal":
+            for position in range(ref_from, ref_to):
+                matched[owner[position]] += 1
     return [m / len(w) if w else 1.0 for m, w in zip(matched, words, strict=True)]
 
 
@@ -234,7 +234,8 @@ def _ngrams(words: Sequence[str], n: int) -> list[tuple[str, ...]]:
 
 
 def _opcodes(reference: Sequence[str], hypothesis: Sequence[str]) -> list[tuple[str, int, int, int, int]]:
-    """difflib's opcodes turning `reference` into `hypothesis` (no junk heuristic, as in `sentence_coverage`)."""
+    """difflib's opcodes turning `reference` into `hypothesis`, no junk heuristic: the one alignment of the coverage
+    measures (`sentence_coverage`'s matched words are its "equal" runs)."""
     return difflib.SequenceMatcher(None, list(reference), list(hypothesis), autojunk=False).get_opcodes()
 
 
