@@ -390,6 +390,37 @@ def test_a_short_match_heard_seconds_apart_is_no_common_run() -> None:
     assert merge_timed([late, early]) == merge_overlapping([late.tokens, early.tokens]) == [9, 1, 2, 3, 4, 5, 8]
 
 
+def test_a_short_match_the_left_heard_before_the_right_window_starts_is_no_common_run() -> None:
+    """Held-out monologue_speeds with snapped window starts: the left window (22.3-52.3 s) ends "... poured it over
+    the wheel from above." at 44.3 s, the right one (44.7-74.7 s) opens "A wheel fed from above is far ...".
+    " from above" aligns 1.5 s apart (within MAX_SKEW_S) and was taken as a common run: "from above | is far",
+    four words lost. A run shorter than SURE_RUN_TOKENS counts only where both windows' audio holds it."""
+    left = TimedPiece((1, 2, 3, 4, 5, 6), (42.7, 43.0, 43.3, 43.6, 43.9, 44.2), seam_s=45.0,
+                      heard_from_s=22.3, heard_to_s=52.3)
+    right = TimedPiece((7, 8, 9, 4, 5, 10, 11), (44.8, 45.0, 45.3, 45.6, 45.9, 46.2, 46.5), seam_s=45.0,
+                       heard_from_s=44.7, heard_to_s=74.7)
+    assert seam_cut(left, right) == (6, 0)  # each reading whole: no common run, and the right keeps its head
+    # the same tokens heard inside the right window's audio (within HEARD_TOLERANCE_S of its start) are a run
+    inside = TimedPiece(left.tokens, tuple(t + 1.0 for t in left.times_s), seam_s=45.0, heard_from_s=22.3,
+                        heard_to_s=52.3)
+    assert seam_cut(inside, right) != (6, 0)
+    # a sure run (SURE_RUN_TOKENS equal tokens) counts wherever it was heard
+    sure = TimedPiece((7, 3, 4, 5, 6, 10, 11), right.times_s, seam_s=45.0, heard_from_s=44.7, heard_to_s=74.7)
+    assert seam_cut(left, sure) != (6, 0)
+
+
+def test_time_cut_keeps_the_right_words_where_the_left_heard_nothing_of_the_right_window() -> None:
+    """The left stopped at 44.2 s, before the right window's audio starts (44.7 s); the right's "A" heard at
+    44.8 s, before the seam (45 s), is nobody else's reading: it stays. Within the right window's audio the left's
+    last word still claims MAX_SKEW_S after it (the right may have timed the same word later)."""
+    left = TimedPiece((1, 2, 3), (43.6, 43.9, 44.2), seam_s=45.0, heard_from_s=22.3, heard_to_s=52.3)
+    right = TimedPiece((7, 8, 9), (44.8, 45.1, 45.4), seam_s=45.0, heard_from_s=44.7, heard_to_s=74.7)
+    assert time_cut(left, right) == (3, 0)
+    assert time_cut(left, TimedPiece(right.tokens, right.times_s, seam_s=45.0)) == (3, 1)  # audio not known
+    earlier = TimedPiece(right.tokens, right.times_s, seam_s=45.0, heard_from_s=43.0, heard_to_s=73.0)
+    assert time_cut(left, earlier) == (3, 1)  # the left's 44.2 s lies in the right's audio: "A" may repeat it
+
+
 def test_a_sentence_one_window_timed_seconds_early_is_matched_across_segments_not_written_twice() -> None:
     """dialogue_pauses through stride: the window at 20-50 s timed "Only because the path was flooded after the
     rain." (A) at 35-40 s and closed it, leaving "Let us take the road ..." (B) open; the window at 40-70 s heard A

@@ -19,8 +19,8 @@ import numpy as np
 
 from asr_spec.errors import InputError
 
-__all__ = ["MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping",
-           "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times"]
+__all__ = ["HEARD_TOLERANCE_S", "MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece",
+           "merge_overlapping", "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -35,6 +35,13 @@ SURE_RUN_TOKENS = 4
 # timed dialogue_pauses' "Only because the path was flooded after the rain." 5 s early in one window (35-40 s,
 # where the next window heard it at 40-44 s); the segment is taken whole when it reaches into this margin
 SEAM_SLACK_S = 5.0
+# seconds a token may be timed outside the audio of a window and still count as heard by it: a window's first
+# timestamp is its start and a closed segment's last token is timed half its share (about 0.15 s) before the
+# segment's end, so a word the window heard at its edge is timed within about a quarter second of it. Tight on
+# purpose: a window whose start was moved to a pause (`chunking`, snapped starts) may open 0.3 s before its seam,
+# and " from above" ending one sentence in the left window (44.2 s) and the right's next sentence (44.7 s on)
+# counted as a common run there, four words lost
+HEARD_TOLERANCE_S = 0.25
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
 
@@ -117,6 +124,12 @@ class TimedPiece:
     tokens: tuple[int, ...]  # text tokens
     times_s: tuple[float, ...]  # per token, file seconds, non-decreasing (`token_times`)
     seam_s: float  # file seconds where the next chunk takes over: this chunk's keep end
+    heard_from_s: float = -np.inf  # file seconds where the chunk's audio starts (-inf: not known)
+    heard_to_s: float = np.inf  # file seconds where it ends (inf: not known)
+
+    def heard(self, times_s: np.ndarray) -> np.ndarray:
+        """(n,) bool: whether this chunk's audio holds each of `times_s` (n,), within HEARD_TOLERANCE_S."""
+        return (times_s >= self.heard_from_s - HEARD_TOLERANCE_S) & (times_s <= self.heard_to_s + HEARD_TOLERANCE_S)
 
 
 def token_times(n_tokens: int, anchors: Sequence[tuple[int, float]]) -> np.ndarray:
@@ -143,13 +156,17 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
     The left keeps its tokens heard before left.seam_s, the right its tokens from it on; and each keeps what it
     heard where the other transcribed nothing: the left its tokens up to MAX_SKEW_S before the right's first one
     after the seam, the right its tokens more than MAX_SKEW_S after the left's last kept one (a window that
-    stopped early, heard silence or was dropped takes no words with it). Given `starts_word`, a word the seam
-    cuts stays whole in the left and its rest leaves the right (no half words)."""
+    stopped early, heard silence or was dropped takes no words with it) and all its tokens when that one lies
+    outside the right's audio (`TimedPiece.heard`: the right cannot have written again what it never heard).
+    Given `starts_word`, a word the seam cuts stays whole in the left and its rest leaves the right (no half
+    words)."""
     left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
     after = right_s[right_s >= left.seam_s]
     keep_before_s = max(left.seam_s, float(after[0]) - MAX_SKEW_S) if len(after) else np.inf
     n_keep = int(np.searchsorted(left_s, keep_before_s, side="left"))
-    drop_before_s = min(left.seam_s, float(left_s[n_keep - 1]) + MAX_SKEW_S) if n_keep else -np.inf
+    drop_before_s = -np.inf
+    if n_keep and right.heard(left_s[n_keep - 1 : n_keep])[0]:
+        drop_before_s = min(left.seam_s, float(left_s[n_keep - 1]) + MAX_SKEW_S)
     n_drop = int(np.searchsorted(right_s, drop_before_s, side="left"))
     if starts_word is not None:
         while n_keep < len(left.tokens) and not starts_word(left.tokens[n_keep]):
@@ -161,13 +178,17 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
 
 def _heard_together(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> bool:
     """Whether the equal tokens an overlap aligns are a common run: at least SURE_RUN_TOKENS of them, or heard at
-    about the same time by both chunks (their times differ by at most MAX_SKEW_S on average): ". He" at the end
-    of one reading and ". He" seven seconds earlier at the start of the other are no common run."""
+    about the same time by both chunks (their times differ by at most MAX_SKEW_S on average) in audio both
+    chunks have (`TimedPiece.heard`): ". He" at the end of one reading and ". He" seven seconds earlier at the
+    start of the other are no common run, nor is " from above" the left heard before the right's audio starts."""
     left_start, left_stop, right_start, right_stop = overlap
     equal = np.asarray(left.tokens[left_start:left_stop]) == np.asarray(right.tokens[right_start:right_stop])
     left_s = np.asarray(left.times_s[left_start:left_stop])[equal]
     right_s = np.asarray(right.times_s[right_start:right_stop])[equal]
-    return len(left_s) >= SURE_RUN_TOKENS or bool(abs(float((left_s - right_s).mean())) <= MAX_SKEW_S)
+    if len(left_s) >= SURE_RUN_TOKENS:
+        return True
+    both_heard = bool(right.heard(left_s).all() and left.heard(right_s).all())
+    return both_heard and bool(abs(float((left_s - right_s).mean())) <= MAX_SKEW_S)
 
 
 def seam_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:

@@ -200,8 +200,11 @@ def _seam(left: _Reading, left_from: int, right: _Reading, left_span: ChunkSpan,
     lo = max(lo, left_from)
     hi = max((s.stop for s in right.said if s.start_s is None or s.start_s < shared_to_s), default=0)
     seam_s = left_span.keep_end_sample / sampling_rate
-    n_keep, n_drop = seam_cut(TimedPiece(left.tokens[lo:], left.times_s[lo:], seam_s),
-                              TimedPiece(right.tokens[:hi], right.times_s[:hi], seam_s), starts_word)
+    left_piece = TimedPiece(left.tokens[lo:], left.times_s[lo:], seam_s,
+                            left_span.start_sample / sampling_rate, left_span.end_sample / sampling_rate)
+    right_piece = TimedPiece(right.tokens[:hi], right.times_s[:hi], seam_s,
+                             right_span.start_sample / sampling_rate, right_span.end_sample / sampling_rate)
+    n_keep, n_drop = seam_cut(left_piece, right_piece, starts_word)
     return lo + n_keep, n_drop
 
 
