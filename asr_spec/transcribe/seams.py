@@ -38,9 +38,9 @@ SEAM_SLACK_S = 5.0
 # seconds a token may be timed outside the audio of a window and still count as heard by it: a window's first
 # timestamp is its start and a closed segment's last token is timed half its share (about 0.15 s) before the
 # segment's end, so a word the window heard at its edge is timed within about a quarter second of it. Tight on
-# purpose: a window whose start was moved to a pause (`chunking`, snapped starts) may open 0.3 s before its seam,
-# and " from above" ending one sentence in the left window (44.2 s) and the right's next sentence (44.7 s on)
-# counted as a common run there, four words lost
+# purpose: windows may share little audio before a seam (window starts moved to pauses were tried, one opening
+# 0.3 s before its seam: docs/long-form-measurements.md), and there " from above" ending a sentence in the left
+# window (~44 s) and the right's next sentence (44.7 s on) counted as a common run, four words lost
 HEARD_TOLERANCE_S = 0.25
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
