@@ -126,3 +126,19 @@ def test_every_path_computes_the_linear_layer(path):
     assert y.shape == reference.shape and y.dtype == torch.float32
     tolerance = 0.05 if path.int8 else 1e-5  # int8: a few quantization steps of the output's range
     assert (y - reference).abs().max() <= tolerance * reference.abs().max()
+
+
+def test_the_wer_harness_quantizes_the_scope_it_names_and_nothing_else():
+    from conftest import tiny_target
+
+    from benchmarks.int8_wer import int8_copy
+
+    model = tiny_target()
+    dynamic = torch.ao.nn.quantized.dynamic.Linear
+    decoder_only = int8_copy(model, "decoder", "x86")
+    assert isinstance(decoder_only.proj_out, dynamic) and isinstance(decoder_only.model.decoder.layers[0].fc1, dynamic)
+    assert type(decoder_only.model.encoder.layers[0].fc1) is torch.nn.Linear
+    assert isinstance(int8_copy(model, "all", "x86").model.encoder.layers[0].fc1, dynamic)
+    assert type(model.proj_out) is torch.nn.Linear  # the original is left as it was
+    with pytest.raises(ValueError, match="--scope"):
+        int8_copy(model, "encoder", "x86")
