@@ -12,7 +12,10 @@ products at 1,500 x --encoder-batches rows (q/k/v/out 512 -> 512, fc1 512 -> 204
 step's at --decoder-rows rows (the same, plus the head 512 -> 51,865). A decode step reads each weight once from
 memory, not from a cache: its products cycle over copies of the weight, --stream-mb of fp32 weights in all (190 MB
 = whisper-base's decoder and head). Each row prints the median ms, the speed-up against the fastest fp32 path
-at that shape (> 1: faster) and the relative error max|y - y_fp32| / max|y_fp32| on the sample. Then each path's
+at that shape (> 1: faster), the relative error max|y - y_fp32| / max|y_fp32| on the sample, and the batch effect:
+how far the first row's output moves when the other rows (scaled 1/4..4x) are in the same call, relative to
+max|y| (0: the row is computed alone whatever its neighbours, as a lossless engine needs; "-": not measured, the
+path ignores its input). Then each path's
 products of one encoder batch and one decode step summed over whisper-base's layers (`Shape.per_pass`).
 """
 
@@ -66,6 +69,7 @@ class Row:
     ms: float  # median of the samples
     speedup: float  # the fastest fp32 path's ms / ms
     error: float  # max|y - y_fp32| / max|y_fp32|
+    batch_effect: float  # max|y[0] - y_alone[0]| / max|y|, NaN where not measured
 
 
 def shapes(encoder_batches: list[int], decoder_rows: list[int]) -> list[Shape]:
@@ -118,12 +122,13 @@ def pick_paths(text: str | None) -> list[Path]:
     return [p for p in PATHS if p.name in names or not p.int8]
 
 
-def rows_of(shape: Shape, paths: list[Path], samples: dict[str, list[float]], errors: dict[str, float]) -> list[Row]:
-    """One table row per path timed at `shape` (samples: path -> seconds per call), speed-ups against the fastest
-    fp32 path's median."""
+def rows_of(shape: Shape, paths: list[Path], samples: dict[str, list[float]],
+            accuracy: dict[str, tuple[float, float]]) -> list[Row]:
+    """One table row per path timed at `shape` (samples: path -> seconds per call; accuracy: path -> (error,
+    batch effect)), speed-ups against the fastest fp32 path's median."""
     medians = {name: statistics.median(s) for name, s in samples.items()}
     fp32 = min(medians[p.name] for p in paths if not p.int8 and p.name in medians)
-    return [Row(shape.label, p.name, p.library, medians[p.name] * 1e3, fp32 / medians[p.name], errors[p.name])
+    return [Row(shape.label, p.name, p.library, medians[p.name] * 1e3, fp32 / medians[p.name], *accuracy[p.name])
             for p in paths if p.name in medians]
 
 
@@ -151,8 +156,9 @@ def format_rows(rows: list[Row]) -> str:
     for r in rows:
         if r.shape != shape:
             shape = r.shape
-            lines += ["", shape, f"  {'path':<22}{'library':<10}{'ms':>10}{'x fp32':>9}{'error':>10}"]
-        lines.append(f"  {r.path:<22}{r.library:<10}{r.ms:>10.3f}{r.speedup:>9.2f}{r.error:>10.1e}")
+            lines += ["", shape, f"  {'path':<22}{'library':<10}{'ms':>10}{'x fp32':>9}{'error':>10}{'batch':>10}"]
+        batch = "-" if math.isnan(r.batch_effect) else f"{r.batch_effect:.1e}"
+        lines.append(f"  {r.path:<22}{r.library:<10}{r.ms:>10.3f}{r.speedup:>9.2f}{r.error:>10.1e}{batch:>10}")
     return "\n".join(lines[1:])
 
 
@@ -184,20 +190,32 @@ def _clock(products: list[Product], x: torch.Tensor, calls: int, start: int) -> 
     return (time.perf_counter() - t0) / calls
 
 
+def batch_effect(product: Product, x: torch.Tensor, y: torch.Tensor) -> float:
+    """max|y[0] - product(x[:1])[0]| / max|y|, y = product(x): how much the first row's result depends on the
+    rows beside it; NaN where the product ignores its input (its output keeps all rows)."""
+    alone = product(x[:1])
+    if alone.shape[0] != 1:
+        return math.nan
+    return ((y[:1] - alone).abs().max() / y.abs().max()).item()
+
+
 def time_shape(shape: Shape, paths: list[Path], repeats: int, stream_mb: float
                ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Every path that runs at `shape` (`Path.runs_at`) on random data of that shape: (path -> seconds per call,
-    one per repeat, the paths alternated within each repeat; path -> relative error against F.linear on the
-    sample)."""
+    one per repeat, the paths alternated within each repeat; path -> (relative error against F.linear on the
+    sample, batch effect: `batch_effect`)). The sample's rows have scales from 1/4 to 4, as rows of different
+    windows have."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(shape.rows, shape.d_in, generator=gen)
+    x = torch.randn(shape.rows, shape.d_in, generator=gen) * torch.logspace(-2, 2, shape.rows, base=2)[:, None]
     layers = [(torch.randn(shape.d_out, shape.d_in, generator=gen) / math.sqrt(shape.d_in),
                torch.randn(shape.d_out, generator=gen) / 10) for _ in range(weight_copies(shape, stream_mb))]
     reference = F.linear(x, *layers[0])
-    products, errors, calls = {}, {}, {}
+    products, accuracy, calls = {}, {}, {}
     for p in (p for p in paths if p.runs_at(shape.rows)):
         products[p.name] = [p.prepare(w, b, x) for w, b in layers]
-        errors[p.name] = ((products[p.name][0](x) - reference).abs().max() / reference.abs().max()).item()
+        y = products[p.name][0](x)
+        error = ((y - reference).abs().max() / reference.abs().max()).item()
+        accuracy[p.name] = (error, batch_effect(products[p.name][0], x, y))
         first = _clock(products[p.name], x, 2, 1)  # the warm-up
         calls[p.name] = max(1, math.ceil(SAMPLE_S / max(first, 1e-9)))
     samples: dict[str, list[float]] = {name: [] for name in products}
@@ -206,7 +224,7 @@ def time_shape(shape: Shape, paths: list[Path], repeats: int, stream_mb: float
         for name, fns in products.items():
             samples[name].append(_clock(fns, x, calls[name], done[name]))
             done[name] += calls[name]
-    return samples, errors
+    return samples, accuracy
 
 
 # -- main ---------------------------------------------------------------------------------------------------------
@@ -258,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     print(header, flush=True)
     rows = []
     for shape in all_shapes:
-        samples, errors = time_shape(shape, paths, args.repeats, args.stream_mb)
-        rows += rows_of(shape, paths, samples, errors)
+        samples, accuracy = time_shape(shape, paths, args.repeats, args.stream_mb)
+        rows += rows_of(shape, paths, samples, accuracy)
         print(format_rows([r for r in rows if r.shape == shape.label]) + "\n", flush=True)
     totals = pass_totals(all_shapes, rows, paths)
     print(format_totals(totals))
