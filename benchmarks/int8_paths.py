@@ -59,12 +59,17 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 ACTIVATION_MAX = 127
 
 
-def affine_params(t: torch.Tensor) -> tuple[float, int]:
-    """(scale, zero point) of an affine quantization onto [0, ACTIVATION_MAX] covering t's range and 0 (so that 0
-    is exact)."""
-    low, high = min(t.min().item(), 0.0), max(t.max().item(), 0.0)
-    scale = (high - low) / ACTIVATION_MAX or 1.0
+def range_params(low: float, high: float, top: int = ACTIVATION_MAX) -> tuple[float, int]:
+    """(scale, zero point) of an affine quantization onto [0, top] covering [low, high] and 0 (so that 0 is
+    exact)."""
+    low, high = min(low, 0.0), max(high, 0.0)
+    scale = (high - low) / top or 1.0
     return scale, int(round(-low / scale))
+
+
+def affine_params(t: torch.Tensor, top: int = ACTIVATION_MAX) -> tuple[float, int]:
+    """`range_params` of t's range."""
+    return range_params(t.min().item(), t.max().item(), top)
 
 
 def _fp32_linear(weight, bias, _x) -> Product:
@@ -100,20 +105,29 @@ def dynamic(engine: str) -> Prepare:
     return prepare
 
 
+def static_product(engine: str, weight: torch.Tensor, bias: torch.Tensor | None, x_range: tuple[float, float],
+                   y_range: tuple[float, float]) -> Product:
+    """`quantized::linear` at fixed scales: the activation quantized onto 7 bits over `x_range` (low, high), the
+    int8 product requantized to uint8 over `y_range` (8 bits: the output's range is no product's input), then
+    dequantized. A row's result depends on that row alone."""
+    x_scale, x_zero = range_params(*x_range)
+    y_scale, y_zero = range_params(*y_range, top=255)
+    packed = _prepacked(engine, weight, bias)
+
+    def product(x: torch.Tensor) -> torch.Tensor:
+        qx = torch.quantize_per_tensor(x, x_scale, x_zero, torch.quint8)
+        return torch.ops.quantized.linear(qx, packed, y_scale, y_zero).dequantize()
+
+    return product
+
+
 def static(engine: str) -> Prepare:
-    """`quantized::linear` with the activation's and the output's scales measured once on the sample: quantize,
-    int8 product requantized to uint8, dequantize."""
+    """`static_product` with the activation's and the output's ranges measured once on the sample."""
 
     def prepare(weight, bias, x_sample) -> Product:
-        x_scale, x_zero = affine_params(x_sample)
-        y_scale, y_zero = affine_params(F.linear(x_sample, weight, bias))
-        packed = _prepacked(engine, weight, bias)
-
-        def product(x: torch.Tensor) -> torch.Tensor:
-            qx = torch.quantize_per_tensor(x, x_scale, x_zero, torch.quint8)
-            return torch.ops.quantized.linear(qx, packed, y_scale, y_zero).dequantize()
-
-        return product
+        y_sample = F.linear(x_sample, weight, bias)
+        return static_product(engine, weight, bias, (x_sample.min().item(), x_sample.max().item()),
+                              (y_sample.min().item(), y_sample.max().item()))
 
     return prepare
 

@@ -8,10 +8,13 @@ side in one run.
     python -m benchmarks.int8_wer --threads 1 --emulate-isa avx2 --scope all --audio \
     tests/fixtures/speech/long_75s.flac tests/fixtures/longform/{dense_windows,dialogue_pauses,monologue_speeds}.opus
 
---scope all: every linear layer; decoder: the decoder's and the head (the encoder stays fp32). References: each
-audio file's `.txt` beside it. Prints per configuration the time of all its `generate` calls and the WER per file
-and over all. The harness is transformers' decoding, not asr-spec's engine: its absolute WER is its own (its
-batched no-timestamp windows lose text on `dialogue_pauses`); the difference between the columns is int8's.
+--scope all: every linear layer; decoder: the decoder's and the head (the encoder stays fp32); decoder-static: the
+same at fixed activation scales (`int8_paths.static_product`, row-independent: the candidate for a lossless int8
+engine), each layer's input and output ranges calibrated on the LibriSpeech fixture utterances (not the files
+scored). References: each audio file's `.txt` beside it. Prints per configuration the time of all its `generate`
+calls and the WER per file and over all. The harness is transformers' decoding, not asr-spec's engine: its
+absolute WER is its own (its batched no-timestamp windows lose text on `dialogue_pauses`); the difference between
+the columns is int8's.
 """
 
 from __future__ import annotations
@@ -30,13 +33,57 @@ from asr_spec import Transcriber
 from asr_spec.eval.metrics import score
 from asr_spec.transcribe.inputs import run_inputs
 from benchmarks.bench import EMULATED_ISA, emulate
+from benchmarks.int8_paths import static_product
 
-SCOPES = ("all", "decoder")
+SCOPES = ("all", "decoder", "decoder-static")
+CALIBRATION = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
+Ranges = dict[str, tuple[tuple[float, float], tuple[float, float]]]  # layer -> ((x low, high), (y low, high))
 
 
-def int8_copy(model: nn.Module, scope: str, engine: str) -> nn.Module:
-    """A copy of a transformers Whisper model with the linear layers of `scope` dynamically quantized (int8
-    weights, one scale per output channel) under torch's quantized `engine`."""
+class StaticLinear(nn.Module):
+    """An nn.Linear's product through `int8_paths.static_product` at calibrated ranges. (..., d_in) -> (..., d_out)"""
+
+    def __init__(self, linear: nn.Linear, x_range: tuple[float, float], y_range: tuple[float, float], engine: str):
+        super().__init__()
+        self.d_out = linear.out_features
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.product = static_product(engine, linear.weight.detach(), bias, x_range, y_range)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(x.reshape(-1, x.shape[-1]).contiguous()).view(*x.shape[:-1], self.d_out)
+
+
+def decoder_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The decoder's linear layers and the head, by their names in `model`."""
+    found = {f"model.decoder.{n}": m for n, m in model.model.decoder.named_modules() if isinstance(m, nn.Linear)}
+    return found | {"proj_out": model.proj_out}
+
+
+def calibrate(model: nn.Module, processor, features: torch.Tensor) -> Ranges:
+    """Each decoder linear layer's input and output range over greedy decoding of `features` (n, mels, frames)."""
+    ranges: Ranges = {}
+
+    def hook(name: str):
+        def record(_module, inputs, output) -> None:
+            (xl, xh), (yl, yh) = ranges.get(name, ((0.0, 0.0), (0.0, 0.0)))
+            x = inputs[0]
+            ranges[name] = ((min(xl, x.min().item()), max(xh, x.max().item())),
+                            (min(yl, output.min().item()), max(yh, output.max().item())))
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in decoder_linears(model).items()]
+    try:
+        decode(model, processor, features, 8)
+    finally:
+        for h in handles:
+            h.remove()
+    return ranges
+
+
+def int8_copy(model: nn.Module, scope: str, engine: str, ranges: Ranges | None = None) -> nn.Module:
+    """A copy of a transformers Whisper model with the linear layers of `scope` int8 (weights one scale per output
+    channel) under torch's quantized `engine`: dynamically quantized, or for decoder-static at the `ranges` of
+    `calibrate`."""
     if scope not in SCOPES:
         raise ValueError(f"--scope must be one of {', '.join(SCOPES)}, got {scope!r}")
     torch.backends.quantized.engine = engine
@@ -44,9 +91,21 @@ def int8_copy(model: nn.Module, scope: str, engine: str) -> nn.Module:
     out = copy.deepcopy(model)
     if scope == "all":
         return torch.ao.quantization.quantize_dynamic(out, spec, dtype=torch.qint8)
-    out.model.decoder = torch.ao.quantization.quantize_dynamic(out.model.decoder, spec, dtype=torch.qint8)
-    out.proj_out = torch.ao.quantization.quantize_dynamic(nn.Sequential(out.proj_out), spec, dtype=torch.qint8)[0]
+    if scope == "decoder":
+        out.model.decoder = torch.ao.quantization.quantize_dynamic(out.model.decoder, spec, dtype=torch.qint8)
+        out.proj_out = torch.ao.quantization.quantize_dynamic(nn.Sequential(out.proj_out), spec, dtype=torch.qint8)[0]
+        return out
+    if ranges is None:
+        raise ValueError("--scope decoder-static needs calibrated ranges")
+    for name, linear in decoder_linears(out).items():
+        parent, _, attr = name.rpartition(".")
+        setattr(out.get_submodule(parent), attr, StaticLinear(linear, *ranges[name], engine))
     return out
+
+
+def features_of(transcriber: Transcriber, audio: list[str]) -> torch.Tensor:
+    """The log-mel features of the files' chunks as asr-spec cuts them (voice activity). (n, mels, frames)"""
+    return torch.stack([r.features for r in transcriber.prepare(run_inputs(audio))])
 
 
 def decode(model: nn.Module, processor, features: torch.Tensor, batch_size: int) -> str:
@@ -76,7 +135,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--audio", nargs="+", required=True, help="audio files, each with its reference .txt beside it")
-    p.add_argument("--scope", default="all", choices=SCOPES, help="which linear layers are int8 (default all)")
+    p.add_argument("--scope", default="all", choices=SCOPES,
+                   help="which linear layers are int8, and how (default all)")
     p.add_argument("--engine", default="x86", choices=("x86", "onednn"), help="torch's quantized engine (x86: fbgemm)")
     p.add_argument("--batch-size", type=int, default=8, help="chunks per generate call (default 8)")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
@@ -100,9 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
     fp32 = Transcriber.from_preset("base", language="en", dtype="float32", draft=None)
-    models = {"fp32": fp32.target, f"int8 ({args.scope}, {args.engine})": int8_copy(fp32.target, args.scope,
-                                                                                    args.engine)}
-    chunks = [torch.stack([r.features for r in fp32.prepare(run_inputs([a]))]) for a in args.audio]
+    ranges = None
+    if args.scope == "decoder-static":
+        calibration = sorted(CALIBRATION.rglob("*.flac"))
+        ranges = calibrate(fp32.target, fp32.processor, features_of(fp32, [str(f) for f in calibration]))
+    models = {"fp32": fp32.target,
+              f"int8 ({args.scope}, {args.engine})": int8_copy(fp32.target, args.scope, args.engine, ranges)}
+    chunks = [features_of(fp32, [a]) for a in args.audio]
     refs = [p.read_text() for p in refs_paths]
     print(f"capability {torch.backends.cpu.get_cpu_capability()}, threads {torch.get_num_threads()}; "
           f"chunks per file {[len(c) for c in chunks]}", flush=True)

@@ -148,6 +148,29 @@ def test_the_wer_harness_quantizes_the_scope_it_names_and_nothing_else():
         int8_copy(model, "encoder", "x86")
 
 
+def test_static_int8_layers_take_their_calibrated_ranges_and_stay_close_to_fp32():
+    from conftest import tiny_target
+
+    from benchmarks.int8_wer import StaticLinear, decoder_linears, int8_copy
+
+    model = tiny_target()
+    with pytest.raises(ValueError, match="calibrated"):
+        int8_copy(model, "decoder-static", "x86")
+    x = torch.randn(2, 5, model.config.d_model, generator=torch.Generator().manual_seed(0))
+    fc1 = model.model.decoder.layers[0].fc1
+    reference = fc1(x)
+    ranges = dict.fromkeys(decoder_linears(model), ((float(x.min()), float(x.max())),
+                                                     (float(reference.min()), float(reference.max()))))
+    static = int8_copy(model, "decoder-static", "x86", ranges)
+    layer = static.model.decoder.layers[0].fc1
+    assert isinstance(layer, StaticLinear) and isinstance(static.proj_out, StaticLinear)
+    assert type(static.model.encoder.layers[0].fc1) is torch.nn.Linear
+    y = layer(x)
+    assert y.shape == reference.shape
+    assert (y - reference).abs().max() <= 0.05 * reference.abs().max()
+    assert torch.equal(layer(x[:1]), y[:1])  # a row's result does not depend on the rows beside it
+
+
 def test_the_batch_effect_sees_a_row_that_depends_on_its_neighbours():
     x = torch.tensor([[1.0, -2.0], [30.0, 4.0]])
 
