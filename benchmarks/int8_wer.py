@@ -137,6 +137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--audio", nargs="+", required=True, help="audio files, each with its reference .txt beside it")
     p.add_argument("--scope", default="all", choices=SCOPES,
                    help="which linear layers are int8, and how (default all)")
+    p.add_argument("--calibration", nargs="+",
+                   help="audio whose chunks calibrate --scope decoder-static (default: the LibriSpeech fixtures)")
     p.add_argument("--engine", default="x86", choices=("x86", "onednn"), help="torch's quantized engine (x86: fbgemm)")
     p.add_argument("--batch-size", type=int, default=8, help="chunks per generate call (default 8)")
     p.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
@@ -162,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     fp32 = Transcriber.from_preset("base", language="en", dtype="float32", draft=None)
     ranges = None
     if args.scope == "decoder-static":
-        calibration = sorted(CALIBRATION.rglob("*.flac"))
-        ranges = calibrate(fp32.target, fp32.processor, features_of(fp32, [str(f) for f in calibration]))
+        calibration = args.calibration or [str(f) for f in sorted(CALIBRATION.rglob("*.flac"))]
+        ranges = calibrate(fp32.target, fp32.processor, features_of(fp32, calibration))
     models = {"fp32": fp32.target,
               f"int8 ({args.scope}, {args.engine})": int8_copy(fp32.target, args.scope, args.engine, ranges)}
     chunks = [features_of(fp32, [a]) for a in args.audio]
