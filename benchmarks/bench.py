@@ -74,10 +74,12 @@ from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, stage_table, 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "librispeech"
 # --emulate-isa: the environment that makes a newer x86 CPU decode as an older class does. Checked on the AMX
 # Xeon (docs/cpu.md): torch then reports capability AVX2, oneDNN has no bf16 (bf16 products ~100x slower,
-# emulated), so `auto` is fp32 and faster-whisper runs its AVX2 kernels. Not emulated: the core count and the
-# memory bandwidth of a real AVX2 machine.
+# emulated), so `auto` is fp32 and faster-whisper runs its AVX2 kernels; fbgemm (torch's x86 quantized engine)
+# reads FBGEMM_ENABLE_INSTRUCTIONS (its int8 products 2-3x slower with AVX2 than with AVX-512 VNNI). Not
+# emulated: the core count and the memory bandwidth of a real AVX2 machine.
 EMULATED_ISA = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                         "CT2_FORCE_CPU_ISA": "AVX2", "ASR_SPEC_CPU_FLAGS": "fma f16c avx avx2 bmi1 bmi2"}}
+                         "CT2_FORCE_CPU_ISA": "AVX2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+                         "ASR_SPEC_CPU_FLAGS": "fma f16c avx avx2 bmi1 bmi2"}}
 Runner = Callable[[list["Clip"], int], list[str]]  # (clips, batch size) -> their texts
 
 
@@ -360,18 +362,21 @@ def _save(results: list[Result], rows: list[dict[str, Any]], header: str, hardwa
     print(f"plot: {plot_path}\nfigures: {json_path}")
 
 
-def _emulate(isa: str, argv: list[str] | None) -> None:
-    """Replace this process by the same command with `EMULATED_ISA[isa]`'s environment (read by the libraries
+def emulate(isa: str, argv: list[str] | None, module: str = "benchmarks.bench") -> None:
+    """Unless this process already runs with `EMULATED_ISA[isa]`'s environment, replace it by the same command
+    (`python -m module` with `argv`, else this process's arguments) with that environment (read by the libraries
     when they load, so it must be set before torch is imported: hence a new process)."""
-    env = os.environ | EMULATED_ISA[isa]
-    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.bench", *(sys.argv[1:] if argv is None else argv)],
-              env)
+    wanted = EMULATED_ISA[isa]
+    if all(os.environ.get(k) == v for k, v in wanted.items()):
+        return
+    os.execve(sys.executable, [sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)],
+              os.environ | wanted)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.emulate_isa and any(os.environ.get(k) != v for k, v in EMULATED_ISA[args.emulate_isa].items()):
-        _emulate(args.emulate_isa, argv)
+    if args.emulate_isa:
+        emulate(args.emulate_isa, argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     _quiet_libraries()
