@@ -13,7 +13,7 @@ from asr_spec.engine import decoder as decoder_module
 from asr_spec.engine.admission import prefill
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.encoder import Encoder
-from asr_spec.engine.kernels import onednn_linear, onednn_usable, pack
+from asr_spec.engine.kernels import attention, mask_bias, onednn_linear, onednn_usable, pack, stored
 from asr_spec.testing import random_whisper
 
 CPU = torch.device("cpu")
@@ -241,3 +241,20 @@ def test_bf16_decoder_packed_path_equals_plain_path(monkeypatch):
         if diverged is not None:
             i, gap, top = diverged
             assert abs(gap) <= 2 * BF16_RTOL * max(abs(top), 1.0), f"row {row}: diverges at {i}, top-2 gap {gap}"
+
+
+@pytest.mark.parametrize("width, lone", [(0, False), (2, True)])
+def test_attention_reads_values_stored_either_way(width, lone):
+    """`kernels.attention` over values stored (S, head_dim) and over the same values stored (head_dim, S)
+    (`stored`, the layout `values_transposed` picks): both softmax(q k^T + bias) v, a lone query's piece included
+    (3 queries in pieces of 2), masked keys left out."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=gen, dtype=torch.float64) for n in (3, 7, 7))
+    seen = torch.arange(7)[None, None, None, :] <= torch.tensor([[2, 4, 6], [0, 3, 5]])[:, None, :, None]
+    bias = mask_bias(seen, q.dtype)
+    expected = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1) @ v
+    for transposed in (False, True):
+        values = stored(v, transposed)
+        assert (values.stride(-2) == 1) == transposed
+        out = attention(q, k.transpose(-1, -2).contiguous(), values, bias, width, lone)
+        torch.testing.assert_close(out, expected)

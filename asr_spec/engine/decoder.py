@@ -30,6 +30,7 @@ from asr_spec.engine.kernels import (
     reorder,
     scaled,
     shared,
+    values_transposed,
 )
 
 # Positions past max_positions that every row-invariant pass reads (`Decoder.key_count`), and that its caches hold
@@ -197,15 +198,18 @@ class Decoder:
         return self.pos_table.dtype
 
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
-        """A cache of n_rows slots. Row-invariant: of at least `key_count` positions (what each pass reads), keys
-        stored transposed, so that the self-attention products read every layer's keys and values in place (where
-        n_positions <= key_count: K <= 14 in the scheduler's caches)."""
+        """A cache of n_rows slots. On CPU the audio keys are stored transposed, and the audio values too where
+        `kernels.values_transposed` (bf16): the layouts `kernels.attention` reads in place. Row-invariant: of at
+        least `key_count` positions (what each pass reads), keys (and values likewise) stored transposed, so that
+        the self-attention products read every layer's keys and values in place (where n_positions <= key_count:
+        K <= 14 in the scheduler's caches)."""
         if self.query_rows:
             n_positions = max(n_positions, self.key_count)
+        values_t = self.cpu_layout and values_transposed(self.dtype)
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
-            device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout,
-            self_k_transposed=bool(self.query_rows),
+            device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout, cross_v_transposed=values_t,
+            self_k_transposed=bool(self.query_rows), self_v_transposed=bool(self.query_rows) and values_t,
         )
 
     @torch.inference_mode()
@@ -221,7 +225,7 @@ class Decoder:
             attn = layer.encoder_attn
             k, v = (self.wide_linear(audio, p.weight, p.bias).view(r, s, self.n_heads, self.head_dim)
                     for p in (attn.k_proj, attn.v_proj))
-            cache.cross_k[i] = k.permute(0, 2, 3, 1) if self.cpu_layout else k.transpose(1, 2)
+            cache.cross_k[i] = k.transpose(1, 2)  # into the layout `new_cache` chose
             cache.cross_v[i] = v.transpose(1, 2)
 
     def _head(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
@@ -258,8 +262,8 @@ class Decoder:
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
         if self.query_rows:  # over a probed bucket of keys (`pass_keys`), in pieces of `query_rows` queries:
-            # keys (B, H, head_dim, n_keys) and values (B, H, n_keys, head_dim) read in place where n_keys is all
-            # the cache's positions (`new_cache`), else copied by the products (~2x a product's time)
+            # keys^T (B, H, head_dim, n_keys) and values (stored as `new_cache` chose) read in place where n_keys
+            # is all the cache's positions, else copied by the products (~2x a product's time)
             q = self._split_heads(q) if scale == 1.0 else self._split_heads(q) * scale
             out = self._attend(q, keys.transpose(-1, -2), values, mask)
         else:
@@ -276,7 +280,7 @@ class Decoder:
         else:
             q = self._split_heads(self._proj(xattn.q_proj, h)) * self.scaling
         if self.cpu_layout:
-            out = self._attend(q, cache.cross_k[i], cache.cross_v[i])
+            out = self._attend(q, cache.cross_k[i].transpose(-1, -2), cache.cross_v[i])
         else:
             out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=1.0)
         return x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
