@@ -144,9 +144,7 @@ class Decoder:
         self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
         if self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
-        # the self-attention key counts a row-invariant pass may read, the smallest covering its positions
-        self.key_buckets = (key_buckets(self.n_heads, self.head_dim, self.key_count, self.query_rows, self.dtype)
-                            if self.query_rows else ())
+        self.values_t, self.key_buckets = self._attention_layout()
         # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q
         # copies below instead of those projections' own weights (no other packed copy of them is held)
         step_layers = [proj for layer in self.layers
@@ -159,6 +157,19 @@ class Decoder:
         self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
         self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
         self._head_layout(proj_out.weight, vocab_ids, packed, certify)
+
+    def _attention_layout(self) -> tuple[bool, tuple[int, ...]]:
+        """(values_t, key_buckets): whether attention values are stored (head_dim, positions), where it pays
+        (bf16): in a row-invariant decoder where the probe still finds enough queries in that layout
+        (`kernels.values_transposed`), in any other CPU one for speed alone; and the self-attention key counts a
+        row-invariant pass may read, the smallest covering its positions (none elsewhere)."""
+        n_audio = self.decoder.config.max_source_positions
+        values_t = self.cpu_layout and self.dtype != torch.float32 and (
+            not self.query_rows or values_transposed(self.n_heads, self.head_dim, n_audio, self.dtype))
+        if not self.query_rows:
+            return values_t, ()
+        return values_t, key_buckets(self.n_heads, self.head_dim, self.key_count, self.query_rows, self.dtype,
+                                     values_t)
 
     def _head_layout(self, full: torch.Tensor, vocab_ids: torch.Tensor | None, packed: bool,
                      certify: tuple[int, tuple[int, ...]] | None) -> None:
@@ -199,17 +210,17 @@ class Decoder:
 
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
         """A cache of n_rows slots. On CPU the audio keys are stored transposed, and the audio values too where
-        `kernels.values_transposed` (bf16): the layouts `kernels.attention` reads in place. Row-invariant: of at
-        least `key_count` positions (what each pass reads), keys (and values likewise) stored transposed, so that
-        the self-attention products read every layer's keys and values in place (where n_positions <= key_count:
+        `values_t`: the layouts `kernels.attention` reads in place. Row-invariant: of at least `key_count`
+        positions (what each pass reads), keys (and values where `values_t`) stored transposed, so that the
+        self-attention products read every layer's keys and values in place (where n_positions <= key_count:
         K <= 14 in the scheduler's caches)."""
         if self.query_rows:
             n_positions = max(n_positions, self.key_count)
-        values_t = self.cpu_layout and values_transposed(self.dtype)
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
-            device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout, cross_v_transposed=values_t,
-            self_k_transposed=bool(self.query_rows), self_v_transposed=bool(self.query_rows) and values_t,
+            device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout,
+            cross_v_transposed=self.values_t, self_k_transposed=bool(self.query_rows),
+            self_v_transposed=bool(self.query_rows) and self.values_t,
         )
 
     @torch.inference_mode()
