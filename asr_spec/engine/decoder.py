@@ -90,6 +90,20 @@ def _head_transposed(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> to
                   lambda: _head_rows(weight, vocab_ids).detach().t().contiguous())
 
 
+def _transposed_product(audio: torch.Tensor, proj: nn.Linear, out: torch.Tensor) -> None:
+    """out[r] = (audio[r] @ W^T + b)^T for each chunk r, written in place as W @ audio[r]^T (+ b): the audio
+    keys/values of a transposed cache without a transposing copy (bf16, 8 chunks, 1 thread: 12.0 vs 16.5 ms a
+    layer), one product per chunk of the same shape whatever the number of chunks admitted together.
+    audio: (R, S, d_in); out: (R, n_heads, head_dim, S) contiguous, n_heads * head_dim = d_out."""
+    weight, bias = proj.weight, proj.bias
+    for r in range(audio.shape[0]):
+        dst = out[r].view(weight.shape[0], audio.shape[1])
+        if bias is None:
+            torch.mm(weight, audio[r].t(), out=dst)
+        else:
+            torch.addmm(bias[:, None], weight, audio[r].t(), out=dst)
+
+
 def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     """`norm(x)` without the module call's overhead (~20 LayerNorms a step)."""
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
@@ -234,6 +248,10 @@ class Decoder:
         r, s, _ = audio.shape
         for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
+            if self.values_t:  # keys and values stored transposed: each written by a product of that layout
+                for proj, stored_t in ((attn.k_proj, cache.cross_k[i]), (attn.v_proj, cache.cross_v[i])):
+                    _transposed_product(audio, proj, stored_t.transpose(-1, -2))
+                continue
             k, v = (self.wide_linear(audio, p.weight, p.bias).view(r, s, self.n_heads, self.head_dim)
                     for p in (attn.k_proj, attn.v_proj))
             cache.cross_k[i] = k.transpose(1, 2)  # into the layout `new_cache` chose
