@@ -1,4 +1,4 @@
-"""KVCache.write_self: only the new (row, position) entries change, in either key layout."""
+"""KVCache.write_self: only the new (row, position) entries change, with keys and values in either layout."""
 
 from __future__ import annotations
 
@@ -11,14 +11,16 @@ from asr_spec.engine.cache import KVCache
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_write_self_touches_only_each_rows_own_positions_in_both_layouts(dtype):
     gen = torch.Generator().manual_seed(0)
-    caches = [KVCache.empty(2, 3, 2, 4, 10, 5, device=torch.device("cpu"), dtype=dtype, self_k_transposed=t)
-              for t in (False, True)]
+    caches = [KVCache.empty(2, 3, 2, 4, 10, 5, device=torch.device("cpu"), dtype=dtype, self_k_transposed=t,
+                            self_v_transposed=t, cross_k_transposed=t, cross_v_transposed=t) for t in (False, True)]
     k, v = (torch.randn(3, 2, 2, 4, generator=gen).to(dtype) for _ in range(2))  # (rows, heads, T, head_dim)
     positions = torch.tensor([[0, 1], [4, 5], [8, 9]])  # ragged rows: each writes at its own offsets
     for cache in caches:
         cache.write_self(1, k, v, positions)
     plain, transposed = caches
-    assert transposed.self_k.stride()[-1] != 1  # a view of keys stored (.., head_dim, n_positions)
+    for name in ("self_k", "self_v", "cross_k", "cross_v"):  # views of tensors stored (.., head_dim, n)
+        assert getattr(transposed, name).stride()[-2] == 1 and getattr(plain, name).stride()[-1] == 1
+        assert getattr(transposed, name).shape == getattr(plain, name).shape
     for cache in caches:
         assert not cache.self_k[0].any() and not cache.self_v[0].any()  # the other layer untouched
         for row in range(3):
@@ -31,3 +33,4 @@ def test_write_self_touches_only_each_rows_own_positions_in_both_layouts(dtype):
     moved = transposed.rows(2, 1)  # a rows view writes into its slots of the same cache
     moved.write_self(0, k[:2], v[:2], positions[:2])
     assert torch.equal(transposed.self_k[0, 1, :, 0], k[0, :, 0]) and not transposed.self_k[0, 0].any()
+    assert torch.equal(transposed.self_v[0, 1, :, 0], v[0, :, 0]) and not transposed.self_v[0, 0].any()

@@ -20,12 +20,15 @@ from asr_spec.engine import DecodeOptions, Engine
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.kernels import (
     ROW_BLOCK_MAX,
+    TRANSPOSED_MIN_QUERIES,
     _invariant_rows,
     attention,
     blocked,
     key_buckets,
     mask_bias,
+    query_block,
     row_block,
+    stored,
 )
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
@@ -148,7 +151,7 @@ def test_each_key_bucket_gives_a_query_what_all_keys_give():
     gen = torch.Generator().manual_seed(7)
     h, d, n = decoder.n_heads, decoder.head_dim, decoder.key_count
     k_t = torch.randn(2, h, d, n, generator=gen).to(DTYPE)
-    v = torch.randn(2, h, n, d, generator=gen).to(DTYPE)
+    v = stored(torch.randn(2, h, n, d, generator=gen).to(DTYPE), decoder.values_t)  # as the decoder's cache
     for m in (1, 4, decoder.query_rows):
         q = (torch.randn(2, h, m, d, generator=gen) / 8).to(DTYPE)
         for last in (m - 1, 37, 63, 64, 200, 383, n - 1):
@@ -159,4 +162,17 @@ def test_each_key_bucket_gives_a_query_what_all_keys_give():
                 outs[bucket] = attention(q, k_t[..., :bucket], v[:, :, :bucket], mask_bias(seen, DTYPE),
                                          decoder.query_rows, lone=True)
             assert all(torch.equal(out, outs[n]) for out in outs.values()), f"{m} queries ending at {last}"
-    assert key_buckets(h, d, n, decoder.query_rows, DTYPE) is buckets  # probed once per shape
+    assert key_buckets(h, d, n, decoder.query_rows, DTYPE, decoder.values_t) is buckets  # probed once per shape
+
+
+def test_values_are_stored_in_the_layout_the_probe_measured():
+    """A row-invariant decoder stores its attention values transposed exactly where `query_block` in that layout
+    still takes `TRANSPOSED_MIN_QUERIES` queries over the audio keys, and its query pieces are what the probe
+    found in the layout it stores (self-attention over key_count keys, cross-attention over the audio's)."""
+    decoder = _decoder("base")
+    h, d, n_ctx = decoder.n_heads, decoder.head_dim, decoder.decoder.config.max_source_positions
+    cache = decoder.new_cache(1, 8, n_ctx)
+    assert decoder.values_t == (query_block(h, d, n_ctx, DTYPE, True) >= TRANSPOSED_MIN_QUERIES)
+    for values in (cache.cross_v, cache.self_v):
+        assert (values.stride(-2) == 1) == decoder.values_t
+    assert decoder.query_rows == min(query_block(h, d, n, DTYPE, decoder.values_t) for n in (decoder.key_count, n_ctx))

@@ -13,7 +13,7 @@ from asr_spec.engine import decoder as decoder_module
 from asr_spec.engine.admission import prefill
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.encoder import Encoder
-from asr_spec.engine.kernels import onednn_linear, onednn_usable, pack
+from asr_spec.engine.kernels import attention, mask_bias, onednn_linear, onednn_usable, pack, stored
 from asr_spec.testing import random_whisper
 
 CPU = torch.device("cpu")
@@ -241,3 +241,39 @@ def test_bf16_decoder_packed_path_equals_plain_path(monkeypatch):
         if diverged is not None:
             i, gap, top = diverged
             assert abs(gap) <= 2 * BF16_RTOL * max(abs(top), 1.0), f"row {row}: diverges at {i}, top-2 gap {gap}"
+
+
+@pytest.mark.parametrize("width, lone", [(0, False), (2, True)])
+def test_attention_reads_values_stored_either_way(width, lone):
+    """`kernels.attention` over values stored (S, head_dim) and over the same values stored (head_dim, S)
+    (`stored`, the layout `values_transposed` picks): both softmax(q k^T + bias) v, a lone query's piece included
+    (3 queries in pieces of 2), masked keys left out."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=gen, dtype=torch.float64) for n in (3, 7, 7))
+    seen = torch.arange(7)[None, None, None, :] <= torch.tensor([[2, 4, 6], [0, 3, 5]])[:, None, :, None]
+    bias = mask_bias(seen, q.dtype)
+    expected = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1) @ v
+    for transposed in (False, True):
+        values = stored(v, transposed)
+        assert (values.stride(-2) == 1) == transposed
+        out = attention(q, k.transpose(-1, -2).contiguous(), values, bias, width, lone)
+        torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_transposed_product_writes_each_chunks_projection_transposed(bias):
+    """`decoder._transposed_product`: the audio keys/values of a transposed cache, (audio @ W^T + b)^T per chunk,
+    written in place; a chunk gets bit for bit the same values alone as among others (bf16)."""
+    gen = torch.Generator().manual_seed(0)
+    proj = torch.nn.Linear(8, 6, bias=bias)
+    audio = torch.randn(3, 5, 8, generator=gen)
+    out = torch.empty(3, 2, 3, 5)
+    with torch.inference_mode():  # as `Decoder.write_audio` runs
+        decoder_module._transposed_product(audio, proj, out)
+        torch.testing.assert_close(out, proj(audio).view(3, 5, 2, 3).permute(0, 2, 3, 1))
+        proj, audio = proj.to(torch.bfloat16), audio.to(torch.bfloat16)
+        together = torch.empty(3, 2, 3, 5, dtype=torch.bfloat16)
+        alone = torch.empty(1, 2, 3, 5, dtype=torch.bfloat16)
+        decoder_module._transposed_product(audio, proj, together)
+        decoder_module._transposed_product(audio[1:2], proj, alone)
+    assert torch.equal(together[1:2], alone)

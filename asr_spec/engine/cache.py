@@ -16,11 +16,13 @@ import torch
 class KVCache:
     """Self- and cross-attention caches of one decoder for `n_rows` batch slots.
 
-    self_k, self_v:   (n_layers, n_rows, n_heads, n_positions, head_dim); self_k is a transposed view of keys
-                      stored (n_layers, n_rows, n_heads, head_dim, n_positions) when `self_k_transposed` (a product
-                      reading every position then reads each layer's keys in place: `Decoder._self_attention`)
-    cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim); cross_k is stored as
-                      (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) when `cross_k_transposed`
+    self_k, self_v:   (n_layers, n_rows, n_heads, n_positions, head_dim); each a transposed view of a tensor
+                      stored (n_layers, n_rows, n_heads, head_dim, n_positions) when `self_k_transposed` /
+                      `self_v_transposed` (a product reading every position then reads each layer's keys and
+                      values in place: `Decoder._self_attention`, `kernels.attention`)
+    cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim); each stored as
+                      (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) when `cross_k_transposed` /
+                      `cross_v_transposed`
     lengths:          (n_rows,) long — tokens of each row held in the self-attention cache
     """
 
@@ -44,17 +46,20 @@ class KVCache:
         dtype: torch.dtype,
         cross_k_transposed: bool = False,
         self_k_transposed: bool = False,
+        cross_v_transposed: bool = False,
+        self_v_transposed: bool = False,
     ) -> KVCache:
-        self_shape = (n_layers, n_rows, n_heads, n_positions, head_dim)
-        cross_shape = (n_layers, n_rows, n_heads, n_audio_ctx, head_dim)
-        k_shape = (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) if cross_k_transposed else cross_shape
-        self_k = (torch.zeros(self_shape[:3] + (head_dim, n_positions), device=device, dtype=dtype).transpose(-1, -2)
-                  if self_k_transposed else torch.zeros(self_shape, device=device, dtype=dtype))
+        def tensor(make, n: int, transposed: bool) -> torch.Tensor:
+            """(n_layers, n_rows, n_heads, n, head_dim), a transposed view of (..., head_dim, n) if `transposed`."""
+            if transposed:
+                return make((n_layers, n_rows, n_heads, head_dim, n), device=device, dtype=dtype).transpose(-1, -2)
+            return make((n_layers, n_rows, n_heads, n, head_dim), device=device, dtype=dtype)
+
         return cls(
-            self_k=self_k,
-            self_v=torch.zeros(self_shape, device=device, dtype=dtype),
-            cross_k=torch.empty(k_shape, device=device, dtype=dtype),  # always written before it is read
-            cross_v=torch.empty(cross_shape, device=device, dtype=dtype),
+            self_k=tensor(torch.zeros, n_positions, self_k_transposed),
+            self_v=tensor(torch.zeros, n_positions, self_v_transposed),
+            cross_k=tensor(torch.empty, n_audio_ctx, cross_k_transposed),  # always written before it is read
+            cross_v=tensor(torch.empty, n_audio_ctx, cross_v_transposed),
             lengths=torch.zeros(n_rows, device=device, dtype=torch.long),
         )
 

@@ -191,18 +191,18 @@ def row_block(n_out: int, n_in: int, dtype: torch.dtype, packed: bool) -> int:
 
 
 @functools.cache
-def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype) -> int:
+def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype, values_t: bool = False) -> int:
     """`row_block` for attention's batched products: the most queries m <= ROW_BLOCK_MAX (per row and head) for
     which softmax(q k^T) v over `n_keys` keys gives each query, bit for bit, what it gives alone (0: not even a
     lone query repeats itself), each computed as the decoder computes it (`attention`, a lone query's scores
-    from a product of `LONE_QUERY_WIDTH` copies). q: (n_heads, m, head_dim); k^T: (n_heads, head_dim, n_keys) and
-    v: (n_heads, n_keys, head_dim), both contiguous: the layout the decoder's audio keys and its row-invariant
-    self-attention cache (`KVCache` with `self_k_transposed`, every position read) are stored in and read as they
-    lie."""
+    from a product of `LONE_QUERY_WIDTH` copies). q: (n_heads, m, head_dim); k^T: (n_heads, head_dim, n_keys)
+    contiguous and v: (n_heads, n_keys, head_dim), stored (n_heads, head_dim, n_keys) if `values_t`: the layouts
+    the decoder's audio keys/values and its row-invariant self-attention cache (`KVCache`, keys and, where
+    `values_transposed`, values stored transposed, every position read) are stored in and read as they lie."""
     gen = torch.Generator().manual_seed(0)
     q = (torch.randn(n_heads, ROW_BLOCK_MAX, head_dim, generator=gen) / 8).to(dtype)
     k_t = torch.randn(n_heads, head_dim, n_keys, generator=gen).to(dtype)
-    v = _wide(gen, n_heads, n_keys, head_dim).to(dtype)
+    v = stored(_wide(gen, n_heads, n_keys, head_dim).to(dtype), values_t)
     return _invariant_rows(lambda queries: attention(queries[None], k_t[None], v[None], lone=True)[0], q, 1)
 
 
@@ -211,14 +211,15 @@ def decoder_blocks(d_model: int, d_ffn: int, n_vocab: int, n_heads: int, n_posit
     """(rows, queries) for a Whisper decoder of these shapes in `dtype`: the most rows every one of its products
     (`row_block`: the projections, q/k/v fused when `packed`, the MLP, the head of `n_vocab` rows) and the most
     queries its attention products (`query_block`: self-attention over the `n_positions` every pass reads,
-    cross-attention over `n_audio_ctx` keys) take with every row's result unchanged. (0, 0) where some product
-    does not even repeat a 1-row result."""
+    cross-attention over `n_audio_ctx` keys, values stored as `values_transposed` decides) take with every row's
+    result unchanged. (0, 0) where some product does not even repeat a 1-row result."""
     shapes = [(d_model, d_model), (d_ffn, d_model), (d_model, d_ffn), (n_vocab, d_model),
               *([(3 * d_model, d_model)] if packed else [])]
     rows = min(row_block(n_out, n_in, dtype, packed) for n_out, n_in in shapes)
     head_dim = d_model // n_heads
-    queries = min(query_block(n_heads, head_dim, n_positions, dtype),
-                  query_block(n_heads, head_dim, n_audio_ctx, dtype))
+    values_t = values_transposed(n_heads, head_dim, n_audio_ctx, dtype)
+    queries = min(query_block(n_heads, head_dim, n_positions, dtype, values_t),
+                  query_block(n_heads, head_dim, n_audio_ctx, dtype, values_t))
     return (rows, queries) if rows and queries else (0, 0)
 
 
@@ -244,26 +245,61 @@ def mask_bias(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, float("-inf"))
 
 
+# The fewest queries a piece of `attention` must take over the audio keys for values to be stored transposed
+# (`values_transposed`): a verify pass of up to 8 tokens a row (K <= 7; the default K = 3 passes 4) in one piece
+TRANSPOSED_MIN_QUERIES = 8
+
+
+@functools.cache
+def values_transposed(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype) -> bool:
+    """Whether a row-invariant CPU decoder in `dtype` over `n_keys` audio keys stores attention values transposed,
+    (head_dim, positions) per row and head, so that `attention` multiplies them as the left operand (values^T p^T)
+    rather than the right (p values). Measured on an AMX Xeon (bf16, 1 thread, 8 rows x 8 heads x 1,500 audio
+    keys, 6 layers' values streamed from memory): 1.05x faster at 1 query, 1.37x at 4; fp32 (MKL) 2x slower, so
+    never in fp32. Elsewhere where `query_block` in that layout still takes `TRANSPOSED_MIN_QUERIES` queries (11
+    over 1,500 keys on that Xeon, 32 in the other layout: a pass of more tokens a row reads the audio twice)."""
+    if dtype == torch.float32:
+        return False
+    return query_block(n_heads, head_dim, n_keys, dtype, True) >= TRANSPOSED_MIN_QUERIES
+
+
 def attention(q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None = None,
               width: int = 0, lone: bool = False) -> torch.Tensor:
     """softmax(q keys_t + bias) values in pieces of at most `width` queries (0: all at once); lone: a piece of one
     query takes its scores from a product of `LONE_QUERY_WIDTH` copies of it (a row-invariant decoder, whose
     `query_block` probe runs this same function). q: (B, H, T, head_dim) scaled; keys_t: (B, H, head_dim, S);
-    values: (B, H, S, head_dim); bias: (B, 1, T, S) from `mask_bias` (-inf: a key left out) or None
-    -> (B, H, T, head_dim)"""
-    t = q.shape[2]
+    values: (B, H, S, head_dim), a view of values stored (B, H, head_dim, S) (its S stride 1: the product is then
+    values^T p^T; `values_transposed`), or stored as it is shaped; bias: (B, 1, T, S) from `mask_bias`
+    (-inf: a key left out) or None -> (B, H, T, head_dim)"""
+    b, h, t, d = q.shape
+    n_keys = keys_t.shape[-1]
+    transposed = values.stride(-2) == 1 and values.stride(-1) != 1
+    # (B, H) folded into bmm's batch (a key bucket's slice of a cache folds as a view too)
+    keys_t = keys_t.reshape(b * h, d, n_keys)
+    values = values.transpose(-1, -2).reshape(b * h, d, n_keys) if transposed else values.reshape(b * h, n_keys, d)
     width = width or t
     out = []
     for start in range(0, t, width):
         piece = q[:, :, start:start + width]
-        if lone and piece.shape[2] == 1:
-            scores = (piece.expand(-1, -1, LONE_QUERY_WIDTH, -1).contiguous() @ keys_t)[:, :, :1]
+        m = piece.shape[2]
+        if lone and m == 1:
+            scores = torch.bmm(piece.expand(-1, -1, LONE_QUERY_WIDTH, -1).reshape(b * h, LONE_QUERY_WIDTH, d),
+                               keys_t)[:, :1]
         else:
-            scores = piece @ keys_t
+            scores = torch.bmm(piece.reshape(b * h, m, d), keys_t)
+        scores = scores.view(b, h, m, n_keys)
         if bias is not None:
             scores += bias[:, :, start:start + width]
-        out.append(torch.softmax(scores, dim=-1) @ values)
+        p = torch.softmax(scores, dim=-1).view(b * h, m, n_keys)
+        piece_out = torch.bmm(values, p.transpose(1, 2)).transpose(1, 2) if transposed else torch.bmm(p, values)
+        out.append(piece_out.view(b, h, m, d))
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def stored(values: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """`values` (..., S, head_dim) as a view of a copy stored (..., head_dim, S) when `transposed` (a layout a
+    decoder's caches may hold them in: `values_transposed`), else `values` itself."""
+    return values.transpose(-1, -2).contiguous().transpose(-1, -2) if transposed else values
 
 
 # The self-attention key counts a row-invariant pass may read (`key_buckets`): multiples of this, then all of them.
@@ -273,18 +309,20 @@ KEY_BUCKET_STEP = 64
 
 
 @functools.cache
-def key_buckets(n_heads: int, head_dim: int, n_keys: int, width: int, dtype: torch.dtype) -> tuple[int, ...]:
+def key_buckets(n_heads: int, head_dim: int, n_keys: int, width: int, dtype: torch.dtype, values_t: bool = False
+                ) -> tuple[int, ...]:
     """The key counts, ascending and ending with `n_keys`, over which `attention` (pieces of `width` queries, a
     lone query as the decoder runs it) gives each query, bit for bit, what it gives over all `n_keys` keys, the
     keys past its own position masked: the multiples of `KEY_BUCKET_STEP` below n_keys that pass, measured once
     per shape (m = 1..width queries ending at the last key of each bucket and starting at key 0, over a store of
     n_keys positions read in place as the decoder's cache is: keys^T (n_heads, head_dim, n_keys) sliced to the
-    bucket, values (n_heads, n_keys, head_dim)). A row-invariant pass may then read the smallest of them covering
-    every row's positions; (n_keys,) where none passes."""
+    bucket, values (n_heads, n_keys, head_dim), stored transposed if `values_t`, sliced likewise). A
+    row-invariant pass may then read the smallest of them covering every row's positions; (n_keys,) where none
+    passes."""
     gen = torch.Generator().manual_seed(0)
     q = (torch.randn(1, n_heads, width, head_dim, generator=gen) / 8).to(dtype)
     k_t = torch.randn(1, n_heads, head_dim, n_keys, generator=gen).to(dtype)
-    v = _wide(gen, 1, n_heads, n_keys, head_dim).to(dtype)
+    v = stored(_wide(gen, 1, n_heads, n_keys, head_dim).to(dtype), values_t)
     kept = []
     for bucket in range(KEY_BUCKET_STEP, n_keys, KEY_BUCKET_STEP):
         if all(_same_over(q[:, :, :m], k_t, v, first, bucket, width) for m in range(1, width + 1)
