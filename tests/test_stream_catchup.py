@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from test_stream_policy import KINDS, WORD_SAMPLES, detokenize, energy, hear, speech, words_of
+from test_stream_policy import KINDS, WORD_SAMPLES, detokenize, energy, hear_given, speech, words_of
 
 from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.serve.stream_jobs import StreamQueue
@@ -42,17 +42,19 @@ class Sim:
     committed_at: list[float] = field(default_factory=list)  # the simulated time each committed word was sent
     final: object = None
     ended: bool = False
+    forced: list = field(default_factory=list)  # the prefix of each of its re-decodes' engine requests
 
 
 def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: float = 1.0, enabled: bool = True,
-             voice=None, step_s: float = 1.0) -> tuple[list[Sim], float]:
+             voice=None, step_s: float = 1.0, committed_prefix: bool = True) -> tuple[list[Sim], float]:
     """Stream each word list (speech()) at `speed` x real time; an engine of `rows` rows takes `decode_s` per
-    re-decode; each stream is re-decoded every `step_s` when it keeps up. Returns the sessions and the simulated
-    time when the last one finished."""
+    re-decode (the scripted decoder, its forced prefix kept: `hear_given`); each stream is re-decoded every `step_s`
+    when it keeps up. Returns the sessions and the simulated time when the last one finished."""
     queue = StreamQueue(_Session(), lambda samples: samples, threading.Condition(), len(words))
     sims, lives = [], []
     for w in words:
-        sim = Sim(speech(w), StreamPolicy(KINDS, detokenize, StreamOptions(step_s=step_s), voice), Backlog(3600 * SR))
+        options = StreamOptions(step_s=step_s, committed_prefix=committed_prefix)
+        sim = Sim(speech(w), StreamPolicy(KINDS, detokenize, options, voice), Backlog(3600 * SR))
         sims.append(sim)
         lives.append(queue.open(sim.inbox.append))
     running: list[tuple[float, object]] = []  # (done at, request)
@@ -66,11 +68,13 @@ def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: f
                 sim.sent += n
         for done_at, request in [r for r in running if r[0] <= now]:  # the engine's results
             running.remove((done_at, request))
-            queue.deliver(ChunkResult(request.id, tuple(hear(request.features)), (), "eos", ChunkStats(chunks=1)))
+            tokens = hear_given(request.features, request.prefix)
+            queue.deliver(ChunkResult(request.id, tuple(tokens), (), "eos", ChunkStats(chunks=1)))
         for sim, live in zip(sims, lives):  # the sessions
             serve(sim, live, queue, enabled, now)
         while len(running) < rows and (request := queue.take()) is not None:
             running.append((now + decode_s, request))
+            sims[lives.index(next(s for s in lives if s.in_engine == request.id))].forced.append(request.prefix)
         now += TICK_S
     return sims, now
 
@@ -100,7 +104,7 @@ def serve(sim: Sim, live, queue: StreamQueue, enabled: bool, now: float = 0.0) -
         if action == "decode":
             sim.decode = sim.policy.request()
             sim.n_decodes += 1
-            queue.submit(live, sim.decode.audio, sim.decode.hypothesis)
+            queue.submit(live, sim.decode.audio, sim.decode.hypothesis, sim.decode.prefix)
         elif action == "feed":
             catch_up(sim.policy, sim.backlog, BLOCK, at_end, enabled)
         elif action == "finish":
@@ -154,6 +158,21 @@ def test_a_fast_sender_gets_the_same_text_as_a_real_time_one(voice):
             assert sim.n_decodes < len(sim.audio) / SR / 2  # it did catch up: far fewer re-decodes than steps
     assert texts[0] == texts[1] == texts[2]
     assert words_of(texts[0]) == [f"w{w}" for w in words if w is not None]
+
+
+def test_redecodes_reach_the_engine_with_their_committed_words_forced_and_the_text_is_the_same_without():
+    """Through the server's queue: a re-decode's engine request carries its stream's committed words as its prefix
+    (`ChunkRequest.prefix`), and the streams' texts are the same with and without it, catching up or not."""
+    words = [talk(seed, 30, pauses=True) for seed in range(4)]
+    for enabled in (True, False):
+        texts = {}
+        for on in (True, False):
+            sims, _ = simulate(words, rows=1, decode_s=0.4, enabled=enabled, voice=energy, committed_prefix=on)
+            texts[on] = [sim.final.text for sim in sims]
+            n_forced = sum(bool(p) for sim in sims for p in sim.forced)
+            assert (n_forced >= sum(s.n_decodes for s in sims) // 4) if on else n_forced == 0, n_forced
+        assert texts[True] == texts[False]
+        assert [words_of(t) for t in texts[True]] == [[f"w{w}" for w in said if w is not None] for said in words]
 
 
 def commit_latencies(sim: Sim) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Many live streams through one engine session: the one many-streams runner, for `asr-spec stream` (driver.py)
 and the server's `/v1/realtime` (serve/stream_jobs.py) alike.
 
-    a stream's policy ──submit(stream, audio, hypothesis)──► one waiting re-decode per stream (a newer one
+    a stream's policy ──submit(stream, audio, hypothesis, prefix)──► one waiting re-decode per stream (a newer one
     replaces it) ──take / take_all (featurised now)──► the engine session's run ──ChunkResult──► deliver
     ──stream.on_result──► the caller hands it to the stream's policy
 
@@ -65,6 +65,7 @@ class _Pending:
     request_id: ChunkId
     samples: np.ndarray  # (n_samples,) float32 16 kHz, at most one window
     hypothesis: tuple[int, ...]  # token ids offered as the re-decode's draft
+    prefix: tuple[int, ...]  # token ids forced as the start of its transcript (its committed words)
     submitted_s: float  # time.monotonic() at submit
 
 
@@ -111,10 +112,12 @@ class StreamDecodes:
             self._open[stream.id] = stream
             return stream
 
-    def submit(self, stream: LiveStream, samples: np.ndarray, hypothesis: tuple[int, ...] = ()) -> None:
+    def submit(self, stream: LiveStream, samples: np.ndarray, hypothesis: tuple[int, ...] = (),
+               prefix: tuple[int, ...] = ()) -> None:
         """Queue a re-decode of `samples` ((n,) float32, 16 kHz, at most one window) for `stream`, replacing its
-        waiting one if any; hypothesis: the stream's previous hypothesis of that audio, offered to the engine as
-        the draft of the re-decode's first tokens (`ChunkRequest.hypothesis`)."""
+        waiting one if any; prefix: token ids forced after <|0.00|> (the stream's committed words of that audio:
+        `ChunkRequest.prefix`, generated no more); hypothesis: the stream's previous hypothesis of what follows,
+        offered to the engine as the draft of the re-decode's first generated tokens (`ChunkRequest.hypothesis`)."""
         with self._cond:
             if stream.closed:
                 return
@@ -122,7 +125,8 @@ class StreamDecodes:
             request_id = ChunkId(stream.owner, stream.n_submitted)
             self.counts.submitted += 1
             self.counts.replaced += self._waiting.pop(stream.id, None) is not None
-            self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis), time.monotonic())
+            self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis), tuple(prefix),
+                                                time.monotonic())
             self._cond.notify_all()
 
     def close(self, stream: LiveStream) -> None:
@@ -186,7 +190,7 @@ class StreamDecodes:
         if not taken:
             return []
         features = self._featurise([pending.samples for pending in taken])  # (B, n_mels, n_frames)
-        return [ChunkRequest(pending.request_id, features[i], hypothesis=pending.hypothesis)
+        return [ChunkRequest(pending.request_id, features[i], prefix=pending.prefix, hypothesis=pending.hypothesis)
                 for i, pending in enumerate(taken)]
 
     def deliver(self, result: ChunkResult) -> bool:
