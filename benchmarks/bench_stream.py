@@ -33,9 +33,12 @@ timestamps), first delta after the first word's end was sent, WER against offlin
 (every stream finished and none had more than 2 s of audio waiting at a result), and the process's peak RSS during
 the run (VmHWM, reset before each run; the clients live in the same process), and where the engine's time went
 (`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and target passes per re-decode,
-rows per step, encoder and step seconds per re-decode, wait before the engine and time in it;
+rows per step, encoder, step and admission seconds per re-decode, encoder calls and windows per call, wait before
+the engine and time in it;
 `target_passes_per_audio_s` over all the audio sent). --hypothesis/--no-hypothesis: the server re-decodes offering the
-previous hypothesis as the draft or not (default: the server's); --max-buffer-s: the streams' buffer bound;
+previous hypothesis as the draft or not (default: the server's); --no-committed-prefix: every re-decode generates
+its whole buffer again (default: its committed words are forced, `StreamOptions.committed_prefix`);
+--max-buffer-s: the streams' buffer bound;
 --glibc-malloc: glibc's malloc left as it is (the server pins it: `asr_spec.serve.allocator`). The server has
 --batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows. The
 engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB a row
@@ -233,6 +236,10 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=1.0)
     parser.add_argument("--max-buffer-s", type=float, default=StreamOptions().max_buffer_s,
                         help="--server: the streams' buffer bound (StreamOptions.max_buffer_s)")
+    parser.add_argument("--committed-prefix", action=argparse.BooleanOptionalAction,
+                        default=StreamOptions().committed_prefix, help="a re-decode forces its buffer's committed "
+                        "words as the engine's prefix and generates only what follows (StreamOptions."
+                        "committed_prefix); off: it generates the whole buffer again")
     parser.add_argument("--no-vad", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch threads while measuring")
     parser.add_argument("--cores", type=int, default=2, help="cores of the machine the derived figures are for")
@@ -283,6 +290,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
     hypothesis = RealtimeOptions().hypothesis if args.hypothesis is None else args.hypothesis
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
               "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": hypothesis,
+              "committed_prefix": args.committed_prefix,
               "malloc_pinned": not args.glibc_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
@@ -290,7 +298,8 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
         items = slices(n, args.seconds)
         reference = offline(asr, items)
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
-        stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s)
+        stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
+                               committed_prefix=args.committed_prefix)
         run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis)
         fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
         summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)

@@ -157,9 +157,11 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
 
 def engine_counts(stats, times, counts) -> dict:
     """Where a server run's engine capacity went: re-decodes scheduled / replaced while waiting / taken /
-    withdrawn / delivered (`DecodeCounts`), tokens and target passes per re-decode (a pass counted once per row
-    in it: `ChunkStats`), hypothesis tokens offered and accepted, rows per decoding step (row-passes / steps),
-    encoder and step seconds per re-decode (`Engine.times`, wall: ratios only on a loaded machine), and the mean
+    withdrawn / delivered (`DecodeCounts`), tokens generated and target passes per re-decode (a pass counted once
+    per row in it; a forced prefix is not generated: `ChunkStats`), hypothesis tokens offered and accepted, rows
+    per decoding step (row-passes / steps), encoder, step and admission (prompts and prefixes prefilled) seconds
+    per re-decode (`Engine.times`, wall: ratios only on a loaded machine), encoder calls and the windows each
+    encoded on average, and the mean
     and longest wait of a re-decode before the engine took it and its mean time in the engine."""
     n = max(stats.chunks, 1)
     return {"redecodes": stats.chunks, "submitted": counts.submitted, "replaced": counts.replaced,
@@ -169,6 +171,8 @@ def engine_counts(stats, times, counts) -> dict:
             "hypothesis_accepted": stats.hypothesis_accepted, "steps": times.steps,
             "rows_per_step": stats.target_passes / max(times.steps, 1),
             "encoder_s_per_redecode": times.encoder_s / n, "steps_s_per_redecode": times.steps_s / n,
+            "admit_s_per_redecode": times.admit_s / n, "encoder_calls": times.encoder_calls,
+            "windows_per_encoder_call": times.encoder_windows / max(times.encoder_calls, 1),
             "encoder_share": times.encoder_s / max(times.encoder_s + times.steps_s, 1e-9),
             "wait_mean_s": counts.wait_s / max(counts.taken, 1), "wait_max_s": counts.max_wait_s,
             "in_engine_mean_s": counts.engine_s / max(counts.delivered, 1)}
