@@ -38,7 +38,8 @@ the engine and time in it;
 `target_passes_per_audio_s` over all the audio sent). --hypothesis/--no-hypothesis: the server re-decodes offering the
 previous hypothesis as the draft or not (default: the server's); --no-committed-prefix: every re-decode generates
 its whole buffer again (default: its committed words are forced, `StreamOptions.committed_prefix`);
---max-buffer-s: the streams' buffer bound;
+--max-buffer-s: the streams' buffer bound; --group-wait-s: how long a waiting re-decode is held for others to be
+encoded with it (0: each taken as soon as a row is free);
 --glibc-malloc: glibc's malloc left as it is (the server pins it: `asr_spec.serve.allocator`). The server has
 --batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows. The
 engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB a row
@@ -69,6 +70,7 @@ from asr_spec import Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import ChunkRequest
 from asr_spec.eval.metrics import normalize, score
+from asr_spec.stream.decodes import GROUP_WAIT_S
 from asr_spec.stream.policy import StreamOptions
 from benchmarks.stream_server import run_server
 
@@ -240,6 +242,9 @@ def main() -> None:
                         default=StreamOptions().committed_prefix, help="a re-decode forces its buffer's committed "
                         "words as the engine's prefix and generates only what follows (StreamOptions."
                         "committed_prefix); off: it generates the whole buffer again")
+    parser.add_argument("--group-wait-s", type=float, default=GROUP_WAIT_S, help="--server: the longest a waiting "
+                        "re-decode is held for others to be encoded with it (`asr-spec serve --group-wait-s`; 0: "
+                        "never)")
     parser.add_argument("--no-vad", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch threads while measuring")
     parser.add_argument("--cores", type=int, default=2, help="cores of the machine the derived figures are for")
@@ -290,7 +295,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
     hypothesis = RealtimeOptions().hypothesis if args.hypothesis is None else args.hypothesis
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
               "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": hypothesis,
-              "committed_prefix": args.committed_prefix,
+              "committed_prefix": args.committed_prefix, "group_wait_s": args.group_wait_s,
               "malloc_pinned": not args.glibc_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
@@ -300,7 +305,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
         stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
                                committed_prefix=args.committed_prefix)
-        run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis)
+        run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis, args.group_wait_s)
         fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
         summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)
         report["runs"].append(summary)

@@ -12,6 +12,7 @@ import numpy as np
 
 from asr_spec import Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.stream.decodes import GROUP_WAIT_S
 from asr_spec.stream.policy import StreamOptions
 
 APPEND_S = 0.1  # seconds of audio per append event
@@ -105,12 +106,13 @@ async def ws_flood(uri: str, audio: np.ndarray, seconds: float) -> dict:
 
 
 def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamOptions, flood_s: float = 0.0,
-               hypothesis: bool = True) -> dict:
+               hypothesis: bool = True, group_wait_s: float = GROUP_WAIT_S) -> dict:
     """All slices at once through a server of `rows` engine rows (the streams share them, as `asr-spec serve
     --batch-size` rows do) on a free 127.0.0.1 port, each stream's policy set by `stream` (its previous
-    hypothesis offered as the draft unless `hypothesis` is off), with one more client sending `flood_s` seconds as
-    fast as it can when flood_s > 0; returns each stream's ws_client result, the fast sender's, the run's peak RSS
-    and where the engine's time went (`engine_counts`)."""
+    hypothesis offered as the draft unless `hypothesis` is off), its waiting re-decodes held up to `group_wait_s`
+    to be encoded together, with one more client sending `flood_s` seconds as fast as it can when flood_s > 0;
+    returns each stream's ws_client result, the fast sender's, the run's peak RSS and where the engine's time went
+    (`engine_counts`)."""
     import asyncio
     import socket
     import threading
@@ -121,7 +123,7 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
     from asr_spec.serve.batcher import Batcher
     from asr_spec.serve.realtime import RealtimeOptions
 
-    batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1)
+    batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1, group_wait_s=group_wait_s)
     realtime = RealtimeOptions(model_id="bench", stream=stream, hypothesis=hypothesis)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
