@@ -133,9 +133,9 @@ def test_the_hypothesis_switch_changes_the_drafts_offered_not_the_text(greedy, h
     offered: list[tuple[int, ...]] = []
     submit = batcher.streams.submit
 
-    def recording_submit(stream, samples, hypothesis=()):
+    def recording_submit(stream, samples, hypothesis=(), prefix=()):
         offered.append(tuple(hypothesis))
-        submit(stream, samples, hypothesis)
+        submit(stream, samples, hypothesis, prefix)
 
     batcher.streams.submit = recording_submit
     options = RealtimeOptions(catch_up=False, hypothesis=hypothesis)

@@ -211,7 +211,7 @@ class Batcher:
                     return
             # the streams' waiting re-decodes (featurised now, pulled one after another: the engine encodes them
             # together) and an upload's chunk take turns when both wait
-            group = [] if self._upload_turn else self.streams.take_group()
+            group = [] if self._upload_turn else self.streams.take_group(self.batch_size)
             self._upload_turn = bool(group) and bool(self._active)
             if group:
                 yield from group

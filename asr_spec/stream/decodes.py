@@ -181,13 +181,14 @@ class StreamDecodes:
         """Every waiting re-decode as engine requests, oldest first, featurised together."""
         return self._take(None)
 
-    def take_group(self) -> list[ChunkRequest]:
-        """Every waiting re-decode as engine requests (`take_all`), for the engine to encode together; [] when none
-        waits or while they are held for more to join them (`held`)."""
+    def take_group(self, n: int) -> list[ChunkRequest]:
+        """Up to `n` waiting re-decodes (the oldest; n: the windows the engine encodes at once, or its rows) as
+        engine requests, featurised together, for the engine to encode together; [] when none waits or while they
+        are held for more to join them (`held`)."""
         with self._cond:
             if self.held(time.monotonic()):
                 return []
-        return self._take(None)
+        return self._take(n)
 
     def held(self, now_s: float) -> bool:
         """Whether `take_group` holds the waiting re-decodes at time.monotonic() `now_s`: some wait, another
