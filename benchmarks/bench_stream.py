@@ -20,6 +20,9 @@ encoder and that configuration's decoding) as CPU seconds / cores, i.e. on that 
 first tentative text after the first word's start, likewise; and the committed transcript's WER against the
 offline transcription of the same slice (`Transcriber.transcribe`, the same preset).
 
+Also per run: decodes, generated and forced (a committed prefix, `StreamOptions.committed_prefix`; off with
+--no-committed-prefix) tokens per decode, target passes per decode, worst stream's WER against offline.
+
     python -m benchmarks.bench_stream --streams 8 --seconds 12 --json runs/stream8.json
     python -m benchmarks.bench_stream --streams 1 --seconds 24 --no-draft --json runs/stream1.json
 
@@ -113,8 +116,8 @@ def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, f
     cpu["front"], wall["front"] = time.process_time() - c0, time.perf_counter() - w0
     results = {}
     for config in order:
-        reqs = [ChunkRequest(r.id, None, encoded=encoded[i], hypothesis=r.hypothesis if config == "hypothesis" else ())
-                for i, r in enumerate(requests)]
+        reqs = [ChunkRequest(r.id, None, encoded=encoded[i], prefix=r.prefix,
+                             hypothesis=r.hypothesis if config == "hypothesis" else ()) for i, r in enumerate(requests)]
         c0, w0 = time.process_time(), time.perf_counter()
         got = {r.id: r for r in engine.run(reqs, min(runner.batch_size, len(reqs)))}
         cpu[config], wall[config] = time.process_time() - c0, time.perf_counter() - w0
@@ -123,14 +126,16 @@ def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, f
     return results, cpu, wall, mismatches
 
 
-def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int) -> dict:
-    """Feed every slice in lockstep; returns the measurements (see the module docstring)."""
-    runner = asr.streams(vad=vad, batch_size=len(items))
+def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int, committed_prefix: bool = True) -> dict:
+    """Feed every slice in lockstep, each stream re-decoded every `step_s` (its committed words forced unless
+    `committed_prefix` is off); returns the measurements (see the module docstring)."""
+    options = StreamOptions(step_s=step_s, committed_prefix=committed_prefix)
+    runner = asr.streams(options, vad=vad, batch_size=len(items))
     streams = [runner.open(name) for name, _ in items]
     step = int(step_s * SAMPLE_RATE)
     n_ticks = -(-max(len(a) for _, a in items) // step)
     totals = {c: {"passes": 0, "generated": 0, "cpu": 0.0, "decodes": 0} for c in CONFIGS}
-    front_cpu, mismatches = 0.0, 0
+    front_cpu, mismatches, forced = 0.0, 0, 0  # forced: prefix tokens given to the decodes (not generated)
     commits = {name: {c: [] for c in CONFIGS} for name, _ in items}  # (word, commit time s)
     first_tentative = {name: {c: None for c in CONFIGS} for name, _ in items}
     for tick in range(n_ticks + 1):
@@ -145,6 +150,7 @@ def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int) -
             results, cpu, wall, bad = decode_twice(runner, due, order)
             mismatches += bad
             front_cpu += cpu["front"]
+            forced += sum(len(decode.prefix) for _, decode in due)
             for c in CONFIGS:
                 totals[c]["passes"] += sum(r.stats.target_passes for r in results[c])
                 totals[c]["generated"] += sum(r.stats.generated_tokens for r in results[c])
@@ -160,7 +166,8 @@ def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int) -
         runner.pump()  # finished streams' final updates without a decode
     audio_s = sum(len(a) for _, a in items) / SAMPLE_RATE
     return dict(audio_s=audio_s, totals=totals, front_cpu=front_cpu, mismatches=mismatches,
-                texts={s.id: s.text for s in streams}, commits=commits, first_tentative=first_tentative)
+                texts={s.id: s.text for s in streams}, commits=commits, first_tentative=first_tentative,
+                forced=forced)
 
 
 def latencies(commits: list[tuple[str, float]], words: list) -> list[float]:
@@ -179,6 +186,11 @@ def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
     texts = [run["texts"][name] for name in reference]
     refs = [reference[name][0] for name in reference]
     out["wer_vs_offline"] = score(refs, texts).wer
+    out["worst_stream_wer_vs_offline"] = max(score([r], [t]).wer for r, t in zip(refs, texts))
+    decodes = max(run["totals"]["plain"]["decodes"], 1)
+    out["decodes"] = run["totals"]["plain"]["decodes"]
+    out["forced_tokens_per_decode"] = run["forced"] / decodes  # a committed prefix, fed in one pass
+    out["tokens_per_decode"] = run["totals"]["plain"]["generated"] / decodes  # generated (the same in both)
     for c in CONFIGS:
         t = run["totals"][c]
         lat = [x for name in reference for x in latencies(run["commits"][name][c], reference[name][1])]
@@ -191,7 +203,8 @@ def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
                       sustained_streams=cores / cpu_per_s, tokens_per_pass=t["generated"] / max(t["passes"], 1),
                       latency_p50_s=float(np.percentile(lat, 50)) if lat else None,
                       latency_p95_s=float(np.percentile(lat, 95)) if lat else None,
-                      first_tentative_s=float(np.mean(onset)) if onset else None, decodes=t["decodes"])
+                      first_tentative_s=float(np.mean(onset)) if onset else None, decodes=t["decodes"],
+                      passes_per_decode=t["passes"] / max(t["decodes"], 1))
     out["passes_ratio"] = out["hypothesis"]["target_passes_per_audio_s"] / out["plain"]["target_passes_per_audio_s"]
     out["decode_cpu_ratio"] = out["hypothesis"]["decode_cpu_per_audio_s"] / out["plain"]["decode_cpu_per_audio_s"]
     return out
@@ -275,11 +288,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)  # after loading: silero-vad's import sets it too
     cores = args.cores
     report = {"preset": args.preset, "draft": "none" if args.no_draft else "preset", "step_s": args.step_s,
+              "committed_prefix": args.committed_prefix,
               "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "runs": []}
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)
-        summary = summarise(n, run_streams(asr, items, args.step_s, not args.no_vad, cores), reference, cores)
+        run = run_streams(asr, items, args.step_s, not args.no_vad, cores, args.committed_prefix)
+        summary = summarise(n, run, reference, cores)
         report["runs"].append(summary)
         print(json.dumps(summary, indent=1), flush=True)
     if args.json:
