@@ -14,6 +14,7 @@ the other; what is in the engine is the engine session's count.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,12 +40,14 @@ class StreamQueue(StreamDecodes):
     cond:        the batcher's condition: a submission wakes its idle source.
     max_streams: open streams allowed at once.
     group_wait_s: the longest a waiting re-decode is held for others to be encoded with it (`take_group`).
+    clock:       seconds, for waits and holds (time.monotonic; a test's simulated clock).
     """
 
     def __init__(self, session: Any, featurise: Callable[[list[np.ndarray]], Any], cond: threading.Condition,
-                 max_streams: int = 16, group_wait_s: float = GROUP_WAIT_S):
+                 max_streams: int = 16, group_wait_s: float = GROUP_WAIT_S,
+                 clock: Callable[[], float] = time.monotonic):
         int_at_least(max_streams, "max_streams", 1)
-        super().__init__(session, featurise, cond, group_wait_s)
+        super().__init__(session, featurise, cond, group_wait_s, clock)
         self.max_streams = max_streams
 
     def open(self, on_result: Callable[[ChunkResult | str], None]) -> LiveStream:

@@ -59,7 +59,7 @@ class LiveStream:
     id: int = field(default_factory=lambda: next(_stream_ids))
     n_submitted: int = 0  # re-decodes submitted so far (the last element of their ids)
     in_engine: ChunkId | None = None  # the request id of its re-decode taken for the engine, if any
-    taken_s: float = 0.0  # time.monotonic() when that re-decode was taken
+    taken_s: float = 0.0  # the clock's time when that re-decode was taken
     closed: bool = False
 
     @property
@@ -75,7 +75,7 @@ class _Pending:
     samples: np.ndarray  # (n_samples,) float32 16 kHz, at most one window
     hypothesis: tuple[int, ...]  # token ids offered as the re-decode's draft
     prefix: tuple[int, ...]  # token ids forced as the start of its transcript (its committed words)
-    submitted_s: float  # time.monotonic() at submit
+    submitted_s: float  # the clock's time at submit
 
 
 @dataclass
@@ -103,12 +103,15 @@ class StreamDecodes:
     lock:      the lock (a `threading.Condition`) everything here happens under; a submission notifies it (the
                server passes its batcher's, whose idle source waits on it). Default: one of its own.
     group_wait_s: the longest `take_group` holds a waiting re-decode for others to join it (0: never held).
+    clock:     seconds, for waits and holds (time.monotonic; a test's simulated clock).
     """
 
     def __init__(self, session: Any, featurise: Callable[[list[np.ndarray]], Any],
-                 lock: threading.Condition | None = None, group_wait_s: float = GROUP_WAIT_S):
+                 lock: threading.Condition | None = None, group_wait_s: float = GROUP_WAIT_S,
+                 clock: Callable[[], float] = time.monotonic):
         seconds_at_least_zero(group_wait_s, "group_wait_s")
         self.group_wait_s = float(group_wait_s)
+        self._clock = clock
         self.session = session
         self._featurise = featurise
         self._cond = threading.Condition() if lock is None else lock
@@ -138,7 +141,7 @@ class StreamDecodes:
             self.counts.submitted += 1
             self.counts.replaced += self._waiting.pop(stream.id, None) is not None
             self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis), tuple(prefix),
-                                                time.monotonic())
+                                                self._clock())
             self._cond.notify_all()
 
     def close(self, stream: LiveStream) -> None:
@@ -186,12 +189,12 @@ class StreamDecodes:
         engine requests, featurised together, for the engine to encode together; [] when none waits or while they
         are held for more to join them (`held`)."""
         with self._cond:
-            if self.held(time.monotonic()):
+            if self.held(self._clock()):
                 return []
         return self._take(n)
 
     def held(self, now_s: float) -> bool:
-        """Whether `take_group` holds the waiting re-decodes at time.monotonic() `now_s`: some wait, another
+        """Whether `take_group` holds the waiting re-decodes at the clock's time `now_s`: some wait, another
         stream's re-decode is in the engine (its stream submits its next one when its result comes back), and the
         oldest waiting was submitted less than `group_wait_s` ago."""
         with self._cond:
@@ -206,7 +209,7 @@ class StreamDecodes:
             n = len(self._waiting) if n is None else min(n, len(self._waiting))
             taken = [self._waiting.popitem(last=False)[1] for _ in range(n)]
             stale = []
-            now = time.monotonic()
+            now = self._clock()
             for pending in taken:
                 if pending.stream.in_engine is not None:
                     stale.append(pending.stream.in_engine)
@@ -234,7 +237,7 @@ class StreamDecodes:
                 return True
             stream.in_engine = None
             self.counts.delivered += 1
-            self.counts.engine_s += time.monotonic() - stream.taken_s
+            self.counts.engine_s += self._clock() - stream.taken_s
         _notify(stream, result)
         return True
 
