@@ -86,7 +86,10 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
+        self._upload_turn = False  # the last chunk pulled ended a group of re-decodes: an upload's goes next
+        # re-decodes taken as a group and not yet pulled by the engine (kept here, not in the source: a run that
+        # fails before pulling them all leaves them to the next run's source)
+        self._group: deque[ChunkRequest] = deque()
         # the engine's runs, with tail repair (None: stride chunks, no timestamps, off) and the requests'
         # temperature fallback wrapped around them; what is in the engine, by job and stream (`in_flight`)
         self.session = EngineSession(transcriber, schedule=self._schedule)
@@ -209,12 +212,14 @@ class Batcher:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
-            # the streams' waiting re-decodes (featurised now, pulled one after another: the engine encodes them
-            # together) and an upload's chunk take turns when both wait
-            group = [] if self._upload_turn else self.streams.take_group(self.batch_size)
-            self._upload_turn = bool(group) and bool(self._active)
-            if group:
-                yield from group
+            # a group of the streams' waiting re-decodes (featurised now, pulled one after another: the engine
+            # encodes them together) and an upload's chunk take turns when both wait
+            if not self._group and not self._upload_turn:
+                self._group.extend(self.streams.take_group(self.batch_size))
+            if self._group:
+                redecode = self._group.popleft()
+                self._upload_turn = not self._group and bool(self._active)
+                yield redecode
                 continue
             with self._cond:
                 job = self._active.popleft() if self._active else None
