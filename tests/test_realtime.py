@@ -447,3 +447,24 @@ def test_the_sessions_policies_take_the_servers_stream_options(greedy):
     assert default_policy(greedy, vad=False)().options == StreamOptions()
     with pytest.raises(InputError, match="stream must be a StreamOptions"):
         RealtimeOptions(stream={"step_s": 2})
+
+
+def test_a_group_of_redecodes_and_an_upload_chunk_take_turns(greedy):
+    """The batcher's source (no engine thread: its requests pulled by hand): a group of the streams' waiting
+    re-decodes, then an upload's chunk when one waits, then the streams' next group, and so on; neither waits for
+    the other to run dry."""
+    from asr_spec.stream.decodes import is_stream_id
+
+    batcher = Batcher(greedy, batch_size=4, group_wait_s=0)
+    job = batcher.prepare(str(SHORT[0]))
+    batcher.submit(job)
+    streams = [batcher.streams.open(lambda outcome: None) for _ in range(3)]
+    samples = load_audio(str(SHORT[1]))[:32000]
+    source = batcher._source()
+    for stream in streams[:2]:
+        batcher.streams.submit(stream, samples)
+    pulled = [next(source), next(source), next(source)]
+    assert [is_stream_id(r.id) for r in pulled] == [True, True, False]  # the group of two, then the upload
+    batcher.streams.submit(streams[2], samples)
+    assert is_stream_id(next(source).id)  # the streams' turn again
+    batcher.cancel(job)

@@ -221,6 +221,7 @@ class Batcher:
                 self._upload_turn = not self._group and bool(self._active)
                 yield redecode
                 continue
+            self._upload_turn = False  # this is the uploads' turn: the streams' next group goes after it
             with self._cond:
                 job = self._active.popleft() if self._active else None
             if job is None:
