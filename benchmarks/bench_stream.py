@@ -20,6 +20,9 @@ encoder and that configuration's decoding) as CPU seconds / cores, i.e. on that 
 first tentative text after the first word's start, likewise; and the committed transcript's WER against the
 offline transcription of the same slice (`Transcriber.transcribe`, the same preset).
 
+Also per run: decodes, generated and forced (a committed prefix, `StreamOptions.committed_prefix`; off with
+--no-committed-prefix) tokens per decode, target passes per decode, worst stream's WER against offline.
+
     python -m benchmarks.bench_stream --streams 8 --seconds 12 --json runs/stream8.json
     python -m benchmarks.bench_stream --streams 1 --seconds 24 --no-draft --json runs/stream1.json
 
@@ -33,9 +36,13 @@ timestamps), first delta after the first word's end was sent, WER against offlin
 (every stream finished and none had more than 2 s of audio waiting at a result), and the process's peak RSS during
 the run (VmHWM, reset before each run; the clients live in the same process), and where the engine's time went
 (`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and target passes per re-decode,
-rows per step, encoder and step seconds per re-decode, wait before the engine and time in it;
+rows per step, encoder, step and admission seconds per re-decode, encoder calls and windows per call, wait before
+the engine and time in it;
 `target_passes_per_audio_s` over all the audio sent). --hypothesis/--no-hypothesis: the server re-decodes offering the
-previous hypothesis as the draft or not (default: the server's); --max-buffer-s: the streams' buffer bound;
+previous hypothesis as the draft or not (default: the server's); --no-committed-prefix: every re-decode generates
+its whole buffer again (default: its committed words are forced, `StreamOptions.committed_prefix`);
+--max-buffer-s: the streams' buffer bound; --group-wait-s: how long a waiting re-decode is held for others to be
+encoded with it (0: each taken as soon as a row is free);
 --glibc-malloc: glibc's malloc left as it is (the server pins it: `asr_spec.serve.allocator`). The server has
 --batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows. The
 engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB a row
@@ -66,6 +73,7 @@ from asr_spec import Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import ChunkRequest
 from asr_spec.eval.metrics import normalize, score
+from asr_spec.stream.decodes import GROUP_WAIT_S
 from asr_spec.stream.policy import StreamOptions
 from benchmarks.stream_server import run_server
 
@@ -108,8 +116,8 @@ def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, f
     cpu["front"], wall["front"] = time.process_time() - c0, time.perf_counter() - w0
     results = {}
     for config in order:
-        reqs = [ChunkRequest(r.id, None, encoded=encoded[i], hypothesis=r.hypothesis if config == "hypothesis" else ())
-                for i, r in enumerate(requests)]
+        reqs = [ChunkRequest(r.id, None, encoded=encoded[i], prefix=r.prefix,
+                             hypothesis=r.hypothesis if config == "hypothesis" else ()) for i, r in enumerate(requests)]
         c0, w0 = time.process_time(), time.perf_counter()
         got = {r.id: r for r in engine.run(reqs, min(runner.batch_size, len(reqs)))}
         cpu[config], wall[config] = time.process_time() - c0, time.perf_counter() - w0
@@ -118,14 +126,16 @@ def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, f
     return results, cpu, wall, mismatches
 
 
-def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int) -> dict:
-    """Feed every slice in lockstep; returns the measurements (see the module docstring)."""
-    runner = asr.streams(vad=vad, batch_size=len(items))
+def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int, committed_prefix: bool = True) -> dict:
+    """Feed every slice in lockstep, each stream re-decoded every `step_s` (its committed words forced unless
+    `committed_prefix` is off); returns the measurements (see the module docstring)."""
+    options = StreamOptions(step_s=step_s, committed_prefix=committed_prefix)
+    runner = asr.streams(options, vad=vad, batch_size=len(items))
     streams = [runner.open(name) for name, _ in items]
     step = int(step_s * SAMPLE_RATE)
     n_ticks = -(-max(len(a) for _, a in items) // step)
     totals = {c: {"passes": 0, "generated": 0, "cpu": 0.0, "decodes": 0} for c in CONFIGS}
-    front_cpu, mismatches = 0.0, 0
+    front_cpu, mismatches, forced = 0.0, 0, 0  # forced: prefix tokens given to the decodes (not generated)
     commits = {name: {c: [] for c in CONFIGS} for name, _ in items}  # (word, commit time s)
     first_tentative = {name: {c: None for c in CONFIGS} for name, _ in items}
     for tick in range(n_ticks + 1):
@@ -140,6 +150,7 @@ def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int) -
             results, cpu, wall, bad = decode_twice(runner, due, order)
             mismatches += bad
             front_cpu += cpu["front"]
+            forced += sum(len(decode.prefix) for _, decode in due)
             for c in CONFIGS:
                 totals[c]["passes"] += sum(r.stats.target_passes for r in results[c])
                 totals[c]["generated"] += sum(r.stats.generated_tokens for r in results[c])
@@ -155,7 +166,8 @@ def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int) -
         runner.pump()  # finished streams' final updates without a decode
     audio_s = sum(len(a) for _, a in items) / SAMPLE_RATE
     return dict(audio_s=audio_s, totals=totals, front_cpu=front_cpu, mismatches=mismatches,
-                texts={s.id: s.text for s in streams}, commits=commits, first_tentative=first_tentative)
+                texts={s.id: s.text for s in streams}, commits=commits, first_tentative=first_tentative,
+                forced=forced)
 
 
 def latencies(commits: list[tuple[str, float]], words: list) -> list[float]:
@@ -174,6 +186,11 @@ def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
     texts = [run["texts"][name] for name in reference]
     refs = [reference[name][0] for name in reference]
     out["wer_vs_offline"] = score(refs, texts).wer
+    out["worst_stream_wer_vs_offline"] = max(score([r], [t]).wer for r, t in zip(refs, texts))
+    decodes = max(run["totals"]["plain"]["decodes"], 1)
+    out["decodes"] = run["totals"]["plain"]["decodes"]
+    out["forced_tokens_per_decode"] = run["forced"] / decodes  # a committed prefix, fed in one pass
+    out["tokens_per_decode"] = run["totals"]["plain"]["generated"] / decodes  # generated (the same in both)
     for c in CONFIGS:
         t = run["totals"][c]
         lat = [x for name in reference for x in latencies(run["commits"][name][c], reference[name][1])]
@@ -186,7 +203,8 @@ def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
                       sustained_streams=cores / cpu_per_s, tokens_per_pass=t["generated"] / max(t["passes"], 1),
                       latency_p50_s=float(np.percentile(lat, 50)) if lat else None,
                       latency_p95_s=float(np.percentile(lat, 95)) if lat else None,
-                      first_tentative_s=float(np.mean(onset)) if onset else None, decodes=t["decodes"])
+                      first_tentative_s=float(np.mean(onset)) if onset else None, decodes=t["decodes"],
+                      passes_per_decode=t["passes"] / max(t["decodes"], 1))
     out["passes_ratio"] = out["hypothesis"]["target_passes_per_audio_s"] / out["plain"]["target_passes_per_audio_s"]
     out["decode_cpu_ratio"] = out["hypothesis"]["decode_cpu_per_audio_s"] / out["plain"]["decode_cpu_per_audio_s"]
     return out
@@ -233,6 +251,13 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=1.0)
     parser.add_argument("--max-buffer-s", type=float, default=StreamOptions().max_buffer_s,
                         help="--server: the streams' buffer bound (StreamOptions.max_buffer_s)")
+    parser.add_argument("--committed-prefix", action=argparse.BooleanOptionalAction,
+                        default=StreamOptions().committed_prefix, help="a re-decode forces its buffer's committed "
+                        "words as the engine's prefix and generates only what follows (StreamOptions."
+                        "committed_prefix); off: it generates the whole buffer again")
+    parser.add_argument("--group-wait-s", type=float, default=GROUP_WAIT_S, help="--server: the longest a waiting "
+                        "re-decode is held for others to be encoded with it (`asr-spec serve --group-wait-s`; 0: "
+                        "never)")
     parser.add_argument("--no-vad", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch threads while measuring")
     parser.add_argument("--cores", type=int, default=2, help="cores of the machine the derived figures are for")
@@ -263,11 +288,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)  # after loading: silero-vad's import sets it too
     cores = args.cores
     report = {"preset": args.preset, "draft": "none" if args.no_draft else "preset", "step_s": args.step_s,
+              "committed_prefix": args.committed_prefix,
               "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "runs": []}
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)
-        summary = summarise(n, run_streams(asr, items, args.step_s, not args.no_vad, cores), reference, cores)
+        run = run_streams(asr, items, args.step_s, not args.no_vad, cores, args.committed_prefix)
+        summary = summarise(n, run, reference, cores)
         report["runs"].append(summary)
         print(json.dumps(summary, indent=1), flush=True)
     if args.json:
@@ -283,6 +310,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
     hypothesis = RealtimeOptions().hypothesis if args.hypothesis is None else args.hypothesis
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
               "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": hypothesis,
+              "committed_prefix": args.committed_prefix, "group_wait_s": args.group_wait_s,
               "malloc_pinned": not args.glibc_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
@@ -290,8 +318,9 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
         items = slices(n, args.seconds)
         reference = offline(asr, items)
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
-        stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s)
-        run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis)
+        stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
+                               committed_prefix=args.committed_prefix)
+        run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis, args.group_wait_s)
         fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
         summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)
         report["runs"].append(summary)

@@ -12,6 +12,7 @@ import numpy as np
 
 from asr_spec import Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE
+from asr_spec.stream.decodes import GROUP_WAIT_S
 from asr_spec.stream.policy import StreamOptions
 
 APPEND_S = 0.1  # seconds of audio per append event
@@ -105,12 +106,13 @@ async def ws_flood(uri: str, audio: np.ndarray, seconds: float) -> dict:
 
 
 def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamOptions, flood_s: float = 0.0,
-               hypothesis: bool = True) -> dict:
+               hypothesis: bool = True, group_wait_s: float = GROUP_WAIT_S) -> dict:
     """All slices at once through a server of `rows` engine rows (the streams share them, as `asr-spec serve
     --batch-size` rows do) on a free 127.0.0.1 port, each stream's policy set by `stream` (its previous
-    hypothesis offered as the draft unless `hypothesis` is off), with one more client sending `flood_s` seconds as
-    fast as it can when flood_s > 0; returns each stream's ws_client result, the fast sender's, the run's peak RSS
-    and where the engine's time went (`engine_counts`)."""
+    hypothesis offered as the draft unless `hypothesis` is off), its waiting re-decodes held up to `group_wait_s`
+    to be encoded together, with one more client sending `flood_s` seconds as fast as it can when flood_s > 0;
+    returns each stream's ws_client result, the fast sender's, the run's peak RSS and where the engine's time went
+    (`engine_counts`)."""
     import asyncio
     import socket
     import threading
@@ -121,7 +123,7 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
     from asr_spec.serve.batcher import Batcher
     from asr_spec.serve.realtime import RealtimeOptions
 
-    batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1)
+    batcher = Batcher(asr, batch_size=rows, max_streams=len(items) + 1, group_wait_s=group_wait_s)
     realtime = RealtimeOptions(model_id="bench", stream=stream, hypothesis=hypothesis)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -157,9 +159,11 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
 
 def engine_counts(stats, times, counts) -> dict:
     """Where a server run's engine capacity went: re-decodes scheduled / replaced while waiting / taken /
-    withdrawn / delivered (`DecodeCounts`), tokens and target passes per re-decode (a pass counted once per row
-    in it: `ChunkStats`), hypothesis tokens offered and accepted, rows per decoding step (row-passes / steps),
-    encoder and step seconds per re-decode (`Engine.times`, wall: ratios only on a loaded machine), and the mean
+    withdrawn / delivered (`DecodeCounts`), tokens generated and target passes per re-decode (a pass counted once
+    per row in it; a forced prefix is not generated: `ChunkStats`), hypothesis tokens offered and accepted, rows
+    per decoding step (row-passes / steps), encoder, step and admission (prompts and prefixes prefilled) seconds
+    per re-decode (`Engine.times`, wall: ratios only on a loaded machine), encoder calls and the windows each
+    encoded on average, and the mean
     and longest wait of a re-decode before the engine took it and its mean time in the engine."""
     n = max(stats.chunks, 1)
     return {"redecodes": stats.chunks, "submitted": counts.submitted, "replaced": counts.replaced,
@@ -169,6 +173,8 @@ def engine_counts(stats, times, counts) -> dict:
             "hypothesis_accepted": stats.hypothesis_accepted, "steps": times.steps,
             "rows_per_step": stats.target_passes / max(times.steps, 1),
             "encoder_s_per_redecode": times.encoder_s / n, "steps_s_per_redecode": times.steps_s / n,
+            "admit_s_per_redecode": times.admit_s / n, "encoder_calls": times.encoder_calls,
+            "windows_per_encoder_call": times.encoder_windows / max(times.encoder_calls, 1),
             "encoder_share": times.encoder_s / max(times.encoder_s + times.steps_s, 1e-9),
             "wait_mean_s": counts.wait_s / max(counts.taken, 1), "wait_max_s": counts.max_wait_s,
             "in_engine_mean_s": counts.engine_s / max(counts.delivered, 1)}

@@ -29,7 +29,9 @@ def test_an_engine_run_counts_its_encoder_and_every_step():
     engine = Engine(tiny_target(), None, DecodeOptions(language="en", max_new_tokens=5))
     features = torch.randn(3, 16, 100, generator=torch.Generator().manual_seed(0))
     results = engine.decode(features, batch_size=2)
-    assert engine.times.encoder_s > 0 and engine.times.steps_s > 0
+    assert engine.times.encoder_s > 0 and engine.times.steps_s > 0 and engine.times.admit_s > 0
+    # the first fill encodes a micro-batch of batch_size windows, the refill the third alone
+    assert (engine.times.encoder_calls, engine.times.encoder_windows) == (2, 3)
     # each step advances every live row by one token (greedy): at least the longest row's count of steps
     assert engine.times.steps >= max(len(r.tokens) for r in results) - 1
 

@@ -27,6 +27,7 @@ from asr_spec.errors import InputError  # noqa: E402
 from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
 from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
+from asr_spec.stream.decodes import GROUP_WAIT_S  # noqa: E402
 
 TIMEOUT_S = 120
 BLOCK_BYTES = 4096  # vLLM's example client sends 4 KB of PCM16 per append
@@ -133,9 +134,9 @@ def test_the_hypothesis_switch_changes_the_drafts_offered_not_the_text(greedy, h
     offered: list[tuple[int, ...]] = []
     submit = batcher.streams.submit
 
-    def recording_submit(stream, samples, hypothesis=()):
+    def recording_submit(stream, samples, hypothesis=(), prefix=()):
         offered.append(tuple(hypothesis))
-        submit(stream, samples, hypothesis)
+        submit(stream, samples, hypothesis, prefix)
 
     batcher.streams.submit = recording_submit
     options = RealtimeOptions(catch_up=False, hypothesis=hypothesis)
@@ -363,7 +364,9 @@ def test_a_server_without_timestamp_mode_refuses_streams_and_still_serves_upload
 
 @pytest.mark.parametrize(("flags", "message"), [(["--max-backlog-s", "0"], "max_backlog_s must be a positive "
                                                   "number of seconds"),
-                                                 (["--step-s", "0.01"], "stream step_s must be in [0.1, 10] seconds")])
+                                                 (["--step-s", "0.01"], "stream step_s must be in [0.1, 10] seconds"),
+                                                 (["--group-wait-s", "-1"], "group_wait_s must be a finite number "
+                                                  "of seconds >= 0")])
 def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flags, message):
     from asr_spec.cli import main
 
@@ -374,15 +377,18 @@ def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flag
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s", "hypothesis"),
-                         [([], RealtimeOptions().max_backlog_s, True, 1.0, False),
-                          (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2", "--no-hypothesis"], 30.0,
-                           False, 2.0, False),
-                          (["--catch-up", "--hypothesis"], RealtimeOptions().max_backlog_s, True, 1.0, True)])
+@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s", "hypothesis", "prefix", "group_wait_s"),
+                         [([], RealtimeOptions().max_backlog_s, True, 1.0, False, True, GROUP_WAIT_S),
+                          (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2", "--no-hypothesis",
+                            "--no-committed-prefix", "--group-wait-s", "0"], 30.0, False, 2.0, False, False, 0.0),
+                          (["--catch-up", "--hypothesis", "--committed-prefix", "--group-wait-s", "0.5"],
+                           RealtimeOptions().max_backlog_s, True, 1.0, True, True, 0.5)])
 def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monkeypatch, greedy, flags, backlog_s,
-                                                                            catch_up, step_s, hypothesis):
-    """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S --hypothesis/--no-hypothesis`: the
-    app's realtime options (models and uvicorn replaced by the tiny transcriber and a recorder)."""
+                                                                            catch_up, step_s, hypothesis, prefix,
+                                                                            group_wait_s):
+    """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S --hypothesis/--no-hypothesis
+    --committed-prefix/--no-committed-prefix --group-wait-s S`: the app's realtime options and its batcher's
+    stream queue (models and uvicorn replaced by the tiny transcriber and a recorder)."""
     import uvicorn
 
     import asr_spec.serve.app as app_module
@@ -393,7 +399,7 @@ def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monk
     create_app_itself = app_module.create_app
 
     def recording_create_app(batcher, options, realtime):
-        made["realtime"] = realtime
+        made["realtime"], made["batcher"] = realtime, batcher
         return create_app_itself(batcher, options, realtime)
 
     monkeypatch.setattr(Transcriber, "from_preset", classmethod(lambda cls, *args, **kwargs: greedy))
@@ -405,6 +411,7 @@ def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monk
     assert made["realtime"].max_backlog_s == backlog_s and made["realtime"].catch_up is catch_up
     assert made["realtime"].model_id == "base" and made["realtime"].stream.step_s == step_s
     assert made["realtime"].hypothesis is hypothesis
+    assert made["realtime"].stream.committed_prefix is prefix and made["batcher"].streams.group_wait_s == group_wait_s
 
 
 def test_the_server_captures_its_step_graphs_before_the_engine_starts(monkeypatch):
@@ -440,3 +447,24 @@ def test_the_sessions_policies_take_the_servers_stream_options(greedy):
     assert default_policy(greedy, vad=False)().options == StreamOptions()
     with pytest.raises(InputError, match="stream must be a StreamOptions"):
         RealtimeOptions(stream={"step_s": 2})
+
+
+def test_a_group_of_redecodes_and_an_upload_chunk_take_turns(greedy):
+    """The batcher's source (no engine thread: its requests pulled by hand): a group of the streams' waiting
+    re-decodes, then an upload's chunk when one waits, then the streams' next group, and so on; neither waits for
+    the other to run dry."""
+    from asr_spec.stream.decodes import is_stream_id
+
+    batcher = Batcher(greedy, batch_size=4, group_wait_s=0)
+    job = batcher.prepare(str(SHORT[0]))
+    batcher.submit(job)
+    streams = [batcher.streams.open(lambda outcome: None) for _ in range(3)]
+    samples = load_audio(str(SHORT[1]))[:32000]
+    source = batcher._source()
+    for stream in streams[:2]:
+        batcher.streams.submit(stream, samples)
+    pulled = [next(source), next(source), next(source)]
+    assert [is_stream_id(r.id) for r in pulled] == [True, True, False]  # the group of two, then the upload
+    batcher.streams.submit(streams[2], samples)
+    assert is_stream_id(next(source).id)  # the streams' turn again
+    batcher.cancel(job)

@@ -7,6 +7,7 @@ server's batcher: an engine error and a closed stream leave nothing counted."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -225,3 +226,39 @@ def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel()
     assert "decoding failed" in broken.error and good.error is None and gone.cancelled and not gone.finished
     assert batcher.session.in_flight.total() == 0 and batcher.streams.n_in_engine == 0
     assert "asr_spec_engine_chunks 0\n" in batcher.metrics.render()
+
+
+def test_waiting_redecodes_are_held_while_another_streams_is_decoding_and_then_taken_as_one_group():
+    """`StreamDecodes.take_group`: while a stream's re-decode is in the engine the others wait (their windows are
+    then encoded together), for at most group_wait_s after the oldest was submitted; then all go in one group. A
+    lone stream, or group_wait_s 0, is never held."""
+    engine = FakeEngine()
+    session = session_over(engine)
+    decodes = StreamDecodes(session, lambda samples: torch.zeros(len(samples), 80, 3000), group_wait_s=2.0)
+    streams = [decodes.open(lambda outcome: None) for _ in range(3)]
+    decodes.submit(streams[0], torch.zeros(16000).numpy())
+    (first,) = decodes.take_group(8)  # nothing else in the engine: not held
+    run = session.run(session.source([first]), 3)
+    decodes.submit(streams[1], torch.zeros(16000).numpy())
+    decodes.submit(streams[2], torch.zeros(16000).numpy())
+    submitted_s = time.monotonic()
+    assert decodes.take_group(8) == [] and decodes.n_waiting == 2  # stream 0's is in the engine
+    assert decodes.held(submitted_s + 1.9) and not decodes.held(submitted_s + 2.1)  # at most group_wait_s
+    decodes.deliver(next(run))  # stream 0's result: none of the others' is in the engine now
+    assert not decodes.held(time.monotonic())
+    group = decodes.take_group(8)
+    assert [r.id.owner for r in group] == [streams[1].owner, streams[2].owner]  # one group, oldest first
+    decodes.submit(streams[0], torch.zeros(16000).numpy())
+    assert decodes.held(time.monotonic())  # its peers are in the engine now
+    eager = StreamDecodes(session, lambda samples: torch.zeros(len(samples), 80, 3000), group_wait_s=0)
+    a, b = eager.open(lambda outcome: None), eager.open(lambda outcome: None)
+    eager.submit(a, torch.zeros(16000).numpy())
+    assert len(eager.take_group(8)) == 1
+    eager.submit(b, torch.zeros(16000).numpy())
+    assert len(eager.take_group(8)) == 1  # group_wait_s 0: never held
+    c = eager.open(lambda outcome: None)
+    eager.submit(a, torch.zeros(16000).numpy())
+    eager.submit(c, torch.zeros(16000).numpy())
+    assert [r.id.owner for r in eager.take_group(1)] == [a.owner] and eager.n_waiting == 1  # at most n, oldest
+    with pytest.raises(ValueError, match="group_wait_s"):
+        StreamDecodes(session, lambda samples: samples, group_wait_s=-1)

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from asr_spec.errors import InputError
-from asr_spec.stream.agreement import TokenKinds, agreed_words, common_prefix, segments, shifted, text_of
+from asr_spec.stream.agreement import (
+    TokenKinds,
+    agreed_words,
+    committed_prefix,
+    common_prefix,
+    segments,
+    shifted,
+    text_of,
+)
 from asr_spec.stream.policy import WINDOW_S, StreamOptions, StreamPolicy
 
 SR = 16_000
@@ -50,11 +58,33 @@ def hear(audio: np.ndarray) -> list[int]:
     return tokens + [EOT]
 
 
+def hear_given(audio: np.ndarray, prefix: tuple[int, ...] = ()) -> list[int]:
+    """The scripted decoder as the engine decodes a request with a forced prefix (`ChunkRequest.prefix`): <|0.00|>,
+    the prefix (its timestamps as given), then what `hear` hears after the prefix's last word: where that word is
+    heard nearest to its place in the prefix (a model reads on from where the forced words end in the audio), else
+    after as many text tokens as the prefix holds (a forced word it does not hear)."""
+    heard = hear(audio)
+    text = [t for t in prefix if t < EOT]
+    if not text:
+        return heard
+    last = text[max(i for i, t in enumerate(text) if t % 2 == 0):]  # the prefix's last word's tokens
+    heard_text = [i for i, t in enumerate(heard) if t < EOT]  # the index in `heard` of each text token
+    words = [j for j in range(len(heard_text)) if [heard[i] for i in heard_text[j:j + len(last)]] == last]
+    if words:
+        j = min(words, key=lambda j: abs(j + len(last) - len(text)))
+        after = heard_text[j + len(last) - 1] + 1
+    else:
+        after = heard_text[len(text) - 1] + 1 if len(text) <= len(heard_text) else len(heard) - 1
+    return [TS, *prefix, *heard[after:]]
+
+
 def energy(samples: np.ndarray) -> np.ndarray:
     return (np.abs(samples.reshape(-1, 512)).max(1) > 0).astype(np.float32)
 
 
-def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: float = 0.25):
+def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: float = 0.25, decodes=None):
+    """Stream `audio` in blocks through a policy decoded by `hear_given`; decodes: a list that gets each Decode
+    with the tokens committed in its buffer when it was asked for."""
     policy = StreamPolicy(KINDS, detokenize, options, voice)
     updates, longest = [], 0
     block = int(block_s * SR)
@@ -63,7 +93,9 @@ def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: f
         nonlocal longest
         while (decode := policy.request()) is not None:
             longest = max(longest, len(decode.audio))
-            updates.append(policy.accept(decode, hear(decode.audio)))
+            if decodes is not None:
+                decodes.append((decode, list(policy._committed)))
+            updates.append(policy.accept(decode, hear_given(decode.audio, decode.prefix)))
 
     for i in range(0, len(audio), block):
         policy.feed(audio[i:i + block])
@@ -105,6 +137,43 @@ def test_every_word_committed_once_in_order(block_s: float) -> None:
     assert "".join(u.delta for u in updates) == updates[-1].text
     assert sum(bool(u.delta) for u in updates[:-1]) >= 5  # text became stable while the stream went on
     assert longest <= 8 * SR  # trimmed at committed segment ends: the buffer stays short
+
+
+def test_committed_prefix_is_the_previous_hypothesis_up_to_the_last_committed_word() -> None:
+    hyp = (TS, 0, 1, TS + 25, TS + 25, 2, 3, 4, TS + 60, EOT)  # w0+ | w1+ w2 (w2 cut)
+    assert committed_prefix(hyp, [0, 1, 2, 3], KINDS) == 7  # timestamps within it as the hypothesis has them
+    assert committed_prefix(hyp, [0, 1], KINDS) == 3  # ends at the last committed token, before the segment end
+    assert committed_prefix(hyp, [], KINDS) == 0
+    assert committed_prefix(hyp, [0, 1, 6, 7], KINDS) == 0  # it words the committed text differently
+    assert committed_prefix(hyp, [0, 1, 2, 3, 4, 5], KINDS) == 0  # it does not say all of it
+    assert committed_prefix(hyp[1:], [0, 1], KINDS) == 0  # no opening timestamp
+    assert committed_prefix((TS, TS, 0, 1), [0, 1], KINDS) == 0  # no text after it
+    short = TokenKinds(EOT, TS, KINDS.word_start, max_prefix=5)  # cut back to a committed word's end within 5
+    assert committed_prefix(hyp, [0, 1, 2, 3], short) == 3
+    assert committed_prefix(hyp, [0, 1, 2, 3], TokenKinds(EOT, TS, KINDS.word_start, max_prefix=1)) == 0
+
+
+@pytest.mark.parametrize("voice", [None, energy])
+def test_a_redecode_forces_the_committed_words_and_the_text_is_the_same_without(voice) -> None:
+    """Each re-decode's request carries the buffer's committed words as its prefix (the last hypothesis up to them,
+    timestamps and all), the scripted decoder then generates only what follows; the committed text is the same as
+    when every re-decode generates the whole buffer, and far fewer tokens are generated."""
+    words = [w for i in range(30) for w in ((i % 24 + 1, None, None) if voice and i % 7 == 6 else (i % 24 + 1,))]
+    texts, generated = {}, {}
+    for on in (True, False):
+        decodes = []
+        policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, committed_prefix=on), voice,
+                                              decodes=decodes)
+        texts[on] = updates[-1].text
+        generated[on] = sum(len(hear_given(d.audio, d.prefix)) - 1 - len(d.prefix) for d, _ in decodes)
+        for decode, committed in decodes:
+            assert text_of(decode.prefix, KINDS) == (committed if on else [])
+            assert decode.hypothesis == () or decode.hypothesis[0] != TS or not decode.prefix
+        if on:
+            assert sum(bool(d.prefix) for d, _ in decodes) >= len(decodes) // 2
+    assert words_of(texts[True]) == [f"w{w}" for w in words if w is not None]
+    assert texts[True] == texts[False]
+    assert generated[True] < 0.9 * generated[False], generated  # the committed part of each buffer, not again
 
 
 def test_a_pause_closes_the_utterance_and_silence_is_never_decoded() -> None:
@@ -205,10 +274,11 @@ def adversary(rng: np.random.Generator, max_edits: int):
     returns (decode, the true words each call did not say as heard)."""
     perturbed: set[int] = set()
 
-    def decode(audio: np.ndarray, honest: bool = False) -> list[int]:
-        tokens = hear(audio)[:-1]  # without <|endoftext|>
+    def decode(audio: np.ndarray, honest: bool = False, prefix: tuple[int, ...] = ()) -> list[int]:
+        tokens = hear_given(audio, prefix)[:-1]  # without <|endoftext|>
+        given = 1 + len(prefix) if prefix else 0  # a forced prefix is not edited (the engine forces it)
         for _ in range(0 if honest else int(rng.integers(0, max_edits + 1))):
-            starts = [i for i, t in enumerate(tokens) if t < EOT and t % 2 == 0]
+            starts = [i for i, t in enumerate(tokens) if t < EOT and t % 2 == 0 and i >= given]
             if not starts:
                 break
             i = starts[int(rng.integers(len(starts)))]
@@ -242,11 +312,14 @@ def contiguous(part: list[str], whole: list[str]) -> bool:
 
 
 @pytest.mark.parametrize("max_edits", [1, 2])
-def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int) -> None:
+@pytest.mark.parametrize("forced", [False, True])
+def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int,
+                                                                                       forced: bool) -> None:
     """A few hundred seeded streams: the committed text only grows; each delta is a run of words of the
     hypothesis that committed it; no word said is committed twice, nor out of order; a word no decode misheard
     is never lost; the words of the last full-buffer hypothesis (the closing decode, heard right) after the
-    last one committed before it are all in the final text."""
+    last one committed before it are all in the final text. forced: the decoder keeps each decode's forced prefix
+    (the committed words) and edits only what follows, as the engine does; else it ignores it (any hypothesis)."""
     for seed in range(150):
         rng = np.random.default_rng(seed)
         said = [int(w) for w in rng.permutation(TRUE_WORDS)]
@@ -262,7 +335,7 @@ def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_de
                 policy.feed(audio[i:i + block])
             while (d := policy.request()) is not None:
                 final = d.kind == "close" and policy.finished
-                tokens = decode(d.audio, honest=final)
+                tokens = decode(d.audio, honest=final, prefix=d.prefix if forced else ())
                 if final:
                     last_hypothesis = words_of(detokenize(t for t in tokens if t < EOT))
                     committed_before = words_of(policy._text)

@@ -81,6 +81,13 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                                            "text."),
     step_s: float | None = typer.Option(None, help="A live stream is re-decoded after this many new seconds "
                                         "(default: the streaming policy's, 1 s)."),
+    committed_prefix: bool | None = typer.Option(None, "--committed-prefix/--no-committed-prefix", help="A live "
+                                                 "stream's re-decode forces its committed words as the decoder's "
+                                                 "prefix and generates only what follows (default); off: it "
+                                                 "generates its whole buffer again."),
+    group_wait_s: float | None = typer.Option(None, help="The longest a live stream's re-decode waits for others "
+                                              "to be encoded with it, while another stream's is decoding (0: "
+                                              "never; default 1 s)."),
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
                                                 "503 with Retry-After."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
@@ -113,7 +120,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                    max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,
                    max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device,
                    max_backlog_s=max_backlog_s, catch_up=catch_up, step_s=step_s, hypothesis=hypothesis,
-                   **overrides)
+                   committed_prefix=committed_prefix, group_wait_s=group_wait_s, **overrides)
     except ImportError as err:
         fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
     except USER_ERRORS as err:

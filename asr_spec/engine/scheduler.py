@@ -185,6 +185,8 @@ class Engine:
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
         """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
         x = features.to(self.target_dec.device, self.target_dec.dtype)
+        self.times.encoder_calls += 1
+        self.times.encoder_windows += len(x)
         with self.times.count("encoder", x.device.type == "cpu"):
             return torch.cat([self.encoder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
@@ -368,7 +370,8 @@ class Engine:
         if m.draft is not None:
             own = self.kind is DraftKind.OWN_ENCODER
             draft_audio = torch.stack([o for _, _, o in taken]) if own else audio
-        self.admission(m, st, rows, audio, draft_audio, prompts)
+        with self.times.count("admit", st.n_tok.device.type == "cpu"):
+            self.admission(m, st, rows, audio, draft_audio, prompts)
         dev = st.n_tok.device
         st.set_sampling(torch.tensor(rows, device=dev),
                         torch.tensor([float(req.temperature) for req, _, _ in taken], device=dev),

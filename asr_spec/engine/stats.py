@@ -73,9 +73,12 @@ class StageTimes:
     encoder_s: float = 0.0  # encoder passes (`Engine.encode`, the draft's own encoder included)
     steps_s: float = 0.0  # decode steps: draft, verify, accept (`speculative.step`)
     steps: int = 0
+    admit_s: float = 0.0  # admissions: audio keys/values, prompts and prefixes prefilled (`admission.Admission`)
+    encoder_calls: int = 0  # `Engine.encode` calls (any device): windows encoded together count once
+    encoder_windows: int = 0  # the windows they encoded
 
     def minus(self, before: StageTimes) -> StageTimes:
-        return StageTimes(self.encoder_s - before.encoder_s, self.steps_s - before.steps_s, self.steps - before.steps)
+        return StageTimes(*(getattr(self, f.name) - getattr(before, f.name) for f in fields(self)))
 
     def copy(self) -> StageTimes:
         return replace(self)

@@ -45,7 +45,7 @@ from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
 from asr_spec.errors import AudioError, one_line
 from asr_spec.serve.jobs import Busy, Job, Refused, check_limits, close_reader
 from asr_spec.serve.metrics import Metrics
-from asr_spec.serve.stream_jobs import StreamQueue, is_stream_id
+from asr_spec.serve.stream_jobs import GROUP_WAIT_S, StreamQueue, is_stream_id
 from asr_spec.transcribe.inputs import Input
 from asr_spec.transcribe.prompts import InputPrompt
 from asr_spec.transcribe.session import EngineSession
@@ -65,11 +65,14 @@ class Batcher:
     batch_size:  engine rows (default the transcriber's options.batch_size).
     max_requests, max_audio_in_flight_s: what `admit` lets in at once (requests; seconds of audio).
     max_streams: live streams (`/v1/realtime`) open at once; their re-decodes come from `streams` (stream_jobs.py)
-                 and alternate with the uploads' chunks (neither starves the other).
+                 in groups (encoded together) and alternate with the uploads' chunks (neither starves the other).
+    group_wait_s: the longest a stream's waiting re-decode is held for others to join its group
+                 (`StreamDecodes.take_group`; 0: never held).
     """
 
     def __init__(self, transcriber: Any, batch_size: int | None = None, max_requests: int = 32,
-                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None, max_streams: int = 16):
+                 max_audio_in_flight_s: float = 12 * 3600.0, metrics: Metrics | None = None, max_streams: int = 16,
+                 group_wait_s: float = GROUP_WAIT_S):
         check_limits(max_requests, max_audio_in_flight_s)
         self.transcriber = transcriber
         self.batch_size = transcriber.batch_rows(batch_size)
@@ -83,11 +86,14 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._upload_turn = False  # the last chunk pulled was a stream's: an upload's goes next, if one waits
+        self._upload_turn = False  # the last chunk pulled ended a group of re-decodes: an upload's goes next
+        # re-decodes taken as a group and not yet pulled by the engine (kept here, not in the source: a run that
+        # fails before pulling them all leaves them to the next run's source)
+        self._group: deque[ChunkRequest] = deque()
         # the engine's runs, with tail repair (None: stride chunks, no timestamps, off) and the requests'
         # temperature fallback wrapped around them; what is in the engine, by job and stream (`in_flight`)
         self.session = EngineSession(transcriber, schedule=self._schedule)
-        self.streams = StreamQueue(self.session, transcriber.frontend.features, self._cond, max_streams)
+        self.streams = StreamQueue(self.session, transcriber.frontend.features, self._cond, max_streams, group_wait_s)
         self.metrics.refresh = self._gauges
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
@@ -206,12 +212,16 @@ class Batcher:
                     self._cond.wait(IDLE_WAIT_S)
                 if self._stopping:
                     return
-            # a stream's re-decode (featurised now) and an upload's chunk take turns when both wait
-            redecode = None if self._upload_turn else self.streams.take()
-            self._upload_turn = redecode is not None and bool(self._active)
-            if redecode is not None:
+            # a group of the streams' waiting re-decodes (featurised now, pulled one after another: the engine
+            # encodes them together) and an upload's chunk take turns when both wait
+            if not self._group and not self._upload_turn:
+                self._group.extend(self.streams.take_group(self.batch_size))
+            if self._group:
+                redecode = self._group.popleft()
+                self._upload_turn = not self._group and bool(self._active)
                 yield redecode
                 continue
+            self._upload_turn = False  # this is the uploads' turn: the streams' next group goes after it
             with self._cond:
                 job = self._active.popleft() if self._active else None
             if job is None:

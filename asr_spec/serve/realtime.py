@@ -217,8 +217,9 @@ class Session:
             self.input = None
             await self._send(events.error(f"transcription failed: {outcome}", "processing_error"))
             return
-        current.prompt_tokens += len(outcome.prompt)
-        current.completion_tokens += len(outcome.tokens)
+        generated = outcome.stats.generated_tokens  # the forced <|0.00|> and prefix count as prompt
+        current.prompt_tokens += len(outcome.prompt) + len(outcome.tokens) - generated
+        current.completion_tokens += generated
         await self._send_lag(current)
         await self._send_update(current.policy.accept(decode, outcome.tokens))
 
@@ -242,7 +243,7 @@ class Session:
             if action == "decode":
                 current.decode = current.policy.request()
                 offered = current.decode.hypothesis if self.options.hypothesis else ()
-                self.batcher.streams.submit(self.stream, current.decode.audio, offered)
+                self.batcher.streams.submit(self.stream, current.decode.audio, offered, current.decode.prefix)
             elif action == "feed":  # in a worker thread: the policy's voice activity model runs there
                 await asyncio.to_thread(catch_up, current.policy, current.backlog, block, current.finishing,
                                         self.options.catch_up)

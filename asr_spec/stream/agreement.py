@@ -27,11 +27,14 @@ class TokenKinds:
     eot: <|endoftext|>; every id >= eot is special (timestamps included), every id below is text.
     timestamp_begin: the id of <|0.00|>.
     word_start: (V,) bool, True where a text token begins a new word (Whisper's byte-level BPE: a leading space).
+    max_prefix: the most tokens a decode's forced prefix may hold (`WhisperTokens.max_prompt_tokens`: 223 for
+    Whisper's 448 positions).
     """
 
     eot: int
     timestamp_begin: int
     word_start: np.ndarray
+    max_prefix: int = 223
 
     def is_text(self, token: int) -> bool:
         return token < self.eot
@@ -92,6 +95,37 @@ def agreed_words(previous: Sequence[int], new: Sequence[int], n_committed: int, 
         if kinds.starts_word(new[i]):
             return i
     return n_committed
+
+
+def committed_prefix(previous: Sequence[int], committed: Sequence[int], kinds: TokenKinds) -> int:
+    """How many leading tokens of `previous` (the last hypothesis of the buffer) the next decode of that buffer
+    may take as given: its opening timestamp, then its tokens up to the last of the committed text tokens
+    `committed` (timestamps as it has them), when it says them as committed; 0 when it does not (or nothing is
+    committed, or it does not open with a timestamp and text). Within `kinds.max_prefix` tokens after the opening
+    timestamp: a longer one is cut back to the end of a committed word within the limit (0 if none).
+
+    The engine forces ``previous[1:n]`` after the <|0.00|> it adds (`ChunkRequest.prefix`) and decodes only what
+    follows; ``previous[n:]`` is the hypothesis of that rest."""
+    if not committed or len(previous) < 2 or previous[0] < kinds.timestamp_begin or not kinds.is_text(previous[1]):
+        return 0
+    ends = []  # n after each committed word's last text token: a word ends where the next committed token starts one
+    n_text = 0
+    for index, token in enumerate(previous):
+        if not kinds.is_text(token):
+            continue
+        if n_text == len(committed):
+            break
+        if token != committed[n_text]:
+            return 0
+        n_text += 1
+        if n_text == len(committed) or kinds.starts_word(committed[n_text]):
+            ends.append(index + 1)
+    return _within(ends, kinds.max_prefix) if n_text == len(committed) else 0
+
+
+def _within(ends: list[int], max_prefix: int) -> int:
+    """The last of `ends` (prefix lengths, the opening timestamp included) that forces at most `max_prefix` tokens."""
+    return max((n for n in ends if n - 1 <= max_prefix), default=0)
 
 
 def aligned_end(said: Sequence[int], text: Sequence[int], kinds: TokenKinds,

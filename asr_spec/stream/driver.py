@@ -30,12 +30,12 @@ from asr_spec.stream.decodes import LiveStream, StreamDecodes
 from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update, VoiceFn
 
 
-def token_kinds(tokenizer: Any, eot: int, timestamp_begin: int) -> TokenKinds:
+def token_kinds(tokenizer: Any, eot: int, timestamp_begin: int, max_prefix: int) -> TokenKinds:
     """The `TokenKinds` of a Whisper tokenizer: a text token starts a word when its byte-level BPE piece starts
-    with a space ("Ġ")."""
+    with a space ("Ġ"); max_prefix: the model's limit on a forced prefix (`WhisperTokens.max_prompt_tokens`)."""
     pieces = tokenizer.convert_ids_to_tokens(list(range(eot)))
     word_start = np.array([p is not None and p.startswith("Ġ") for p in pieces] + [False], dtype=bool)
-    return TokenKinds(eot, timestamp_begin, word_start)
+    return TokenKinds(eot, timestamp_begin, word_start, max_prefix)
 
 
 class Stream:
@@ -83,7 +83,7 @@ class StreamRunner:
         self.options = StreamOptions() if options is None else options
         self.voice, self.batch_size, self.offer_hypothesis = voice, batch_size, offer_hypothesis
         tokens = engine.tokens
-        self.kinds = token_kinds(tokenizer, tokens.eot, tokens.timestamp_begin)
+        self.kinds = token_kinds(tokenizer, tokens.eot, tokens.timestamp_begin, tokens.max_prompt_tokens)
         self.streams: dict[Hashable, Stream] = {}
         self.decodes = StreamDecodes(session, features)  # the streams' decodes on their way through the session
         self._ids = itertools.count()
@@ -140,7 +140,8 @@ class StreamRunner:
         """The engine requests of `due`, in its order (`StreamDecodes.submit`, then `take_all`: the buffers'
         features made together), each with its stream's previous hypothesis unless offer_hypothesis is off."""
         for stream, decode in due:
-            self.decodes.submit(stream.live, decode.audio, decode.hypothesis if self.offer_hypothesis else ())
+            self.decodes.submit(stream.live, decode.audio, decode.hypothesis if self.offer_hypothesis else (),
+                                decode.prefix)
         return self.decodes.take_all()
 
     def deliver(self, due: list[tuple[Stream, Decode]], results: list[ChunkResult]) -> list[tuple[Stream, Update]]:

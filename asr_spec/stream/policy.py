@@ -12,13 +12,16 @@ The API (pure: no model, no clock; the caller decodes, e.g. `driver.StreamRunner
                                       # decode, else None (the final one then comes from `accept`)
     policy.done                       # the final Update was given
 
-A `Decode` carries `audio` (the uncommitted buffer, at most one 30 s window) and `hypothesis` (the stream's
-previous hypothesis of that buffer, to offer as the engine's draft: `ChunkRequest.hypothesis`). Decode in Whisper's
-timestamp mode; `tokens` are the generated ids (prompt excluded), <|endoftext|> included or not.
+A `Decode` carries `audio` (the uncommitted buffer, at most one 30 s window), `prefix` (the stream's previous
+hypothesis of that buffer up to its last committed word, to force: `ChunkRequest.prefix`; () when none) and
+`hypothesis` (the rest of that hypothesis, to offer as the engine's draft: `ChunkRequest.hypothesis`). Decode in
+Whisper's timestamp mode; `tokens` are the engine's tokens after the SOT sequence (prompt excluded, the forced
+<|0.00|> and prefix included: `ChunkResult.tokens`), <|endoftext|> included or not.
 
 How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
 
-- every `step_s` of new audio the buffer is decoded again, from its start;
+- every `step_s` of new audio the buffer is decoded again, from its start: its committed words are forced as
+  given (`agreement.committed_prefix`, with `committed_prefix` on) and only what follows them is generated;
 - the text tokens on which two successive hypotheses agree are committed, cut back to whole words
   (`agreement.agreed_words`); committed text is never taken back; each hypothesis is read after the point where
   the committed words end in it (`agreement.aligned_end`: it may reword, drop or insert words before it), and one
@@ -51,6 +54,7 @@ from asr_spec.stream.agreement import (
     TokenKinds,
     agreed_words,
     aligned_end,
+    committed_prefix,
     segments,
     shifted,
     spoken_word,
@@ -73,8 +77,13 @@ class StreamOptions:
     silence_s: float = 0.8  # non-speech after speech that closes an utterance (with a voice function)
     vad_threshold: float = 0.5  # speech probability at or above which a frame is speech
     speech_pad_s: float = 0.3  # audio kept after an utterance's last speech frame when it is closed
+    # a re-decode forces the buffer's committed words (as its last hypothesis said them, timestamps and all) as the
+    # engine's prefix and generates only what follows; off: every re-decode generates the whole buffer again
+    committed_prefix: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.committed_prefix, bool):
+            raise InputError(f"stream committed_prefix must be true or false, got {self.committed_prefix!r}")
         for name in ("step_s", "max_buffer_s", "silence_s", "vad_threshold", "speech_pad_s"):
             finite(getattr(self, name), f"stream {name}")
         if not 0.1 <= self.step_s <= 10.0:
@@ -91,7 +100,8 @@ class StreamOptions:
 
 @dataclass(frozen=True, eq=False)
 class Decode:
-    """A decode the stream asks for: `audio` from stream time `start_s`, `hypothesis` offered as the draft.
+    """A decode the stream asks for: `audio` from stream time `start_s`, `prefix` forced after <|0.00|> (the
+    committed words of the buffer: `ChunkRequest.prefix`), `hypothesis` offered as the draft of what follows.
 
     kind: "step" (a periodic re-decode), "overflow" (the buffer is full: trimmed by force after it) or "close"
     (silence or the end of the input: everything it returns is committed). heard_s: the stream's audio received
@@ -104,6 +114,7 @@ class Decode:
     kind: str
     start_s: float
     heard_s: float
+    prefix: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -327,8 +338,9 @@ class StreamPolicy:
         n = min(n_samples, self._seconds(WINDOW_S))
         self._serial += 1
         self._decoded_at = self._received
-        self._in_flight = Decode(self._serial, self._buffer[:n].copy(), self._previous, kind,
-                                 self._start / SAMPLE_RATE, self._received / SAMPLE_RATE)
+        given = committed_prefix(self._previous, self._committed, self.kinds) if self.options.committed_prefix else 0
+        self._in_flight = Decode(self._serial, self._buffer[:n].copy(), self._previous[given:], kind,
+                                 self._start / SAMPLE_RATE, self._received / SAMPLE_RATE, self._previous[1:given])
         return self._in_flight
 
     def _speech_frames(self) -> np.ndarray:
