@@ -139,3 +139,14 @@ def test_greedy_takes_the_argmax_and_log_probability_of_the_applied_scores(times
     if timestamps:  # the cases above were met: text and timestamp choices, and a cut of all text somewhere
         assert bool((choice >= ts).any()) and bool((choice < ts).any())
         assert bool(torch.isinf(scores[..., :ts]).all(-1).any())
+
+
+def test_logsumexp_given_its_maximum_is_torchs():
+    from asr_spec.engine.rules import _logsumexp
+
+    x = torch.randn(3, 4, 1000) * 5
+    x[0, 1] = float("-inf")  # every value forbidden: -inf, as torch.logsumexp
+    x[1, 2, 7:] = float("-inf")
+    ours = _logsumexp(x.clone(), x.max(-1).values)
+    torch.testing.assert_close(ours, x.logsumexp(-1), rtol=1e-6, atol=1e-6)
+    assert ours[0, 1] == float("-inf")

@@ -101,6 +101,13 @@ def _plus(logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return torch.add(logits, bias)
 
 
+def _logsumexp(x: torch.Tensor, x_max: torch.Tensor) -> torch.Tensor:
+    """(..., N) -> (...) logsumexp over the last dimension, given its maximum (...) already reduced: the formula
+    of `torch.logsumexp` (max + log sum exp(x - max); -inf where every value is -inf) without its own max pass."""
+    shift = torch.where(torch.isinf(x_max), 0.0, x_max)
+    return (x - shift[..., None]).exp_().sum(-1).log_() + shift
+
+
 def _begin_suppress(scores: torch.Tensor, at_begin: torch.Tensor, columns: torch.Tensor) -> None:
     """-inf in `columns` ((C,) long: begin_suppress_tokens as columns of `scores`) where at_begin (B, P), in place
     on (B, P, V) `scores`, touching only those columns."""
@@ -228,7 +235,7 @@ class LogitRules:
         ts_best = scores[..., ts:].max(-1)
         # a timestamp only where it beats the allowed text strictly: on a tie the text token, the lower id, is first
         choice = torch.where(ts_best.values > text_best, ts_best.indices + ts, text_at)
-        text_sum = torch.where(cut_all, scores[..., :ts].logsumexp(-1),
+        text_sum = torch.where(cut_all, _logsumexp(scores[..., :ts], text.best.values),
                                torch.where(cut_eot, scores[..., eot:ts].logsumexp(-1), NEG_INF))
         return choice, torch.maximum(text_best, ts_best.values) - torch.logaddexp(text_sum, text.ts_sum)
 
