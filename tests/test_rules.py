@@ -32,19 +32,27 @@ def random_histories(gen_cfg, n_rows: int, n_len: int, seed: int, vocab: int) ->
     return torch.where(pick, stamps, text)
 
 
-@pytest.mark.parametrize("timestamps", [False, True])
-@pytest.mark.parametrize("seed", range(4))
-def test_rules_match_transformers_processors(timestamps, seed):
+def rule_case(timestamps: bool, seed: int, n_rows: int, dtype: torch.dtype):
+    """(generation config, tokens, rules, (n_rows, 3 + 9) histories after a 3-token prompt, (n_rows, 9, V) logits
+    in `dtype`) of the tiny target, the logits scaled so that Whisper's rules take every branch somewhere."""
     model = tiny_target()
     gen = model.generation_config
     vocab = model.config.vocab_size
     tokens = WhisperTokens.from_generation_config(gen, 448)
     rules = LogitRules(tokens, vocab, timestamps, torch.device("cpu"))
-    begin, n_rows, n_hist, n_pos = 3, 6, 3, 9
+    begin, n_hist, n_pos = 3, 3, 9
     seq = random_histories(gen, n_rows, n_hist + n_pos, seed, vocab)
     seq[:, :begin] = torch.tensor(tokens.prompt(tokens.lang_to_id["<|en|>"], "transcribe", timestamps)[:begin])
     g = torch.Generator().manual_seed(100 + seed)
-    logits = torch.randn(n_rows, n_pos, vocab, generator=g) * 3
+    logits = (torch.randn(n_rows, n_pos, vocab, generator=g) * 3).to(dtype)
+    return gen, tokens, rules, seq, logits
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_rules_match_transformers_processors(timestamps, seed):
+    gen, tokens, rules, seq, logits = rule_case(timestamps, seed, 6, torch.float32)
+    begin, n_hist, (n_rows, n_pos) = 3, 3, logits.shape[:2]
     # make the "timestamps win on total probability" branch fire on some positions
     logits[:, ::2, tokens.timestamp_begin:] += 2.5
     ours = rules.apply(logits, seq, torch.full((n_rows,), n_hist), torch.full((n_rows,), begin))
@@ -115,16 +123,8 @@ def test_greedy_takes_the_argmax_and_log_probability_of_the_applied_scores(times
     """`greedy` (no text mask written) == `apply`'s scores' first maximum, token for token, and its score less
     their logsumexp, within float rounding: over histories rich in timestamps (every cut: none, below
     <|endoftext|>, all text), the first position, and exact ties between a text token and a timestamp."""
-    model = tiny_target()
-    gen = model.generation_config
-    vocab = model.config.vocab_size
-    tokens = WhisperTokens.from_generation_config(gen, 448)
-    rules = LogitRules(tokens, vocab, timestamps, torch.device("cpu"))
-    begin, n_rows, n_hist, n_pos = 3, 8, 3, 9
-    seq = random_histories(gen, n_rows, n_hist + n_pos, seed, vocab)
-    seq[:, :begin] = torch.tensor(tokens.prompt(tokens.lang_to_id["<|en|>"], "transcribe", timestamps)[:begin])
-    g = torch.Generator().manual_seed(200 + seed)
-    logits = (torch.randn(n_rows, n_pos, vocab, generator=g) * 3).to(torch.bfloat16)
+    gen, tokens, rules, seq, logits = rule_case(timestamps, 100 + seed, 8, torch.bfloat16)
+    begin, n_rows, n_hist = 3, logits.shape[0], 3
     logits[:, ::2, tokens.timestamp_begin:] += 2.5
     ts = tokens.timestamp_begin
     logits[:2, :, 20] = logits[:2, :, ts + 1] = 40.0  # a tie: the text token is the first maximum
