@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from asr_spec.models.presets import (
     plan_models,
     presets_dir,
 )
-from asr_spec.transcribe import TranscribeOptions
+from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,7 +49,8 @@ def test_every_shipped_preset_makes_valid_options(name: str) -> None:
     options = TranscribeOptions.from_values(**preset.option_values())
     assert options.chunking.chunk_length_s == preset.chunk_length_s
     # a key the preset leaves out is the option's own default (one default per option, stated once)
-    assert options.decode.num_draft_tokens == (preset.num_draft_tokens or DecodeOptions().num_draft_tokens)
+    plain_k = None if isinstance(preset.num_draft_tokens, dict) else preset.num_draft_tokens  # a table: per run
+    assert options.decode.num_draft_tokens == (plain_k or DecodeOptions().num_draft_tokens)
     assert preset.dtype == "auto" and preset.description
     assert preset.timestamps and options.decode.timestamps  # Whisper's long-form mode (see configs/base.toml)
 
@@ -185,3 +187,44 @@ def test_the_cpu_draft_decision_follows_the_decode_class(monkeypatch) -> None:
     assert plan_models(table, "cuda", cpu=zen4).draft == "d"  # CUDA: every run, whatever the CPU
     one = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows=3)
     assert {plan_models(one, "cpu", cpu=c).draft_max_rows for c in (amx, zen4, zen2)} == {3}
+
+
+def test_the_draft_length_follows_the_decode_class(monkeypatch) -> None:
+    """A {decode class: K} table: a CPU run takes its class's K (dtype auto resolved first), a class left out and
+    CUDA the option's default (None in the plan); `from_preset` gives it to the options unless the caller sets K;
+    a bad table names the file and the key."""
+    monkeypatch.setattr(cpu_module, "bf16_row_block", lambda: (32, 32))  # bf16 lossless: auto -> bf16 on AMX
+    amx, zen2 = (parse_cpu_flags(f) for f in ("avx2 avx512_bf16 amx_bf16", "avx2"))
+    table = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows=8,
+                   num_draft_tokens={"amx-bf16": 2, "fp32": 4})
+    assert "num_draft_tokens" not in table.option_values()
+    assert plan_models(table, "cpu", cpu=amx).num_draft_tokens == 2
+    assert plan_models(table, "cpu", {"dtype": "float32"}, cpu=amx).num_draft_tokens == 4
+    assert plan_models(table, "cpu", cpu=zen2).num_draft_tokens == 4
+    assert plan_models(table, "cuda", cpu=amx).num_draft_tokens is None
+    assert plan_models(replace(table, num_draft_tokens={"fp32": 4}), "cpu", cpu=amx).num_draft_tokens is None
+    plain = replace(table, num_draft_tokens=5)
+    assert plain.option_values()["num_draft_tokens"] == 5  # a plain K: an option value, not the plan's
+    assert plan_models(plain, "cpu", cpu=amx).num_draft_tokens is None
+    assert plan_models(table, "cpu", {"draft": None}, cpu=amx).num_draft_tokens is None  # nothing drafts
+    for bad, match in (({"avx2": 2}, "num_draft_tokens has unknown class"),
+                       ({"fp32": 0}, r"num_draft_tokens\.fp32 must be an integer >= 1")):
+        with pytest.raises(InputError, match=match):
+            Preset("p", "embedded:whisper-base", num_draft_tokens=bad)
+    assert load_preset("base").draft_tokens("amx-bf16") == 2
+
+
+def test_from_preset_gives_the_runs_draft_length_unless_the_caller_does(monkeypatch) -> None:
+    from asr_spec.models import presets
+
+    captured = {}
+
+    def fake_pretrained(model, draft, **kwargs):
+        captured["k"] = kwargs["options"].decode.num_draft_tokens
+
+    monkeypatch.setattr(Transcriber, "from_pretrained", staticmethod(fake_pretrained))
+    monkeypatch.setattr(presets, "plan_models", lambda *a, **k: presets.ModelPlan("m", "d", None, None, 8, 2))
+    Transcriber.from_preset("base")
+    assert captured["k"] == 2
+    Transcriber.from_preset("base", num_draft_tokens=5)
+    assert captured["k"] == 5

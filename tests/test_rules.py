@@ -32,19 +32,27 @@ def random_histories(gen_cfg, n_rows: int, n_len: int, seed: int, vocab: int) ->
     return torch.where(pick, stamps, text)
 
 
-@pytest.mark.parametrize("timestamps", [False, True])
-@pytest.mark.parametrize("seed", range(4))
-def test_rules_match_transformers_processors(timestamps, seed):
+def rule_case(timestamps: bool, seed: int, n_rows: int, dtype: torch.dtype):
+    """(generation config, tokens, rules, (n_rows, 3 + 9) histories after a 3-token prompt, (n_rows, 9, V) logits
+    in `dtype`) of the tiny target, the logits scaled so that Whisper's rules take every branch somewhere."""
     model = tiny_target()
     gen = model.generation_config
     vocab = model.config.vocab_size
     tokens = WhisperTokens.from_generation_config(gen, 448)
     rules = LogitRules(tokens, vocab, timestamps, torch.device("cpu"))
-    begin, n_rows, n_hist, n_pos = 3, 6, 3, 9
+    begin, n_hist, n_pos = 3, 3, 9
     seq = random_histories(gen, n_rows, n_hist + n_pos, seed, vocab)
     seq[:, :begin] = torch.tensor(tokens.prompt(tokens.lang_to_id["<|en|>"], "transcribe", timestamps)[:begin])
     g = torch.Generator().manual_seed(100 + seed)
-    logits = torch.randn(n_rows, n_pos, vocab, generator=g) * 3
+    logits = (torch.randn(n_rows, n_pos, vocab, generator=g) * 3).to(dtype)
+    return gen, tokens, rules, seq, logits
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_rules_match_transformers_processors(timestamps, seed):
+    gen, tokens, rules, seq, logits = rule_case(timestamps, seed, 6, torch.float32)
+    begin, n_hist, (n_rows, n_pos) = 3, 3, logits.shape[:2]
     # make the "timestamps win on total probability" branch fire on some positions
     logits[:, ::2, tokens.timestamp_begin:] += 2.5
     ours = rules.apply(logits, seq, torch.full((n_rows,), n_hist), torch.full((n_rows,), begin))
@@ -69,3 +77,76 @@ def test_rules_at_the_first_generated_position():
     allowed = (~torch.isinf(out)).nonzero().flatten().tolist()
     first_ts = tokens.timestamp_begin
     assert allowed == list(range(first_ts, first_ts + gen.max_initial_timestamp_index + 1))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_restricted_drafts_choice_is_the_whole_vocabularys(seed):
+    """`draft_choice` over a restricted draft's own logits proposes the token it proposes over the whole vocabulary
+    with -inf outside the draft's ids (what the step scored before): the static bias, begin-suppress at a row's
+    first position (a begin-suppressed id the draft scores, and one it does not), and argmax's lowest-id tie rule."""
+    model = tiny_target()
+    gen = model.generation_config
+    vocab = model.config.vocab_size
+    tokens = WhisperTokens.from_generation_config(gen, 448)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(vocab, generator=g)[: vocab // 3]
+    keep = torch.tensor([*gen.suppress_tokens[:3], gen.begin_suppress_tokens[0], 11, 12, 13])
+    ids = torch.unique(torch.cat([ids[~torch.isin(ids, torch.tensor(gen.begin_suppress_tokens[1:]))], keep]))
+    whole = LogitRules(tokens, vocab, True, torch.device("cpu"))
+    restricted = LogitRules(tokens, vocab, True, torch.device("cpu"), draft_vocab=ids)
+    assert restricted.draft_vocab is not None
+    n_rows = 6
+    logits = (torch.randn(n_rows, 1, len(ids), generator=g) * 3).to(torch.bfloat16)
+    col = {int(t): i for i, t in enumerate(ids)}
+    logits[0, 0, col[gen.begin_suppress_tokens[0]]] = 50.0  # the best, unless begin-suppressed
+    logits[1, 0, col[12]] = logits[1, 0, col[13]] = logits[1, 0, col[11]] = 60.0  # a three-way tie
+    logits[2, 0, col[int(gen.suppress_tokens[0])]] = 70.0  # suppressed: never proposed
+    n_hist = torch.tensor([3, 4, 3, 3, 5, 3])
+    begin = torch.tensor([3, 3, 3, 4, 3, 2])
+    full = torch.full((n_rows, 1, vocab), float("-inf"), dtype=logits.dtype).index_copy_(-1, ids, logits)
+    ours = restricted.draft_choice(logits, n_hist, begin)
+    assert torch.equal(ours, whole.draft_choice(full, n_hist, begin))
+    assert int(ours[1]) == 11 and int(ours[2]) != int(gen.suppress_tokens[0])
+    assert int(ours[0]) != gen.begin_suppress_tokens[0]  # row 0 is at its first position
+
+
+def test_draft_ids_not_ascending_are_chosen_over_the_whole_vocabulary():
+    model = tiny_target()
+    tokens = WhisperTokens.from_generation_config(model.generation_config, 448)
+    rules = LogitRules(tokens, model.config.vocab_size, False, torch.device("cpu"), draft_vocab=torch.tensor([5, 3, 9]))
+    assert rules.draft_vocab is None
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_takes_the_argmax_and_log_probability_of_the_applied_scores(timestamps, seed):
+    """`greedy` (no text mask written) == `apply`'s scores' first maximum, token for token, and its score less
+    their logsumexp, within float rounding: over histories rich in timestamps (every cut: none, below
+    <|endoftext|>, all text), the first position, and exact ties between a text token and a timestamp."""
+    gen, tokens, rules, seq, logits = rule_case(timestamps, 100 + seed, 8, torch.bfloat16)
+    begin, n_rows, n_hist = 3, logits.shape[0], 3
+    logits[:, ::2, tokens.timestamp_begin:] += 2.5
+    ts = tokens.timestamp_begin
+    logits[:2, :, 20] = logits[:2, :, ts + 1] = 40.0  # a tie: the text token is the first maximum
+    logits[2:4, :, tokens.eot] = logits[2:4, :, ts + 3] = 40.0  # a tie past a lone timestamp's cut
+    n_hist_rows = torch.full((n_rows,), n_hist)
+    begins = torch.tensor([begin] * (n_rows - 1) + [n_hist])  # the last row starts here: its first position
+    scores = rules.apply(logits, seq, n_hist_rows, begins)
+    choice, logprob = rules.greedy(logits, seq, n_hist_rows, begins)
+    assert torch.equal(choice, scores.max(-1).indices)
+    ref = scores.gather(-1, choice[..., None])[..., 0] - scores.logsumexp(-1)
+    torch.testing.assert_close(logprob, ref, rtol=1e-5, atol=1e-5)
+    if timestamps:  # the cases above were met: text and timestamp choices, and a cut of all text somewhere
+        assert bool((choice >= ts).any()) and bool((choice < ts).any())
+        assert bool(torch.isinf(scores[..., :ts]).all(-1).any())
+
+
+def test_logsumexp_given_its_maximum_is_torchs():
+    from asr_spec.engine.rules import _logsumexp
+
+    x = torch.randn(3, 4, 1000) * 5
+    x[0, 1] = float("-inf")  # every value forbidden: -inf, as torch.logsumexp
+    x[1, 2, 7:] = float("-inf")
+    ours = _logsumexp(x.clone(), x.max(-1).values)
+    torch.testing.assert_close(ours, x.logsumexp(-1), rtol=1e-6, atol=1e-6)
+    assert ours[0, 1] == float("-inf")

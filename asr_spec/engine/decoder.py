@@ -333,6 +333,7 @@ class Decoder:
         n_keys: int,
         logit_index: torch.Tensor | None = None,
         exact: bool = False,
+        full_vocab: bool = True,
     ) -> torch.Tensor:
         """Feed `tokens` at their positions, write their keys/values into the cache, return logits.
 
@@ -342,13 +343,15 @@ class Decoder:
         n_keys: attend to cache positions [0, n_keys); must exceed every real position in `positions`.
         logit_index: (B, P) long indices into T of the positions whose logits are needed (None = all T).
         exact: every logit in fp32 even with a certified head (whose other values are only decisions-exact).
+        full_vocab: False: a restricted draft's logits over its `vocab_ids` only (B, P, len(vocab_ids)), not
+            scattered into the vocabulary (the same as True without a restricted vocabulary).
         returns: (B, P, vocab) logits in the model dtype (-inf outside a restricted draft vocabulary).
         """
         x = self.embed(tokens) + self.pos_table[positions.clamp(max=self.max_positions - 1)]
         x = self.run_layers(x, cache, positions, n_keys)
         if logit_index is not None:
             x = x.gather(1, logit_index[:, :, None].expand(-1, -1, self.d_model))
-        return self.logits(_layer_norm(self.decoder.layer_norm, x), exact)
+        return self.logits(_layer_norm(self.decoder.layer_norm, x), exact, full_vocab)
 
     @torch.no_grad()
     def features(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, n_keys: int) -> torch.Tensor:
@@ -357,9 +360,11 @@ class Decoder:
         x = self.embed(tokens) + self.pos_table[positions.clamp(max=self.max_positions - 1)]
         return _layer_norm(self.decoder.layer_norm, self.run_layers(x, cache, positions, n_keys))
 
-    def logits(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
-        """(B, P, d_model) final states -> (B, P, vocab) logits (-inf outside a restricted draft vocabulary)."""
-        return full_vocab_logits(self._head(x, exact), self.vocab_ids, self.vocab_size)
+    def logits(self, x: torch.Tensor, exact: bool = False, full_vocab: bool = True) -> torch.Tensor:
+        """(B, P, d_model) final states -> (B, P, vocab) logits (-inf outside a restricted draft vocabulary);
+        full_vocab False: (B, P, len(vocab_ids)) over a restricted vocabulary only."""
+        logits = self._head(x, exact)
+        return full_vocab_logits(logits, self.vocab_ids, self.vocab_size) if full_vocab else logits
 
     def run_layers(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor, n_keys: int) -> torch.Tensor:
         """(B, T, d_model) inputs (embeddings + positions) through every layer over the cache, writing this pass's

@@ -124,9 +124,12 @@ class OracleDecoder(Decoder):
 
     @torch.no_grad()
     def forward(self, cache: KVCache, tokens: torch.Tensor, positions: torch.Tensor, n_keys: int,
-                logit_index: torch.Tensor | None = None, exact: bool = False) -> torch.Tensor:
+                logit_index: torch.Tensor | None = None, exact: bool = False, full_vocab: bool = True) -> torch.Tensor:
         """As `Decoder.forward` (same arguments, (B, P, vocab) logits): the layers run and write the cache; the
-        logits are 0 at the proposal for the token after each position asked for, the dtype's lowest elsewhere."""
+        logits are 0 at the proposal for the token after each position asked for, the dtype's lowest elsewhere.
+        Always over the whole vocabulary (a proposal may be any token): full_vocab False is refused."""
+        if not full_vocab:
+            raise ValueError("an oracle draft scores the whole vocabulary: full_vocab=False is not supported")
         real = super().forward(cache, tokens, positions, n_keys, logit_index, exact)
         asked = positions if logit_index is None else positions.gather(1, logit_index)
         proposal = self.script.proposals(self.chunks_of(cache), asked + 1)

@@ -119,7 +119,11 @@ class Engine:
         self.draft_dec = None if draft is None else make_draft(  # its products whole: its rounding is its own
             *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), row_invariant=False)
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
-        self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device)
+        # a plain draft's proposals are chosen from its restricted vocabulary's logits, if it has one (a draft with
+        # its own step decoder, feature-conditioned or an oracle, gives logits over the whole vocabulary)
+        draft_vocab = self.draft_dec.vocab_ids if self.draft_dec is not None and make_draft is Decoder else None
+        self.rules = LogitRules(self.tokens, self.target_dec.vocab_size, options.timestamps, self.target_dec.device,
+                                draft_vocab)
         self.sampling_rules = self.rules.with_sampling()  # for the steps whose batch has a sampled row
         self.admission = Admission(self.tokens, self.rules, options, lang_id)
         self.n_audio_ctx = target.config.max_source_positions

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from asr_spec.engine.cache import KVCache
-from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.decoder import Decoder, full_vocab_logits
 from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.rules import LogitRules
 from asr_spec.engine.sampling import DRAW_DRAFT, DRAW_TARGET, draw, probabilities, speculative_choice, uniform
@@ -184,15 +184,20 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
         logits = m.target.forward(m.target_cache, tokens, pos, n_keys, exact=rules.sampling)
     else:  # the same pass, its final states kept for the feature-conditioned draft
         logits = m.features.target_pass(m.target, m.target_cache, tokens, pos, n_keys, exact=rules.sampling)
-    scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, p + 1, V)
-    choice = scores.max(-1).indices  # (B, p + 1)
+    # the target's choice at each of the p + 1 positions, (B, p + 1), and its log-probability (Whisper's rules)
+    if rules.sampling:  # the whole scores: sampled rows draw from them (engine/sampling.py)
+        scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, p + 1, V)
+        choice = scores.max(-1).indices
+    else:
+        choice, logprob = rules.greedy(logits, st.seq, st.n_tok, st.begin)
 
     # accept the longest agreeing prefix plus the target's own next token, within each row's limits
     j = torch.arange(p + 1, device=dev)
     drafted = st.seq.gather(1, st.n_tok[:, None] + j[:p])
     match = (drafted == choice[:, :p]) & proposed
-    if rules.sampling:  # sampled rows: speculative sampling instead (engine/sampling.py)
+    if rules.sampling:  # sampled rows: speculative sampling instead
         match, choice = _sampled(st, scores, q, drafted, proposed, match, choice)
+        logprob = scores.gather(-1, choice[..., None])[..., 0] - scores.logsumexp(-1)
     n_acc = match.long().cumprod(1).sum(1)
     is_eos = (choice == rules.tokens.eot) & (j[None, :] <= n_acc[:, None])
     eos_at = torch.where(is_eos, j[None, :], p + 1).min(1).values
@@ -213,7 +218,7 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
     ended_len = live & ~ended_eos & (st.n_tok >= st.limit)
     st.finish.copy_(torch.where(ended_eos, FINISH_EOS, torch.where(ended_len, FINISH_LENGTH, st.finish)))
 
-    n_offered, n_taken = _count(st, scores, choice, live, from_hyp, proposed, n_acc, n_new, k)
+    n_offered, n_taken = _count(st, logprob, live, from_hyp, proposed, n_acc, n_new, k)
     if hyp is not None:
         hyp.settle(choice, n_new, st.seq, st.n_tok, live & from_hyp, n_offered, n_taken)
 
@@ -240,17 +245,16 @@ def _propose(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
     return proposed, q, from_hyp
 
 
-def _count(st: DecodeState, scores: torch.Tensor, choice: torch.Tensor, live: torch.Tensor, from_hyp: torch.Tensor,
+def _count(st: DecodeState, logprob: torch.Tensor, live: torch.Tensor, from_hyp: torch.Tensor,
            proposed: torch.Tensor, n_acc: torch.Tensor, n_new: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     """The step's statistics into `st`; returns the (B,) long proposals offered and accepted per row.
 
-    scores: (B, P + 1, V) rule-applied; choice: (B, P + 1) the tokens written; live, from_hyp: (B,) bool the rows
-    decoding this step, those proposing from their hypothesis; proposed: (B, P) bool; n_acc, n_new: (B,) long. The
-    log-probability of each emitted token is taken under the scores at temperature 1, as Whisper's sum_logprobs
-    (its score less the logsumexp)."""
-    emitted = torch.arange(choice.shape[1], device=choice.device)[None, :] < n_new[:, None]
-    chosen = scores.gather(-1, choice[..., None])[..., 0]
-    st.sum_logprob.add_(torch.where(emitted, chosen.float() - scores.float().logsumexp(-1), 0.0).sum(1))
+    logprob: (B, P + 1) float32 the log-probability of each token written under the rule-applied scores at
+    temperature 1, as Whisper's sum_logprobs (its score less the logsumexp): the emitted ones are summed; live,
+    from_hyp: (B,) bool the rows decoding this step, those proposing from their hypothesis; proposed: (B, P) bool;
+    n_acc, n_new: (B,) long."""
+    emitted = torch.arange(logprob.shape[1], device=logprob.device)[None, :] < n_new[:, None]
+    st.sum_logprob.add_(torch.where(emitted, logprob, 0.0).sum(1))
     live_l = live.long()
     drafting = (live & ~from_hyp).long()  # the rows whose proposals were the model draft's
     n_offered, n_taken = proposed.sum(1), torch.minimum(n_acc, n_new)
@@ -294,11 +298,13 @@ def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
     tokens, pos = _window(st.seq, d_len, catch_up)
     index = (st.n_tok - d_len - 1)[:, None]
     proposed, qs = [], []
+    restricted = rules.draft_vocab is not None  # logits over the draft's own vocabulary (`draft_choice`)
     for i in range(k):
-        logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index)
+        logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index, full_vocab=not restricted)
         token = rules.draft_choice(logits, st.n_tok + i, st.begin)
         if rules.sampling:
-            q = probabilities(rules.apply(logits, st.seq, st.n_tok + i, st.begin), st.temperature)[:, 0]
+            full = full_vocab_logits(logits, rules.draft_vocab, m.draft.vocab_size) if restricted else logits
+            q = probabilities(rules.apply(full, st.seq, st.n_tok + i, st.begin), st.temperature)[:, 0]
             drawn = draw(q, uniform(st.key, (st.n_tok + i)[:, None], DRAW_DRAFT)[:, 0])
             token = torch.where(st.temperature > 0, drawn, token)
             qs.append(q)

@@ -18,7 +18,9 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
                       out is 0
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]
-    num_draft_tokens  draft tokens proposed per step
+    num_draft_tokens  draft tokens proposed per step (K); one number, or a table by decode class as
+                      cpu_draft_max_rows', e.g. { amx-bf16 = 2, fp32 = 3 }: a CPU run takes its class's K, a class
+                      left out and other devices the option's default (`DecodeOptions.num_draft_tokens`)
 
 A preset's draft is used on CUDA in every run; on a CPU only in the runs ``cpu_draft_max_rows`` allows, or in every
 run when a draft is asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): an fp32
@@ -88,7 +90,7 @@ class Preset:
     # The option values below: None = not set by the preset, the option's own default applies.
     chunk_length_s: float | None = None  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
-    num_draft_tokens: int | None = None
+    num_draft_tokens: int | Mapping[str, int] | None = None  # or a {decode class: K} table (`draft_tokens`)
     language: str | None = None  # "auto": detect per chunk (TranscribeOptions.from_values reads it so)
     timestamps: bool | None = None  # Whisper timestamp mode
     dtype: str | None = None
@@ -104,12 +106,23 @@ class Preset:
     def option_values(self) -> dict[str, Any]:
         """The keys the preset sets that become transcription options, as ``TranscribeOptions.from_values`` takes
         them (keys left out are absent, so the options' own defaults apply)."""
-        return {key: getattr(self, key) for key in OPTION_KEYS if getattr(self, key) is not None}
+        values = {key: getattr(self, key) for key in OPTION_KEYS if getattr(self, key) is not None}
+        if isinstance(self.num_draft_tokens, Mapping):  # a table: decided per run by `plan_models`
+            del values["num_draft_tokens"]
+        return values
 
     def cpu_draft_rows(self, decode_class: str) -> int:
         """`cpu_draft_max_rows` for a CPU run of `decode_class` (`asr_spec.models.cpu.decode_class`)."""
         rows = self.cpu_draft_max_rows
         return rows if isinstance(rows, int) else rows.get(decode_class, 0)
+
+    def draft_tokens(self, decode_class: str | None) -> int | None:
+        """`num_draft_tokens` for a run of `decode_class` (None: not a CPU run); None where the preset does not
+        set it (a table without the class, or no key): the option's default."""
+        k = self.num_draft_tokens
+        if not isinstance(k, Mapping):
+            return k
+        return None if decode_class is None else k.get(decode_class)
 
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
@@ -133,6 +146,9 @@ class ModelPlan:
     share_encoder: bool | None  # see `Preset.share_encoder`
     # DecodeOptions.draft_max_rows: the draft decodes only runs of at most this many rows; None: every run
     draft_max_rows: int | None
+    # DecodeOptions.num_draft_tokens of a preset's table for this run's decode class; None: the preset's plain
+    # value, or the option's default (`Preset.option_values` carries a plain value)
+    num_draft_tokens: int | None = None
 
 
 def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] | None = None, *,
@@ -152,9 +168,13 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
     """
     overrides = {} if overrides is None else overrides
     dtype = overrides.get("dtype", preset.dtype)
+    run_class = (decode_class(resolve_dtype(dtype, torch.device("cpu"), cpu), cpu) if device_type == "cpu"
+                 else None)
     cpu_rows = 0
-    if device_type == "cpu" and not ({"draft", "model"} & set(overrides)) and not every_run:
-        cpu_rows = preset.cpu_draft_rows(decode_class(resolve_dtype(dtype, torch.device("cpu"), cpu), cpu))
+    if run_class is not None and not ({"draft", "model"} & set(overrides)) and not every_run:
+        cpu_rows = preset.cpu_draft_rows(run_class)
+    # K of a table by decode class (a plain K is one of the preset's option values)
+    table_k = preset.draft_tokens(run_class) if isinstance(preset.num_draft_tokens, Mapping) else None
     if "draft" in overrides:
         draft, rows = overrides["draft"], None
     elif "model" in overrides:
@@ -168,14 +188,29 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
         draft, rows = None, None
     else:
         draft, rows = preset.draft_or_none(), cpu_rows
-    if draft is None:
-        rows = None
+    if draft is None:  # nothing drafts: no rows, no K
+        rows = table_k = None
     rows = overrides.get("draft_max_rows", rows)
-    return ModelPlan(overrides.get("model", preset.model), draft, dtype, preset.share_encoder, rows)
+    return ModelPlan(overrides.get("model", preset.model), draft, dtype, preset.share_encoder, rows, table_k)
 
 
 def _where(preset: Preset) -> str:
     return str(preset.path) if preset.path is not None else f"preset {preset.name}"
+
+
+def _verify_class_table(where: str, key: str, value: int | Mapping[str, int], minimum: int, hint: str) -> None:
+    """InputError naming the file unless `value` is an integer >= minimum or a {decode class: such integer}
+    table (`cpu.DECODE_CLASSES`)."""
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(DECODE_CLASSES))
+        if unknown:
+            raise InputError(f"{where}: {key} has unknown class(es) {', '.join(map(str, unknown))} "
+                             f"(known: {', '.join(DECODE_CLASSES)})")
+    try:
+        for name, number in (value.items() if isinstance(value, Mapping) else [("", value)]):
+            int_at_least(number, f"{key}{'.' + name if name else ''}", minimum)
+    except ValueError as err:
+        raise InputError(f"{where}: {err}{hint}") from err
 
 
 def _verify_preset(preset: Preset) -> None:
@@ -191,17 +226,9 @@ def _verify_preset(preset: Preset) -> None:
         raise bad("draft", "a model id or path (a non-empty string), or left out")
     if not isinstance(preset.draft_optional, bool):
         raise bad("draft_optional", "true or false")
-    rows = preset.cpu_draft_max_rows
-    if isinstance(rows, Mapping):
-        unknown = sorted(set(rows) - set(DECODE_CLASSES))
-        if unknown:
-            raise InputError(f"{where}: cpu_draft_max_rows has unknown class(es) {', '.join(map(str, unknown))} "
-                             f"(known: {', '.join(DECODE_CLASSES)})")
-    try:
-        for name, value in (rows.items() if isinstance(rows, Mapping) else [("", rows)]):
-            int_at_least(value, f"cpu_draft_max_rows{'.' + name if name else ''}", 0)
-    except ValueError as err:
-        raise InputError(f"{where}: {err} (0: no draft on a CPU)") from err
+    _verify_class_table(where, "cpu_draft_max_rows", preset.cpu_draft_max_rows, 0, " (0: no draft on a CPU)")
+    if isinstance(preset.num_draft_tokens, Mapping):  # a plain value is checked where it becomes an option
+        _verify_class_table(where, "num_draft_tokens", preset.num_draft_tokens, 1, "")
     if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:
         raise bad("dtype", f"one of auto, {', '.join(DTYPES)}")
     if preset.share_encoder is not None and not isinstance(preset.share_encoder, bool):

@@ -149,6 +149,8 @@ class Transcriber:
         plan = plan_models(preset, resolve_device(overrides.get("device")).type, overrides)
         values = {key: value for key, value in overrides.items() if key not in MODEL_KEYS}
         values["draft_max_rows"] = plan.draft_max_rows
+        if plan.num_draft_tokens is not None:  # the preset's K for this run's decode class; the caller's K wins
+            values.setdefault("num_draft_tokens", plan.num_draft_tokens)
         options = TranscribeOptions.from_values(base, **values)  # the caller's values: their message as is
         return cls.from_pretrained(plan.model, plan.draft, device=overrides.get("device"), dtype=plan.dtype,
                                    options=options, share_encoder=plan.share_encoder)
