@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from transformers.pipelines.automatic_speech_recognition import chunk_iter
 
-from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, iter_chunks, plan_chunks
+from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, iter_chunks, plan_chunks, quiet_offset
 from asr_spec.errors import InputError
 
 
@@ -162,3 +162,63 @@ def test_streaming_rejects_bad_blocks_and_bad_args() -> None:
         list(iter_chunks([np.zeros((2, 5), dtype=np.float32)], 30, 5, 5))
     with pytest.raises(InputError, match="chunk_samples"):
         iter_chunks([], 10, 5, 5)  # raised at the call, not at the first next()
+
+
+def test_quiet_offset_picks_the_frame_with_least_energy() -> None:
+    samples = np.ones(100, dtype=np.float32)
+    samples[40:50] = 0.01  # the quiet frame: [40, 50)
+    samples[55:60] = 0.0  # half a frame of silence counts less than a whole quiet frame
+    assert quiet_offset(samples, 10) == 40
+    assert quiet_offset(samples[:45], 10) == 0  # only whole frames: [40, 50) does not fit; a tie -> the earliest
+    assert quiet_offset(samples, 0) == 0 and quiet_offset(samples[:5], 10) == 0
+
+
+def _pauses_signal(n: int, pause_every: int, rng: np.random.Generator) -> np.ndarray:
+    signal = rng.standard_normal(n).astype(np.float32)
+    for at in range(pause_every // 2, n, pause_every):
+        signal[at : at + 20] *= 1e-3  # a 20-sample pause
+    return signal
+
+
+@pytest.mark.parametrize("chunk,left,right", [(300, 50, 50), (300, 70, 30), (160, 50, 20)])
+def test_snapped_windows_start_at_a_pause_and_keep_the_grids_kept_parts(chunk: int, left: int, right: int) -> None:
+    rng = np.random.default_rng(chunk + left)
+    for n in [1, chunk, chunk + 1, chunk + left + 7, 7 * chunk + 5] + [int(x) for x in rng.integers(1, 20 * chunk, 8)]:
+        signal = _pauses_signal(n, 37, rng)
+        sizes = rng.integers(1, 3 * chunk, size=n + 1)
+        pairs = list(iter_chunks(_blocks(signal, sizes), chunk, left, right, quiet_frame_samples=10))
+        grid = plan_chunks(n, chunk, left, right)
+        spans = [span for span, _ in pairs]
+        # the kept parts start where the grid's do (the last may reach the end a window early) and tile [0, n)
+        assert [s.keep_start_sample for s in spans] == [g.keep_start_sample for g in grid[: len(spans)]]
+        owners = np.zeros(n, dtype=int)
+        for span in spans:
+            owners[span.keep_start_sample : span.keep_end_sample] += 1
+        assert (owners == 1).all()
+        assert spans[-1].is_last and spans[-1].end_sample == n and spans[-1].stride_right_samples == 0
+        for span, samples in pairs:
+            np.testing.assert_array_equal(samples, signal[span.start_sample : span.end_sample])
+            assert span.n_samples <= chunk and span.stride_left_samples >= 0
+            if not span.is_first:  # the start is the quietest whole 10-sample frame of the grid's left stride
+                grid_start = span.keep_start_sample - left
+                expected = grid_start + quiet_offset(signal[grid_start : span.keep_start_sample], 10)
+                assert span.start_sample == expected
+                assert span.n_samples == min(chunk, n - span.start_sample)
+
+
+def test_snapped_window_opens_in_the_pause_not_inside_a_word() -> None:
+    signal = np.ones(1000, dtype=np.float32)
+    signal[230:250] = 0.0  # the only pause in the second window's left stride [200, 250)
+    spans = [span for span, _ in iter_chunks([signal], 300, 50, 50, quiet_frame_samples=10)]
+    assert spans[1].start_sample == 230 and spans[1].stride_left_samples == 20
+    assert spans[1].end_sample == 530 and spans[1].stride_right_samples == 80  # full length: the right stride grows
+    assert spans[1].keep_start_sample == 250 and spans[1].keep_end_sample == 450  # the grid's kept part
+    fixed = [span for span, _ in iter_chunks([signal], 300, 50, 50)]
+    assert fixed == plan_chunks(1000, 300, 50, 50)  # 0 (the default of the function) keeps the fixed grid
+
+
+def test_options_snap_by_default_and_can_keep_the_grid() -> None:
+    assert ChunkingOptions().quiet_frame_samples == 1600  # 100 ms at 16 kHz
+    assert ChunkingOptions(snap_to_quiet=False).quiet_frame_samples == 0
+    with pytest.raises(InputError, match="quiet_frame_samples"):
+        iter_chunks([], 30, 5, 5, quiet_frame_samples=-1)

@@ -11,6 +11,12 @@ The *kept* part of chunk k, ``[start + stride_left, end - stride_right)``, is wh
 the kept parts of consecutive chunks tile ``[0, n)`` exactly. The strides are context shared with the
 neighbours, resolved later by :mod:`asr_spec.stitch`.
 
+Snapped starts (``iter_chunks(..., quiet_frame_samples=F)``, the default of :class:`ChunkingOptions`): a chunk
+other than the first starts at the quietest whole frame of F samples in its left stride instead of on the grid
+(Whisper conditions all of a window's text on its first sound, and a window opening inside a word misreads words
+far from it), keeping its full length; its kept part stays on the grid (the left stride shrinks and the right one
+grows by the shift), so the kept parts tile ``[0, n)`` as before.
+
 Everything here counts samples (ints); seconds appear only in :class:`ChunkingOptions`.
 """
 
@@ -31,9 +37,11 @@ __all__ = [
     "ChunkingOptions",
     "plan_chunks",
     "iter_chunks",
+    "quiet_offset",
     "skip_silent_windows",
 ]
 
+QUIET_FRAME_S = 0.1  # seconds: the frame a snapped window start is chosen among (by least mean square)
 CHUNK_LENGTH_S = 30.0  # seconds: Whisper's encoder window (3000 mel frames x 10 ms)
 # |sample| bound of digital silence (3 LSB of 16-bit audio); the same bound as the VAD's frames scored 0
 # without the model (`asr_spec.audio.vad.DIGITAL_SILENCE`, tested equal)
@@ -76,6 +84,7 @@ class ChunkingOptions:
     # context per side; None -> chunk_length_s / 6 on each side; a pair gives (left, right)
     stride_length_s: float | tuple[float, float] | None = None
     sampling_rate: int = 16_000  # Hz
+    snap_to_quiet: bool = True  # iter(): start each window at the quietest frame of its left stride (see module)
 
     def __post_init__(self) -> None:
         _verify_options(self)
@@ -104,9 +113,16 @@ class ChunkingOptions:
         """``plan_chunks`` with these options."""
         return plan_chunks(n_samples, self.chunk_samples, self.stride_left_samples, self.stride_right_samples)
 
+    @property
+    def quiet_frame_samples(self) -> int:
+        """The frame of snapped window starts in samples; 0 when snap_to_quiet is off (the fixed grid)."""
+        return int(round(QUIET_FRAME_S * self.sampling_rate)) if self.snap_to_quiet else 0
+
     def iter(self, blocks: Iterable[np.ndarray]) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
         """``iter_chunks`` with these options."""
-        return iter_chunks(blocks, self.chunk_samples, self.stride_left_samples, self.stride_right_samples)
+        return iter_chunks(
+            blocks, self.chunk_samples, self.stride_left_samples, self.stride_right_samples, self.quiet_frame_samples
+        )
 
 
 def _stride_pair_s(options: ChunkingOptions) -> tuple[float, float]:
@@ -192,31 +208,51 @@ def plan_chunks(
 
 
 def iter_chunks(
-    blocks: Iterable[np.ndarray], chunk_samples: int, stride_left_samples: int, stride_right_samples: int
+    blocks: Iterable[np.ndarray],
+    chunk_samples: int,
+    stride_left_samples: int,
+    stride_right_samples: int,
+    quiet_frame_samples: int = 0,
 ) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
     """Stream ``(span, samples)`` pairs from a stream of 1-D sample blocks of any sizes.
 
-    Yields exactly the spans ``plan_chunks(total_length, ...)`` would, with ``samples`` equal to
-    ``signal[span.start_sample:span.end_sample]`` (a fresh float32 array the caller may keep). The signal length
-    need not be known: a chunk is known to be the last once the stream ends within it. At most about one chunk
+    With ``quiet_frame_samples`` 0, yields exactly the spans ``plan_chunks(total_length, ...)`` would, with
+    ``samples`` equal to ``signal[span.start_sample:span.end_sample]`` (a fresh float32 array the caller may keep).
+    With F > 0 each chunk but the first starts ``quiet_offset(left stride, F)`` samples later, keeps its length
+    (clipped to the signal) and its kept part (see the module docstring). The signal length need not be known:
+    a chunk is known to be the last once the stream ends within it. At most about one chunk plus its left stride
     plus one block is held at a time.
     """
     _check_plan_args(0, chunk_samples, stride_left_samples, stride_right_samples)  # now, not at the first next()
-    return _iter_chunks(iter(blocks), chunk_samples, stride_left_samples, stride_right_samples)
+    if not is_int(quiet_frame_samples) or quiet_frame_samples < 0:
+        raise InputError(f"quiet_frame_samples must be an int >= 0, got {quiet_frame_samples!r}")
+    return _iter_chunks(iter(blocks), chunk_samples, stride_left_samples, stride_right_samples, quiet_frame_samples)
+
+
+def quiet_offset(samples: np.ndarray, frame_samples: int) -> int:
+    """Start of the whole frame of ``frame_samples`` (on a grid from 0) with the least mean square in ``samples``
+    (N,); the earliest on a tie; 0 when ``frame_samples`` is 0 or no whole frame fits."""
+    n_frames = samples.shape[0] // frame_samples if frame_samples else 0
+    if n_frames == 0:
+        return 0
+    frames = samples[: n_frames * frame_samples].astype(np.float64).reshape(n_frames, frame_samples)
+    return int(np.argmin(np.mean(frames * frames, axis=1))) * frame_samples
 
 
 def _iter_chunks(
-    source: Iterator[np.ndarray], chunk_samples: int, stride_left_samples: int, stride_right_samples: int
+    source: Iterator[np.ndarray], chunk_samples: int, stride_left_samples: int, stride_right_samples: int,
+    quiet_frame_samples: int,
 ) -> Iterator[tuple[ChunkSpan, np.ndarray]]:
     step = chunk_samples - stride_left_samples - stride_right_samples
+    lookahead = stride_left_samples if quiet_frame_samples else 0  # a snapped chunk may end this much later
     pending: list[np.ndarray] = []  # blocks not yet merged into `buffer`
     buffer = np.zeros(0, dtype=np.float32)  # samples from `start` on
     n_buffered = 0  # len(buffer) + sum of pending lengths
     start = 0
     exhausted = False
     while True:
-        # One sample past the chunk end tells whether the chunk is the last one.
-        while not exhausted and n_buffered <= chunk_samples:
+        # One sample past the (latest possible) chunk end tells whether the chunk is the last one.
+        while not exhausted and n_buffered <= chunk_samples + lookahead:
             try:
                 block = next(source)
             except StopIteration:
@@ -232,11 +268,19 @@ def _iter_chunks(
             pending = []
         if n_buffered == 0:  # empty stream (only possible before the first chunk)
             return
-        is_last = n_buffered <= chunk_samples
-        end = start + min(chunk_samples, n_buffered)
+        shift = quiet_offset(buffer[:stride_left_samples], quiet_frame_samples) if start else 0
+        is_last = n_buffered - shift <= chunk_samples
+        end = start + shift + min(chunk_samples, n_buffered - shift)
         span = _span(start, end, is_last, stride_left_samples, stride_right_samples)
         if span is not None:
-            yield span, buffer[: span.n_samples].copy()
+            if shift:
+                span = dataclasses.replace(
+                    span,
+                    start_sample=start + shift,
+                    stride_left_samples=span.stride_left_samples - shift,
+                    stride_right_samples=span.stride_right_samples + shift if not is_last else 0,
+                )
+            yield span, buffer[shift : shift + span.n_samples].copy()
         if is_last:
             return
         buffer = buffer[step:]
