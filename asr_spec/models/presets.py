@@ -117,12 +117,12 @@ class Preset:
         return rows if isinstance(rows, int) else rows.get(decode_class, 0)
 
     def draft_tokens(self, decode_class: str | None) -> int | None:
-        """`num_draft_tokens` for a run of `decode_class` (None: not a CPU run); None where the preset does not
-        set it (a table without the class, or no key): the option's default."""
+        """The K of a `num_draft_tokens` table for a run of `decode_class` (None: not a CPU run); None where the
+        table leaves the class out or the preset has no table (a plain K is one of its `option_values`)."""
         k = self.num_draft_tokens
-        if not isinstance(k, Mapping):
-            return k
-        return None if decode_class is None else k.get(decode_class)
+        if not isinstance(k, Mapping) or decode_class is None:
+            return None
+        return k.get(decode_class)
 
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
@@ -173,8 +173,7 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
     cpu_rows = 0
     if run_class is not None and not ({"draft", "model"} & set(overrides)) and not every_run:
         cpu_rows = preset.cpu_draft_rows(run_class)
-    # K of a table by decode class (a plain K is one of the preset's option values)
-    table_k = preset.draft_tokens(run_class) if isinstance(preset.num_draft_tokens, Mapping) else None
+    table_k = preset.draft_tokens(run_class)  # K of a table by decode class (a plain K is an option value)
     if "draft" in overrides:
         draft, rows = overrides["draft"], None
     elif "model" in overrides:
