@@ -110,7 +110,9 @@ class ChunkingOptions:
         return int(round(self.stride_right_s * self.sampling_rate))
 
     def plan(self, n_samples: int) -> list[ChunkSpan]:
-        """``plan_chunks`` with these options."""
+        """``plan_chunks`` with these options: the fixed grid's spans, which ``iter`` yields with ``snap_to_quiet``
+        off (snapped, it moves each start within its left stride, and its last window, reaching further, may
+        leave one grid chunk out)."""
         return plan_chunks(n_samples, self.chunk_samples, self.stride_left_samples, self.stride_right_samples)
 
     @property
