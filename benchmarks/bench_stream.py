@@ -43,13 +43,13 @@ previous hypothesis as the draft or not (default: the server's); --no-committed-
 its whole buffer again (default: its committed words are forced, `StreamOptions.committed_prefix`);
 --max-buffer-s: the streams' buffer bound; --group-wait-s: how long a waiting re-decode is held for others to be
 encoded with it (0: each taken as soon as a row is free);
---glibc-malloc: glibc's malloc left as it is (the server pins it: `asr_spec.serve.allocator`). The server has
---batch-size engine rows (8, `asr-spec serve`'s default) whatever the number of streams: they share the rows. The
-engine's state is allocated once for its rows and its pages become resident as rows are first used (52-62 MB a row
-for whisper-base: `memory.row_bytes`), so a process keeps what its busiest run touched: compare peak RSS across
-configurations in separate processes (one command each). --fast-sender-s adds to the largest count's run one client
-sending that much audio as fast as it can (3600: the hour sender; it ends with backlog_full and close code 1008 once
---max-backlog-s, 120 s, waits).
+--glibc-malloc: glibc's malloc left as it is (the server sets its thresholds and arenas:
+`asr_spec.serve.allocator`). The server has --batch-size engine rows (8, `asr-spec serve`'s default) whatever the
+number of streams: they share the rows. The engine's state is allocated once for its rows and its pages become
+resident as rows are first used (52-62 MB a row for whisper-base: `memory.row_bytes`), so a process keeps what its
+busiest run touched: compare peak RSS across configurations in separate processes (one command each).
+--fast-sender-s adds to the largest count's run one client sending that much audio as fast as it can (3600: the hour
+sender; it ends with backlog_full and close code 1008 once --max-backlog-s, 120 s, waits).
 
     python -m benchmarks.bench_stream --server --streams 1,2,4,8 --seconds 60 --json runs/stream_ws.json
     python -m benchmarks.bench_stream --server --streams 1 --seconds 60 --json runs/rss_1.json
@@ -268,7 +268,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="--server: the server's engine rows, shared by "
                         "the streams (asr-spec serve's default: 8)")
     parser.add_argument("--glibc-malloc", action="store_true", help="--server: leave glibc's malloc as it is (the "
-                        "server pins its mmap threshold and arenas: asr_spec.serve.allocator; compare peak RSS)")
+                        "server sets its mmap and trim thresholds and arenas: asr_spec.serve.allocator; compare "
+                        "peak RSS and re-decodes)")
     parser.add_argument("--hypothesis", action=argparse.BooleanOptionalAction, default=None,
                         help="--server: offer each stream's previous hypothesis as the draft (`asr-spec serve "
                         "--hypothesis`) or not (default: the server's, RealtimeOptions.hypothesis)")

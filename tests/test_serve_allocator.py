@@ -1,14 +1,16 @@
-"""The server's malloc settings (serve/allocator.py): pinned on glibc unless the environment chose, and pinned by
-`asr-spec serve` before it serves."""
+"""The server's malloc settings (serve/allocator.py): set on glibc unless the environment chose, a big block then
+comes from the heap (not mmapped and unmapped every call), and set by `asr-spec serve` before it serves."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 
 from asr_spec.serve import allocator
 
 
-@pytest.mark.parametrize("name", ["MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"])
+@pytest.mark.parametrize("name", allocator.USER_SETTINGS)
 def test_the_users_own_malloc_settings_win(monkeypatch, name):
     monkeypatch.setattr(allocator, "_glibc", lambda: pytest.fail("libc looked up though the user set malloc"))
     assert allocator.pin({name: "2"}) is False
@@ -19,10 +21,55 @@ def test_without_glibc_nothing_is_pinned(monkeypatch):
     assert allocator.pin({}) is False
 
 
-def test_on_glibc_both_settings_are_taken():
-    if allocator._glibc() is None:
-        pytest.skip("not glibc")
+class _Libc:
+    """A C library that records mallopt calls and accepts all but `refused`."""
+
+    def __init__(self, refused: int | None = None):
+        self.calls: list[tuple[int, int]] = []
+        self.refused = refused
+
+    def mallopt(self, parameter: int, value: int) -> int:
+        self.calls.append((parameter, value))
+        return 0 if parameter == self.refused else 1
+
+
+def test_the_three_settings_are_given_to_mallopt(monkeypatch):
+    libc = _Libc()
+    monkeypatch.setattr(allocator, "_glibc", lambda: libc)
     assert allocator.pin({}) is True
+    assert sorted(libc.calls) == sorted([(-3, allocator.MMAP_THRESHOLD_BYTES), (-1, allocator.TRIM_THRESHOLD_BYTES),
+                                         (-8, allocator.MAX_ARENAS)])
+
+
+def test_a_refused_setting_is_reported(monkeypatch, caplog):
+    monkeypatch.setattr(allocator, "_glibc", lambda: _Libc(refused=-1))
+    assert allocator.pin({}) is False
+    assert "mallopt refused" in caplog.text
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def test_on_glibc_a_big_block_comes_from_the_heap_not_mmap():
+    """An encoder-sized block (16 MiB, above the 4 MiB threshold pinned before and glibc's initial 128 KiB) is
+    served from the heap once pinned: glibc's count of mmapped bytes (mallinfo2's hblkhd) does not move."""
+    libc = allocator._glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        pytest.skip("not glibc 2.33 or later")
+    assert allocator.pin({}) is True
+    libc.mallinfo2.restype = _MallInfo2
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    mapped = libc.mallinfo2().hblkhd
+    block = libc.malloc(16 * 1024 * 1024)
+    try:
+        assert block
+        assert libc.mallinfo2().hblkhd == mapped
+    finally:
+        libc.free(block)
 
 
 def test_serve_pins_malloc_before_it_serves(monkeypatch):

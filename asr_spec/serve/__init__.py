@@ -58,7 +58,7 @@ def run_server(preset: str | os.PathLike = "base", *, host: str = "127.0.0.1", p
                **settings: Any) -> None:
     """Serve until interrupted (what `asr-spec serve` calls); `settings`: `build_app`'s. Warns when listening
     beyond this machine without an API key. Pins glibc's malloc for a long-running server first
-    (`allocator.pin`: the encoder's transient memory given back)."""
+    (`allocator.pin`: the engine's transient buffers kept in the heap and reused, not mapped every call)."""
     import uvicorn
 
     from asr_spec.serve import allocator

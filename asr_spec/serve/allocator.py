@@ -1,19 +1,28 @@
-"""glibc's malloc set for a long-running server whose big buffers come and go (the encoder's activations).
+"""glibc's malloc set for a long-running server whose big buffers come and go (the encoder's activations, a decode
+step's logits and attention scores), every call.
 
-glibc serves a request above its mmap threshold with its own mmap, unmapped when freed; but each time such a
-block is freed it raises the threshold to that block's size (up to 32 MiB on 64-bit), so after the first encoder
-batch its activations (megabytes each) come from the heap arenas instead, which keep freed memory and fragment. On
-whisper-base an encoder batch of 8 windows then peaks 256 MB above one of 1 and leaves 130-250 MB resident after
-it; with the threshold pinned at its initial 128 KiB the peak is 147 MB above and what it leaves is 6 MB
-(docs/live.md, "Memory"). Pinned at `MMAP_THRESHOLD_BYTES` (4 MiB: above a decode step's tensors, below the
-encoder's), 16 streams and the hour sender peak at 1.39x one stream's RSS. Setting the threshold with `mallopt`
-turns the dynamic adjustment off. Each server
-thread (the engine's, the event loop, the voice-activity workers) would also get its own arena, each keeping
-what it freed: `MAX_ARENAS` bounds them.
+Where those buffers come from decides both the server's speed and its memory:
+- **mmapped** (above glibc's mmap threshold): each is mapped, page-faulted in (zeroed by the kernel) and unmapped on
+  every call. With the threshold pinned at 4 MiB (the setting before this one) the encoder's activations and a
+  step's larger tensors were: about a third of the engine's time, 8 streams x 60 s got 192 re-decodes and a commit
+  latency p95 of 15.3 s; with them in the heap, 286 and 6.7 s (docs/live.md, "fifth session").
+- **from the heap arenas**, never trimmed: the first calls grow the heap to what the largest call needs (an encoder
+  batch of the engine's rows, a step over all its rows), later calls reuse those pages: no page fault, no system
+  call, and the resident set is the high-water mark of one call's transient memory, which does not grow with time
+  or with the number of streams (the engine's rows bound both batches). That is what `pin` sets:
+  `MMAP_THRESHOLD_BYTES` above any one tensor of whisper-base's largest batch, `TRIM_THRESHOLD_BYTES` so the heap's
+  freed top is kept for the next call, not given back and faulted in again.
+- glibc as it is does neither: it raises its threshold to the size of each mmapped block freed (up to 32 MiB) and
+  trims the heap's top past twice that, so the first big blocks are mmapped, later ones come from the heap and it
+  trims and regrows; each server thread (the engine's, the event loop, the voice-activity workers) may also get its
+  own arena, each keeping what it freed: `MAX_ARENAS` bounds them.
 
-`pin` does both once for the process (the server calls it before loading the models); it changes nothing where
-libc is not glibc, or where the user chose through glibc's own environment variables (MALLOC_MMAP_THRESHOLD_,
-MALLOC_ARENA_MAX, or GLIBC_TUNABLES), which then win.
+The price is resident memory held between calls: 16 streams and the hour sender peak at the ratio to one stream's
+that docs/live.md measures (issue 37's bound: 1.5x). Setting the thresholds with `mallopt` turns glibc's dynamic
+adjustment off. A thread arena's heap is at most 64 MiB: a larger block there is mmapped whatever the threshold.
+
+`pin` does it once for the process (the server calls it before loading the models); it changes nothing where libc
+is not glibc, or where the user chose through glibc's own environment variables (`USER_SETTINGS`), which then win.
 """
 
 from __future__ import annotations
@@ -23,31 +32,38 @@ import ctypes.util
 import logging
 import os
 
-__all__ = ["MAX_ARENAS", "MMAP_THRESHOLD_BYTES", "pin"]
+__all__ = ["MAX_ARENAS", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "USER_SETTINGS", "pin"]
 
 log = logging.getLogger(__name__)
-# blocks above it are mmapped and returned on free: the encoder's activations (whisper-base, one 30 s window: 1.5-6
-# MB; a batch of 8: 12-49 MB) but not a decode step's tensors (under ~2 MB at 8 rows), whose mmap, page faults and
-# munmap on every step cost the 128 KiB setting first tried 1.6x fewer re-decodes a minute with 8 streams
-MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
+# blocks above it are mmapped and returned on free: none of the engine's (whisper-base's encoder at 8 windows: 12-49
+# MB a tensor); glibc's own ceiling for its dynamic threshold is 32 MiB
+MMAP_THRESHOLD_BYTES = 256 * 1024 * 1024
+# the heap's free top past this is given back to the system: never, in practice (the heap is what one call needs)
+TRIM_THRESHOLD_BYTES = 1024 * 1024 * 1024
 MAX_ARENAS = 2  # malloc arenas shared by all threads (glibc's default: 8 per core)
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-_USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES")
+_SETTINGS = ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+             (_M_ARENA_MAX, MAX_ARENAS))
+# glibc's environment variables for what `pin` sets (or that change how it acts): any of them set, `pin` stands aside
+USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
+                 "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "GLIBC_TUNABLES")
 
 
 def pin(environ: dict[str, str] | None = None) -> bool:
-    """Pin glibc's mmap threshold at `MMAP_THRESHOLD_BYTES` and its arenas at `MAX_ARENAS`; returns whether it
-    did (False: not glibc, or the environment sets malloc itself). environ: default os.environ."""
+    """Set glibc's mmap threshold at `MMAP_THRESHOLD_BYTES`, its trim threshold at `TRIM_THRESHOLD_BYTES` and its
+    arenas at `MAX_ARENAS`; returns whether it did (False: not glibc, or the environment sets malloc itself).
+    environ: default os.environ."""
     environ = os.environ if environ is None else environ
-    if any(name in environ for name in _USER_SETTINGS):
+    if any(name in environ for name in USER_SETTINGS):
         return False
     libc = _glibc()
     if libc is None:
         return False
-    done = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1 and libc.mallopt(_M_ARENA_MAX, MAX_ARENAS) == 1
+    done = all(libc.mallopt(parameter, value) == 1 for parameter, value in _SETTINGS)
     if not done:
-        log.warning("mallopt refused the server's malloc settings; the encoder's transient memory may stay resident")
+        log.warning("mallopt refused the server's malloc settings; the engine's buffers may be mapped every call")
     return done
 
 
