@@ -13,9 +13,11 @@ from asr_spec.stream.agreement import (
     agreed_words,
     committed_prefix,
     common_prefix,
+    repeated_words,
     segments,
     shifted,
     text_of,
+    without_text,
 )
 from asr_spec.stream.policy import WINDOW_S, StreamOptions, StreamPolicy
 
@@ -124,6 +126,16 @@ def test_agreement_helpers() -> None:
     assert text_of(hyp, KINDS) == [0, 1, 2, 3]
     assert [(s.text_end, s.end_index, s.end_ts) for s in segments(hyp, KINDS)] == [(2, 3, 25), (4, 7, 50)]
     assert shifted(hyp[4:], 25, KINDS) == (TS, 2, 3, TS + 25, EOT)
+
+
+def test_words_said_again_after_a_cut_are_found_and_dropped() -> None:
+    said = [0, 1, 2, 4, 5]  # a0 a1 b0 c0 c1: words a, b, c
+    assert repeated_words(said, [4, 5, 6, 7], KINDS) == 2  # c said again, then d
+    assert repeated_words(said, [2, 4, 5, 6], KINDS) == 3  # b c said again
+    assert repeated_words(said, [6, 7, 4, 5], KINDS) == 0  # c later on is not a repeat at the start
+    assert repeated_words(said, [4, 7], KINDS) == 0  # c0 c1 against c0 + another token: another word
+    assert repeated_words([], [4, 5], KINDS) == 0
+    assert without_text([TS, 4, 5, TS + 10, TS + 10, 6, EOT], 2, KINDS) == (TS, TS + 10, TS + 10, 6, EOT)
 
 
 @pytest.mark.parametrize("block_s", [0.1, 0.25, 1.3])
@@ -383,3 +395,30 @@ def test_a_repunctuated_commit_point_is_found_where_it_is_not_at_an_earlier_the(
     assert aligned_end(said, hypothesis, kinds, as_spoken) == 6  # as spoken: after "The", before "keeper"
     # a hypothesis that really rewords keeps its reading: "birds and a star" for "birds and the stars, the"
     assert aligned_end(said, [0, 1, 2, 7], kinds, as_spoken) == 3
+
+
+def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commit_it_twice() -> None:
+    """Whisper can end a segment inside speech (an early end, or a comma with no pause): the buffer is then cut at
+    the pause nearest that end, which may lie before the segment's last word. That word, committed, stays in the
+    buffer and the next free decode hears it again ("... did not last. Fire, | Fire, rot and high water"): it must
+    not be committed twice. Here the segment "w1 w2 w3" ends at 1.8 s, inside w3 (1.5-2.0 s), after a pause
+    (1.0-1.5 s); the second decode agrees on it alone, the buffer is cut in the pause, and the decoder hears w3 again
+    at the new buffer's start."""
+    audio = speech([1, 2, None, 3, 4, 5, 6, None, None])
+    w = [[2 * i, 2 * i + 1] for i in range(8)]
+    first = [TS, *w[1], *w[2], *w[3], TS + 90, TS + 90, *w[4], *w[5], TS + 150, EOT]
+    second = [TS, *w[1], *w[2], *w[3], TS + 90, TS + 90, *w[7], *w[5], *w[6], TS + 175, EOT]  # agrees up to w3
+    scripted = [first, second]
+    decodes = []
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=0.5, silence_s=0.8), energy)
+    for start in (0, 24000, 32000, 40000):  # 1.5 s, then 0.5 s at a time
+        policy.feed(audio[start:start + (24000 if start == 0 else 8000)])
+        while (d := policy.request()) is not None:
+            decodes.append(d)
+            policy.accept(d, scripted.pop(0) if scripted else hear_given(d.audio, d.prefix))
+    assert decodes[2].start_s < 1.5 and not decodes[2].prefix  # cut before w3, nothing forced: w3 heard again
+    policy.feed(audio[48000:])
+    final = policy.finish()
+    while final is None and (d := policy.request()) is not None:
+        final = policy.accept(d, hear_given(d.audio, d.prefix))
+    assert words_of(final.text) == ["w1", "w2", "w3", "w4", "w5", "w6"]

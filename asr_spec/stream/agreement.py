@@ -155,6 +155,29 @@ def aligned_end(said: Sequence[int], text: Sequence[int], kinds: TokenKinds,
     return sum(len(w) for w in text_words[:best])
 
 
+def repeated_words(said: Sequence[int], text: Sequence[int], kinds: TokenKinds,
+                   word_key: Callable[[tuple[int, ...]], object] = tuple) -> int:
+    """How many leading text tokens of `text` (text tokens of a hypothesis) say again the last words of `said` (text
+    tokens, whole words): those of the most words k whose first k words are said's last k, compared by `word_key`;
+    0 when not even its first word is said's last."""
+    said_words, text_words = _words(said, kinds), _words(text, kinds)
+    for k in range(min(len(said_words), len(text_words)), 0, -1):
+        if [word_key(w) for w in said_words[-k:]] == [word_key(w) for w in text_words[:k]]:
+            return sum(len(w) for w in text_words[:k])
+    return 0
+
+
+def without_text(tokens: Sequence[int], n_text: int, kinds: TokenKinds) -> tuple[int, ...]:
+    """A hypothesis without its first `n_text` text tokens (its timestamps and the rest as they are)."""
+    out, dropped = [], 0
+    for token in tokens:
+        if kinds.is_text(token) and dropped < n_text:
+            dropped += 1
+            continue
+        out.append(token)
+    return tuple(out)
+
+
 def spoken_word(detokenize: Callable[[Sequence[int]], str]) -> Callable[[tuple[int, ...]], str]:
     """A word's key for `aligned_end`: its text lower-cased without punctuation or spaces (the word as spoken)."""
     return lambda word: re.sub(r"[^\w']+", "", detokenize(word).lower())

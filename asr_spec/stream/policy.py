@@ -55,15 +55,20 @@ from asr_spec.stream.agreement import (
     agreed_words,
     aligned_end,
     committed_prefix,
+    repeated_words,
     segments,
     shifted,
     spoken_word,
     text_of,
+    without_text,
 )
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 WINDOW_S = 30.0  # Whisper's window: a decode never holds more audio than this
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
+# committed words a cut before their segment's end may leave in the buffer: the speech of at most PAUSE_SEARCH_S
+# (two words of a fast speaker, ~5 a second)
+SEAM_WORDS = 2
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -147,6 +152,8 @@ class StreamPolicy:
         self._decoded_at = 0  # _received when the last decode was asked for
         self._previous: tuple[int, ...] = ()  # the last hypothesis, relative to the buffer's start
         self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
+        # committed text tokens the buffer's start may say again: the last cut went back over speech (`_trim`)
+        self._seam: list[int] = []
         self._text = ""
         self._in_flight: Decode | None = None
         self._serial = 0
@@ -227,7 +234,7 @@ class StreamPolicy:
         if decode is not self._in_flight:
             raise InputError(f"stream: result for decode {decode.serial}, which is not the one in flight")
         self._in_flight = None
-        hypothesis = tuple(int(t) for t in tokens)
+        hypothesis = self._past_seam(tuple(int(t) for t in tokens))
         new_text = text_of(hypothesis, self.kinds)
         # new_text[:said] is committed already
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)
@@ -254,6 +261,16 @@ class StreamPolicy:
         if self._finished and self._in_flight is None and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, tentative, self._text, False, decode.heard_s)
+
+    def _past_seam(self, hypothesis: tuple[int, ...]) -> tuple[int, ...]:
+        """The hypothesis without the committed words it says again at the buffer's start (`_seam`: the last cut
+        went back over speech into their segment), while nothing of the buffer is committed (afterwards its
+        committed words are forced, or found by `aligned_end`). A speaker who really says a word again right after
+        such a cut loses the repeat; without this, every such cut doubled the words."""
+        if not self._seam or self._committed:
+            return hypothesis
+        n = repeated_words(self._seam, text_of(hypothesis, self.kinds), self.kinds, self._word_key)
+        return without_text(hypothesis, n, self.kinds)
 
     # -- commit and trim ------------------------------------------------------------------------------------------
     def _commit(self, piece: list[int]) -> str:
@@ -296,6 +313,9 @@ class StreamPolicy:
         (the committed words that new_text's first `segment.text_end` tokens say); the hypothesis's tokens after
         the segment stay, shifted to the new start."""
         cut = min(cut_ts * SAMPLES_PER_TIMESTAMP, len(self._buffer))
+        end = min(segment.end_samples, len(self._buffer))
+        back_over_speech = cut < end and self._speech_between(self._start + cut, self._start + end)
+        self._seam = self._words_before(new_text, segment.text_end) if back_over_speech else []
         self._buffer = self._buffer[cut:]
         self._start += cut
         self._committed = self._committed[aligned_end(new_text[:segment.text_end], self._committed, self.kinds,
@@ -326,7 +346,7 @@ class StreamPolicy:
         cut = max(0, min(end_sample - self._start, len(self._buffer)))
         self._buffer = self._buffer[cut:]
         self._start += cut
-        self._previous, self._committed = (), []
+        self._previous, self._committed, self._seam = (), [], []
 
     def _final(self, delta: str = "", heard_s: float | None = None) -> Update:
         self.done = True
@@ -347,6 +367,18 @@ class StreamPolicy:
         """Indices (stream frames) of the buffer's speech frames."""
         first = self._start // FRAME_SAMPLES
         return first + np.flatnonzero(self._probs[first:] >= self.options.vad_threshold)
+
+    def _speech_between(self, first_sample: int, end_sample: int) -> bool:
+        """Any speech frame between two stream samples (False without a voice function)."""
+        if self.voice is None:
+            return False
+        frames = self._probs[first_sample // FRAME_SAMPLES:-(-end_sample // FRAME_SAMPLES)]
+        return bool((frames >= self.options.vad_threshold).any())
+
+    def _words_before(self, text: list[int], n_text: int) -> list[int]:
+        """The text tokens of the last SEAM_WORDS words of text[:n_text]."""
+        starts = [i for i in range(n_text) if i == 0 or self.kinds.starts_word(text[i])]
+        return text[starts[-SEAM_WORDS]:n_text] if len(starts) >= SEAM_WORDS else text[:n_text]
 
     def _has_speech(self) -> bool:
         if len(self._buffer) == 0:
