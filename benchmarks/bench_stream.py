@@ -32,13 +32,14 @@ example client sends (0.1 s appends), paced at --speed times real time in wall t
 Per run: whether every connection ended with its text (no error, no close), how far behind the server got (the
 largest transcription.lag), the wait from the last append to transcription.done, commit latency p50 / p95 in wall
 time (a committed word's delta less the moment its end was sent, words aligned to the offline transcript's word
-timestamps), first delta after the first word's end was sent, WER against offline, re-decodes, whether it kept up
-(every stream finished and none had more than 2 s of audio waiting at a result), and the process's peak RSS during
-the run (VmHWM, reset before each run; the clients live in the same process), and where the engine's time went
-(`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and target passes per re-decode,
-rows per step, encoder, step and admission seconds per re-decode, encoder calls and windows per call, wait before
-the engine and time in it;
-`target_passes_per_audio_s` over all the audio sent). --hypothesis/--no-hypothesis: the server re-decodes offering the
+timestamps), first delta after the first word's end was sent, WER against offline (each stream's too; the --json
+file holds each stream's text and the offline one), re-decodes, whether it kept up (every stream finished and none
+had more than 2 s of audio waiting at a result), and the process's peak RSS during the run (VmHWM, reset before each
+run; the clients live in the same process), and where the engine's time went (`engine`: re-decodes submitted /
+replaced / taken / withdrawn / delivered, tokens and target passes per re-decode, rows per step, encoder, step and
+admission seconds per re-decode, encoder calls and windows per call, wait before the engine and time in it;
+`target_passes_per_audio_s` over all the audio sent).
+--hypothesis/--no-hypothesis: the server re-decodes offering the
 previous hypothesis as the draft or not (default: the server's); --no-committed-prefix: every re-decode generates
 its whole buffer again (default: its committed words are forced, `StreamOptions.committed_prefix`);
 --max-buffer-s: the streams' buffer bound; --group-wait-s: how long a waiting re-decode is held for others to be
@@ -238,7 +239,8 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: 
             "latency_p95_s": float(np.percentile(lat, 95)) if lat else None,
             "first_delta_s": float(np.mean(first)) if first else None,
             "wer_vs_offline": score([reference[k][0] for k in reference], texts).wer,
-            "worst_stream_wer_vs_offline": max(per_stream_wer.values()), "redecodes": run["redecodes"],
+            "worst_stream_wer_vs_offline": max(per_stream_wer.values()), "per_stream_wer_vs_offline": per_stream_wer,
+            "redecodes": run["redecodes"],
             "target_passes_per_audio_s": run["engine"]["target_passes"] / audio_s, "engine": run["engine"],
             "peak_rss_mib": run["peak_rss_mib"], "fast_sender": run["fast_sender"], "load_average": os.getloadavg()}
 
@@ -324,7 +326,8 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
         run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis, args.group_wait_s)
         fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
         summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)
-        report["runs"].append(summary)
+        texts = {name: {"stream": run["streams"][name]["text"], "offline": reference[name][0]} for name in reference}
+        report["runs"].append({**summary, "texts": texts})  # the texts in the --json file only
         print(json.dumps(summary), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
