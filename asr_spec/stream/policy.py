@@ -28,7 +28,10 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
   that words the committed text differently cuts no audio (its segment ends may be misplaced);
 - once a closed timestamp segment is wholly committed, the buffer is trimmed at its end (with a voice function:
   at a pause within PAUSE_SEARCH_S of it, not inside the next word's onset): the audio before goes, the
-  hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`);
+  hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`); a cut that went back over
+  speech into the segment (Whisper closed it inside speech) may leave its last committed words in the buffer: until
+  something of the new buffer is committed, a hypothesis that starts by saying them again has them dropped
+  (`_past_seam`, `agreement.repeated_words`);
 - a buffer reaching `max_buffer_s` commits the closed segments of its latest hypothesis but the last one and is
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
