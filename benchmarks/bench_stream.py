@@ -21,7 +21,8 @@ first tentative text after the first word's start, likewise; and the committed t
 offline transcription of the same slice (`Transcriber.transcribe`, the same preset).
 
 Also per run: decodes, generated and forced (a committed prefix, `StreamOptions.committed_prefix`; off with
---no-committed-prefix) tokens per decode, target passes per decode, worst stream's WER against offline.
+--no-committed-prefix) tokens per decode, target passes per decode, each stream's WER against offline and the worst
+(the --json file holds each stream's text and the offline one).
 
     python -m benchmarks.bench_stream --streams 8 --seconds 12 --json runs/stream8.json
     python -m benchmarks.bench_stream --streams 1 --seconds 24 --no-draft --json runs/stream1.json
@@ -187,7 +188,8 @@ def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
     texts = [run["texts"][name] for name in reference]
     refs = [reference[name][0] for name in reference]
     out["wer_vs_offline"] = score(refs, texts).wer
-    out["worst_stream_wer_vs_offline"] = max(score([r], [t]).wer for r, t in zip(refs, texts))
+    out["per_stream_wer_vs_offline"] = {name: score([r], [t]).wer for name, r, t in zip(reference, refs, texts)}
+    out["worst_stream_wer_vs_offline"] = max(out["per_stream_wer_vs_offline"].values())
     decodes = max(run["totals"]["plain"]["decodes"], 1)
     out["decodes"] = run["totals"]["plain"]["decodes"]
     out["forced_tokens_per_decode"] = run["forced"] / decodes  # a committed prefix, fed in one pass
@@ -298,7 +300,8 @@ def main() -> None:
         reference = offline(asr, items)
         run = run_streams(asr, items, args.step_s, not args.no_vad, cores, args.committed_prefix)
         summary = summarise(n, run, reference, cores)
-        report["runs"].append(summary)
+        texts = {name: {"stream": run["texts"][name], "offline": reference[name][0]} for name in reference}
+        report["runs"].append({**summary, "texts": texts})  # the texts in the --json file only
         print(json.dumps(summary, indent=1), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
