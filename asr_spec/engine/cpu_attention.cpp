@@ -1,0 +1,357 @@
+// Few-query attention on CPU: softmax(q k^T) v for 1..~32 queries per row and head against keys and values read
+// in place from a decoder's cache (asr_spec/engine/cpu_attention.py builds and loads this file).
+//
+// Invariant by construction: each (row, head, query) output is computed by one thread, by the same code in the
+// same order, from that query's own data and key count alone (`n_seen`): whatever the number of rows, queries,
+// heads or threads, the output is bit for bit the same. Nothing below branches on another query's values or count.
+//
+// Per query: scores s_j = scale * q . k_j accumulated over head_dim in order (one fused multiply-add per element),
+// m = max_j s_j, p_j = exp(s_j - m) (a vectorised polynomial), l = sum_j p_j, out = (sum_j p_j v_j) / l, all in
+// fp32, the output rounded once to the cache's dtype. Keys and values are stored (head_dim, n_keys) per row and
+// head with the key index contiguous: a query streams each head's keys, then its values, front to back; the
+// queries of one row and head after the first read them from the core's cache, not from memory.
+//
+// Vector width: AVX-512 (16 lanes), AVX2 + FMA (8), else scalar (1), chosen by the compiler flags (-march=native).
+// Sums over lanes run in a fixed tree; a block past the key count is loaded masked (zeros), its lanes excluded.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int64_t L = 16;
+using vec = __m512;
+inline vec zero() { return _mm512_setzero_ps(); }
+inline vec set1(float x) { return _mm512_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline void store(float* p, vec a) { _mm512_storeu_ps(p, a); }
+inline vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline vec widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+inline vec load(const bf16* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline vec load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
+inline vec load_n(const bf16* p, int64_t n) { return widen(_mm256_maskz_loadu_epi16(first(n), p)); }
+// lanes [n, L) of a replaced by b
+inline vec keep_n(vec a, vec b, int64_t n) { return _mm512_mask_blend_ps(first(n), b, a); }
+inline __m512i round_int(vec a) { return _mm512_cvtps_epi32(_mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
+inline vec pow2(__m512i n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
+}
+inline vec to_float(__m512i n) { return _mm512_cvtepi32_ps(n); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t L = 8;
+using vec = __m256;
+inline vec zero() { return _mm256_setzero_ps(); }
+inline vec set1(float x) { return _mm256_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline void store(float* p, vec a) { _mm256_storeu_ps(p, a); }
+inline vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline vec widen(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+inline vec load(const bf16* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i first(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline vec load_n(const float* p, int64_t n) { return _mm256_maskload_ps(p, first(n)); }
+inline vec load_n(const bf16* p, int64_t n) {
+  alignas(16) uint16_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
+  return widen(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
+}
+inline vec keep_n(vec a, vec b, int64_t n) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first(n))); }
+inline __m256i round_int(vec a) { return _mm256_cvtps_epi32(_mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
+inline vec pow2(__m256i n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+}
+inline vec to_float(__m256i n) { return _mm256_cvtepi32_ps(n); }
+#else
+constexpr int64_t L = 1;
+using vec = float;
+inline vec zero() { return 0.0f; }
+inline vec set1(float x) { return x; }
+inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
+inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+inline vec vadd(vec a, vec b) { return a + b; }
+inline vec vsub(vec a, vec b) { return a - b; }
+inline vec vmul(vec a, vec b) { return a * b; }
+inline void store(float* p, vec a) { *p = a; }
+inline vec load(const float* p) { return *p; }
+inline vec load(const bf16* p) { return static_cast<float>(*p); }
+inline vec load_n(const float* p, int64_t) { return *p; }
+inline vec load_n(const bf16* p, int64_t) { return static_cast<float>(*p); }
+inline vec keep_n(vec a, vec, int64_t) { return a; }
+inline int32_t round_int(vec a) { return static_cast<int32_t>(std::nearbyint(a)); }
+inline vec pow2(int32_t n) {
+  uint32_t bits = static_cast<uint32_t>(n + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+inline vec to_float(int32_t n) { return static_cast<float>(n); }
+#endif
+
+// Ask for the cache line `ahead` bytes past p (the key / value streams run ahead of the loads).
+inline void prefetch(const void* p, int64_t ahead) {
+  __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
+}
+constexpr int64_t AHEAD = 1024;  // bytes
+
+// Sum / max of a vector's lanes, in a fixed order (stored, then a pairwise tree over the lanes).
+inline float reduce(vec a, bool is_max) {
+  alignas(64) float lanes[L];
+  store(lanes, a);
+  for (int64_t width = L / 2; width >= 1; width /= 2) {
+    for (int64_t i = 0; i < width; ++i) {
+      lanes[i] = is_max ? (lanes[i] > lanes[i + width] ? lanes[i] : lanes[i + width]) : lanes[i] + lanes[i + width];
+    }
+  }
+  return lanes[0];
+}
+
+// exp(x) for x <= 0 (a score minus the maximum): Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a
+// degree-6 polynomial, times 2^n; x below -87 is taken as -87 (its exp, ~1.6e-38, is added to a sum >= 1).
+inline vec exp_nonpositive(vec x) {
+  x = vmax(x, set1(-87.0f));
+  auto n = round_int(vmul(x, set1(1.44269504088896341f)));
+  vec nf = to_float(n);
+  vec r = vfma(nf, set1(-0.693359375f), x);
+  r = vfma(nf, set1(2.12194440e-4f), r);
+  vec p = set1(1.9875691500e-4f);
+  p = vfma(p, r, set1(1.3981999507e-3f));
+  p = vfma(p, r, set1(8.3334519073e-3f));
+  p = vfma(p, r, set1(4.1665795894e-2f));
+  p = vfma(p, r, set1(1.6666665459e-1f));
+  p = vfma(p, r, set1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, set1(1.0f)));
+  return vmul(p, pow2(n));
+}
+
+// Queries of one row and head computed together (`Group`): each key and value block is loaded once for all of
+// them. A query's arithmetic is the same whatever its group (the blocks past its own count it does not use).
+constexpr int64_t G = 4;  // queries a group
+constexpr int64_t R = 4;  // value rows (of head_dim) a block step reads
+constexpr int64_t RS = 8;  // key rows (of head_dim) a block step reads
+
+struct Group {
+  int64_t size;          // queries in the group, 1..G
+  const float* q[G];     // each query, scaled, fp32 (head_dim)
+  float* scores[G];      // each query's scores, then its softmax numerators (n rounded up to L)
+  int64_t n[G];          // each query's key count
+  int64_t n_max;         // the largest
+};
+
+// Every query's scores[j] = q . k_j (j < its n; lanes past it in its last block undefined), keys stored
+// (head_dim, n_keys) with rows `stride` apart. Each score: one fused multiply-add per head_dim element, in order,
+// whatever NQ (the queries sharing each load) and whatever RK (the rows of head_dim taken per sweep).
+template <int NQ, int RK, typename T>
+void scores_rows(const Group& g, const T* keys, int64_t stride, int64_t d, int64_t full, int64_t tail) {
+  const int64_t end = tail ? full + L : full;
+  const T* rows[RK];
+  for (int r = 0; r < RK; ++r) rows[r] = keys + (d + r) * stride;
+  for (int64_t j = 0; j < end; j += L) {
+    vec k[RK];
+    for (int r = 0; r < RK; ++r) k[r] = j < full ? load(rows[r] + j) : load_n(rows[r] + j, tail);
+    for (int r = 0; r < RK; ++r) prefetch(rows[r] + j, AHEAD);
+    for (int i = 0; i < NQ; ++i) {
+      vec acc = load(g.scores[i] + j);
+      for (int r = 0; r < RK; ++r) acc = vfma(set1(g.q[i][d + r]), k[r], acc);
+      store(g.scores[i] + j, acc);
+    }
+  }
+}
+
+template <int NQ, typename T>
+void scores_of(const Group& g, const T* keys, int64_t stride, int64_t head_dim) {
+  const int64_t full = g.n_max / L * L, tail = g.n_max - full;
+  const int64_t end = tail ? full + L : full;
+  for (int i = 0; i < NQ; ++i) {
+    for (int64_t j = 0; j < end; j += L) store(g.scores[i] + j, zero());
+  }
+  int64_t d = 0;
+  for (; d + RS <= head_dim; d += RS) scores_rows<NQ, RS>(g, keys, stride, d, full, tail);
+  for (; d < head_dim; ++d) scores_rows<NQ, 1>(g, keys, stride, d, full, tail);
+}
+
+// scores -> exp(score - max), in place (zeros past n, to the next multiple of L); returns the sum of the first n.
+float softmax_numerators(float* scores, int64_t n) {
+  const int64_t full = n / L * L;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  vec top = set1(neg_inf);
+  for (int64_t j = 0; j < full; j += L) top = vmax(top, load(scores + j));
+  if (full < n) top = vmax(top, keep_n(load(scores + full), set1(neg_inf), n - full));
+  const vec m = set1(reduce(top, true));
+  vec sum = zero();
+  for (int64_t j = 0; j < full; j += L) {
+    vec p = exp_nonpositive(vsub(load(scores + j), m));
+    store(scores + j, p);
+    sum = vadd(sum, p);
+  }
+  if (full < n) {
+    vec p = keep_n(exp_nonpositive(vsub(load(scores + full), m)), zero(), n - full);
+    store(scores + full, p);
+    sum = vadd(sum, p);
+  }
+  return reduce(sum, false);
+}
+
+// out_i[d + r] = sum_j p_i[j] v_j[d + r] / total_i for rows r < RV: query i's full blocks from loads shared by
+// the group, its last partial block (if any) from a load of its own that stops at its n. Values stored
+// (head_dim, n_keys), rows `stride` apart; one accumulator per query and row, over the blocks in order.
+template <int NQ, int RV, typename T>
+void values_rows(const Group& g, const T* values, int64_t stride, int64_t d, const float* total, T* const* out) {
+  const T* rows[RV];
+  vec acc[NQ][RV];
+  for (int r = 0; r < RV; ++r) rows[r] = values + (d + r) * stride;
+  for (int i = 0; i < NQ; ++i) {
+    for (int r = 0; r < RV; ++r) acc[i][r] = zero();
+  }
+  const int64_t full_max = g.n_max / L * L;
+  for (int64_t j = 0; j < full_max; j += L) {
+    vec v[RV];
+    for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
+    for (int r = 0; r < RV; ++r) prefetch(rows[r] + j, AHEAD);
+    for (int i = 0; i < NQ; ++i) {
+      if (j + L > g.n[i]) continue;
+      const vec p = load(g.scores[i] + j);
+      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, v[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < NQ; ++i) {
+    const int64_t full = g.n[i] / L * L;
+    if (full < g.n[i]) {
+      const vec p = load(g.scores[i] + full);
+      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, load_n(rows[r] + full, g.n[i] - full), acc[i][r]);
+    }
+    for (int r = 0; r < RV; ++r) out[i][d + r] = static_cast<T>(reduce(acc[i][r], false) / total[i]);
+  }
+}
+
+template <int NQ, typename T>
+void weighted_values(const Group& g, const T* values, int64_t stride, int64_t head_dim, const float* total,
+                     T* const* out) {
+  int64_t d = 0;
+  for (; d + R <= head_dim; d += R) values_rows<NQ, R>(g, values, stride, d, total, out);
+  for (; d < head_dim; ++d) values_rows<NQ, 1>(g, values, stride, d, total, out);
+}
+
+// A group of NQ queries: scores, softmax numerators and sums, weighted values.
+template <int NQ, typename T>
+void attend_queries(const Group& g, const T* keys, int64_t k_stride, const T* values, int64_t v_stride,
+                    int64_t head_dim, T* const* out) {
+  float total[G];
+  scores_of<NQ>(g, keys, k_stride, head_dim);
+  for (int i = 0; i < NQ; ++i) total[i] = softmax_numerators(g.scores[i], g.n[i]);
+  weighted_values<NQ>(g, values, v_stride, head_dim, total, out);
+}
+
+template <typename T>
+struct Operands {
+  const at::Tensor &q, &keys, &values, &n_seen;
+  at::Tensor& out;
+  float scale;
+};
+
+// Queries [first, first + size) of row `row`, head `head` as one group, into their outputs.
+template <typename T>
+void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first, int64_t size,
+                  std::vector<float>& query, std::vector<float>& scores) {
+  const int64_t head_dim = a.q.size(3), s_pad = (a.keys.size(3) + L - 1) / L * L;
+  const T* q_ptr = a.q.template data_ptr<T>();
+  const int32_t* seen = a.n_seen.template data_ptr<int32_t>();
+  T* o_ptr = a.out.template data_ptr<T>();
+  Group g{size, {}, {}, {}, 0};
+  T* out[G];
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t t = first + i;
+    const T* qi = q_ptr + row * a.q.stride(0) + t * a.q.stride(1) + head * a.q.stride(2);
+    float* qf = query.data() + i * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) qf[d] = static_cast<float>(qi[d]) * a.scale;
+    g.q[i] = qf;
+    g.scores[i] = scores.data() + i * s_pad;
+    g.n[i] = seen[row * a.n_seen.stride(0) + t * a.n_seen.stride(1)];
+    g.n_max = g.n[i] > g.n_max ? g.n[i] : g.n_max;
+    out[i] = o_ptr + row * a.out.stride(0) + t * a.out.stride(1) + head * a.out.stride(2);
+  }
+  const T* k = a.keys.template data_ptr<T>() + row * a.keys.stride(0) + head * a.keys.stride(1);
+  const T* v = a.values.template data_ptr<T>() + row * a.values.stride(0) + head * a.values.stride(1);
+  const int64_t ks = a.keys.stride(2), vs = a.values.stride(2);
+  switch (size) {
+    case 1: attend_queries<1>(g, k, ks, v, vs, head_dim, out); break;
+    case 2: attend_queries<2>(g, k, ks, v, vs, head_dim, out); break;
+    case 3: attend_queries<3>(g, k, ks, v, vs, head_dim, out); break;
+    default: attend_queries<4>(g, k, ks, v, vs, head_dim, out); break;
+  }
+}
+
+template <typename T>
+void attend_typed(const Operands<T>& a) {
+  const int64_t b = a.q.size(0), t = a.q.size(1), h = a.q.size(2), head_dim = a.q.size(3);
+  const int64_t s_pad = (a.keys.size(3) + L - 1) / L * L;
+  at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(G * s_pad);
+    std::vector<float> query(G * head_dim);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      for (int64_t first = 0; first < t; first += G) {
+        attend_group(a, bh / h, bh % h, first, t - first < G ? t - first : G, query, scores);
+      }
+    }
+  });
+}
+
+// q: (B, T, H, head_dim), head_dim contiguous; keys, values: (B, H, head_dim, S), S contiguous (any other strides:
+// views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends to keys [0, n_seen[b, t]).
+// Returns (B, T, H, head_dim) contiguous in q's dtype (float32 or bfloat16; keys and values the same dtype).
+at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& n_seen,
+                  double scale) {
+  TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), "attend: CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && n_seen.dim() == 2, "attend: bad ranks");
+  TORCH_CHECK(keys.scalar_type() == q.scalar_type() && values.scalar_type() == q.scalar_type(), "attend: dtypes");
+  TORCH_CHECK(n_seen.scalar_type() == at::kInt, "attend: n_seen must be int32");
+  const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
+  TORCH_CHECK(keys.size(0) == b && keys.size(1) == h && keys.size(2) == d && values.sizes() == keys.sizes(),
+              "attend: keys/values shape");
+  TORCH_CHECK(n_seen.size(0) == b && n_seen.size(1) == t, "attend: n_seen shape");
+  TORCH_CHECK(q.stride(3) == 1 && keys.stride(3) == 1 && values.stride(3) == 1, "attend: layout");
+  const int32_t* seen = n_seen.data_ptr<int32_t>();
+  for (int64_t row = 0; row < b; ++row) {
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t n = seen[row * n_seen.stride(0) + i * n_seen.stride(1)];
+      TORCH_CHECK(n >= 1 && n <= keys.size(3), "attend: n_seen[", row, ", ", i, "] = ", n, " is out of [1, S]");
+    }
+  }
+  at::Tensor out = at::empty({b, t, h, d}, q.options());
+  const float fscale = static_cast<float>(scale);
+  if (q.scalar_type() == at::kFloat) {
+    attend_typed<float>(Operands<float>{q, keys, values, n_seen, out, fscale});
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "attend: float32 or bfloat16 only");
+    attend_typed<bf16>(Operands<bf16>{q, keys, values, n_seen, out, fscale});
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend", &attend, "few-query attention over (head_dim, S) keys/values, per-query key counts");
+}

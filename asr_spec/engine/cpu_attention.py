@@ -1,0 +1,89 @@
+"""A few-query attention kernel for CPU (C++, `cpu_attention.cpp`), built at first use, and the one decision
+whether a decoder's attention runs through it (`fused_attention_usable`).
+
+softmax(scale q k^T) v for each of a row's 1..~32 queries against that row's keys and values, read in place from
+a `KVCache` stored (head_dim, positions) per row and head, each query over its own number of keys (`n_seen`:
+self-attention sees the positions up to its own, cross-attention all audio keys), accumulated in fp32 and rounded
+once to the dtype. Each (row, head, query) output comes from the same code in the same order whatever the other
+rows, queries and threads: row- and query-invariant by construction on every CPU, so a (K+1)-token verify pass
+gives each position exactly what a 1-token greedy step gives it, with no probe, key bucket or mask.
+
+Built with torch's `cpp_extension.load` (g++ and ninja, -O3 -march=native) into torch's extension cache
+(`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions) under a name that carries a digest of this CPU's
+flags, so that a home directory shared by CPUs of different kinds never loads a build for another. Where it
+cannot be built (no compiler, no ninja, a build error) one warning is logged and the decoder runs torch's
+products (`kernels.attention`, SDPA); `ASR_SPEC_NO_CPU_KERNELS=1` asks for that fallback without trying. Never
+built or used for CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DISABLE_ENV = "ASR_SPEC_NO_CPU_KERNELS"
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+CPUINFO = Path("/proc/cpuinfo")
+# the dtypes the kernel reads and writes (keys, values, queries and output all in one of them)
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def disabled() -> bool:
+    """Whether `ASR_SPEC_NO_CPU_KERNELS` asks for torch's products instead of the kernel (any value but "" / "0")."""
+    return os.environ.get(DISABLE_ENV, "") not in ("", "0")
+
+
+def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """The one decision: whether a decoder on `device` in `dtype` runs its attention through the kernel (a CPU,
+    a dtype it reads, not disabled, and built here; the build is tried once per process)."""
+    return device.type == "cpu" and dtype in KERNEL_DTYPES and not disabled() and _extension() is not None
+
+
+def build_name() -> str:
+    """The extension's name in torch's cache: one per CPU kind (machine and instruction-set flags), since
+    -march=native code built on one CPU may not run on another."""
+    flags = ""
+    if CPUINFO.exists():
+        lines = CPUINFO.read_text(errors="replace").splitlines()
+        flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
+    digest = hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+    return f"asr_spec_cpu_attention_{digest}"
+
+
+@functools.cache
+def _extension() -> ModuleType | None:
+    """The built kernel module, or None (one warning) where it cannot be built."""
+    try:
+        from torch.utils import cpp_extension
+
+        return cpp_extension.load(name=build_name(), sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native"],
+                                  verbose=False)
+    except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        log.warning("cpu attention kernel not built (%s): attention runs through torch's products", reason)
+        return None
+
+
+def attend(q: torch.Tensor, keys_t: torch.Tensor, values_t: torch.Tensor, n_seen: torch.Tensor | None,
+           scale: float = 1.0) -> torch.Tensor:
+    """softmax(scale q k^T) v per row, head and query, each query over its row's first n_seen[b, t] keys.
+
+    q: (B, T, H, head_dim), head_dim contiguous (a view of a projection's (B, T, H * head_dim) output);
+    keys_t, values_t: (B, H, head_dim, S), S contiguous (views of a `KVCache` stored transposed);
+    n_seen: (B, T) integer counts in [1, S], or None for all S keys -> (B, T, H * head_dim) in q's dtype.
+    Only where `fused_attention_usable` says so.
+    """
+    b, t, h, d = q.shape
+    if n_seen is None:
+        n_seen = torch.full((b, t), keys_t.shape[-1], dtype=torch.int32)
+    return _extension().attend(q, keys_t, values_t, n_seen.to(torch.int32), scale).view(b, t, h * d)
