@@ -116,6 +116,12 @@ inline void prefetch(const void* p, int64_t ahead) {
 }
 constexpr int64_t AHEAD = 1024;  // bytes
 
+// Whether element j of a stream starts a 64-byte line (a prefetch a line, not a vector).
+template <typename T>
+inline bool new_line(int64_t j) {
+  return (j * static_cast<int64_t>(sizeof(T))) % 64 == 0;
+}
+
 // Sum / max of a vector's lanes, in a fixed order (stored, then a pairwise tree over the lanes).
 inline float reduce(vec a, bool is_max) {
   alignas(64) float lanes[L];
@@ -168,15 +174,24 @@ void scores_rows(const Group& g, const T* keys, int64_t stride, int64_t d, int64
   const int64_t end = tail ? full + L : full;
   const T* rows[RK];
   for (int r = 0; r < RK; ++r) rows[r] = keys + (d + r) * stride;
-  for (int64_t j = 0; j < end; j += L) {
-    vec k[RK];
-    for (int r = 0; r < RK; ++r) k[r] = j < full ? load(rows[r] + j) : load_n(rows[r] + j, tail);
-    for (int r = 0; r < RK; ++r) prefetch(rows[r] + j, AHEAD);
+  auto block = [&](int64_t j, const vec* k) {
     for (int i = 0; i < NQ; ++i) {
       vec acc = load(g.scores[i] + j);
       for (int r = 0; r < RK; ++r) acc = vfma(set1(g.q[i][d + r]), k[r], acc);
       store(g.scores[i] + j, acc);
     }
+  };
+  vec k[RK];
+  for (int64_t j = 0; j < full; j += L) {
+    for (int r = 0; r < RK; ++r) k[r] = load(rows[r] + j);
+    if (new_line<T>(j)) {
+      for (int r = 0; r < RK; ++r) prefetch(rows[r] + j, AHEAD);
+    }
+    block(j, k);
+  }
+  if (full < end) {
+    for (int r = 0; r < RK; ++r) k[r] = load_n(rows[r] + full, tail);
+    block(full, k);
   }
 }
 
@@ -225,11 +240,23 @@ void values_rows(const Group& g, const T* values, int64_t stride, int64_t d, con
   for (int i = 0; i < NQ; ++i) {
     for (int r = 0; r < RV; ++r) acc[i][r] = zero();
   }
+  int64_t full_min = g.n[0];
+  for (int i = 1; i < NQ; ++i) full_min = g.n[i] < full_min ? g.n[i] : full_min;
+  full_min = full_min / L * L;
   const int64_t full_max = g.n_max / L * L;
-  for (int64_t j = 0; j < full_max; j += L) {
-    vec v[RV];
+  vec v[RV];
+  for (int64_t j = 0; j < full_min; j += L) {  // every query's full blocks
     for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
-    for (int r = 0; r < RV; ++r) prefetch(rows[r] + j, AHEAD);
+    if (new_line<T>(j)) {
+      for (int r = 0; r < RV; ++r) prefetch(rows[r] + j, AHEAD);
+    }
+    for (int i = 0; i < NQ; ++i) {
+      const vec p = load(g.scores[i] + j);
+      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, v[r], acc[i][r]);
+    }
+  }
+  for (int64_t j = full_min; j < full_max; j += L) {  // some queries' full blocks
+    for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
     for (int i = 0; i < NQ; ++i) {
       if (j + L > g.n[i]) continue;
       const vec p = load(g.scores[i] + j);
@@ -249,8 +276,9 @@ void values_rows(const Group& g, const T* values, int64_t stride, int64_t d, con
 template <int NQ, typename T>
 void weighted_values(const Group& g, const T* values, int64_t stride, int64_t head_dim, const float* total,
                      T* const* out) {
+  constexpr int RV = NQ <= 2 ? 2 * R : R;  // accumulators NQ x RV: enough chains to hide the FMA latency
   int64_t d = 0;
-  for (; d + R <= head_dim; d += R) values_rows<NQ, R>(g, values, stride, d, total, out);
+  for (; d + RV <= head_dim; d += RV) values_rows<NQ, RV>(g, values, stride, d, total, out);
   for (; d < head_dim; ++d) values_rows<NQ, 1>(g, values, stride, d, total, out);
 }
 

@@ -86,4 +86,22 @@ def attend(q: torch.Tensor, keys_t: torch.Tensor, values_t: torch.Tensor, n_seen
     b, t, h, d = q.shape
     if n_seen is None:
         n_seen = torch.full((b, t), keys_t.shape[-1], dtype=torch.int32)
-    return _extension().attend(q, keys_t, values_t, n_seen.to(torch.int32), scale).view(b, t, h * d)
+    n_seen = n_seen.to(torch.int32)
+    # traced (torch.compile, `engine/capture.py`): as the custom op below, opaque to the tracer; eager: the
+    # extension's function itself (no dispatcher round trip, ~12 calls a pass)
+    run = _attend_op if torch.compiler.is_compiling() else _extension().attend
+    return run(q, keys_t, values_t, n_seen, scale).view(b, t, h * d)
+
+
+@torch.library.custom_op("asr_spec::cpu_attend", mutates_args=())
+def _attend_op(q: torch.Tensor, keys_t: torch.Tensor, values_t: torch.Tensor, n_seen: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """The kernel as a torch op (what a traced step calls): `attend`'s operands, n_seen (B, T) int32 ->
+    (B, T, H, head_dim) contiguous."""
+    return _extension().attend(q, keys_t, values_t, n_seen, scale)
+
+
+@_attend_op.register_fake
+def _(q: torch.Tensor, keys_t: torch.Tensor, values_t: torch.Tensor, n_seen: torch.Tensor,
+      scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)
