@@ -23,69 +23,82 @@ def kernel(monkeypatch):
         pytest.skip("the CPU attention kernel could not be built here")
 
 
-def _operands(b: int, t: int, s: int, dtype: torch.dtype, seed: int = 0):
-    """q (b, t, H, D) and keys/values as views of a cache stored (rows, H, D, positions) with spare rows and
-    positions (strided, as a decoder's `KVCache` slices are): keys_t, values_t (b, H, D, s)."""
+def _operands(b: int, t: int, s: int, dtype: torch.dtype, seed: int = 0, positions_contiguous: bool = True):
+    """q (b, t, H, D) and keys, values (b, H, s, D) as views of a cache with spare rows and positions (strided, as
+    a decoder's `KVCache` slices are), stored (rows, H, D, positions) or (rows, H, positions, D)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, t, H, D, generator=gen).to(dtype)
-    store = torch.randn(2, b + 1, H, D, s + 5, generator=gen).to(dtype)
-    return q, store[0, 1:, :, :, :s], store[1, 1:, :, :, :s]
+    if positions_contiguous:
+        store = torch.randn(2, b + 1, H, D, s + 5, generator=gen).to(dtype).transpose(-1, -2)
+    else:
+        store = torch.randn(2, b + 1, H, s + 5, D, generator=gen).to(dtype)
+    return q, store[0, 1:, :, :s], store[1, 1:, :, :s]
 
 
-def _reference(q, keys_t, values_t, n_seen, scale):
+def _reference(q, keys, values, n_seen, scale):
     """float64 softmax(scale q k^T) v, each query over its first n_seen keys -> (b, t, H * D)."""
     b, t = n_seen.shape
     out = torch.empty(b, t, H, D, dtype=torch.float64)
     for row in range(b):
         for i in range(t):
             n = int(n_seen[row, i])
-            scores = torch.einsum("hd,hds->hs", q[row, i].double() * scale, keys_t[row, :, :, :n].double())
-            out[row, i] = torch.einsum("hs,hds->hd", scores.softmax(-1), values_t[row, :, :, :n].double())
+            scores = torch.einsum("hd,hsd->hs", q[row, i].double() * scale, keys[row, :, :n].double())
+            out[row, i] = torch.einsum("hs,hsd->hd", scores.softmax(-1), values[row, :, :n].double())
     return out.view(b, t, H * D)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
 @pytest.mark.parametrize("t", [1, 3, 5, 32])
-def test_kernel_equals_a_float64_reference_within_the_dtypes_rounding(dtype, tol, t):
-    """Ragged key counts (1, a partial last block, all), strided cache views, fp32 accumulation: within fp32's
-    rounding, or one bf16 output rounding (2^-8 relative) of values of size ~1."""
-    q, keys_t, values_t = _operands(3, t, 203, dtype)
+@pytest.mark.parametrize("positions_contiguous", [True, False])
+def test_kernel_equals_a_float64_reference_within_the_dtypes_rounding(dtype, tol, t, positions_contiguous):
+    """Ragged key counts (1, a partial last block, all), strided cache views in either layout, fp32 accumulation:
+    within fp32's rounding, or one bf16 output rounding (2^-8 relative) of values of size ~1."""
+    q, keys, values = _operands(3, t, 203, dtype, positions_contiguous=positions_contiguous)
     n_seen = torch.randint(1, 204, (3, t), generator=torch.Generator().manual_seed(1))
     n_seen[0, 0], n_seen[-1, -1] = 1, 203
-    out = cpu_attention.attend(q, keys_t, values_t, n_seen, 0.125)
+    out = cpu_attention.attend(q, keys, values, n_seen, 0.125)
     assert out.dtype == dtype and out.shape == (3, t, H * D)
-    torch.testing.assert_close(out.double(), _reference(q, keys_t, values_t, n_seen, 0.125), atol=tol, rtol=tol)
+    torch.testing.assert_close(out.double(), _reference(q, keys, values, n_seen, 0.125), atol=tol, rtol=tol)
+
+
+def test_keys_and_values_in_different_layouts():
+    q, keys, _ = _operands(2, 3, 100, torch.float32)
+    _, _, values = _operands(2, 3, 100, torch.float32, seed=1, positions_contiguous=False)
+    n_seen = torch.tensor([[1, 50, 100], [7, 8, 9]])
+    torch.testing.assert_close(cpu_attention.attend(q, keys, values, n_seen, 0.125).double(),
+                               _reference(q, keys, values, n_seen, 0.125), atol=1e-5, rtol=1e-5)
 
 
 def test_all_keys_when_no_counts_are_given():
-    q, keys_t, values_t = _operands(2, 2, 1500, torch.bfloat16)
+    q, keys, values = _operands(2, 2, 1500, torch.bfloat16)
     full = torch.full((2, 2), 1500)
-    assert torch.equal(cpu_attention.attend(q, keys_t, values_t, None), cpu_attention.attend(q, keys_t, values_t, full))
+    assert torch.equal(cpu_attention.attend(q, keys, values, None), cpu_attention.attend(q, keys, values, full))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_each_query_is_what_it_is_alone(dtype):
+@pytest.mark.parametrize("positions_contiguous", [True, False])
+def test_each_query_is_what_it_is_alone(dtype, positions_contiguous):
     """Row- and query-invariance is the kernel's own contract, by construction (each (row, head, query) output is
     computed by the same code in the same order from that query's data and key count alone), not a property of
     one CPU's rounding: so exact equality is the right check here. A query computed with 2 other rows and 11 other
     queries (groups of 4 sharing loads, other key counts beside it) vs alone, and vs in a 4-query pass."""
-    q, keys_t, values_t = _operands(3, 12, 470, dtype, seed=2)
+    q, keys, values = _operands(3, 12, 470, dtype, seed=2, positions_contiguous=positions_contiguous)
     n_seen = torch.randint(1, 471, (3, 12), generator=torch.Generator().manual_seed(3))
-    whole = cpu_attention.attend(q, keys_t, values_t, n_seen, 0.125)
+    whole = cpu_attention.attend(q, keys, values, n_seen, 0.125)
     for row in range(3):
         for i in range(12):
-            alone = cpu_attention.attend(q[row:row + 1, i:i + 1], keys_t[row:row + 1], values_t[row:row + 1],
+            alone = cpu_attention.attend(q[row:row + 1, i:i + 1], keys[row:row + 1], values[row:row + 1],
                                          n_seen[row:row + 1, i:i + 1], 0.125)
             assert torch.equal(alone[0, 0], whole[row, i]), f"row {row}, query {i}"
-    four = cpu_attention.attend(q[1:2, 5:9], keys_t[1:2], values_t[1:2], n_seen[1:2, 5:9], 0.125)
+    four = cpu_attention.attend(q[1:2, 5:9], keys[1:2], values[1:2], n_seen[1:2, 5:9], 0.125)
     assert torch.equal(four[0], whole[1, 5:9])
 
 
 def test_a_count_out_of_range_is_refused():
-    q, keys_t, values_t = _operands(1, 2, 16, torch.float32)
+    q, keys, values = _operands(1, 2, 16, torch.float32)
     for bad in (0, 17):
         with pytest.raises(RuntimeError, match="out of"):
-            cpu_attention.attend(q, keys_t, values_t, torch.tensor([[3, bad]]))
+            cpu_attention.attend(q, keys, values, torch.tensor([[3, bad]]))
 
 
 def _decoder(dtype: torch.dtype) -> Decoder:

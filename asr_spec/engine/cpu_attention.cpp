@@ -5,11 +5,12 @@
 // same order, from that query's own data and key count alone (`n_seen`): whatever the number of rows, queries,
 // heads or threads, the output is bit for bit the same. Nothing below branches on another query's values or count.
 //
-// Per query: scores s_j = scale * q . k_j accumulated over head_dim in order (one fused multiply-add per element),
-// m = max_j s_j, p_j = exp(s_j - m) (a vectorised polynomial), l = sum_j p_j, out = (sum_j p_j v_j) / l, all in
-// fp32, the output rounded once to the cache's dtype. Keys and values are stored (head_dim, n_keys) per row and
-// head with the key index contiguous: a query streams each head's keys, then its values, front to back; the
-// queries of one row and head after the first read them from the core's cache, not from memory.
+// Per query: scores s_j = scale * q . k_j, m = max_j s_j, p_j = exp(s_j - m) (a vectorised polynomial),
+// l = sum_j p_j, out = (sum_j p_j v_j) / l, all in fp32, the output rounded once to the cache's dtype. Keys and
+// values are read in either of two layouts per row and head, told apart by their strides: (head_dim, n_keys), the
+// key index contiguous (the audio's 1,500 keys: a head's keys, then its values, streamed front to back, scores
+// accumulated over head_dim in order), or (n_keys, head_dim) (a self-attention cache: each key one contiguous
+// row). The queries of one row and head are taken in groups of up to 4 sharing each load.
 //
 // Vector width: AVX-512 (16 lanes), AVX2 + FMA (8), else scalar (1), chosen by the compiler flags (-march=native).
 // Sums over lanes run in a fixed tree; a block past the key count is loaded masked (zeros), its lanes excluded.
@@ -21,6 +22,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -282,14 +284,82 @@ void weighted_values(const Group& g, const T* values, int64_t stride, int64_t he
   for (; d < head_dim; ++d) values_rows<NQ, 1>(g, values, stride, d, total, out);
 }
 
-// A group of NQ queries: scores, softmax numerators and sums, weighted values.
+// The same two sums with keys and values stored (n_keys, head_dim), key j `stride` apart from key j + 1 (a
+// self-attention cache: a few dozen keys a query, each read as one contiguous row). Scores: q . k_j over head_dim
+// in vectors of L (the rest masked), then over the lanes (`reduce`); values: out += p_j v_j, key by key, in order.
 template <int NQ, typename T>
-void attend_queries(const Group& g, const T* keys, int64_t k_stride, const T* values, int64_t v_stride,
-                    int64_t head_dim, T* const* out) {
+void scores_of_rows(const Group& g, const T* keys, int64_t stride, int64_t head_dim) {
+  const int64_t full = head_dim / L * L, rest = head_dim - full;
+  for (int64_t j = 0; j < g.n_max; ++j) {
+    const T* k = keys + j * stride;
+    vec acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = zero();
+    for (int64_t c = 0; c < full; c += L) {
+      const vec kc = load(k + c);
+      for (int i = 0; i < NQ; ++i) acc[i] = vfma(load(g.q[i] + c), kc, acc[i]);
+    }
+    if (rest) {
+      const vec kc = load_n(k + full, rest);
+      for (int i = 0; i < NQ; ++i) acc[i] = vfma(load_n(g.q[i] + full, rest), kc, acc[i]);
+    }
+    for (int i = 0; i < NQ; ++i) g.scores[i][j] = reduce(acc[i], false);
+  }
+}
+
+// acc: NQ x head_dim floats of scratch.
+template <int NQ, typename T>
+void weighted_values_rows(const Group& g, const T* values, int64_t stride, int64_t head_dim, const float* total,
+                          float* acc, T* const* out) {
+  const int64_t full = head_dim / L * L;
+  std::fill(acc, acc + NQ * head_dim, 0.0f);
+  for (int64_t j = 0; j < g.n_max; ++j) {
+    const T* v = values + j * stride;
+    for (int i = 0; i < NQ; ++i) {
+      if (j >= g.n[i]) continue;
+      float* a = acc + i * head_dim;
+      const float pj = g.scores[i][j];
+      for (int64_t c = 0; c < full; c += L) store(a + c, vfma(set1(pj), load(v + c), load(a + c)));
+      for (int64_t c = full; c < head_dim; ++c) a[c] = std::fma(pj, static_cast<float>(v[c]), a[c]);
+    }
+  }
+  for (int i = 0; i < NQ; ++i) {
+    for (int64_t c = 0; c < head_dim; ++c) out[i][c] = static_cast<T>(acc[i * head_dim + c] / total[i]);
+  }
+}
+
+// Where keys and values lie for one row and head: `rows` true: (n_keys, head_dim), key j at j * stride; false:
+// (head_dim, n_keys), row d of head_dim at d * stride, the key index contiguous.
+template <typename T>
+struct Stored {
+  const T* data;
+  int64_t stride;
+  bool rows;
+};
+
+// A group of NQ queries: scores, softmax numerators and sums, weighted values. scratch: NQ x head_dim floats.
+template <int NQ, typename T>
+void attend_queries(const Group& g, Stored<T> keys, Stored<T> values, int64_t head_dim, float* scratch,
+                    T* const* out) {
   float total[G];
-  scores_of<NQ>(g, keys, k_stride, head_dim);
+  if (keys.rows) {
+    scores_of_rows<NQ>(g, keys.data, keys.stride, head_dim);
+  } else {
+    scores_of<NQ>(g, keys.data, keys.stride, head_dim);
+  }
   for (int i = 0; i < NQ; ++i) total[i] = softmax_numerators(g.scores[i], g.n[i]);
-  weighted_values<NQ>(g, values, v_stride, head_dim, total, out);
+  if (values.rows) {
+    weighted_values_rows<NQ>(g, values.data, values.stride, head_dim, total, scratch, out);
+  } else {
+    weighted_values<NQ>(g, values.data, values.stride, head_dim, total, out);
+  }
+}
+
+// Keys or values (B, H, S, head_dim) of one row and head as they lie: head_dim contiguous, else S.
+template <typename T>
+Stored<T> stored_at(const at::Tensor& x, int64_t row, int64_t head) {
+  const T* data = x.template data_ptr<T>() + row * x.stride(0) + head * x.stride(1);
+  const bool rows = x.stride(3) == 1;
+  return Stored<T>{data, rows ? x.stride(2) : x.stride(3), rows};
 }
 
 template <typename T>
@@ -302,8 +372,8 @@ struct Operands {
 // Queries [first, first + size) of row `row`, head `head` as one group, into their outputs.
 template <typename T>
 void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first, int64_t size,
-                  std::vector<float>& query, std::vector<float>& scores) {
-  const int64_t head_dim = a.q.size(3), s_pad = (a.keys.size(3) + L - 1) / L * L;
+                  std::vector<float>& query, std::vector<float>& scores, std::vector<float>& scratch) {
+  const int64_t head_dim = a.q.size(3), s_pad = (a.keys.size(2) + L - 1) / L * L;
   const T* q_ptr = a.q.template data_ptr<T>();
   const int32_t* seen = a.n_seen.template data_ptr<int32_t>();
   T* o_ptr = a.out.template data_ptr<T>();
@@ -320,34 +390,33 @@ void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first
     g.n_max = g.n[i] > g.n_max ? g.n[i] : g.n_max;
     out[i] = o_ptr + row * a.out.stride(0) + t * a.out.stride(1) + head * a.out.stride(2);
   }
-  const T* k = a.keys.template data_ptr<T>() + row * a.keys.stride(0) + head * a.keys.stride(1);
-  const T* v = a.values.template data_ptr<T>() + row * a.values.stride(0) + head * a.values.stride(1);
-  const int64_t ks = a.keys.stride(2), vs = a.values.stride(2);
+  const Stored<T> k = stored_at<T>(a.keys, row, head), v = stored_at<T>(a.values, row, head);
   switch (size) {
-    case 1: attend_queries<1>(g, k, ks, v, vs, head_dim, out); break;
-    case 2: attend_queries<2>(g, k, ks, v, vs, head_dim, out); break;
-    case 3: attend_queries<3>(g, k, ks, v, vs, head_dim, out); break;
-    default: attend_queries<4>(g, k, ks, v, vs, head_dim, out); break;
+    case 1: attend_queries<1>(g, k, v, head_dim, scratch.data(), out); break;
+    case 2: attend_queries<2>(g, k, v, head_dim, scratch.data(), out); break;
+    case 3: attend_queries<3>(g, k, v, head_dim, scratch.data(), out); break;
+    default: attend_queries<4>(g, k, v, head_dim, scratch.data(), out); break;
   }
 }
 
 template <typename T>
 void attend_typed(const Operands<T>& a) {
   const int64_t b = a.q.size(0), t = a.q.size(1), h = a.q.size(2), head_dim = a.q.size(3);
-  const int64_t s_pad = (a.keys.size(3) + L - 1) / L * L;
+  const int64_t s_pad = (a.keys.size(2) + L - 1) / L * L;
   at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(G * s_pad);
     std::vector<float> query(G * head_dim);
+    std::vector<float> scratch(G * head_dim);
     for (int64_t bh = begin; bh < end; ++bh) {
       for (int64_t first = 0; first < t; first += G) {
-        attend_group(a, bh / h, bh % h, first, t - first < G ? t - first : G, query, scores);
+        attend_group(a, bh / h, bh % h, first, t - first < G ? t - first : G, query, scores, scratch);
       }
     }
   });
 }
 
-// q: (B, T, H, head_dim), head_dim contiguous; keys, values: (B, H, head_dim, S), S contiguous (any other strides:
-// views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends to keys [0, n_seen[b, t]).
+// q: (B, T, H, head_dim), head_dim contiguous; keys, values: (B, H, S, head_dim), each with head_dim or S
+// contiguous (any other strides: views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends to keys [0, n_seen[b, t]).
 // Returns (B, T, H, head_dim) contiguous in q's dtype (float32 or bfloat16; keys and values the same dtype).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& n_seen,
                   double scale) {
@@ -356,15 +425,18 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   TORCH_CHECK(keys.scalar_type() == q.scalar_type() && values.scalar_type() == q.scalar_type(), "attend: dtypes");
   TORCH_CHECK(n_seen.scalar_type() == at::kInt, "attend: n_seen must be int32");
   const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
-  TORCH_CHECK(keys.size(0) == b && keys.size(1) == h && keys.size(2) == d && values.sizes() == keys.sizes(),
+  TORCH_CHECK(keys.size(0) == b && keys.size(1) == h && keys.size(3) == d && values.sizes() == keys.sizes(),
               "attend: keys/values shape");
   TORCH_CHECK(n_seen.size(0) == b && n_seen.size(1) == t, "attend: n_seen shape");
-  TORCH_CHECK(q.stride(3) == 1 && keys.stride(3) == 1 && values.stride(3) == 1, "attend: layout");
+  TORCH_CHECK(q.stride(3) == 1, "attend: q's head_dim must be contiguous");
+  for (const at::Tensor* x : {&keys, &values}) {
+    TORCH_CHECK(x->stride(3) == 1 || x->stride(2) == 1, "attend: keys/values need head_dim or S contiguous");
+  }
   const int32_t* seen = n_seen.data_ptr<int32_t>();
   for (int64_t row = 0; row < b; ++row) {
     for (int64_t i = 0; i < t; ++i) {
       const int32_t n = seen[row * n_seen.stride(0) + i * n_seen.stride(1)];
-      TORCH_CHECK(n >= 1 && n <= keys.size(3), "attend: n_seen[", row, ", ", i, "] = ", n, " is out of [1, S]");
+      TORCH_CHECK(n >= 1 && n <= keys.size(2), "attend: n_seen[", row, ", ", i, "] = ", n, " is out of [1, S]");
     }
   }
   at::Tensor out = at::empty({b, t, h, d}, q.options());
@@ -381,5 +453,5 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attend", &attend, "few-query attention over (head_dim, S) keys/values, per-query key counts");
+  m.def("attend", &attend, "few-query attention over a cache's keys/values, per-query key counts");
 }

@@ -2,7 +2,8 @@
 whether a decoder's attention runs through it (`fused_attention_usable`).
 
 softmax(scale q k^T) v for each of a row's 1..~32 queries against that row's keys and values, read in place from
-a `KVCache` stored (head_dim, positions) per row and head, each query over its own number of keys (`n_seen`:
+a `KVCache` (per row and head stored (head_dim, positions), as the decoder holds the audio's, or (positions,
+head_dim), as it holds the self-attention's), each query over its own number of keys (`n_seen`:
 self-attention sees the positions up to its own, cross-attention all audio keys), accumulated in fp32 and rounded
 once to the dtype. Each (row, head, query) output comes from the same code in the same order whatever the other
 rows, queries and threads: row- and query-invariant by construction on every CPU, so a (K+1)-token verify pass
@@ -74,34 +75,34 @@ def _extension() -> ModuleType | None:
         return None
 
 
-def attend(q: torch.Tensor, keys_t: torch.Tensor, values_t: torch.Tensor, n_seen: torch.Tensor | None,
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor | None,
            scale: float = 1.0) -> torch.Tensor:
     """softmax(scale q k^T) v per row, head and query, each query over its row's first n_seen[b, t] keys.
 
     q: (B, T, H, head_dim), head_dim contiguous (a view of a projection's (B, T, H * head_dim) output);
-    keys_t, values_t: (B, H, head_dim, S), S contiguous (views of a `KVCache` stored transposed);
+    keys, values: (B, H, S, head_dim), each with head_dim or S contiguous (a `KVCache`'s views, stored either way);
     n_seen: (B, T) integer counts in [1, S], or None for all S keys -> (B, T, H * head_dim) in q's dtype.
     Only where `fused_attention_usable` says so.
     """
     b, t, h, d = q.shape
     if n_seen is None:
-        n_seen = torch.full((b, t), keys_t.shape[-1], dtype=torch.int32)
+        n_seen = torch.full((b, t), keys.shape[2], dtype=torch.int32)
     n_seen = n_seen.to(torch.int32)
     # traced (torch.compile, `engine/capture.py`): as the custom op below, opaque to the tracer; eager: the
     # extension's function itself (no dispatcher round trip, ~12 calls a pass)
     run = _attend_op if torch.compiler.is_compiling() else _extension().attend
-    return run(q, keys_t, values_t, n_seen, scale).view(b, t, h * d)
+    return run(q, keys, values, n_seen, scale).view(b, t, h * d)
 
 
 @torch.library.custom_op("asr_spec::cpu_attend", mutates_args=())
-def _attend_op(q: torch.Tensor, keys_t: torch.Tensor, values_t: torch.Tensor, n_seen: torch.Tensor,
+def _attend_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor,
                scale: float) -> torch.Tensor:
     """The kernel as a torch op (what a traced step calls): `attend`'s operands, n_seen (B, T) int32 ->
     (B, T, H, head_dim) contiguous."""
-    return _extension().attend(q, keys_t, values_t, n_seen, scale)
+    return _extension().attend(q, keys, values, n_seen, scale)
 
 
 @_attend_op.register_fake
-def _(q: torch.Tensor, keys_t: torch.Tensor, values_t: torch.Tensor, n_seen: torch.Tensor,
+def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor,
       scale: float) -> torch.Tensor:
     return q.new_empty(q.shape)

@@ -152,7 +152,7 @@ class Decoder:
         # On CUDA the fused kernels are used as they are.
         self.cpu_layout = self.device.type == "cpu"
         # CPU attention through the few-query kernel where it is built (`cpu_attention`: invariant by construction,
-        # per-query key counts instead of buckets and masks; keys and values stored (head_dim, positions))
+        # per-query key counts instead of buckets and masks; the layouts `new_cache` says)
         self.fused = cpu_attention.fused_attention_usable(self.device, self.dtype)
         packed = onednn_usable(self.device, self.dtype)
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
@@ -236,14 +236,16 @@ class Decoder:
 
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
         """A cache of n_rows slots. On CPU the audio keys are stored transposed, and the audio values too where
-        `values_t`: the layouts `kernels.attention` reads in place. With the CPU kernel (`fused`) every key and
-        value is stored (head_dim, positions), as it reads them. Row-invariant through torch's products: of at
+        `values_t`: the layouts `kernels.attention` reads in place. With the CPU kernel (`fused`) the audio keys
+        and values (head_dim, positions), streamed whole, the self-attention's (positions, head_dim), a few dozen
+        contiguous rows a query (transposed, each query's keys would span head_dim separate lines: 1.4x slower
+        passes in fp32). Row-invariant through torch's products: of at
         least `key_count` positions (what each pass reads), keys (and values where `values_t`) stored transposed,
         so that the self-attention products read every layer's keys and values in place (where n_positions <=
         key_count: K <= 14 in the scheduler's caches)."""
         if self.query_rows:
             n_positions = max(n_positions, self.key_count)
-        self_t = self.fused or bool(self.query_rows)
+        self_t = bool(self.query_rows)
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
             device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout,
@@ -303,8 +305,8 @@ class Decoder:
             scale = self.scaling
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
         if self.fused:  # `mask`: each query's key count (`pass_keys`)
-            out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.self_k[i].transpose(-1, -2),
-                                       cache.self_v[i].transpose(-1, -2), mask, scale)
+            out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.self_k[i], cache.self_v[i],
+                                       mask, scale)
             return x + self._proj(attn.out_proj, out)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
         if self.query_rows:  # over a probed bucket of keys (`pass_keys`), in pieces of `query_rows` queries:
@@ -324,8 +326,8 @@ class Decoder:
         if self.fused:  # every query over all audio keys, q scaled in the kernel unless packed (scaled already)
             q, scale = ((self.linear(h, *self.cross_q[i]), 1.0) if self.cross_q is not None
                         else (self._proj(xattn.q_proj, h), self.scaling))
-            out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.cross_k[i].transpose(-1, -2),
-                                       cache.cross_v[i].transpose(-1, -2), None, scale)
+            out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.cross_k[i], cache.cross_v[i],
+                                       None, scale)
             return x + self._proj(xattn.out_proj, out)
         if self.cross_q is not None:  # packed, scaled by 1/sqrt(head_dim) already
             q = self._split_heads(self.linear(h, *self.cross_q[i]))
