@@ -94,6 +94,19 @@ def test_each_query_is_what_it_is_alone(dtype, positions_contiguous):
     assert torch.equal(four[0], whole[1, 5:9])
 
 
+def test_the_thread_count_changes_nothing():
+    """(row, head) pairs are shared out between threads, each computed whole by one: the same bits."""
+    q, keys, values = _operands(4, 4, 300, torch.bfloat16, seed=4)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_attention.attend(q, keys, values, None)
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_attention.attend(q, keys, values, None), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_count_out_of_range_is_refused():
     q, keys, values = _operands(1, 2, 16, torch.float32)
     for bad in (0, 17):

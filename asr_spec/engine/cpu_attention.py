@@ -9,7 +9,7 @@ once to the dtype. Each (row, head, query) output comes from the same code in th
 rows, queries and threads: row- and query-invariant by construction on every CPU, so a (K+1)-token verify pass
 gives each position exactly what a 1-token greedy step gives it, with no probe, key bucket or mask.
 
-Built with torch's `cpp_extension.load` (g++ and ninja, -O3 -march=native) into torch's extension cache
+Built with torch's `cpp_extension.load` (g++ and ninja, -O3 -march=native -fopenmp) into torch's extension cache
 (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions) under a name that carries a digest of this CPU's
 flags, so that a home directory shared by CPUs of different kinds never loads a build for another. Where it
 cannot be built (no compiler, no ninja, a build error) one warning is logged and the decoder runs torch's
@@ -67,7 +67,10 @@ def _extension() -> ModuleType | None:
     try:
         from torch.utils import cpp_extension
 
-        return cpp_extension.load(name=build_name(), sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native"],
+        # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
+        # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
+        return cpp_extension.load(name=build_name(), sources=[str(SOURCE)],
+                                  extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                                   verbose=False)
     except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
