@@ -1,5 +1,6 @@
 """A few-query attention kernel for CPU (C++, `cpu_attention.cpp`), built at first use, and the one decision
-whether a decoder's attention runs through it (`fused_attention_usable`).
+whether a decoder's attention runs through it (`fused_attention_usable`); its vector layer is
+`cpu_attention_simd.h`.
 
 softmax(scale q k^T) v for each of a row's 1..~32 queries against that row's keys and values, read in place from
 a `KVCache` (per row and head stored (head_dim, positions), as the decoder holds the audio's, or (positions,
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DISABLE_ENV = "ASR_SPEC_NO_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+HEADER = Path(__file__).with_name("cpu_attention_simd.h")  # included by SOURCE: its vector layer
 CPUINFO = Path("/proc/cpuinfo")
 # the dtypes the kernel reads and writes (keys, values, queries and output all in one of them)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
@@ -52,12 +54,14 @@ def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 def build_name() -> str:
     """The extension's name in torch's cache: one per CPU kind (machine and instruction-set flags), since
-    -march=native code built on one CPU may not run on another."""
+    -march=native code built on one CPU may not run on another, and per text of the header (torch's own version
+    check reads the listed source alone)."""
     flags = ""
     if CPUINFO.exists():
         lines = CPUINFO.read_text(errors="replace").splitlines()
         flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
-    digest = hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:12]
+    header = HEADER.read_text() if HEADER.exists() else ""
+    digest = hashlib.sha1(f"{platform.machine()} {flags}\n{header}".encode()).hexdigest()[:12]
     return f"asr_spec_cpu_attention_{digest}"
 
 
