@@ -237,12 +237,12 @@ class Decoder:
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
         """A cache of n_rows slots. On CPU the audio keys are stored transposed, and the audio values too where
         `values_t`: the layouts `kernels.attention` reads in place. With the CPU kernel (`fused`) the audio keys
-        and values (head_dim, positions), streamed whole, the self-attention's (positions, head_dim), a few dozen
-        contiguous rows a query (transposed, each query's keys would span head_dim separate lines: 1.4x slower
-        passes in fp32). Row-invariant through torch's products: of at
-        least `key_count` positions (what each pass reads), keys (and values where `values_t`) stored transposed,
-        so that the self-attention products read every layer's keys and values in place (where n_positions <=
-        key_count: K <= 14 in the scheduler's caches)."""
+        and values (head_dim, positions), streamed whole, the self-attention's (positions, head_dim): a query's
+        few dozen keys are contiguous rows (transposed they span head_dim separate lines: the fp32 batch-8
+        self-attention stage 2.4x slower). Row-invariant through torch's products: of at least `key_count`
+        positions (what each pass reads), keys (and values where `values_t`) stored transposed, so that the
+        self-attention products read every layer's keys and values in place (where n_positions <= key_count:
+        K <= 14 in the scheduler's caches)."""
         if self.query_rows:
             n_positions = max(n_positions, self.key_count)
         self_t = bool(self.query_rows)
