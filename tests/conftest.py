@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
@@ -20,6 +21,19 @@ torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
 os.environ["ASR_SPEC_CPU_FLAGS"] = "fpu sse2 avx avx2 fma"
 
 EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def attention_path(request, monkeypatch) -> str:
+    """A test run twice: CPU attention through the C++ kernel (`engine/cpu_attention.py`; skipped where it cannot
+    be built or ASR_SPEC_NO_CPU_KERNELS is set) and through torch's products (the kernel disabled)."""
+    from asr_spec.engine import cpu_attention
+
+    if request.param == "torch":
+        monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")
+    elif not cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32):
+        pytest.skip("the CPU attention kernel is not in use here (not built, or ASR_SPEC_NO_CPU_KERNELS set)")
+    return request.param
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -4,7 +4,9 @@
 and how many queries an attention product may take at once with each row's result unchanged; the decoder runs its
 products in pieces of that size. Where the probe finds none (a CPU whose kernels do not even repeat a 1-row
 product), these tests are skipped with the probe's figures: the contract there is bf16 greedy up to a near-tie
-(tests/test_bf16.py).
+(tests/test_bf16.py). The decoder's attention runs through the C++ kernel where it is built (`cpu_attention`:
+invariant by construction, no probe) and through torch's products otherwise: the invariance tests run both ways
+(`attention_path`), the probes' own tests the torch way.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from conftest import perturbed, tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine.cpu_attention import DISABLE_ENV
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.kernels import (
     ROW_BLOCK_MAX,
@@ -41,9 +44,12 @@ def _model(shape: str):
     return random_whisper(shape, seed=1, init_std=0.2, decoder_layers=2).to(DTYPE)
 
 
-def _decoder(shape: str = "test") -> Decoder:
+def _decoder(shape: str = "test", *, kernel: bool = False) -> Decoder:
+    """A bf16 decoder of `shape`; kernel: the one asked for by the `attention_path` fixture (checked here),
+    else torch's products (whose probes some tests check)."""
     model = _model(shape)
     decoder = Decoder(model.model.decoder, model.proj_out)
+    assert decoder.fused == kernel
     if not decoder.row_rows:
         pytest.skip(f"bf16 products are not row-invariant on this CPU (rows {decoder.row_rows}, queries "
                     f"{decoder.query_rows}): bf16 is lossless here only up to near-ties")
@@ -72,12 +78,12 @@ def test_blocked_products_are_the_whole_product_in_pieces():
 
 
 @pytest.mark.parametrize("n_new", [4, 12])
-def test_a_verify_pass_scores_each_position_as_a_one_token_step_does(n_new):
+def test_a_verify_pass_scores_each_position_as_a_one_token_step_does(n_new, attention_path):
     """Three rows at ragged lengths fed 4 tokens in one pass (a K = 3 verify pass; 12: 36 rows, more than one
     kernel takes on some CPUs) vs each row alone, one token at a time, over all key_count keys (the pass reads
     the smallest key bucket where the probe allows it): logits and written keys/values equal bit for bit.
     whisper-base's layer shapes (2 layers), where SDPA rounds by query count."""
-    decoder = _decoder("base")
+    decoder = _decoder("base", kernel=attention_path == "kernel")
     gen = torch.Generator().manual_seed(0)
     n_rows, n_ctx = 3, decoder.decoder.config.max_source_positions
     cache = decoder.new_cache(n_rows, 64, n_ctx)
@@ -101,7 +107,7 @@ def test_a_verify_pass_scores_each_position_as_a_one_token_step_does(n_new):
 
 
 @functools.cache
-def _greedy(batch_size: int):
+def _greedy(batch_size: int, path: str):  # path: `attention_path`'s, which the engine's decoders read
     target = tiny_target().to(DTYPE)
     features = torch.randn(8, 16, 100, generator=torch.Generator().manual_seed(0)).to(DTYPE)
     options = DecodeOptions(language="en", max_new_tokens=30)
@@ -109,10 +115,10 @@ def _greedy(batch_size: int):
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 8])
-def test_bf16_speculative_is_bf16_greedy_token_for_token(batch_size):
+def test_bf16_speculative_is_bf16_greedy_token_for_token(batch_size, attention_path):
     """No near-tie allowance: every row's tokens equal greedy's, and greedy's equal at every batch size."""
-    _decoder()
-    target, features, greedy = _greedy(batch_size)
+    _decoder(kernel=attention_path == "kernel")
+    target, features, greedy = _greedy(batch_size, attention_path)
     options = DecodeOptions(language="en", max_new_tokens=30, num_draft_tokens=3)
     draft = decoder_draft(perturbed(tiny_target(), 0.3, seed=3, encoder=False).to(DTYPE))
     results = Engine(target, draft, options).decode(features, batch_size=batch_size)
@@ -120,12 +126,13 @@ def test_bf16_speculative_is_bf16_greedy_token_for_token(batch_size):
     assert sum(s.accepted_tokens for s in stats) > 0 and sum(s.drafted_tokens for s in stats) > sum(
         s.accepted_tokens for s in stats)  # proposals accepted and rejected
     assert [r.tokens for r in results] == [r.tokens for r in greedy]
-    assert [r.tokens for r in greedy] == [r.tokens for r in _greedy(1)[2]]
+    assert [r.tokens for r in greedy] == [r.tokens for r in _greedy(1, attention_path)[2]]
 
 
-def test_a_cache_longer_than_the_pass_reads_gives_the_same_logits():
+def test_a_cache_longer_than_the_pass_reads_gives_the_same_logits(monkeypatch):
     """A cache of more positions than `key_count` (a speculative engine at K > 14) is read over the same key_count
     keys as one of exactly key_count (greedy's): the same logits bit for bit."""
+    monkeypatch.setenv(DISABLE_ENV, "1")  # torch's products: the probes decide their layout and buckets
     decoder = _decoder()
     gen = torch.Generator().manual_seed(0)
     n_ctx = decoder.decoder.config.max_source_positions
@@ -140,10 +147,11 @@ def test_a_cache_longer_than_the_pass_reads_gives_the_same_logits():
     assert torch.equal(logits[0], logits[1])
 
 
-def test_each_key_bucket_gives_a_query_what_all_keys_give():
+def test_each_key_bucket_gives_a_query_what_all_keys_give(monkeypatch):
     """The probe's claim (`kernels.key_buckets`), on other data than it saw: a query's attention output over any
     bucket covering its position equals, bit for bit, its output over all key_count keys (masked keys exactly
     left out), for a lone query, a verify pass's 4 queries and a full piece; whisper-base's heads."""
+    monkeypatch.setenv(DISABLE_ENV, "1")  # torch's products: the probes decide their layout and buckets
     decoder = _decoder("base")
     buckets = decoder.key_buckets
     if len(buckets) == 1:
@@ -165,10 +173,11 @@ def test_each_key_bucket_gives_a_query_what_all_keys_give():
     assert key_buckets(h, d, n, decoder.query_rows, DTYPE, decoder.values_t) is buckets  # probed once per shape
 
 
-def test_values_are_stored_in_the_layout_the_probe_measured():
+def test_values_are_stored_in_the_layout_the_probe_measured(monkeypatch):
     """A row-invariant decoder stores its attention values transposed exactly where `query_block` in that layout
     still takes `TRANSPOSED_MIN_QUERIES` queries over the audio keys, and its query pieces are what the probe
     found in the layout it stores (self-attention over key_count keys, cross-attention over the audio's)."""
+    monkeypatch.setenv(DISABLE_ENV, "1")  # torch's products: the probes decide their layout and buckets
     decoder = _decoder("base")
     h, d, n_ctx = decoder.n_heads, decoder.head_dim, decoder.decoder.config.max_source_positions
     cache = decoder.new_cache(1, 8, n_ctx)

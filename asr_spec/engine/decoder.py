@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr_spec.engine import cpu_attention
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead
 from asr_spec.engine.kernels import (
@@ -21,6 +22,7 @@ from asr_spec.engine.kernels import (
     attention,
     blocked,
     decoder_blocks,
+    decoder_rows,
     fused_qkv,
     key_buckets,
     mask_bias,
@@ -149,6 +151,9 @@ class Decoder:
         #   W (vocab, d_model) @ x^T from 2 rows on (MKL runs thin x @ W^T products badly).
         # On CUDA the fused kernels are used as they are.
         self.cpu_layout = self.device.type == "cpu"
+        # CPU attention through the few-query kernel where it is built (`cpu_attention`: invariant by construction,
+        # per-query key counts instead of buckets and masks; the layouts `new_cache` says)
+        self.fused = cpu_attention.fused_attention_usable(self.device, self.dtype)
         packed = onednn_usable(self.device, self.dtype)
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
@@ -173,10 +178,13 @@ class Decoder:
         self._head_layout(proj_out.weight, vocab_ids, packed, certify)
 
     def _attention_layout(self) -> tuple[bool, tuple[int, ...]]:
-        """(values_t, key_buckets): whether attention values are stored (head_dim, positions), where it pays
-        (bf16): in a row-invariant decoder where the probe still finds enough queries in that layout
-        (`kernels.values_transposed`), in any other CPU one for speed alone; and the self-attention key counts a
-        row-invariant pass may read, the smallest covering its positions (none elsewhere)."""
+        """(values_t, key_buckets): whether attention values are stored (head_dim, positions): always with the
+        CPU kernel (its layout), else where it pays (bf16): in a row-invariant decoder where the probe still finds
+        enough queries in that layout (`kernels.values_transposed`), in any other CPU one for speed alone; and the
+        self-attention key counts a row-invariant pass of torch's products may read, the smallest covering its
+        positions (none elsewhere: the kernel reads each query's own count)."""
+        if self.fused:
+            return True, ()
         n_audio = self.decoder.config.max_source_positions
         values_t = self.cpu_layout and self.dtype != torch.float32 and (
             not self.query_rows or values_transposed(self.n_heads, self.head_dim, n_audio, self.dtype))
@@ -205,10 +213,14 @@ class Decoder:
         queries its attention may take at once and still give every row, bit for bit, what one row alone gets
         (`kernels.row_block`, `kernels.query_block`: measured once per shape); (0, 0) elsewhere (fp32, CUDA),
         where products run whole and a verify pass matches a step up to rounding. A rows figure of 0 on a
-        CPU in bf16 means even 1-row products do not repeat: then products run whole too."""
+        CPU in bf16 means even 1-row products do not repeat: then products run whole too. With the CPU attention
+        kernel (`fused`), invariant by construction, queries is 0: only the linear products are probed."""
         if not self.cpu_layout or self.dtype == torch.float32:
             return 0, 0
-        return decoder_blocks(self.d_model, self.layers[0].fc1.weight.shape[0], n_vocab, self.n_heads,
+        d_ffn = self.layers[0].fc1.weight.shape[0]
+        if self.fused:
+            return decoder_rows(self.d_model, d_ffn, n_vocab, self.dtype, packed), 0
+        return decoder_blocks(self.d_model, d_ffn, n_vocab, self.n_heads,
                               self.key_count, self.decoder.config.max_source_positions, self.dtype, packed)
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -224,17 +236,20 @@ class Decoder:
 
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
         """A cache of n_rows slots. On CPU the audio keys are stored transposed, and the audio values too where
-        `values_t`: the layouts `kernels.attention` reads in place. Row-invariant: of at least `key_count`
+        `values_t`: the layouts `kernels.attention` reads in place. With the CPU kernel (`fused`) the audio keys
+        and values (head_dim, positions), streamed whole, the self-attention's (positions, head_dim): a query's
+        few dozen keys are contiguous rows (transposed they span head_dim separate lines: the fp32 batch-8
+        self-attention stage 2.4x slower). Row-invariant through torch's products: of at least `key_count`
         positions (what each pass reads), keys (and values where `values_t`) stored transposed, so that the
         self-attention products read every layer's keys and values in place (where n_positions <= key_count:
         K <= 14 in the scheduler's caches)."""
         if self.query_rows:
             n_positions = max(n_positions, self.key_count)
+        self_t = bool(self.query_rows)
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
             device=self.device, dtype=self.dtype, cross_k_transposed=self.cpu_layout,
-            cross_v_transposed=self.values_t, self_k_transposed=bool(self.query_rows),
-            self_v_transposed=bool(self.query_rows) and self.values_t,
+            cross_v_transposed=self.values_t, self_k_transposed=self_t, self_v_transposed=self_t and self.values_t,
         )
 
     @torch.inference_mode()
@@ -289,6 +304,10 @@ class Decoder:
             q, k, v = self._proj(attn.q_proj, h), self._proj(attn.k_proj, h), self._proj(attn.v_proj, h)
             scale = self.scaling
         cache.write_self(i, self._split_heads(k), self._split_heads(v), write_pos)
+        if self.fused:  # `mask`: each query's key count (`pass_keys`)
+            out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.self_k[i], cache.self_v[i],
+                                       mask, scale)
+            return x + self._proj(attn.out_proj, out)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
         if self.query_rows:  # over a probed bucket of keys (`pass_keys`), in pieces of `query_rows` queries:
             # keys^T (B, H, head_dim, n_keys) and values (stored as `new_cache` chose) read in place where n_keys
@@ -304,6 +323,12 @@ class Decoder:
         b, t, _ = x.shape
         xattn = layer.encoder_attn
         h = _layer_norm(layer.encoder_attn_layer_norm, x)
+        if self.fused:  # every query over all audio keys, q scaled in the kernel unless packed (scaled already)
+            q, scale = ((self.linear(h, *self.cross_q[i]), 1.0) if self.cross_q is not None
+                        else (self._proj(xattn.q_proj, h), self.scaling))
+            out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.cross_k[i], cache.cross_v[i],
+                                       None, scale)
+            return x + self._proj(xattn.out_proj, out)
         if self.cross_q is not None:  # packed, scaled by 1/sqrt(head_dim) already
             q = self._split_heads(self.linear(h, *self.cross_q[i]))
         else:
@@ -380,8 +405,13 @@ class Decoder:
                   ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """What a pass feeding `positions` ((B, T) long) writes and reads: (write positions (B, T) clamped to the
         cache, mask (B, 1, T, n_keys') of the keys each query sees, n_keys' the keys it reads). The mask is bool
-        (True: seen) for SDPA, a `kernels.mask_bias` (0 / -inf) for a row-invariant decoder's `attention`."""
+        (True: seen) for SDPA, a `kernels.mask_bias` (0 / -inf) for a row-invariant decoder's `attention`; with the
+        CPU kernel (`fused`) it is each query's key count instead, (B, T) int32: its position + 1, at most n_keys
+        (a padding entry past a row's input may see fewer keys than its position: its output is ignored)."""
         write_pos = positions.clamp(max=cache.n_positions - 1)
+        if self.fused:
+            n_keys = min(n_keys, cache.n_positions)
+            return write_pos, (positions + 1).clamp(max=n_keys).to(torch.int32), n_keys
         if self.query_rows:
             # row-invariant: the smallest of `key_buckets` (probed: each query's output is the same over any of
             # them covering its position) at or above n_keys, else all `key_count` positions (a cache from

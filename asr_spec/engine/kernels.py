@@ -206,6 +206,16 @@ def query_block(n_heads: int, head_dim: int, n_keys: int, dtype: torch.dtype, va
     return _invariant_rows(lambda queries: attention(queries[None], k_t[None], v[None], lone=True)[0], q, 1)
 
 
+def decoder_rows(d_model: int, d_ffn: int, n_vocab: int, dtype: torch.dtype, packed: bool) -> int:
+    """The most rows every product of a Whisper decoder of these shapes in `dtype` takes with every row's result
+    unchanged (`row_block` of the projections, q/k/v fused when `packed`, the MLP and the head of `n_vocab` rows);
+    0 where some product does not even repeat a 1-row result. A decoder whose attention runs through the CPU
+    kernel (`cpu_attention`, invariant by construction) needs this and no attention probe."""
+    shapes = [(d_model, d_model), (d_ffn, d_model), (d_model, d_ffn), (n_vocab, d_model),
+              *([(3 * d_model, d_model)] if packed else [])]
+    return min(row_block(n_out, n_in, dtype, packed) for n_out, n_in in shapes)
+
+
 def decoder_blocks(d_model: int, d_ffn: int, n_vocab: int, n_heads: int, n_positions: int, n_audio_ctx: int,
                    dtype: torch.dtype, packed: bool) -> tuple[int, int]:
     """(rows, queries) for a Whisper decoder of these shapes in `dtype`: the most rows every one of its products
@@ -213,9 +223,7 @@ def decoder_blocks(d_model: int, d_ffn: int, n_vocab: int, n_heads: int, n_posit
     queries its attention products (`query_block`: self-attention over the `n_positions` every pass reads,
     cross-attention over `n_audio_ctx` keys, values stored as `values_transposed` decides) take with every row's
     result unchanged. (0, 0) where some product does not even repeat a 1-row result."""
-    shapes = [(d_model, d_model), (d_ffn, d_model), (d_model, d_ffn), (n_vocab, d_model),
-              *([(3 * d_model, d_model)] if packed else [])]
-    rows = min(row_block(n_out, n_in, dtype, packed) for n_out, n_in in shapes)
+    rows = decoder_rows(d_model, d_ffn, n_vocab, dtype, packed)
     head_dim = d_model // n_heads
     values_t = values_transposed(n_heads, head_dim, n_audio_ctx, dtype)
     queries = min(query_block(n_heads, head_dim, n_positions, dtype, values_t),

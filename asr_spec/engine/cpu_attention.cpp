@@ -1,0 +1,334 @@
+// Few-query attention on CPU: softmax(q k^T) v for 1..~32 queries per row and head against keys and values read
+// in place from a decoder's cache (asr_spec/engine/cpu_attention.py builds and loads this file).
+//
+// Invariant by construction: each (row, head, query) output is computed by one thread, by the same code in the
+// same order, from that query's own data and key count alone (`n_seen`): whatever the number of rows, queries,
+// heads or threads, the output is bit for bit the same. Nothing below branches on another query's values or count.
+//
+// Per query: scores s_j = scale * q . k_j, m = max_j s_j, p_j = exp(s_j - m) (a vectorised polynomial),
+// l = sum_j p_j, out = (sum_j p_j v_j) / l, all in fp32, the output rounded once to the cache's dtype. Keys and
+// values are read in either of two layouts per row and head, told apart by their strides: (head_dim, n_keys), the
+// key index contiguous (the audio's 1,500 keys: a head's keys, then its values, streamed front to back, scores
+// accumulated over head_dim in order), or (n_keys, head_dim) (a self-attention cache: each key one contiguous
+// row). The queries of one row and head are taken in groups of up to 4 sharing each load.
+//
+// Vector width (cpu_attention_simd.h): AVX-512 (16 lanes), AVX2 + FMA (8), else scalar (1), by the compiler flags
+// (-march=native). Sums over lanes run in a fixed tree; a block past the key count is loaded masked (zeros), its
+// lanes excluded.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "cpu_attention_simd.h"
+
+namespace {
+
+using namespace cpu_attention;
+
+// Queries of one row and head computed together (`Group`): each key and value block is loaded once for all of
+// them. A query's arithmetic is the same whatever its group (the blocks past its own count it does not use).
+constexpr int64_t G = 4;  // queries a group
+constexpr int64_t R = 4;  // value rows (of head_dim) a block step reads
+constexpr int64_t RS = 8;  // key rows (of head_dim) a block step reads
+
+struct Group {
+  int64_t size;          // queries in the group, 1..G
+  const float* q[G];     // each query, scaled, fp32 (head_dim)
+  float* scores[G];      // each query's scores, then its softmax numerators (n rounded up to L)
+  int64_t n[G];          // each query's key count
+  int64_t n_max;         // the largest
+};
+
+// Every query's scores[j] = q . k_j (j < its n; lanes past it in its last block undefined), keys stored
+// (head_dim, n_keys) with rows `stride` apart. Each score: one fused multiply-add per head_dim element, in order,
+// whatever NQ (the queries sharing each load) and whatever RK (the rows of head_dim taken per sweep).
+template <int NQ, int RK, typename T>
+void scores_rows(const Group& g, const T* keys, int64_t stride, int64_t d, int64_t full, int64_t tail) {
+  const int64_t end = tail ? full + L : full;
+  const T* rows[RK];
+  for (int r = 0; r < RK; ++r) rows[r] = keys + (d + r) * stride;
+  auto block = [&](int64_t j, const vec* k) {
+    for (int i = 0; i < NQ; ++i) {
+      vec acc = load(g.scores[i] + j);
+      for (int r = 0; r < RK; ++r) acc = vfma(set1(g.q[i][d + r]), k[r], acc);
+      store(g.scores[i] + j, acc);
+    }
+  };
+  vec k[RK];
+  for (int64_t j = 0; j < full; j += L) {
+    for (int r = 0; r < RK; ++r) k[r] = load(rows[r] + j);
+    if (new_line<T>(j)) {
+      for (int r = 0; r < RK; ++r) prefetch(rows[r] + j, AHEAD);
+    }
+    block(j, k);
+  }
+  if (full < end) {
+    for (int r = 0; r < RK; ++r) k[r] = load_n(rows[r] + full, tail);
+    block(full, k);
+  }
+}
+
+template <int NQ, typename T>
+void scores_of(const Group& g, const T* keys, int64_t stride, int64_t head_dim) {
+  const int64_t full = g.n_max / L * L, tail = g.n_max - full;
+  const int64_t end = tail ? full + L : full;
+  for (int i = 0; i < NQ; ++i) {
+    for (int64_t j = 0; j < end; j += L) store(g.scores[i] + j, zero());
+  }
+  int64_t d = 0;
+  for (; d + RS <= head_dim; d += RS) scores_rows<NQ, RS>(g, keys, stride, d, full, tail);
+  for (; d < head_dim; ++d) scores_rows<NQ, 1>(g, keys, stride, d, full, tail);
+}
+
+// scores -> exp(score - max), in place (zeros past n, to the next multiple of L); returns the sum of the first n.
+float softmax_numerators(float* scores, int64_t n) {
+  const int64_t full = n / L * L;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  vec top = set1(neg_inf);
+  for (int64_t j = 0; j < full; j += L) top = vmax(top, load(scores + j));
+  if (full < n) top = vmax(top, keep_n(load(scores + full), set1(neg_inf), n - full));
+  const vec m = set1(reduce(top, true));
+  vec sum = zero();
+  for (int64_t j = 0; j < full; j += L) {
+    vec p = exp_nonpositive(vsub(load(scores + j), m));
+    store(scores + j, p);
+    sum = vadd(sum, p);
+  }
+  if (full < n) {
+    vec p = keep_n(exp_nonpositive(vsub(load(scores + full), m)), zero(), n - full);
+    store(scores + full, p);
+    sum = vadd(sum, p);
+  }
+  return reduce(sum, false);
+}
+
+// out_i[d + r] = sum_j p_i[j] v_j[d + r] / total_i for rows r < RV: query i's full blocks from loads shared by
+// the group, its last partial block (if any) from a load of its own that stops at its n. Values stored
+// (head_dim, n_keys), rows `stride` apart; one accumulator per query and row, over the blocks in order.
+template <int NQ, int RV, typename T>
+void values_rows(const Group& g, const T* values, int64_t stride, int64_t d, const float* total, T* const* out) {
+  const T* rows[RV];
+  vec acc[NQ][RV];
+  for (int r = 0; r < RV; ++r) rows[r] = values + (d + r) * stride;
+  for (int i = 0; i < NQ; ++i) {
+    for (int r = 0; r < RV; ++r) acc[i][r] = zero();
+  }
+  int64_t full_min = g.n[0];
+  for (int i = 1; i < NQ; ++i) full_min = g.n[i] < full_min ? g.n[i] : full_min;
+  full_min = full_min / L * L;
+  const int64_t full_max = g.n_max / L * L;
+  vec v[RV];
+  for (int64_t j = 0; j < full_min; j += L) {  // every query's full blocks
+    for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
+    if (new_line<T>(j)) {
+      for (int r = 0; r < RV; ++r) prefetch(rows[r] + j, AHEAD);
+    }
+    for (int i = 0; i < NQ; ++i) {
+      const vec p = load(g.scores[i] + j);
+      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, v[r], acc[i][r]);
+    }
+  }
+  for (int64_t j = full_min; j < full_max; j += L) {  // some queries' full blocks
+    for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
+    for (int i = 0; i < NQ; ++i) {
+      if (j + L > g.n[i]) continue;
+      const vec p = load(g.scores[i] + j);
+      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, v[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < NQ; ++i) {
+    const int64_t full = g.n[i] / L * L;
+    if (full < g.n[i]) {
+      const vec p = load(g.scores[i] + full);
+      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, load_n(rows[r] + full, g.n[i] - full), acc[i][r]);
+    }
+    for (int r = 0; r < RV; ++r) out[i][d + r] = static_cast<T>(reduce(acc[i][r], false) / total[i]);
+  }
+}
+
+template <int NQ, typename T>
+void weighted_values(const Group& g, const T* values, int64_t stride, int64_t head_dim, const float* total,
+                     T* const* out) {
+  constexpr int RV = NQ <= 2 ? 2 * R : R;  // accumulators NQ x RV: enough chains to hide the FMA latency
+  int64_t d = 0;
+  for (; d + RV <= head_dim; d += RV) values_rows<NQ, RV>(g, values, stride, d, total, out);
+  for (; d < head_dim; ++d) values_rows<NQ, 1>(g, values, stride, d, total, out);
+}
+
+// The same two sums with keys and values stored (n_keys, head_dim), key j `stride` apart from key j + 1 (a
+// self-attention cache: a few dozen keys a query, each read as one contiguous row). Scores: q . k_j over head_dim
+// in vectors of L (the rest masked), then over the lanes (`reduce`); values: out += p_j v_j, key by key, in order.
+template <int NQ, typename T>
+void scores_of_rows(const Group& g, const T* keys, int64_t stride, int64_t head_dim) {
+  const int64_t full = head_dim / L * L, rest = head_dim - full;
+  for (int64_t j = 0; j < g.n_max; ++j) {
+    const T* k = keys + j * stride;
+    vec acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = zero();
+    for (int64_t c = 0; c < full; c += L) {
+      const vec kc = load(k + c);
+      for (int i = 0; i < NQ; ++i) acc[i] = vfma(load(g.q[i] + c), kc, acc[i]);
+    }
+    if (rest) {
+      const vec kc = load_n(k + full, rest);
+      for (int i = 0; i < NQ; ++i) acc[i] = vfma(load_n(g.q[i] + full, rest), kc, acc[i]);
+    }
+    for (int i = 0; i < NQ; ++i) g.scores[i][j] = reduce(acc[i], false);
+  }
+}
+
+// acc: NQ x head_dim floats of scratch.
+template <int NQ, typename T>
+void weighted_values_rows(const Group& g, const T* values, int64_t stride, int64_t head_dim, const float* total,
+                          float* acc, T* const* out) {
+  const int64_t full = head_dim / L * L;
+  std::fill(acc, acc + NQ * head_dim, 0.0f);
+  for (int64_t j = 0; j < g.n_max; ++j) {
+    const T* v = values + j * stride;
+    for (int i = 0; i < NQ; ++i) {
+      if (j >= g.n[i]) continue;
+      float* a = acc + i * head_dim;
+      const float pj = g.scores[i][j];
+      for (int64_t c = 0; c < full; c += L) store(a + c, vfma(set1(pj), load(v + c), load(a + c)));
+      for (int64_t c = full; c < head_dim; ++c) a[c] = std::fma(pj, static_cast<float>(v[c]), a[c]);
+    }
+  }
+  for (int i = 0; i < NQ; ++i) {
+    for (int64_t c = 0; c < head_dim; ++c) out[i][c] = static_cast<T>(acc[i * head_dim + c] / total[i]);
+  }
+}
+
+// Where keys and values lie for one row and head: `rows` true: (n_keys, head_dim), key j at j * stride; false:
+// (head_dim, n_keys), row d of head_dim at d * stride, the key index contiguous.
+template <typename T>
+struct Stored {
+  const T* data;
+  int64_t stride;
+  bool rows;
+};
+
+// A group of NQ queries: scores, softmax numerators and sums, weighted values. scratch: NQ x head_dim floats.
+template <int NQ, typename T>
+void attend_queries(const Group& g, Stored<T> keys, Stored<T> values, int64_t head_dim, float* scratch,
+                    T* const* out) {
+  float total[G];
+  if (keys.rows) {
+    scores_of_rows<NQ>(g, keys.data, keys.stride, head_dim);
+  } else {
+    scores_of<NQ>(g, keys.data, keys.stride, head_dim);
+  }
+  for (int i = 0; i < NQ; ++i) total[i] = softmax_numerators(g.scores[i], g.n[i]);
+  if (values.rows) {
+    weighted_values_rows<NQ>(g, values.data, values.stride, head_dim, total, scratch, out);
+  } else {
+    weighted_values<NQ>(g, values.data, values.stride, head_dim, total, out);
+  }
+}
+
+// Keys or values (B, H, S, head_dim) of one row and head as they lie: head_dim contiguous, else S.
+template <typename T>
+Stored<T> stored_at(const at::Tensor& x, int64_t row, int64_t head) {
+  const T* data = x.template data_ptr<T>() + row * x.stride(0) + head * x.stride(1);
+  const bool rows = x.stride(3) == 1;
+  return Stored<T>{data, rows ? x.stride(2) : x.stride(3), rows};
+}
+
+template <typename T>
+struct Operands {
+  const at::Tensor &q, &keys, &values, &n_seen;
+  at::Tensor& out;
+  float scale;
+};
+
+// Queries [first, first + size) of row `row`, head `head` as one group, into their outputs.
+template <typename T>
+void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first, int64_t size,
+                  std::vector<float>& query, std::vector<float>& scores, std::vector<float>& scratch) {
+  const int64_t head_dim = a.q.size(3), s_pad = (a.keys.size(2) + L - 1) / L * L;
+  const T* q_ptr = a.q.template data_ptr<T>();
+  const int32_t* seen = a.n_seen.template data_ptr<int32_t>();
+  T* o_ptr = a.out.template data_ptr<T>();
+  Group g{size, {}, {}, {}, 0};
+  T* out[G];
+  for (int64_t i = 0; i < size; ++i) {
+    const int64_t t = first + i;
+    const T* qi = q_ptr + row * a.q.stride(0) + t * a.q.stride(1) + head * a.q.stride(2);
+    float* qf = query.data() + i * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) qf[d] = static_cast<float>(qi[d]) * a.scale;
+    g.q[i] = qf;
+    g.scores[i] = scores.data() + i * s_pad;
+    g.n[i] = seen[row * a.n_seen.stride(0) + t * a.n_seen.stride(1)];
+    g.n_max = g.n[i] > g.n_max ? g.n[i] : g.n_max;
+    out[i] = o_ptr + row * a.out.stride(0) + t * a.out.stride(1) + head * a.out.stride(2);
+  }
+  const Stored<T> k = stored_at<T>(a.keys, row, head), v = stored_at<T>(a.values, row, head);
+  switch (size) {
+    case 1: attend_queries<1>(g, k, v, head_dim, scratch.data(), out); break;
+    case 2: attend_queries<2>(g, k, v, head_dim, scratch.data(), out); break;
+    case 3: attend_queries<3>(g, k, v, head_dim, scratch.data(), out); break;
+    default: attend_queries<4>(g, k, v, head_dim, scratch.data(), out); break;
+  }
+}
+
+template <typename T>
+void attend_typed(const Operands<T>& a) {
+  const int64_t b = a.q.size(0), t = a.q.size(1), h = a.q.size(2), head_dim = a.q.size(3);
+  const int64_t s_pad = (a.keys.size(2) + L - 1) / L * L;
+  at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(G * s_pad);
+    std::vector<float> query(G * head_dim);
+    std::vector<float> scratch(G * head_dim);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      for (int64_t first = 0; first < t; first += G) {
+        attend_group(a, bh / h, bh % h, first, t - first < G ? t - first : G, query, scores, scratch);
+      }
+    }
+  });
+}
+
+// q: (B, T, H, head_dim), head_dim contiguous; keys, values: (B, H, S, head_dim), each with head_dim or S
+// contiguous (any other strides: views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends to keys [0, n_seen[b, t]).
+// Returns (B, T, H, head_dim) contiguous in q's dtype (float32 or bfloat16; keys and values the same dtype).
+at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& n_seen,
+                  double scale) {
+  TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), "attend: CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && n_seen.dim() == 2, "attend: bad ranks");
+  TORCH_CHECK(keys.scalar_type() == q.scalar_type() && values.scalar_type() == q.scalar_type(), "attend: dtypes");
+  TORCH_CHECK(n_seen.scalar_type() == at::kInt, "attend: n_seen must be int32");
+  const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
+  TORCH_CHECK(keys.size(0) == b && keys.size(1) == h && keys.size(3) == d && values.sizes() == keys.sizes(),
+              "attend: keys/values shape");
+  TORCH_CHECK(n_seen.size(0) == b && n_seen.size(1) == t, "attend: n_seen shape");
+  TORCH_CHECK(q.stride(3) == 1, "attend: q's head_dim must be contiguous");
+  for (const at::Tensor* x : {&keys, &values}) {
+    TORCH_CHECK(x->stride(3) == 1 || x->stride(2) == 1, "attend: keys/values need head_dim or S contiguous");
+  }
+  const int32_t* seen = n_seen.data_ptr<int32_t>();
+  for (int64_t row = 0; row < b; ++row) {
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t n = seen[row * n_seen.stride(0) + i * n_seen.stride(1)];
+      TORCH_CHECK(n >= 1 && n <= keys.size(2), "attend: n_seen[", row, ", ", i, "] = ", n, " is out of [1, S]");
+    }
+  }
+  at::Tensor out = at::empty({b, t, h, d}, q.options());
+  const float fscale = static_cast<float>(scale);
+  if (q.scalar_type() == at::kFloat) {
+    attend_typed<float>(Operands<float>{q, keys, values, n_seen, out, fscale});
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "attend: float32 or bfloat16 only");
+    attend_typed<bf16>(Operands<bf16>{q, keys, values, n_seen, out, fscale});
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("attend", &attend, "few-query attention over a cache's keys/values, per-query key counts");
+}

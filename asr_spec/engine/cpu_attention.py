@@ -1,0 +1,115 @@
+"""A few-query attention kernel for CPU (C++, `cpu_attention.cpp`), built at first use, and the one decision
+whether a decoder's attention runs through it (`fused_attention_usable`); its vector layer is
+`cpu_attention_simd.h`.
+
+softmax(scale q k^T) v for each of a row's 1..~32 queries against that row's keys and values, read in place from
+a `KVCache` (per row and head stored (head_dim, positions), as the decoder holds the audio's, or (positions,
+head_dim), as it holds the self-attention's), each query over its own number of keys (`n_seen`:
+self-attention sees the positions up to its own, cross-attention all audio keys), accumulated in fp32 and rounded
+once to the dtype. Each (row, head, query) output comes from the same code in the same order whatever the other
+rows, queries and threads: row- and query-invariant by construction on every CPU, so a (K+1)-token verify pass
+gives each position exactly what a 1-token greedy step gives it, with no probe, key bucket or mask.
+
+Built with torch's `cpp_extension.load` (g++ and ninja, -O3 -march=native -fopenmp) into torch's extension cache
+(`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions) under a name that carries a digest of this CPU's
+flags, so that a home directory shared by CPUs of different kinds never loads a build for another. Where it
+cannot be built (no compiler, no ninja, a build error) one warning is logged and the decoder runs torch's
+products (`kernels.attention`, SDPA); `ASR_SPEC_NO_CPU_KERNELS=1` asks for that fallback without trying. Never
+built or used for CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DISABLE_ENV = "ASR_SPEC_NO_CPU_KERNELS"
+SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+HEADER = Path(__file__).with_name("cpu_attention_simd.h")  # included by SOURCE: its vector layer
+CPUINFO = Path("/proc/cpuinfo")
+# the dtypes the kernel reads and writes (keys, values, queries and output all in one of them)
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def disabled() -> bool:
+    """Whether `ASR_SPEC_NO_CPU_KERNELS` asks for torch's products instead of the kernel (any value but "" / "0")."""
+    return os.environ.get(DISABLE_ENV, "") not in ("", "0")
+
+
+def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """The one decision: whether a decoder on `device` in `dtype` runs its attention through the kernel (a CPU,
+    a dtype it reads, not disabled, and built here; the build is tried once per process)."""
+    return device.type == "cpu" and dtype in KERNEL_DTYPES and not disabled() and _extension() is not None
+
+
+def build_name() -> str:
+    """The extension's name in torch's cache: one per CPU kind (machine and instruction-set flags), since
+    -march=native code built on one CPU may not run on another, and per text of the header (torch's own version
+    check reads the listed source alone)."""
+    flags = ""
+    if CPUINFO.exists():
+        lines = CPUINFO.read_text(errors="replace").splitlines()
+        flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
+    header = HEADER.read_text() if HEADER.exists() else ""
+    digest = hashlib.sha1(f"{platform.machine()} {flags}\n{header}".encode()).hexdigest()[:12]
+    return f"asr_spec_cpu_attention_{digest}"
+
+
+@functools.cache
+def _extension() -> ModuleType | None:
+    """The built kernel module, or None (one warning) where it cannot be built."""
+    try:
+        from torch.utils import cpp_extension
+
+        # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
+        # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
+        return cpp_extension.load(name=build_name(), sources=[str(SOURCE)],
+                                  extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                                  verbose=False)
+    except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        log.warning("cpu attention kernel not built (%s): attention runs through torch's products", reason)
+        return None
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor | None,
+           scale: float = 1.0) -> torch.Tensor:
+    """softmax(scale q k^T) v per row, head and query, each query over its row's first n_seen[b, t] keys.
+
+    q: (B, T, H, head_dim), head_dim contiguous (a view of a projection's (B, T, H * head_dim) output);
+    keys, values: (B, H, S, head_dim), each with head_dim or S contiguous (a `KVCache`'s views, stored either way);
+    n_seen: (B, T) integer counts in [1, S], or None for all S keys -> (B, T, H * head_dim) in q's dtype.
+    Only where `fused_attention_usable` says so.
+    """
+    b, t, h, d = q.shape
+    if n_seen is None:
+        n_seen = torch.full((b, t), keys.shape[2], dtype=torch.int32)
+    n_seen = n_seen.to(torch.int32)
+    # traced (torch.compile, `engine/capture.py`): as the custom op below, opaque to the tracer; eager: the
+    # extension's function itself (no dispatcher round trip, ~12 calls a pass)
+    run = _attend_op if torch.compiler.is_compiling() else _extension().attend
+    return run(q, keys, values, n_seen, scale).view(b, t, h * d)
+
+
+@torch.library.custom_op("asr_spec::cpu_attend", mutates_args=())
+def _attend_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    """The kernel as a torch op (what a traced step calls): `attend`'s operands, n_seen (B, T) int32 ->
+    (B, T, H, head_dim) contiguous."""
+    return _extension().attend(q, keys, values, n_seen, scale)
+
+
+@_attend_op.register_fake
+def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor,
+      scale: float) -> torch.Tensor:
+    return q.new_empty(q.shape)

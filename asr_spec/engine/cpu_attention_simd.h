@@ -1,0 +1,144 @@
+// The vector layer of the CPU attention kernel (cpu_attention.cpp): one vector type and its operations for the
+// instruction set the compiler targets (-march=native): AVX-512 (16 fp32 lanes), AVX2 + FMA (8), else scalar (1);
+// bf16 loads widened to fp32, masked loads of a block's first n lanes, a fixed-order sum / max over the lanes, and
+// a vectorised exp. Every operation is an explicit instruction (no contraction or reassociation left to the
+// compiler), so a lane's result depends on its inputs alone.
+
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace cpu_attention {
+
+using bf16 = c10::BFloat16;
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int64_t L = 16;
+using vec = __m512;
+inline vec zero() { return _mm512_setzero_ps(); }
+inline vec set1(float x) { return _mm512_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline void store(float* p, vec a) { _mm512_storeu_ps(p, a); }
+inline vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline vec widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+inline vec load(const bf16* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+inline vec load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
+inline vec load_n(const bf16* p, int64_t n) { return widen(_mm256_maskz_loadu_epi16(first(n), p)); }
+// lanes [n, L) of a replaced by b
+inline vec keep_n(vec a, vec b, int64_t n) { return _mm512_mask_blend_ps(first(n), b, a); }
+inline __m512i round_int(vec a) { return _mm512_cvtps_epi32(_mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
+inline vec pow2(__m512i n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
+}
+inline vec to_float(__m512i n) { return _mm512_cvtepi32_ps(n); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t L = 8;
+using vec = __m256;
+inline vec zero() { return _mm256_setzero_ps(); }
+inline vec set1(float x) { return _mm256_set1_ps(x); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline void store(float* p, vec a) { _mm256_storeu_ps(p, a); }
+inline vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline vec widen(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+inline vec load(const bf16* p) { return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256i first(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline vec load_n(const float* p, int64_t n) { return _mm256_maskload_ps(p, first(n)); }
+inline vec load_n(const bf16* p, int64_t n) {
+  alignas(16) uint16_t part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
+  return widen(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
+}
+inline vec keep_n(vec a, vec b, int64_t n) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first(n))); }
+inline __m256i round_int(vec a) { return _mm256_cvtps_epi32(_mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
+inline vec pow2(__m256i n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+}
+inline vec to_float(__m256i n) { return _mm256_cvtepi32_ps(n); }
+#else
+constexpr int64_t L = 1;
+using vec = float;
+inline vec zero() { return 0.0f; }
+inline vec set1(float x) { return x; }
+inline vec vfma(vec a, vec b, vec c) { return std::fma(a, b, c); }
+inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+inline vec vadd(vec a, vec b) { return a + b; }
+inline vec vsub(vec a, vec b) { return a - b; }
+inline vec vmul(vec a, vec b) { return a * b; }
+inline void store(float* p, vec a) { *p = a; }
+inline vec load(const float* p) { return *p; }
+inline vec load(const bf16* p) { return static_cast<float>(*p); }
+inline vec load_n(const float* p, int64_t) { return *p; }
+inline vec load_n(const bf16* p, int64_t) { return static_cast<float>(*p); }
+inline vec keep_n(vec a, vec, int64_t) { return a; }
+inline int32_t round_int(vec a) { return static_cast<int32_t>(std::nearbyint(a)); }
+inline vec pow2(int32_t n) {
+  uint32_t bits = static_cast<uint32_t>(n + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+inline vec to_float(int32_t n) { return static_cast<float>(n); }
+#endif
+
+// Ask for the cache line `ahead` bytes past p (the key / value streams run ahead of the loads).
+inline void prefetch(const void* p, int64_t ahead) {
+  __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
+}
+constexpr int64_t AHEAD = 1024;  // bytes
+
+// Whether element j of a stream starts a 64-byte line (a prefetch a line, not a vector).
+template <typename T>
+inline bool new_line(int64_t j) {
+  return (j * static_cast<int64_t>(sizeof(T))) % 64 == 0;
+}
+
+// Sum / max of a vector's lanes, in a fixed order (stored, then a pairwise tree over the lanes).
+inline float reduce(vec a, bool is_max) {
+  alignas(64) float lanes[L];
+  store(lanes, a);
+  for (int64_t width = L / 2; width >= 1; width /= 2) {
+    for (int64_t i = 0; i < width; ++i) {
+      lanes[i] = is_max ? (lanes[i] > lanes[i + width] ? lanes[i] : lanes[i + width]) : lanes[i] + lanes[i + width];
+    }
+  }
+  return lanes[0];
+}
+
+// exp(x) for x <= 0 (a score minus the maximum): Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a
+// degree-6 polynomial, times 2^n; x below -87 is taken as -87 (its exp, ~1.6e-38, is added to a sum >= 1).
+inline vec exp_nonpositive(vec x) {
+  x = vmax(x, set1(-87.0f));
+  auto n = round_int(vmul(x, set1(1.44269504088896341f)));
+  vec nf = to_float(n);
+  vec r = vfma(nf, set1(-0.693359375f), x);
+  r = vfma(nf, set1(2.12194440e-4f), r);
+  vec p = set1(1.9875691500e-4f);
+  p = vfma(p, r, set1(1.3981999507e-3f));
+  p = vfma(p, r, set1(8.3334519073e-3f));
+  p = vfma(p, r, set1(4.1665795894e-2f));
+  p = vfma(p, r, set1(1.6666665459e-1f));
+  p = vfma(p, r, set1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, set1(1.0f)));
+  return vmul(p, pow2(n));
+}
+
+}  // namespace cpu_attention
