@@ -32,7 +32,8 @@ for each N (--configs picks a subset, e.g. fw,default for the end-to-end compari
     python -m benchmarks.bench --emulate-isa avx2 ...             # as on an AVX2-only CPU (EMULATED_ISA)
 
 Beside the table, each asr-spec row's stage times on a CPU (`Engine.times`: encoder, decode steps, ms per step,
-the rest) and its steps' time against greedy's at the same N.
+admissions, the rest: audio, voice activity, log-mel, scheduling, stitching) and its steps' time against
+greedy's at the same N.
 
 Target: --preset (default base: the offline whisper-base). Draft: the preset's when it has one, else a decoder
 cut from the target (--draft-layers, default 0,1,2,3,4), which the output says. Every configuration is warmed up

@@ -72,13 +72,14 @@ def _row(result: Result, by: dict[tuple[str, int], Result], audio_s: float,
 
 
 def _stages(result: Result, greedy: Result | None) -> dict[str, float] | None:
-    """An asr-spec result's stage times (encoder, decode steps, the rest of its wall time: audio, features,
-    admission, stitching), ms per step, and its steps' time against greedy's at the same batch size (measured in
-    the same run, interleaved)."""
+    """An asr-spec result's stage times (encoder, decode steps, admissions, the rest of its wall time: audio,
+    voice activity, log-mel features, scheduling, stitching), ms per step, and its steps' time against greedy's at
+    the same batch size (measured in the same run, interleaved)."""
     if result.stages is None or result.wall_s is None:
         return None
     out = dict(result.stages)
-    out["rest_s"] = result.wall_s - out["encoder_s"] - out["steps_s"]
+    out.setdefault("admit_s", 0.0)
+    out["rest_s"] = result.wall_s - out["encoder_s"] - out["steps_s"] - out["admit_s"]
     out["ms_per_step"] = 1000 * out["steps_s"] / out["steps"] if out["steps"] else None
     base = greedy.stages if greedy is not None else None
     out["steps_vs_greedy"] = base["steps_s"] / out["steps_s"] if base and out["steps_s"] else None
@@ -91,16 +92,17 @@ def _stage_line(row: dict[str, Any]) -> str | None:
         return None
     return (f"{row['batch_size']:>3}  {LABELS[row['config']]:<30} {row['wall_s']:7.2f} {stages['encoder_s']:9.2f} "
             f"{stages['steps_s']:8.2f} {stages['steps']:6d} {_fmt(stages['ms_per_step'], '8.1f')} "
-            f"{stages['rest_s']:7.2f}  {_fmt(stages['steps_vs_greedy'], '6.2f')}")
+            f"{stages['admit_s']:7.2f} {stages['rest_s']:7.2f}  {_fmt(stages['steps_vs_greedy'], '6.2f')}")
 
 
 def stage_table(rows: list[dict[str, Any]]) -> str:
-    """The asr-spec rows' stage times (CPU runs; empty where none has them): encoder, decode steps, the rest."""
+    """The asr-spec rows' stage times (CPU runs; empty where none has them): encoder, decode steps, admissions,
+    the rest."""
     lines = [line for line in map(_stage_line, rows) if line is not None]
     if not lines:
         return ""
     head = (f"{'N':>3}  {'configuration':<30} {'wall s':>7} {'encoder s':>9} {'steps s':>8} {'steps':>6} "
-            f"{'ms/step':>8} {'rest s':>7}  steps: (3)/this")
+            f"{'ms/step':>8} {'admit s':>7} {'rest s':>7}  steps: (3)/this")
     return "\n".join([head, "-" * len(head), *lines])
 
 

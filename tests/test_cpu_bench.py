@@ -38,12 +38,13 @@ def test_an_engine_run_counts_its_encoder_and_every_step():
 
 def test_the_stage_table_gives_the_rest_and_the_ratio_to_greedy():
     greedy = Result("greedy", 8, 10.0, ["a"], stages={"encoder_s": 2.0, "steps_s": 6.0, "steps": 100})
-    spec = Result("spec", 8, 7.0, ["a"], stages={"encoder_s": 2.0, "steps_s": 3.0, "steps": 30})
+    spec = Result("spec", 8, 7.0, ["a"], stages={"encoder_s": 2.0, "steps_s": 3.0, "steps": 30, "admit_s": 0.5})
     fw = Result("fw", 8, 5.0, ["a"])
     _, rows = table([greedy, spec, fw], 60.0, [None])
     by = {row["config"]: row["stages"] for row in rows}
     assert by["fw"] is None
-    assert by["spec"]["rest_s"] == 2.0 and by["spec"]["ms_per_step"] == 100.0
+    # the rest is what neither the encoder, the steps nor the admissions took (none counted: 0)
+    assert by["spec"]["rest_s"] == 1.5 and by["greedy"]["rest_s"] == 2.0 and by["spec"]["ms_per_step"] == 100.0
     assert by["spec"]["steps_vs_greedy"] == 2.0 and by["greedy"]["steps_vs_greedy"] == 1.0
     text = stage_table(rows)
     assert len(text.splitlines()) == 4 and "(4) asr-spec speculative" in text and "faster-whisper" not in text

@@ -7,7 +7,14 @@ import pytest
 import torch
 from transformers import WhisperConfig
 
-from asr_spec.audio.features import N_FRAMES, N_SAMPLES, FeatureBatcher, log_mel_batch, make_feature_extractor
+from asr_spec.audio.features import (
+    CPU_CHUNKS_PER_CALL,
+    N_FRAMES,
+    N_SAMPLES,
+    FeatureBatcher,
+    log_mel_batch,
+    make_feature_extractor,
+)
 from asr_spec.errors import InputError
 
 SR = 16_000
@@ -33,6 +40,17 @@ def test_batch_equals_one_clip_at_a_time(n_mels: int) -> None:
     for row, clip in zip(batch, clips):
         single = extractor(clip, sampling_rate=SR, return_tensors="pt")["input_features"][0]
         torch.testing.assert_close(row, single, rtol=0, atol=1e-6)  # bit-identical here; allow BLAS blocking noise
+
+
+def test_the_batcher_computes_many_chunks_in_pieces_with_the_same_rows() -> None:
+    """On a CPU a call of more than CPU_CHUNKS_PER_CALL chunks is computed in pieces of that many (its buffers
+    then stay under glibc's mmap ceiling): every row as in one call over all of them."""
+    clips = _clips(80) * 3  # 9 chunks: pieces of 4, 4 and 1
+    assert len(clips) > 2 * CPU_CHUNKS_PER_CALL
+    batcher = FeatureBatcher(make_feature_extractor(80))
+    out = batcher(clips)
+    assert out.shape == (len(clips), 80, N_FRAMES) and out.dtype == torch.float32
+    torch.testing.assert_close(out, log_mel_batch(clips, batcher.feature_extractor), rtol=0, atol=1e-6)
 
 
 def test_batcher_from_config_and_dtype() -> None:

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from asr_spec.audio.vad import (
     FRAME_SAMPLES,
@@ -218,3 +219,38 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
         cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=12, replace=False)) * FRAME_SAMPLES
         got = np.concatenate([vad(block) for block in np.split(signal, cuts)])
         np.testing.assert_allclose(got, reference, atol=1e-4)
+
+
+def _lstm_plain(gates_in, w_hh_t, state):
+    """The LSTM cell's recurrence written as plain expressions, a new tensor per op (the loop `lstm_steps`
+    replaced)."""
+    n = w_hh_t.shape[0]
+    h, c = state
+    out = []
+    for t in range(gates_in.shape[0]):
+        g = torch.addmm(gates_in[t: t + 1], h, w_hh_t)
+        s = g.sigmoid()
+        c = s[:, n: 2 * n] * c + s[:, :n] * g[:, 2 * n: 3 * n].tanh()
+        h = s[:, 3 * n:] * c.tanh()
+        out.append(h)
+    return torch.cat(out)[None], (h, c)
+
+
+def test_the_lstm_steps_into_buffers_are_the_plain_expressions_bit_for_bit():
+    """`lstm_steps` runs the same kernels on the same shapes as the plain expressions, only writing into buffers
+    made once: the same bits on any CPU (so the VAD's probabilities, and every chunk, are unchanged); the
+    caller's state is not written to, and a missing state is zeros."""
+    from asr_spec.audio.silero import lstm_steps
+
+    gen = torch.Generator().manual_seed(0)
+    n = 128  # silero-vad's hidden size
+    gates_in, w_hh_t = torch.randn(50, 4 * n, generator=gen), torch.randn(n, 4 * n, generator=gen) / n ** 0.5
+    state = (torch.randn(1, n, generator=gen), torch.randn(1, n, generator=gen))
+    kept = tuple(x.clone() for x in state)
+    out, (h, c) = lstm_steps(gates_in, w_hh_t, state)
+    want, (h_want, c_want) = _lstm_plain(gates_in, w_hh_t, state)
+    assert out.shape == (1, 50, n)
+    assert torch.equal(out, want) and torch.equal(h, h_want) and torch.equal(c, c_want)
+    assert all(torch.equal(a, b) for a, b in zip(state, kept))
+    zeros = (torch.zeros(1, n), torch.zeros(1, n))
+    assert torch.equal(lstm_steps(gates_in, w_hh_t, None)[0], _lstm_plain(gates_in, w_hh_t, zeros)[0])
