@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 DISABLE_ENV = "ASR_SPEC_NO_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-HEADER = Path(__file__).with_name("cpu_attention_simd.h")  # included by SOURCE: its vector layer
+# included by SOURCE: its vector layer and its sums in bf16 pairs (AVX-512-BF16)
+HEADERS = (Path(__file__).with_name("cpu_attention_simd.h"), Path(__file__).with_name("cpu_attention_pairs.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # the dtypes the kernel reads and writes (keys, values, queries and output all in one of them)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
@@ -54,13 +55,13 @@ def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 def build_name() -> str:
     """The extension's name in torch's cache: one per CPU kind (machine and instruction-set flags), since
-    -march=native code built on one CPU may not run on another, and per text of the header (torch's own version
+    -march=native code built on one CPU may not run on another, and per text of the headers (torch's own version
     check reads the listed source alone)."""
     flags = ""
     if CPUINFO.exists():
         lines = CPUINFO.read_text(errors="replace").splitlines()
         flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
-    header = HEADER.read_text() if HEADER.exists() else ""
+    header = "".join(path.read_text() for path in HEADERS if path.exists())
     digest = hashlib.sha1(f"{platform.machine()} {flags}\n{header}".encode()).hexdigest()[:12]
     return f"asr_spec_cpu_attention_{digest}"
 
