@@ -145,17 +145,30 @@ inline bool new_line(int64_t j) {
   return (j * static_cast<int64_t>(sizeof(T))) % 64 == 0;
 }
 
-// Sum / max of a vector's lanes, in a fixed order (stored, then a pairwise tree over the lanes).
-inline float reduce(vec a, bool is_max) {
-  alignas(64) float lanes[L];
-  store(lanes, a);
-  for (int64_t width = L / 2; width >= 1; width /= 2) {
-    for (int64_t i = 0; i < width; ++i) {
-      lanes[i] = is_max ? (lanes[i] > lanes[i + width] ? lanes[i] : lanes[i + width]) : lanes[i] + lanes[i + width];
-    }
-  }
-  return lanes[0];
+// Sum / max of a vector's lanes in a fixed pairwise tree: lane i with lane i + width, width L/2, ..., 1 (in
+// registers: each level one shuffle and one add or max, max(a, b) being a > b ? a : b as the instructions define
+// it), so every CPU and build sums the lanes of a vector in the same order.
+#if defined(__AVX2__) || defined(__AVX512F__)
+inline float reduce8(__m256 a, bool is_max) {
+  const __m128 lo = _mm256_castps256_ps128(a), hi = _mm256_extractf128_ps(a, 1);
+  const __m128 four = is_max ? _mm_max_ps(lo, hi) : _mm_add_ps(lo, hi);
+  const __m128 upper = _mm_movehl_ps(four, four);
+  const __m128 two = is_max ? _mm_max_ps(four, upper) : _mm_add_ps(four, upper);
+  const __m128 second = _mm_shuffle_ps(two, two, 1);
+  return _mm_cvtss_f32(is_max ? _mm_max_ss(two, second) : _mm_add_ss(two, second));
 }
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline float reduce(vec a, bool is_max) {
+  const __m256 lo = _mm512_castps512_ps256(a);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  return reduce8(is_max ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi), is_max);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline float reduce(vec a, bool is_max) { return reduce8(a, is_max); }
+#else
+inline float reduce(vec a, bool) { return a; }
+#endif
 
 // exp(x) for x <= 0 (a score minus the maximum): Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a
 // degree-6 polynomial, times 2^n; x below -87 is taken as -87 (its exp, ~1.6e-38, is added to a sum >= 1).
