@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asr_spec.engine import cpu_attention
 from asr_spec.models import cpu
 from asr_spec.models.loading import resolve_dtype
 
@@ -94,7 +95,7 @@ def test_auto_dtype_decision_table(device, expected, monkeypatch):
 def test_auto_is_bf16_only_where_bf16_is_lossless(blocks, expected):
     """A CPU with native bf16 whose products change a row's bits below a batch of 8 rows keeps fp32, and says
     why; the probe is not run for a CPU without native bf16."""
-    dtype, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks)
+    dtype, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks, attention_kernel=False)
     assert dtype == expected
     assert ("lossless" in why and "not lossless" not in why) == (expected == torch.bfloat16), why
     assert cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(EPYC_ZEN2), None) == (
@@ -120,12 +121,27 @@ def test_the_decision_is_logged_once_with_the_cpu_class(caplog):
     assert lines == ["cpu: avx2, dtype auto -> float32 (no native bf16 products)"]
 
 
-def test_a_bf16_summary_says_whether_bf16_is_lossless_here(monkeypatch):
-    """The run summary and --json of a CPU bf16 run carry the probe's verdict; fp32's carry none."""
+@pytest.mark.parametrize("kernel", [True, False])
+def test_a_bf16_summary_says_whether_bf16_is_lossless_here(monkeypatch, kernel):
+    """The run summary and --json of a CPU bf16 run carry the probe's verdict; fp32's carry none; both say which
+    attention the decoder runs."""
     cpu_dev = torch.device("cpu")
+    monkeypatch.setattr(cpu_attention, "fused_attention_usable", lambda device, dtype: kernel)
+    path = "cpu kernel" if kernel else "torch"
     for blocks, words in (((32, 32), "lossless"), ((0, 0), "up to near-ties")):
         monkeypatch.setattr(cpu, "bf16_row_block", lambda blocks=blocks: blocks)
-        assert cpu.precision_line(cpu_dev, torch.bfloat16) == f"cpu avx2, bfloat16, {words}"
+        assert cpu.precision_line(cpu_dev, torch.bfloat16) == f"cpu avx2, bfloat16, {words}, attention: {path}"
         assert cpu.run_precision(cpu_dev, torch.bfloat16)["bf16_row_invariant"]["lossless"] == (words == "lossless")
-    assert cpu.precision_line(cpu_dev, torch.float32) == "cpu avx2, float32"
+    assert cpu.precision_line(cpu_dev, torch.float32) == f"cpu avx2, float32, attention: {path}"
     assert "bf16_row_invariant" not in cpu.run_precision(cpu_dev, torch.float32)
+    assert cpu.run_precision(cpu_dev, torch.float32)["attention"] == path
+
+
+@pytest.mark.parametrize(("blocks", "expected"), [
+    ((32, 0), torch.bfloat16), ((8, 0), torch.bfloat16), ((7, 0), torch.float32), ((0, 0), torch.float32)])
+def test_with_the_attention_kernel_only_the_products_decide(blocks, expected):
+    """The CPU attention kernel is query-invariant by construction: the probe's queries figure (0: not probed)
+    does not keep fp32, the rows figure still does."""
+    dtype, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks, attention_kernel=True)
+    assert dtype == expected
+    assert ("attention kernel: lossless" in why) == (expected == torch.bfloat16), why

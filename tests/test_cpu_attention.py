@@ -171,3 +171,22 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch, caplog, tmp_path)
         assert len([r for r in caplog.records if "not built" in r.getMessage()]) == 1
     finally:
         cpu_attention._extension.cache_clear()
+
+
+def test_a_first_build_says_so_once_and_a_cached_one_does_not(monkeypatch, caplog):
+    """The kernel is built here (the fixture), so torch's cache holds it and a load says nothing; where the cache
+    holds no build of this name, one info line comes before the build (here: a load of the cached one)."""
+    assert cpu_attention.built(cpu_attention.build_name())
+    building = "building the CPU attention kernel"
+    for cached in (True, False):
+        monkeypatch.setattr(cpu_attention, "built", lambda name, cached=cached: cached)
+        cpu_attention._extension.cache_clear()
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger=cpu_attention.__name__):
+                assert cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32)
+                assert cpu_attention.fused_attention_usable(torch.device("cpu"), torch.bfloat16)
+        finally:
+            cpu_attention._extension.cache_clear()
+        lines = [r.getMessage() for r in caplog.records if building in r.getMessage()]
+        assert len(lines) == (0 if cached else 1), lines

@@ -23,8 +23,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "cpu_attention_pairs.h"
 #include "cpu_attention_simd.h"
 
 namespace {
@@ -39,7 +41,9 @@ constexpr int64_t RS = 8;  // key rows (of head_dim) a block step reads
 
 struct Group {
   int64_t size;          // queries in the group, 1..G
-  const float* q[G];     // each query, scaled, fp32 (head_dim)
+  const float* q[G];     // each query, fp32 (head_dim; unscaled: the scale multiplies its scores)
+  const bf16* q_pairs[G];  // bf16 only: each query as stored, read as (d, d + 1) pairs by vdpbf16ps
+  bf16* p_pairs[G];      // bf16 only: each query's softmax numerators rounded to bf16 (zeros past n, to 2L)
   float* scores[G];      // each query's scores, then its softmax numerators (n rounded up to L)
   int64_t n[G];          // each query's key count
   int64_t n_max;         // the largest
@@ -82,17 +86,32 @@ void scores_of(const Group& g, const T* keys, int64_t stride, int64_t head_dim) 
     for (int64_t j = 0; j < end; j += L) store(g.scores[i] + j, zero());
   }
   int64_t d = 0;
+#ifdef CPU_ATTENTION_DPBF16
+  if constexpr (std::is_same_v<T, bf16>) {
+    for (; d + RS <= head_dim; d += RS) scores_pairs<NQ, RS / 2>(g, keys, stride, d, full, tail);
+  }
+#endif
   for (; d + RS <= head_dim; d += RS) scores_rows<NQ, RS>(g, keys, stride, d, full, tail);
   for (; d < head_dim; ++d) scores_rows<NQ, 1>(g, keys, stride, d, full, tail);
 }
 
-// scores -> exp(score - max), in place (zeros past n, to the next multiple of L); returns the sum of the first n.
-float softmax_numerators(float* scores, int64_t n) {
+// scores -> scale * score, then exp(that - max), in place (zeros past n, to the next multiple of L); returns the
+// sum of the first n.
+float softmax_numerators(float* scores, int64_t n, float scale) {
   const int64_t full = n / L * L;
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  const vec scaled = set1(scale);
   vec top = set1(neg_inf);
-  for (int64_t j = 0; j < full; j += L) top = vmax(top, load(scores + j));
-  if (full < n) top = vmax(top, keep_n(load(scores + full), set1(neg_inf), n - full));
+  for (int64_t j = 0; j < full; j += L) {
+    const vec s = vmul(load(scores + j), scaled);
+    store(scores + j, s);
+    top = vmax(top, s);
+  }
+  if (full < n) {
+    const vec s = vmul(load(scores + full), scaled);
+    store(scores + full, s);
+    top = vmax(top, keep_n(s, set1(neg_inf), n - full));
+  }
   const vec m = set1(reduce(top, true));
   vec sum = zero();
   for (int64_t j = 0; j < full; j += L) {
@@ -157,6 +176,11 @@ void weighted_values(const Group& g, const T* values, int64_t stride, int64_t he
                      T* const* out) {
   constexpr int RV = NQ <= 2 ? 2 * R : R;  // accumulators NQ x RV: enough chains to hide the FMA latency
   int64_t d = 0;
+#ifdef CPU_ATTENTION_DPBF16
+  if constexpr (std::is_same_v<T, bf16>) {
+    for (; d + RV <= head_dim; d += RV) values_pairs<NQ, RV>(g, values, stride, d, total, out);
+  }
+#endif
   for (; d + RV <= head_dim; d += RV) values_rows<NQ, RV>(g, values, stride, d, total, out);
   for (; d < head_dim; ++d) values_rows<NQ, 1>(g, values, stride, d, total, out);
 }
@@ -166,6 +190,12 @@ void weighted_values(const Group& g, const T* values, int64_t stride, int64_t he
 // in vectors of L (the rest masked), then over the lanes (`reduce`); values: out += p_j v_j, key by key, in order.
 template <int NQ, typename T>
 void scores_of_rows(const Group& g, const T* keys, int64_t stride, int64_t head_dim) {
+#ifdef CPU_ATTENTION_DPBF16
+  if constexpr (std::is_same_v<T, bf16>) {
+    scores_of_rows_pairs<NQ>(g, keys, stride, head_dim);
+    return;
+  }
+#endif
   const int64_t full = head_dim / L * L, rest = head_dim - full;
   for (int64_t j = 0; j < g.n_max; ++j) {
     const T* k = keys + j * stride;
@@ -215,15 +245,22 @@ struct Stored {
 
 // A group of NQ queries: scores, softmax numerators and sums, weighted values. scratch: NQ x head_dim floats.
 template <int NQ, typename T>
-void attend_queries(const Group& g, Stored<T> keys, Stored<T> values, int64_t head_dim, float* scratch,
-                    T* const* out) {
+void attend_queries(const Group& g, Stored<T> keys, Stored<T> values, int64_t head_dim, float scale,
+                    float* scratch, T* const* out) {
   float total[G];
   if (keys.rows) {
     scores_of_rows<NQ>(g, keys.data, keys.stride, head_dim);
   } else {
     scores_of<NQ>(g, keys.data, keys.stride, head_dim);
   }
-  for (int i = 0; i < NQ; ++i) total[i] = softmax_numerators(g.scores[i], g.n[i]);
+  for (int i = 0; i < NQ; ++i) total[i] = softmax_numerators(g.scores[i], g.n[i], scale);
+#ifdef CPU_ATTENTION_DPBF16
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (!values.rows) {
+      for (int i = 0; i < NQ; ++i) round_numerators(g.scores[i], g.n[i], g.p_pairs[i]);
+    }
+  }
+#endif
   if (values.rows) {
     weighted_values_rows<NQ>(g, values.data, values.stride, head_dim, total, scratch, out);
   } else {
@@ -246,47 +283,60 @@ struct Operands {
   float scale;
 };
 
+// A thread's scratch: the group's queries in fp32 (G x head_dim), scores (G x padded_keys), the values'
+// accumulators (G x head_dim) and, bf16 only, the numerators rounded to bf16 (G x padded_keys).
+struct Buffers {
+  std::vector<float> query, scores, scratch;
+  std::vector<bf16> p_pairs;
+};
+
+// A query's key count rounded up to whole blocks of 2L (vdpbf16ps takes keys in pairs).
+inline int64_t padded_keys(int64_t n_keys) { return (n_keys + 2 * L - 1) / (2 * L) * (2 * L); }
+
 // Queries [first, first + size) of row `row`, head `head` as one group, into their outputs.
 template <typename T>
 void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first, int64_t size,
-                  std::vector<float>& query, std::vector<float>& scores, std::vector<float>& scratch) {
-  const int64_t head_dim = a.q.size(3), s_pad = (a.keys.size(2) + L - 1) / L * L;
+                  Buffers& buf) {
+  const int64_t head_dim = a.q.size(3), s_pad = padded_keys(a.keys.size(2));
   const T* q_ptr = a.q.template data_ptr<T>();
   const int32_t* seen = a.n_seen.template data_ptr<int32_t>();
   T* o_ptr = a.out.template data_ptr<T>();
-  Group g{size, {}, {}, {}, 0};
+  Group g{size, {}, {}, {}, {}, {}, 0};
   T* out[G];
   for (int64_t i = 0; i < size; ++i) {
     const int64_t t = first + i;
     const T* qi = q_ptr + row * a.q.stride(0) + t * a.q.stride(1) + head * a.q.stride(2);
-    float* qf = query.data() + i * head_dim;
-    for (int64_t d = 0; d < head_dim; ++d) qf[d] = static_cast<float>(qi[d]) * a.scale;
+    float* qf = buf.query.data() + i * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) qf[d] = static_cast<float>(qi[d]);
     g.q[i] = qf;
-    g.scores[i] = scores.data() + i * s_pad;
+    g.scores[i] = buf.scores.data() + i * s_pad;
+    if constexpr (std::is_same_v<T, bf16>) {
+      g.q_pairs[i] = qi;
+      g.p_pairs[i] = buf.p_pairs.data() + i * s_pad;
+    }
     g.n[i] = seen[row * a.n_seen.stride(0) + t * a.n_seen.stride(1)];
     g.n_max = g.n[i] > g.n_max ? g.n[i] : g.n_max;
     out[i] = o_ptr + row * a.out.stride(0) + t * a.out.stride(1) + head * a.out.stride(2);
   }
   const Stored<T> k = stored_at<T>(a.keys, row, head), v = stored_at<T>(a.values, row, head);
   switch (size) {
-    case 1: attend_queries<1>(g, k, v, head_dim, scratch.data(), out); break;
-    case 2: attend_queries<2>(g, k, v, head_dim, scratch.data(), out); break;
-    case 3: attend_queries<3>(g, k, v, head_dim, scratch.data(), out); break;
-    default: attend_queries<4>(g, k, v, head_dim, scratch.data(), out); break;
+    case 1: attend_queries<1>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
+    case 2: attend_queries<2>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
+    case 3: attend_queries<3>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
+    default: attend_queries<4>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
   }
 }
 
 template <typename T>
 void attend_typed(const Operands<T>& a) {
   const int64_t b = a.q.size(0), t = a.q.size(1), h = a.q.size(2), head_dim = a.q.size(3);
-  const int64_t s_pad = (a.keys.size(2) + L - 1) / L * L;
+  const int64_t s_pad = padded_keys(a.keys.size(2));
   at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(G * s_pad);
-    std::vector<float> query(G * head_dim);
-    std::vector<float> scratch(G * head_dim);
+    Buffers buf{std::vector<float>(G * head_dim), std::vector<float>(G * s_pad), std::vector<float>(G * head_dim),
+                std::vector<bf16>(std::is_same_v<T, bf16> ? G * s_pad : 0)};
     for (int64_t bh = begin; bh < end; ++bh) {
       for (int64_t first = 0; first < t; first += G) {
-        attend_group(a, bh / h, bh % h, first, t - first < G ? t - first : G, query, scores, scratch);
+        attend_group(a, bh / h, bh % h, first, t - first < G ? t - first : G, buf);
       }
     }
   });

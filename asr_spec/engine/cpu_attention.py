@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 DISABLE_ENV = "ASR_SPEC_NO_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-HEADER = Path(__file__).with_name("cpu_attention_simd.h")  # included by SOURCE: its vector layer
+# included by SOURCE: its vector layer and its sums in bf16 pairs (AVX-512-BF16)
+HEADERS = (Path(__file__).with_name("cpu_attention_simd.h"), Path(__file__).with_name("cpu_attention_pairs.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # the dtypes the kernel reads and writes (keys, values, queries and output all in one of them)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
@@ -54,23 +55,37 @@ def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 def build_name() -> str:
     """The extension's name in torch's cache: one per CPU kind (machine and instruction-set flags), since
-    -march=native code built on one CPU may not run on another, and per text of the header (torch's own version
-    check reads the listed source alone)."""
+    -march=native code built on one CPU may not run on another, and per text of the source and its headers
+    (torch's own version check reads the listed source alone; one name a version also lets `built` tell a first
+    build from a load)."""
     flags = ""
     if CPUINFO.exists():
         lines = CPUINFO.read_text(errors="replace").splitlines()
         flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
-    header = HEADER.read_text() if HEADER.exists() else ""
+    header = "".join(path.read_text() for path in (SOURCE, *HEADERS) if path.exists())
     digest = hashlib.sha1(f"{platform.machine()} {flags}\n{header}".encode()).hexdigest()[:12]
     return f"asr_spec_cpu_attention_{digest}"
 
 
+def built(name: str) -> bool:
+    """Whether torch's extension cache already holds a build called `name` (then `_extension` only loads it)."""
+    from torch.utils import cpp_extension
+
+    try:
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    except (AttributeError, OSError):  # a torch without that helper, or a cache it cannot create: say "building"
+        return False
+    return (build_dir / f"{name}.so").exists()
+
+
 @functools.cache
 def _extension() -> ModuleType | None:
-    """The built kernel module, or None (one warning) where it cannot be built."""
+    """The built kernel module, or None (one warning) where it cannot be built; one info line before a build."""
     try:
         from torch.utils import cpp_extension
 
+        if not built(build_name()):
+            log.info("building the CPU attention kernel (once for this CPU and version, ~20-60 s)")
         # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
         # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
         return cpp_extension.load(name=build_name(), sources=[str(SOURCE)],

@@ -44,6 +44,40 @@ inline vec pow2(__m512i n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
 }
 inline vec to_float(__m512i n) { return _mm512_cvtepi32_ps(n); }
+#if defined(__AVX512BF16__)
+// AVX-512-BF16 (vdpbf16ps): 32 bf16 as 16 pairs, lane i += a_2i b_2i + a_2i+1 b_2i+1, each product exact, the two
+// sums rounded in a fixed order (odd element first), denormals flushed: a lane's result depends on its inputs alone.
+#define CPU_ATTENTION_DPBF16 1
+using pairs = __m512bh;
+inline vec vdot(pairs a, pairs b, vec acc) { return _mm512_dpbf16_ps(acc, a, b); }
+inline __mmask32 first32(int64_t n) { return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u); }
+inline pairs load_pairs(const bf16* p) { return reinterpret_cast<pairs>(_mm512_loadu_si512(p)); }
+inline pairs load_pairs_n(const bf16* p, int64_t n) {
+  return reinterpret_cast<pairs>(_mm512_maskz_loadu_epi16(first32(n), p));
+}
+// (x[0], x[1]) in every lane
+inline pairs broadcast_pair(const bf16* x) {
+  uint32_t bits;
+  std::memcpy(&bits, x, sizeof(bits));
+  return reinterpret_cast<pairs>(_mm512_set1_epi32(static_cast<int>(bits)));
+}
+// (a[i], b[i]) as pair i, i < 16: two rows of head_dim at the same 16 keys, interleaved (a's first n only, 0..16)
+inline pairs interleave(__m256i a, __m256i b) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return reinterpret_cast<pairs>(_mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)));
+}
+inline pairs interleave(const bf16* a, const bf16* b) {
+  return interleave(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)),
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+}
+inline pairs interleave_n(const bf16* a, const bf16* b, int64_t n) {
+  return interleave(_mm256_maskz_loadu_epi16(first(n), a), _mm256_maskz_loadu_epi16(first(n), b));
+}
+// 32 fp32 (two vectors: elements [0, 16) and [16, 32)) rounded to bf16 (nearest even) as 16 pairs
+inline pairs round_pairs(vec lo, vec hi) { return _mm512_cvtne2ps_pbh(hi, lo); }
+inline void store_pairs(bf16* p, pairs a) { _mm512_storeu_si512(p, reinterpret_cast<__m512i>(a)); }
+#endif
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t L = 8;
 using vec = __m256;
@@ -111,17 +145,30 @@ inline bool new_line(int64_t j) {
   return (j * static_cast<int64_t>(sizeof(T))) % 64 == 0;
 }
 
-// Sum / max of a vector's lanes, in a fixed order (stored, then a pairwise tree over the lanes).
-inline float reduce(vec a, bool is_max) {
-  alignas(64) float lanes[L];
-  store(lanes, a);
-  for (int64_t width = L / 2; width >= 1; width /= 2) {
-    for (int64_t i = 0; i < width; ++i) {
-      lanes[i] = is_max ? (lanes[i] > lanes[i + width] ? lanes[i] : lanes[i + width]) : lanes[i] + lanes[i + width];
-    }
-  }
-  return lanes[0];
+// Sum / max of a vector's lanes in a fixed pairwise tree: lane i with lane i + width, width L/2, ..., 1 (in
+// registers: each level one shuffle and one add or max, max(a, b) being a > b ? a : b as the instructions define
+// it), so every CPU and build sums the lanes of a vector in the same order.
+#if defined(__AVX2__) || defined(__AVX512F__)
+inline float reduce8(__m256 a, bool is_max) {
+  const __m128 lo = _mm256_castps256_ps128(a), hi = _mm256_extractf128_ps(a, 1);
+  const __m128 four = is_max ? _mm_max_ps(lo, hi) : _mm_add_ps(lo, hi);
+  const __m128 upper = _mm_movehl_ps(four, four);
+  const __m128 two = is_max ? _mm_max_ps(four, upper) : _mm_add_ps(four, upper);
+  const __m128 second = _mm_shuffle_ps(two, two, 1);
+  return _mm_cvtss_f32(is_max ? _mm_max_ss(two, second) : _mm_add_ss(two, second));
 }
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline float reduce(vec a, bool is_max) {
+  const __m256 lo = _mm512_castps512_ps256(a);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  return reduce8(is_max ? _mm256_max_ps(lo, hi) : _mm256_add_ps(lo, hi), is_max);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline float reduce(vec a, bool is_max) { return reduce8(a, is_max); }
+#else
+inline float reduce(vec a, bool) { return a; }
+#endif
 
 // exp(x) for x <= 0 (a score minus the maximum): Cephes' expf, x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a
 // degree-6 polynomial, times 2^n; x below -87 is taken as -87 (its exp, ~1.6e-38, is added to a sum >= 1).

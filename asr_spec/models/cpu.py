@@ -140,23 +140,29 @@ LOSSLESS_MIN_ROWS = 8
 def bf16_row_block() -> tuple[int, int]:
     """(rows, queries) of `kernels.decoder_blocks` in bf16 on this machine, at `PROBE_SHAPES`: how many rows a bf16
     product and how many queries an attention product take here with every row's result bit for bit a lone row's.
-    Measured once per process (~2 s on two cores: the head's product at 1-32 rows); a decoder of other shapes
-    measures its own when built."""
+    Where the CPU attention kernel runs the attention (`attention_path`; query-invariant by construction) only the
+    products are probed and queries is 0, as `Decoder.row_invariance` says. Measured once per process (~2 s on two
+    cores: the head's product at 1-32 rows); a decoder of other shapes measures its own when built."""
     from asr_spec.engine.decoder import KEY_SPARE
-    from asr_spec.engine.kernels import decoder_blocks, onednn_usable
+    from asr_spec.engine.kernels import decoder_blocks, decoder_rows, onednn_usable
 
     d_model, d_ffn, n_vocab, n_heads, n_text, n_audio = PROBE_SHAPES
-    return decoder_blocks(d_model, d_ffn, n_vocab, n_heads, n_text + KEY_SPARE, n_audio, torch.bfloat16,
-                          onednn_usable(torch.device("cpu"), torch.bfloat16))
+    packed = onednn_usable(torch.device("cpu"), torch.bfloat16)
+    if attention_path(torch.device("cpu"), torch.bfloat16) == "cpu kernel":
+        return decoder_rows(d_model, d_ffn, n_vocab, torch.bfloat16, packed), 0
+    return decoder_blocks(d_model, d_ffn, n_vocab, n_heads, n_text + KEY_SPARE, n_audio, torch.bfloat16, packed)
 
 
 def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,
-                bf16_blocks: tuple[int, int] | None = None) -> tuple[torch.dtype, str]:
+                bf16_blocks: tuple[int, int] | None = None,
+                attention_kernel: bool | None = None) -> tuple[torch.dtype, str]:
     """The dtype ``auto`` means and why, decided here only: float16 on CUDA; on a CPU bfloat16 where bf16 products
     are native (AMX, AVX-512 bf16) and lossless (`bf16_row_block`: a step's and a verify pass's products give each
     row the same bits, so speculative == bf16 greedy token for token and a row's tokens do not depend on the batch),
     float32 otherwise; float32 on other devices (mps, ...). cpu: the capabilities (None: this machine's);
-    bf16_blocks: the probe's (rows, queries) (None: measured here when the CPU's bf16 is native)."""
+    bf16_blocks: the probe's (rows, queries) (None: measured here when the CPU's bf16 is native);
+    attention_kernel: whether the CPU attention kernel runs bf16 attention, query-invariant by construction, so
+    that the queries figure does not matter (None: `attention_path` here)."""
     if device.type == "cuda":
         return torch.float16, "cuda"
     if device.type != "cpu":
@@ -165,10 +171,13 @@ def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,
     if not caps.native_bf16:
         return torch.float32, "no native bf16 products"
     rows, queries = bf16_row_block() if bf16_blocks is None else bf16_blocks
-    if rows < LOSSLESS_MIN_ROWS or queries < 1:
+    if attention_kernel is None:
+        attention_kernel = attention_path(device, torch.bfloat16) == "cpu kernel"
+    attention = "the query-invariant attention kernel" if attention_kernel else f"{queries} queries"
+    if rows < LOSSLESS_MIN_ROWS or (queries < 1 and not attention_kernel):
         return torch.float32, (f"bf16 products here give a row the same bits only up to {rows} rows, attention "
                                f"up to {queries} queries: not lossless at batch {LOSSLESS_MIN_ROWS}")
-    return torch.bfloat16, f"native bf16, row-invariant up to {rows} rows and {queries} queries: lossless"
+    return torch.bfloat16, f"native bf16, row-invariant up to {rows} rows and {attention}: lossless"
 
 
 def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None,
@@ -195,7 +204,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
 
 def log_decision(device: torch.device, requested: str | torch.dtype | None, chosen: torch.dtype, why: str) -> None:
     """The start-of-run line, once per (device, request, choice): "cpu: amx-bf16 (...), dtype auto -> bfloat16
-    (native bf16, row-invariant up to 32 rows and 32 queries: lossless)"."""
+    (native bf16, row-invariant up to 32 rows and the query-invariant attention kernel: lossless)" ("... and 32
+    queries" where torch's attention products run instead)."""
     _log_once(device.type, str(requested if requested is not None else "auto"), str(chosen).removeprefix("torch."),
               why)
 
@@ -206,12 +216,21 @@ def _log_once(device_type: str, requested: str, chosen: str, why: str) -> None:
     log.info("%s, dtype %s -> %s (%s)", where, requested, chosen, why)
 
 
+def attention_path(device: torch.device, dtype: torch.dtype) -> str:
+    """Which attention a decoder on `device` in `dtype` runs: "cpu kernel" (`engine.cpu_attention`, its one
+    decision) or "torch" (torch's products: CUDA, float16, or the kernel disabled or not built here)."""
+    from asr_spec.engine.cpu_attention import fused_attention_usable
+
+    return "cpu kernel" if fused_attention_usable(device, dtype) else "torch"
+
+
 def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU
-    its capabilities (`CpuCapabilities.as_dict`)."""
+    its capabilities (`CpuCapabilities.as_dict`) and its decoder's attention (`attention_path`)."""
     info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
+        info["attention"] = attention_path(device, dtype)
         if dtype == torch.bfloat16:
             rows, queries = bf16_row_block()
             info["bf16_row_invariant"] = {"rows": rows, "queries": queries, "lossless": rows > 0}
@@ -219,12 +238,15 @@ def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]
 
 
 def precision_line(device: torch.device, dtype: torch.dtype) -> str:
-    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless" / "cuda:0, float16"
-    (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else "up to near-ties")."""
+    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless, attention: cpu kernel" /
+    "cuda:0, float16" (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else
+    "up to near-ties"; on a CPU, `attention_path`)."""
     where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
     line = f"{where}, {str(dtype).removeprefix('torch.')}"
     if device.type == "cpu" and dtype == torch.bfloat16:
         line += ", lossless" if bf16_row_block()[0] else ", up to near-ties"
+    if device.type == "cpu":
+        line += f", attention: {attention_path(device, dtype)}"
     return line
 
 
