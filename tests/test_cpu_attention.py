@@ -190,3 +190,17 @@ def test_a_first_build_says_so_once_and_a_cached_one_does_not(monkeypatch, caplo
             cpu_attention._extension.cache_clear()
         lines = [r.getMessage() for r in caplog.records if building in r.getMessage()]
         assert len(lines) == (0 if cached else 1), lines
+
+
+def test_forced_avx2_flags_build_for_an_avx2_cpu_and_under_their_own_name(monkeypatch):
+    """`--emulate-isa avx2` (ASR_SPEC_CPU_FLAGS without avx512f) must time the kernel an AVX2-only CPU builds,
+    under a cache name of its own; the machine's own flags build for this CPU."""
+    avx2 = "fma f16c avx avx2 bmi1 bmi2"
+    assert cpu_attention.march(avx2, forced=True) == "x86-64-v3"
+    assert cpu_attention.march(avx2 + " avx512f avx512_bf16", forced=True) == "native"
+    assert cpu_attention.march(avx2, forced=False) == "native"
+    monkeypatch.delenv(cpu_attention.FLAGS_ENV, raising=False)
+    own = cpu_attention.build_name()
+    monkeypatch.setenv(cpu_attention.FLAGS_ENV, avx2)
+    assert cpu_attention.cpu_flags() == avx2
+    assert cpu_attention.build_name() != own

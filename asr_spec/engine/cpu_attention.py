@@ -10,7 +10,8 @@ once to the dtype. Each (row, head, query) output comes from the same code in th
 rows, queries and threads: row- and query-invariant by construction on every CPU, so a (K+1)-token verify pass
 gives each position exactly what a 1-token greedy step gives it, with no probe, key bucket or mask.
 
-Built with torch's `cpp_extension.load` (g++ and ninja, -O3 -march=native -fopenmp) into torch's extension cache
+Built with torch's `cpp_extension.load` (g++ and ninja, -O3 -march=native -fopenmp; x86-64-v3 where
+`ASR_SPEC_CPU_FLAGS` forces an AVX2 machine's flags) into torch's extension cache
 (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions) under a name that carries a digest of this CPU's
 flags, so that a home directory shared by CPUs of different kinds never loads a build for another. Where it
 cannot be built (no compiler, no ninja, a build error) one warning is logged and the decoder runs torch's
@@ -38,6 +39,9 @@ SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 # included by SOURCE: its vector layer and its sums in bf16 pairs (AVX-512-BF16)
 HEADERS = (Path(__file__).with_name("cpu_attention_simd.h"), Path(__file__).with_name("cpu_attention_pairs.h"))
 CPUINFO = Path("/proc/cpuinfo")
+# a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
+# `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for those flags, not for this CPU
+FLAGS_ENV = "ASR_SPEC_CPU_FLAGS"
 # the dtypes the kernel reads and writes (keys, values, queries and output all in one of them)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -53,17 +57,34 @@ def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in KERNEL_DTYPES and not disabled() and _extension() is not None
 
 
+def cpu_flags() -> str:
+    """The instruction-set flags the kernel is built for: `ASR_SPEC_CPU_FLAGS` where set, else /proc/cpuinfo's
+    flags line ("" where neither says)."""
+    forced = os.environ.get(FLAGS_ENV)
+    if forced is not None:
+        return forced
+    if not CPUINFO.exists():
+        return ""
+    lines = CPUINFO.read_text(errors="replace").splitlines()
+    return next((line for line in lines if line.startswith(("flags", "Features"))), "")
+
+
+def march(flags: str, forced: bool) -> str:
+    """g++'s -march for these flags: this CPU's own ("native"), except where they are forced (`FLAGS_ENV`) to an
+    AVX2 machine's (no avx512f, as `--emulate-isa avx2` gives them): "x86-64-v3", so that an emulated AVX2 run times
+    the kernel an AVX2-only CPU would build."""
+    names = set(flags.replace(":", " ").split())
+    return "x86-64-v3" if forced and "avx2" in names and "avx512f" not in names else "native"
+
+
 def build_name() -> str:
-    """The extension's name in torch's cache: one per CPU kind (machine and instruction-set flags), since
-    -march=native code built on one CPU may not run on another, and per text of the source and its headers
-    (torch's own version check reads the listed source alone; one name a version also lets `built` tell a first
-    build from a load)."""
-    flags = ""
-    if CPUINFO.exists():
-        lines = CPUINFO.read_text(errors="replace").splitlines()
-        flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
+    """The extension's name in torch's cache: one per CPU kind (machine, instruction-set flags and -march),
+    since code built for one CPU may not run on another, and per text of the source and its headers (torch's own
+    version check reads the listed source alone; one name a version also lets `built` tell a first build from a
+    load)."""
+    flags, arch = cpu_flags(), march(cpu_flags(), FLAGS_ENV in os.environ)
     header = "".join(path.read_text() for path in (SOURCE, *HEADERS) if path.exists())
-    digest = hashlib.sha1(f"{platform.machine()} {flags}\n{header}".encode()).hexdigest()[:12]
+    digest = hashlib.sha1(f"{platform.machine()} {flags} {arch}\n{header}".encode()).hexdigest()[:12]
     return f"asr_spec_cpu_attention_{digest}"
 
 
@@ -88,8 +109,9 @@ def _extension() -> ModuleType | None:
             log.info("building the CPU attention kernel (once for this CPU and version, ~20-60 s)")
         # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
         # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
+        arch = march(cpu_flags(), FLAGS_ENV in os.environ)
         return cpp_extension.load(name=build_name(), sources=[str(SOURCE)],
-                                  extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                                  extra_cflags=["-O3", f"-march={arch}", "-fopenmp"], extra_ldflags=["-fopenmp"],
                                   verbose=False)
     except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
