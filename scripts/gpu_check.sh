@@ -18,6 +18,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# the CPU attention kernel (asr_spec/engine/cpu_attention.py) is compiled at a CPU decoder's first use (20-60 s):
+# not on the GPU machine's clock, where a CPU decoder is only ever a reference (torch's products serve it)
+export ASR_SPEC_NO_CPU_KERNELS=1
 PY="${PYTHON:-python}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 OUT_DIR="${1:-${OUT:-gpu_check_out}}"
