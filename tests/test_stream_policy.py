@@ -19,7 +19,7 @@ from asr_spec.stream.agreement import (
     text_of,
     without_text,
 )
-from asr_spec.stream.policy import WINDOW_S, StreamOptions, StreamPolicy
+from asr_spec.stream.policy import PAUSE_SEARCH_S, WINDOW_S, StreamOptions, StreamPolicy
 
 SR = 16_000
 EOT, TS = 50, 60  # text ids < 50 (even: a word's first token, odd: its second), timestamps from 60
@@ -86,7 +86,7 @@ def energy(samples: np.ndarray) -> np.ndarray:
 
 def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: float = 0.25, decodes=None):
     """Stream `audio` in blocks through a policy decoded by `hear_given`; decodes: a list that gets each Decode
-    with the tokens committed in its buffer when it was asked for."""
+    with the tokens committed in its buffer when it was asked for and the number of words committed in all."""
     policy = StreamPolicy(KINDS, detokenize, options, voice)
     updates, longest = [], 0
     block = int(block_s * SR)
@@ -96,7 +96,7 @@ def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: f
         while (decode := policy.request()) is not None:
             longest = max(longest, len(decode.audio))
             if decodes is not None:
-                decodes.append((decode, list(policy._committed)))
+                decodes.append((decode, list(policy._committed), len(words_of(policy._text))))
             updates.append(policy.accept(decode, hear_given(decode.audio, decode.prefix)))
 
     for i in range(0, len(audio), block):
@@ -177,12 +177,12 @@ def test_a_redecode_forces_the_committed_words_and_the_text_is_the_same_without(
         policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, committed_prefix=on), voice,
                                               decodes=decodes)
         texts[on] = updates[-1].text
-        generated[on] = sum(len(hear_given(d.audio, d.prefix)) - 1 - len(d.prefix) for d, _ in decodes)
-        for decode, committed in decodes:
+        generated[on] = sum(len(hear_given(d.audio, d.prefix)) - 1 - len(d.prefix) for d, *_ in decodes)
+        for decode, committed, _ in decodes:
             assert text_of(decode.prefix, KINDS) == (committed if on else [])
             assert decode.hypothesis == () or decode.hypothesis[0] != TS or not decode.prefix
         if on:
-            assert sum(bool(d.prefix) for d, _ in decodes) >= len(decodes) // 2
+            assert sum(bool(d.prefix) for d, *_ in decodes) >= len(decodes) // 2
     assert words_of(texts[True]) == [f"w{w}" for w in words if w is not None]
     assert texts[True] == texts[False]
     assert generated[True] < 0.9 * generated[False], generated  # the committed part of each buffer, not again
@@ -234,6 +234,9 @@ def test_options_and_misuse_are_refused() -> None:
         StreamOptions(step_s=0)
     with pytest.raises(InputError, match="max_buffer_s"):
         StreamOptions(max_buffer_s=29.5)
+    for context_s in (-1.0, 12.5, float("nan")):
+        with pytest.raises(InputError, match="context_s"):
+            StreamOptions(context_s=context_s)
     policy = StreamPolicy(KINDS, detokenize)
     policy.feed(speech([1, 2, 3]))
     d = policy.request()
@@ -422,3 +425,70 @@ def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commi
     while final is None and (d := policy.request()) is not None:
         final = policy.accept(d, hear_given(d.audio, d.prefix))
     assert words_of(final.text) == ["w1", "w2", "w3", "w4", "w5", "w6"]
+
+
+# -- committed audio kept as left context (issue 37) ---------------------------------------------------------------
+def word_ends_s(words: list[int | None]) -> list[float]:
+    """Stream time at which each spoken word of `speech(words)` ends."""
+    return [(i + 1) * WORD_SAMPLES / SR for i, w in enumerate(words) if w is not None]
+
+
+@pytest.mark.parametrize("voice", [None, energy])
+def test_a_trim_keeps_context_s_of_committed_audio_before_what_is_new(voice) -> None:
+    """With context_s, every decode after the first trim starts at least context_s of committed speech before
+    the new words (whole committed segments: 1.5 s each here), those words forced as its prefix; with 0 the buffer
+    starts at the last committed segment's end, and some decodes hear less than that before the new words. (With a
+    voice function a 0.5 s pause after each segment, where its buffer is cut: at most PAUSE_SEARCH_S from its end.)"""
+    said = list(range(1, 25)) * 2  # 24 s of words
+    words = [w for i, x in enumerate(said) for w in ((x, None) if voice and i % 3 == 2 else (x,))]
+    least = {}
+    for context_s in (0.0, 2.0):
+        decodes = []
+        policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, context_s=context_s), voice,
+                                              decodes=decodes)
+        assert words_of(updates[-1].text) == [f"w{w}" for w in said]
+        trimmed = [(d, c, n) for d, c, n in decodes if d.start_s > 0 and d.kind != "close"]
+        assert len({d.start_s for d, *_ in trimmed}) >= 5  # many trims
+        for decode, committed, _ in trimmed:
+            assert text_of(decode.prefix, KINDS) == committed
+        ends = word_ends_s(words)  # committed audio: from the buffer's start to the last committed word's end
+        least[context_s] = min(ends[n - 1] - d.start_s for d, _, n in trimmed)
+    slack = PAUSE_SEARCH_S if voice else 0.0  # the cut is at a pause near the segment's end
+    assert least[2.0] >= 2.0 - slack and 1.5 > least[0.0], least
+
+
+@pytest.mark.parametrize("context_s", [0.0, 1.0, 2.5, 5.0])
+@pytest.mark.parametrize("voice", [None, energy])
+def test_with_context_every_word_is_committed_once_across_many_trims(context_s: float, voice) -> None:
+    """Long speech with pauses now and then: the same words, once each, in order, whatever context_s; the buffer
+    stays within max_buffer_s and a step (the forced trim still bounds it)."""
+    words = [w for i in range(80) for w in ((i % 24 + 1, None, None) if voice and i % 11 == 10 else (i % 24 + 1,))]
+    options = StreamOptions(step_s=1.0, max_buffer_s=10.0, context_s=context_s)
+    decodes = []
+    policy, updates, longest = run_stream(speech(words), options, voice, decodes=decodes)
+    assert words_of(updates[-1].text) == [f"w{w}" for w in words if w is not None]
+    texts = [u.text for u in updates]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert len({d.start_s for d, *_ in decodes}) >= 8
+    assert longest <= (options.max_buffer_s + options.step_s) * SR
+
+
+def test_context_never_holds_a_buffer_past_max_buffer_s_against_a_decoder_that_never_agrees() -> None:
+    """Half the buffer bound as context and a decoder whose successive decodes never agree: only the forced trim
+    commits, and the buffer still never exceeds max_buffer_s and a step."""
+    options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=3.0)
+    policy = StreamPolicy(KINDS, detokenize, options)
+    audio = speech(list(range(24)) * 2)
+    longest, n = 0, 0
+    for i in range(0, len(audio), SR):
+        policy.feed(audio[i:i + SR])
+        while (d := policy.request()) is not None:
+            n += 1
+            tokens = hear_given(d.audio, d.prefix)
+            if n % 2:  # a different first generated word each time: two decodes never agree
+                i_first = 1 + len(d.prefix)
+                tokens = [t if j != i_first or t >= EOT else (t + 2) % EOT for j, t in enumerate(tokens)]
+            longest = max(longest, len(d.audio))
+            policy.accept(d, tokens)
+    assert longest <= (options.max_buffer_s + options.step_s) * SR
+    assert len(words_of(policy._text)) > 20
