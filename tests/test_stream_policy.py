@@ -326,20 +326,23 @@ def contiguous(part: list[str], whole: list[str]) -> bool:
     return not part or any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1))
 
 
+@pytest.mark.parametrize("context_s", [0.0, 1.0])
 @pytest.mark.parametrize("max_edits", [1, 2])
 @pytest.mark.parametrize("forced", [False, True])
-def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int,
-                                                                                       forced: bool) -> None:
+def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int, forced: bool,
+                                                                                       context_s: float) -> None:
     """A few hundred seeded streams: the committed text only grows; each delta is a run of words of the
     hypothesis that committed it; no word said is committed twice, nor out of order; a word no decode misheard
     is never lost; the words of the last full-buffer hypothesis (the closing decode, heard right) after the
     last one committed before it are all in the final text. forced: the decoder keeps each decode's forced prefix
-    (the committed words) and edits only what follows, as the engine does; else it ignores it (any hypothesis)."""
+    (the committed words) and edits only what follows, as the engine does; else it ignores it (any hypothesis).
+    context_s: committed audio kept before what is new at each trim (its words in the buffer, forced)."""
     for seed in range(150):
         rng = np.random.default_rng(seed)
         said = [int(w) for w in rng.permutation(TRUE_WORDS)]
         decode, perturbed = adversary(rng, max_edits)
-        options = StreamOptions(step_s=float(rng.choice([0.5, 1.0])), max_buffer_s=float(rng.choice([3.0, 5.0])))
+        options = StreamOptions(step_s=float(rng.choice([0.5, 1.0])), max_buffer_s=float(rng.choice([3.0, 5.0])),
+                                context_s=context_s)
         policy = StreamPolicy(KINDS, detokenize, options)
         audio, block = speech(said), int(rng.integers(800, 12_000))
         texts, last_hypothesis, committed_before = [""], [], []
