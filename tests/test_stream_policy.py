@@ -60,12 +60,13 @@ def hear(audio: np.ndarray) -> list[int]:
     return tokens + [EOT]
 
 
-def hear_given(audio: np.ndarray, prefix: tuple[int, ...] = ()) -> list[int]:
+def hear_given(audio: np.ndarray, prefix: tuple[int, ...] = (), hearing=None) -> list[int]:
     """The scripted decoder as the engine decodes a request with a forced prefix (`ChunkRequest.prefix`): <|0.00|>,
     the prefix (its timestamps as given), then what `hear` hears after the prefix's last word: where that word is
     heard nearest to its place in the prefix (a model reads on from where the forced words end in the audio), else
-    after as many text tokens as the prefix holds (a forced word it does not hear)."""
-    heard = hear(audio)
+    after as many text tokens as the prefix holds (a forced word it does not hear). hearing: what hears the audio
+    (default `hear`)."""
+    heard = (hear if hearing is None else hearing)(audio)
     text = [t for t in prefix if t < EOT]
     if not text:
         return heard
@@ -495,3 +496,31 @@ def test_context_never_holds_a_buffer_past_max_buffer_s_against_a_decoder_that_n
             policy.accept(d, tokens)
     assert longest <= (options.max_buffer_s + options.step_s) * SR
     assert len(words_of(policy._text)) > 20
+
+
+@pytest.mark.parametrize("context_s", [0.0, 1.0, 3.0])
+def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: float) -> None:
+    """Every segment ends 0.3 s early, inside its last word, which follows a pause: each cut goes back over speech
+    to that pause and leaves the segment's last committed word in the buffer. With or without committed context
+    after it (forced as the prefix), every word is committed once, in order."""
+    early = 15  # timestamp steps: 0.3 s
+
+    def hear_early(audio: np.ndarray) -> list[int]:
+        tokens = hear(audio)
+        ends = {s.end_index for s in segments(tokens, KINDS) if s.end_index != len(tokens) - 2}
+        return [t - early if i in ends else t for i, t in enumerate(tokens)]
+
+    said = list(range(1, 25)) * 2
+    words = [w for i, x in enumerate(said) for w in ((None, x) if i % 3 == 2 else (x,))]  # a pause before each 3rd
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, context_s=context_s), energy)
+    audio, cuts = speech(words), set()
+    for i in range(0, len(audio), 4000):
+        policy.feed(audio[i:i + 4000])
+        while (d := policy.request()) is not None:
+            cuts.add(d.start_s)
+            policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
+    final = policy.finish()
+    while final is None and (d := policy.request()) is not None:
+        final = policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
+    assert words_of(final.text) == [f"w{w}" for w in said]
+    assert len(cuts) >= 5
