@@ -142,14 +142,14 @@ def test_words_said_again_after_a_cut_are_found_and_dropped() -> None:
 @pytest.mark.parametrize("block_s", [0.1, 0.25, 1.3])
 def test_every_word_committed_once_in_order(block_s: float) -> None:
     words = list(range(20)) + list(range(5))  # 12.5 s of speech without a pause
-    policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0), block_s=block_s)
+    policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, context_s=0.0), block_s=block_s)
     assert updates[-1].final and policy.done
     assert words_of(updates[-1].text) == [f"w{w}" for w in words]
     texts = [u.text for u in updates]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # committed text only grows
     assert "".join(u.delta for u in updates) == updates[-1].text
     assert sum(bool(u.delta) for u in updates[:-1]) >= 5  # text became stable while the stream went on
-    assert longest <= 8 * SR  # trimmed at committed segment ends: the buffer stays short
+    assert longest <= 8 * SR  # trimmed at committed segment ends, no context kept: the buffer stays short
 
 
 def test_committed_prefix_is_the_previous_hypothesis_up_to_the_last_committed_word() -> None:
@@ -213,7 +213,7 @@ def test_a_pause_closes_the_utterance_and_silence_is_never_decoded() -> None:
 def test_a_decoder_that_never_agrees_still_commits_and_the_window_holds() -> None:
     """Every decode words the last segment differently: only the overflow rule commits; the buffer never exceeds
     max_buffer_s + one step, and never one window."""
-    options = StreamOptions(step_s=1.0, max_buffer_s=6.0)
+    options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=0.0)
     policy = StreamPolicy(KINDS, detokenize, options)
     audio = speech(list(range(24)) * 2)
     longest, n = 0, 0
@@ -252,7 +252,8 @@ def test_options_and_misuse_are_refused() -> None:
 
 def test_a_late_segment_end_is_cut_at_the_pause_not_in_the_next_word() -> None:
     """Whisper's segment ends can be late: here 0.6 s, inside the next word. With a voice function the buffer is
-    cut at the pause before it, and that word is still heard whole; cutting at the timestamp would lose it."""
+    cut at the pause before it, and that word is still heard whole; cutting at the timestamp would lose it (each
+    cut at the last committed segment's end: no context kept)."""
     late = 30  # timestamp steps: 0.6 s
 
     def hear_late(audio: np.ndarray) -> list[int]:
@@ -266,7 +267,7 @@ def test_a_late_segment_end_is_cut_at_the_pause_not_in_the_next_word() -> None:
 
     words = [w for i in range(1, 13) for w in ((i, None) if i % 3 == 0 else (i,))]  # pauses after segments
     for voice, complete in ((energy, True), (None, False)):
-        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), voice)
+        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8, context_s=0.0), voice)
         audio = speech(words)
         for i in range(0, len(audio), 4000):
             policy.feed(audio[i:i + 4000])
@@ -417,7 +418,7 @@ def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commi
     second = [TS, *w[1], *w[2], *w[3], TS + 90, TS + 90, *w[7], *w[5], *w[6], TS + 175, EOT]  # agrees up to w3
     scripted = [first, second]
     decodes = []
-    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=0.5, silence_s=0.8), energy)
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=0.5, silence_s=0.8, context_s=0.0), energy)
     for start in (0, 24000, 32000, 40000):  # 1.5 s, then 0.5 s at a time
         policy.feed(audio[start:start + (24000 if start == 0 else 8000)])
         while (d := policy.request()) is not None:
