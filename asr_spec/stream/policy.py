@@ -92,9 +92,9 @@ class StreamOptions:
     committed_prefix: bool = True
     # committed audio a trim after committed segments keeps before the last committed segment's end, with its words
     # (forced as the prefix): a re-decode hears this much left context before what is new (0: none, the buffer
-    # starts at the last committed segment's end); a full buffer is still trimmed by force. 5 s: the 8 x 60 s
-    # lockstep runs' worst stream 2.46 -> 1.68 points against offline (docs/live.md, fifth session)
-    context_s: float = 5.0
+    # starts at the last committed segment's end); a full buffer is still trimmed by force. 5 s helps in the 8 x 60 s
+    # lockstep runs but lost a sentence through the server once (docs/live.md, fifth session): 0 until understood
+    context_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.committed_prefix, bool):
