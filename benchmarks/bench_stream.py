@@ -43,7 +43,8 @@ admission seconds per re-decode, encoder calls and windows per call, wait before
 --hypothesis/--no-hypothesis: the server re-decodes offering the
 previous hypothesis as the draft or not (default: the server's); --no-committed-prefix: every re-decode generates
 its whole buffer again (default: its committed words are forced, `StreamOptions.committed_prefix`);
---max-buffer-s: the streams' buffer bound; --group-wait-s: how long a waiting re-decode is held for others to be
+--max-buffer-s: the streams' buffer bound (both modes); --context-s: the committed audio a trim keeps as left context
+(`StreamOptions.context_s`, both modes); --group-wait-s: how long a waiting re-decode is held for others to be
 encoded with it (0: each taken as soon as a row is free);
 --glibc-malloc: glibc's malloc left as it is (the server sets its thresholds and arenas:
 `asr_spec.serve.allocator`). The server has --batch-size engine rows (8, `asr-spec serve`'s default) whatever the
@@ -128,13 +129,12 @@ def decode_twice(runner, due, order: tuple[str, ...]) -> tuple[list, dict[str, f
     return results, cpu, wall, mismatches
 
 
-def run_streams(asr: Transcriber, items, step_s: float, vad: bool, cores: int, committed_prefix: bool = True) -> dict:
-    """Feed every slice in lockstep, each stream re-decoded every `step_s` (its committed words forced unless
-    `committed_prefix` is off); returns the measurements (see the module docstring)."""
-    options = StreamOptions(step_s=step_s, committed_prefix=committed_prefix)
+def run_streams(asr: Transcriber, items, options: StreamOptions, vad: bool, cores: int) -> dict:
+    """Feed every slice in lockstep, each stream re-decoded every `options.step_s` (the streams' policy options);
+    returns the measurements (see the module docstring)."""
     runner = asr.streams(options, vad=vad, batch_size=len(items))
     streams = [runner.open(name) for name, _ in items]
-    step = int(step_s * SAMPLE_RATE)
+    step = int(options.step_s * SAMPLE_RATE)
     n_ticks = -(-max(len(a) for _, a in items) // step)
     totals = {c: {"passes": 0, "generated": 0, "cpu": 0.0, "decodes": 0} for c in CONFIGS}
     front_cpu, mismatches, forced = 0.0, 0, 0  # forced: prefix tokens given to the decodes (not generated)
@@ -254,7 +254,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="audio per stream")
     parser.add_argument("--step-s", type=float, default=1.0)
     parser.add_argument("--max-buffer-s", type=float, default=StreamOptions().max_buffer_s,
-                        help="--server: the streams' buffer bound (StreamOptions.max_buffer_s)")
+                        help="the streams' buffer bound (StreamOptions.max_buffer_s)")
+    parser.add_argument("--context-s", type=float, default=StreamOptions().context_s,
+                        help="committed audio a trim keeps before what is new, its words forced (StreamOptions."
+                        "context_s; 0: none)")
     parser.add_argument("--committed-prefix", action=argparse.BooleanOptionalAction,
                         default=StreamOptions().committed_prefix, help="a re-decode forces its buffer's committed "
                         "words as the engine's prefix and generates only what follows (StreamOptions."
@@ -285,20 +288,23 @@ def main() -> None:
         from asr_spec.serve import allocator
 
         allocator.pin()
+    stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
+                           committed_prefix=args.committed_prefix, context_s=args.context_s)
     draft = {"draft": None} if args.no_draft else {}
     rows = args.batch_size if args.server else max(counts)
     asr = Transcriber.from_preset(args.preset, word_timestamps=True, batch_size=rows, **draft)
     if args.server:
-        return main_server(args, asr, counts)
+        return main_server(args, asr, counts, stream)
     torch.set_num_threads(args.threads)  # after loading: silero-vad's import sets it too
     cores = args.cores
     report = {"preset": args.preset, "draft": "none" if args.no_draft else "preset", "step_s": args.step_s,
-              "committed_prefix": args.committed_prefix,
+              "max_buffer_s": args.max_buffer_s, "committed_prefix": args.committed_prefix,
+              "context_s": args.context_s,
               "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "runs": []}
     for n in counts:
         items = slices(n, args.seconds)
         reference = offline(asr, items)
-        run = run_streams(asr, items, args.step_s, not args.no_vad, cores, args.committed_prefix)
+        run = run_streams(asr, items, stream, not args.no_vad, cores)
         summary = summarise(n, run, reference, cores)
         texts = {name: {"stream": run["texts"][name], "offline": reference[name][0]} for name in reference}
         report["runs"].append({**summary, "texts": texts})  # the texts in the --json file only
@@ -309,14 +315,16 @@ def main() -> None:
 
 
 
-def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -> None:
-    """--server: each count of streams through the WebSocket, one after another, the server's default threads."""
+def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int], stream: StreamOptions) -> None:
+    """--server: each count of streams through the WebSocket, one after another, the server's default threads;
+    stream: the streams' policy options."""
     from asr_spec.serve.realtime import RealtimeOptions
 
     hypothesis = RealtimeOptions().hypothesis if args.hypothesis is None else args.hypothesis
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
               "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": hypothesis,
-              "committed_prefix": args.committed_prefix, "group_wait_s": args.group_wait_s,
+              "committed_prefix": args.committed_prefix, "context_s": args.context_s,
+              "group_wait_s": args.group_wait_s,
               "malloc_pinned": not args.glibc_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
@@ -324,8 +332,6 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int]) -
         items = slices(n, args.seconds)
         reference = offline(asr, items)
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
-        stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
-                               committed_prefix=args.committed_prefix)
         run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis, args.group_wait_s)
         fast_sent_s = run["fast_sender"]["sent_s"] if run["fast_sender"] else 0.0
         summary = summarise_server(n, args.speed, run, reference, n * args.seconds + fast_sent_s)

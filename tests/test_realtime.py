@@ -28,6 +28,7 @@ from asr_spec.serve.app import ServeOptions, create_app  # noqa: E402
 from asr_spec.serve.batcher import Batcher  # noqa: E402
 from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
 from asr_spec.stream.decodes import GROUP_WAIT_S  # noqa: E402
+from asr_spec.stream.policy import StreamOptions  # noqa: E402
 
 TIMEOUT_S = 120
 BLOCK_BYTES = 4096  # vLLM's example client sends 4 KB of PCM16 per append
@@ -365,6 +366,7 @@ def test_a_server_without_timestamp_mode_refuses_streams_and_still_serves_upload
 @pytest.mark.parametrize(("flags", "message"), [(["--max-backlog-s", "0"], "max_backlog_s must be a positive "
                                                   "number of seconds"),
                                                  (["--step-s", "0.01"], "stream step_s must be in [0.1, 10] seconds"),
+                                                 (["--context-s", "-1"], "stream context_s must be in"),
                                                  (["--group-wait-s", "-1"], "group_wait_s must be a finite number "
                                                   "of seconds >= 0")])
 def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flags, message):
@@ -377,18 +379,22 @@ def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flag
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s", "hypothesis", "prefix", "group_wait_s"),
-                         [([], RealtimeOptions().max_backlog_s, True, 1.0, False, True, GROUP_WAIT_S),
+@pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s", "hypothesis", "prefix", "context_s",
+                          "group_wait_s"),
+                         [([], RealtimeOptions().max_backlog_s, True, 1.0, False, True, StreamOptions().context_s,
+                           GROUP_WAIT_S),
                           (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2", "--no-hypothesis",
-                            "--no-committed-prefix", "--group-wait-s", "0"], 30.0, False, 2.0, False, False, 0.0),
-                          (["--catch-up", "--hypothesis", "--committed-prefix", "--group-wait-s", "0.5"],
-                           RealtimeOptions().max_backlog_s, True, 1.0, True, True, 0.5)])
+                            "--no-committed-prefix", "--context-s", "3", "--group-wait-s", "0"], 30.0, False, 2.0,
+                           False, False, 3.0, 0.0),
+                          (["--catch-up", "--hypothesis", "--committed-prefix", "--context-s", "0",
+                            "--group-wait-s", "0.5"], RealtimeOptions().max_backlog_s, True, 1.0, True, True, 0.0,
+                           0.5)])
 def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monkeypatch, greedy, flags, backlog_s,
                                                                             catch_up, step_s, hypothesis, prefix,
-                                                                            group_wait_s):
+                                                                            context_s, group_wait_s):
     """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S --hypothesis/--no-hypothesis
-    --committed-prefix/--no-committed-prefix --group-wait-s S`: the app's realtime options and its batcher's
-    stream queue (models and uvicorn replaced by the tiny transcriber and a recorder)."""
+    --committed-prefix/--no-committed-prefix --context-s S --group-wait-s S`: the app's realtime options and its
+    batcher's stream queue (models and uvicorn replaced by the tiny transcriber and a recorder)."""
     import uvicorn
 
     import asr_spec.serve.app as app_module
@@ -412,6 +418,7 @@ def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monk
     assert made["realtime"].model_id == "base" and made["realtime"].stream.step_s == step_s
     assert made["realtime"].hypothesis is hypothesis
     assert made["realtime"].stream.committed_prefix is prefix and made["batcher"].streams.group_wait_s == group_wait_s
+    assert made["realtime"].stream.context_s == context_s
 
 
 def test_the_server_captures_its_step_graphs_before_the_engine_starts(monkeypatch):

@@ -17,6 +17,7 @@ from asr_spec.stream.policy import StreamOptions
 
 SECONDS = 6
 FAST = dict(max_new_tokens=12, num_hypothesis_tokens=6)  # a tiny model's decodes, kept short
+OPTIONS = StreamOptions(step_s=1.0, max_buffer_s=4.0, context_s=2.0)  # short buffers: many trims, context kept
 
 
 @functools.cache
@@ -27,8 +28,7 @@ def _audio() -> np.ndarray:
 def run(offer: bool, n_streams: int = 1, block_s: float = 1.0):
     """Feed n_streams streams (the same audio, each from a different offset) block by block; returns each
     stream's updates and the runner's stats."""
-    runner = transcriber(speculative=False, **FAST).streams(StreamOptions(step_s=1.0, max_buffer_s=4.0), vad=False,
-                                                            batch_size=4, offer_hypothesis=offer)
+    runner = transcriber(speculative=False, **FAST).streams(OPTIONS, vad=False, batch_size=4, offer_hypothesis=offer)
     audio = [np.roll(_audio(), i * 2 * SAMPLE_RATE) for i in range(n_streams)]
     streams = [runner.open() for _ in range(n_streams)]
     updates = {s.id: [] for s in streams}
@@ -65,8 +65,7 @@ def test_streams_sharing_the_engine_get_what_each_gets_alone():
 
 def test_transcriber_stream_yields_the_same_text():
     blocks = (_audio()[i:i + 8000] for i in range(0, len(_audio()), 8000))
-    updates = list(transcriber(speculative=False, **FAST).stream(blocks, StreamOptions(step_s=1.0, max_buffer_s=4.0),
-                                                                 vad=False))
+    updates = list(transcriber(speculative=False, **FAST).stream(blocks, OPTIONS, vad=False))
     assert updates[-1].final
     assert "".join(u.delta for u in updates) == updates[-1].text
 

@@ -19,7 +19,7 @@ from asr_spec.stream.agreement import (
     text_of,
     without_text,
 )
-from asr_spec.stream.policy import WINDOW_S, StreamOptions, StreamPolicy
+from asr_spec.stream.policy import PAUSE_SEARCH_S, WINDOW_S, StreamOptions, StreamPolicy
 
 SR = 16_000
 EOT, TS = 50, 60  # text ids < 50 (even: a word's first token, odd: its second), timestamps from 60
@@ -60,12 +60,13 @@ def hear(audio: np.ndarray) -> list[int]:
     return tokens + [EOT]
 
 
-def hear_given(audio: np.ndarray, prefix: tuple[int, ...] = ()) -> list[int]:
+def hear_given(audio: np.ndarray, prefix: tuple[int, ...] = (), hearing=None) -> list[int]:
     """The scripted decoder as the engine decodes a request with a forced prefix (`ChunkRequest.prefix`): <|0.00|>,
     the prefix (its timestamps as given), then what `hear` hears after the prefix's last word: where that word is
     heard nearest to its place in the prefix (a model reads on from where the forced words end in the audio), else
-    after as many text tokens as the prefix holds (a forced word it does not hear)."""
-    heard = hear(audio)
+    after as many text tokens as the prefix holds (a forced word it does not hear). hearing: what hears the audio
+    (default `hear`)."""
+    heard = (hear if hearing is None else hearing)(audio)
     text = [t for t in prefix if t < EOT]
     if not text:
         return heard
@@ -86,7 +87,7 @@ def energy(samples: np.ndarray) -> np.ndarray:
 
 def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: float = 0.25, decodes=None):
     """Stream `audio` in blocks through a policy decoded by `hear_given`; decodes: a list that gets each Decode
-    with the tokens committed in its buffer when it was asked for."""
+    with the tokens committed in its buffer when it was asked for and the number of words committed in all."""
     policy = StreamPolicy(KINDS, detokenize, options, voice)
     updates, longest = [], 0
     block = int(block_s * SR)
@@ -96,7 +97,7 @@ def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: f
         while (decode := policy.request()) is not None:
             longest = max(longest, len(decode.audio))
             if decodes is not None:
-                decodes.append((decode, list(policy._committed)))
+                decodes.append((decode, list(policy._committed), len(words_of(policy._text))))
             updates.append(policy.accept(decode, hear_given(decode.audio, decode.prefix)))
 
     for i in range(0, len(audio), block):
@@ -141,14 +142,14 @@ def test_words_said_again_after_a_cut_are_found_and_dropped() -> None:
 @pytest.mark.parametrize("block_s", [0.1, 0.25, 1.3])
 def test_every_word_committed_once_in_order(block_s: float) -> None:
     words = list(range(20)) + list(range(5))  # 12.5 s of speech without a pause
-    policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0), block_s=block_s)
+    policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, context_s=0.0), block_s=block_s)
     assert updates[-1].final and policy.done
     assert words_of(updates[-1].text) == [f"w{w}" for w in words]
     texts = [u.text for u in updates]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # committed text only grows
     assert "".join(u.delta for u in updates) == updates[-1].text
     assert sum(bool(u.delta) for u in updates[:-1]) >= 5  # text became stable while the stream went on
-    assert longest <= 8 * SR  # trimmed at committed segment ends: the buffer stays short
+    assert longest <= 8 * SR  # trimmed at committed segment ends, no context kept: the buffer stays short
 
 
 def test_committed_prefix_is_the_previous_hypothesis_up_to_the_last_committed_word() -> None:
@@ -177,12 +178,12 @@ def test_a_redecode_forces_the_committed_words_and_the_text_is_the_same_without(
         policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, committed_prefix=on), voice,
                                               decodes=decodes)
         texts[on] = updates[-1].text
-        generated[on] = sum(len(hear_given(d.audio, d.prefix)) - 1 - len(d.prefix) for d, _ in decodes)
-        for decode, committed in decodes:
+        generated[on] = sum(len(hear_given(d.audio, d.prefix)) - 1 - len(d.prefix) for d, *_ in decodes)
+        for decode, committed, _ in decodes:
             assert text_of(decode.prefix, KINDS) == (committed if on else [])
             assert decode.hypothesis == () or decode.hypothesis[0] != TS or not decode.prefix
         if on:
-            assert sum(bool(d.prefix) for d, _ in decodes) >= len(decodes) // 2
+            assert sum(bool(d.prefix) for d, *_ in decodes) >= len(decodes) // 2
     assert words_of(texts[True]) == [f"w{w}" for w in words if w is not None]
     assert texts[True] == texts[False]
     assert generated[True] < 0.9 * generated[False], generated  # the committed part of each buffer, not again
@@ -212,7 +213,7 @@ def test_a_pause_closes_the_utterance_and_silence_is_never_decoded() -> None:
 def test_a_decoder_that_never_agrees_still_commits_and_the_window_holds() -> None:
     """Every decode words the last segment differently: only the overflow rule commits; the buffer never exceeds
     max_buffer_s + one step, and never one window."""
-    options = StreamOptions(step_s=1.0, max_buffer_s=6.0)
+    options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=0.0)
     policy = StreamPolicy(KINDS, detokenize, options)
     audio = speech(list(range(24)) * 2)
     longest, n = 0, 0
@@ -234,6 +235,9 @@ def test_options_and_misuse_are_refused() -> None:
         StreamOptions(step_s=0)
     with pytest.raises(InputError, match="max_buffer_s"):
         StreamOptions(max_buffer_s=29.5)
+    for context_s in (-1.0, 12.5, float("nan")):
+        with pytest.raises(InputError, match="context_s"):
+            StreamOptions(context_s=context_s)
     policy = StreamPolicy(KINDS, detokenize)
     policy.feed(speech([1, 2, 3]))
     d = policy.request()
@@ -248,7 +252,8 @@ def test_options_and_misuse_are_refused() -> None:
 
 def test_a_late_segment_end_is_cut_at_the_pause_not_in_the_next_word() -> None:
     """Whisper's segment ends can be late: here 0.6 s, inside the next word. With a voice function the buffer is
-    cut at the pause before it, and that word is still heard whole; cutting at the timestamp would lose it."""
+    cut at the pause before it, and that word is still heard whole; cutting at the timestamp would lose it (each
+    cut at the last committed segment's end: no context kept)."""
     late = 30  # timestamp steps: 0.6 s
 
     def hear_late(audio: np.ndarray) -> list[int]:
@@ -262,7 +267,7 @@ def test_a_late_segment_end_is_cut_at_the_pause_not_in_the_next_word() -> None:
 
     words = [w for i in range(1, 13) for w in ((i, None) if i % 3 == 0 else (i,))]  # pauses after segments
     for voice, complete in ((energy, True), (None, False)):
-        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), voice)
+        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8, context_s=0.0), voice)
         audio = speech(words)
         for i in range(0, len(audio), 4000):
             policy.feed(audio[i:i + 4000])
@@ -323,20 +328,23 @@ def contiguous(part: list[str], whole: list[str]) -> bool:
     return not part or any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1))
 
 
+@pytest.mark.parametrize("context_s", [0.0, 1.0])
 @pytest.mark.parametrize("max_edits", [1, 2])
 @pytest.mark.parametrize("forced", [False, True])
-def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int,
-                                                                                       forced: bool) -> None:
+def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int, forced: bool,
+                                                                                       context_s: float) -> None:
     """A few hundred seeded streams: the committed text only grows; each delta is a run of words of the
     hypothesis that committed it; no word said is committed twice, nor out of order; a word no decode misheard
     is never lost; the words of the last full-buffer hypothesis (the closing decode, heard right) after the
     last one committed before it are all in the final text. forced: the decoder keeps each decode's forced prefix
-    (the committed words) and edits only what follows, as the engine does; else it ignores it (any hypothesis)."""
+    (the committed words) and edits only what follows, as the engine does; else it ignores it (any hypothesis).
+    context_s: committed audio kept before what is new at each trim (its words in the buffer, forced)."""
     for seed in range(150):
         rng = np.random.default_rng(seed)
         said = [int(w) for w in rng.permutation(TRUE_WORDS)]
         decode, perturbed = adversary(rng, max_edits)
-        options = StreamOptions(step_s=float(rng.choice([0.5, 1.0])), max_buffer_s=float(rng.choice([3.0, 5.0])))
+        options = StreamOptions(step_s=float(rng.choice([0.5, 1.0])), max_buffer_s=float(rng.choice([3.0, 5.0])),
+                                context_s=context_s)
         policy = StreamPolicy(KINDS, detokenize, options)
         audio, block = speech(said), int(rng.integers(800, 12_000))
         texts, last_hypothesis, committed_before = [""], [], []
@@ -410,7 +418,7 @@ def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commi
     second = [TS, *w[1], *w[2], *w[3], TS + 90, TS + 90, *w[7], *w[5], *w[6], TS + 175, EOT]  # agrees up to w3
     scripted = [first, second]
     decodes = []
-    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=0.5, silence_s=0.8), energy)
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=0.5, silence_s=0.8, context_s=0.0), energy)
     for start in (0, 24000, 32000, 40000):  # 1.5 s, then 0.5 s at a time
         policy.feed(audio[start:start + (24000 if start == 0 else 8000)])
         while (d := policy.request()) is not None:
@@ -422,3 +430,98 @@ def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commi
     while final is None and (d := policy.request()) is not None:
         final = policy.accept(d, hear_given(d.audio, d.prefix))
     assert words_of(final.text) == ["w1", "w2", "w3", "w4", "w5", "w6"]
+
+
+# -- committed audio kept as left context (issue 37) ---------------------------------------------------------------
+def word_ends_s(words: list[int | None]) -> list[float]:
+    """Stream time at which each spoken word of `speech(words)` ends."""
+    return [(i + 1) * WORD_SAMPLES / SR for i, w in enumerate(words) if w is not None]
+
+
+@pytest.mark.parametrize("voice", [None, energy])
+def test_a_trim_keeps_context_s_of_committed_audio_before_what_is_new(voice) -> None:
+    """With context_s, every decode after the first trim starts at least context_s of committed speech before
+    the new words (whole committed segments: 1.5 s each here), those words forced as its prefix; with 0 the buffer
+    starts at the last committed segment's end, and some decodes hear less than that before the new words. (With a
+    voice function a 0.5 s pause after each segment, where its buffer is cut: at most PAUSE_SEARCH_S from its end.)"""
+    said = list(range(1, 25)) * 2  # 24 s of words
+    words = [w for i, x in enumerate(said) for w in ((x, None) if voice and i % 3 == 2 else (x,))]
+    least = {}
+    for context_s in (0.0, 2.0):
+        decodes = []
+        policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, context_s=context_s), voice,
+                                              decodes=decodes)
+        assert words_of(updates[-1].text) == [f"w{w}" for w in said]
+        trimmed = [(d, c, n) for d, c, n in decodes if d.start_s > 0 and d.kind != "close"]
+        assert len({d.start_s for d, *_ in trimmed}) >= 5  # many trims
+        for decode, committed, _ in trimmed:
+            assert text_of(decode.prefix, KINDS) == committed
+        ends = word_ends_s(words)  # committed audio: from the buffer's start to the last committed word's end
+        least[context_s] = min(ends[n - 1] - d.start_s for d, _, n in trimmed)
+    slack = PAUSE_SEARCH_S if voice else 0.0  # the cut is at a pause near the segment's end
+    assert least[2.0] >= 2.0 - slack and 1.5 > least[0.0], least
+
+
+@pytest.mark.parametrize("context_s", [0.0, 1.0, 2.5, 5.0])
+@pytest.mark.parametrize("voice", [None, energy])
+def test_with_context_every_word_is_committed_once_across_many_trims(context_s: float, voice) -> None:
+    """Long speech with pauses now and then: the same words, once each, in order, whatever context_s; the buffer
+    stays within max_buffer_s and a step (the forced trim still bounds it)."""
+    words = [w for i in range(80) for w in ((i % 24 + 1, None, None) if voice and i % 11 == 10 else (i % 24 + 1,))]
+    options = StreamOptions(step_s=1.0, max_buffer_s=10.0, context_s=context_s)
+    decodes = []
+    policy, updates, longest = run_stream(speech(words), options, voice, decodes=decodes)
+    assert words_of(updates[-1].text) == [f"w{w}" for w in words if w is not None]
+    texts = [u.text for u in updates]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert len({d.start_s for d, *_ in decodes}) >= 8
+    assert longest <= (options.max_buffer_s + options.step_s) * SR
+
+
+def test_context_never_holds_a_buffer_past_max_buffer_s_against_a_decoder_that_never_agrees() -> None:
+    """Half the buffer bound as context and a decoder whose successive decodes never agree: only the forced trim
+    commits, and the buffer still never exceeds max_buffer_s and a step."""
+    options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=3.0)
+    policy = StreamPolicy(KINDS, detokenize, options)
+    audio = speech(list(range(24)) * 2)
+    longest, n = 0, 0
+    for i in range(0, len(audio), SR):
+        policy.feed(audio[i:i + SR])
+        while (d := policy.request()) is not None:
+            n += 1
+            tokens = hear_given(d.audio, d.prefix)
+            if n % 2:  # a different first generated word each time: two decodes never agree
+                i_first = 1 + len(d.prefix)
+                tokens = [t if j != i_first or t >= EOT else (t + 2) % EOT for j, t in enumerate(tokens)]
+            longest = max(longest, len(d.audio))
+            policy.accept(d, tokens)
+    assert longest <= (options.max_buffer_s + options.step_s) * SR
+    assert len(words_of(policy._text)) > 20
+
+
+@pytest.mark.parametrize("context_s", [0.0, 1.0, 3.0])
+def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: float) -> None:
+    """Every segment ends 0.3 s early, inside its last word, which follows a pause: each cut goes back over speech
+    to that pause and leaves the segment's last committed word in the buffer. With or without committed context
+    after it (forced as the prefix), every word is committed once, in order."""
+    early = 15  # timestamp steps: 0.3 s
+
+    def hear_early(audio: np.ndarray) -> list[int]:
+        tokens = hear(audio)
+        ends = {s.end_index for s in segments(tokens, KINDS) if s.end_index != len(tokens) - 2}
+        return [t - early if i in ends else t for i, t in enumerate(tokens)]
+
+    said = list(range(1, 25)) * 2
+    words = [w for i, x in enumerate(said) for w in ((None, x) if i % 3 == 2 else (x,))]  # a pause before each 3rd
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, context_s=context_s), energy)
+    audio, cuts = speech(words), set()
+    for i in range(0, len(audio), 4000):
+        policy.feed(audio[i:i + 4000])
+        while (d := policy.request()) is not None:
+            cuts.add(d.start_s)
+            policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
+    final = policy.finish()
+    while final is None and (d := policy.request()) is not None:
+        final = policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
+    assert words_of(final.text) == [f"w{w}" for w in said]
+    assert len(cuts) >= 5

@@ -85,6 +85,9 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                                                  "stream's re-decode forces its committed words as the decoder's "
                                                  "prefix and generates only what follows (default); off: it "
                                                  "generates its whole buffer again."),
+    context_s: float | None = typer.Option(None, help="Committed audio a live stream's buffer keeps, when trimmed, "
+                                           "before what is new (left context; its words forced as the prefix). "
+                                           "Default: the streaming policy's, 0 s: none."),
     group_wait_s: float | None = typer.Option(None, help="The longest a live stream's re-decode waits for others "
                                               "to be encoded with it, while another stream's is decoding (0: "
                                               "never; default 1 s)."),
@@ -120,7 +123,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                    max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,
                    max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device,
                    max_backlog_s=max_backlog_s, catch_up=catch_up, step_s=step_s, hypothesis=hypothesis,
-                   committed_prefix=committed_prefix, group_wait_s=group_wait_s, **overrides)
+                   committed_prefix=committed_prefix, context_s=context_s, group_wait_s=group_wait_s, **overrides)
     except ImportError as err:
         fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
     except USER_ERRORS as err:
