@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from conftest import tiny_target
 
-from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.engine import DecodeOptions, Engine, memory
 from asr_spec.engine.stats import StageTimes
 from benchmarks.bench_report import Result, stage_table, table
 
@@ -34,6 +34,19 @@ def test_an_engine_run_counts_its_encoder_and_every_step():
     assert (engine.times.encoder_calls, engine.times.encoder_windows) == (2, 3)
     # each step advances every live row by one token (greedy): at least the longest row's count of steps
     assert engine.times.steps >= max(len(r.tokens) for r in results) - 1
+
+
+def test_a_cpu_engine_encodes_at_most_a_few_windows_a_call():
+    """memory.encode_batch: a CPU run of 8 rows encodes its 8 windows MAX_ENCODE_BATCH_CPU at a time (the
+    activations' bound), every window once; a GPU's calls may hold up to MAX_ENCODE_BATCH."""
+    cap = memory.MAX_ENCODE_BATCH_CPU
+    assert memory.encode_batch(2, torch.device("cpu")) == 2
+    assert memory.encode_batch(64, torch.device("cuda")) == memory.MAX_ENCODE_BATCH > cap
+    engine = Engine(tiny_target(), None, DecodeOptions(language="en", max_new_tokens=3))
+    features = torch.randn(8, 16, 100, generator=torch.Generator().manual_seed(1))
+    results = engine.decode(features, batch_size=8)
+    assert len(results) == 8 and engine.times.encoder_windows == 8
+    assert engine.times.encoder_calls == -(-8 // cap) > 1
 
 
 def test_the_stage_table_gives_the_rest_and_the_ratio_to_greedy():

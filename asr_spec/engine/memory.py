@@ -16,6 +16,13 @@ from dataclasses import dataclass
 import torch
 
 MAX_ENCODE_BATCH = 16  # chunks featurised / encoded at once, whatever the decode batch (bounds the activations)
+# On a CPU the engine encodes at most this many windows a call (`encode_batch`): whisper-base's 8-window call holds
+# 49 MB fc1 outputs, above glibc's 32 MiB dynamic mmap ceiling (faulted afresh each call offline), and a server
+# that keeps its transient buffers in the heap (serve/allocator.py) keeps the largest call's. Measured on the AMX
+# Xeon (2 threads, fifth session): three long files 5.51 / 5.48 s at 4 against 5.47 / 5.58 s at 16 (encoder 1.58 /
+# 1.49 vs 1.64 / 1.61 s); 16 live streams + an hour sender peak at 1,698 MiB against 1,932 (one stream: 1,222), and
+# 8 streams' commit latency p95 6.7 s against 8.7
+MAX_ENCODE_BATCH_CPU = 4
 FLOAT32_BYTES = 4
 # Fraction of the free memory a run may plan to use: the rest is for activations not counted here (the
 # encoder's micro-batch, attention scores of one step), the allocator's slack and the rest of the process.
@@ -112,3 +119,9 @@ def check_fits(run: RunShape, n_rows: int, free: int | None) -> str | None:
     advice = f"--batch-size {fits} fits" if fits else "not even --batch-size 1 fits: use a smaller model or dtype"
     return (f"batch of {n_rows} needs {gib(need)} for its caches (models {gib(run.model_bytes)} already loaded) "
             f"but {gib(free)} is free: {advice}")
+
+
+def encode_batch(batch_size: int, device: torch.device) -> int:
+    """How many windows the engine encodes in one call for a run of `batch_size` rows on `device`: at most
+    `MAX_ENCODE_BATCH_CPU` on a CPU, `MAX_ENCODE_BATCH` elsewhere."""
+    return min(batch_size, MAX_ENCODE_BATCH_CPU if device.type == "cpu" else MAX_ENCODE_BATCH)

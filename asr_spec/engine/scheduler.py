@@ -205,7 +205,8 @@ class Engine:
         (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
         only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
-        feed = self._feed = Feed(iter(requests), self._encode, min(batch_size, memory.MAX_ENCODE_BATCH))
+        encode = memory.encode_batch(batch_size, self.target_dec.device)
+        feed = self._feed = Feed(iter(requests), self._encode, encode)
         n_rows = self._first_fill(feed, batch_size)
         if n_rows == 0:
             return
