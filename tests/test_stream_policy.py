@@ -525,3 +525,33 @@ def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: fl
         final = policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
     assert words_of(final.text) == [f"w{w}" for w in said]
     assert len(cuts) >= 5
+
+
+def test_a_close_decode_that_stops_before_a_later_utterance_decodes_that_utterance_again() -> None:
+    """A stream behind holds two utterances when its close decode comes, and Whisper may stop after the first
+    (the pause): the second's words are decoded in a buffer of their own, not dropped with the buffer (the live
+    server lost "Fine, but you will carry the lamp." so). A decoder that never hears them drops them, once."""
+    audio = speech([1, 2, 3, None, None, None, 4, 5, 6, None, None, None])
+    first_gap = 3 * WORD_SAMPLES
+
+    def stops_at_a_pause(buffer: np.ndarray) -> list[int]:
+        """`hear`, but a buffer holding speech after a pause is heard only up to that pause."""
+        heard = hear(buffer)
+        if len(buffer) > first_gap and buffer[0] != 0 and np.any(buffer[first_gap:]):
+            end = TS + first_gap // 320
+            heard = [t for t in heard if t < EOT and t // 2 <= 3 or EOT < t <= end] + [EOT]
+        return heard
+
+    def deaf_to_the_second(buffer: np.ndarray) -> list[int]:
+        return [t for t in stops_at_a_pause(buffer) if not (t < EOT and t // 2 >= 4)]
+
+    for decoder, expected in ((stops_at_a_pause, ["w1", "w2", "w3", "w4", "w5", "w6"]),
+                              (deaf_to_the_second, ["w1", "w2", "w3"])):
+        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+        policy.feed(audio)  # all at once: the stream fell behind
+        update, decodes = policy.finish(), 0
+        while (update is None or not update.final) and (d := policy.request()) is not None:
+            decodes += 1
+            update = policy.accept(d, decoder(d.audio))
+        assert update.final and words_of(update.text) == expected, (decoder.__name__, update.text)
+        assert decodes <= 3

@@ -38,7 +38,9 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
   after speech closes the utterance: the buffer up to the speech's end is decoded once more and all of it is
-  committed, then the buffer starts afresh; a buffer without speech is never decoded.
+  committed, then the buffer starts afresh (at that decode's last timestamp instead, once, where it stopped
+  before `UNHEARD_SPEECH_S` of later speech: a stream behind holds several utterances, `_close_end`); a buffer
+  without speech is never decoded.
 
 Units: `_samples` are 16 kHz samples of the stream since its start, `_s` seconds of stream audio.
 """
@@ -74,6 +76,10 @@ PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most t
 # committed words a cut before their segment's end may leave in the buffer: the speech of at most PAUSE_SEARCH_S
 # (two words of a fast speaker, ~5 a second)
 SEAM_WORDS = 2
+# A close decode whose hypothesis ends (its last timestamp) this much speech before the audio it was given ends
+# stopped short of a later utterance (a stream behind holds several, and Whisper may give up after a pause): that
+# speech is decoded again in a buffer of its own (`_close_end`), once, not dropped
+UNHEARD_SPEECH_S = 0.5
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -167,6 +173,7 @@ class StreamPolicy:
         self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
         # committed text tokens the buffer's start may say again: the last cut went back over speech (`_trim`)
         self._seam: list[int] = []
+        self._retried = -1  # stream sample a buffer restarted at to decode speech a close decode left unheard
         self._text = ""
         self._in_flight: Decode | None = None
         self._serial = 0
@@ -253,7 +260,7 @@ class StreamPolicy:
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)
         if decode.kind == "close":
             delta = self._commit(new_text[said:])
-            self._reset_after(int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio))
+            self._reset_after(self._close_end(decode, hypothesis))
             if self._finished and not self._has_speech():
                 return self._final(delta, decode.heard_s)
             return Update(delta, "", self._text, False, decode.heard_s)
@@ -357,6 +364,25 @@ class StreamPolicy:
             return None
         middle = quietest * FRAME_SAMPLES + FRAME_SAMPLES // 2 - self._start
         return max(middle, 0) // SAMPLES_PER_TIMESTAMP
+
+    def _close_end(self, decode: Decode, hypothesis: tuple[int, ...]) -> int:
+        """The stream sample a close decode's buffer restarts at: the end of its audio, or, where the hypothesis
+        ends with all its segments closed and `UNHEARD_SPEECH_S` or more of speech follows its last timestamp in
+        that audio, that timestamp (once per restart point: a second decode that leaves the same speech unheard
+        drops it)."""
+        start = int(round(decode.start_s * SAMPLE_RATE))
+        end = start + len(decode.audio)
+        closed = segments(hypothesis, self.kinds)
+        body = [t for t in hypothesis if t != self.kinds.eot]
+        if start == self._retried or not closed or body[-1] < self.kinds.timestamp_begin:
+            return end
+        heard = start + closed[-1].end_samples
+        frames = self._speech_frames()
+        unheard = np.count_nonzero((frames * FRAME_SAMPLES >= heard) & ((frames + 1) * FRAME_SAMPLES <= end))
+        if unheard * FRAME_SAMPLES < self._seconds(UNHEARD_SPEECH_S):
+            return end
+        self._retried = heard
+        return heard
 
     def _reset_after(self, end_sample: int) -> None:
         """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""
