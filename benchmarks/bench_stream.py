@@ -247,7 +247,8 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: 
             "peak_rss_mib": run["peak_rss_mib"], "fast_sender": run["fast_sender"], "load_average": os.getloadavg()}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="base")
     parser.add_argument("--streams", default="1,8", help="comma-separated numbers of concurrent streams")
@@ -282,7 +283,11 @@ def main() -> None:
                         "--hypothesis`) or not (default: the server's, RealtimeOptions.hypothesis)")
     parser.add_argument("--fast-sender-s", type=float, default=0.0, help="--server: one more client sending this "
                         "much audio as fast as it can beside the streams (3600: the hour sender)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     counts = [int(x) for x in args.streams.split(",")]
     if args.server and not args.glibc_malloc:  # as `asr-spec serve` does, before the models load
         from asr_spec.serve import allocator
@@ -312,7 +317,6 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))
-
 
 
 def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int], stream: StreamOptions) -> None:
