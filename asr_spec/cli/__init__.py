@@ -87,7 +87,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                                                  "generates its whole buffer again."),
     context_s: float | None = typer.Option(None, help="Committed audio a live stream's buffer keeps, when trimmed, "
                                            "before what is new (left context; its words forced as the prefix). "
-                                           "Default: the streaming policy's, 0 s: none."),
+                                           "Default: the streaming policy's (5 s); 0: none."),
     group_wait_s: float | None = typer.Option(None, help="The longest a live stream's re-decode waits for others "
                                               "to be encoded with it, while another stream's is decoding (0: "
                                               "never; default 1 s)."),

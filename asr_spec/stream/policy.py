@@ -52,7 +52,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asr_spec.checks import finite
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import (
     SAMPLE_RATE,
@@ -69,9 +68,9 @@ from asr_spec.stream.agreement import (
     text_of,
     without_text,
 )
+from asr_spec.stream.options import WINDOW_S, StreamOptions
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
-WINDOW_S = 30.0  # Whisper's window: a decode never holds more audio than this
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
 # committed words a cut before their segment's end may leave in the buffer: the speech of at most PAUSE_SEARCH_S
 # (two words of a fast speaker, ~5 a second)
@@ -82,44 +81,6 @@ SEAM_WORDS = 2
 UNHEARD_SPEECH_S = 0.5
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    """How one stream is re-decoded and committed. Validated once, here."""
-
-    step_s: float = 1.0  # re-decode the buffer after this much new audio
-    max_buffer_s: float = 24.0  # a buffer this long is trimmed by force (its closed segments but the last)
-    silence_s: float = 0.8  # non-speech after speech that closes an utterance (with a voice function)
-    vad_threshold: float = 0.5  # speech probability at or above which a frame is speech
-    speech_pad_s: float = 0.3  # audio kept after an utterance's last speech frame when it is closed
-    # a re-decode forces the buffer's committed words (as its last hypothesis said them, timestamps and all) as the
-    # engine's prefix and generates only what follows; off: every re-decode generates the whole buffer again
-    committed_prefix: bool = True
-    # committed audio a trim after committed segments keeps before the last committed segment's end, with its words
-    # (forced as the prefix): a re-decode hears this much left context before what is new (0: none, the buffer
-    # starts at the last committed segment's end); a full buffer is still trimmed by force. 5 s helps in the 8 x 60 s
-    # lockstep runs but lost a sentence through the server once (docs/live.md, fifth session): 0 until understood
-    context_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.committed_prefix, bool):
-            raise InputError(f"stream committed_prefix must be true or false, got {self.committed_prefix!r}")
-        for name in ("step_s", "max_buffer_s", "silence_s", "vad_threshold", "speech_pad_s", "context_s"):
-            finite(getattr(self, name), f"stream {name}")
-        if not 0.1 <= self.step_s <= 10.0:
-            raise InputError(f"stream step_s must be in [0.1, 10] seconds, got {self.step_s!r}")
-        if not 2 * self.step_s <= self.max_buffer_s <= WINDOW_S - self.step_s:
-            raise InputError(f"stream max_buffer_s must be in [2 * step_s, {WINDOW_S:g} - step_s] seconds, "
-                             f"got {self.max_buffer_s!r}")
-        if self.silence_s <= 0 or self.speech_pad_s < 0 or self.speech_pad_s >= self.silence_s:
-            raise InputError(f"stream silence_s must be > speech_pad_s >= 0, got silence_s={self.silence_s!r}, "
-                             f"speech_pad_s={self.speech_pad_s!r}")
-        if not 0 < self.vad_threshold < 1:
-            raise InputError(f"stream vad_threshold must be in (0, 1), got {self.vad_threshold!r}")
-        if not 0 <= self.context_s <= self.max_buffer_s / 2:
-            raise InputError(f"stream context_s must be in [0, max_buffer_s / 2] seconds, got context_s="
-                             f"{self.context_s!r} with max_buffer_s={self.max_buffer_s!r}")
 
 
 @dataclass(frozen=True, eq=False)
