@@ -79,6 +79,7 @@ SEAM_WORDS = 2
 # stopped short of a later utterance (a stream behind holds several, and Whisper may give up after a pause): that
 # speech is decoded again in a buffer of its own (`_close_end`), once, not dropped
 UNHEARD_SPEECH_S = 0.5
+UNHEARD_SEAM_WORDS = 8  # committed words such a restarted buffer's first hypothesis may say again (dropped)
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -221,7 +222,11 @@ class StreamPolicy:
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)
         if decode.kind == "close":
             delta = self._commit(new_text[said:])
-            self._reset_after(self._close_end(decode, hypothesis))
+            end = self._close_end(decode, hypothesis)
+            self._reset_after(end)
+            if end < int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio):  # a restart at the last timestamp:
+                # the speech after it may still end words said before it (early timestamps): dropped, not doubled
+                self._seam = self._words_before(new_text, len(new_text), UNHEARD_SEAM_WORDS)
             if self._finished and not self._has_speech():
                 return self._final(delta, decode.heard_s)
             return Update(delta, "", self._text, False, decode.heard_s)
@@ -379,10 +384,10 @@ class StreamPolicy:
         frames = self._probs[first_sample // FRAME_SAMPLES:-(-end_sample // FRAME_SAMPLES)]
         return bool((frames >= self.options.vad_threshold).any())
 
-    def _words_before(self, text: list[int], n_text: int) -> list[int]:
-        """The text tokens of the last SEAM_WORDS words of text[:n_text]."""
+    def _words_before(self, text: list[int], n_text: int, n_words: int = SEAM_WORDS) -> list[int]:
+        """The text tokens of the last `n_words` words of text[:n_text]."""
         starts = [i for i in range(n_text) if i == 0 or self.kinds.starts_word(text[i])]
-        return text[starts[-SEAM_WORDS]:n_text] if len(starts) >= SEAM_WORDS else text[:n_text]
+        return text[starts[-n_words]:n_text] if len(starts) >= n_words else text[:n_text]
 
     def _has_speech(self) -> bool:
         if len(self._buffer) == 0:
