@@ -39,7 +39,7 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
   after speech closes the utterance: the buffer up to the speech's end is decoded once more and all of it is
   committed, then the buffer starts afresh (at that decode's last timestamp instead, once, where it stopped
-  before `UNHEARD_SPEECH_S` of later speech: a stream behind holds several utterances, `_close_end`); a buffer
+  before `UNHEARD_SPEECH_S` of later speech: a stream behind holds several utterances, `_unheard_from`); a buffer
   without speech is never decoded.
 
 Units: `_samples` are 16 kHz samples of the stream since its start, `_s` seconds of stream audio.
@@ -77,7 +77,7 @@ PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most t
 SEAM_WORDS = 2
 # A close decode whose hypothesis ends (its last timestamp) this much speech before the audio it was given ends
 # stopped short of a later utterance (a stream behind holds several, and Whisper may give up after a pause): that
-# speech is decoded again in a buffer of its own (`_close_end`), once, not dropped
+# speech is decoded again in a buffer of its own (`_unheard_from`), once, not dropped
 UNHEARD_SPEECH_S = 0.5
 UNHEARD_SEAM_WORDS = 8  # committed words such a restarted buffer's first hypothesis may say again (dropped)
 
@@ -222,11 +222,10 @@ class StreamPolicy:
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)
         if decode.kind == "close":
             delta = self._commit(new_text[said:])
-            end = self._close_end(decode, hypothesis)
-            self._reset_after(end)
-            if end < int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio):  # a restart at the last timestamp:
-                # the speech after it may still end words said before it (early timestamps): dropped, not doubled
-                self._seam = self._words_before(new_text, len(new_text), UNHEARD_SEAM_WORDS)
+            heard = self._unheard_from(decode, hypothesis)
+            self._reset_after(int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio) if heard is None else heard)
+            if heard is not None:  # the speech after it may still end words said before it (early timestamps):
+                self._seam = self._words_before(new_text, len(new_text), UNHEARD_SEAM_WORDS)  # dropped, not doubled
             if self._finished and not self._has_speech():
                 return self._final(delta, decode.heard_s)
             return Update(delta, "", self._text, False, decode.heard_s)
@@ -331,22 +330,21 @@ class StreamPolicy:
         middle = quietest * FRAME_SAMPLES + FRAME_SAMPLES // 2 - self._start
         return max(middle, 0) // SAMPLES_PER_TIMESTAMP
 
-    def _close_end(self, decode: Decode, hypothesis: tuple[int, ...]) -> int:
-        """The stream sample a close decode's buffer restarts at: the end of its audio, or, where the hypothesis
-        ends with all its segments closed and `UNHEARD_SPEECH_S` or more of speech follows its last timestamp in
-        that audio, that timestamp (once per restart point: a second decode that leaves the same speech unheard
-        drops it)."""
+    def _unheard_from(self, decode: Decode, hypothesis: tuple[int, ...]) -> int | None:
+        """Where a close decode's buffer restarts instead of after its audio: the hypothesis's last timestamp (a
+        stream sample), where the hypothesis ends with all its segments closed and `UNHEARD_SPEECH_S` or more of
+        speech follows that timestamp in the audio; once per restart point (a second decode that leaves the same
+        speech unheard drops it). None: the buffer restarts after the decode's audio."""
         start = int(round(decode.start_s * SAMPLE_RATE))
-        end = start + len(decode.audio)
         closed = segments(hypothesis, self.kinds)
         body = [t for t in hypothesis if t != self.kinds.eot]
         if start == self._retried or not closed or body[-1] < self.kinds.timestamp_begin:
-            return end
-        heard = start + closed[-1].end_samples
+            return None
+        heard, end = start + closed[-1].end_samples, start + len(decode.audio)
         frames = self._speech_frames()
         unheard = np.count_nonzero((frames * FRAME_SAMPLES >= heard) & ((frames + 1) * FRAME_SAMPLES <= end))
         if unheard * FRAME_SAMPLES < self._seconds(UNHEARD_SPEECH_S):
-            return end
+            return None
         self._retried = heard
         return heard
 
