@@ -77,7 +77,9 @@ def test_decoder_packed_path_equals_plain_path(monkeypatch, activation):
 
 def _packed_and_plain(model, monkeypatch):
     """The model's decoder built packed (oneDNN usable) and plain (monkeypatched unusable), and each one's
-    (window logits, single-token step logits) from the same cache contents: (packed, plain, [outs, outs])."""
+    (window logits, single-token step logits) from the same cache contents: (packed, plain, [outs, outs]). The thin
+    kernel's products (`cpu_linear`, fp32) are turned off: these are oneDNN's."""
+    monkeypatch.setattr(decoder_module.cpu_linear, "fused_linear_usable", lambda device, dtype: False)
     packed = Decoder(model.model.decoder, model.proj_out)
     monkeypatch.setattr(decoder_module, "onednn_usable", lambda device, dtype: False)
     plain = Decoder(model.model.decoder, model.proj_out)
@@ -183,9 +185,9 @@ def test_engines_over_one_target_read_one_packed_copy_of_each_weight():
     fresh = Engine(model, None, DecodeOptions(language="en")).target_dec
     assert fresh.weights[fc1] is not a.weights[fc1] and fresh.qkv[0][0] is a.qkv[0][0]
     x = torch.randn(3, fc1.in_features)
-    torch.testing.assert_close(onednn_linear(x, fresh.weights[fc1], fc1.bias), F.linear(x, fc1.weight, fc1.bias),
+    torch.testing.assert_close(fresh.linear(x, fresh.weights[fc1], fc1.bias), F.linear(x, fc1.weight, fc1.bias),
                                rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(onednn_linear(x, a.weights[fc1], fc1.bias), F.linear(x, fc1.weight / 2, fc1.bias),
+    torch.testing.assert_close(a.linear(x, a.weights[fc1], fc1.bias), F.linear(x, fc1.weight / 2, fc1.bias),
                                rtol=1e-5, atol=1e-5)
 
 

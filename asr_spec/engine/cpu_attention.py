@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 
 DISABLE_ENV = "ASR_SPEC_NO_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-# included by SOURCE: its vector layer and its sums in bf16 pairs (AVX-512-BF16)
-HEADERS = (Path(__file__).with_name("cpu_attention_simd.h"), Path(__file__).with_name("cpu_attention_pairs.h"))
+# included by SOURCE: its vector layer, its sums in bf16 pairs (AVX-512-BF16) and the thin fp32 products
+# (`engine.cpu_linear`), built into the same extension
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_attention_simd.h", "cpu_attention_pairs.h",
+                                                            "cpu_linear.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
 # `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for those flags, not for this CPU
@@ -117,6 +119,15 @@ def _extension() -> ModuleType | None:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         log.warning("cpu attention kernel not built (%s): attention runs through torch's products", reason)
         return None
+
+
+def extension() -> ModuleType:
+    """The built extension module (its `attend`, `linear`, `panel_columns`); only where `fused_attention_usable`
+    says it is built."""
+    module = _extension()
+    if module is None:
+        raise RuntimeError("the CPU kernel extension is not built here (see the warning logged at its build)")
+    return module
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor | None,

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.engine import cpu_attention
+from asr_spec.engine import cpu_attention, cpu_linear
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead
 from asr_spec.engine.kernels import (
@@ -79,11 +79,13 @@ def _head_rows(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Te
     return shared("rows", (weight, vocab_ids), lambda: weight.detach()[vocab_ids])
 
 
-def _head_packed(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
-    """The head rows packed for oneDNN, shared per head and vocabulary."""
+def _head_packed(weight: torch.Tensor, vocab_ids: torch.Tensor | None, thin: bool) -> object:
+    """The head rows packed for oneDNN, or for the thin kernel where `thin` (`cpu_linear`), shared per head,
+    vocabulary and packing."""
     if vocab_ids is None:
-        return pack(weight)
-    return shared("packed-rows", (weight, vocab_ids), lambda: reorder(weight.detach()[vocab_ids]))
+        return cpu_linear.pack_panels(weight) if thin else pack(weight)
+    repack = cpu_linear.repack if thin else reorder
+    return shared(("packed-rows", repack), (weight, vocab_ids), lambda: repack(weight.detach()[vocab_ids]))
 
 
 def _head_transposed(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
@@ -154,8 +156,14 @@ class Decoder:
         # CPU attention through the few-query kernel where it is built (`cpu_attention`: invariant by construction,
         # per-query key counts instead of buckets and masks; the layouts `new_cache` says)
         self.fused = cpu_attention.fused_attention_usable(self.device, self.dtype)
+        # CPU fp32: the step's products through the thin kernel where it is built (`cpu_linear`: each weight read
+        # once a call, row-invariant by construction); the audio's keys/values (1,500 rows a chunk) stay oneDNN's
+        self.thin = cpu_linear.fused_linear_usable(self.device, self.dtype)
         packed = onednn_usable(self.device, self.dtype)
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
+        if self.thin:
+            self.linear = cpu_linear.linear
+        packs = packed or self.thin  # the step's weights are packed copies (oneDNN's or the kernel's panels)
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
         # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
         n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
@@ -168,14 +176,17 @@ class Decoder:
         # copies below instead of those projections' own weights (no other packed copy of them is held)
         step_layers = [proj for layer in self.layers
                        for proj in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2)]
-        if not packed:
+        if not packs:
             step_layers += [proj for layer in self.layers for proj in (
                 layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.encoder_attn.q_proj)]
-        self.weights = {proj: pack(proj.weight) if packed else proj.weight for proj in step_layers}
-        self.qkv = [fused_qkv(layer.self_attn, self.scaling) for layer in self.layers] if packed else None
-        self.cross_q = [scaled(layer.encoder_attn.q_proj, self.scaling) for layer in self.layers] if packed else None
-        self.post = POST_OPS.get(decoder.config.activation_function) if packed else None
-        self._head_layout(proj_out.weight, vocab_ids, packed, certify)
+        weight_of = cpu_linear.pack_panels if self.thin else pack if packed else (lambda w: w)
+        repack = cpu_linear.repack if self.thin else reorder
+        self.weights = {proj: weight_of(proj.weight) for proj in step_layers}
+        self.qkv = [fused_qkv(layer.self_attn, self.scaling, repack) for layer in self.layers] if packs else None
+        self.cross_q = ([scaled(layer.encoder_attn.q_proj, self.scaling, repack) for layer in self.layers]
+                        if packs else None)
+        self.post = POST_OPS.get(decoder.config.activation_function) if packs else None
+        self._head_layout(proj_out.weight, vocab_ids, packs, certify)
 
     def _attention_layout(self) -> tuple[bool, tuple[int, ...]]:
         """(values_t, key_buckets): whether attention values are stored (head_dim, positions): always with the
@@ -195,15 +206,15 @@ class Decoder:
 
     def _head_layout(self, full: torch.Tensor, vocab_ids: torch.Tensor | None, packed: bool,
                      certify: tuple[int, tuple[int, ...]] | None) -> None:
-        """The head's copies `_head` reads (see `__init__`): certified, packed, plain or transposed. full: the
-        (vocab, d_model) head weight."""
+        """The head's copies `_head` reads (see `__init__`): certified, packed (oneDNN's or the thin kernel's),
+        plain or transposed. full: the (vocab, d_model) head weight."""
         weight = _head_rows(full, vocab_ids)
         # the certified head reads bf16 rows: only where the CPU has native bf16 products (emulated ones are
         # slower than fp32 and some oneDNN builds refuse to pack bf16 weights without AVX-512)
         exact_fp32 = (packed and self.dtype == torch.float32 and vocab_ids is None
                       and onednn_usable(self.device, torch.bfloat16))
         self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
-        self.head_packed = _head_packed(full, vocab_ids) if packed and self.certified is None else None
+        self.head_packed = _head_packed(full, vocab_ids, self.thin) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
         self.head_weight_t = (_head_transposed(full, vocab_ids)
                               if self.cpu_layout and not packed and not self.row_rows else None)

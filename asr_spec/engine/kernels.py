@@ -101,30 +101,33 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return shared("pack", (weight,), functools.partial(reorder, weight))
 
 
-def fused_qkv(attn: nn.Module, q_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_qkv(attn: nn.Module, q_scale: float = 1.0, repack: Callable[[torch.Tensor], T] = reorder
+              ) -> tuple[T, torch.Tensor]:
     """One packed (3 * d_model, d_model) weight and its bias for an attention's q, k and v projections (k has no
     bias in Whisper), q's rows multiplied by `q_scale` (attention's 1/sqrt(head_dim), exact for a power of 2: one
     op less a layer): one product instead of three, 147 vs 190 us at 3 rows for whisper-base's 512 x 512. Shared
-    per set of projection tensors and scale."""
+    per set of projection tensors, scale and packing (`repack`: oneDNN's `reorder`, or `cpu_linear.repack`)."""
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
     scales = (q_scale, 1.0, 1.0)
 
-    def make() -> tuple[torch.Tensor, torch.Tensor]:
+    def make() -> tuple[T, torch.Tensor]:
         bias = [(p.bias if p.bias is not None else torch.zeros_like(p.weight[:, 0])) * c for p, c in zip(projs, scales)]
-        return reorder(torch.cat([p.weight * c for p, c in zip(projs, scales)])), torch.cat(bias).detach()
+        return repack(torch.cat([p.weight * c for p, c in zip(projs, scales)]).detach()), torch.cat(bias).detach()
 
-    return shared(("fused-qkv", q_scale), _tensors(projs), make)
+    return shared(("fused-qkv", q_scale, repack), _tensors(projs), make)
 
 
-def scaled(proj: nn.Linear, scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+def scaled(proj: nn.Linear, scale: float, repack: Callable[[torch.Tensor], T] = reorder
+           ) -> tuple[T, torch.Tensor | None]:
     """A projection's packed weight and bias multiplied by `scale` (attention's 1/sqrt(head_dim) folded into the
-    query projection: one op less a layer; the same values up to rounding). Shared per projection and scale."""
+    query projection: one op less a layer; the same values up to rounding). Shared per projection, scale and
+    packing (`repack`, as in `fused_qkv`)."""
 
-    def make() -> tuple[torch.Tensor, torch.Tensor | None]:
+    def make() -> tuple[T, torch.Tensor | None]:
         bias = None if proj.bias is None else (proj.bias * scale).detach()
-        return reorder(proj.weight * scale), bias
+        return repack((proj.weight * scale).detach()), bias
 
-    return shared(("scaled", scale), _tensors([proj]), make)
+    return shared(("scaled", scale, repack), _tensors([proj]), make)
 
 
 def _tensors(projs) -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,116 @@
+"""Thin fp32 products on CPU through the kernel extension (`cpu_linear.h`, built with the attention kernel by
+`cpu_attention`): the decoder's step and verify products, x W^T + b (+ a residual), with W packed once into panels
+of output columns, and the one decision whether a decoder uses them (`fused_linear_usable`).
+
+Why: on an AVX2-only AMD EPYC (2 cores, 17.6 GB/s) oneDNN's packed fp32 products at the step's 8 rows ran at 2-3.4x
+their bytes-read floor (the MLP 9.7 ms against 2.9, the head 12.8 against 6.1); the kernel streams each weight
+once a call (docs/cpu.md, "Thin fp32 products"). And they are row-invariant by construction: each output is the
+same fused multiply-adds in the same order whatever the number of rows, so an fp32 (K+1)-token verify pass gives
+every position the products a 1-token step gives it, as the bf16 path's probed blocks do.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from asr_spec.engine import cpu_attention
+from asr_spec.engine.kernels import shared
+
+__all__ = ["Panels", "fused_linear_usable", "linear", "pack_panels"]
+
+
+@dataclass(frozen=True)
+class Panels:
+    """A (N, K) fp32 weight packed for the kernel: data (P, K, NB), P = ceil(N / NB) panels of NB output columns
+    (those past N zero). `shape` is the weight's own, as callers of a linear's weight read it."""
+
+    data: torch.Tensor
+    n_out: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.n_out, self.data.shape[1]))
+
+
+def fused_linear_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """The one decision: whether a decoder on `device` in `dtype` runs its step products through the kernel
+    (a CPU, float32, the extension built here and not disabled: `cpu_attention.fused_attention_usable`)."""
+    return dtype == torch.float32 and cpu_attention.fused_attention_usable(device, dtype)
+
+
+def panel_columns() -> int:
+    """NB: output columns a panel, two vectors of the instruction set the extension was built for."""
+    return int(cpu_attention.extension().panel_columns())
+
+
+def panels_of(weight: torch.Tensor, nb: int) -> torch.Tensor:
+    """(N, K) -> (ceil(N / nb), K, nb): column n of the weight's transpose in panel n // nb, lane n % nb, zeros
+    past N. Pure (no kernel): the layout `linear` reads."""
+    n, k = weight.shape
+    count = -(-n // nb)
+    padded = weight.new_zeros(count * nb, k)
+    padded[:n] = weight
+    return padded.view(count, nb, k).transpose(1, 2).contiguous()
+
+
+def repack(weight: torch.Tensor) -> Panels:
+    """The packing itself, unshared (for a copy derived from several tensors, made through `kernels.shared`)."""
+    w = weight.detach().float()
+    return Panels(panels_of(w, panel_columns()), w.shape[0])
+
+
+def pack_panels(weight: torch.Tensor) -> Panels:
+    """`repack(weight)`, made once per weight tensor and shared (`kernels.shared`)."""
+    return shared("panels", (weight,), functools.partial(repack, weight))
+
+
+def linear(x: torch.Tensor, weight: Panels, bias: torch.Tensor | None, post: str = "none",
+           algorithm: str = "") -> torch.Tensor:
+    """F.linear through the kernel, then the post-op ("gelu": erf GELU, as `kernels.onednn_linear` with
+    algorithm "none"); the signature of `kernels.onednn_linear`. (..., K) -> (..., N)"""
+    flat = _rows(x)
+    y = _run()(flat, weight.data, bias, None, weight.n_out)
+    if post == "gelu":
+        y = F.gelu(y, approximate="tanh" if algorithm == "tanh" else "none")
+    elif post != "none":
+        raise ValueError(f"post-op {post!r} is not one the thin products run")
+    return y.view(*x.shape[:-1], weight.n_out)
+
+
+def linear_add(x: torch.Tensor, weight: Panels, bias: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
+    """`residual + F.linear(x, weight, bias)` in one kernel call (the add in the product's epilogue).
+    x: (..., K); residual: (..., N), same leading shape -> (..., N)"""
+    flat = residual.reshape(-1, weight.n_out)
+    y = _run()(_rows(x), weight.data, bias, flat, weight.n_out)
+    return y.view(residual.shape)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., K) as the kernel's (M, K) with K contiguous (rows may be apart: a slice of a wider output is read in
+    place)."""
+    flat = x.reshape(-1, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def _run():
+    """The kernel's entry: traced (torch.compile), the custom op below, opaque to the tracer; eager, the
+    extension's function itself (no dispatcher round trip, ~20 calls a pass)."""
+    return _linear_op if torch.compiler.is_compiling() else cpu_attention.extension().linear
+
+
+@torch.library.custom_op("asr_spec::cpu_linear", mutates_args=())
+def _linear_op(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+               n_out: int) -> torch.Tensor:
+    """The kernel as a torch op: x (M, K), panels (P, K, NB), bias (N,) or None, residual (M, N) or None ->
+    (M, N)."""
+    return cpu_attention.extension().linear(x, panels, bias, residual, n_out)
+
+
+@_linear_op.register_fake
+def _(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+      n_out: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], n_out))

@@ -1,0 +1,142 @@
+"""The thin fp32 products of the CPU kernel extension (`engine/cpu_linear.py`, `cpu_linear.h`): the panel layout,
+agreement with F.linear within fp32 rounding, each row the same bits whatever the rows beside it, and a decoder
+whose fp32 verify pass gives every position what its 1-token steps give it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asr_spec.engine import cpu_attention, cpu_linear
+from asr_spec.engine.decoder import Decoder
+from asr_spec.testing import random_whisper
+
+
+def test_panels_hold_each_column_once_and_zeros_past_the_last():
+    """Pure layout: column n of W^T in panel n // nb at lane n % nb, the last panel padded with zeros."""
+    weight = torch.arange(5 * 3, dtype=torch.float32).view(5, 3)
+    panels = cpu_linear.panels_of(weight, 4)
+    assert panels.shape == (2, 3, 4) and panels.is_contiguous()
+    for n in range(5):
+        assert torch.equal(panels[n // 4, :, n % 4], weight[n])
+    assert torch.equal(panels[1, :, 1:], torch.zeros(3, 3))
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
+    if not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32):
+        pytest.skip("the CPU kernel extension could not be built here")
+
+
+@pytest.mark.parametrize("n, k", [(512, 512), (1536, 512), (37, 20), (51865, 64)])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
+def test_agrees_with_a_float64_product_within_fp32_rounding(kernel, n, k, rows):
+    gen = torch.Generator().manual_seed(n + rows)
+    weight, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    x, residual = torch.randn(2, rows, k, generator=gen), torch.randn(2, rows, n, generator=gen)
+    panels = cpu_linear.pack_panels(weight)
+    exact = F.linear(x.double(), weight.double(), bias.double())
+    tol = 1e-6 * k ** 0.5 * exact.abs().max().item()
+    torch.testing.assert_close(cpu_linear.linear(x, panels, bias).double(), exact, atol=tol, rtol=0)
+    torch.testing.assert_close(cpu_linear.linear(x, panels, None).double(), exact - bias.double(), atol=tol, rtol=0)
+    torch.testing.assert_close(cpu_linear.linear_add(x, panels, bias, residual).double(), exact + residual.double(),
+                               atol=tol, rtol=0)
+    gelu = cpu_linear.linear(x, panels, bias, "gelu", "none")
+    torch.testing.assert_close(gelu, F.gelu(cpu_linear.linear(x, panels, bias)), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [2, 5, 8, 32])
+def test_each_row_is_what_it_is_alone(kernel, rows):
+    """The contract the decoder's lossless verify pass rests on: bit for bit, any number of rows and threads."""
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(2048, 512, generator=gen), torch.randn(2048, generator=gen)
+    x = torch.randn(rows, 512, generator=gen)
+    panels = cpu_linear.pack_panels(weight)
+    together = cpu_linear.linear(x, panels, bias)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            alone = torch.cat([cpu_linear.linear(x[i:i + 1], panels, bias) for i in range(rows)])
+            assert torch.equal(alone, together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_rows_of_a_wider_tensor_are_read_in_place(kernel):
+    """A slice of a wider output (rows apart in memory, as q of a fused q/k/v product) gives what its copy gives."""
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(4, 3 * 64, generator=gen)
+    panels = cpu_linear.pack_panels(torch.randn(32, 64, generator=gen))
+    assert torch.equal(cpu_linear.linear(wide[:, 64:128], panels, None),
+                       cpu_linear.linear(wide[:, 64:128].contiguous(), panels, None))
+
+
+def test_bad_operands_are_refused(kernel):
+    panels = cpu_linear.pack_panels(torch.randn(16, 8))
+    with pytest.raises(RuntimeError, match="columns"):
+        cpu_linear.linear(torch.randn(2, 9), panels, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_linear.linear(torch.randn(2, 8, dtype=torch.float64), panels, None)
+    with pytest.raises(ValueError, match="post-op"):
+        cpu_linear.linear(torch.randn(2, 8), panels, None, "relu")
+
+
+def test_only_float32_on_a_cpu_where_the_extension_is_built(monkeypatch):
+    assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
+    assert not cpu_linear.fused_linear_usable(torch.device("cuda"), torch.float32)
+    monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")
+    assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32)
+
+
+def test_a_decoder_on_the_thin_products_agrees_with_onednns(kernel, monkeypatch):
+    """The same fp32 decoder with its step products through the kernel and through oneDNN's packed products:
+    logits equal within fp32 rounding over a ragged 4-token pass and a step."""
+    model = random_whisper("test", seed=4, init_std=0.2, decoder_layers=2)
+    thin = Decoder(model.model.decoder, model.proj_out)
+    monkeypatch.setattr(cpu_linear, "fused_linear_usable", lambda device, dtype: False)
+    onednn = Decoder(model.model.decoder, model.proj_out)
+    assert thin.thin and not onednn.thin
+    gen = torch.Generator().manual_seed(0)
+    n_ctx = thin.decoder.config.max_source_positions
+    audio = torch.randn(2, n_ctx, thin.d_model, generator=gen)
+    tokens = torch.randint(0, 100, (2, 4), generator=gen)
+    outs = []
+    for decoder in (thin, onednn):
+        cache = decoder.new_cache(2, 16, n_ctx)
+        decoder.write_audio(cache, audio)
+        window = decoder.forward(cache, tokens, torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]), 8)
+        outs.append((window, decoder.forward(cache, tokens[:, :1], torch.tensor([[4], [4]]), 8)))
+    scale = outs[1][0].abs().max().item()
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5 * scale, rtol=0)
+
+
+def test_an_fp32_verify_pass_gives_each_position_its_one_token_steps_bits(kernel):
+    """With the attention kernel and the thin products every fp32 product is row-invariant: a 4-token pass over
+    ragged rows gives the logits and cache entries that 1-token steps give, bit for bit."""
+    model = random_whisper("test", seed=2, init_std=0.2, decoder_layers=2)
+    decoder = Decoder(model.model.decoder, model.proj_out)
+    assert decoder.thin and decoder.fused
+    gen = torch.Generator().manual_seed(0)
+    n_ctx = decoder.decoder.config.max_source_positions
+    audio = torch.randn(2, n_ctx, decoder.d_model, generator=gen)
+    prompt = torch.randint(0, 100, (2, 3), generator=gen)
+    tokens = torch.randint(0, 100, (2, 4), generator=gen)
+    starts = torch.tensor([3, 3])
+    caches, logits = [], []
+    for one_at_a_time in (False, True):
+        cache = decoder.new_cache(2, 40, n_ctx)
+        decoder.write_audio(cache, audio)
+        decoder.forward(cache, prompt, torch.arange(3).expand(2, -1), 32)
+        if one_at_a_time:
+            out = torch.cat([decoder.forward(cache, tokens[:, i:i + 1], (starts + i)[:, None], 32)
+                             for i in range(4)], dim=1)
+        else:
+            out = decoder.forward(cache, tokens, starts[:, None] + torch.arange(4), 32)
+        caches.append(cache)
+        logits.append(out)
+    assert torch.equal(logits[0], logits[1])
+    assert torch.equal(caches[0].self_k[:, :, :, :7], caches[1].self_k[:, :, :, :7])
