@@ -172,8 +172,15 @@ class Decoder:
         if self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
         self.values_t, self.key_buckets = self._attention_layout()
-        # the step's products read self.weights, and when packed the fused q, k, v and scaled cross-attention q
-        # copies below instead of those projections' own weights (no other packed copy of them is held)
+        self._step_weights(packed)
+        self._head_layout(proj_out.weight, vocab_ids, packs, certify)
+
+    def _step_weights(self, packed: bool) -> None:
+        """The copies the step's products read: `weights` per projection, and where packed (oneDNN's `packed`
+        copies, or the thin kernel's panels) the fused q, k, v (`qkv`) and scaled cross-attention q (`cross_q`)
+        instead of those projections' own weights (no other packed copy of them is held), and the activation
+        fused into fc1's product (`post`)."""
+        packs = packed or self.thin
         step_layers = [proj for layer in self.layers
                        for proj in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2)]
         if not packs:
@@ -185,8 +192,7 @@ class Decoder:
         self.qkv = [fused_qkv(layer.self_attn, self.scaling, repack) for layer in self.layers] if packs else None
         self.cross_q = ([scaled(layer.encoder_attn.q_proj, self.scaling, repack) for layer in self.layers]
                         if packs else None)
-        self.post = POST_OPS.get(decoder.config.activation_function) if packs else None
-        self._head_layout(proj_out.weight, vocab_ids, packs, certify)
+        self.post = POST_OPS.get(self.decoder.config.activation_function) if packs else None
 
     def _attention_layout(self) -> tuple[bool, tuple[int, ...]]:
         """(values_t, key_buckets): whether attention values are stored (head_dim, positions): always with the
