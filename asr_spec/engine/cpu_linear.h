@@ -34,12 +34,6 @@ constexpr int64_t RG = 8;  // rows a group: 16 accumulators of 32 registers
 constexpr int64_t RG = 4;  // 8 accumulators of 16
 #endif
 
-// bytes ahead of the weight stream a prefetch asks for (the panels are one front-to-back stream)
-#ifndef CPU_LINEAR_AHEAD
-#define CPU_LINEAR_AHEAD 1024
-#endif
-constexpr int64_t AHEAD = CPU_LINEAR_AHEAD;
-
 // `a` held in a register: without this g++ folds a weight vector's load into every multiply-add reading it (on
 // AVX2 12 loads an iteration of 4 rows instead of 6: load-bound)
 inline void in_register(vec& a) {
@@ -61,7 +55,7 @@ inline void panel_group(const float* x, int64_t ldx, const float* panel, int64_t
   }
   for (int64_t i = 0; i < k; ++i) {
     const float* w = panel + i * NB;
-    if (new_line<float>(i * NB)) {
+    if (new_line<float>(i * NB)) {  // the panels are one front-to-back stream: ask AHEAD bytes past it
       prefetch(w, AHEAD);
     }
     vec w0 = load(w), w1 = load(w + L);

@@ -163,7 +163,6 @@ class Decoder:
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
         if self.thin:
             self.linear = cpu_linear.linear
-        packs = packed or self.thin  # the step's weights are packed copies (oneDNN's or the kernel's panels)
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
         # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
         n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
@@ -173,7 +172,7 @@ class Decoder:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
         self.values_t, self.key_buckets = self._attention_layout()
         self._step_weights(packed)
-        self._head_layout(proj_out.weight, vocab_ids, packs, certify)
+        self._head_layout(proj_out.weight, vocab_ids, packed or self.thin, certify)
 
     def _step_weights(self, packed: bool) -> None:
         """The copies the step's products read: `weights` per projection, and where packed (oneDNN's `packed`
