@@ -1,6 +1,6 @@
-"""The thin fp32 products of the CPU kernel extension (`engine/cpu_linear.py`, `cpu_linear.h`): the panel layout,
-agreement with F.linear within fp32 rounding, each row the same bits whatever the rows beside it, and a decoder
-whose fp32 verify pass gives every position what its 1-token steps give it."""
+"""The thin fp32 and bf16 products of the CPU kernel extension (`engine/cpu_linear.py`, `cpu_linear.h`): the panel
+layouts, agreement with a float64 product within the dtype's rounding, each row the same bits whatever the rows
+beside it, and a decoder whose verify pass gives every position what its 1-token steps give it, in both dtypes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from asr_spec.engine import cpu_attention, cpu_linear
 from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.kernels import ANY_ROWS
 from asr_spec.testing import random_whisper
 
 
@@ -23,6 +24,18 @@ def test_panels_hold_each_column_once_and_zeros_past_the_last():
     assert torch.equal(panels[1, :, 1:], torch.zeros(3, 3))
 
 
+def test_pair_panels_put_k_pairs_side_by_side_with_a_zero_past_an_odd_k():
+    """Pure layout of the bf16 panels: element [p, i, c, e] is W[p * nb + c, 2 i + e], zeros past N and past K."""
+    weight = torch.arange(5 * 3, dtype=torch.float32).view(5, 3) + 1
+    pairs = cpu_linear.pair_panels_of(weight, 4)
+    assert pairs.shape == (2, 2, 4, 2) and pairs.is_contiguous()
+    for n in range(5):
+        for k in range(3):
+            assert pairs[n // 4, k // 2, n % 4, k % 2] == weight[n, k]
+        assert pairs[n // 4, 1, n % 4, 1] == 0
+    assert torch.equal(pairs[1, :, 1:], torch.zeros(2, 3, 2))
+
+
 @pytest.fixture
 def kernel(monkeypatch):
     monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
@@ -30,29 +43,40 @@ def kernel(monkeypatch):
         pytest.skip("the CPU kernel extension could not be built here")
 
 
-@pytest.mark.parametrize("n, k", [(512, 512), (1536, 512), (37, 20), (51865, 64)])
+# the output's own rounding: none beyond the fp32 sums' in fp32, half an ulp of 8 bits in bf16
+ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, k", [(512, 512), (1536, 512), (37, 20), (37, 21), (51865, 64)])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
-def test_agrees_with_a_float64_product_within_fp32_rounding(kernel, n, k, rows):
+def test_agrees_with_a_float64_product_within_the_dtypes_rounding(kernel, dtype, n, k, rows):
+    """Against the float64 product of the same (rounded) operands: fp32 sums (~1e-6 relative per sqrt(k) terms),
+    then the output rounded once to the dtype."""
     gen = torch.Generator().manual_seed(n + rows)
-    weight, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
-    x, residual = torch.randn(2, rows, k, generator=gen), torch.randn(2, rows, n, generator=gen)
+    weight, bias = torch.randn(n, k, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
+    x, residual = torch.randn(2, rows, k, generator=gen).to(dtype), torch.randn(2, rows, n, generator=gen).to(dtype)
     panels = cpu_linear.pack_panels(weight)
+    assert panels.shape == (n, k) and panels.data.dtype == dtype
     exact = F.linear(x.double(), weight.double(), bias.double())
     tol = 1e-6 * k ** 0.5 * exact.abs().max().item()
-    torch.testing.assert_close(cpu_linear.linear(x, panels, bias).double(), exact, atol=tol, rtol=0)
-    torch.testing.assert_close(cpu_linear.linear(x, panels, None).double(), exact - bias.double(), atol=tol, rtol=0)
+    rtol = ROUNDING[dtype]
+    torch.testing.assert_close(cpu_linear.linear(x, panels, bias).double(), exact, atol=tol, rtol=rtol)
+    torch.testing.assert_close(cpu_linear.linear(x, panels, None).double(), exact - bias.double(), atol=tol,
+                               rtol=rtol)
     torch.testing.assert_close(cpu_linear.linear_add(x, panels, bias, residual).double(), exact + residual.double(),
-                               atol=tol, rtol=0)
+                               atol=tol, rtol=rtol)
     gelu = cpu_linear.linear(x, panels, bias, "gelu", "none")
     torch.testing.assert_close(gelu, F.gelu(cpu_linear.linear(x, panels, bias)), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [2, 5, 8, 32])
-def test_each_row_is_what_it_is_alone(kernel, rows):
+def test_each_row_is_what_it_is_alone(kernel, dtype, rows):
     """The contract the decoder's lossless verify pass rests on: bit for bit, any number of rows and threads."""
     gen = torch.Generator().manual_seed(rows)
-    weight, bias = torch.randn(2048, 512, generator=gen), torch.randn(2048, generator=gen)
-    x = torch.randn(rows, 512, generator=gen)
+    weight, bias = torch.randn(2048, 512, generator=gen).to(dtype), torch.randn(2048, generator=gen).to(dtype)
+    x = torch.randn(rows, 512, generator=gen).to(dtype)
     panels = cpu_linear.pack_panels(weight)
     together = cpu_linear.linear(x, panels, bias)
     threads = torch.get_num_threads()
@@ -80,15 +104,19 @@ def test_bad_operands_are_refused(kernel):
         cpu_linear.linear(torch.randn(2, 9), panels, None)
     with pytest.raises(RuntimeError, match="float32"):
         cpu_linear.linear(torch.randn(2, 8, dtype=torch.float64), panels, None)
+    with pytest.raises(RuntimeError, match="bfloat16"):  # x in one dtype, the panels in the other
+        cpu_linear.linear(torch.randn(2, 8, dtype=torch.bfloat16), panels, None)
     with pytest.raises(ValueError, match="post-op"):
         cpu_linear.linear(torch.randn(2, 8), panels, None, "relu")
 
 
-def test_only_float32_on_a_cpu_where_the_extension_is_built(monkeypatch):
-    assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
+def test_float32_and_bfloat16_on_a_cpu_where_the_extension_is_built(kernel, monkeypatch):
+    assert cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
+    assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float16)
     assert not cpu_linear.fused_linear_usable(torch.device("cuda"), torch.float32)
     monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")
     assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32)
+    assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
 
 
 def test_a_decoder_on_the_thin_products_agrees_with_onednns(kernel, monkeypatch):
@@ -114,15 +142,18 @@ def test_a_decoder_on_the_thin_products_agrees_with_onednns(kernel, monkeypatch)
         torch.testing.assert_close(a, b, atol=1e-5 * scale, rtol=0)
 
 
-def test_an_fp32_verify_pass_gives_each_position_its_one_token_steps_bits(kernel):
-    """With the attention kernel and the thin products every fp32 product is row-invariant: a 4-token pass over
-    ragged rows gives the logits and cache entries that 1-token steps give, bit for bit."""
-    model = random_whisper("test", seed=2, init_std=0.2, decoder_layers=2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(kernel, dtype):
+    """With the attention kernel and the thin products every fp32 and bf16 product is row-invariant (no probe: a
+    bf16 decoder's rows figure is `ANY_ROWS`): a 4-token pass over ragged rows gives the logits and cache entries
+    that 1-token steps give, bit for bit."""
+    model = random_whisper("test", seed=2, init_std=0.2, decoder_layers=2).to(dtype)
     decoder = Decoder(model.model.decoder, model.proj_out)
     assert decoder.thin and decoder.fused
+    assert decoder.row_rows == (ANY_ROWS if dtype == torch.bfloat16 else 0)
     gen = torch.Generator().manual_seed(0)
     n_ctx = decoder.decoder.config.max_source_positions
-    audio = torch.randn(2, n_ctx, decoder.d_model, generator=gen)
+    audio = torch.randn(2, n_ctx, decoder.d_model, generator=gen).to(dtype)
     prompt = torch.randint(0, 100, (2, 3), generator=gen)
     tokens = torch.randint(0, 100, (2, 4), generator=gen)
     starts = torch.tensor([3, 3])

@@ -382,6 +382,6 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "few-query attention over a cache's keys/values, per-query key counts");
-  m.def("linear", &cpu_linear::linear, "thin fp32 products x W^T + b (+ residual) over a panel-packed weight");
+  m.def("linear", &cpu_linear::linear, "thin fp32 / bf16 products x W^T + b (+ residual) over a panel-packed weight");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
 }

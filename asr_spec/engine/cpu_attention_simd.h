@@ -37,6 +37,11 @@ inline vec load(const bf16* p) { return widen(_mm256_loadu_si256(reinterpret_cas
 inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 inline vec load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
 inline vec load_n(const bf16* p, int64_t n) { return widen(_mm256_maskz_loadu_epi16(first(n), p)); }
+// of the L bf16 pairs at p (2L elements): each pair's first (even) / second (odd) element widened to fp32
+inline vec even_half(const bf16* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)); }
+inline vec odd_half(const bf16* p) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+}
 // lanes [n, L) of a replaced by b
 inline vec keep_n(vec a, vec b, int64_t n) { return _mm512_mask_blend_ps(first(n), b, a); }
 inline __m512i round_int(vec a) { return _mm512_cvtps_epi32(_mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
@@ -101,6 +106,13 @@ inline vec load_n(const bf16* p, int64_t n) {
   std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
   return widen(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
 }
+inline vec even_half(const bf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 16));
+}
+inline vec odd_half(const bf16* p) {
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                              _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
 inline vec keep_n(vec a, vec b, int64_t n) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first(n))); }
 inline __m256i round_int(vec a) { return _mm256_cvtps_epi32(_mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
 inline vec pow2(__m256i n) {
@@ -122,6 +134,8 @@ inline vec load(const float* p) { return *p; }
 inline vec load(const bf16* p) { return static_cast<float>(*p); }
 inline vec load_n(const float* p, int64_t) { return *p; }
 inline vec load_n(const bf16* p, int64_t) { return static_cast<float>(*p); }
+inline vec even_half(const bf16* p) { return static_cast<float>(p[0]); }
+inline vec odd_half(const bf16* p) { return static_cast<float>(p[1]); }
 inline vec keep_n(vec a, vec, int64_t) { return a; }
 inline int32_t round_int(vec a) { return static_cast<int32_t>(std::nearbyint(a)); }
 inline vec pow2(int32_t n) {

@@ -1,17 +1,20 @@
-// Thin fp32 products on CPU: y = x W^T + b (+ residual) for the few rows of a decode step or a verify pass,
+// Thin fp32 and bf16 products on CPU: y = x W^T + b (+ residual) for the few rows of a decode step or a verify pass,
 // W read once per call from a panel layout made once per weight (asr_spec/engine/cpu_linear.py packs it; built
 // into the same extension as the attention kernel, cpu_attention.cpp).
 //
-// Layout: W (N, K) as P = ceil(N / NB) panels of NB output columns, each (K, NB) contiguous (columns past N zero):
-// a panel is one front-to-back stream, NB = two vectors of the vector layer (cpu_attention_simd.h).
+// Layout: W (N, K) as P = ceil(N / NB) panels of NB output columns (columns past N zero), NB = two vectors of the
+// vector layer (cpu_attention_simd.h); a panel is one front-to-back stream: fp32 (K, NB), bf16 (ceil(K / 2), NB, 2)
+// (k in pairs side by side, the form vdpbf16ps reads; a zero past an odd K).
 //
-// Invariant by construction: output (r, n) is acc = fma(x[r, k], W[n, k], acc) for k = 0, 1, ..., K - 1 from
-// acc = 0 in one vector lane, then + b[n], then + residual[r, n]: the same instructions in the same order whatever
-// the number of rows, the group a row is computed in, the panel split between threads. A (K+1)-token verify pass
-// then gives each position's products exactly what a 1-token step gives them.
+// Invariant by construction: output (r, n) is acc = 0, then for k = 0, 1, ..., K - 1 in order one lane's
+// instructions: fp32 acc = fma(x[r, k], W[n, k], acc); bf16 a pair (k, k + 1) at a time, by vdpbf16ps where the CPU
+// has it (AVX-512-BF16) or two fused multiply-adds of the widened halves; then + b[n], + residual[r, n] in fp32,
+// rounded once to the output's type: the same instructions in the same order whatever the number of rows, the
+// group a row is computed in, the panel split between threads. A (K+1)-token verify pass then gives each
+// position's products exactly what a 1-token step gives them.
 //
-// Rows are taken in groups of RG sharing each weight load (2 * RG accumulators, 2 weight vectors and a broadcast
-// in the register file); a panel's later groups re-read it from the core's cache.
+// Rows are taken in groups of RG sharing each weight load (2 * RG accumulators, the step's weight vectors and a
+// broadcast in the register file); a panel's later groups re-read it from the core's cache.
 
 #pragma once
 
@@ -36,7 +39,8 @@ constexpr int64_t RG = 4;  // 8 accumulators of 16
 
 // `a` held in a register: without this g++ folds a weight vector's load into every multiply-add reading it (on
 // AVX2 12 loads an iteration of 4 rows instead of 6: load-bound)
-inline void in_register(vec& a) {
+template <typename V>
+inline void in_register(V& a) {
 #if defined(__x86_64__) || defined(__i386__)
   asm("" : "+v"(a));
 #else
@@ -44,28 +48,88 @@ inline void in_register(vec& a) {
 #endif
 }
 
-// acc (R, NB) = x (R rows of K, ldx apart) times one panel (K, NB)
-template <int64_t R>
-inline void panel_group(const float* x, int64_t ldx, const float* panel, int64_t k, float* acc_out) {
+// The two panel formats. A format's `step<R>` adds STEP of the K products to R rows' accumulators (2 vectors a
+// row: the panel's NB columns) from x (row r at x + r * ldx, its next STEP elements) and the panel's next
+// STEP * NB elements at w.
+
+// fp32: W (K, NB) a panel, one k a step: acc += x[r, k] * w[k, :] (one fused multiply-add a lane).
+struct Fp32Panels {
+  using T = float;
+  static constexpr int64_t STEP = 1;
+  template <int64_t R>
+  static inline void step(const float* x, int64_t ldx, const float* w, vec (&acc)[R][2]) {
+    using namespace cpu_attention;
+    vec w0 = load(w), w1 = load(w + L);
+    in_register(w0);
+    in_register(w1);
+    for (int64_t r = 0; r < R; ++r) {
+      const vec xr = set1(x[r * ldx]);
+      acc[r][0] = vfma(xr, w0, acc[r][0]);
+      acc[r][1] = vfma(xr, w1, acc[r][1]);
+    }
+  }
+};
+
+// bf16: W (ceil(K / 2), NB, 2) a panel, k in pairs (2i, 2i + 1) side by side, one pair a step. With AVX-512-BF16
+// one vdpbf16ps a lane (both products exact, summed in the instruction's fixed order); elsewhere each half of a
+// pair widened to fp32 (a shift or a mask) and added by a fused multiply-add, the even k first.
+struct Bf16Panels {
+  using T = cpu_attention::bf16;
+  static constexpr int64_t STEP = 2;
+  template <int64_t R>
+  static inline void step(const T* x, int64_t ldx, const T* w, vec (&acc)[R][2]) {
+    using namespace cpu_attention;
+#if defined(CPU_ATTENTION_DPBF16)
+    pairs w0 = load_pairs(w), w1 = load_pairs(w + 2 * L);
+    in_register(w0);
+    in_register(w1);
+    for (int64_t r = 0; r < R; ++r) {
+      const pairs xr = broadcast_pair(x + r * ldx);
+      acc[r][0] = vdot(xr, w0, acc[r][0]);
+      acc[r][1] = vdot(xr, w1, acc[r][1]);
+    }
+#else
+    vec e0 = even_half(w), o0 = odd_half(w), e1 = even_half(w + 2 * L), o1 = odd_half(w + 2 * L);
+    in_register(e0);
+    in_register(o0);
+    in_register(e1);
+    in_register(o1);
+    for (int64_t r = 0; r < R; ++r) {
+      const vec xe = set1(static_cast<float>(x[r * ldx])), xo = set1(static_cast<float>(x[r * ldx + 1]));
+      acc[r][0] = vfma(xo, o0, vfma(xe, e0, acc[r][0]));
+      acc[r][1] = vfma(xo, o1, vfma(xe, e1, acc[r][1]));
+    }
+#endif
+  }
+};
+
+// acc (R, NB) = x (R rows of K, ldx apart) times one panel (ceil(K / STEP) steps of STEP * NB elements)
+template <typename F, int64_t R>
+inline void panel_group(const typename F::T* x, int64_t ldx, const typename F::T* panel, int64_t k, float* acc_out) {
   using namespace cpu_attention;
+  using T = typename F::T;
+  constexpr int64_t W = F::STEP * NB;  // panel elements a step
   vec acc[R][2];
   for (int64_t r = 0; r < R; ++r) {
     acc[r][0] = zero();
     acc[r][1] = zero();
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const float* w = panel + i * NB;
-    if (new_line<float>(i * NB)) {  // the panels are one front-to-back stream: ask AHEAD bytes past it
+  const int64_t whole = k / F::STEP;
+  for (int64_t i = 0; i < whole; ++i) {
+    const T* w = panel + i * W;
+    if (new_line<T>(i * W)) {  // the panels are one front-to-back stream: ask AHEAD bytes past it
       prefetch(w, AHEAD);
     }
-    vec w0 = load(w), w1 = load(w + L);
-    in_register(w0);
-    in_register(w1);
+    F::template step<R>(x + i * F::STEP, ldx, w, acc);
+  }
+  if (whole * F::STEP < k) {  // K not a whole number of steps: the last one's missing x elements are zeros
+    T tail[R * F::STEP];
     for (int64_t r = 0; r < R; ++r) {
-      const vec xr = set1(x[r * ldx + i]);
-      acc[r][0] = vfma(xr, w0, acc[r][0]);
-      acc[r][1] = vfma(xr, w1, acc[r][1]);
+      for (int64_t e = 0; e < F::STEP; ++e) {
+        tail[r * F::STEP + e] = whole * F::STEP + e < k ? x[r * ldx + whole * F::STEP + e] : T(0.0f);
+      }
     }
+    F::template step<R>(tail, F::STEP, panel + whole * W, acc);
   }
   for (int64_t r = 0; r < R; ++r) {
     store(acc_out + r * NB, acc[r][0]);
@@ -73,77 +137,105 @@ inline void panel_group(const float* x, int64_t ldx, const float* panel, int64_t
   }
 }
 
-inline void panel_rows(const float* x, int64_t ldx, const float* panel, int64_t k, int64_t rows, float* acc) {
+template <typename F>
+inline void panel_rows(const typename F::T* x, int64_t ldx, const typename F::T* panel, int64_t k, int64_t rows,
+                       float* acc) {
   switch (rows) {
-    case 1: panel_group<1>(x, ldx, panel, k, acc); break;
-    case 2: panel_group<2>(x, ldx, panel, k, acc); break;
-    case 3: panel_group<3>(x, ldx, panel, k, acc); break;
+    case 1: panel_group<F, 1>(x, ldx, panel, k, acc); break;
+    case 2: panel_group<F, 2>(x, ldx, panel, k, acc); break;
+    case 3: panel_group<F, 3>(x, ldx, panel, k, acc); break;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-    case 4: panel_group<4>(x, ldx, panel, k, acc); break;
-    case 5: panel_group<5>(x, ldx, panel, k, acc); break;
-    case 6: panel_group<6>(x, ldx, panel, k, acc); break;
-    case 7: panel_group<7>(x, ldx, panel, k, acc); break;
+    case 4: panel_group<F, 4>(x, ldx, panel, k, acc); break;
+    case 5: panel_group<F, 5>(x, ldx, panel, k, acc); break;
+    case 6: panel_group<F, 6>(x, ldx, panel, k, acc); break;
+    case 7: panel_group<F, 7>(x, ldx, panel, k, acc); break;
 #endif
-    default: panel_group<RG>(x, ldx, panel, k, acc); break;
+    default: panel_group<F, RG>(x, ldx, panel, k, acc); break;
   }
 }
 
-// x: (M, K) fp32, K contiguous; panels: (P, K, NB) fp32 contiguous; bias: (N,) or undefined; residual: (M, N),
-// N contiguous, or undefined; n_out = N <= P * NB. Returns (M, N) contiguous.
-inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
-                         const c10::optional<at::Tensor>& residual, int64_t n_out) {
-  TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "linear: CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && panels.scalar_type() == at::kFloat, "linear: float32 only");
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "linear: x must be (M, K), K contiguous");
-  TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.size(2) == NB, "linear: panels (P, K, ", NB,
-              ") contiguous expected");
-  const int64_t m = x.size(0), k = x.size(1), p = panels.size(0);
-  TORCH_CHECK(panels.size(1) == k, "linear: x has ", k, " columns, the panels ", panels.size(1));
-  TORCH_CHECK(n_out > 0 && n_out <= p * NB && n_out > (p - 1) * NB, "linear: n_out ", n_out, " does not fit ", p,
-              " panels");
-  const bool has_bias = bias.has_value() && bias->defined();
-  const bool has_res = residual.has_value() && residual->defined();
-  if (has_bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n_out,
-                "linear: bias must be (N,) float32 contiguous");
-  }
-  if (has_res) {
-    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->dim() == 2 && residual->size(0) == m &&
-                    residual->size(1) == n_out && residual->stride(1) == 1,
-                "linear: residual must be (M, N) float32, N contiguous");
-  }
-  at::Tensor out = at::empty({m, n_out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = panels.data_ptr<float>();
-  const float* bp = has_bias ? bias->data_ptr<float>() : nullptr;
-  const float* rp = has_res ? residual->data_ptr<float>() : nullptr;
-  const int64_t ldx = x.stride(0), ldr = has_res ? residual->stride(0) : 0;
-  float* op = out.data_ptr<float>();
+// out (M, N) = acc + bias (+ residual) over the panels, each output (r, n) from its own panel's accumulators:
+// summed in fp32 and rounded once to the output's type.
+template <typename F>
+inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T* wp, const typename F::T* bp,
+                       const typename F::T* rp, int64_t ldr, int64_t m, int64_t k, int64_t p, int64_t n_out,
+                       typename F::T* op) {
+  using T = typename F::T;
+  const int64_t panel_size = ((k + F::STEP - 1) / F::STEP) * F::STEP * NB;
   at::parallel_for(0, p, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[RG * NB];
     for (int64_t j = begin; j < end; ++j) {
-      const float* panel = wp + j * k * NB;
+      const T* panel = wp + j * panel_size;
       const int64_t col0 = j * NB, cols = n_out - col0 < NB ? n_out - col0 : NB;
       for (int64_t r0 = 0; r0 < m; r0 += RG) {
         const int64_t rows = m - r0 < RG ? m - r0 : RG;
-        panel_rows(xp + r0 * ldx, ldx, panel, k, rows, acc);
+        panel_rows<F>(xp + r0 * ldx, ldx, panel, k, rows, acc);
         for (int64_t r = 0; r < rows; ++r) {
-          float* dst = op + (r0 + r) * n_out + col0;
+          T* dst = op + (r0 + r) * n_out + col0;
           const float* a = acc + r * NB;
           for (int64_t c = 0; c < cols; ++c) {
             float v = a[c];
             if (bp != nullptr) {
-              v += bp[col0 + c];
+              v += static_cast<float>(bp[col0 + c]);
             }
             if (rp != nullptr) {
-              v += rp[(r0 + r) * ldr + col0 + c];
+              v += static_cast<float>(rp[(r0 + r) * ldr + col0 + c]);
             }
-            dst[c] = v;
+            dst[c] = static_cast<T>(v);
           }
         }
       }
     }
   });
+}
+
+template <typename F>
+inline void run_tensors(const at::Tensor& x, const at::Tensor& panels, const at::Tensor* bias,
+                        const at::Tensor* residual, int64_t n_out, at::Tensor& out) {
+  using T = typename F::T;
+  run_panels<F>(x.data_ptr<T>(), x.stride(0), panels.data_ptr<T>(), bias ? bias->data_ptr<T>() : nullptr,
+                residual ? residual->data_ptr<T>() : nullptr, residual ? residual->stride(0) : 0, x.size(0),
+                x.size(1), panels.size(0), n_out, out.data_ptr<T>());
+}
+
+// x: (M, K), K contiguous; panels: fp32 (P, K, NB) or bf16 (P, ceil(K / 2), NB, 2), contiguous, x's dtype; bias:
+// (N,) or undefined; residual: (M, N), N contiguous, or undefined (both x's dtype); n_out = N <= P * NB.
+// Returns (M, N) contiguous, x's dtype.
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
+                         const c10::optional<at::Tensor>& residual, int64_t n_out) {
+  TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "linear: CPU tensors only");
+  const auto dtype = x.scalar_type();
+  const bool pairs = dtype == at::kBFloat16;
+  TORCH_CHECK((dtype == at::kFloat || pairs) && panels.scalar_type() == dtype,
+              "linear: x and panels float32, or both bfloat16");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "linear: x must be (M, K), K contiguous");
+  const int64_t m = x.size(0), k = x.size(1), p = panels.size(0);
+  TORCH_CHECK(panels.is_contiguous() && panels.dim() == (pairs ? 4 : 3) && panels.size(2) == NB &&
+                  (!pairs || panels.size(3) == 2),
+              "linear: panels (P, K, ", NB, ") float32 or (P, ceil(K / 2), ", NB, ", 2) bfloat16 contiguous expected");
+  TORCH_CHECK(panels.size(1) == (pairs ? (k + 1) / 2 : k), "linear: x has ", k, " columns, the panels ",
+              panels.size(1), pairs ? " pairs" : "");
+  TORCH_CHECK(n_out > 0 && n_out <= p * NB && n_out > (p - 1) * NB, "linear: n_out ", n_out, " does not fit ", p,
+              " panels");
+  const bool has_bias = bias.has_value() && bias->defined();
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->scalar_type() == dtype && bias->is_contiguous() && bias->numel() == n_out,
+                "linear: bias must be (N,) contiguous, x's dtype");
+  }
+  if (has_res) {
+    TORCH_CHECK(residual->scalar_type() == dtype && residual->dim() == 2 && residual->size(0) == m &&
+                    residual->size(1) == n_out && residual->stride(1) == 1,
+                "linear: residual must be (M, N), N contiguous, x's dtype");
+  }
+  at::Tensor out = at::empty({m, n_out}, x.options());
+  const at::Tensor* b = has_bias ? &*bias : nullptr;
+  const at::Tensor* res = has_res ? &*residual : nullptr;
+  if (pairs) {
+    run_tensors<Bf16Panels>(x, panels, b, res, n_out, out);
+  } else {
+    run_tensors<Fp32Panels>(x, panels, b, res, n_out, out);
+  }
   return out;
 }
 

@@ -1,4 +1,4 @@
-"""Thin fp32 products on CPU through the kernel extension (`cpu_linear.h`, built with the attention kernel by
+"""Thin fp32 and bf16 products on CPU through the kernel extension (`cpu_linear.h`, built with the attention kernel by
 `cpu_attention`): the decoder's step and verify products, x W^T + b (+ a residual), with W packed once into panels
 of output columns, and the one decision whether a decoder uses them (`fused_linear_usable`).
 
@@ -6,7 +6,9 @@ Why: on an AVX2-only AMD EPYC (2 cores, 17.6 GB/s) oneDNN's packed fp32 products
 their bytes-read floor (the MLP 9.7 ms against 2.9, the head 12.8 against 6.1); the kernel streams each weight
 once a call (docs/cpu.md, "Thin fp32 products"). And they are row-invariant by construction: each output is the
 same fused multiply-adds in the same order whatever the number of rows, so an fp32 (K+1)-token verify pass gives
-every position the products a 1-token step gives it, as the bf16 path's probed blocks do.
+every position the products a 1-token step gives it. In bf16 the same holds (weights in k pairs, summed by
+AVX-512-BF16's vdpbf16ps where the CPU has it): on an AVX-512-BF16 EPYC, whose oneDNN bf16 products give a row the
+same bits only up to 4 rows, that is what makes bf16 decoding lossless (docs/cpu.md, "Thin bf16 products").
 """
 
 from __future__ import annotations
@@ -20,26 +22,31 @@ import torch.nn.functional as F
 from asr_spec.engine import cpu_attention
 from asr_spec.engine.kernels import shared
 
-__all__ = ["Panels", "fused_linear_usable", "linear", "pack_panels"]
+__all__ = ["PANEL_DTYPES", "Panels", "fused_linear_usable", "linear", "pack_panels"]
+
+# the dtypes the kernel's panels come in
+PANEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
 class Panels:
-    """A (N, K) fp32 weight packed for the kernel: data (P, K, NB), P = ceil(N / NB) panels of NB output columns
-    (those past N zero). `shape` is the weight's own, as callers of a linear's weight read it."""
+    """A (N, K) weight packed for the kernel: fp32 data (P, K, NB), bf16 data (P, ceil(K / 2), NB, 2) (k in pairs),
+    P = ceil(N / NB) panels of NB output columns (zeros past N and past an odd K). `shape` is the weight's own, as
+    callers of a linear's weight read it."""
 
     data: torch.Tensor
     n_out: int
+    n_in: int
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((self.n_out, self.data.shape[1]))
+        return torch.Size((self.n_out, self.n_in))
 
 
 def fused_linear_usable(device: torch.device, dtype: torch.dtype) -> bool:
     """The one decision: whether a decoder on `device` in `dtype` runs its step products through the kernel
-    (a CPU, float32, the extension built here and not disabled: `cpu_attention.fused_attention_usable`)."""
-    return dtype == torch.float32 and cpu_attention.fused_attention_usable(device, dtype)
+    (a CPU, float32 or bfloat16, the extension built here and not disabled: `cpu_attention.fused_attention_usable`)."""
+    return dtype in PANEL_DTYPES and cpu_attention.fused_attention_usable(device, dtype)
 
 
 def panel_columns() -> int:
@@ -57,10 +64,22 @@ def panels_of(weight: torch.Tensor, nb: int) -> torch.Tensor:
     return padded.view(count, nb, k).transpose(1, 2).contiguous()
 
 
+def pair_panels_of(weight: torch.Tensor, nb: int) -> torch.Tensor:
+    """(N, K) -> (ceil(N / nb), ceil(K / 2), nb, 2): `panels_of` with k in pairs side by side (element [p, i, c, e]
+    is W[p * nb + c, 2 i + e]), zeros past N and past an odd K. Pure: the bf16 layout `linear` reads."""
+    n, k = weight.shape
+    even = weight if k % 2 == 0 else torch.cat([weight, weight.new_zeros(n, 1)], dim=1)
+    panels = panels_of(even, nb)
+    return panels.view(panels.shape[0], -1, 2, nb).transpose(2, 3).contiguous()
+
+
 def repack(weight: torch.Tensor) -> Panels:
-    """The packing itself, unshared (for a copy derived from several tensors, made through `kernels.shared`)."""
-    w = weight.detach().float()
-    return Panels(panels_of(w, panel_columns()), w.shape[0])
+    """The packing itself, unshared (for a copy derived from several tensors, made through `kernels.shared`): a
+    bf16 weight in bf16 pairs, any other in fp32."""
+    w = weight.detach()
+    if w.dtype == torch.bfloat16:
+        return Panels(pair_panels_of(w, panel_columns()), *w.shape)
+    return Panels(panels_of(w.float(), panel_columns()), *w.shape)
 
 
 def pack_panels(weight: torch.Tensor) -> Panels:
@@ -71,7 +90,8 @@ def pack_panels(weight: torch.Tensor) -> Panels:
 def linear(x: torch.Tensor, weight: Panels, bias: torch.Tensor | None, post: str = "none",
            algorithm: str = "") -> torch.Tensor:
     """F.linear through the kernel, then the post-op ("gelu": erf GELU, as `kernels.onednn_linear` with
-    algorithm "none"); the signature of `kernels.onednn_linear`. (..., K) -> (..., N)"""
+    algorithm "none"); the signature of `kernels.onednn_linear`. x in the panels' dtype (fp32 or bf16), bias
+    too. (..., K) -> (..., N)"""
     flat = _rows(x)
     y = _run()(flat, weight.data, bias, None, weight.n_out)
     if post == "gelu":

@@ -18,6 +18,7 @@ from asr_spec.engine import cpu_attention, cpu_linear
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead
 from asr_spec.engine.kernels import (
+    ANY_ROWS,
     POST_OPS,
     attention,
     blocked,
@@ -156,19 +157,19 @@ class Decoder:
         # CPU attention through the few-query kernel where it is built (`cpu_attention`: invariant by construction,
         # per-query key counts instead of buckets and masks; the layouts `new_cache` says)
         self.fused = cpu_attention.fused_attention_usable(self.device, self.dtype)
-        # CPU fp32: the step's products through the thin kernel where it is built (`cpu_linear`: each weight read
-        # once a call, row-invariant by construction); the audio's keys/values (1,500 rows a chunk) stay oneDNN's
+        # CPU fp32 / bf16: the step's products through the thin kernel where it is built (`cpu_linear`: each weight
+        # read once a call, row-invariant by construction); the audio's keys/values (1,500 rows a chunk) stay oneDNN's
         self.thin = cpu_linear.fused_linear_usable(self.device, self.dtype)
         packed = onednn_usable(self.device, self.dtype)
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
-        if self.thin:
-            self.linear = cpu_linear.linear
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
         # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
         n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
         self.key_count = self.max_positions + KEY_SPARE
         self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
-        if self.row_rows:
+        if self.thin:
+            self.linear = cpu_linear.linear
+        elif self.row_rows:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
         self.values_t, self.key_buckets = self._attention_layout()
         self._step_weights(packed)
@@ -230,9 +231,12 @@ class Decoder:
         (`kernels.row_block`, `kernels.query_block`: measured once per shape); (0, 0) elsewhere (fp32, CUDA),
         where products run whole and a verify pass matches a step up to rounding. A rows figure of 0 on a
         CPU in bf16 means even 1-row products do not repeat: then products run whole too. With the CPU attention
-        kernel (`fused`), invariant by construction, queries is 0: only the linear products are probed."""
+        kernel (`fused`), invariant by construction, queries is 0: only the linear products are probed, and with
+        the thin products too (`thin`) none: (`kernels.ANY_ROWS`, 0)."""
         if not self.cpu_layout or self.dtype == torch.float32:
             return 0, 0
+        if self.thin and self.fused:
+            return ANY_ROWS, 0
         d_ffn = self.layers[0].fc1.weight.shape[0]
         if self.fused:
             return decoder_rows(self.d_model, d_ffn, n_vocab, self.dtype, packed), 0
@@ -298,7 +302,7 @@ class Decoder:
             return (self.certified.exact(flat) if exact else self.certified(flat)).view(b, p, -1)
         if self.head_packed is not None:
             return self.linear(x, self.head_packed, None)
-        if self.row_rows:
+        if self.row_rows:  # blocked
             return self.linear(x, self.head_weight, None)
         if not self.cpu_layout:
             return F.linear(x, self.head_weight)

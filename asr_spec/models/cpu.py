@@ -142,13 +142,18 @@ def bf16_row_block() -> tuple[int, int]:
     product and how many queries an attention product take here with every row's result bit for bit a lone row's.
     Where the CPU attention kernel runs the attention (`attention_path`; query-invariant by construction) only the
     products are probed and queries is 0, as `Decoder.row_invariance` says. Measured once per process (~2 s on two
-    cores: the head's product at 1-32 rows); a decoder of other shapes measures its own when built."""
+    cores: the head's product at 1-32 rows); a decoder of other shapes measures its own when built. Where the
+    kernel extension runs the products too (`cpu_linear`) nothing is probed: (`kernels.ANY_ROWS`, 0)."""
+    from asr_spec.engine.cpu_linear import fused_linear_usable
     from asr_spec.engine.decoder import KEY_SPARE
-    from asr_spec.engine.kernels import decoder_blocks, decoder_rows, onednn_usable
+    from asr_spec.engine.kernels import ANY_ROWS, decoder_blocks, decoder_rows, onednn_usable
 
     d_model, d_ffn, n_vocab, n_heads, n_text, n_audio = PROBE_SHAPES
-    packed = onednn_usable(torch.device("cpu"), torch.bfloat16)
-    if attention_path(torch.device("cpu"), torch.bfloat16) == "cpu kernel":
+    cpu = torch.device("cpu")
+    packed = onednn_usable(cpu, torch.bfloat16)
+    if attention_path(cpu, torch.bfloat16) == "cpu kernel":
+        if fused_linear_usable(cpu, torch.bfloat16):  # the thin products: row-invariant by construction
+            return ANY_ROWS, 0
         return decoder_rows(d_model, d_ffn, n_vocab, torch.bfloat16, packed), 0
     return decoder_blocks(d_model, d_ffn, n_vocab, n_heads, n_text + KEY_SPARE, n_audio, torch.bfloat16, packed)
 
@@ -167,6 +172,8 @@ def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,
         return torch.float16, "cuda"
     if device.type != "cpu":
         return torch.float32, device.type
+    from asr_spec.engine.kernels import ANY_ROWS
+
     caps = detect_cpu() if cpu is None else cpu
     if not caps.native_bf16:
         return torch.float32, "no native bf16 products"
@@ -177,7 +184,8 @@ def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,
     if rows < LOSSLESS_MIN_ROWS or (queries < 1 and not attention_kernel):
         return torch.float32, (f"bf16 products here give a row the same bits only up to {rows} rows, attention "
                                f"up to {queries} queries: not lossless at batch {LOSSLESS_MIN_ROWS}")
-    return torch.bfloat16, f"native bf16, row-invariant up to {rows} rows and {attention}: lossless"
+    products = "every product row-invariant by construction" if rows >= ANY_ROWS else f"row-invariant up to {rows} rows"
+    return torch.bfloat16, f"native bf16, {products} and {attention}: lossless"
 
 
 def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None,
