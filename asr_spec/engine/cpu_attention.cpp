@@ -28,6 +28,7 @@
 
 #include "cpu_attention_pairs.h"
 #include "cpu_attention_simd.h"
+#include "cpu_encoder_attention.h"
 #include "cpu_linear.h"
 
 namespace {
@@ -383,5 +384,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "few-query attention over a cache's keys/values, per-query key counts");
   m.def("linear", &cpu_linear::linear, "thin fp32 / bf16 products x W^T + b (+ residual) over a panel-packed weight");
+  m.def("encoder_attention", &cpu_encoder::encoder_attention,
+        "the encoder's self-attention over every position of each window, per head");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
 }

@@ -42,6 +42,17 @@ inline vec even_half(const bf16* p) { return _mm512_castsi512_ps(_mm512_slli_epi
 inline vec odd_half(const bf16* p) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
+// L finite fp32 lanes stored as bf16, rounded to nearest even
+inline void store_bf16(bf16* p, vec a) {
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a)));
+#else
+  const __m512i bits = _mm512_castps_si512(a);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+#endif
+}
 // lanes [n, L) of a replaced by b
 inline vec keep_n(vec a, vec b, int64_t n) { return _mm512_mask_blend_ps(first(n), b, a); }
 inline __m512i round_int(vec a) { return _mm512_cvtps_epi32(_mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
@@ -113,6 +124,13 @@ inline vec odd_half(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
                                               _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
+inline void store_bf16(bf16* p, vec a) {
+  const __m256i bits = _mm256_castps_si256(a);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1)));
+}
 inline vec keep_n(vec a, vec b, int64_t n) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first(n))); }
 inline __m256i round_int(vec a) { return _mm256_cvtps_epi32(_mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
 inline vec pow2(__m256i n) {
@@ -136,6 +154,7 @@ inline vec load_n(const float* p, int64_t) { return *p; }
 inline vec load_n(const bf16* p, int64_t) { return static_cast<float>(*p); }
 inline vec even_half(const bf16* p) { return static_cast<float>(p[0]); }
 inline vec odd_half(const bf16* p) { return static_cast<float>(p[1]); }
+inline void store_bf16(bf16* p, vec a) { *p = bf16(a); }
 inline vec keep_n(vec a, vec, int64_t) { return a; }
 inline int32_t round_int(vec a) { return static_cast<int32_t>(std::nearbyint(a)); }
 inline vec pow2(int32_t n) {

@@ -7,7 +7,9 @@ kernel x the input, 37 MB at 8 windows of whisper-base; bias and GELU fused), q/
 and GELU fused, and each residual add fused into the product that feeds it (`onednn_linear_add`). The hidden state
 stays (N, n_audio_ctx, d_model) contiguous from the stem on: the module's `conv(...).permute(0, 2, 1)` layout,
 carried through the layers, made every residual add, LayerNorm and product input pay a strided pass or a copy.
-Attention stays `F.scaled_dot_product_attention` (the CPU flash kernel): explicit q k^T / softmax / p v products in
+Attention in bf16 runs through the CPU kernel extension where it is built (`cpu_attention.encoder_attention`: the
+thin products' loops around a vectorised softmax, 2.5x torch's flash attention on an AVX-512-BF16 EPYC), elsewhere
+`F.scaled_dot_product_attention` (the CPU flash kernel): explicit q k^T / softmax / p v products through torch in
 blocks of queries measured 3.5-4x slower at whisper-base's shapes in bf16, the softmax over 1,500 keys dominating.
 Stage times and their share of the matmul rate: `python -m benchmarks.bench_encoder` (docs/cpu.md, "Encoder").
 Weights are used as they are, except, in bf16, the convolutions' (d_out, d_in, 3) reordered once into
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr_spec.engine import cpu_attention
 from asr_spec.engine.kernels import POST_OPS, onednn_linear, onednn_linear_add, onednn_usable, shared
 
 
@@ -76,6 +79,8 @@ class Encoder:
         attn = encoder.layers[0].self_attn
         self.n_heads, self.head_dim, self.scaling = attn.num_heads, attn.head_dim, attn.scaling
         self.post = POST_OPS.get(encoder.config.activation_function)
+        # self-attention through the CPU kernel extension where it is built, in bf16 (`cpu_attention`)
+        self.kernel_attention = cpu_attention.encoder_attention_usable(first.device, first.dtype)
         # the convolutions as products in bf16 (3x faster than oneDNN's bf16 convolution with its layout copies,
         # whisper-base, batch 4), the module's convolutions in fp32 (5-10 % faster there than the products)
         self.conv_products = first.dtype == torch.bfloat16
@@ -113,9 +118,12 @@ class Encoder:
         attn = layer.self_attn
         n, s, d = x.shape
         h = layer.self_attn_layer_norm(x)
-        q, k, v = (onednn_linear(h, p.weight, p.bias).view(n, s, self.n_heads, self.head_dim).transpose(1, 2)
-                   for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.scaling).transpose(1, 2).reshape(n, s, d)
+        q, k, v = (onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        if self.kernel_attention:
+            out = cpu_attention.encoder_attention(q, k, v, self.n_heads, self.scaling)
+        else:
+            q, k, v = (t.view(n, s, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+            out = F.scaled_dot_product_attention(q, k, v, scale=self.scaling).transpose(1, 2).reshape(n, s, d)
         return onednn_linear_add(out, attn.out_proj.weight, attn.out_proj.bias, x)
 
     def mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
