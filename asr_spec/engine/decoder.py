@@ -16,7 +16,7 @@ from torch import nn
 
 from asr_spec.engine import cpu_attention, cpu_linear
 from asr_spec.engine.cache import KVCache
-from asr_spec.engine.head import CertifiedHead
+from asr_spec.engine.head import CertifiedHead, head_packed, head_rows, head_transposed
 from asr_spec.engine.kernels import (
     ANY_ROWS,
     POST_OPS,
@@ -65,34 +65,6 @@ def bf16_copy(draft: nn.Module) -> tuple[nn.Module, nn.Module]:
     # the draft's own layers first: the entry is kept by its first source (the embeddings may be the target's)
     sources = (*draft.model.decoder.layers.parameters(), *(p for module in modules for p in module.parameters()))
     return shared("bf16-copy", sources, make)
-
-
-def _vocab_sources(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """The tensors the head rows a decoder scores are made of (the sources of their shared copies)."""
-    return (weight,) if vocab_ids is None else (weight, vocab_ids)
-
-
-def _head_rows(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
-    """The (V', d_model) rows of a head the decoder scores: all of them (the tensor itself), or a restricted draft
-    vocabulary's (a copy, shared per head and vocabulary: `kernels.shared`)."""
-    if vocab_ids is None:
-        return weight
-    return shared("rows", (weight, vocab_ids), lambda: weight.detach()[vocab_ids])
-
-
-def _head_packed(weight: torch.Tensor, vocab_ids: torch.Tensor | None, thin: bool) -> object:
-    """The head rows packed for oneDNN, or for the thin kernel where `thin` (`cpu_linear`), shared per head,
-    vocabulary and packing."""
-    if vocab_ids is None:
-        return cpu_linear.pack_panels(weight) if thin else pack(weight)
-    repack = cpu_linear.repack if thin else reorder
-    return shared(("packed-rows", repack), (weight, vocab_ids), lambda: repack(weight.detach()[vocab_ids]))
-
-
-def _head_transposed(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
-    """The head rows as a contiguous (d_model, V') matrix (CPU bf16/fp16, one row: x @ W^T), shared likewise."""
-    return shared("transposed", _vocab_sources(weight, vocab_ids),
-                  lambda: _head_rows(weight, vocab_ids).detach().t().contiguous())
 
 
 def _transposed_product(audio: torch.Tensor, proj: nn.Linear, out: torch.Tensor) -> None:
@@ -214,15 +186,15 @@ class Decoder:
                      certify: tuple[int, tuple[int, ...]] | None) -> None:
         """The head's copies `_head` reads (see `__init__`): certified, packed (oneDNN's or the thin kernel's),
         plain or transposed. full: the (vocab, d_model) head weight."""
-        weight = _head_rows(full, vocab_ids)
+        weight = head_rows(full, vocab_ids)
         # the certified head reads bf16 rows: only where the CPU has native bf16 products (emulated ones are
         # slower than fp32 and some oneDNN builds refuse to pack bf16 weights without AVX-512)
         exact_fp32 = (packed and self.dtype == torch.float32 and vocab_ids is None
                       and onednn_usable(self.device, torch.bfloat16))
         self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
-        self.head_packed = _head_packed(full, vocab_ids, self.thin) if packed and self.certified is None else None
+        self.head_packed = head_packed(full, vocab_ids, self.thin) if packed and self.certified is None else None
         self.head_weight = None if packed else weight
-        self.head_weight_t = (_head_transposed(full, vocab_ids)
+        self.head_weight_t = (head_transposed(full, vocab_ids)
                               if self.cpu_layout and not packed and not self.row_rows else None)
 
     def row_invariance(self, n_vocab: int, packed: bool) -> tuple[int, int]:

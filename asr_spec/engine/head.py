@@ -1,4 +1,6 @@
-"""The target's output head on CPU fp32, read in bf16 and exact wherever a decision depends on it.
+"""The decoder's output head: the rows it scores in the layouts `Decoder._head` reads (packed for oneDNN or the
+thin kernel, transposed, a draft vocabulary's subset; shared per head), and the target's head on CPU fp32, read in
+bf16 and exact wherever a decision depends on it (`CertifiedHead`).
 
 A decode step reads the whole (V, d_model) head: whisper-base's is 106 MB in fp32, ~40 % of the bytes a greedy
 step reads. `CertifiedHead` reads the text tokens' rows in bf16 (half the bytes; oneDNN's AVX-512 bf16 products)
@@ -28,7 +30,8 @@ import functools
 
 import torch
 
-from asr_spec.engine.kernels import onednn_linear, reorder, shared
+from asr_spec.engine import cpu_linear
+from asr_spec.engine.kernels import onednn_linear, pack, reorder, shared
 
 _BF16_REL = 2.0 ** -7  # bf16 keeps 8 significant bits: rounding moves a value by < 2^-8 of it; 2^-7 is generous
 _FP32_EPS = 2.0 ** -24
@@ -109,3 +112,33 @@ class CertifiedHead:
         rest = vals[:, self.k]  # the largest approximate value left, and its upper bound as an exact logit
         upper = rest + rest.abs() * _BF16_REL + self.error_bound(x, x_bf16)
         return out, exact.max(-1).values > upper
+
+
+# -- the head rows a decoder scores, in the layouts `Decoder._head` reads (each shared per head and vocabulary) --
+
+def _vocab_sources(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The tensors the head rows a decoder scores are made of (the sources of their shared copies)."""
+    return (weight,) if vocab_ids is None else (weight, vocab_ids)
+
+
+def head_rows(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """The (V', d_model) rows of a head the decoder scores: all of them (the tensor itself), or a restricted draft
+    vocabulary's (a copy, shared per head and vocabulary: `kernels.shared`)."""
+    if vocab_ids is None:
+        return weight
+    return shared("rows", (weight, vocab_ids), lambda: weight.detach()[vocab_ids])
+
+
+def head_packed(weight: torch.Tensor, vocab_ids: torch.Tensor | None, thin: bool) -> object:
+    """The head rows packed for oneDNN, or for the thin kernel where `thin` (`cpu_linear`), shared per head,
+    vocabulary and packing."""
+    if vocab_ids is None:
+        return cpu_linear.pack_panels(weight) if thin else pack(weight)
+    repack = cpu_linear.repack if thin else reorder
+    return shared(("packed-rows", repack), (weight, vocab_ids), lambda: repack(weight.detach()[vocab_ids]))
+
+
+def head_transposed(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """The head rows as a contiguous (d_model, V') matrix (CPU bf16/fp16, one row: x @ W^T), shared likewise."""
+    return shared("transposed", _vocab_sources(weight, vocab_ids),
+                  lambda: head_rows(weight, vocab_ids).detach().t().contiguous())
