@@ -114,6 +114,10 @@ def test_float32_and_bfloat16_on_a_cpu_where_the_extension_is_built(kernel, monk
     assert cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
     assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float16)
     assert not cpu_linear.fused_linear_usable(torch.device("cuda"), torch.float32)
+    with monkeypatch.context() as amx:  # AMX tiles: oneDNN's bf16 products stay (the probe decides), fp32 thin
+        amx.setattr(cpu_attention, "cpu_flags", lambda: "flags : avx2 avx512f avx512_bf16 amx_bf16 amx_tile")
+        assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
+        assert cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32)
     monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")
     assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32)
     assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
