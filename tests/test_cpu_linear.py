@@ -43,6 +43,14 @@ def kernel(monkeypatch):
         pytest.skip("the CPU kernel extension could not be built here")
 
 
+@pytest.fixture
+def no_amx(kernel, monkeypatch):
+    """The kernel built (first), then flags without AMX tiles, where the decoder's bf16 products are the thin ones
+    (`fused_linear_usable`): the suite's pinned AVX2 flags are such, a native run on an AMX Xeon is not."""
+    flags = cpu_attention.cpu_flags().replace("amx_bf16", "").replace("amx_tile", "")
+    monkeypatch.setattr(cpu_attention, "cpu_flags", lambda: flags)
+
+
 # the output's own rounding: none beyond the fp32 sums' in fp32, half an ulp of 8 bits in bf16
 ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8}
 
@@ -110,7 +118,7 @@ def test_bad_operands_are_refused(kernel):
         cpu_linear.linear(torch.randn(2, 8), panels, None, "relu")
 
 
-def test_float32_and_bfloat16_on_a_cpu_where_the_extension_is_built(kernel, monkeypatch):
+def test_float32_and_bfloat16_on_a_cpu_where_the_extension_is_built(no_amx, monkeypatch):
     assert cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
     assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float16)
     assert not cpu_linear.fused_linear_usable(torch.device("cuda"), torch.float32)
@@ -147,7 +155,7 @@ def test_a_decoder_on_the_thin_products_agrees_with_onednns(kernel, monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(kernel, dtype):
+def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(no_amx, dtype):
     """With the attention kernel and the thin products every fp32 and bf16 product is row-invariant (no probe: a
     bf16 decoder's rows figure is `ANY_ROWS`): a 4-token pass over ragged rows gives the logits and cache entries
     that 1-token steps give, bit for bit."""
