@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from asr_spec.engine import cpu_attention
+from asr_spec.engine.kernels import ANY_ROWS
 from asr_spec.models import cpu
 from asr_spec.models.loading import resolve_dtype
 
@@ -132,6 +133,9 @@ def test_a_bf16_summary_says_whether_bf16_is_lossless_here(monkeypatch, kernel):
         monkeypatch.setattr(cpu, "bf16_row_block", lambda blocks=blocks: blocks)
         assert cpu.precision_line(cpu_dev, torch.bfloat16) == f"cpu avx2, bfloat16, {words}, attention: {path}"
         assert cpu.run_precision(cpu_dev, torch.bfloat16)["bf16_row_invariant"]["lossless"] == (words == "lossless")
+    monkeypatch.setattr(cpu, "bf16_row_block", lambda: (ANY_ROWS, 0))  # the thin products: any number of rows
+    assert cpu.run_precision(cpu_dev, torch.bfloat16)["bf16_row_invariant"] == {
+        "rows": None, "queries": 0, "by_construction": True, "lossless": True}
     assert cpu.precision_line(cpu_dev, torch.float32) == f"cpu avx2, float32, attention: {path}"
     assert "bf16_row_invariant" not in cpu.run_precision(cpu_dev, torch.float32)
     assert cpu.run_precision(cpu_dev, torch.float32)["attention"] == path

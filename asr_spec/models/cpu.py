@@ -234,14 +234,20 @@ def attention_path(device: torch.device, dtype: torch.dtype) -> str:
 
 def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU
-    its capabilities (`CpuCapabilities.as_dict`) and its decoder's attention (`attention_path`)."""
+    its capabilities (`CpuCapabilities.as_dict`) and its decoder's attention (`attention_path`). In bf16 the
+    row invariance: "by_construction" where the kernel extension's products run (then "rows" is None: any number),
+    else the probe's rows and queries."""
+    from asr_spec.engine.kernels import ANY_ROWS
+
     info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
         info["attention"] = attention_path(device, dtype)
         if dtype == torch.bfloat16:
             rows, queries = bf16_row_block()
-            info["bf16_row_invariant"] = {"rows": rows, "queries": queries, "lossless": rows > 0}
+            by_construction = rows >= ANY_ROWS
+            info["bf16_row_invariant"] = {"rows": None if by_construction else rows, "queries": queries,
+                                          "by_construction": by_construction, "lossless": rows > 0}
     return info
 
 
