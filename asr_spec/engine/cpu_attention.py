@@ -132,10 +132,18 @@ def extension() -> ModuleType:
 
 def encoder_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
     """The one decision: whether an encoder on `device` in `dtype` runs its self-attention through the kernel's
-    `encoder_attention` (a CPU, bfloat16, the extension built here and not disabled). Only bf16: there it ran
-    whisper-base's encoder attention 2.5x faster than torch's flash attention (AVX-512-BF16 EPYC, 2 cores,
-    4 windows a layer: 77 vs 194 ms); in fp32 the two were even (161 vs 167 ms), and the module's SDPA stays."""
-    return dtype == torch.bfloat16 and fused_attention_usable(device, dtype)
+    `encoder_attention` (a CPU, bfloat16, the extension built here and not disabled, no AMX tiles). Only bf16:
+    there it ran whisper-base's encoder attention 2.5x faster than torch's flash attention (AVX-512-BF16 EPYC,
+    2 cores, 4 windows a layer: 77 vs 194 ms); in fp32 the two were even (161 vs 167 ms), and the module's SDPA
+    stays. Not with AMX tiles, where torch's bf16 products have them and the kernel's dot products were not
+    measured against them (as `cpu_linear.fused_linear_usable`)."""
+    return dtype == torch.bfloat16 and not amx_tiles() and fused_attention_usable(device, dtype)
+
+
+def amx_tiles() -> bool:
+    """Whether the flags the kernel is built for (`cpu_flags`) have AMX bf16 tiles: where oneDNN's and torch's bf16
+    products use them, and the kernel's own bf16 products, measured without AMX only, are not used."""
+    return "amx_bf16" in cpu_flags().split()
 
 
 def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, scale: float) -> torch.Tensor:

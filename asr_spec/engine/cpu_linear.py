@@ -46,11 +46,11 @@ class Panels:
 def fused_linear_usable(device: torch.device, dtype: torch.dtype) -> bool:
     """The one decision: whether a decoder on `device` in `dtype` runs its step products through the kernel
     (a CPU, float32 or bfloat16, the extension built here and not disabled: `cpu_attention.fused_attention_usable`),
-    bfloat16 except on a CPU with AMX tiles (`amx_bf16` in the flags the kernel is built for): there oneDNN's bf16
+    bfloat16 except on a CPU with AMX tiles (`cpu_attention.amx_tiles`): there oneDNN's bf16
     products, row-invariant up to 32 rows by the probe, run a batch-8 verify pass of 32 rows for about a 1-row
     step's cost (the measured speculative gain on the AMX Xeon), which the kernel's AVX-512 dot products, compute-
     bound at 32 rows, cannot; the thin bf16 products were measured on an AVX-512-BF16 EPYC only."""
-    if dtype == torch.bfloat16 and "amx_bf16" in cpu_attention.cpu_flags().split():
+    if dtype == torch.bfloat16 and cpu_attention.amx_tiles():
         return False
     return dtype in PANEL_DTYPES and cpu_attention.fused_attention_usable(device, dtype)
 
