@@ -37,6 +37,19 @@ def attention_path(request, monkeypatch) -> str:
     elif not cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32):
         pytest.skip("the CPU attention kernel is not in use here (not built, or ASR_SPEC_NO_CPU_KERNELS set)")
     return request.param
+
+
+@pytest.fixture
+def no_amx_tiles(monkeypatch) -> str:
+    """The flags the CPU kernels are built for (`cpu_attention.cpu_flags`) without AMX tiles, where their bf16
+    decisions (`cpu_linear.fused_linear_usable`, `cpu_attention.encoder_attention_usable`) take the kernel: the
+    suite's pinned AVX2 flags are such, a native run on an AMX Xeon is not. Use after the kernel is built (it is
+    named after the flags). Returns the flags."""
+    from asr_spec.engine import cpu_attention
+
+    flags = " ".join(flag for flag in cpu_attention.cpu_flags().split() if not flag.startswith("amx_"))
+    monkeypatch.setattr(cpu_attention, "cpu_flags", lambda: flags)
+    return flags
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -44,11 +44,8 @@ def kernel(monkeypatch):
 
 
 @pytest.fixture
-def no_amx(kernel, monkeypatch):
-    """The kernel built (first), then flags without AMX tiles, where the decoder's bf16 products are the thin ones
-    (`fused_linear_usable`): the suite's pinned AVX2 flags are such, a native run on an AMX Xeon is not."""
-    flags = cpu_attention.cpu_flags().replace("amx_bf16", "").replace("amx_tile", "")
-    monkeypatch.setattr(cpu_attention, "cpu_flags", lambda: flags)
+def no_amx(kernel, no_amx_tiles):
+    """The kernel built (first), then flags without AMX tiles (conftest's `no_amx_tiles`)."""
 
 
 # the output's own rounding: none beyond the fp32 sums' in fp32, half an ulp of 8 bits in bf16

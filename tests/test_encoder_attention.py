@@ -80,9 +80,8 @@ def test_bad_operands_are_refused(kernel):
         cpu_attention.encoder_attention(q, k[:, :4], v, 2, 1.0)
 
 
-def test_only_bf16_where_the_extension_is_built(kernel, monkeypatch):
-    flags = cpu_attention.cpu_flags().replace("amx_bf16", "").replace("amx_tile", "")
-    monkeypatch.setattr(cpu_attention, "cpu_flags", lambda: flags)  # the kernel built first (the fixture)
+def test_only_bf16_where_the_extension_is_built(kernel, no_amx_tiles, monkeypatch):
+    flags = no_amx_tiles  # the kernel built first (the fixture order)
     assert cpu_attention.encoder_attention_usable(CPU, torch.bfloat16)
     with monkeypatch.context() as amx:  # AMX tiles: torch's attention stays
         amx.setattr(cpu_attention, "cpu_flags", lambda: flags + " amx_bf16 amx_tile")
@@ -93,13 +92,11 @@ def test_only_bf16_where_the_extension_is_built(kernel, monkeypatch):
     assert not cpu_attention.encoder_attention_usable(CPU, torch.bfloat16)
 
 
-def test_a_bf16_encoder_with_it_agrees_with_torchs_attention(kernel, monkeypatch):
+def test_a_bf16_encoder_with_it_agrees_with_torchs_attention(kernel, no_amx_tiles, monkeypatch):
     """The same bf16 encoder with its attention through the kernel and through SDPA: outputs within bf16's
     rounding of each other (and both within it of the fp32 module, tests/test_encoder.py)."""
     if not onednn_usable(CPU, torch.bfloat16):
         pytest.skip("no oneDNN bf16 products on this CPU: the encoder runs the module itself")
-    flags = cpu_attention.cpu_flags().replace("amx_bf16", "")
-    monkeypatch.setattr(cpu_attention, "cpu_flags", lambda: flags)  # with AMX tiles the encoder keeps SDPA
     model = random_whisper("test", seed=3, vocab_size=70, init_std=0.2).to(torch.bfloat16)
     features = torch.randn(2, model.config.num_mel_bins, 2 * model.config.max_source_positions,
                            generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)

@@ -30,13 +30,8 @@ namespace cpu_encoder {
 using cpu_attention::L;
 using cpu_attention::vec;
 using cpu_linear::NB;
+using cpu_linear::panel_size;
 using cpu_linear::RG;
-
-// elements a panel of F over k inputs: ceil(k / STEP) steps of STEP * NB
-template <typename F>
-inline int64_t panel_size(int64_t k) {
-  return (k + F::STEP - 1) / F::STEP * F::STEP * NB;
-}
 
 // W (n, k), element (i, j) at w[i * sn + j * sk], packed as F's panels (cpu_linear.h's layout: panel i / NB,
 // step j / STEP, lane i % NB, element j % STEP; zeros past n and past k) into dst, ceil(n / NB) panels.

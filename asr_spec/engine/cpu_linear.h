@@ -103,6 +103,12 @@ struct Bf16Panels {
   }
 };
 
+// elements a panel of format F holds over k inputs: ceil(k / STEP) steps of STEP * NB
+template <typename F>
+inline int64_t panel_size(int64_t k) {
+  return (k + F::STEP - 1) / F::STEP * F::STEP * NB;
+}
+
 // acc (R, NB) = x (R rows of K, ldx apart) times one panel (ceil(K / STEP) steps of STEP * NB elements)
 template <typename F, int64_t R>
 inline void panel_group(const typename F::T* x, int64_t ldx, const typename F::T* panel, int64_t k, float* acc_out) {
@@ -161,11 +167,11 @@ inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T
                        const typename F::T* rp, int64_t ldr, int64_t m, int64_t k, int64_t p, int64_t n_out,
                        typename F::T* op) {
   using T = typename F::T;
-  const int64_t panel_size = ((k + F::STEP - 1) / F::STEP) * F::STEP * NB;
+  const int64_t size = panel_size<F>(k);
   at::parallel_for(0, p, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[RG * NB];
     for (int64_t j = begin; j < end; ++j) {
-      const T* panel = wp + j * panel_size;
+      const T* panel = wp + j * size;
       const int64_t col0 = j * NB, cols = n_out - col0 < NB ? n_out - col0 : NB;
       for (int64_t r0 = 0; r0 < m; r0 += RG) {
         const int64_t rows = m - r0 < RG ? m - r0 : RG;
