@@ -139,6 +139,20 @@ def test_a_bf16_summary_says_whether_bf16_is_lossless_here(monkeypatch, kernel):
     assert cpu.precision_line(cpu_dev, torch.float32) == f"cpu avx2, float32, attention: {path}"
     assert "bf16_row_invariant" not in cpu.run_precision(cpu_dev, torch.float32)
     assert cpu.run_precision(cpu_dev, torch.float32)["attention"] == path
+    assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
+
+
+def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
+    from asr_spec.engine import int8
+
+    cpu_dev = torch.device("cpu")
+    monkeypatch.setattr(cpu_attention, "fused_attention_usable", lambda device, dtype: True)
+    monkeypatch.setattr(cpu, "bf16_row_block", lambda: (ANY_ROWS, 0))
+    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype: dtype == torch.bfloat16)
+    assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_products"] == "int8"
+    assert cpu.precision_line(cpu_dev, torch.bfloat16) == (
+        "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products int8")
+    assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
 
 
 @pytest.mark.parametrize(("blocks", "expected"), [

@@ -29,6 +29,7 @@
 #include "cpu_attention_pairs.h"
 #include "cpu_attention_simd.h"
 #include "cpu_encoder_attention.h"
+#include "cpu_int8.h"
 #include "cpu_linear.h"
 
 namespace {
@@ -386,5 +387,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &cpu_linear::linear, "thin fp32 / bf16 products x W^T + b (+ residual) over a panel-packed weight");
   m.def("encoder_attention", &cpu_encoder::encoder_attention,
         "the encoder's self-attention over every position of each window, per head");
+  m.def("quantize_rows", &cpu_int8::quantize_rows,
+        "activations to uint8 (zero point 128) with one scale a row, for the encoder's int8 products");
+  m.def("rescale_rows", &cpu_int8::rescale_rows,
+        "a row-quantized product's epilogue: raw * row scale + bias (+ residual), rounded to bf16");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
 }

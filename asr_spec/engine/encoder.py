@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.engine import cpu_attention
+from asr_spec.engine import cpu_attention, int8
 from asr_spec.engine.kernels import POST_OPS, onednn_linear, onednn_linear_add, onednn_usable, shared
 
 
@@ -84,6 +84,8 @@ class Encoder:
         # the convolutions as products in bf16 (3x faster than oneDNN's bf16 convolution with its layout copies,
         # whisper-base, batch 4), the module's convolutions in fp32 (5-10 % faster there than the products)
         self.conv_products = first.dtype == torch.bfloat16
+        # the layers' linear products in int8 where `int8.int8_encoder_usable` says so (engine/int8.py)
+        self.int8 = self.kernel_attention and int8.int8_encoder_usable(first.device, first.dtype)
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -118,6 +120,10 @@ class Encoder:
         attn = layer.self_attn
         n, s, d = x.shape
         h = layer.self_attn_layer_norm(x)
+        if self.int8:
+            qkv = int8.int8_linear(h, int8.int8_weight(attn.q_proj, attn.k_proj, attn.v_proj))
+            out = cpu_attention.encoder_attention(*qkv.split(d, -1), self.n_heads, self.scaling)
+            return int8.int8_linear(out, int8.int8_weight(attn.out_proj), residual=x)
         q, k, v = (onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
         if self.kernel_attention:
             out = cpu_attention.encoder_attention(q, k, v, self.n_heads, self.scaling)
@@ -130,6 +136,9 @@ class Encoder:
         """x + fc2(act(fc1(LayerNorm(x)))): GELU fused into fc1 where oneDNN has it, the residual add into fc2.
         (N, S, d_model) -> (N, S, d_model)"""
         h = layer.final_layer_norm(x)
+        if self.int8 and self.post == ("gelu", "none"):
+            h = int8.int8_linear(h, int8.int8_weight(layer.fc1), post="gelu")
+            return int8.int8_linear(h, int8.int8_weight(layer.fc2), residual=x)
         if self.post is not None:
             h = onednn_linear(h, layer.fc1.weight, layer.fc1.bias, *self.post)
         else:

@@ -232,17 +232,26 @@ def attention_path(device: torch.device, dtype: torch.dtype) -> str:
     return "cpu kernel" if fused_attention_usable(device, dtype) else "torch"
 
 
+def encoder_products(device: torch.device, dtype: torch.dtype) -> str:
+    """The precision of the encoder's linear products: "int8" where `engine.int8.int8_encoder_usable` (its one
+    decision: bf16 on an AVX-512 VNNI CPU without AMX), else the dtype's name."""
+    from asr_spec.engine.int8 import int8_encoder_usable
+
+    return "int8" if int8_encoder_usable(device, dtype) else str(dtype).removeprefix("torch.")
+
+
 def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU
-    its capabilities (`CpuCapabilities.as_dict`) and its decoder's attention (`attention_path`). In bf16 the
-    row invariance: "by_construction" where the kernel extension's products run (then "rows" is None: any number),
-    else the probe's rows and queries."""
+    its capabilities (`CpuCapabilities.as_dict`), its decoder's attention (`attention_path`) and its encoder's
+    products (`encoder_products`). In bf16 the row invariance: "by_construction" where the kernel extension's
+    products run (then "rows" is None: any number), else the probe's rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
 
     info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
         info["attention"] = attention_path(device, dtype)
+        info["encoder_products"] = encoder_products(device, dtype)
         if dtype == torch.bfloat16:
             rows, queries = bf16_row_block()
             by_construction = rows >= ANY_ROWS
@@ -254,13 +263,16 @@ def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]
 def precision_line(device: torch.device, dtype: torch.dtype) -> str:
     """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless, attention: cpu kernel" /
     "cuda:0, float16" (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else
-    "up to near-ties"; on a CPU, `attention_path`)."""
+    "up to near-ties"; on a CPU, `attention_path`, then ", encoder products int8" where `encoder_products` says
+    so)."""
     where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
     line = f"{where}, {str(dtype).removeprefix('torch.')}"
     if device.type == "cpu" and dtype == torch.bfloat16:
         line += ", lossless" if bf16_row_block()[0] else ", up to near-ties"
     if device.type == "cpu":
         line += f", attention: {attention_path(device, dtype)}"
+        if encoder_products(device, dtype) == "int8":
+            line += ", encoder products int8"
     return line
 
 

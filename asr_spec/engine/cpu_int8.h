@@ -1,0 +1,150 @@
+// Activations quantized for the encoder's int8 products (asr_spec/engine/int8.py; built into the kernel extension,
+// cpu_attention.cpp): x (M rows, K) in fp32 or bf16 -> q (M, K) uint8 and one fp32 scale a row.
+//
+// Per row r: a = max |x[r]| over its K elements, scale = a / 127 (1 where a is 0), and each element
+// q = round_to_nearest_even(x * (127 / a)) + 128, in [1, 255]: an asymmetric uint8 with zero point 128 standing for
+// a symmetric int8 (what oneDNN's u8 x s8 products take). A row's q and scale depend on its own values alone, so
+// what the products make of a row does not depend on the other rows of a call.
+
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cpu_attention_simd.h"
+
+namespace cpu_int8 {
+
+using cpu_attention::L;
+using cpu_attention::vec;
+
+constexpr int32_t ZERO_POINT = 128;
+constexpr float LEVELS = 127.0f;  // |x| = max -> 127 steps from the zero point
+
+// max |p[i]| over i < n
+template <typename T>
+float abs_max(const T* p, int64_t n) {
+  using namespace cpu_attention;
+  vec top = zero();
+  const int64_t full = n / L * L;
+  for (int64_t i = 0; i < full; i += L) {
+    const vec a = load(p + i);
+    top = vmax(top, vmax(a, vsub(zero(), a)));
+  }
+  float out = reduce(top, true);
+  for (int64_t i = full; i < n; ++i) {
+    out = std::fmax(out, std::fabs(static_cast<float>(p[i])));
+  }
+  return out;
+}
+
+// L lanes of rounded values + ZERO_POINT stored as uint8 (each in [1, 255])
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline void store_u8(uint8_t* q, __m512i r) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(_mm512_add_epi32(r, _mm512_set1_epi32(ZERO_POINT))));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+inline void store_u8(uint8_t* q, __m256i r) {
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi32(r, _mm256_set1_epi32(ZERO_POINT)));
+  for (int j = 0; j < 8; ++j) q[j] = static_cast<uint8_t>(lanes[j]);
+}
+#else
+inline void store_u8(uint8_t* q, int32_t r) { *q = static_cast<uint8_t>(r + ZERO_POINT); }
+#endif
+
+// q[i] = round(p[i] * inv) (to nearest even) + ZERO_POINT for i < n (|p[i] * inv| <= 127: no saturation)
+template <typename T>
+void quantize_row(const T* p, int64_t n, float inv, uint8_t* q) {
+  using namespace cpu_attention;
+  const vec factor = set1(inv);
+  const int64_t full = n / L * L;
+  for (int64_t i = 0; i < full; i += L) {
+    store_u8(q + i, round_int(vmul(load(p + i), factor)));
+  }
+  for (int64_t i = full; i < n; ++i) {
+    q[i] = static_cast<uint8_t>(static_cast<int32_t>(std::nearbyint(static_cast<float>(p[i]) * inv)) + ZERO_POINT);
+  }
+}
+
+template <typename T>
+void quantize_typed(const at::Tensor& x, at::Tensor& q, at::Tensor& scales) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const T* xp = x.data_ptr<T>();
+  uint8_t* qp = q.data_ptr<uint8_t>();
+  float* sp = scales.data_ptr<float>();
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float a = abs_max(xp + r * k, k);
+      sp[r] = a > 0.0f ? a / LEVELS : 1.0f;
+      quantize_row(xp + r * k, k, a > 0.0f ? LEVELS / a : 0.0f, qp + r * k);
+    }
+  });
+}
+
+// x: (M, K) contiguous, fp32 or bf16 -> (q (M, K) uint8, scales (M,) fp32): see the top of this file.
+inline std::vector<at::Tensor> quantize_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(),
+              "quantize_rows: x must be a contiguous (M, K) CPU tensor");
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  at::Tensor scales = at::empty({x.size(0)}, x.options().dtype(at::kFloat));
+  if (x.scalar_type() == at::kBFloat16) {
+    quantize_typed<cpu_attention::bf16>(x, q, scales);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "quantize_rows: float32 or bfloat16 only");
+    quantize_typed<float>(x, q, scales);
+  }
+  return {q, scales};
+}
+
+// out[r, c] = raw[r, c] * scales[r] + bias[c] (+ residual[r, c]), in fp32 (one fused multiply-add, then the
+// add), rounded once to bf16: the epilogue of a row-quantized product (raw: its sums dequantized by the weight's
+// scales only). raw, residual: (M, N) contiguous bf16; scales (M,) fp32; bias (N,) fp32 (zeros: pass them).
+inline at::Tensor rescale_rows(const at::Tensor& raw, const at::Tensor& scales, const at::Tensor& bias,
+                               const c10::optional<at::Tensor>& residual) {
+  using namespace cpu_attention;
+  TORCH_CHECK(raw.device().is_cpu() && raw.dim() == 2 && raw.is_contiguous() && raw.scalar_type() == at::kBFloat16,
+              "rescale_rows: raw must be a contiguous (M, N) bfloat16 CPU tensor");
+  const int64_t m = raw.size(0), n = raw.size(1);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == m,
+              "rescale_rows: scales must be (M,) float32");
+  TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == n,
+              "rescale_rows: bias must be (N,) float32");
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_res) {
+    TORCH_CHECK(residual->sizes() == raw.sizes() && residual->is_contiguous() &&
+                    residual->scalar_type() == at::kBFloat16,
+                "rescale_rows: residual must be (M, N) contiguous bfloat16");
+  }
+  at::Tensor out = at::empty_like(raw);
+  const bf16* rp = raw.data_ptr<bf16>();
+  const bf16* res = has_res ? residual->data_ptr<bf16>() : nullptr;
+  const float* sp = scales.data_ptr<float>();
+  const float* bp = bias.data_ptr<float>();
+  bf16* op = out.data_ptr<bf16>();
+  const int64_t full = n / L * L;
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const vec s = set1(sp[r]);
+      const bf16* x = rp + r * n;
+      bf16* o = op + r * n;
+      for (int64_t c = 0; c < full; c += L) {
+        vec v = vfma(load(x + c), s, load(bp + c));
+        if (res != nullptr) v = vadd(v, load(res + r * n + c));
+        store_bf16(o + c, v);
+      }
+      for (int64_t c = full; c < n; ++c) {
+        float v = std::fma(static_cast<float>(x[c]), sp[r], bp[c]);
+        if (res != nullptr) v += static_cast<float>(res[r * n + c]);
+        o[c] = bf16(v);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace cpu_int8

@@ -1,0 +1,103 @@
+"""The encoder's linear products in int8 on CPUs with AVX-512 VNNI and bf16 but no AMX, and the one decision
+where (`int8_encoder_usable`).
+
+Why: on such a CPU (an AMD EPYC with AVX-512-BF16, 2 cores) the bf16 encoder was half of a long file's wall time,
+its products at ~300 GFLOP/s, about oneDNN's bf16 rate there; oneDNN's u8 x s8 products (vpdpbusd) run the same
+shapes at 400-630 GOP/s with bf16 output. Measured end to end and for WER in docs/cpu.md ("The encoder's products
+in int8").
+
+What is quantized: the four products of every encoder layer (q/k/v as one, the attention's output projection,
+fc1 then GELU, fc2); not the convolutions, not the attention itself (bf16), not the decoder. Weights per output
+channel, symmetric int8 (scale = max |w| / 127 of the channel), made once per weight tensor. Activations per row
+(each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the
+product's output in bf16 then scaled by its row's scale, the bias and residual added (`cpu_int8.h`'s
+`rescale_rows`, one pass): per-row scales
+keep the encoder output ~6 % from fp32's (relative norm, long_75s) where one scale a window left ~20 % (Whisper's
+activations have outliers ~15x their RMS). A row's output depends on that row alone (the integer sums are exact,
+the rest per element), so a window's encoder output does not depend on the windows encoded with it, and the target
+and its draft read the same encoder output (speculative == greedy, as in every precision).
+
+Shapes: x (N windows, S positions, d_in) -> (N, S, d_out), both in the model's dtype (bf16).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from asr_spec.engine import cpu_attention
+from asr_spec.engine.kernels import shared
+
+DISABLE_ENV = "ASR_SPEC_NO_INT8_ENCODER"
+ZERO_POINT = 128  # the activations' (uint8), as cpu_int8.h writes them
+LEVELS = 127  # int8 steps on each side of zero
+
+
+def int8_encoder_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """The one decision: whether an encoder on `device` in `dtype` runs its linear products in int8 (a CPU, bf16,
+    AVX-512 VNNI without AMX tiles (`cpu_attention.amx_tiles`; AMX's own int8 and bf16 tiles were not measured
+    against it), the kernel extension built here (its quantizer), oneDNN's int8 linear in this torch, and not
+    switched off by `ASR_SPEC_NO_INT8_ENCODER=1`)."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return False
+    if cpu_attention.amx_tiles() or "avx512_vnni" not in cpu_attention.cpu_flags().split():
+        return False
+    return _onednn_int8() and cpu_attention.fused_attention_usable(device, dtype)
+
+
+def _onednn_int8() -> bool:
+    """Whether this torch has oneDNN's int8 linear (the ops Inductor's x86 quantisation lowers to)."""
+    try:
+        return hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class Int8Weight:
+    """One linear layer's weight (d_out, d_in) as oneDNN's packed int8 with its per-channel scales (fp32), and the
+    layer's bias in fp32 (zeros without one)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        w = weight.detach().float()
+        self.scales = (w.abs().amax(1) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+        quantized = torch.round(w / self.scales[:, None]).clamp(-LEVELS, LEVELS).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(quantized, None)
+        self.zero_points = torch.zeros(len(self.scales), dtype=torch.int64)
+        self.bias = torch.zeros(weight.shape[0]) if bias is None else bias.detach().float().contiguous()
+        self.d_out = weight.shape[0]
+
+
+def int8_weight(*layers: torch.nn.Linear) -> Int8Weight:
+    """The layers' weights stacked along the output (q, k, v as one product), quantized once and shared per weight
+    tensors (`kernels.shared`)."""
+    weights = tuple(layer.weight for layer in layers)
+    biases = [layer.bias for layer in layers]
+
+    def make() -> Int8Weight:  # a layer without a bias (Whisper's k_proj) adds zeros
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [w.new_zeros(w.shape[0]) if b is None else b.detach() for w, b in zip(weights, biases)])
+        return Int8Weight(torch.cat([w.detach() for w in weights]), bias)
+
+    return shared(("int8", len(weights)), weights, make)
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., K) activations -> (uint8 (M, K), fp32 scales (M,)), M the rows, one scale a row (`cpu_int8.h`)."""
+    return cpu_attention.extension().quantize_rows(x.reshape(-1, x.shape[-1]).contiguous())
+
+
+def int8_linear(x: torch.Tensor, weight: Int8Weight, post: str = "none",
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+    """(residual +) post(x W^T + b) with x quantized per row (`quantize`) and W per channel (`Int8Weight`):
+    x (N, S, d_in) bf16 -> (N, S, d_out) bf16; post "none" or "gelu" (erf); residual (N, S, d_out) or None (not
+    with "gelu")."""
+    q, scales = quantize(x)
+    # sum_k (q - 128) w_q * w_scale in bf16; the row's scale, the bias and the residual after, in one pass
+    raw = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, weight.packed, weight.scales, weight.zero_points,
+                                             None, 1.0, 0, torch.bfloat16, "none", [], "")
+    flat = None if residual is None else residual.reshape(-1, weight.d_out).contiguous()
+    y = cpu_attention.extension().rescale_rows(raw, scales, weight.bias, flat)
+    if post == "gelu":
+        y = torch.nn.functional.gelu(y)
+    return y.view(*x.shape[:-1], weight.d_out)
