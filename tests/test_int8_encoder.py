@@ -75,6 +75,15 @@ def test_a_product_agrees_with_float64_within_int8s_rounding(kernel, post):
     assert ((out.double() - exact).norm() / exact.norm()).item() < 0.03
 
 
+def test_a_post_op_it_does_not_have_is_refused(kernel):
+    weight = int8.Int8Weight(torch.nn.Linear(16, 8).weight, None)
+    x = torch.randn(1, 4, 16).bfloat16()
+    with pytest.raises(ValueError, match="post"):
+        int8.int8_linear(x, weight, post="relu")
+    with pytest.raises(ValueError, match="residual"):
+        int8.int8_linear(x, weight, post="gelu", residual=torch.zeros(1, 4, 8).bfloat16())
+
+
 def test_a_rows_output_does_not_depend_on_the_rows_beside_it(kernel):
     """Bit for bit: the integer sums are exact and everything else is per row (the contract of int8.py)."""
     layer = torch.nn.Linear(64, 48)

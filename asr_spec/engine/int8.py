@@ -11,11 +11,11 @@ fc1 then GELU, fc2); not the convolutions, not the attention itself (bf16), not 
 channel, symmetric int8 (scale = max |w| / 127 of the channel), made once per weight tensor. Activations per row
 (each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the
 product's output in bf16 then scaled by its row's scale, the bias and residual added (`cpu_int8.h`'s
-`rescale_rows`, one pass): per-row scales
-keep the encoder output ~6 % from fp32's (relative norm, long_75s) where one scale a window left ~20 % (Whisper's
-activations have outliers ~15x their RMS). A row's output depends on that row alone (the integer sums are exact,
-the rest per element), so a window's encoder output does not depend on the windows encoded with it, and the target
-and its draft read the same encoder output (speculative == greedy, as in every precision).
+`rescale_rows`, one pass): per-row scales keep the encoder output ~5 % from fp32's (relative norm, long_75s) where
+one scale a window left ~20 % (Whisper's activations have outliers ~15x their RMS). A row's output depends on that
+row alone (the integer sums are exact, the rest per element), so a window's encoder output does not depend on the
+windows encoded with it, and the target and its draft read the same encoder output (speculative == greedy, as in
+every precision).
 
 Shapes: x (N windows, S positions, d_in) -> (N, S, d_out), both in the model's dtype (bf16).
 """
@@ -92,6 +92,8 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, post: str = "none",
     """(residual +) post(x W^T + b) with x quantized per row (`quantize`) and W per channel (`Int8Weight`):
     x (N, S, d_in) bf16 -> (N, S, d_out) bf16; post "none" or "gelu" (erf); residual (N, S, d_out) or None (not
     with "gelu")."""
+    if post not in ("none", "gelu") or (post == "gelu" and residual is not None):
+        raise ValueError(f"int8_linear: post {post!r} (with a residual: {residual is not None}) is not supported")
     q, scales = quantize(x)
     # sum_k (q - 128) w_q * w_scale in bf16; the row's scale, the bias and the residual after, in one pass
     raw = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, weight.packed, weight.scales, weight.zero_points,
