@@ -86,7 +86,8 @@ class Encoder:
         # the convolutions as products in bf16 (3x faster than oneDNN's bf16 convolution with its layout copies,
         # whisper-base, batch 4), the module's convolutions in fp32 (5-10 % faster there than the products)
         self.conv_products = first.dtype == torch.bfloat16
-        # the layers' linear products in int8 where `int8.int8_encoder_usable` says so (engine/int8.py)
+        # the layers' linear products in int8 where `int8.int8_encoder_usable` says so (engine/int8.py; its int8
+        # layers run around the kernel's attention, so never without it)
         self.int8 = self.kernel_attention and int8.int8_encoder_usable(first.device, first.dtype)
 
     @torch.inference_mode()

@@ -35,15 +35,13 @@ LEVELS = 127  # int8 steps on each side of zero
 
 
 def int8_encoder_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """The one decision: whether an encoder on `device` in `dtype` runs its linear products in int8 (a CPU, bf16,
-    AVX-512 VNNI without AMX tiles (`cpu_attention.amx_tiles`; AMX's own int8 and bf16 tiles were not measured
-    against it), the kernel extension built here (its quantizer), oneDNN's int8 linear in this torch, and not
-    switched off by `ASR_SPEC_NO_INT8_ENCODER=1`)."""
-    if device.type != "cpu" or dtype != torch.bfloat16 or os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+    """The one decision: whether an encoder on `device` in `dtype` runs its linear products in int8: where its
+    attention runs through the kernel extension (`cpu_attention.encoder_attention_usable`: a CPU, bf16, the
+    extension built here, no AMX tiles, whose own int8 and bf16 tiles were not measured against this), the CPU has
+    AVX-512 VNNI, this torch has oneDNN's int8 linear, and `ASR_SPEC_NO_INT8_ENCODER=1` does not switch it off."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0") or "avx512_vnni" not in cpu_attention.cpu_flags().split():
         return False
-    if cpu_attention.amx_tiles() or "avx512_vnni" not in cpu_attention.cpu_flags().split():
-        return False
-    return _onednn_int8() and cpu_attention.fused_attention_usable(device, dtype)
+    return _onednn_int8() and cpu_attention.encoder_attention_usable(device, dtype)
 
 
 def _onednn_int8() -> bool:
