@@ -106,20 +106,26 @@ def built(name: str) -> bool:
 def _extension() -> ModuleType | None:
     """The built kernel module, or None (one warning) where it cannot be built; one info line before a build."""
     try:
-        from torch.utils import cpp_extension
-
         if not built(build_name()):
             log.info("building the CPU attention kernel (once for this CPU and version, ~20-60 s)")
-        # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
-        # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
-        arch = march(cpu_flags(), FLAGS_ENV in os.environ)
-        return cpp_extension.load(name=build_name(), sources=[str(SOURCE)],
-                                  extra_cflags=["-O3", f"-march={arch}", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                                  verbose=False)
+        return load(build_name())
     except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         log.warning("cpu attention kernel not built (%s): attention runs through torch's products", reason)
         return None
+
+
+def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType:
+    """Build (once) or load the extension as `name`, with extra -D `defines` (a benchmark's variants); raises
+    where it cannot be built."""
+    from torch.utils import cpp_extension
+
+    # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
+    # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
+    arch = march(cpu_flags(), FLAGS_ENV in os.environ)
+    return cpp_extension.load(name=name, sources=[str(SOURCE)],
+                              extra_cflags=["-O3", f"-march={arch}", "-fopenmp", *(f"-D{d}" for d in defines)],
+                              extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def extension() -> ModuleType:
