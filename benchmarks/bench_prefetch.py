@@ -50,7 +50,7 @@ def kernels(ext, dtype: torch.dtype) -> dict:
         return lambda: [ext.attend(queries[t], k, v, counts, 1.0) for k, v in zip(keys, values)]
 
     def product(weights, m):
-        return lambda: [ext.linear(rows[m], w.data, None, None, w.n_out) for w in weights]
+        return lambda: [ext.linear(rows[m], w.data, None, None, w.n_out, False) for w in weights]
 
     return {"cross_attention_q1": attend(1), "cross_attention_q4": attend(4), "head_rows1": product([head], 1),
             "head_rows8": product([head], 8), "head_rows32": product([head], 32), "ffn_rows8": product(ffn, 8)}

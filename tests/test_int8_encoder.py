@@ -52,11 +52,16 @@ def test_the_epilogue_is_its_formula(kernel):
     raw = torch.randn(9, 35, generator=gen).bfloat16()
     scales, bias = torch.rand(9, generator=gen) + 0.1, torch.randn(35, generator=gen)
     residual = torch.randn(9, 35, generator=gen).bfloat16()
-    out = cpu_attention.extension().rescale_rows(raw, scales, bias, residual)
+    out = cpu_attention.extension().rescale_rows(raw, scales, bias, residual, False)
     exact = raw.double() * scales.double()[:, None] + bias.double() + residual.double()
     torch.testing.assert_close(out.double(), exact, rtol=8e-3, atol=1e-6)
-    bare = cpu_attention.extension().rescale_rows(raw, scales, bias, None)
+    bare = cpu_attention.extension().rescale_rows(raw, scales, bias, None, False)
     torch.testing.assert_close(bare.double(), exact - residual.double(), rtol=8e-3, atol=1e-6)
+    gelu = cpu_attention.extension().rescale_rows(raw, scales, bias, None, True)
+    torch.testing.assert_close(gelu.double(), torch.nn.functional.gelu(exact - residual.double()), rtol=8e-3,
+                               atol=1e-6)
+    with pytest.raises(RuntimeError, match="GELU with a residual"):
+        cpu_attention.extension().rescale_rows(raw, scales, bias, residual, True)
 
 
 @pytest.mark.parametrize("post", ["none", "gelu"])

@@ -390,6 +390,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_rows", &cpu_int8::quantize_rows,
         "activations to uint8 (zero point 128) with one scale a row, for the encoder's int8 products");
   m.def("rescale_rows", &cpu_int8::rescale_rows,
-        "a row-quantized product's epilogue: raw * row scale + bias (+ residual), rounded to bf16");
+        "a row-quantized product's epilogue: raw * row scale + bias (+ residual, or its GELU), rounded to bf16");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
 }

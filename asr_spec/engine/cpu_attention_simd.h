@@ -30,6 +30,10 @@ inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+inline vec nonnegative_else(vec x, vec a, vec b) {  // a where x >= 0, else b (lane by lane)
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
+}
 inline void store(float* p, vec a) { _mm512_storeu_ps(p, a); }
 inline vec load(const float* p) { return _mm512_loadu_ps(p); }
 inline vec widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
@@ -104,6 +108,10 @@ inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+inline vec nonnegative_else(vec x, vec a, vec b) {
+  return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+}
 inline void store(float* p, vec a) { _mm256_storeu_ps(p, a); }
 inline vec load(const float* p) { return _mm256_loadu_ps(p); }
 inline vec widen(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
@@ -147,6 +155,8 @@ inline vec vmax(vec a, vec b) { return a > b ? a : b; }
 inline vec vadd(vec a, vec b) { return a + b; }
 inline vec vsub(vec a, vec b) { return a - b; }
 inline vec vmul(vec a, vec b) { return a * b; }
+inline vec vdiv(vec a, vec b) { return a / b; }
+inline vec nonnegative_else(vec x, vec a, vec b) { return x >= 0.0f ? a : b; }
 inline void store(float* p, vec a) { *p = a; }
 inline vec load(const float* p) { return *p; }
 inline vec load(const bf16* p) { return static_cast<float>(*p); }
@@ -225,6 +235,20 @@ inline vec exp_nonpositive(vec x) {
   p = vfma(p, r, set1(5.0000001201e-1f));
   p = vfma(p, vmul(r, r), vadd(r, set1(1.0f)));
   return vmul(p, pow2(n));
+}
+
+// GELU(x) = x / 2 * (1 + erf(x / sqrt 2)), erf by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7):
+// 1 - erf(z) = t (a1 + t (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + p z), for z = |x| / sqrt 2; erf's sign by x's.
+inline vec gelu_erf(vec x) {
+  const vec z = vmul(vmax(x, vsub(zero(), x)), set1(0.70710678118654752f));
+  const vec t = vdiv(set1(1.0f), vfma(set1(0.3275911f), z, set1(1.0f)));
+  vec poly = set1(1.061405429f);
+  poly = vfma(poly, t, set1(-1.453152027f));
+  poly = vfma(poly, t, set1(1.421413741f));
+  poly = vfma(poly, t, set1(-0.284496736f));
+  poly = vfma(poly, t, set1(0.254829592f));
+  const vec tail = vmul(vmul(poly, t), exp_nonpositive(vsub(zero(), vmul(z, z))));  // 1 - erf(z)
+  return vmul(vmul(set1(0.5f), x), nonnegative_else(x, vsub(set1(2.0f), tail), tail));
 }
 
 }  // namespace cpu_attention

@@ -102,10 +102,11 @@ inline std::vector<at::Tensor> quantize_rows(const at::Tensor& x) {
 }
 
 // out[r, c] = raw[r, c] * scales[r] + bias[c] (+ residual[r, c]), in fp32 (one fused multiply-add, then the
-// add), rounded once to bf16: the epilogue of a row-quantized product (raw: its sums dequantized by the weight's
-// scales only). raw, residual: (M, N) contiguous bf16; scales (M,) fp32; bias (N,) fp32 (zeros: pass them).
+// add), or GELU of the first where `gelu` (`gelu_erf`, in fp32), rounded once to bf16: the epilogue of a
+// row-quantized product (raw: its sums dequantized by the weight's scales only). raw, residual: (M, N)
+// contiguous bf16; scales (M,) fp32; bias (N,) fp32 (zeros: pass them); no residual with the GELU.
 inline at::Tensor rescale_rows(const at::Tensor& raw, const at::Tensor& scales, const at::Tensor& bias,
-                               const c10::optional<at::Tensor>& residual) {
+                               const c10::optional<at::Tensor>& residual, bool gelu) {
   using namespace cpu_attention;
   TORCH_CHECK(raw.device().is_cpu() && raw.dim() == 2 && raw.is_contiguous() && raw.scalar_type() == at::kBFloat16,
               "rescale_rows: raw must be a contiguous (M, N) bfloat16 CPU tensor");
@@ -120,6 +121,7 @@ inline at::Tensor rescale_rows(const at::Tensor& raw, const at::Tensor& scales, 
                     residual->scalar_type() == at::kBFloat16,
                 "rescale_rows: residual must be (M, N) contiguous bfloat16");
   }
+  TORCH_CHECK(!(gelu && has_res), "rescale_rows: a GELU with a residual is not an epilogue it runs");
   at::Tensor out = at::empty_like(raw);
   const bf16* rp = raw.data_ptr<bf16>();
   const bf16* res = has_res ? residual->data_ptr<bf16>() : nullptr;
@@ -132,16 +134,19 @@ inline at::Tensor rescale_rows(const at::Tensor& raw, const at::Tensor& scales, 
       const vec s = set1(sp[r]);
       const bf16* x = rp + r * n;
       bf16* o = op + r * n;
-      for (int64_t c = 0; c < full; c += L) {
-        vec v = vfma(load(x + c), s, load(bp + c));
-        if (res != nullptr) v = vadd(v, load(res + r * n + c));
-        store_bf16(o + c, v);
-      }
-      for (int64_t c = full; c < n; ++c) {
-        float v = std::fma(static_cast<float>(x[c]), sp[r], bp[c]);
-        if (res != nullptr) v += static_cast<float>(res[r * n + c]);
-        o[c] = bf16(v);
-      }
+      auto finish = [&](vec v, int64_t c, int64_t count) {  // count < L: a row's last columns, loaded masked
+        if (res != nullptr) v = vadd(v, count < L ? load_n(res + r * n + c, count) : load(res + r * n + c));
+        if (gelu) v = gelu_erf(v);
+        if (count == L) {
+          store_bf16(o + c, v);
+          return;
+        }
+        alignas(64) float part[L];
+        store(part, v);
+        for (int64_t i = 0; i < count; ++i) o[c + i] = bf16(part[i]);
+      };
+      for (int64_t c = 0; c < full; c += L) finish(vfma(load(x + c), s, load(bp + c)), c, L);
+      if (full < n) finish(vfma(load_n(x + full, n - full), s, load_n(bp + full, n - full)), full, n - full);
     }
   });
   return out;

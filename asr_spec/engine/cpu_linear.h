@@ -160,12 +160,12 @@ inline void panel_rows(const typename F::T* x, int64_t ldx, const typename F::T*
   }
 }
 
-// out (M, N) = acc + bias (+ residual) over the panels, each output (r, n) from its own panel's accumulators:
-// summed in fp32 and rounded once to the output's type.
+// out (M, N) = acc + bias (+ residual), or GELU(acc + bias) where `gelu`, over the panels, each output (r, n) from
+// its own panel's accumulators: summed in fp32, the GELU (`gelu_erf`) in fp32, rounded once to the output's type.
 template <typename F>
 inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T* wp, const typename F::T* bp,
                        const typename F::T* rp, int64_t ldr, int64_t m, int64_t k, int64_t p, int64_t n_out,
-                       typename F::T* op) {
+                       bool gelu, typename F::T* op) {
   using T = typename F::T;
   const int64_t size = panel_size<F>(k);
   at::parallel_for(0, p, 1, [&](int64_t begin, int64_t end) {
@@ -177,17 +177,23 @@ inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T
         const int64_t rows = m - r0 < RG ? m - r0 : RG;
         panel_rows<F>(xp + r0 * ldx, ldx, panel, k, rows, acc);
         for (int64_t r = 0; r < rows; ++r) {
-          T* dst = op + (r0 + r) * n_out + col0;
-          const float* a = acc + r * NB;
+          float* a = acc + r * NB;
           for (int64_t c = 0; c < cols; ++c) {
-            float v = a[c];
             if (bp != nullptr) {
-              v += static_cast<float>(bp[col0 + c]);
+              a[c] += static_cast<float>(bp[col0 + c]);
             }
             if (rp != nullptr) {
-              v += static_cast<float>(rp[(r0 + r) * ldr + col0 + c]);
+              a[c] += static_cast<float>(rp[(r0 + r) * ldr + col0 + c]);
             }
-            dst[c] = static_cast<T>(v);
+          }
+          if (gelu) {  // the whole panel's lanes (past N: GELU(0), not stored)
+            for (int64_t c = 0; c < NB; c += cpu_attention::L) {
+              cpu_attention::store(a + c, cpu_attention::gelu_erf(cpu_attention::load(a + c)));
+            }
+          }
+          T* dst = op + (r0 + r) * n_out + col0;
+          for (int64_t c = 0; c < cols; ++c) {
+            dst[c] = static_cast<T>(a[c]);
           }
         }
       }
@@ -197,18 +203,18 @@ inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T
 
 template <typename F>
 inline void run_tensors(const at::Tensor& x, const at::Tensor& panels, const at::Tensor* bias,
-                        const at::Tensor* residual, int64_t n_out, at::Tensor& out) {
+                        const at::Tensor* residual, int64_t n_out, bool gelu, at::Tensor& out) {
   using T = typename F::T;
   run_panels<F>(x.data_ptr<T>(), x.stride(0), panels.data_ptr<T>(), bias ? bias->data_ptr<T>() : nullptr,
                 residual ? residual->data_ptr<T>() : nullptr, residual ? residual->stride(0) : 0, x.size(0),
-                x.size(1), panels.size(0), n_out, out.data_ptr<T>());
+                x.size(1), panels.size(0), n_out, gelu, out.data_ptr<T>());
 }
 
 // x: (M, K), K contiguous; panels: fp32 (P, K, NB) or bf16 (P, ceil(K / 2), NB, 2), contiguous, x's dtype; bias:
-// (N,) or undefined; residual: (M, N), N contiguous, or undefined (both x's dtype); n_out = N <= P * NB.
-// Returns (M, N) contiguous, x's dtype.
+// (N,) or undefined; residual: (M, N), N contiguous, or undefined (both x's dtype); n_out = N <= P * NB; gelu:
+// the erf GELU of x W^T + b (no residual with it). Returns (M, N) contiguous, x's dtype.
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
-                         const c10::optional<at::Tensor>& residual, int64_t n_out) {
+                         const c10::optional<at::Tensor>& residual, int64_t n_out, bool gelu) {
   TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "linear: CPU tensors only");
   const auto dtype = x.scalar_type();
   const bool pairs = dtype == at::kBFloat16;
@@ -234,13 +240,14 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const c1
                     residual->size(1) == n_out && residual->stride(1) == 1,
                 "linear: residual must be (M, N), N contiguous, x's dtype");
   }
+  TORCH_CHECK(!(gelu && has_res), "linear: a GELU with a residual is not a product it runs");
   at::Tensor out = at::empty({m, n_out}, x.options());
   const at::Tensor* b = has_bias ? &*bias : nullptr;
   const at::Tensor* res = has_res ? &*residual : nullptr;
   if (pairs) {
-    run_tensors<Bf16Panels>(x, panels, b, res, n_out, out);
+    run_tensors<Bf16Panels>(x, panels, b, res, n_out, gelu, out);
   } else {
-    run_tensors<Fp32Panels>(x, panels, b, res, n_out, out);
+    run_tensors<Fp32Panels>(x, panels, b, res, n_out, gelu, out);
   }
   return out;
 }

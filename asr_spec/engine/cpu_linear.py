@@ -95,23 +95,24 @@ def pack_panels(weight: torch.Tensor) -> Panels:
 
 def linear(x: torch.Tensor, weight: Panels, bias: torch.Tensor | None, post: str = "none",
            algorithm: str = "") -> torch.Tensor:
-    """F.linear through the kernel, then the post-op ("gelu": erf GELU, as `kernels.onednn_linear` with
-    algorithm "none"); the signature of `kernels.onednn_linear`. x in the panels' dtype (fp32 or bf16), bias
+    """F.linear through the kernel with its post-op; the signature of `kernels.onednn_linear`. "gelu" with
+    algorithm "none" (erf GELU, Whisper's) runs in the product's epilogue (`gelu_erf`: in fp32, before the one
+    rounding to x's dtype); the tanh form after it, through torch. x in the panels' dtype (fp32 or bf16), bias
     too. (..., K) -> (..., N)"""
-    flat = _rows(x)
-    y = _run()(flat, weight.data, bias, None, weight.n_out)
-    if post == "gelu":
-        y = F.gelu(y, approximate="tanh" if algorithm == "tanh" else "none")
-    elif post != "none":
+    if post not in ("none", "gelu"):
         raise ValueError(f"post-op {post!r} is not one the thin products run")
+    fused = post == "gelu" and algorithm != "tanh"
+    y = _run()(_rows(x), weight.data, bias, None, weight.n_out, fused)
+    if post == "gelu" and not fused:
+        y = F.gelu(y, approximate="tanh")
     return y.view(*x.shape[:-1], weight.n_out)
 
 
 def linear_add(x: torch.Tensor, weight: Panels, bias: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
-    """`residual + F.linear(x, weight, bias)` in one kernel call (the add in the product's epilogue).
-    x: (..., K); residual: (..., N), same leading shape -> (..., N)"""
+    """`residual + F.linear(x, weight, bias)` in one kernel call (the add in the product's epilogue, in fp32 before
+    the one rounding). x: (..., K); residual: (..., N), same leading shape -> (..., N)"""
     flat = residual.reshape(-1, weight.n_out)
-    y = _run()(_rows(x), weight.data, bias, flat, weight.n_out)
+    y = _run()(_rows(x), weight.data, bias, flat, weight.n_out, False)
     return y.view(residual.shape)
 
 
@@ -130,13 +131,13 @@ def _run():
 
 @torch.library.custom_op("asr_spec::cpu_linear", mutates_args=())
 def _linear_op(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-               n_out: int) -> torch.Tensor:
-    """The kernel as a torch op: x (M, K), panels (P, K, NB), bias (N,) or None, residual (M, N) or None ->
-    (M, N)."""
-    return cpu_attention.extension().linear(x, panels, bias, residual, n_out)
+               n_out: int, gelu: bool) -> torch.Tensor:
+    """The kernel as a torch op: x (M, K), panels (P, K, NB), bias (N,) or None, residual (M, N) or None, gelu
+    (the erf GELU in the epilogue) -> (M, N)."""
+    return cpu_attention.extension().linear(x, panels, bias, residual, n_out, gelu)
 
 
 @_linear_op.register_fake
 def _(x: torch.Tensor, panels: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-      n_out: int) -> torch.Tensor:
+      n_out: int, gelu: bool) -> torch.Tensor:
     return x.new_empty((x.shape[0], n_out))

@@ -218,6 +218,13 @@ class Decoder:
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)
 
+    def _proj_add(self, layer: nn.Linear, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x + layer(h), a block's output on its residual: with the thin products one kernel call (the add in the
+        product's epilogue, rounded once), else the product and an add."""
+        if self.thin:
+            return cpu_linear.linear_add(h, self.weights[layer], layer.bias, x)
+        return x + self._proj(layer, h)
+
     @property
     def device(self) -> torch.device:
         return self.pos_table.device
@@ -299,7 +306,7 @@ class Decoder:
         if self.fused:  # `mask`: each query's key count (`pass_keys`)
             out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.self_k[i], cache.self_v[i],
                                        mask, scale)
-            return x + self._proj(attn.out_proj, out)
+            return self._proj_add(attn.out_proj, out, x)
         keys, values = cache.self_k[i, :, :, :n_keys], cache.self_v[i, :, :, :n_keys]
         if self.query_rows:  # over a probed bucket of keys (`pass_keys`), in pieces of `query_rows` queries:
             # keys^T (B, H, head_dim, n_keys) and values (stored as `new_cache` chose) read in place where n_keys
@@ -308,7 +315,7 @@ class Decoder:
             out = self._attend(q, keys.transpose(-1, -2), values, mask)
         else:
             out = F.scaled_dot_product_attention(self._split_heads(q), keys, values, attn_mask=mask, scale=scale)
-        return x + self._proj(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
+        return self._proj_add(attn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model), x)
 
     def _cross_attention(self, i: int, layer: nn.Module, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """x + cross-attention block i over the cached audio keys/values. x: (B, T, d_model)"""
@@ -320,7 +327,7 @@ class Decoder:
                         else (self._proj(xattn.q_proj, h), self.scaling))
             out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.cross_k[i], cache.cross_v[i],
                                        None, scale)
-            return x + self._proj(xattn.out_proj, out)
+            return self._proj_add(xattn.out_proj, out, x)
         if self.cross_q is not None:  # packed, scaled by 1/sqrt(head_dim) already
             q = self._split_heads(self.linear(h, *self.cross_q[i]))
         else:
@@ -329,7 +336,7 @@ class Decoder:
             out = self._attend(q, cache.cross_k[i].transpose(-1, -2), cache.cross_v[i])
         else:
             out = F.scaled_dot_product_attention(q, cache.cross_k[i], cache.cross_v[i], scale=1.0)
-        return x + self._proj(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model))
+        return self._proj_add(xattn.out_proj, out.transpose(1, 2).reshape(b, t, self.d_model), x)
 
     def _attend(self, q: torch.Tensor, keys_t: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -422,4 +429,4 @@ class Decoder:
             h = self.linear(h, self.weights[layer.fc1], layer.fc1.bias, *self.post)
         else:
             h = layer.activation_fn(self._proj(layer.fc1, h))
-        return x + self._proj(layer.fc2, h)
+        return self._proj_add(layer.fc2, h, x)

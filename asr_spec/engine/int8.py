@@ -93,11 +93,9 @@ def int8_linear(x: torch.Tensor, weight: Int8Weight, post: str = "none",
     if post not in ("none", "gelu") or (post == "gelu" and residual is not None):
         raise ValueError(f"int8_linear: post {post!r} (with a residual: {residual is not None}) is not supported")
     q, scales = quantize(x)
-    # sum_k (q - 128) w_q * w_scale in bf16; the row's scale, the bias and the residual after, in one pass
+    # sum_k (q - 128) w_q * w_scale in bf16; the row's scale, the bias and the residual or the GELU after, in one pass
     raw = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, weight.packed, weight.scales, weight.zero_points,
                                              None, 1.0, 0, torch.bfloat16, "none", [], "")
     flat = None if residual is None else residual.reshape(-1, weight.d_out).contiguous()
-    y = cpu_attention.extension().rescale_rows(raw, scales, weight.bias, flat)
-    if post == "gelu":
-        y = torch.nn.functional.gelu(y)
+    y = cpu_attention.extension().rescale_rows(raw, scales, weight.bias, flat, post == "gelu")
     return y.view(*x.shape[:-1], weight.d_out)
