@@ -31,6 +31,7 @@
 #include "cpu_encoder_attention.h"
 #include "cpu_int8.h"
 #include "cpu_linear.h"
+#include "cpu_reduce.h"
 
 namespace {
 
@@ -391,5 +392,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "activations to uint8 (zero point 128) with one scale a row, for the encoder's int8 products");
   m.def("rescale_rows", &cpu_int8::rescale_rows,
         "a row-quantized product's epilogue: raw * row scale + bias (+ residual, or its GELU), rounded to bf16");
+  m.def("max_logsumexp", &cpu_reduce::max_logsumexp,
+        "the rules' row reductions: each row's maximum, its first index and (if asked) its logsumexp");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
 }

@@ -31,6 +31,16 @@ inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+// the first j < n with p[j] == m (n where none)
+inline int64_t first_equal(const float* p, int64_t n, float m) {
+  const __m512 target = _mm512_set1_ps(m);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1u);
+    const __mmask16 hit = _mm512_mask_cmp_ps_mask(live, _mm512_maskz_loadu_ps(live, p + j), target, _CMP_EQ_OQ);
+    if (hit) return j + __builtin_ctz(hit);
+  }
+  return n;
+}
 inline vec nonnegative_else(vec x, vec a, vec b) {  // a where x >= 0, else b (lane by lane)
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
 }
@@ -109,6 +119,18 @@ inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+inline int64_t first_equal(const float* p, int64_t n, float m) {
+  const __m256 target = _mm256_set1_ps(m);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + j), target, _CMP_EQ_OQ));
+    if (hit) return j + __builtin_ctz(static_cast<unsigned>(hit));
+  }
+  for (; j < n; ++j) {
+    if (p[j] == m) return j;
+  }
+  return n;
+}
 inline vec nonnegative_else(vec x, vec a, vec b) {
   return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
 }
@@ -156,6 +178,12 @@ inline vec vadd(vec a, vec b) { return a + b; }
 inline vec vsub(vec a, vec b) { return a - b; }
 inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vdiv(vec a, vec b) { return a / b; }
+inline int64_t first_equal(const float* p, int64_t n, float m) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (p[j] == m) return j;
+  }
+  return n;
+}
 inline vec nonnegative_else(vec x, vec a, vec b) { return x >= 0.0f ? a : b; }
 inline void store(float* p, vec a) { *p = a; }
 inline vec load(const float* p) { return *p; }

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+from asr_spec.engine import cpu_attention
 
 NEG_INF = float("-inf")
 
@@ -108,6 +110,35 @@ def _logsumexp(x: torch.Tensor, x_max: torch.Tensor) -> torch.Tensor:
     return (x - shift[..., None]).exp_().sum(-1).log_() + shift
 
 
+class _Best(NamedTuple):
+    """max(-1)'s pair: the largest values (...) and the first index holding each (...) long."""
+
+    values: torch.Tensor
+    indices: torch.Tensor
+
+
+def _row_kernel(x: torch.Tensor) -> bool:
+    """The one decision: whether `x`'s row reductions run through the kernel extension (`cpu_reduce.h`): fp32 CPU
+    scores, the extension built and not disabled, an eager step (a traced one keeps torch's ops)."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
+            and cpu_attention.fused_attention_usable(x.device, torch.float32))
+
+
+def _max_logsumexp(x: torch.Tensor, with_logsumexp: bool = True) -> tuple[_Best, torch.Tensor | None]:
+    """(..., N) float32 scores -> (max(-1) over the last dimension, its logsumexp (...) or None when not asked).
+    Where `_row_kernel`: one call, each row alone in one order (a verify pass's positions get what a greedy step's
+    rows get; ~10x torch's separate max and exp / sum passes at 8 x 51,865 scores), its logsumexp rounded
+    differently from torch's in the last bits; else torch's max and `_logsumexp`."""
+    if _row_kernel(x):
+        flat = x.reshape(-1, x.shape[-1])
+        values, indices, sums = cpu_attention.extension().max_logsumexp(
+            flat if flat.stride(-1) == 1 else flat.contiguous(), with_logsumexp)
+        lead = x.shape[:-1]
+        return _Best(values.view(lead), indices.view(lead)), sums.view(lead) if with_logsumexp else None
+    best = x.max(-1)
+    return _Best(best.values, best.indices), _logsumexp(x, best.values) if with_logsumexp else None
+
+
 def _begin_suppress(scores: torch.Tensor, at_begin: torch.Tensor, columns: torch.Tensor) -> None:
     """-inf in `columns` ((C,) long: begin_suppress_tokens as columns of `scores`) where at_begin (B, P), in place
     on (B, P, V) `scores`, touching only those columns."""
@@ -122,12 +153,14 @@ class _TextRule:
 
     cut: (B, P) long, text tokens below it are forbidden (0, <|endoftext|>'s id, or timestamp_begin: all of them);
     best, tail: max(-1) (values, indices) of the text scores over [0, timestamp_begin) and [eot, timestamp_begin)
-    (tail's indices from eot); ts_sum: (B, P) logsumexp of the allowed timestamp tokens' scores."""
+    (tail's indices from eot); ts_sum: (B, P) logsumexp of the allowed timestamp tokens' scores; text_sum: (B, P)
+    logsumexp of every text score (None when not asked for)."""
 
     cut: torch.Tensor
     best: Any
     tail: Any
     ts_sum: torch.Tensor
+    text_sum: torch.Tensor | None
 
 
 class LogitRules:
@@ -191,10 +224,10 @@ class LogitRules:
         first maximum by `max(-1)` (argmax's tie rule; on a CPU ~3x faster than `argmax` over 16k-52k columns)."""
         at_begin = (n_hist == begin)[:, None]
         if self.draft_vocab is None:
-            return self.static_scores(logits, at_begin)[:, 0].max(-1).indices
+            return _max_logsumexp(self.static_scores(logits, at_begin)[:, 0], False)[0].indices
         scores = _plus(logits, self.draft_bias)
         _begin_suppress(scores, at_begin, self.draft_begin)
-        return self.draft_vocab[scores[:, 0].max(-1).indices]
+        return self.draft_vocab[_max_logsumexp(scores[:, 0], False)[0].indices]
 
     def static_scores(self, logits: torch.Tensor, at_begin: torch.Tensor) -> torch.Tensor:
         """(B, P, V) logits -> float32 scores after the rules that need no history: the static bias, and
@@ -224,10 +257,10 @@ class LogitRules:
         (its score less the logsumexp of the position's scores). In timestamp mode both come from reductions the
         rule computes anyway (text maxima) plus the text tokens' logsumexp: three passes over the (B, P, V)
         scores instead of six (the cut's mask, the argmax and the logsumexp of the masked scores)."""
-        scores, text = self._scores(logits, seq, n_hist, begin)
+        scores, text = self._scores(logits, seq, n_hist, begin, text_sum=True)
         if text is None:
-            best = scores.max(-1)
-            return best.indices, best.values - scores.logsumexp(-1)
+            best, total = _max_logsumexp(scores)
+            return best.indices, best.values - total
         ts, eot = self.tokens.timestamp_begin, self.tokens.eot
         cut_all, cut_eot = text.cut == 0, text.cut == eot  # else every text token is cut (text.cut == ts)
         text_best = torch.where(cut_all, text.best.values, torch.where(cut_eot, text.tail.values, NEG_INF))
@@ -235,25 +268,25 @@ class LogitRules:
         ts_best = scores[..., ts:].max(-1)
         # a timestamp only where it beats the allowed text strictly: on a tie the text token, the lower id, is first
         choice = torch.where(ts_best.values > text_best, ts_best.indices + ts, text_at)
-        text_sum = torch.where(cut_all, _logsumexp(scores[..., :ts], text.best.values),
-                               torch.where(cut_eot, scores[..., eot:ts].logsumexp(-1), NEG_INF))
+        text_sum = torch.where(cut_all, text.text_sum, torch.where(cut_eot, scores[..., eot:ts].logsumexp(-1), NEG_INF))
         return choice, torch.maximum(text_best, ts_best.values) - torch.logaddexp(text_sum, text.ts_sum)
 
-    def _scores(self, logits: torch.Tensor, seq: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor
-                ) -> tuple[torch.Tensor, _TextRule | None]:
+    def _scores(self, logits: torch.Tensor, seq: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor,
+                text_sum: bool = False) -> tuple[torch.Tensor, _TextRule | None]:
         """(B, P, V) float32 scores after every rule but the timestamp rule's text cut, and that cut with the
-        reductions it was decided by (None without timestamps: the scores are final). Arguments as `apply`."""
+        reductions it was decided by (None without timestamps: the scores are final), with the text scores'
+        logsumexp where `text_sum`. Arguments as `apply`."""
         p = logits.shape[1]
         cur_len = n_hist[:, None] + torch.arange(p, device=logits.device)  # (B, P) length of the input so far
         at_begin = cur_len == begin[:, None]
         scores = _plus(logits, self.bias)
         _begin_suppress(scores, at_begin, self.begin_ids)
-        text = self._timestamp_rules(scores, seq, cur_len, begin, at_begin) if self.timestamps else None
+        text = self._timestamp_rules(scores, seq, cur_len, begin, at_begin, text_sum) if self.timestamps else None
         return scores, text
 
     def _timestamp_rules(
         self, scores: torch.Tensor, seq: torch.Tensor, cur_len: torch.Tensor, begin: torch.Tensor,
-        at_begin: torch.Tensor,
+        at_begin: torch.Tensor, text_sum: bool,
     ) -> _TextRule:
         """WhisperTimeStampLogitsProcessor on (B, P, V) `scores` (after the static bias): the timestamp tokens
         masked in place, the text tokens' cut returned (`apply` writes it)."""
@@ -285,7 +318,7 @@ class LogitRules:
         # the timestamps' total probability beats every single text token (the log-softmax normaliser cancels)
         text_cut = torch.where(at_begin, ts, torch.where(last_was_ts & ~penult_was_ts, eot, 0))
         text_scores = scores[..., :ts]
-        best, tail = text_scores.max(-1), text_scores[..., eot:].max(-1)
+        (best, total), tail = _max_logsumexp(text_scores, text_sum), text_scores[..., eot:].max(-1)
         max_text = torch.where(text_cut == 0, best.values, torch.where(text_cut == eot, tail.values, NEG_INF))
         ts_sum = ts_scores.logsumexp(-1)
-        return _TextRule(torch.where(ts_sum > max_text, ts, text_cut), best, tail, ts_sum)
+        return _TextRule(torch.where(ts_sum > max_text, ts, text_cut), best, tail, ts_sum, total)
