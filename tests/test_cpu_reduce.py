@@ -47,6 +47,18 @@ def test_ties_take_the_first_index_and_a_row_of_minus_inf_gives_what_torch_gives
     torch.testing.assert_close(sums[1:], torch.logsumexp(x[1:], -1))
 
 
+def test_a_row_holding_nan_gives_what_torch_gives(kernel):
+    """A step on scratch memory (a capture ahead of the first chunk) may see NaN: its first index, as torch's max."""
+    x = torch.randn(3, 100)
+    x[0, 37] = float("nan")
+    x[0, 90] = float("nan")
+    x[1, 99] = float("nan")
+    values, indices, sums = reduce_rows(x)
+    best = x.max(-1)
+    assert indices.tolist() == best.indices.tolist() == [37, 99, int(x[2].argmax())]
+    assert values[:2].isnan().all() and sums[:2].isnan().all() and values[2] == best.values[2]
+
+
 def test_rows_apart_are_read_in_place_and_each_row_is_what_it_is_alone(kernel):
     """A slice of wider scores (the text columns of (B, P, V) scores) gives what its copy gives, and a row's
     results are the same bits alone, in any batch and on any number of threads."""

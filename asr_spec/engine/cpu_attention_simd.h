@@ -31,6 +31,8 @@ inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+// whether a lane is NaN
+inline bool has_nan(vec a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
 // the first j < n with p[j] == m (n where none)
 inline int64_t first_equal(const float* p, int64_t n, float m) {
   const __m512 target = _mm512_set1_ps(m);
@@ -119,6 +121,7 @@ inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
 inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+inline bool has_nan(vec a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0; }
 inline int64_t first_equal(const float* p, int64_t n, float m) {
   const __m256 target = _mm256_set1_ps(m);
   int64_t j = 0;
@@ -178,6 +181,7 @@ inline vec vadd(vec a, vec b) { return a + b; }
 inline vec vsub(vec a, vec b) { return a - b; }
 inline vec vmul(vec a, vec b) { return a * b; }
 inline vec vdiv(vec a, vec b) { return a / b; }
+inline bool has_nan(vec a) { return a != a; }
 inline int64_t first_equal(const float* p, int64_t n, float m) {
   for (int64_t j = 0; j < n; ++j) {
     if (p[j] == m) return j;

@@ -5,13 +5,16 @@
 // Invariant by construction: a row's results come from its own scores alone, in one order (the maximum over the
 // vector lanes by `reduce`'s fixed tree, the exponentials summed lane by lane in order, then the lanes by the same
 // tree), whatever the number of rows or threads: a verify pass's positions get what a greedy step's row gets.
-// Scores are finite or -inf (the rules' masks), never NaN; a row of -inf only gives (-inf, 0, -inf) as torch does.
+// Scores are finite or -inf (the rules' masks); a row of -inf only gives (-inf, 0, -inf), and a row holding NaN
+// (a step run on scratch memory, as a capture ahead of the first chunk does) NaN, its first NaN's index and NaN,
+// as torch's max and logsumexp give them.
 
 #pragma once
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <tuple>
@@ -28,13 +31,22 @@ struct RowStats {
   float logsumexp;
 };
 
-// The largest of p[0, n), n >= 1.
-inline float row_max(const float* p, int64_t n) {
+// The largest of p[0, n), n >= 1; `nan`: whether p holds a NaN (then the value is not its maximum).
+inline float row_max(const float* p, int64_t n, bool& nan) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int64_t full = n / L * L;
   vec top = set1(neg_inf);
-  for (int64_t j = 0; j < full; j += L) top = vmax(top, load(p + j));
-  if (full < n) top = vmax(top, keep_n(load_n(p + full, n - full), set1(neg_inf), n - full));
+  nan = false;
+  for (int64_t j = 0; j < full; j += L) {
+    const vec x = load(p + j);
+    nan = nan || has_nan(x);
+    top = vmax(top, x);
+  }
+  if (full < n) {
+    const vec x = keep_n(load_n(p + full, n - full), set1(neg_inf), n - full);
+    nan = nan || has_nan(x);
+    top = vmax(top, x);
+  }
   return reduce(top, true);
 }
 
@@ -51,7 +63,14 @@ inline float row_logsumexp(const float* p, int64_t n, float m) {
 }
 
 inline RowStats row_stats(const float* p, int64_t n, bool with_logsumexp) {
-  const float m = row_max(p, n);
+  bool nan = false;
+  const float m = row_max(p, n, nan);
+  if (nan) {
+    const float q = std::numeric_limits<float>::quiet_NaN();
+    int64_t first = 0;
+    while (!std::isnan(p[first])) ++first;
+    return RowStats{q, first, with_logsumexp ? q : 0.0f};
+  }
   const int64_t index = first_equal(p, n, m);
   const bool finite = m != -std::numeric_limits<float>::infinity();
   const float lse = !with_logsumexp ? 0.0f : finite ? row_logsumexp(p, n, m) : m;
