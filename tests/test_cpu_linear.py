@@ -180,6 +180,9 @@ def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(no_amx, dtyp
     assert decoder.row_rows == (ANY_ROWS if dtype == torch.bfloat16 else 0)
     gen = torch.Generator().manual_seed(0)
     n_ctx = decoder.decoder.config.max_source_positions
+    # the audio keys as shaped in bf16 (each key's head_dim contiguous), transposed in fp32; values transposed
+    keys_last = decoder.new_cache(1, 8, n_ctx).cross_k.stride(-1) == 1
+    assert keys_last == (dtype == torch.bfloat16) and decoder.keys_t != keys_last
     audio = torch.randn(2, n_ctx, decoder.d_model, generator=gen).to(dtype)
     prompt = torch.randint(0, 100, (2, 3), generator=gen)
     tokens = torch.randint(0, 100, (2, 4), generator=gen)
