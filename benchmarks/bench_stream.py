@@ -33,13 +33,14 @@ example client sends (0.1 s appends), paced at --speed times real time in wall t
 Per run: whether every connection ended with its text (no error, no close), how far behind the server got (the
 largest transcription.lag), the wait from the last append to transcription.done, commit latency p50 / p95 in wall
 time (a committed word's delta less the moment its end was sent, words aligned to the offline transcript's word
-timestamps), first delta after the first word's end was sent, WER against offline (each stream's too; the --json
-file holds each stream's text and the offline one), re-decodes, whether it kept up (every stream finished and none
-had more than 2 s of audio waiting at a result), and the process's peak RSS during the run (VmHWM, reset before each
-run; the clients live in the same process), and where the engine's time went (`engine`: re-decodes submitted /
-replaced / taken / withdrawn / delivered, tokens and target passes per re-decode, rows per step, encoder, step and
-admission seconds per re-decode, encoder calls and windows per call, wait before the engine and time in it;
-`target_passes_per_audio_s` over all the audio sent).
+timestamps) and p95 per quarter of the audio (`latency_p95_by_quarter_s`: a tail growing quarter by quarter is a
+server falling behind, one in the first quarter a start-up transient), first delta after the first word's end was
+sent, WER against offline (each stream's too; the --json file holds each stream's text and the offline one),
+re-decodes, whether it kept up (every stream finished and none had more than 2 s of audio waiting at a result), and
+the process's peak RSS during the run (VmHWM, reset before each run; the clients live in the same process), and
+where the engine's time went (`engine`: re-decodes submitted / replaced / taken / withdrawn / delivered, tokens and
+target passes per re-decode, rows per step, encoder, step and admission seconds per re-decode, encoder calls and
+windows per call, wait before the engine and time in it; `target_passes_per_audio_s` over all the audio sent).
 --hypothesis/--no-hypothesis: the server re-decodes offering the
 previous hypothesis as the draft or not (default: the server's); --no-committed-prefix: every re-decode generates
 its whole buffer again (default: its committed words are forced, `StreamOptions.committed_prefix`);
@@ -172,15 +173,26 @@ def run_streams(asr: Transcriber, items, options: StreamOptions, vad: bool, core
                 forced=forced)
 
 
-def latencies(commits: list[tuple[str, float]], words: list) -> list[float]:
-    """Commit time less the offline word's end, for the committed words matched (in order) to offline words."""
+def latencies(commits: list[tuple[str, float]], words: list, ends: bool = False) -> list[float]:
+    """Commit time less the offline word's end, for the committed words matched (in order) to offline words
+    (ends: those words' ends instead, in the same order)."""
     ours = [normalize(w) for w, _ in commits]
     theirs = [normalize(w.word) for w in words]
     out = []
     for block in difflib.SequenceMatcher(None, ours, theirs, autojunk=False).get_matching_blocks():
         for k in range(block.size):
-            out.append(commits[block.a + k][1] - words[block.b + k].end)
+            end = words[block.b + k].end
+            out.append(end if ends else commits[block.a + k][1] - end)
     return out
+
+
+def p95_by_quarter(ends: list[float], lat: list[float], audio_s: float) -> list[float | None]:
+    """Commit latency p95 of the words ending in each quarter of a stream's audio (None where none did): a tail
+    that grows quarter by quarter is a server falling behind, one in the first quarter a start-up transient."""
+    quarters: list[list[float]] = [[], [], [], []]
+    for end, x in zip(ends, lat):
+        quarters[min(int(4 * end / audio_s), 3) if audio_s > 0 else 0].append(x)
+    return [round(float(np.percentile(q, 95)), 2) if q else None for q in quarters]
 
 
 def summarise(n: int, run: dict, reference: dict, cores: int) -> dict:
@@ -221,11 +233,12 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: 
     """One server run's figures (see the module doc); audio_s: the seconds of audio its clients sent in all."""
     streams = run["streams"]
     texts = [streams[name]["text"] or "" for name in reference]
-    lat, first, per_stream_wer = [], [], {}
+    lat, ends, first, per_stream_wer = [], [], [], {}
     for name, (ref_text, words) in reference.items():
         got = streams[name]
         commits = [(w, t * speed) for delta, t in got["deltas"] for w in delta.split()]  # in audio seconds
         lat += [x / speed for x in latencies(commits, words)]
+        ends += latencies(commits, words, ends=True)
         if got["deltas"] and words:
             first.append(got["deltas"][0][1] - words[0].end / speed)
         per_stream_wer[name] = score([ref_text], [got["text"] or ""]).wer
@@ -239,6 +252,8 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: 
             if any(finished) else None,
             "latency_p50_s": float(np.percentile(lat, 50)) if lat else None,
             "latency_p95_s": float(np.percentile(lat, 95)) if lat else None,
+            "latency_p95_by_quarter_s": p95_by_quarter(ends, lat, max((w.end for _, ws in reference.values()
+                                                                        for w in ws), default=0.0)),
             "first_delta_s": float(np.mean(first)) if first else None,
             "wer_vs_offline": score([reference[k][0] for k in reference], texts).wer,
             "worst_stream_wer_vs_offline": max(per_stream_wer.values()), "per_stream_wer_vs_offline": per_stream_wer,

@@ -1,0 +1,32 @@
+"""benchmarks/bench_stream.py's pure helpers: commit latencies matched to offline words, their tail per quarter."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.bench_stream import latencies, p95_by_quarter
+
+
+def word(text: str, end: float) -> SimpleNamespace:
+    return SimpleNamespace(word=text, end=end)
+
+
+def test_latencies_and_their_word_ends_come_in_the_same_order_for_the_matched_words_only():
+    words = [word("one", 1.0), word("two", 2.0), word("three", 3.0)]
+    commits = [("one", 2.5), ("extra", 2.6), ("three", 4.0)]  # "two" never committed, "extra" not said offline
+    assert latencies(commits, words) == [1.5, 1.0]
+    assert latencies(commits, words, ends=True) == [1.0, 3.0]
+
+
+def test_each_quarter_gets_the_p95_of_its_own_words_and_an_empty_one_none():
+    ends = [1.0, 2.0, 3.0, 11.0, 12.0, 39.9]  # audio of 40 s: quarters [0, 10), [10, 20), [20, 30), [30, 40]
+    lat = [1.0, 1.0, 1.0, 5.0, 9.0, 2.0]
+    first, second, third, fourth = p95_by_quarter(ends, lat, 40.0)
+    assert first == pytest.approx(1.0) and third is None and fourth == pytest.approx(2.0)
+    assert second == pytest.approx(8.8)  # numpy's linear p95 of (5, 9)
+
+
+def test_a_word_ending_at_the_audio_end_counts_in_the_last_quarter():
+    assert p95_by_quarter([40.0], [3.0], 40.0) == [None, None, None, 3.0]
