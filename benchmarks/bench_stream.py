@@ -173,17 +173,20 @@ def run_streams(asr: Transcriber, items, options: StreamOptions, vad: bool, core
                 forced=forced)
 
 
-def latencies(commits: list[tuple[str, float]], words: list, ends: bool = False) -> list[float]:
-    """Commit time less the offline word's end, for the committed words matched (in order) to offline words
-    (ends: those words' ends instead, in the same order)."""
+def matched(commits: list[tuple[str, float]], words: list) -> list[tuple[float, float]]:
+    """(commit time, the offline word's end) of each committed word matched (in order) to an offline word."""
     ours = [normalize(w) for w, _ in commits]
     theirs = [normalize(w.word) for w in words]
     out = []
     for block in difflib.SequenceMatcher(None, ours, theirs, autojunk=False).get_matching_blocks():
         for k in range(block.size):
-            end = words[block.b + k].end
-            out.append(end if ends else commits[block.a + k][1] - end)
+            out.append((commits[block.a + k][1], words[block.b + k].end))
     return out
+
+
+def latencies(commits: list[tuple[str, float]], words: list) -> list[float]:
+    """Commit time less the offline word's end, for the committed words matched (in order) to offline words."""
+    return [commit - end for commit, end in matched(commits, words)]
 
 
 def p95_by_quarter(ends: list[float], lat: list[float], audio_s: float) -> list[float | None]:
@@ -237,8 +240,9 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: 
     for name, (ref_text, words) in reference.items():
         got = streams[name]
         commits = [(w, t * speed) for delta, t in got["deltas"] for w in delta.split()]  # in audio seconds
-        lat += [x / speed for x in latencies(commits, words)]
-        ends += latencies(commits, words, ends=True)
+        pairs = matched(commits, words)
+        lat += [(commit - end) / speed for commit, end in pairs]
+        ends += [end for _, end in pairs]
         if got["deltas"] and words:
             first.append(got["deltas"][0][1] - words[0].end / speed)
         per_stream_wer[name] = score([ref_text], [got["text"] or ""]).wer
