@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -92,14 +93,15 @@ def bench_pair(name, target, drafts, batch_sizes, n_new, repeats, device, k, run
     return rows
 
 
-def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step):
-    """ms per step (greedy, and speculative with `draft`) next to the roofline floor, per batch size."""
+def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step, rounds):
+    """ms per step (greedy, and speculative with `draft`) next to the roofline floor, per batch size. The greedy
+    step is timed in `rounds` rounds, each between two measurements of the machine's rates (`rates_around`): the
+    ratio to the floor is each round's step over that round's floor, and the line reports their median and all
+    of them (the read rate of this shared VM moves 20-40 % from minute to minute)."""
     from benchmarks import step_floor as sf
 
     gen = target.generation_config
     gen.suppress_tokens = list(gen.suppress_tokens or []) + [gen.eos_token_id]  # every row runs n_new tokens
-    rates = sf.machine_rates(device, target.dtype)
-    print(json.dumps({"machine": {key: round(v, 1) for key, v in rates.items()}}), flush=True)
     rng = torch.Generator().manual_seed(0)
     enc = torch.randn(max(batch_sizes), target.config.max_source_positions, target.config.d_model, generator=rng)
     enc = enc.to(device, target.dtype)
@@ -107,10 +109,16 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
     for b in batch_sizes:
         line = {"model": name, "batch": b, "n_new": n_new}
         engines: list = []
-        line["greedy_ms"] = sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner(), engines)
-        floor = sf.step_floor_ms(target, b, 1, n_keys, rates)
-        line["greedy_floor_ms"] = floor["floor_ms"]
-        line["greedy_vs_floor"] = line["greedy_ms"] / floor["floor_ms"]
+        timed = [sf.rates_around(lambda: sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner(), engines),
+                                 lambda: sf.machine_rates(device, target.dtype)) for _ in range(rounds)]
+        floors = [sf.step_floor_ms(target, b, 1, n_keys, r)["floor_ms"] for _, r in timed]
+        ratios = [ms / floor for (ms, _), floor in zip(timed, floors)]
+        rates = {key: statistics.median(r[key] for _, r in timed) for key in timed[0][1]}
+        line["read_GB_s"] = [round(r["read_GB_s"], 1) for _, r in timed]
+        line["greedy_ms"] = statistics.median(ms for ms, _ in timed)
+        line["greedy_floor_ms"] = statistics.median(floors)
+        line["greedy_vs_floor"] = statistics.median(ratios)
+        line["greedy_vs_floor_rounds"] = [round(x, 2) for x in ratios]
         head = engines[0].target_dec.certified
         if head is not None:  # the head read in bf16 (engine.head): the floor of the bytes really read, too
             line["greedy_floor_bf16_head_ms"] = sf.step_floor_ms(target, b, 1, n_keys, rates, 2)["floor_ms"]
@@ -191,8 +199,12 @@ def main() -> None:
                     help="wall time, or this process's CPU time (CPU only: steadier when other jobs share the cores)")
     ap.add_argument("--steps", action="store_true", help="ms per step next to the floor (greedy + speculative)")
     ap.add_argument("--compile", action="store_true", help="with --steps: also the step through inductor")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="with --steps: greedy timings, each between two measurements of the machine's rates")
     ap.add_argument("--head", action="store_true", help="time the output head's layouts and exit")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     clock = time.process_time if args.clock == "process" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -221,7 +233,7 @@ def main() -> None:
             raise SystemExit(f"unknown shape {shape!r}")
         if args.steps:
             bench_steps(shape, target.eval(), list(drafts.values())[-1], batch_sizes, args.new_tokens, device,
-                        args.num_draft_tokens, args.compile)
+                        args.num_draft_tokens, args.compile, args.rounds)
             continue
         bench_pair(shape, target.eval(), drafts, batch_sizes, args.new_tokens, args.repeats, device,
                    args.num_draft_tokens, run_encoder=shape == "real-base", clock=clock)

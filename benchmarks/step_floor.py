@@ -42,6 +42,15 @@ def machine_rates(device: torch.device, dtype: torch.dtype) -> dict[str, float]:
     return {"read_GB_s": statistics.median(bw[1:]), "matmul_GFLOP_s": statistics.median(mm[1:])}
 
 
+def rates_around(measure, rates_of) -> tuple[object, dict[str, float]]:
+    """(measure(), the machine's rates as the mean of `rates_of()` taken right before and right after it): a
+    timing and the rates of the same minute, on a machine whose speed moves between runs (a shared VM)."""
+    before = rates_of()
+    result = measure()
+    after = rates_of()
+    return result, {key: (before[key] + after[key]) / 2 for key in before}
+
+
 def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str, float],
                   head_itemsize: int | None = None) -> dict[str, float]:
     """Roofline floor of one target pass feeding `window` tokens per row over `n_keys` self-attention keys.
@@ -169,5 +178,5 @@ def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_items
     return {name: b / (read_GB_s * 1e9) * 1e3 for name, b in bytes_read.items()}
 
 
-__all__ = ["machine_rates", "step_floor_ms", "step_ms", "stage_ms", "stage_floor_ms", "STAGES", "TimedRunner",
-           "inductor_runner", "step"]
+__all__ = ["machine_rates", "rates_around", "step_floor_ms", "step_ms", "stage_ms", "stage_floor_ms", "STAGES",
+           "TimedRunner", "inductor_runner", "step"]

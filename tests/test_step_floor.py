@@ -29,3 +29,20 @@ def test_every_stage_is_timed_through_the_decoder():
     enc = torch.randn(3, model.config.max_source_positions, model.config.d_model)
     ms = sf.stage_ms(dec, enc, 2, 5, 32, repeats=2)
     assert set(ms) == set(sf.STAGES) and all(v > 0 for v in ms.values())
+
+
+def test_rates_around_a_timing_are_the_mean_of_the_rates_just_before_and_just_after_it():
+    calls = []
+    rates = iter([{"read_GB_s": 20.0, "matmul_GFLOP_s": 300.0}, {"read_GB_s": 30.0, "matmul_GFLOP_s": 100.0}])
+
+    def rates_of():
+        calls.append("rates")
+        return next(rates)
+
+    def measure():
+        calls.append("measure")
+        return 12.5
+
+    result, around = sf.rates_around(measure, rates_of)
+    assert result == 12.5 and calls == ["rates", "measure", "rates"]
+    assert around == {"read_GB_s": 25.0, "matmul_GFLOP_s": 200.0}
