@@ -79,13 +79,19 @@ class Item:
         return sum(c.audio_s for c in self.clips)
 
 
-def read_sentences(path: str | Path) -> list[str]:
-    """The sentence column of a `start_s<TAB>end_s<TAB>sentence` file (a header line starting start_s is skipped)."""
+def sentence_rows(path: str | Path) -> list[list[str]]:
+    """The rows of a `start_s<TAB>end_s<TAB>sentence` file, three strings each (a header line starting start_s is
+    skipped); a line without 3 tab-separated columns is an error naming the file and the line."""
     rows = [line.split("\t") for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     bad = [i + 1 for i, row in enumerate(rows) if len(row) != 3]
     if bad:
         raise ValueError(f"{path}: lines {bad[:5]} do not have 3 tab-separated columns (start_s, end_s, sentence)")
-    return [row[2].strip() for row in rows if row[0] != "start_s"]
+    return [row for row in rows if row[0] != "start_s"]
+
+
+def read_sentences(path: str | Path) -> list[str]:
+    """The sentence column of a `start_s<TAB>end_s<TAB>sentence` file (`sentence_rows`)."""
+    return [row[2].strip() for row in sentence_rows(path)]
 
 
 def fixture_items(only: list[str] | None, root: Path = FIXTURES) -> list[Item]:

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-SAMPLE_RATE = 16000
+from asr_spec.audio.loading import SAMPLE_RATE
+
 FRAMES_PER_S = 100  # log-mel frames a second (hop 160)
 FULL_FRAMES = 3000  # Whisper's 30 s window
 
@@ -128,9 +129,10 @@ def main() -> None:
 
 
 def read_rows(path: Path) -> list[tuple[float, float, str]]:
-    """(start_s, end_s, sentence) rows of a `NAME.sentences.tsv` (its header skipped)."""
-    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [(float(r[0]), float(r[1]), r[2].strip()) for r in rows if r[0] != "start_s"]
+    """(start_s, end_s, sentence) rows of a `NAME.sentences.tsv` (`bench_longform.sentence_rows`), times parsed."""
+    from benchmarks.bench_longform import sentence_rows
+
+    return [(float(start), float(end), sentence.strip()) for start, end, sentence in sentence_rows(path)]
 
 
 if __name__ == "__main__":
