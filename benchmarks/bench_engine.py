@@ -141,15 +141,20 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
 def stage_table(target, dec, enc, batch: int, n_keys: int, rates: dict[str, float], greedy_ms: float,
                 head_itemsize: int | None) -> dict[str, list[float]]:
     """{stage: [ms, floor ms, ratio]} of a greedy step at `batch` rows, a row ~48 tokens in (`step_floor.stage_ms`
-    next to `stage_floor_ms`), and "other": the step's ms not in a stage (embeddings, rules, the choice of tokens,
-    bookkeeping), whose floor is ~0."""
+    next to `stage_floor_ms`: each stage through the decoder's Python methods, one by one); "layers": every layer
+    as the step runs them (`step_floor.layers_ms`: in one extension call where the decoder has its `layer_loop`,
+    whose pieces cannot be timed apart) against the three layer stages' floors; and "other": the step's ms outside
+    the layers and the head (embeddings, rules, the choice of tokens, bookkeeping), whose floor is ~0."""
     from benchmarks import step_floor as sf
 
     measured = sf.stage_ms(dec, enc, batch, n_keys - 16, n_keys)
     floors = sf.stage_floor_ms(target, batch, n_keys, rates["read_GB_s"], head_itemsize)
     table = {name: [round(measured[name], 2), round(floors[name], 2), round(measured[name] / floors[name], 2)]
              for name in sf.STAGES}
-    table["other"] = [round(greedy_ms - sum(measured.values()), 2), 0.0, None]
+    layers = sf.layers_ms(dec, enc, batch, n_keys - 16, n_keys)
+    layers_floor = sum(floors[name] for name in sf.STAGES if name != "head")
+    table["layers"] = [round(layers, 2), round(layers_floor, 2), round(layers / layers_floor, 2)]
+    table["other"] = [round(greedy_ms - layers - measured["head"], 2), 0.0, None]
     return table
 
 

@@ -123,11 +123,8 @@ def stage_ms(dec, enc: torch.Tensor, batch: int, n_pos: int, n_keys: int, repeat
     over the layers: the decoder's own stage methods run one by one on a cache of the audio `enc` ((>= batch,
     n_audio_ctx, d_model)), each timed alone (device synchronised); median of `repeats` after a warm-up pass."""
     device = enc.device
-    cache = dec.new_cache(batch, dec.max_positions + 2, enc.shape[1])
-    dec.write_audio(cache, enc[:batch])
-    positions = torch.full((batch, 1), n_pos, device=device)
+    cache, positions, x0 = _one_token_pass(dec, enc, batch, n_pos)
     write_pos, mask, n_keys = dec.pass_keys(cache, positions, n_keys)
-    x0 = torch.randn(batch, 1, dec.d_model, device=device).to(dec.dtype)
     stages = [("self_attention", lambda i, layer, x: dec._self_attention(i, layer, x, cache, write_pos, mask, n_keys)),
               ("cross_attention", lambda i, layer, x: dec._cross_attention(i, layer, x, cache)),
               ("mlp", lambda i, layer, x: dec._mlp(layer, x))]
@@ -150,6 +147,30 @@ def stage_ms(dec, enc: torch.Tensor, batch: int, n_pos: int, n_keys: int, repeat
             for name in STAGES:
                 times[name].append(spent[name])
     return {name: statistics.median(v[1:]) * 1e3 for name, v in times.items()}
+
+
+def _one_token_pass(dec, enc: torch.Tensor, batch: int, n_pos: int) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """What a 1-token pass of `dec` at `batch` rows, each at position n_pos, reads: (a cache holding the audio
+    `enc`'s keys/values, the positions (batch, 1), random inputs (batch, 1, d_model) in the decoder's dtype)."""
+    cache = dec.new_cache(batch, dec.max_positions + 2, enc.shape[1])
+    dec.write_audio(cache, enc[:batch])
+    positions = torch.full((batch, 1), n_pos, device=enc.device)
+    return cache, positions, torch.randn(batch, 1, dec.d_model, device=enc.device).to(dec.dtype)
+
+
+def layers_ms(dec, enc: torch.Tensor, batch: int, n_pos: int, n_keys: int, repeats: int = 5) -> float:
+    """ms of every layer of a 1-token pass as the step runs them (`Decoder.run_layers`: in one extension call
+    where the decoder has its `layer_loop`), the shapes as `stage_ms`'s; median of `repeats` after a warm-up."""
+    cache, positions, x0 = _one_token_pass(dec, enc, batch, n_pos)
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats + 1):
+            sync(enc.device)
+            t0 = time.perf_counter()
+            dec.run_layers(x0, cache, positions, n_keys)
+            sync(enc.device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]) * 1e3
 
 
 def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_itemsize: int | None = None
@@ -178,5 +199,5 @@ def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_items
     return {name: b / (read_GB_s * 1e9) * 1e3 for name, b in bytes_read.items()}
 
 
-__all__ = ["machine_rates", "rates_around", "step_floor_ms", "step_ms", "stage_ms", "stage_floor_ms", "STAGES",
-           "TimedRunner", "inductor_runner", "step"]
+__all__ = ["machine_rates", "rates_around", "step_floor_ms", "step_ms", "stage_ms", "layers_ms", "stage_floor_ms",
+           "STAGES", "TimedRunner", "inductor_runner", "step"]

@@ -17,7 +17,7 @@ from asr_spec.engine import cpu_attention
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL_TESTS = ["tests/test_cpu_linear.py", "tests/test_encoder_attention.py", "tests/test_cpu_attention.py",
-                "tests/test_int8_encoder.py", "tests/test_cpu_reduce.py"]
+                "tests/test_int8_encoder.py", "tests/test_cpu_reduce.py", "tests/test_cpu_layers.py"]
 
 
 def test_the_kernels_built_for_this_cpu_pass_their_tests(monkeypatch):

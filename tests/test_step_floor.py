@@ -31,6 +31,19 @@ def test_every_stage_is_timed_through_the_decoder():
     assert set(ms) == set(sf.STAGES) and all(v > 0 for v in ms.values())
 
 
+def test_the_layers_are_timed_as_the_step_runs_them(monkeypatch):
+    """`layers_ms` runs `Decoder.run_layers` (the one extension call where the decoder has it), once a repeat and
+    once to warm up."""
+    model = random_whisper("test").eval()
+    dec = Decoder(model.model.decoder, model.proj_out)
+    enc = torch.randn(3, model.config.max_source_positions, model.config.d_model)
+    calls = []
+    run = dec.run_layers
+    monkeypatch.setattr(dec, "run_layers", lambda *args: calls.append(args[0].shape) or run(*args))
+    assert sf.layers_ms(dec, enc, 2, 5, 32, repeats=3) > 0
+    assert calls == [torch.Size((2, 1, model.config.d_model))] * 4
+
+
 def test_rates_around_a_timing_are_the_mean_of_the_rates_just_before_and_just_after_it():
     calls = []
     rates = iter([{"read_GB_s": 20.0, "matmul_GFLOP_s": 300.0}, {"read_GB_s": 30.0, "matmul_GFLOP_s": 100.0}])

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -381,6 +382,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   return out;
 }
 
+#include "cpu_decoder.h"  // a decoder's layers in one call: reads `attend` above
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -394,5 +397,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a row-quantized product's epilogue: raw * row scale + bias (+ residual, or its GELU), rounded to bf16");
   m.def("max_logsumexp", &cpu_reduce::max_logsumexp,
         "the rules' row reductions: each row's maximum, its first index and (if asked) its logsumexp");
+  m.def("decoder_layers", &decoder_layers,
+        "a decoder's layers in one call: the thin products, the cache writes and the attention kernel, layer by layer");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
 }

@@ -38,11 +38,11 @@ DISABLE_ENV = "ASR_SPEC_NO_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 # included by SOURCE: its vector layer, its sums in bf16 pairs (AVX-512-BF16), the thin fp32 / bf16 products
 # (`engine.cpu_linear`), the encoder's attention (`encoder_attention`) and its int8 activations (`engine.int8`),
-# the rules' row reductions (`max_logsumexp`, `engine.rules`),
+# the rules' row reductions (`max_logsumexp`, `engine.rules`), a decoder's layers in one call (`engine.cpu_layers`),
 # built into the same extension
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_attention_simd.h", "cpu_attention_pairs.h",
                                                             "cpu_linear.h", "cpu_encoder_attention.h", "cpu_int8.h",
-                                                            "cpu_reduce.h"))
+                                                            "cpu_reduce.h", "cpu_decoder.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
 # `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for those flags, not for this CPU

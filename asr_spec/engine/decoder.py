@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.engine import cpu_attention, cpu_linear
+from asr_spec.engine import cpu_attention, cpu_layers, cpu_linear
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead, head_packed, head_rows, head_transposed
 from asr_spec.engine.kernels import (
@@ -147,6 +147,7 @@ class Decoder:
         self.keys_t = self._audio_keys_transposed()
         self._step_weights(packed)
         self._head_layout(proj_out.weight, vocab_ids, packed or self.thin, certify)
+        self.layer_loop = cpu_layers.layer_loop(self)  # every layer of a pass in one extension call, or None
 
     def _step_weights(self, packed: bool) -> None:
         """The copies the step's products read: `weights` per projection, and where packed (oneDNN's `packed`
@@ -403,6 +404,8 @@ class Decoder:
         """(B, T, d_model) inputs (embeddings + positions) through every layer over the cache, writing this pass's
         keys/values at `positions` ((B, T) long, as in `forward`) -> (B, T, d_model) before the final LayerNorm."""
         write_pos, mask, n_keys = self.pass_keys(cache, positions, n_keys)
+        if self.layer_loop is not None and not torch.compiler.is_compiling():  # traced: the ops below, opaque ones
+            return self.layer_loop(x, cache, write_pos, mask)
         for i, layer in enumerate(self.layers):
             x = self._self_attention(i, layer, x, cache, write_pos, mask, n_keys)
             x = self._cross_attention(i, layer, x, cache)

@@ -1,0 +1,107 @@
+// A decoder's layers in one call (asr_spec/engine/cpu_layers.py builds the operands): for each layer the
+// self-attention block (LayerNorm, the fused q/k/v product, this pass's keys/values written into the cache at each
+// row's positions, the few-query attention over them, the out product with its residual), the cross-attention
+// block (LayerNorm, the scaled q product, attention over the cached audio keys/values, the out product with its
+// residual) and the MLP (LayerNorm, fc1 with the erf GELU in its epilogue, fc2 with its residual).
+//
+// The same operations, in the same order, on the same kernels as the decoder's Python layer loop
+// (`Decoder._self_attention`, `_cross_attention`, `_mlp` with the thin products and the attention kernel): its
+// output is that loop's, bit for bit. What it saves is the loop itself: ~20 Python calls and tensor views a layer,
+// ~150 us a layer of a step's 12-15 ms on two cores (measured with a decoder of tiny widths, where nothing else is
+// left: 1.4 ms a 6-layer step).
+//
+// Included by cpu_attention.cpp after its `attend` (this file calls it), inside its anonymous namespace: so it
+// includes nothing itself (the .cpp includes torch, <cstring> and <vector> first).
+
+#pragma once
+
+// Tensors a layer holds in `weights`, in this order (a bias absent: an empty tensor): the self-attention's
+// LayerNorm weight and bias, fused q/k/v panels and bias, out panels and bias; the cross-attention's LayerNorm
+// weight and bias, q panels and bias, out panels and bias; the MLP's LayerNorm weight and bias, fc1 panels and bias,
+// fc2 panels and bias.
+constexpr int64_t LAYER_TENSORS = 18;
+// Per layer in `n_out`: the output columns of the q/k/v, self out, cross q, cross out, fc1 and fc2 products.
+constexpr int64_t LAYER_PRODUCTS = 6;
+// Per layer in `eps`: the three LayerNorms' epsilons.
+constexpr int64_t LAYER_NORMS = 3;
+
+inline c10::optional<at::Tensor> present(const at::Tensor& t) {
+  return t.numel() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
+// This pass's keys or values (the `offset` columns of the fused q/k/v output `qkv`, (B * T, 3 * d)) into `cache`
+// ((B, H, P, head_dim), any strides, head_dim contiguous) at each row's positions `write_pos` ((B, T) long): entry
+// (b, t) into position write_pos[b, t] of row b, every head; in the order of (b, t), as the decoder's indexed write.
+template <typename T>
+void write_rows(const at::Tensor& qkv, int64_t offset, const at::Tensor& cache, const at::Tensor& write_pos) {
+  const int64_t b_rows = write_pos.size(0), t_len = write_pos.size(1);
+  const int64_t heads = cache.size(1), head_dim = cache.size(3);
+  const int64_t* pos = write_pos.data_ptr<int64_t>();
+  const T* src = qkv.data_ptr<T>();
+  T* dst = cache.data_ptr<T>();
+  for (int64_t b = 0; b < b_rows; ++b) {
+    for (int64_t t = 0; t < t_len; ++t) {
+      const int64_t p = pos[b * write_pos.stride(0) + t * write_pos.stride(1)];
+      const T* from = src + (b * t_len + t) * qkv.stride(0) + offset;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* to = dst + b * cache.stride(0) + h * cache.stride(1) + p * cache.stride(2);
+        std::memcpy(to, from + h * head_dim, head_dim * sizeof(T));
+      }
+    }
+  }
+}
+
+// x: (B, T, d) contiguous, the layers' input (embeddings + positions); weights, n_out, eps: LAYER_TENSORS,
+// LAYER_PRODUCTS and LAYER_NORMS entries a layer (above); self_k, self_v: (L, B, H, P, head_dim) with head_dim
+// contiguous (a cache's first B rows); cross_k, cross_v: (L, B, H, S, head_dim), each with head_dim or S contiguous;
+// write_pos: (B, T) long, positions already clamped to P; n_seen: (B, T) int32, each query's self-attention key
+// count. Writes this pass's keys and values into self_k / self_v; returns (B, T, d) before the final LayerNorm.
+at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>& weights,
+                          const std::vector<int64_t>& n_out, const std::vector<double>& eps, const at::Tensor& self_k,
+                          const at::Tensor& self_v, const at::Tensor& cross_k, const at::Tensor& cross_v,
+                          const at::Tensor& write_pos, const at::Tensor& n_seen, int64_t n_heads) {
+  const int64_t n_layers = self_k.size(0);
+  TORCH_CHECK(x_in.dim() == 3 && x_in.is_contiguous(), "decoder_layers: x must be (B, T, d) contiguous");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == n_layers * LAYER_TENSORS &&
+                  static_cast<int64_t>(n_out.size()) == n_layers * LAYER_PRODUCTS &&
+                  static_cast<int64_t>(eps.size()) == n_layers * LAYER_NORMS,
+              "decoder_layers: weights, n_out and eps must hold every layer's entries");
+  TORCH_CHECK(self_k.dim() == 5 && self_k.stride(4) == 1 && self_v.stride(4) == 1,
+              "decoder_layers: the self-attention cache must be (L, B, H, P, head_dim), head_dim contiguous");
+  TORCH_CHECK(write_pos.scalar_type() == at::kLong && write_pos.dim() == 2, "decoder_layers: write_pos (B, T) long");
+  const int64_t b = x_in.size(0), t = x_in.size(1), d = x_in.size(2), head_dim = d / n_heads;
+  TORCH_CHECK(self_k.size(1) == b && write_pos.size(0) == b && write_pos.size(1) == t,
+              "decoder_layers: the cache's rows and write_pos must match x");
+  const at::Tensor all_audio = at::full({b, t}, cross_k.size(3), n_seen.options());
+  at::Tensor x = x_in;
+  for (int64_t i = 0; i < n_layers; ++i) {
+    const at::Tensor* w = weights.data() + i * LAYER_TENSORS;
+    const int64_t* n = n_out.data() + i * LAYER_PRODUCTS;
+    const double* e = eps.data() + i * LAYER_NORMS;
+    // self-attention: q scaled in its packed weight already
+    at::Tensor h = at::layer_norm(x, {d}, w[0], w[1], e[0]);
+    const at::Tensor qkv = cpu_linear::linear(h.view({b * t, d}), w[2], present(w[3]), c10::nullopt, n[0], false);
+    const at::Tensor sk = self_k.select(0, i), sv = self_v.select(0, i);
+    if (x.scalar_type() == at::kFloat) {
+      write_rows<float>(qkv, d, sk, write_pos);
+      write_rows<float>(qkv, 2 * d, sv, write_pos);
+    } else {
+      write_rows<bf16>(qkv, d, sk, write_pos);
+      write_rows<bf16>(qkv, 2 * d, sv, write_pos);
+    }
+    const at::Tensor q = qkv.view({b, t, 3 * d}).narrow(2, 0, d).view({b, t, n_heads, head_dim});
+    at::Tensor out = attend(q, sk, sv, n_seen, 1.0);
+    x = cpu_linear::linear(out.view({b * t, d}), w[4], present(w[5]), x.view({b * t, d}), n[1], false).view({b, t, d});
+    // cross-attention over every audio key: q scaled in its packed weight already
+    h = at::layer_norm(x, {d}, w[6], w[7], e[1]);
+    const at::Tensor cq = cpu_linear::linear(h.view({b * t, d}), w[8], present(w[9]), c10::nullopt, n[2], false);
+    out = attend(cq.view({b, t, n_heads, head_dim}), cross_k.select(0, i), cross_v.select(0, i), all_audio, 1.0);
+    x = cpu_linear::linear(out.view({b * t, d}), w[10], present(w[11]), x.view({b * t, d}), n[3], false)
+            .view({b, t, d});
+    // MLP: the erf GELU in fc1's epilogue
+    h = at::layer_norm(x, {d}, w[12], w[13], e[2]);
+    h = cpu_linear::linear(h.view({b * t, d}), w[14], present(w[15]), c10::nullopt, n[4], true);
+    x = cpu_linear::linear(h, w[16], present(w[17]), x.view({b * t, d}), n[5], false).view({b, t, d});
+  }
+  return x;
+}

@@ -1,0 +1,78 @@
+"""A decoder's layers in one call into the kernel extension (`cpu_decoder.h`), and the one decision whether a
+decoder runs them so (`layer_loop`).
+
+Where a decoder's products run through the thin kernel (`cpu_linear`) and its attention through the few-query
+kernel (`cpu_attention`), a layer is ~20 small calls from Python (three LayerNorms, five products, the cache writes'
+index views, two attention calls): ~150 us a layer on two cores whatever the widths, ~1 ms of a 6-layer step of
+12-15 ms. The extension's `decoder_layers` runs the same kernels in the same order from C++: its output and the
+cache it writes are the Python loop's, bit for bit (tests/test_cpu_layers.py), in one call a pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from asr_spec.engine import cpu_attention
+from asr_spec.engine.cache import KVCache
+from asr_spec.engine.kernels import POST_OPS
+
+# `Decoder` (engine/decoder.py) builds its `LayerLoop` here: it is named in annotations, not imported (no cycle)
+Decoder = Any
+
+__all__ = ["LayerLoop", "layer_loop"]
+
+
+def layer_loop(dec: Decoder) -> LayerLoop | None:
+    """The one decision: a decoder runs its layers in one extension call where its attention is the kernel's
+    (`fused`), its products the thin kernel's (`thin`: q/k/v fused and the cross-attention q scaled, packed in
+    panels), its activation the erf GELU the products' epilogue applies, and every LayerNorm affine; None
+    elsewhere (the decoder's Python layer loop)."""
+    if not (dec.fused and dec.thin and dec.qkv is not None and dec.cross_q is not None
+            and dec.post == POST_OPS["gelu"]):
+        return None
+    norms = [norm for layer in dec.layers
+             for norm in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)]
+    if not all(isinstance(norm, nn.LayerNorm) and norm.weight is not None and norm.bias is not None
+               for norm in norms):
+        return None
+    return LayerLoop(dec)
+
+
+def _tensor(t: torch.Tensor | None) -> torch.Tensor:
+    """An operand as the extension takes it: detached, an absent bias as an empty tensor."""
+    return torch.empty(0) if t is None else t.detach()
+
+
+class LayerLoop:
+    """The operands of `decoder_layers` for one decoder, gathered once: per layer its three LayerNorms, the fused
+    q/k/v, self-attention out, cross-attention q (scaled), cross-attention out, fc1 and fc2 panels and biases (the
+    decoder's own packed copies, `Decoder._step_weights`), their output widths and the LayerNorms' epsilons."""
+
+    def __init__(self, dec: Decoder):
+        self.n_heads = dec.n_heads
+        self.weights: list[torch.Tensor] = []
+        self.n_out: list[int] = []
+        self.eps: list[float] = []
+        for i, layer in enumerate(dec.layers):
+            products = (dec.qkv[i], (dec.weights[layer.self_attn.out_proj], layer.self_attn.out_proj.bias),
+                        dec.cross_q[i], (dec.weights[layer.encoder_attn.out_proj], layer.encoder_attn.out_proj.bias),
+                        (dec.weights[layer.fc1], layer.fc1.bias), (dec.weights[layer.fc2], layer.fc2.bias))
+            norms = (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
+            for norm, block in zip(norms, (products[0:2], products[2:4], products[4:6])):  # a block's two products
+                self.weights += [_tensor(norm.weight), _tensor(norm.bias)]
+                for panels, bias in block:
+                    self.weights += [panels.data, _tensor(bias)]
+                    self.n_out.append(panels.n_out)
+                self.eps.append(norm.eps)
+
+    def __call__(self, x: torch.Tensor, cache: KVCache, write_pos: torch.Tensor, n_seen: torch.Tensor
+                 ) -> torch.Tensor:
+        """(B, T, d_model) inputs through every layer over `cache` (its B rows), writing this pass's keys/values
+        at `write_pos` ((B, T) long, clamped to the cache); n_seen: (B, T) int32, each query's self-attention key
+        count (`Decoder.pass_keys`) -> (B, T, d_model) before the final LayerNorm."""
+        return cpu_attention.extension().decoder_layers(
+            x.contiguous(), self.weights, self.n_out, self.eps, cache.self_k, cache.self_v, cache.cross_k,
+            cache.cross_v, write_pos, n_seen, self.n_heads)
