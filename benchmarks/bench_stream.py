@@ -189,12 +189,14 @@ def latencies(commits: list[tuple[str, float]], words: list) -> list[float]:
     return [commit - end for commit, end in matched(commits, words)]
 
 
-def p95_by_quarter(ends: list[float], lat: list[float], audio_s: float) -> list[float | None]:
-    """Commit latency p95 of the words ending in each quarter of a stream's audio (None where none did): a tail
-    that grows quarter by quarter is a server falling behind, one in the first quarter a start-up transient."""
+def p95_by_quarter(ends: list[float], lat: list[float], audio_s: list[float]) -> list[float | None]:
+    """Commit latency p95 of the words ending in each quarter of their own stream's audio (None where none did):
+    ends, lat and audio_s one entry a word (its end, its latency, the length of its stream's audio, so that streams
+    of unequal length each count their own quarters). A tail that grows quarter by quarter is a server falling
+    behind, one in the first quarter a start-up transient."""
     quarters: list[list[float]] = [[], [], [], []]
-    for end, x in zip(ends, lat):
-        quarters[min(int(4 * end / audio_s), 3) if audio_s > 0 else 0].append(x)
+    for end, x, length in zip(ends, lat, audio_s, strict=True):
+        quarters[min(int(4 * end / length), 3) if length > 0 else 0].append(x)
     return [round(float(np.percentile(q, 95)), 2) if q else None for q in quarters]
 
 
@@ -236,13 +238,14 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: 
     """One server run's figures (see the module doc); audio_s: the seconds of audio its clients sent in all."""
     streams = run["streams"]
     texts = [streams[name]["text"] or "" for name in reference]
-    lat, ends, first, per_stream_wer = [], [], [], {}
+    lat, ends, lengths, first, per_stream_wer = [], [], [], [], {}
     for name, (ref_text, words) in reference.items():
         got = streams[name]
         commits = [(w, t * speed) for delta, t in got["deltas"] for w in delta.split()]  # in audio seconds
         pairs = matched(commits, words)
         lat += [(commit - end) / speed for commit, end in pairs]
         ends += [end for _, end in pairs]
+        lengths += [words[-1].end] * len(pairs) if pairs else []  # the stream's audio: its last offline word's end
         if got["deltas"] and words:
             first.append(got["deltas"][0][1] - words[0].end / speed)
         per_stream_wer[name] = score([ref_text], [got["text"] or ""]).wer
@@ -256,8 +259,7 @@ def summarise_server(n: int, speed: float, run: dict, reference: dict, audio_s: 
             if any(finished) else None,
             "latency_p50_s": float(np.percentile(lat, 50)) if lat else None,
             "latency_p95_s": float(np.percentile(lat, 95)) if lat else None,
-            "latency_p95_by_quarter_s": p95_by_quarter(ends, lat, max((w.end for _, ws in reference.values()
-                                                                        for w in ws), default=0.0)),
+            "latency_p95_by_quarter_s": p95_by_quarter(ends, lat, lengths),
             "first_delta_s": float(np.mean(first)) if first else None,
             "wer_vs_offline": score([reference[k][0] for k in reference], texts).wer,
             "worst_stream_wer_vs_offline": max(per_stream_wer.values()), "per_stream_wer_vs_offline": per_stream_wer,

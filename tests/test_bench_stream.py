@@ -23,10 +23,17 @@ def test_latencies_and_their_word_ends_come_in_the_same_order_for_the_matched_wo
 def test_each_quarter_gets_the_p95_of_its_own_words_and_an_empty_one_none():
     ends = [1.0, 2.0, 3.0, 11.0, 12.0, 39.9]  # audio of 40 s: quarters [0, 10), [10, 20), [20, 30), [30, 40]
     lat = [1.0, 1.0, 1.0, 5.0, 9.0, 2.0]
-    first, second, third, fourth = p95_by_quarter(ends, lat, 40.0)
+    first, second, third, fourth = p95_by_quarter(ends, lat, [40.0] * 6)
     assert first == pytest.approx(1.0) and third is None and fourth == pytest.approx(2.0)
     assert second == pytest.approx(8.8)  # numpy's linear p95 of (5, 9)
 
 
 def test_a_word_ending_at_the_audio_end_counts_in_the_last_quarter():
-    assert p95_by_quarter([40.0], [3.0], 40.0) == [None, None, None, 3.0]
+    assert p95_by_quarter([40.0], [3.0], [40.0]) == [None, None, None, 3.0]
+
+
+def test_each_word_falls_in_a_quarter_of_its_own_streams_audio():
+    """A word 9 s into a 12 s stream is in that stream's last quarter, though a 60 s stream beside it is longer."""
+    assert p95_by_quarter([9.0, 9.0], [4.0, 1.0], [12.0, 60.0]) == [1.0, None, None, 4.0]
+    with pytest.raises(ValueError):  # one length a word
+        p95_by_quarter([9.0, 9.0], [4.0, 1.0], [12.0])

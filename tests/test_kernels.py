@@ -13,7 +13,7 @@ from asr_spec.engine import decoder as decoder_module
 from asr_spec.engine.admission import prefill
 from asr_spec.engine.decoder import Decoder
 from asr_spec.engine.encoder import Encoder
-from asr_spec.engine.kernels import attention, mask_bias, onednn_linear, onednn_usable, pack, stored
+from asr_spec.engine.kernels import attention, mask_bias, onednn_linear, onednn_usable, pack, stored, transposed_product
 from asr_spec.testing import random_whisper
 
 CPU = torch.device("cpu")
@@ -264,18 +264,18 @@ def test_attention_reads_values_stored_either_way(width, lone):
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_transposed_product_writes_each_chunks_projection_transposed(bias):
-    """`decoder._transposed_product`: the audio keys/values of a transposed cache, (audio @ W^T + b)^T per chunk,
+    """`kernels.transposed_product`: the audio keys/values of a transposed cache, (audio @ W^T + b)^T per chunk,
     written in place; a chunk gets bit for bit the same values alone as among others (bf16)."""
     gen = torch.Generator().manual_seed(0)
     proj = torch.nn.Linear(8, 6, bias=bias)
     audio = torch.randn(3, 5, 8, generator=gen)
     out = torch.empty(3, 2, 3, 5)
     with torch.inference_mode():  # as `Decoder.write_audio` runs
-        decoder_module._transposed_product(audio, proj, out)
+        transposed_product(audio, proj, out)
         torch.testing.assert_close(out, proj(audio).view(3, 5, 2, 3).permute(0, 2, 3, 1))
         proj, audio = proj.to(torch.bfloat16), audio.to(torch.bfloat16)
         together = torch.empty(3, 2, 3, 5, dtype=torch.bfloat16)
         alone = torch.empty(1, 2, 3, 5, dtype=torch.bfloat16)
-        decoder_module._transposed_product(audio, proj, together)
-        decoder_module._transposed_product(audio[1:2], proj, alone)
+        transposed_product(audio, proj, together)
+        transposed_product(audio[1:2], proj, alone)
     assert torch.equal(together[1:2], alone)

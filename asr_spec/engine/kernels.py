@@ -135,6 +135,20 @@ def _tensors(projs) -> tuple[torch.Tensor, ...]:
     return tuple(t for p in projs for t in (p.weight, p.bias) if t is not None)
 
 
+def transposed_product(audio: torch.Tensor, proj: nn.Linear, out: torch.Tensor) -> None:
+    """out[r] = (audio[r] @ W^T + b)^T for each chunk r, written in place as W @ audio[r]^T (+ b): the audio
+    keys/values of a transposed cache without a transposing copy (bf16, 8 chunks, 1 thread: 12.0 vs 16.5 ms a
+    layer), one product per chunk of the same shape whatever the number of chunks admitted together.
+    audio: (R, S, d_in); out: (R, n_heads, head_dim, S) contiguous, n_heads * head_dim = d_out."""
+    weight, bias = proj.weight, proj.bias
+    for r in range(audio.shape[0]):
+        dst = out[r].view(weight.shape[0], audio.shape[1])
+        if bias is None:
+            torch.mm(weight, audio[r].t(), out=dst)
+        else:
+            torch.addmm(bias[:, None], weight, audio[r].t(), out=dst)
+
+
 @functools.cache
 def onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether products go through oneDNN: CPU fp32, or bf16 where the CPU has native bf16 instructions, with
