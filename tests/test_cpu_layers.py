@@ -1,6 +1,7 @@
 """A decoder's layers in one extension call (`engine/cpu_layers.py`, `cpu_decoder.h`): the same logits and the same
 cache writes as the decoder's Python layer loop, bit for bit (the same kernels in the same order, on whatever CPU
-runs the suite), in fp32 and bf16; an engine's transcript the same; and the one decision where it is used."""
+runs the suite), in fp32 and bf16, with the thin products and with oneDNN's; an engine's transcript the same; and
+the one decision where it is used."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 from asr_spec.engine import DecodeOptions, Engine, cpu_attention, cpu_layers, cpu_linear
+from asr_spec.engine import decoder as decoder_module
 from asr_spec.engine.decoder import Decoder
+from asr_spec.engine.kernels import onednn_linear
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
 
@@ -37,11 +40,19 @@ def passes(decoder: Decoder, audio: torch.Tensor) -> tuple[list[torch.Tensor], o
     return logits, cache
 
 
+@pytest.mark.parametrize("products", ["thin", "onednn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_call_gives_the_python_loops_logits_and_cache_bit_for_bit(kernel, dtype):
+def test_one_call_gives_the_python_loops_logits_and_cache_bit_for_bit(kernel, monkeypatch, dtype, products):
+    """With either kind of products: the thin kernel's, or oneDNN's over packed weights (as on a CPU with AMX
+    tiles in bf16; in the probe's row-invariant pieces there)."""
+    if products == "onednn":
+        monkeypatch.setattr(cpu_linear, "fused_linear_usable", lambda device, dtype: False)
     model = random_whisper("test", seed=5, init_std=0.2).to(dtype)
     decoder = Decoder(model.model.decoder, model.proj_out)
-    assert decoder.layer_loop is not None
+    if products == "onednn" and decoder.wide_linear is not onednn_linear:
+        pytest.skip("oneDNN's products are not used for this dtype on this CPU")
+    assert decoder.layer_loop is not None and decoder.thin == (products == "thin")
+    assert decoder.layer_loop.rows == (-1 if products == "thin" else decoder.row_rows)
     audio = torch.randn(3, model.config.max_source_positions, model.config.d_model,
                         generator=torch.Generator().manual_seed(1)).to(dtype)
     one_call, cache_a = passes(decoder, audio)
@@ -76,17 +87,24 @@ def test_an_engines_greedy_and_speculative_transcripts_are_the_python_loops(kern
 
 
 def test_the_decision(kernel, monkeypatch):
-    """The one call where the attention kernel and the thin products both run a decoder with an erf GELU; the
-    Python loop with a tanh GELU (not in the products' epilogue), with the kernels disabled, and in bf16 on a CPU
-    with AMX tiles (oneDNN's products there)."""
+    """The one call where the attention kernel runs a decoder with an erf GELU and its products are the thin
+    kernel's or oneDNN's over packed weights (bf16 on a CPU with AMX tiles, where oneDNN's bf16 products are
+    there); the Python loop with a tanh GELU (not in the products' epilogue), with unpacked products, and with
+    the kernels disabled."""
     model = random_whisper("test", seed=7)
     assert Decoder(model.model.decoder, model.proj_out).layer_loop is not None
     tanh = copy.deepcopy(model)
     tanh.model.decoder.config.activation_function = "gelu_new"
     assert Decoder(tanh.model.decoder, tanh.proj_out).layer_loop is None
+    low = copy.deepcopy(model).to(torch.bfloat16)
     with monkeypatch.context() as amx:
         amx.setattr(cpu_attention, "cpu_flags", lambda: "flags : avx2 avx512f avx512_bf16 amx_bf16 amx_tile")
-        low = copy.deepcopy(model).to(torch.bfloat16)
-        assert Decoder(low.model.decoder, low.proj_out).layer_loop is None
+        on_amx = Decoder(low.model.decoder, low.proj_out)
+        assert not on_amx.thin
+        assert (on_amx.layer_loop is not None) == (on_amx.wide_linear is onednn_linear)
+    with monkeypatch.context() as unpacked:
+        unpacked.setattr(cpu_linear, "fused_linear_usable", lambda device, dtype: False)
+        unpacked.setattr(decoder_module, "onednn_usable", lambda device, dtype: False)
+        assert Decoder(model.model.decoder, model.proj_out).layer_loop is None
     monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")
     assert Decoder(model.model.decoder, model.proj_out).layer_loop is None

@@ -8,7 +8,8 @@
 // (`Decoder._self_attention`, `_cross_attention`, `_mlp` with the thin products and the attention kernel): its
 // output is that loop's, bit for bit. What it saves is the loop itself: ~20 Python calls and tensor views a layer,
 // ~150 us a layer of a step's 12-15 ms on two cores (measured with a decoder of tiny widths, where nothing else is
-// left: 1.4 ms a 6-layer step).
+// left: 1.4 ms a 6-layer step). The products are the thin kernel's, or oneDNN's over packed weights in the decoder's
+// row-invariant pieces (where the decoder runs those: a bf16 decoder on a CPU with AMX tiles).
 //
 // Included by cpu_attention.cpp after its `attend` (this file calls it), inside its anonymous namespace: so it
 // includes nothing itself (the .cpp includes torch, <cstring> and <vector> first).
@@ -27,6 +28,43 @@ constexpr int64_t LAYER_NORMS = 3;
 
 inline c10::optional<at::Tensor> present(const at::Tensor& t) {
   return t.numel() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
+// oneDNN's product over a packed weight (`kernels.onednn_linear`: torch's mkldnn::_linear_pointwise), its post-op
+// the erf GELU or none, as the decoder calls it.
+inline at::Tensor onednn_product(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                                 bool gelu) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+                                         c10::string_view, c10::List<c10::optional<at::Scalar>>,
+                                         c10::optional<c10::string_view>)>();
+  return op.call(x, w, bias, gelu ? "gelu" : "none", c10::List<c10::optional<at::Scalar>>(),
+                 c10::optional<c10::string_view>(gelu ? "none" : ""));
+}
+
+// A layer's product x W^T + b (+ residual), x (M, K): the thin kernel over panels (`rows` < 0; the residual in its
+// epilogue), or oneDNN's packed product in pieces of at most `rows` rows (0: whole; `kernels.blocked`), the
+// residual added after it (x + y, as the decoder's `_proj_add`). residual: (B, T, N) or undefined -> (M, N), or
+// the residual's shape with one.
+inline at::Tensor product(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, const at::Tensor& residual,
+                          int64_t n_out, bool gelu, int64_t rows) {
+  if (rows < 0) {
+    if (!residual.defined()) return cpu_linear::linear(x, w, present(bias), c10::nullopt, n_out, gelu);
+    return cpu_linear::linear(x, w, present(bias), residual.view({x.size(0), n_out}), n_out, false)
+        .view(residual.sizes());
+  }
+  at::Tensor y;
+  if (rows == 0 || x.size(0) <= rows) {
+    y = onednn_product(x, w, present(bias), gelu);
+  } else {
+    std::vector<at::Tensor> parts;
+    for (int64_t first = 0; first < x.size(0); first += rows) {
+      parts.push_back(onednn_product(x.narrow(0, first, std::min(rows, x.size(0) - first)), w, present(bias), gelu));
+    }
+    y = at::cat(parts);
+  }
+  return residual.defined() ? at::add(residual, y.view(residual.sizes())) : y;
 }
 
 // This pass's keys or values (the `offset` columns of the fused q/k/v output `qkv`, (B * T, 3 * d)) into `cache`
@@ -55,11 +93,13 @@ void write_rows(const at::Tensor& qkv, int64_t offset, const at::Tensor& cache, 
 // LAYER_PRODUCTS and LAYER_NORMS entries a layer (above); self_k, self_v: (L, B, H, P, head_dim) with head_dim
 // contiguous (a cache's first B rows); cross_k, cross_v: (L, B, H, S, head_dim), each with head_dim or S contiguous;
 // write_pos: (B, T) long, positions already clamped to P; n_seen: (B, T) int32, each query's self-attention key
-// count. Writes this pass's keys and values into self_k / self_v; returns (B, T, d) before the final LayerNorm.
+// count; rows: the products (`product`: -1 the thin kernel's panels, else oneDNN's packed weights in pieces of at
+// most `rows` rows, 0 whole). Writes this pass's keys and values into self_k / self_v; returns (B, T, d) before
+// the final LayerNorm.
 at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>& weights,
                           const std::vector<int64_t>& n_out, const std::vector<double>& eps, const at::Tensor& self_k,
                           const at::Tensor& self_v, const at::Tensor& cross_k, const at::Tensor& cross_v,
-                          const at::Tensor& write_pos, const at::Tensor& n_seen, int64_t n_heads) {
+                          const at::Tensor& write_pos, const at::Tensor& n_seen, int64_t n_heads, int64_t rows) {
   const int64_t n_layers = self_k.size(0);
   TORCH_CHECK(x_in.dim() == 3 && x_in.is_contiguous(), "decoder_layers: x must be (B, T, d) contiguous");
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == n_layers * LAYER_TENSORS &&
@@ -73,6 +113,7 @@ at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>&
   TORCH_CHECK(self_k.size(1) == b && write_pos.size(0) == b && write_pos.size(1) == t,
               "decoder_layers: the cache's rows and write_pos must match x");
   const at::Tensor all_audio = at::full({b, t}, cross_k.size(3), n_seen.options());
+  const at::Tensor none;
   at::Tensor x = x_in;
   for (int64_t i = 0; i < n_layers; ++i) {
     const at::Tensor* w = weights.data() + i * LAYER_TENSORS;
@@ -80,7 +121,7 @@ at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>&
     const double* e = eps.data() + i * LAYER_NORMS;
     // self-attention: q scaled in its packed weight already
     at::Tensor h = at::layer_norm(x, {d}, w[0], w[1], e[0]);
-    const at::Tensor qkv = cpu_linear::linear(h.view({b * t, d}), w[2], present(w[3]), c10::nullopt, n[0], false);
+    const at::Tensor qkv = product(h.view({b * t, d}), w[2], w[3], none, n[0], false, rows);
     const at::Tensor sk = self_k.select(0, i), sv = self_v.select(0, i);
     if (x.scalar_type() == at::kFloat) {
       write_rows<float>(qkv, d, sk, write_pos);
@@ -91,17 +132,16 @@ at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>&
     }
     const at::Tensor q = qkv.view({b, t, 3 * d}).narrow(2, 0, d).view({b, t, n_heads, head_dim});
     at::Tensor out = attend(q, sk, sv, n_seen, 1.0);
-    x = cpu_linear::linear(out.view({b * t, d}), w[4], present(w[5]), x.view({b * t, d}), n[1], false).view({b, t, d});
+    x = product(out.view({b * t, d}), w[4], w[5], x, n[1], false, rows);
     // cross-attention over every audio key: q scaled in its packed weight already
     h = at::layer_norm(x, {d}, w[6], w[7], e[1]);
-    const at::Tensor cq = cpu_linear::linear(h.view({b * t, d}), w[8], present(w[9]), c10::nullopt, n[2], false);
+    const at::Tensor cq = product(h.view({b * t, d}), w[8], w[9], none, n[2], false, rows);
     out = attend(cq.view({b, t, n_heads, head_dim}), cross_k.select(0, i), cross_v.select(0, i), all_audio, 1.0);
-    x = cpu_linear::linear(out.view({b * t, d}), w[10], present(w[11]), x.view({b * t, d}), n[3], false)
-            .view({b, t, d});
+    x = product(out.view({b * t, d}), w[10], w[11], x, n[3], false, rows);
     // MLP: the erf GELU in fc1's epilogue
     h = at::layer_norm(x, {d}, w[12], w[13], e[2]);
-    h = cpu_linear::linear(h.view({b * t, d}), w[14], present(w[15]), c10::nullopt, n[4], true);
-    x = cpu_linear::linear(h, w[16], present(w[17]), x.view({b * t, d}), n[5], false).view({b, t, d});
+    h = product(h.view({b * t, d}), w[14], w[15], none, n[4], true, rows);
+    x = product(h, w[16], w[17], x, n[5], false, rows);
   }
   return x;
 }
