@@ -153,6 +153,15 @@ def test_disabled_kernel_falls_back_without_building(monkeypatch):
     assert cpu_attention.fused_attention_usable(torch.device("cpu"), torch.bfloat16)
 
 
+def test_a_switch_is_on_for_any_value_but_empty_and_zero(monkeypatch):
+    name = "ASR_SPEC_TEST_SWITCH"
+    monkeypatch.delenv(name, raising=False)
+    assert not cpu_attention.switched_on(name)
+    for value, on in (("", False), ("0", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv(name, value)
+        assert cpu_attention.switched_on(name) == on, value
+
+
 def test_never_for_cuda_or_other_dtypes():
     assert not cpu_attention.fused_attention_usable(torch.device("cuda"), torch.bfloat16)
     assert not cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float16)

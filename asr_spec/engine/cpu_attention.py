@@ -51,9 +51,15 @@ FLAGS_ENV = "ASR_SPEC_CPU_FLAGS"
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 
 
+def switched_on(name: str) -> bool:
+    """Whether environment variable `name` is set to anything but "" / "0": how every switch of the kernels reads
+    (`ASR_SPEC_NO_CPU_KERNELS` here, `ASR_SPEC_NO_INT8_ENCODER` in `engine.int8`)."""
+    return os.environ.get(name, "") not in ("", "0")
+
+
 def disabled() -> bool:
-    """Whether `ASR_SPEC_NO_CPU_KERNELS` asks for torch's products instead of the kernel (any value but "" / "0")."""
-    return os.environ.get(DISABLE_ENV, "") not in ("", "0")
+    """Whether `ASR_SPEC_NO_CPU_KERNELS` asks for torch's products instead of the kernel (`switched_on`)."""
+    return switched_on(DISABLE_ENV)
 
 
 def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:

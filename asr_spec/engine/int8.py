@@ -22,8 +22,6 @@ Shapes: x (N windows, S positions, d_in) -> (N, S, d_out), both in the model's d
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from asr_spec.engine import cpu_attention
@@ -39,7 +37,7 @@ def int8_encoder_usable(device: torch.device, dtype: torch.dtype) -> bool:
     attention runs through the kernel extension (`cpu_attention.encoder_attention_usable`: a CPU, bf16, the
     extension built here, no AMX tiles, whose own int8 and bf16 tiles were not measured against this), the CPU has
     AVX-512 VNNI, this torch has oneDNN's int8 linear, and `ASR_SPEC_NO_INT8_ENCODER=1` does not switch it off."""
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0") or "avx512_vnni" not in cpu_attention.cpu_flags().split():
+    if cpu_attention.switched_on(DISABLE_ENV) or "avx512_vnni" not in cpu_attention.cpu_flags().split():
         return False
     return _onednn_int8() and cpu_attention.encoder_attention_usable(device, dtype)
 
