@@ -40,7 +40,7 @@ PARTS = (
     ("rest", "    its LSTM loop", ("asr_spec/audio/silero.py", "lstm")),
     ("rest", "log-mel features", ("asr_spec/audio/features.py", "log_mel_batch")),
     ("rest", "  transformers' torch extractor", ("feature_extraction_whisper.py", "_torch_extract_fbank_features")),
-    ("rest", "finished rows read back", ("asr_spec/engine/scheduler.py", "_read_rows")),
+    ("rest", "finished rows read back", ("asr_spec/engine/results.py", "read_rows")),
     ("rest", "finish (words, tail decision)", ("asr_spec/transcribe/transcriber.py", "finish_result")),
     ("rest", "assemble (stitch, text)", ("asr_spec/transcribe/transcriber.py", "assemble")),
     ("admit", "admission", ("asr_spec/engine/admission.py", "__call__")),

@@ -32,38 +32,19 @@ from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.engine.requests import ChunkRequest, ChunkResult
+from asr_spec.engine.results import finished_results
 from asr_spec.engine.rules import LogitRules, WhisperTokens
 from asr_spec.engine.slots import Slots
-from asr_spec.engine.speculative import COUNTS, FINISH_EOS, FINISH_LENGTH, DecodeState, Models
+from asr_spec.engine.speculative import FINISH_LENGTH, DecodeState, Models
 from asr_spec.engine.state import RunState, StaticState
-from asr_spec.engine.stats import ChunkStats, StageTimes
+from asr_spec.engine.stats import StageTimes
 from asr_spec.engine.withdrawals import Withdrawals
-
-FINISH_REASONS = {FINISH_EOS: "eos"}
 
 
 def _release(st: DecodeState, rows: list[int]) -> None:
     """Mark slots `rows`, left by their rows, finished on the device (a step over them masks them)."""
     if rows:
         st.finish[torch.tensor(rows, device=st.finish.device)] = FINISH_LENGTH
-
-
-def _read_rows(st: DecodeState, hyp: Hypotheses, rows: list[int]) -> list[dict]:
-    """The state of slots `rows` as Python values, one dict per row (seq, n_tok, begin, the COUNTS, hist,
-    sum_logprob, no_speech_prob, offered, taken): gathered on the device, then read in two copies (the integer
-    fields side by side, the two float ones), not one per field."""
-    idx = torch.tensor(rows, device=st.n_tok.device)
-    singles = ("n_tok", "begin", *COUNTS)
-    ints = torch.cat([st.seq[idx], st.hist[idx], torch.stack([getattr(st, name)[idx] for name in singles]
-                                                             + [hyp.offered[idx], hyp.accepted[idx]], 1)], 1).tolist()
-    floats = torch.stack([st.sum_logprob[idx], st.no_speech_prob[idx]], 1).tolist()
-    n_seq, n_hist = st.seq.shape[1], st.hist.shape[1]
-    out = []
-    for values, (sum_logprob, no_speech_prob) in zip(ints, floats):
-        r = dict(zip((*singles, "offered", "taken"), values[n_seq + n_hist:]))
-        out.append(dict(r, seq=values[:n_seq], hist=values[n_seq:n_seq + n_hist], sum_logprob=sum_logprob,
-                        no_speech_prob=no_speech_prob))
-    return out
 
 
 def _row_prompt(req: ChunkRequest) -> RowPrompt:
@@ -251,7 +232,7 @@ class Engine:
                 # rows placed after the step read have prompts the read did not see (CUDA reads a step late)
                 max_len = max(longest, self.prompt_len, *(self.admission.length(_row_prompt(req))
                                                           for req in slots.placed_since(tag)))
-                for result in self._results(st, hyp, slots.finish(tag, finish), finish):
+                for result in finished_results(st, hyp, slots.finish(tag, finish), finish, self._forced):
                     feed.done_with(result.id)
                     yield result
 
@@ -409,26 +390,9 @@ class Engine:
             runner(m.rows(n_step), rules, st.rows(n_step), k, n_keys, hyp.rows(n_step) if with_hyp else None)
         return reader.after_step(st.rows(n_active), slots.step())
 
-    def _results(self, st: DecodeState, hyp: Hypotheses, done: list[tuple[int, ChunkRequest]],
-                 finish: list[int]) -> list[ChunkResult]:
-        """The results of the finished (row, request) pairs `done`, read from the device in two copies
-        (`_read_rows`); finish: every row's FINISH_* code as read."""
-        if not done:
-            return []
-        out = []
-        for (row, req), r in zip(done, _read_rows(st, hyp, [row for row, _ in done])):
-            begin, n_tok = r["begin"], r["n_tok"]
-            n_generated = n_tok - begin - self.admission.forced(_row_prompt(req))  # a prefix was not generated
-            stats = ChunkStats(chunks=1, generated_tokens=n_generated, target_passes=r["target_passes"],
-                               draft_passes=r["draft_passes"], drafted_tokens=r["drafted"],
-                               accepted_tokens=r["accepted"], accepted_hist=tuple(r["hist"]),
-                               hypothesis_offered=r["offered"], hypothesis_accepted=r["taken"])
-            # Whisper divides by the text tokens + 1: the generated count with a final <|endoftext|>, one more without
-            avg_logprob = r["sum_logprob"] / (n_generated + (finish[row] != FINISH_EOS))
-            out.append(ChunkResult(req.id, tuple(r["seq"][begin:n_tok]), tuple(r["seq"][:begin]),
-                                   FINISH_REASONS.get(finish[row], "length"), stats, r["no_speech_prob"],
-                                   avg_logprob, req.encoded if req.keep_encoded else None, float(req.temperature)))
-        return out
+    def _forced(self, req: ChunkRequest) -> int:
+        """The tokens of a request's prompt that were forced, not generated (its prefix: `Admission.forced`)."""
+        return self.admission.forced(_row_prompt(req))
 
     def decode(self, features: torch.Tensor | None, encoded: torch.Tensor | None = None,
                batch_size: int = 8) -> list[ChunkResult]:
