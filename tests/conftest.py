@@ -50,6 +50,25 @@ def no_amx_tiles(monkeypatch) -> str:
     flags = " ".join(flag for flag in cpu_attention.cpu_flags().split() if not flag.startswith("amx_"))
     monkeypatch.setattr(cpu_attention, "cpu_flags", lambda: flags)
     return flags
+
+
+@pytest.fixture
+def thin_kernel(monkeypatch) -> None:
+    """The kernel extension built and not disabled, the thin products in use for fp32 (`cpu_linear`); skipped
+    where it cannot be built here."""
+    from asr_spec.engine import cpu_attention, cpu_linear
+
+    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
+    if not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32):
+        pytest.skip("the CPU kernel extension could not be built here")
+
+
+@pytest.fixture
+def thin_kernel_no_amx(thin_kernel, no_amx_tiles) -> None:
+    """The kernel built (first), then flags without AMX tiles (`no_amx_tiles`): where bf16 decoders take the thin
+    products too."""
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -18,14 +18,6 @@ from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import random_whisper
 
 
-@pytest.fixture
-def kernel(monkeypatch, no_amx_tiles):
-    """The extension built, and flags without AMX tiles (where bf16 decoders take the thin products)."""
-    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
-    if not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32):
-        pytest.skip("the CPU kernel extension could not be built here")
-
-
 def passes(decoder: Decoder, audio: torch.Tensor) -> tuple[list[torch.Tensor], object]:
     """A ragged prompt pass (one row's last entry a padding entry past the cache, clamped), a 1-token step and a
     4-token verify-shaped pass over 3 rows: (their logits, the cache)."""
@@ -42,7 +34,8 @@ def passes(decoder: Decoder, audio: torch.Tensor) -> tuple[list[torch.Tensor], o
 
 @pytest.mark.parametrize("products", ["thin", "onednn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_call_gives_the_python_loops_logits_and_cache_bit_for_bit(kernel, monkeypatch, dtype, products):
+def test_one_call_gives_the_python_loops_logits_and_cache_bit_for_bit(thin_kernel_no_amx, monkeypatch, dtype,
+                                                                      products):
     """With either kind of products: the thin kernel's, or oneDNN's over packed weights (as on a CPU with AMX
     tiles in bf16; in the probe's row-invariant pieces there)."""
     if products == "onednn":
@@ -65,7 +58,7 @@ def test_one_call_gives_the_python_loops_logits_and_cache_bit_for_bit(kernel, mo
     assert one_call[0].isfinite().all()
 
 
-def test_an_engines_greedy_and_speculative_transcripts_are_the_python_loops(kernel, monkeypatch):
+def test_an_engines_greedy_and_speculative_transcripts_are_the_python_loops(thin_kernel_no_amx, monkeypatch):
     """Greedy and speculative decoding (the target as its own 2-layer draft) through the one call and through the
     Python loop: the same tokens, log-probabilities and no-speech probabilities."""
     model = random_whisper("test", seed=6, init_std=0.2, vocab_size=70, decoder_layers=3)
@@ -86,7 +79,7 @@ def test_an_engines_greedy_and_speculative_transcripts_are_the_python_loops(kern
     assert any(len(r[0]) > 3 for r in runs["one call", "greedy"])
 
 
-def test_the_decision(kernel, monkeypatch):
+def test_the_decision(thin_kernel_no_amx, monkeypatch):
     """The one call where the attention kernel runs a decoder with an erf GELU and its products are the thin
     kernel's or oneDNN's over packed weights (bf16 on a CPU with AMX tiles, where oneDNN's bf16 products are
     there); the Python loop with a tanh GELU (not in the products' epilogue), with unpacked products, and with

@@ -36,18 +36,6 @@ def test_pair_panels_put_k_pairs_side_by_side_with_a_zero_past_an_odd_k():
     assert torch.equal(pairs[1, :, 1:], torch.zeros(2, 3, 2))
 
 
-@pytest.fixture
-def kernel(monkeypatch):
-    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
-    if not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32):
-        pytest.skip("the CPU kernel extension could not be built here")
-
-
-@pytest.fixture
-def no_amx(kernel, no_amx_tiles):
-    """The kernel built (first), then flags without AMX tiles (conftest's `no_amx_tiles`)."""
-
-
 # the output's own rounding: none beyond the fp32 sums' in fp32, half an ulp of 8 bits in bf16
 ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8}
 
@@ -55,7 +43,7 @@ ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8}
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n, k", [(512, 512), (1536, 512), (37, 20), (37, 21), (51865, 64)])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 33])
-def test_agrees_with_a_float64_product_within_the_dtypes_rounding(kernel, dtype, n, k, rows):
+def test_agrees_with_a_float64_product_within_the_dtypes_rounding(thin_kernel, dtype, n, k, rows):
     """Against the float64 product of the same (rounded) operands: fp32 sums (~1e-6 relative per sqrt(k) terms),
     then the output rounded once to the dtype."""
     gen = torch.Generator().manual_seed(n + rows)
@@ -76,7 +64,7 @@ def test_agrees_with_a_float64_product_within_the_dtypes_rounding(kernel, dtype,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_epilogue_gelu_is_erf_gelu(kernel, dtype):
+def test_the_epilogue_gelu_is_erf_gelu(thin_kernel, dtype):
     """`gelu_erf` (Abramowitz and Stegun's erf, |error| <= 1.5e-7: absolute, not relative, far in the negative
     tail) against float64 erf GELU over [-12, 12]: an identity product hands it exact inputs; the error within
     4e-7 of max(1, |x|) plus the output's one rounding."""
@@ -90,7 +78,7 @@ def test_the_epilogue_gelu_is_erf_gelu(kernel, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [2, 5, 8, 32])
-def test_each_row_is_what_it_is_alone(kernel, dtype, rows):
+def test_each_row_is_what_it_is_alone(thin_kernel, dtype, rows):
     """The contract the decoder's lossless verify pass rests on: bit for bit, any number of rows and threads."""
     gen = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(2048, 512, generator=gen).to(dtype), torch.randn(2048, generator=gen).to(dtype)
@@ -112,7 +100,7 @@ def test_each_row_is_what_it_is_alone(kernel, dtype, rows):
         torch.set_num_threads(threads)
 
 
-def test_rows_of_a_wider_tensor_are_read_in_place(kernel):
+def test_rows_of_a_wider_tensor_are_read_in_place(thin_kernel):
     """A slice of a wider output (rows apart in memory, as q of a fused q/k/v product) gives what its copy gives."""
     gen = torch.Generator().manual_seed(3)
     wide = torch.randn(4, 3 * 64, generator=gen)
@@ -121,7 +109,7 @@ def test_rows_of_a_wider_tensor_are_read_in_place(kernel):
                        cpu_linear.linear(wide[:, 64:128].contiguous(), panels, None))
 
 
-def test_bad_operands_are_refused(kernel):
+def test_bad_operands_are_refused(thin_kernel):
     panels = cpu_linear.pack_panels(torch.randn(16, 8))
     with pytest.raises(RuntimeError, match="columns"):
         cpu_linear.linear(torch.randn(2, 9), panels, None)
@@ -133,7 +121,7 @@ def test_bad_operands_are_refused(kernel):
         cpu_linear.linear(torch.randn(2, 8), panels, None, "relu")
 
 
-def test_float32_and_bfloat16_on_a_cpu_where_the_extension_is_built(no_amx, monkeypatch):
+def test_float32_and_bfloat16_on_a_cpu_where_the_extension_is_built(thin_kernel_no_amx, monkeypatch):
     assert cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
     assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float16)
     assert not cpu_linear.fused_linear_usable(torch.device("cuda"), torch.float32)
@@ -146,7 +134,7 @@ def test_float32_and_bfloat16_on_a_cpu_where_the_extension_is_built(no_amx, monk
     assert not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.bfloat16)
 
 
-def test_a_decoder_on_the_thin_products_agrees_with_onednns(kernel, monkeypatch):
+def test_a_decoder_on_the_thin_products_agrees_with_onednns(thin_kernel, monkeypatch):
     """The same fp32 decoder with its step products through the kernel and through oneDNN's packed products:
     logits equal within fp32 rounding over a ragged 4-token pass and a step."""
     model = random_whisper("test", seed=4, init_std=0.2, decoder_layers=2)
@@ -170,7 +158,7 @@ def test_a_decoder_on_the_thin_products_agrees_with_onednns(kernel, monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(no_amx, dtype):
+def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(thin_kernel_no_amx, dtype):
     """With the attention kernel and the thin products every fp32 and bf16 product is row-invariant (no probe: a
     bf16 decoder's rows figure is `ANY_ROWS`): a 4-token pass over ragged rows gives the logits and cache entries
     that 1-token steps give, bit for bit."""
