@@ -67,16 +67,18 @@ class LayerLoop:
         self.weights: list[torch.Tensor] = []
         self.n_out: list[int] = []
         self.eps: list[float] = []
+        def own(proj: nn.Linear) -> tuple[object, torch.Tensor | None]:
+            return dec.weights[proj], proj.bias  # the decoder's packed copy of a projection, and its bias
+
         for i, layer in enumerate(dec.layers):
-            products = (dec.qkv[i], (dec.weights[layer.self_attn.out_proj], layer.self_attn.out_proj.bias),
-                        dec.cross_q[i], (dec.weights[layer.encoder_attn.out_proj], layer.encoder_attn.out_proj.bias),
-                        (dec.weights[layer.fc1], layer.fc1.bias), (dec.weights[layer.fc2], layer.fc2.bias))
-            norms = (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm)
-            for norm, block in zip(norms, (products[0:2], products[2:4], products[4:6])):  # a block's two products
+            blocks = ((layer.self_attn_layer_norm, (dec.qkv[i], own(layer.self_attn.out_proj))),
+                      (layer.encoder_attn_layer_norm, (dec.cross_q[i], own(layer.encoder_attn.out_proj))),
+                      (layer.final_layer_norm, (own(layer.fc1), own(layer.fc2))))
+            for norm, products in blocks:  # a block: its LayerNorm, then its two products
                 self.weights += [_tensor(norm.weight), _tensor(norm.bias)]
-                for panels, bias in block:
-                    self.weights += [_weight(panels), _tensor(bias)]
-                    self.n_out.append(panels.shape[0])
+                for weight, bias in products:
+                    self.weights += [_weight(weight), _tensor(bias)]
+                    self.n_out.append(weight.shape[0])
                 self.eps.append(norm.eps)
 
     def __call__(self, x: torch.Tensor, cache: KVCache, write_pos: torch.Tensor, n_seen: torch.Tensor
