@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""The kernel extension's prefetch distance (`AHEAD` in asr_spec/engine/cpu_attention_simd.h), side by side in one
-process: the extension built once per distance (`-DCPU_ATTENTION_AHEAD=N`, `cpu_attention.load`), then a decode
-step's streaming kernels timed with each build in turn, repeats alternated between builds, medians kept.
+"""The kernel extension's prefetch distances, side by side in one process: `AHEAD` (asr_spec/engine/
+cpu_attention_simd.h: every stream's lines asked this far ahead into L1) and the thin products' `FAR`
+(asr_spec/engine/cpu_linear.h: their panels' lines also asked this far ahead into L2; 0 off). The extension is
+built once per pair of distances (`-DCPU_ATTENTION_AHEAD=N -DCPU_LINEAR_FAR=M`, `cpu_attention.load`), then a
+decode step's streaming kernels timed with each build in turn, repeats alternated between builds, medians kept.
 
-    python -m benchmarks.bench_prefetch                         # 0, 128, 256, 512, 1024 bytes; bf16 and fp32
-    python -m benchmarks.bench_prefetch --aheads 256,1024 --dtypes bfloat16 --repeats 5
+    python -m benchmarks.bench_prefetch                         # AHEAD 0-1,024 bytes, FAR 2,048; bf16 and fp32
+    python -m benchmarks.bench_prefetch --aheads 256 --fars 0,1024,2048,4096 --dtypes bfloat16
 
 Kernels (whisper-base shapes, weights and caches larger than the caches, as in a batch-8 step): the audio's
 cross-attention of 6 layers over 1,500 keys a row (1 query a row: a greedy step; 4: a K = 3 verify pass), the head
@@ -26,9 +28,11 @@ from asr_spec.engine import cpu_attention, cpu_linear
 B, H, S, D, LAYERS = 8, 8, 1500, 64, 6  # batch rows, heads, audio keys, head_dim, decoder layers
 
 
-def variant(ahead: int):
-    """The extension built with prefetch distance `ahead` (its own name: one build per distance and source)."""
-    return cpu_attention.load(f"{cpu_attention.build_name()}_ahead{ahead}", (f"CPU_ATTENTION_AHEAD={ahead}",))
+def variant(ahead: int, far: int):
+    """The extension built with prefetch distances `ahead` and `far` (its own name: one build per pair and
+    source)."""
+    return cpu_attention.load(f"{cpu_attention.build_name()}_ahead{ahead}_far{far}",
+                              (f"CPU_ATTENTION_AHEAD={ahead}", f"CPU_LINEAR_FAR={far}"))
 
 
 def kernels(ext, dtype: torch.dtype) -> dict:
@@ -58,18 +62,19 @@ def kernels(ext, dtype: torch.dtype) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--aheads", default="0,128,256,512,1024", help="comma list of prefetch distances in bytes")
+    ap.add_argument("--aheads", default="0,128,256,512,1024", help="comma list of L1 prefetch distances in bytes")
+    ap.add_argument("--fars", default="2048", help="comma list of the thin products' L2 prefetch distances (0: off)")
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--repeats", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    aheads = [int(a) for a in args.aheads.split(",")]
-    builds = {a: variant(a) for a in aheads}
+    aheads = [f"{a}/{f}" for a in args.aheads.split(",") for f in args.fars.split(",")]  # "ahead/far" a build
+    builds = {a: variant(*(int(x) for x in a.split("/"))) for a in aheads}
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         calls = {a: kernels(ext, dtype) for a, ext in builds.items()}
-        times: dict[tuple[int, str], list[float]] = {}
+        times: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.repeats):
             for a in aheads:
                 for kernel, run in calls[a].items():
@@ -80,8 +85,8 @@ def main() -> None:
         for kernel in calls[aheads[0]]:
             ms = {a: statistics.median(times[(a, kernel)]) * 1e3 for a in aheads}
             best = min(ms, key=ms.get)
-            print(json.dumps({"dtype": name, "kernel": kernel, "ms": {str(a): round(v, 3) for a, v in ms.items()},
-                              "best_ahead": best, "vs_best": {str(a): round(v / ms[best], 2) for a, v in ms.items()}}),
+            print(json.dumps({"dtype": name, "kernel": kernel, "ms": {a: round(v, 3) for a, v in ms.items()},
+                              "best_ahead_far": best, "vs_best": {a: round(v / ms[best], 2) for a, v in ms.items()}}),
                   flush=True)
 
 

@@ -77,6 +77,27 @@ def test_the_epilogue_gelu_is_erf_gelu(thin_kernel, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 7, 16, 33, 100])
+def test_the_epilogue_rounds_each_output_once_as_torch_does(thin_kernel, dtype, n):
+    """Exact products (K = 1: x w is exact in fp32) isolate the epilogue: x w + b, + residual, in fp32 in that
+    order, rounded once to the dtype as torch rounds (to nearest even, a NaN stays NaN), bit for bit, in every lane
+    of a panel and in a last panel's first columns (n below, at and past a vector's lanes)."""
+    gen = torch.Generator().manual_seed(n)
+    weight, bias = torch.randn(n, 1, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
+    x, residual = torch.randn(6, 1, generator=gen).to(dtype), torch.randn(6, n, generator=gen).to(dtype)
+    x[5, 0] = float("nan")
+    panels = cpu_linear.pack_panels(weight)
+    product = x.float() * weight.float()[:, 0]
+    cases = {"plain": (cpu_linear.linear(x, panels, None), product),
+             "bias": (cpu_linear.linear(x, panels, bias), product + bias.float()),
+             "residual": (cpu_linear.linear_add(x, panels, bias, residual), product + bias.float() + residual.float())}
+    for name, (got, sums) in cases.items():
+        want = sums.to(dtype)
+        assert torch.equal(got[:5], want[:5]), name
+        assert bool(got[5].isnan().all()), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [2, 5, 8, 32])
 def test_each_row_is_what_it_is_alone(thin_kernel, dtype, rows):
     """The contract the decoder's lossless verify pass rests on: bit for bit, any number of rows and threads."""

@@ -69,6 +69,16 @@ inline void store_bf16(bf16* p, vec a) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
 #endif
 }
+// L lanes stored as bf16 exactly as c10::BFloat16(float) rounds one: to nearest even on the bits (subnormals
+// kept), a NaN as 0x7fc0; the first n lanes only where n < L
+inline void store_bf16_as_c10(bf16* p, vec a, int64_t n = L) {
+  const __m512i bits = _mm512_castps_si512(a);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  _mm256_mask_storeu_epi16(p, first(n), _mm512_cvtepi32_epi16(rounded));
+}
+inline void store_n(float* p, vec a, int64_t n) { _mm512_mask_storeu_ps(p, first(n), a); }
 // lanes [n, L) of a replaced by b
 inline vec keep_n(vec a, vec b, int64_t n) { return _mm512_mask_blend_ps(first(n), b, a); }
 inline __m512i round_int(vec a) { return _mm512_cvtps_epi32(_mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
@@ -164,6 +174,21 @@ inline void store_bf16(bf16* p, vec a) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
                    _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1)));
 }
+inline void store_bf16_as_c10(bf16* p, vec a, int64_t n = L) {  // as the AVX-512 one's
+  const __m256i bits = _mm256_castps_si256(a);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)));
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  if (n == L) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+    return;
+  }
+  alignas(16) uint16_t part[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(part), packed);
+  std::memcpy(p, part, static_cast<size_t>(n) * sizeof(uint16_t));
+}
+inline void store_n(float* p, vec a, int64_t n) { _mm256_maskstore_ps(p, first(n), a); }
 inline vec keep_n(vec a, vec b, int64_t n) { return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first(n))); }
 inline __m256i round_int(vec a) { return _mm256_cvtps_epi32(_mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT)); }
 inline vec pow2(__m256i n) {
@@ -197,6 +222,8 @@ inline vec load_n(const bf16* p, int64_t) { return static_cast<float>(*p); }
 inline vec even_half(const bf16* p) { return static_cast<float>(p[0]); }
 inline vec odd_half(const bf16* p) { return static_cast<float>(p[1]); }
 inline void store_bf16(bf16* p, vec a) { *p = bf16(a); }
+inline void store_bf16_as_c10(bf16* p, vec a, int64_t = L) { *p = bf16(a); }
+inline void store_n(float* p, vec a, int64_t) { *p = a; }
 inline vec keep_n(vec a, vec, int64_t) { return a; }
 inline int32_t round_int(vec a) { return static_cast<int32_t>(std::nearbyint(a)); }
 inline vec pow2(int32_t n) {
@@ -211,6 +238,10 @@ inline vec to_float(int32_t n) { return static_cast<float>(n); }
 // Ask for the cache line `ahead` bytes past p (the key / value streams run ahead of the loads).
 inline void prefetch(const void* p, int64_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
+}
+// The same into L2 only (a stream's far lines: asked early, not yet evicting what L1 holds); none where ahead is 0.
+inline void prefetch_l2(const void* p, int64_t ahead) {
+  if (ahead > 0) __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 2);
 }
 // 256 bytes (4 lines) unless a build defines CPU_ATTENTION_AHEAD (benchmarks/bench_prefetch.py builds variants):
 // on an AVX-512-BF16 EPYC (2 threads, distances 0 to 2 KB alternated in one process) 256 against 1,024 made the

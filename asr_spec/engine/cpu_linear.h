@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_attention_simd.h"
 
@@ -31,6 +32,15 @@ using cpu_attention::L;
 using cpu_attention::vec;
 
 constexpr int64_t NB = 2 * L;  // output columns a panel
+// Each line of the panels' stream is also asked for FAR bytes ahead into L2 (besides AHEAD into L1) unless a
+// build defines CPU_LINEAR_FAR (0: off; benchmarks/bench_prefetch.py --fars builds variants). On an AVX-512-BF16
+// EPYC (2 threads, 0 / 1,024 / 2,048 / 4,096 alternated in one process, weights from memory) 2,048 made the
+// head product 1.20x faster at 1 row and 1.07x at 8, the decoder's 36 products 1.11x at 1 row, even at 8 and
+// 32; 4,096 was faster still at 1 row but 1.36x slower at 8 (the head).
+#ifndef CPU_LINEAR_FAR
+#define CPU_LINEAR_FAR 2048
+#endif
+constexpr int64_t FAR = CPU_LINEAR_FAR;  // bytes
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 constexpr int64_t RG = 8;  // rows a group: 16 accumulators of 32 registers
 #else
@@ -123,8 +133,9 @@ inline void panel_group(const typename F::T* x, int64_t ldx, const typename F::T
   const int64_t whole = k / F::STEP;
   for (int64_t i = 0; i < whole; ++i) {
     const T* w = panel + i * W;
-    if (new_line<T>(i * W)) {  // the panels are one front-to-back stream: ask AHEAD bytes past it
+    if (new_line<T>(i * W)) {  // the panels are one front-to-back stream: ask AHEAD bytes past it, and FAR
       prefetch(w, AHEAD);
+      prefetch_l2(w, FAR);
     }
     F::template step<R>(x + i * F::STEP, ldx, w, acc);
   }
@@ -160,8 +171,37 @@ inline void panel_rows(const typename F::T* x, int64_t ldx, const typename F::T*
   }
 }
 
+// One row of a panel's outputs: out[c] = acc[c] + bias[c] (+ residual[c]), or GELU(acc[c] + bias[c]) where
+// `gelu`, for c < cols, lane by lane in fp32 (the two adds in that order, the GELU `gelu_erf`), rounded once to T
+// as c10 rounds a scalar (`store_bf16_as_c10`): the same bits whatever the lanes beside it.
+template <typename T>
+inline void finish_row(float* acc, const T* bias, const T* residual, bool gelu, int64_t cols, T* out) {
+  using namespace cpu_attention;
+  for (int64_t c = 0; c < NB; c += L) {
+    const int64_t n = cols - c < L ? cols - c : L;
+    if (n <= 0) {
+      break;
+    }
+    vec v = load(acc + c);
+    if (bias != nullptr) {
+      v = vadd(v, n == L ? load(bias + c) : load_n(bias + c, n));
+    }
+    if (residual != nullptr) {
+      v = vadd(v, n == L ? load(residual + c) : load_n(residual + c, n));
+    }
+    if (gelu) {
+      v = gelu_erf(v);
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      store_n(out + c, v, n);
+    } else {
+      store_bf16_as_c10(out + c, v, n);
+    }
+  }
+}
+
 // out (M, N) = acc + bias (+ residual), or GELU(acc + bias) where `gelu`, over the panels, each output (r, n) from
-// its own panel's accumulators: summed in fp32, the GELU (`gelu_erf`) in fp32, rounded once to the output's type.
+// its own panel's accumulators (`finish_row`).
 template <typename F>
 inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T* wp, const typename F::T* bp,
                        const typename F::T* rp, int64_t ldr, int64_t m, int64_t k, int64_t p, int64_t n_out,
@@ -177,24 +217,9 @@ inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T
         const int64_t rows = m - r0 < RG ? m - r0 : RG;
         panel_rows<F>(xp + r0 * ldx, ldx, panel, k, rows, acc);
         for (int64_t r = 0; r < rows; ++r) {
-          float* a = acc + r * NB;
-          for (int64_t c = 0; c < cols; ++c) {
-            if (bp != nullptr) {
-              a[c] += static_cast<float>(bp[col0 + c]);
-            }
-            if (rp != nullptr) {
-              a[c] += static_cast<float>(rp[(r0 + r) * ldr + col0 + c]);
-            }
-          }
-          if (gelu) {  // the whole panel's lanes (past N: GELU(0), not stored)
-            for (int64_t c = 0; c < NB; c += cpu_attention::L) {
-              cpu_attention::store(a + c, cpu_attention::gelu_erf(cpu_attention::load(a + c)));
-            }
-          }
-          T* dst = op + (r0 + r) * n_out + col0;
-          for (int64_t c = 0; c < cols; ++c) {
-            dst[c] = static_cast<T>(a[c]);
-          }
+          finish_row<T>(acc + r * NB, bp != nullptr ? bp + col0 : nullptr,
+                        rp != nullptr ? rp + (r0 + r) * ldr + col0 : nullptr, gelu, cols,
+                        op + (r0 + r) * n_out + col0);
         }
       }
     }
