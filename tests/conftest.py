@@ -53,14 +53,23 @@ def no_amx_tiles(monkeypatch) -> str:
 
 
 @pytest.fixture
-def thin_kernel(monkeypatch) -> None:
-    """The kernel extension built and not disabled, the thin products in use for fp32 (`cpu_linear`); skipped
-    where it cannot be built here."""
-    from asr_spec.engine import cpu_attention, cpu_linear
+def kernel(monkeypatch) -> None:
+    """The kernel extension (`engine/cpu_attention.py`) built and not disabled; skipped where it cannot be built
+    here."""
+    from asr_spec.engine import cpu_attention
 
     monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
-    if not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32):
+    if not cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32):
         pytest.skip("the CPU kernel extension could not be built here")
+
+
+@pytest.fixture
+def thin_kernel(kernel) -> None:
+    """`kernel`, with the thin products in use for fp32 (`cpu_linear.fused_linear_usable`)."""
+    from asr_spec.engine import cpu_linear
+
+    if not cpu_linear.fused_linear_usable(torch.device("cpu"), torch.float32):
+        pytest.skip("the thin products are not in use here")
 
 
 @pytest.fixture

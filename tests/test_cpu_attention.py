@@ -15,12 +15,7 @@ from asr_spec.testing import random_whisper
 H, D = 8, 64
 
 
-@pytest.fixture(autouse=True)
-def kernel(monkeypatch):
-    """Every test here but the fallback ones needs the kernel: skipped where it is not in use."""
-    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
-    if not cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32):
-        pytest.skip("the CPU attention kernel could not be built here")
+pytestmark = pytest.mark.usefixtures("kernel")  # conftest: every test here needs the kernel built
 
 
 def _operands(b: int, t: int, s: int, dtype: torch.dtype, seed: int = 0, positions_contiguous: bool = True):

@@ -11,13 +11,6 @@ import torch
 from asr_spec.engine import cpu_attention, rules
 
 
-@pytest.fixture
-def kernel(monkeypatch):
-    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
-    if not cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32):
-        pytest.skip("the CPU kernel extension could not be built here")
-
-
 def reduce_rows(x: torch.Tensor, with_logsumexp: bool = True):
     return cpu_attention.extension().max_logsumexp(x, with_logsumexp)
 

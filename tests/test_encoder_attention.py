@@ -19,13 +19,6 @@ CPU = torch.device("cpu")
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1.2e-2}
 
 
-@pytest.fixture
-def kernel(monkeypatch):
-    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
-    if not cpu_attention.fused_attention_usable(CPU, torch.float32):
-        pytest.skip("the CPU kernel extension could not be built here")
-
-
 def _qkv(windows: int, n: int, heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0):
     """q, k, v as column slices of one (windows, n, 3 * heads * head_dim) product output (rows apart)."""
     gen = torch.Generator().manual_seed(seed)
