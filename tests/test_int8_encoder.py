@@ -17,10 +17,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    monkeypatch.delenv(cpu_attention.DISABLE_ENV, raising=False)
-    if not cpu_attention.fused_attention_usable(CPU, torch.float32):
-        pytest.skip("the CPU kernel extension could not be built here")
+def int8_kernel(kernel):
+    """conftest's `kernel`, and oneDNN's int8 linear in this torch."""
     if not int8._onednn_int8():
         pytest.skip("this torch has no oneDNN int8 linear")
 
@@ -35,7 +33,7 @@ def _rows(m: int, k: int, seed: int = 0, dtype=torch.bfloat16) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m, k", [(5, 37), (64, 512), (3, 16)])
-def test_rows_are_quantized_by_their_own_maximum(kernel, dtype, m, k):
+def test_rows_are_quantized_by_their_own_maximum(int8_kernel, dtype, m, k):
     x = _rows(m, k, dtype=dtype)
     q, scales = int8.quantize(x)
     assert q.dtype == torch.uint8 and q.shape == (m, k) and scales.shape == (m,)
@@ -47,7 +45,7 @@ def test_rows_are_quantized_by_their_own_maximum(kernel, dtype, m, k):
     assert int(q.min()) >= 1 and int(q.max()) <= 255 and bool((q[0] == int8.ZERO_POINT).all())
 
 
-def test_the_epilogue_is_its_formula(kernel):
+def test_the_epilogue_is_its_formula(int8_kernel):
     gen = torch.Generator().manual_seed(1)
     raw = torch.randn(9, 35, generator=gen).bfloat16()
     scales, bias = torch.rand(9, generator=gen) + 0.1, torch.randn(35, generator=gen)
@@ -65,7 +63,7 @@ def test_the_epilogue_is_its_formula(kernel):
 
 
 @pytest.mark.parametrize("post", ["none", "gelu"])
-def test_a_product_agrees_with_float64_within_int8s_rounding(kernel, post):
+def test_a_product_agrees_with_float64_within_int8s_rounding(int8_kernel, post):
     gen = torch.Generator().manual_seed(2)
     layer = torch.nn.Linear(96, 80)
     with torch.no_grad():
@@ -80,7 +78,7 @@ def test_a_product_agrees_with_float64_within_int8s_rounding(kernel, post):
     assert ((out.double() - exact).norm() / exact.norm()).item() < 0.03
 
 
-def test_a_post_op_it_does_not_have_is_refused(kernel):
+def test_a_post_op_it_does_not_have_is_refused(int8_kernel):
     weight = int8.Int8Weight(torch.nn.Linear(16, 8).weight, None)
     x = torch.randn(1, 4, 16).bfloat16()
     with pytest.raises(ValueError, match="post"):
@@ -89,7 +87,7 @@ def test_a_post_op_it_does_not_have_is_refused(kernel):
         int8.int8_linear(x, weight, post="gelu", residual=torch.zeros(1, 4, 8).bfloat16())
 
 
-def test_a_rows_output_does_not_depend_on_the_rows_beside_it(kernel):
+def test_a_rows_output_does_not_depend_on_the_rows_beside_it(int8_kernel):
     """Bit for bit: the integer sums are exact and everything else is per row (the contract of int8.py)."""
     layer = torch.nn.Linear(64, 48)
     weight = int8.Int8Weight(layer.weight, layer.bias)
@@ -117,7 +115,7 @@ def _int8_encoder(monkeypatch, model) -> Encoder:
     return encoder
 
 
-def test_an_int8_encoder_is_near_the_bf16_one_and_a_window_is_its_own(kernel, no_amx_tiles, monkeypatch):
+def test_an_int8_encoder_is_near_the_bf16_one_and_a_window_is_its_own(int8_kernel, no_amx_tiles, monkeypatch):
     if not onednn_usable(CPU, torch.bfloat16):
         pytest.skip("no oneDNN bf16 products on this CPU: the encoder runs the module itself")
     model, features = _model_and_features()
@@ -129,7 +127,7 @@ def test_an_int8_encoder_is_near_the_bf16_one_and_a_window_is_its_own(kernel, no
         assert torch.equal(quantized(features[w:w + 1])[0].float(), a[w])
 
 
-def test_speculative_equals_greedy_over_an_int8_encoder(kernel, no_amx_tiles, monkeypatch):
+def test_speculative_equals_greedy_over_an_int8_encoder(int8_kernel, no_amx_tiles, monkeypatch):
     from asr_spec.engine import DecodeOptions, Engine
     from asr_spec.models.drafts import decoder_draft
 
@@ -143,7 +141,7 @@ def test_speculative_equals_greedy_over_an_int8_encoder(kernel, no_amx_tiles, mo
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
 
 
-def test_only_bf16_with_avx512_vnni_and_no_amx(kernel, monkeypatch):
+def test_only_bf16_with_avx512_vnni_and_no_amx(int8_kernel, monkeypatch):
     monkeypatch.delenv(int8.DISABLE_ENV, raising=False)
     vnni = "fpu avx2 fma avx512f avx512bw avx512_bf16 avx512_vnni"
     monkeypatch.setattr(cpu_attention, "cpu_flags", lambda: vnni)
