@@ -119,6 +119,7 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
 
     import uvicorn
 
+    from asr_spec.serve import openmp
     from asr_spec.serve.app import create_app
     from asr_spec.serve.batcher import Batcher
     from asr_spec.serve.realtime import RealtimeOptions
@@ -131,6 +132,9 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
     app = create_app(batcher, realtime=realtime)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
+    # `asr-spec serve` runs the app on the thread that loaded the models, and its lifespan releases that thread's
+    # OpenMP workers; here that thread is this one (serve/openmp.py)
+    openmp.release_pool()
     thread.start()
     while not server.started:
         time.sleep(0.05)

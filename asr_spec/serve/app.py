@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from asr_spec.audio.loading import header_duration_s
 from asr_spec.checks import positive
 from asr_spec.errors import AudioError, InputError, one_line
-from asr_spec.serve import uploads
+from asr_spec.serve import openmp, uploads
 from asr_spec.serve.auth import ApiKeyMiddleware
 from asr_spec.serve.batcher import Batcher, Busy, Job, Refused
 from asr_spec.serve.params import MODEL_ALIASES, Params, check_params
@@ -85,7 +85,11 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions(),
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
+        # one OpenMP team, the engine thread's (serve/openmp.py): blocking work on threads without one, and the
+        # pool this thread made loading the models released before the engine thread starts
+        asyncio.get_running_loop().set_default_executor(openmp.executor())
         await asyncio.to_thread(capture_ahead, batcher)
+        openmp.release_pool()
         batcher.start()
         try:
             yield
