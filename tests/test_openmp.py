@@ -29,8 +29,14 @@ def test_the_runtime_is_the_first_openmp_library_mapped():
 
 @pytest.fixture
 def runtime():
+    """torch's OpenMP runtime found (else skipped), and torch on 2 threads for the test (the suite runs on 1:
+    `one_thread` must be seen to bring a thread from 2 to 1), its own count restored after."""
     if openmp.runtime() is None:
         pytest.skip("torch's OpenMP runtime is not found in this process (not Linux, or torch without OpenMP)")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # set explicitly, as the server's loading does: a thread's first parallel loop takes it
+    yield
+    torch.set_num_threads(threads)
 
 
 def _in_thread(fn):
@@ -51,8 +57,8 @@ def test_a_worker_thread_runs_torch_without_a_team_and_the_others_keep_theirs(ru
 
     n, product = _in_thread(work)
     assert n == 1
-    assert torch.get_num_threads() == threads
-    assert _in_thread(torch.get_num_threads) == threads  # threads started later: torch's own count
+    assert torch.get_num_threads() == threads == 2
+    assert _in_thread(torch.get_num_threads) == 2  # threads started later: torch's own count
     torch.testing.assert_close(product, a @ b)
 
 
@@ -68,3 +74,21 @@ def test_releasing_the_pool_keeps_the_settings_and_torch_runs_on(runtime):
     assert openmp.release_pool()
     assert torch.get_num_threads() == threads
     torch.testing.assert_close(x @ x, before)  # a new pool, the same sums
+
+
+def test_a_worker_thread_stays_without_a_team_through_the_kernel_extension(runtime, kernel):
+    """The extension keeps its own copy of torch's per-thread setting: its first parallel loop in a thread would
+    set the thread's count again unless `one_thread` made it first."""
+    from asr_spec.engine import cpu_linear
+
+    panels = cpu_linear.pack_panels(torch.randn(64, 32))
+    x = torch.randn(3, 32)
+
+    def work():
+        openmp.one_thread()
+        out = cpu_linear.linear(x, panels, None)
+        return torch.get_num_threads(), out
+
+    n, out = _in_thread(work)
+    assert n == 1
+    assert torch.equal(out, cpu_linear.linear(x, panels, None))  # row-invariant kernels: the same bits

@@ -83,14 +83,21 @@ def release_pool() -> bool:
 
 def one_thread() -> None:
     """The calling thread's torch operations from now on without an OpenMP team (their parallel loops run on this
-    thread alone): torch's per-thread setting first (`torch.get_num_threads` makes it), then the runtime's for
-    this thread only. Not `torch.set_num_threads`, which would also set the count threads started later take."""
+    thread alone): torch's per-thread setting made first (`torch.get_num_threads`; the kernel extension's own copy
+    of it too, `init_threads`, where this process has loaded it: its first parallel loop would set it again), then
+    the runtime's count for this thread only. Not `torch.set_num_threads`, which would also set the count of the
+    threads started later (the engine's)."""
     import torch
+
+    from asr_spec.engine import cpu_attention
 
     lib = runtime()
     if lib is None:
         return
     torch.get_num_threads()
+    kernels = cpu_attention.loaded()
+    if kernels is not None:
+        kernels.init_threads()
     lib.omp_set_num_threads(1)
 
 
