@@ -4,6 +4,7 @@ threads without a team, the calling thread's pool released, torch's results unch
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,13 @@ MAPS = """\
 7f00e000-7f00f000 r-xp 00000000 08:01 456 /venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1
 7f010000-7f011000 r-xp 00000000 08:01 789 /venv/lib/python3.11/site-packages/torch/lib/libgomp-a34b3233.so.1
 """
+
+
+def test_torchs_own_runtime_is_taken_before_another_packages_copy_mapped_first():
+    maps = "7f0-7f1 r-xp 0 08:01 1 /venv/site-packages/ctranslate2.libs/libgomp-e985bcbb.so.1.0.0\n" + MAPS
+    torch_lib = "/venv/lib/python3.11/site-packages/torch/lib"
+    assert openmp.runtime_path(maps, torch_lib) == f"{torch_lib}/libgomp.so.1"
+    assert openmp.runtime_path(maps) == "/venv/site-packages/ctranslate2.libs/libgomp-e985bcbb.so.1.0.0"
 
 
 def test_the_runtime_is_the_first_openmp_library_mapped():
@@ -45,6 +53,13 @@ def _in_thread(fn):
     thread.start()
     thread.join()
     return out[0]
+
+
+def test_the_runtime_found_is_torchs_even_beside_another_packages_copy(runtime):
+    """ctranslate2 (faster-whisper's) brings its own GNU OpenMP, mapped before torch's in a process that imported
+    it first; a count set in that copy would not reach torch's loops."""
+    pytest.importorskip("ctranslate2")
+    assert openmp.runtime()._name.startswith(str(Path(torch.__file__).parent / "lib"))
 
 
 def test_a_worker_thread_runs_torch_without_a_team_and_the_others_keep_theirs(runtime):

@@ -34,26 +34,30 @@ RUNTIMES = ("libgomp", "libomp", "libiomp5")
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: free the threads, keep the settings
 
 
-def runtime_path(maps: str) -> str | None:
-    """The file of the first OpenMP runtime (`RUNTIMES`) mapped in a /proc/<pid>/maps text, or None. Pure."""
+def runtime_path(maps: str, own_dir: str = "") -> str | None:
+    """The file of the OpenMP runtime (`RUNTIMES`) mapped in a /proc/<pid>/maps text: the first one under
+    `own_dir` (torch's library folder: other packages bring their own copy, ctranslate2 for one, mapped first), else
+    the first one; None without any. Pure."""
+    found = []
     for line in maps.splitlines():
         fields = line.split(maxsplit=5)
         if len(fields) < 6:  # an anonymous mapping
             continue
         path = fields[5].strip()
         if Path(path).name.startswith(tuple(f"{name}{sep}" for name in RUNTIMES for sep in ".-")):
-            return path
-    return None
+            found.append(path)
+    own = [path for path in found if own_dir and Path(path).parent == Path(own_dir)]
+    return (own or found or [None])[0]
 
 
 @lru_cache(maxsize=1)
 def runtime() -> ctypes.CDLL | None:
     """The OpenMP runtime this process has loaded (torch's: the same library, opened again by its path), when it
     has what `release_pool` and `one_thread` call; None elsewhere."""
-    import torch  # noqa: F401  (torch loads its runtime)
+    import torch  # torch loads its runtime
 
     try:
-        path = runtime_path(MAPS.read_text(errors="replace"))
+        path = runtime_path(MAPS.read_text(errors="replace"), str(Path(torch.__file__).parent / "lib"))
     except OSError:
         return None
     if path is None:
