@@ -400,7 +400,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_layers", &decoder_layers,
         "a decoder's layers in one call: the thin products, the cache writes and the attention kernel, layer by layer");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
-  m.def("init_threads", [] { at::internal::lazy_init_num_threads(); },
-        "this thread's OpenMP thread count set as torch sets it, once (the kernels' first parallel loop in a thread "
-        "does it otherwise): a caller may then set its own for this thread");
 }

@@ -123,11 +123,6 @@ def _extension() -> ModuleType | None:
         return None
 
 
-def loaded() -> ModuleType | None:
-    """The kernel module where this process has built or loaded it already, else None (never starts a build)."""
-    return _extension() if _extension.cache_info().currsize else None
-
-
 def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType:
     """Build (once) or load the extension as `name`, with extra -D `defines` (a benchmark's variants); raises
     where it cannot be built."""

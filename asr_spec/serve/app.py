@@ -85,11 +85,8 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions(),
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202
-        # one OpenMP team, the engine thread's (serve/openmp.py): blocking work on threads without one, and the
-        # pool this thread made loading the models released before the engine thread starts
-        asyncio.get_running_loop().set_default_executor(openmp.executor())
         await asyncio.to_thread(capture_ahead, batcher)
-        openmp.release_pool()
+        openmp.release_pool()  # the pool this thread made loading the models: no second team beside the engine's
         batcher.start()
         try:
             yield

@@ -1,32 +1,31 @@
-"""The server's OpenMP threads: one team, the engine thread's.
+"""The server's OpenMP threads: the engine thread's team, without a second pool beside it.
 
 torch's CPU kernels (and this project's kernel extension) run their parallel loops on OpenMP teams, one pool of
 worker threads per thread that starts a parallel region. The server decodes on its own engine thread, while the
-main thread loaded the models (its pool is still there) and the event loop's worker threads run voice activity
-and audio preparation with torch. GNU OpenMP (the runtime torch ships on Linux) counts every pool's threads, and
-once they outnumber the CPUs it stops spinning between parallel regions: each of the hundreds of regions of a
-decode step then waits for its workers to be woken by the kernel. Measured on 2 cores (whisper-base bf16, the
-same engine in another thread while the main thread's pool was alive): greedy steps 2.6x slower at batch 1
-(16.35 vs 6.37 ms), 2.3x at batch 8, speculative 2.9x; with the main thread's pool released first, as fast as on
+thread that loaded the models keeps its pool. GNU OpenMP (the runtime torch ships on Linux) counts every pool's
+threads, and once they outnumber the CPUs it stops spinning between parallel regions: each of the hundreds of
+regions of a decode step then waits for its workers to be woken by the kernel. Measured on 2 cores (whisper-base
+bf16, the same engine on another thread while the main thread's pool was alive): greedy steps 2.6x slower at batch
+1 (16.35 vs 6.37 ms), 2.3x at batch 8, speculative 2.9x; with the main thread's pool released first, as fast as on
 the main thread (docs/live.md, "One OpenMP team").
 
-So the server (`app.create_app`'s lifespan) releases the calling thread's pool before it starts the engine
-thread (`release_pool`) and runs the event loop's blocking work on worker threads without a team (`executor`:
-`one_thread` in each), and the engine's team is the only one. A runtime that is not found (not Linux, or torch
-without OpenMP) leaves everything as it is.
+So the server (`app.create_app`'s lifespan) releases the calling thread's pool before it starts the engine thread
+(`release_pool`). The event loop's worker threads keep torch's thread count: on a single-team variant (each worker
+thread without a team) an HTTP transcription of a 159 s file took ~1 s longer (its voice activity and assembly run
+there), so it was not kept. A runtime that is not found (not Linux, or torch without OpenMP) leaves everything as
+it is.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["executor", "one_thread", "release_pool", "runtime"]
+__all__ = ["release_pool", "runtime", "runtime_path"]
 
 MAPS = Path("/proc/self/maps")
 # the OpenMP runtimes torch builds link: GNU's (Linux wheels), LLVM's (macOS), Intel's
@@ -53,7 +52,7 @@ def runtime_path(maps: str, own_dir: str = "") -> str | None:
 @lru_cache(maxsize=1)
 def runtime() -> ctypes.CDLL | None:
     """The OpenMP runtime this process has loaded (torch's: the same library, opened again by its path), when it
-    has what `release_pool` and `one_thread` call; None elsewhere."""
+    has what `release_pool` calls; None elsewhere."""
     import torch  # torch loads its runtime
 
     try:
@@ -66,10 +65,9 @@ def runtime() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(path)
     except OSError:
         return None
-    if not (hasattr(lib, "omp_pause_resource_all") and hasattr(lib, "omp_set_num_threads")):
+    if not hasattr(lib, "omp_pause_resource_all"):
         return None
     lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
-    lib.omp_set_num_threads.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -83,29 +81,3 @@ def release_pool() -> bool:
     if not done:
         log.warning("the OpenMP runtime refused to release the main thread's workers; decode steps may be slower")
     return done
-
-
-def one_thread() -> None:
-    """The calling thread's torch operations from now on without an OpenMP team (their parallel loops run on this
-    thread alone): torch's per-thread setting made first (`torch.get_num_threads`; the kernel extension's own copy
-    of it too, `init_threads`, where this process has loaded it: its first parallel loop would set it again), then
-    the runtime's count for this thread only. Not `torch.set_num_threads`, which would also set the count of the
-    threads started later (the engine's)."""
-    import torch
-
-    from asr_spec.engine import cpu_attention
-
-    lib = runtime()
-    if lib is None:
-        return
-    torch.get_num_threads()
-    kernels = cpu_attention.loaded()
-    if kernels is not None:
-        kernels.init_threads()
-    lib.omp_set_num_threads(1)
-
-
-def executor(max_workers: int | None = None) -> ThreadPoolExecutor:
-    """A thread pool whose threads run torch without an OpenMP team (`one_thread`): the event loop's default
-    executor in the server."""
-    return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="asr-spec-io", initializer=one_thread)
