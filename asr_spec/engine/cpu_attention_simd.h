@@ -58,24 +58,25 @@ inline vec even_half(const bf16* p) { return _mm512_castsi512_ps(_mm512_slli_epi
 inline vec odd_half(const bf16* p) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
+// Each lane's bf16 bits (in its low 16 bits), rounded to nearest even on the fp32 bits as c10 rounds a finite value
+inline __m512i rounded_bits(vec a) {
+  const __m512i bits = _mm512_castps_si512(a);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  return _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+}
 // L finite fp32 lanes stored as bf16, rounded to nearest even
 inline void store_bf16(bf16* p, vec a) {
 #if defined(__AVX512BF16__)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a)));
 #else
-  const __m512i bits = _mm512_castps_si512(a);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded_bits(a)));
 #endif
 }
 // L lanes stored as bf16 exactly as c10::BFloat16(float) rounds one: to nearest even on the bits (subnormals
 // kept), a NaN as 0x7fc0; the first n lanes only where n < L
 inline void store_bf16_as_c10(bf16* p, vec a, int64_t n = L) {
-  const __m512i bits = _mm512_castps_si512(a);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  const __m512i rounded =
+      _mm512_mask_mov_epi32(rounded_bits(a), _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
   _mm256_mask_storeu_epi16(p, first(n), _mm512_cvtepi32_epi16(rounded));
 }
 inline void store_n(float* p, vec a, int64_t n) { _mm512_mask_storeu_ps(p, first(n), a); }
@@ -167,19 +168,21 @@ inline vec odd_half(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
                                               _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
-inline void store_bf16(bf16* p, vec a) {
+// as the AVX-512 ones: each lane's bf16 bits rounded to nearest even, then the 8 of them packed to 16 bits
+inline __m256i rounded_bits(vec a) {
   const __m256i bits = _mm256_castps_si256(a);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1)));
+  return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+}
+inline __m128i packed_bits(__m256i rounded) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+}
+inline void store_bf16(bf16* p, vec a) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed_bits(rounded_bits(a)));
 }
 inline void store_bf16_as_c10(bf16* p, vec a, int64_t n = L) {  // as the AVX-512 one's
-  const __m256i bits = _mm256_castps_si256(a);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-  rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)));
-  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  const __m128i packed = packed_bits(_mm256_blendv_epi8(rounded_bits(a), _mm256_set1_epi32(0x7fc0), nan));
   if (n == L) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
     return;
