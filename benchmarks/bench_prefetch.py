@@ -69,24 +69,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    aheads = [f"{a}/{f}" for a in args.aheads.split(",") for f in args.fars.split(",")]  # "ahead/far" a build
-    builds = {a: variant(*(int(x) for x in a.split("/"))) for a in aheads}
+    pairs = [(int(a), int(f)) for a in args.aheads.split(",") for f in args.fars.split(",")]  # (ahead, far) a build
+    builds = {pair: variant(*pair) for pair in pairs}
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
-        calls = {a: kernels(ext, dtype) for a, ext in builds.items()}
-        times: dict[tuple[str, str], list[float]] = {}
+        calls = {pair: kernels(ext, dtype) for pair, ext in builds.items()}
+        times: dict[tuple[tuple[int, int], str], list[float]] = {}
         for _ in range(args.repeats):
-            for a in aheads:
-                for kernel, run in calls[a].items():
+            for pair in pairs:
+                for kernel, run in calls[pair].items():
                     run()  # a warm-up pass: the same operands, so the timed one reads them from memory as a step
                     t0 = time.perf_counter()
                     run()
-                    times.setdefault((a, kernel), []).append(time.perf_counter() - t0)
-        for kernel in calls[aheads[0]]:
-            ms = {a: statistics.median(times[(a, kernel)]) * 1e3 for a in aheads}
+                    times.setdefault((pair, kernel), []).append(time.perf_counter() - t0)
+        for kernel in calls[pairs[0]]:
+            ms = {f"{a}/{f}": statistics.median(times[((a, f), kernel)]) * 1e3 for a, f in pairs}  # "ahead/far"
             best = min(ms, key=ms.get)
-            print(json.dumps({"dtype": name, "kernel": kernel, "ms": {a: round(v, 3) for a, v in ms.items()},
-                              "best_ahead_far": best, "vs_best": {a: round(v / ms[best], 2) for a, v in ms.items()}}),
+            print(json.dumps({"dtype": name, "kernel": kernel, "ms": {k: round(v, 3) for k, v in ms.items()},
+                              "best_ahead_far": best, "vs_best": {k: round(v / ms[best], 2) for k, v in ms.items()}}),
                   flush=True)
 
 

@@ -30,6 +30,7 @@ __all__ = ["release_pool", "runtime", "runtime_path"]
 MAPS = Path("/proc/self/maps")
 # the OpenMP runtimes torch builds link: GNU's (Linux wheels), LLVM's (macOS), Intel's
 RUNTIMES = ("libgomp", "libomp", "libiomp5")
+_NAME_STARTS = tuple(f"{name}{sep}" for name in RUNTIMES for sep in ".-")  # libgomp.so.1, libgomp-a34b3233.so.1
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: free the threads, keep the settings
 
 
@@ -43,7 +44,7 @@ def runtime_path(maps: str, own_dir: str = "") -> str | None:
         if len(fields) < 6:  # an anonymous mapping
             continue
         path = fields[5].strip()
-        if Path(path).name.startswith(tuple(f"{name}{sep}" for name in RUNTIMES for sep in ".-")):
+        if Path(path).name.startswith(_NAME_STARTS):
             found.append(path)
     own = [path for path in found if own_dir and Path(path).parent == Path(own_dir)]
     return (own or found or [None])[0]
