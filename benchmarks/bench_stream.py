@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -304,12 +305,26 @@ def parse_args() -> argparse.Namespace:
                         "--hypothesis`) or not (default: the server's, RealtimeOptions.hypothesis)")
     parser.add_argument("--fast-sender-s", type=float, default=0.0, help="--server: one more client sending this "
                         "much audio as fast as it can beside the streams (3600: the hour sender)")
+    parser.add_argument("--trace", type=Path, default=None, help="write every re-decode's result (the policy's "
+                        "DEBUG lines: its audio, hypothesis with timestamps, what it committed) to this file")
     return parser.parse_args()
+
+
+def trace_to(path: Path) -> None:
+    """Append the streams' policy trace (`asr_spec.stream.policy` at DEBUG) to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(relativeCreated)d ms %(message)s"))
+    logger = logging.getLogger("asr_spec.stream.policy")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
 
 
 def main() -> None:
     args = parse_args()
     counts = [int(x) for x in args.streams.split(",")]
+    if args.trace:
+        trace_to(args.trace)
     if args.server and not args.glibc_malloc:  # as `asr-spec serve` does, before the models load
         from asr_spec.serve import allocator
 

@@ -4,6 +4,8 @@ buffer never exceeds one window."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -13,12 +15,16 @@ from asr_spec.stream.agreement import (
     agreed_words,
     committed_prefix,
     common_prefix,
+    compression_ratio,
+    first_repeat,
+    rendered,
     repeated_words,
     segments,
     shifted,
     text_of,
     without_text,
 )
+from asr_spec.stream.hearing import LOOP_COMPRESSION_RATIO
 from asr_spec.stream.policy import PAUSE_SEARCH_S, WINDOW_S, StreamOptions, StreamPolicy
 
 SR = 16_000
@@ -126,7 +132,23 @@ def test_agreement_helpers() -> None:
     hyp = [TS, 0, 1, TS + 25, TS + 25, 2, 3, TS + 50, EOT]
     assert text_of(hyp, KINDS) == [0, 1, 2, 3]
     assert [(s.text_end, s.end_index, s.end_ts) for s in segments(hyp, KINDS)] == [(2, 3, 25), (4, 7, 50)]
+    assert [(s.start_ts, s.words) for s in segments(hyp, KINDS)] == [(0, 1), (25, 1)]
+    assert [s.words for s in segments([TS, 1, 2, 3, 4, TS + 9, EOT], KINDS)] == [3]  # a first token mid-word: one
     assert shifted(hyp[4:], 25, KINDS) == (TS, 2, 3, TS + 25, EOT)
+    assert rendered(hyp + [55], KINDS, detokenize) == "<|0.00|> w0+<|0.50|><|0.50|> w1+<|1.00|><|eot|><|55|>"
+    assert rendered([0, 2], KINDS, detokenize) == " w0 w1"  # an open run of text at the end
+
+
+def test_each_result_is_traced_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """One DEBUG line per result: the policy, the decode, its hypothesis with timestamps, what it committed."""
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    policy.feed(speech([1, 2, 3, None, None]))
+    with caplog.at_level(logging.DEBUG, logger="asr_spec.stream.policy"):
+        update, decodes = close_all(policy, hear)
+    assert update.final and decodes == 1
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == (f"{policy.label} decode 1 (close) of 0.00-2.50 s, heard 2.50 s: <|0.00|> w1+ w2+ w3+<|1.50|><|eot|>"
+                    " | committed ' w1+ w2+ w3+', buffer from 2.50 s, final")
 
 
 def test_words_said_again_after_a_cut_are_found_and_dropped() -> None:
@@ -482,11 +504,14 @@ def test_a_decoder_that_never_agrees_still_commits_and_the_window_holds(context_
 
 
 @pytest.mark.parametrize("context_s", [0.0, 1.0, 3.0])
-def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: float) -> None:
-    """Every segment ends 0.3 s early, inside its last word, which follows a pause: each cut goes back over speech
-    to that pause and leaves the segment's last committed word in the buffer. With or without committed context
-    after it (forced as the prefix), every word is committed once, in order."""
-    early = 15  # timestamp steps: 0.3 s
+@pytest.mark.parametrize(("pause_before", "early"), [(2, 15), (0, 60)])
+def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: float, pause_before: int,
+                                                                    early: int) -> None:
+    """Every segment ends early (`early` timestamp steps) inside its words that follow a pause (before its word
+    `pause_before` of 3): 0.3 s, inside its last word; or 1.2 s, inside the first of its three (a timestamp early by
+    a few tenths and a pause searched 0.4 s before it: seen live, "When he grew" said twice). Each cut goes back
+    over speech to that pause and leaves the segment's last one or three committed words in the buffer. With or
+    without committed context after it (forced as the prefix), every word is committed once, in order."""
 
     def hear_early(audio: np.ndarray) -> list[int]:
         tokens = hear(audio)
@@ -494,7 +519,7 @@ def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: fl
         return [t - early if i in ends else t for i, t in enumerate(tokens)]
 
     said = list(range(1, 25)) * 2
-    words = [w for i, x in enumerate(said) for w in ((None, x) if i % 3 == 2 else (x,))]  # a pause before each 3rd
+    words = [w for i, x in enumerate(said) for w in ((None, x) if i % 3 == pause_before else (x,))]
     policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, context_s=context_s), energy)
     audio, cuts = speech(words), set()
     for i in range(0, len(audio), 4000):
@@ -506,34 +531,152 @@ def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: fl
     while final is None and (d := policy.request()) is not None:
         final = policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
     assert words_of(final.text) == [f"w{w}" for w in said]
-    assert len(cuts) >= 5
+    assert len(cuts) >= 4  # the buffer was cut again and again
 
 
-def test_a_close_decode_that_stops_before_a_later_utterance_decodes_that_utterance_again() -> None:
-    """A stream behind holds two utterances when its close decode comes, and Whisper may stop after the first
-    (the pause): the second's words are decoded in a buffer of their own, not dropped with the buffer (the live
-    server lost "Fine, but you will carry the lamp." so). A decoder that never hears them drops them, once."""
-    audio = speech([1, 2, 3, None, None, None, 4, 5, 6, None, None, None])
-    first_gap = 3 * WORD_SAMPLES
+def stopping_short(open_tail: bool):
+    """A decoder that, in a buffer holding speech after its first segment (a pause: a stream behind holds several
+    utterances), hears only that segment, then gives up (<|endoftext|>) or, with `open_tail`, opens the next
+    segment with the next word's first token and gives up there (Whisper's open last segment); a buffer of one
+    segment is heard whole (`hear`)."""
 
-    def stops_at_a_pause(buffer: np.ndarray) -> list[int]:
-        """`hear`, but a buffer holding speech after a pause is heard only up to that pause."""
+    def decoder(buffer: np.ndarray) -> list[int]:
         heard = hear(buffer)
-        if len(buffer) > first_gap and buffer[0] != 0 and np.any(buffer[first_gap:]):
-            end = TS + first_gap // 320
-            heard = [t for t in heard if t < EOT and t // 2 <= 3 or EOT < t <= end] + [EOT]
-        return heard
+        closed = segments(heard, KINDS)
+        if len(closed) < 2:
+            return heard
+        rest = heard[closed[0].end_index + 1:]
+        tail = [rest[0], next(t for t in rest if t < EOT)] if open_tail else []
+        return heard[:closed[0].end_index + 1] + tail + [EOT]
 
-    def deaf_to_the_second(buffer: np.ndarray) -> list[int]:
-        return [t for t in stops_at_a_pause(buffer) if not (t < EOT and t // 2 >= 4)]
+    decoder.__name__ = f"stopping_short(open_tail={open_tail})"
+    return decoder
 
-    for decoder, expected in ((stops_at_a_pause, ["w1", "w2", "w3", "w4", "w5", "w6"]),
-                              (deaf_to_the_second, ["w1", "w2", "w3"])):
+
+def close_all(policy: StreamPolicy, decoder) -> tuple[object, int]:
+    """finish() and the close decodes that follow, by `decoder`: (the final Update, decodes run)."""
+    update, decodes = policy.finish(), 0
+    while (update is None or not update.final) and (d := policy.request()) is not None:
+        decodes += 1
+        update = policy.accept(d, decoder(d.audio))
+    return update, decodes
+
+
+@pytest.mark.parametrize("open_tail", [False, True])
+def test_a_close_decode_that_stops_short_is_decoded_again_from_where_it_stopped_until_all_is_heard(
+        open_tail: bool) -> None:
+    """A stream behind holds three utterances when its close decode comes, and the decoder stops after the first
+    each time (after the pause, or with its last segment left open): the buffer restarts at the end of what it
+    heard, again and again, so every word is committed once, in order (the live server lost "Fine, but you will
+    carry the lamp." so, and later a stream's last three sentences, where a restart was granted only once)."""
+    audio = speech([1, 2, 3, None, None, None, 4, 5, 6, None, None, None, 7, 8, 9, None, None, None])
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    policy.feed(audio)  # all at once: the stream fell behind
+    update, decodes = close_all(policy, stopping_short(open_tail))
+    assert update.final and words_of(update.text) == [f"w{w}" for w in range(1, 10)], update.text
+    assert decodes == 3
+
+
+def test_a_close_decode_that_hears_nothing_more_ends_the_restarts() -> None:
+    """Restarts end: a decoder deaf to the later utterances hears nothing past its restart point, so their audio
+    is dropped (not decoded again and again), and a hypothesis with no closed segment is committed whole."""
+    audio = speech([1, 2, 3, None, None, None, 4, 5, 6, None, None, None, 7, 8, 9, None, None, None])
+
+    def deaf_to_the_later(buffer: np.ndarray) -> list[int]:
+        return [t for t in stopping_short(False)(buffer) if not (t < EOT and t // 2 >= 4)]
+
+    def never_closes(buffer: np.ndarray) -> list[int]:  # one open segment holding the first word only
+        return [TS, 2, EOT] if np.any(buffer) else [EOT]
+
+    for decoder, expected, most in ((deaf_to_the_later, ["w1", "w2", "w3"], 3), (never_closes, ["w1"], 1)):
         policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
-        policy.feed(audio)  # all at once: the stream fell behind
-        update, decodes = policy.finish(), 0
-        while (update is None or not update.final) and (d := policy.request()) is not None:
-            decodes += 1
-            update = policy.accept(d, decoder(d.audio))
-        assert update.final and words_of(update.text) == expected, (decoder.__name__, update.text)
-        assert decodes <= 3
+        policy.feed(audio)
+        update, decodes = close_all(policy, decoder)
+        assert update.final and words_of(update.text) == expected, (decoder, update.text)
+        assert decodes <= most
+
+
+def drifting_once(at_decode: int, shift_s: float):
+    """`hear_given`, but decode number `at_decode` times its first closed segment's end `shift_s` late, and every
+    timestamp after it as late (Whisper's timestamps drifting: one sentence timed over the next ones' speech); and
+    so does every later decode given a prefix (it reads on from the drifted timestamps forced), until one is given
+    none (it times the buffer afresh)."""
+    count, drifting = 0, False
+
+    def decoder(audio: np.ndarray, prefix: tuple[int, ...]) -> list[int]:
+        nonlocal count, drifting
+        count += 1
+        tokens = hear_given(audio, prefix)
+        closed = segments(tokens, KINDS)
+        drifting = count == at_decode or (drifting and bool(prefix))
+        if not drifting or not closed:
+            return tokens
+        first = closed[0].end_index if count == at_decode else 1 + len(prefix)  # a forced prefix drifted already
+        shift = int(shift_s * SR) // 320
+        return [t + shift if t >= TS and i >= first else t for i, t in enumerate(tokens)]
+
+    return decoder
+
+
+@pytest.mark.parametrize("at_decode", [3, 5, 8])
+def test_a_hypothesis_whose_timestamps_drifted_cuts_no_speech_unheard(at_decode: int) -> None:
+    """One decode times a segment 8 s late, over the next sentences' speech, and every later segment as late (seen
+    live). Its timestamps are not trusted: no trim at them, none forced as the next decode's prefix, so no speech
+    is cut before it is heard and every word is committed once, in order."""
+    said = list(range(1, 25))
+    audio = speech([w for i, x in enumerate(said) for w in ((x, None) if i % 3 == 2 else (x,))])  # 3 words, a pause
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    decoder = drifting_once(at_decode, 8.0)
+    for i in range(0, len(audio), SR):
+        policy.feed(audio[i:i + SR])
+        while (d := policy.request()) is not None:
+            policy.accept(d, decoder(d.audio, d.prefix))
+    update, _ = close_all(policy, lambda buffer: hear(buffer))
+    assert update.final and words_of(update.text) == [f"w{w}" for w in said], update.text
+
+
+def test_a_close_decode_whose_timestamps_drifted_over_later_speech_is_decoded_again_from_before_them() -> None:
+    """A close decode's second segment runs on over three later utterances it does not transcribe (its end timed
+    where the last one ends): its timing drifted, so the decode stops short before it, and that speech is decoded
+    again instead of being taken as heard."""
+    audio = speech([w for u in range(5) for w in (3 * u + 1, 3 * u + 2, 3 * u + 3, None, None, None)])
+    count = 0
+
+    def drifts_once(buffer: np.ndarray) -> list[int]:
+        nonlocal count
+        count += 1
+        heard = hear(buffer)
+        closed = segments(heard, KINDS)
+        if count > 1 or len(closed) < 3:
+            return heard
+        return heard[:closed[1].end_index] + [heard[closed[-1].end_index], EOT]
+
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    policy.feed(audio)  # all at once: the stream fell behind
+    update, decodes = close_all(policy, drifts_once)
+    assert update.final and words_of(update.text) == [f"w{w}" for w in range(1, 16)], update.text
+    assert decodes == 2
+
+
+def test_a_close_decode_that_loops_commits_the_looped_segment_once() -> None:
+    """A close decode says its one utterance, then the same segment six times more over the silence after it (a
+    loop, as Whisper wrote a stream's cut last line eight times): committed once. A segment said again in text that
+    does not loop (a compression ratio within Whisper's threshold) is kept."""
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    policy.feed(speech([1, 2, 3, None, None, None, None, None, None, None, None, None]))
+
+    def loops(buffer: np.ndarray) -> list[int]:
+        heard = hear(buffer)[:-1]  # <|0.00|> w1 w2 w3 <|1.50|>
+        return heard + [t for k in range(1, 7) for t in (TS + 75 * k, 2, 3, 4, 5, 6, 7, TS + 75 * k + 60)] + [EOT]
+
+    update, decodes = close_all(policy, loops)
+    assert update.final and words_of(update.text) == ["w1", "w2", "w3"] and decodes == 1, update.text
+
+    once_again = [TS, 2, 3, 4, 5, 6, 7, TS + 75, TS + 75, *range(8, 26), TS + 300, TS + 300, 2, 3, 4, 5, 6, 7,
+                  TS + 375, EOT]
+    assert compression_ratio(detokenize(text_of(once_again, KINDS))) <= LOOP_COMPRESSION_RATIO
+    assert first_repeat(once_again, segments(once_again, KINDS), KINDS) == 2
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    policy.feed(speech([1, 2, 3, None, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, None, None, None]))
+    update, _ = close_all(policy, lambda buffer: once_again)
+    assert words_of(update.text) == [f"w{w}" for w in (1, 2, 3, *range(4, 13), 1, 2, 3)], update.text

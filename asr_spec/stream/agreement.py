@@ -9,6 +9,7 @@ A hypothesis is the tokens the engine generated for a buffer in Whisper's timest
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ SAMPLE_RATE = 16_000
 TIME_PRECISION_S = 0.02  # one Whisper timestamp token step
 SAMPLES_PER_TIMESTAMP = 320  # TIME_PRECISION_S * SAMPLE_RATE
 ANCHOR_EDITS = 2  # edits a hypothesis may add before the last committed word and still be read after it
+MIN_LOOP_TOKENS = 4  # a segment at least this long written again token for token is a loop (not a repeated "Yes.")
 
 
 @dataclass(frozen=True)
@@ -49,16 +51,23 @@ class SegmentEnd:
 
     text_end: text tokens of the hypothesis up to and including this segment's;
     end_index: index (in the hypothesis) of its closing timestamp token; end_ts: that timestamp, in steps of
-    TIME_PRECISION_S from the buffer's start.
+    TIME_PRECISION_S from the buffer's start; start_ts: its opening timestamp, likewise; words: the words of its
+    text (text tokens that start one, and its first).
     """
 
     text_end: int
     end_index: int
     end_ts: int
+    start_ts: int = 0
+    words: int = 0
 
     @property
     def end_samples(self) -> int:
         return self.end_ts * SAMPLES_PER_TIMESTAMP
+
+    @property
+    def start_samples(self) -> int:
+        return self.start_ts * SAMPLES_PER_TIMESTAMP
 
 
 def text_of(tokens: Sequence[int], kinds: TokenKinds) -> list[int]:
@@ -196,15 +205,59 @@ def _words(tokens: Sequence[int], kinds: TokenKinds) -> list[tuple[int, ...]]:
 def segments(tokens: Sequence[int], kinds: TokenKinds) -> list[SegmentEnd]:
     """The closed segments of a hypothesis, in order: a timestamp opens a segment, the next one closes it
     (Whisper writes a segment boundary as a pair: the end of one, the start of the next)."""
-    out, is_open, n_text = [], False, 0
+    out, is_open, n_text, opened, words = [], False, 0, 0, 0
     for index, token in enumerate(tokens):
         if token >= kinds.timestamp_begin:
             if is_open:
-                out.append(SegmentEnd(n_text, index, token - kinds.timestamp_begin))
+                out.append(SegmentEnd(n_text, index, token - kinds.timestamp_begin, opened, words))
+            else:
+                opened, words = token - kinds.timestamp_begin, 0
             is_open = not is_open
         elif kinds.is_text(token):
             n_text += 1
+            words += words == 0 or kinds.starts_word(token)
     return out
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of `text` (UTF-8) over bytes of its zlib compression, as Whisper computes it (0 for no text)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def first_repeat(tokens: Sequence[int], closed: Sequence[SegmentEnd], kinds: TokenKinds,
+                 min_tokens: int = MIN_LOOP_TOKENS) -> int | None:
+    """The position in `closed` (`segments(tokens)`) of the first segment whose text (at least `min_tokens` text
+    tokens) says an earlier segment's again token for token: where a hypothesis that loops starts writing its
+    loop; None when none does."""
+    text, seen, begin = text_of(tokens, kinds), set(), 0
+    for position, segment in enumerate(closed):
+        said = tuple(text[begin:segment.text_end])
+        if len(said) >= min_tokens and said in seen:
+            return position
+        seen.add(said)
+        begin = segment.text_end
+    return None
+
+
+def rendered(tokens: Sequence[int], kinds: TokenKinds, detokenize: Callable[[Sequence[int]], str]) -> str:
+    """A hypothesis as text with its timestamps written in, e.g. ``<|0.00|> Hello there.<|1.24|><|eot|>`` (for
+    traces: every run of text tokens detokenized together, every timestamp in seconds, other specials by id)."""
+    out, run = [], []
+    for token in tokens:
+        if kinds.is_text(token):
+            run.append(token)
+            continue
+        if run:
+            out.append(detokenize(run))
+            run = []
+        if token >= kinds.timestamp_begin:
+            out.append(f"<|{(token - kinds.timestamp_begin) * TIME_PRECISION_S:.2f}|>")
+        else:
+            out.append("<|eot|>" if token == kinds.eot else f"<|{token}|>")
+    if run:
+        out.append(detokenize(run))
+    return "".join(out)
 
 
 def shifted(tokens: Sequence[int], ts_steps: int, kinds: TokenKinds) -> tuple[int, ...]:

@@ -27,7 +27,8 @@ class StreamOptions:
     # (forced as the prefix): a re-decode hears this much left context before what is new (0: none, the buffer
     # starts at the last committed segment's end); a full buffer is still trimmed by force. 5 s: every one of 8 x 60 s
     # streams within 2 points of offline in lockstep (step 1 and 3) and in two server runs (worst 1.72 / 1.12 points
-    # against 2.46 at 0, p95 6.8 / 6.9 s); the sentence a first server run lost was the close bug (`_unheard_from`)
+    # against 2.46 at 0, p95 6.8 / 6.9 s); the sentence a first server run lost was the close bug
+    # (`policy._stopped_short`)
     context_s: float = 5.0
 
     def __post_init__(self) -> None:

@@ -38,15 +38,24 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
   after speech closes the utterance: the buffer up to the speech's end is decoded once more and all of it is
-  committed, then the buffer starts afresh (at that decode's last timestamp instead, once, where it stopped
-  before `UNHEARD_SPEECH_S` of later speech: a stream behind holds several utterances, `_unheard_from`); a buffer
-  without speech is never decoded.
+  committed (a looping text's repeated segments left out: `hearing.before_loop`), then the buffer starts afresh;
+  where that decode stopped short (its last closed segment ends before `UNHEARD_SPEECH_S` of later speech: a stream
+  behind holds several utterances, and Whisper may give up after a pause or leave its last segment open), only
+  its closed segments are committed and the buffer restarts at their end, to be closed again
+  (`hearing.stopped_short`: each restart is later than the last, so they end); a buffer without speech is never
+  decoded;
+- a hypothesis with a segment timed over more speech than its words can say (`hearing.drifted`: Whisper's
+  timestamps drifted, and every later segment with them) is not trusted for timing: it cuts no audio (unless the
+  buffer is as long as it may get), is not forced as the next decode's prefix (that decode times the buffer
+  afresh), and a close decode stops short before that segment.
 
 Units: `_samples` are 16 kHz samples of the stream since its start, `_s` seconds of stream audio.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -61,6 +70,7 @@ from asr_spec.stream.agreement import (
     agreed_words,
     aligned_end,
     committed_prefix,
+    rendered,
     repeated_words,
     segments,
     shifted,
@@ -68,18 +78,18 @@ from asr_spec.stream.agreement import (
     text_of,
     without_text,
 )
+from asr_spec.stream.hearing import FRAME_SAMPLES, before_loop, drifted, stopped_short
 from asr_spec.stream.options import WINDOW_S, StreamOptions
 
-FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
-# committed words a cut before their segment's end may leave in the buffer: the speech of at most PAUSE_SEARCH_S
-# (two words of a fast speaker, ~5 a second)
-SEAM_WORDS = 2
-# A close decode whose hypothesis ends (its last timestamp) this much speech before the audio it was given ends
-# stopped short of a later utterance (a stream behind holds several, and Whisper may give up after a pause): that
-# speech is decoded again in a buffer of its own (`_unheard_from`), once, not dropped
-UNHEARD_SPEECH_S = 0.5
-UNHEARD_SEAM_WORDS = 8  # committed words such a restarted buffer's first hypothesis may say again (dropped)
+# committed words a cut before their segment's end may leave in the buffer: the speech of PAUSE_SEARCH_S and of a
+# segment end timed a few tenths early (four words of a fast speaker, ~5 a second; 2 until a live run left three,
+# "When he grew", and said them twice)
+SEAM_WORDS = 4
+UNHEARD_SEAM_WORDS = 8  # committed words a buffer restarted where a close decode stopped short may say again (dropped)
+
+log = logging.getLogger(__name__)  # DEBUG: one line per decode result (its hypothesis, what it committed)
+_policies = itertools.count(1)
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -135,12 +145,12 @@ class StreamPolicy:
         self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
         # committed text tokens the buffer's start may say again: the last cut went back over speech (`_trim`)
         self._seam: list[int] = []
-        self._retried = -1  # stream sample a buffer restarted at to decode speech a close decode left unheard
         self._text = ""
         self._in_flight: Decode | None = None
         self._serial = 0
         self._finished = False
         self.done = False
+        self.label = f"stream policy {next(_policies)}"  # names it in the trace (DEBUG log lines)
 
     @property
     def finished(self) -> bool:
@@ -217,19 +227,47 @@ class StreamPolicy:
             raise InputError(f"stream: result for decode {decode.serial}, which is not the one in flight")
         self._in_flight = None
         hypothesis = self._past_seam(tuple(int(t) for t in tokens))
+        traced = log.isEnabledFor(logging.DEBUG)
+        drift = " (timing drifted)" if traced and not self._timed(hypothesis) else ""  # before the buffer changes
+        update = self._closed(decode, hypothesis) if decode.kind == "close" else self._stepped(decode, hypothesis)
+        if traced:
+            log.debug("%s decode %d (%s) of %.2f-%.2f s, heard %.2f s: %s%s | committed %r, buffer from %.2f s%s",
+                      self.label, decode.serial, decode.kind, decode.start_s,
+                      decode.start_s + len(decode.audio) / SAMPLE_RATE, decode.heard_s,
+                      rendered(hypothesis, self.kinds, self.detokenize), drift, update.delta,
+                      self._start / SAMPLE_RATE, ", final" if update.final else "")
+        return update
+
+    def _closed(self, decode: Decode, hypothesis: tuple[int, ...]) -> Update:
+        """A close decode's result: all its text committed (a loop's repeats left out: `hearing.before_loop`), the
+        buffer started afresh after its audio; or, where its hypothesis stopped short of later speech
+        (`hearing.stopped_short`), the text of its closed segments committed and the buffer restarted at their end
+        (the rest is decoded again)."""
+        hypothesis = before_loop(hypothesis, self.kinds, self.detokenize)  # a loop's repeats are not heard
         new_text = text_of(hypothesis, self.kinds)
-        # new_text[:said] is committed already
-        said = aligned_end(self._committed, new_text, self.kinds, self._word_key)
-        if decode.kind == "close":
+        said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
+        start = int(round(decode.start_s * SAMPLE_RATE))
+        stop = stopped_short(segments(hypothesis, self.kinds), self._speech(), start, len(decode.audio))
+        if stop is None:
             delta = self._commit(new_text[said:])
-            heard = self._unheard_from(decode, hypothesis)
-            self._reset_after(int(round(decode.start_s * SAMPLE_RATE)) + len(decode.audio) if heard is None else heard)
-            if heard is not None:  # the speech after it may still end words said before it (early timestamps):
-                self._seam = self._words_before(new_text, len(new_text), UNHEARD_SEAM_WORDS)  # dropped, not doubled
-            if self._finished and not self._has_speech():
-                return self._final(delta, decode.heard_s)
-            return Update(delta, "", self._text, False, decode.heard_s)
-        as_said = new_text[:said] == self._committed  # it says the committed words as they were committed
+            self._reset_after(start + len(decode.audio))
+        else:
+            heard = max(said, stop.text_end)
+            delta = self._commit(new_text[said:heard])
+            self._reset_after(start + stop.end_samples)
+            # the speech after it may still end words said before it (early timestamps): dropped, not doubled
+            self._seam = self._words_before(new_text, heard, UNHEARD_SEAM_WORDS)
+        if self._finished and not self._has_speech():
+            return self._final(delta, decode.heard_s)
+        return Update(delta, "", self._text, False, decode.heard_s)
+
+    def _stepped(self, decode: Decode, hypothesis: tuple[int, ...]) -> Update:
+        """A step or overflow decode's result: the words two hypotheses agree on committed, the buffer trimmed
+        after its wholly committed segments (by force when full)."""
+        new_text = text_of(hypothesis, self.kinds)
+        said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
+        # it says the committed words as they were committed, in segments timed as they can be
+        as_said = new_text[:said] == self._committed and self._timed(hypothesis)
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
         n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
@@ -237,8 +275,8 @@ class StreamPolicy:
         said += n_agreed
         tentative = self.detokenize(new_text[said:])
         self._previous = hypothesis
-        # a hypothesis that words the committed text differently may misplace its end: it cuts no audio unless
-        # the buffer is as long as it may get (a window less a step)
+        # a hypothesis that words the committed text differently (or has drifted) may misplace its end: it cuts
+        # no audio unless the buffer is as long as it may get (a window less a step)
         if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
             delta += self._force_trim(hypothesis, new_text, said)
         elif as_said:
@@ -330,24 +368,6 @@ class StreamPolicy:
         middle = quietest * FRAME_SAMPLES + FRAME_SAMPLES // 2 - self._start
         return max(middle, 0) // SAMPLES_PER_TIMESTAMP
 
-    def _unheard_from(self, decode: Decode, hypothesis: tuple[int, ...]) -> int | None:
-        """Where a close decode's buffer restarts instead of after its audio: the hypothesis's last timestamp (a
-        stream sample), where the hypothesis ends with all its segments closed and `UNHEARD_SPEECH_S` or more of
-        speech follows that timestamp in the audio; once per restart point (a second decode that leaves the same
-        speech unheard drops it). None: the buffer restarts after the decode's audio."""
-        start = int(round(decode.start_s * SAMPLE_RATE))
-        closed = segments(hypothesis, self.kinds)
-        body = [t for t in hypothesis if t != self.kinds.eot]
-        if start == self._retried or not closed or body[-1] < self.kinds.timestamp_begin:
-            return None
-        heard, end = start + closed[-1].end_samples, start + len(decode.audio)
-        frames = self._speech_frames()
-        unheard = np.count_nonzero((frames * FRAME_SAMPLES >= heard) & ((frames + 1) * FRAME_SAMPLES <= end))
-        if unheard * FRAME_SAMPLES < self._seconds(UNHEARD_SPEECH_S):
-            return None
-        self._retried = heard
-        return heard
-
     def _reset_after(self, end_sample: int) -> None:
         """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""
         cut = max(0, min(end_sample - self._start, len(self._buffer)))
@@ -365,10 +385,21 @@ class StreamPolicy:
         n = min(n_samples, self._seconds(WINDOW_S))
         self._serial += 1
         self._decoded_at = self._received
-        given = committed_prefix(self._previous, self._committed, self.kinds) if self.options.committed_prefix else 0
+        # the previous hypothesis's committed words are forced as they were timed, unless that timing drifted
+        forced = self.options.committed_prefix and self._timed(self._previous)
+        given = committed_prefix(self._previous, self._committed, self.kinds) if forced else 0
         self._in_flight = Decode(self._serial, self._buffer[:n].copy(), self._previous[given:], kind,
                                  self._start / SAMPLE_RATE, self._received / SAMPLE_RATE, self._previous[1:given])
         return self._in_flight
+
+    def _speech(self) -> np.ndarray:
+        """(n_frames,) bool: whether each frame of the stream so far is speech (none without a voice function)."""
+        return self._probs >= self.options.vad_threshold
+
+    def _timed(self, hypothesis: tuple[int, ...]) -> bool:
+        """No segment of `hypothesis` (of the buffer as it is) drifted (`hearing.drifted`): its timestamps may
+        cut the buffer and be forced as the next decode's prefix."""
+        return drifted(segments(hypothesis, self.kinds), self._speech(), self._start) is None
 
     def _speech_frames(self) -> np.ndarray:
         """Indices (stream frames) of the buffer's speech frames."""

@@ -26,21 +26,15 @@ or without a draft.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 from asr_spec.checks import is_number
 from asr_spec.errors import InputError
+from asr_spec.stream.agreement import compression_ratio  # Whisper's, shared with the live policy's loop rule
 
 __all__ = ["NoSpeechRule", "compression_ratio"]
 
 NO_SPEECH = "no speech"  # the reason a ChunkReport gives for a dropped window
-
-
-def compression_ratio(text: str) -> float:
-    """Bytes of `text` (UTF-8) over bytes of its zlib compression, as Whisper computes it (0 for no text)."""
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult
+from asr_spec.stream.agreement import MIN_LOOP_TOKENS  # one length for a loop's segment, offline and live
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
 __all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps",
@@ -47,7 +48,6 @@ __all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "clos
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
-MIN_LOOP_TOKENS = 4  # a segment at least this long written again token for token is a loop (not a repeated "Yes.")
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 

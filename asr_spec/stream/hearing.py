@@ -1,0 +1,86 @@
+"""What a hypothesis heard of its audio: the live policy's checks of Whisper's timestamps and text against the
+buffer's speech, so that a decode that went wrong cuts no speech it did not transcribe.
+
+    drifted(closed, speech, start)          a segment timed over more speech than its words can say
+    before_loop(hypothesis, kinds, text)    a looping hypothesis read up to its first repeated segment
+    stopped_short(closed, speech, start, n) where a close decode stopped before later speech, if it did
+
+`closed`: `agreement.segments(hypothesis)`; `speech`: (n_frames,) bool, whether each FRAME_SAMPLES frame of the
+stream (frame i: stream samples [i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)) is speech; `start`: the stream sample
+of the hypothesis's <|0.00|> (its buffer's first). Pure: no model, no state.
+
+Seen live, each cost a stream whole sentences before these checks (docs/live.md, "Three ways a stream lost text"):
+Whisper timed an 11-word sentence over 13 s (10.5 s of speech, three sentences' worth), every later segment as late
+through the forced prefix, and a trim at one of them cut 7 s of speech unheard; a close decode of a stream that was
+behind stopped after the first of three utterances, again after the second, and a restart was granted once; a
+stream's last line, cut mid-word, came back as "You are a man." eight times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from asr_spec.stream.agreement import (
+    SAMPLE_RATE,
+    SegmentEnd,
+    TokenKinds,
+    compression_ratio,
+    first_repeat,
+    segments,
+    text_of,
+)
+
+__all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "LOOP_COMPRESSION_RATIO", "UNHEARD_SPEECH_S",
+           "before_loop", "drifted", "stopped_short"]
+
+FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
+# A segment holding more speech than DRIFT_S_PER_WORD a word and DRIFT_MARGIN_S more is timed wrong: Whisper's
+# timestamps drifted. In 1,346 segments of three 8-stream server runs the next most after the drifted one (10.5 s
+# for 11 words: 5 s over 0.5 s a word) was 1.2 s over
+DRIFT_S_PER_WORD = 0.5
+DRIFT_MARGIN_S = 3.0
+# text more repetitive than this (zlib compression ratio: Whisper's compression_ratio_threshold) that says a
+# segment again (`agreement.first_repeat`) loops; offline, Whisper's temperature fallback would re-decode it
+LOOP_COMPRESSION_RATIO = 2.4
+# A close decode whose last closed segment ends this much speech before its audio ends stopped short of it (a stream
+# behind holds several utterances, and Whisper may give up after a pause or leave its last segment open)
+UNHEARD_SPEECH_S = 0.5
+
+
+def drifted(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int) -> int | None:
+    """The position in `closed` of the first segment whose timing drifted: more speech frames between its
+    timestamps than its words can say (DRIFT_S_PER_WORD a word and DRIFT_MARGIN_S more); None when none did."""
+    for position, segment in enumerate(closed):
+        first = (start + segment.start_samples) // FRAME_SAMPLES
+        last = (start + segment.end_samples) // FRAME_SAMPLES
+        speech_s = np.count_nonzero(speech[first:last]) * FRAME_SAMPLES / SAMPLE_RATE
+        if speech_s > DRIFT_S_PER_WORD * segment.words + DRIFT_MARGIN_S:
+            return position
+    return None
+
+
+def before_loop(hypothesis: tuple[int, ...], kinds: TokenKinds,
+                detokenize: Callable[[Sequence[int]], str]) -> tuple[int, ...]:
+    """The hypothesis up to the segment before its first repeated one (then <|endoftext|>) when its text loops
+    (compression ratio over LOOP_COMPRESSION_RATIO); as it is otherwise."""
+    if compression_ratio(detokenize(text_of(hypothesis, kinds))) <= LOOP_COMPRESSION_RATIO:
+        return hypothesis
+    closed = segments(hypothesis, kinds)
+    repeat = first_repeat(hypothesis, closed, kinds)
+    return hypothesis if repeat is None else (*hypothesis[:closed[repeat - 1].end_index + 1], kinds.eot)
+
+
+def stopped_short(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int, n_samples: int) -> SegmentEnd | None:
+    """The last of a close decode's closed segments before any that drifted (`drifted`) when the decode stopped
+    short there: `UNHEARD_SPEECH_S` or more of speech frames lie wholly between its end and the end of the decode's
+    `n_samples` of audio, and it ends after the audio's start (a restart there hears more: restarts end). None: it
+    heard its audio, or nothing of it (no closed segment, or one ending at <|0.00|>)."""
+    closed = closed[:drifted(closed, speech, start)]  # timed as they can be (all of them when none drifted)
+    if not closed or closed[-1].end_ts == 0:
+        return None
+    heard, end = start + closed[-1].end_samples, start + n_samples
+    first, last = -(-heard // FRAME_SAMPLES), end // FRAME_SAMPLES  # the frames wholly in [heard, end)
+    unheard_s = np.count_nonzero(speech[first:last]) * FRAME_SAMPLES / SAMPLE_RATE
+    return closed[-1] if unheard_s >= UNHEARD_SPEECH_S else None

@@ -1,0 +1,69 @@
+"""The live policy's checks of what a hypothesis heard (`asr_spec/stream/hearing.py`), on hand-made segments and
+speech frames: each rule at its edge."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asr_spec.stream.agreement import TokenKinds, segments
+from asr_spec.stream.hearing import FRAME_SAMPLES, before_loop, drifted, stopped_short
+
+EOT, TS = 50, 60  # text ids < 50 (even: a word's first token), timestamps from 60: one step 0.02 s, 320 samples
+KINDS = TokenKinds(EOT, TS, np.arange(EOT + 1) % 2 == 0)
+FRAMES_PER_S = 16_000 / FRAME_SAMPLES  # 31.25
+
+
+def speech_between(*spans_s: tuple[float, float], total_s: float = 40.0) -> np.ndarray:
+    """(n_frames,) bool: speech in the given (start, end) seconds of the stream."""
+    speech = np.zeros(int(total_s * FRAMES_PER_S), bool)
+    for start, end in spans_s:
+        speech[int(start * FRAMES_PER_S):int(end * FRAMES_PER_S)] = True
+    return speech
+
+
+def ts(seconds: float) -> int:
+    return TS + int(round(seconds / 0.02))
+
+
+def words(n: int) -> list[int]:
+    return [2 * (i % 20) for i in range(n)]  # n one-token words
+
+
+def test_a_segment_with_more_speech_than_its_words_can_say_has_drifted() -> None:
+    # three words: drifted past 0.5 s a word and 3 s more (4.5 s of speech), at any buffer start
+    for start_s in (0.0, 7.04):
+        start = int(start_s * 16_000)
+        closed = segments([ts(0), *words(5), ts(2), ts(2), *words(3), ts(9), EOT], KINDS)
+        assert [s.words for s in closed] == [5, 3]
+        assert drifted(closed, speech_between((start_s, start_s + 9.0)), start) == 1  # 7 s of speech, 3 words
+        assert drifted(closed, speech_between((start_s, start_s + 6.4)), start) is None  # 4.4 s in the second
+        assert drifted(closed, speech_between((start_s, start_s + 2.0), (start_s + 6.5, start_s + 9.0)),
+                       start) is None  # pauses in it: 2.5 s of speech
+    assert drifted([], speech_between((0, 9)), 0) is None
+
+
+def test_a_close_decode_stopped_short_where_speech_follows_its_last_closed_segment() -> None:
+    start, n = 16_000, 10 * 16_000  # a buffer from 1 s, 10 s of it
+    closed = segments([ts(0), *words(4), ts(2), ts(2), *words(3), ts(4), EOT], KINDS)
+    assert stopped_short(closed, speech_between((1.0, 5.0), (7.0, 9.0)), start, n) == closed[-1]
+    assert stopped_short(closed, speech_between((1.0, 5.0), (7.0, 7.4)), start, n) is None  # 0.4 s: heard
+    assert stopped_short(closed, speech_between((1.0, 5.0), (11.0, 12.0)), start, n) is None  # after its audio
+    open_tail = segments([ts(0), *words(4), ts(2), ts(2), *words(3), EOT], KINDS)  # the second left open
+    assert stopped_short(open_tail, speech_between((1.0, 6.0)), start, n) == open_tail[0]
+    assert stopped_short(segments([ts(0), ts(0), EOT], KINDS), speech_between((1.0, 6.0)), start, n) is None
+    # a drifted second segment: stopped before it, where the speech it ran over begins
+    drift = segments([ts(0), *words(4), ts(2), ts(2), *words(2), ts(9), EOT], KINDS)
+    assert stopped_short(drift, speech_between((1.0, 10.0)), start, n) == drift[0]
+
+
+def test_a_looping_text_is_read_up_to_its_first_repeated_segment() -> None:
+    loop = [ts(0), 2, 4, 6, 8, ts(1), *[t for k in range(1, 6) for t in (ts(k), 2, 4, 6, 8, ts(k + 1))], EOT]
+
+    def say(tokens) -> str:
+        return " ".join(f"w{t}" for t in tokens)
+
+    assert before_loop(tuple(loop), KINDS, say) == (ts(0), 2, 4, 6, 8, ts(1), EOT)
+    varied = (ts(0), 2, 4, 6, 8, ts(1), ts(1), *range(10, 48, 2), ts(5), ts(5), 2, 4, 6, 8, ts(6), EOT)
+    assert before_loop(varied, KINDS, say) == varied  # said again, but the text does not loop
+    short = (ts(0), 2, ts(1), *[t for k in range(1, 9) for t in (ts(k), 2, ts(k + 1))], EOT)
+    assert before_loop(short, KINDS, say) == short  # "Yes." again and again: under MIN_LOOP_TOKENS
