@@ -680,3 +680,29 @@ def test_a_close_decode_that_loops_commits_the_looped_segment_once() -> None:
     policy.feed(speech([1, 2, 3, None, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, None, None, None]))
     update, _ = close_all(policy, lambda buffer: once_again)
     assert words_of(update.text) == [f"w{w}" for w in (1, 2, 3, *range(4, 13), 1, 2, 3)], update.text
+
+
+def test_a_buffer_whose_every_hypothesis_drifted_is_still_bounded_and_loses_no_word() -> None:
+    """A decoder whose timing drifts in every decode (prefix or not): nothing is trimmed at its timestamps, so the
+    buffer grows until it is as long as it may get; then its text is committed whole and the buffer starts afresh
+    (its timestamps would have cut speech unheard): every word once, in order, and no decode over one window."""
+    said = list(range(1, 25)) * 2
+    audio = speech([w for i, x in enumerate(said) for w in ((x, None) if i % 3 == 2 else (x,))])
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    shift = int(8.0 * SR) // 320
+
+    def always_drifts(buffer: np.ndarray, prefix: tuple[int, ...]) -> list[int]:
+        tokens = hear_given(buffer, prefix)
+        closed = segments(tokens, KINDS)
+        first = closed[0].end_index if closed and not prefix else 1 + len(prefix)
+        return [t + shift if t >= TS and i >= first else t for i, t in enumerate(tokens)]
+
+    longest = 0
+    for i in range(0, len(audio), SR):
+        policy.feed(audio[i:i + SR])
+        while (d := policy.request()) is not None:
+            longest = max(longest, len(d.audio))
+            policy.accept(d, always_drifts(d.audio, d.prefix))
+    update, _ = close_all(policy, hear)
+    assert update.final and words_of(update.text) == [f"w{w}" for w in said], update.text
+    assert longest <= WINDOW_S * SR

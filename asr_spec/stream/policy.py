@@ -322,9 +322,12 @@ class StreamPolicy:
 
     def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int) -> str:
         """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
-        no closed segment, commit everything and start afresh. `said`: the hypothesis's text tokens committed
-        already. Returns the text committed."""
-        closed = [s for s in segments(hypothesis, self.kinds) if s.end_ts > 0]
+        no closed segment, commit everything and start afresh. Only segments timed as they can be count (those
+        before any that drifted, `hearing.drifted`: a drifted hypothesis's text is still its reading of the buffer,
+        its timestamps are not). `said`: the hypothesis's text tokens committed already. Returns the text
+        committed."""
+        closed = segments(hypothesis, self.kinds)
+        closed = [s for s in closed[:drifted(closed, self._speech(), self._start)] if s.end_ts > 0]
         if not closed:
             delta = self._commit(new_text[said:])
             self._reset_after(self._start + len(self._buffer))
