@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from asr_spec.stream.agreement import TokenKinds, segments
-from asr_spec.stream.hearing import FRAME_SAMPLES, before_loop, drifted, stopped_short
+from asr_spec.stream.hearing import FRAME_SAMPLES, before_loop, drifted, pause_near, settled_end, stopped_short
 
 EOT, TS = 50, 60  # text ids < 50 (even: a word's first token), timestamps from 60: one step 0.02 s, 320 samples
 KINDS = TokenKinds(EOT, TS, np.arange(EOT + 1) % 2 == 0)
@@ -67,3 +67,21 @@ def test_a_looping_text_is_read_up_to_its_first_repeated_segment() -> None:
     assert before_loop(varied, KINDS, say) == varied  # said again, but the text does not loop
     short = (ts(0), 2, ts(1), *[t for k in range(1, 9) for t in (ts(k), 2, ts(k + 1))], EOT)
     assert before_loop(short, KINDS, say) == short  # "Yes." again and again: under MIN_LOOP_TOKENS
+
+
+def test_settled_segments_end_settled_s_before_the_audio() -> None:
+    closed = segments([ts(0), *words(4), ts(2), ts(2), *words(3), ts(4), ts(4), *words(2), ts(4.9), EOT], KINDS)
+    n = 5 * 16_000
+    assert [settled_end(closed, n, s) for s in (0.1, 1.0, 2.0, 3.5)] == [9, 7, 4, 0]
+    assert settled_end(closed, n, 4.5) == 0
+    assert settled_end(segments([ts(0), ts(0), EOT], KINDS), n, 0.1) == 0  # a segment ending at 0 settles nothing
+
+
+def test_a_cut_goes_to_the_quietest_frame_near_a_segment_end_unless_all_there_is_speech() -> None:
+    probs = np.full(200, 0.9, np.float32)
+    probs[100] = 0.1  # frame 100: stream samples 51,200-51,712, 3.2-3.232 s
+    start = 16_000  # the buffer starts at 1 s: the pause is 2.2-2.232 s into it
+    assert pause_near(probs, start, round(2.0 / 0.02), 0.5) == (100 * FRAME_SAMPLES + 256 - start) // 320
+    assert pause_near(probs, start, round(2.8 / 0.02), 0.5) is None  # 0.57 s away: past PAUSE_SEARCH_S
+    assert pause_near(np.full(200, 0.9, np.float32), start, 100, 0.5) is None  # no pause
+    assert pause_near(probs, start, round(20.0 / 0.02), 0.5) is None  # beyond the frames scored so far

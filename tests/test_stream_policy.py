@@ -24,8 +24,8 @@ from asr_spec.stream.agreement import (
     text_of,
     without_text,
 )
-from asr_spec.stream.hearing import LOOP_COMPRESSION_RATIO
-from asr_spec.stream.policy import PAUSE_SEARCH_S, WINDOW_S, StreamOptions, StreamPolicy
+from asr_spec.stream.hearing import LOOP_COMPRESSION_RATIO, PAUSE_SEARCH_S
+from asr_spec.stream.policy import WINDOW_S, StreamOptions, StreamPolicy
 
 SR = 16_000
 EOT, TS = 50, 60  # text ids < 50 (even: a word's first token, odd: its second), timestamps from 60
@@ -161,10 +161,12 @@ def test_words_said_again_after_a_cut_are_found_and_dropped() -> None:
     assert without_text([TS, 4, 5, TS + 10, TS + 10, 6, EOT], 2, KINDS) == (TS, TS + 10, TS + 10, 6, EOT)
 
 
+@pytest.mark.parametrize("settled_s", [None, 1.0])
 @pytest.mark.parametrize("block_s", [0.1, 0.25, 1.3])
-def test_every_word_committed_once_in_order(block_s: float) -> None:
+def test_every_word_committed_once_in_order(block_s: float, settled_s: float | None) -> None:
     words = list(range(20)) + list(range(5))  # 12.5 s of speech without a pause
-    policy, updates, longest = run_stream(speech(words), StreamOptions(step_s=1.0, context_s=0.0), block_s=block_s)
+    options = StreamOptions(step_s=1.0, context_s=0.0, settled_s=settled_s)
+    policy, updates, longest = run_stream(speech(words), options, block_s=block_s)
     assert updates[-1].final and policy.done
     assert words_of(updates[-1].text) == [f"w{w}" for w in words]
     texts = [u.text for u in updates]
@@ -227,7 +229,7 @@ def test_a_pause_closes_the_utterance_and_silence_is_never_decoded() -> None:
     assert words_of(closed.text) == ["w1", "w2", "w3", "w4"] and closed.tentative == ""
     assert all(np.abs(d.audio).max() > 0 for d in decoded)  # no decode of silence alone
     final = policy.finish()
-    while final is None and (d := policy.request()) is not None:
+    while (final is None or not final.final) and (d := policy.request()) is not None:
         final = policy.accept(d, hear(d.audio))
     assert final.final and words_of(final.text) == ["w1", "w2", "w3", "w4", "w5", "w6", "w7"]
 
@@ -240,6 +242,9 @@ def test_options_and_misuse_are_refused() -> None:
     for context_s in (-1.0, 12.5, float("nan")):
         with pytest.raises(InputError, match="context_s"):
             StreamOptions(context_s=context_s)
+    for settled_s in (0.0, -1.0, 24.5, float("nan"), "2"):
+        with pytest.raises(InputError, match="settled_s"):
+            StreamOptions(settled_s=settled_s)
     policy = StreamPolicy(KINDS, detokenize)
     policy.feed(speech([1, 2, 3]))
     d = policy.request()
@@ -276,7 +281,7 @@ def test_a_late_segment_end_is_cut_at_the_pause_not_in_the_next_word() -> None:
             while (d := policy.request()) is not None:
                 policy.accept(d, hear_late(d.audio))
         final = policy.finish()
-        while final is None and (d := policy.request()) is not None:
+        while (final is None or not final.final) and (d := policy.request()) is not None:
             final = policy.accept(d, hear_late(d.audio))
         got = words_of(final.text)
         assert (got == [f"w{i}" for i in range(1, 13)]) == complete, (voice, got)
@@ -330,23 +335,25 @@ def contiguous(part: list[str], whole: list[str]) -> bool:
     return not part or any(whole[i:i + len(part)] == part for i in range(len(whole) - len(part) + 1))
 
 
-@pytest.mark.parametrize("context_s", [0.0, 1.0])
+@pytest.mark.parametrize(("context_s", "settled_s"), [(0.0, None), (1.0, None), (1.0, 1.0)])
 @pytest.mark.parametrize("max_edits", [1, 2])
 @pytest.mark.parametrize("forced", [False, True])
 def test_commits_never_take_back_double_or_lose_a_word_against_an_adversarial_decoder(max_edits: int, forced: bool,
-                                                                                       context_s: float) -> None:
+                                                                                       context_s: float,
+                                                                                       settled_s: float | None) -> None:
     """A few hundred seeded streams: the committed text only grows; each delta is a run of words of the
     hypothesis that committed it; no word said is committed twice, nor out of order; a word no decode misheard
     is never lost; the words of the last full-buffer hypothesis (the closing decode, heard right) after the
     last one committed before it are all in the final text. forced: the decoder keeps each decode's forced prefix
     (the committed words) and edits only what follows, as the engine does; else it ignores it (any hypothesis).
-    context_s: committed audio kept before what is new at each trim (its words in the buffer, forced)."""
+    context_s: committed audio kept before what is new at each trim (its words in the buffer, forced); settled_s:
+    segments that end this much before their decode's audio committed on that one decode."""
     for seed in range(150):
         rng = np.random.default_rng(seed)
         said = [int(w) for w in rng.permutation(TRUE_WORDS)]
         decode, perturbed = adversary(rng, max_edits)
         options = StreamOptions(step_s=float(rng.choice([0.5, 1.0])), max_buffer_s=float(rng.choice([3.0, 5.0])),
-                                context_s=context_s)
+                                context_s=context_s, settled_s=settled_s)
         policy = StreamPolicy(KINDS, detokenize, options)
         audio, block = speech(said), int(rng.integers(800, 12_000))
         texts, last_hypothesis, committed_before = [""], [], []
@@ -429,7 +436,7 @@ def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commi
     assert decodes[2].start_s < 1.5 and not decodes[2].prefix  # cut before w3, nothing forced: w3 heard again
     policy.feed(audio[48000:])
     final = policy.finish()
-    while final is None and (d := policy.request()) is not None:
+    while (final is None or not final.final) and (d := policy.request()) is not None:
         final = policy.accept(d, hear_given(d.audio, d.prefix))
     assert words_of(final.text) == ["w1", "w2", "w3", "w4", "w5", "w6"]
 
@@ -528,7 +535,7 @@ def test_with_context_a_cut_back_over_speech_commits_no_word_twice(context_s: fl
             cuts.add(d.start_s)
             policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
     final = policy.finish()
-    while final is None and (d := policy.request()) is not None:
+    while (final is None or not final.final) and (d := policy.request()) is not None:
         final = policy.accept(d, hear_given(d.audio, d.prefix, hear_early))
     assert words_of(final.text) == [f"w{w}" for w in said]
     assert len(cuts) >= 4  # the buffer was cut again and again
@@ -706,3 +713,18 @@ def test_a_buffer_whose_every_hypothesis_drifted_is_still_bounded_and_loses_no_w
     update, _ = close_all(policy, hear)
     assert update.final and words_of(update.text) == [f"w{w}" for w in said], update.text
     assert longest <= WINDOW_S * SR
+
+
+
+def test_a_segment_heard_with_settled_s_after_it_is_committed_on_one_decode() -> None:
+    """With `settled_s`, a closed segment that ends that much before its decode's audio is committed by that decode
+    alone (without: only once a second decode agrees); the segment at the buffer's edge still waits for agreement."""
+    audio = speech([1, 2, 3, None, 4, 5, 6, None, 7, 8])  # segments end at 1.5 and 3.5 s; 5.0 s of audio
+    for settled_s, expected in ((None, []), (1.0, ["w1", "w2", "w3", "w4", "w5", "w6"]), (2.0, ["w1", "w2", "w3"])):
+        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8, settled_s=settled_s),
+                              energy)
+        policy.feed(audio)
+        decode = policy.request()
+        assert decode.kind == "step"
+        update = policy.accept(decode, hear_given(decode.audio, decode.prefix))
+        assert words_of(update.delta) == expected, settled_s

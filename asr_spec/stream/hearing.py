@@ -4,6 +4,8 @@ buffer's speech, so that a decode that went wrong cuts no speech it did not tran
     drifted(closed, speech, start)          a segment timed over more speech than its words can say
     before_loop(hypothesis, kinds, text)    a looping hypothesis read up to its first repeated segment
     stopped_short(closed, speech, start, n) where a close decode stopped before later speech, if it did
+    settled_end(closed, n, settled_s)       the text of the segments heard with settled_s of audio after them
+    pause_near(probs, start, end_ts, thr)   where to cut for a segment's end: at a pause near it, not in a word
 
 `closed`: `agreement.segments(hypothesis)`; `speech`: (n_frames,) bool, whether each FRAME_SAMPLES frame of the
 stream (frame i: stream samples [i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)) is speech; `start`: the stream sample
@@ -24,6 +26,7 @@ import numpy as np
 
 from asr_spec.stream.agreement import (
     SAMPLE_RATE,
+    SAMPLES_PER_TIMESTAMP,
     SegmentEnd,
     TokenKinds,
     compression_ratio,
@@ -32,10 +35,11 @@ from asr_spec.stream.agreement import (
     text_of,
 )
 
-__all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "LOOP_COMPRESSION_RATIO", "UNHEARD_SPEECH_S",
-           "before_loop", "drifted", "stopped_short"]
+__all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S",
+           "UNHEARD_SPEECH_S", "before_loop", "drifted", "pause_near", "settled_end", "stopped_short"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
+PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
 # A segment holding more speech than DRIFT_S_PER_WORD a word and DRIFT_MARGIN_S more is timed wrong: Whisper's
 # timestamps drifted. In 1,346 segments of three 8-stream server runs the next most after the drifted one (10.5 s
 # for 11 words: 5 s over 0.5 s a word) was 1.2 s over
@@ -54,11 +58,15 @@ def drifted(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int) -> int
     timestamps than its words can say (DRIFT_S_PER_WORD a word and DRIFT_MARGIN_S more); None when none did."""
     for position, segment in enumerate(closed):
         first = (start + segment.start_samples) // FRAME_SAMPLES
-        last = (start + segment.end_samples) // FRAME_SAMPLES
-        speech_s = np.count_nonzero(speech[first:last]) * FRAME_SAMPLES / SAMPLE_RATE
-        if speech_s > DRIFT_S_PER_WORD * segment.words + DRIFT_MARGIN_S:
+        if _speech_s(speech, first, (start + segment.end_samples) // FRAME_SAMPLES) > \
+                DRIFT_S_PER_WORD * segment.words + DRIFT_MARGIN_S:
             return position
     return None
+
+
+def _speech_s(speech: np.ndarray, first: int, last: int) -> float:
+    """Seconds of speech in frames [first, last) of the stream."""
+    return np.count_nonzero(speech[first:max(first, last)]) * FRAME_SAMPLES / SAMPLE_RATE
 
 
 def before_loop(hypothesis: tuple[int, ...], kinds: TokenKinds,
@@ -81,6 +89,31 @@ def stopped_short(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int, 
     if not closed or closed[-1].end_ts == 0:
         return None
     heard, end = start + closed[-1].end_samples, start + n_samples
-    first, last = -(-heard // FRAME_SAMPLES), end // FRAME_SAMPLES  # the frames wholly in [heard, end)
-    unheard_s = np.count_nonzero(speech[first:last]) * FRAME_SAMPLES / SAMPLE_RATE
+    unheard_s = _speech_s(speech, -(-heard // FRAME_SAMPLES), end // FRAME_SAMPLES)  # frames wholly in [heard, end)
     return closed[-1] if unheard_s >= UNHEARD_SPEECH_S else None
+
+
+def settled_end(closed: Sequence[SegmentEnd], n_samples: int, settled_s: float) -> int:
+    """Text tokens of a hypothesis (of a decode of `n_samples`) through its last closed segment that ends
+    `settled_s` or more before that audio does (Whisper heard what follows it, as offline it would); 0 when none."""
+    latest = n_samples - int(round(settled_s * SAMPLE_RATE))
+    return max((s.text_end for s in closed if 0 < s.end_samples <= latest), default=0)
+
+
+def pause_near(probs: np.ndarray, start: int, end_ts: int, threshold: float) -> int | None:
+    """Where to cut a buffer that starts at stream sample `start` for a segment ending at `end_ts` (timestamp steps
+    from `start`), in timestamp steps from `start`: Whisper's segment ends are often late or early by a few tenths
+    of a second, and a cut inside the next word loses its onset. The middle of the quietest frame within
+    PAUSE_SEARCH_S of the end (`probs`: (n_frames,) speech probability of each frame of the stream), if it is not
+    speech (its probability below `threshold`); None if every frame there is speech."""
+    end = start + end_ts * SAMPLES_PER_TIMESTAMP
+    radius = int(round(PAUSE_SEARCH_S * SAMPLE_RATE))
+    first = max(start, end - radius) // FRAME_SAMPLES
+    last = min(len(probs), (end + radius) // FRAME_SAMPLES + 1)
+    if last <= first:
+        return None
+    quietest = first + int(np.argmin(probs[first:last]))
+    if probs[quietest] >= threshold:
+        return None
+    middle = quietest * FRAME_SAMPLES + FRAME_SAMPLES // 2 - start
+    return max(middle, 0) // SAMPLES_PER_TIMESTAMP

@@ -30,6 +30,10 @@ class StreamOptions:
     # against 2.46 at 0, p95 6.8 / 6.9 s); the sentence a first server run lost was the close bug
     # (`policy._stopped_short`)
     context_s: float = 5.0
+    # a closed segment that ends this much or more before its decode's audio ends is committed on that one decode
+    # (Whisper heard what follows it, as offline it would), not only once two decodes agree on it; None: agreement
+    # only (LocalAgreement-2). A stream re-decoded seldom (many streams, or behind) commits a round sooner
+    settled_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.committed_prefix, bool):
@@ -46,6 +50,9 @@ class StreamOptions:
                              f"speech_pad_s={self.speech_pad_s!r}")
         if not 0 < self.vad_threshold < 1:
             raise InputError(f"stream vad_threshold must be in (0, 1), got {self.vad_threshold!r}")
+        if self.settled_s is not None and not 0 < finite(self.settled_s, "stream settled_s") <= self.max_buffer_s:
+            raise InputError(f"stream settled_s must be None or in (0, max_buffer_s] seconds, got settled_s="
+                             f"{self.settled_s!r} with max_buffer_s={self.max_buffer_s!r}")
         if not 0 <= self.context_s <= self.max_buffer_s / 2:
             raise InputError(f"stream context_s must be in [0, max_buffer_s / 2] seconds, got context_s="
                              f"{self.context_s!r} with max_buffer_s={self.max_buffer_s!r}")

@@ -23,9 +23,11 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
 - every `step_s` of new audio the buffer is decoded again, from its start: its committed words are forced as
   given (`agreement.committed_prefix`, with `committed_prefix` on) and only what follows them is generated;
 - the text tokens on which two successive hypotheses agree are committed, cut back to whole words
-  (`agreement.agreed_words`); committed text is never taken back; each hypothesis is read after the point where
-  the committed words end in it (`agreement.aligned_end`: it may reword, drop or insert words before it), and one
-  that words the committed text differently cuts no audio (its segment ends may be misplaced);
+  (`agreement.agreed_words`); with `settled_s`, also a closed segment that ends that much or more before the
+  decode's audio does, on that one decode (Whisper heard what follows it); committed text is never taken back;
+  each hypothesis is read after the point where the committed words end in it (`agreement.aligned_end`: it may
+  reword, drop or insert words before it), and one that words the committed text differently cuts no audio (its
+  segment ends may be misplaced);
 - once a closed timestamp segment is wholly committed, the buffer is trimmed at its end (with a voice function:
   at a pause within PAUSE_SEARCH_S of it, not inside the next word's onset): the audio before goes, the
   hypothesis's later tokens are kept with their timestamps shifted (`agreement.shifted`); with `context_s`, at the
@@ -78,10 +80,16 @@ from asr_spec.stream.agreement import (
     text_of,
     without_text,
 )
-from asr_spec.stream.hearing import FRAME_SAMPLES, before_loop, drifted, stopped_short
+from asr_spec.stream.hearing import (
+    FRAME_SAMPLES,
+    before_loop,
+    drifted,
+    pause_near,
+    settled_end,
+    stopped_short,
+)
 from asr_spec.stream.options import WINDOW_S, StreamOptions
 
-PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
 # committed words a cut before their segment's end may leave in the buffer: the speech of PAUSE_SEARCH_S and of a
 # segment end timed a few tenths early (four words of a fast speaker, ~5 a second; 2 until a live run left three,
 # "When he grew", and said them twice)
@@ -228,14 +236,14 @@ class StreamPolicy:
         self._in_flight = None
         hypothesis = self._past_seam(tuple(int(t) for t in tokens))
         traced = log.isEnabledFor(logging.DEBUG)
-        drift = " (timing drifted)" if traced and not self._timed(hypothesis) else ""  # before the buffer changes
+        drift = traced and self._drifted(segments(hypothesis, self.kinds)) is not None  # before the buffer changes
         update = self._closed(decode, hypothesis) if decode.kind == "close" else self._stepped(decode, hypothesis)
         if traced:
             log.debug("%s decode %d (%s) of %.2f-%.2f s, heard %.2f s: %s%s | committed %r, buffer from %.2f s%s",
                       self.label, decode.serial, decode.kind, decode.start_s,
                       decode.start_s + len(decode.audio) / SAMPLE_RATE, decode.heard_s,
-                      rendered(hypothesis, self.kinds, self.detokenize), drift, update.delta,
-                      self._start / SAMPLE_RATE, ", final" if update.final else "")
+                      rendered(hypothesis, self.kinds, self.detokenize), " (timing drifted)" if drift else "",
+                      update.delta, self._start / SAMPLE_RATE, ", final" if update.final else "")
         return update
 
     def _closed(self, decode: Decode, hypothesis: tuple[int, ...]) -> Update:
@@ -262,15 +270,18 @@ class StreamPolicy:
         return Update(delta, "", self._text, False, decode.heard_s)
 
     def _stepped(self, decode: Decode, hypothesis: tuple[int, ...]) -> Update:
-        """A step or overflow decode's result: the words two hypotheses agree on committed, the buffer trimmed
-        after its wholly committed segments (by force when full)."""
-        new_text = text_of(hypothesis, self.kinds)
+        """A step or overflow decode's result: the words two hypotheses agree on committed (and, with `settled_s`,
+        its segments heard with that much audio after them), the buffer trimmed after its wholly committed segments
+        (by force when full)."""
+        new_text, closed = text_of(hypothesis, self.kinds), segments(hypothesis, self.kinds)
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         # it says the committed words as they were committed, in segments timed as they can be
-        as_said = new_text[:said] == self._committed and self._timed(hypothesis)
+        as_said = new_text[:said] == self._committed and self._drifted(closed) is None
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
         n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
+        if as_said and self.options.settled_s is not None:  # segments heard with settled_s after them: committed
+            n_agreed = max(n_agreed, settled_end(closed, len(decode.audio), self.options.settled_s) - said)
         delta = self._commit(new_text[said:said + n_agreed])
         said += n_agreed
         tentative = self.detokenize(new_text[said:])
@@ -327,7 +338,7 @@ class StreamPolicy:
         its timestamps are not). `said`: the hypothesis's text tokens committed already. Returns the text
         committed."""
         closed = segments(hypothesis, self.kinds)
-        closed = [s for s in closed[:drifted(closed, self._speech(), self._start)] if s.end_ts > 0]
+        closed = [s for s in closed[:self._drifted(closed)] if s.end_ts > 0]
         if not closed:
             delta = self._commit(new_text[said:])
             self._reset_after(self._start + len(self._buffer))
@@ -353,23 +364,11 @@ class StreamPolicy:
         self._previous = shifted(hypothesis[segment.end_index + 1:], cut // SAMPLES_PER_TIMESTAMP, self.kinds)
 
     def _cut_near(self, end_ts: int) -> int | None:
-        """Where to cut the buffer for a segment ending at `end_ts` (timestamp steps from the buffer's start):
-        Whisper's segment ends are often late or early by a few tenths of a second, and a cut inside the next
-        word loses its onset. With a voice function: the quietest frame within PAUSE_SEARCH_S of the end, if it
-        is not speech (None if every frame there is speech); without: the end itself."""
+        """Where to cut the buffer for a segment ending at `end_ts` (timestamp steps from the buffer's start): with
+        a voice function at a pause near it (`hearing.pause_near`; None: none there), without at the end itself."""
         if self.voice is None:
             return end_ts
-        end = self._start + end_ts * SAMPLES_PER_TIMESTAMP
-        radius = self._seconds(PAUSE_SEARCH_S)
-        first = max(self._start, end - radius) // FRAME_SAMPLES
-        last = min(len(self._probs), (end + radius) // FRAME_SAMPLES + 1)
-        if last <= first:
-            return None
-        quietest = first + int(np.argmin(self._probs[first:last]))
-        if self._probs[quietest] >= self.options.vad_threshold:
-            return None
-        middle = quietest * FRAME_SAMPLES + FRAME_SAMPLES // 2 - self._start
-        return max(middle, 0) // SAMPLES_PER_TIMESTAMP
+        return pause_near(self._probs, self._start, end_ts, self.options.vad_threshold)
 
     def _reset_after(self, end_sample: int) -> None:
         """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""
@@ -389,7 +388,7 @@ class StreamPolicy:
         self._serial += 1
         self._decoded_at = self._received
         # the previous hypothesis's committed words are forced as they were timed, unless that timing drifted
-        forced = self.options.committed_prefix and self._timed(self._previous)
+        forced = self.options.committed_prefix and self._drifted(segments(self._previous, self.kinds)) is None
         given = committed_prefix(self._previous, self._committed, self.kinds) if forced else 0
         self._in_flight = Decode(self._serial, self._buffer[:n].copy(), self._previous[given:], kind,
                                  self._start / SAMPLE_RATE, self._received / SAMPLE_RATE, self._previous[1:given])
@@ -399,10 +398,9 @@ class StreamPolicy:
         """(n_frames,) bool: whether each frame of the stream so far is speech (none without a voice function)."""
         return self._probs >= self.options.vad_threshold
 
-    def _timed(self, hypothesis: tuple[int, ...]) -> bool:
-        """No segment of `hypothesis` (of the buffer as it is) drifted (`hearing.drifted`): its timestamps may
-        cut the buffer and be forced as the next decode's prefix."""
-        return drifted(segments(hypothesis, self.kinds), self._speech(), self._start) is None
+    def _drifted(self, closed: list[SegmentEnd]) -> int | None:
+        """`hearing.drifted` of the closed segments of a hypothesis of the buffer as it is (None: none drifted)."""
+        return drifted(closed, self._speech(), self._start)
 
     def _speech_frames(self) -> np.ndarray:
         """Indices (stream frames) of the buffer's speech frames."""
