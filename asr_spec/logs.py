@@ -1,14 +1,17 @@
 """Logging set-up of the command-line entry points, in one place: warnings as one stderr line each
-(``warning: ...``), no transformers chatter or progress bars. The library itself never configures logging."""
+(``warning: ...``), no transformers chatter or progress bars; and the live streams' trace (`trace_streams`: one line
+per re-decode result the streaming policy takes, to a file). The library itself never configures logging."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from typing import Any
 
-__all__ = ["configure_logging"]
+__all__ = ["configure_logging", "trace_streams"]
+STREAM_TRACE_LOGGER = "asr_spec.stream.policy"  # its DEBUG lines: `StreamPolicy.accept`
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -42,3 +45,20 @@ def configure_logging() -> None:
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover - transformers is a dependency
         pass
+
+
+def trace_streams(path: str | os.PathLike) -> None:
+    """Append every live stream's trace to the file `path` (its folder made if need be): one line per re-decode
+    result, "<ms since start> ms stream policy N decode K (kind) of A-B s, heard H s: <hypothesis with timestamps>
+    | committed '...', buffer from S s" (the logger `asr_spec.stream.policy` at DEBUG; not on stderr). A second
+    call moves the trace to its file."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(relativeCreated)d ms %(message)s"))
+    logger = logging.getLogger(STREAM_TRACE_LOGGER)
+    for old in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:  # one trace file at a time
+        logger.removeHandler(old)
+        old.close()
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    logger.propagate = False  # the CLI's stderr handler shows warnings only

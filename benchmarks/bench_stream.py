@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import logging
 import os
 import time
 from pathlib import Path
@@ -78,6 +77,7 @@ from asr_spec import Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import ChunkRequest
 from asr_spec.eval.metrics import normalize, score
+from asr_spec.logs import trace_streams
 from asr_spec.stream.decodes import GROUP_WAIT_S
 from asr_spec.stream.policy import StreamOptions
 from benchmarks.stream_server import run_server
@@ -313,21 +313,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def trace_to(path: Path) -> None:
-    """Append the streams' policy trace (`asr_spec.stream.policy` at DEBUG) to `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(relativeCreated)d ms %(message)s"))
-    logger = logging.getLogger("asr_spec.stream.policy")
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-
-
 def main() -> None:
     args = parse_args()
     counts = [int(x) for x in args.streams.split(",")]
     if args.trace:
-        trace_to(args.trace)
+        trace_streams(args.trace)
     if args.server and not args.glibc_malloc:  # as `asr-spec serve` does, before the models load
         from asr_spec.serve import allocator
 

@@ -368,7 +368,9 @@ def test_a_server_without_timestamp_mode_refuses_streams_and_still_serves_upload
                                                  (["--step-s", "0.01"], "stream step_s must be in [0.1, 10] seconds"),
                                                  (["--context-s", "-1"], "stream context_s must be in"),
                                                  (["--group-wait-s", "-1"], "group_wait_s must be a finite number "
-                                                  "of seconds >= 0")])
+                                                  "of seconds >= 0"),
+                                                 (["--trace-streams", "/proc/version/trace.log"],
+                                                  "--trace-streams /proc/version/trace.log: cannot write there")])
 def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flags, message):
     from asr_spec.cli import main
 

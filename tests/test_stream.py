@@ -5,6 +5,8 @@ sharing one engine get what each gets alone, and the CLI prints what the Python 
 from __future__ import annotations
 
 import functools
+import logging
+import re
 
 import numpy as np
 import pytest
@@ -89,3 +91,21 @@ def test_cli_prints_the_committed_text(tmp_path):
     assert from_file.stdout.strip() and from_file.stdout == from_stdin.stdout
     bad = cli.invoke(app, args[:-4] + ["--speed", "-1", str(flac)])
     assert bad.exit_code == 2 and "--speed" in bad.output
+    trace = tmp_path / "traces" / "stream.log"  # its folder is made
+    logger = logging.getLogger("asr_spec.stream.policy")
+    try:
+        traced = cli.invoke(app, args + ["--trace-streams", str(trace), str(flac)])
+        assert traced.exit_code == 0 and traced.stdout == from_file.stdout, traced.output
+        assert "stream policy" not in traced.output  # to the file only
+        lines = trace.read_text().splitlines()
+        assert lines and all(re.match(r"\d+ ms stream policy \d+ decode \d+ \((step|overflow|close)\) of ", line)
+                             for line in lines), lines[:3]
+        assert "final" in lines[-1] and "decode 1 " in lines[0]
+        unwritable = cli.invoke(app, args + ["--trace-streams", str(flac / "x.log"), str(flac)])
+        assert unwritable.exit_code == 2 and "--trace-streams" in unwritable.output
+    finally:  # the trace is the process's: leave the logger as it was
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True

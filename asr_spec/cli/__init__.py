@@ -38,9 +38,11 @@ from asr_spec.cli.options import (
     PRESET,
     SEED,
     TEMPERATURE,
+    TRACE_STREAMS,
     USER_ERRORS,
     fail,
     preset_overrides,
+    start_trace,
 )
 from asr_spec.cli.stream import stream
 from asr_spec.cli.transcribe import transcribe
@@ -91,6 +93,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     group_wait_s: float | None = typer.Option(None, help="The longest a live stream's re-decode waits for others "
                                               "to be encoded with it, while another stream's is decoding (0: "
                                               "never; default 1 s)."),
+    trace_streams: Path | None = TRACE_STREAMS,
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
                                                 "503 with Retry-After."),
     max_file_mb: float = typer.Option(25.0, help="Largest upload in MB; beyond: 413."),
@@ -115,6 +118,8 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     concurrent requests and streams share one speculative batch."""
     from asr_spec.serve import run_server
 
+    if trace_streams is not None:
+        start_trace(trace_streams)
     overrides = preset_overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps,
                                  temperature=temperature, compression_ratio_threshold=compression_ratio_threshold,
                                  best_of=best_of, seed=seed, initial_prompt=initial_prompt, hotwords=hotwords)

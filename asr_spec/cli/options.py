@@ -7,6 +7,7 @@ exit 2 too), 130 interrupted.
 
 from __future__ import annotations
 
+import os
 from typing import Any, NoReturn
 
 import typer
@@ -15,8 +16,8 @@ from asr_spec.errors import AsrSpecError
 
 __all__ = ["BATCH_SIZE", "BEST_OF", "COMPRESSION_RATIO_THRESHOLD", "DEVICE", "DRAFT", "DTYPE", "EXIT_FAILED",
            "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "HOTWORDS", "INITIAL_PROMPT", "LANGUAGE", "MODEL", "NO_DRAFT",
-           "PRESET", "RAY", "RAY_ADDRESS", "SEED", "TEMPERATURE", "USER_ERRORS", "WORKERS", "fail",
-           "preset_overrides"]
+           "PRESET", "RAY", "RAY_ADDRESS", "SEED", "TEMPERATURE", "TRACE_STREAMS", "USER_ERRORS", "WORKERS", "fail",
+           "preset_overrides", "start_trace"]
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
 USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: engine.ResourceError
@@ -29,6 +30,17 @@ def fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
+def start_trace(path: os.PathLike) -> None:
+    """--trace-streams: the live streams' trace appended to `path` (`asr_spec.logs.trace_streams`); a path that
+    cannot be written fails in one line before anything loads."""
+    from asr_spec.logs import trace_streams
+
+    try:
+        trace_streams(path)
+    except OSError as err:
+        fail(f"--trace-streams {path}: cannot write there ({err.strerror or err})", EXIT_USAGE)
+
+
 def _preset_help() -> str:
     from asr_spec.models.presets import available_presets
 
@@ -38,6 +50,9 @@ def _preset_help() -> str:
 
 # The options of `transcribe`, `serve` and `eval` (the same name, default and meaning in each).
 PRESET = typer.Option("base", help=_preset_help())
+TRACE_STREAMS = typer.Option(None, help="Append a line per live re-decode result to this file: its audio, the "
+                             "hypothesis with timestamps, what it committed (to see why a stream's text is what it "
+                             "is).")
 MODEL = typer.Option(None, help="Model: hub id, directory, CTranslate2 directory or embedded:whisper-base. "
                      "Replaces the preset's (and its draft).")
 DRAFT = typer.Option(None, help="Draft model (same forms). Replaces the preset's.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import typer
@@ -24,9 +25,11 @@ from asr_spec.cli.options import (
     MODEL,
     NO_DRAFT,
     PRESET,
+    TRACE_STREAMS,
     USER_ERRORS,
     fail,
     preset_overrides,
+    start_trace,
 )
 from asr_spec.errors import InputError, one_line
 
@@ -50,6 +53,7 @@ def stream(
     no_hypothesis: bool = typer.Option(False, "--no-hypothesis", help="Plain re-decoding: do not offer the previous "
                                        "hypothesis as the draft (the same text, more target passes)."),
     tentative: bool = typer.Option(False, "--tentative", help="Also show the uncommitted text on stderr."),
+    trace_streams: Path | None = TRACE_STREAMS,
 ) -> None:
     """Transcribe a live stream: committed text is printed as it becomes stable."""
     from asr_spec.stream.policy import StreamOptions
@@ -57,6 +61,8 @@ def stream(
 
     if speed < 0:
         fail(f"--speed must be >= 0, got {speed}", EXIT_USAGE)
+    if trace_streams is not None:
+        start_trace(trace_streams)
     try:
         options = StreamOptions(step_s=step_s)
         asr = Transcriber.from_preset(preset, **preset_overrides(model, draft, no_draft, language=language,
