@@ -274,9 +274,10 @@ class StreamPolicy:
         its segments heard with that much audio after them), the buffer trimmed after its wholly committed segments
         (by force when full)."""
         new_text, closed = text_of(hypothesis, self.kinds), segments(hypothesis, self.kinds)
+        drift = self._drifted(closed)
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         # it says the committed words as they were committed, in segments timed as they can be
-        as_said = new_text[:said] == self._committed and self._drifted(closed) is None
+        as_said = new_text[:said] == self._committed and drift is None
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
         n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
@@ -289,7 +290,7 @@ class StreamPolicy:
         # a hypothesis that words the committed text differently (or has drifted) may misplace its end: it cuts
         # no audio unless the buffer is as long as it may get (a window less a step)
         if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
-            delta += self._force_trim(hypothesis, new_text, said)
+            delta += self._force_trim(hypothesis, new_text, said, closed[:drift])
         elif as_said:
             self._trim_committed(hypothesis, new_text, said)
         if self._finished and self._in_flight is None and not self._has_speech():
@@ -331,14 +332,13 @@ class StreamPolicy:
                 self._trim(hypothesis, new_text, segment, cut)
                 return
 
-    def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int) -> str:
+    def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
+                    timed: list[SegmentEnd]) -> str:
         """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
-        no closed segment, commit everything and start afresh. Only segments timed as they can be count (those
-        before any that drifted, `hearing.drifted`: a drifted hypothesis's text is still its reading of the buffer,
-        its timestamps are not). `said`: the hypothesis's text tokens committed already. Returns the text
-        committed."""
-        closed = segments(hypothesis, self.kinds)
-        closed = [s for s in closed[:self._drifted(closed)] if s.end_ts > 0]
+        no closed segment, commit everything and start afresh. Only `timed` count: its closed segments before any
+        that drifted (`hearing.drifted`: a drifted hypothesis's text is still its reading of the buffer, its
+        timestamps are not). `said`: the hypothesis's text tokens committed already. Returns the text committed."""
+        closed = [s for s in timed if s.end_ts > 0]
         if not closed:
             delta = self._commit(new_text[said:])
             self._reset_after(self._start + len(self._buffer))
