@@ -3,10 +3,22 @@ speech frames: each rule at its edge."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from asr_spec.stream.agreement import TokenKinds, segments
-from asr_spec.stream.hearing import FRAME_SAMPLES, before_loop, drifted, pause_near, settled_end, stopped_short
+from asr_spec.stream.hearing import (
+    FRAME_SAMPLES,
+    UNHEARD_SPEECH_S,
+    before_loop,
+    drifted,
+    pause_near,
+    settled_end,
+    skipped,
+    stopped_short,
+    timing,
+)
 
 EOT, TS = 50, 60  # text ids < 50 (even: a word's first token), timestamps from 60: one step 0.02 s, 320 samples
 KINDS = TokenKinds(EOT, TS, np.arange(EOT + 1) % 2 == 0)
@@ -19,6 +31,11 @@ def speech_between(*spans_s: tuple[float, float], total_s: float = 40.0) -> np.n
     for start, end in spans_s:
         speech[int(start * FRAMES_PER_S):int(end * FRAMES_PER_S)] = True
     return speech
+
+
+def speech_after(start_s: float, *spans_s: tuple[float, float]) -> np.ndarray:
+    """`speech_between` with every span `start_s` later (a buffer that starts there)."""
+    return speech_between(*((start_s + a, start_s + b) for a, b in spans_s))
 
 
 def ts(seconds: float) -> int:
@@ -51,9 +68,41 @@ def test_a_close_decode_stopped_short_where_speech_follows_its_last_closed_segme
     open_tail = segments([ts(0), *words(4), ts(2), ts(2), *words(3), EOT], KINDS)  # the second left open
     assert stopped_short(open_tail, speech_between((1.0, 6.0)), start, n) == open_tail[0]
     assert stopped_short(segments([ts(0), ts(0), EOT], KINDS), speech_between((1.0, 6.0)), start, n) is None
-    # a drifted second segment: stopped before it, where the speech it ran over begins
-    drift = segments([ts(0), *words(4), ts(2), ts(2), *words(2), ts(9), EOT], KINDS)
-    assert stopped_short(drift, speech_between((1.0, 10.0)), start, n) == drift[0]
+    # a drifted second segment: stopped before it, where the speech it ran over begins (its timed segments)
+    drift = [ts(0), *words(4), ts(2), ts(2), *words(2), ts(9), EOT]
+    closed, voiced = segments(drift, KINDS), speech_between((1.0, 10.0))
+    timed = timing(drift, closed, voiced, start, KINDS)
+    assert (timed.drift, timed.skip) == (1, None)
+    assert stopped_short(timed.timed(closed), voiced, start, n) == closed[0]
+    assert stopped_short(closed, voiced, start, n) is None  # read as timed, it heard its audio
+
+
+def test_a_segment_after_which_the_next_opens_past_an_utterance_skipped_it() -> None:
+    # "...lost.<|3.00|><|9.00|> Is that what...": the next segment (closed, or open at the buffer's end) opens 6 s
+    # later; what lies between decides, at any buffer start
+    for start_s in (0.0, 5.0):
+        start = int(start_s * 16_000)
+        voiced = functools.partial(speech_after, start_s)
+        for tail in ([ts(12), EOT], [EOT]):  # the segment after the jump closed, or left open
+            hypothesis = [ts(0), *words(6), ts(3), ts(9), *words(6), *tail]
+            closed = segments(hypothesis, KINDS)
+            said = (0.5, 3.0), (9.0, 12.0)
+            assert skipped(hypothesis, closed, voiced(*said, (4.0, 6.3)), start, KINDS) == 0  # an utterance
+            assert skipped(hypothesis, closed, voiced(*said, (4.0, 4.0 + UNHEARD_SPEECH_S - 0.1)), start, KINDS) is None
+            assert skipped(hypothesis, closed, voiced(*said), start, KINDS) is None  # silence between
+            # speech running on from the segment's end without a pause is its own words timed early
+            assert skipped(hypothesis, closed, voiced((0.5, 5.5), (9.0, 12.0)), start, KINDS) is None
+            assert skipped(hypothesis, closed, voiced((0.5, 5.5), (6.0, 7.0), (9.0, 12.0)), start, KINDS) == 0
+    # back-to-back segments have no gap; no voice function: no frame is speech
+    touching = [ts(0), *words(6), ts(3), ts(3), *words(6), ts(6), EOT]
+    assert skipped(touching, segments(touching, KINDS), speech_between((0.0, 6.0)), 0, KINDS) is None
+    gap = [ts(0), *words(6), ts(3), ts(9), *words(6), ts(12), EOT]
+    assert skipped(gap, segments(gap, KINDS), np.zeros(0, bool), 0, KINDS) is None
+    # timing: the segments through the one before the jump; a drift before it wins
+    three = [ts(0), *words(6), ts(3), ts(3), *words(6), ts(5), ts(9), *words(4), ts(11), EOT]
+    closed, voiced = segments(three, KINDS), speech_between((0.2, 5.0), (6.0, 8.0), (9.0, 11.0))
+    timed = timing(three, closed, voiced, 0, KINDS)
+    assert (timed.drift, timed.skip, timed.timed(closed)) == (None, 1, closed[:2])
 
 
 def test_a_looping_text_is_read_up_to_its_first_repeated_segment() -> None:

@@ -27,7 +27,8 @@ from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import TokenKinds
 from asr_spec.stream.decodes import LiveStream, StreamDecodes
-from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update, VoiceFn
+from asr_spec.stream.frames import VoiceFn
+from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update
 
 
 def token_kinds(tokenizer: Any, eot: int, timestamp_begin: int, max_prefix: int) -> TokenKinds:

@@ -1,11 +1,13 @@
 """What a hypothesis heard of its audio: the live policy's checks of Whisper's timestamps and text against the
 buffer's speech, so that a decode that went wrong cuts no speech it did not transcribe.
 
-    drifted(closed, speech, start)          a segment timed over more speech than its words can say
-    before_loop(hypothesis, kinds, text)    a looping hypothesis read up to its first repeated segment
-    stopped_short(closed, speech, start, n) where a close decode stopped before later speech, if it did
-    settled_end(closed, n, settled_s)       the text of the segments heard with settled_s of audio after them
-    pause_near(probs, start, end_ts, thr)   where to cut for a segment's end: at a pause near it, not in a word
+    drifted(closed, speech, start)                      a segment timed over more speech than its words can say
+    skipped(hypothesis, closed, speech, start, kinds)   a segment after which Whisper jumped over an utterance
+    timing(hypothesis, closed, speech, start, kinds)    both, as a Timing; its .timed(closed): the segments before
+    stopped_short(timed, speech, start, n)              where a close decode stopped before later speech, if it did
+    before_loop(hypothesis, kinds, text)                a looping hypothesis read up to its first repeated segment
+    settled_end(closed, n, settled_s)                   the text of segments with settled_s of audio after them
+    pause_near(probs, start, end_ts, thr)               where to cut for a segment's end: at a pause, not in a word
 
 `closed`: `agreement.segments(hypothesis)`; `speech`: (n_frames,) bool, whether each FRAME_SAMPLES frame of the
 stream (frame i: stream samples [i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)) is speech; `start`: the stream sample
@@ -15,12 +17,15 @@ Seen live, each cost a stream whole sentences before these checks (docs/live.md,
 Whisper timed an 11-word sentence over 13 s (10.5 s of speech, three sentences' worth), every later segment as late
 through the forced prefix, and a trim at one of them cut 7 s of speech unheard; a close decode of a stream that was
 behind stopped after the first of three utterances, again after the second, and a restart was granted once; a
-stream's last line, cut mid-word, came back as "You are a man." eight times.
+stream's last line, cut mid-word, came back as "You are a man." eight times; two step decodes in a row wrote
+"...lost.<|3.00|><|9.00|> Is that what..." over 2.24 s of speech between the two timestamps, and the agreement
+committed what followed the jump.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,7 +41,8 @@ from asr_spec.stream.agreement import (
 )
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S",
-           "UNHEARD_SPEECH_S", "before_loop", "drifted", "pause_near", "settled_end", "stopped_short"]
+           "UNHEARD_SPEECH_S", "before_loop", "drifted", "pause_near", "settled_end", "skipped", "stopped_short",
+           "Timing", "timing"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -48,8 +54,11 @@ DRIFT_MARGIN_S = 3.0
 # text more repetitive than this (zlib compression ratio: Whisper's compression_ratio_threshold) that says a
 # segment again (`agreement.first_repeat`) loops; offline, Whisper's temperature fallback would re-decode it
 LOOP_COMPRESSION_RATIO = 2.4
-# A close decode whose last closed segment ends this much speech before its audio ends stopped short of it (a stream
-# behind holds several utterances, and Whisper may give up after a pause or leave its last segment open)
+# Speech Whisper did not transcribe: a close decode whose last closed segment ends this much speech before its audio
+# ends stopped short of it (a stream behind holds several utterances, and Whisper may give up after a pause or leave
+# its last segment open); a hypothesis whose next segment opens this much speech after a pause that follows a
+# segment's end skipped it (in 277 segment gaps of twelve 8-stream server traces: 2.24 s in the one skip, 0.00 s
+# after a pause in every other)
 UNHEARD_SPEECH_S = 0.5
 
 
@@ -60,6 +69,24 @@ def drifted(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int) -> int
         first = (start + segment.start_samples) // FRAME_SAMPLES
         if _speech_s(speech, first, (start + segment.end_samples) // FRAME_SAMPLES) > \
                 DRIFT_S_PER_WORD * segment.words + DRIFT_MARGIN_S:
+            return position
+    return None
+
+
+def skipped(hypothesis: Sequence[int], closed: Sequence[SegmentEnd], speech: np.ndarray, start: int,
+            kinds: TokenKinds) -> int | None:
+    """The position in `closed` (`segments(hypothesis)`) of the first segment after which Whisper skipped speech:
+    the next segment (closed or open) opens after `UNHEARD_SPEECH_S` or more of speech frames that follow a pause
+    after this one's end (an utterance of their own; speech that runs on from the segment's end without a pause is
+    its own words timed early, not skipped). None when none did."""
+    for position, segment in enumerate(closed):
+        following = segment.end_index + 1
+        if following >= len(hypothesis) or hypothesis[following] < kinds.timestamp_begin:
+            continue
+        ends = (start + segment.end_samples) // FRAME_SAMPLES
+        opens = (start + (hypothesis[following] - kinds.timestamp_begin) * SAMPLES_PER_TIMESTAMP) // FRAME_SAMPLES
+        pauses = np.flatnonzero(~speech[ends:max(ends, opens)])
+        if len(pauses) and _speech_s(speech, ends + int(pauses[0]), opens) >= UNHEARD_SPEECH_S:
             return position
     return None
 
@@ -80,12 +107,33 @@ def before_loop(hypothesis: tuple[int, ...], kinds: TokenKinds,
     return hypothesis if repeat is None else (*hypothesis[:closed[repeat - 1].end_index + 1], kinds.eot)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Where a hypothesis's timestamps stop saying what it heard, as positions in its closed segments: `drift`, the
+    first that drifted (`drifted`); `skip`, the one after which it skipped speech (`skipped`; before `drift`). None:
+    none did."""
+
+    drift: int | None
+    skip: int | None
+
+    def timed(self, closed: Sequence[SegmentEnd]) -> list[SegmentEnd]:
+        """The closed segments timed as they heard: before the first that drifted, through the last before the
+        skipped speech; all of them when neither."""
+        return list(closed[:self.drift] if self.skip is None else closed[:self.skip + 1])
+
+
+def timing(hypothesis: Sequence[int], closed: Sequence[SegmentEnd], speech: np.ndarray, start: int,
+           kinds: TokenKinds) -> Timing:
+    """`drifted` and `skipped` of a hypothesis and its closed segments (`closed`: `segments(hypothesis)`)."""
+    drift = drifted(closed, speech, start)
+    return Timing(drift, skipped(hypothesis, closed[:drift], speech, start, kinds))
+
+
 def stopped_short(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int, n_samples: int) -> SegmentEnd | None:
-    """The last of a close decode's closed segments before any that drifted (`drifted`) when the decode stopped
-    short there: `UNHEARD_SPEECH_S` or more of speech frames lie wholly between its end and the end of the decode's
-    `n_samples` of audio, and it ends after the audio's start (a restart there hears more: restarts end). None: it
-    heard its audio, or nothing of it (no closed segment, or one ending at <|0.00|>)."""
-    closed = closed[:drifted(closed, speech, start)]  # timed as they can be (all of them when none drifted)
+    """The last of a close decode's closed segments timed as they heard (`closed`: `Timing.timed`) when the decode
+    stopped short there: `UNHEARD_SPEECH_S` or more of speech frames lie wholly between its end and the end of the
+    decode's `n_samples` of audio, and it ends after the audio's start (a restart there hears more: restarts end).
+    None: it heard its audio, or nothing of it (no closed segment, or one ending at <|0.00|>)."""
     if not closed or closed[-1].end_ts == 0:
         return None
     heard, end = start + closed[-1].end_samples, start + n_samples

@@ -80,14 +80,8 @@ from asr_spec.stream.agreement import (
     text_of,
     without_text,
 )
-from asr_spec.stream.hearing import (
-    FRAME_SAMPLES,
-    before_loop,
-    drifted,
-    pause_near,
-    settled_end,
-    stopped_short,
-)
+from asr_spec.stream.frames import SpeechFrames, VoiceFn
+from asr_spec.stream.hearing import FRAME_SAMPLES, Timing, before_loop, drifted, settled_end, stopped_short, timing
 from asr_spec.stream.options import WINDOW_S, StreamOptions
 
 # committed words a cut before their segment's end may leave in the buffer: the speech of PAUSE_SEARCH_S and of a
@@ -98,8 +92,6 @@ UNHEARD_SEAM_WORDS = 8  # committed words a buffer restarted where a close decod
 
 log = logging.getLogger(__name__)  # DEBUG: one line per decode result (its hypothesis, what it committed)
 _policies = itertools.count(1)
-
-VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,12 +134,10 @@ class StreamPolicy:
         self.kinds, self.detokenize = kinds, detokenize
         self._word_key = spoken_word(detokenize)  # words compared as spoken when a hypothesis is aligned
         self.options = StreamOptions() if options is None else options
-        self.voice = voice
         self._buffer = np.zeros(0, np.float32)
         self._start = 0  # stream sample of _buffer[0]
         self._received = 0  # samples fed so far
-        self._unframed = np.zeros(0, np.float32)  # samples not yet scored by `voice` (< one frame)
-        self._probs = np.zeros(0, np.float32)  # speech probability of every frame of the stream so far
+        self._frames = SpeechFrames(voice, self.options.vad_threshold)  # the stream's speech, frame by frame
         self._decoded_at = 0  # _received when the last decode was asked for
         self._previous: tuple[int, ...] = ()  # the last hypothesis, relative to the buffer's start
         self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
@@ -187,12 +177,7 @@ class StreamPolicy:
             raise InputError("stream: audio block has NaN or infinite samples")
         self._buffer = np.concatenate([self._buffer, block])
         self._received += len(block)
-        if self.voice is not None:
-            pending = np.concatenate([self._unframed, block])
-            n = len(pending) // FRAME_SAMPLES * FRAME_SAMPLES
-            if n:
-                self._probs = np.concatenate([self._probs, np.asarray(self.voice(pending[:n]), np.float32)])
-            self._unframed = pending[n:]
+        self._frames.feed(block)
         if self._in_flight is None and not self._has_speech():  # fed much at once (catching up): silence goes now
             self._drop_non_speech()
 
@@ -236,13 +221,13 @@ class StreamPolicy:
         self._in_flight = None
         hypothesis = self._past_seam(tuple(int(t) for t in tokens))
         traced = log.isEnabledFor(logging.DEBUG)
-        drift = traced and self._drifted(segments(hypothesis, self.kinds)) is not None  # before the buffer changes
+        doubt = self._doubt(hypothesis) if traced else ""  # before the buffer changes
         update = self._closed(decode, hypothesis) if decode.kind == "close" else self._stepped(decode, hypothesis)
         if traced:
             log.debug("%s decode %d (%s) of %.2f-%.2f s, heard %.2f s: %s%s | committed %r, buffer from %.2f s%s",
                       self.label, decode.serial, decode.kind, decode.start_s,
                       decode.start_s + len(decode.audio) / SAMPLE_RATE, decode.heard_s,
-                      rendered(hypothesis, self.kinds, self.detokenize), " (timing drifted)" if drift else "",
+                      rendered(hypothesis, self.kinds, self.detokenize), doubt,
                       update.delta, self._start / SAMPLE_RATE, ", final" if update.final else "")
         return update
 
@@ -255,7 +240,9 @@ class StreamPolicy:
         new_text = text_of(hypothesis, self.kinds)
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         start = int(round(decode.start_s * SAMPLE_RATE))
-        stop = stopped_short(segments(hypothesis, self.kinds), self._speech(), start, len(decode.audio))
+        closed = segments(hypothesis, self.kinds)
+        stop = stopped_short(self._timing(hypothesis, closed).timed(closed), self._frames.speech, start,
+                             len(decode.audio))
         if stop is None:
             delta = self._commit(new_text[said:])
             self._reset_after(start + len(decode.audio))
@@ -271,18 +258,21 @@ class StreamPolicy:
 
     def _stepped(self, decode: Decode, hypothesis: tuple[int, ...]) -> Update:
         """A step or overflow decode's result: the words two hypotheses agree on committed (and, with `settled_s`,
-        its segments heard with that much audio after them), the buffer trimmed after its wholly committed segments
-        (by force when full)."""
+        its segments heard with that much audio after them) up to speech it skipped (`hearing.skipped`: what
+        follows it waits for a decode that hears that speech), the buffer trimmed after its wholly committed
+        segments (by force when full)."""
         new_text, closed = text_of(hypothesis, self.kinds), segments(hypothesis, self.kinds)
-        drift = self._drifted(closed)
+        timed = self._timing(hypothesis, closed)
+        heard = len(new_text) if timed.skip is None else closed[timed.skip].text_end  # text before skipped speech
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         # it says the committed words as they were committed, in segments timed as they can be
-        as_said = new_text[:said] == self._committed and drift is None
+        as_said = new_text[:said] == self._committed and timed.drift is None
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
         n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
         if as_said and self.options.settled_s is not None:  # segments heard with settled_s after them: committed
             n_agreed = max(n_agreed, settled_end(closed, len(decode.audio), self.options.settled_s) - said)
+        n_agreed = min(n_agreed, max(heard - said, 0))
         delta = self._commit(new_text[said:said + n_agreed])
         said += n_agreed
         tentative = self.detokenize(new_text[said:])
@@ -290,9 +280,9 @@ class StreamPolicy:
         # a hypothesis that words the committed text differently (or has drifted) may misplace its end: it cuts
         # no audio unless the buffer is as long as it may get (a window less a step)
         if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
-            delta += self._force_trim(hypothesis, new_text, said, closed[:drift])
+            delta += self._force_trim(hypothesis, new_text, said, timed.timed(closed))
         elif as_said:
-            self._trim_committed(hypothesis, new_text, said)
+            self._trim_committed(hypothesis, new_text, said, None if timed.skip is None else closed[timed.skip])
         if self._finished and self._in_flight is None and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, tentative, self._text, False, decode.heard_s)
@@ -317,27 +307,43 @@ class StreamPolicy:
         self._text += delta
         return delta
 
-    def _trim_committed(self, hypothesis: tuple[int, ...], new_text: list[int], said: int) -> None:
+    def _trim_committed(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
+                        before_skip: SegmentEnd | None) -> None:
         """Trim the buffer after the last closed segment whose text is all committed (within the hypothesis's
         first `said` text tokens) and that ends `context_s` or more before the last such segment's end, at a pause
-        near its end (`_cut_near`); a segment with no pause there is not trimmed yet. The committed segments after
-        the cut stay in the buffer, their words forced as the next decodes' prefix (left context)."""
+        near its end (`SpeechFrames.cut_near`); a segment with no pause there is not trimmed yet. The committed
+        segments after the cut stay in the buffer, their words forced as the next decodes' prefix (left context).
+        Once `before_skip` (the segment after which the hypothesis skipped speech) is committed, the buffer restarts
+        at that speech instead (`_restart_after`)."""
         done = [s for s in segments(hypothesis, self.kinds) if 0 < s.text_end <= said]
         if not done:
             return
+        if done[-1] == before_skip:  # no left context: Whisper would read on from it past the speech again
+            self._restart_after(hypothesis, new_text, before_skip)
+            return
         latest_ts = done[-1].end_ts - self._seconds(self.options.context_s) // SAMPLES_PER_TIMESTAMP
         for segment in reversed([s for s in done if s.end_ts <= latest_ts]):
-            cut = self._cut_near(segment.end_ts)
+            cut = self._frames.cut_near(self._start, segment.end_ts)
             if cut is not None:
                 self._trim(hypothesis, new_text, segment, cut)
                 return
 
+    def _restart_after(self, hypothesis: tuple[int, ...], new_text: list[int], segment: SegmentEnd) -> None:
+        """Trim the buffer at a pause near the end of `segment`, after which the hypothesis skipped speech (not yet
+        where there is none), so that the next decode starts at that speech; committed words it says again at its
+        start are dropped (`segment`'s end may be early: its last words run on into the cut)."""
+        cut = self._frames.cut_near(self._start, segment.end_ts)
+        if cut is not None:
+            self._trim(hypothesis, new_text, segment, cut)
+            self._seam = self._words_before(new_text, segment.text_end, UNHEARD_SEAM_WORDS)
+
     def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
                     timed: list[SegmentEnd]) -> str:
         """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
-        no closed segment, commit everything and start afresh. Only `timed` count: its closed segments before any
-        that drifted (`hearing.drifted`: a drifted hypothesis's text is still its reading of the buffer, its
-        timestamps are not). `said`: the hypothesis's text tokens committed already. Returns the text committed."""
+        no closed segment, commit everything and start afresh. Only `timed` count: its closed segments timed as they
+        heard (`hearing.Timing.timed`: a drifted hypothesis's text is still its reading of the buffer, its
+        timestamps are not; a skip's later segments wait for that speech to be heard). `said`: the hypothesis's
+        text tokens committed already. Returns the text committed."""
         closed = [s for s in timed if s.end_ts > 0]
         if not closed:
             delta = self._commit(new_text[said:])
@@ -345,7 +351,7 @@ class StreamPolicy:
             return delta
         segment = closed[-2] if len(closed) > 1 else closed[0]
         delta = self._commit(new_text[said:segment.text_end])
-        cut = self._cut_near(segment.end_ts)
+        cut = self._frames.cut_near(self._start, segment.end_ts)
         self._trim(hypothesis, new_text, segment, segment.end_ts if cut is None else cut)
         return delta
 
@@ -355,20 +361,13 @@ class StreamPolicy:
         the segment stay, shifted to the new start."""
         cut = min(cut_ts * SAMPLES_PER_TIMESTAMP, len(self._buffer))
         end = min(segment.end_samples, len(self._buffer))
-        back_over_speech = cut < end and self._speech_between(self._start + cut, self._start + end)
+        back_over_speech = cut < end and self._frames.any_between(self._start + cut, self._start + end)
         self._seam = self._words_before(new_text, segment.text_end) if back_over_speech else []
         self._buffer = self._buffer[cut:]
         self._start += cut
         self._committed = self._committed[aligned_end(new_text[:segment.text_end], self._committed, self.kinds,
                                                       self._word_key):]
         self._previous = shifted(hypothesis[segment.end_index + 1:], cut // SAMPLES_PER_TIMESTAMP, self.kinds)
-
-    def _cut_near(self, end_ts: int) -> int | None:
-        """Where to cut the buffer for a segment ending at `end_ts` (timestamp steps from the buffer's start): with
-        a voice function at a pause near it (`hearing.pause_near`; None: none there), without at the end itself."""
-        if self.voice is None:
-            return end_ts
-        return pause_near(self._probs, self._start, end_ts, self.options.vad_threshold)
 
     def _reset_after(self, end_sample: int) -> None:
         """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""
@@ -394,25 +393,23 @@ class StreamPolicy:
                                  self._start / SAMPLE_RATE, self._received / SAMPLE_RATE, self._previous[1:given])
         return self._in_flight
 
-    def _speech(self) -> np.ndarray:
-        """(n_frames,) bool: whether each frame of the stream so far is speech (none without a voice function)."""
-        return self._probs >= self.options.vad_threshold
-
     def _drifted(self, closed: list[SegmentEnd]) -> int | None:
         """`hearing.drifted` of the closed segments of a hypothesis of the buffer as it is (None: none drifted)."""
-        return drifted(closed, self._speech(), self._start)
+        return drifted(closed, self._frames.speech, self._start)
 
-    def _speech_frames(self) -> np.ndarray:
-        """Indices (stream frames) of the buffer's speech frames."""
-        first = self._start // FRAME_SAMPLES
-        return first + np.flatnonzero(self._probs[first:] >= self.options.vad_threshold)
+    def _timing(self, hypothesis: Sequence[int], closed: list[SegmentEnd]) -> Timing:
+        """`hearing.timing` of a hypothesis of the buffer as it is and its closed segments."""
+        return timing(hypothesis, closed, self._frames.speech, self._start, self.kinds)
 
-    def _speech_between(self, first_sample: int, end_sample: int) -> bool:
-        """Any speech frame between two stream samples (False without a voice function)."""
-        if self.voice is None:
-            return False
-        frames = self._probs[first_sample // FRAME_SAMPLES:-(-end_sample // FRAME_SAMPLES)]
-        return bool((frames >= self.options.vad_threshold).any())
+    def _doubt(self, hypothesis: Sequence[int]) -> str:
+        """What the trace says of a hypothesis's timing: drifted, speech skipped, or nothing."""
+        closed = segments(hypothesis, self.kinds)
+        timed = self._timing(hypothesis, closed)
+        if timed.drift is not None:
+            return " (timing drifted)"
+        if timed.skip is not None:
+            return f" (speech skipped after {closed[timed.skip].end_samples / SAMPLE_RATE:.2f} s)"
+        return ""
 
     def _words_before(self, text: list[int], n_text: int, n_words: int = SEAM_WORDS) -> list[int]:
         """The text tokens of the last `n_words` words of text[:n_text]."""
@@ -422,14 +419,14 @@ class StreamPolicy:
     def _has_speech(self) -> bool:
         if len(self._buffer) == 0:
             return False
-        return self.voice is None or len(self._speech_frames()) > 0
+        return not self._frames.scored or len(self._frames.speech_from(self._start)) > 0
 
     def _close_point(self) -> int | None:
         """The stream sample an utterance closes at (its last speech frame's end plus the pad), when `silence_s`
         of non-speech follows speech in the buffer; else None."""
-        if self.voice is None:
+        if not self._frames.scored:
             return None
-        speech = self._speech_frames()
+        speech = self._frames.speech_from(self._start)
         speech_end = (int(speech[-1]) + 1) * FRAME_SAMPLES
         if self._received - speech_end < self._seconds(self.options.silence_s):
             return None

@@ -1,0 +1,66 @@
+"""The speech of one stream, frame by frame: a voice function's score of every FRAME_SAMPLES frame as the audio
+arrives, and the questions the live policy asks of it, against one threshold in one place.
+
+    frames = SpeechFrames(voice, threshold)   # voice: VoiceFn or None (no voice activity: no frame is scored)
+    frames.feed(samples)                      # (n,) float32 16 kHz; whole frames are scored, the rest waits
+    frames.speech                             # (n_frames,) bool: frame i (stream samples [i * 512, (i + 1) * 512))
+    frames.speech_from(sample)                # indices of the speech frames from the one holding stream `sample`
+    frames.any_between(first, end)            # any speech frame touching stream samples [first, end)
+    frames.cut_near(start, end_ts)            # where to cut a buffer for a segment's end (`hearing.pause_near`)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from asr_spec.stream.hearing import FRAME_SAMPLES, pause_near
+
+VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
+
+__all__ = ["SpeechFrames", "VoiceFn"]
+
+
+class SpeechFrames:
+    """The speech probability of every frame of one stream so far (`probs`) and whether it is speech (`speech`:
+    probability at or above `threshold`); without a voice function nothing is scored and no frame is speech."""
+
+    def __init__(self, voice: VoiceFn | None, threshold: float):
+        self.voice, self.threshold = voice, threshold
+        self._unframed = np.zeros(0, np.float32)  # samples not yet scored (< one frame)
+        self.probs = np.zeros(0, np.float32)  # (n_frames,) speech probability of every frame so far
+        self.speech = np.zeros(0, bool)  # (n_frames,) probs >= threshold
+
+    @property
+    def scored(self) -> bool:
+        """A voice function scores the frames (else the policy decodes and cuts by timestamps alone)."""
+        return self.voice is not None
+
+    def feed(self, block: np.ndarray) -> None:
+        """Score the whole frames of the stream's next (n,) float32 samples; a partial frame waits for the next."""
+        if self.voice is None:
+            return
+        pending = np.concatenate([self._unframed, block])
+        n = len(pending) // FRAME_SAMPLES * FRAME_SAMPLES
+        if n:
+            probs = np.asarray(self.voice(pending[:n]), np.float32)
+            self.probs = np.concatenate([self.probs, probs])
+            self.speech = np.concatenate([self.speech, probs >= self.threshold])
+        self._unframed = pending[n:]
+
+    def speech_from(self, sample: int) -> np.ndarray:
+        """Indices (stream frames) of the speech frames from the one that holds stream sample `sample` on."""
+        first = sample // FRAME_SAMPLES
+        return first + np.flatnonzero(self.speech[first:])
+
+    def any_between(self, first_sample: int, end_sample: int) -> bool:
+        """Whether any frame touching stream samples [first_sample, end_sample) is speech."""
+        return bool(self.speech[first_sample // FRAME_SAMPLES:-(-end_sample // FRAME_SAMPLES)].any())
+
+    def cut_near(self, start: int, end_ts: int) -> int | None:
+        """Where to cut a buffer starting at stream sample `start` for a segment ending at `end_ts` (timestamp steps
+        from `start`): at a pause near it (`hearing.pause_near`; None: none there); unscored, at the end itself."""
+        if self.voice is None:
+            return end_ts
+        return pause_near(self.probs, start, end_ts, self.threshold)
