@@ -60,7 +60,8 @@ class SpeechFrames:
 
     def cut_near(self, start: int, end_ts: int) -> int | None:
         """Where to cut a buffer starting at stream sample `start` for a segment ending at `end_ts` (timestamp steps
-        from `start`): at a pause near it (`hearing.pause_near`; None: none there); unscored, at the end itself."""
-        if self.voice is None:
-            return end_ts
-        return pause_near(self.probs, start, end_ts, self.threshold)
+        from `start`): at a pause near it (`hearing.pause_near`; None: none there); unscored, at the end itself.
+        None too where the cut would be at the buffer's start: it would cut no audio, and a trim there would still
+        drop the segment's committed words from the buffer's record while their audio stays (said again)."""
+        cut = end_ts if self.voice is None else pause_near(self.probs, start, end_ts, self.threshold)
+        return cut if cut is not None and cut > 0 else None

@@ -49,7 +49,11 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
 - a hypothesis with a segment timed over more speech than its words can say (`hearing.drifted`: Whisper's
   timestamps drifted, and every later segment with them) is not trusted for timing: it cuts no audio (unless the
   buffer is as long as it may get), is not forced as the next decode's prefix (that decode times the buffer
-  afresh), and a close decode stops short before that segment.
+  afresh), and a close decode stops short before that segment;
+- a hypothesis whose next segment opens after an utterance it did not transcribe (`hearing.skipped`: 0.5 s or more
+  of speech after a pause that follows a segment's end) commits nothing past that segment; once the segment is
+  committed the buffer restarts at a pause near its end, with no left context, so that the next decode starts at
+  the skipped speech (committed words said again there are dropped); a close decode stops short there.
 
 Units: `_samples` are 16 kHz samples of the stream since its start, `_s` seconds of stream audio.
 """
