@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
+import re
 import threading
 import time
 
@@ -300,9 +302,10 @@ def test_realtime_options_are_checked():
         RealtimeOptions(hypothesis=1)
 
 
-def test_one_input_after_another_on_a_connection(greedy):
+def test_one_input_after_another_on_a_connection(greedy, caplog):
     """After transcription.done the same connection streams the next input; an append after a final commit is an
-    error (input_finished), and the connection goes on."""
+    error (input_finished), and the connection goes on. The trace (`--trace-streams`: the policy's DEBUG lines)
+    names the session, each input and the client."""
     first, second = pcm16(SHORT[1])[:24000], pcm16(SHORT[2])[:20000]
     options = RealtimeOptions(model_id="asr-spec", catch_up=False)
 
@@ -323,8 +326,12 @@ def test_one_input_after_another_on_a_connection(greedy):
                 outcomes.append(events_seen)
             return outcomes
 
-    with serving(create_app(Batcher(greedy, batch_size=2), realtime=options)) as base_url:
-        outcomes = asyncio.run(two_inputs(ws_url(base_url)))
+    with caplog.at_level(logging.DEBUG, logger="asr_spec.stream.policy"):
+        with serving(create_app(Batcher(greedy, batch_size=2), realtime=options)) as base_url:
+            outcomes = asyncio.run(two_inputs(ws_url(base_url)))
+    named = {re.match(r"(sess-\w+) input (\d) \(127\.0\.0\.1:\d+\) decode \d+ ", r.getMessage()).group(1, 2)
+             for r in caplog.records if r.name == "asr_spec.stream.policy"}
+    assert len(named) == 2 and {n for _, n in named} == {"1", "2"} and len({s for s, _ in named}) == 1, named
     for pcm, seen in zip((first, second), outcomes):
         errors = [e for e in seen if e["type"] == "error"]
         assert [e["code"] for e in errors] == ["input_finished"]

@@ -43,3 +43,17 @@ def test_a_cut_at_the_buffers_start_is_no_cut() -> None:
     assert frames.cut_near(early, 10) == (10 * FRAME_SAMPLES + FRAME_SAMPLES // 2 - early) // 320
     assert SpeechFrames(None, 0.5).cut_near(start, 10) == 10  # unscored: at the end itself
     assert SpeechFrames(None, 0.5).cut_near(start, 0) is None
+
+
+def test_a_cut_after_a_segment_end_is_in_the_first_pause_after_it() -> None:
+    audio = np.full(40 * FRAME_SAMPLES, 0.9, np.float32)
+    audio[20 * FRAME_SAMPLES:22 * FRAME_SAMPLES] = 0.0  # frames 20 and 21 quiet
+    frames = SpeechFrames(loud, 0.5)
+    frames.feed(audio)
+    start = 5 * FRAME_SAMPLES
+    middle = (20 * FRAME_SAMPLES + FRAME_SAMPLES // 2 - start) // 320
+    assert frames.cut_after(start, 10) == middle  # the end (0.2 s in, frame 5 + 6) runs on in speech to frame 20
+    assert frames.cut_after(start, middle) == middle  # an end inside the pause: there
+    assert frames.cut_after(start, (24 * FRAME_SAMPLES - start) // 320) is None  # speech to the last scored frame
+    assert SpeechFrames(None, 0.5).cut_after(start, 10) is None
+

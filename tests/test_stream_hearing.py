@@ -13,6 +13,7 @@ from asr_spec.stream.hearing import (
     UNHEARD_SPEECH_S,
     before_loop,
     drifted,
+    first_pause,
     pause_near,
     settled_end,
     skipped,
@@ -98,6 +99,9 @@ def test_a_segment_after_which_the_next_opens_past_an_utterance_skipped_it() -> 
     assert skipped(touching, segments(touching, KINDS), speech_between((0.0, 6.0)), 0, KINDS) is None
     gap = [ts(0), *words(6), ts(3), ts(9), *words(6), ts(12), EOT]
     assert skipped(gap, segments(gap, KINDS), np.zeros(0, bool), 0, KINDS) is None
+    assert [first_pause(speech_between((0.0, 2.0)), f) for f in (0, 62, 70)] == [62, 62, 70]
+    assert first_pause(speech_between((0.0, 2.0)), 0, 40) is None  # all speech in frames [0, 40)
+    assert first_pause(speech_between((0.0, 40.0)), 0) is None
     # timing: the segments through the one before the jump; a drift before it wins
     three = [ts(0), *words(6), ts(3), ts(3), *words(6), ts(5), ts(9), *words(4), ts(11), EOT]
     closed, voiced = segments(three, KINDS), speech_between((0.2, 5.0), (6.0, 8.0), (9.0, 11.0))

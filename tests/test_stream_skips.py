@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_stream_policy import EOT, KINDS, SR, detokenize, energy, hear, hear_given, speech, words_of
+from test_stream_policy import EOT, KINDS, SR, TS, detokenize, energy, hear, hear_given, speech, words_of
 
 from asr_spec.stream.agreement import segments
 from asr_spec.stream.policy import StreamOptions, StreamPolicy
@@ -84,7 +84,69 @@ def test_a_close_decode_that_jumps_over_an_utterance_is_decoded_again_from_befor
 
 def test_a_decoder_that_never_hears_the_jumped_utterance_still_commits_the_rest() -> None:
     """Whisper jumps over an utterance wherever it is (even first in the window): the rule cannot make it heard,
-    and the text after it is still committed (each restart moves the buffer on), every other word once, in order."""
+    and the text after it is still committed (each restart moves the buffer on), every other word once, in order.
+    A guard of the rule's progress (it passes without the rule too): a jump it cannot repair stalls nothing."""
 
     text, _ = stream(StreamOptions(step_s=1.0, silence_s=0.8), jumping_over({7}, anywhere=True))
     assert words_of(text) == [f"w{w}" for w in SAID if w not in (7, 8, 9)], text
+
+
+def test_a_restart_after_a_segment_timed_early_cuts_at_the_first_pause_after_its_words() -> None:
+    """The segment before the jump ends 0.6 s early, inside its own words (no pause within PAUSE_SEARCH_S of that
+    end): the buffer restarts at the first pause after the end (not only once a full buffer is trimmed by force),
+    its last words said again there are dropped, and every word is committed once, in order."""
+
+    def early_and_jumping(audio: np.ndarray) -> list[int]:
+        heard = jumping_over({7})(audio)
+        ends = {s.end_index for s in segments(heard, KINDS)[:-1]}
+        return [t - 30 if i in ends else t for i, t in enumerate(heard)]  # 30 steps: 0.6 s
+
+    starts = []
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    for i in range(0, len(AUDIO), SR):
+        policy.feed(AUDIO[i:i + SR])
+        while (d := policy.request()) is not None:
+            starts.append(d.start_s)
+            policy.accept(d, hear_given(d.audio, d.prefix, early_and_jumping))
+    final = policy.finish()
+    while (final is None or not final.final) and (d := policy.request()) is not None:
+        final = policy.accept(d, hear_given(d.audio, d.prefix, early_and_jumping))
+    assert words_of(final.text) == [f"w{w}" for w in SAID], final.text
+    pause = (3.5, 4.0)  # after w4 w5 w6 (2.0-3.5 s); w7 starts at 4.0 s
+    assert any(pause[0] < s < pause[1] for s in starts), starts  # a decode started at the pause before w7
+
+
+def test_a_close_decode_that_jumps_over_words_steps_committed_does_not_commit_them_again() -> None:
+    """Steps commit the first utterance and part of the second; the last step words the second differently, so the
+    close decode gets no forced prefix, and it jumps over the second utterance. It stops short after the first; the
+    buffer restarts there, and the words of the second that steps committed are not committed again when the next
+    close decode hears them."""
+    audio = speech([1, 2, 3, None, 4, 5, 6, None, 7, 8, 9, None, None, None, None])
+    first, second, third = ((2 * w, 2 * w + 1) for w in (1, 2, 3)), ((2 * w, 2 * w + 1) for w in (4, 5, 6)), \
+        ((2 * w, 2 * w + 1) for w in (7, 8, 9))
+    first, second, third = ([t for word in part for t in word] for part in (first, second, third))
+
+    def ts(seconds: float) -> int:
+        return TS + int(round(seconds / 0.02))
+
+    def scripted(decode) -> list[int]:
+        n = len(decode.audio) / SR
+        if decode.kind == "close" and decode.start_s == 0:  # the whole buffer, nothing forced: jumps over w4-w6
+            return [ts(0), *first, ts(1.5), ts(4.0), *third, ts(5.5), EOT]
+        if decode.start_s > 0:  # restarted after the first utterance: hears the rest
+            return [ts(0), *second, ts(3.5 - decode.start_s), ts(4.0 - decode.start_s), *third,
+                    ts(5.5 - decode.start_s), EOT]
+        if n >= 5.9:  # the last step words w5 differently ("w20"): its words are not forced next
+            return [ts(0), *first, ts(1.5), ts(2.0), 8, 9, 40, 41, 12, 13, ts(3.5), EOT]
+        out = [ts(0), *first, ts(1.5)] if n >= 1.5 else [ts(0)]
+        return out + ([ts(2.0), *second, ts(3.5)] if n >= 3.5 else []) + [EOT]
+
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    for i in range(0, len(audio), SR // 2):
+        policy.feed(audio[i:i + SR // 2])
+        while (d := policy.request()) is not None:
+            policy.accept(d, scripted(d))
+    final = policy.finish()
+    while (final is None or not final.final) and (d := policy.request()) is not None:
+        final = policy.accept(d, scripted(d))
+    assert words_of(final.text) == [f"w{w}" for w in range(1, 10)], final.text

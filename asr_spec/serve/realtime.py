@@ -45,7 +45,7 @@ from asr_spec.serve.batcher import Batcher
 from asr_spec.serve.params import MODEL_ALIASES
 from asr_spec.serve.stream_jobs import LiveStream, TooManyStreams
 from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action
-from asr_spec.stream.policy import StreamOptions
+from asr_spec.stream.policy import StreamOptions, StreamPolicy
 
 __all__ = ["STATIC_DIR", "RealtimeOptions", "add_realtime_routes"]
 
@@ -126,6 +126,8 @@ class Session:
         self.input: _Input | None = None
         self.tentative = False  # send transcription.tentative events (session.update)
         self.lag = False  # send transcription.lag events (session.update)
+        self.id = ""  # its session.created event's id
+        self.inputs = 0  # inputs started so far
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_result(self, outcome: ChunkResult | str) -> None:  # the engine thread
@@ -142,7 +144,9 @@ class Session:
             await self.ws.close(TRY_AGAIN_LATER, "too many streams")
             return
         try:
-            await self._send(events.created())
+            created = events.created()
+            self.id = created["id"]
+            await self._send(created)
             await self._serve()
         finally:
             self.batcher.streams.close(self.stream)
@@ -201,12 +205,22 @@ class Session:
             raise events.ProtocolError(f"{_name(event)}: this input was ended by a final commit; wait for its "
                                        "transcription.done", "input_finished")
         if self.input is None:
-            self.input = _Input(self.make_policy(), self.options.max_backlog_samples)
+            self.input = _Input(self._new_policy(), self.options.max_backlog_samples)
         if isinstance(event, events.Append):
             self.input.backlog.append(event.samples)
         elif event.final:
             self.input.finishing = True
         # a commit without final starts an input (vLLM's "ready to start"); while one runs it changes nothing
+
+    def _new_policy(self) -> Any:
+        """A new input's policy; the streaming policy's trace lines (`--trace-streams`) name the session, the input
+        and the client: "sess-... input 2 (127.0.0.1:50312)"."""
+        policy = self.make_policy()
+        self.inputs += 1
+        if isinstance(policy, StreamPolicy):
+            client = self.ws.client
+            policy.label = f"{self.id} input {self.inputs}" + (f" ({client.host}:{client.port})" if client else "")
+        return policy
 
     async def _on_result(self, outcome: ChunkResult | str) -> None:
         current = self.input

@@ -98,15 +98,15 @@ class StreamRunner:
         key = next(self._ids) if stream_id is None else stream_id
         if key in self.streams:
             raise InputError(f"stream {key!r} is open already")
-        stream = Stream(key, self.new_policy(), self.decodes)
+        stream = Stream(key, self.new_policy(f"stream {key}"), self.decodes)
         self.streams[key] = stream
         return stream
 
-    def new_policy(self) -> StreamPolicy:
+    def new_policy(self, label: str | None = None) -> StreamPolicy:
         """The policy of one more stream, as `open` makes each (its own voice state), for a caller that runs the
-        decodes itself (the server's /v1/realtime)."""
+        decodes itself (the server's /v1/realtime); `label` names it in the trace (`StreamPolicy.label`)."""
         voice = None if self.voice is None else self.voice()
-        return StreamPolicy(self.kinds, self.detokenize, self.options, voice)
+        return StreamPolicy(self.kinds, self.detokenize, self.options, voice, label)
 
     def close(self, stream: Stream) -> None:
         """Forget a stream (finished or abandoned): it takes no row from now on."""

@@ -7,6 +7,7 @@ arrives, and the questions the live policy asks of it, against one threshold in 
     frames.speech_from(sample)                # indices of the speech frames from the one holding stream `sample`
     frames.any_between(first, end)            # any speech frame touching stream samples [first, end)
     frames.cut_near(start, end_ts)            # where to cut a buffer for a segment's end (`hearing.pause_near`)
+    frames.cut_after(start, end_ts)           # at the first pause after it (`hearing.first_pause`)
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from asr_spec.stream.hearing import FRAME_SAMPLES, pause_near
+from asr_spec.stream.agreement import SAMPLES_PER_TIMESTAMP
+from asr_spec.stream.hearing import FRAME_SAMPLES, first_pause, pause_near
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -65,3 +67,16 @@ class SpeechFrames:
         drop the segment's committed words from the buffer's record while their audio stays (said again)."""
         cut = end_ts if self.voice is None else pause_near(self.probs, start, end_ts, self.threshold)
         return cut if cut is not None and cut > 0 else None
+
+    def cut_after(self, start: int, end_ts: int) -> int | None:
+        """Where to cut a buffer starting at stream sample `start` at the first pause at or after a segment's end
+        (`end_ts`, timestamp steps from `start`): the middle of the first frame there that is not speech, in
+        timestamp steps from `start`; None without one (or unscored, or at the buffer's start)."""
+        if self.voice is None:
+            return None
+        pause = first_pause(self.speech, (start + end_ts * SAMPLES_PER_TIMESTAMP) // FRAME_SAMPLES)
+        if pause is None:
+            return None
+        cut = (pause * FRAME_SAMPLES + FRAME_SAMPLES // 2 - start) // SAMPLES_PER_TIMESTAMP
+        return cut if cut > 0 else None
+

@@ -3,7 +3,8 @@ buffer's speech, so that a decode that went wrong cuts no speech it did not tran
 
     drifted(closed, speech, start)                      a segment timed over more speech than its words can say
     skipped(hypothesis, closed, speech, start, kinds)   a segment after which Whisper jumped over an utterance
-    timing(hypothesis, closed, speech, start, kinds)    both, as a Timing; its .timed(closed): the segments before
+    timing(hypothesis, closed, speech, start, kinds)    both, as a Timing (.timed(closed): the segments before)
+    first_pause(speech, first, last)                    the first frame that is not speech
     stopped_short(timed, speech, start, n)              where a close decode stopped before later speech, if it did
     before_loop(hypothesis, kinds, text)                a looping hypothesis read up to its first repeated segment
     settled_end(closed, n, settled_s)                   the text of segments with settled_s of audio after them
@@ -42,7 +43,7 @@ from asr_spec.stream.agreement import (
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S",
            "UNHEARD_SPEECH_S", "before_loop", "drifted", "pause_near", "settled_end", "skipped", "stopped_short",
-           "Timing", "timing"]
+           "Timing", "first_pause", "timing"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -85,10 +86,17 @@ def skipped(hypothesis: Sequence[int], closed: Sequence[SegmentEnd], speech: np.
             continue
         ends = (start + segment.end_samples) // FRAME_SAMPLES
         opens = (start + (hypothesis[following] - kinds.timestamp_begin) * SAMPLES_PER_TIMESTAMP) // FRAME_SAMPLES
-        pauses = np.flatnonzero(~speech[ends:max(ends, opens)])
-        if len(pauses) and _speech_s(speech, ends + int(pauses[0]), opens) >= UNHEARD_SPEECH_S:
+        pause = first_pause(speech, ends, opens)
+        if pause is not None and _speech_s(speech, pause, opens) >= UNHEARD_SPEECH_S:
             return position
     return None
+
+
+def first_pause(speech: np.ndarray, first: int, last: int | None = None) -> int | None:
+    """The first frame in [first, last) of the stream (to the frames scored so far without `last`) that is not
+    speech; None when every one is."""
+    pauses = np.flatnonzero(~speech[first:last if last is None else max(first, last)])
+    return first + int(pauses[0]) if len(pauses) else None
 
 
 def _speech_s(speech: np.ndarray, first: int, last: int) -> float:
@@ -120,6 +128,14 @@ class Timing:
         """The closed segments timed as they heard: before the first that drifted, through the last before the
         skipped speech; all of them when neither."""
         return list(closed[:self.drift] if self.skip is None else closed[:self.skip + 1])
+
+    def noted(self, closed: Sequence[SegmentEnd]) -> str:
+        """What a trace line says of it: " (speech skipped after 3.00 s)" (seconds from the buffer's start),
+        " (timing drifted)", both, or nothing."""
+        note = "" if self.drift is None else " (timing drifted)"
+        if self.skip is not None:
+            note = f" (speech skipped after {closed[self.skip].end_samples / SAMPLE_RATE:.2f} s)" + note
+        return note
 
 
 def timing(hypothesis: Sequence[int], closed: Sequence[SegmentEnd], speech: np.ndarray, start: int,

@@ -28,7 +28,8 @@ class StreamOptions:
     # starts at the last committed segment's end); a full buffer is still trimmed by force. 5 s: every one of 8 x 60 s
     # streams within 2 points of offline in lockstep (step 1 and 3) and in two server runs (worst 1.72 / 1.12 points
     # against 2.46 at 0, p95 6.8 / 6.9 s); the sentence a first server run lost was the close bug
-    # (`policy._stopped_short`)
+    # (`hearing.stopped_short` now). A trim after a segment Whisper jumped past speech from keeps no context
+    # (`StreamPolicy._restart_after`)
     context_s: float = 5.0
     # a closed segment that ends this much or more before its decode's audio ends is committed on that one decode
     # (Whisper heard what follows it, as offline it would), not only once two decodes agree on it; None: agreement

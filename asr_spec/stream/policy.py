@@ -52,8 +52,9 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
   afresh), and a close decode stops short before that segment;
 - a hypothesis whose next segment opens after an utterance it did not transcribe (`hearing.skipped`: 0.5 s or more
   of speech after a pause that follows a segment's end) commits nothing past that segment; once the segment is
-  committed the buffer restarts at a pause near its end, with no left context, so that the next decode starts at
-  the skipped speech (committed words said again there are dropped); a close decode stops short there.
+  committed the buffer restarts at a pause near its end (or the first pause after it), with no left context, so
+  that the next decode starts at the skipped speech (committed words said again there are dropped); a close
+  decode stops short there.
 
 Units: `_samples` are 16 kHz samples of the stream since its start, `_s` seconds of stream audio.
 """
@@ -92,7 +93,9 @@ from asr_spec.stream.options import WINDOW_S, StreamOptions
 # segment end timed a few tenths early (four words of a fast speaker, ~5 a second; 2 until a live run left three,
 # "When he grew", and said them twice)
 SEAM_WORDS = 4
-UNHEARD_SEAM_WORDS = 8  # committed words a buffer restarted where a close decode stopped short may say again (dropped)
+# committed words a buffer restarted where a close decode stopped short, or after speech a step jumped over, may say
+# again (dropped)
+UNHEARD_SEAM_WORDS = 8
 
 log = logging.getLogger(__name__)  # DEBUG: one line per decode result (its hypothesis, what it committed)
 _policies = itertools.count(1)
@@ -134,7 +137,7 @@ class StreamPolicy:
     """One stream's buffer, hypotheses and committed text (see the module docstring for the API)."""
 
     def __init__(self, kinds: TokenKinds, detokenize: Callable[[Sequence[int]], str],
-                 options: StreamOptions | None = None, voice: VoiceFn | None = None):
+                 options: StreamOptions | None = None, voice: VoiceFn | None = None, label: str | None = None):
         self.kinds, self.detokenize = kinds, detokenize
         self._word_key = spoken_word(detokenize)  # words compared as spoken when a hypothesis is aligned
         self.options = StreamOptions() if options is None else options
@@ -152,7 +155,9 @@ class StreamPolicy:
         self._serial = 0
         self._finished = False
         self.done = False
-        self.label = f"stream policy {next(_policies)}"  # names it in the trace (DEBUG log lines)
+        # names it in the trace (DEBUG log lines): the caller's name (a stream's id, a server session's input), or
+        # the next "stream policy N"
+        self.label = f"stream policy {next(_policies)}" if label is None else label
 
     @property
     def finished(self) -> bool:
@@ -225,7 +230,10 @@ class StreamPolicy:
         self._in_flight = None
         hypothesis = self._past_seam(tuple(int(t) for t in tokens))
         traced = log.isEnabledFor(logging.DEBUG)
-        doubt = self._doubt(hypothesis) if traced else ""  # before the buffer changes
+        doubt = ""  # what the trace says of its timing, before the buffer changes
+        if traced:
+            closed = segments(hypothesis, self.kinds)
+            doubt = self._timing(hypothesis, closed).noted(closed)
         update = self._closed(decode, hypothesis) if decode.kind == "close" else self._stepped(decode, hypothesis)
         if traced:
             log.debug("%s decode %d (%s) of %.2f-%.2f s, heard %.2f s: %s%s | committed %r, buffer from %.2f s%s",
@@ -251,11 +259,12 @@ class StreamPolicy:
             delta = self._commit(new_text[said:])
             self._reset_after(start + len(decode.audio))
         else:
-            heard = max(said, stop.text_end)
-            delta = self._commit(new_text[said:heard])
+            delta = self._commit(new_text[said:max(said, stop.text_end)])
+            record = self._committed
             self._reset_after(start + stop.end_samples)
-            # the speech after it may still end words said before it (early timestamps): dropped, not doubled
-            self._seam = self._words_before(new_text, heard, UNHEARD_SEAM_WORDS)
+            # the speech after it may say committed words again (early timestamps; or words steps committed that
+            # the close decode jumped over): dropped, not doubled
+            self._seam = self._words_before(record, len(record), UNHEARD_SEAM_WORDS)
         if self._finished and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, "", self._text, False, decode.heard_s)
@@ -333,10 +342,12 @@ class StreamPolicy:
                 return
 
     def _restart_after(self, hypothesis: tuple[int, ...], new_text: list[int], segment: SegmentEnd) -> None:
-        """Trim the buffer at a pause near the end of `segment`, after which the hypothesis skipped speech (not yet
-        where there is none), so that the next decode starts at that speech; committed words it says again at its
-        start are dropped (`segment`'s end may be early: its last words run on into the cut)."""
+        """Trim the buffer at a pause near the end of `segment`, after which the hypothesis skipped speech (or, where
+        its own words run on past that end, at the first pause after it), so that the next decode starts at that
+        speech; committed words it says again at its start are dropped (`segment`'s end may be early)."""
         cut = self._frames.cut_near(self._start, segment.end_ts)
+        if cut is None:
+            cut = self._frames.cut_after(self._start, segment.end_ts)
         if cut is not None:
             self._trim(hypothesis, new_text, segment, cut)
             self._seam = self._words_before(new_text, segment.text_end, UNHEARD_SEAM_WORDS)
@@ -404,16 +415,6 @@ class StreamPolicy:
     def _timing(self, hypothesis: Sequence[int], closed: list[SegmentEnd]) -> Timing:
         """`hearing.timing` of a hypothesis of the buffer as it is and its closed segments."""
         return timing(hypothesis, closed, self._frames.speech, self._start, self.kinds)
-
-    def _doubt(self, hypothesis: Sequence[int]) -> str:
-        """What the trace says of a hypothesis's timing: drifted, speech skipped, or nothing."""
-        closed = segments(hypothesis, self.kinds)
-        timed = self._timing(hypothesis, closed)
-        if timed.drift is not None:
-            return " (timing drifted)"
-        if timed.skip is not None:
-            return f" (speech skipped after {closed[timed.skip].end_samples / SAMPLE_RATE:.2f} s)"
-        return ""
 
     def _words_before(self, text: list[int], n_text: int, n_words: int = SEAM_WORDS) -> list[int]:
         """The text tokens of the last `n_words` words of text[:n_text]."""
