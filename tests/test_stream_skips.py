@@ -36,21 +36,22 @@ def jumping_over(first_words: set[int], anywhere: bool = False):
     return decoder
 
 
-def stream(options: StreamOptions, decoder, block: int = SR) -> tuple[str, int]:
-    """AUDIO through a policy in `block`s, every decode by `hear_given` over `decoder`: (the final text, decodes)."""
+def stream(options: StreamOptions, decoder, block: int = SR) -> tuple[str, list[float]]:
+    """AUDIO through a policy in `block`s, every decode by `hear_given` over `decoder`: (the final text, each
+    decode's start in the stream, in seconds)."""
     policy = StreamPolicy(KINDS, detokenize, options, energy)
-    decodes, final = 0, None
+    starts, final = [], None
     for i in range(0, len(AUDIO), block):
         policy.feed(AUDIO[i:i + block])
         while (d := policy.request()) is not None:
-            decodes += 1
+            starts.append(d.start_s)
             policy.accept(d, hear_given(d.audio, d.prefix, decoder))
     final = policy.finish()
     while (final is None or not final.final) and (d := policy.request()) is not None:
-        decodes += 1
+        starts.append(d.start_s)
         final = policy.accept(d, hear_given(d.audio, d.prefix, decoder))
     assert final is not None and final.final
-    return final.text, decodes
+    return final.text, starts
 
 
 @pytest.mark.parametrize("settled_s", [None, 2.0])
@@ -101,17 +102,8 @@ def test_a_restart_after_a_segment_timed_early_cuts_at_the_first_pause_after_its
         ends = {s.end_index for s in segments(heard, KINDS)[:-1]}
         return [t - 30 if i in ends else t for i, t in enumerate(heard)]  # 30 steps: 0.6 s
 
-    starts = []
-    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
-    for i in range(0, len(AUDIO), SR):
-        policy.feed(AUDIO[i:i + SR])
-        while (d := policy.request()) is not None:
-            starts.append(d.start_s)
-            policy.accept(d, hear_given(d.audio, d.prefix, early_and_jumping))
-    final = policy.finish()
-    while (final is None or not final.final) and (d := policy.request()) is not None:
-        final = policy.accept(d, hear_given(d.audio, d.prefix, early_and_jumping))
-    assert words_of(final.text) == [f"w{w}" for w in SAID], final.text
+    text, starts = stream(StreamOptions(step_s=1.0, silence_s=0.8), early_and_jumping)
+    assert words_of(text) == [f"w{w}" for w in SAID], text
     pause = (3.5, 4.0)  # after w4 w5 w6 (2.0-3.5 s); w7 starts at 4.0 s
     assert any(pause[0] < s < pause[1] for s in starts), starts  # a decode started at the pause before w7
 
