@@ -11,6 +11,7 @@ from asr_spec.stream.agreement import TokenKinds, segments
 from asr_spec.stream.hearing import (
     FRAME_SAMPLES,
     UNHEARD_SPEECH_S,
+    before_guess,
     before_loop,
     drifted,
     first_pause,
@@ -36,7 +37,7 @@ def speech_between(*spans_s: tuple[float, float], total_s: float = 40.0) -> np.n
 
 def speech_after(start_s: float, *spans_s: tuple[float, float]) -> np.ndarray:
     """`speech_between` with every span `start_s` later (a buffer that starts there)."""
-    return speech_between(*((start_s + a, start_s + b) for a, b in spans_s))
+    return speech_between(*((start_s + a, start_s + b) for a, b in spans_s), total_s=start_s + 40.0)
 
 
 def ts(seconds: float) -> int:
@@ -138,3 +139,22 @@ def test_a_cut_goes_to_the_quietest_frame_near_a_segment_end_unless_all_there_is
     assert pause_near(probs, start, round(2.8 / 0.02), 0.5) is None  # 0.57 s away: past PAUSE_SEARCH_S
     assert pause_near(np.full(200, 0.9, np.float32), start, 100, 0.5) is None  # no pause
     assert pause_near(probs, start, round(20.0 / 0.02), 0.5) is None  # beyond the frames scored so far
+
+
+def test_a_last_segment_guessed_past_the_audio_is_left_out() -> None:
+    # the slice's cut last line: 16.6 s of audio, "Because" heard in its last 0.34 s, ten words timed to 19 s
+    for start_s in (0.0, 43.4):
+        start, n = int(start_s * 16_000), int(16.6 * 16_000)
+        said = [ts(0), *words(9), ts(14), ts(14)]
+        guessed = (*said, *words(10), ts(19), EOT)
+        voiced = speech_after(start_s, (0.5, 13.5), (16.26, 16.6))
+        closed = segments(guessed, KINDS)
+        assert before_guess(guessed, closed, voiced, start, n, KINDS) == (*said[:-1], EOT)
+        heard = speech_after(start_s, (0.5, 13.5), (15.5, 16.6))  # 1.1 s of speech for ten words: heard
+        assert before_guess(guessed, closed, heard, start, n, KINDS) == guessed
+        ends_in = (*said, *words(10), ts(16.9), EOT)  # ends 0.3 s past the audio: not guessed into the padding
+        assert before_guess(ends_in, segments(ends_in, KINDS), voiced, start, n, KINDS) == ends_in
+        assert before_guess(guessed, closed, np.zeros(0, bool), start, n, KINDS) == guessed  # no frames scored
+    only = (ts(0), *words(5), ts(3), EOT)  # the only segment: nothing is left
+    assert before_guess(only, segments(only, KINDS), speech_between((0.0, 0.2)), 0, 16_000, KINDS) == (EOT,)
+

@@ -728,3 +728,26 @@ def test_a_segment_heard_with_settled_s_after_it_is_committed_on_one_decode() ->
         assert decode.kind == "step"
         update = policy.accept(decode, hear_given(decode.audio, decode.prefix))
         assert words_of(update.delta) == expected, settled_s
+
+
+def test_a_last_segment_guessed_past_a_cut_off_stream_is_not_committed() -> None:
+    """The stream ends 0.15 s into a word; its close decode hears that word's start and writes a guessed rest of
+    the sentence, timed 1.5 s past the audio (the slices' cut last line, "Because you are the one who can't carry
+    the lamp." for "Because"): that segment is left out. A last segment of words that are there, timed a little
+    past the audio, is committed."""
+    cut_off = np.concatenate([speech([1, 2, 3, None, None]), speech([4])[:2400]])  # 2.5 s, then 0.15 s of w4
+    n_ts = len(cut_off) // 320
+
+    def guesses(buffer: np.ndarray) -> list[int]:
+        heard = hear(buffer)[:-1]  # <|0.00|> w1 w2 w3 <|1.50|> <|2.50|> w4's first token <|2.65|>
+        return heard[:-1] + [9, 30, 31, 32, 33, 34, 35, TS + n_ts + 75, EOT]  # "... w4+ w15+ w16+ w17+" to +1.5 s
+
+    def there(buffer: np.ndarray) -> list[int]:
+        heard = hear(buffer)[:-1]
+        return heard[:-1] + [TS + n_ts + 10, EOT]  # w4's first token, timed 0.2 s past the audio
+
+    for decoder, expected in ((guesses, ["w1", "w2", "w3"]), (there, ["w1", "w2", "w3", "w4"])):
+        policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=5.0), energy)
+        policy.feed(cut_off)
+        update, decodes = close_all(policy, decoder)
+        assert update.final and words_of(update.text) == expected and decodes == 1, (decoder, update.text)

@@ -40,7 +40,9 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
   after speech closes the utterance: the buffer up to the speech's end is decoded once more and all of it is
-  committed (a looping text's repeated segments left out: `hearing.before_loop`), then the buffer starts afresh;
+  committed (a looping text's repeated segments left out: `hearing.before_loop`; and a last segment that runs
+  past the audio on less than 0.1 s of speech a word: a word cut off by the stream's end and a guessed rest,
+  `hearing.before_guess`), then the buffer starts afresh;
   where that decode stopped short (its last closed segment ends before `UNHEARD_SPEECH_S` of later speech: a stream
   behind holds several utterances, and Whisper may give up after a pause or leave its last segment open), only
   its closed segments are committed and the buffer restarts at their end, to be closed again
@@ -86,7 +88,7 @@ from asr_spec.stream.agreement import (
     without_text,
 )
 from asr_spec.stream.frames import SpeechFrames, VoiceFn
-from asr_spec.stream.hearing import FRAME_SAMPLES, Timing, before_loop, drifted, settled_end, stopped_short, timing
+from asr_spec.stream.hearing import FRAME_SAMPLES, Timing, close_heard, drifted, settled_end, stopped_short, timing
 from asr_spec.stream.options import WINDOW_S, StreamOptions
 
 # committed words a cut before their segment's end may leave in the buffer: the speech of PAUSE_SEARCH_S and of a
@@ -244,14 +246,14 @@ class StreamPolicy:
         return update
 
     def _closed(self, decode: Decode, hypothesis: tuple[int, ...]) -> Update:
-        """A close decode's result: all its text committed (a loop's repeats left out: `hearing.before_loop`), the
-        buffer started afresh after its audio; or, where its hypothesis stopped short of later speech
-        (`hearing.stopped_short`), the text of its closed segments committed and the buffer restarted at their end
-        (the rest is decoded again)."""
-        hypothesis = before_loop(hypothesis, self.kinds, self.detokenize)  # a loop's repeats are not heard
+        """A close decode's result: all its text committed (a loop's repeats and a last segment guessed past the
+        audio left out: `hearing.close_heard`), the buffer started afresh after its audio; or, where its hypothesis
+        stopped short of later speech (`hearing.stopped_short`), the text of its closed segments committed and the
+        buffer restarted at their end (the rest is decoded again)."""
+        start = int(round(decode.start_s * SAMPLE_RATE))  # a loop's repeats and a guessed end are not heard
+        hypothesis = close_heard(hypothesis, self._frames.speech, start, len(decode.audio), self.kinds, self.detokenize)
         new_text = text_of(hypothesis, self.kinds)
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
-        start = int(round(decode.start_s * SAMPLE_RATE))
         closed = segments(hypothesis, self.kinds)
         stop = stopped_short(self._timing(hypothesis, closed).timed(closed), self._frames.speech, start,
                              len(decode.audio))
