@@ -751,3 +751,41 @@ def test_a_last_segment_guessed_past_a_cut_off_stream_is_not_committed() -> None
         policy.feed(cut_off)
         update, decodes = close_all(policy, decoder)
         assert update.final and words_of(update.text) == expected and decodes == 1, (decoder, update.text)
+
+
+@pytest.mark.parametrize("forced", [True, False])
+def test_a_cut_back_over_five_words_at_a_pause_inside_the_segment_commits_none_twice(forced: bool) -> None:
+    """Whisper-base times segment ends to the second: a segment of nine words with a pause after its fourth ends
+    2.2 s early, and the trim after it goes back to that pause, leaving its last five committed words in the buffer
+    (seen live: "... and worked with his hands. and worked with his hands."). They are said again and dropped, by
+    every hypothesis until the next cut: with the committed prefix forced (the one that dropped them forces
+    nothing next) and without."""
+    said = [1, 2, 3, 4, None, 5, 6, 7, 8, 9, None, None, 10, 11, 12, 13, None, None, 14, 15, 16, 17, None, None]
+    audio = speech(said)
+
+    def sentences_early(buffer: np.ndarray) -> list[int]:
+        """A segment a sentence (closed at a pause of 1 s), its end timed 2.2 s early; the buffer's last one open."""
+        tokens, spoken, silent, opened = [], [], 0, False
+        for k in range(len(buffer) // WORD_SAMPLES):
+            word = int(round(buffer[k * WORD_SAMPLES] * 100)) - 1
+            if word < 0:
+                silent += 1
+                if silent == 2 and opened:
+                    tokens.append(TS + max(spoken[-1] * 25 - 110, 0))  # 2.2 s before the last word's end
+                    opened = False
+                continue
+            if not opened:
+                tokens.append(TS + k * 25)
+                opened = True
+            tokens += [2 * word, 2 * word + 1]
+            spoken, silent = [*spoken, k + 1], 0
+        return [*tokens, *([TS + len(buffer) // 320] if opened else []), EOT]
+
+    options = StreamOptions(step_s=1.0, silence_s=5.0, context_s=0.0, committed_prefix=forced)
+    policy = StreamPolicy(KINDS, detokenize, options, energy)
+    for i in range(0, len(audio), SR):
+        policy.feed(audio[i:i + SR])
+        while (d := policy.request()) is not None:
+            policy.accept(d, hear_given(d.audio, d.prefix, sentences_early))
+    update, _ = close_all(policy, sentences_early)
+    assert words_of(update.text) == [f"w{w}" for w in said if w is not None], update.text

@@ -91,13 +91,10 @@ from asr_spec.stream.frames import SpeechFrames, VoiceFn
 from asr_spec.stream.hearing import FRAME_SAMPLES, Timing, close_heard, drifted, settled_end, stopped_short, timing
 from asr_spec.stream.options import WINDOW_S, StreamOptions
 
-# committed words a cut before their segment's end may leave in the buffer: the speech of PAUSE_SEARCH_S and of a
-# segment end timed a few tenths early (four words of a fast speaker, ~5 a second; 2 until a live run left three,
-# "When he grew", and said them twice)
-SEAM_WORDS = 4
-# committed words a buffer restarted where a close decode stopped short, or after speech a step jumped over, may say
-# again (dropped)
-UNHEARD_SEAM_WORDS = 8
+# committed words a buffer may say again after a cut before their segment's end (Whisper-base times segment ends to
+# the second: a live run cut back to a pause 1.5 s inside a segment and said its last five words twice, another its
+# last three at 2), a restart where a close decode stopped short, or one after speech a step jumped over (dropped)
+SEAM_WORDS = 8
 
 log = logging.getLogger(__name__)  # DEBUG: one line per decode result (its hypothesis, what it committed)
 _policies = itertools.count(1)
@@ -266,7 +263,7 @@ class StreamPolicy:
             self._reset_after(start + stop.end_samples)
             # the speech after it may say committed words again (early timestamps; or words steps committed that
             # the close decode jumped over): dropped, not doubled
-            self._seam = self._words_before(record, len(record), UNHEARD_SEAM_WORDS)
+            self._seam = self._words_before(record, len(record))
         if self._finished and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, "", self._text, False, decode.heard_s)
@@ -304,10 +301,11 @@ class StreamPolicy:
 
     def _past_seam(self, hypothesis: tuple[int, ...]) -> tuple[int, ...]:
         """The hypothesis without the committed words it says again at the buffer's start (`_seam`: the last cut
-        went back over speech into their segment), while nothing of the buffer is committed (afterwards its
-        committed words are forced, or found by `aligned_end`). A speaker who really says a word again right after
-        such a cut loses the repeat; without this, every such cut doubled the words."""
-        if not self._seam or self._committed:
+        went back over speech into their segment), until the next cut: once words of the new buffer are committed
+        a hypothesis may still say the seam's words before them (the one that dropped them left no forced prefix,
+        or none is forced), and `aligned_end` would read them as new. A speaker who really says a word again right
+        after such a cut loses the repeat; without this, every such cut doubled the words."""
+        if not self._seam:
             return hypothesis
         n = repeated_words(self._seam, text_of(hypothesis, self.kinds), self.kinds, self._word_key)
         return without_text(hypothesis, n, self.kinds)
@@ -352,7 +350,7 @@ class StreamPolicy:
             cut = self._frames.cut_after(self._start, segment.end_ts)
         if cut is not None:
             self._trim(hypothesis, new_text, segment, cut)
-            self._seam = self._words_before(new_text, segment.text_end, UNHEARD_SEAM_WORDS)
+            self._seam = self._words_before(new_text, segment.text_end)
 
     def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
                     timed: list[SegmentEnd]) -> str:
