@@ -44,9 +44,8 @@ from asr_spec.stream.agreement import (
 )
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "GUESS_PAST_S", "GUESS_S_PER_WORD",
-           "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "before_guess", "close_heard",
-           "UNHEARD_SPEECH_S", "before_loop", "drifted", "pause_near", "settled_end", "skipped", "stopped_short",
-           "Timing", "first_pause", "timing"]
+           "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop",
+           "close_heard", "drifted", "first_pause", "pause_near", "settled_end", "skipped", "stopped_short", "timing"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -62,8 +61,9 @@ LOOP_COMPRESSION_RATIO = 2.4
 # was mostly written into the window's silent padding: a stream cut off in a word, and Whisper guessing the rest.
 # Streams cut at 10 %, 30 % and 60 % into 30 sentences of the long fixtures (120 close decodes): 2 such segments
 # ("He gave a" for "He", 0.075 s a word, 1.6 s past; "Wouldn't be a good idea." for "Wooden", 0.045 s), the next
-# 0.088 s a word only 0.48 s past; the live slices' cut last line "Because you are the one who can't carry the
-# lamp." for "Because" 0.032-0.080 s a word, 1.6-3.3 s past (4 of 4). Real last segments past the audio: >= 0.1
+# 0.088 s a word only 0.48 s past, every other 0.096 or more (`benchmarks/cut_streams.py`); the live slices' cut
+# last line ("Because you are the one who can't carry the lamp." for "Because") 0.032-0.080 s a word, 1.6-3.3 s
+# past, 4 of 4, and the real last segments past their audio in those traces 0.31 s a word or more
 GUESS_PAST_S = 0.5
 GUESS_S_PER_WORD = 0.1
 # Speech Whisper did not transcribe: a close decode whose last closed segment ends this much speech before its audio
