@@ -753,14 +753,16 @@ def test_a_last_segment_guessed_past_a_cut_off_stream_is_not_committed() -> None
         assert update.final and words_of(update.text) == expected and decodes == 1, (decoder, update.text)
 
 
+@pytest.mark.parametrize("more", [(), (18, 19, None, None)])
 @pytest.mark.parametrize("forced", [True, False])
-def test_a_cut_back_over_five_words_at_a_pause_inside_the_segment_commits_none_twice(forced: bool) -> None:
+def test_a_cut_back_over_five_words_at_a_pause_inside_the_segment_commits_none_twice(forced: bool, more) -> None:
     """Whisper-base times segment ends to the second: a segment of nine words with a pause after its fourth ends
     2.2 s early, and the trim after it goes back to that pause, leaving its last five committed words in the buffer
     (seen live: "... and worked with his hands. and worked with his hands."). They are said again and dropped, by
     every hypothesis until the next cut: with the committed prefix forced (the one that dropped them forces
     nothing next) and without."""
-    said = [1, 2, 3, 4, None, 5, 6, 7, 8, 9, None, None, 10, 11, 12, 13, None, None, 14, 15, 16, 17, None, None]
+    said = [1, 2, 3, 4, None, 5, 6, 7, 8, 9, None, None, 10, 11, 12, 13, None, None, 14, 15, 16, 17, None, None,
+            *more]  # with a sentence more, a close decode stops short inside a live seam (kept across the restart)
     audio = speech(said)
 
     def sentences_early(buffer: np.ndarray) -> list[int]:
@@ -789,3 +791,23 @@ def test_a_cut_back_over_five_words_at_a_pause_inside_the_segment_commits_none_t
             policy.accept(d, hear_given(d.audio, d.prefix, sentences_early))
     update, _ = close_all(policy, sentences_early)
     assert words_of(update.text) == [f"w{w}" for w in said if w is not None], update.text
+
+
+def test_a_late_last_segment_at_a_close_at_silence_is_kept() -> None:
+    """The guess rule is for a stream's last audio only: a close at silence ends in a pause, and a last segment
+    timed 0.9 s late there, past its audio on little speech by its timestamps, is real words timed late."""
+
+    def late_last(buffer: np.ndarray) -> list[int]:
+        tokens = hear(buffer)[:-1]
+        stamps = [i for i, t in enumerate(tokens) if t >= TS]
+        tokens[stamps[-2]] += 45
+        tokens[stamps[-1]] += 45
+        return [*tokens, EOT]
+
+    said = [1, 2, 3, 4, None, None, None, 5, 6, 7, 8, None, None, None]
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    policy.feed(speech(said))  # all at once: a stream behind, closed at the silence (not finished)
+    while (d := policy.request()) is not None:
+        policy.accept(d, late_last(d.audio))
+    assert not policy.finished and words_of(policy._text) == [f"w{w}" for w in said if w], policy._text
+

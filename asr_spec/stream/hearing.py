@@ -142,11 +142,14 @@ def before_guess(hypothesis: tuple[int, ...], closed: Sequence[SegmentEnd], spee
 
 
 def close_heard(hypothesis: tuple[int, ...], speech: np.ndarray, start: int, n_samples: int, kinds: TokenKinds,
-                detokenize: Callable[[Sequence[int]], str]) -> tuple[int, ...]:
+                detokenize: Callable[[Sequence[int]], str], at_end: bool) -> tuple[int, ...]:
     """What a close decode of `n_samples` heard, all of which is committed: its hypothesis without a loop's repeats
-    (`before_loop`) and without a guessed last segment (`before_guess`)."""
+    (`before_loop`) and, where its audio is the stream's last (`at_end`: only there can a word be cut off), without
+    a guessed last segment (`before_guess`; a close at silence ends in a pause, and a late last segment there is
+    real words timed late)."""
     hypothesis = before_loop(hypothesis, kinds, detokenize)
-    return before_guess(hypothesis, segments(hypothesis, kinds), speech, start, n_samples, kinds)
+    return before_guess(hypothesis, segments(hypothesis, kinds), speech, start, n_samples, kinds) if at_end \
+        else hypothesis
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
   latest such end `context_s` or more before the last wholly committed segment's end: the committed segments after
   the cut stay as left context, their words forced as the next decodes' prefix; a cut that went back over
   speech into the segment (Whisper closed it inside speech) may leave its last committed words in the buffer: until
-  something of the new buffer is committed, a hypothesis that starts by saying them again has them dropped
-  (`_past_seam`, `agreement.repeated_words`);
+  the next cut, a hypothesis that starts by saying them again has them dropped (`_past_seam`,
+  `agreement.repeated_words`);
 - a buffer reaching `max_buffer_s` commits the closed segments of its latest hypothesis but the last one and is
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
@@ -248,7 +248,9 @@ class StreamPolicy:
         stopped short of later speech (`hearing.stopped_short`), the text of its closed segments committed and the
         buffer restarted at their end (the rest is decoded again)."""
         start = int(round(decode.start_s * SAMPLE_RATE))  # a loop's repeats and a guessed end are not heard
-        hypothesis = close_heard(hypothesis, self._frames.speech, start, len(decode.audio), self.kinds, self.detokenize)
+        at_end = self._finished and start + len(decode.audio) >= self._received  # its audio ends the stream's
+        hypothesis = close_heard(hypothesis, self._frames.speech, start, len(decode.audio), self.kinds,
+                                 self.detokenize, at_end)
         new_text = text_of(hypothesis, self.kinds)
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         closed = segments(hypothesis, self.kinds)
@@ -259,7 +261,7 @@ class StreamPolicy:
             self._reset_after(start + len(decode.audio))
         else:
             delta = self._commit(new_text[said:max(said, stop.text_end)])
-            record = self._committed
+            record = [*self._seam, *self._committed]  # a live seam's words may still be said again too
             self._reset_after(start + stop.end_samples)
             # the speech after it may say committed words again (early timestamps; or words steps committed that
             # the close decode jumped over): dropped, not doubled
