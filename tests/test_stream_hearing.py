@@ -155,6 +155,10 @@ def test_a_last_segment_guessed_past_the_audio_is_left_out() -> None:
         ends_in = (*said, *words(10), ts(16.9), EOT)  # ends 0.3 s past the audio: not guessed into the padding
         assert before_guess(ends_in, segments(ends_in, KINDS), voiced, start, n, KINDS) == ends_in
         assert before_guess(guessed, closed, np.zeros(0, bool), start, n, KINDS) == guessed  # no frames scored
+    # a real last sentence timed late (opened at 15 s, its speech from 10.5 s): counted from the segment before
+    late = (ts(0), *words(9), ts(10), ts(15), *words(20), ts(19), EOT)
+    voiced_late = speech_between((0.5, 9.5), (10.5, 16.6))
+    assert before_guess(late, segments(late, KINDS), voiced_late, 0, int(16.6 * 16_000), KINDS) == late
     only = (ts(0), *words(5), ts(3), EOT)  # the only segment: nothing is left
     assert before_guess(only, segments(only, KINDS), speech_between((0.0, 0.2)), 0, 16_000, KINDS) == (EOT,)
 

@@ -129,13 +129,15 @@ def before_loop(hypothesis: tuple[int, ...], kinds: TokenKinds,
 def before_guess(hypothesis: tuple[int, ...], closed: Sequence[SegmentEnd], speech: np.ndarray, start: int,
                  n_samples: int, kinds: TokenKinds) -> tuple[int, ...]:
     """The hypothesis of a decode of `n_samples` without its last closed segment and what follows (then
-    <|endoftext|>) when that segment ends GUESS_PAST_S or more past the audio and holds less than
-    GUESS_S_PER_WORD of speech frames a word: Whisper heard a word or so cut off by the stream's end and guessed
-    the rest into the silence after it; as it is otherwise, and without scored frames (`speech` empty)."""
+    <|endoftext|>) when that segment ends GUESS_PAST_S or more past the audio and less than GUESS_S_PER_WORD of
+    speech frames a word lie between the segment before it (or the audio's start) and the audio's end: Whisper
+    heard a word or so cut off by the stream's end and guessed the rest into the silence after it; as it is
+    otherwise, and without scored frames (`speech` empty). Counted from the segment before, not from its own
+    opening timestamp: a real segment timed late would otherwise look unheard."""
     if not closed or not len(speech) or closed[-1].end_samples < n_samples + GUESS_PAST_S * SAMPLE_RATE:
         return hypothesis
-    last = closed[-1]
-    heard_s = _speech_s(speech, (start + last.start_samples) // FRAME_SAMPLES, -(-(start + n_samples) // FRAME_SAMPLES))
+    last, after = closed[-1], closed[-2].end_samples if len(closed) > 1 else 0
+    heard_s = _speech_s(speech, (start + after) // FRAME_SAMPLES, -(-(start + n_samples) // FRAME_SAMPLES))
     if heard_s >= GUESS_S_PER_WORD * last.words:
         return hypothesis
     return (*hypothesis[:closed[-2].end_index + 1 if len(closed) > 1 else 0], kinds.eot)
