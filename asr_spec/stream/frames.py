@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from asr_spec.stream.agreement import SAMPLES_PER_TIMESTAMP
-from asr_spec.stream.hearing import FRAME_SAMPLES, first_pause, pause_near
+from asr_spec.stream.hearing import FRAME_SAMPLES, first_pause, frame_cut, pause_near
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -75,8 +75,6 @@ class SpeechFrames:
         if self.voice is None:
             return None
         pause = first_pause(self.speech, (start + end_ts * SAMPLES_PER_TIMESTAMP) // FRAME_SAMPLES)
-        if pause is None:
-            return None
-        cut = (pause * FRAME_SAMPLES + FRAME_SAMPLES // 2 - start) // SAMPLES_PER_TIMESTAMP
-        return cut if cut > 0 else None
+        cut = None if pause is None else frame_cut(pause, start)
+        return cut if cut else None
 

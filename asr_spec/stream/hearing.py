@@ -11,6 +11,7 @@ buffer's speech, so that a decode that went wrong cuts no speech it did not tran
     close_heard(hypothesis, speech, start, n, kinds, text)      both, for a close decode (all of it is committed)
     settled_end(closed, n, settled_s)                   the text of segments with settled_s of audio after them
     pause_near(probs, start, end_ts, thr)               where to cut for a segment's end: at a pause, not in a word
+    frame_cut(frame, start)                             a cut in the middle of a frame, in timestamp steps
 
 `closed`: `agreement.segments(hypothesis)`; `speech`: (n_frames,) bool, whether each FRAME_SAMPLES frame of the
 stream (frame i: stream samples [i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)) is speech; `start`: the stream sample
@@ -45,7 +46,8 @@ from asr_spec.stream.agreement import (
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "GUESS_PAST_S", "GUESS_S_PER_WORD",
            "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop",
-           "close_heard", "drifted", "first_pause", "pause_near", "settled_end", "skipped", "stopped_short", "timing"]
+           "close_heard", "drifted", "first_pause", "frame_cut", "pause_near", "settled_end", "skipped",
+           "stopped_short", "timing"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -136,11 +138,12 @@ def before_guess(hypothesis: tuple[int, ...], closed: Sequence[SegmentEnd], spee
     opening timestamp: a real segment timed late would otherwise look unheard."""
     if not closed or not len(speech) or closed[-1].end_samples < n_samples + GUESS_PAST_S * SAMPLE_RATE:
         return hypothesis
-    last, after = closed[-1], closed[-2].end_samples if len(closed) > 1 else 0
+    before = closed[-2] if len(closed) > 1 else None
+    after = 0 if before is None else before.end_samples
     heard_s = _speech_s(speech, (start + after) // FRAME_SAMPLES, -(-(start + n_samples) // FRAME_SAMPLES))
-    if heard_s >= GUESS_S_PER_WORD * last.words:
+    if heard_s >= GUESS_S_PER_WORD * closed[-1].words:
         return hypothesis
-    return (*hypothesis[:closed[-2].end_index + 1 if len(closed) > 1 else 0], kinds.eot)
+    return (*hypothesis[:0 if before is None else before.end_index + 1], kinds.eot)
 
 
 def close_heard(hypothesis: tuple[int, ...], speech: np.ndarray, start: int, n_samples: int, kinds: TokenKinds,
@@ -218,5 +221,10 @@ def pause_near(probs: np.ndarray, start: int, end_ts: int, threshold: float) -> 
     quietest = first + int(np.argmin(probs[first:last]))
     if probs[quietest] >= threshold:
         return None
-    middle = quietest * FRAME_SAMPLES + FRAME_SAMPLES // 2 - start
-    return max(middle, 0) // SAMPLES_PER_TIMESTAMP
+    return frame_cut(quietest, start)
+
+
+def frame_cut(frame: int, start: int) -> int:
+    """The middle of stream frame `frame`, in timestamp steps from stream sample `start` (0 before it): where a
+    buffer starting there is cut at a pause."""
+    return max(frame * FRAME_SAMPLES + FRAME_SAMPLES // 2 - start, 0) // SAMPLES_PER_TIMESTAMP
