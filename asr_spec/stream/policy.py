@@ -66,7 +66,6 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,6 +89,7 @@ from asr_spec.stream.agreement import (
 from asr_spec.stream.frames import SpeechFrames, VoiceFn
 from asr_spec.stream.hearing import FRAME_SAMPLES, Timing, close_heard, drifted, settled_end, stopped_short, timing
 from asr_spec.stream.options import WINDOW_S, StreamOptions
+from asr_spec.stream.records import Decode, Update
 
 # committed words a buffer may say again after a cut before their segment's end (Whisper-base times segment ends to
 # the second: a live run cut back to a pause 1.5 s inside a segment and said its last five words twice, another its
@@ -98,38 +98,6 @@ SEAM_WORDS = 8
 
 log = logging.getLogger(__name__)  # DEBUG: one line per decode result (its hypothesis, what it committed)
 _policies = itertools.count(1)
-
-
-@dataclass(frozen=True, eq=False)
-class Decode:
-    """A decode the stream asks for: `audio` from stream time `start_s`, `prefix` forced after <|0.00|> (the
-    committed words of the buffer: `ChunkRequest.prefix`), `hypothesis` offered as the draft of what follows.
-
-    kind: "step" (a periodic re-decode), "overflow" (the buffer is full: trimmed by force after it) or "close"
-    (silence or the end of the input: everything it returns is committed). heard_s: the stream's audio received
-    when it was asked for (the time its update describes).
-    """
-
-    serial: int
-    audio: np.ndarray
-    hypothesis: tuple[int, ...]
-    kind: str
-    start_s: float
-    heard_s: float
-    prefix: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Update:
-    """What one result changed. delta: text newly committed (Whisper's spacing, a leading space per word);
-    tentative: the rest of the latest hypothesis, not committed (may change); text: everything committed so far;
-    final: the stream is over and `text` is its whole transcript; heard_s: stream audio heard when asked."""
-
-    delta: str
-    tentative: str
-    text: str
-    final: bool
-    heard_s: float
 
 
 class StreamPolicy:
