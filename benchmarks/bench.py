@@ -63,6 +63,7 @@ import torch
 
 from asr_spec import ChunkStats, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
+from asr_spec.engine import int8
 from asr_spec.errors import AsrSpecError, one_line
 from asr_spec.eval.librispeech import iter_local
 from asr_spec.models.cpu import precision_line, run_precision
@@ -321,7 +322,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-timestamps", action="store_true",
                    help="asr-spec without timestamp tokens (<|notimestamps|>), as faster-whisper's batched default")
     p.add_argument("--device", help="cpu, cuda (default: cuda when available)")
-    p.add_argument("--dtype", help="auto, float32, float16, bfloat16 (default: the preset's)")
+    p.add_argument("--dtype", help="auto, float32, float16, bfloat16, int8 (default: the preset's)")
     p.add_argument("--emulate-isa", choices=sorted(EMULATED_ISA),
                    help="run as on a CPU of this class: the command again in a process whose torch, oneDNN, MKL and "
                         "CTranslate2 kernels are limited to it and whose CPU class is pinned (see EMULATED_ISA)")
@@ -394,9 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, dict[str, Any]] = {}
     runners = make_runners(configs, models, clips, args, stats)
     audio_s = sum(c.audio_s for c in clips)
-    hardware = run_precision(device, target.dtype)
+    asked = int8.requested(target.model.encoder)  # the "int8" precision (`auto` on an AVX2-only CPU)
+    hardware = run_precision(device, target.dtype, asked)
     layers = target.config.decoder_layers
-    header = (f"target: {args.preset} ({layers} decoder layers), {precision_line(device, target.dtype)}; "
+    header = (f"target: {args.preset} ({layers} decoder layers), {precision_line(device, target.dtype, asked)}; "
               f"{models.note}\naudio: {len(clips)} clips, {audio_s:.1f} s; "
               f"chunk {models.greedy.options.chunking.chunk_length_s:g} s; language {args.language}; "
               f"torch threads {torch.get_num_threads()}, capability {torch.backends.cpu.get_cpu_capability()}")

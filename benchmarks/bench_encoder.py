@@ -6,6 +6,7 @@ call of each in a fresh process.
 
     python -m benchmarks.bench_encoder --threads 2 --dtype bfloat16 --batch 8
     python -m benchmarks.bench_encoder --threads 2 --dtype float32 --batch 8 --model random:base
+    python -m benchmarks.bench_encoder --threads 2 --dtype int8 --batch 8
 
 Stages (per call of the whole batch; the layer stages summed over the layers): stem (conv1, conv2, GELUs,
 positions), attention (LayerNorm, q/k/v, scaled-dot-product attention, out projection, residual add), mlp
@@ -27,20 +28,23 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from asr_spec.engine import Engine
+from asr_spec.engine import Engine, int8
 from asr_spec.engine.kernels import onednn_linear, onednn_usable
+from asr_spec.models.cpu import INT8, torch_dtype
 from asr_spec.testing import random_whisper
 
 
-def load_whisper(name: str, dtype: torch.dtype) -> torch.nn.Module:
+def load_whisper(name: str, precision: str) -> torch.nn.Module:
     """The Whisper model `name` ("random:SHAPE" for random weights of a real shape, else any model name
-    `load_model` takes), in `dtype`, eval mode."""
+    `load_model` takes), in `precision` ("int8": fp32 weights, the encoder marked for int8 products), eval mode."""
     if name.startswith("random:"):
         model = random_whisper(name.split(":", 1)[1], seed=0)
     else:
         from asr_spec.models.loading import load_model
         model = load_model(name, torch.device("cpu"), torch.float32)
-    return model.to(dtype).eval()
+    if precision == INT8:
+        int8.request(model.model.encoder)
+    return model.to(torch_dtype(precision)).eval()
 
 
 def engine_encoder(model: torch.nn.Module):
@@ -150,7 +154,7 @@ def _status_kb(field: str) -> int:
 
 
 def _peak_child(args, dtype: torch.dtype) -> None:
-    model = load_whisper(args.model, dtype)
+    model = load_whisper(args.model, args.dtype)
     enc = model.model.encoder
     run = enc if args.peak_child == "module" else engine_encoder(model)
     features = torch.randn(args.batch, enc.config.num_mel_bins, 2 * enc.config.max_source_positions).to(dtype)
@@ -165,7 +169,8 @@ def _peak_child(args, dtype: torch.dtype) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="embedded:whisper-base", help="a model name, or random:SHAPE (e.g. random:base)")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", INT8],
+                    help="int8: fp32 weights, the engine's encoder with int8 products (the module's fp32)")
     ap.add_argument("--batch", type=int, default=8, help="windows per encoder call")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
@@ -175,12 +180,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
+    dtype = torch_dtype(args.dtype)
     if args.peak_child:
         return _peak_child(args, dtype)
     if not onednn_usable(torch.device("cpu"), dtype):
         raise SystemExit(f"oneDNN has no {args.dtype} products on this CPU: the encoder runs the module itself")
-    model = load_whisper(args.model, dtype)
+    model = load_whisper(args.model, args.dtype)
     enc = model.model.encoder
     gen = torch.Generator().manual_seed(0)
     features = torch.randn(args.batch, enc.config.num_mel_bins, 2 * enc.config.max_source_positions,

@@ -49,8 +49,10 @@ def test_transcribe_prints_text_and_a_summary(capsys, model_dirs) -> None:
     summary = spec_err.strip().splitlines()[-1]
     assert summary.startswith("2/2 files: ") and "RTFx" in summary and "acceptance" in summary
     assert "tokens/target pass" in summary
-    # dtype auto on the CPU class conftest pins, then the attention path this machine could build
-    assert summary.endswith(("[cpu avx2, float32, attention: cpu kernel]", "[cpu avx2, float32, attention: torch]"))
+    # dtype auto on the CPU class conftest pins (int8 where the kernel extension is built, else float32), then the
+    # attention path this machine could build
+    assert summary.endswith(("[cpu avx2, float32, attention: cpu kernel, encoder products int8]",
+                             "[cpu avx2, float32, attention: torch]"))
     code, greedy_out, greedy_err = run_cli(capsys, *tiny(model_dirs, str(LONG), str(SHORT[0]), draft=False))
     assert code == 0 and greedy_out == spec_out  # lossless: the draft changes the speed only
     assert "greedy (no draft)" in greedy_err

@@ -91,35 +91,55 @@ def test_auto_dtype_decision_table(device, expected, monkeypatch):
 
 
 @pytest.mark.parametrize(("blocks", "expected"), [
-    ((32, 32), torch.bfloat16), ((8, 1), torch.bfloat16), ((7, 32), torch.float32), ((32, 0), torch.float32),
-    ((0, 0), torch.float32)])
+    ((32, 32), "bfloat16"), ((8, 1), "bfloat16"), ((7, 32), "float32"), ((32, 0), "float32"), ((0, 0), "float32")])
 def test_auto_is_bf16_only_where_bf16_is_lossless(blocks, expected):
     """A CPU with native bf16 whose products change a row's bits below a batch of 8 rows keeps fp32, and says
     why; the probe is not run for a CPU without native bf16."""
-    dtype, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks, attention_kernel=False)
-    assert dtype == expected
-    assert ("lossless" in why and "not lossless" not in why) == (expected == torch.bfloat16), why
-    assert cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(EPYC_ZEN2), None) == (
-        torch.float32, "no native bf16 products")
+    precision, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks,
+                                     attention_kernel=False)
+    assert precision == expected
+    assert ("lossless" in why and "not lossless" not in why) == (expected == "bfloat16"), why
 
 
-@pytest.mark.parametrize("name", ["float32", "fp32", "bfloat16", "bf16", "float16"])
+@pytest.mark.parametrize("usable", [True, False])
+def test_auto_is_int8_on_avx2_where_the_int8_encoder_runs(monkeypatch, usable):
+    """An AVX2-only CPU: fp32 weights with the encoder's products in int8 where they run here (the kernel
+    extension built, oneDNN's int8 linear), else fp32; never on a CPU of the "other" class or with native bf16."""
+    from asr_spec.engine import int8
+
+    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype, asked=False: usable and asked)
+    monkeypatch.setattr(cpu, "bf16_row_block", lambda: (ANY_ROWS, 0))
+    dev = torch.device("cpu")
+    precision, why = cpu.auto_choice(dev, cpu.parse_cpu_flags(EPYC_ZEN2), None)
+    assert (precision, why.startswith("no native bf16 products")) == ("int8" if usable else "float32", True), why
+    assert cpu.auto_dtype(dev, cpu.parse_cpu_flags(EPYC_ZEN2)) == torch.float32  # int8's weights are fp32
+    assert cpu.resolve_precision("auto", dev, cpu.parse_cpu_flags(EPYC_ZEN2)) == precision
+    assert cpu.auto_choice(dev, cpu.parse_cpu_flags(CPUS["other"]))[0] == "float32"
+    assert cpu.auto_choice(dev, cpu.parse_cpu_flags(EPYC_ZEN4), (ANY_ROWS, 0), True)[0] == "bfloat16"
+
+
+@pytest.mark.parametrize("name", ["float32", "fp32", "bfloat16", "bf16", "float16", "int8"])
 def test_an_explicit_dtype_is_kept_on_every_cpu(name):
     wanted = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-              "float16": torch.float16}[name]
+              "float16": torch.float16, "int8": torch.float32}[name]
     for flags in CPUS.values():
         assert resolve_dtype(name, torch.device("cpu"), cpu.parse_cpu_flags(flags)) == wanted
+        assert cpu.resolve_precision(name, torch.device("cpu"), cpu.parse_cpu_flags(flags)) == cpu.DTYPES[name]
     with pytest.raises(ValueError, match="unknown dtype 'int4'"):
         resolve_dtype("int4", torch.device("cpu"))
 
 
-def test_the_decision_is_logged_once_with_the_cpu_class(caplog):
+def test_the_decision_is_logged_once_with_the_cpu_class(caplog, monkeypatch):
+    from asr_spec.engine import int8
+
     cpu._log_once.cache_clear()
+    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype, asked=False: asked)
     with caplog.at_level("INFO", logger="asr_spec.models.cpu"):
         for _ in range(3):
             resolve_dtype("auto", torch.device("cpu"))
     lines = [r.getMessage() for r in caplog.records if r.name == "asr_spec.models.cpu"]
-    assert lines == ["cpu: avx2, dtype auto -> float32 (no native bf16 products)"]
+    assert lines == ["cpu: avx2, dtype auto -> int8 (no native bf16 products; the encoder's products in int8, the "
+                     "decoder fp32)"]
 
 
 @pytest.mark.parametrize("kernel", [True, False])
@@ -148,11 +168,16 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     cpu_dev = torch.device("cpu")
     monkeypatch.setattr(cpu_attention, "fused_attention_usable", lambda device, dtype: True)
     monkeypatch.setattr(cpu, "bf16_row_block", lambda: (ANY_ROWS, 0))
-    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(int8, "int8_encoder_usable",
+                        lambda device, dtype, asked=False: dtype == torch.bfloat16 or asked)
     assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_products"] == "int8"
     assert cpu.precision_line(cpu_dev, torch.bfloat16) == (
         "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products int8")
     assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
+    # the "int8" precision: fp32 weights whose encoder was marked (`int8.requested`)
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_products"] == "int8"
+    assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
+        "cpu avx2, float32, attention: cpu kernel, encoder products int8")
 
 
 @pytest.mark.parametrize(("blocks", "expected"), [
@@ -160,6 +185,7 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
 def test_with_the_attention_kernel_only_the_products_decide(blocks, expected):
     """The CPU attention kernel is query-invariant by construction: the probe's queries figure (0: not probed)
     does not keep fp32, the rows figure still does."""
-    dtype, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks, attention_kernel=True)
-    assert dtype == expected
+    precision, why = cpu.auto_choice(torch.device("cpu"), cpu.parse_cpu_flags(XEON_AMX), blocks,
+                                     attention_kernel=True)
+    assert cpu.torch_dtype(precision) == expected
     assert ("attention kernel: lossless" in why) == (expected == torch.bfloat16), why

@@ -94,7 +94,7 @@ def test_a_bf16_encoder_with_it_agrees_with_torchs_attention(kernel, no_amx_tile
     features = torch.randn(2, model.config.num_mel_bins, 2 * model.config.max_source_positions,
                            generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     # the attention alone: bf16 products in both (an AVX-512 VNNI CPU's own run would make the first's int8)
-    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype: False)
+    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype, asked=False: False)
     fused = Encoder(model.model.encoder)
     monkeypatch.setattr(cpu_attention, "encoder_attention_usable", lambda device, dtype: False)
     plain = Encoder(model.model.encoder)

@@ -59,8 +59,9 @@ DRAFT = typer.Option(None, help="Draft model (same forms). Replaces the preset's
 NO_DRAFT = typer.Option(False, "--no-draft", help="Plain greedy decoding (same transcript, slower).")
 DEVICE = typer.Option("auto", help="auto, cpu, cuda or cuda:N.")
 DTYPE = typer.Option(None, help="auto (float16 on CUDA; on a CPU bfloat16 where its products are native and "
-                     "probed row-invariant, so speculative == bf16 greedy token for token, else float32: docs/cpu.md), "
-                     "float32, float16, bfloat16. Default: the preset's.")
+                     "row-invariant, so speculative == bf16 greedy token for token; int8 on an AVX2-only CPU; else "
+                     "float32: docs/cpu.md), float32, float16, bfloat16, int8 (fp32 weights, the encoder's products "
+                     "in int8). Default: the preset's.")
 LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto. Default: the preset's.")
 BATCH_SIZE = typer.Option(None, help="Chunks decoded together, across files. Default: TranscribeOptions' (presets "
                           "set none).")

@@ -102,6 +102,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                          "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
+    from asr_spec.engine import int8
     from asr_spec.models.cpu import precision_line
     from asr_spec.transcribe import Transcriber
 
@@ -138,7 +139,8 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
             output_stems(files)
             prepare_output_dir(output_dir)
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
-        run.precision = precision_line(transcriber.device, transcriber.target.dtype)
+        run.precision = precision_line(transcriber.device, transcriber.target.dtype,
+                                       int8.requested(transcriber.target.model.encoder))
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
     except KeyboardInterrupt:

@@ -392,9 +392,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("encoder_attention", &cpu_encoder::encoder_attention,
         "the encoder's self-attention over every position of each window, per head");
   m.def("quantize_rows", &cpu_int8::quantize_rows,
-        "activations to uint8 (zero point 128) with one scale a row, for the encoder's int8 products");
+        "activations to uint8 (zero point levels + 1) with one scale a row, for the encoder's int8 products");
   m.def("rescale_rows", &cpu_int8::rescale_rows,
-        "a row-quantized product's epilogue: raw * row scale + bias (+ residual, or its GELU), rounded to bf16");
+        "a row-quantized product's epilogue, in place: raw * row scale + bias (+ residual, or its GELU)");
   m.def("max_logsumexp", &cpu_reduce::max_logsumexp,
         "the rules' row reductions: each row's maximum, its first index and (if asked) its logsumexp");
   m.def("decoder_layers", &decoder_layers,

@@ -11,8 +11,9 @@ Attention in bf16 runs through the CPU kernel extension where it is built (`cpu_
 thin products' loops around a vectorised softmax, 2.5x torch's flash attention on an AVX-512-BF16 EPYC), elsewhere
 `F.scaled_dot_product_attention` (the CPU flash kernel): explicit q k^T / softmax / p v products through torch in
 blocks of queries measured 3.5-4x slower at whisper-base's shapes in bf16, the softmax over 1,500 keys dominating.
-On a bf16 run of an AVX-512 VNNI CPU without AMX the four linear products of each layer run in int8 instead
-(`engine/int8.py`: rows quantized by their own maximum, one decision, `int8.int8_encoder_usable`).
+On a bf16 run of an AVX-512 VNNI CPU without AMX, and in the "int8" precision (fp32 weights: `auto` on an AVX2-only
+CPU), the four linear products of each layer run in int8 instead (`engine/int8.py`: rows quantized by their own
+maximum, one decision, `int8.int8_encoder_usable`).
 Stage times and their share of the matmul rate: `python -m benchmarks.bench_encoder` (docs/cpu.md, "Encoder").
 Weights are used as they are, except, in bf16, the convolutions' (d_out, d_in, 3) reordered once into
 (d_out, 3 * d_in) (shared per weight tensor: 1.8 MB for whisper-base).
@@ -86,9 +87,9 @@ class Encoder:
         # the convolutions as products in bf16 (3x faster than oneDNN's bf16 convolution with its layout copies,
         # whisper-base, batch 4), the module's convolutions in fp32 (5-10 % faster there than the products)
         self.conv_products = first.dtype == torch.bfloat16
-        # the layers' linear products in int8 where `int8.int8_encoder_usable` says so (engine/int8.py; its int8
-        # layers run around the kernel's attention, so never without it)
-        self.int8 = self.kernel_attention and int8.int8_encoder_usable(first.device, first.dtype)
+        # the layers' linear products in int8 where `int8.int8_encoder_usable` says so (engine/int8.py: bf16 with
+        # AVX-512 VNNI around the kernel's attention; fp32 where the module was marked by the "int8" precision)
+        self.int8 = int8.int8_encoder_usable(first.device, first.dtype, int8.requested(encoder))
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -121,19 +122,22 @@ class Encoder:
         """x + self-attention(LayerNorm(x)), the residual add fused into the output projection.
         (N, S, d_model) -> (N, S, d_model)"""
         attn = layer.self_attn
-        n, s, d = x.shape
         h = layer.self_attn_layer_norm(x)
         if self.int8:
             qkv = int8.int8_linear(h, int8.int8_weight(attn.q_proj, attn.k_proj, attn.v_proj))
-            out = cpu_attention.encoder_attention(*qkv.split(d, -1), self.n_heads, self.scaling)
+            out = self.attend(*qkv.split(x.shape[-1], -1))
             return int8.int8_linear(out, int8.int8_weight(attn.out_proj), residual=x)
-        q, k, v = (onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        if self.kernel_attention:
-            out = cpu_attention.encoder_attention(q, k, v, self.n_heads, self.scaling)
-        else:
-            q, k, v = (t.view(n, s, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-            out = F.scaled_dot_product_attention(q, k, v, scale=self.scaling).transpose(1, 2).reshape(n, s, d)
+        out = self.attend(*(onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)))
         return onednn_linear_add(out, attn.out_proj.weight, attn.out_proj.bias, x)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(scale q k^T) v per window and head: the kernel's where `kernel_attention`, else SDPA.
+        q, k, v: (N, S, d_model), the last dimension contiguous -> (N, S, d_model) contiguous"""
+        if self.kernel_attention:
+            return cpu_attention.encoder_attention(q, k, v, self.n_heads, self.scaling)
+        n, s, d = q.shape
+        q, k, v = (t.view(n, s, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, scale=self.scaling).transpose(1, 2).reshape(n, s, d)
 
     def mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x + fc2(act(fc1(LayerNorm(x)))): GELU fused into fc1 where oneDNN has it, the residual add into fc2.

@@ -1,5 +1,6 @@
-"""The encoder's linear products in int8 on CPUs with AVX-512 VNNI and bf16 but no AMX, and the one decision
-where (`int8_encoder_usable`).
+"""The encoder's linear products in int8, and the one decision where (`int8_encoder_usable`): in bf16 on CPUs with
+AVX-512 VNNI but no AMX, and in fp32 where the run's precision is "int8" (`models.cpu`: `auto` on an AVX2-only CPU,
+or `--dtype int8`), which the loader marks on the encoder module (`request`).
 
 Why: on such a CPU (an AMD EPYC with AVX-512-BF16, 2 cores) the bf16 encoder was half of a long file's wall time,
 its products at ~300 GFLOP/s, about oneDNN's bf16 rate there; oneDNN's u8 x s8 products (vpdpbusd) run the same
@@ -17,29 +18,61 @@ row alone (the integer sums are exact, the rest per element), so a window's enco
 windows encoded with it, and the target and its draft read the same encoder output (speculative == greedy, as in
 every precision).
 
-Shapes: x (N windows, S positions, d_in) -> (N, S, d_out), both in the model's dtype (bf16).
+On an AVX2-only CPU (an AMD EPYC, 2 cores, sixteenth session) the same products in fp32: oneDNN's u8 x s8 kernels
+ran whisper-base's encoder products of 8 windows 1.88x faster than the fastest fp32 product (2.0 against 3.75 s,
+`python -m benchmarks.bench_int8 --threads 2 --encoder-batches 8`, the "qlinear kernel only" path). Without VNNI
+the activations are 7-bit (`activation_levels`: AVX2 sums a pair of u8 x s8 products in int16 with saturation),
+the product's output fp32, the epilogue in fp32.
+
+Shapes: x (N windows, S positions, d_in) -> (N, S, d_out), both in the model's dtype (bf16 or fp32).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from asr_spec.engine import cpu_attention
 from asr_spec.engine.kernels import shared
 
 DISABLE_ENV = "ASR_SPEC_NO_INT8_ENCODER"
-ZERO_POINT = 128  # the activations' (uint8), as cpu_int8.h writes them
-LEVELS = 127  # int8 steps on each side of zero
+LEVELS = 127  # the weights' int8 steps on each side of zero
+REQUEST = "asr_spec_int8_products"  # the attribute `request` sets on an encoder module
 
 
-def int8_encoder_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """The one decision: whether an encoder on `device` in `dtype` runs its linear products in int8: where its
-    attention runs through the kernel extension (`cpu_attention.encoder_attention_usable`: a CPU, bf16, the
-    extension built here, no AMX tiles, whose own int8 and bf16 tiles were not measured against this), the CPU has
-    AVX-512 VNNI, this torch has oneDNN's int8 linear, and `ASR_SPEC_NO_INT8_ENCODER=1` does not switch it off."""
-    if cpu_attention.switched_on(DISABLE_ENV) or "avx512_vnni" not in cpu_attention.cpu_flags().split():
+def request(encoder: nn.Module) -> nn.Module:
+    """Mark an fp32 encoder module as asking for int8 products (the "int8" precision; the loader calls it); whether
+    they run is still `int8_encoder_usable`'s decision. Returns the module."""
+    setattr(encoder, REQUEST, True)
+    return encoder
+
+
+def requested(encoder: nn.Module) -> bool:
+    """Whether `request` marked this encoder module."""
+    return bool(getattr(encoder, REQUEST, False))
+
+
+def int8_encoder_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:
+    """The one decision: whether an encoder on `device` in `dtype` runs its linear products in int8. Never where
+    `ASR_SPEC_NO_INT8_ENCODER=1` switches it off or this torch lacks oneDNN's int8 linear. In bf16: where its
+    attention runs through the kernel extension (`cpu_attention.encoder_attention_usable`: a CPU, the extension
+    built here, no AMX tiles, whose own int8 and bf16 tiles were not measured against this) and the CPU has
+    AVX-512 VNNI. In fp32: where the run asked for it (`asked`: the "int8" precision, `requested`) on a CPU with
+    the extension built (its row quantizer and epilogue)."""
+    if cpu_attention.switched_on(DISABLE_ENV) or not _onednn_int8():
         return False
-    return _onednn_int8() and cpu_attention.encoder_attention_usable(device, dtype)
+    if dtype == torch.float32:
+        return asked and cpu_attention.fused_attention_usable(device, dtype)
+    return ("avx512_vnni" in cpu_attention.cpu_flags().split()
+            and cpu_attention.encoder_attention_usable(device, dtype))
+
+
+def activation_levels() -> int:
+    """The activations' steps on each side of zero: 127 where the CPU has VNNI (exact u8 x s8 dot products), 63
+    elsewhere (AVX2 sums a pair of u8 x s8 products in int16 with saturation: 2 * 127 * 127 fits, 2 * 255 * 127
+    does not). The zero point is one more (`cpu_int8.h`)."""
+    flags = cpu_attention.cpu_flags().split()
+    return LEVELS if "avx512_vnni" in flags or "avx_vnni" in flags else 63
 
 
 def _onednn_int8() -> bool:
@@ -78,22 +111,25 @@ def int8_weight(*layers: torch.nn.Linear) -> Int8Weight:
     return shared(("int8", len(weights)), weights, make)
 
 
-def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., K) activations -> (uint8 (M, K), fp32 scales (M,)), M the rows, one scale a row (`cpu_int8.h`)."""
-    return cpu_attention.extension().quantize_rows(x.reshape(-1, x.shape[-1]).contiguous())
+def quantize(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., K) activations -> (uint8 (M, K), fp32 scales (M,)), M the rows, one scale a row, `levels` steps on each
+    side of the zero point levels + 1 (`cpu_int8.h`)."""
+    return cpu_attention.extension().quantize_rows(x.reshape(-1, x.shape[-1]).contiguous(), levels)
 
 
 def int8_linear(x: torch.Tensor, weight: Int8Weight, post: str = "none",
                 residual: torch.Tensor | None = None) -> torch.Tensor:
-    """(residual +) post(x W^T + b) with x quantized per row (`quantize`) and W per channel (`Int8Weight`):
-    x (N, S, d_in) bf16 -> (N, S, d_out) bf16; post "none" or "gelu" (erf); residual (N, S, d_out) or None (not
-    with "gelu")."""
+    """(residual +) post(x W^T + b) with x quantized per row (`quantize`, `activation_levels`) and W per channel
+    (`Int8Weight`): x (N, S, d_in) bf16 or fp32 -> (N, S, d_out) in x's dtype; post "none" or "gelu" (erf);
+    residual (N, S, d_out) in x's dtype, or None (not with "gelu")."""
     if post not in ("none", "gelu") or (post == "gelu" and residual is not None):
         raise ValueError(f"int8_linear: post {post!r} (with a residual: {residual is not None}) is not supported")
-    q, scales = quantize(x)
-    # sum_k (q - 128) w_q * w_scale in bf16; the row's scale, the bias and the residual or the GELU after, in one pass
-    raw = torch.ops.onednn.qlinear_pointwise(q, 1.0, ZERO_POINT, weight.packed, weight.scales, weight.zero_points,
-                                             None, 1.0, 0, torch.bfloat16, "none", [], "")
+    levels = activation_levels()
+    q, scales = quantize(x, levels)
+    # sum_k (q - zero point) w_q * w_scale in x's dtype; the row's scale, the bias and the residual or the GELU
+    # after, in one pass
+    raw = torch.ops.onednn.qlinear_pointwise(q, 1.0, levels + 1, weight.packed, weight.scales, weight.zero_points,
+                                             None, 1.0, 0, x.dtype, "none", [], "")
     flat = None if residual is None else residual.reshape(-1, weight.d_out).contiguous()
     y = cpu_attention.extension().rescale_rows(raw, scales, weight.bias, flat, post == "gelu")
     return y.view(*x.shape[:-1], weight.d_out)

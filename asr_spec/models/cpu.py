@@ -5,7 +5,8 @@ A CPU's class decides the precision a run is fastest in and whether a draft pays
 - ``amx-bf16``: Intel AMX tiles (Sapphire Rapids and later Xeons): bf16 products at 1.1-1.6 TFLOP/s on two cores
   (fp32: 0.22-0.31), a (K+1)-token verify pass nearly as cheap as a 1-token step;
 - ``avx512-bf16``: AVX-512 bf16 dot products (Cooper Lake, AMD Zen 4 and later): bf16 native, no tiles;
-- ``avx2``: no native bf16 (bf16 products emulated, slower than fp32): fp32;
+- ``avx2``: no native bf16 (bf16 products emulated, slower than fp32): fp32 weights with the encoder's linear
+  products in int8 (the "int8" precision, `engine.int8`), where the kernel extension is built, else fp32;
 - ``other``: none of the above (an old x86 CPU, or a non-x86 one): fp32.
 
 The flags come from ``/proc/cpuinfo``; where that file is absent (macOS, Windows, some containers), from torch's
@@ -26,18 +27,20 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CPU_CLASSES", "DTYPES", "CpuCapabilities", "auto_choice", "auto_dtype", "bf16_row_block", "detect_cpu",
-           "parse_cpu_flags", "parse_cpuinfo", "resolve_dtype"]
+__all__ = ["CPU_CLASSES", "DTYPES", "INT8", "CpuCapabilities", "auto_choice", "auto_dtype", "bf16_row_block",
+           "detect_cpu", "parse_cpu_flags", "parse_cpuinfo", "resolve_dtype", "resolve_precision", "torch_dtype"]
 
 log = logging.getLogger(__name__)
 
 CPUINFO = Path("/proc/cpuinfo")
 FLAGS_ENV = "ASR_SPEC_CPU_FLAGS"
 CPU_CLASSES = ("amx-bf16", "avx512-bf16", "avx2", "other")  # best first
-# dtype names a preset or --dtype may use -> the torch dtype's name ("auto" besides: `auto_dtype`). The one table:
-# `resolve_dtype` reads it, and presets' checks.
+# dtype names a preset or --dtype may use -> the precision's name ("auto" besides: `auto_choice`). The one table:
+# `resolve_precision` reads it, and presets' checks. A precision is a torch dtype's name, or INT8.
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+          "bfloat16": "bfloat16", "bf16": "bfloat16", "int8": "int8"}
+# fp32 weights, the encoder's linear products in int8 (`engine.int8`: rows quantized by their own maximum)
+INT8 = "int8"
 
 
 @dataclass(frozen=True)
@@ -160,62 +163,77 @@ def bf16_row_block() -> tuple[int, int]:
 
 def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,
                 bf16_blocks: tuple[int, int] | None = None,
-                attention_kernel: bool | None = None) -> tuple[torch.dtype, str]:
-    """The dtype ``auto`` means and why, decided here only: float16 on CUDA; on a CPU bfloat16 where bf16 products
-    are native (AMX, AVX-512 bf16) and lossless (`bf16_row_block`: a step's and a verify pass's products give each
-    row the same bits, so speculative == bf16 greedy token for token and a row's tokens do not depend on the batch),
-    float32 otherwise; float32 on other devices (mps, ...). cpu: the capabilities (None: this machine's);
-    bf16_blocks: the probe's (rows, queries) (None: measured here when the CPU's bf16 is native);
-    attention_kernel: whether the CPU attention kernel runs bf16 attention, query-invariant by construction, so
-    that the queries figure does not matter (None: `attention_path` here)."""
+                attention_kernel: bool | None = None) -> tuple[str, str]:
+    """The precision ``auto`` means and why, decided here only: "float16" on CUDA; on a CPU "bfloat16" where bf16
+    products are native (AMX, AVX-512 bf16) and lossless (`bf16_row_block`: a step's and a verify pass's products
+    give each row the same bits, so speculative == bf16 greedy token for token and a row's tokens do not depend on
+    the batch); on an AVX2 CPU without them `INT8` where the encoder's int8 products run here
+    (`engine.int8.int8_encoder_usable`); "float32" otherwise and on other devices (mps, ...). cpu: the
+    capabilities (None: this machine's); bf16_blocks: the probe's (rows, queries) (None: measured here when the
+    CPU's bf16 is native); attention_kernel: whether the CPU attention kernel runs bf16 attention, query-invariant
+    by construction, so that the queries figure does not matter (None: `attention_path` here)."""
     if device.type == "cuda":
-        return torch.float16, "cuda"
+        return "float16", "cuda"
     if device.type != "cpu":
-        return torch.float32, device.type
+        return "float32", device.type
+    from asr_spec.engine.int8 import int8_encoder_usable
     from asr_spec.engine.kernels import ANY_ROWS
 
     caps = detect_cpu() if cpu is None else cpu
     if not caps.native_bf16:
-        return torch.float32, "no native bf16 products"
+        if caps.cpu_class == "avx2" and int8_encoder_usable(device, torch.float32, asked=True):
+            return INT8, "no native bf16 products; the encoder's products in int8, the decoder fp32"
+        return "float32", "no native bf16 products"
     rows, queries = bf16_row_block() if bf16_blocks is None else bf16_blocks
     if attention_kernel is None:
         attention_kernel = attention_path(device, torch.bfloat16) == "cpu kernel"
     attention = "the query-invariant attention kernel" if attention_kernel else f"{queries} queries"
     if rows < LOSSLESS_MIN_ROWS or (queries < 1 and not attention_kernel):
-        return torch.float32, (f"bf16 products here give a row the same bits only up to {rows} rows, attention "
-                               f"up to {queries} queries: not lossless at batch {LOSSLESS_MIN_ROWS}")
+        return "float32", (f"bf16 products here give a row the same bits only up to {rows} rows, attention "
+                           f"up to {queries} queries: not lossless at batch {LOSSLESS_MIN_ROWS}")
     products = "every product row-invariant by construction" if rows >= ANY_ROWS else f"row-invariant up to {rows} rows"
-    return torch.bfloat16, f"native bf16, {products} and {attention}: lossless"
+    return "bfloat16", f"native bf16, {products} and {attention}: lossless"
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """The dtype a precision loads its models in: `INT8`'s weights are fp32."""
+    return torch.float32 if precision == INT8 else getattr(torch, precision)
 
 
 def auto_dtype(device: torch.device, cpu: CpuCapabilities | None = None,
                bf16_blocks: tuple[int, int] | None = None) -> torch.dtype:
-    """`auto_choice`'s dtype."""
-    return auto_choice(device, cpu, bf16_blocks)[0]
+    """The dtype `auto_choice`'s precision loads its models in."""
+    return torch_dtype(auto_choice(device, cpu, bf16_blocks)[0])
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
-                  cpu: CpuCapabilities | None = None) -> torch.dtype:
-    """The dtype a run loads its models in; every caller (CLI, API, server, eval, benchmarks) comes through here.
-    "auto" / None: `auto_choice` (fp16 on CUDA; on a CPU bf16 where native and lossless, else fp32), logged once
-    with the CPU's class and the reason. cpu: the capabilities to decide from (None: this machine's)."""
+def resolve_precision(dtype: str | torch.dtype | None, device: torch.device,
+                      cpu: CpuCapabilities | None = None) -> str:
+    """The precision a run decodes in (a torch dtype's name, or `INT8`); every caller (CLI, API, server, eval,
+    benchmarks) comes through here or `resolve_dtype`. "auto" / None: `auto_choice` (fp16 on CUDA; on a CPU bf16
+    where native and lossless, int8 on AVX2, else fp32), logged once with the CPU's class and the reason. cpu: the
+    capabilities to decide from (None: this machine's)."""
     if isinstance(dtype, torch.dtype):
-        return dtype
+        return str(dtype).removeprefix("torch.")
     if dtype in (None, "auto"):
         chosen, why = auto_choice(device, cpu)
         log_decision(device, dtype, chosen, why)
         return chosen
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
-    return getattr(torch, DTYPES[dtype])
+    return DTYPES[dtype]
 
 
-def log_decision(device: torch.device, requested: str | torch.dtype | None, chosen: torch.dtype, why: str) -> None:
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
+                  cpu: CpuCapabilities | None = None) -> torch.dtype:
+    """The dtype a run loads its models in: `resolve_precision`'s (`torch_dtype`)."""
+    return torch_dtype(resolve_precision(dtype, device, cpu))
+
+
+def log_decision(device: torch.device, requested: str | torch.dtype | None, chosen: str, why: str) -> None:
     """The start-of-run line, once per (device, request, choice): "cpu: amx-bf16 (...), dtype auto -> bfloat16
     (native bf16, row-invariant up to 32 rows and the query-invariant attention kernel: lossless)" ("... and 32
     queries" where torch's attention products run instead)."""
-    _log_once(device.type, str(requested if requested is not None else "auto"), str(chosen).removeprefix("torch."),
-              why)
+    _log_once(device.type, str(requested if requested is not None else "auto"), chosen, why)
 
 
 @functools.cache
@@ -232,18 +250,20 @@ def attention_path(device: torch.device, dtype: torch.dtype) -> str:
     return "cpu kernel" if fused_attention_usable(device, dtype) else "torch"
 
 
-def encoder_products(device: torch.device, dtype: torch.dtype) -> str:
+def encoder_products(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
     """The precision of the encoder's linear products: "int8" where `engine.int8.int8_encoder_usable` (its one
-    decision: bf16 on an AVX-512 VNNI CPU without AMX), else the dtype's name."""
+    decision: bf16 on an AVX-512 VNNI CPU without AMX; fp32 where the `INT8` precision asked for it: `int8_asked`),
+    else the dtype's name."""
     from asr_spec.engine.int8 import int8_encoder_usable
 
-    return "int8" if int8_encoder_usable(device, dtype) else str(dtype).removeprefix("torch.")
+    return INT8 if int8_encoder_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
 
 
-def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]:
+def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> dict[str, object]:
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU
     its capabilities (`CpuCapabilities.as_dict`), its decoder's attention (`attention_path`) and its encoder's
-    products (`encoder_products`). In bf16 the row invariance: "by_construction" where the kernel extension's
+    products (`encoder_products`; `int8_asked`: the model's encoder was marked by the `INT8` precision,
+    `engine.int8.requested`). In bf16 the row invariance: "by_construction" where the kernel extension's
     products run (then "rows" is None: any number), else the probe's rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
 
@@ -251,7 +271,7 @@ def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
         info["attention"] = attention_path(device, dtype)
-        info["encoder_products"] = encoder_products(device, dtype)
+        info["encoder_products"] = encoder_products(device, dtype, int8_asked)
         if dtype == torch.bfloat16:
             rows, queries = bf16_row_block()
             by_construction = rows >= ANY_ROWS
@@ -260,7 +280,7 @@ def run_precision(device: torch.device, dtype: torch.dtype) -> dict[str, object]
     return info
 
 
-def precision_line(device: torch.device, dtype: torch.dtype) -> str:
+def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
     """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless, attention: cpu kernel" /
     "cuda:0, float16" (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else
     "up to near-ties"; on a CPU, `attention_path`, then ", encoder products int8" where `encoder_products` says
@@ -271,7 +291,7 @@ def precision_line(device: torch.device, dtype: torch.dtype) -> str:
         line += ", lossless" if bf16_row_block()[0] else ", up to near-ties"
     if device.type == "cpu":
         line += f", attention: {attention_path(device, dtype)}"
-        if encoder_products(device, dtype) == "int8":
+        if encoder_products(device, dtype, int8_asked) == INT8:
             line += ", encoder products int8"
     return line
 

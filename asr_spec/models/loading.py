@@ -13,9 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from asr_spec.engine import int8
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.errors import AsrSpecError, ModelLoadError
-from asr_spec.models.cpu import resolve_dtype as resolve_dtype  # decided in models.cpu; callers import it here too
+from asr_spec.models.cpu import INT8, torch_dtype
+
+# decided in models.cpu; callers import them here too
+from asr_spec.models.cpu import resolve_dtype as resolve_dtype
+from asr_spec.models.cpu import resolve_precision as resolve_precision
 from asr_spec.models.drafts import DECODER_KIND, INFO_FILE, decoder_draft, draft_kind, load_trained_draft
 from asr_spec.models.feature_draft import KIND as FEATURE_KIND
 from asr_spec.models.feature_draft import load_feature_draft
@@ -94,15 +99,23 @@ def _loading(name: str | os.PathLike, what: str) -> Iterator[None]:
         raise ModelLoadError(f"{name}: cannot load the {what} ({type(err).__name__}: {cause})") from err
 
 
-def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype, *, decoder_only: bool = False) -> Any:
+def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype | str, *,
+               decoder_only: bool = False) -> Any:
     """Load a Whisper model (safetensors only, never remote code). decoder_only loads a `WhisperForCausalLM`.
-    Any failure (truncated or corrupt weights, bad config.json) raises `ModelLoadError` naming `name`."""
+    dtype: a torch dtype, or a precision from `resolve_precision` ("int8": fp32 weights, the encoder marked for
+    int8 products, `engine.int8.request`). Any failure (truncated or corrupt weights, bad config.json) raises
+    `ModelLoadError` naming `name`."""
     from transformers import WhisperForCausalLM, WhisperForConditionalGeneration
+
+    precision = dtype if isinstance(dtype, str) else None
+    dtype = torch_dtype(precision) if precision is not None else dtype
 
     cls = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
     with _loading(name, "model"):  # a CTranslate2 directory is converted here: its failures are loading failures
         where = model_dir(name)
         model = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+    if precision == INT8 and not decoder_only:
+        int8.request(model.model.encoder)
     return model.to(device).eval()
 
 

@@ -112,16 +112,17 @@ class Transcriber:
                         options: TranscribeOptions | None = None, share_encoder: bool | None = None,
                         **option_values: Any) -> Transcriber:
         """Load the target `model` (hub id, local or CTranslate2 directory, "embedded:whisper-base"), its processor
-        and an optional `draft` (same forms). dtype None or "auto": `models.resolve_dtype` (fp16 on CUDA, fp32
-        on a CPU).
+        and an optional `draft` (same forms). dtype None or "auto": `models.resolve_precision` (fp16 on CUDA; on a
+        CPU bf16, int8 or fp32 by its class).
         `option_values` are flat `TranscribeOptions` names applied over `options`; share_encoder: see
         `asr_spec.models.loading.load_draft`."""
         from asr_spec.models import loading as models
 
         opts = TranscribeOptions.from_values(options, **option_values)  # bad options fail before any loading
         dev = models.resolve_device(device)
-        dt = models.resolve_dtype(dtype, dev)
-        target = models.load_model(model, dev, dt)
+        precision = models.resolve_precision(dtype, dev)  # a torch dtype's name, or "int8" (fp32 weights)
+        dt = models.torch_dtype(precision)
+        target = models.load_model(model, dev, precision)
         processor = models.load_processor(model)
         draft_model = None if draft is None else models.load_draft(draft, target, dev, dt, share_encoder)
         return cls(target, draft_model, processor, opts, dev)
