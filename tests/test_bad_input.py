@@ -22,7 +22,7 @@ import soundfile as sf
 import torch
 from conftest import perturbed, tiny_target
 from test_cli import assert_one_line_error, run_cli, tiny
-from test_transcribe import LONG, SHORT, save_tiny_models, transcriber
+from test_transcribe import LONG, SHORT, auto_precision, save_tiny_models, transcriber
 
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
@@ -43,8 +43,8 @@ def model_dirs(tmp_path_factory) -> tuple[Path, Path]:
 @functools.cache
 def reference_text(path: Path, chunking: str = "vad") -> str:
     """The tiny target's greedy transcript of `path` in timestamp mode with VAD chunks, as the CLI's default preset
-    decodes (its tiny models are the same weights)."""
-    run = transcriber(speculative=False, timestamps=True, chunking=chunking)
+    decodes (its tiny models are the same weights, in the precision `auto` resolves to here)."""
+    run = transcriber(speculative=False, precision=auto_precision(), timestamps=True, chunking=chunking)
     return run.transcribe(str(path), progress=False)[0].text
 
 
@@ -300,8 +300,8 @@ def test_batch_size_1000_on_a_short_file_costs_no_more_memory_than_8(tmp_path: P
 
 def test_float_audio_far_above_one_is_refused_the_rest_transcribed(capsys, tmp_path: Path, model_dirs) -> None:
     speech = load_audio(SHORT[0])
-    results = transcriber(speculative=False, timestamps=True).transcribe([speech * 32768, speech * 1e6, speech],
-                                                                         progress=False)
+    results = transcriber(speculative=False, precision=auto_precision(), timestamps=True).transcribe(
+        [speech * 32768, speech * 1e6, speech], progress=False)
     assert "int16-scale audio: divide by 32768" in results[0].error and "peak at" in results[0].error
     assert "not [-1, 1] audio: rescale it" in results[1].error
     assert results[2].ok and results[2].text == reference_text(SHORT[0])

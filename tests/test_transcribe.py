@@ -18,7 +18,9 @@ from conftest import perturbed
 from asr_spec import TranscribeOptions, Transcriber, Transcription
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.chunk_id import ChunkId
+from asr_spec.engine import int8
 from asr_spec.errors import AudioError, InputError
+from asr_spec.models.cpu import INT8, resolve_precision
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import Shape, random_whisper
 
@@ -75,13 +77,23 @@ def save_tiny_models(folder: Path) -> tuple[Path, Path]:
 
 
 @functools.cache
-def _models():
+def _models(precision: str = "float32"):
+    """The tiny target, its draft and processor, in memory; precision "int8" marks the target's encoder
+    (`int8.request`), as the loader does."""
     target = tiny_real_vocab_whisper()
+    if precision == INT8:
+        int8.request(target.model.encoder)
     return target, tiny_draft(target), tiny_processor()
 
 
-def transcriber(speculative: bool = True, **values) -> Transcriber:
-    target, draft, processor = _models()
+def auto_precision() -> str:
+    """The precision `auto` resolves to here (the suite's pinned AVX2 class: int8 where the kernel extension is
+    built), the one a model directory loaded by the CLI or `from_pretrained` decodes in."""
+    return resolve_precision("auto", torch.device("cpu"))
+
+
+def transcriber(speculative: bool = True, precision: str = "float32", **values) -> Transcriber:
+    target, draft, processor = _models(precision)
     options = TranscribeOptions.from_values(language="en", batch_size=4, **values)
     return Transcriber(target, draft if speculative else None, processor, options)
 
@@ -361,7 +373,8 @@ def test_options_are_validated_in_one_place() -> None:
 
 def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None:
     target_dir, draft_dir = save_tiny_models(tmp_path)
-    loaded = Transcriber.from_pretrained(target_dir, draft_dir, device="cpu", language="en", batch_size=2)
+    loaded = Transcriber.from_pretrained(target_dir, draft_dir, device="cpu", language="en", batch_size=2,
+                                         dtype="float32")  # the reference's precision
     assert loaded.draft is not None and loaded.options.batch_size == 2
     assert loaded.transcribe(str(SHORT[0]), progress=False)[0].text == reference[1].text
     preset = tmp_path / "mine.toml"
@@ -380,7 +393,9 @@ def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None
     preset.write_text('model = "./tiny"\nchunk_length_s = 45\n')
     with pytest.raises(InputError, match="mine.toml: chunk_length_s must be in"):
         Transcriber.from_preset(preset)
-    preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\ncpu_draft_max_rows = 2\n')
+    # float32: the precision of the in-memory reference (auto would be int8 on the suite's pinned AVX2 class)
+    preset.write_text('model = "./tiny"\ndraft = "./tiny-draft"\nlanguage = "en"\ncpu_draft_max_rows = 2\n'
+                      'dtype = "float32"\n')
     small = Transcriber.from_preset(preset, device="cpu")
     assert small.draft is not None and small.options.decode.draft_max_rows == 2  # the preset's draft, few rows
     # runs of at most 2 rows are drafted, larger ones decoded greedily; the transcript is the same either way

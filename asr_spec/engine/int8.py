@@ -111,6 +111,16 @@ def int8_weight(*layers: torch.nn.Linear) -> Int8Weight:
     return shared(("int8", len(weights)), weights, make)
 
 
+def int8_qkv() -> bool:
+    """Whether an int8 encoder's q/k/v product is int8 too: only with 8-bit activations (`activation_levels`; the
+    bf16 path on AVX-512 VNNI, as measured in the eighth session). With AVX2's 7-bit ones q/k/v stay in the
+    model's dtype: whisper-base's encoder output came 6.8 % from fp32's instead of 8.3 % (relative norm, 6 windows
+    of long_75s), the int8 q/k/v product gained only 1.4x (102 against 145 ms a layer of 8 windows, quantizer and
+    epilogue included: 0.26 s an 8-window call), and the prompt fixture's third name was spelled as prompted
+    again ("Kaitlynn", "Kaitlyn" with q/k/v int8)."""
+    return activation_levels() == LEVELS
+
+
 def quantize(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(..., K) activations -> (uint8 (M, K), fp32 scales (M,)), M the rows, one scale a row, `levels` steps on each
     side of the zero point levels + 1 (`cpu_int8.h`)."""
