@@ -88,6 +88,7 @@ def test_activations_are_7_bit_without_vnni(monkeypatch):
     for flags, levels in (("fpu avx2 fma", 63), ("fpu avx2 fma avx_vnni", 127), ("avx512f avx512_vnni", 127)):
         monkeypatch.setattr(cpu_attention, "cpu_flags", lambda flags=flags: flags)
         assert int8.activation_levels() == levels
+        assert int8.int8_qkv(levels) == (levels == 127)  # q/k/v int8 only with 8-bit activations
 
 
 @pytest.mark.parametrize("flags", ["pinned", "native"])
@@ -106,7 +107,7 @@ def test_a_product_agrees_with_float64_within_int8s_rounding(int8_kernel, monkey
     with torch.no_grad():
         layer.weight.copy_(torch.randn(80, 96, generator=gen) * 0.1)
     x = torch.randn(2, 30, 96, generator=gen).to(dtype)
-    out = int8.int8_linear(x, int8.Int8Weight(layer.weight, layer.bias), post=post)
+    out = int8.int8_linear(x, int8.Int8Weight(layer.weight, layer.bias), int8.activation_levels(), post=post)
     exact = torch.nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
     if post == "gelu":
         exact = torch.nn.functional.gelu(exact)
@@ -119,9 +120,9 @@ def test_a_post_op_it_does_not_have_is_refused(int8_kernel):
     weight = int8.Int8Weight(torch.nn.Linear(16, 8).weight, None)
     x = torch.randn(1, 4, 16).bfloat16()
     with pytest.raises(ValueError, match="post"):
-        int8.int8_linear(x, weight, post="relu")
+        int8.int8_linear(x, weight, 63, post="relu")
     with pytest.raises(ValueError, match="residual"):
-        int8.int8_linear(x, weight, post="gelu", residual=torch.zeros(1, 4, 8).bfloat16())
+        int8.int8_linear(x, weight, 63, post="gelu", residual=torch.zeros(1, 4, 8).bfloat16())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -131,10 +132,10 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it(int8_kernel, dtype)
     weight = int8.Int8Weight(layer.weight, layer.bias)
     x = _rows(40, 64, seed=3, dtype=dtype).view(2, 20, 64)
     residual = torch.randn(2, 20, 48).to(dtype)
-    together = int8.int8_linear(x, weight, residual=residual)
+    together = int8.int8_linear(x, weight, 63, residual=residual)
     for w in range(2):
         for rows in (slice(0, 20), slice(5, 6), slice(7, 19)):
-            alone = int8.int8_linear(x[w:w + 1, rows], weight, residual=residual[w:w + 1, rows])
+            alone = int8.int8_linear(x[w:w + 1, rows], weight, 63, residual=residual[w:w + 1, rows])
             assert torch.equal(alone[0], together[w, rows])
 
 

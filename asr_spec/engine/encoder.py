@@ -90,7 +90,8 @@ class Encoder:
         # the layers' linear products in int8 where `int8.int8_encoder_usable` says so (engine/int8.py: bf16 with
         # AVX-512 VNNI around the kernel's attention; fp32 where the module was marked by the "int8" precision)
         self.int8 = int8.int8_encoder_usable(first.device, first.dtype, int8.requested(encoder))
-        self.int8_qkv = self.int8 and int8.int8_qkv()  # q/k/v too only with 8-bit activations
+        self.int8_levels = int8.activation_levels()  # 8-bit activations with VNNI, 7-bit without
+        self.int8_qkv = self.int8 and int8.int8_qkv(self.int8_levels)  # q/k/v too only with 8-bit activations
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -127,12 +128,12 @@ class Encoder:
         attn = layer.self_attn
         h = layer.self_attn_layer_norm(x)
         if self.int8_qkv:
-            out = self.attend(*int8.int8_linear(h, int8.int8_weight(attn.q_proj, attn.k_proj, attn.v_proj))
-                              .split(x.shape[-1], -1))
+            qkv = int8.int8_linear(h, int8.int8_weight(attn.q_proj, attn.k_proj, attn.v_proj), self.int8_levels)
+            out = self.attend(*qkv.split(x.shape[-1], -1))
         else:
             out = self.attend(*(onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)))
         if self.int8:
-            return int8.int8_linear(out, int8.int8_weight(attn.out_proj), residual=x)
+            return int8.int8_linear(out, int8.int8_weight(attn.out_proj), self.int8_levels, residual=x)
         return onednn_linear_add(out, attn.out_proj.weight, attn.out_proj.bias, x)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -149,8 +150,8 @@ class Encoder:
         (N, S, d_model) -> (N, S, d_model)"""
         h = layer.final_layer_norm(x)
         if self.int8 and self.post == ("gelu", "none"):
-            h = int8.int8_linear(h, int8.int8_weight(layer.fc1), post="gelu")
-            return int8.int8_linear(h, int8.int8_weight(layer.fc2), residual=x)
+            h = int8.int8_linear(h, int8.int8_weight(layer.fc1), self.int8_levels, post="gelu")
+            return int8.int8_linear(h, int8.int8_weight(layer.fc2), self.int8_levels, residual=x)
         if self.post is not None:
             h = onednn_linear(h, layer.fc1.weight, layer.fc1.bias, *self.post)
         else:

@@ -111,14 +111,15 @@ def int8_weight(*layers: torch.nn.Linear) -> Int8Weight:
     return shared(("int8", len(weights)), weights, make)
 
 
-def int8_qkv() -> bool:
-    """Whether an int8 encoder's q/k/v product is int8 too: only with 8-bit activations (`activation_levels`; the
+def int8_qkv(levels: int) -> bool:
+    """Whether an int8 encoder's q/k/v product is int8 too: only with 8-bit activations (`levels`, from
+    `activation_levels`; the
     bf16 path on AVX-512 VNNI, as measured in the eighth session). With AVX2's 7-bit ones q/k/v stay in the
     model's dtype: whisper-base's encoder output came 6.8 % from fp32's instead of 8.3 % (relative norm, 6 windows
     of long_75s), the int8 q/k/v product gained only 1.4x (102 against 145 ms a layer of 8 windows, quantizer and
     epilogue included: 0.26 s an 8-window call), and the prompt fixture's third name was spelled as prompted
     again ("Kaitlynn", "Kaitlyn" with q/k/v int8)."""
-    return activation_levels() == LEVELS
+    return levels == LEVELS
 
 
 def quantize(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,14 +128,13 @@ def quantize(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
     return cpu_attention.extension().quantize_rows(x.reshape(-1, x.shape[-1]).contiguous(), levels)
 
 
-def int8_linear(x: torch.Tensor, weight: Int8Weight, post: str = "none",
+def int8_linear(x: torch.Tensor, weight: Int8Weight, levels: int, post: str = "none",
                 residual: torch.Tensor | None = None) -> torch.Tensor:
-    """(residual +) post(x W^T + b) with x quantized per row (`quantize`, `activation_levels`) and W per channel
-    (`Int8Weight`): x (N, S, d_in) bf16 or fp32 -> (N, S, d_out) in x's dtype; post "none" or "gelu" (erf);
-    residual (N, S, d_out) in x's dtype, or None (not with "gelu")."""
+    """(residual +) post(x W^T + b) with x quantized per row in `levels` steps a side (`quantize`; the encoder
+    asks `activation_levels` once) and W per channel (`Int8Weight`): x (N, S, d_in) bf16 or fp32 -> (N, S, d_out)
+    in x's dtype; post "none" or "gelu" (erf); residual (N, S, d_out) in x's dtype, or None (not with "gelu")."""
     if post not in ("none", "gelu") or (post == "gelu" and residual is not None):
         raise ValueError(f"int8_linear: post {post!r} (with a residual: {residual is not None}) is not supported")
-    levels = activation_levels()
     q, scales = quantize(x, levels)
     # sum_k (q - zero point) w_q * w_scale in x's dtype; the row's scale, the bias and the residual or the GELU
     # after, in one pass
