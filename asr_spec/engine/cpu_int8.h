@@ -105,27 +105,21 @@ inline std::vector<at::Tensor> quantize_rows(const at::Tensor& x, int64_t levels
   return {q, scales};
 }
 
-// the first `count` lanes of v at o: bf16 rounded once (to nearest even), fp32 as they are
-inline void store_lanes(cpu_attention::bf16* o, cpu_attention::vec v, int64_t count) {
-  using namespace cpu_attention;
-  if (count == L) {
-    store_bf16(o, v);
-    return;
-  }
-  alignas(64) float part[L];
-  store(part, v);
-  for (int64_t i = 0; i < count; ++i) o[i] = bf16(part[i]);
-}
+// L lanes of v at o: bf16 rounded once (to nearest even), fp32 as they are
+inline void store_all(cpu_attention::bf16* o, cpu_attention::vec v) { cpu_attention::store_bf16(o, v); }
+inline void store_all(float* o, cpu_attention::vec v) { cpu_attention::store(o, v); }
 
-inline void store_lanes(float* o, cpu_attention::vec v, int64_t count) {
+// the first `count` lanes of v at o, in o's dtype
+template <typename T>
+void store_lanes(T* o, cpu_attention::vec v, int64_t count) {
   using namespace cpu_attention;
   if (count == L) {
-    store(o, v);
+    store_all(o, v);
     return;
   }
   alignas(64) float part[L];
   store(part, v);
-  for (int64_t i = 0; i < count; ++i) o[i] = part[i];
+  for (int64_t i = 0; i < count; ++i) o[i] = T(part[i]);
 }
 
 template <typename T>
