@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_attention_simd.h"
@@ -23,7 +24,6 @@ namespace cpu_int8 {
 
 using cpu_attention::L;
 using cpu_attention::vec;
-
 
 // max |p[i]| over i < n
 template <typename T>
@@ -105,21 +105,18 @@ inline std::vector<at::Tensor> quantize_rows(const at::Tensor& x, int64_t levels
   return {q, scales};
 }
 
-// L lanes of v at o: bf16 rounded once (to nearest even), fp32 as they are
-inline void store_all(cpu_attention::bf16* o, cpu_attention::vec v) { cpu_attention::store_bf16(o, v); }
-inline void store_all(float* o, cpu_attention::vec v) { cpu_attention::store(o, v); }
-
-// the first `count` lanes of v at o, in o's dtype
+// the first `count` lanes of v at o, in o's dtype: fp32 as they are (`store_n`), bf16 rounded once, all L lanes as
+// `store_bf16` rounds them, fewer as c10 rounds a scalar (`store_bf16_as_c10`)
 template <typename T>
 void store_lanes(T* o, cpu_attention::vec v, int64_t count) {
   using namespace cpu_attention;
-  if (count == L) {
-    store_all(o, v);
-    return;
+  if constexpr (std::is_same_v<T, float>) {
+    store_n(o, v, count);
+  } else if (count == L) {
+    store_bf16(o, v);
+  } else {
+    store_bf16_as_c10(o, v, count);
   }
-  alignas(64) float part[L];
-  store(part, v);
-  for (int64_t i = 0; i < count; ++i) o[i] = T(part[i]);
 }
 
 template <typename T>
