@@ -22,7 +22,8 @@ class KVCache:
                       values in place: `Decoder._self_attention`, `kernels.attention`)
     cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim); each stored as
                       (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) when `cross_k_transposed` /
-                      `cross_v_transposed`
+                      `cross_v_transposed`; in `audio_dtype` (bf16 under an fp32 decoder of the int8
+                      precision: `engine.int8.bf16_audio_usable`), else the decoder's dtype
     lengths:          (n_rows,) long — tokens of each row held in the self-attention cache
     """
 
@@ -48,18 +49,20 @@ class KVCache:
         self_k_transposed: bool = False,
         cross_v_transposed: bool = False,
         self_v_transposed: bool = False,
+        audio_dtype: torch.dtype | None = None,
     ) -> KVCache:
-        def tensor(make, n: int, transposed: bool) -> torch.Tensor:
+        def tensor(make, n: int, transposed: bool, dtype: torch.dtype) -> torch.Tensor:
             """(n_layers, n_rows, n_heads, n, head_dim), a transposed view of (..., head_dim, n) if `transposed`."""
             if transposed:
                 return make((n_layers, n_rows, n_heads, head_dim, n), device=device, dtype=dtype).transpose(-1, -2)
             return make((n_layers, n_rows, n_heads, n, head_dim), device=device, dtype=dtype)
 
+        audio = dtype if audio_dtype is None else audio_dtype
         return cls(
-            self_k=tensor(torch.zeros, n_positions, self_k_transposed),
-            self_v=tensor(torch.zeros, n_positions, self_v_transposed),
-            cross_k=tensor(torch.empty, n_audio_ctx, cross_k_transposed),  # always written before it is read
-            cross_v=tensor(torch.empty, n_audio_ctx, cross_v_transposed),
+            self_k=tensor(torch.zeros, n_positions, self_k_transposed, dtype),
+            self_v=tensor(torch.zeros, n_positions, self_v_transposed, dtype),
+            cross_k=tensor(torch.empty, n_audio_ctx, cross_k_transposed, audio),  # always written before it is read
+            cross_v=tensor(torch.empty, n_audio_ctx, cross_v_transposed, audio),
             lengths=torch.zeros(n_rows, device=device, dtype=torch.long),
         )
 

@@ -6,8 +6,10 @@
 // heads or threads, the output is bit for bit the same. Nothing below branches on another query's values or count.
 //
 // Per query: scores s_j = scale * q . k_j, m = max_j s_j, p_j = exp(s_j - m) (a vectorised polynomial),
-// l = sum_j p_j, out = (sum_j p_j v_j) / l, all in fp32, the output rounded once to the cache's dtype. Keys and
-// values are read in either of two layouts per row and head, told apart by their strides: (head_dim, n_keys), the
+// l = sum_j p_j, out = (sum_j p_j v_j) / l, all in fp32, the output rounded once to the queries' dtype. Keys and
+// values are stored in the queries' dtype, or in bf16 under fp32 queries (an fp32 decoder whose audio keys/values
+// are held in bf16: each bf16 element widened to fp32 as it is loaded, the arithmetic fp32's). They are read in
+// either of two layouts per row and head, told apart by their strides: (head_dim, n_keys), the
 // key index contiguous (the audio's 1,500 keys: a head's keys, then its values, streamed front to back, scores
 // accumulated over head_dim in order), or (n_keys, head_dim) (a self-attention cache: each key one contiguous
 // row). The queries of one row and head are taken in groups of up to 4 sharing each load.
@@ -83,8 +85,8 @@ void scores_rows(const Group& g, const T* keys, int64_t stride, int64_t d, int64
   }
 }
 
-template <int NQ, typename T>
-void scores_of(const Group& g, const T* keys, int64_t stride, int64_t head_dim) {
+template <int NQ, typename KV, typename T>
+void scores_of(const Group& g, const KV* keys, int64_t stride, int64_t head_dim) {
   const int64_t full = g.n_max / L * L, tail = g.n_max - full;
   const int64_t end = tail ? full + L : full;
   for (int i = 0; i < NQ; ++i) {
@@ -92,7 +94,7 @@ void scores_of(const Group& g, const T* keys, int64_t stride, int64_t head_dim) 
   }
   int64_t d = 0;
 #ifdef CPU_ATTENTION_DPBF16
-  if constexpr (std::is_same_v<T, bf16>) {
+  if constexpr (std::is_same_v<T, bf16>) {  // bf16 queries (q_pairs): bf16 keys too
     for (; d + RS <= head_dim; d += RS) scores_pairs<NQ, RS / 2>(g, keys, stride, d, full, tail);
   }
 #endif
@@ -135,9 +137,9 @@ float softmax_numerators(float* scores, int64_t n, float scale) {
 // out_i[d + r] = sum_j p_i[j] v_j[d + r] / total_i for rows r < RV: query i's full blocks from loads shared by
 // the group, its last partial block (if any) from a load of its own that stops at its n. Values stored
 // (head_dim, n_keys), rows `stride` apart; one accumulator per query and row, over the blocks in order.
-template <int NQ, int RV, typename T>
-void values_rows(const Group& g, const T* values, int64_t stride, int64_t d, const float* total, T* const* out) {
-  const T* rows[RV];
+template <int NQ, int RV, typename KV, typename T>
+void values_rows(const Group& g, const KV* values, int64_t stride, int64_t d, const float* total, T* const* out) {
+  const KV* rows[RV];
   vec acc[NQ][RV];
   for (int r = 0; r < RV; ++r) rows[r] = values + (d + r) * stride;
   for (int i = 0; i < NQ; ++i) {
@@ -150,7 +152,7 @@ void values_rows(const Group& g, const T* values, int64_t stride, int64_t d, con
   vec v[RV];
   for (int64_t j = 0; j < full_min; j += L) {  // every query's full blocks
     for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
-    if (new_line<T>(j)) {
+    if (new_line<KV>(j)) {
       for (int r = 0; r < RV; ++r) prefetch(rows[r] + j, AHEAD);
     }
     for (int i = 0; i < NQ; ++i) {
@@ -176,13 +178,13 @@ void values_rows(const Group& g, const T* values, int64_t stride, int64_t d, con
   }
 }
 
-template <int NQ, typename T>
-void weighted_values(const Group& g, const T* values, int64_t stride, int64_t head_dim, const float* total,
+template <int NQ, typename KV, typename T>
+void weighted_values(const Group& g, const KV* values, int64_t stride, int64_t head_dim, const float* total,
                      T* const* out) {
   constexpr int RV = NQ <= 2 ? 2 * R : R;  // accumulators NQ x RV: enough chains to hide the FMA latency
   int64_t d = 0;
 #ifdef CPU_ATTENTION_DPBF16
-  if constexpr (std::is_same_v<T, bf16>) {
+  if constexpr (std::is_same_v<T, bf16>) {  // bf16 queries: bf16 keys/values too
     for (; d + RV <= head_dim; d += RV) values_pairs<NQ, RV>(g, values, stride, d, total, out);
   }
 #endif
@@ -193,8 +195,8 @@ void weighted_values(const Group& g, const T* values, int64_t stride, int64_t he
 // The same two sums with keys and values stored (n_keys, head_dim), key j `stride` apart from key j + 1 (a
 // self-attention cache: a few dozen keys a query, each read as one contiguous row). Scores: q . k_j over head_dim
 // in vectors of L (the rest masked), then over the lanes (`reduce`); values: out += p_j v_j, key by key, in order.
-template <int NQ, typename T>
-void scores_of_rows(const Group& g, const T* keys, int64_t stride, int64_t head_dim) {
+template <int NQ, typename KV, typename T>
+void scores_of_rows(const Group& g, const KV* keys, int64_t stride, int64_t head_dim) {
 #ifdef CPU_ATTENTION_DPBF16
   if constexpr (std::is_same_v<T, bf16>) {
     scores_of_rows_pairs<NQ>(g, keys, stride, head_dim);
@@ -203,7 +205,7 @@ void scores_of_rows(const Group& g, const T* keys, int64_t stride, int64_t head_
 #endif
   const int64_t full = head_dim / L * L, rest = head_dim - full;
   for (int64_t j = 0; j < g.n_max; ++j) {
-    const T* k = keys + j * stride;
+    const KV* k = keys + j * stride;
     vec acc[NQ];
     for (int i = 0; i < NQ; ++i) acc[i] = zero();
     for (int64_t c = 0; c < full; c += L) {
@@ -219,13 +221,13 @@ void scores_of_rows(const Group& g, const T* keys, int64_t stride, int64_t head_
 }
 
 // acc: NQ x head_dim floats of scratch.
-template <int NQ, typename T>
-void weighted_values_rows(const Group& g, const T* values, int64_t stride, int64_t head_dim, const float* total,
+template <int NQ, typename KV, typename T>
+void weighted_values_rows(const Group& g, const KV* values, int64_t stride, int64_t head_dim, const float* total,
                           float* acc, T* const* out) {
   const int64_t full = head_dim / L * L;
   std::fill(acc, acc + NQ * head_dim, 0.0f);
   for (int64_t j = 0; j < g.n_max; ++j) {
-    const T* v = values + j * stride;
+    const KV* v = values + j * stride;
     for (int i = 0; i < NQ; ++i) {
       if (j >= g.n[i]) continue;
       float* a = acc + i * head_dim;
@@ -249,14 +251,14 @@ struct Stored {
 };
 
 // A group of NQ queries: scores, softmax numerators and sums, weighted values. scratch: NQ x head_dim floats.
-template <int NQ, typename T>
-void attend_queries(const Group& g, Stored<T> keys, Stored<T> values, int64_t head_dim, float scale,
+template <int NQ, typename KV, typename T>
+void attend_queries(const Group& g, Stored<KV> keys, Stored<KV> values, int64_t head_dim, float scale,
                     float* scratch, T* const* out) {
   float total[G];
   if (keys.rows) {
-    scores_of_rows<NQ>(g, keys.data, keys.stride, head_dim);
+    scores_of_rows<NQ, KV, T>(g, keys.data, keys.stride, head_dim);
   } else {
-    scores_of<NQ>(g, keys.data, keys.stride, head_dim);
+    scores_of<NQ, KV, T>(g, keys.data, keys.stride, head_dim);
   }
   for (int i = 0; i < NQ; ++i) total[i] = softmax_numerators(g.scores[i], g.n[i], scale);
 #ifdef CPU_ATTENTION_DPBF16
@@ -267,9 +269,9 @@ void attend_queries(const Group& g, Stored<T> keys, Stored<T> values, int64_t he
   }
 #endif
   if (values.rows) {
-    weighted_values_rows<NQ>(g, values.data, values.stride, head_dim, total, scratch, out);
+    weighted_values_rows<NQ, KV, T>(g, values.data, values.stride, head_dim, total, scratch, out);
   } else {
-    weighted_values<NQ>(g, values.data, values.stride, head_dim, total, out);
+    weighted_values<NQ, KV, T>(g, values.data, values.stride, head_dim, total, out);
   }
 }
 
@@ -281,7 +283,8 @@ Stored<T> stored_at(const at::Tensor& x, int64_t row, int64_t head) {
   return Stored<T>{data, rows ? x.stride(2) : x.stride(3), rows};
 }
 
-template <typename T>
+// T: the queries' and output's dtype; KV: the keys' and values' (T, or bf16 under fp32 queries).
+template <typename T, typename KV>
 struct Operands {
   const at::Tensor &q, &keys, &values, &n_seen;
   at::Tensor& out;
@@ -299,8 +302,8 @@ struct Buffers {
 inline int64_t padded_keys(int64_t n_keys) { return (n_keys + 2 * L - 1) / (2 * L) * (2 * L); }
 
 // Queries [first, first + size) of row `row`, head `head` as one group, into their outputs.
-template <typename T>
-void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first, int64_t size,
+template <typename T, typename KV>
+void attend_group(const Operands<T, KV>& a, int64_t row, int64_t head, int64_t first, int64_t size,
                   Buffers& buf) {
   const int64_t head_dim = a.q.size(3), s_pad = padded_keys(a.keys.size(2));
   const T* q_ptr = a.q.template data_ptr<T>();
@@ -323,7 +326,7 @@ void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first
     g.n_max = g.n[i] > g.n_max ? g.n[i] : g.n_max;
     out[i] = o_ptr + row * a.out.stride(0) + t * a.out.stride(1) + head * a.out.stride(2);
   }
-  const Stored<T> k = stored_at<T>(a.keys, row, head), v = stored_at<T>(a.values, row, head);
+  const Stored<KV> k = stored_at<KV>(a.keys, row, head), v = stored_at<KV>(a.values, row, head);
   switch (size) {
     case 1: attend_queries<1>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
     case 2: attend_queries<2>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
@@ -332,8 +335,8 @@ void attend_group(const Operands<T>& a, int64_t row, int64_t head, int64_t first
   }
 }
 
-template <typename T>
-void attend_typed(const Operands<T>& a) {
+template <typename T, typename KV>
+void attend_typed(const Operands<T, KV>& a) {
   const int64_t b = a.q.size(0), t = a.q.size(1), h = a.q.size(2), head_dim = a.q.size(3);
   const int64_t s_pad = padded_keys(a.keys.size(2));
   at::parallel_for(0, b * h, 1, [&](int64_t begin, int64_t end) {
@@ -349,12 +352,16 @@ void attend_typed(const Operands<T>& a) {
 
 // q: (B, T, H, head_dim), head_dim contiguous; keys, values: (B, H, S, head_dim), each with head_dim or S
 // contiguous (any other strides: views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends to keys [0, n_seen[b, t]).
-// Returns (B, T, H, head_dim) contiguous in q's dtype (float32 or bfloat16; keys and values the same dtype).
+// Returns (B, T, H, head_dim) contiguous in q's dtype (float32 or bfloat16; keys and values the same dtype, or
+// bfloat16 under float32 queries).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& n_seen,
                   double scale) {
   TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), "attend: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && n_seen.dim() == 2, "attend: bad ranks");
-  TORCH_CHECK(keys.scalar_type() == q.scalar_type() && values.scalar_type() == q.scalar_type(), "attend: dtypes");
+  TORCH_CHECK(values.scalar_type() == keys.scalar_type() &&
+                  (keys.scalar_type() == q.scalar_type() ||
+                   (q.scalar_type() == at::kFloat && keys.scalar_type() == at::kBFloat16)),
+              "attend: keys and values in q's dtype, or bfloat16 under float32 queries");
   TORCH_CHECK(n_seen.scalar_type() == at::kInt, "attend: n_seen must be int32");
   const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
   TORCH_CHECK(keys.size(0) == b && keys.size(1) == h && keys.size(3) == d && values.sizes() == keys.sizes(),
@@ -373,11 +380,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   }
   at::Tensor out = at::empty({b, t, h, d}, q.options());
   const float fscale = static_cast<float>(scale);
-  if (q.scalar_type() == at::kFloat) {
-    attend_typed<float>(Operands<float>{q, keys, values, n_seen, out, fscale});
+  if (q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat) {
+    attend_typed(Operands<float, float>{q, keys, values, n_seen, out, fscale});
+  } else if (q.scalar_type() == at::kFloat) {
+    attend_typed(Operands<float, bf16>{q, keys, values, n_seen, out, fscale});
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "attend: float32 or bfloat16 only");
-    attend_typed<bf16>(Operands<bf16>{q, keys, values, n_seen, out, fscale});
+    attend_typed(Operands<bf16, bf16>{q, keys, values, n_seen, out, fscale});
   }
   return out;
 }

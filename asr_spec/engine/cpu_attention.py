@@ -173,7 +173,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: to
     """softmax(scale q k^T) v per row, head and query, each query over its row's first n_seen[b, t] keys.
 
     q: (B, T, H, head_dim), head_dim contiguous (a view of a projection's (B, T, H * head_dim) output);
-    keys, values: (B, H, S, head_dim), each with head_dim or S contiguous (a `KVCache`'s views, stored either way);
+    keys, values: (B, H, S, head_dim), each with head_dim or S contiguous (a `KVCache`'s views, stored either way),
+    in q's dtype or bf16 under fp32 queries (widened as they are loaded: fp32 attention over their values);
     n_seen: (B, T) integer counts in [1, S], or None for all S keys -> (B, T, H * head_dim) in q's dtype.
     Only where `fused_attention_usable` says so.
     """

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.engine import cpu_attention, cpu_layers, cpu_linear
+from asr_spec.engine import cpu_attention, cpu_layers, cpu_linear, int8
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.head import CertifiedHead, head_packed, head_rows, head_transposed
 from asr_spec.engine.kernels import (
@@ -81,11 +81,14 @@ class Decoder:
     """
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
-                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True):
+                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True,
+                 int8_precision: bool = False):
         """certify: (exact_from, protected) of a target whose head may be read in bf16 where CPU fp32 products go
         through oneDNN (`head.CertifiedHead`: Whisper's rules take the same decisions as on fp32 logits).
         row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
-        whose rounding changes only its proposals, passes False and runs its products whole."""
+        whose rounding changes only its proposals, passes False and runs its products whole.
+        int8_precision: the run's precision is "int8" (`int8.requested` of the target's encoder): the audio's keys
+        and values are then held in bf16 where `int8.bf16_audio_usable` says so (`audio_dtype`)."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn
@@ -116,6 +119,7 @@ class Decoder:
         # CPU attention through the few-query kernel where it is built (`cpu_attention`: invariant by construction,
         # per-query key counts instead of buckets and masks; the layouts `new_cache` says)
         self.fused = cpu_attention.fused_attention_usable(self.device, self.dtype)
+        self.audio_dtype = self._audio_dtype(int8_precision)
         # CPU fp32 / bf16: the step's products through the thin kernel where it is built (`cpu_linear`: each weight
         # read once a call, row-invariant by construction); the audio's keys/values (1,500 rows a chunk) stay oneDNN's
         self.thin = cpu_linear.fused_linear_usable(self.device, self.dtype)
@@ -170,6 +174,12 @@ class Decoder:
             return values_t, ()
         return values_t, key_buckets(self.n_heads, self.head_dim, self.key_count, self.query_rows, self.dtype,
                                      values_t)
+
+    def _audio_dtype(self, int8_precision: bool) -> torch.dtype:
+        """The dtype the audio's keys/values are held in (`new_cache`, `write_audio`): bf16 under an fp32 decoder
+        of the int8 precision where `int8.bf16_audio_usable` says so (the kernel widens them as it reads them),
+        else the decoder's own."""
+        return torch.bfloat16 if int8.bf16_audio_usable(self.device, self.dtype, int8_precision) else self.dtype
 
     def _audio_keys_transposed(self) -> bool:
         """Whether the audio keys are stored (head_dim, positions): on a CPU, except with the kernel in bf16, where
@@ -238,7 +248,7 @@ class Decoder:
         self-attention stage 2.4x slower). Row-invariant through torch's products: of at least `key_count`
         positions (what each pass reads), keys (and values where `values_t`) stored transposed, so that the
         self-attention products read every layer's keys and values in place (where n_positions <= key_count:
-        K <= 14 in the scheduler's caches)."""
+        K <= 14 in the scheduler's caches). The audio's keys and values in `audio_dtype`."""
         if self.query_rows:
             n_positions = max(n_positions, self.key_count)
         self_t = bool(self.query_rows)
@@ -246,12 +256,14 @@ class Decoder:
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
             device=self.device, dtype=self.dtype, cross_k_transposed=self.keys_t,
             cross_v_transposed=self.values_t, self_k_transposed=self_t, self_v_transposed=self_t and self.values_t,
+            audio_dtype=self.audio_dtype,
         )
 
     @torch.inference_mode()
     def write_audio(self, cache: KVCache, audio: torch.Tensor) -> None:
         """Compute R new chunks' cross-attention keys/values (once per chunk) into `cache`, a view of the R batch
-        slots they are admitted to (`KVCache.rows`): written in place, no copy.
+        slots they are admitted to (`KVCache.rows`): written in place, no copy (products in the decoder's dtype,
+        rounded to `audio_dtype` as they are stored).
 
         audio: (R, n_audio_ctx, d_encoder) the encoder output its cross-attention reads.
         """

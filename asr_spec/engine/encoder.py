@@ -90,8 +90,7 @@ class Encoder:
         # the layers' linear products in int8 where `int8.int8_encoder_usable` says so (engine/int8.py: bf16 with
         # AVX-512 VNNI around the kernel's attention; fp32 where the module was marked by the "int8" precision)
         self.int8 = int8.int8_encoder_usable(first.device, first.dtype, int8.requested(encoder))
-        self.int8_levels = int8.activation_levels()  # 8-bit activations with VNNI, 7-bit without
-        self.int8_qkv = self.int8 and int8.int8_qkv(self.int8_levels)  # q/k/v too only with 8-bit activations
+        self.int8_levels = int8.levels()  # 8-bit activations; 8-bit weights with VNNI, 7-bit without
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -127,13 +126,12 @@ class Encoder:
         (N, S, d_model) -> (N, S, d_model)"""
         attn = layer.self_attn
         h = layer.self_attn_layer_norm(x)
-        if self.int8_qkv:
-            qkv = int8.int8_linear(h, int8.int8_weight(attn.q_proj, attn.k_proj, attn.v_proj), self.int8_levels)
-            out = self.attend(*qkv.split(x.shape[-1], -1))
+        if self.int8:
+            out = self.attend(*self._int8(h, attn.q_proj, attn.k_proj, attn.v_proj).split(x.shape[-1], -1))
         else:
             out = self.attend(*(onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)))
         if self.int8:
-            return int8.int8_linear(out, int8.int8_weight(attn.out_proj), self.int8_levels, residual=x)
+            return self._int8(out, attn.out_proj, residual=x)
         return onednn_linear_add(out, attn.out_proj.weight, attn.out_proj.bias, x)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -145,13 +143,19 @@ class Encoder:
         q, k, v = (t.view(n, s, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         return F.scaled_dot_product_attention(q, k, v, scale=self.scaling).transpose(1, 2).reshape(n, s, d)
 
+    def _int8(self, x: torch.Tensor, *layers: nn.Linear, post: str = "none",
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+        """`int8.int8_linear` of x through the layers' weights stacked (one product), at this encoder's levels.
+        (N, S, d_in) -> (N, S, sum of the layers' d_out)"""
+        weight = int8.int8_weight(*layers, levels=self.int8_levels.weights)
+        return int8.int8_linear(x, weight, self.int8_levels.activations, post, residual)
+
     def mlp(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x + fc2(act(fc1(LayerNorm(x)))): GELU fused into fc1 where oneDNN has it, the residual add into fc2.
         (N, S, d_model) -> (N, S, d_model)"""
         h = layer.final_layer_norm(x)
         if self.int8 and self.post == ("gelu", "none"):
-            h = int8.int8_linear(h, int8.int8_weight(layer.fc1), self.int8_levels, post="gelu")
-            return int8.int8_linear(h, int8.int8_weight(layer.fc2), self.int8_levels, residual=x)
+            return self._int8(self._int8(h, layer.fc1, post="gelu"), layer.fc2, residual=x)
         if self.post is not None:
             h = onednn_linear(h, layer.fc1.weight, layer.fc1.bias, *self.post)
         else:

@@ -8,8 +8,10 @@ shapes at 400-630 GOP/s with bf16 output. Measured end to end and for WER in doc
 in int8").
 
 What is quantized: the four products of every encoder layer (q/k/v as one, the attention's output projection,
-fc1 then GELU, fc2); not the convolutions, not the attention itself (bf16), not the decoder. Weights per output
-channel, symmetric int8 (scale = max |w| / 127 of the channel), made once per weight tensor. Activations per row
+fc1 then GELU, fc2); not the convolutions, not the attention itself (bf16), not the decoder. (The int8
+precision's fp32 decoder holds the audio's keys and values in bf16: `bf16_audio_usable`.) Weights per output
+channel, symmetric int8 (scale = max |w| / 127 of the channel; 63 steps on AVX2: `levels`), made once per weight
+tensor. Activations per row
 (each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the
 product's output in bf16 then scaled by its row's scale, the bias and residual added (`cpu_int8.h`'s
 `rescale_rows`, one pass): per-row scales keep the encoder output ~5 % from fp32's (relative norm, long_75s) where
@@ -21,13 +23,17 @@ every precision).
 On an AVX2-only CPU (an AMD EPYC, 2 cores, sixteenth session) the same products in fp32: oneDNN's u8 x s8 kernels
 ran whisper-base's encoder products of 8 windows 1.88x faster than the fastest fp32 product (2.0 against 3.75 s,
 `python -m benchmarks.bench_int8 --threads 2 --encoder-batches 8`, the "qlinear kernel only" path). Without VNNI
-the activations are 7-bit (`activation_levels`: AVX2 sums a pair of u8 x s8 products in int16 with saturation),
-the product's output fp32, the epilogue in fp32.
+the weights are 7-bit (`levels`: AVX2 sums a pair of u8 x s8 products in int16 with saturation; the sixteenth
+session had the activations 7-bit instead, less accurate), the product's output fp32, the epilogue in fp32. q/k/v
+in int8 too since the seventeenth session (with 8-bit activations the encoder output stays closer to fp32's than
+the sixteenth session's with q/k/v fp32).
 
 Shapes: x (N windows, S positions, d_in) -> (N, S, d_out), both in the model's dtype (bf16 or fp32).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -36,6 +42,7 @@ from asr_spec.engine import cpu_attention
 from asr_spec.engine.kernels import shared
 
 DISABLE_ENV = "ASR_SPEC_NO_INT8_ENCODER"
+AUDIO_ENV = "ASR_SPEC_NO_BF16_AUDIO"  # the int8 precision's decoder keeps its audio keys/values fp32
 LEVELS = 127  # the weights' int8 steps on each side of zero
 REQUEST = "asr_spec_int8_products"  # the attribute `request` sets on an encoder module
 
@@ -67,12 +74,37 @@ def int8_encoder_usable(device: torch.device, dtype: torch.dtype, asked: bool = 
             and cpu_attention.encoder_attention_usable(device, dtype))
 
 
-def activation_levels() -> int:
-    """The activations' steps on each side of zero: 127 where the CPU has VNNI (exact u8 x s8 dot products), 63
-    elsewhere (AVX2 sums a pair of u8 x s8 products in int16 with saturation: 2 * 127 * 127 fits, 2 * 255 * 127
-    does not). The zero point is one more (`cpu_int8.h`)."""
+def bf16_audio_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:
+    """The one decision: whether a decoder holds the audio's keys and values (its cross-attention cache, written
+    once a chunk) in bf16 instead of its own dtype. In the "int8" precision (`asked`, as `requested` says of the
+    target's encoder), for an fp32 decoder the CPU attention kernel runs (`cpu_attention.fused_attention_usable`:
+    the kernel widens each bf16 key and value to fp32 as it loads it, its arithmetic fp32's; torch's products
+    would not take them), unless `ASR_SPEC_NO_BF16_AUDIO=1`. Why: at batch 8 a greedy fp32 step of whisper-base
+    reads 295 MB of audio keys/values, 10 of its 23 ms on an AVX2-only EPYC (2 cores); in bf16 the cross-attention
+    took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision on AVX2-only CPUs")."""
+    return (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)
+            and cpu_attention.fused_attention_usable(device, dtype))
+
+
+@dataclass(frozen=True)
+class Levels:
+    """The steps on each side of zero of a product's activations (their zero point is one more: `cpu_int8.h`)
+    and of its weights."""
+
+    activations: int
+    weights: int
+
+
+def levels() -> Levels:
+    """The one decision of the products' levels: 8-bit activations and weights where the CPU has VNNI (exact
+    u8 x s8 dot products); elsewhere 8-bit activations and 7-bit weights, since AVX2 sums a pair of u8 x s8
+    products in int16 with saturation (2 * 255 * 63 fits, 2 * 255 * 127 does not). Of the two ways to fit, the
+    activations keep their 8 bits: quantized per row they carry the outliers (~15x a row's RMS), the weights per
+    channel do not. whisper-base's encoder output, 6 windows of long_75s, against fp32's (relative norm): 4.9 %
+    with 8-bit activations and 7-bit weights, 6.7 % the other way round (the sixteenth session's choice); per
+    product 1.5-2.5 % against 1.9-4.1 % (docs/cpu.md, "The int8 precision on AVX2-only CPUs")."""
     flags = cpu_attention.cpu_flags().split()
-    return LEVELS if "avx512_vnni" in flags or "avx_vnni" in flags else 63
+    return Levels(LEVELS, LEVELS if "avx512_vnni" in flags or "avx_vnni" in flags else 63)
 
 
 def _onednn_int8() -> bool:
@@ -84,42 +116,31 @@ def _onednn_int8() -> bool:
 
 
 class Int8Weight:
-    """One linear layer's weight (d_out, d_in) as oneDNN's packed int8 with its per-channel scales (fp32), and the
-    layer's bias in fp32 (zeros without one)."""
+    """One linear layer's weight (d_out, d_in) as oneDNN's packed int8 with its per-channel scales (fp32), in
+    `levels` steps on each side of zero (`Levels.weights`), and the layer's bias in fp32 (zeros without one)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, levels: int = LEVELS):
         w = weight.detach().float()
-        self.scales = (w.abs().amax(1) / LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
-        quantized = torch.round(w / self.scales[:, None]).clamp(-LEVELS, LEVELS).to(torch.int8)
+        self.scales = (w.abs().amax(1) / levels).clamp(min=torch.finfo(torch.float32).tiny)
+        quantized = torch.round(w / self.scales[:, None]).clamp(-levels, levels).to(torch.int8)
         self.packed = torch.ops.onednn.qlinear_prepack(quantized, None)
         self.zero_points = torch.zeros(len(self.scales), dtype=torch.int64)
         self.bias = torch.zeros(weight.shape[0]) if bias is None else bias.detach().float().contiguous()
         self.d_out = weight.shape[0]
 
 
-def int8_weight(*layers: torch.nn.Linear) -> Int8Weight:
-    """The layers' weights stacked along the output (q, k, v as one product), quantized once and shared per weight
-    tensors (`kernels.shared`)."""
+def int8_weight(*layers: torch.nn.Linear, levels: int = LEVELS) -> Int8Weight:
+    """The layers' weights stacked along the output (q, k, v as one product), quantized once in `levels` steps a
+    side and shared per weight tensors and levels (`kernels.shared`)."""
     weights = tuple(layer.weight for layer in layers)
     biases = [layer.bias for layer in layers]
 
     def make() -> Int8Weight:  # a layer without a bias (Whisper's k_proj) adds zeros
         bias = None if all(b is None for b in biases) else torch.cat(
             [w.new_zeros(w.shape[0]) if b is None else b.detach() for w, b in zip(weights, biases)])
-        return Int8Weight(torch.cat([w.detach() for w in weights]), bias)
+        return Int8Weight(torch.cat([w.detach() for w in weights]), bias, levels)
 
-    return shared(("int8", len(weights)), weights, make)
-
-
-def int8_qkv(levels: int) -> bool:
-    """Whether an int8 encoder's q/k/v product is int8 too: only with 8-bit activations (`levels`, from
-    `activation_levels`; the
-    bf16 path on AVX-512 VNNI, as measured in the eighth session). With AVX2's 7-bit ones q/k/v stay in the
-    model's dtype: whisper-base's encoder output came 6.8 % from fp32's instead of 8.3 % (relative norm, 6 windows
-    of long_75s), the int8 q/k/v product gained only 1.4x (102 against 145 ms a layer of 8 windows, quantizer and
-    epilogue included: 0.26 s an 8-window call), and the prompt fixture's third name was spelled as prompted
-    again ("Kaitlynn", "Kaitlyn" with q/k/v int8)."""
-    return levels == LEVELS
+    return shared(("int8", len(weights), levels), weights, make)
 
 
 def quantize(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,7 +152,7 @@ def quantize(x: torch.Tensor, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_linear(x: torch.Tensor, weight: Int8Weight, levels: int, post: str = "none",
                 residual: torch.Tensor | None = None) -> torch.Tensor:
     """(residual +) post(x W^T + b) with x quantized per row in `levels` steps a side (`quantize`; the encoder
-    asks `activation_levels` once) and W per channel (`Int8Weight`): x (N, S, d_in) bf16 or fp32 -> (N, S, d_out)
+    asks `levels()` once) and W per channel (`Int8Weight`): x (N, S, d_in) bf16 or fp32 -> (N, S, d_out)
     in x's dtype; post "none" or "gelu" (erf); residual (N, S, d_out) in x's dtype, or None (not with "gelu")."""
     if post not in ("none", "gelu") or (post == "gelu" and residual is not None):
         raise ValueError(f"int8_linear: post {post!r} (with a residual: {residual is not None}) is not supported")

@@ -41,6 +41,8 @@ class DecoderShape:
     n_heads: int
     head_dim: int
     dtype_bytes: int
+    # of an audio key/value element (the cross-attention cache: `Decoder.audio_dtype`); None: dtype_bytes
+    audio_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,9 @@ class RunShape:
 
 def _cache_bytes(shape: DecoderShape, n_positions: int, n_audio_ctx: int) -> int:
     """Bytes of one row of one decoder's KV cache: (self + cross) x (keys + values) x layers x heads x dims."""
-    per_position = 2 * shape.n_layers * shape.n_heads * shape.head_dim * shape.dtype_bytes
-    return per_position * (n_positions + n_audio_ctx)
+    per_position = 2 * shape.n_layers * shape.n_heads * shape.head_dim
+    audio_bytes = shape.dtype_bytes if shape.audio_bytes is None else shape.audio_bytes
+    return per_position * (n_positions * shape.dtype_bytes + n_audio_ctx * audio_bytes)
 
 
 def row_bytes(run: RunShape) -> int:

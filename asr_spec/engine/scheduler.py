@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from asr_spec.engine import memory
+from asr_spec.engine import int8, memory
 from asr_spec.engine.admission import Admission, RowPrompt
 from asr_spec.engine.capture import HostReader, StepRunner, all_n_keys_buckets, n_keys_bucket, pin_attention
 from asr_spec.engine.decoder import Decoder, bf16_copy
@@ -92,8 +92,11 @@ class Engine:
         # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where the CPU
         # has native bf16 products: decoder.py)
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
+        # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds each
+        # decoder's audio keys/values in bf16 where `int8.bf16_audio_usable` says so
+        int8_precision = int8.requested(target.model.encoder)
         self.target_dec = Decoder(target.model.decoder, target.proj_out,
-                                  certify=certify if options.certified_head else None)
+                                  certify=certify if options.certified_head else None, int8_precision=int8_precision)
         # a draft carrying `step_decoder` (a Decoder subclass, called as Decoder is) is run through it: the
         # benchmarks' oracle draft (engine/oracle.py); the step only ever sees a Decoder
         make_draft = getattr(draft, "step_decoder", Decoder)
@@ -306,7 +309,8 @@ class Engine:
         """What the memory of a run of `n_rows` rows is made of: the draft's caches only when the run drafts
         (`_k`); both models' parameters, resident either way."""
         def shape(dec: Decoder) -> memory.DecoderShape:
-            return memory.DecoderShape(dec.n_layers, dec.n_heads, dec.head_dim, dec.dtype.itemsize)
+            return memory.DecoderShape(dec.n_layers, dec.n_heads, dec.head_dim, dec.dtype.itemsize,
+                                       dec.audio_dtype.itemsize)
 
         k = self._k(n_rows)
         models = [self.target] + ([self.draft] if self.draft is not None else [])
