@@ -23,8 +23,9 @@ import time
 import torch
 from transformers.modeling_outputs import BaseModelOutput
 
-from asr_spec.engine import ChunkStats, DecodeOptions, Engine
-from asr_spec.models.loading import decoder_draft, resolve_device, resolve_dtype
+from asr_spec.engine import ChunkStats, DecodeOptions, Engine, int8
+from asr_spec.models.cpu import INT8, resolve_precision, torch_dtype
+from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.testing import SHAPES, random_whisper
 
 
@@ -111,7 +112,8 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
         engines: list = []
         timed = [sf.rates_around(lambda: sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner(), engines),
                                  lambda: sf.machine_rates(device, target.dtype)) for _ in range(rounds)]
-        floors = [sf.step_floor_ms(target, b, 1, n_keys, r)["floor_ms"] for _, r in timed]
+        audio = engines[0].target_dec.audio_dtype.itemsize  # 2 where the int8 precision holds the audio in bf16
+        floors = [sf.step_floor_ms(target, b, 1, n_keys, r, audio_itemsize=audio)["floor_ms"] for _, r in timed]
         ratios = [ms / floor for (ms, _), floor in zip(timed, floors)]
         rates = {key: statistics.median(r[key] for _, r in timed) for key in timed[0][1]}
         line["read_GB_s"] = [round(r["read_GB_s"], 1) for _, r in timed]
@@ -121,7 +123,7 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
         line["greedy_vs_floor_rounds"] = [round(x, 2) for x in ratios]
         head = engines[0].target_dec.certified
         if head is not None:  # the head read in bf16 (engine.head): the floor of the bytes really read, too
-            line["greedy_floor_bf16_head_ms"] = sf.step_floor_ms(target, b, 1, n_keys, rates, 2)["floor_ms"]
+            line["greedy_floor_bf16_head_ms"] = sf.step_floor_ms(target, b, 1, n_keys, rates, 2, audio)["floor_ms"]
             line["greedy_vs_bf16_head_floor"] = line["greedy_ms"] / line["greedy_floor_bf16_head_ms"]
             line["head_fallback"] = f"{head.n_fallback}/{head.n_rows}"
         line["stages"] = stage_table(target, engines[0].target_dec, enc, b, n_keys, rates, line["greedy_ms"],
@@ -134,7 +136,8 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
             line["inductor_run_s_incl_compile"] = time.perf_counter() - t0
         if draft is not None:
             line[f"spec_k{k}_ms"] = sf.step_ms(target, draft, enc, b, n_new, k, sf.TimedRunner())
-            line[f"verify_k{k}_floor_ms"] = sf.step_floor_ms(target, b, k + 1, n_keys, rates)["floor_ms"]
+            line[f"verify_k{k}_floor_ms"] = sf.step_floor_ms(target, b, k + 1, n_keys, rates,
+                                                             audio_itemsize=audio)["floor_ms"]
         print(json.dumps({key: (round(v, 2) if isinstance(v, float) else v) for key, v in line.items()}), flush=True)
 
 
@@ -148,7 +151,7 @@ def stage_table(target, dec, enc, batch: int, n_keys: int, rates: dict[str, floa
     from benchmarks import step_floor as sf
 
     measured = sf.stage_ms(dec, enc, batch, n_keys - 16, n_keys)
-    floors = sf.stage_floor_ms(target, batch, n_keys, rates["read_GB_s"], head_itemsize)
+    floors = sf.stage_floor_ms(target, batch, n_keys, rates["read_GB_s"], head_itemsize, dec.audio_dtype.itemsize)
     table = {name: [round(measured[name], 2), round(floors[name], 2), round(measured[name] / floors[name], 2)]
              for name in sf.STAGES}
     layers = sf.layers_ms(dec, enc, batch, n_keys - 16, n_keys)
@@ -198,7 +201,8 @@ def main() -> None:
                     help="K (default: DecodeOptions'; README's engine table used 5)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dtype", default="auto",
+                    help="auto (as the CLI: int8 on an AVX2-only CPU), float32, bfloat16, float16 or int8")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     ap.add_argument("--clock", choices=["wall", "process"], default="wall",
                     help="wall time, or this process's CPU time (CPU only: steadier when other jobs share the cores)")
@@ -214,17 +218,19 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    precision = resolve_precision(args.dtype, device)  # "int8" (auto on an AVX2-only CPU): fp32 weights
+    dtype = torch_dtype(precision)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if args.head:
         bench_head(batch_sizes, device)
         return
-    print(json.dumps({"device": str(device), "dtype": str(dtype), "threads": torch.get_num_threads(),
+    print(json.dumps({"device": str(device), "dtype": str(dtype), "precision": precision,
+                      "threads": torch.get_num_threads(),
                       "clock": args.clock, "new_tokens": args.new_tokens, "K": args.num_draft_tokens}))
     for shape in args.shapes.split(","):
         if shape == "real-base":
             from asr_spec.models.loading import load_model
-            target = load_model("embedded:whisper-base", device, dtype)
+            target = load_model("embedded:whisper-base", device, precision)
             drafts = {"target-as-draft": decoder_draft(target), "first+last-cut": decoder_draft(target, [0, 5])}
         elif shape == "large-v2":
             target = random_whisper("large-v2").to(device, dtype)
@@ -236,6 +242,8 @@ def main() -> None:
             drafts = {"target-as-draft": decoder_draft(target), "first+last-cut": decoder_draft(target, [0, last])}
         else:
             raise SystemExit(f"unknown shape {shape!r}")
+        if precision == INT8:  # as the loader marks a loaded model: int8 encoder products, bf16 audio keys/values
+            int8.request(target.model.encoder)
         if args.steps:
             bench_steps(shape, target.eval(), list(drafts.values())[-1], batch_sizes, args.new_tokens, device,
                         args.num_draft_tokens, args.compile, args.rounds)

@@ -52,9 +52,11 @@ def rates_around(measure, rates_of) -> tuple[object, dict[str, float]]:
 
 
 def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str, float],
-                  head_itemsize: int | None = None) -> dict[str, float]:
+                  head_itemsize: int | None = None, audio_itemsize: int | None = None) -> dict[str, float]:
     """Roofline floor of one target pass feeding `window` tokens per row over `n_keys` self-attention keys.
-    head_itemsize: bytes per head weight read (default the model's: 2 for the certified bf16 head)."""
+    head_itemsize: bytes per head weight read (default the model's: 2 for the certified bf16 head);
+    audio_itemsize: bytes per audio key/value element (default the model's: 2 for the int8 precision's bf16 audio,
+    `Decoder.audio_dtype`)."""
     dec = target.model.decoder
     d, esize = target.config.d_model, target.dtype.itemsize
     n_layers, n_audio = len(dec.layers), target.config.max_source_positions
@@ -64,7 +66,7 @@ def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str,
     layer_params = sum(p.numel() for layer in dec.layers for p in layer.parameters() if id(p) not in per_chunk)
     head_params = target.proj_out.weight.numel()
     weight_bytes = layer_params * esize + head_params * (head_itemsize or esize)
-    cache_bytes = batch * n_layers * 2 * (n_audio + n_keys) * d * esize
+    cache_bytes = batch * n_layers * 2 * (n_audio * (audio_itemsize or esize) + n_keys * esize) * d
     tokens = batch * window
     flops = 2 * (layer_params + head_params) * tokens + tokens * n_layers * 2 * 2 * (n_audio + n_keys) * d
     mem_ms = (weight_bytes + cache_bytes) / (rates["read_GB_s"] * 1e9) * 1e3
@@ -173,12 +175,13 @@ def layers_ms(dec, enc: torch.Tensor, batch: int, n_pos: int, n_keys: int, repea
     return statistics.median(times[1:]) * 1e3
 
 
-def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_itemsize: int | None = None
-                   ) -> dict[str, float]:
+def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_itemsize: int | None = None,
+                   audio_itemsize: int | None = None) -> dict[str, float]:
     """Each stage's bytes-read floor for a 1-token pass at `batch` rows, n_keys self-attention keys per row (the
     real lengths' bucket), in ms at `read_GB_s`: the stage's weights (LayerNorm included) once, plus per row the
     self-attention cache (n_keys keys and values) or the audio keys and values. Cross-attention's key/value
-    projections are not counted (once per chunk, at admission); head_itemsize as in `step_floor_ms`."""
+    projections are not counted (once per chunk, at admission); head_itemsize, audio_itemsize as in
+    `step_floor_ms`."""
     dec = target.model.decoder
     d, esize = target.config.d_model, target.dtype.itemsize
     n_audio = target.config.max_source_positions
@@ -192,7 +195,7 @@ def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_items
         per_layer["self_attention"].append(params(layer.self_attn, layer.self_attn_layer_norm) * esize
                                            + batch * 2 * n_keys * d * esize)
         per_layer["cross_attention"].append(params(xattn.q_proj, xattn.out_proj, layer.encoder_attn_layer_norm)
-                                            * esize + batch * 2 * n_audio * d * esize)
+                                            * esize + batch * 2 * n_audio * d * (audio_itemsize or esize))
         per_layer["mlp"].append(params(layer.fc1, layer.fc2, layer.final_layer_norm) * esize)
     bytes_read = {name: sum(v) for name, v in per_layer.items()}
     bytes_read["head"] = target.proj_out.weight.numel() * (head_itemsize or esize) + params(dec.layer_norm) * esize
