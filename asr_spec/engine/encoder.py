@@ -128,10 +128,8 @@ class Encoder:
         h = layer.self_attn_layer_norm(x)
         if self.int8:
             out = self.attend(*self._int8(h, attn.q_proj, attn.k_proj, attn.v_proj).split(x.shape[-1], -1))
-        else:
-            out = self.attend(*(onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)))
-        if self.int8:
             return self._int8(out, attn.out_proj, residual=x)
+        out = self.attend(*(onednn_linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)))
         return onednn_linear_add(out, attn.out_proj.weight, attn.out_proj.bias, x)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -7,18 +7,16 @@ its products at ~300 GFLOP/s, about oneDNN's bf16 rate there; oneDNN's u8 x s8 p
 shapes at 400-630 GOP/s with bf16 output. Measured end to end and for WER in docs/cpu.md ("The encoder's products
 in int8").
 
-What is quantized: the four products of every encoder layer (q/k/v as one, the attention's output projection,
-fc1 then GELU, fc2); not the convolutions, not the attention itself (bf16), not the decoder. (The int8
-precision's fp32 decoder holds the audio's keys and values in bf16: `bf16_audio_usable`.) Weights per output
-channel, symmetric int8 (scale = max |w| / 127 of the channel; 63 steps on AVX2: `levels`), made once per weight
-tensor. Activations per row
-(each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the
-product's output in bf16 then scaled by its row's scale, the bias and residual added (`cpu_int8.h`'s
-`rescale_rows`, one pass): per-row scales keep the encoder output ~5 % from fp32's (relative norm, long_75s) where
-one scale a window left ~20 % (Whisper's activations have outliers ~15x their RMS). A row's output depends on that
-row alone (the integer sums are exact, the rest per element), so a window's encoder output does not depend on the
-windows encoded with it, and the target and its draft read the same encoder output (speculative == greedy, as in
-every precision).
+What is quantized: the four products of every encoder layer (q/k/v as one, the attention's output projection, fc1
+then GELU, fc2); not the convolutions, not the attention itself (bf16), not the decoder. (The int8 precision's fp32
+decoder holds the audio's keys and values in bf16: `bf16_audio_usable`.) Weights per output channel, symmetric int8
+(scale = max |w| / 127 of the channel; 63 steps on AVX2: `levels`), made once per weight tensor. Activations per row
+(each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the product's
+output in bf16 then scaled by its row's scale, the bias and residual added (`cpu_int8.h`'s `rescale_rows`, one
+pass): per-row scales keep the encoder output ~5 % from fp32's (relative norm, long_75s) where one scale a window
+left ~20 % (Whisper's activations have outliers ~15x their RMS). A row's output depends on that row alone (the
+integer sums are exact, the rest per element), so a window's encoder output does not depend on the windows encoded
+with it, and the target and its draft read the same encoder output (speculative == greedy, as in every precision).
 
 On an AVX2-only CPU (an AMD EPYC, 2 cores, sixteenth session) the same products in fp32: oneDNN's u8 x s8 kernels
 ran whisper-base's encoder products of 8 windows 1.88x faster than the fastest fp32 product (2.0 against 3.75 s,
@@ -43,7 +41,7 @@ from asr_spec.engine.kernels import shared
 
 DISABLE_ENV = "ASR_SPEC_NO_INT8_ENCODER"
 AUDIO_ENV = "ASR_SPEC_NO_BF16_AUDIO"  # the int8 precision's decoder keeps its audio keys/values fp32
-LEVELS = 127  # the weights' int8 steps on each side of zero
+LEVELS = 127  # 8-bit steps on each side of zero (activations; weights where the CPU has VNNI: `levels`)
 REQUEST = "asr_spec_int8_products"  # the attribute `request` sets on an encoder module
 
 
@@ -81,7 +79,7 @@ def bf16_audio_usable(device: torch.device, dtype: torch.dtype, asked: bool = Fa
     the kernel widens each bf16 key and value to fp32 as it loads it, its arithmetic fp32's; torch's products
     would not take them), unless `ASR_SPEC_NO_BF16_AUDIO=1`. Why: at batch 8 a greedy fp32 step of whisper-base
     reads 295 MB of audio keys/values, 10 of its 23 ms on an AVX2-only EPYC (2 cores); in bf16 the cross-attention
-    took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision on AVX2-only CPUs")."""
+    took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision again")."""
     return (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)
             and cpu_attention.fused_attention_usable(device, dtype))
 
@@ -102,7 +100,7 @@ def levels() -> Levels:
     activations keep their 8 bits: quantized per row they carry the outliers (~15x a row's RMS), the weights per
     channel do not. whisper-base's encoder output, 6 windows of long_75s, against fp32's (relative norm): 4.9 %
     with 8-bit activations and 7-bit weights, 6.7 % the other way round (the sixteenth session's choice); per
-    product 1.5-2.5 % against 1.9-4.1 % (docs/cpu.md, "The int8 precision on AVX2-only CPUs")."""
+    product 1.5-2.5 % against 1.9-4.1 % (docs/cpu.md, "The int8 precision again")."""
     flags = cpu_attention.cpu_flags().split()
     return Levels(LEVELS, LEVELS if "avx512_vnni" in flags or "avx_vnni" in flags else 63)
 

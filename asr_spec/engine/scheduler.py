@@ -92,8 +92,9 @@ class Engine:
         # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where the CPU
         # has native bf16 products: decoder.py)
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
-        # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds each
-        # decoder's audio keys/values in bf16 where `int8.bf16_audio_usable` says so
+        # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds the
+        # target decoder's audio keys/values in bf16 where `int8.bf16_audio_usable` says so (a draft's stay in its
+        # own dtype: they change only its proposals, and no draft decodes 8-row runs on an AVX2-only CPU)
         int8_precision = int8.requested(target.model.encoder)
         self.target_dec = Decoder(target.model.decoder, target.proj_out,
                                   certify=certify if options.certified_head else None, int8_precision=int8_precision)
