@@ -208,3 +208,16 @@ def test_forced_avx2_flags_build_for_an_avx2_cpu_and_under_their_own_name(monkey
     monkeypatch.setenv(cpu_attention.FLAGS_ENV, avx2)
     assert cpu_attention.cpu_flags() == avx2
     assert cpu_attention.build_name() != own
+
+
+def test_cpuinfo_flags_are_its_flags_line_read_once(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: none\n")
+    monkeypatch.delenv(cpu_attention.FLAGS_ENV, raising=False)
+    monkeypatch.setattr(cpu_attention, "CPUINFO", info)
+    assert cpu_attention.cpu_flags() == "flags\t\t: fpu avx2 fma"
+    info.write_text("flags\t\t: fpu\n")  # read once a process: a CPU does not change under it
+    assert cpu_attention.cpu_flags() == "flags\t\t: fpu avx2 fma"
+    assert cpu_attention._cpuinfo_flags(tmp_path / "absent") == ""
+    monkeypatch.setenv(cpu_attention.FLAGS_ENV, "avx2 fma")  # the forced flags are read at every call
+    assert cpu_attention.cpu_flags() == "avx2 fma"

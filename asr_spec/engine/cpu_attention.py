@@ -70,13 +70,20 @@ def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 def cpu_flags() -> str:
     """The instruction-set flags the kernel is built for: `ASR_SPEC_CPU_FLAGS` where set, else /proc/cpuinfo's
-    flags line ("" where neither says)."""
+    flags line ("" where neither says; the file read once a process: `_cpuinfo_flags`)."""
     forced = os.environ.get(FLAGS_ENV)
     if forced is not None:
         return forced
-    if not CPUINFO.exists():
+    return _cpuinfo_flags(CPUINFO)
+
+
+@functools.cache
+def _cpuinfo_flags(path: Path) -> str:
+    """The flags line of `path` (/proc/cpuinfo), "" where it is absent: read once per path (every decoder,
+    encoder and decision asks)."""
+    if not path.exists():
         return ""
-    lines = CPUINFO.read_text(errors="replace").splitlines()
+    lines = path.read_text(errors="replace").splitlines()
     return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
