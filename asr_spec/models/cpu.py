@@ -6,7 +6,8 @@ A CPU's class decides the precision a run is fastest in and whether a draft pays
   (fp32: 0.22-0.31), a (K+1)-token verify pass nearly as cheap as a 1-token step;
 - ``avx512-bf16``: AVX-512 bf16 dot products (Cooper Lake, AMD Zen 4 and later): bf16 native, no tiles;
 - ``avx2``: no native bf16 (bf16 products emulated, slower than fp32): fp32 weights with the encoder's linear
-  products in int8 (the "int8" precision, `engine.int8`), where the kernel extension is built, else fp32;
+  products in int8 and the decoder's audio keys/values in bf16 (the "int8" precision, `engine.int8`), where the
+  kernel extension is built, else fp32;
 - ``other``: none of the above (an old x86 CPU, or a non-x86 one): fp32.
 
 The flags come from ``/proc/cpuinfo``; where that file is absent (macOS, Windows, some containers), from torch's
