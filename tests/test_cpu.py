@@ -166,6 +166,7 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     from asr_spec.engine import int8
 
     cpu_dev = torch.device("cpu")
+    monkeypatch.delenv(int8.AUDIO_ENV, raising=False)
     monkeypatch.setattr(cpu_attention, "fused_attention_usable", lambda device, dtype: True)
     monkeypatch.setattr(cpu, "bf16_row_block", lambda: (ANY_ROWS, 0))
     monkeypatch.setattr(int8, "int8_encoder_usable",
@@ -176,6 +177,12 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
     # the "int8" precision: fp32 weights whose encoder was marked (`int8.requested`)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_products"] == "int8"
+    # ... whose decoder holds the audio's keys/values in bf16 (`int8.bf16_audio_usable`)
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["audio_keys_values"] == "bfloat16"
+    assert cpu.run_precision(cpu_dev, torch.float32)["audio_keys_values"] == "float32"
+    assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
+        "cpu avx2, float32, attention: cpu kernel, encoder products int8, audio keys/values bf16")
+    monkeypatch.setenv(int8.AUDIO_ENV, "1")
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
         "cpu avx2, float32, attention: cpu kernel, encoder products int8")
 
