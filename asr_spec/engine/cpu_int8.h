@@ -3,9 +3,10 @@
 //
 // Per row r: a = max |x[r]| over its K elements, scale = a / levels (1 where a is 0), and each element
 // q = round_to_nearest_even(x * (levels / a)) + levels + 1, in [1, 2 * levels + 1]: an asymmetric uint8 with zero
-// point levels + 1 standing for a symmetric int8 (what oneDNN's u8 x s8 products take). levels 127 (8 bits) where
-// the CPU has VNNI's exact u8 x s8 dot products; 63 (7 bits, zero point 64) on AVX2, whose vpmaddubsw sums a pair
-// of u8 x s8 products in int16 with saturation (2 * 127 * 127 fits, 2 * 255 * 127 does not). A row's q and scale
+// point levels + 1 standing for a symmetric int8 (what oneDNN's u8 x s8 products take). levels 127 (8 bits): what
+// the engine uses on every CPU (`int8.levels`; on AVX2, whose vpmaddubsw sums a pair of u8 x s8 products in int16
+// with saturation, the weights are 7-bit instead: 2 * 255 * 63 fits); 63 (7 bits, zero point 64) is taken too
+// (7-bit activations under 8-bit weights fit as well: 2 * 127 * 127). A row's q and scale
 // depend on its own values alone, so what the products make of a row does not depend on the other rows of a call.
 
 #pragma once

@@ -40,7 +40,8 @@ CPU_CLASSES = ("amx-bf16", "avx512-bf16", "avx2", "other")  # best first
 # `resolve_precision` reads it, and presets' checks. A precision is a torch dtype's name, or INT8.
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16", "int8": "int8"}
-# fp32 weights, the encoder's linear products in int8 (`engine.int8`: rows quantized by their own maximum)
+# fp32 weights, the encoder's linear products in int8 (`engine.int8`: rows quantized by their own maximum) and the
+# decoder's audio keys/values in bf16 (`engine.int8.bf16_audio_usable`)
 INT8 = "int8"
 
 
