@@ -180,9 +180,15 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     # ... whose decoder holds the audio's keys/values in bf16 (`int8.bf16_audio_usable`)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["audio_keys_values"] == "bfloat16"
     assert cpu.run_precision(cpu_dev, torch.float32)["audio_keys_values"] == "float32"
+    # ... and whose encoder attends through int8 products (`int8.int8_attention_usable`)
+    monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_attention"] == "int8"
+    assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_attention"] == "bfloat16"
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
-        "cpu avx2, float32, attention: cpu kernel, encoder products int8, audio keys/values bf16")
+        "cpu avx2, float32, attention: cpu kernel, encoder products and attention int8, audio keys/values bf16")
     monkeypatch.setenv(int8.AUDIO_ENV, "1")
+    monkeypatch.setenv(int8.ATTENTION_ENV, "1")
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_attention"] == "float32"
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
         "cpu avx2, float32, attention: cpu kernel, encoder products int8")
 

@@ -33,6 +33,7 @@
 #include "cpu_attention_simd.h"
 #include "cpu_encoder_attention.h"
 #include "cpu_int8.h"
+#include "cpu_int8_attention.h"
 #include "cpu_linear.h"
 #include "cpu_reduce.h"
 
@@ -400,6 +401,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &cpu_linear::linear, "thin fp32 / bf16 products x W^T + b (+ residual) over a panel-packed weight");
   m.def("encoder_attention", &cpu_encoder::encoder_attention,
         "the encoder's self-attention over every position of each window, per head");
+  m.def("encoder_attention_int8", &cpu_int8_attention::encoder_attention_int8,
+        "the int8 encoder's self-attention (fp32 q, k, v): u8 x s8 products around an fp32 softmax, per head");
   m.def("quantize_rows", &cpu_int8::quantize_rows,
         "activations to uint8 (zero point levels + 1) with one scale a row, for the encoder's int8 products");
   m.def("rescale_rows", &cpu_int8::rescale_rows,

@@ -42,6 +42,7 @@ SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 # built into the same extension
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_attention_simd.h", "cpu_attention_pairs.h",
                                                             "cpu_linear.h", "cpu_encoder_attention.h", "cpu_int8.h",
+                                                            "cpu_int8_attention.h",
                                                             "cpu_reduce.h", "cpu_decoder.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
@@ -173,6 +174,14 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: 
     (B, N, heads * head_dim), the last dimension contiguous, one dtype -> (B, N, heads * head_dim) contiguous.
     A window's output does not depend on the other windows of the call. Only where `encoder_attention_usable`."""
     return extension().encoder_attention(q, k, v, heads, scale)
+
+
+def encoder_attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+                           scale: float) -> torch.Tensor:
+    """softmax(scale q k^T) v per window and head through int8 products (`cpu_int8_attention.h`): q, k, v
+    (B, N, heads * head_dim) fp32, the last dimension contiguous, alike -> (B, N, heads * head_dim) fp32 contiguous.
+    A window's output does not depend on the other windows of the call. Only where `int8.int8_attention_usable`."""
+    return extension().encoder_attention_int8(q, k, v, heads, scale)
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor | None,

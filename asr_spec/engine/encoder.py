@@ -91,6 +91,8 @@ class Encoder:
         # AVX-512 VNNI around the kernel's attention; fp32 where the module was marked by the "int8" precision)
         self.int8 = int8.int8_encoder_usable(first.device, first.dtype, int8.requested(encoder))
         self.int8_levels = int8.levels()  # 8-bit activations; 8-bit weights with VNNI, 7-bit without
+        # and its self-attention through the kernel's int8 products (`int8.int8_attention_usable`)
+        self.int8_attention = int8.int8_attention_usable(first.device, first.dtype, int8.requested(encoder))
 
     @torch.inference_mode()
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
@@ -133,8 +135,11 @@ class Encoder:
         return onednn_linear_add(out, attn.out_proj.weight, attn.out_proj.bias, x)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(scale q k^T) v per window and head: the kernel's where `kernel_attention`, else SDPA.
+        """softmax(scale q k^T) v per window and head: the kernel's int8 products where `int8_attention`, its
+        bf16 products where `kernel_attention`, else SDPA.
         q, k, v: (N, S, d_model), the last dimension contiguous -> (N, S, d_model) contiguous"""
+        if self.int8_attention:
+            return cpu_attention.encoder_attention_int8(q, k, v, self.n_heads, self.scaling)
         if self.kernel_attention:
             return cpu_attention.encoder_attention(q, k, v, self.n_heads, self.scaling)
         n, s, d = q.shape

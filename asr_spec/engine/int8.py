@@ -8,7 +8,8 @@ shapes at 400-630 GOP/s with bf16 output. Measured end to end and for WER in doc
 in int8").
 
 What is quantized: the four products of every encoder layer (q/k/v as one, the attention's output projection, fc1
-then GELU, fc2); not the convolutions, not the attention itself (bf16), not the decoder. (The int8 precision's fp32
+then GELU, fc2); not the convolutions, not the decoder; the attention itself in bf16 under a bf16 encoder, through
+its own int8 products under the int8 precision's fp32 encoder (`int8_attention_usable`). (The int8 precision's fp32
 decoder holds the audio's keys and values in bf16: `bf16_audio_usable`.) Weights per output channel, symmetric int8
 (scale = max |w| / 127 of the channel; 63 steps on AVX2: `levels`), made once per weight tensor. Activations per row
 (each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the product's
@@ -40,6 +41,7 @@ from asr_spec.engine import cpu_attention
 from asr_spec.engine.kernels import shared
 
 DISABLE_ENV = "ASR_SPEC_NO_INT8_ENCODER"
+ATTENTION_ENV = "ASR_SPEC_NO_INT8_ATTENTION"  # the int8 precision's encoder attends in fp32 (torch's SDPA)
 AUDIO_ENV = "ASR_SPEC_NO_BF16_AUDIO"  # the int8 precision's decoder keeps its audio keys/values fp32
 LEVELS = 127  # 8-bit steps on each side of zero (activations; weights where the CPU has VNNI: `levels`)
 REQUEST = "asr_spec_int8_products"  # the attribute `request` sets on an encoder module
@@ -70,6 +72,17 @@ def int8_encoder_usable(device: torch.device, dtype: torch.dtype, asked: bool = 
         return asked and cpu_attention.fused_attention_usable(device, dtype)
     return ("avx512_vnni" in cpu_attention.cpu_flags().split()
             and cpu_attention.encoder_attention_usable(device, dtype))
+
+
+def int8_attention_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:
+    """The one decision: whether an encoder's self-attention runs through the kernel's int8 products
+    (`cpu_int8_attention.h`: q per query, k per key, v per channel, the softmax numerators in 8 bits, all around
+    an fp32 softmax). In the "int8" precision's fp32 encoder (`asked`, where `int8_encoder_usable` runs its linear
+    products in int8), unless `ASR_SPEC_NO_INT8_ATTENTION=1`. Why: on an AVX2-only EPYC (2 cores) that encoder's
+    fp32 attention (torch's flash kernel) was ~45 % of its time once its products were int8 (docs/cpu.md, "The int8
+    encoder's attention"); the same words as fp32 attention on the long fixtures."""
+    return (dtype == torch.float32 and not cpu_attention.switched_on(ATTENTION_ENV)
+            and int8_encoder_usable(device, dtype, asked))
 
 
 def bf16_audio_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:

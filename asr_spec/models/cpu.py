@@ -261,6 +261,14 @@ def encoder_products(device: torch.device, dtype: torch.dtype, int8_asked: bool 
     return INT8 if int8_encoder_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
 
 
+def encoder_attention(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
+    """The precision of the encoder's self-attention products: "int8" where `engine.int8.int8_attention_usable`
+    (its one decision: the `INT8` precision's fp32 encoder, `int8_asked`), else the dtype's name."""
+    from asr_spec.engine.int8 import int8_attention_usable
+
+    return INT8 if int8_attention_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
+
+
 def audio_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
     """The dtype the target decoder holds the audio's keys/values in: "bfloat16" where
     `engine.int8.bf16_audio_usable` says so (its one decision: the `INT8` precision's fp32 decoder, `int8_asked`,
@@ -274,9 +282,9 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU its
     capabilities (`CpuCapabilities.as_dict`), its decoder's attention (`attention_path`), its encoder's products
     (`encoder_products`; `int8_asked`: the model's encoder was marked by the `INT8` precision,
-    `engine.int8.requested`) and its audio keys/values (`audio_precision`). In bf16 the row invariance:
-    "by_construction" where the kernel extension's products run (then "rows" is None: any number), else the
-    probe's rows and queries."""
+    `engine.int8.requested`), its encoder's attention (`encoder_attention`) and its audio keys/values
+    (`audio_precision`). In bf16 the row invariance: "by_construction" where the kernel extension's products run
+    (then "rows" is None: any number), else the probe's rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
 
     info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
@@ -284,6 +292,7 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
         info["cpu"] = detect_cpu().as_dict()
         info["attention"] = attention_path(device, dtype)
         info["encoder_products"] = encoder_products(device, dtype, int8_asked)
+        info["encoder_attention"] = encoder_attention(device, dtype, int8_asked)
         info["audio_keys_values"] = audio_precision(device, dtype, int8_asked)
         if dtype == torch.bfloat16:
             rows, queries = bf16_row_block()
@@ -297,7 +306,8 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
     """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless, attention: cpu kernel" /
     "cuda:0, float16" (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else
     "up to near-ties"; on a CPU, `attention_path`, then ", encoder products int8" where `encoder_products` says
-    so, and ", audio keys/values bf16" where `audio_precision` holds them in bf16 under another dtype)."""
+    so (", encoder products and attention int8" where `encoder_attention` says so too), and ", audio keys/values
+    bf16" where `audio_precision` holds them in bf16 under another dtype)."""
     where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
     line = f"{where}, {str(dtype).removeprefix('torch.')}"
     if device.type == "cpu" and dtype == torch.bfloat16:
@@ -305,7 +315,8 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
     if device.type == "cpu":
         line += f", attention: {attention_path(device, dtype)}"
         if encoder_products(device, dtype, int8_asked) == INT8:
-            line += ", encoder products int8"
+            both = encoder_attention(device, dtype, int8_asked) == INT8
+            line += ", encoder products and attention int8" if both else ", encoder products int8"
         if dtype != torch.bfloat16 and audio_precision(device, dtype, int8_asked) == "bfloat16":
             line += ", audio keys/values bf16"
     return line

@@ -1,0 +1,127 @@
+"""The int8 encoder's self-attention (`cpu_int8_attention.h`, `int8.int8_attention_usable`): the kernel against
+its definition (the levels quantized in float64), against fp32 attention within int8's rounding, a window's output
+independent of the windows beside it, ragged sizes and strided inputs, what it refuses, the one decision where it
+runs, and the int8 encoder taking it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asr_spec.engine import cpu_attention, int8
+from asr_spec.engine.encoder import Encoder
+from asr_spec.testing import random_whisper
+
+CPU = torch.device("cpu")
+QUERY, KEY, PROB, VALUE = 127, 63, 255, 63  # the kernel's levels (cpu_int8_attention.h)
+
+
+def _levels(x: torch.Tensor, levels: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's symmetric levels along `dim` (one scale per slice: max |x| / levels, 1 where the slice is all zero)."""
+    top = x.abs().amax(dim, keepdim=True)
+    scale = torch.where(top > 0, top / levels, torch.ones_like(top))
+    return torch.round(x / scale), scale
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
+    """The kernel's definition in float64: q per query and head, k per key and head, the softmax numerators
+    rounded to 1 / 255, v per channel and head over the window's keys; out = sum p v / sum p.
+    (B, N, heads * d) each -> (B, N, heads * d)"""
+    b, n, width = q.shape
+    q, k, v = (t.double().reshape(b, n, heads, width // heads).transpose(1, 2) for t in (q, k, v))
+    (qi, qs), (ki, ks), (vi, vs) = _levels(q, QUERY, -1), _levels(k, KEY, -1), _levels(v, VALUE, -2)
+    scores = (qi @ ki.transpose(-1, -2)) * qs * ks.transpose(-1, -2) * scale
+    p = torch.round(torch.exp(scores - scores.amax(-1, keepdim=True)) * PROB)
+    out = (p @ vi) * vs / p.sum(-1, keepdim=True)
+    return out.transpose(1, 2).reshape(b, n, width)
+
+
+def _qkv(b: int, n: int, width: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as slices of one fused (b, n, 3 * width) product (rows apart, as the encoder's), with outliers."""
+    gen = torch.Generator().manual_seed(seed)
+    fused = torch.randn(b, n, 3 * width, generator=gen) * (torch.rand(b, n, 1, generator=gen) + 0.5)
+    fused[..., 5] *= 12.0  # an outlier channel: its rows' and the values' scales
+    fused[0, 0] = 0.0  # an all-zero query, key and value row
+    return fused.split(width, -1)
+
+
+@pytest.mark.parametrize("b, n, heads, width", [(2, 37, 2, 32), (1, 5, 1, 64), (3, 130, 4, 256), (1, 1, 2, 8)])
+def test_the_kernel_is_its_definition(kernel, b, n, heads, width):
+    q, k, v = _qkv(b, n, width)
+    out = cpu_attention.encoder_attention_int8(q, k, v, heads, 0.125)
+    assert out.shape == q.shape and out.dtype == torch.float32 and out.is_contiguous()
+    expected = reference(q, k, v, heads, 0.125)
+    # the integer sums are exact; a numerator on a rounding tie (the fp32 exp against float64's) may move one
+    # level of 1 / 255, i.e. the output by at most the largest value / 255
+    err = (out.double() - expected).abs()
+    assert err.max() <= v.abs().max() / PROB
+    assert err.mean() <= 1e-4 * v.abs().max()
+
+
+def test_the_kernel_is_near_fp32_attention_within_int8s_rounding(kernel):
+    b, n, heads, width = 2, 300, 4, 256
+    q, k, v = _qkv(b, n, width, seed=3)
+    out = cpu_attention.encoder_attention_int8(q, k, v, heads, 0.125)
+    split = [t.reshape(b, n, heads, width // heads).transpose(1, 2) for t in (q, k, v)]
+    fp32 = F.scaled_dot_product_attention(*split, scale=0.125).transpose(1, 2).reshape(b, n, width)
+    # 4.6 % here, where an outlier channel 12x the others sets every row's q and k scale; whisper-base on speech:
+    # docs/cpu.md
+    assert ((out - fp32).norm() / fp32.norm()).item() < 0.06
+
+
+def test_a_windows_output_does_not_depend_on_the_windows_beside_it(kernel):
+    q, k, v = _qkv(3, 70, 128, seed=1)
+    together = cpu_attention.encoder_attention_int8(q, k, v, 2, 0.125)
+    for w in range(3):  # the same integers and the same fp32 steps, window by window
+        alone = cpu_attention.encoder_attention_int8(q[w:w + 1], k[w:w + 1], v[w:w + 1], 2, 0.125)
+        assert torch.equal(alone[0], together[w])
+
+
+def test_what_it_refuses(kernel):
+    q, k, v = _qkv(1, 8, 24)
+    with pytest.raises(RuntimeError, match="heads of a multiple of 4"):
+        cpu_attention.encoder_attention_int8(q, k, v, 4, 0.125)  # head_dim 6
+    with pytest.raises(RuntimeError, match="must be float32"):
+        cpu_attention.encoder_attention_int8(q.bfloat16(), k.bfloat16(), v.bfloat16(), 2, 0.125)
+    with pytest.raises(RuntimeError, match="must be float32"):
+        cpu_attention.encoder_attention_int8(q, k.contiguous(), v, 2, 0.125)  # k's rows apart unlike q's
+    empty = torch.empty(0, 8, 24)
+    assert cpu_attention.encoder_attention_int8(empty, empty, empty, 2, 0.125).shape == (0, 8, 24)
+
+
+def test_only_the_int8_precisions_fp32_encoder_attends_in_int8(kernel, monkeypatch):
+    monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
+    monkeypatch.delenv(int8.DISABLE_ENV, raising=False)
+    if not int8._onednn_int8():
+        pytest.skip("this torch has no oneDNN int8 linear")
+    assert int8.int8_attention_usable(CPU, torch.float32, asked=True)
+    assert not int8.int8_attention_usable(CPU, torch.float32)  # fp32 not asked for int8
+    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype, asked=False: True)
+    assert not int8.int8_attention_usable(CPU, torch.bfloat16, asked=True)  # bf16: the kernel's bf16 attention
+    monkeypatch.undo()
+    monkeypatch.setenv(int8.ATTENTION_ENV, "1")
+    assert not int8.int8_attention_usable(CPU, torch.float32, asked=True)
+    monkeypatch.setenv(int8.ATTENTION_ENV, "0")
+    monkeypatch.setenv(int8.DISABLE_ENV, "1")  # no int8 products, no int8 attention
+    assert not int8.int8_attention_usable(CPU, torch.float32, asked=True)
+
+
+def test_the_int8_encoder_attends_in_int8_near_its_fp32_attention(kernel, monkeypatch):
+    if not int8._onednn_int8():
+        pytest.skip("this torch has no oneDNN int8 linear")
+    monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
+    model = random_whisper("test", seed=2, vocab_size=70, init_std=0.2).float().eval()
+    int8.request(model.model.encoder)
+    features = torch.randn(2, model.config.num_mel_bins, 2 * model.config.max_source_positions,
+                           generator=torch.Generator().manual_seed(6))
+    encoder = Encoder(model.model.encoder)
+    if not encoder.int8:
+        pytest.skip("the encoder's oneDNN path is not in use here")
+    assert encoder.int8_attention
+    monkeypatch.setenv(int8.ATTENTION_ENV, "1")
+    fp32_attention = Encoder(model.model.encoder)
+    assert fp32_attention.int8 and not fp32_attention.int8_attention
+    a, b = encoder(features), fp32_attention(features)
+    assert ((a - b).norm() / b.norm()).item() < 0.05
+    assert torch.equal(encoder(features[1:])[0], a[1])  # a window's output is its own
