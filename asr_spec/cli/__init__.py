@@ -82,7 +82,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                                            "runs: fewer target passes); off (default): plain re-decoding, the same "
                                            "text."),
     step_s: float | None = typer.Option(None, help="A live stream is re-decoded after this many new seconds "
-                                        "(default: the streaming policy's, 1 s)."),
+                                        "(default: the streaming policy's, 0.75 s)."),
     committed_prefix: bool | None = typer.Option(None, "--committed-prefix/--no-committed-prefix", help="A live "
                                                  "stream's re-decode forces its committed words as the decoder's "
                                                  "prefix and generates only what follows (default); off: it "

@@ -32,6 +32,7 @@ from asr_spec.cli.options import (
     start_trace,
 )
 from asr_spec.errors import InputError, one_line
+from asr_spec.stream.options import StreamOptions
 
 __all__ = ["stream"]
 
@@ -48,7 +49,8 @@ def stream(
     language: str | None = LANGUAGE,
     device: str = DEVICE,
     speed: float = typer.Option(1.0, help="A file is fed at this many times real time; 0: as fast as possible."),
-    step_s: float = typer.Option(1.0, help="Re-decode the uncommitted audio after this many new seconds."),
+    step_s: float = typer.Option(StreamOptions().step_s, help="Re-decode the uncommitted audio after this many new "
+                                 "seconds."),
     no_vad: bool = typer.Option(False, "--no-vad", help="No voice activity: utterances are not closed at silence."),
     no_hypothesis: bool = typer.Option(False, "--no-hypothesis", help="Plain re-decoding: do not offer the previous "
                                        "hypothesis as the draft (the same text, more target passes)."),
@@ -56,7 +58,6 @@ def stream(
     trace_streams: Path | None = TRACE_STREAMS,
 ) -> None:
     """Transcribe a live stream: committed text is printed as it becomes stable."""
-    from asr_spec.stream.policy import StreamOptions
     from asr_spec.transcribe import Transcriber
 
     if speed < 0:
