@@ -390,14 +390,14 @@ def test_cli_refuses_a_bad_backlog_or_step_before_loading(capsys, tmp_path, flag
 
 @pytest.mark.parametrize(("flags", "backlog_s", "catch_up", "step_s", "hypothesis", "prefix", "context_s",
                           "group_wait_s"),
-                         [([], RealtimeOptions().max_backlog_s, True, StreamOptions().step_s, False, True, StreamOptions().context_s,
-                           GROUP_WAIT_S),
+                         [([], RealtimeOptions().max_backlog_s, True, StreamOptions().step_s, False, True,
+                           StreamOptions().context_s, GROUP_WAIT_S),
                           (["--max-backlog-s", "30", "--no-catch-up", "--step-s", "2", "--no-hypothesis",
                             "--no-committed-prefix", "--context-s", "3", "--group-wait-s", "0"], 30.0, False, 2.0,
                            False, False, 3.0, 0.0),
                           (["--catch-up", "--hypothesis", "--committed-prefix", "--context-s", "0",
-                            "--group-wait-s", "0.5"], RealtimeOptions().max_backlog_s, True, StreamOptions().step_s, True, True, 0.0,
-                           0.5)])
+                            "--group-wait-s", "0.5"], RealtimeOptions().max_backlog_s, True, StreamOptions().step_s,
+                           True, True, 0.0, 0.5)])
 def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monkeypatch, greedy, flags, backlog_s,
                                                                             catch_up, step_s, hypothesis, prefix,
                                                                             context_s, group_wait_s):
