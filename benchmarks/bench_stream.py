@@ -275,7 +275,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--preset", default="base")
     parser.add_argument("--streams", default="1,8", help="comma-separated numbers of concurrent streams")
     parser.add_argument("--seconds", type=float, default=40.0, help="audio per stream")
-    parser.add_argument("--step-s", type=float, default=1.0)
+    parser.add_argument("--step-s", type=float, default=StreamOptions().step_s,
+                        help="re-decode a stream after this much new audio (StreamOptions.step_s)")
     parser.add_argument("--max-buffer-s", type=float, default=StreamOptions().max_buffer_s,
                         help="the streams' buffer bound (StreamOptions.max_buffer_s)")
     parser.add_argument("--context-s", type=float, default=StreamOptions().context_s,
