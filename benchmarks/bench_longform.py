@@ -279,8 +279,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fixtures", type=Path, default=FIXTURES,
                    help="a folder laid out as the fixtures (default tests/fixtures/longform; e.g. the held-out set "
                         "of make_longform_fixtures.py --set heldout)")
-    p.add_argument("--stream-step-s", type=float, default=1.0,
-                   help="stream: seconds of audio per block, re-decoded after each (default 1.0, asr-spec stream's)")
+    p.add_argument("--stream-step-s", type=float, default=StreamOptions().step_s,
+                   help="stream: seconds of audio per block, re-decoded after each (default StreamOptions.step_s, "
+                        "asr-spec stream's)")
     p.add_argument("--batch-size", type=int, default=8, help="chunks decoded together (default 8), all configs")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per configuration, interleaved; median kept")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed first run of each item")
