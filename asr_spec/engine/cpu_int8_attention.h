@@ -150,7 +150,7 @@ struct Packed {
 };
 
 // Softmax numerators e (n of them, fp32, each in [0, 1]) -> u8 levels round(e * PROB_LEVELS) in p[0, n), zeros
-// to n_quads * QUAD; returns the levels' sum.
+// in p[n, padded); returns the levels' sum.
 inline int32_t prob_levels(const float* e, int64_t n, uint8_t* p, int64_t padded) {
   int64_t i = 0;
   int32_t sum = 0;
