@@ -303,22 +303,23 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
 
 
 def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
-    """The run summary's words for `run_precision`: "cpu amx-bf16, bfloat16, lossless, attention: cpu kernel" /
-    "cuda:0, float16" (bf16 on a CPU: "lossless" where its products are row-invariant, `bf16_row_block`, else
-    "up to near-ties"; on a CPU, `attention_path`, then ", encoder products int8" where `encoder_products` says
-    so (", encoder products and attention int8" where `encoder_attention` says so too), and ", audio keys/values
-    bf16" where `audio_precision` holds them in bf16 under another dtype)."""
-    where = f"cpu {detect_cpu().cpu_class}" if device.type == "cpu" else str(device)
-    line = f"{where}, {str(dtype).removeprefix('torch.')}"
-    if device.type == "cpu" and dtype == torch.bfloat16:
-        line += ", lossless" if bf16_row_block()[0] else ", up to near-ties"
-    if device.type == "cpu":
-        line += f", attention: {attention_path(device, dtype)}"
-        if encoder_products(device, dtype, int8_asked) == INT8:
-            both = encoder_attention(device, dtype, int8_asked) == INT8
-            line += ", encoder products and attention int8" if both else ", encoder products int8"
-        if dtype != torch.bfloat16 and audio_precision(device, dtype, int8_asked) == "bfloat16":
-            line += ", audio keys/values bf16"
+    """The run summary's words for `run_precision`, read from its dict (each decision asked once, there): "cpu
+    amx-bf16, bfloat16, lossless, attention: cpu kernel" / "cuda:0, float16" (bf16 on a CPU: "lossless" where its
+    products are row-invariant, else "up to near-ties"; on a CPU, the attention path, then ", encoder products
+    int8" where the encoder's products are int8 (", encoder products and attention int8" where its attention is
+    too), and ", audio keys/values bf16" where they are held in bf16 under another dtype)."""
+    info = run_precision(device, dtype, int8_asked)
+    if "cpu" not in info:
+        return f"{info['device']}, {info['dtype']}"
+    line = f"cpu {info['cpu']['class']}, {info['dtype']}"
+    if "bf16_row_invariant" in info:
+        line += ", lossless" if info["bf16_row_invariant"]["lossless"] else ", up to near-ties"
+    line += f", attention: {info['attention']}"
+    if info["encoder_products"] == INT8:
+        both = info["encoder_attention"] == INT8
+        line += ", encoder products and attention int8" if both else ", encoder products int8"
+    if info["dtype"] != "bfloat16" and info["audio_keys_values"] == "bfloat16":
+        line += ", audio keys/values bf16"
     return line
 
 
