@@ -205,7 +205,10 @@ def test_speculative_equals_greedy_over_an_int8_encoder(int8_kernel, no_amx_tile
     # the int8 precision's fp32 decoder holds its audio keys/values in bf16 (`int8.bf16_audio_usable`)
     assert greedy_engine.target_dec.audio_dtype == torch.bfloat16 or dtype == torch.bfloat16
     greedy = greedy_engine.decode(features, None, 2)
-    spec = Engine(model, decoder_draft(model, [0]), opts).decode(features, None, 2)
+    spec_engine = Engine(model, decoder_draft(model, [0]), opts)
+    # and so does its draft (its proposals over bf16 audio; the target verifies them)
+    assert spec_engine.draft_dec.audio_dtype == greedy_engine.target_dec.audio_dtype
+    spec = spec_engine.decode(features, None, 2)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
 
 

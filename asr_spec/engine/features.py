@@ -49,8 +49,10 @@ class FeatureDecoder(Decoder):
     reads_target_features = True
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
-                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True):
-        super().__init__(decoder, proj_out, vocab_ids, certify, row_invariant=row_invariant)
+                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True,
+                 int8_precision: bool = False):
+        super().__init__(decoder, proj_out, vocab_ids, certify, row_invariant=row_invariant,
+                         int8_precision=int8_precision)
         self.fc = decoder.fc
 
     @torch.no_grad()

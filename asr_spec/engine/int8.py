@@ -10,8 +10,9 @@ in int8").
 What is quantized: the four products of every encoder layer (q/k/v as one, the attention's output projection, fc1
 then GELU, fc2); not the convolutions, not the decoder; the attention itself in bf16 under a bf16 encoder, through
 its own int8 products under the int8 precision's fp32 encoder (`int8_attention_usable`). (The int8 precision's fp32
-decoder holds the audio's keys and values in bf16: `bf16_audio_usable`.) Weights per output channel, symmetric int8
-(scale = max |w| / 127 of the channel; 63 steps on AVX2: `levels`), made once per weight tensor. Activations per row
+decoders, target and draft, hold the audio's keys and values in bf16: `bf16_audio_usable`.) Weights per output
+channel, symmetric int8 (scale = max |w| / 127 of the channel; 63 steps on AVX2: `levels`), made once per weight
+tensor. Activations per row
 (each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the product's
 output in bf16 then scaled by its row's scale, the bias and residual added (`cpu_int8.h`'s `rescale_rows`, one
 pass): per-row scales keep the encoder output ~5 % from fp32's (relative norm, long_75s) where one scale a window
@@ -86,13 +87,13 @@ def int8_attention_usable(device: torch.device, dtype: torch.dtype, asked: bool 
 
 
 def bf16_audio_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:
-    """The one decision: whether a decoder holds the audio's keys and values (its cross-attention cache, written
-    once a chunk) in bf16 instead of its own dtype. In the "int8" precision (`asked`, as `requested` says of the
-    target's encoder), for an fp32 decoder the CPU attention kernel runs (`cpu_attention.fused_attention_usable`:
-    the kernel widens each bf16 key and value to fp32 as it loads it, its arithmetic fp32's; torch's products
-    would not take them), unless `ASR_SPEC_NO_BF16_AUDIO=1`. Why: at batch 8 a greedy fp32 step of whisper-base
-    reads 295 MB of audio keys/values, 10 of its 23 ms on an AVX2-only EPYC (2 cores); in bf16 the cross-attention
-    took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision again")."""
+    """The one decision: whether a decoder holds the audio's keys and values (its cross-attention cache, written once a
+    chunk) in bf16 instead of its own dtype. In the "int8" precision (`asked`, as `requested` says of the target's
+    encoder; the target's decoder and a draft's alike), for an fp32 decoder the CPU attention kernel runs
+    (`cpu_attention.fused_attention_usable`: the kernel widens each bf16 key and value to fp32 as it loads it, its
+    arithmetic fp32's; torch's products would not take them), unless `ASR_SPEC_NO_BF16_AUDIO=1`. Why: at batch 8 a
+    greedy fp32 step of whisper-base reads 295 MB of audio keys/values, 10 of its 23 ms on an AVX2-only EPYC (2 cores);
+    in bf16 the cross-attention took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision again")."""
     return (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)
             and cpu_attention.fused_attention_usable(device, dtype))
 

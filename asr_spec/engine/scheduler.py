@@ -93,8 +93,8 @@ class Engine:
         # has native bf16 products: decoder.py)
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
         # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds the
-        # target decoder's audio keys/values in bf16 where `int8.bf16_audio_usable` says so (a draft's stay in its
-        # own dtype: they change only its proposals, and no draft decodes 8-row runs on an AVX2-only CPU)
+        # decoders' audio keys/values in bf16 where `int8.bf16_audio_usable` says so (target and draft alike: a
+        # draft's rounding changes only its proposals, which the target verifies)
         int8_precision = int8.requested(target.model.encoder)
         self.target_dec = Decoder(target.model.decoder, target.proj_out,
                                   certify=certify if options.certified_head else None, int8_precision=int8_precision)
@@ -102,7 +102,8 @@ class Engine:
         # benchmarks' oracle draft (engine/oracle.py); the step only ever sees a Decoder
         make_draft = getattr(draft, "step_decoder", Decoder)
         self.draft_dec = None if draft is None else make_draft(  # its products whole: its rounding is its own
-            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), row_invariant=False)
+            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), row_invariant=False,
+            int8_precision=int8_precision)
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         # a plain draft's proposals are chosen from its restricted vocabulary's logits, if it has one (a draft with
         # its own step decoder, feature-conditioned or an oracle, gives logits over the whole vocabulary)
