@@ -44,7 +44,7 @@ PARTS = (
     ("rest", "finish (words, tail decision)", ("asr_spec/transcribe/transcriber.py", "finish_result")),
     ("rest", "assemble (stitch, text)", ("asr_spec/transcribe/transcriber.py", "assemble")),
     ("admit", "admission", ("asr_spec/engine/admission.py", "__call__")),
-    ("admit", "  audio keys/values (target + draft)", ("asr_spec/engine/decoder.py", "write_audio")),
+    ("admit", "  audio keys/values (target + draft)", ("asr_spec/engine/decoder_layout.py", "write_audio")),
     ("admit", "  prompt prefill (target + draft)", ("asr_spec/engine/admission.py", "prefill")),
 )
 

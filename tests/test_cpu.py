@@ -184,11 +184,19 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_attention"] == "int8"
     assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_attention"] == "bfloat16"
+    # ... and whose decoder's step reads bf16 copies of its weights (`int8.bf16_weights_usable`)
+    monkeypatch.delenv(int8.WEIGHTS_ENV, raising=False)
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["decoder_weights"] == "bfloat16"
+    assert cpu.run_precision(cpu_dev, torch.float32)["decoder_weights"] == "float32"
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
-        "cpu avx2, float32, attention: cpu kernel, encoder products and attention int8, audio keys/values bf16")
+        "cpu avx2, float32, attention: cpu kernel, encoder products and attention int8, decoder weights and audio "
+        "keys/values bf16")
     monkeypatch.setenv(int8.AUDIO_ENV, "1")
     monkeypatch.setenv(int8.ATTENTION_ENV, "1")
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_attention"] == "float32"
+    assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
+        "cpu avx2, float32, attention: cpu kernel, encoder products int8, decoder weights bf16")
+    monkeypatch.setenv(int8.WEIGHTS_ENV, "1")
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
         "cpu avx2, float32, attention: cpu kernel, encoder products int8")
 

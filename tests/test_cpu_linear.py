@@ -1,6 +1,7 @@
 """The thin fp32 and bf16 products of the CPU kernel extension (`engine/cpu_linear.py`, `cpu_linear.h`): the panel
 layouts, agreement with a float64 product within the dtype's rounding, each row the same bits whatever the rows
-beside it, and a decoder whose verify pass gives every position what its 1-token steps give it, in both dtypes."""
+beside it, fp32 rows over bf16 panels (the certified head's) as fp32 over the widened weights, and a decoder whose
+verify pass gives every position what its 1-token steps give it, in both dtypes."""
 
 from __future__ import annotations
 
@@ -119,6 +120,21 @@ def test_each_row_is_what_it_is_alone(thin_kernel, dtype, rows):
                 assert torch.equal(alone, together[name]), name
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("n, k", [(51865, 64), (37, 21), (16, 512)])
+def test_fp32_rows_over_bf16_panels_are_fp32_over_the_widened_weights(thin_kernel, n, k):
+    """`MixedPanels`: each bf16 weight widened exactly, the same fused multiply-adds in the same order as the fp32
+    panels' (k in order; an odd K's padding adds a zero product): bit for bit the fp32 product of the rounded
+    weights, each row what it is alone."""
+    gen = torch.Generator().manual_seed(k)
+    weight, bias = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen)
+    x = torch.randn(9, k, generator=gen) * 10
+    mixed = cpu_linear.linear(x, cpu_linear.repack(weight), bias)
+    assert mixed.dtype == torch.float32
+    assert torch.equal(mixed, cpu_linear.linear(x, cpu_linear.repack(weight.float()), bias))
+    alone = torch.cat([cpu_linear.linear(x[i:i + 1], cpu_linear.repack(weight), bias) for i in range(len(x))])
+    assert torch.equal(alone, mixed)
 
 
 def test_rows_of_a_wider_tensor_are_read_in_place(thin_kernel):

@@ -1,14 +1,15 @@
-"""The int8 precision's decoder: fp32, its audio keys/values held in bf16 (`int8.bf16_audio_usable`). The attention
-kernel under fp32 queries over bf16 keys/values is exactly fp32 attention over their widened values (both layouts,
-ragged counts), a decoder's logits are an fp32 decoder's over the bf16-rounded audio bit for bit (its layer loop
-and its Python loop), the one decision, and the memory a run needs counting 2 bytes an audio key."""
+"""The int8 precision's decoder: fp32, its audio keys/values held in bf16 (`int8.bf16_audio_usable`) and its step's
+weights read in bf16 (`int8.bf16_weights_usable`). The attention kernel under fp32 queries over bf16 keys/values is
+exactly fp32 attention over their widened values (both layouts, ragged counts), a decoder's logits are an fp32
+decoder's over the bf16-rounded audio, and over the bf16-rounded weights, bit for bit (its layer loop and its
+Python loop), the two decisions, and the memory a run needs counting 2 bytes an audio key."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from asr_spec.engine import cpu_attention, int8, memory
+from asr_spec.engine import cpu_attention, cpu_linear, int8, memory
 from asr_spec.engine.decoder import Decoder
 from asr_spec.testing import random_whisper
 
@@ -59,9 +60,72 @@ def test_the_decision(monkeypatch):
     assert not int8.bf16_audio_usable(CPU, torch.float32, asked=True)
 
 
+def test_the_weights_decision(monkeypatch):
+    monkeypatch.delenv(int8.WEIGHTS_ENV, raising=False)
+    thin = cpu_linear.fused_linear_usable(CPU, torch.float32)
+    assert int8.bf16_weights_usable(CPU, torch.float32, asked=True) == thin
+    assert not int8.bf16_weights_usable(CPU, torch.float32)  # --dtype float32: fp32 weights
+    assert not int8.bf16_weights_usable(CPU, torch.bfloat16, asked=True)  # a bf16 decoder's are bf16 anyway
+    assert not int8.bf16_weights_usable(torch.device("cuda"), torch.float32, asked=True)
+    monkeypatch.setenv(int8.WEIGHTS_ENV, "1")
+    assert not int8.bf16_weights_usable(CPU, torch.float32, asked=True)
+    monkeypatch.delenv(int8.WEIGHTS_ENV)
+    monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")  # no thin products: oneDNN's fp32 ones take fp32 weights
+    assert not int8.bf16_weights_usable(CPU, torch.float32, asked=True)
+
+
+def _step_weights_rounded(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose decoder step weights (q/k/v, both out projections, the cross-attention query, fc1,
+    fc2; not the audio's key/value projections) and an untied output head are rounded to bf16, kept in fp32."""
+    import copy
+
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in rounded.model.decoder.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                         layer.self_attn.out_proj, layer.encoder_attn.q_proj, layer.encoder_attn.out_proj,
+                         layer.fc1, layer.fc2):
+                proj.weight.copy_(proj.weight.bfloat16().float())
+        rounded.proj_out.weight = torch.nn.Parameter(model.proj_out.weight.detach().bfloat16().float())
+    return rounded
+
+
+@pytest.mark.parametrize("layer_loop", [True, False])
+def test_a_decoder_over_bf16_weights_is_fp32_over_the_rounded_weights(monkeypatch, layer_loop):
+    """The weights' bf16 copies widened exactly under fp32 rows (`cpu_linear.h`'s `MixedPanels`): bit for bit an
+    fp32 decoder whose step weights and head were rounded to bf16 (the audio's projections left fp32)."""
+    monkeypatch.delenv(int8.WEIGHTS_ENV, raising=False)
+    monkeypatch.setenv(int8.AUDIO_ENV, "1")  # the audio in fp32 in both: only the weights differ
+    if not cpu_linear.fused_linear_usable(CPU, torch.float32):
+        pytest.skip("the thin products are not used here")
+    model = random_whisper("test", seed=4, vocab_size=70, init_std=0.2).eval()
+    reference = _step_weights_rounded(model)
+    dec = Decoder(model.model.decoder, model.proj_out, int8_precision=True)
+    plain = Decoder(reference.model.decoder, reference.proj_out)
+    assert dec.bf16_weights and not plain.bf16_weights and dec.audio_dtype == torch.float32
+    if not layer_loop:
+        dec.layer_loop = plain.layer_loop = None
+    n_audio = model.config.max_source_positions
+    audio = torch.randn(2, n_audio, model.config.d_model, generator=torch.Generator().manual_seed(5))
+    cache, ref_cache = dec.new_cache(2, 20, n_audio), plain.new_cache(2, 20, n_audio)
+    dec.write_audio(cache, audio)
+    plain.write_audio(ref_cache, audio)
+    assert torch.equal(cache.cross_k, ref_cache.cross_k)  # the audio's projections stay the module's fp32
+    tokens = torch.tensor([[5, 9, 11], [7, 3, 2]])
+    positions = torch.arange(3).expand(2, 3)
+    logits = dec.forward(cache, tokens, positions, 4)
+    assert torch.equal(logits, plain.forward(ref_cache, tokens, positions, 4))
+    fp32 = Decoder(model.model.decoder, model.proj_out)  # and near the fp32 weights' logits, not equal
+    fp32_cache = fp32.new_cache(2, 20, n_audio)
+    fp32.write_audio(fp32_cache, audio)
+    full = fp32.forward(fp32_cache, tokens, positions, 4)
+    assert not torch.equal(logits, full) and float((logits - full).abs().max()) < 0.05 * float(full.abs().max())
+
+
 @pytest.mark.parametrize("layer_loop", [True, False])
 def test_a_decoder_over_bf16_audio_is_fp32_over_the_rounded_audio(monkeypatch, layer_loop):
     monkeypatch.delenv(int8.AUDIO_ENV, raising=False)
+    monkeypatch.setenv(int8.WEIGHTS_ENV, "1")  # the weights in fp32 in both: only the audio differs
     model = random_whisper("test", seed=2, vocab_size=70, init_std=0.2).eval()
     dec = Decoder(model.model.decoder, model.proj_out, int8_precision=True)
     plain = Decoder(model.model.decoder, model.proj_out)

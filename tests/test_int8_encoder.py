@@ -245,7 +245,7 @@ def test_the_int8_precision_end_to_end(int8_kernel):
         assert t.target.dtype == torch.float32
         assert t.engine.encoder.int8 == (precision == "int8") == int8.requested(t.target.model.encoder)
         line = precision_line(t.device, t.target.dtype, int8.requested(t.target.model.encoder))
-        int8_line = ", encoder products and attention int8, audio keys/values bf16"
+        int8_line = ", encoder products and attention int8, decoder weights and audio keys/values bf16"
         assert line.endswith(int8_line) == (precision == "int8"), line
         assert t.engine.encoder.int8_attention == (precision == "int8")
         assert (t.engine.target_dec.audio_dtype == torch.bfloat16) == (precision == "int8")

@@ -36,8 +36,8 @@ using cpu_linear::RG;
 // W (n, k), element (i, j) at w[i * sn + j * sk], packed as F's panels (cpu_linear.h's layout: panel i / NB,
 // step j / STEP, lane i % NB, element j % STEP; zeros past n and past k) into dst, ceil(n / NB) panels.
 template <typename F>
-void pack(const typename F::T* w, int64_t sn, int64_t sk, int64_t n, int64_t k, typename F::T* dst) {
-  using T = typename F::T;
+void pack(const typename F::W* w, int64_t sn, int64_t sk, int64_t n, int64_t k, typename F::W* dst) {
+  using T = typename F::W;
   const int64_t size = panel_size<F>(k), steps = size / (F::STEP * NB);
   for (int64_t p = 0; p * NB < n; ++p) {
     T* panel = dst + p * size;
@@ -95,7 +95,8 @@ float softmax_row(float* scores, int64_t n, T* probs, int64_t n_even) {
 template <typename F>
 void attend_windows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale,
                     at::Tensor& out) {
-  using T = typename F::T;
+  static_assert(std::is_same_v<typename F::X, typename F::W>, "queries, keys and values in one dtype");
+  using T = typename F::X;
   const int64_t b = q.size(0), n = q.size(1), d = q.size(2) / heads;
   const int64_t kp_size = (n + NB - 1) / NB * panel_size<F>(d);  // a head's keys as panels
   const int64_t vp_size = (d + NB - 1) / NB * panel_size<F>(n);  // its values^T

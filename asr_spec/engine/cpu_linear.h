@@ -64,7 +64,8 @@ inline void in_register(V& a) {
 
 // fp32: W (K, NB) a panel, one k a step: acc += x[r, k] * w[k, :] (one fused multiply-add a lane).
 struct Fp32Panels {
-  using T = float;
+  using X = float;
+  using W = float;
   static constexpr int64_t STEP = 1;
   template <int64_t R>
   static inline void step(const float* x, int64_t ldx, const float* w, vec (&acc)[R][2]) {
@@ -84,10 +85,11 @@ struct Fp32Panels {
 // one vdpbf16ps a lane (both products exact, summed in the instruction's fixed order); elsewhere each half of a
 // pair widened to fp32 (a shift or a mask) and added by a fused multiply-add, the even k first.
 struct Bf16Panels {
-  using T = cpu_attention::bf16;
+  using X = cpu_attention::bf16;
+  using W = cpu_attention::bf16;
   static constexpr int64_t STEP = 2;
   template <int64_t R>
-  static inline void step(const T* x, int64_t ldx, const T* w, vec (&acc)[R][2]) {
+  static inline void step(const X* x, int64_t ldx, const W* w, vec (&acc)[R][2]) {
     using namespace cpu_attention;
 #if defined(CPU_ATTENTION_DPBF16)
     pairs w0 = load_pairs(w), w1 = load_pairs(w + 2 * L);
@@ -113,6 +115,30 @@ struct Bf16Panels {
   }
 };
 
+// fp32 rows over bf16 panels (the certified head's text rows: half the bytes of fp32 weights, the rows not
+// rounded): W as Bf16Panels, each half of a pair widened to fp32 and added by a fused multiply-add, the even k
+// first, x's fp32 elements broadcast from memory (no conversion, no shuffle: on AVX2 the products stay bound by the
+// multiply-adds, not by the bf16 rows' broadcasts).
+struct MixedPanels {
+  using X = float;
+  using W = cpu_attention::bf16;
+  static constexpr int64_t STEP = 2;
+  template <int64_t R>
+  static inline void step(const X* x, int64_t ldx, const W* w, vec (&acc)[R][2]) {
+    using namespace cpu_attention;
+    vec e0 = even_half(w), o0 = odd_half(w), e1 = even_half(w + 2 * L), o1 = odd_half(w + 2 * L);
+    in_register(e0);
+    in_register(o0);
+    in_register(e1);
+    in_register(o1);
+    for (int64_t r = 0; r < R; ++r) {
+      const vec xe = set1(x[r * ldx]), xo = set1(x[r * ldx + 1]);
+      acc[r][0] = vfma(xo, o0, vfma(xe, e0, acc[r][0]));
+      acc[r][1] = vfma(xo, o1, vfma(xe, e1, acc[r][1]));
+    }
+  }
+};
+
 // elements a panel of format F holds over k inputs: ceil(k / STEP) steps of STEP * NB
 template <typename F>
 inline int64_t panel_size(int64_t k) {
@@ -121,9 +147,10 @@ inline int64_t panel_size(int64_t k) {
 
 // acc (R, NB) = x (R rows of K, ldx apart) times one panel (ceil(K / STEP) steps of STEP * NB elements)
 template <typename F, int64_t R>
-inline void panel_group(const typename F::T* x, int64_t ldx, const typename F::T* panel, int64_t k, float* acc_out) {
+inline void panel_group(const typename F::X* x, int64_t ldx, const typename F::W* panel, int64_t k, float* acc_out) {
   using namespace cpu_attention;
-  using T = typename F::T;
+  using X = typename F::X;
+  using Wt = typename F::W;
   constexpr int64_t W = F::STEP * NB;  // panel elements a step
   vec acc[R][2];
   for (int64_t r = 0; r < R; ++r) {
@@ -132,18 +159,18 @@ inline void panel_group(const typename F::T* x, int64_t ldx, const typename F::T
   }
   const int64_t whole = k / F::STEP;
   for (int64_t i = 0; i < whole; ++i) {
-    const T* w = panel + i * W;
-    if (new_line<T>(i * W)) {  // the panels are one front-to-back stream: ask AHEAD bytes past it, and FAR
+    const Wt* w = panel + i * W;
+    if (new_line<Wt>(i * W)) {  // the panels are one front-to-back stream: ask AHEAD bytes past it, and FAR
       prefetch(w, AHEAD);
       prefetch_l2(w, FAR);
     }
     F::template step<R>(x + i * F::STEP, ldx, w, acc);
   }
   if (whole * F::STEP < k) {  // K not a whole number of steps: the last one's missing x elements are zeros
-    T tail[R * F::STEP];
+    X tail[R * F::STEP];
     for (int64_t r = 0; r < R; ++r) {
       for (int64_t e = 0; e < F::STEP; ++e) {
-        tail[r * F::STEP + e] = whole * F::STEP + e < k ? x[r * ldx + whole * F::STEP + e] : T(0.0f);
+        tail[r * F::STEP + e] = whole * F::STEP + e < k ? x[r * ldx + whole * F::STEP + e] : X(0.0f);
       }
     }
     F::template step<R>(tail, F::STEP, panel + whole * W, acc);
@@ -155,7 +182,7 @@ inline void panel_group(const typename F::T* x, int64_t ldx, const typename F::T
 }
 
 template <typename F>
-inline void panel_rows(const typename F::T* x, int64_t ldx, const typename F::T* panel, int64_t k, int64_t rows,
+inline void panel_rows(const typename F::X* x, int64_t ldx, const typename F::W* panel, int64_t k, int64_t rows,
                        float* acc) {
   switch (rows) {
     case 1: panel_group<F, 1>(x, ldx, panel, k, acc); break;
@@ -203,15 +230,15 @@ inline void finish_row(float* acc, const T* bias, const T* residual, bool gelu, 
 // out (M, N) = acc + bias (+ residual), or GELU(acc + bias) where `gelu`, over the panels, each output (r, n) from
 // its own panel's accumulators (`finish_row`).
 template <typename F>
-inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T* wp, const typename F::T* bp,
-                       const typename F::T* rp, int64_t ldr, int64_t m, int64_t k, int64_t p, int64_t n_out,
-                       bool gelu, typename F::T* op) {
-  using T = typename F::T;
+inline void run_panels(const typename F::X* xp, int64_t ldx, const typename F::W* wp, const typename F::X* bp,
+                       const typename F::X* rp, int64_t ldr, int64_t m, int64_t k, int64_t p, int64_t n_out,
+                       bool gelu, typename F::X* op) {
+  using T = typename F::X;
   const int64_t size = panel_size<F>(k);
   at::parallel_for(0, p, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[RG * NB];
     for (int64_t j = begin; j < end; ++j) {
-      const T* panel = wp + j * size;
+      const typename F::W* panel = wp + j * size;
       const int64_t col0 = j * NB, cols = n_out - col0 < NB ? n_out - col0 : NB;
       for (int64_t r0 = 0; r0 < m; r0 += RG) {
         const int64_t rows = m - r0 < RG ? m - r0 : RG;
@@ -229,22 +256,23 @@ inline void run_panels(const typename F::T* xp, int64_t ldx, const typename F::T
 template <typename F>
 inline void run_tensors(const at::Tensor& x, const at::Tensor& panels, const at::Tensor* bias,
                         const at::Tensor* residual, int64_t n_out, bool gelu, at::Tensor& out) {
-  using T = typename F::T;
-  run_panels<F>(x.data_ptr<T>(), x.stride(0), panels.data_ptr<T>(), bias ? bias->data_ptr<T>() : nullptr,
+  using T = typename F::X;
+  run_panels<F>(x.data_ptr<T>(), x.stride(0), panels.data_ptr<typename F::W>(), bias ? bias->data_ptr<T>() : nullptr,
                 residual ? residual->data_ptr<T>() : nullptr, residual ? residual->stride(0) : 0, x.size(0),
                 x.size(1), panels.size(0), n_out, gelu, out.data_ptr<T>());
 }
 
-// x: (M, K), K contiguous; panels: fp32 (P, K, NB) or bf16 (P, ceil(K / 2), NB, 2), contiguous, x's dtype; bias:
-// (N,) or undefined; residual: (M, N), N contiguous, or undefined (both x's dtype); n_out = N <= P * NB; gelu:
-// the erf GELU of x W^T + b (no residual with it). Returns (M, N) contiguous, x's dtype.
+// x: (M, K), K contiguous; panels: fp32 (P, K, NB) or bf16 (P, ceil(K / 2), NB, 2), contiguous, x's dtype, or bf16
+// under fp32 x (`MixedPanels`); bias: (N,) or undefined; residual: (M, N), N contiguous, or undefined (both x's
+// dtype); n_out = N <= P * NB; gelu: the erf GELU of x W^T + b (no residual with it). Returns (M, N) contiguous,
+// x's dtype.
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias,
                          const c10::optional<at::Tensor>& residual, int64_t n_out, bool gelu) {
   TORCH_CHECK(x.device().is_cpu() && panels.device().is_cpu(), "linear: CPU tensors only");
   const auto dtype = x.scalar_type();
-  const bool pairs = dtype == at::kBFloat16;
-  TORCH_CHECK((dtype == at::kFloat || pairs) && panels.scalar_type() == dtype,
-              "linear: x and panels float32, or both bfloat16");
+  const bool pairs = panels.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && (panels.scalar_type() == dtype || pairs),
+              "linear: x and panels float32, or bfloat16 panels under float32 or bfloat16 x");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "linear: x must be (M, K), K contiguous");
   const int64_t m = x.size(0), k = x.size(1), p = panels.size(0);
   TORCH_CHECK(panels.is_contiguous() && panels.dim() == (pairs ? 4 : 3) && panels.size(2) == NB &&
@@ -269,10 +297,12 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& panels, const c1
   at::Tensor out = at::empty({m, n_out}, x.options());
   const at::Tensor* b = has_bias ? &*bias : nullptr;
   const at::Tensor* res = has_res ? &*residual : nullptr;
-  if (pairs) {
+  if (!pairs) {
+    run_tensors<Fp32Panels>(x, panels, b, res, n_out, gelu, out);
+  } else if (dtype == at::kBFloat16) {
     run_tensors<Bf16Panels>(x, panels, b, res, n_out, gelu, out);
   } else {
-    run_tensors<Fp32Panels>(x, panels, b, res, n_out, gelu, out);
+    run_tensors<MixedPanels>(x, panels, b, res, n_out, gelu, out);
   }
   return out;
 }

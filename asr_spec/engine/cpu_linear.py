@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from asr_spec.engine import cpu_attention
 from asr_spec.engine.kernels import shared
 
-__all__ = ["PANEL_DTYPES", "Panels", "fused_linear_usable", "linear", "pack_panels"]
+__all__ = ["PANEL_DTYPES", "Panels", "fused_linear_usable", "linear", "pack_panels", "pack_panels_bf16"]
 
 # the dtypes the kernel's panels come in
 PANEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -93,12 +93,23 @@ def pack_panels(weight: torch.Tensor) -> Panels:
     return shared("panels", (weight,), functools.partial(repack, weight))
 
 
+def repack_bf16(weight: torch.Tensor) -> Panels:
+    """`repack` of the weight rounded to bf16 (bf16 pairs under fp32 rows: `linear` of an fp32 x widens each
+    weight exactly), unshared."""
+    return repack(weight.detach().bfloat16())
+
+
+def pack_panels_bf16(weight: torch.Tensor) -> Panels:
+    """`repack_bf16(weight)`, made once per weight tensor and shared (`kernels.shared`)."""
+    return shared("panels-bf16", (weight,), functools.partial(repack_bf16, weight))
+
+
 def linear(x: torch.Tensor, weight: Panels, bias: torch.Tensor | None, post: str = "none",
            algorithm: str = "") -> torch.Tensor:
     """F.linear through the kernel with its post-op; the signature of `kernels.onednn_linear`. "gelu" with
     algorithm "none" (erf GELU, Whisper's) runs in the product's epilogue (`gelu_erf`: in fp32, before the one
-    rounding to x's dtype); the tanh form after it, through torch. x in the panels' dtype (fp32 or bf16), bias
-    too. (..., K) -> (..., N)"""
+    rounding to x's dtype); the tanh form after it, through torch. x in the panels' dtype (fp32 or bf16), or fp32
+    over bf16 panels; bias in x's dtype. (..., K) -> (..., N)"""
     if post not in ("none", "gelu"):
         raise ValueError(f"post-op {post!r} is not one the thin products run")
     fused = post == "gelu" and algorithm != "tanh"

@@ -14,27 +14,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.engine import cpu_attention, cpu_layers, cpu_linear, int8
+from asr_spec.engine import cpu_attention, cpu_layers, cpu_linear
 from asr_spec.engine.cache import KVCache
-from asr_spec.engine.head import CertifiedHead, head_packed, head_rows, head_transposed
+from asr_spec.engine.decoder_layout import DecoderLayout
 from asr_spec.engine.kernels import (
-    ANY_ROWS,
-    POST_OPS,
     attention,
     blocked,
-    decoder_blocks,
-    decoder_rows,
-    fused_qkv,
-    key_buckets,
     mask_bias,
     onednn_linear,
     onednn_usable,
-    pack,
-    reorder,
-    scaled,
     shared,
-    transposed_product,
-    values_transposed,
 )
 
 # Positions past max_positions that every row-invariant pass reads (`Decoder.key_count`), and that its caches hold
@@ -73,7 +62,7 @@ def _layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
-class Decoder:
+class Decoder(DecoderLayout):
     """A transformers `WhisperDecoder` plus its output projection, run over a `KVCache`.
 
     Works for the decoder of `WhisperForConditionalGeneration` (target, or draft with its own encoder) and of
@@ -83,12 +72,13 @@ class Decoder:
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
                  certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True,
                  int8_precision: bool = False):
-        """certify: (exact_from, protected) of a target whose head may be read in bf16 where CPU fp32 products go
-        through oneDNN (`head.CertifiedHead`: Whisper's rules take the same decisions as on fp32 logits).
+        """certify: (exact_from, protected) of a target whose head may be certified (`head.CertifiedHead`: read in
+        bf16 where `head.approximate_product` names a product, Whisper's rules taking fp32's decisions).
         row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
         whose rounding changes only its proposals, passes False and runs its products whole.
         int8_precision: the run's precision is "int8" (`int8.requested` of the target's encoder): the audio's keys
-        and values are then held in bf16 where `int8.bf16_audio_usable` says so (`audio_dtype`)."""
+        and values are then held in bf16 where `int8.bf16_audio_usable` says so (`audio_dtype`), and the step's
+        weights read in bf16 where `int8.bf16_weights_usable` says so (`bf16_weights`)."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn
@@ -136,90 +126,9 @@ class Decoder:
             self.linear = functools.partial(blocked, self.wide_linear, self.row_rows)
         self.values_t, self.key_buckets = self._attention_layout()
         self.keys_t = self._audio_keys_transposed()
-        self._step_weights(packed)
+        self._step_weights(packed, int8_precision)
         self._head_layout(proj_out.weight, vocab_ids, packed or self.thin, certify)
         self.layer_loop = cpu_layers.layer_loop(self)  # every layer of a pass in one extension call, or None
-
-    def _step_weights(self, packed: bool) -> None:
-        """The copies the step's products read: `weights` per projection, and where packed (oneDNN's `packed`
-        copies, or the thin kernel's panels) the fused q, k, v (`qkv`) and scaled cross-attention q (`cross_q`)
-        instead of those projections' own weights (no other packed copy of them is held), and the activation
-        fused into fc1's product (`post`)."""
-        packs = packed or self.thin
-        step_layers = [proj for layer in self.layers
-                       for proj in (layer.self_attn.out_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2)]
-        if not packs:
-            step_layers += [proj for layer in self.layers for proj in (
-                layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.encoder_attn.q_proj)]
-        weight_of = cpu_linear.pack_panels if self.thin else pack if packed else (lambda w: w)
-        repack = cpu_linear.repack if self.thin else reorder
-        self.weights = {proj: weight_of(proj.weight) for proj in step_layers}
-        self.qkv = [fused_qkv(layer.self_attn, self.scaling, repack) for layer in self.layers] if packs else None
-        self.cross_q = ([scaled(layer.encoder_attn.q_proj, self.scaling, repack) for layer in self.layers]
-                        if packs else None)
-        self.post = POST_OPS.get(self.decoder.config.activation_function) if packs else None
-
-    def _attention_layout(self) -> tuple[bool, tuple[int, ...]]:
-        """(values_t, key_buckets): whether attention values are stored (head_dim, positions): always with the
-        CPU kernel (its layout), else where it pays (bf16): in a row-invariant decoder where the probe still finds
-        enough queries in that layout (`kernels.values_transposed`), in any other CPU one for speed alone; and the
-        self-attention key counts a row-invariant pass of torch's products may read, the smallest covering its
-        positions (none elsewhere: the kernel reads each query's own count)."""
-        if self.fused:
-            return True, ()
-        n_audio = self.decoder.config.max_source_positions
-        values_t = self.cpu_layout and self.dtype != torch.float32 and (
-            not self.query_rows or values_transposed(self.n_heads, self.head_dim, n_audio, self.dtype))
-        if not self.query_rows:
-            return values_t, ()
-        return values_t, key_buckets(self.n_heads, self.head_dim, self.key_count, self.query_rows, self.dtype,
-                                     values_t)
-
-    def _audio_dtype(self, int8_precision: bool) -> torch.dtype:
-        """The dtype the audio's keys/values are held in (`new_cache`, `write_audio`): bf16 under an fp32 decoder
-        of the int8 precision where `int8.bf16_audio_usable` says so (the kernel widens them as it reads them),
-        else the decoder's own."""
-        return torch.bfloat16 if int8.bf16_audio_usable(self.device, self.dtype, int8_precision) else self.dtype
-
-    def _audio_keys_transposed(self) -> bool:
-        """Whether the audio keys are stored (head_dim, positions): on a CPU, except with the kernel in bf16, where
-        they are stored as shaped (positions, head_dim), a (row, head)'s keys one front-to-back stream instead of
-        head_dim lines read side by side (AVX-512-BF16 EPYC, batch 8, 6 layers: a 1-query pass's cross-attention
-        1.07-1.23x faster, a 4-query verify pass's even; in fp32 1.07x faster at 1 query but 1.07x slower at 4)."""
-        return self.cpu_layout and not (self.fused and self.dtype == torch.bfloat16)
-
-    def _head_layout(self, full: torch.Tensor, vocab_ids: torch.Tensor | None, packed: bool,
-                     certify: tuple[int, tuple[int, ...]] | None) -> None:
-        """The head's copies `_head` reads (see `__init__`): certified, packed (oneDNN's or the thin kernel's),
-        plain or transposed. full: the (vocab, d_model) head weight."""
-        weight = head_rows(full, vocab_ids)
-        # the certified head reads bf16 rows: only where the CPU has native bf16 products (emulated ones are
-        # slower than fp32 and some oneDNN builds refuse to pack bf16 weights without AVX-512)
-        exact_fp32 = (packed and self.dtype == torch.float32 and vocab_ids is None
-                      and onednn_usable(self.device, torch.bfloat16))
-        self.certified = CertifiedHead(weight, *certify) if exact_fp32 and certify else None
-        self.head_packed = head_packed(full, vocab_ids, self.thin) if packed and self.certified is None else None
-        self.head_weight = None if packed else weight
-        self.head_weight_t = (head_transposed(full, vocab_ids)
-                              if self.cpu_layout and not packed and not self.row_rows else None)
-
-    def row_invariance(self, n_vocab: int, packed: bool) -> tuple[int, int]:
-        """(rows, queries): on a CPU in bf16/fp16, the most rows each of this decoder's products and the most
-        queries its attention may take at once and still give every row, bit for bit, what one row alone gets
-        (`kernels.row_block`, `kernels.query_block`: measured once per shape); (0, 0) elsewhere (fp32, CUDA),
-        where products run whole and a verify pass matches a step up to rounding. A rows figure of 0 on a
-        CPU in bf16 means even 1-row products do not repeat: then products run whole too. With the CPU attention
-        kernel (`fused`), invariant by construction, queries is 0: only the linear products are probed, and with
-        the thin products too (`thin`) none: (`kernels.ANY_ROWS`, 0)."""
-        if not self.cpu_layout or self.dtype == torch.float32:
-            return 0, 0
-        if self.thin and self.fused:
-            return ANY_ROWS, 0
-        d_ffn = self.layers[0].fc1.weight.shape[0]
-        if self.fused:
-            return decoder_rows(self.d_model, d_ffn, n_vocab, self.dtype, packed), 0
-        return decoder_blocks(self.d_model, d_ffn, n_vocab, self.n_heads,
-                              self.key_count, self.decoder.config.max_source_positions, self.dtype, packed)
 
     def _proj(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x, self.weights[layer], layer.bias)
@@ -230,55 +139,6 @@ class Decoder:
         if self.thin:
             return cpu_linear.linear_add(h, self.weights[layer], layer.bias, x)
         return x + self._proj(layer, h)
-
-    @property
-    def device(self) -> torch.device:
-        return self.pos_table.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.pos_table.dtype
-
-    def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
-        """A cache of n_rows slots. On CPU the audio keys are stored transposed where `keys_t`, and the audio values
-        where `values_t`: the layouts `kernels.attention` reads in place. With the CPU kernel (`fused`) the audio
-        values (head_dim, positions) and the keys so in fp32 (as shaped in bf16: `_audio_keys_transposed`), each
-        streamed whole, the self-attention's (positions, head_dim): a query's
-        few dozen keys are contiguous rows (transposed they span head_dim separate lines: the fp32 batch-8
-        self-attention stage 2.4x slower). Row-invariant through torch's products: of at least `key_count`
-        positions (what each pass reads), keys (and values where `values_t`) stored transposed, so that the
-        self-attention products read every layer's keys and values in place (where n_positions <= key_count:
-        K <= 14 in the scheduler's caches). The audio's keys and values in `audio_dtype`."""
-        if self.query_rows:
-            n_positions = max(n_positions, self.key_count)
-        self_t = bool(self.query_rows)
-        return KVCache.empty(
-            self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,
-            device=self.device, dtype=self.dtype, cross_k_transposed=self.keys_t,
-            cross_v_transposed=self.values_t, self_k_transposed=self_t, self_v_transposed=self_t and self.values_t,
-            audio_dtype=self.audio_dtype,
-        )
-
-    @torch.inference_mode()
-    def write_audio(self, cache: KVCache, audio: torch.Tensor) -> None:
-        """Compute R new chunks' cross-attention keys/values (once per chunk) into `cache`, a view of the R batch
-        slots they are admitted to (`KVCache.rows`): written in place, no copy (products in the decoder's dtype,
-        rounded to `audio_dtype` as they are stored).
-
-        audio: (R, n_audio_ctx, d_encoder) the encoder output its cross-attention reads.
-        """
-        audio = audio.to(self.dtype)
-        r, s, _ = audio.shape
-        for i, layer in enumerate(self.layers):
-            attn = layer.encoder_attn
-            # with the values stored transposed, each of them stored so written by a product of that layout
-            for proj, stored, by_product in ((attn.k_proj, cache.cross_k[i], self.values_t and self.keys_t),
-                                             (attn.v_proj, cache.cross_v[i], self.values_t)):
-                if by_product:
-                    transposed_product(audio, proj, stored.transpose(-1, -2))
-                else:  # into the layout `new_cache` chose
-                    out = self.wide_linear(audio, proj.weight, proj.bias).view(r, s, self.n_heads, self.head_dim)
-                    stored.copy_(out.transpose(1, 2))
 
     def _head(self, x: torch.Tensor, exact: bool = False) -> torch.Tensor:
         """(B, P, d_model) -> (B, P, V') logits, in the layout measured fastest for B * P rows. With a certified

@@ -38,12 +38,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from asr_spec.engine import cpu_attention
+from asr_spec.engine import cpu_attention, cpu_linear
 from asr_spec.engine.kernels import shared
 
 DISABLE_ENV = "ASR_SPEC_NO_INT8_ENCODER"
 ATTENTION_ENV = "ASR_SPEC_NO_INT8_ATTENTION"  # the int8 precision's encoder attends in fp32 (torch's SDPA)
 AUDIO_ENV = "ASR_SPEC_NO_BF16_AUDIO"  # the int8 precision's decoder keeps its audio keys/values fp32
+WEIGHTS_ENV = "ASR_SPEC_NO_BF16_WEIGHTS"  # the int8 precision's decoder keeps its step's weights fp32
 LEVELS = 127  # 8-bit steps on each side of zero (activations; weights where the CPU has VNNI: `levels`)
 REQUEST = "asr_spec_int8_products"  # the attribute `request` sets on an encoder module
 
@@ -96,6 +97,21 @@ def bf16_audio_usable(device: torch.device, dtype: torch.dtype, asked: bool = Fa
     in bf16 the cross-attention took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision again")."""
     return (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)
             and cpu_attention.fused_attention_usable(device, dtype))
+
+
+def bf16_weights_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:
+    """The one decision: whether a decoder's step products read bf16 copies of its weights (q/k/v, the attention
+    output projections, the cross-attention query, fc1, fc2 and the output head) under its fp32 rows and
+    arithmetic (`cpu_linear.h`'s `MixedPanels`: each weight widened exactly, fp32 multiply-adds). In the "int8"
+    precision (`asked`; target and draft alike), for an fp32 decoder whose step products run through the thin
+    kernel (`cpu_linear.fused_linear_usable`), unless `ASR_SPEC_NO_BF16_WEIGHTS=1`. The head is then read in bf16
+    as it is, not certified: the precision's decisions are its own (lossless means speculative == its greedy).
+    Why: a step reads its weights once a pass; whisper-base's are 88 MB in fp32 and its head 106 MB, and on an
+    AVX2-only EPYC (2 cores) the products of a step's layers and head took 3.34 + 2.75 ms at 8 rows against 4.79 +
+    4.34 in fp32, 1.61 + 1.46 against 3.26 + 3.24 at 1 row (docs/cpu.md, "The int8 precision's decoder weights
+    in bf16")."""
+    return (asked and dtype == torch.float32 and not cpu_attention.switched_on(WEIGHTS_ENV)
+            and cpu_linear.fused_linear_usable(device, dtype))
 
 
 @dataclass(frozen=True)

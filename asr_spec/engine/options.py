@@ -35,8 +35,9 @@ class DecodeOptions:
     # CPU fp32: a draft that reads the target's encoder output runs its decoder in bf16 (oneDNN, where the CPU has
     # bf16 instructions): a draft pass reads half the bytes; only its proposals change, never the output
     draft_bf16: bool = True
-    # CPU fp32 where the CPU has bf16 instructions: the target's output head is read in bf16 and certified
-    # (engine/head.py: every decision, hence every token, is the fp32 head's); False reads it in fp32
+    # CPU fp32 where a bf16 product runs the head (native bf16, or the thin kernel: head.approximate_product): the
+    # target's output head is read in bf16 and certified (engine/head.py: every decision, hence every token, is
+    # the fp32 head's); False reads it in fp32
     certified_head: bool = True
     # The draft decodes only runs of at most this many rows (batch slots: min(batch size, chunks to decode)); larger
     # runs decode greedily without it (on a CPU a verify pass of several rows is compute-bound). None: every run;

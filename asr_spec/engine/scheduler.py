@@ -89,8 +89,8 @@ class Engine:
             )
         self.encoder = Encoder(target.model.encoder)
         # the target's head is certified (read in bf16, decisions exact) from <|endoftext|> on, with the tokens
-        # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where the CPU
-        # has native bf16 products: decoder.py)
+        # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where a bf16
+        # product runs it: head.approximate_product)
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
         # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds the
         # decoders' audio keys/values in bf16 where `int8.bf16_audio_usable` says so (target and draft alike: a

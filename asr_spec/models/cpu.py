@@ -278,13 +278,23 @@ def audio_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool =
     return "bfloat16" if bf16_audio_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
 
 
+def decoder_weights(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
+    """The dtype the target decoder's step reads its weights in: "bfloat16" where `engine.int8.bf16_weights_usable`
+    says so (its one decision: the `INT8` precision's fp32 decoder, `int8_asked`, on the thin kernel's products),
+    else the dtype's name."""
+    from asr_spec.engine.int8 import bf16_weights_usable
+
+    return "bfloat16" if bf16_weights_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
+
+
 def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> dict[str, object]:
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU its
     capabilities (`CpuCapabilities.as_dict`), its decoder's attention (`attention_path`), its encoder's products
     (`encoder_products`; `int8_asked`: the model's encoder was marked by the `INT8` precision,
-    `engine.int8.requested`), its encoder's attention (`encoder_attention`) and its audio keys/values
-    (`audio_precision`). In bf16 the row invariance: "by_construction" where the kernel extension's products run
-    (then "rows" is None: any number), else the probe's rows and queries."""
+    `engine.int8.requested`), its encoder's attention (`encoder_attention`), its audio keys/values
+    (`audio_precision`) and its decoder's weights (`decoder_weights`). In bf16 the row invariance:
+    "by_construction" where the kernel extension's products run (then "rows" is None: any number), else the probe's
+    rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
 
     info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
@@ -294,6 +304,7 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
         info["encoder_products"] = encoder_products(device, dtype, int8_asked)
         info["encoder_attention"] = encoder_attention(device, dtype, int8_asked)
         info["audio_keys_values"] = audio_precision(device, dtype, int8_asked)
+        info["decoder_weights"] = decoder_weights(device, dtype, int8_asked)
         if dtype == torch.bfloat16:
             rows, queries = bf16_row_block()
             by_construction = rows >= ANY_ROWS
@@ -307,7 +318,8 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
     amx-bf16, bfloat16, lossless, attention: cpu kernel" / "cuda:0, float16" (bf16 on a CPU: "lossless" where its
     products are row-invariant, else "up to near-ties"; on a CPU, the attention path, then ", encoder products
     int8" where the encoder's products are int8 (", encoder products and attention int8" where its attention is
-    too), and ", audio keys/values bf16" where they are held in bf16 under another dtype)."""
+    too), and ", audio keys/values bf16" where they are held in bf16 under another dtype (", decoder weights and
+    audio keys/values bf16" where the step reads its weights in bf16 too)."""
     info = run_precision(device, dtype, int8_asked)
     if "cpu" not in info:
         return f"{info['device']}, {info['dtype']}"
@@ -318,8 +330,11 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
     if info["encoder_products"] == INT8:
         both = info["encoder_attention"] == INT8
         line += ", encoder products and attention int8" if both else ", encoder products int8"
-    if info["dtype"] != "bfloat16" and info["audio_keys_values"] == "bfloat16":
-        line += ", audio keys/values bf16"
+    if info["dtype"] != "bfloat16":
+        held = (("decoder weights", "decoder_weights"), ("audio keys/values", "audio_keys_values"))
+        parts = [name for name, key in held if info[key] == "bfloat16"]
+        if parts:
+            line += f", {' and '.join(parts)} bf16"
     return line
 
 
