@@ -6,8 +6,9 @@ A decode step reads the whole (V, d_model) head: whisper-base's is 106 MB in fp3
 step reads. `CertifiedHead` reads the text tokens' rows in bf16 (half the bytes) and then proves, per position,
 that every decision Whisper's rules and the argmax take is the one the fp32 logits give. Its bf16 product is
 `approximate_product`'s: oneDNN's where bf16 products are native (the rows rounded to bf16 too), else the thin
-kernel's fp32 rows over bf16 panels (`cpu_linear.h`'s `MixedPanels`: on an AVX2-only EPYC, 2 cores, whisper-base's
-head 2.66 against 4.70 ms at 8 rows and 1.36 against 3.54 ms at 1 row, fp32 panels; docs/cpu.md):
+kernel's fp32 rows over bf16 panels (`cpu_linear.h`'s `MixedPanels`; on an AVX2-only EPYC, 2 cores, the product
+alone 2.45 against the fp32 head's 3.40 ms at 8 rows, the certified head's candidates and copies adding ~1.6 ms; the
+steps of `--dtype float32` at batch 8 1.10x faster with it, even at batch 1: docs/cpu.md):
 
 - exact (fp32) logits for the special and timestamp tokens (ids >= `exact_from`) and for `protected` text
   tokens (those a rule masks by id: suppress_tokens, begin_suppress_tokens);
