@@ -7,11 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from asr_spec.engine import DecodeOptions
 from asr_spec.errors import InputError
 from asr_spec.models import cpu as cpu_module
-from asr_spec.models.cpu import parse_cpu_flags
+from asr_spec.models.cpu import parse_cpu_flags, resolve_precision
 from asr_spec.models.presets import (
     DEFAULT_PRESET,
     ModelPlan,
@@ -35,8 +36,9 @@ def test_shipped_presets() -> None:
     assert (v3.model, v3.draft, v3.chunk_length_s) == ("openai/whisper-large-v3", "distil-whisper/distil-large-v3", 25)
     base = load_preset("base")
     assert base.model == "embedded:whisper-base" and base.draft == str(REPO / "drafts" / "whisper-base-2l")
-    # on a CPU its draft decodes runs of <= 4 rows, <= 8 in native bf16 (AMX, AVX-512-BF16)
-    assert base.draft_optional and base.cpu_draft_max_rows == {"amx-bf16": 8, "avx512-bf16": 8, "fp32": 4}
+    # on a CPU its draft decodes runs of <= 4 rows, 1 in the int8 precision, <= 8 in native bf16 (AMX, AVX-512-BF16)
+    assert base.draft_optional
+    assert base.cpu_draft_max_rows == {"amx-bf16": 8, "avx512-bf16": 8, "int8": 1, "fp32": 4}
     distilled = load_preset("base-distilled")
     assert distilled.draft == base.draft  # relative to configs/, resolved
     tiny = load_preset("tiny.en")
@@ -65,7 +67,9 @@ def test_preset_draft_on_cuda_and_on_cpu_where_measured_to_pay(caplog) -> None:
         assert plan.draft is None and plan.draft_max_rows is None
         assert "greedy on cpu" in caplog.text
         assert plan_models(distilled, "cuda") == ModelPlan(distilled.model, distilled.draft, "auto", None, None)
-        assert plan_models(base, "cpu").draft == base.draft and plan_models(base, "cpu").draft_max_rows == 4
+        auto_rows = 1 if resolve_precision("auto", torch.device("cpu")) == "int8" else 4  # int8 on AVX2 here
+        assert plan_models(base, "cpu").draft == base.draft and plan_models(base, "cpu").draft_max_rows == auto_rows
+        assert plan_models(base, "cpu", {"dtype": "int8"}).draft_max_rows == 1
         amx = parse_cpu_flags("avx2 avx512_bf16 amx_bf16")  # bf16 asked for there: the draft up to batch 8
         assert plan_models(base, "cpu", {"dtype": "bfloat16"}, cpu=amx).draft_max_rows == 8
         with pytest.MonkeyPatch.context() as patch:  # auto: bf16 where the probe finds bf16 lossless, else fp32
@@ -181,8 +185,13 @@ def test_the_cpu_draft_decision_follows_the_decode_class(monkeypatch) -> None:
     assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=amx).draft_max_rows == 8  # amx-bf16
     assert plan_models(table, "cpu", cpu=amx).draft_max_rows == 2  # auto -> fp32
     assert plan_models(table, "cpu", {"dtype": "float32"}, cpu=amx).draft_max_rows == 2
-    assert plan_models(table, "cpu", cpu=zen2).draft_max_rows == 2  # auto -> fp32
+    assert plan_models(table, "cpu", cpu=zen2).draft_max_rows == 2  # auto -> int8 or fp32: fp32's row
     assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=zen2).draft_max_rows == 2  # emulated bf16
+    # the int8 precision: its own row where the table has one, else fp32's
+    assert plan_models(table, "cpu", {"dtype": "int8"}, cpu=zen2).draft_max_rows == 2
+    with_int8 = replace(table, cpu_draft_max_rows={"int8": 1, "fp32": 2})
+    assert plan_models(with_int8, "cpu", {"dtype": "int8"}, cpu=zen2).draft_max_rows == 1
+    assert plan_models(with_int8, "cpu", {"dtype": "float32"}, cpu=zen2).draft_max_rows == 2
     assert plan_models(table, "cpu", {"dtype": "bfloat16"}, cpu=zen4).draft is None  # avx512-bf16 left out: greedy
     assert plan_models(table, "cuda", cpu=zen4).draft == "d"  # CUDA: every run, whatever the CPU
     one = Preset("p", "embedded:whisper-base", draft="d", cpu_draft_max_rows=3)
@@ -201,6 +210,9 @@ def test_the_draft_length_follows_the_decode_class(monkeypatch) -> None:
     assert plan_models(table, "cpu", cpu=amx).num_draft_tokens == 2
     assert plan_models(table, "cpu", {"dtype": "float32"}, cpu=amx).num_draft_tokens == 4
     assert plan_models(table, "cpu", cpu=zen2).num_draft_tokens == 4
+    assert plan_models(table, "cpu", {"dtype": "int8"}, cpu=zen2).num_draft_tokens == 4  # fp32's K
+    int8_k = replace(table, num_draft_tokens={"int8": 2, "fp32": 4})
+    assert plan_models(int8_k, "cpu", {"dtype": "int8"}, cpu=zen2).num_draft_tokens == 2
     assert plan_models(table, "cuda", cpu=amx).num_draft_tokens is None
     assert plan_models(replace(table, num_draft_tokens={"fp32": 4}), "cpu", cpu=amx).num_draft_tokens is None
     plain = replace(table, num_draft_tokens=5)

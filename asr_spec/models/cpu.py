@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -340,12 +341,26 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
 
 # The classes a CPU run's draft decision is keyed by (`presets.plan_models`): where a verify pass of K+1 tokens
 # costs about what a 1-token step does (bf16 on native bf16 products: memory-bound up to several rows, as on a GPU)
-# and where it does not (fp32, or bf16 emulated: compute-bound from a few rows on).
-DECODE_CLASSES = ("amx-bf16", "avx512-bf16", "fp32")
+# and where it does not (fp32, or bf16 emulated: compute-bound from a few rows on); "int8", the `INT8` precision's
+# fp32 decoder over bf16 weights, between them: its verify pass as compute-bound as fp32's, its 1-token step
+# cheaper, so the draft pays over fewer rows (docs/cpu.md). A table without "int8" gives it the "fp32" entry.
+DECODE_CLASSES = ("amx-bf16", "avx512-bf16", INT8, "fp32")
 
 
-def decode_class(dtype: torch.dtype, cpu: CpuCapabilities | None = None) -> str:
-    """The decode class of a CPU run in `dtype`: the CPU's class when it decodes in bf16 on native bf16 products,
-    "fp32" otherwise (fp32, or a half precision without native products). cpu: None = this machine's."""
+def decode_class(precision: str | torch.dtype, cpu: CpuCapabilities | None = None) -> str:
+    """The decode class of a CPU run in `precision` (`resolve_precision`'s, or a torch dtype): "int8" for the
+    `INT8` precision, the CPU's class when it decodes in bf16 on native bf16 products, "fp32" otherwise (fp32, or a
+    half precision without native products). cpu: None = this machine's."""
+    if precision == INT8:
+        return INT8
+    dtype = precision if isinstance(precision, torch.dtype) else torch_dtype(precision)
     caps = detect_cpu() if cpu is None else cpu
     return caps.cpu_class if dtype == torch.bfloat16 and caps.native_bf16 else "fp32"
+
+
+def class_entry(table: Mapping[str, int], run_class: str) -> int | None:
+    """A {decode class: value} table's entry for `run_class` (None where it has none); the "int8" class takes the
+    "fp32" entry where the table has no "int8" one (its decoder is fp32)."""
+    if run_class in table:
+        return table[run_class]
+    return table.get("fp32") if run_class == INT8 else None

@@ -14,8 +14,8 @@ file. Its keys (every one optional except ``model``; an unknown key is an error,
                       batch size, or fewer chunks), larger runs are greedy (0, the default: greedy on a CPU unless
                       a draft is asked for); one number for every CPU run, or a table by decode class
                       (`asr_spec.models.cpu.DECODE_CLASSES`: "amx-bf16", "avx512-bf16" for bf16 runs on those
-                      CPUs, "fp32" for the rest), e.g. { amx-bf16 = 8, avx512-bf16 = 8, fp32 = 4 }; a class left
-                      out is 0
+                      CPUs, "int8" for the int8 precision's runs, "fp32" for the rest), e.g. { amx-bf16 = 8,
+                      avx512-bf16 = 8, int8 = 1, fp32 = 4 }; a class left out is 0 ("int8" left out: fp32's)
     chunk_length_s    seconds per window, at most 30
     stride_length_s   seconds of context per side, or [left, right]
     num_draft_tokens  draft tokens proposed per step (K); one number, or a table by decode class as
@@ -61,7 +61,7 @@ import torch
 
 from asr_spec.checks import int_at_least
 from asr_spec.errors import InputError
-from asr_spec.models.cpu import DECODE_CLASSES, DTYPES, CpuCapabilities, decode_class, resolve_dtype
+from asr_spec.models.cpu import DECODE_CLASSES, DTYPES, CpuCapabilities, class_entry, decode_class, resolve_precision
 
 __all__ = ["DEFAULT_PRESET", "ModelPlan", "Preset", "available_presets", "load_preset", "plan_models",
            "presets_dir"]
@@ -114,7 +114,10 @@ class Preset:
     def cpu_draft_rows(self, decode_class: str) -> int:
         """`cpu_draft_max_rows` for a CPU run of `decode_class` (`asr_spec.models.cpu.decode_class`)."""
         rows = self.cpu_draft_max_rows
-        return rows if isinstance(rows, int) else rows.get(decode_class, 0)
+        if isinstance(rows, int):
+            return rows
+        entry = class_entry(rows, decode_class)
+        return 0 if entry is None else entry
 
     def draft_tokens(self, decode_class: str | None) -> int | None:
         """The K of a `num_draft_tokens` table for a run of `decode_class` (None: not a CPU run); None where the
@@ -122,7 +125,7 @@ class Preset:
         k = self.num_draft_tokens
         if not isinstance(k, Mapping) or decode_class is None:
             return None
-        return k.get(decode_class)
+        return class_entry(k, decode_class)
 
     def draft_or_none(self) -> str | None:
         """The draft to load; None when there is none, or (with a one-line warning) when an optional draft
@@ -168,7 +171,7 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
     """
     overrides = {} if overrides is None else overrides
     dtype = overrides.get("dtype", preset.dtype)
-    run_class = (decode_class(resolve_dtype(dtype, torch.device("cpu"), cpu), cpu) if device_type == "cpu"
+    run_class = (decode_class(resolve_precision(dtype, torch.device("cpu"), cpu), cpu) if device_type == "cpu"
                  else None)
     cpu_rows = 0
     if run_class is not None and not ({"draft", "model"} & set(overrides)) and not every_run:
