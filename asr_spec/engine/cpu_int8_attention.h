@@ -113,10 +113,13 @@ struct Packed {
   std::vector<int8_t> values;            // ceil(d / COLS) panels of COLS channels x value_quads quads of keys
   std::vector<float> value_scales;       // (d rounded up to COLS)
 
+  // the keys as the value panels and the softmax numerators hold them: n rounded up to whole quads
+  int64_t padded_keys() const { return value_quads * QUAD; }
+
   Packed(const float* k, const float* v, int64_t ld, int64_t n_, int64_t d_)
       : n(n_), d(d_), key_quads(d_ / QUAD), value_quads(round_up(n_, QUAD) / QUAD),
         keys(round_up(n_, COLS) * d_, 0), key_sums(round_up(n_, COLS), 0), key_scales(round_up(n_, COLS), 1.0f),
-        values(round_up(d_, COLS) * round_up(n_, QUAD), 0), value_scales(round_up(d_, COLS), 1.0f) {
+        values(round_up(d_, COLS) * padded_keys(), 0), value_scales(round_up(d_, COLS), 1.0f) {
     for (int64_t i = 0; i < n; ++i) {  // keys: per key
       const float top = cpu_int8::abs_max(k + i * ld, d);
       const float inv = top > 0.0f ? KEY_LEVELS / top : 0.0f;
@@ -183,7 +186,7 @@ inline int32_t prob_levels(const float* e, int64_t n, uint8_t* p, int64_t padded
 // scores: ROWS x round_up(n, COLS) fp32; probs: ROWS x value_quads * QUAD u8; qu8: ROWS x d u8.
 inline void attend_block(const Packed& kv, const float* q, int64_t ldq, int64_t rows, float scale, float* out,
                          int64_t ldo, float* scores, uint8_t* probs, uint8_t* qu8) {
-  const int64_t n = kv.n, d = kv.d, n_cols = round_up(n, COLS), n_quads = kv.value_quads * QUAD;
+  const int64_t n = kv.n, d = kv.d, n_cols = round_up(n, COLS), n_quads = kv.padded_keys();
   float q_scale[ROWS];
   const uint8_t* qrows[ROWS];
   for (int64_t r = 0; r < ROWS; ++r) {
@@ -248,7 +251,8 @@ inline at::Tensor encoder_attention_int8(const at::Tensor& q, const at::Tensor& 
       made[w] = std::make_unique<Packed>(kp + offset, vp + offset, ld, n, d);
     }
   });
-  const int64_t blocks = (n + ROWS - 1) / ROWS, n_cols = round_up(n, COLS), n_quads = round_up(n, QUAD);
+  // every window's head has the same n keys: the first one's padding is theirs
+  const int64_t blocks = (n + ROWS - 1) / ROWS, n_cols = round_up(n, COLS), n_quads = made[0]->padded_keys();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, b * heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(ROWS * n_cols);
