@@ -16,6 +16,7 @@ with like.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -112,8 +113,12 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
         engines: list = []
         timed = [sf.rates_around(lambda: sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner(), engines),
                                  lambda: sf.machine_rates(device, target.dtype)) for _ in range(rounds)]
-        audio = engines[0].target_dec.audio_dtype.itemsize  # 2 where the int8 precision holds the audio in bf16
-        floors = [sf.step_floor_ms(target, b, 1, n_keys, r, audio_itemsize=audio)["floor_ms"] for _, r in timed]
+        dec = engines[0].target_dec
+        audio = dec.audio_dtype.itemsize  # 2 where the int8 precision holds the audio in bf16
+        weights = 2 if dec.bf16_weights else None  # the int8 precision's bf16 weights, its head's too
+        floor = functools.partial(sf.step_floor_ms, audio_itemsize=audio, weight_itemsize=weights,
+                                  head_itemsize=weights)
+        floors = [floor(target, b, 1, n_keys, r)["floor_ms"] for _, r in timed]
         ratios = [ms / floor for (ms, _), floor in zip(timed, floors)]
         rates = {key: statistics.median(r[key] for _, r in timed) for key in timed[0][1]}
         line["read_GB_s"] = [round(r["read_GB_s"], 1) for _, r in timed]
@@ -126,8 +131,8 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
             line["greedy_floor_bf16_head_ms"] = sf.step_floor_ms(target, b, 1, n_keys, rates, 2, audio)["floor_ms"]
             line["greedy_vs_bf16_head_floor"] = line["greedy_ms"] / line["greedy_floor_bf16_head_ms"]
             line["head_fallback"] = f"{head.n_fallback}/{head.n_rows}"
-        line["stages"] = stage_table(target, engines[0].target_dec, enc, b, n_keys, rates, line["greedy_ms"],
-                                     2 if head is not None else None)
+        line["stages"] = stage_table(target, dec, enc, b, n_keys, rates, line["greedy_ms"],
+                                     2 if head is not None or weights else None, weights)
         if compile_step:
             t0 = time.perf_counter()
             runner = sf.inductor_runner()
@@ -136,13 +141,12 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
             line["inductor_run_s_incl_compile"] = time.perf_counter() - t0
         if draft is not None:
             line[f"spec_k{k}_ms"] = sf.step_ms(target, draft, enc, b, n_new, k, sf.TimedRunner())
-            line[f"verify_k{k}_floor_ms"] = sf.step_floor_ms(target, b, k + 1, n_keys, rates,
-                                                             audio_itemsize=audio)["floor_ms"]
+            line[f"verify_k{k}_floor_ms"] = floor(target, b, k + 1, n_keys, rates)["floor_ms"]
         print(json.dumps({key: (round(v, 2) if isinstance(v, float) else v) for key, v in line.items()}), flush=True)
 
 
 def stage_table(target, dec, enc, batch: int, n_keys: int, rates: dict[str, float], greedy_ms: float,
-                head_itemsize: int | None) -> dict[str, list[float]]:
+                head_itemsize: int | None, weight_itemsize: int | None = None) -> dict[str, list[float]]:
     """{stage: [ms, floor ms, ratio]} of a greedy step at `batch` rows, a row ~48 tokens in (`step_floor.stage_ms`
     next to `stage_floor_ms`: each stage through the decoder's Python methods, one by one); "layers": every layer
     as the step runs them (`step_floor.layers_ms`: in one extension call where the decoder has its `layer_loop`,
@@ -151,7 +155,8 @@ def stage_table(target, dec, enc, batch: int, n_keys: int, rates: dict[str, floa
     from benchmarks import step_floor as sf
 
     measured = sf.stage_ms(dec, enc, batch, n_keys - 16, n_keys)
-    floors = sf.stage_floor_ms(target, batch, n_keys, rates["read_GB_s"], head_itemsize, dec.audio_dtype.itemsize)
+    floors = sf.stage_floor_ms(target, batch, n_keys, rates["read_GB_s"], head_itemsize, dec.audio_dtype.itemsize,
+                               weight_itemsize)
     table = {name: [round(measured[name], 2), round(floors[name], 2), round(measured[name] / floors[name], 2)]
              for name in sf.STAGES}
     layers = sf.layers_ms(dec, enc, batch, n_keys - 16, n_keys)

@@ -51,21 +51,38 @@ def rates_around(measure, rates_of) -> tuple[object, dict[str, float]]:
     return result, {key: (before[key] + after[key]) / 2 for key in before}
 
 
+def module_bytes(modules, esize: int, weight_itemsize: int | None = None, skip: frozenset[int] = frozenset()) -> int:
+    """Bytes the parameters of `modules` take when read: the linear layers' weights at `weight_itemsize` (None:
+    `esize`; 2 for the int8 precision's bf16 weights, `Decoder.bf16_weights`), every other parameter (biases,
+    LayerNorms) at `esize`; parameters whose id is in `skip` left out."""
+    total = 0
+    for module in modules:
+        for sub in module.modules():
+            for name, p in sub.named_parameters(recurse=False):
+                if id(p) not in skip:
+                    linear_weight = isinstance(sub, torch.nn.Linear) and name == "weight"
+                    total += p.numel() * ((weight_itemsize or esize) if linear_weight else esize)
+    return total
+
+
 def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str, float],
-                  head_itemsize: int | None = None, audio_itemsize: int | None = None) -> dict[str, float]:
+                  head_itemsize: int | None = None, audio_itemsize: int | None = None,
+                  weight_itemsize: int | None = None) -> dict[str, float]:
     """Roofline floor of one target pass feeding `window` tokens per row over `n_keys` self-attention keys.
-    head_itemsize: bytes per head weight read (default the model's: 2 for the certified bf16 head);
-    audio_itemsize: bytes per audio key/value element (default the model's: 2 for the int8 precision's bf16 audio,
-    `Decoder.audio_dtype`)."""
+    head_itemsize: bytes per head weight read (default the model's: 2 for the certified bf16 head or the int8
+    precision's bf16 weights); audio_itemsize: bytes per audio key/value element (default the model's: 2 for the
+    int8 precision's bf16 audio, `Decoder.audio_dtype`); weight_itemsize: bytes per layer weight (`module_bytes`)."""
     dec = target.model.decoder
     d, esize = target.config.d_model, target.dtype.itemsize
     n_layers, n_audio = len(dec.layers), target.config.max_source_positions
     # the cross-attention key/value projections run once per chunk at admission, not in a step: not counted
-    per_chunk = {id(p) for layer in dec.layers for proj in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)
-                 for p in proj.parameters()}
+    per_chunk = frozenset(id(p) for layer in dec.layers for proj in (layer.encoder_attn.k_proj,
+                                                                     layer.encoder_attn.v_proj)
+                          for p in proj.parameters())
     layer_params = sum(p.numel() for layer in dec.layers for p in layer.parameters() if id(p) not in per_chunk)
     head_params = target.proj_out.weight.numel()
-    weight_bytes = layer_params * esize + head_params * (head_itemsize or esize)
+    weight_bytes = (module_bytes(dec.layers, esize, weight_itemsize, per_chunk)
+                    + head_params * (head_itemsize or esize))
     cache_bytes = batch * n_layers * 2 * (n_audio * (audio_itemsize or esize) + n_keys * esize) * d
     tokens = batch * window
     flops = 2 * (layer_params + head_params) * tokens + tokens * n_layers * 2 * 2 * (n_audio + n_keys) * d
@@ -176,31 +193,32 @@ def layers_ms(dec, enc: torch.Tensor, batch: int, n_pos: int, n_keys: int, repea
 
 
 def stage_floor_ms(target, batch: int, n_keys: int, read_GB_s: float, head_itemsize: int | None = None,
-                   audio_itemsize: int | None = None) -> dict[str, float]:
+                   audio_itemsize: int | None = None, weight_itemsize: int | None = None) -> dict[str, float]:
     """Each stage's bytes-read floor for a 1-token pass at `batch` rows, n_keys self-attention keys per row (the
     real lengths' bucket), in ms at `read_GB_s`: the stage's weights (LayerNorm included) once, plus per row the
     self-attention cache (n_keys keys and values) or the audio keys and values. Cross-attention's key/value
-    projections are not counted (once per chunk, at admission); head_itemsize, audio_itemsize as in
-    `step_floor_ms`."""
+    projections are not counted (once per chunk, at admission); head_itemsize, audio_itemsize, weight_itemsize as
+    in `step_floor_ms`."""
     dec = target.model.decoder
     d, esize = target.config.d_model, target.dtype.itemsize
     n_audio = target.config.max_source_positions
 
-    def params(*modules) -> int:
-        return sum(p.numel() for module in modules for p in module.parameters())
+    def params(*modules) -> int:  # bytes
+        return module_bytes(modules, esize, weight_itemsize)
 
     per_layer = {"self_attention": [], "cross_attention": [], "mlp": []}
     for layer in dec.layers:
         xattn = layer.encoder_attn
-        per_layer["self_attention"].append(params(layer.self_attn, layer.self_attn_layer_norm) * esize
+        per_layer["self_attention"].append(params(layer.self_attn, layer.self_attn_layer_norm)
                                            + batch * 2 * n_keys * d * esize)
         per_layer["cross_attention"].append(params(xattn.q_proj, xattn.out_proj, layer.encoder_attn_layer_norm)
-                                            * esize + batch * 2 * n_audio * d * (audio_itemsize or esize))
-        per_layer["mlp"].append(params(layer.fc1, layer.fc2, layer.final_layer_norm) * esize)
+                                            + batch * 2 * n_audio * d * (audio_itemsize or esize))
+        per_layer["mlp"].append(params(layer.fc1, layer.fc2, layer.final_layer_norm))
     bytes_read = {name: sum(v) for name, v in per_layer.items()}
-    bytes_read["head"] = target.proj_out.weight.numel() * (head_itemsize or esize) + params(dec.layer_norm) * esize
+    bytes_read["head"] = (target.proj_out.weight.numel() * (head_itemsize or esize)
+                          + module_bytes([dec.layer_norm], esize))
     return {name: b / (read_GB_s * 1e9) * 1e3 for name, b in bytes_read.items()}
 
 
-__all__ = ["machine_rates", "rates_around", "step_floor_ms", "step_ms", "stage_ms", "layers_ms", "stage_floor_ms",
-           "STAGES", "TimedRunner", "inductor_runner", "step"]
+__all__ = ["machine_rates", "rates_around", "module_bytes", "step_floor_ms", "step_ms", "stage_ms", "layers_ms",
+           "stage_floor_ms", "STAGES", "TimedRunner", "inductor_runner", "step"]

@@ -10,17 +10,26 @@ from asr_spec.testing import random_whisper
 from benchmarks import step_floor as sf
 
 
-def test_the_stage_floors_add_up_to_the_step_floor():
+@pytest.mark.parametrize("weight_itemsize", [None, 2])
+def test_the_stage_floors_add_up_to_the_step_floor(weight_itemsize):
     """The same bytes split by stage: weights and caches of every layer, the head; the stages count the final
-    LayerNorm besides (the step floor leaves it out)."""
+    LayerNorm besides (the step floor leaves it out); with bf16 weights (the int8 precision's) too."""
     model = random_whisper("test")
     rates = {"read_GB_s": 2.0, "matmul_GFLOP_s": 1e9}  # memory-bound: the floor is the bytes' time
     for batch, n_keys in ((1, 32), (8, 64)):
-        stages = sf.stage_floor_ms(model, batch, n_keys, rates["read_GB_s"])
-        step = sf.step_floor_ms(model, batch, 1, n_keys, rates)
+        stages = sf.stage_floor_ms(model, batch, n_keys, rates["read_GB_s"], weight_itemsize=weight_itemsize)
+        step = sf.step_floor_ms(model, batch, 1, n_keys, rates, weight_itemsize=weight_itemsize)
         final_norm = sum(p.numel() for p in model.model.decoder.layer_norm.parameters()) * 4 / 2e9 * 1e3
         assert sum(stages.values()) == pytest.approx(step["mem_ms"] + final_norm, rel=1e-9)
         assert set(stages) == set(sf.STAGES)
+
+
+def test_bf16_weights_count_two_bytes_a_linear_weight_and_four_the_rest():
+    layer = random_whisper("test").model.decoder.layers[0]
+    linear = sum(m.weight.numel() for m in layer.modules() if isinstance(m, torch.nn.Linear))
+    rest = sum(p.numel() for p in layer.parameters()) - linear
+    assert sf.module_bytes([layer], 4) == 4 * (linear + rest)
+    assert sf.module_bytes([layer], 4, 2) == 2 * linear + 4 * rest
 
 
 def test_every_stage_is_timed_through_the_decoder():
