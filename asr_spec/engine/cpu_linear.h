@@ -81,6 +81,23 @@ struct Fp32Panels {
   }
 };
 
+// One pair step over bf16 panels without vdpbf16ps: each half of a pair (k, k + 1) widened to fp32 (a shift or a
+// mask) and added by a fused multiply-add, the even k first; x's two elements as fp32 (X float or bf16).
+template <int64_t R, typename X>
+inline void widened_pairs(const X* x, int64_t ldx, const cpu_attention::bf16* w, vec (&acc)[R][2]) {
+  using namespace cpu_attention;
+  vec e0 = even_half(w), o0 = odd_half(w), e1 = even_half(w + 2 * L), o1 = odd_half(w + 2 * L);
+  in_register(e0);
+  in_register(o0);
+  in_register(e1);
+  in_register(o1);
+  for (int64_t r = 0; r < R; ++r) {
+    const vec xe = set1(static_cast<float>(x[r * ldx])), xo = set1(static_cast<float>(x[r * ldx + 1]));
+    acc[r][0] = vfma(xo, o0, vfma(xe, e0, acc[r][0]));
+    acc[r][1] = vfma(xo, o1, vfma(xe, e1, acc[r][1]));
+  }
+}
+
 // bf16: W (ceil(K / 2), NB, 2) a panel, k in pairs (2i, 2i + 1) side by side, one pair a step. With AVX-512-BF16
 // one vdpbf16ps a lane (both products exact, summed in the instruction's fixed order); elsewhere each half of a
 // pair widened to fp32 (a shift or a mask) and added by a fused multiply-add, the even k first.
@@ -101,41 +118,22 @@ struct Bf16Panels {
       acc[r][1] = vdot(xr, w1, acc[r][1]);
     }
 #else
-    vec e0 = even_half(w), o0 = odd_half(w), e1 = even_half(w + 2 * L), o1 = odd_half(w + 2 * L);
-    in_register(e0);
-    in_register(o0);
-    in_register(e1);
-    in_register(o1);
-    for (int64_t r = 0; r < R; ++r) {
-      const vec xe = set1(static_cast<float>(x[r * ldx])), xo = set1(static_cast<float>(x[r * ldx + 1]));
-      acc[r][0] = vfma(xo, o0, vfma(xe, e0, acc[r][0]));
-      acc[r][1] = vfma(xo, o1, vfma(xe, e1, acc[r][1]));
-    }
+    widened_pairs<R>(x, ldx, w, acc);
 #endif
   }
 };
 
-// fp32 rows over bf16 panels (the certified head's text rows: half the bytes of fp32 weights, the rows not
-// rounded): W as Bf16Panels, each half of a pair widened to fp32 and added by a fused multiply-add, the even k
-// first, x's fp32 elements broadcast from memory (no conversion, no shuffle: on AVX2 the products stay bound by the
-// multiply-adds, not by the bf16 rows' broadcasts).
+// fp32 rows over bf16 panels (the int8 precision's decoder weights, the certified head's text rows without native
+// bf16: half the bytes of fp32 weights, the rows not rounded): W as Bf16Panels, `widened_pairs` with x's fp32
+// elements broadcast straight from memory (no conversion, no shuffle: on AVX2 the products stay bound by the
+// multiply-adds, not by the rows' broadcasts as bf16 rows are).
 struct MixedPanels {
   using X = float;
   using W = cpu_attention::bf16;
   static constexpr int64_t STEP = 2;
   template <int64_t R>
   static inline void step(const X* x, int64_t ldx, const W* w, vec (&acc)[R][2]) {
-    using namespace cpu_attention;
-    vec e0 = even_half(w), o0 = odd_half(w), e1 = even_half(w + 2 * L), o1 = odd_half(w + 2 * L);
-    in_register(e0);
-    in_register(o0);
-    in_register(e1);
-    in_register(o1);
-    for (int64_t r = 0; r < R; ++r) {
-      const vec xe = set1(x[r * ldx]), xo = set1(x[r * ldx + 1]);
-      acc[r][0] = vfma(xo, o0, vfma(xe, e0, acc[r][0]));
-      acc[r][1] = vfma(xo, o1, vfma(xe, e1, acc[r][1]));
-    }
+    widened_pairs<R>(x, ldx, w, acc);
   }
 };
 
