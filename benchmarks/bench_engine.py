@@ -247,7 +247,9 @@ def main() -> None:
             drafts = {"target-as-draft": decoder_draft(target), "first+last-cut": decoder_draft(target, [0, last])}
         else:
             raise SystemExit(f"unknown shape {shape!r}")
-        if precision == INT8:  # as the loader marks a loaded model: int8 encoder products, bf16 audio keys/values
+        # the int8 precision: a random model marked as the loader marks a loaded one (real-base, already marked):
+        # int8 encoder products, the decoder's audio keys/values and weights in bf16
+        if precision == INT8 and shape != "real-base":
             int8.request(target.model.encoder)
         if args.steps:
             bench_steps(shape, target.eval(), list(drafts.values())[-1], batch_sizes, args.new_tokens, device,
