@@ -14,6 +14,7 @@ same bits only up to 4 rows, that is what makes bf16 decoding lossless (docs/cpu
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from asr_spec.engine import cpu_attention
 from asr_spec.engine.kernels import shared
 
-__all__ = ["PANEL_DTYPES", "Panels", "fused_linear_usable", "linear", "pack_panels", "pack_panels_bf16"]
+__all__ = ["PANEL_DTYPES", "Panels", "fused_linear_usable", "linear", "pack_panels", "pack_panels_bf16", "packers"]
 
 # the dtypes the kernel's panels come in
 PANEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -102,6 +103,13 @@ def repack_bf16(weight: torch.Tensor) -> Panels:
 def pack_panels_bf16(weight: torch.Tensor) -> Panels:
     """`repack_bf16(weight)`, made once per weight tensor and shared (`kernels.shared`)."""
     return shared("panels-bf16", (weight,), functools.partial(repack_bf16, weight))
+
+
+def packers(bf16: bool) -> tuple[Callable[[torch.Tensor], Panels], Callable[[torch.Tensor], Panels]]:
+    """(pack, repack) for a decoder's thin products: `pack_panels` / `repack`, or their bf16 copies where `bf16`
+    (`int8.bf16_weights_usable`): the shared packing of a weight tensor, and the unshared one of a tensor derived
+    from several (`kernels.shared` keys the latter by it)."""
+    return (pack_panels_bf16, repack_bf16) if bf16 else (pack_panels, repack)
 
 
 def linear(x: torch.Tensor, weight: Panels, bias: torch.Tensor | None, post: str = "none",

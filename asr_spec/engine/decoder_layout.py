@@ -92,11 +92,10 @@ class DecoderLayout:
         if not packs:
             step_layers += [proj for layer in self.layers for proj in (
                 layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.encoder_attn.q_proj)]
-        if self.thin and self.bf16_weights:  # bf16 copies under fp32 rows (`int8.bf16_weights_usable`)
-            weight_of, repack = cpu_linear.pack_panels_bf16, cpu_linear.repack_bf16
+        if self.thin:  # bf16 copies under fp32 rows where `bf16_weights`
+            weight_of, repack = cpu_linear.packers(self.bf16_weights)
         else:
-            weight_of = cpu_linear.pack_panels if self.thin else pack if packed else (lambda w: w)
-            repack = cpu_linear.repack if self.thin else reorder
+            weight_of, repack = pack if packed else (lambda w: w), reorder
         self.weights = {proj: weight_of(proj.weight) for proj in step_layers}
         self.qkv = [fused_qkv(layer.self_attn, self.scaling, repack) for layer in self.layers] if packs else None
         self.cross_q = ([scaled(layer.encoder_attn.q_proj, self.scaling, repack) for layer in self.layers]

@@ -163,10 +163,7 @@ def head_rows(weight: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Ten
 def head_packed(weight: torch.Tensor, vocab_ids: torch.Tensor | None, thin: bool, bf16: bool = False) -> object:
     """The head rows packed for oneDNN, or for the thin kernel where `thin` (`cpu_linear`; rounded to bf16 where
     `bf16`: `int8.bf16_weights_usable`), shared per head, vocabulary and packing."""
-    if thin and bf16:
-        pack_thin, repack_thin = cpu_linear.pack_panels_bf16, cpu_linear.repack_bf16
-    else:
-        pack_thin, repack_thin = cpu_linear.pack_panels, cpu_linear.repack
+    pack_thin, repack_thin = cpu_linear.packers(bf16)
     if vocab_ids is None:
         return pack_thin(weight) if thin else pack(weight)
     repack = repack_thin if thin else reorder
