@@ -34,3 +34,28 @@ def test_write_self_touches_only_each_rows_own_positions_in_both_layouts(dtype):
     moved.write_self(0, k[:2], v[:2], positions[:2])
     assert torch.equal(transposed.self_k[0, 1, :, 0], k[0, :, 0]) and not transposed.self_k[0, 0].any()
     assert torch.equal(transposed.self_v[0, 1, :, 0], v[0, :, 0]) and not transposed.self_v[0, 0].any()
+
+
+def test_int8_audio_scales_go_with_their_rows():
+    """An int8 audio cache holds a scale a channel (layer, row, head, head_dim); a rows view, a moved row and rows
+    written from another cache carry theirs, a cache in any other dtype holds none."""
+    cpu = torch.device("cpu")
+    assert KVCache.empty(2, 3, 2, 4, 10, 5, device=cpu, dtype=torch.float32).audio_scales == (None, None)
+    cache = KVCache.empty(2, 4, 2, 4, 10, 5, device=cpu, dtype=torch.float32, audio_dtype=torch.int8,
+                          cross_k_transposed=True, cross_v_transposed=True)
+    assert cache.cross_k.dtype == cache.cross_v.dtype == torch.int8
+    assert cache.cross_k_scales.shape == cache.cross_v_scales.shape == (2, 4, 2, 4)
+    for scales in cache.audio_scales:
+        scales.copy_(torch.arange(4.0)[None, :, None, None].expand_as(scales))  # row r's scales: r
+    view = cache.rows(2, 1)
+    assert float(view.cross_k_scales[0, 0, 0, 0]) == 1.0 and float(view.cross_v_scales[1, 1, 1, 3]) == 2.0
+    view.cross_k_scales[0, 0, 0, 0] = 7.0  # a view: writes reach the cache
+    assert float(cache.cross_k_scales[0, 1, 0, 0]) == 7.0
+    cache.move_row(3, 0, 0)
+    assert bool((cache.cross_k_scales[:, 0] == 3.0).all()) and bool((cache.cross_v_scales[:, 0] == 3.0).all())
+    source = KVCache.empty(2, 2, 2, 4, 10, 5, device=cpu, dtype=torch.float32, audio_dtype=torch.int8)
+    for scales in source.audio_scales:
+        scales.fill_(9.0)
+    cache.write_rows(torch.tensor([1, 3]), source)
+    for scales in cache.audio_scales:
+        assert bool((scales[:, [1, 3]] == 9.0).all()) and bool((scales[:, 2] == 2.0).all())

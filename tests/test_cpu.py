@@ -177,8 +177,9 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
     # the "int8" precision: fp32 weights whose encoder was marked (`int8.requested`)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_products"] == "int8"
-    # ... whose decoder holds the audio's keys/values in bf16 (`int8.bf16_audio_usable`)
-    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["audio_keys_values"] == "bfloat16"
+    # ... whose decoder holds the audio's keys/values in int8 (`int8.audio_dtype`; bf16 where int8 is switched off)
+    monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["audio_keys_values"] == "int8"
     assert cpu.run_precision(cpu_dev, torch.float32)["audio_keys_values"] == "float32"
     # ... and whose encoder attends through int8 products (`int8.int8_attention_usable`)
     monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
@@ -189,8 +190,12 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["decoder_weights"] == "bfloat16"
     assert cpu.run_precision(cpu_dev, torch.float32)["decoder_weights"] == "float32"
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
-        "cpu avx2, float32, attention: cpu kernel, encoder products and attention int8, decoder weights and audio "
-        "keys/values bf16")
+        "cpu avx2, float32, attention: cpu kernel, encoder products and attention int8, decoder weights bf16, audio "
+        "keys/values int8")
+    monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["audio_keys_values"] == "bfloat16"
+    assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True).endswith(
+        ", encoder products and attention int8, decoder weights and audio keys/values bf16")
     monkeypatch.setenv(int8.AUDIO_ENV, "1")
     monkeypatch.setenv(int8.ATTENTION_ENV, "1")
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_attention"] == "float32"

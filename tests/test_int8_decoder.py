@@ -1,8 +1,10 @@
-"""The int8 precision's decoder: fp32, its audio keys/values held in bf16 (`int8.bf16_audio_usable`) and its step's
-weights read in bf16 (`int8.bf16_weights_usable`). The attention kernel under fp32 queries over bf16 keys/values is
-exactly fp32 attention over their widened values (both layouts, ragged counts), a decoder's logits are an fp32
-decoder's over the bf16-rounded audio, and over the bf16-rounded weights, bit for bit (its layer loop and its
-Python loop), the two decisions, and the memory a run needs counting 2 bytes an audio key."""
+"""The int8 precision's decoder: fp32, its audio keys/values held in int8 with a scale a channel (or bf16:
+`int8.audio_dtype`) and its step's weights read in bf16 (`int8.bf16_weights_usable`). The attention kernel under
+fp32 queries over bf16 keys/values is exactly fp32 attention over their widened values (both layouts, ragged
+counts), over int8 ones fp32 attention over their scaled values within fp32 rounding and row-invariant; a
+decoder's logits are an fp32 decoder's over the bf16-rounded audio, and over the bf16-rounded weights, bit for bit
+(its layer loop and its Python loop), over the int8 audio within rounding; the channel quantizer; the decisions;
+and the memory a run needs counting 2 bytes (bf16) or 1 byte and the scales (int8) an audio key."""
 
 from __future__ import annotations
 
@@ -38,26 +40,90 @@ def test_fp32_queries_over_bf16_keys_are_fp32_attention_over_their_values(t, pos
     assert torch.equal(mixed, widened)
 
 
-def test_keys_in_another_dtype_than_the_queries_allow_only_bf16_under_fp32():
+def _int8_store(gen: torch.Generator, b: int, s: int, positions_contiguous: bool):
+    """Keys and values (b, H, s, D) of random channels of unlike sizes, int8 in either layout, their channel scales
+    (b, H, D) and the fp32 values they stand for (int8 x scale)."""
+    raw = torch.randn(2, b, H, D, s, generator=gen) * torch.rand(2, b, H, D, 1, generator=gen) * 4
+    quantized, scales = int8.quantize_channels(raw)
+    values = quantized.float() * scales[..., None]
+    if positions_contiguous:  # (rows, H, D, positions) as the audio's keys/values are stored
+        return quantized.transpose(-1, -2), scales, values.transpose(-1, -2)
+    return quantized.transpose(-1, -2).contiguous(), scales, values.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("positions_contiguous", [True, False])
+@pytest.mark.parametrize("t", [1, 4, 6])
+def test_fp32_queries_over_int8_keys_are_fp32_attention_over_their_scaled_values(t, positions_contiguous):
+    gen = torch.Generator().manual_seed(10 + t)
+    b, s = 3, 203
+    q = torch.randn(b, t, H, D, generator=gen)
+    stored, scales, values = _int8_store(gen, b, s, positions_contiguous)
+    n_seen = torch.randint(1, s + 1, (b, t), generator=gen, dtype=torch.int32)
+    n_seen[0, 0], n_seen[-1, -1] = 1, s
+    out = cpu_attention.attend(q, stored[0], stored[1], n_seen, 0.125, scales[0], scales[1])
+    reference = cpu_attention.attend(q, values[0], values[1], n_seen, 0.125)
+    assert out.dtype == torch.float32
+    # the scales multiply the query before its sums and the output after them: fp32 rounding apart
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+    for row in range(b):  # and a query's output is the one it gets alone (invariant by construction)
+        for i in range(t):
+            alone = cpu_attention.attend(q[row:row + 1, i:i + 1], stored[0, row:row + 1], stored[1, row:row + 1],
+                                         n_seen[row:row + 1, i:i + 1], 0.125, scales[0, row:row + 1],
+                                         scales[1, row:row + 1])
+            assert torch.equal(alone.view(-1), out[row, i])
+
+
+def test_keys_in_another_dtype_than_the_queries_allow_only_bf16_or_int8_under_fp32():
     q = torch.randn(1, 1, H, D).bfloat16()
     keys = torch.randn(1, H, 10, D)
-    with pytest.raises(RuntimeError, match="bfloat16 under float32 queries"):
+    with pytest.raises(RuntimeError, match="bfloat16 or int8 under float32 queries"):
         cpu_attention.attend(q, keys, keys, None, 1.0)
-    with pytest.raises(RuntimeError, match="bfloat16 under float32 queries"):
+    with pytest.raises(RuntimeError, match="bfloat16 or int8 under float32 queries"):
         cpu_attention.attend(q.float(), keys.bfloat16(), keys, None, 1.0)  # keys and values apart
+    with pytest.raises(RuntimeError, match="bfloat16 or int8 under float32 queries"):
+        cpu_attention.attend(q, keys.to(torch.int8), keys.to(torch.int8), None, 1.0)
+
+
+def test_int8_keys_take_their_scales_and_only_they_do():
+    q = torch.randn(1, 1, H, D)
+    keys, scales = torch.zeros(1, H, 10, D, dtype=torch.int8), torch.ones(1, H, D)
+    with pytest.raises(RuntimeError, match="key_scales and value_scales with int8"):
+        cpu_attention.attend(q, keys, keys, None, 1.0)  # int8 without scales
+    with pytest.raises(RuntimeError, match="key_scales and value_scales with int8"):
+        cpu_attention.attend(q, keys.float(), keys.float(), None, 1.0, scales, scales)  # scales without int8
+    with pytest.raises(RuntimeError, match=r"\(B, H, head_dim\) float32"):
+        cpu_attention.attend(q, keys, keys, None, 1.0, scales[..., :-1], scales)
+
+
+def test_the_channel_quantizer():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 40, generator=gen) * torch.tensor([0.01, 1.0, 300.0])[:, None]
+    x[1, 2] = 0.0  # a channel of zeros: scale 1, zeros
+    quantized, scales = int8.quantize_channels(x)
+    assert quantized.dtype == torch.int8 and quantized.shape == x.shape and scales.shape == (2, 3)
+    top = x.abs().amax(-1)
+    torch.testing.assert_close(scales, torch.where(top > 0, top / int8.LEVELS, torch.ones_like(top)))
+    assert int(quantized.abs().max()) == int8.LEVELS
+    assert torch.equal(quantized[1, 2], torch.zeros(40, dtype=torch.int8))
+    # each value rounded to its nearest step
+    assert bool(((quantized.float() * scales[..., None] - x).abs() <= scales[..., None] * 0.5001).all())
 
 
 def test_the_decision(monkeypatch):
     monkeypatch.delenv(int8.AUDIO_ENV, raising=False)
-    assert int8.bf16_audio_usable(CPU, torch.float32, asked=True)
-    assert not int8.bf16_audio_usable(CPU, torch.float32)  # --dtype float32: fp32 audio
-    assert not int8.bf16_audio_usable(CPU, torch.bfloat16, asked=True)  # a bf16 decoder's audio is bf16 anyway
-    assert not int8.bf16_audio_usable(torch.device("cuda"), torch.float32, asked=True)
+    monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
+    assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.int8
+    assert int8.audio_dtype(CPU, torch.float32) == torch.float32  # --dtype float32: fp32 audio
+    assert int8.audio_dtype(CPU, torch.bfloat16, asked=True) == torch.bfloat16  # a bf16 decoder's own
+    assert int8.audio_dtype(torch.device("cuda"), torch.float32, asked=True) == torch.float32
+    monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")
+    assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.bfloat16
     monkeypatch.setenv(int8.AUDIO_ENV, "1")
-    assert not int8.bf16_audio_usable(CPU, torch.float32, asked=True)
+    assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.float32
     monkeypatch.delenv(int8.AUDIO_ENV)
-    monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")  # torch's products would not take bf16 audio
-    assert not int8.bf16_audio_usable(CPU, torch.float32, asked=True)
+    monkeypatch.delenv(int8.INT8_AUDIO_ENV)
+    monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")  # torch's products would not take int8 or bf16 audio
+    assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.float32
 
 
 def test_the_weights_decision(monkeypatch):
@@ -125,6 +191,7 @@ def test_a_decoder_over_bf16_weights_is_fp32_over_the_rounded_weights(monkeypatc
 @pytest.mark.parametrize("layer_loop", [True, False])
 def test_a_decoder_over_bf16_audio_is_fp32_over_the_rounded_audio(monkeypatch, layer_loop):
     monkeypatch.delenv(int8.AUDIO_ENV, raising=False)
+    monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")  # bf16 audio
     monkeypatch.setenv(int8.WEIGHTS_ENV, "1")  # the weights in fp32 in both: only the audio differs
     model = random_whisper("test", seed=2, vocab_size=70, init_std=0.2).eval()
     dec = Decoder(model.model.decoder, model.proj_out, int8_precision=True)
@@ -146,6 +213,49 @@ def test_a_decoder_over_bf16_audio_is_fp32_over_the_rounded_audio(monkeypatch, l
     tokens = torch.tensor([[5, 9, 11], [7, 3, 2]])
     positions = torch.arange(3).expand(2, 3)
     assert torch.equal(dec.forward(cache, tokens, positions, 4), plain.forward(reference, tokens, positions, 4))
+
+
+@pytest.mark.parametrize("layer_loop", [True, False])
+def test_a_decoder_over_int8_audio_is_fp32_over_the_scaled_audio(monkeypatch, layer_loop):
+    """int8 audio keys/values quantized per channel as they are written (`write_audio`), their scales moved with
+    their rows, and the logits an fp32 decoder's over the values they stand for, within fp32 rounding."""
+    for name in (int8.AUDIO_ENV, int8.INT8_AUDIO_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(int8.WEIGHTS_ENV, "1")  # the weights in fp32 in both: only the audio differs
+    model = random_whisper("test", seed=6, vocab_size=70, init_std=0.2).eval()
+    dec = Decoder(model.model.decoder, model.proj_out, int8_precision=True)
+    plain = Decoder(model.model.decoder, model.proj_out)
+    assert dec.audio_dtype == torch.int8 and plain.audio_dtype == torch.float32
+    if not layer_loop:
+        dec.layer_loop = plain.layer_loop = None
+    n_audio = model.config.max_source_positions
+    audio = torch.randn(3, n_audio, model.config.d_model, generator=torch.Generator().manual_seed(7))
+    cache, reference = dec.new_cache(3, 20, n_audio), plain.new_cache(3, 20, n_audio)
+    assert cache.cross_k.dtype == torch.int8 and cache.cross_k_scales.shape == (
+        len(dec.layers), 3, dec.n_heads, dec.head_dim)
+    assert reference.cross_k_scales is None
+    dec.write_audio(cache, audio)
+    plain.write_audio(reference, audio)
+    for stored, scales, fp32 in ((cache.cross_k, cache.cross_k_scales, reference.cross_k),
+                                 (cache.cross_v, cache.cross_v_scales, reference.cross_v)):
+        expected, expected_scales = int8.quantize_channels(fp32.transpose(-1, -2).contiguous())
+        assert torch.equal(stored.transpose(-1, -2), expected) and torch.equal(scales, expected_scales)
+        fp32.copy_(stored.float() * scales[..., None, :])
+    # rows moved keep their scales: row 2 into row 0, as a finished row's slot is refilled
+    cache.move_row(2, 0, 0)
+    reference.move_row(2, 0, 0)
+    tokens = torch.tensor([[5, 9, 11], [7, 3, 2], [1, 4, 6]])
+    positions = torch.arange(3).expand(3, 3)
+    logits = dec.forward(cache, tokens, positions, 4)
+    torch.testing.assert_close(logits, plain.forward(reference, tokens, positions, 4), rtol=1e-4, atol=1e-4)
+
+
+def test_a_runs_memory_counts_one_byte_and_the_scales_an_int8_audio_key():
+    bf16 = memory.DecoderShape(6, 8, 64, 4, audio_bytes=2)
+    compact = memory.DecoderShape(6, 8, 64, 4, audio_bytes=1)
+    saved = (memory.row_bytes(memory.RunShape(bf16, None, 450, 1500, 512, 51865, 0, 0))
+             - memory.row_bytes(memory.RunShape(compact, None, 450, 1500, 512, 51865, 0, 0)))
+    assert saved == 2 * 6 * 8 * 64 * (1500 - 4)  # a byte fewer each, an fp32 scale more a channel
 
 
 def test_a_runs_memory_counts_two_bytes_an_audio_key():

@@ -202,11 +202,11 @@ def test_speculative_equals_greedy_over_an_int8_encoder(int8_kernel, no_amx_tile
     opts = DecodeOptions(language="en", max_new_tokens=24, num_draft_tokens=3)
     greedy_engine = Engine(model, None, opts)
     assert greedy_engine.encoder.int8
-    # the int8 precision's fp32 decoder holds its audio keys/values in bf16 (`int8.bf16_audio_usable`)
-    assert greedy_engine.target_dec.audio_dtype == torch.bfloat16 or dtype == torch.bfloat16
+    # the int8 precision's fp32 decoder holds its audio keys/values in int8 (`int8.audio_dtype`)
+    assert greedy_engine.target_dec.audio_dtype == torch.int8 or dtype == torch.bfloat16
     greedy = greedy_engine.decode(features, None, 2)
     spec_engine = Engine(model, decoder_draft(model, [0]), opts)
-    # and so does its draft (its proposals over bf16 audio; the target verifies them)
+    # and so does its draft (its proposals over int8 audio; the target verifies them)
     assert spec_engine.draft_dec.audio_dtype == greedy_engine.target_dec.audio_dtype
     spec = spec_engine.decode(features, None, 2)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
@@ -245,9 +245,9 @@ def test_the_int8_precision_end_to_end(int8_kernel):
         assert t.target.dtype == torch.float32
         assert t.engine.encoder.int8 == (precision == "int8") == int8.requested(t.target.model.encoder)
         line = precision_line(t.device, t.target.dtype, int8.requested(t.target.model.encoder))
-        int8_line = ", encoder products and attention int8, decoder weights and audio keys/values bf16"
+        int8_line = ", encoder products and attention int8, decoder weights bf16, audio keys/values int8"
         assert line.endswith(int8_line) == (precision == "int8"), line
         assert t.engine.encoder.int8_attention == (precision == "int8")
-        assert (t.engine.target_dec.audio_dtype == torch.bfloat16) == (precision == "int8")
+        assert (t.engine.target_dec.audio_dtype == torch.int8) == (precision == "int8")
         runs[precision] = t.transcribe(clip, progress=False)[0].text
     assert score([runs["float32"]], [runs["int8"]]).wer < 0.05, runs

@@ -22,9 +22,12 @@ class KVCache:
                       values in place: `Decoder._self_attention`, `kernels.attention`)
     cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim); each stored as
                       (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) when `cross_k_transposed` /
-                      `cross_v_transposed`; in `audio_dtype` (bf16 under an fp32 decoder of the int8
-                      precision: `engine.int8.bf16_audio_usable`), else the decoder's dtype
+                      `cross_v_transposed`; in `audio_dtype` (int8 or bf16 under an fp32 decoder of the int8
+                      precision: `engine.int8.audio_dtype`), else the decoder's dtype
     lengths:          (n_rows,) long — tokens of each row held in the self-attention cache
+    cross_k_scales, cross_v_scales: (n_layers, n_rows, n_heads, head_dim) float32 where the audio keys/values are
+                      int8, else None: each channel's scale over the chunk's positions (a key is
+                      cross_k * cross_k_scales, as `engine.int8.quantize_channels` made them)
     """
 
     self_k: torch.Tensor
@@ -32,6 +35,8 @@ class KVCache:
     cross_k: torch.Tensor
     cross_v: torch.Tensor
     lengths: torch.Tensor
+    cross_k_scales: torch.Tensor | None = None
+    cross_v_scales: torch.Tensor | None = None
 
     @classmethod
     def empty(
@@ -58,12 +63,16 @@ class KVCache:
             return make((n_layers, n_rows, n_heads, n, head_dim), device=device, dtype=dtype)
 
         audio = dtype if audio_dtype is None else audio_dtype
+        scales = (lambda: torch.ones((n_layers, n_rows, n_heads, head_dim), device=device)
+                  ) if audio == torch.int8 else (lambda: None)
         return cls(
             self_k=tensor(torch.zeros, n_positions, self_k_transposed, dtype),
             self_v=tensor(torch.zeros, n_positions, self_v_transposed, dtype),
             cross_k=tensor(torch.empty, n_audio_ctx, cross_k_transposed, audio),  # always written before it is read
             cross_v=tensor(torch.empty, n_audio_ctx, cross_v_transposed, audio),
             lengths=torch.zeros(n_rows, device=device, dtype=torch.long),
+            cross_k_scales=scales(),
+            cross_v_scales=scales(),
         )
 
     @property
@@ -89,7 +98,13 @@ class KVCache:
         """Slots [first, first + n_rows), as views (no copy; writes reach this cache): the first n_rows for the
         step of a batch whose live rows are packed first, a run of free slots for admission to prefill into."""
         s = slice(first, first + n_rows)
-        return KVCache(self.self_k[:, s], self.self_v[:, s], self.cross_k[:, s], self.cross_v[:, s], self.lengths[s])
+        return KVCache(self.self_k[:, s], self.self_v[:, s], self.cross_k[:, s], self.cross_v[:, s], self.lengths[s],
+                       *(None if x is None else x[:, s] for x in self.audio_scales))
+
+    @property
+    def audio_scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(cross_k_scales, cross_v_scales): int8 audio keys/values' channel scales, (None, None) otherwise."""
+        return self.cross_k_scales, self.cross_v_scales
 
     def move_row(self, src: int, dst: int, n_positions: int) -> None:
         """Copy slot `src` into slot `dst` (its first n_positions self-attention entries and its audio): keeps the
@@ -98,6 +113,9 @@ class KVCache:
         self.self_v[:, dst, :, :n_positions] = self.self_v[:, src, :, :n_positions]
         self.cross_k[:, dst] = self.cross_k[:, src]
         self.cross_v[:, dst] = self.cross_v[:, src]
+        for scales in self.audio_scales:
+            if scales is not None:
+                scales[:, dst] = scales[:, src]
         self.lengths[dst] = self.lengths[src]
 
     def write_rows(self, rows: torch.Tensor, source: KVCache) -> None:
@@ -108,4 +126,7 @@ class KVCache:
         self.self_v[:, rows, :, :n] = source.self_v
         self.cross_k[:, rows] = source.cross_k
         self.cross_v[:, rows] = source.cross_v
+        for scales, given in zip(self.audio_scales, source.audio_scales):
+            if scales is not None:
+                scales[:, rows] = given
         self.lengths[rows] = source.lengths

@@ -8,7 +8,10 @@
 // Per query: scores s_j = scale * q . k_j, m = max_j s_j, p_j = exp(s_j - m) (a vectorised polynomial),
 // l = sum_j p_j, out = (sum_j p_j v_j) / l, all in fp32, the output rounded once to the queries' dtype. Keys and
 // values are stored in the queries' dtype, or in bf16 under fp32 queries (an fp32 decoder whose audio keys/values
-// are held in bf16: each bf16 element widened to fp32 as it is loaded, the arithmetic fp32's). They are read in
+// are held in bf16: each bf16 element widened to fp32 as it is loaded, the arithmetic fp32's), or in int8 under fp32
+// queries with one fp32 scale a channel (row, head, head_dim element) each for keys and values: the key scales
+// multiply the query's elements before its scores, the value scales its output after the sums, each int8 element
+// widened exactly to fp32 as it is loaded (so an int8 cache reads a quarter of fp32's bytes). They are read in
 // either of two layouts per row and head, told apart by their strides: (head_dim, n_keys), the
 // key index contiguous (the audio's 1,500 keys: a head's keys, then its values, streamed front to back, scores
 // accumulated over head_dim in order), or (n_keys, head_dim) (a self-attention cache: each key one contiguous
@@ -26,11 +29,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
-#include "cpu_attention_pairs.h"
 #include "cpu_attention_simd.h"
+#include "cpu_attention_sums.h"
 #include "cpu_encoder_attention.h"
 #include "cpu_int8.h"
 #include "cpu_int8_attention.h"
@@ -40,207 +44,6 @@
 namespace {
 
 using namespace cpu_attention;
-
-// Queries of one row and head computed together (`Group`): each key and value block is loaded once for all of
-// them. A query's arithmetic is the same whatever its group (the blocks past its own count it does not use).
-constexpr int64_t G = 4;  // queries a group
-constexpr int64_t R = 4;  // value rows (of head_dim) a block step reads
-constexpr int64_t RS = 8;  // key rows (of head_dim) a block step reads
-
-struct Group {
-  int64_t size;          // queries in the group, 1..G
-  const float* q[G];     // each query, fp32 (head_dim; unscaled: the scale multiplies its scores)
-  const bf16* q_pairs[G];  // bf16 only: each query as stored, read as (d, d + 1) pairs by vdpbf16ps
-  bf16* p_pairs[G];      // bf16 only: each query's softmax numerators rounded to bf16 (zeros past n, to 2L)
-  float* scores[G];      // each query's scores, then its softmax numerators (n rounded up to L)
-  int64_t n[G];          // each query's key count
-  int64_t n_max;         // the largest
-};
-
-// Every query's scores[j] = q . k_j (j < its n; lanes past it in its last block undefined), keys stored
-// (head_dim, n_keys) with rows `stride` apart. Each score: one fused multiply-add per head_dim element, in order,
-// whatever NQ (the queries sharing each load) and whatever RK (the rows of head_dim taken per sweep).
-template <int NQ, int RK, typename T>
-void scores_rows(const Group& g, const T* keys, int64_t stride, int64_t d, int64_t full, int64_t tail) {
-  const int64_t end = tail ? full + L : full;
-  const T* rows[RK];
-  for (int r = 0; r < RK; ++r) rows[r] = keys + (d + r) * stride;
-  auto block = [&](int64_t j, const vec* k) {
-    for (int i = 0; i < NQ; ++i) {
-      vec acc = load(g.scores[i] + j);
-      for (int r = 0; r < RK; ++r) acc = vfma(set1(g.q[i][d + r]), k[r], acc);
-      store(g.scores[i] + j, acc);
-    }
-  };
-  vec k[RK];
-  for (int64_t j = 0; j < full; j += L) {
-    for (int r = 0; r < RK; ++r) k[r] = load(rows[r] + j);
-    if (new_line<T>(j)) {
-      for (int r = 0; r < RK; ++r) prefetch(rows[r] + j, AHEAD);
-    }
-    block(j, k);
-  }
-  if (full < end) {
-    for (int r = 0; r < RK; ++r) k[r] = load_n(rows[r] + full, tail);
-    block(full, k);
-  }
-}
-
-template <int NQ, typename KV, typename T>
-void scores_of(const Group& g, const KV* keys, int64_t stride, int64_t head_dim) {
-  const int64_t full = g.n_max / L * L, tail = g.n_max - full;
-  const int64_t end = tail ? full + L : full;
-  for (int i = 0; i < NQ; ++i) {
-    for (int64_t j = 0; j < end; j += L) store(g.scores[i] + j, zero());
-  }
-  int64_t d = 0;
-#ifdef CPU_ATTENTION_DPBF16
-  if constexpr (std::is_same_v<T, bf16>) {  // bf16 queries (q_pairs): bf16 keys too
-    for (; d + RS <= head_dim; d += RS) scores_pairs<NQ, RS / 2>(g, keys, stride, d, full, tail);
-  }
-#endif
-  for (; d + RS <= head_dim; d += RS) scores_rows<NQ, RS>(g, keys, stride, d, full, tail);
-  for (; d < head_dim; ++d) scores_rows<NQ, 1>(g, keys, stride, d, full, tail);
-}
-
-// scores -> scale * score, then exp(that - max), in place (zeros past n, to the next multiple of L); returns the
-// sum of the first n.
-float softmax_numerators(float* scores, int64_t n, float scale) {
-  const int64_t full = n / L * L;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const vec scaled = set1(scale);
-  vec top = set1(neg_inf);
-  for (int64_t j = 0; j < full; j += L) {
-    const vec s = vmul(load(scores + j), scaled);
-    store(scores + j, s);
-    top = vmax(top, s);
-  }
-  if (full < n) {
-    const vec s = vmul(load(scores + full), scaled);
-    store(scores + full, s);
-    top = vmax(top, keep_n(s, set1(neg_inf), n - full));
-  }
-  const vec m = set1(reduce(top, true));
-  vec sum = zero();
-  for (int64_t j = 0; j < full; j += L) {
-    vec p = exp_nonpositive(vsub(load(scores + j), m));
-    store(scores + j, p);
-    sum = vadd(sum, p);
-  }
-  if (full < n) {
-    vec p = keep_n(exp_nonpositive(vsub(load(scores + full), m)), zero(), n - full);
-    store(scores + full, p);
-    sum = vadd(sum, p);
-  }
-  return reduce(sum, false);
-}
-
-// out_i[d + r] = sum_j p_i[j] v_j[d + r] / total_i for rows r < RV: query i's full blocks from loads shared by
-// the group, its last partial block (if any) from a load of its own that stops at its n. Values stored
-// (head_dim, n_keys), rows `stride` apart; one accumulator per query and row, over the blocks in order.
-template <int NQ, int RV, typename KV, typename T>
-void values_rows(const Group& g, const KV* values, int64_t stride, int64_t d, const float* total, T* const* out) {
-  const KV* rows[RV];
-  vec acc[NQ][RV];
-  for (int r = 0; r < RV; ++r) rows[r] = values + (d + r) * stride;
-  for (int i = 0; i < NQ; ++i) {
-    for (int r = 0; r < RV; ++r) acc[i][r] = zero();
-  }
-  int64_t full_min = g.n[0];
-  for (int i = 1; i < NQ; ++i) full_min = g.n[i] < full_min ? g.n[i] : full_min;
-  full_min = full_min / L * L;
-  const int64_t full_max = g.n_max / L * L;
-  vec v[RV];
-  for (int64_t j = 0; j < full_min; j += L) {  // every query's full blocks
-    for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
-    if (new_line<KV>(j)) {
-      for (int r = 0; r < RV; ++r) prefetch(rows[r] + j, AHEAD);
-    }
-    for (int i = 0; i < NQ; ++i) {
-      const vec p = load(g.scores[i] + j);
-      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, v[r], acc[i][r]);
-    }
-  }
-  for (int64_t j = full_min; j < full_max; j += L) {  // some queries' full blocks
-    for (int r = 0; r < RV; ++r) v[r] = load(rows[r] + j);
-    for (int i = 0; i < NQ; ++i) {
-      if (j + L > g.n[i]) continue;
-      const vec p = load(g.scores[i] + j);
-      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, v[r], acc[i][r]);
-    }
-  }
-  for (int i = 0; i < NQ; ++i) {
-    const int64_t full = g.n[i] / L * L;
-    if (full < g.n[i]) {
-      const vec p = load(g.scores[i] + full);
-      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, load_n(rows[r] + full, g.n[i] - full), acc[i][r]);
-    }
-    for (int r = 0; r < RV; ++r) out[i][d + r] = static_cast<T>(reduce(acc[i][r], false) / total[i]);
-  }
-}
-
-template <int NQ, typename KV, typename T>
-void weighted_values(const Group& g, const KV* values, int64_t stride, int64_t head_dim, const float* total,
-                     T* const* out) {
-  constexpr int RV = NQ <= 2 ? 2 * R : R;  // accumulators NQ x RV: enough chains to hide the FMA latency
-  int64_t d = 0;
-#ifdef CPU_ATTENTION_DPBF16
-  if constexpr (std::is_same_v<T, bf16>) {  // bf16 queries: bf16 keys/values too
-    for (; d + RV <= head_dim; d += RV) values_pairs<NQ, RV>(g, values, stride, d, total, out);
-  }
-#endif
-  for (; d + RV <= head_dim; d += RV) values_rows<NQ, RV>(g, values, stride, d, total, out);
-  for (; d < head_dim; ++d) values_rows<NQ, 1>(g, values, stride, d, total, out);
-}
-
-// The same two sums with keys and values stored (n_keys, head_dim), key j `stride` apart from key j + 1 (a
-// self-attention cache: a few dozen keys a query, each read as one contiguous row). Scores: q . k_j over head_dim
-// in vectors of L (the rest masked), then over the lanes (`reduce`); values: out += p_j v_j, key by key, in order.
-template <int NQ, typename KV, typename T>
-void scores_of_rows(const Group& g, const KV* keys, int64_t stride, int64_t head_dim) {
-#ifdef CPU_ATTENTION_DPBF16
-  if constexpr (std::is_same_v<T, bf16>) {
-    scores_of_rows_pairs<NQ>(g, keys, stride, head_dim);
-    return;
-  }
-#endif
-  const int64_t full = head_dim / L * L, rest = head_dim - full;
-  for (int64_t j = 0; j < g.n_max; ++j) {
-    const KV* k = keys + j * stride;
-    vec acc[NQ];
-    for (int i = 0; i < NQ; ++i) acc[i] = zero();
-    for (int64_t c = 0; c < full; c += L) {
-      const vec kc = load(k + c);
-      for (int i = 0; i < NQ; ++i) acc[i] = vfma(load(g.q[i] + c), kc, acc[i]);
-    }
-    if (rest) {
-      const vec kc = load_n(k + full, rest);
-      for (int i = 0; i < NQ; ++i) acc[i] = vfma(load_n(g.q[i] + full, rest), kc, acc[i]);
-    }
-    for (int i = 0; i < NQ; ++i) g.scores[i][j] = reduce(acc[i], false);
-  }
-}
-
-// acc: NQ x head_dim floats of scratch.
-template <int NQ, typename KV, typename T>
-void weighted_values_rows(const Group& g, const KV* values, int64_t stride, int64_t head_dim, const float* total,
-                          float* acc, T* const* out) {
-  const int64_t full = head_dim / L * L;
-  std::fill(acc, acc + NQ * head_dim, 0.0f);
-  for (int64_t j = 0; j < g.n_max; ++j) {
-    const KV* v = values + j * stride;
-    for (int i = 0; i < NQ; ++i) {
-      if (j >= g.n[i]) continue;
-      float* a = acc + i * head_dim;
-      const float pj = g.scores[i][j];
-      for (int64_t c = 0; c < full; c += L) store(a + c, vfma(set1(pj), load(v + c), load(a + c)));
-      for (int64_t c = full; c < head_dim; ++c) a[c] = std::fma(pj, static_cast<float>(v[c]), a[c]);
-    }
-  }
-  for (int i = 0; i < NQ; ++i) {
-    for (int64_t c = 0; c < head_dim; ++c) out[i][c] = static_cast<T>(acc[i * head_dim + c] / total[i]);
-  }
-}
 
 // Where keys and values lie for one row and head: `rows` true: (n_keys, head_dim), key j at j * stride; false:
 // (head_dim, n_keys), row d of head_dim at d * stride, the key index contiguous.
@@ -284,13 +87,20 @@ Stored<T> stored_at(const at::Tensor& x, int64_t row, int64_t head) {
   return Stored<T>{data, rows ? x.stride(2) : x.stride(3), rows};
 }
 
-// T: the queries' and output's dtype; KV: the keys' and values' (T, or bf16 under fp32 queries).
+// T: the queries' and output's dtype; KV: the keys' and values' (T, or bf16 or int8 under fp32 queries); int8 only:
+// key_scales, value_scales (B, H, head_dim) fp32, head_dim contiguous (undefined otherwise).
 template <typename T, typename KV>
 struct Operands {
   const at::Tensor &q, &keys, &values, &n_seen;
   at::Tensor& out;
   float scale;
+  at::Tensor key_scales, value_scales;
 };
+
+// A channel scale's row (head_dim floats) of row `row`, head `head` of (B, H, head_dim) scales.
+inline const float* scales_at(const at::Tensor& scales, int64_t row, int64_t head) {
+  return scales.data_ptr<float>() + row * scales.stride(0) + head * scales.stride(1);
+}
 
 // A thread's scratch: the group's queries in fp32 (G x head_dim), scores (G x padded_keys), the values'
 // accumulators (G x head_dim) and, bf16 only, the numerators rounded to bf16 (G x padded_keys).
@@ -317,6 +127,10 @@ void attend_group(const Operands<T, KV>& a, int64_t row, int64_t head, int64_t f
     const T* qi = q_ptr + row * a.q.stride(0) + t * a.q.stride(1) + head * a.q.stride(2);
     float* qf = buf.query.data() + i * head_dim;
     for (int64_t d = 0; d < head_dim; ++d) qf[d] = static_cast<float>(qi[d]);
+    if constexpr (std::is_same_v<KV, int8_t>) {  // q . (s_k k) as (q s_k) . k, each channel's scale once
+      const float* ks = scales_at(a.key_scales, row, head);
+      for (int64_t d = 0; d < head_dim; ++d) qf[d] *= ks[d];
+    }
     g.q[i] = qf;
     g.scores[i] = buf.scores.data() + i * s_pad;
     if constexpr (std::is_same_v<T, bf16>) {
@@ -333,6 +147,12 @@ void attend_group(const Operands<T, KV>& a, int64_t row, int64_t head, int64_t f
     case 2: attend_queries<2>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
     case 3: attend_queries<3>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
     default: attend_queries<4>(g, k, v, head_dim, a.scale, buf.scratch.data(), out); break;
+  }
+  if constexpr (std::is_same_v<KV, int8_t>) {  // sum_j p_j s_v v_j as s_v (sum_j p_j v_j), per channel
+    const float* vs = scales_at(a.value_scales, row, head);
+    for (int64_t i = 0; i < size; ++i) {
+      for (int64_t d = 0; d < head_dim; ++d) out[i][d] *= vs[d];
+    }
   }
 }
 
@@ -351,18 +171,36 @@ void attend_typed(const Operands<T, KV>& a) {
   });
 }
 
+// int8 keys/values' channel scales: (B, H, head_dim) fp32 each, head_dim contiguous; none for any other dtype.
+void check_scales(const at::Tensor& keys, const std::optional<at::Tensor>& key_scales,
+                  const std::optional<at::Tensor>& value_scales) {
+  const bool int8 = keys.scalar_type() == at::kChar;
+  TORCH_CHECK(key_scales.has_value() == int8 && value_scales.has_value() == int8,
+              "attend: key_scales and value_scales with int8 keys/values, and only then");
+  if (!int8) return;
+  for (const at::Tensor* s : {&*key_scales, &*value_scales}) {
+    TORCH_CHECK(s->scalar_type() == at::kFloat && s->dim() == 3 && s->size(0) == keys.size(0) &&
+                    s->size(1) == keys.size(1) && s->size(2) == keys.size(3) && s->stride(2) == 1,
+                "attend: int8 scales must be (B, H, head_dim) float32, head_dim contiguous");
+  }
+}
+
 // q: (B, T, H, head_dim), head_dim contiguous; keys, values: (B, H, S, head_dim), each with head_dim or S
-// contiguous (any other strides: views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends to keys [0, n_seen[b, t]).
+// contiguous (any other strides: views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends
+// to keys [0, n_seen[b, t]); key_scales, value_scales: int8 keys/values only (`check_scales`), their channels' scales.
 // Returns (B, T, H, head_dim) contiguous in q's dtype (float32 or bfloat16; keys and values the same dtype, or
-// bfloat16 under float32 queries).
+// bfloat16 or int8 under float32 queries).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& n_seen,
-                  double scale) {
+                  double scale, const std::optional<at::Tensor>& key_scales,
+                  const std::optional<at::Tensor>& value_scales) {
   TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), "attend: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && n_seen.dim() == 2, "attend: bad ranks");
   TORCH_CHECK(values.scalar_type() == keys.scalar_type() &&
                   (keys.scalar_type() == q.scalar_type() ||
-                   (q.scalar_type() == at::kFloat && keys.scalar_type() == at::kBFloat16)),
-              "attend: keys and values in q's dtype, or bfloat16 under float32 queries");
+                   (q.scalar_type() == at::kFloat &&
+                    (keys.scalar_type() == at::kBFloat16 || keys.scalar_type() == at::kChar))),
+              "attend: keys and values in q's dtype, or bfloat16 or int8 under float32 queries");
+  check_scales(keys, key_scales, value_scales);
   TORCH_CHECK(n_seen.scalar_type() == at::kInt, "attend: n_seen must be int32");
   const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);
   TORCH_CHECK(keys.size(0) == b && keys.size(1) == h && keys.size(3) == d && values.sizes() == keys.sizes(),
@@ -383,6 +221,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   const float fscale = static_cast<float>(scale);
   if (q.scalar_type() == at::kFloat && keys.scalar_type() == at::kFloat) {
     attend_typed(Operands<float, float>{q, keys, values, n_seen, out, fscale});
+  } else if (q.scalar_type() == at::kFloat && keys.scalar_type() == at::kChar) {
+    attend_typed(Operands<float, int8_t>{q, keys, values, n_seen, out, fscale, *key_scales, *value_scales});
   } else if (q.scalar_type() == at::kFloat) {
     attend_typed(Operands<float, bf16>{q, keys, values, n_seen, out, fscale});
   } else {

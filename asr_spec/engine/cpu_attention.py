@@ -41,9 +41,9 @@ SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 # the rules' row reductions (`max_logsumexp`, `engine.rules`), a decoder's layers in one call (`engine.cpu_layers`),
 # built into the same extension
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_attention_simd.h", "cpu_attention_pairs.h",
-                                                            "cpu_linear.h", "cpu_encoder_attention.h", "cpu_int8.h",
-                                                            "cpu_int8_attention.h",
-                                                            "cpu_reduce.h", "cpu_decoder.h"))
+                                                            "cpu_attention_sums.h", "cpu_linear.h",
+                                                            "cpu_encoder_attention.h", "cpu_int8.h",
+                                                            "cpu_int8_attention.h", "cpu_reduce.h", "cpu_decoder.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
 # `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for those flags, not for this CPU
@@ -185,12 +185,15 @@ def encoder_attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, he
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor | None,
-           scale: float = 1.0) -> torch.Tensor:
+           scale: float = 1.0, key_scales: torch.Tensor | None = None,
+           value_scales: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(scale q k^T) v per row, head and query, each query over its row's first n_seen[b, t] keys.
 
     q: (B, T, H, head_dim), head_dim contiguous (a view of a projection's (B, T, H * head_dim) output);
     keys, values: (B, H, S, head_dim), each with head_dim or S contiguous (a `KVCache`'s views, stored either way),
-    in q's dtype or bf16 under fp32 queries (widened as they are loaded: fp32 attention over their values);
+    in q's dtype, or bf16 or int8 under fp32 queries (widened as they are loaded: fp32 attention over their values);
+    key_scales, value_scales: int8 keys/values only, (B, H, head_dim) fp32, each channel's scale (the keys and values
+    attended are int8 x scale: `KVCache.cross_k_scales`);
     n_seen: (B, T) integer counts in [1, S], or None for all S keys -> (B, T, H * head_dim) in q's dtype.
     Only where `fused_attention_usable` says so.
     """
@@ -201,18 +204,18 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: to
     # traced (torch.compile, `engine/capture.py`): as the custom op below, opaque to the tracer; eager: the
     # extension's function itself (no dispatcher round trip, ~12 calls a pass)
     run = _attend_op if torch.compiler.is_compiling() else _extension().attend
-    return run(q, keys, values, n_seen, scale).view(b, t, h * d)
+    return run(q, keys, values, n_seen, scale, key_scales, value_scales).view(b, t, h * d)
 
 
 @torch.library.custom_op("asr_spec::cpu_attend", mutates_args=())
 def _attend_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor,
-               scale: float) -> torch.Tensor:
+               scale: float, key_scales: torch.Tensor | None, value_scales: torch.Tensor | None) -> torch.Tensor:
     """The kernel as a torch op (what a traced step calls): `attend`'s operands, n_seen (B, T) int32 ->
     (B, T, H, head_dim) contiguous."""
-    return _extension().attend(q, keys, values, n_seen, scale)
+    return _extension().attend(q, keys, values, n_seen, scale, key_scales, value_scales)
 
 
 @_attend_op.register_fake
 def _(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor,
-      scale: float) -> torch.Tensor:
+      scale: float, key_scales: torch.Tensor | None, value_scales: torch.Tensor | None) -> torch.Tensor:
     return q.new_empty(q.shape)

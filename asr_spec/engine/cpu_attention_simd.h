@@ -1,7 +1,7 @@
 // The vector layer of the CPU attention kernel (cpu_attention.cpp): one vector type and its operations for the
 // instruction set the compiler targets (-march=native): AVX-512 (16 fp32 lanes), AVX2 + FMA (8), else scalar (1);
-// bf16 loads widened to fp32, masked loads of a block's first n lanes, a fixed-order sum / max over the lanes, and
-// a vectorised exp. Every operation is an explicit instruction (no contraction or reassociation left to the
+// bf16 and int8 loads widened to fp32, masked loads of a block's first n lanes, a fixed-order sum / max over the
+// lanes, and a vectorised exp. Every operation is an explicit instruction (no contraction or reassociation left to the
 // compiler), so a lane's result depends on its inputs alone.
 
 #pragma once
@@ -53,6 +53,13 @@ inline vec load(const bf16* p) { return widen(_mm256_loadu_si256(reinterpret_cas
 inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 inline vec load_n(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
 inline vec load_n(const bf16* p, int64_t n) { return widen(_mm256_maskz_loadu_epi16(first(n), p)); }
+// int8 (an audio key/value held in 8 bits: one byte a lane) widened to fp32 exactly
+inline vec load(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline vec load_n(const int8_t* p, int64_t n) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(first(n), p)));
+}
 // of the L bf16 pairs at p (2L elements): each pair's first (even) / second (odd) element widened to fp32
 inline vec even_half(const bf16* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)); }
 inline vec odd_half(const bf16* p) {
@@ -161,6 +168,14 @@ inline vec load_n(const bf16* p, int64_t n) {
   std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
   return widen(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
 }
+inline vec load(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline vec load_n(const int8_t* p, int64_t n) {
+  alignas(16) int8_t part[16] = {};
+  std::memcpy(part, p, static_cast<size_t>(n));
+  return load(part);
+}
 inline vec even_half(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 16));
 }
@@ -222,6 +237,8 @@ inline vec load(const float* p) { return *p; }
 inline vec load(const bf16* p) { return static_cast<float>(*p); }
 inline vec load_n(const float* p, int64_t) { return *p; }
 inline vec load_n(const bf16* p, int64_t) { return static_cast<float>(*p); }
+inline vec load(const int8_t* p) { return static_cast<float>(*p); }
+inline vec load_n(const int8_t* p, int64_t) { return static_cast<float>(*p); }
 inline vec even_half(const bf16* p) { return static_cast<float>(p[0]); }
 inline vec odd_half(const bf16* p) { return static_cast<float>(p[1]); }
 inline void store_bf16(bf16* p, vec a) { *p = bf16(a); }

@@ -89,9 +89,15 @@ void write_rows(const at::Tensor& qkv, int64_t offset, const at::Tensor& cache, 
   }
 }
 
+// Layer i's (B, H, head_dim) of a cache's (L, B, H, head_dim) channel scales, if it has them.
+inline std::optional<at::Tensor> layer_scales(const std::optional<at::Tensor>& scales, int64_t i) {
+  return scales.has_value() ? std::optional<at::Tensor>(scales->select(0, i)) : std::nullopt;
+}
+
 // x: (B, T, d) contiguous, the layers' input (embeddings + positions); weights, n_out, eps: LAYER_TENSORS,
 // LAYER_PRODUCTS and LAYER_NORMS entries a layer (above); self_k, self_v: (L, B, H, P, head_dim) with head_dim
-// contiguous (a cache's first B rows); cross_k, cross_v: (L, B, H, S, head_dim), each with head_dim or S contiguous;
+// contiguous (a cache's first B rows); cross_k, cross_v: (L, B, H, S, head_dim), each with head_dim or S contiguous,
+// and where they are int8 their channels' scales cross_k_scales, cross_v_scales (L, B, H, head_dim) (`attend`);
 // write_pos: (B, T) long, positions already clamped to P; n_seen: (B, T) int32, each query's self-attention key
 // count; rows: the products (`product`: -1 the thin kernel's panels, else oneDNN's packed weights in pieces of at
 // most `rows` rows, 0 whole). Writes this pass's keys and values into self_k / self_v; returns (B, T, d) before
@@ -99,7 +105,9 @@ void write_rows(const at::Tensor& qkv, int64_t offset, const at::Tensor& cache, 
 at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>& weights,
                           const std::vector<int64_t>& n_out, const std::vector<double>& eps, const at::Tensor& self_k,
                           const at::Tensor& self_v, const at::Tensor& cross_k, const at::Tensor& cross_v,
-                          const at::Tensor& write_pos, const at::Tensor& n_seen, int64_t n_heads, int64_t rows) {
+                          const std::optional<at::Tensor>& cross_k_scales,
+                          const std::optional<at::Tensor>& cross_v_scales, const at::Tensor& write_pos,
+                          const at::Tensor& n_seen, int64_t n_heads, int64_t rows) {
   const int64_t n_layers = self_k.size(0);
   TORCH_CHECK(x_in.dim() == 3 && x_in.is_contiguous(), "decoder_layers: x must be (B, T, d) contiguous");
   TORCH_CHECK(static_cast<int64_t>(weights.size()) == n_layers * LAYER_TENSORS &&
@@ -131,12 +139,13 @@ at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>&
       write_rows<bf16>(qkv, 2 * d, sv, write_pos);
     }
     const at::Tensor q = qkv.view({b, t, 3 * d}).narrow(2, 0, d).view({b, t, n_heads, head_dim});
-    at::Tensor out = attend(q, sk, sv, n_seen, 1.0);
+    at::Tensor out = attend(q, sk, sv, n_seen, 1.0, std::nullopt, std::nullopt);
     x = product(out.view({b * t, d}), w[4], w[5], x, n[1], false, rows);
     // cross-attention over every audio key: q scaled in its packed weight already
     h = at::layer_norm(x, {d}, w[6], w[7], e[1]);
     const at::Tensor cq = product(h.view({b * t, d}), w[8], w[9], none, n[2], false, rows);
-    out = attend(cq.view({b, t, n_heads, head_dim}), cross_k.select(0, i), cross_v.select(0, i), all_audio, 1.0);
+    out = attend(cq.view({b, t, n_heads, head_dim}), cross_k.select(0, i), cross_v.select(0, i), all_audio, 1.0,
+                 layer_scales(cross_k_scales, i), layer_scales(cross_v_scales, i));
     x = product(out.view({b * t, d}), w[10], w[11], x, n[3], false, rows);
     // MLP: the erf GELU in fc1's epilogue
     h = at::layer_norm(x, {d}, w[12], w[13], e[2]);

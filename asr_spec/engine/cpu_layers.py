@@ -88,4 +88,4 @@ class LayerLoop:
         count (`Decoder.pass_keys`) -> (B, T, d_model) before the final LayerNorm."""
         return cpu_attention.extension().decoder_layers(
             x.contiguous(), self.weights, self.n_out, self.eps, cache.self_k, cache.self_v, cache.cross_k,
-            cache.cross_v, write_pos, n_seen, self.n_heads, self.rows)
+            cache.cross_v, *cache.audio_scales, write_pos, n_seen, self.n_heads, self.rows)

@@ -77,7 +77,7 @@ class Decoder(DecoderLayout):
         row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
         whose rounding changes only its proposals, passes False and runs its products whole.
         int8_precision: the run's precision is "int8" (`int8.requested` of the target's encoder): the audio's keys
-        and values are then held in bf16 where `int8.bf16_audio_usable` says so (`audio_dtype`), and the step's
+        and values are then held in int8 or bf16 as `int8.audio_dtype` says (`audio_dtype`), and the step's
         weights read in bf16 where `int8.bf16_weights_usable` says so (`bf16_weights`)."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
@@ -194,8 +194,9 @@ class Decoder(DecoderLayout):
         if self.fused:  # every query over all audio keys, q scaled in the kernel unless packed (scaled already)
             q, scale = ((self.linear(h, *self.cross_q[i]), 1.0) if self.cross_q is not None
                         else (self._proj(xattn.q_proj, h), self.scaling))
+            scales = (None if x is None else x[i] for x in cache.audio_scales)  # int8 audio only
             out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.cross_k[i], cache.cross_v[i],
-                                       None, scale)
+                                       None, scale, *scales)
             return self._proj_add(xattn.out_proj, out, x)
         if self.cross_q is not None:  # packed, scaled by 1/sqrt(head_dim) already
             q = self._split_heads(self.linear(h, *self.cross_q[i]))

@@ -62,18 +62,25 @@ class DecoderLayout:
     def write_audio(self, cache: KVCache, audio: torch.Tensor) -> None:
         """Compute R new chunks' cross-attention keys/values (once per chunk) into `cache`, a view of the R batch
         slots they are admitted to (`KVCache.rows`): written in place, no copy (products in the decoder's dtype,
-        rounded to `audio_dtype` as they are stored).
+        rounded to `audio_dtype` as they are stored; in int8 quantized per channel, `int8.quantize_channels`, from
+        an fp32 scratch of the R chunks).
 
         audio: (R, n_audio_ctx, d_encoder) the encoder output its cross-attention reads.
         """
         audio = audio.to(self.dtype)
         r, s, _ = audio.shape
+        scratch = audio.new_empty(r, self.n_heads, self.head_dim, s) if self.audio_dtype == torch.int8 else None
         for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
             # with the values stored transposed, each of them stored so written by a product of that layout
-            for proj, stored, by_product in ((attn.k_proj, cache.cross_k[i], self.values_t and self.keys_t),
-                                             (attn.v_proj, cache.cross_v[i], self.values_t)):
-                if by_product:
+            for proj, stored, scales, by_product in (
+                    (attn.k_proj, cache.cross_k[i], cache.cross_k_scales, self.values_t and self.keys_t),
+                    (attn.v_proj, cache.cross_v[i], cache.cross_v_scales, self.values_t)):
+                if scratch is not None:  # int8: both stored (head_dim, positions) (`_audio_keys_transposed`)
+                    transposed_product(audio, proj, scratch)
+                    quantized, scales[i] = int8.quantize_channels(scratch)
+                    stored.transpose(-1, -2).copy_(quantized)
+                elif by_product:
                     transposed_product(audio, proj, stored.transpose(-1, -2))
                 else:  # into the layout `new_cache` chose
                     out = self.wide_linear(audio, proj.weight, proj.bias).view(r, s, self.n_heads, self.head_dim)
@@ -119,10 +126,10 @@ class DecoderLayout:
                                      values_t)
 
     def _audio_dtype(self, int8_precision: bool) -> torch.dtype:
-        """The dtype the audio's keys/values are held in (`new_cache`, `write_audio`): bf16 under an fp32 decoder
-        of the int8 precision where `int8.bf16_audio_usable` says so (the kernel widens them as it reads them),
+        """The dtype the audio's keys/values are held in (`new_cache`, `write_audio`): int8 or bf16 under an fp32
+        decoder of the int8 precision, as `int8.audio_dtype` decides (the kernel widens them as it reads them),
         else the decoder's own."""
-        return torch.bfloat16 if int8.bf16_audio_usable(self.device, self.dtype, int8_precision) else self.dtype
+        return int8.audio_dtype(self.device, self.dtype, int8_precision)
 
     def _audio_keys_transposed(self) -> bool:
         """Whether the audio keys are stored (head_dim, positions): on a CPU, except with the kernel in bf16, where

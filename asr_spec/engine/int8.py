@@ -10,7 +10,7 @@ in int8").
 What is quantized: the four products of every encoder layer (q/k/v as one, the attention's output projection, fc1
 then GELU, fc2); not the convolutions, not the decoder; the attention itself in bf16 under a bf16 encoder, through
 its own int8 products under the int8 precision's fp32 encoder (`int8_attention_usable`). (The int8 precision's fp32
-decoders, target and draft, hold the audio's keys and values in bf16: `bf16_audio_usable`.) Weights per output
+decoders, target and draft, hold the audio's keys and values in int8: `audio_dtype`.) Weights per output
 channel, symmetric int8 (scale = max |w| / 127 of the channel; 63 steps on AVX2: `levels`), made once per weight
 tensor. Activations per row
 (each position of each window: `cpu_int8.h`, max |x| / 127, an asymmetric uint8 with zero point 128), the product's
@@ -44,6 +44,7 @@ from asr_spec.engine.kernels import shared
 DISABLE_ENV = "ASR_SPEC_NO_INT8_ENCODER"
 ATTENTION_ENV = "ASR_SPEC_NO_INT8_ATTENTION"  # the int8 precision's encoder attends in fp32 (torch's SDPA)
 AUDIO_ENV = "ASR_SPEC_NO_BF16_AUDIO"  # the int8 precision's decoder keeps its audio keys/values fp32
+INT8_AUDIO_ENV = "ASR_SPEC_NO_INT8_AUDIO"  # ... in bf16 instead of int8
 WEIGHTS_ENV = "ASR_SPEC_NO_BF16_WEIGHTS"  # the int8 precision's decoder keeps its step's weights fp32
 LEVELS = 127  # 8-bit steps on each side of zero (activations; weights where the CPU has VNNI: `levels`)
 REQUEST = "asr_spec_int8_products"  # the attribute `request` sets on an encoder module
@@ -87,16 +88,31 @@ def int8_attention_usable(device: torch.device, dtype: torch.dtype, asked: bool 
             and int8_encoder_usable(device, dtype, asked))
 
 
-def bf16_audio_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:
-    """The one decision: whether a decoder holds the audio's keys and values (its cross-attention cache, written once a
-    chunk) in bf16 instead of its own dtype. In the "int8" precision (`asked`, as `requested` says of the target's
-    encoder; the target's decoder and a draft's alike), for an fp32 decoder the CPU attention kernel runs
-    (`cpu_attention.fused_attention_usable`: the kernel widens each bf16 key and value to fp32 as it loads it, its
-    arithmetic fp32's; torch's products would not take them), unless `ASR_SPEC_NO_BF16_AUDIO=1`. Why: at batch 8 a
-    greedy fp32 step of whisper-base reads 295 MB of audio keys/values, 10 of its 23 ms on an AVX2-only EPYC (2 cores);
-    in bf16 the cross-attention took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision again")."""
-    return (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)
-            and cpu_attention.fused_attention_usable(device, dtype))
+def audio_dtype(device: torch.device, dtype: torch.dtype, asked: bool = False) -> torch.dtype:
+    """The one decision: the dtype a decoder holds the audio's keys and values in (its cross-attention cache, written
+    once a chunk). In the "int8" precision (`asked`, as `requested` says of the target's encoder; the target's
+    decoder and a draft's alike), for an fp32 decoder the CPU attention kernel runs
+    (`cpu_attention.fused_attention_usable`: the kernel widens each key and value to fp32 as it loads it, its
+    arithmetic fp32's; torch's products would not take them): int8 with a scale a channel (`quantize_channels`),
+    or bf16 where `ASR_SPEC_NO_INT8_AUDIO=1`, or fp32 where `ASR_SPEC_NO_BF16_AUDIO=1`; elsewhere the decoder's own
+    dtype. Why: a step reads every row's audio keys/values once a layer: at batch 8 a greedy fp32 step of
+    whisper-base reads 295 MB of them, 10 of its 23 ms on an AVX2-only EPYC (2 cores); in bf16 the cross-attention
+    took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision again"); in int8 (74 MB) the 6 layers' cross-attention
+    of 8 rows 3.7 against 4.7-5.2 ms in bf16, the steps of three long files 1.11x faster, the same words and WER
+    (docs/cpu.md, "The int8 precision's audio keys/values in int8")."""
+    if not (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)
+            and cpu_attention.fused_attention_usable(device, dtype)):
+        return dtype
+    return torch.bfloat16 if cpu_attention.switched_on(INT8_AUDIO_ENV) else torch.int8
+
+
+def quantize_channels(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., C, S) fp32 -> (int8 (..., C, S), fp32 scales (..., C)): each channel's S values (an audio key's or
+    value's head_dim element over a chunk's positions) in `LEVELS` steps a side of zero, scale = max |x| / LEVELS
+    (1 where all are 0), rounded to nearest even (`cpu_int8.h`'s rows, their zero point taken off)."""
+    shape = x.shape
+    q, scales = quantize(x.reshape(-1, shape[-1]), LEVELS)  # uint8 with zero point LEVELS + 1 = 128
+    return (q ^ 128).view(torch.int8).view(shape), scales.view(shape[:-1])
 
 
 def bf16_weights_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:

@@ -60,10 +60,12 @@ class RunShape:
 
 
 def _cache_bytes(shape: DecoderShape, n_positions: int, n_audio_ctx: int) -> int:
-    """Bytes of one row of one decoder's KV cache: (self + cross) x (keys + values) x layers x heads x dims."""
+    """Bytes of one row of one decoder's KV cache: (self + cross) x (keys + values) x layers x heads x dims, and
+    int8 audio keys/values' fp32 channel scales (`KVCache.cross_k_scales`)."""
     per_position = 2 * shape.n_layers * shape.n_heads * shape.head_dim
     audio_bytes = shape.dtype_bytes if shape.audio_bytes is None else shape.audio_bytes
-    return per_position * (n_positions * shape.dtype_bytes + n_audio_ctx * audio_bytes)
+    scales = per_position * 4 if audio_bytes == 1 else 0
+    return per_position * (n_positions * shape.dtype_bytes + n_audio_ctx * audio_bytes) + scales
 
 
 def row_bytes(run: RunShape) -> int:

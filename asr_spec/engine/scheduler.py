@@ -93,8 +93,8 @@ class Engine:
         # product runs it: head.approximate_product)
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
         # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds the
-        # decoders' audio keys/values in bf16 where `int8.bf16_audio_usable` says so (target and draft alike: a
-        # draft's rounding changes only its proposals, which the target verifies)
+        # decoders' audio keys/values in int8 or bf16 as `int8.audio_dtype` says and their step weights in bf16
+        # (target and draft alike: a draft's rounding changes only its proposals, which the target verifies)
         int8_precision = int8.requested(target.model.encoder)
         self.target_dec = Decoder(target.model.decoder, target.proj_out,
                                   certify=certify if options.certified_head else None, int8_precision=int8_precision)

@@ -42,7 +42,7 @@ CPU_CLASSES = ("amx-bf16", "avx512-bf16", "avx2", "other")  # best first
 DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16", "int8": "int8"}
 # fp32 weights, the encoder's linear products in int8 (`engine.int8`: rows quantized by their own maximum) and the
-# decoder's audio keys/values in bf16 (`engine.int8.bf16_audio_usable`)
+# decoder's audio keys/values in int8 (`engine.int8.audio_dtype`)
 INT8 = "int8"
 
 
@@ -271,12 +271,12 @@ def encoder_attention(device: torch.device, dtype: torch.dtype, int8_asked: bool
 
 
 def audio_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
-    """The dtype the target decoder holds the audio's keys/values in: "bfloat16" where
-    `engine.int8.bf16_audio_usable` says so (its one decision: the `INT8` precision's fp32 decoder, `int8_asked`,
-    run by the attention kernel), else the dtype's name."""
-    from asr_spec.engine.int8 import bf16_audio_usable
+    """The dtype the target decoder holds the audio's keys/values in, by name: `engine.int8.audio_dtype`'s (its one
+    decision: "int8" or "bfloat16" in the `INT8` precision's fp32 decoder, `int8_asked`, run by the attention
+    kernel; else the dtype's own)."""
+    from asr_spec.engine.int8 import audio_dtype
 
-    return "bfloat16" if bf16_audio_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
+    return str(audio_dtype(device, dtype, int8_asked)).removeprefix("torch.")
 
 
 def decoder_weights(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
@@ -319,8 +319,8 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
     amx-bf16, bfloat16, lossless, attention: cpu kernel" / "cuda:0, float16" (bf16 on a CPU: "lossless" where its
     products are row-invariant, else "up to near-ties"; on a CPU, the attention path, then ", encoder products
     int8" where the encoder's products are int8 (", encoder products and attention int8" where its attention is
-    too), and ", audio keys/values bf16" where they are held in bf16 under another dtype (", decoder weights and
-    audio keys/values bf16" where the step reads its weights in bf16 too)."""
+    too), and ", decoder weights bf16" / ", audio keys/values int8" (or bf16) where they are held in another dtype
+    than the run's (", decoder weights and audio keys/values bf16" where both are bf16)."""
     info = run_precision(device, dtype, int8_asked)
     if "cpu" not in info:
         return f"{info['device']}, {info['dtype']}"
@@ -333,9 +333,10 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
         line += ", encoder products and attention int8" if both else ", encoder products int8"
     if info["dtype"] != "bfloat16":
         held = (("decoder weights", "decoder_weights"), ("audio keys/values", "audio_keys_values"))
-        parts = [name for name, key in held if info[key] == "bfloat16"]
-        if parts:
-            line += f", {' and '.join(parts)} bf16"
+        for name, short in (("bfloat16", "bf16"), (INT8, "int8")):
+            parts = [part for part, key in held if info[key] == name]
+            if parts:
+                line += f", {' and '.join(parts)} {short}"
     return line
 
 
