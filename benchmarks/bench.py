@@ -31,6 +31,7 @@ for each N (--configs picks a subset, e.g. fw,default for the end-to-end compari
         --refs tests/fixtures/speech/long_75s.txt --repeats 3      # the issue-9 end-to-end comparison
     python -m benchmarks.bench --emulate-isa avx2 ...             # as on an AVX2-only CPU (EMULATED_ISA)
 
+The process's malloc is pinned as `asr-spec transcribe` pins it (`asr_spec.allocator`; --plain-malloc leaves it).
 Beside the table, each asr-spec row's stage times on a CPU (`Engine.times`: encoder, decode steps, ms per step,
 admissions, the rest: audio, voice activity, log-mel, scheduling, stitching) and its steps' time against
 greedy's at the same N.
@@ -61,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asr_spec import ChunkStats, Transcriber
+from asr_spec import ChunkStats, Transcriber, allocator
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import int8
 from asr_spec.errors import AsrSpecError, one_line
@@ -326,6 +327,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--emulate-isa", choices=sorted(EMULATED_ISA),
                    help="run as on a CPU of this class: the command again in a process whose torch, oneDNN, MKL and "
                         "CTranslate2 kernels are limited to it and whose CPU class is pinned (see EMULATED_ISA)")
+    p.add_argument("--plain-malloc", action="store_true",
+                   help="leave glibc's malloc as it is (default: pinned as the CLI's commands pin it, "
+                        "asr_spec.allocator)")
     p.add_argument("--plot", default="runs/bench.png", help="PNG of speed-up against batch size")
     p.add_argument("--json", default=None, help="also save the figures here (default: the plot path with .json)")
     return p.parse_args(argv)
@@ -381,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         emulate(args.emulate_isa, argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not args.plain_malloc:  # as `asr-spec transcribe` runs (faster-whisper's worker is a process of its own)
+        allocator.pin()
     _quiet_libraries()
     try:
         batch_sizes, configs = _parse_lists(args)

@@ -71,7 +71,8 @@ def step_floor_ms(target, batch: int, window: int, n_keys: int, rates: dict[str,
     """Roofline floor of one target pass feeding `window` tokens per row over `n_keys` self-attention keys.
     head_itemsize: bytes per head weight read (default the model's: 2 for the certified bf16 head or the int8
     precision's bf16 weights); audio_itemsize: bytes per audio key/value element (default the model's: 1 for the
-    int8 precision's int8 audio, its channel scales not counted; `Decoder.audio_dtype`); weight_itemsize: bytes per layer weight (`module_bytes`)."""
+    int8 precision's int8 audio, its channel scales not counted; `Decoder.audio_dtype`); weight_itemsize: bytes per
+    layer weight (`module_bytes`)."""
     dec = target.model.decoder
     d, esize = target.config.d_model, target.dtype.itemsize
     n_layers, n_audio = len(dec.layers), target.config.max_source_positions

@@ -6,7 +6,7 @@ many-streams runner and one count of what is in the engine, chunk ids read by na
 
 The layers, lowest first (docs/layout.md states the same rule, checked below)::
 
-    errors, logs, testing, chunk_id, checks → engine → audio → models → stream → transcribe
+    errors, logs, testing, chunk_id, checks, allocator → engine → audio → models → stream → transcribe
     → asr_spec/__init__.py (the public API) → eval → distill → distributed, serve → cli, __main__
 
 A module may import from its own layer or a lower one, never from a higher one (lazy imports inside functions
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "asr_spec"
 # Top-level parts of asr_spec (a sub-package or a module; "__init__" is the package's own public API), by layer.
 LAYERS = (
-    ("errors", "logs", "testing", "chunk_id", "checks"),
+    ("errors", "logs", "testing", "chunk_id", "checks", "allocator"),
     ("engine",),
     ("audio",),
     ("models",),

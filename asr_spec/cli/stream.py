@@ -58,10 +58,12 @@ def stream(
     trace_streams: Path | None = TRACE_STREAMS,
 ) -> None:
     """Transcribe a live stream: committed text is printed as it becomes stable."""
+    from asr_spec import allocator
     from asr_spec.transcribe import Transcriber
 
     if speed < 0:
         fail(f"--speed must be >= 0, got {speed}", EXIT_USAGE)
+    allocator.pin()  # a process of its own, as `transcribe`
     if trace_streams is not None:
         start_trace(trace_streams)
     try:

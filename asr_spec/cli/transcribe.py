@@ -102,6 +102,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                          "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
+    from asr_spec import allocator
     from asr_spec.engine import int8
     from asr_spec.models.cpu import precision_line
     from asr_spec.transcribe import Transcriber
@@ -132,6 +133,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
         return
     run = _Run(len(files), output_dir)
+    allocator.pin()  # a process of its own: the engine's transient buffers kept in the heap, not mapped every call
     try:
         if output_dir is not None:  # before any model loads: the folder usable, names distinct, stale temps gone
             from asr_spec.transcribe.outputs import output_stems, prepare_output_dir

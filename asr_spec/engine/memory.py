@@ -18,7 +18,7 @@ import torch
 MAX_ENCODE_BATCH = 16  # chunks featurised / encoded at once, whatever the decode batch (bounds the activations)
 # On a CPU the engine encodes at most this many windows a call (`encode_batch`): whisper-base's 8-window call holds
 # 49 MB fc1 outputs, above glibc's 32 MiB dynamic mmap ceiling (faulted afresh each call offline), and a server
-# that keeps its transient buffers in the heap (serve/allocator.py) keeps the largest call's. Measured on the AMX
+# that keeps its transient buffers in the heap (asr_spec/allocator.py) keeps the largest call's. Measured on the AMX
 # Xeon (2 threads, fifth session): three long files 5.51 / 5.48 s at 4 against 5.47 / 5.58 s at 16 (encoder 1.58 /
 # 1.49 vs 1.64 / 1.61 s); 16 live streams + an hour sender peak at 1,698 MiB against 1,932 (one stream: 1,222), and
 # 8 streams' commit latency p95 6.7 s against 8.7

@@ -62,7 +62,7 @@ def run_server(preset: str | os.PathLike = "base", *, host: str = "127.0.0.1", p
     (`allocator.pin`: the engine's transient buffers kept in the heap and reused, not mapped every call)."""
     import uvicorn
 
-    from asr_spec.serve import allocator
+    from asr_spec import allocator
     from asr_spec.serve.auth import api_keys, warn_if_exposed
 
     warn_if_exposed(host, api_keys(settings.get("api_keys")))

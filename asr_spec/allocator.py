@@ -1,5 +1,7 @@
-"""glibc's malloc set for a long-running server whose big buffers come and go (the encoder's activations, a decode
-step's logits and attention scores), every call.
+"""glibc's malloc set for a process whose big buffers come and go (the encoder's activations, a decode step's logits
+and attention scores), every call: a long-running server (`asr-spec serve`), and an offline run in a process of its
+own (`asr-spec transcribe` and `asr-spec stream`, and `benchmarks/bench.py` as they run). Not the library's to
+set for a program that imports it: `Transcriber` leaves malloc alone.
 
 Where those buffers come from decides both the server's speed and its memory:
 - **mmapped** (above glibc's mmap threshold): each is mapped, page-faulted in (zeroed by the kernel) and unmapped on
@@ -17,12 +19,17 @@ Where those buffers come from decides both the server's speed and its memory:
   trims and regrows; each server thread (the engine's, the event loop, the voice-activity workers) may also get its
   own arena, each keeping what it freed: `MAX_ARENAS` bounds them.
 
-The price is resident memory held between calls: 16 streams and the hour sender peak at the ratio to one stream's
-that docs/live.md measures (issue 37's bound: 1.5x). Setting the thresholds with `mallopt` turns glibc's dynamic
-adjustment off. A thread arena's heap is at most 64 MiB: a larger block there is mmapped whatever the threshold.
+The price is resident memory held between calls: 16 streams and the hour sender peak at the ratio to one stream's that
+docs/live.md measures (issue 37's bound: 1.5x). Offline, where one process transcribes its files and exits, there is no
+such price: peak RSS is the largest call's either way (1.47-1.58 GB both ways for the three long fixtures at batch 8 in
+the int8 precision, AVX2-only EPYC, 2 threads), and the faults go: 11.95 / 11.72 s against 12.26 / 12.03 s in two
+alternated pairs of runs (1.03x; docs/cpu.md, "The offline run's malloc"). Setting the thresholds with `mallopt` turns
+glibc's dynamic adjustment off. A thread arena's heap is at most 64 MiB: a larger block there is mmapped whatever the
+threshold.
 
-`pin` does it once for the process (the server calls it before loading the models); it changes nothing where libc
-is not glibc, or where the user chose through glibc's own environment variables (`USER_SETTINGS`), which then win.
+`pin` does it once for the process (the server and the CLI's commands call it before loading the models); it changes
+nothing where libc is not glibc, or where the user chose through glibc's own environment variables (`USER_SETTINGS`),
+which then win.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ def pin(environ: dict[str, str] | None = None) -> bool:
         return False
     done = all(libc.mallopt(parameter, value) == 1 for parameter, value in _SETTINGS)
     if not done:
-        log.warning("mallopt refused the server's malloc settings; the engine's buffers may be mapped every call")
+        log.warning("mallopt refused the malloc settings; the engine's buffers may be mapped every call")
     return done
 
 

@@ -1,5 +1,6 @@
-"""The server's malloc settings (serve/allocator.py): set on glibc unless the environment chose, a big block then
-comes from the heap (not mmapped and unmapped every call), and set by `asr-spec serve` before it serves."""
+"""The malloc settings of a process of our own (asr_spec/allocator.py): set on glibc unless the environment chose,
+a big block then comes from the heap (not mmapped and unmapped every call), and set by `asr-spec serve` before it
+serves and by `asr-spec transcribe` / `stream` before they load a model."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ctypes
 
 import pytest
 
-from asr_spec.serve import allocator
+from asr_spec import allocator
 
 
 @pytest.mark.parametrize("name", allocator.USER_SETTINGS)
@@ -83,3 +84,24 @@ def test_serve_pins_malloc_before_it_serves(monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: order.append(f"run {app}"))
     serve.run_server("base")
     assert order == ["pin", "build", "run app"]
+
+
+@pytest.mark.parametrize("command", [["transcribe", "a.wav"], ["stream", "a.wav"]])
+def test_the_cli_pins_malloc_before_it_loads_a_model(monkeypatch, capsys, command):
+    """`asr-spec transcribe` and `asr-spec stream` own their process, as the server does: malloc is pinned before
+    the models load (here the load fails at once, a user error, and the command exits)."""
+    from asr_spec.cli import main
+    from asr_spec.errors import InputError
+    from asr_spec.transcribe import Transcriber
+
+    order: list[str] = []
+    monkeypatch.setattr(allocator, "pin", lambda: order.append("pin") or True)
+
+    def load(*args, **kwargs):
+        order.append("load")
+        raise InputError("no model here")
+
+    monkeypatch.setattr(Transcriber, "from_preset", load)
+    with pytest.raises(SystemExit):
+        main(command)
+    assert order == ["pin", "load"], capsys.readouterr().err
