@@ -48,7 +48,7 @@ its whole buffer again (default: its committed words are forced, `StreamOptions.
 (`StreamOptions.context_s`, both modes); --group-wait-s: how long a waiting re-decode is held for others to be
 encoded with it (0: each taken as soon as a row is free);
 --glibc-malloc: glibc's malloc left as it is (the server sets its thresholds and arenas:
-`asr_spec.serve.allocator`). The server has --batch-size engine rows (8, `asr-spec serve`'s default) whatever the
+`asr_spec.allocator`). The server has --batch-size engine rows (8, `asr-spec serve`'s default) whatever the
 number of streams: they share the rows. The engine's state is allocated once for its rows and its pages become
 resident as rows are first used (52-62 MB a row for whisper-base: `memory.row_bytes`), so a process keeps what its
 busiest run touched: compare peak RSS across configurations in separate processes (one command each).
@@ -302,7 +302,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="--server: the server's engine rows, shared by "
                         "the streams (asr-spec serve's default: 8)")
     parser.add_argument("--glibc-malloc", action="store_true", help="--server: leave glibc's malloc as it is (the "
-                        "server sets its mmap and trim thresholds and arenas: asr_spec.serve.allocator; compare "
+                        "server sets its mmap and trim thresholds and arenas: asr_spec.allocator; compare "
                         "peak RSS and re-decodes)")
     parser.add_argument("--hypothesis", action=argparse.BooleanOptionalAction, default=None,
                         help="--server: offer each stream's previous hypothesis as the draft (`asr-spec serve "
@@ -320,7 +320,7 @@ def main() -> None:
     if args.trace:
         trace_streams(args.trace)
     if args.server and not args.glibc_malloc:  # as `asr-spec serve` does, before the models load
-        from asr_spec.serve import allocator
+        from asr_spec import allocator
 
         allocator.pin()
     stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
