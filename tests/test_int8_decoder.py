@@ -188,23 +188,33 @@ def test_a_decoder_over_bf16_weights_is_fp32_over_the_rounded_weights(monkeypatc
     assert not torch.equal(logits, full) and float((logits - full).abs().max()) < 0.05 * float(full.abs().max())
 
 
-@pytest.mark.parametrize("layer_loop", [True, False])
-def test_a_decoder_over_bf16_audio_is_fp32_over_the_rounded_audio(monkeypatch, layer_loop):
+def _audio_pair(monkeypatch, layer_loop: bool, audio_dtype: torch.dtype, seed: int, rows: int):
+    """(int8 precision decoder, plain fp32 decoder, their caches of `rows` rows with the same random audio written)
+    over one random model, the weights fp32 in both (only the audio's dtype differs: `audio_dtype`)."""
     monkeypatch.delenv(int8.AUDIO_ENV, raising=False)
-    monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")  # bf16 audio
-    monkeypatch.setenv(int8.WEIGHTS_ENV, "1")  # the weights in fp32 in both: only the audio differs
-    model = random_whisper("test", seed=2, vocab_size=70, init_std=0.2).eval()
+    if audio_dtype == torch.int8:
+        monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
+    else:
+        monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")  # bf16 audio
+    monkeypatch.setenv(int8.WEIGHTS_ENV, "1")
+    model = random_whisper("test", seed=seed, vocab_size=70, init_std=0.2).eval()
     dec = Decoder(model.model.decoder, model.proj_out, int8_precision=True)
     plain = Decoder(model.model.decoder, model.proj_out)
-    assert dec.audio_dtype == torch.bfloat16 and plain.audio_dtype == torch.float32
+    assert dec.audio_dtype == audio_dtype and plain.audio_dtype == torch.float32
     if not layer_loop:
         dec.layer_loop = plain.layer_loop = None
     n_audio = model.config.max_source_positions
-    audio = torch.randn(2, n_audio, model.config.d_model, generator=torch.Generator().manual_seed(3))
-    cache, reference = dec.new_cache(2, 20, n_audio), plain.new_cache(2, 20, n_audio)
-    assert cache.cross_k.dtype == cache.cross_v.dtype == torch.bfloat16 and cache.self_k.dtype == torch.float32
+    audio = torch.randn(rows, n_audio, model.config.d_model, generator=torch.Generator().manual_seed(seed + 1))
+    cache, reference = dec.new_cache(rows, 20, n_audio), plain.new_cache(rows, 20, n_audio)
     dec.write_audio(cache, audio)
     plain.write_audio(reference, audio)
+    return dec, plain, cache, reference
+
+
+@pytest.mark.parametrize("layer_loop", [True, False])
+def test_a_decoder_over_bf16_audio_is_fp32_over_the_rounded_audio(monkeypatch, layer_loop):
+    dec, plain, cache, reference = _audio_pair(monkeypatch, layer_loop, torch.bfloat16, seed=2, rows=2)
+    assert cache.cross_k.dtype == cache.cross_v.dtype == torch.bfloat16 and cache.self_k.dtype == torch.float32
     # the products are fp32's, rounded once as they are stored
     assert torch.equal(cache.cross_k, reference.cross_k.bfloat16())
     assert torch.equal(cache.cross_v, reference.cross_v.bfloat16())
@@ -219,23 +229,10 @@ def test_a_decoder_over_bf16_audio_is_fp32_over_the_rounded_audio(monkeypatch, l
 def test_a_decoder_over_int8_audio_is_fp32_over_the_scaled_audio(monkeypatch, layer_loop):
     """int8 audio keys/values quantized per channel as they are written (`write_audio`), their scales moved with
     their rows, and the logits an fp32 decoder's over the values they stand for, within fp32 rounding."""
-    for name in (int8.AUDIO_ENV, int8.INT8_AUDIO_ENV):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(int8.WEIGHTS_ENV, "1")  # the weights in fp32 in both: only the audio differs
-    model = random_whisper("test", seed=6, vocab_size=70, init_std=0.2).eval()
-    dec = Decoder(model.model.decoder, model.proj_out, int8_precision=True)
-    plain = Decoder(model.model.decoder, model.proj_out)
-    assert dec.audio_dtype == torch.int8 and plain.audio_dtype == torch.float32
-    if not layer_loop:
-        dec.layer_loop = plain.layer_loop = None
-    n_audio = model.config.max_source_positions
-    audio = torch.randn(3, n_audio, model.config.d_model, generator=torch.Generator().manual_seed(7))
-    cache, reference = dec.new_cache(3, 20, n_audio), plain.new_cache(3, 20, n_audio)
+    dec, plain, cache, reference = _audio_pair(monkeypatch, layer_loop, torch.int8, seed=6, rows=3)
     assert cache.cross_k.dtype == torch.int8 and cache.cross_k_scales.shape == (
         len(dec.layers), 3, dec.n_heads, dec.head_dim)
     assert reference.cross_k_scales is None
-    dec.write_audio(cache, audio)
-    plain.write_audio(reference, audio)
     for stored, scales, fp32 in ((cache.cross_k, cache.cross_k_scales, reference.cross_k),
                                  (cache.cross_v, cache.cross_v_scales, reference.cross_v)):
         expected, expected_scales = int8.quantize_channels(fp32.transpose(-1, -2).contiguous())
