@@ -95,7 +95,7 @@ void scores_of(const Group& g, const KV* keys, int64_t stride, int64_t head_dim)
 
 // scores -> scale * score, then exp(that - max), in place (zeros past n, to the next multiple of L); returns the
 // sum of the first n.
-float softmax_numerators(float* scores, int64_t n, float scale) {
+inline float softmax_numerators(float* scores, int64_t n, float scale) {
   const int64_t full = n / L * L;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const vec scaled = set1(scale);
