@@ -112,7 +112,7 @@ def quantize_channels(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (1 where all are 0), rounded to nearest even (`cpu_int8.h`'s rows, their zero point taken off)."""
     shape = x.shape
     q, scales = quantize(x.reshape(-1, shape[-1]), LEVELS)  # uint8 with zero point LEVELS + 1 = 128
-    return (q ^ 128).view(torch.int8).view(shape), scales.view(shape[:-1])
+    return q.bitwise_xor_(128).view(torch.int8).view(shape), scales.view(shape[:-1])  # in place: less 128
 
 
 def bf16_weights_usable(device: torch.device, dtype: torch.dtype, asked: bool = False) -> bool:
