@@ -4,7 +4,8 @@ fp32 queries over bf16 keys/values is exactly fp32 attention over their widened 
 counts), over int8 ones fp32 attention over their scaled values within fp32 rounding and row-invariant; a
 decoder's logits are an fp32 decoder's over the bf16-rounded audio, and over the bf16-rounded weights, bit for bit
 (its layer loop and its Python loop), over the int8 audio within rounding; the channel quantizer; the decisions;
-and the memory a run needs counting 2 bytes (bf16) or 1 byte and the scales (int8) an audio key."""
+and the memory a run needs counting 2 bytes (bf16) or 1 byte and the scales (int8) an audio key; the one rule of
+which caches carry scales; the oracle draft's fingerprints over int8 audio."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from asr_spec.engine import cpu_attention, cpu_linear, int8, memory
+from asr_spec.engine.cache import KVCache, channel_scaled
 from asr_spec.engine.decoder import Decoder
 from asr_spec.testing import random_whisper
 
@@ -248,8 +250,8 @@ def test_a_decoder_over_int8_audio_is_fp32_over_the_scaled_audio(monkeypatch, la
 
 
 def test_a_runs_memory_counts_one_byte_and_the_scales_an_int8_audio_key():
-    bf16 = memory.DecoderShape(6, 8, 64, 4, audio_bytes=2)
-    compact = memory.DecoderShape(6, 8, 64, 4, audio_bytes=1)
+    bf16 = memory.DecoderShape(6, 8, 64, 4, audio_dtype=torch.bfloat16)
+    compact = memory.DecoderShape(6, 8, 64, 4, audio_dtype=torch.int8)
     saved = (memory.row_bytes(memory.RunShape(bf16, None, 450, 1500, 512, 51865, 0, 0))
              - memory.row_bytes(memory.RunShape(compact, None, 450, 1500, 512, 51865, 0, 0)))
     assert saved == 2 * 6 * 8 * 64 * (1500 - 4)  # a byte fewer each, an fp32 scale more a channel
@@ -257,7 +259,33 @@ def test_a_runs_memory_counts_one_byte_and_the_scales_an_int8_audio_key():
 
 def test_a_runs_memory_counts_two_bytes_an_audio_key():
     fp32 = memory.DecoderShape(6, 8, 64, 4)
-    compact = memory.DecoderShape(6, 8, 64, 4, audio_bytes=2)
+    compact = memory.DecoderShape(6, 8, 64, 4, audio_dtype=torch.bfloat16)
     run = memory.RunShape(fp32, None, 450, 1500, 512, 51865, 0, 0)
     saved = memory.row_bytes(run) - memory.row_bytes(memory.RunShape(compact, None, 450, 1500, 512, 51865, 0, 0))
     assert saved == 2 * 6 * 8 * 64 * 1500 * 2  # keys and values, every layer, 2 bytes fewer each
+
+
+def test_only_int8_audio_carries_channel_scales():
+    assert channel_scaled(torch.int8)
+    assert not any(channel_scaled(d) for d in (torch.float32, torch.bfloat16, torch.float16))
+    shape = (2, 3, H, D, 450, 20)
+    assert KVCache.empty(*shape, device=CPU, dtype=torch.float32, audio_dtype=torch.int8).cross_k_scales.shape == (
+        2, 3, H, D)
+    assert KVCache.empty(*shape, device=CPU, dtype=torch.float32, audio_dtype=torch.bfloat16).audio_scales == (
+        None, None)
+
+
+def test_an_oracle_fingerprint_reads_int8_audio_values_with_their_scales():
+    """The oracle draft finds a row's chunk by a few of its audio values: an int8 cache's are those values scaled,
+    the same as a cache holding the dequantized values (so two chunks differing only in their scales differ)."""
+    from asr_spec.engine.oracle import _fingerprint
+
+    gen = torch.Generator().manual_seed(3)
+    compact = KVCache.empty(1, 2, H, D, 8, 20, device=CPU, dtype=torch.float32, audio_dtype=torch.int8)
+    compact.cross_v.copy_(torch.randint(-127, 128, compact.cross_v.shape, generator=gen, dtype=torch.int8))
+    compact.cross_v_scales.copy_(torch.rand(compact.cross_v_scales.shape, generator=gen) + 0.5)
+    plain = KVCache.empty(1, 2, H, D, 8, 20, device=CPU, dtype=torch.float32)
+    plain.cross_v.copy_(compact.cross_v.float() * compact.cross_v_scales[:, :, :, None, :])
+    torch.testing.assert_close(_fingerprint(compact), _fingerprint(plain))
+    compact.cross_v_scales[:, 1] *= 2  # row 1's chunk: the same levels, other scales
+    assert not torch.allclose(_fingerprint(compact)[1], _fingerprint(plain)[1])

@@ -12,6 +12,13 @@ from dataclasses import dataclass
 import torch
 
 
+def channel_scaled(audio_dtype: torch.dtype) -> bool:
+    """The one rule of a cache's audio scales: audio keys/values held in int8 carry an fp32 scale a channel (a
+    (row, head, head_dim element) over the chunk's positions: `KVCache.cross_k_scales`); in any other dtype none.
+    `KVCache.empty` allocates by it, `engine.memory` counts by it."""
+    return audio_dtype == torch.int8
+
+
 @dataclass
 class KVCache:
     """Self- and cross-attention caches of one decoder for `n_rows` batch slots.
@@ -64,7 +71,7 @@ class KVCache:
 
         audio = dtype if audio_dtype is None else audio_dtype
         scales = (lambda: torch.ones((n_layers, n_rows, n_heads, head_dim), device=device)
-                  ) if audio == torch.int8 else (lambda: None)
+                  ) if channel_scaled(audio) else (lambda: None)
         return cls(
             self_k=tensor(torch.zeros, n_positions, self_k_transposed, dtype),
             self_v=tensor(torch.zeros, n_positions, self_v_transposed, dtype),

@@ -76,7 +76,8 @@ class DecoderLayout:
             for proj, stored, scales, by_product in (
                     (attn.k_proj, cache.cross_k[i], cache.cross_k_scales, self.values_t and self.keys_t),
                     (attn.v_proj, cache.cross_v[i], cache.cross_v_scales, self.values_t)):
-                if scratch is not None:  # int8: both stored (head_dim, positions) (`_audio_keys_transposed`)
+                if scratch is not None:  # int8: scales a channel over positions; a plain copy where stored
+                    # (head_dim, positions), as the kernel's fp32 layout stores both (`_audio_keys_transposed`)
                     transposed_product(audio, proj, scratch)
                     quantized, scales[i] = int8.quantize_channels(scratch)
                     stored.transpose(-1, -2).copy_(quantized)

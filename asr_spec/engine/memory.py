@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from asr_spec.engine.cache import channel_scaled
+
 MAX_ENCODE_BATCH = 16  # chunks featurised / encoded at once, whatever the decode batch (bounds the activations)
 # On a CPU the engine encodes at most this many windows a call (`encode_batch`): whisper-base's 8-window call holds
 # 49 MB fc1 outputs, above glibc's 32 MiB dynamic mmap ceiling (faulted afresh each call offline), and a server
@@ -41,8 +43,8 @@ class DecoderShape:
     n_heads: int
     head_dim: int
     dtype_bytes: int
-    # of an audio key/value element (the cross-attention cache: `Decoder.audio_dtype`); None: dtype_bytes
-    audio_bytes: int | None = None
+    # of the audio keys/values (the cross-attention cache: `Decoder.audio_dtype`); None: the decoder's own
+    audio_dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,11 @@ class RunShape:
 
 def _cache_bytes(shape: DecoderShape, n_positions: int, n_audio_ctx: int) -> int:
     """Bytes of one row of one decoder's KV cache: (self + cross) x (keys + values) x layers x heads x dims, and
-    int8 audio keys/values' fp32 channel scales (`KVCache.cross_k_scales`)."""
+    the audio keys/values' fp32 channel scales where they have them (`cache.channel_scaled`)."""
     per_position = 2 * shape.n_layers * shape.n_heads * shape.head_dim
-    audio_bytes = shape.dtype_bytes if shape.audio_bytes is None else shape.audio_bytes
-    scales = per_position * 4 if audio_bytes == 1 else 0
+    audio_bytes = shape.dtype_bytes if shape.audio_dtype is None else shape.audio_dtype.itemsize
+    scaled = shape.audio_dtype is not None and channel_scaled(shape.audio_dtype)
+    scales = per_position * FLOAT32_BYTES if scaled else 0
     return per_position * (n_positions * shape.dtype_bytes + n_audio_ctx * audio_bytes) + scales
 
 

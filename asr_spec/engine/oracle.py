@@ -87,9 +87,12 @@ class OracleScript:
 
 
 def _fingerprint(cache: KVCache) -> torch.Tensor:
-    """(R, F) float32: a few cross-attention values of each row of `cache` (layer 0, head 0, first positions)."""
-    values = cache.cross_v[0, :, 0, :FINGERPRINT_POSITIONS]
-    return values.reshape(values.shape[0], -1).float()
+    """(R, F) float32: a few cross-attention values of each row of `cache` (layer 0, head 0, first positions),
+    times their channel scales where the cache has them (int8 audio: `KVCache.cross_v_scales`)."""
+    values = cache.cross_v[0, :, 0, :FINGERPRINT_POSITIONS].float()  # (R, positions, head_dim)
+    if cache.cross_v_scales is not None:
+        values = values * cache.cross_v_scales[0, :, 0, None, :]
+    return values.reshape(values.shape[0], -1)
 
 
 class OracleDecoder(Decoder):
