@@ -66,12 +66,8 @@ void values_pairs(const Group& g, const bf16* values, int64_t stride, int64_t d,
   const bf16* rows[RV];
   vec acc[NQ][RV];
   for (int r = 0; r < RV; ++r) rows[r] = values + (d + r) * stride;
-  for (int i = 0; i < NQ; ++i) {
-    for (int r = 0; r < RV; ++r) acc[i][r] = zero();
-  }
-  int64_t full_min = g.n[0];
-  for (int i = 1; i < NQ; ++i) full_min = g.n[i] < full_min ? g.n[i] : full_min;
-  full_min = full_min / L2 * L2;
+  zero_sums(acc);
+  const int64_t full_min = whole_blocks_of_all<NQ>(g, L2);
   const int64_t full_max = g.n_max / L2 * L2;
   pairs v[RV];
   for (int64_t j = 0; j < full_max; j += L2) {

@@ -334,4 +334,21 @@ inline vec gelu_erf(vec x) {
   return vmul(vmul(set1(0.5f), x), nonnegative_else(x, vsub(set1(2.0f), tail), tail));
 }
 
+// The keys every query of a group has in whole blocks of `width`: the least of their counts (`Group::n`, ragged)
+// rounded down to a block; a sweep of values shares its loads across the group's queries up to it.
+template <int NQ, typename Group>
+inline int64_t whole_blocks_of_all(const Group& g, int64_t width) {
+  int64_t least = g.n[0];
+  for (int i = 1; i < NQ; ++i) least = g.n[i] < least ? g.n[i] : least;
+  return least / width * width;
+}
+
+// acc[i][r] = 0 for each query i and value row r of a sweep
+template <int NQ, int RV>
+inline void zero_sums(vec (&acc)[NQ][RV]) {
+  for (int i = 0; i < NQ; ++i) {
+    for (int r = 0; r < RV; ++r) acc[i][r] = zero();
+  }
+}
+
 }  // namespace cpu_attention

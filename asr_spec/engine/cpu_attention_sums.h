@@ -133,12 +133,8 @@ void values_rows(const Group& g, const KV* values, int64_t stride, int64_t d, co
   const KV* rows[RV];
   vec acc[NQ][RV];
   for (int r = 0; r < RV; ++r) rows[r] = values + (d + r) * stride;
-  for (int i = 0; i < NQ; ++i) {
-    for (int r = 0; r < RV; ++r) acc[i][r] = zero();
-  }
-  int64_t full_min = g.n[0];
-  for (int i = 1; i < NQ; ++i) full_min = g.n[i] < full_min ? g.n[i] : full_min;
-  full_min = full_min / L * L;
+  zero_sums(acc);
+  const int64_t full_min = whole_blocks_of_all<NQ>(g, L);
   const int64_t full_max = g.n_max / L * L;
   vec v[RV];
   const int64_t far = sweep_ahead(RV, stride * static_cast<int64_t>(sizeof(KV)));
