@@ -215,3 +215,9 @@ def test_with_the_attention_kernel_only_the_products_decide(blocks, expected):
                                      attention_kernel=True)
     assert cpu.torch_dtype(precision) == expected
     assert ("attention kernel: lossless" in why) == (expected == torch.bfloat16), why
+
+
+def test_a_dtype_is_named_as_precisions_spell_it():
+    assert [cpu.dtype_name(d) for d in (torch.float32, torch.bfloat16, torch.float16, torch.int8)] == [
+        "float32", "bfloat16", "float16", "int8"]
+    assert all(cpu.torch_dtype(cpu.dtype_name(d)) == d for d in (torch.float32, torch.bfloat16, torch.float16))

@@ -36,7 +36,9 @@ import torch
 from asr_spec.engine import cpu_linear
 from asr_spec.engine.kernels import onednn_linear, onednn_usable, pack, reorder, shared
 
-_BF16_REL = 2.0 ** -7  # bf16 keeps 8 significant bits: rounding moves a value by < 2^-8 of it; 2^-7 is generous
+# a bf16 output's rounding, relative to its value: bf16 keeps 8 significant bits, so rounding moves a value by
+# < 2^-8 of it; 2^-7 is generous
+_BF16_OUTPUT_ROUNDING = 2.0 ** -7
 _FP32_EPS = 2.0 ** -24
 PRODUCTS = ("onednn", "thin")  # the certified head's bf16 products (`approximate_product`)
 
@@ -82,7 +84,7 @@ class CertifiedHead:
         self.product = product
         # the approximate product's output rounding, relative to a value: bf16's (oneDNN's output), none for the
         # thin product's fp32 output (its accumulation is in the bound below)
-        self.output_rel = _BF16_REL if product == "onednn" else 0.0
+        self.output_rel = _BF16_OUTPUT_ROUNDING if product == "onednn" else 0.0
         repack = reorder if product == "onednn" else cpu_linear.repack
         self.text_packed = shared(("bf16-rows", exact_from, repack), (source,), functools.partial(repack, text_bf16))
         self.exact_ids = torch.cat([protected_ids, torch.arange(exact_from, v)])  # (E,)

@@ -198,6 +198,11 @@ def auto_choice(device: torch.device, cpu: CpuCapabilities | None = None,
     return "bfloat16", f"native bf16, {products} and {attention}: lossless"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype's name as precisions, summaries and configs spell it: "float32", "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
 def torch_dtype(precision: str) -> torch.dtype:
     """The dtype a precision loads its models in: `INT8`'s weights are fp32."""
     return torch.float32 if precision == INT8 else getattr(torch, precision)
@@ -216,7 +221,7 @@ def resolve_precision(dtype: str | torch.dtype | None, device: torch.device,
     where native and lossless, int8 on AVX2, else fp32), logged once with the CPU's class and the reason. cpu: the
     capabilities to decide from (None: this machine's)."""
     if isinstance(dtype, torch.dtype):
-        return str(dtype).removeprefix("torch.")
+        return dtype_name(dtype)
     if dtype in (None, "auto"):
         chosen, why = auto_choice(device, cpu)
         log_decision(device, dtype, chosen, why)
@@ -259,7 +264,7 @@ def encoder_products(device: torch.device, dtype: torch.dtype, int8_asked: bool 
     else the dtype's name."""
     from asr_spec.engine.int8 import int8_encoder_usable
 
-    return INT8 if int8_encoder_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
+    return INT8 if int8_encoder_usable(device, dtype, int8_asked) else dtype_name(dtype)
 
 
 def encoder_attention(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
@@ -267,7 +272,7 @@ def encoder_attention(device: torch.device, dtype: torch.dtype, int8_asked: bool
     (its one decision: the `INT8` precision's fp32 encoder, `int8_asked`), else the dtype's name."""
     from asr_spec.engine.int8 import int8_attention_usable
 
-    return INT8 if int8_attention_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
+    return INT8 if int8_attention_usable(device, dtype, int8_asked) else dtype_name(dtype)
 
 
 def audio_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
@@ -276,7 +281,7 @@ def audio_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool =
     kernel; else the dtype's own)."""
     from asr_spec.engine.int8 import audio_dtype
 
-    return str(audio_dtype(device, dtype, int8_asked)).removeprefix("torch.")
+    return dtype_name(audio_dtype(device, dtype, int8_asked))
 
 
 def decoder_weights(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
@@ -285,7 +290,7 @@ def decoder_weights(device: torch.device, dtype: torch.dtype, int8_asked: bool =
     else the dtype's name."""
     from asr_spec.engine.int8 import bf16_weights_usable
 
-    return "bfloat16" if bf16_weights_usable(device, dtype, int8_asked) else str(dtype).removeprefix("torch.")
+    return "bfloat16" if bf16_weights_usable(device, dtype, int8_asked) else dtype_name(dtype)
 
 
 def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> dict[str, object]:
@@ -298,7 +303,7 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
     rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
 
-    info: dict[str, object] = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
+    info: dict[str, object] = {"device": str(device), "dtype": dtype_name(dtype)}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
         info["attention"] = attention_path(device, dtype)

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from asr_spec.models.cpu import dtype_name
+
 SHARED_PREFIXES = ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "proj_out.")  # from the target
 VOCAB_FILE = "draft_vocab.json"
 INFO_FILE = "distill.json"
@@ -63,7 +65,7 @@ def save_trained_draft(draft: nn.Module, out_dir: str | os.PathLike, *, dtype: t
              if not k.startswith(SHARED_PREFIXES)}
     to_save = copy.copy(draft)  # shallow: same modules; only the config's dtype note changes
     to_save.config = copy.deepcopy(draft.config)
-    to_save.config.dtype = str(dtype).removeprefix("torch.")
+    to_save.config.dtype = dtype_name(dtype)
     to_save.save_pretrained(out, state_dict=state)
     write_draft_extras(draft, out, {"kind": DECODER_KIND, **(info or {})})
     return out

@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from asr_spec.errors import InputError
+from asr_spec.models.cpu import dtype_name
 from asr_spec.models.ct2 import CT2Model, ModelFormatError, read_ct2
 from asr_spec.models.ct2_whisper import whisper_dims, whisper_state_dict
 from asr_spec.models.whisper_vocab import build_whisper_tokenizer, read_json, whisper_config, whisper_generation_config
@@ -202,8 +203,8 @@ def ensure_converted(ct2_dir: str | Path, *, dtype: torch.dtype = torch.float32)
     model_bin = ct2_dir / "model.bin"
     if not model_bin.is_file():
         raise ModelFormatError(f"{model_bin}: missing; a CTranslate2 Whisper directory must hold model.bin")
-    dtype_name = str(dtype).removeprefix("torch.")
-    out_dir = cache_dir() / "models" / f"{ct2_dir.resolve().name}-{dtype_name}-{_file_key(model_bin, extra=dtype_name)}"
+    name = dtype_name(dtype)
+    out_dir = cache_dir() / "models" / f"{ct2_dir.resolve().name}-{name}-{_file_key(model_bin, extra=name)}"
     if _is_complete(out_dir):
         return out_dir
     try:

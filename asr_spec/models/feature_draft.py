@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from asr_spec.engine.features import FeatureDecoder
+from asr_spec.models.cpu import dtype_name
 from asr_spec.models.drafts import INFO_FILE, SHARED_PREFIXES, VOCAB_FILE, draft_kind, write_draft_extras
 
 KIND = "target-features"  # distill.json "kind" of this draft (a plain distilled draft: "decoder")
@@ -146,7 +147,7 @@ def save_feature_draft(draft: FeatureDraft, out_dir: str | os.PathLike, *, dtype
     save_file({k: v.detach().to(dtype).contiguous() for k, v in own_state(draft).items()},
               str(out / "model.safetensors"))
     config = copy.deepcopy(draft.config)
-    config.dtype = str(dtype).removeprefix("torch.")
+    config.dtype = dtype_name(dtype)
     config.save_pretrained(out)
     draft.generation_config.save_pretrained(out)
     write_draft_extras(draft, out, {**(info or {}), "kind": KIND})
