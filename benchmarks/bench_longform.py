@@ -278,7 +278,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", help="comma list of fixture names (e.g. dense_windows,clips)")
     p.add_argument("--fixtures", type=Path, default=FIXTURES,
                    help="a folder laid out as the fixtures (default tests/fixtures/longform; e.g. the held-out set "
-                        "of make_longform_fixtures.py --set heldout)")
+                        "of make_longform_fixtures.py --set heldout or heldout2)")
     p.add_argument("--stream-step-s", type=float, default=StreamOptions().step_s,
                    help="stream: seconds of audio per block, re-decoded after each (default StreamOptions.step_s, "
                         "asr-spec stream's)")

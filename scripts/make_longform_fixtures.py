@@ -11,6 +11,7 @@ scripts/kokoro_tts.py, which holds the voices):
 The texts are data: scripts/texts/longform_fixtures.json and, for `--set heldout`, longform_heldout.json.
 `--set heldout` makes the same four structures and clips from other texts (scripts/texts/longform_heldout.json) in
 other voice pairings with another seed: files nothing was tuned on, to check what the fixtures chose.
+`--set heldout2` does the same again from a third set of texts (longform_heldout2.json) in yet other pairings.
 Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
 
     dense_windows.opus       (a) dense speech in three voices, 0.2-0.45 s pauses, planned so that each 30 s
@@ -113,6 +114,11 @@ SETS = {
     "heldout": FileSet("longform_heldout", 28_1201, ("af_bella", "am_onyx", "bf_alice"), ("am_adam", "af_river"),
                        ("af_nova", "bm_george", "am_eric"), "af_kore",
                        ("af_bella", "am_onyx", "af_river", "am_adam", "bf_emma", "am_eric", "bm_lewis", "af_heart")),
+    # a second held-out set (2026-12-05): new texts, and dense voices, pairings and a seed of neither set above
+    "heldout2": FileSet("longform_heldout2", 5_1205, ("bf_isabella", "am_michael", "af_aoede"),
+                        ("bm_daniel", "af_jessica"), ("af_river", "bm_lewis", "am_liam"), "bf_emma",
+                        ("af_sarah", "am_fenrir", "bf_alice", "bm_george", "af_alloy", "am_adam", "af_kore",
+                         "af_heart")),
 }
 
 
@@ -299,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="kokoro-js's voices/ folder (raw float32 style tables; default $KOKORO_VOICES, else "
                              "~/kokoro-voices/package/voices)")
     parser.add_argument("--set", choices=sorted(SETS), default="fixtures",
-                        help="fixtures (default: the committed ones) or heldout (other texts and voices)")
+                        help="fixtures (default: the committed ones), heldout or heldout2 (other texts and voices)")
     parser.add_argument("--out", type=Path, help="default tests/fixtures/longform for --set fixtures "
-                                                 "(--set heldout needs it)")
+                                                 "(--set heldout and heldout2 need it)")
     parser.add_argument("--cache", type=Path, help="keep each synthesised sentence here (reruns skip Kokoro)")
     args = parser.parse_args(argv)
     if not (args.voices / "af_heart.bin").exists():

@@ -54,19 +54,22 @@ def voices_of(file_set) -> set[str]:
     return {*file_set.dense, *file_set.dialogue, *file_set.garden, file_set.bridges, *file_set.clips}
 
 
-def test_the_held_out_set_speaks_other_texts_in_the_fixtures_structures_and_no_evaluation_voice():
+def test_every_held_out_set_speaks_other_texts_in_the_fixtures_structures_and_no_evaluation_voice():
     from conftest import script_module
 
     with script_module("make_longform_fixtures") as maker, script_module("kokoro_tts") as tts:
-        fixtures, heldout = maker.SETS["fixtures"], maker.SETS["heldout"]
-        assert not set(fixtures.every_text()) & set(heldout.every_text())
-        assert fixtures.seed != heldout.seed
-        for file_set in (fixtures, heldout):
+        fixtures = maker.SETS["fixtures"]
+        held_out = [file_set for name, file_set in maker.SETS.items() if name != "fixtures"]
+        assert len(held_out) >= 2
+        sets = [fixtures, *held_out]
+        for i, file_set in enumerate(sets):
             texts = file_set.load_texts()
-            assert len(texts.weak_onsets) == len(fixtures.clips) == len(heldout.clips)
+            assert len(texts.weak_onsets) == len(fixtures.clips) == len(file_set.clips)
             assert {t.split()[0] for t in texts.weak_onsets} <= WEAK_WORDS
             assert texts.last_sentence.startswith(texts.last_spoken + ",")
             assert all(t[-1] in ".?" for t in file_set.every_text())
-        assert not (voices_of(fixtures) | voices_of(heldout)) & tts.EXCLUDED_VOICES
-        # the dense file's voices are none of the fixture dense file's: other speakers at the window's edge
-        assert not set(heldout.dense) & set(fixtures.dense)
+            assert not voices_of(file_set) & tts.EXCLUDED_VOICES
+            for other in sets[:i]:  # other texts, another seed, other speakers at the dense file's window edges
+                assert not set(file_set.every_text()) & set(other.every_text())
+                assert file_set.seed != other.seed
+                assert not set(file_set.dense) & set(other.dense)
