@@ -201,6 +201,29 @@ thread.join(30)
 """
 
 
+SERVER_START_S = 600  # a loaded CI machine (the suite's workers beside it) starts the child in minutes, not seconds
+
+
+def _wait_until_ready(child: subprocess.Popen, health: str) -> None:
+    """Until the child server answers `health` with 200: an error naming why if it exits first or takes longer
+    than SERVER_START_S (a fixed count of polls was passed under load, and the test then failed on a refused
+    connection instead)."""
+    import httpx
+
+    deadline = time.monotonic() + SERVER_START_S
+    while True:
+        if child.poll() is not None:
+            raise AssertionError(f"the server exited with code {child.returncode} before it was ready")
+        try:
+            if httpx.get(health, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the server did not answer {health} within {SERVER_START_S} s")
+        time.sleep(0.2)
+
+
 def served_peak_rss_mb(*files: Path) -> tuple[float, list[float]]:
     """Peak RSS (MB) of a fresh server process (the tiny model on 127.0.0.1) that transcribes `files` in turn,
     sent by this process (the upload streamed from disk); the durations it answered."""
@@ -214,12 +237,7 @@ def served_peak_rss_mb(*files: Path) -> tuple[float, list[float]]:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
+        _wait_until_ready(child, f"{base}/health")
         durations = []
         for path in files:
             with open(path, "rb") as audio:
