@@ -15,7 +15,7 @@ import torch
 def channel_scaled(audio_dtype: torch.dtype) -> bool:
     """The one rule of a cache's audio scales: audio keys/values held in int8 carry an fp32 scale a channel (a
     (row, head, head_dim element) over the chunk's positions: `KVCache.cross_k_scales`); in any other dtype none.
-    `KVCache.empty` allocates by it, `engine.memory` counts by it."""
+    `KVCache.empty` allocates by it, `DecoderLayout.write_audio` quantizes by it, `engine.memory` counts by it."""
     return audio_dtype == torch.int8
 
 

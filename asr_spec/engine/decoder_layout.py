@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from asr_spec.engine import cpu_linear, int8
-from asr_spec.engine.cache import KVCache
+from asr_spec.engine.cache import KVCache, channel_scaled
 from asr_spec.engine.head import CertifiedHead, approximate_product, head_packed, head_rows, head_transposed
 from asr_spec.engine.kernels import (
     ANY_ROWS,
@@ -69,7 +69,7 @@ class DecoderLayout:
         """
         audio = audio.to(self.dtype)
         r, s, _ = audio.shape
-        scratch = audio.new_empty(r, self.n_heads, self.head_dim, s) if self.audio_dtype == torch.int8 else None
+        scratch = audio.new_empty(r, self.n_heads, self.head_dim, s) if channel_scaled(self.audio_dtype) else None
         for i, layer in enumerate(self.layers):
             attn = layer.encoder_attn
             # with the values stored transposed, each of them stored so written by a product of that layout
