@@ -70,8 +70,11 @@ class KVCache:
             return make((n_layers, n_rows, n_heads, n, head_dim), device=device, dtype=dtype)
 
         audio = dtype if audio_dtype is None else audio_dtype
-        scales = (lambda: torch.ones((n_layers, n_rows, n_heads, head_dim), device=device)
-                  ) if channel_scaled(audio) else (lambda: None)
+
+        def scales() -> torch.Tensor | None:
+            """(n_layers, n_rows, n_heads, head_dim) channel scales where the audio has them (`channel_scaled`)."""
+            return torch.ones((n_layers, n_rows, n_heads, head_dim), device=device) if channel_scaled(audio) else None
+
         return cls(
             self_k=tensor(torch.zeros, n_positions, self_k_transposed, dtype),
             self_v=tensor(torch.zeros, n_positions, self_v_transposed, dtype),
@@ -106,12 +109,21 @@ class KVCache:
         step of a batch whose live rows are packed first, a run of free slots for admission to prefill into."""
         s = slice(first, first + n_rows)
         return KVCache(self.self_k[:, s], self.self_v[:, s], self.cross_k[:, s], self.cross_v[:, s], self.lengths[s],
-                       *(None if x is None else x[:, s] for x in self.audio_scales))
+                       *self._indexed_scales((slice(None), s)))
 
     @property
     def audio_scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(cross_k_scales, cross_v_scales): int8 audio keys/values' channel scales, (None, None) otherwise."""
         return self.cross_k_scales, self.cross_v_scales
+
+    def layer_audio_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """`audio_scales` of one layer: (n_rows, n_heads, head_dim) each, or (None, None)."""
+        return self._indexed_scales(layer)
+
+    def _indexed_scales(self, index) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Both audio scales indexed by `index` (views), None kept."""
+        k, v = self.audio_scales
+        return (None if k is None else k[index]), (None if v is None else v[index])
 
     def move_row(self, src: int, dst: int, n_positions: int) -> None:
         """Copy slot `src` into slot `dst` (its first n_positions self-attention entries and its audio): keeps the

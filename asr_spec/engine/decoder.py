@@ -194,9 +194,8 @@ class Decoder(DecoderLayout):
         if self.fused:  # every query over all audio keys, q scaled in the kernel unless packed (scaled already)
             q, scale = ((self.linear(h, *self.cross_q[i]), 1.0) if self.cross_q is not None
                         else (self._proj(xattn.q_proj, h), self.scaling))
-            scales = (None if x is None else x[i] for x in cache.audio_scales)  # int8 audio only
             out = cpu_attention.attend(q.view(b, t, self.n_heads, self.head_dim), cache.cross_k[i], cache.cross_v[i],
-                                       None, scale, *scales)
+                                       None, scale, *cache.layer_audio_scales(i))  # scales: int8 audio only
             return self._proj_add(xattn.out_proj, out, x)
         if self.cross_q is not None:  # packed, scaled by 1/sqrt(head_dim) already
             q = self._split_heads(self.linear(h, *self.cross_q[i]))
