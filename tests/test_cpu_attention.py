@@ -200,9 +200,10 @@ def test_forced_avx2_flags_build_for_an_avx2_cpu_and_under_their_own_name(monkey
     """`--emulate-isa avx2` (ASR_SPEC_CPU_FLAGS without avx512f) must time the kernel an AVX2-only CPU builds,
     under a cache name of its own; the machine's own flags build for this CPU."""
     avx2 = "fma f16c avx avx2 bmi1 bmi2"
-    assert cpu_attention.march(avx2, forced=True) == "x86-64-v3"
-    assert cpu_attention.march(avx2 + " avx512f avx512_bf16", forced=True) == "native"
-    assert cpu_attention.march(avx2, forced=False) == "native"
+    avx512 = avx2 + " avx512f avx512bw avx512_bf16"
+    assert cpu_attention.target_options(avx2, forced=True, own=avx512) == ("-march=x86-64-v3",)
+    assert cpu_attention.target_options(avx512, forced=True, own=avx512) == ("-march=native",)
+    assert cpu_attention.target_options(avx2, forced=False, own=avx2) == ("-march=native",)
     monkeypatch.delenv(cpu_attention.FLAGS_ENV, raising=False)
     own = cpu_attention.build_name()
     monkeypatch.setenv(cpu_attention.FLAGS_ENV, avx2)
@@ -221,3 +222,16 @@ def test_cpuinfo_flags_are_its_flags_line_read_once(monkeypatch, tmp_path):
     assert cpu_attention._cpuinfo_flags(tmp_path / "absent") == ""
     monkeypatch.setenv(cpu_attention.FLAGS_ENV, "avx2 fma")  # the forced flags are read at every call
     assert cpu_attention.cpu_flags() == "avx2 fma"
+
+
+def test_forced_avx512_flags_this_cpu_lacks_build_its_paths_emulated():
+    """Flags forced to an AVX-512 CPU's on a CPU without AVX-512 build the kernel's AVX-512 paths through SIMDe
+    (tests/test_native_kernels.py runs them), with the BF16 instructions only where the flags name avx512_bf16; a
+    CPU with AVX-512 builds its own."""
+    avx2 = "fma f16c avx avx2 bmi1 bmi2"
+    emulated = ("-march=x86-64-v3", "-Wno-psabi", "-DCPU_KERNELS_EMULATE_AVX512")
+    assert cpu_attention.target_options(avx2 + " avx512f avx512bw", forced=True, own=avx2) == emulated
+    assert cpu_attention.target_options(avx2 + " avx512f avx512bw avx512_bf16", forced=True, own=avx2) == (
+        *emulated, "-DCPU_KERNELS_EMULATE_AVX512_BF16")
+    assert cpu_attention.target_options(avx2 + " avx512f", forced=True, own=avx2) == ("-march=native",)
+    assert cpu_attention.target_options(avx2 + " avx512f avx512bw", forced=False, own=avx2) == ("-march=native",)

@@ -1,7 +1,8 @@
-"""The CPU kernel extension as built for this very CPU. The suite pins an AVX2 CPU's flags (conftest.py), so the
-kernels it tests are the AVX2 build's; on an AVX-512 CPU the native build takes other code paths (16-lane vectors,
-8-row groups, AVX-512-BF16's `vdpbf16ps` for bf16 sums). This runs the kernels' own test files once more, in a
-pytest process without the pin, where the native build differs from the pinned one."""
+"""The CPU kernel extension as built for other flags than the suite's pinned AVX2 ones (conftest.py). On an AVX-512
+CPU the native build takes other code paths (16-lane vectors, 8-row groups, AVX-512-BF16's `vdpbf16ps` for bf16
+sums); on a CPU without AVX-512 those paths are built emulated (`cpu_attention.target_options`: each AVX-512
+intrinsic through SIMDe), so that every machine the suite runs on runs the code the other kinds build. Each runs
+the kernels' own test files once more, in a pytest process with those flags."""
 
 from __future__ import annotations
 
@@ -11,25 +12,65 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NATIVE_ENV
+from conftest import UNPINNED_ENV
 
 from asr_spec.engine import cpu_attention
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL_TESTS = ["tests/test_cpu_linear.py", "tests/test_encoder_attention.py", "tests/test_cpu_attention.py",
-                "tests/test_int8_encoder.py", "tests/test_cpu_reduce.py", "tests/test_cpu_layers.py"]
+                "tests/test_int8_encoder.py", "tests/test_int8_attention.py", "tests/test_int8_decoder.py",
+                "tests/test_cpu_reduce.py", "tests/test_cpu_layers.py"]
+# an AVX2 machine's flags with AVX-512 added (and its BF16 instructions or not): only what the emulation builds,
+# since torch's and oneDNN's own products still run on this CPU (no VNNI or AMX claimed)
+AVX2 = "fpu sse2 avx avx2 fma f16c bmi1 bmi2"
+EMULATED = {"avx512": f"{AVX2} avx512f avx512bw avx512vl avx512dq",
+            "avx512_bf16": f"{AVX2} avx512f avx512bw avx512vl avx512dq avx512_bf16"}
+
+
+def _kernel_tests(flags: str | None) -> None:
+    """The kernel test files in a pytest process of their own, the CPU flags `flags` forced (None: this CPU's
+    own); asserts they pass and that the kernels ran (no test skipped for want of the build: a skip for another
+    reason, e.g. no oneDNN bf16 products on a CPU without AVX-512-BF16, is that test's own)."""
+    env = {key: value for key, value in os.environ.items() if key != cpu_attention.FLAGS_ENV}
+    env = {**env, UNPINNED_ENV: "1", **({cpu_attention.FLAGS_ENV: flags} if flags is not None else {})}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           *KERNEL_TESTS], capture_output=True, text=True, timeout=1200, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "could not be built" not in done.stdout, done.stdout[-1000:]
+
+
+def _own_flags(monkeypatch) -> str:
+    monkeypatch.delenv(cpu_attention.FLAGS_ENV, raising=False)
+    if cpu_attention.disabled():
+        pytest.skip("the CPU kernels are disabled here")
+    return cpu_attention.cpu_flags()
 
 
 def test_the_kernels_built_for_this_cpu_pass_their_tests(monkeypatch):
-    monkeypatch.delenv(cpu_attention.FLAGS_ENV, raising=False)  # this CPU's own flags, as the native build's
-    if "avx512f" not in cpu_attention.cpu_flags().split():
+    if "avx512f" not in _own_flags(monkeypatch).split():
         pytest.skip("this CPU's own build takes the pinned AVX2 build's code paths")
-    if cpu_attention.disabled():
-        pytest.skip("the CPU kernels are disabled here")
-    env = {**os.environ, NATIVE_ENV: "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           *KERNEL_TESTS], capture_output=True, text=True, timeout=900, env=env, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    # the kernels ran: no test skipped for want of the native build (a skip for another reason, e.g. no oneDNN
-    # bf16 products on an AVX-512 CPU without AVX-512-BF16, is that test's own)
-    assert " passed" in done.stdout and "could not be built" not in done.stdout, done.stdout[-1000:]
+    _kernel_tests(None)
+
+
+def _simde_headers() -> bool:
+    """Whether g++ finds SIMDe's AVX-512 header (Debian's libsimde-dev), which the emulated build includes."""
+    try:
+        found = subprocess.run(["g++", "-E", "-x", "c++", "-"], input="#include <simde/x86/avx512.h>\n",
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return found.returncode == 0
+
+
+@pytest.mark.parametrize("kind", sorted(EMULATED))
+def test_the_kernels_avx512_paths_emulated_pass_their_tests(monkeypatch, kind):
+    """On a CPU without AVX-512 (where the native test above is skipped): the kernels as an AVX-512 CPU (with
+    AVX-512-BF16 or without) builds them, emulated."""
+    own = _own_flags(monkeypatch).split()
+    if "avx512f" in own:
+        pytest.skip("this CPU builds its own AVX-512 paths (the native test runs them)")
+    if "avx2" not in own:
+        pytest.skip("the emulated build targets an AVX2 CPU (x86-64-v3)")
+    if not _simde_headers():
+        pytest.skip("SIMDe's headers (libsimde-dev) are not installed: the AVX-512 paths cannot be emulated here")
+    _kernel_tests(EMULATED[kind])

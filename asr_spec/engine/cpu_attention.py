@@ -11,7 +11,8 @@ rows, queries and threads: row- and query-invariant by construction on every CPU
 gives each position exactly what a 1-token greedy step gives it, with no probe, key bucket or mask.
 
 Built with torch's `cpp_extension.load` (g++ and ninja, -O3 -march=native -fopenmp; x86-64-v3 where
-`ASR_SPEC_CPU_FLAGS` forces an AVX2 machine's flags) into torch's extension cache
+`ASR_SPEC_CPU_FLAGS` forces an AVX2 machine's flags, and with the AVX-512 paths emulated where it forces AVX-512
+this CPU lacks: `target_options`) into torch's extension cache
 (`TORCH_EXTENSIONS_DIR`, by default ~/.cache/torch_extensions) under a name that carries a digest of this CPU's
 flags, so that a home directory shared by CPUs of different kinds never loads a build for another. Where it
 cannot be built (no compiler, no ninja, a build error) one warning is logged and the decoder runs torch's
@@ -43,7 +44,8 @@ SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_attention_simd.h", "cpu_attention_pairs.h",
                                                             "cpu_attention_sums.h", "cpu_linear.h",
                                                             "cpu_encoder_attention.h", "cpu_int8.h",
-                                                            "cpu_int8_attention.h", "cpu_reduce.h", "cpu_decoder.h"))
+                                                            "cpu_int8_attention.h", "cpu_reduce.h", "cpu_decoder.h",
+                                                            "cpu_emulated_avx512.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
 # `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for those flags, not for this CPU
@@ -88,12 +90,28 @@ def _cpuinfo_flags(path: Path) -> str:
     return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
-def march(flags: str, forced: bool) -> str:
-    """g++'s -march for these flags: this CPU's own ("native"), except where they are forced (`FLAGS_ENV`) to an
-    AVX2 machine's (no avx512f, as `--emulate-isa avx2` gives them): "x86-64-v3", so that an emulated AVX2 run times
-    the kernel an AVX2-only CPU would build."""
-    names = set(flags.replace(":", " ").split())
-    return "x86-64-v3" if forced and "avx2" in names and "avx512f" not in names else "native"
+AVX512 = frozenset({"avx512f", "avx512bw"})  # the flags of the kernel's 16-lane paths (`CPU_AVX512`)
+
+
+def target_options(flags: str, forced: bool, own: str) -> tuple[str, ...]:
+    """g++'s target options for a kernel built for `flags` (`cpu_flags()`): this CPU's own (-march=native) unless
+    they are forced (`FLAGS_ENV`) to another kind's. Forced to an AVX2 machine's (no avx512f, as `--emulate-isa
+    avx2` gives them): -march=x86-64-v3, so that an emulated AVX2 run times the kernel an AVX2-only CPU builds.
+    Forced to AVX-512 (avx512f and avx512bw, with avx512_bf16 or not) that this CPU's own flags `own` lack: x86-64-v3
+    with the AVX-512 paths emulated through SIMDe (`cpu_emulated_avx512.h`, libsimde-dev): slow, for tests only
+    (tests/test_native_kernels.py), so that an AVX2 machine runs the code an AVX-512 CPU builds."""
+    names, own_names = set(flags.replace(":", " ").split()), set(own.replace(":", " ").split())
+    if not forced:
+        return ("-march=native",)
+    if AVX512 <= names and "avx512f" not in own_names:
+        bf16 = ("-DCPU_KERNELS_EMULATE_AVX512_BF16",) if "avx512_bf16" in names else ()
+        return ("-march=x86-64-v3", "-Wno-psabi", "-DCPU_KERNELS_EMULATE_AVX512", *bf16)
+    return ("-march=x86-64-v3",) if "avx2" in names and "avx512f" not in names else ("-march=native",)
+
+
+def _target() -> tuple[str, ...]:
+    """`target_options` for this process: the flags the kernel is built for, forced or not, and this CPU's own."""
+    return target_options(cpu_flags(), FLAGS_ENV in os.environ, _cpuinfo_flags(CPUINFO))
 
 
 def build_name() -> str:
@@ -101,9 +119,9 @@ def build_name() -> str:
     since code built for one CPU may not run on another, and per text of the source and its headers (torch's own
     version check reads the listed source alone; one name a version also lets `built` tell a first build from a
     load)."""
-    flags, arch = cpu_flags(), march(cpu_flags(), FLAGS_ENV in os.environ)
+    flags, target = cpu_flags(), " ".join(_target())
     header = "".join(path.read_text() for path in (SOURCE, *HEADERS) if path.exists())
-    digest = hashlib.sha1(f"{platform.machine()} {flags} {arch}\n{header}".encode()).hexdigest()[:12]
+    digest = hashlib.sha1(f"{platform.machine()} {flags} {target}\n{header}".encode()).hexdigest()[:12]
     return f"asr_spec_cpu_attention_{digest}"
 
 
@@ -138,9 +156,8 @@ def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType:
 
     # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
     # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
-    arch = march(cpu_flags(), FLAGS_ENV in os.environ)
     return cpp_extension.load(name=name, sources=[str(SOURCE)],
-                              extra_cflags=["-O3", f"-march={arch}", "-fopenmp", *(f"-D{d}" for d in defines)],
+                              extra_cflags=["-O3", *_target(), "-fopenmp", *(f"-D{d}" for d in defines)],
                               extra_ldflags=["-fopenmp"], verbose=False)
 
 

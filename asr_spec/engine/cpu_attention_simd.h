@@ -8,7 +8,24 @@
 
 #include <c10/util/BFloat16.h>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+// The instruction sets this build is written for, decided here once for every header of the kernel: CPU_AVX512
+// (AVX-512 F and BW: 16 fp32 lanes, masked loads) and CPU_AVX512_BF16 (vdpbf16ps, vcvtne2ps2bf16) where the
+// compiler targets them (-march=native), or where a test build emulates them on any AVX2 CPU
+// (CPU_KERNELS_EMULATE_AVX512 and CPU_KERNELS_EMULATE_AVX512_BF16, set by `cpu_attention.load`; the intrinsics
+// through SIMDe: cpu_emulated_avx512.h).
+#if defined(CPU_KERNELS_EMULATE_AVX512)
+#include "cpu_emulated_avx512.h"
+#define CPU_AVX512 1
+#if defined(CPU_KERNELS_EMULATE_AVX512_BF16)
+#define CPU_AVX512_BF16 1
+#endif
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define CPU_AVX512 1
+#if defined(__AVX512BF16__)
+#define CPU_AVX512_BF16 1
+#endif
+#elif defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -20,7 +37,7 @@ namespace cpu_attention {
 
 using bf16 = c10::BFloat16;
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(CPU_AVX512)
 constexpr int64_t L = 16;
 using vec = __m512;
 inline vec zero() { return _mm512_setzero_ps(); }
@@ -73,7 +90,7 @@ inline __m512i rounded_bits(vec a) {
 }
 // L finite fp32 lanes stored as bf16, rounded to nearest even
 inline void store_bf16(bf16* p, vec a) {
-#if defined(__AVX512BF16__)
+#if defined(CPU_AVX512_BF16)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(a)));
 #else
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(rounded_bits(a)));
@@ -94,7 +111,7 @@ inline vec pow2(__m512i n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
 }
 inline vec to_float(__m512i n) { return _mm512_cvtepi32_ps(n); }
-#if defined(__AVX512BF16__)
+#if defined(CPU_AVX512_BF16)
 // AVX-512-BF16 (vdpbf16ps): 32 bf16 as 16 pairs, lane i += a_2i b_2i + a_2i+1 b_2i+1, each product exact, the two
 // sums rounded in a fixed order (odd element first), denormals flushed: a lane's result depends on its inputs alone.
 #define CPU_ATTENTION_DPBF16 1
@@ -280,7 +297,7 @@ inline bool new_line(int64_t j) {
 // Sum / max of a vector's lanes in a fixed pairwise tree: lane i with lane i + width, width L/2, ..., 1 (in
 // registers: each level one shuffle and one add or max, max(a, b) being a > b ? a : b as the instructions define
 // it), so every CPU and build sums the lanes of a vector in the same order.
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(CPU_AVX512)
 inline float reduce8(__m256 a, bool is_max) {
   const __m128 lo = _mm256_castps256_ps128(a), hi = _mm256_extractf128_ps(a, 1);
   const __m128 four = is_max ? _mm_max_ps(lo, hi) : _mm_add_ps(lo, hi);
@@ -290,7 +307,7 @@ inline float reduce8(__m256 a, bool is_max) {
   return _mm_cvtss_f32(is_max ? _mm_max_ss(two, second) : _mm_add_ss(two, second));
 }
 #endif
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(CPU_AVX512)
 inline float reduce(vec a, bool is_max) {
   const __m256 lo = _mm512_castps512_ps256(a);
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));

@@ -44,7 +44,7 @@ float abs_max(const T* p, int64_t n) {
 }
 
 // L lanes of rounded values + zero point stored as uint8 (each in [1, 255])
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(CPU_AVX512)
 inline void store_u8(uint8_t* q, __m512i r, int32_t zero_point) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(_mm512_add_epi32(r, _mm512_set1_epi32(zero_point))));
 }

@@ -41,7 +41,7 @@ constexpr int64_t NB = 2 * L;  // output columns a panel
 #define CPU_LINEAR_FAR 2048
 #endif
 constexpr int64_t FAR = CPU_LINEAR_FAR;  // bytes
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(CPU_AVX512)
 constexpr int64_t RG = 8;  // rows a group: 16 accumulators of 32 registers
 #else
 constexpr int64_t RG = 4;  // 8 accumulators of 16
@@ -51,7 +51,7 @@ constexpr int64_t RG = 4;  // 8 accumulators of 16
 // AVX2 12 loads an iteration of 4 rows instead of 6: load-bound)
 template <typename V>
 inline void in_register(V& a) {
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(CPU_KERNELS_EMULATE_AVX512)  // emulated: no such register
   asm("" : "+v"(a));
 #else
   (void)a;
@@ -186,7 +186,7 @@ inline void panel_rows(const typename F::X* x, int64_t ldx, const typename F::W*
     case 1: panel_group<F, 1>(x, ldx, panel, k, acc); break;
     case 2: panel_group<F, 2>(x, ldx, panel, k, acc); break;
     case 3: panel_group<F, 3>(x, ldx, panel, k, acc); break;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(CPU_AVX512)
     case 4: panel_group<F, 4>(x, ldx, panel, k, acc); break;
     case 5: panel_group<F, 5>(x, ldx, panel, k, acc); break;
     case 6: panel_group<F, 6>(x, ldx, panel, k, acc); break;
