@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asr_spec import ChunkStats, Transcriber, allocator
+from asr_spec import ChunkStats, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.engine import int8
 from asr_spec.errors import AsrSpecError, one_line
@@ -71,6 +71,7 @@ from asr_spec.models.cpu import precision_line, run_precision
 from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.models.presets import load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
+from benchmarks import malloc
 from benchmarks.bench_fw import FwRunner
 from benchmarks.bench_report import CONFIGS, LABELS, Result, plot, stage_table, table
 
@@ -327,9 +328,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--emulate-isa", choices=sorted(EMULATED_ISA),
                    help="run as on a CPU of this class: the command again in a process whose torch, oneDNN, MKL and "
                         "CTranslate2 kernels are limited to it and whose CPU class is pinned (see EMULATED_ISA)")
-    p.add_argument("--plain-malloc", action="store_true",
-                   help="leave glibc's malloc as it is (default: pinned as the CLI's commands pin it, "
-                        "asr_spec.allocator)")
+    malloc.add_option(p)
     p.add_argument("--plot", default="runs/bench.png", help="PNG of speed-up against batch size")
     p.add_argument("--json", default=None, help="also save the figures here (default: the plot path with .json)")
     return p.parse_args(argv)
@@ -385,8 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         emulate(args.emulate_isa, argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not args.plain_malloc:  # as `asr-spec transcribe` runs (faster-whisper's worker is a process of its own)
-        allocator.pin()
+    malloc.pin_unless_plain(args)  # as `asr-spec transcribe` runs (faster-whisper's worker is a process of its own)
     _quiet_libraries()
     try:
         batch_sizes, configs = _parse_lists(args)

@@ -32,11 +32,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from asr_spec import allocator
 from asr_spec.engine import Engine, int8
 from asr_spec.engine.kernels import onednn_linear, onednn_usable
 from asr_spec.models.cpu import INT8, torch_dtype
 from asr_spec.testing import random_whisper
+from benchmarks import malloc
 
 
 def load_whisper(name: str, precision: str) -> torch.nn.Module:
@@ -181,8 +181,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--plain-malloc", action="store_true",
-                    help="leave glibc's malloc as it is (default: pinned as the CLI's commands pin it)")
+    malloc.add_option(ap)
     ap.add_argument("--peak-child", choices=["module", "encoder"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -190,8 +189,7 @@ def main() -> None:
     dtype = torch_dtype(args.dtype)
     if args.peak_child:
         return _peak_child(args, dtype)
-    if not args.plain_malloc:  # the timings as the engine runs (the peak-memory children: a first call either way)
-        allocator.pin()
+    malloc.pin_unless_plain(args)  # the timings as the engine runs (the peak-memory children: a first call either way)
     if not onednn_usable(torch.device("cpu"), dtype):
         raise SystemExit(f"oneDNN has no {args.dtype} products on this CPU: the encoder runs the module itself")
     model = load_whisper(args.model, args.dtype)
@@ -211,8 +209,8 @@ def main() -> None:
         print(json.dumps({"matmul_gflops": rate, "malloc_pinned": not args.plain_malloc, "stages": rows,
                           "peak_mb": memory}, indent=1))
         return
-    malloc = "glibc's malloc as it is" if args.plain_malloc else "malloc pinned"
-    print(f"{args.model} encoder, {args.dtype}, batch {args.batch}, {torch.get_num_threads()} threads, {malloc}; "
+    heap = "glibc's malloc as it is" if args.plain_malloc else "malloc pinned"
+    print(f"{args.model} encoder, {args.dtype}, batch {args.batch}, {torch.get_num_threads()} threads, {heap}; "
           f"matmul rate (2048^3, oneDNN): {rate:.0f} GFLOP/s")
     print(f"{'stage':<12} {'module ms':>10} {'Encoder ms':>11} {'speed-up':>9} {'GFLOP/s':>8} {'% matmul':>9}")
     for r in rows:

@@ -47,7 +47,7 @@ its whole buffer again (default: its committed words are forced, `StreamOptions.
 --max-buffer-s: the streams' buffer bound (both modes); --context-s: the committed audio a trim keeps as left context
 (`StreamOptions.context_s`, both modes); --group-wait-s: how long a waiting re-decode is held for others to be
 encoded with it (0: each taken as soon as a row is free);
---glibc-malloc: glibc's malloc left as it is (the server sets its thresholds and arenas:
+--plain-malloc: glibc's malloc left as it is (the server sets its thresholds and arenas:
 `asr_spec.allocator`). The server has --batch-size engine rows (8, `asr-spec serve`'s default) whatever the
 number of streams: they share the rows. The engine's state is allocated once for its rows and its pages become
 resident as rows are first used (52-62 MB a row for whisper-base: `memory.row_bytes`), so a process keeps what its
@@ -80,6 +80,7 @@ from asr_spec.eval.metrics import normalize, score
 from asr_spec.logs import trace_streams
 from asr_spec.stream.decodes import GROUP_WAIT_S
 from asr_spec.stream.policy import StreamOptions
+from benchmarks import malloc
 from benchmarks.stream_server import run_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -301,9 +302,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--speed", type=float, default=1.0, help="--server: senders' pace, x real time")
     parser.add_argument("--batch-size", type=int, default=8, help="--server: the server's engine rows, shared by "
                         "the streams (asr-spec serve's default: 8)")
-    parser.add_argument("--glibc-malloc", action="store_true", help="--server: leave glibc's malloc as it is (the "
-                        "server sets its mmap and trim thresholds and arenas: asr_spec.allocator; compare "
-                        "peak RSS and re-decodes)")
+    malloc.add_option(parser, scope="--server: ")
     parser.add_argument("--hypothesis", action=argparse.BooleanOptionalAction, default=None,
                         help="--server: offer each stream's previous hypothesis as the draft (`asr-spec serve "
                         "--hypothesis`) or not (default: the server's, RealtimeOptions.hypothesis)")
@@ -319,10 +318,8 @@ def main() -> None:
     counts = [int(x) for x in args.streams.split(",")]
     if args.trace:
         trace_streams(args.trace)
-    if args.server and not args.glibc_malloc:  # as `asr-spec serve` does, before the models load
-        from asr_spec import allocator
-
-        allocator.pin()
+    if args.server:  # as `asr-spec serve` does, before the models load
+        malloc.pin_unless_plain(args)
     stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
                            committed_prefix=args.committed_prefix, context_s=args.context_s, settled_s=args.settled_s)
     draft = {"draft": None} if args.no_draft else {}
@@ -359,7 +356,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int], s
               "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": hypothesis,
               "committed_prefix": args.committed_prefix, "context_s": args.context_s,
               "settled_s": args.settled_s, "group_wait_s": args.group_wait_s,
-              "malloc_pinned": not args.glibc_malloc,
+              "malloc_pinned": not args.plain_malloc,
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
     for n in counts:

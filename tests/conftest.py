@@ -3,11 +3,13 @@ benchmarks' and scripts' modules."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import importlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -25,6 +27,29 @@ if os.environ.get(UNPINNED_ENV) != "1":
     os.environ["ASR_SPEC_CPU_FLAGS"] = "fpu sse2 avx avx2 fma"
 
 EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
+# how long a test waits for a server or a thread to reach a state it polls for: a deadline, not a count of polls, so
+# that a loaded or slow machine gets as long as a quiet one (the wait ends as soon as the state is reached)
+WAIT_S = 60.0
+
+
+def wait_until(ready: Callable[[], bool], timeout_s: float = WAIT_S, interval_s: float = 0.01) -> bool:
+    """Poll `ready` every `interval_s` until it says True or `timeout_s` of wall time pass; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            return ready()
+        time.sleep(interval_s)
+    return True
+
+
+async def wait_until_async(ready: Callable[[], bool], timeout_s: float = WAIT_S, interval_s: float = 0.01) -> bool:
+    """`wait_until` in a coroutine: the event loop runs between polls."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            return ready()
+        await asyncio.sleep(interval_s)
+    return True
 
 
 @pytest.fixture(params=["kernel", "torch"])

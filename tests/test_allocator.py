@@ -105,3 +105,18 @@ def test_the_cli_pins_malloc_before_it_loads_a_model(monkeypatch, capsys, comman
     with pytest.raises(SystemExit):
         main(command)
     assert order == ["pin", "load"], capsys.readouterr().err
+
+
+def test_the_benchmarks_pin_unless_asked_for_plain_malloc(monkeypatch):
+    """`benchmarks.malloc`: one option for every benchmark, its older name (`bench_stream --glibc-malloc`) too."""
+    import argparse
+
+    from benchmarks import malloc
+
+    parser = argparse.ArgumentParser()
+    malloc.add_option(parser)
+    calls = []
+    monkeypatch.setattr(allocator, "pin", lambda: calls.append(1) or True)
+    for argv, pinned in (([], True), (["--plain-malloc"], False), (["--glibc-malloc"], False)):
+        assert malloc.pin_unless_plain(parser.parse_args(argv)) is pinned
+    assert len(calls) == 1

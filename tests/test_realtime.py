@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
 
+from conftest import wait_until_async  # noqa: E402
 from test_serve import serving  # noqa: E402
 from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
@@ -208,10 +209,7 @@ def test_streams_past_max_streams_are_refused_cleanly(greedy):
             await third.recv()
         gauges = batcher.metrics.render()
         await first.close()
-        for _ in range(100):  # the server notices the close
-            if batcher.streams.n_open < 2:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until_async(lambda: batcher.streams.n_open < 2)  # the server notices the close
         done = await stream(uri, pcm16(SHORT[3]))
         await second.close()
         return refusal, closed.value.rcvd.code, done, gauges
@@ -243,17 +241,11 @@ def test_a_client_that_goes_away_frees_its_row_at_once():
         await ws.recv()
         raw = pcm16(LONG)[: 16000 * 3].tobytes()
         await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(raw).decode()}))
-        for _ in range(500):
-            if batcher.streams.n_in_engine and steps:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: bool(batcher.streams.n_in_engine and steps))
         assert batcher.streams.n_in_engine == 1, "the stream's re-decode never reached the engine"
         await ws.close()
         gone = time.monotonic()
-        for _ in range(200):
-            if batcher.streams.n_open == 0:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: batcher.streams.n_open == 0)
         await asyncio.sleep(0.5)  # ten steps' time: a row still decoding would have stepped meanwhile
         return gone
 

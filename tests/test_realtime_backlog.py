@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
 
+from conftest import wait_until  # noqa: E402
 from test_realtime import BLOCK_BYTES, pcm16, realtime_transcriber, ws_url  # noqa: E402
 from test_serve import serving  # noqa: E402
 from test_transcribe import LONG  # noqa: E402
@@ -117,10 +118,7 @@ def test_an_hour_sent_as_fast_as_possible_gets_a_clear_error_and_a_clean_close(s
     with serving(create_app(batcher, realtime=options), **KEEPALIVE) as base_url:
         uri = ws_url(base_url)
         seen, code, sent_s = asyncio.run(client(uri, appends(pcm, 3600 * 16000), speed=None))
-        for _ in range(200):  # the server notices the close
-            if batcher.streams.n_open == 0:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: batcher.streams.n_open == 0)  # the server notices the close
         n_open = batcher.streams.n_open
         after, after_code, _ = asyncio.run(client(uri, appends(pcm, 16000), speed=None))  # the server goes on
     errors = [e for e in seen if e["type"] == "error"]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+from conftest import wait_until  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
@@ -337,11 +338,7 @@ def serving(app, **config):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        for _ in range(400):
-            if server.started:
-                break
-            time.sleep(0.05)
-        assert server.started, "uvicorn did not start"
+        assert wait_until(lambda: server.started, interval_s=0.05), "uvicorn did not start"
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         server.should_exit = True
