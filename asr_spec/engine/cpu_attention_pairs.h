@@ -79,14 +79,10 @@ void values_pairs(const Group& g, const bf16* values, int64_t stride, int64_t d,
       for (int r = 0; r < RV; ++r) acc[i][r] = vdot(p, v[r], acc[i][r]);
     }
   }
-  for (int i = 0; i < NQ; ++i) {
-    const int64_t full = g.n[i] / L2 * L2;
-    if (full < g.n[i]) {
-      const pairs p = load_pairs(g.p_pairs[i] + full);
-      for (int r = 0; r < RV; ++r) acc[i][r] = vdot(p, load_pairs_n(rows[r] + full, g.n[i] - full), acc[i][r]);
-    }
-    for (int r = 0; r < RV; ++r) out[i][d + r] = static_cast<bf16>(reduce(acc[i][r], false) / total[i]);
-  }
+  finish_values<NQ, RV>(g, L2, acc, total, d, out, [&](int i, int64_t full) {
+    const pairs p = load_pairs(g.p_pairs[i] + full);
+    for (int r = 0; r < RV; ++r) acc[i][r] = vdot(p, load_pairs_n(rows[r] + full, g.n[i] - full), acc[i][r]);
+  });
 }
 
 // bf16 with AVX-512-BF16: each score over head_dim in pairs, L2 elements a vdpbf16ps (the rest masked).

@@ -368,4 +368,17 @@ inline void zero_sums(vec (&acc)[NQ][RV]) {
   }
 }
 
+// The end of a sweep of values for each query i of a group: its last, partial block of `width` keys added where it
+// has one (`partial(i, full)`, full: its keys in whole blocks), then each of its RV sums over the lanes divided by
+// its softmax total, stored as out[i][d + r]
+template <int NQ, int RV, typename Group, typename T, typename Partial>
+inline void finish_values(const Group& g, int64_t width, vec (&acc)[NQ][RV], const float* total, int64_t d,
+                          T* const* out, Partial&& partial) {
+  for (int i = 0; i < NQ; ++i) {
+    const int64_t full = g.n[i] / width * width;
+    if (full < g.n[i]) partial(i, full);
+    for (int r = 0; r < RV; ++r) out[i][d + r] = static_cast<T>(reduce(acc[i][r], false) / total[i]);
+  }
+}
+
 }  // namespace cpu_attention

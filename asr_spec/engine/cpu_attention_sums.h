@@ -157,14 +157,10 @@ void values_rows(const Group& g, const KV* values, int64_t stride, int64_t d, co
       for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, v[r], acc[i][r]);
     }
   }
-  for (int i = 0; i < NQ; ++i) {
-    const int64_t full = g.n[i] / L * L;
-    if (full < g.n[i]) {
-      const vec p = load(g.scores[i] + full);
-      for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, load_n(rows[r] + full, g.n[i] - full), acc[i][r]);
-    }
-    for (int r = 0; r < RV; ++r) out[i][d + r] = static_cast<T>(reduce(acc[i][r], false) / total[i]);
-  }
+  finish_values<NQ, RV>(g, L, acc, total, d, out, [&](int i, int64_t full) {
+    const vec p = load(g.scores[i] + full);
+    for (int r = 0; r < RV; ++r) acc[i][r] = vfma(p, load_n(rows[r] + full, g.n[i] - full), acc[i][r]);
+  });
 }
 
 template <int NQ, typename KV, typename T>
