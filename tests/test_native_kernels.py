@@ -1,8 +1,9 @@
-"""The CPU kernel extension as built for other flags than the suite's pinned AVX2 ones (conftest.py). On an AVX-512
-CPU the native build takes other code paths (16-lane vectors, 8-row groups, AVX-512-BF16's `vdpbf16ps` for bf16
-sums); on a CPU without AVX-512 those paths are built emulated (`cpu_attention.target_options`: each AVX-512
-intrinsic through SIMDe), so that every machine the suite runs on runs the code the other kinds build. Each runs
-the kernels' own test files once more, in a pytest process with those flags."""
+"""The CPU kernel extension as built for other flags than the suite's pinned AVX2 ones (conftest.py), and the
+engine's bf16 and sampling invariants as those flags' CPU class decides them. On an AVX-512 CPU the native build
+takes other code paths (16-lane vectors, 8-row groups, AVX-512-BF16's `vdpbf16ps` for bf16 sums); on a CPU without
+AVX-512 those paths are built emulated (`cpu_attention.target_options`: each AVX-512 intrinsic through SIMDe), so
+that every machine the suite runs on runs the code the other kinds build. Each runs the kernels' own test files
+and those invariants once more, in a pytest process with those flags."""
 
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from conftest import UNPINNED_ENV
 from asr_spec.engine import cpu_attention
 
 REPO = Path(__file__).resolve().parent.parent
+# the kernels' own tests, then the engine's invariants in bf16 and sampled rows, which with these flags run as that
+# CPU class decides them (`auto` bf16 on a native-bf16 class, the bf16 draft copy) over its kernel paths
 KERNEL_TESTS = ["tests/test_cpu_linear.py", "tests/test_encoder_attention.py", "tests/test_cpu_attention.py",
                 "tests/test_int8_encoder.py", "tests/test_int8_attention.py", "tests/test_int8_decoder.py",
-                "tests/test_cpu_reduce.py", "tests/test_cpu_layers.py"]
+                "tests/test_cpu_reduce.py", "tests/test_cpu_layers.py", "tests/test_bf16.py",
+                "tests/test_cpu_invariance.py", "tests/test_sampling.py"]
 # an AVX2 machine's flags with AVX-512 added (and its BF16 instructions or not): only what the emulation builds,
 # since torch's and oneDNN's own products still run on this CPU (no VNNI or AMX claimed)
 AVX2 = "fpu sse2 avx avx2 fma f16c bmi1 bmi2"
