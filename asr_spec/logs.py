@@ -1,6 +1,8 @@
 """Logging set-up of the command-line entry points, in one place: warnings as one stderr line each
-(``warning: ...``), no transformers chatter or progress bars; and the live streams' trace (`trace_streams`: one line
-per re-decode result the streaming policy takes, to a file). The library itself never configures logging."""
+(``warning: ...``), notices too (``note: ...``: an INFO record logged with ``extra=NOTICE``, for what a user waits on
+once though nothing is wrong, such as the CPU kernels' first build), no transformers chatter or progress bars; and
+the live streams' trace (`trace_streams`: one line per re-decode result the streaming policy takes, to a file). The
+library itself never configures logging."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import sys
 import warnings
 from typing import Any
 
-__all__ = ["configure_logging", "trace_streams"]
+__all__ = ["NOTICE", "configure_logging", "trace_streams"]
 STREAM_TRACE_LOGGER = "asr_spec.stream.policy"  # its DEBUG lines: `StreamPolicy.accept`
 
 
@@ -26,16 +28,33 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+# `extra=NOTICE` on an INFO record: the command-line entry points show it (``note: ...``)
+NOTICE = {"notice": True}
+
+
+def _shown(record: logging.LogRecord) -> bool:
+    """What the entry points print: warnings and errors, and notices."""
+    return record.levelno >= logging.WARNING or bool(getattr(record, "notice", False))
+
+
+class _Prefixed(logging.Formatter):
+    """``warning: MESSAGE`` (a warning or an error), ``note: MESSAGE`` (a notice)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return ("warning: " if record.levelno >= logging.WARNING else "note: ") + super().format(record)
+
+
 _HANDLER = _StderrHandler()
+_HANDLER.setFormatter(_Prefixed("%(message)s"))
+_HANDLER.addFilter(_shown)
 
 
 def configure_logging() -> None:
     """Idempotent: calling it again changes nothing."""
     package = logging.getLogger("asr_spec")
     if _HANDLER not in package.handlers:
-        _HANDLER.setFormatter(logging.Formatter("warning: %(message)s"))
         package.addHandler(_HANDLER)
-    package.setLevel(logging.WARNING)
+    package.setLevel(logging.INFO)  # INFO records reach the handler, which shows the notices among them
     package.propagate = False
     warnings.formatwarning = lambda message, *args, **kwargs: f"warning: {message}\n"
     try:

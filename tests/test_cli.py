@@ -4,8 +4,10 @@ directories of test_transcribe (a random Whisper with the real tokenizer)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +42,53 @@ def assert_one_line_error(err: str, *needles: str) -> None:
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and all(n in lines[0] for n in needles), err
     assert "Traceback" not in err
+
+
+def test_a_first_runs_kernel_build_is_reported_apart_from_its_speed(capsys, model_dirs, monkeypatch) -> None:
+    """The CPU kernels' one-time build (~20-60 s on a fresh machine) is not the run's speed: the summary's RTFx
+    leaves it out and says how long it took."""
+    from asr_spec.engine import cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "build_seconds", lambda: 7.0)  # built before the run: not its cost
+    code, _, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), draft=False))
+    assert code == 0 and "one-time build" not in err
+    started: list[float] = []
+
+    def builds() -> float:  # 7 s at the run's start; then as if all of the run after its start had been a build
+        if not started:
+            started.append(time.perf_counter())
+            return 7.0
+        return 7.0 + time.perf_counter() - started[0]
+
+    monkeypatch.setattr(cpu_attention, "build_seconds", builds)
+    code, _, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), draft=False))
+    summary = err.strip().splitlines()[-1]
+    assert code == 0 and "; the CPU kernels' one-time build took " in summary, summary
+    took = re.search(r" in (\d+\.\d) s \(RTFx [\d.]+; the CPU kernels' one-time build took (\d+\.\d) s more\)", summary)
+    assert took and float(took[1]) == 0.0 and float(took[2]) > 0.1, summary  # the whole run counted as the build
+
+
+def test_warnings_and_notices_are_the_lines_the_command_line_shows() -> None:
+    """`logs`: an INFO record is shown only as a notice (``note: ...``, `logs.NOTICE`), a warning always."""
+    import logging
+
+    from asr_spec import logs
+
+    def record(level: int, notice: bool) -> logging.LogRecord:
+        made = logging.LogRecord("asr_spec.engine.cpu_attention", level, __file__, 1, "building %s", ("x",), None)
+        if notice:
+            made.__dict__.update(logs.NOTICE)
+        return made
+
+    shown = {(level, notice): logs._shown(record(level, notice)) for level in (logging.INFO, logging.WARNING)
+             for notice in (False, True)}
+    assert shown == {(logging.INFO, False): False, (logging.INFO, True): True, (logging.WARNING, False): True,
+                     (logging.WARNING, True): True}
+    assert logs._Prefixed("%(message)s").format(record(logging.INFO, True)) == "note: building x"
+    assert logs._Prefixed("%(message)s").format(record(logging.WARNING, False)) == "warning: building x"
+    from asr_spec.engine import cpu_attention
+
+    assert cpu_attention.NOTICE == logs.NOTICE  # the engine's spelling of it (it imports nothing from logs)
 
 
 def test_transcribe_prints_text_and_a_summary(capsys, model_dirs) -> None:

@@ -179,9 +179,11 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch, caplog, tmp_path)
 
 def test_a_first_build_says_so_once_and_a_cached_one_does_not(monkeypatch, caplog):
     """The kernel is built here (the fixture), so torch's cache holds it and a load says nothing; where the cache
-    holds no build of this name, one info line comes before the build (here: a load of the cached one)."""
+    holds no build of this name, one notice comes before the build (here: a load of the cached one), the command
+    line shows it (`logs.NOTICE`), and the build's seconds are counted apart (`build_seconds`)."""
     assert cpu_attention.built(cpu_attention.build_name())
-    building = "building the CPU attention kernel"
+    building = "building the CPU kernels"
+    monkeypatch.setattr(cpu_attention, "_BUILDS_S", [])
     for cached in (True, False):
         monkeypatch.setattr(cpu_attention, "built", lambda name, cached=cached: cached)
         cpu_attention._extension.cache_clear()
@@ -192,8 +194,10 @@ def test_a_first_build_says_so_once_and_a_cached_one_does_not(monkeypatch, caplo
                 assert cpu_attention.fused_attention_usable(torch.device("cpu"), torch.bfloat16)
         finally:
             cpu_attention._extension.cache_clear()
-        lines = [r.getMessage() for r in caplog.records if building in r.getMessage()]
-        assert len(lines) == (0 if cached else 1), lines
+        lines = [r for r in caplog.records if building in r.getMessage()]
+        assert len(lines) == (0 if cached else 1), [r.getMessage() for r in lines]
+        assert all(getattr(r, "notice", False) for r in lines)
+        assert (cpu_attention.build_seconds() > 0) == (not cached)
 
 
 def test_forced_avx2_flags_build_for_an_avx2_cpu_and_under_their_own_name(monkeypatch):

@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -136,13 +137,32 @@ def built(name: str) -> bool:
     return (build_dir / f"{name}.so").exists()
 
 
+# `logs.NOTICE`, spelled here since the engine imports nothing else from the package (tests/test_layout.py): an INFO
+# record logged with it is a line the command line shows (tests/test_cli.py checks the two agree)
+NOTICE = {"notice": True}
+# seconds each build of this process took (`build_seconds`)
+_BUILDS_S: list[float] = []
+
+
+def build_seconds() -> float:
+    """Seconds this process spent building the kernel (0 where it loaded a build, or has none): a one-time cost
+    that `asr-spec transcribe`'s summary reports apart from its speed."""
+    return sum(_BUILDS_S)
+
+
 @functools.cache
 def _extension() -> ModuleType | None:
-    """The built kernel module, or None (one warning) where it cannot be built; one info line before a build."""
+    """The built kernel module, or None (one warning) where it cannot be built; one notice before a build (the
+    command line shows it: a first run waits ~20-60 s on it)."""
     try:
-        if not built(build_name()):
-            log.info("building the CPU attention kernel (once for this CPU and version, ~20-60 s)")
-        return load(build_name())
+        fresh = not built(build_name())
+        if fresh:
+            log.info("building the CPU kernels for this CPU (once for this CPU and version, ~20-60 s)", extra=NOTICE)
+        started = time.perf_counter()
+        module = load(build_name())
+        if fresh:
+            _BUILDS_S.append(time.perf_counter() - started)
+        return module
     except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         log.warning("cpu attention kernel not built (%s): attention runs through torch's products", reason)
