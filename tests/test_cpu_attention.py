@@ -164,15 +164,17 @@ def test_never_for_cuda_or_other_dtypes():
 
 def test_a_failed_build_warns_once_and_falls_back(monkeypatch, caplog, tmp_path):
     """A build that cannot run (here: a missing source file) logs one warning line and leaves the decoder on
-    torch's products."""
+    torch's products; the time it took is a build's (`build_seconds`), not the run's speed."""
     monkeypatch.setattr(cpu_attention, "SOURCE", tmp_path / "missing.cpp")
     monkeypatch.setattr(cpu_attention, "build_name", lambda: "asr_spec_cpu_attention_test_missing")
+    monkeypatch.setattr(cpu_attention, "_BUILDS_S", [])
     cpu_attention._extension.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger=cpu_attention.__name__):
             assert not cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32)
             assert not _decoder(torch.float32).fused
         assert len([r for r in caplog.records if "not built" in r.getMessage()]) == 1
+        assert len(cpu_attention._BUILDS_S) == 1  # the failed build's seconds, counted once
     finally:
         cpu_attention._extension.cache_clear()
 

@@ -145,8 +145,8 @@ _BUILDS_S: list[float] = []
 
 
 def build_seconds() -> float:
-    """Seconds this process spent building the kernel (0 where it loaded a build, or has none): a one-time cost
-    that `asr-spec transcribe`'s summary reports apart from its speed."""
+    """Seconds this process spent building the kernel, a failed build's too (0 where it loaded a build): a one-time
+    cost that `asr-spec transcribe`'s summary reports apart from its speed."""
     return sum(_BUILDS_S)
 
 
@@ -154,19 +154,18 @@ def build_seconds() -> float:
 def _extension() -> ModuleType | None:
     """The built kernel module, or None (one warning) where it cannot be built; one notice before a build (the
     command line shows it: a first run waits ~20-60 s on it)."""
+    fresh, started = not built(build_name()), time.perf_counter()
     try:
-        fresh = not built(build_name())
         if fresh:
             log.info("building the CPU kernels for this CPU (once for this CPU and version, ~20-60 s)", extra=NOTICE)
-        started = time.perf_counter()
-        module = load(build_name())
-        if fresh:
-            _BUILDS_S.append(time.perf_counter() - started)
-        return module
+        return load(build_name())
     except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         log.warning("cpu attention kernel not built (%s): attention runs through torch's products", reason)
         return None
+    finally:  # a build that failed after compiling a while took that time too
+        if fresh:
+            _BUILDS_S.append(time.perf_counter() - started)
 
 
 def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType:
