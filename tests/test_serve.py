@@ -7,7 +7,6 @@ import dataclasses
 import json
 import socket
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -237,10 +236,7 @@ def test_word_timestamps_need_the_aligner(greedy):
 # -- the batcher ----------------------------------------------------------------------------------------------
 
 def wait_for(jobs, timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not all(job.finished for job in jobs):
-        assert time.monotonic() < deadline, "jobs did not finish in time"
-        time.sleep(0.02)
+    assert wait_until(lambda: all(job.finished for job in jobs), timeout_s, 0.02), "jobs did not finish in time"
 
 
 def test_jobs_are_read_lazily_and_take_turns(greedy, expected):
@@ -363,14 +359,11 @@ def test_a_client_that_hangs_up_has_its_queued_chunks_dropped(greedy):
         port = int(base_url.rsplit(":", 1)[1].split("/")[0])
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
             conn.sendall(head + payload)
-            deadline = time.monotonic() + TIMEOUT_S
-            while batcher.queue_depth != 1:  # the long file's job is waiting
-                assert time.monotonic() < deadline, "the request was never queued"
-                time.sleep(0.02)
-        deadline = time.monotonic() + 30
-        while batcher.queue_depth or batcher.in_flight != (0, 0.0):  # the handler notices the hang-up
-            assert time.monotonic() < deadline, "the job of a gone client stayed queued"
-            time.sleep(0.02)
+            # the long file's job is waiting
+            assert wait_until(lambda: batcher.queue_depth == 1, TIMEOUT_S, 0.02), "the request was never queued"
+        # the handler notices the hang-up
+        assert wait_until(lambda: not batcher.queue_depth and batcher.in_flight == (0, 0.0), 30, 0.02), (
+            "the job of a gone client stayed queued")
     assert 'outcome="disconnected"' in batcher.metrics.render()
 
 

@@ -154,11 +154,12 @@ def build_seconds() -> float:
 def _extension() -> ModuleType | None:
     """The built kernel module, or None (one warning) where it cannot be built; one notice before a build (the
     command line shows it: a first run waits ~20-60 s on it)."""
-    fresh, started = not built(build_name()), time.perf_counter()
+    name = build_name()  # reads the source and headers: once
+    fresh, started = not built(name), time.perf_counter()
     try:
         if fresh:
             log.info("building the CPU kernels for this CPU (once for this CPU and version, ~20-60 s)", extra=NOTICE)
-        return load(build_name())
+        return load(name)
     except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         log.warning("cpu attention kernel not built (%s): attention runs through torch's products", reason)
