@@ -29,12 +29,13 @@ class _StderrHandler(logging.StreamHandler):
 
 
 # `extra=NOTICE` on an INFO record: the command-line entry points show it (``note: ...``)
-NOTICE = {"notice": True}
+_NOTICE_KEY = "notice"  # the record attribute that marks a notice
+NOTICE = {_NOTICE_KEY: True}
 
 
 def _shown(record: logging.LogRecord) -> bool:
     """What the entry points print: warnings and errors, and notices."""
-    return record.levelno >= logging.WARNING or bool(getattr(record, "notice", False))
+    return record.levelno >= logging.WARNING or bool(getattr(record, _NOTICE_KEY, False))
 
 
 class _Prefixed(logging.Formatter):

@@ -64,10 +64,9 @@ import torch
 
 from asr_spec import ChunkStats, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
-from asr_spec.engine import int8
 from asr_spec.errors import AsrSpecError, one_line
 from asr_spec.eval.librispeech import iter_local
-from asr_spec.models.cpu import precision_line, run_precision
+from asr_spec.models.cpu import precision_line, run_of, run_precision
 from asr_spec.models.loading import decoder_draft, resolve_device
 from asr_spec.models.presets import load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
@@ -399,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, dict[str, Any]] = {}
     runners = make_runners(configs, models, clips, args, stats)
     audio_s = sum(c.audio_s for c in clips)
-    asked = int8.requested(target.model.encoder)  # the "int8" precision (`auto` on an AVX2-only CPU)
-    hardware = run_precision(device, target.dtype, asked)
+    run = run_of(models.greedy)  # with the "int8" precision (`auto` on an AVX2-only CPU) marked on its encoder
+    hardware = run_precision(*run)
     layers = target.config.decoder_layers
-    header = (f"target: {args.preset} ({layers} decoder layers), {precision_line(device, target.dtype, asked)}; "
+    header = (f"target: {args.preset} ({layers} decoder layers), {precision_line(*run)}; "
               f"{models.note}\naudio: {len(clips)} clips, {audio_s:.1f} s; "
               f"chunk {models.greedy.options.chunking.chunk_length_s:g} s; language {args.language}; "
               f"torch threads {torch.get_num_threads()}, capability {torch.backends.cpu.get_cpu_capability()}")

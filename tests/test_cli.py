@@ -100,8 +100,8 @@ def test_transcribe_prints_text_and_a_summary(capsys, model_dirs) -> None:
     assert "tokens/target pass" in summary
     # dtype auto on the CPU class conftest pins (int8 where the kernel extension is built, else float32), then the
     # attention path this machine could build
-    int8 = ("[cpu avx2, float32, attention: cpu kernel, encoder products and attention int8, decoder weights bf16, "
-            "audio keys/values int8]")
+    int8 = ("[cpu avx2, int8 precision (float32 arithmetic), attention: cpu kernel, encoder products and attention "
+            "int8, decoder weights bf16, audio keys/values int8]")
     assert summary.endswith((int8,
                              "[cpu avx2, float32, attention: torch]"))
     code, greedy_out, greedy_err = run_cli(capsys, *tiny(model_dirs, str(LONG), str(SHORT[0]), draft=False))

@@ -190,8 +190,8 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["decoder_weights"] == "bfloat16"
     assert cpu.run_precision(cpu_dev, torch.float32)["decoder_weights"] == "float32"
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
-        "cpu avx2, float32, attention: cpu kernel, encoder products and attention int8, decoder weights bf16, audio "
-        "keys/values int8")
+        "cpu avx2, int8 precision (float32 arithmetic), attention: cpu kernel, encoder products and attention int8, "
+        "decoder weights bf16, audio keys/values int8")
     monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["audio_keys_values"] == "bfloat16"
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True).endswith(
@@ -200,10 +200,11 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     monkeypatch.setenv(int8.ATTENTION_ENV, "1")
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_attention"] == "float32"
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
-        "cpu avx2, float32, attention: cpu kernel, encoder products int8, decoder weights bf16")
+        "cpu avx2, int8 precision (float32 arithmetic), attention: cpu kernel, encoder products int8, decoder weights "
+        "bf16")
     monkeypatch.setenv(int8.WEIGHTS_ENV, "1")
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
-        "cpu avx2, float32, attention: cpu kernel, encoder products int8")
+        "cpu avx2, int8 precision (float32 arithmetic), attention: cpu kernel, encoder products int8")
 
 
 @pytest.mark.parametrize(("blocks", "expected"), [

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import wait_until
 
 from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, EngineError
@@ -177,7 +178,6 @@ def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel()
     cancelled while its chunks decode is forgotten, another is served; the session then counts nothing, and the
     metrics' gauges (read from it) say so."""
     import dataclasses
-    import time
 
     pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
     from test_transcribe import LONG, SHORT, transcriber
@@ -204,23 +204,18 @@ def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel()
     gone, good = batcher.prepare(str(LONG)), batcher.prepare(str(SHORT[0]))
     batcher.start()
     try:
-        deadline = time.monotonic() + 300
         batcher.submit(broken)  # alone: an encoder batch shared with another job would fail that one too
-        while not broken.finished:
-            assert time.monotonic() < deadline, "the broken job did not fail in time"
-            time.sleep(0.02)
+        assert wait_until(lambda: broken.finished, 300, 0.02), "the broken job did not fail in time"
         assert batcher.session.in_flight.total() == 0
         gate.clear()  # from here the steps wait: the long job's chunks stay in the engine until it is cancelled
         batcher.submit(gone)
         batcher.submit(good)
-        while not batcher.session.in_flight.of(gone.id):
-            assert time.monotonic() < deadline, "the long job's chunks never reached the engine"
-            time.sleep(0.01)
+        assert wait_until(lambda: batcher.session.in_flight.of(gone.id), 300), \
+            "the long job's chunks never reached the engine"
         batcher.cancel(gone)
         gate.set()
-        while not (broken.finished and good.finished) or batcher.session.in_flight:
-            assert time.monotonic() < deadline, "the jobs did not finish in time"
-            time.sleep(0.02)
+        assert wait_until(lambda: broken.finished and good.finished and not batcher.session.in_flight, 300, 0.02), \
+            "the jobs did not finish in time"
     finally:
         batcher.stop()
     assert "decoding failed" in broken.error and good.error is None and gone.cancelled and not gone.finished

@@ -103,8 +103,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
     from asr_spec import allocator
-    from asr_spec.engine import int8
-    from asr_spec.models.cpu import precision_line
+    from asr_spec.models.cpu import precision_line, run_of
     from asr_spec.transcribe import Transcriber
 
     if not ray and (manifest is not None or output is not None or ray_address is not None):
@@ -141,8 +140,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
             output_stems(files)
             prepare_output_dir(output_dir)
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
-        run.precision = precision_line(transcriber.device, transcriber.target.dtype,
-                                       int8.requested(transcriber.target.model.encoder))
+        run.precision = precision_line(*run_of(transcriber))
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
     except KeyboardInterrupt:

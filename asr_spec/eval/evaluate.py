@@ -64,11 +64,14 @@ def open_utterances(options: EvalOptions) -> Iterator[Utterance]:
     return itertools.chain([first], items)
 
 
-def write_eval_summary(options: EvalOptions) -> dict[str, Any]:
-    """The summary of the run's log, also written next to it as <name>.summary.json."""
+def write_eval_summary(options: EvalOptions, hardware: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary of the run's log, also written next to it as <name>.summary.json; with `hardware` (what the
+    models ran on, `models.cpu.run_precision`: a run in this process) under that key."""
     path = options.output_path()
     summary = eval_summary(path)
     summary["log"] = str(path)
+    if hardware is not None:
+        summary["hardware"] = hardware
     write_summary(summary, summary_path(path))
     return summary
 
@@ -92,4 +95,6 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
     run_eval(transcriber, items, options.output_path(), limit=options.limit, as_long_form=options.long_form,
              compare_greedy=options.compare_greedy, batch_size=options.batch_size, group_size=options.group_size,
              on_record=on_record)
-    return write_eval_summary(options)
+    from asr_spec.models.cpu import run_of, run_precision
+
+    return write_eval_summary(options, run_precision(*run_of(transcriber)))

@@ -100,6 +100,10 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
     if "speedup" in summary:
         rows.append(("greedy RTFx", _num(summary["greedy_rtfx"], ".1f")))
         rows.append(("speed-up vs greedy", f"{_num(summary['speedup'])}x"))
+    if "hardware" in summary:
+        from asr_spec.models.cpu import precision_words
+
+        rows.append(("precision", precision_words(summary["hardware"])))
     width = max(len(name) for name, _ in rows)
     lines = [title] if title else []
     lines += [f"{name:<{width}}  {value}" for name, value in rows]

@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -294,7 +295,8 @@ def decoder_weights(device: torch.device, dtype: torch.dtype, int8_asked: bool =
 
 
 def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> dict[str, object]:
-    """What a run summary and --json say about the hardware a run decoded on: the device, the dtype, and on a CPU its
+    """What a run summary and --json say about the hardware a run decoded on: the device, the dtype (the models'), the
+    precision (`INT8` where the run asked for it, `int8_asked`; else the dtype's name), and on a CPU its
     capabilities (`CpuCapabilities.as_dict`), its decoder's attention (`attention_path`), its encoder's products
     (`encoder_products`; `int8_asked`: the model's encoder was marked by the `INT8` precision,
     `engine.int8.requested`), its encoder's attention (`encoder_attention`), its audio keys/values
@@ -303,7 +305,8 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
     rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
 
-    info: dict[str, object] = {"device": str(device), "dtype": dtype_name(dtype)}
+    info: dict[str, object] = {"device": str(device), "dtype": dtype_name(dtype),
+                               "precision": INT8 if int8_asked else dtype_name(dtype)}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
         info["attention"] = attention_path(device, dtype)
@@ -319,17 +322,31 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
     return info
 
 
+def run_of(transcriber: Any) -> tuple[torch.device, torch.dtype, bool]:
+    """(device, dtype, int8_asked) of a loaded `Transcriber`, as `run_precision` and `precision_line` take them:
+    its device, its target's dtype, and whether the `INT8` precision marked its encoder (`engine.int8.requested`)."""
+    from asr_spec.engine.int8 import requested
+
+    return transcriber.device, transcriber.target.dtype, requested(transcriber.target.model.encoder)
+
+
 def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
     """The run summary's words for `run_precision`, read from its dict (each decision asked once, there): "cpu
-    amx-bf16, bfloat16, lossless, attention: cpu kernel" / "cuda:0, float16" (bf16 on a CPU: "lossless" where its
+    amx-bf16, bfloat16, lossless, attention: cpu kernel" / "cuda:0, float16" / "cpu avx2, int8 precision (float32
+    arithmetic), attention: cpu kernel, ..." (bf16 on a CPU: "lossless" where its
     products are row-invariant, else "up to near-ties"; on a CPU, the attention path, then ", encoder products
     int8" where the encoder's products are int8 (", encoder products and attention int8" where its attention is
     too), and ", decoder weights bf16" / ", audio keys/values int8" (or bf16) where they are held in another dtype
     than the run's (", decoder weights and audio keys/values bf16" where both are bf16)."""
-    info = run_precision(device, dtype, int8_asked)
+    return precision_words(run_precision(device, dtype, int8_asked))
+
+
+def precision_words(info: Mapping[str, Any]) -> str:
+    """`precision_line`'s words from a `run_precision` dict (as a JSON summary keeps it)."""
     if "cpu" not in info:
         return f"{info['device']}, {info['dtype']}"
-    line = f"cpu {info['cpu']['class']}, {info['dtype']}"
+    precision = f"int8 precision ({info['dtype']} arithmetic)" if info["precision"] == INT8 else info["dtype"]
+    line = f"cpu {info['cpu']['class']}, {precision}"
     if "bf16_row_invariant" in info:
         line += ", lossless" if info["bf16_row_invariant"]["lossless"] else ", up to near-ties"
     line += f", attention: {info['attention']}"
