@@ -443,14 +443,19 @@ def test_cli_refuses_bad_options_in_one_line_before_loading(capsys, tmp_path):
         assert info.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_build_app_loads_a_model_directory(tmp_path, expected):
+def test_build_app_loads_a_model_directory(tmp_path, expected, caplog):
     from test_transcribe import save_tiny_models
 
     from asr_spec.serve import build_app
 
     target_dir, _ = save_tiny_models(tmp_path)
-    app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0,
-                    word_timestamps=True)  # what `asr-spec serve --word-timestamps` passes (base chunks by vad)
+    with caplog.at_level("INFO", logger="asr_spec.serve"):
+        app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0,
+                        word_timestamps=True)  # what `asr-spec serve --word-timestamps` passes (base chunks by vad)
+    # one notice at start: the model and what it runs on (the CPU class conftest pins)
+    notes = [r.getMessage() for r in caplog.records if getattr(r, "notice", False)]
+    assert len(notes) == 1 and notes[0].startswith(f"serving {target_dir}: cpu avx2, "), notes
+    assert "attention: " in notes[0]
     with TestClient(app) as client:
         assert client.get("/v1/models").json()["data"][0]["id"] == str(target_dir)
         response = post(client, SHORT[0], model=str(target_dir))

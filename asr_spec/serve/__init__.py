@@ -10,6 +10,7 @@ FastAPI, uvicorn and python-multipart come with the `asr-spec[serve]` extra; the
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -24,13 +25,16 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
               hypothesis: bool | None = None, committed_prefix: bool | None = None, context_s: float | None = None,
               group_wait_s: float | None = None, **overrides: Any) -> Any:
     """Load the models (`Transcriber.from_preset(preset, batch_size=batch_size, **overrides)`) and return the
-    FastAPI app serving them, batch_size engine rows shared by all requests. The model id it answers to is the
+    FastAPI app serving them, batch_size engine rows shared by all requests; a notice names the model and what it
+    runs on (`models.cpu.precision_line`). The model id it answers to is the
     preset's name, or the model given in `overrides`. api_keys: with ASR_SPEC_API_KEY's, the keys every route but
     /health (and the page at /) requires (none: open). max_streams: live streams (/v1/realtime) open at once;
     max_backlog_s, catch_up, hypothesis: `RealtimeOptions`' (None: its default); step_s, committed_prefix,
     context_s: the live streams' `StreamOptions` (None: the default); group_wait_s: the batcher's (None:
     `GROUP_WAIT_S`)."""
     from asr_spec.checks import int_at_least, seconds_at_least_zero
+    from asr_spec.logs import NOTICE
+    from asr_spec.models.cpu import precision_line, run_of
     from asr_spec.serve.app import ServeOptions, create_app
     from asr_spec.serve.auth import api_keys as all_keys
     from asr_spec.serve.batcher import Batcher, check_limits
@@ -50,6 +54,9 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
     given = {"max_backlog_s": max_backlog_s, "catch_up": catch_up, "hypothesis": hypothesis, "stream": stream}
     realtime = RealtimeOptions(model_id=options.model_id, **{k: v for k, v in given.items() if v is not None})
     transcriber = Transcriber.from_preset(preset, batch_size=batch_size, **overrides)
+    # what it runs on, once at start (the CLI's summary line says it per run; a server has none)
+    logging.getLogger(__name__).info("serving %s: %s", options.model_id, precision_line(*run_of(transcriber)),
+                                     extra=NOTICE)
     batcher = Batcher(transcriber, max_requests=max_requests, max_audio_in_flight_s=max_audio_in_flight_s,
                       max_streams=max_streams, group_wait_s=group_wait_s)
     return create_app(batcher, options, realtime)
