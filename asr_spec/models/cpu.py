@@ -345,7 +345,7 @@ def precision_words(info: Mapping[str, Any]) -> str:
     """`precision_line`'s words from a `run_precision` dict (as a JSON summary keeps it)."""
     if "cpu" not in info:
         return f"{info['device']}, {info['dtype']}"
-    precision = f"int8 precision ({info['dtype']} arithmetic)" if info["precision"] == INT8 else info["dtype"]
+    precision = f"int8 precision ({info['dtype']} arithmetic)" if info.get("precision") == INT8 else info["dtype"]
     line = f"cpu {info['cpu']['class']}, {precision}"
     if "bf16_row_invariant" in info:
         line += ", lossless" if info["bf16_row_invariant"]["lossless"] else ", up to near-ties"
