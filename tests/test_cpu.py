@@ -177,6 +177,8 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
     # the "int8" precision: fp32 weights whose encoder was marked (`int8.requested`)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_products"] == "int8"
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["precision"] == "int8"
+    assert cpu.run_precision(cpu_dev, torch.float32)["precision"] == "float32"
     # ... whose decoder holds the audio's keys/values in int8 (`int8.audio_dtype`; bf16 where int8 is switched off)
     monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["audio_keys_values"] == "int8"
@@ -205,6 +207,10 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     monkeypatch.setenv(int8.WEIGHTS_ENV, "1")
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == (
         "cpu avx2, int8 precision (float32 arithmetic), attention: cpu kernel, encoder products int8")
+    # asked, but its encoder's products cannot run in int8 here (no extension, or switched off): the run is fp32's
+    monkeypatch.setattr(int8, "int8_encoder_usable", lambda device, dtype, asked=False: False)
+    assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["precision"] == "float32"
+    assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == "cpu avx2, float32, attention: cpu kernel"
 
 
 @pytest.mark.parametrize(("blocks", "expected"), [

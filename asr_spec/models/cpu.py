@@ -296,7 +296,8 @@ def decoder_weights(device: torch.device, dtype: torch.dtype, int8_asked: bool =
 
 def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> dict[str, object]:
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype (the models'), the
-    precision (`INT8` where the run asked for it, `int8_asked`; else the dtype's name), and on a CPU its
+    precision (`INT8` where the run asked for it, `int8_asked`, and its encoder's products run in int8; else the
+    dtype's name), and on a CPU its
     capabilities (`CpuCapabilities.as_dict`), its decoder's attention (`attention_path`), its encoder's products
     (`encoder_products`; `int8_asked`: the model's encoder was marked by the `INT8` precision,
     `engine.int8.requested`), its encoder's attention (`encoder_attention`), its audio keys/values
@@ -305,12 +306,13 @@ def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = F
     rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
 
-    info: dict[str, object] = {"device": str(device), "dtype": dtype_name(dtype),
-                               "precision": INT8 if int8_asked else dtype_name(dtype)}
+    info: dict[str, object] = {"device": str(device), "dtype": dtype_name(dtype), "precision": dtype_name(dtype)}
     if device.type == "cpu":
         info["cpu"] = detect_cpu().as_dict()
         info["attention"] = attention_path(device, dtype)
         info["encoder_products"] = encoder_products(device, dtype, int8_asked)
+        if int8_asked and info["encoder_products"] == INT8:  # asked, and its defining part runs (the extension)
+            info["precision"] = INT8
         info["encoder_attention"] = encoder_attention(device, dtype, int8_asked)
         info["audio_keys_values"] = audio_precision(device, dtype, int8_asked)
         info["decoder_weights"] = decoder_weights(device, dtype, int8_asked)
