@@ -297,11 +297,10 @@ def decoder_weights(device: torch.device, dtype: torch.dtype, int8_asked: bool =
 def run_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> dict[str, object]:
     """What a run summary and --json say about the hardware a run decoded on: the device, the dtype (the models'), the
     precision (`INT8` where the run asked for it, `int8_asked`, and its encoder's products run in int8; else the
-    dtype's name), and on a CPU its
-    capabilities (`CpuCapabilities.as_dict`), its decoder's attention (`attention_path`), its encoder's products
-    (`encoder_products`; `int8_asked`: the model's encoder was marked by the `INT8` precision,
-    `engine.int8.requested`), its encoder's attention (`encoder_attention`), its audio keys/values
-    (`audio_precision`) and its decoder's weights (`decoder_weights`). In bf16 the row invariance:
+    dtype's name), and on a CPU its capabilities (`CpuCapabilities.as_dict`), its decoder's attention
+    (`attention_path`), its encoder's products (`encoder_products`; `int8_asked`: the model's encoder was marked by
+    the `INT8` precision, `engine.int8.requested`), its encoder's attention (`encoder_attention`), its audio
+    keys/values (`audio_precision`) and its decoder's weights (`decoder_weights`). In bf16 the row invariance:
     "by_construction" where the kernel extension's products run (then "rows" is None: any number), else the probe's
     rows and queries."""
     from asr_spec.engine.kernels import ANY_ROWS
@@ -335,11 +334,11 @@ def run_of(transcriber: Any) -> tuple[torch.device, torch.dtype, bool]:
 def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
     """The run summary's words for `run_precision`, read from its dict (each decision asked once, there): "cpu
     amx-bf16, bfloat16, lossless, attention: cpu kernel" / "cuda:0, float16" / "cpu avx2, int8 precision (float32
-    arithmetic), attention: cpu kernel, ..." (bf16 on a CPU: "lossless" where its
-    products are row-invariant, else "up to near-ties"; on a CPU, the attention path, then ", encoder products
-    int8" where the encoder's products are int8 (", encoder products and attention int8" where its attention is
-    too), and ", decoder weights bf16" / ", audio keys/values int8" (or bf16) where they are held in another dtype
-    than the run's (", decoder weights and audio keys/values bf16" where both are bf16)."""
+    arithmetic), attention: cpu kernel, ..." (bf16 on a CPU: "lossless" where its products are row-invariant, else
+    "up to near-ties"; on a CPU, the attention path, then ", encoder products int8" where the encoder's products
+    are int8 (", encoder products and attention int8" where its attention is too), and ", decoder weights bf16" /
+    ", audio keys/values int8" (or bf16) where they are held in another dtype than the run's (", decoder weights and
+    audio keys/values bf16" where both are bf16)."""
     return precision_words(run_precision(device, dtype, int8_asked))
 
 
