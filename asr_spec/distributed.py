@@ -92,6 +92,8 @@ class RunReport:
     n_written: int  # records this call appended
     n_failed: int  # of n_written, records with an error
     wall_s: float  # seconds from starting the pipeline to its last record
+    hardware: tuple[dict[str, Any], ...] = ()  # what this call's workers decoded on (`models.cpu.run_precision`),
+    # each kind once, in the order first seen; () where none ran (all resumed) or the loader's object is no Transcriber
 
 
 # -- inputs ------------------------------------------------------------------------------------------------------
@@ -219,6 +221,7 @@ class _TranscribeWorker:
         if not use_gpu:
             torch.set_num_threads(threads)
         self.transcriber = loader()
+        self.hardware = _hardware_of(self.transcriber)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         paths, errors = [str(p) for p in batch["path"]], [str(e) for e in batch["error"]]
@@ -235,7 +238,18 @@ class _TranscribeWorker:
         shares = wall_s * audio_s / audio_s.sum() if audio_s.sum() > 0 else np.full(len(results), wall_s / len(results))
         column = np.empty(len(results), dtype=object)  # Transcription objects, pickled by Ray
         column[:] = results
-        return {"id": batch["id"], "result": column, "wall_s": shares, "read_s": batch["read_s"]}
+        return {"id": batch["id"], "result": column, "wall_s": shares, "read_s": batch["read_s"],
+                "hardware": np.full(len(results), self.hardware, dtype=object)}
+
+
+def _hardware_of(transcriber: Any) -> str:
+    """`models.cpu.run_precision` of a worker's Transcriber as JSON (a column's value); "" for a loader's object
+    that is not one (no device or target to ask)."""
+    from asr_spec.models.cpu import run_of, run_precision
+
+    if not all(hasattr(transcriber, name) for name in ("device", "target")):
+        return ""
+    return json.dumps(run_precision(*run_of(transcriber)), sort_keys=True)
 
 
 # -- the driver --------------------------------------------------------------------------------------------------
@@ -318,6 +332,7 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
     done = log.done_ids()
     pending = [row for row in rows if row["id"] not in done]
     n_skipped, n_written, n_failed, start = len(rows) - len(pending), 0, 0, time.perf_counter()
+    hardware: dict[str, None] = {}  # the workers' `_hardware_of`, each once, in order
     if pending:
         ray = _import_ray()
         by_id = {row["id"]: row for row in pending}
@@ -331,6 +346,7 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
                 log.append(rec)
                 n_written += 1
                 n_failed += bool(rec.get("error"))
+                hardware.setdefault(str(out["hardware"]))
                 if on_record is not None:
                     on_record(rec)
         except ray.exceptions.RayError as err:  # e.g. actors that cannot start (a bad preset)
@@ -339,7 +355,8 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
         finally:
             if started:
                 ray.shutdown()
-    return RunReport(Path(output), len(rows), n_skipped, n_written, n_failed, time.perf_counter() - start)
+    return RunReport(Path(output), len(rows), n_skipped, n_written, n_failed, time.perf_counter() - start,
+                     tuple(json.loads(kind) for kind in hardware if kind))
 
 
 def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -348,7 +365,8 @@ def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | 
     does; each record is the one `run_eval` writes. Returns the summary, also written next to the log.
 
     A record's wall_s is the utterance's share of its actor's batch time (first batch: model warm-up included), so
-    RTFx is the throughput of one worker, not of the cluster."""
+    RTFx is the throughput of one worker, not of the cluster. The summary's `hardware` is what this call's workers
+    decoded on (one dict, or a list where they differed; left out where every id was already recorded)."""
     from asr_spec.eval.evaluate import load_transcriber, open_utterances, write_eval_summary
     from asr_spec.eval.librispeech import take
     from asr_spec.eval.runner import record_of
@@ -363,6 +381,8 @@ def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | 
     def record(row: InputRow, t: Transcription, wall_s: float, read_s: float) -> dict[str, Any]:
         return record_of(utts[row["id"]], t, wall_s, None)
 
-    transcribe_dataset(rows, options.output_path(), options=ray_options,
-                       loader=functools.partial(load_transcriber, options), record=record, on_record=on_record)
-    return write_eval_summary(options)
+    report = transcribe_dataset(rows, options.output_path(), options=ray_options,
+                                loader=functools.partial(load_transcriber, options), record=record,
+                                on_record=on_record)
+    kinds = report.hardware
+    return write_eval_summary(options, (kinds[0] if len(kinds) == 1 else list(kinds)) if kinds else None)

@@ -278,7 +278,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", help="comma list of fixture names (e.g. dense_windows,clips)")
     p.add_argument("--fixtures", type=Path, default=FIXTURES,
                    help="a folder laid out as the fixtures (default tests/fixtures/longform; e.g. the held-out set "
-                        "of make_longform_fixtures.py --set heldout or heldout2)")
+                        "of make_longform_fixtures.py --set heldout, heldout2 or heldout3)")
     p.add_argument("--stream-step-s", type=float, default=StreamOptions().step_s,
                    help="stream: seconds of audio per block, re-decoded after each (default StreamOptions.step_s, "
                         "asr-spec stream's)")
@@ -288,8 +288,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch and faster-whisper CPU threads (0: default)")
     p.add_argument("--language", default="en")
     p.add_argument("--device", help="cpu or cuda (default: the preset's choice; fw: cpu)")
-    p.add_argument("--dtype", help="asr-spec's dtype: auto, float32, bfloat16, float16 (default: the preset's; on a "
-                                   "CPU auto is bf16 where native and lossless, else fp32); fw stays fp32")
+    p.add_argument("--dtype", help="asr-spec's dtype: auto, float32, bfloat16, float16, int8 (default: the preset's; "
+                                   "on a CPU auto is bf16 where native and lossless, the int8 precision on AVX2, else "
+                                   "fp32); fw stays fp32")
     p.add_argument("--json", default="runs/bench_longform.json", help="figures and texts saved here")
     return p.parse_args(argv)
 

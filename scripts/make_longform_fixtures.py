@@ -11,7 +11,8 @@ scripts/kokoro_tts.py, which holds the voices):
 The texts are data: scripts/texts/longform_fixtures.json and, for `--set heldout`, longform_heldout.json.
 `--set heldout` makes the same four structures and clips from other texts (scripts/texts/longform_heldout.json) in
 other voice pairings with another seed: files nothing was tuned on, to check what the fixtures chose.
-`--set heldout2` does the same again from a third set of texts (longform_heldout2.json) in yet other pairings.
+`--set heldout2` does the same again from a third set of texts (longform_heldout2.json) in yet other pairings,
+`--set heldout3` from a fourth (longform_heldout3.json).
 Writes under --out (default tests/fixtures/longform), 16 kHz mono Ogg Opus:
 
     dense_windows.opus       (a) dense speech in three voices, 0.2-0.45 s pauses, planned so that each 30 s
@@ -119,6 +120,12 @@ SETS = {
                         ("bm_daniel", "af_jessica"), ("af_river", "bm_lewis", "am_liam"), "bf_emma",
                         ("af_sarah", "am_fenrir", "bf_alice", "bm_george", "af_alloy", "am_adam", "af_kore",
                          "af_heart")),
+    # a third held-out set (2026-12-05, twenty-fourth session): new texts (a circus, a piano up the stairs, sailing
+    # with a grandmother, old maps, a harvest), new pairings (am_santa's first use) and a seed of no set above
+    "heldout3": FileSet("longform_heldout3", 24_1205, ("af_sarah", "am_eric", "bm_daniel"), ("am_liam", "af_kore"),
+                        ("bf_emma", "am_fenrir", "af_nova"), "bm_george",
+                        ("af_bella", "am_santa", "bf_isabella", "af_river", "am_onyx", "af_jessica", "bm_lewis",
+                         "af_alloy")),
 }
 
 
@@ -305,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="kokoro-js's voices/ folder (raw float32 style tables; default $KOKORO_VOICES, else "
                              "~/kokoro-voices/package/voices)")
     parser.add_argument("--set", choices=sorted(SETS), default="fixtures",
-                        help="fixtures (default: the committed ones), heldout or heldout2 (other texts and voices)")
+                        help="fixtures (default: the committed ones), heldout, heldout2 or heldout3 (other texts and "
+                             "voices)")
     parser.add_argument("--out", type=Path, help="default tests/fixtures/longform for --set fixtures "
-                                                 "(--set heldout and heldout2 need it)")
+                                                 "(the other sets need it)")
     parser.add_argument("--cache", type=Path, help="keep each synthesised sentence here (reruns skip Kokoro)")
     args = parser.parse_args(argv)
     if not (args.voices / "af_heart.bin").exists():

@@ -213,6 +213,13 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     assert cpu.precision_line(cpu_dev, torch.float32, int8_asked=True) == "cpu avx2, float32, attention: cpu kernel"
 
 
+def test_a_ray_runs_workers_that_differed_are_each_named():
+    """`precision_words` of a list (a Ray run's workers of several kinds): each kind's words, in order."""
+    kinds = [{"device": "cuda:0", "dtype": "float16"}, cpu.run_precision(torch.device("cpu"), torch.float32)]
+    assert cpu.precision_words(kinds) == f"cuda:0, float16 | {cpu.precision_words(kinds[1])}"
+    assert cpu.precision_words(kinds[1]).startswith("cpu avx2, float32, attention: ")
+
+
 @pytest.mark.parametrize(("blocks", "expected"), [
     ((32, 0), torch.bfloat16), ((8, 0), torch.bfloat16), ((7, 0), torch.float32), ((0, 0), torch.float32)])
 def test_with_the_attention_kernel_only_the_products_decide(blocks, expected):

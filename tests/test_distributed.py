@@ -21,6 +21,7 @@ from test_transcribe import save_tiny_models  # noqa: E402
 from asr_spec import distributed  # noqa: E402
 from asr_spec.cli import main as cli_main  # noqa: E402
 from asr_spec.cli.evaluation import eval_main  # noqa: E402
+from asr_spec.models.cpu import precision_words, run_of, run_precision  # noqa: E402
 from asr_spec.transcribe import Transcriber  # noqa: E402
 from asr_spec.transcribe.segments import transcript_dict  # noqa: E402
 
@@ -64,6 +65,13 @@ def expected(preset: Path) -> dict[str, dict]:
     return {t["source"]: _transcript(json.loads(json.dumps(t))) for t in as_jsonl}  # segments without token ids
 
 
+@pytest.fixture(scope="module")
+def hardware(preset: Path) -> dict:
+    """What one process's models decode on (`run_precision`), as JSON gives it back: the workers' must be the same
+    (they inherit this process's pinned CPU flags)."""
+    return json.loads(json.dumps(run_precision(*run_of(Transcriber.from_preset(preset, device="cpu")))))
+
+
 def _transcript(record: dict) -> dict:
     """What must not depend on how files are spread over workers: the tokens (acceptance counts may: they depend
     on which rows share a batch)."""
@@ -100,7 +108,8 @@ class CrashOnce:
         return self.transcriber.transcribe(sources, **kwargs)
 
 
-def test_same_transcripts_as_one_process_and_a_corrupt_file_is_one_record(tmp_path, preset, expected) -> None:
+def test_same_transcripts_as_one_process_and_a_corrupt_file_is_one_record(tmp_path, preset, expected,
+                                                                          hardware) -> None:
     manifest = tmp_path / "m.csv"
     lines = ["path,text,speaker"] + [f"{p},reference {i},s{i}" for i, p in enumerate(SHORT[:3])]
     manifest.write_text("\n".join(lines + [f"{_corrupt(tmp_path)},,x"]) + "\n")
@@ -110,6 +119,7 @@ def test_same_transcripts_as_one_process_and_a_corrupt_file_is_one_record(tmp_pa
                                             options=options, device="cpu")
     records = {r["path"]: r for r in _records(out)}
     assert (report.n_inputs, report.n_written, report.n_failed, len(records)) == (4, 4, 1, 4)
+    assert report.hardware == (hardware,)  # two workers, one kind: once
     for i, path in enumerate(SHORT[:3]):
         got = records[path]
         assert _transcript(got) == expected[path]
@@ -127,18 +137,21 @@ def test_a_worker_killed_mid_run_still_gives_every_record_once(tmp_path, preset,
     assert not marker.exists()  # the first actor did die
     records = _records(out)
     assert sorted(r["id"] for r in records) == SHORT[:3] and report.n_written == 3
+    assert report.hardware == ()  # the loader's object is no Transcriber: nothing to say, and nothing fails
     assert all(_transcript(r) == expected[r["path"]] for r in records)
 
 
-def test_cli_resumes_without_duplicates(tmp_path, preset, expected, capsys) -> None:
+def test_cli_resumes_without_duplicates(tmp_path, preset, expected, hardware, capsys) -> None:
     out = tmp_path / "out.jsonl"
     first = {"id": SHORT[0], "path": SHORT[0], "text": "done before"}
     out.write_text(json.dumps(first) + "\n" + '{"id": "' + SHORT[1] + '", "text": "cut off by a ki')  # a killed run
-    args = ["transcribe", "--ray", "--workers", "1", "--preset", str(preset), "--device", "cpu", "--quiet",
+    args = ["transcribe", "--ray", "--workers", "1", "--preset", str(preset), "--device", "cpu",
             str(Path(SHORT[0]).parent / "[ef][se]*.flac"), "--output", str(out)]  # the first three
     with pytest.raises(SystemExit) as exit_:
         cli_main(args)
     assert exit_.value.code == 0
+    said = capsys.readouterr().err
+    assert "2 records written" in said and f"the workers decoded on: {precision_words(hardware)}\n" in said
     records = _records(out)
     assert records[0] == first  # untouched: resumed, not redone
     assert sorted(r["id"] for r in records) == SHORT[:3]  # the partial line is gone, each file once
@@ -146,12 +159,14 @@ def test_cli_resumes_without_duplicates(tmp_path, preset, expected, capsys) -> N
     with pytest.raises(SystemExit) as exit_:  # everything is done: nothing to run
         cli_main(args)
     assert exit_.value.code == 0 and len(_records(out)) == 3
+    said = capsys.readouterr().err
+    assert "0 records written" in said and "decoded on" not in said  # nothing decoded: nothing to say of it
     with pytest.raises(SystemExit) as exit_:
         cli_main(["transcribe", "--ray", *SHORT[:1]])
     assert exit_.value.code == 2 and "--ray needs --output" in capsys.readouterr().err
 
 
-def test_eval_ray_writes_the_records_the_summary_reads(tmp_path, preset) -> None:
+def test_eval_ray_writes_the_records_the_summary_reads(tmp_path, preset, hardware) -> None:
     out = tmp_path / "eval.jsonl"
     code = eval_main(["--ray", "--data-dir", str(LIBRI), "--preset", str(preset), "--limit", "3", "--device", "cpu",
                       "--output", str(out), "--quiet"])
@@ -160,6 +175,7 @@ def test_eval_ray_writes_the_records_the_summary_reads(tmp_path, preset) -> None
     assert all(r["ref"] and "hyp" in r and r["wall_s"] > 0 and "target_passes" in r for r in records)
     summary = json.loads((tmp_path / "eval.summary.json").read_text())
     assert summary["n_scored"] == 3 and summary["rtfx"] > 0
+    assert summary["hardware"] == hardware  # what the workers decoded on
 
 
 def test_with_gpu_workers_decoding_runs_in_its_own_cpu_tasks(capsys) -> None:

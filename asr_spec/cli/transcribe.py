@@ -182,6 +182,10 @@ def _transcribe_on_ray(files: list[str], manifest: Path | None, output: Path | N
     if not quiet:
         typer.echo(f"{report.n_written} records written to {output} ({report.n_failed} failed), "
                    f"{report.n_skipped} already there, in {report.wall_s:.1f} s", err=True)
+        if report.hardware:
+            from asr_spec.models.cpu import precision_words
+
+            typer.echo(f"the workers decoded on: {precision_words(report.hardware)}", err=True)
     if report.n_failed:
         raise typer.Exit(EXIT_FAILED)
 

@@ -64,9 +64,11 @@ def open_utterances(options: EvalOptions) -> Iterator[Utterance]:
     return itertools.chain([first], items)
 
 
-def write_eval_summary(options: EvalOptions, hardware: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_eval_summary(options: EvalOptions,
+                       hardware: dict[str, Any] | list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The summary of the run's log, also written next to it as <name>.summary.json; with `hardware` (what the
-    models ran on, `models.cpu.run_precision`: a run in this process) under that key."""
+    models ran on, `models.cpu.run_precision`: a run in this process, or a Ray run's workers, one dict where they
+    agreed, else a list of each kind) under that key."""
     path = options.output_path()
     summary = eval_summary(path)
     summary["log"] = str(path)

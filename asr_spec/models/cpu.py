@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -342,8 +342,11 @@ def precision_line(device: torch.device, dtype: torch.dtype, int8_asked: bool = 
     return precision_words(run_precision(device, dtype, int8_asked))
 
 
-def precision_words(info: Mapping[str, Any]) -> str:
-    """`precision_line`'s words from a `run_precision` dict (as a JSON summary keeps it)."""
+def precision_words(info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> str:
+    """`precision_line`'s words from a `run_precision` dict (as a JSON summary keeps it), or from a list of them (a
+    Ray run's workers, where they differed), each one's words joined by " | "."""
+    if not isinstance(info, Mapping):
+        return " | ".join(precision_words(kind) for kind in info)
     if "cpu" not in info:
         return f"{info['device']}, {info['dtype']}"
     precision = f"int8 precision ({info['dtype']} arithmetic)" if info.get("precision") == INT8 else info["dtype"]
