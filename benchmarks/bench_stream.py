@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Live transcription measured: hypothesis drafting against plain re-decoding, side by side on the same decodes.
 
-N streams (slices of the long-form fixtures, tests/fixtures/longform/*.opus) are fed in lockstep, --step-s of audio
-each per tick, in simulated real time (no sleeping: compute is measured, not waited for). Each tick's due decodes
-(`StreamRunner.due` / `requests`, the driver's own decisions) are encoded once (`Engine.encode`), then decoded twice
-from that encoder output, in alternating order tick by tick: with each stream's previous hypothesis offered
-(`ChunkRequest.hypothesis`) and without (plain re-decoding). Lossless means the two give the same tokens (checked;
-mismatches are counted), so both configurations see the same decodes; the policy takes the first's result.
+N streams (slices of the long-form fixtures, tests/fixtures/longform/*.opus, or of `--fixtures DIR`) are fed in
+lockstep, --step-s of audio each per tick, in simulated real time (no sleeping: compute is measured, not waited
+for). Each tick's due decodes (`StreamRunner.due` / `requests`, the driver's own decisions) are encoded once
+(`Engine.encode`), then decoded twice from that encoder output, in alternating order tick by tick: with each
+stream's previous hypothesis offered (`ChunkRequest.hypothesis`) and without (plain re-decoding). Lossless means the
+two give the same tokens (checked; mismatches are counted), so both configurations see the same decodes; the policy
+takes the first's result.
 
 Per configuration, over all streams: target passes per second of audio; CPU seconds (process time, all threads)
 per second of audio, split into features + encoder (the same work in both: counted in both) and decoding. CPU
@@ -85,21 +86,25 @@ from benchmarks.stream_server import run_server
 
 REPO = Path(__file__).resolve().parent.parent
 
-FIXTURES = sorted((REPO / "tests" / "fixtures" / "longform").glob("*.opus"))
+FIXTURES = REPO / "tests" / "fixtures" / "longform"
 CONFIGS = ("hypothesis", "plain")
 
 
-def slices(n_streams: int, seconds: float) -> list[tuple[str, np.ndarray]]:
-    """N distinct audio slices of `seconds`: the fixtures' first slices, then their next ones."""
-    audio = [load_audio(path) for path in FIXTURES]
+def slices(n_streams: int, seconds: float, folder: Path = FIXTURES) -> list[tuple[str, np.ndarray]]:
+    """N distinct audio slices of `seconds` from the .opus files of `folder` (the long-form fixtures, or a held-out
+    set laid out alike): the files' first slices, then their next ones."""
+    files = sorted(folder.glob("*.opus"))
+    if not files:
+        raise SystemExit(f"{folder}: no .opus files")
+    audio = [load_audio(path) for path in files]
     n = int(seconds * SAMPLE_RATE)
     out = []
     for i in range(n_streams):
-        f, part = i % len(FIXTURES), i // len(FIXTURES)
+        f, part = i % len(files), i // len(files)
         piece = audio[f][part * n:(part + 1) * n]
         if len(piece) < n:
-            raise SystemExit(f"{FIXTURES[f].name}: shorter than {(part + 1) * seconds} s")
-        out.append((f"{FIXTURES[f].stem}@{part * seconds:g}s", piece))
+            raise SystemExit(f"{files[f].name}: shorter than {(part + 1) * seconds} s")
+        out.append((f"{files[f].stem}@{part * seconds:g}s", piece))
     return out
 
 
@@ -298,6 +303,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cores", type=int, default=2, help="cores of the machine the derived figures are for")
     parser.add_argument("--no-draft", action="store_true", help="no model draft (else the preset's decision)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--fixtures", type=Path, default=FIXTURES,
+                        help="the folder whose .opus files are sliced into streams (default tests/fixtures/longform; "
+                             "e.g. a held-out set of scripts/make_longform_fixtures.py)")
     parser.add_argument("--server", action="store_true", help="through the server's WebSocket (see above)")
     parser.add_argument("--speed", type=float, default=1.0, help="--server: senders' pace, x real time")
     parser.add_argument("--batch-size", type=int, default=8, help="--server: the server's engine rows, shared by "
@@ -334,7 +342,7 @@ def main() -> None:
               "context_s": args.context_s, "settled_s": args.settled_s,
               "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "runs": []}
     for n in counts:
-        items = slices(n, args.seconds)
+        items = slices(n, args.seconds, args.fixtures)
         reference = offline(asr, items)
         run = run_streams(asr, items, stream, not args.no_vad, cores)
         summary = summarise(n, run, reference, cores)
@@ -360,7 +368,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int], s
               "cpu_count": os.cpu_count(), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
     for n in counts:
-        items = slices(n, args.seconds)
+        items = slices(n, args.seconds, args.fixtures)
         reference = offline(asr, items)
         flood_s = args.fast_sender_s if n == max(counts) else 0.0
         run = run_server(asr, items, args.speed, args.batch_size, stream, flood_s, hypothesis, args.group_wait_s)

@@ -1,4 +1,5 @@
-"""benchmarks/bench_stream.py's pure helpers: commit latencies matched to offline words, their tail per quarter."""
+"""benchmarks/bench_stream.py's helpers: commit latencies matched to offline words, their tail per quarter, the streams'
+slices of a folder."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.bench_stream import latencies, matched, p95_by_quarter
+from benchmarks.bench_stream import FIXTURES, latencies, matched, p95_by_quarter, slices
 
 
 def word(text: str, end: float) -> SimpleNamespace:
@@ -37,3 +38,12 @@ def test_each_word_falls_in_a_quarter_of_its_own_streams_audio():
     assert p95_by_quarter([9.0, 9.0], [4.0, 1.0], [12.0, 60.0]) == [1.0, None, None, 4.0]
     with pytest.raises(ValueError):  # one length a word
         p95_by_quarter([9.0, 9.0], [4.0, 1.0], [12.0])
+
+
+def test_streams_are_the_folders_files_in_turn_then_their_next_slices_and_an_empty_folder_is_named(tmp_path):
+    items = slices(5, 20.0, FIXTURES)  # the four long fixtures' first 20 s, then the first one's next 20 s
+    names = sorted(path.stem for path in FIXTURES.glob("*.opus"))
+    assert [name for name, _ in items] == [f"{n}@0s" for n in names] + [f"{names[0]}@20s"]
+    assert all(len(audio) == 20 * 16_000 for _, audio in items)
+    with pytest.raises(SystemExit, match=str(tmp_path)):
+        slices(1, 20.0, tmp_path)
