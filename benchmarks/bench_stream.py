@@ -340,7 +340,8 @@ def main() -> None:
     report = {"preset": args.preset, "draft": "none" if args.no_draft else "preset", "step_s": args.step_s,
               "max_buffer_s": args.max_buffer_s, "committed_prefix": args.committed_prefix,
               "context_s": args.context_s, "settled_s": args.settled_s,
-              "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "runs": []}
+              "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "fixtures": str(args.fixtures),
+              "runs": []}
     for n in counts:
         items = slices(n, args.seconds, args.fixtures)
         reference = offline(asr, items)
@@ -365,7 +366,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int], s
               "committed_prefix": args.committed_prefix, "context_s": args.context_s,
               "settled_s": args.settled_s, "group_wait_s": args.group_wait_s,
               "malloc_pinned": not args.plain_malloc,
-              "cpu_count": os.cpu_count(), "runs": []}
+              "cpu_count": os.cpu_count(), "fixtures": str(args.fixtures), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
     for n in counts:
         items = slices(n, args.seconds, args.fixtures)
