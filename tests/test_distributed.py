@@ -58,18 +58,24 @@ def preset(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def expected(preset: Path) -> dict[str, dict]:
+def local(preset: Path) -> Transcriber:
+    """The preset's models in this process, as each worker loads them."""
+    return Transcriber.from_preset(preset, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def expected(local: Transcriber) -> dict[str, dict]:
     """What one process gives on the short clips: text, segments and statistics per path."""
-    results = Transcriber.from_preset(preset, device="cpu").transcribe(SHORT[:3], progress=False)
+    results = local.transcribe(SHORT[:3], progress=False)
     as_jsonl = [dict(dataclasses.asdict(t), segments=[transcript_dict(s) for s in t.segments]) for t in results]
     return {t["source"]: _transcript(json.loads(json.dumps(t))) for t in as_jsonl}  # segments without token ids
 
 
 @pytest.fixture(scope="module")
-def hardware(preset: Path) -> dict:
+def hardware(local: Transcriber) -> dict:
     """What one process's models decode on (`run_precision`), as JSON gives it back: the workers' must be the same
     (they inherit this process's pinned CPU flags)."""
-    return json.loads(json.dumps(run_precision(*run_of(Transcriber.from_preset(preset, device="cpu")))))
+    return json.loads(json.dumps(run_precision(*run_of(local))))
 
 
 def _transcript(record: dict) -> dict:
