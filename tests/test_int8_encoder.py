@@ -181,7 +181,10 @@ def test_an_int8_encoder_is_near_the_plain_one_and_a_window_is_its_own(int8_kern
     if not onednn_usable(CPU, dtype):
         pytest.skip(f"no oneDNN {dtype} products on this CPU: the encoder runs the module itself")
     model, features = _model_and_features(dtype=dtype)
+    # the plain encoder switched off from int8 explicitly: a bf16 encoder is int8 by itself on an AVX-512 VNNI CPU
+    monkeypatch.setenv(int8.DISABLE_ENV, "1")
     plain = Encoder(model.model.encoder)
+    monkeypatch.delenv(int8.DISABLE_ENV)
     assert not plain.int8
     quantized = _int8_encoder(monkeypatch, model)
     a, b = quantized(features).float(), plain(features).float()
@@ -206,8 +209,10 @@ def test_speculative_equals_greedy_over_an_int8_encoder(int8_kernel, no_amx_tile
     assert greedy_engine.target_dec.audio_dtype == torch.int8 or dtype == torch.bfloat16
     greedy = greedy_engine.decode(features, None, 2)
     spec_engine = Engine(model, decoder_draft(model, [0]), opts)
-    # and so does its draft (its proposals over int8 audio; the target verifies them)
-    assert spec_engine.draft_dec.audio_dtype == greedy_engine.target_dec.audio_dtype
+    # and so does its draft where it decodes in fp32 (its proposals over int8 audio; the target verifies them); a
+    # draft lowered to bf16 where bf16 products are native (`DecodeOptions.draft_bf16`) holds them in its bf16
+    draft, target = spec_engine.draft_dec, greedy_engine.target_dec
+    assert draft.audio_dtype == (target.audio_dtype if draft.dtype == target.dtype else torch.bfloat16)
     spec = spec_engine.decode(features, None, 2)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
 
