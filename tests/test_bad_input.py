@@ -21,7 +21,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import perturbed, tiny_target
-from test_cli import assert_one_line_error, run_cli, tiny
+from test_cli import assert_one_line_error, assert_only_line_is_error, run_cli, tiny
 from test_transcribe import LONG, SHORT, auto_precision, save_tiny_models, transcriber
 
 from asr_spec import TranscribeOptions, Transcriber
@@ -87,8 +87,7 @@ def test_a_broken_model_or_draft_is_one_line_exit_2(capsys, tmp_path: Path, mode
     flag = "--model" if which == "model" else "--draft"
     code, out, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), flag, str(broken)))
     assert code == 2 and out == ""
-    assert_one_line_error(err, str(broken), cause)
-    assert len(err.strip().splitlines()) == 1
+    assert_only_line_is_error(err, str(broken), cause)
     with pytest.raises(ModelLoadError, match=cause):
         if which == "model":
             Transcriber.from_pretrained(broken, device="cpu")
