@@ -17,11 +17,13 @@ import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
-# dtype "auto" follows the CPU's class (asr_spec.models.cpu): pinned here to an AVX2-only CPU's (auto = float32) so
-# that no test's dtype, and so no result, depends on the CPU the suite runs on; subprocesses inherit it. Tests of
-# the per-class decisions pass the capabilities explicitly; those of the bf16 path ask for bfloat16. Except in the
-# runs that check the kernels as built for other flags (`UNPINNED_ENV`, tests/test_native_kernels.py: this very
-# CPU's, or an AVX-512 CPU's emulated), which set ASR_SPEC_CPU_FLAGS themselves or leave it out.
+# dtype "auto" follows the CPU's class (asr_spec.models.cpu): pinned here to an AVX2-only CPU's (auto = float32) so that
+# no test's dtype, nor a decision taken from the CPU's flags, depends on the CPU the suite runs on; subprocesses inherit
+# it. What torch's oneDNN can do is still probed on the real CPU (`kernels.onednn_usable`: where it has native bf16
+# products an fp32 target's draft runs as a bf16 copy, `DecodeOptions.draft_bf16`): a test asserts the rule there. Tests
+# of the per-class decisions pass the capabilities explicitly; those of the bf16 path ask for bfloat16. Except in the
+# runs that check the kernels as built for other flags (`UNPINNED_ENV`, tests/test_native_kernels.py: this very CPU's,
+# or an AVX-512 CPU's emulated), which set ASR_SPEC_CPU_FLAGS themselves or leave it out.
 UNPINNED_ENV = "ASR_SPEC_TEST_UNPINNED"
 if os.environ.get(UNPINNED_ENV) != "1":
     os.environ["ASR_SPEC_CPU_FLAGS"] = "fpu sse2 avx avx2 fma"
