@@ -6,6 +6,8 @@ precision end to end, and the one decision where it runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -210,9 +212,15 @@ def test_speculative_equals_greedy_over_an_int8_encoder(int8_kernel, no_amx_tile
     greedy = greedy_engine.decode(features, None, 2)
     spec_engine = Engine(model, decoder_draft(model, [0]), opts)
     # and so does its draft where it decodes in fp32 (its proposals over int8 audio; the target verifies them); a
-    # draft lowered to bf16 where bf16 products are native (`DecodeOptions.draft_bf16`) holds them in its bf16
+    # draft lowered to bf16 under an fp32 target where oneDNN's bf16 products are native (`DecodeOptions.draft_bf16`)
+    # holds them in its bf16
     draft, target = spec_engine.draft_dec, greedy_engine.target_dec
-    assert draft.audio_dtype == (target.audio_dtype if draft.dtype == target.dtype else torch.bfloat16)
+    lowered = dtype == torch.float32 and onednn_usable(CPU, torch.bfloat16)
+    assert draft.dtype == (torch.bfloat16 if lowered else dtype)
+    assert draft.audio_dtype == (torch.bfloat16 if lowered else target.audio_dtype)
+    if lowered:  # kept in fp32 (`draft_bf16` off), it holds the target's int8 on this CPU too
+        kept = Engine(model, decoder_draft(model, [0]), replace(opts, draft_bf16=False)).draft_dec
+        assert kept.dtype == torch.float32 and kept.audio_dtype == target.audio_dtype == torch.int8
     spec = spec_engine.decode(features, None, 2)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
 

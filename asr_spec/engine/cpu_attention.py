@@ -140,6 +140,8 @@ def built(name: str) -> bool:
 # `logs.NOTICE`, spelled here since the engine imports nothing else from the package (tests/test_layout.py): an INFO
 # record logged with it is a line the command line shows (tests/test_cli.py checks the two agree)
 NOTICE = {"notice": True}
+# the notice before a build (the command line shows it as `note: ...`)
+BUILD_NOTICE = "building the CPU kernels for this CPU (once for this CPU and version, ~20-60 s)"
 # seconds each build of this process took (`build_seconds`)
 _BUILDS_S: list[float] = []
 
@@ -158,7 +160,7 @@ def _extension() -> ModuleType | None:
     fresh, started = not built(name), time.perf_counter()
     try:
         if fresh:
-            log.info("building the CPU kernels for this CPU (once for this CPU and version, ~20-60 s)", extra=NOTICE)
+            log.info(BUILD_NOTICE, extra=NOTICE)
         return load(name)
     except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
