@@ -14,7 +14,6 @@ from asr_spec.stream.agreement import (
     TokenKinds,
     agreed_words,
     committed_prefix,
-    common_prefix,
     compression_ratio,
     first_repeat,
     rendered,
@@ -122,13 +121,14 @@ def words_of(text: str) -> list[str]:
 
 
 def test_agreement_helpers() -> None:
-    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     # a0 a1 | b0 (cut) vs a0 a1 b0 b1 c0: b is not known whole in both: commit a only
-    assert agreed_words([0, 1, 2], [0, 1, 2, 3, 4], 0, KINDS) == 2
+    assert agreed_words([0, 1, 2], [0, 1, 2, 3, 4], KINDS) == 2
     # both go on with a new word after a0 a1 b0 b1
-    assert agreed_words([0, 1, 2, 3, 6], [0, 1, 2, 3, 4], 0, KINDS) == 4
-    assert agreed_words([0, 1], [8, 9], 0, KINDS) == 0
-    assert agreed_words([0, 1, 2, 3], [0, 1, 2, 3, 4], 2, KINDS) == 4  # previous stopped at a word end
+    assert agreed_words([0, 1, 2, 3, 6], [0, 1, 2, 3, 4], KINDS) == 4
+    assert agreed_words([0, 1], [8, 9], KINDS) == 0
+    assert agreed_words([0, 1, 2, 3], [0, 1, 2, 3, 4], KINDS) == 4  # previous stopped at a word end
+    assert agreed_words([0, 1, 2, 3], [0, 1, 2, 3], KINDS) == 2  # new's last word: nothing after it, maybe cut
+    assert agreed_words([], [0, 1, 2, 3], KINDS) == 0
     hyp = [TS, 0, 1, TS + 25, TS + 25, 2, 3, TS + 50, EOT]
     assert text_of(hyp, KINDS) == [0, 1, 2, 3]
     assert [(s.text_end, s.end_index, s.end_ts) for s in segments(hyp, KINDS)] == [(2, 3, 25), (4, 7, 50)]
@@ -412,6 +412,52 @@ def test_a_repunctuated_commit_point_is_found_where_it_is_not_at_an_earlier_the(
     assert aligned_end(said, hypothesis, kinds, as_spoken) == 6  # as spoken: after "The", before "keeper"
     # a hypothesis that really rewords keeps its reading: "birds and a star" for "birds and the stars, the"
     assert aligned_end(said, [0, 1, 2, 7], kinds, as_spoken) == 3
+
+
+def test_two_hypotheses_that_punctuate_the_same_words_apart_agree_on_them() -> None:
+    """dense_windows streamed (2026-12-06, eight streams): "... for us, we left a saucer" then "... for us. We left a
+    saucer": compared token for token nothing from "us" on was agreed, twice in a row, and 24 words waited two more
+    rounds. Compared as spoken words they agree, and the newer hypothesis's wording is committed; a word the buffer's
+    end cut short ("sau" for "saucer") still agrees with nothing, and new's last word waits for a word after it."""
+    from asr_spec.stream.agreement import spoken_word
+
+    vocab = [" for", " us", ",", ".", " we", " We", " left", " a", " sau", " saucer"]
+    kinds = TokenKinds(len(vocab), len(vocab) + 10, np.array([t.startswith(" ") for t in vocab] + [False]))
+    as_spoken = spoken_word(lambda tokens: "".join(vocab[t] for t in tokens))
+    previous = [0, 1, 2, 4, 6, 7, 8]  # for us, we left a sau
+    new = [0, 1, 3, 5, 6, 7, 9, 0]  # for us. We left a saucer for
+    assert agreed_words(previous, new, kinds) == 1  # token for token: "for" ("us," and "us." differ)
+    assert agreed_words(previous, new, kinds, as_spoken) == 6  # "for us. We left a": "sau" was cut short
+    assert agreed_words([0, 1, 2, 4, 6, 7, 9], new, kinds, as_spoken) == 7  # "saucer" said whole in both
+    assert agreed_words([0, 1, 3, 5], [0, 1, 2, 4], kinds, as_spoken) == 3  # "we" is new's last word: it waits
+    # previous's last word longer than new's ("us." at its buffer's end, "us we" now): the same word, agreed
+    assert agreed_words([0, 1, 3], [0, 1, 4], kinds, as_spoken) == 2
+
+
+def test_decoders_that_punctuate_every_other_decode_apart_still_commit_each_word_on_two_decodes() -> None:
+    """A decoder whose every other decode writes each word's second token as another one of the same text (the
+    scripted vocabulary's "+": a comma for a full stop): each word is committed once, in order, as when every
+    decode says it alike; compared token for token no two decodes agreed on a word until the buffer was full."""
+
+    def repunctuated(token: int) -> int:  # w's "+" written as (w + 1)'s: the same text, another token
+        return (token + 2) % EOT if token < EOT and token % 2 else token
+
+    options = StreamOptions(step_s=1.0, max_buffer_s=12.0, context_s=0.0)
+    audio = speech(list(range(16)))  # 8 s: the buffer never fills
+    texts = []
+    for punctuate_apart in (False, True):
+        policy, n = StreamPolicy(KINDS, detokenize, options), 0
+        for i in range(0, len(audio), SR):
+            policy.feed(audio[i:i + SR])
+            while (d := policy.request()) is not None:
+                n += 1
+                tokens = hear_given(d.audio, d.prefix)
+                if punctuate_apart and n % 2:  # the forced prefix as given, what follows "punctuated" apart
+                    tokens = tokens[:1 + len(d.prefix)] + [repunctuated(t) for t in tokens[1 + len(d.prefix):]]
+                policy.accept(d, tokens)
+        texts.append(words_of(policy._text))
+    assert texts[0] == [f"w{w}" for w in range(len(texts[0]))] and len(texts[0]) >= 12
+    assert texts[1] == texts[0]
 
 
 def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commit_it_twice() -> None:

@@ -85,25 +85,32 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def agreed_words(previous: Sequence[int], new: Sequence[int], n_committed: int, kinds: TokenKinds) -> int:
-    """LocalAgreement-2 on text tokens, cut back to whole words: the number of leading text tokens of `new` that
-    may be committed (>= n_committed, the tokens committed already).
+def agreed_words(previous: Sequence[int], new: Sequence[int], kinds: TokenKinds,
+                 word_key: Callable[[tuple[int, ...]], object] = tuple) -> int:
+    """LocalAgreement-2 on whole words: the number of leading text tokens of `new` (the newer hypothesis, whose
+    wording is committed) that may be committed: those of the leading words both hypotheses say, compared by
+    `word_key` (default: their tokens; the policy passes `spoken_word`, so "us," and "us." or "We" and "we" agree:
+    two decodes that hear the same words and punctuate them apart commit them), each known whole in both: `new`
+    goes on with another word after it, and `previous`'s last word (its buffer's end may have cut it) agrees only
+    where it is not the first tokens of `new`'s word (a word cut short, said whole). Tokens before either's first
+    word (what goes on with the word committed before them, e.g. a comma after it) must agree as well, and are
+    committed with the first agreed word, not alone."""
+    lead_prev, lead_new = _continuing(previous, kinds), _continuing(new, kinds)
+    if (lead_prev or lead_new) and word_key(tuple(previous[:lead_prev])) != word_key(tuple(new[:lead_new])):
+        return 0
+    prev_words, new_words = _words(previous[lead_prev:], kinds), _words(new[lead_new:], kinds)
+    n = 0
+    for i, (said, word) in enumerate(zip(prev_words, new_words[:-1])):  # new's last word: nothing after it
+        cut = i == len(prev_words) - 1 and len(said) < len(word) and word[:len(said)] == said
+        if cut or word_key(said) != word_key(word):
+            break
+        n += len(word)
+    return lead_new + n if n else 0
 
-    The prefix both hypotheses share ends inside a word unless the token after it starts a word in both (or
-    `previous` ends there: it stopped at its buffer's end where `new` goes on with a new word); otherwise the
-    commit stops before the last word the prefix touches.
-    """
-    n = common_prefix(previous, new)
-    if n <= n_committed:
-        return n_committed
-    new_goes_on = n < len(new) and kinds.starts_word(new[n])
-    prev_goes_on = n == len(previous) or kinds.starts_word(previous[n])
-    if new_goes_on and prev_goes_on:
-        return n
-    for i in range(n - 1, n_committed, -1):
-        if kinds.starts_word(new[i]):
-            return i
-    return n_committed
+
+def _continuing(tokens: Sequence[int], kinds: TokenKinds) -> int:
+    """How many leading tokens start no word (they go on with the word before them)."""
+    return next((i for i, token in enumerate(tokens) if kinds.starts_word(token)), len(tokens))
 
 
 def committed_prefix(previous: Sequence[int], committed: Sequence[int], kinds: TokenKinds) -> int:

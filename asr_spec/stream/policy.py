@@ -18,13 +18,14 @@ hypothesis of that buffer up to its last committed word, to force: `ChunkRequest
 Whisper's timestamp mode; `tokens` are the engine's tokens after the SOT sequence (prompt excluded, the forced
 <|0.00|> and prefix included: `ChunkResult.tokens`), <|endoftext|> included or not.
 
-How text becomes stable (whisper-streaming's LocalAgreement-2, on tokens):
+How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
 
 - every `step_s` of new audio the buffer is decoded again, from its start: its committed words are forced as
   given (`agreement.committed_prefix`, with `committed_prefix` on) and only what follows them is generated;
-- the text tokens on which two successive hypotheses agree are committed, cut back to whole words
-  (`agreement.agreed_words`); with `settled_s`, also a closed segment that ends that much or more before the
-  decode's audio does, on that one decode (Whisper heard what follows it); committed text is never taken back;
+- the words on which two successive hypotheses agree are committed, whole words only, compared as spoken
+  ("us," and "us." agree) and written as the newer one writes them (`agreement.agreed_words`); with `settled_s`,
+  also a closed segment that ends that much or more before the decode's audio does, on that one decode (Whisper
+  heard what follows it); committed text is never taken back;
   each hypothesis is read after the point where the committed words end in it (`agreement.aligned_end`: it may
   reword, drop or insert words before it), and one that words the committed text differently cuts no audio (its
   segment ends may be misplaced);
@@ -106,7 +107,7 @@ class StreamPolicy:
     def __init__(self, kinds: TokenKinds, detokenize: Callable[[Sequence[int]], str],
                  options: StreamOptions | None = None, voice: VoiceFn | None = None, label: str | None = None):
         self.kinds, self.detokenize = kinds, detokenize
-        self._word_key = spoken_word(detokenize)  # words compared as spoken when a hypothesis is aligned
+        self._word_key = spoken_word(detokenize)  # words compared as spoken: alignment and agreement
         self.options = StreamOptions() if options is None else options
         self._buffer = np.zeros(0, np.float32)
         self._start = 0  # stream sample of _buffer[0]
@@ -251,7 +252,7 @@ class StreamPolicy:
         as_said = new_text[:said] == self._committed and timed.drift is None
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
-        n_agreed = agreed_words(previous, new_text[said:], 0, self.kinds)
+        n_agreed = agreed_words(previous, new_text[said:], self.kinds, self._word_key)
         if as_said and self.options.settled_s is not None:  # segments heard with settled_s after them: committed
             n_agreed = max(n_agreed, settled_end(closed, len(decode.audio), self.options.settled_s) - said)
         n_agreed = min(n_agreed, max(heard - said, 0))
