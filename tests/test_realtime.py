@@ -138,9 +138,9 @@ def test_the_hypothesis_switch_changes_the_drafts_offered_not_the_text(greedy, h
     offered: list[tuple[int, ...]] = []
     submit = batcher.streams.submit
 
-    def recording_submit(stream, samples, hypothesis=(), prefix=()):
+    def recording_submit(stream, samples, hypothesis=(), prefix=(), renew=None):
         offered.append(tuple(hypothesis))
-        submit(stream, samples, hypothesis, prefix)
+        submit(stream, samples, hypothesis, prefix, renew)
 
     batcher.streams.submit = recording_submit
     options = RealtimeOptions(catch_up=False, hypothesis=hypothesis)

@@ -460,6 +460,33 @@ def test_decoders_that_punctuate_every_other_decode_apart_still_commit_each_word
     assert texts[1] == texts[0]
 
 
+def test_a_withdrawn_decode_is_asked_for_again_over_the_audio_fed_since() -> None:
+    """`withdraw`: a decode that waited for the engine is given back and asked for again after the audio that
+    arrived meanwhile is fed: the new one covers it (same kind and forced prefix), the withdrawn one is no longer
+    the one in flight, and one withdrawn with nothing fed since is asked for again as it was."""
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0))
+    audio = speech(list(range(12)))
+    policy.feed(audio[:2 * SR])
+    first = policy.request()
+    policy.accept(first, hear_given(first.audio, first.prefix))
+    policy.feed(audio[2 * SR:3 * SR])
+    waiting = policy.request()
+    policy.withdraw(waiting)
+    again = policy.request()  # nothing fed since: the same decode, asked again
+    assert len(again.audio) == len(waiting.audio) and again.prefix == waiting.prefix
+    policy.feed(audio[3 * SR:4 * SR])  # arrived while it waited
+    policy.withdraw(again)
+    with pytest.raises(InputError, match="not the one in flight"):
+        policy.withdraw(again)
+    renewed = policy.request()
+    assert len(renewed.audio) == 4 * SR and renewed.kind == waiting.kind and renewed.prefix == waiting.prefix
+    with pytest.raises(InputError, match="not the one in flight"):
+        policy.accept(waiting, hear_given(waiting.audio, waiting.prefix))
+    update = policy.accept(renewed, hear_given(renewed.audio, renewed.prefix))
+    assert words_of(update.text) == ["w0", "w1", "w2", "w3"]  # the first decode heard these 4
+    assert policy.request() is None  # the next step is due a step after the renewed one's audio
+
+
 def test_a_cut_at_the_pause_before_a_committed_segments_last_word_does_not_commit_it_twice() -> None:
     """Whisper can end a segment inside speech (an early end, or a comma with no pause): the buffer is then cut at
     the pause nearest that end, which may lie before the segment's last word. That word, committed, stays in the

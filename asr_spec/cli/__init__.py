@@ -92,7 +92,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                                            "Default: the streaming policy's (5 s); 0: none."),
     group_wait_s: float | None = typer.Option(None, help="The longest a live stream's re-decode waits for others "
                                               "to be encoded with it, while another stream's is decoding (0: "
-                                              "never; default 1 s)."),
+                                              "never; default 10 s)."),
     trace_streams: Path | None = TRACE_STREAMS,
     max_audio_in_flight_s: float = typer.Option(43200.0, help="Seconds of audio in flight at once (12 h); beyond: "
                                                 "503 with Retry-After."),

@@ -14,7 +14,9 @@ the socket all the time (so the keepalive's pongs are seen however fast the clie
 not taken yet waits in the backlog. A stream that is behind (a whole block waits when a step re-decode is due: a
 fast sender, or more streams than the engine's capacity) catches up: its next re-decode covers all that arrived
 (`catchup.catch_up`; pauses and a full buffer are decoded where they fall), so it is re-decoded less often and
-its text is the policy's over those re-decodes. With `catch_up` off every step is decoded (the text equals
+its text is the policy's over those re-decodes; a re-decode that waits for the engine is brought up to date as
+the engine takes it (the audio that arrived meanwhile fed, the policy asked again: `StreamPolicy.withdraw`), so a
+word waits for no more than the engine's turn. With `catch_up` off every step is decoded (the text equals
 `Transcriber.stream`'s fed the same samples in the same blocks, whatever the send rate or the load). A session's
 memory is bounded: the backlog (`max_backlog_s`; an append past it gets an error event, code backlog_full, and
 the connection is closed with code 1008), one append (`max_append_s`), the policy's one window. A session that
@@ -255,9 +257,7 @@ class Session:
             action = next_action(current.policy, current.backlog, block, current.finishing, current.ended,
                                  self.options.catch_up)
             if action == "decode":
-                current.decode = current.policy.request()
-                offered = current.decode.hypothesis if self.options.hypothesis else ()
-                self.batcher.streams.submit(self.stream, current.decode.audio, offered, current.decode.prefix)
+                self.batcher.streams.submit(self.stream, *self._ask(current), renew=self._renewal(current))
             elif action == "feed":  # in a worker thread: the policy's voice activity model runs there
                 await asyncio.to_thread(catch_up, current.policy, current.backlog, block, current.finishing,
                                         self.options.catch_up)
@@ -268,6 +268,30 @@ class Session:
                     await self._send_update(update)
             else:
                 break
+
+    def _ask(self, current: _Input) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+        """The policy's due decode, now in flight: its (audio, hypothesis offered, prefix) for the queue."""
+        current.decode = current.policy.request()
+        offered = current.decode.hypothesis if self.options.hypothesis else ()
+        return current.decode.audio, offered, current.decode.prefix
+
+    def _renewal(self, current: _Input) -> Callable[[], Any] | None:
+        """What brings the input's waiting re-decode up to date when the engine takes it (`StreamQueue.submit`'s
+        renew; in the engine's thread): with catching up, the audio that arrived while it waited is fed and the
+        policy asked again (`StreamPolicy.withdraw`), so its text is as fresh as the engine's turn allows. The
+        session leaves the policy alone while its decode waits or runs (`_pump` feeds none then)."""
+        if not self.options.catch_up or not hasattr(current.policy, "withdraw"):
+            return None
+
+        def renew() -> tuple[Any, tuple[int, ...], tuple[int, ...]] | None:
+            block = self.options.block_samples
+            if current.backlog.n_samples < block or self.input is not current:
+                return None
+            current.policy.withdraw(current.decode)
+            catch_up(current.policy, current.backlog, block)
+            return self._ask(current)
+
+        return renew
 
     async def _send_update(self, update: Any) -> None:
         """The events of one policy `Update`: its committed delta, its tentative rest (when asked for), and at

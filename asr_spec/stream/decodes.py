@@ -13,7 +13,9 @@ A server takes the waiting re-decodes as a group (`take_group`): the engine enco
 together, and a window encoded alone costs more than one of a batch (whisper-base on a 2-core CPU, bf16: about 0.25
 s alone, 0.14 s each at 8). So while another stream's re-decode is in the engine (its result comes back soon, and
 its stream then submits its next one) the waiting ones are held, at most `group_wait_s` after the oldest of them
-was submitted; streams then fall into step, each round's re-decodes encoded together.
+was submitted; streams then fall into step, each round's re-decodes encoded together. A re-decode submitted with
+a `renew` is brought up to date as it is taken (the server's sessions: the audio that arrived while it waited, so
+a held or queued re-decode covers the stream up to the engine's turn, not only up to its submit).
 
 `close` drops the stream's waiting re-decode and withdraws the one in the engine; a result that still comes back
 for it is ignored. What is in the engine is the session's count (`EngineSession.in_flight`), read here, not kept.
@@ -31,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,7 +46,12 @@ __all__ = ["GROUP_WAIT_S", "DecodeCounts", "LiveStream", "StreamDecodes", "is_st
 
 log = logging.getLogger(__name__)
 _stream_ids = itertools.count()
-GROUP_WAIT_S = 1.0  # the longest a waiting re-decode is held for others to be encoded with it (`take_group`)
+# the longest a waiting re-decode is held for others to be encoded with it (`take_group`); it is held only while
+# another stream's is in the engine, and brought up to date when taken (`submit`'s renew), so a long hold costs a
+# word no staleness: 8 real-time streams through the server, AVX-512-BF16 EPYC (docs/live.md, "A waiting
+# re-decode brought up to date"), commit latency p95 7.40 / 7.96 / 8.25 s at 10 s, 8.24-9.42 s at 3 s, 9.23-9.81 s
+# at 1 s
+GROUP_WAIT_S = 10.0
 
 
 @dataclass(eq=False)
@@ -68,6 +75,11 @@ class LiveStream:
         return StreamKey(self.id)
 
 
+# () -> (samples, hypothesis, prefix) of a stream's re-decode brought up to date, in place of the waiting one, or
+# None to keep that one; called (by the thread that takes it) as the engine takes it, outside the queue's lock
+Renew = Callable[[], "tuple[np.ndarray, tuple[int, ...], tuple[int, ...]] | None"]
+
+
 @dataclass(frozen=True)
 class _Pending:
     stream: LiveStream
@@ -76,6 +88,7 @@ class _Pending:
     hypothesis: tuple[int, ...]  # token ids offered as the re-decode's draft
     prefix: tuple[int, ...]  # token ids forced as the start of its transcript (its committed words)
     submitted_s: float  # the clock's time at submit
+    renew: Renew | None = None  # () -> the stream's re-decode brought up to date when taken, or None: as it is
 
 
 @dataclass
@@ -89,6 +102,7 @@ class DecodeCounts:
     taken: int = 0  # handed to the engine
     withdrawn: int = 0  # taken, then withdrawn from the engine (a newer one of its stream was taken, or it closed)
     delivered: int = 0  # results handed to their stream
+    renewed: int = 0  # taken brought up to date: the audio that arrived while it waited added (`submit`'s renew)
     wait_s: float = 0.0  # summed over the taken: seconds from submit to take (waiting for the engine)
     max_wait_s: float = 0.0
     engine_s: float = 0.0  # summed over the delivered: seconds from take to result (encoder, rows, steps)
@@ -128,11 +142,13 @@ class StreamDecodes:
             return stream
 
     def submit(self, stream: LiveStream, samples: np.ndarray, hypothesis: tuple[int, ...] = (),
-               prefix: tuple[int, ...] = ()) -> None:
+               prefix: tuple[int, ...] = (), renew: Renew | None = None) -> None:
         """Queue a re-decode of `samples` ((n,) float32, 16 kHz, at most one window) for `stream`, replacing its
         waiting one if any; prefix: token ids forced after <|0.00|> (the stream's committed words of that audio:
         `ChunkRequest.prefix`, generated no more); hypothesis: the stream's previous hypothesis of what follows,
-        offered to the engine as the draft of the re-decode's first generated tokens (`ChunkRequest.hypothesis`)."""
+        offered to the engine as the draft of the re-decode's first generated tokens (`ChunkRequest.hypothesis`);
+        renew: called when the engine takes it, for the same re-decode over the audio that arrived while it waited
+        (its stream must not change it meanwhile); None from it, or no renew: taken as submitted."""
         with self._cond:
             if stream.closed:
                 return
@@ -141,7 +157,7 @@ class StreamDecodes:
             self.counts.submitted += 1
             self.counts.replaced += self._waiting.pop(stream.id, None) is not None
             self._waiting[stream.id] = _Pending(stream, request_id, samples, tuple(hypothesis), tuple(prefix),
-                                                self._clock())
+                                                self._clock(), renew)
             self._cond.notify_all()
 
     def close(self, stream: LiveStream) -> None:
@@ -222,6 +238,10 @@ class StreamDecodes:
             self.session.withdraw(chunk_id)
         if not taken:
             return []
+        renewed = [_renewed(pending) for pending in taken]
+        with self._cond:
+            self.counts.renewed += sum(new is not old for new, old in zip(renewed, taken))
+        taken = renewed
         features = self._featurise([pending.samples for pending in taken])  # (B, n_mels, n_frames)
         return [ChunkRequest(pending.request_id, features[i], prefix=pending.prefix, hypothesis=pending.hypothesis)
                 for i, pending in enumerate(taken)]
@@ -257,6 +277,15 @@ class StreamDecodes:
             self._waiting.clear()
         for stream in streams:
             _notify(stream, cause)
+
+
+def _renewed(pending: _Pending) -> _Pending:
+    """A taken re-decode brought up to date by its `renew` (then without one), else as it is."""
+    fresh = pending.renew() if pending.renew is not None else None
+    if fresh is None:
+        return pending
+    samples, hypothesis, prefix = fresh
+    return replace(pending, samples=samples, hypothesis=tuple(hypothesis), prefix=tuple(prefix), renew=None)
 
 
 def is_stream_id(request_id: Any) -> bool:

@@ -8,6 +8,7 @@ The API (pure: no model, no clock; the caller decodes, e.g. `driver.StreamRunner
     policy.due()                      # the kind request would ask for now, asking nothing; policy.full
     update = policy.accept(decode, tokens)   # tokens: the engine's generated tokens for decode.audio
     update.delta, update.tentative, update.text, update.final, update.heard_s
+    policy.withdraw(decode)           # it waited and is not decoded: feed what arrived, then request again
     policy.finish()                   # end of input: returns the final Update when nothing is left to
                                       # decode, else None (the final one then comes from `accept`)
     policy.done                       # the final Update was given
@@ -114,6 +115,7 @@ class StreamPolicy:
         self._received = 0  # samples fed so far
         self._frames = SpeechFrames(voice, self.options.vad_threshold)  # the stream's speech, frame by frame
         self._decoded_at = 0  # _received when the last decode was asked for
+        self._decoded_before = 0  # _decoded_at before that ask (a withdrawn decode gives it back)
         self._previous: tuple[int, ...] = ()  # the last hypothesis, relative to the buffer's start
         self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
         # committed text tokens the buffer's start may say again: the last cut went back over speech (`_trim`)
@@ -186,6 +188,14 @@ class StreamPolicy:
         if self._received - self._decoded_at < self._seconds(self.options.step_s):
             return None
         return "overflow" if len(self._buffer) >= self._seconds(self.options.max_buffer_s) else "step"
+
+    def withdraw(self, decode: Decode) -> None:
+        """`decode` (the one in flight) is not decoded: it waited for the engine, and the caller asks `request` for
+        one in its place after feeding what arrived meanwhile (a waiting re-decode brought up to date); the policy
+        is as before it was asked for."""
+        if decode is not self._in_flight:
+            raise InputError(f"stream: decode {decode.serial} withdrawn, which is not the one in flight")
+        self._in_flight, self._decoded_at = None, self._decoded_before
 
     def accept(self, decode: Decode, tokens: Sequence[int]) -> Update:
         """Take the engine's generated tokens for `decode` (the one `request` gave last) and commit what is stable.
@@ -371,7 +381,7 @@ class StreamPolicy:
     def _ask(self, kind: str, n_samples: int) -> Decode:
         n = min(n_samples, self._seconds(WINDOW_S))
         self._serial += 1
-        self._decoded_at = self._received
+        self._decoded_before, self._decoded_at = self._decoded_at, self._received
         # the previous hypothesis's committed words are forced as they were timed, unless that timing drifted
         forced = self.options.committed_prefix and self._drifted(segments(self._previous, self.kinds)) is None
         given = committed_prefix(self._previous, self._committed, self.kinds) if forced else 0
