@@ -163,15 +163,16 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
 
 def engine_counts(stats, times, counts) -> dict:
     """Where a server run's engine capacity went: re-decodes scheduled / replaced while waiting / taken (and of
-    those brought up to date as taken) / withdrawn / delivered (`DecodeCounts`), tokens generated and target passes per re-decode (a pass counted once
-    per row in it; a forced prefix is not generated: `ChunkStats`), hypothesis tokens offered and accepted, rows
-    per decoding step (row-passes / steps), encoder, step and admission (prompts and prefixes prefilled) seconds
-    per re-decode (`Engine.times`, wall: ratios only on a loaded machine), encoder calls and the windows each
-    encoded on average, and the mean
-    and longest wait of a re-decode before the engine took it and its mean time in the engine."""
+    those brought up to date as taken) / withdrawn / delivered (`DecodeCounts`), tokens generated and target passes
+    per re-decode (a pass counted once per row in it; a forced prefix is not generated: `ChunkStats`), hypothesis
+    tokens offered and accepted, rows per decoding step (row-passes / steps), encoder, step and admission (prompts
+    and prefixes prefilled) seconds per re-decode (`Engine.times`, wall: ratios only on a loaded machine), encoder
+    calls and the windows each encoded on average, and the mean and longest wait of a re-decode before the engine
+    took it and its mean time in the engine."""
     n = max(stats.chunks, 1)
     return {"redecodes": stats.chunks, "submitted": counts.submitted, "replaced": counts.replaced,
-            "taken": counts.taken, "renewed": counts.renewed, "withdrawn": counts.withdrawn, "delivered": counts.delivered,
+            "taken": counts.taken, "renewed": counts.renewed, "withdrawn": counts.withdrawn,
+            "delivered": counts.delivered,
             "tokens_per_redecode": stats.generated_tokens / n, "passes_per_redecode": stats.target_passes / n,
             "target_passes": stats.target_passes, "hypothesis_offered": stats.hypothesis_offered,
             "hypothesis_accepted": stats.hypothesis_accepted, "steps": times.steps,
