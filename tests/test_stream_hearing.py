@@ -16,7 +16,6 @@ from asr_spec.stream.hearing import (
     drifted,
     first_pause,
     pause_near,
-    said_through,
     settled_end,
     skipped,
     stopped_short,
@@ -60,19 +59,6 @@ def test_a_segment_with_more_speech_than_its_words_can_say_has_drifted() -> None
         assert drifted(closed, speech_between((start_s, start_s + 2.0), (start_s + 6.5, start_s + 9.0)),
                        start) is None  # pauses in it: 2.5 s of speech
     assert drifted([], speech_between((0, 9)), 0) is None
-
-
-def test_a_drifted_segments_words_are_taken_as_said_at_a_quarter_second_of_speech_each() -> None:
-    """`said_through`: timestamp steps from the buffer's start to where a segment's words, 0.25 s of speech each from
-    its opening timestamp, have been said: pauses do not count; None where fewer speech frames follow."""
-    start = 16_000  # a buffer from 1 s
-    one = segments([ts(0), *words(4), ts(12), EOT], KINDS)[0]  # 4 words: 1 s of speech (32 frames, rounded up)
-    assert said_through(one, speech_between((1.0, 13.0)), start) == 50  # 1 s: 32 frames of speech
-    assert said_through(one, speech_between((1.5, 13.0)), start) == 74  # its first 0.5 s without speech: 1.5 s
-    assert said_through(one, speech_between((1.0, 1.5), (3.0, 13.0)), start) == 126  # paused 1.5 s after 0.5 s: 2.5 s
-    assert said_through(one, speech_between((1.0, 1.5)), start) is None  # 0.5 s of speech in all
-    later = segments([ts(0), *words(2), ts(2), ts(2), *words(4), ts(12), EOT], KINDS)[1]  # opens at 2 s
-    assert said_through(later, speech_between((1.0, 13.0)), start) == 150  # from its opening: 3 s
 
 
 def test_a_close_decode_stopped_short_where_speech_follows_its_last_closed_segment() -> None:

@@ -8,7 +8,6 @@ arrives, and the questions the live policy asks of it, against one threshold in 
     frames.any_between(first, end)            # any speech frame touching stream samples [first, end)
     frames.cut_near(start, end_ts)            # where to cut a buffer for a segment's end (`hearing.pause_near`)
     frames.cut_after(start, end_ts)           # at the first pause after it (`hearing.first_pause`)
-    frames.after_said(segment, start, n)      # where to restart after a close decode whose first segment drifted
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from asr_spec.stream.agreement import SAMPLES_PER_TIMESTAMP, SegmentEnd
-from asr_spec.stream.hearing import FRAME_SAMPLES, first_pause, frame_cut, pause_near, said_through
+from asr_spec.stream.agreement import SAMPLES_PER_TIMESTAMP
+from asr_spec.stream.hearing import FRAME_SAMPLES, first_pause, frame_cut, pause_near
 
 VoiceFn = Callable[[np.ndarray], np.ndarray]  # (n_frames * FRAME_SAMPLES,) samples -> (n_frames,) speech prob
 
@@ -79,11 +78,3 @@ class SpeechFrames:
         cut = None if pause is None else frame_cut(pause, start)
         return cut if cut else None
 
-    def after_said(self, segment: SegmentEnd, start: int, n_samples: int) -> int | None:
-        """The stream sample where a buffer starting at stream sample `start` restarts after a close decode of
-        `n_samples` whose first segment (`segment`) drifted: where that segment's words can have been said
-        (`hearing.said_through`), at a pause near it if there is one (`cut_near`); None where that is not within the
-        decode's audio (or nothing is scored)."""
-        said_ts = said_through(segment, self.speech, start) if self.scored else None
-        cut = None if said_ts is None else self.cut_near(start, said_ts) or said_ts
-        return None if cut is None or cut * SAMPLES_PER_TIMESTAMP >= n_samples else start + cut * SAMPLES_PER_TIMESTAMP

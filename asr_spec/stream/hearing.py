@@ -45,9 +45,9 @@ from asr_spec.stream.agreement import (
 )
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "GUESS_PAST_S", "GUESS_S_PER_WORD",
-           "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "SAID_S_PER_WORD", "UNHEARD_SPEECH_S", "Timing",
-           "before_guess", "before_loop", "close_heard", "drifted", "first_pause", "frame_cut", "pause_near",
-           "said_through", "settled_end", "skipped", "stopped_short", "timing"]
+           "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop",
+           "close_heard", "drifted", "first_pause", "frame_cut", "pause_near", "settled_end", "skipped",
+           "stopped_short", "timing"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -74,12 +74,6 @@ GUESS_S_PER_WORD = 0.1
 # segment's end skipped it (in 277 segment gaps of twelve 8-stream server traces: 2.24 s in the one skip, 0.00 s
 # after a pause in every other)
 UNHEARD_SPEECH_S = 0.5
-# A close decode whose first segment drifted has no timed segment to restart after; its words are taken to have
-# said this much speech each (Whisper's words span 0.3-0.4 s of speech frames in these traces), and the buffer
-# restarts there (at a pause near it if any): early rather than late, as committed words said again at a restart are
-# dropped (the policy's seam, its last 8 words) where words after its end would be lost. A stream whose close
-# decode said "from the old barn." and closed its one segment 12 s later, at its audio's end, lost those 12 s
-SAID_S_PER_WORD = 0.25
 
 
 def drifted(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int) -> int | None:
@@ -203,17 +197,6 @@ def stopped_short(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int, 
     heard, end = start + closed[-1].end_samples, start + n_samples
     unheard_s = _speech_s(speech, -(-heard // FRAME_SAMPLES), end // FRAME_SAMPLES)  # frames wholly in [heard, end)
     return closed[-1] if unheard_s >= UNHEARD_SPEECH_S else None
-
-
-def said_through(segment: SegmentEnd, speech: np.ndarray, start: int) -> int | None:
-    """Timestamp steps from `start` to the end of the speech frame by which a segment's words, at SAID_S_PER_WORD of
-    speech each from its opening timestamp, have been said; None where fewer speech frames follow (or no word)."""
-    first = (start + segment.start_samples) // FRAME_SAMPLES
-    frames = first + np.flatnonzero(speech[first:])
-    need = -(-int(round(SAID_S_PER_WORD * segment.words * SAMPLE_RATE)) // FRAME_SAMPLES)
-    if need == 0 or len(frames) < need:
-        return None
-    return ((int(frames[need - 1]) + 1) * FRAME_SAMPLES - start) // SAMPLES_PER_TIMESTAMP
 
 
 def settled_end(closed: Sequence[SegmentEnd], n_samples: int, settled_s: float) -> int:

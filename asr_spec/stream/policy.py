@@ -53,8 +53,8 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
 - a hypothesis with a segment timed over more speech than its words can say (`hearing.drifted`: Whisper's
   timestamps drifted, and every later segment with them) is not trusted for timing: it cuts no audio (unless the
   buffer is as long as it may get), is not forced as the next decode's prefix (that decode times the buffer
-  afresh), and a close decode stops short before that segment (before its first one: the buffer restarts where
-  that segment's words can have been said, `hearing.said_through`);
+  afresh), and a close decode stops short before that segment (before its first one: a forced close decode then
+  commits nothing and is decoded again, unforced);
 - a hypothesis whose next segment opens after an utterance it did not transcribe (`hearing.skipped`: 0.5 s or more
   of speech after a pause that follows a segment's end) commits nothing past that segment; once the segment is
   committed the buffer restarts at a pause near its end (or the first pause after it), with no left context, so
@@ -226,9 +226,9 @@ class StreamPolicy:
         """A close decode's result: all its text committed (a loop's repeats and a last segment guessed past the
         audio left out: `hearing.close_heard`), the buffer started afresh after its audio; or, where its hypothesis
         stopped short of later speech (`hearing.stopped_short`), the text of its closed segments committed and the
-        buffer restarted at their end (the rest is decoded again); or, where its first segment drifted
-        (`hearing.drifted`: none of it is timed, so where it stopped is not known), all its text committed and the
-        buffer restarted where its first segment's words can have been said (`SpeechFrames.after_said`)."""
+        buffer restarted at their end (the rest is decoded again). One whose first segment drifted (`hearing.drifted`:
+        none of it is timed, so where it stopped is not known) and that was forced commits nothing and is decoded
+        again unforced (the drifted hypothesis is not forced: that decode times the buffer afresh)."""
         start = int(round(decode.start_s * SAMPLE_RATE))  # a loop's repeats and a guessed end are not heard
         at_end = self._finished and start + len(decode.audio) >= self._received  # its audio ends the stream's
         hypothesis = close_heard(hypothesis, self._frames.speech, start, len(decode.audio), self.kinds,
@@ -237,16 +237,17 @@ class StreamPolicy:
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         closed = segments(hypothesis, self.kinds)
         timed = self._timing(hypothesis, closed)
+        if timed.drift == 0 and decode.prefix:  # e.g. its one segment stretched over speech it did not say
+            self._previous = hypothesis
+            return Update("", "", self._text, False, decode.heard_s)
         stop = stopped_short(timed.timed(closed), self._frames.speech, start, len(decode.audio))
-        text_end, restart = (len(new_text), None) if stop is None else (stop.text_end, start + stop.end_samples)
-        if timed.drift == 0:  # e.g. its one segment stretched over speech it did not say
-            restart = self._frames.after_said(closed[0], start, len(decode.audio))
-        delta = self._commit(new_text[said:max(said, text_end)])
-        if restart is None:
+        if stop is None:
+            delta = self._commit(new_text[said:])
             self._reset_after(start + len(decode.audio))
         else:
+            delta = self._commit(new_text[said:max(said, stop.text_end)])
             record = [*self._seam, *self._committed]  # a live seam's words may still be said again too
-            self._reset_after(restart)
+            self._reset_after(start + stop.end_samples)
             # the speech after it may say committed words again (early timestamps; or words steps committed that
             # the close decode jumped over): dropped, not doubled
             self._seam = self._words_before(record, len(record))
