@@ -18,7 +18,7 @@ from test_stream_policy import KINDS, WORD_SAMPLES, detokenize, energy, hear_giv
 
 from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.serve.stream_jobs import StreamQueue
-from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action
+from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action, renewed
 from asr_spec.stream.policy import StreamOptions, StreamPolicy
 from asr_spec.transcribe.inflight import InFlight
 
@@ -143,15 +143,14 @@ def serve(sim: Sim, live, queue: StreamQueue, enabled: bool, now: float = 0.0, r
 
 
 def renewal(sim: Sim):
-    """The session's renew of a waiting re-decode (`Session._renewal`): what arrived fed, the policy asked again."""
+    """The session's renew of a waiting re-decode (`Session._renewal`): `catchup.renewed` in its place."""
 
     def renew():
-        if sim.backlog.n_samples < BLOCK:
+        decode = renewed(sim.policy, sim.backlog, BLOCK, sim.decode)
+        if decode is None:
             return None
-        sim.policy.withdraw(sim.decode)
-        catch_up(sim.policy, sim.backlog, BLOCK)
-        sim.decode = sim.policy.request()
-        return sim.decode.audio, sim.decode.hypothesis, sim.decode.prefix
+        sim.decode = decode
+        return decode.audio, decode.hypothesis, decode.prefix
 
     return renew
 
@@ -255,6 +254,40 @@ def test_a_waiting_redecode_brought_up_to_date_as_it_is_taken_commits_sooner_wit
         runs[renew] = (np.median(latency), np.percentile(latency, 95), sum(s.n_decodes for s in sims))
     assert runs[True][0] < runs[False][0] and runs[True][1] < runs[False][1], runs
     assert abs(runs[True][2] - runs[False][2]) <= 4, runs
+
+
+def test_a_waiting_step_is_renewed_over_what_arrived_and_a_waiting_close_is_left_as_it_is():
+    """`catchup.renewed` as the engine takes a waiting re-decode: a step is replaced by one over every whole block
+    that arrived (the same kind of decode, never None, whenever it was asked); a close is left as it is, since new
+    speech after its pause removes its close point and a step need not be due yet (a withdrawn close asked 0.2-0.5 s
+    after the last step came back as no decode at all); fewer than a whole block waiting: left as it is."""
+    audio = speech([1, 2, 3, 4, None, None, None, 5, 6])  # 2 s of words, a 1.5 s pause (closes at 0.8 s), 1 s
+    for asked_s in (1.0, 1.3, 1.6, 1.9):  # a step asked with this much audio fed
+        policy, backlog = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0), energy), Backlog(60 * SR)
+        policy.feed(audio[:int(asked_s * SR)])
+        step = policy.request()
+        assert step.kind == "step"
+        backlog.append(audio[int(asked_s * SR):int(asked_s * SR) + BLOCK // 2])
+        assert renewed(policy, backlog, BLOCK, step) is None  # half a block: as it is
+        backlog.append(audio[int(asked_s * SR) + BLOCK // 2:int(asked_s * SR) + 5 * BLOCK])
+        fresh = renewed(policy, backlog, BLOCK, step)
+        assert fresh is not None and fresh.kind == "step" and len(fresh.audio) == len(step.audio) + 5 * BLOCK
+        assert backlog.n_samples == 0
+        policy.accept(fresh, hear_given(fresh.audio, fresh.prefix))
+    for lag_s in (0.2, 0.3, 0.4, 0.5):  # a close asked this long after the last step
+        policy, backlog = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0), energy), Backlog(60 * SR)
+        fed = 0
+        for end in (1.0, 2.0):  # steps at 1 s and 2 s
+            policy.feed(audio[fed:int(end * SR)])
+            fed = int(end * SR)
+            decode = policy.request()
+            policy.accept(decode, hear_given(decode.audio, decode.prefix))
+        policy.feed(audio[fed:int((2.8 + lag_s) * SR)])  # into the pause, past silence_s
+        close = policy.request()
+        assert close.kind == "close"
+        backlog.append(audio[int((2.8 + lag_s) * SR):int(3.9 * SR)])  # the next word's onset arrives meanwhile
+        assert renewed(policy, backlog, BLOCK, close) is None
+        policy.accept(close, hear_given(close.audio, close.prefix))  # still the one in flight
 
 
 def test_the_queue_takes_a_waiting_redecode_as_its_renew_brings_it_up_to_date():

@@ -46,7 +46,7 @@ from asr_spec.serve import realtime_events as events
 from asr_spec.serve.batcher import Batcher
 from asr_spec.serve.params import MODEL_ALIASES
 from asr_spec.serve.stream_jobs import LiveStream, TooManyStreams
-from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action
+from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action, renewed
 from asr_spec.stream.policy import StreamOptions, StreamPolicy
 
 __all__ = ["STATIC_DIR", "RealtimeOptions", "add_realtime_routes"]
@@ -272,24 +272,26 @@ class Session:
     def _ask(self, current: _Input) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
         """The policy's due decode, now in flight: its (audio, hypothesis offered, prefix) for the queue."""
         current.decode = current.policy.request()
-        offered = current.decode.hypothesis if self.options.hypothesis else ()
-        return current.decode.audio, offered, current.decode.prefix
+        return self._offered(current.decode)
+
+    def _offered(self, decode: Any) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+        """A decode as the queue takes it: (audio, hypothesis offered, prefix)."""
+        return decode.audio, decode.hypothesis if self.options.hypothesis else (), decode.prefix
 
     def _renewal(self, current: _Input) -> Callable[[], Any] | None:
         """What brings the input's waiting re-decode up to date when the engine takes it (`StreamQueue.submit`'s
-        renew; in the engine's thread): with catching up, the audio that arrived while it waited is fed and the
-        policy asked again (`StreamPolicy.withdraw`), so its text is as fresh as the engine's turn allows. The
+        renew; in the engine's thread): with catching up, a step re-decode is replaced by one over the audio that
+        arrived while it waited (`catchup.renewed`), so its text is as fresh as the engine's turn allows. The
         session leaves the policy alone while its decode waits or runs (`_pump` feeds none then)."""
         if not self.options.catch_up or not hasattr(current.policy, "withdraw"):
             return None
 
         def renew() -> tuple[Any, tuple[int, ...], tuple[int, ...]] | None:
-            block = self.options.block_samples
-            if current.backlog.n_samples < block or self.input is not current:
+            decode = renewed(current.policy, current.backlog, self.options.block_samples, current.decode)
+            if decode is None:
                 return None
-            current.policy.withdraw(current.decode)
-            catch_up(current.policy, current.backlog, block)
-            return self._ask(current)
+            current.decode = decode
+            return self._offered(decode)
 
         return renew
 

@@ -15,6 +15,7 @@ a re-decode per pause, and a stream whose utterances are shorter than the engine
     while no decode is in flight, by next_action(policy, backlog, block_samples, finishing, ended):
         "feed": catch_up(policy, backlog, block_samples, finishing)   # until a decode is due
         "decode": policy.request() -> submit;  "finish": policy.finish();  "wait": stop
+    as the engine takes a waiting step re-decode: renewed(policy, backlog, block_samples, decode) -> its replacement
 
 Units: `_samples` are 16 kHz samples, `_s` seconds.
 """
@@ -29,7 +30,7 @@ import numpy as np
 
 from asr_spec.errors import InputError
 
-__all__ = ["Backlog", "BacklogFull", "catch_up", "next_action"]
+__all__ = ["Backlog", "BacklogFull", "catch_up", "next_action", "renewed"]
 
 SAMPLE_RATE = 16_000
 
@@ -119,6 +120,19 @@ def catch_up(policy: Any, backlog: Backlog, block_samples: int, at_end: bool = F
         policy.feed(block)
         fed += len(block)
     return fed
+
+
+def renewed(policy: Any, backlog: Backlog, block_samples: int, decode: Any) -> Any:
+    """The decode in place of `decode` (the policy's step re-decode in flight, still waiting for the engine),
+    covering what arrived while it waited: `decode` withdrawn (`policy.withdraw`), the backlog fed as `catch_up`
+    feeds it, the policy asked again; None (nothing changed) when no whole block waits or `decode` is not a step: a
+    withdrawn close or overflow need not be due again once speech follows (its close point is gone, and a step may
+    not be due yet), while a withdrawn step stays due (tests/test_stream_catchup.py)."""
+    if decode.kind != "step" or backlog.n_samples < block_samples:
+        return None
+    policy.withdraw(decode)
+    catch_up(policy, backlog, block_samples)
+    return policy.request()
 
 
 def _ask_now(policy: Any, backlog: Backlog, block_samples: int, enabled: bool) -> bool:
