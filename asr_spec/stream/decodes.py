@@ -49,7 +49,7 @@ _stream_ids = itertools.count()
 # the longest a waiting re-decode is held for others to be encoded with it (`take_group`); it is held only while
 # another stream's is in the engine, and brought up to date when taken (`submit`'s renew), so a long hold costs a
 # word no staleness: 8 real-time streams through the server, AVX-512-BF16 EPYC (docs/live.md, "A waiting
-# re-decode brought up to date"), commit latency p95 7.40-9.37 s at 10 s (median 8.28 s, seven runs), 8.24-9.42 s
+# re-decode brought up to date"), commit latency p95 7.40-9.61 s at 10 s (median 8.43 s, eight runs), 8.24-9.42 s
 # at 3 s (four), 9.23-9.81 s at 1 s (four)
 GROUP_WAIT_S = 10.0
 
