@@ -126,8 +126,9 @@ def renewed(policy: Any, backlog: Backlog, block_samples: int, decode: Any) -> A
     """The decode in place of `decode` (the policy's step re-decode in flight, still waiting for the engine),
     covering what arrived while it waited: `decode` withdrawn (`policy.withdraw`), the backlog fed as `catch_up`
     feeds it, the policy asked again; None (nothing changed) when no whole block waits or `decode` is not a step: a
-    withdrawn close or overflow need not be due again once speech follows (its close point is gone, and a step may
-    not be due yet), while a withdrawn step stays due (tests/test_stream_catchup.py)."""
+    withdrawn close need not be due again once speech follows its pause (its close point is gone, and a step may
+    not be due yet), an overflow's buffer is full already, while a withdrawn step stays due
+    (tests/test_stream_catchup.py)."""
     if decode.kind != "step" or backlog.n_samples < block_samples:
         return None
     policy.withdraw(decode)
