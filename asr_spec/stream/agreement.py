@@ -75,16 +75,6 @@ def text_of(tokens: Sequence[int], kinds: TokenKinds) -> list[int]:
     return [t for t in tokens if kinds.is_text(t)]
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def agreed_words(previous: Sequence[int], new: Sequence[int], kinds: TokenKinds,
                  word_key: Callable[[tuple[int, ...]], object] = tuple) -> int:
     """LocalAgreement-2 on whole words: the number of leading text tokens of `new` (the newer hypothesis, whose
