@@ -57,3 +57,16 @@ def test_a_cut_after_a_segment_end_is_in_the_first_pause_after_it() -> None:
     assert frames.cut_after(start, (24 * FRAME_SAMPLES - start) // 320) is None  # speech to the last scored frame
     assert SpeechFrames(None, 0.5).cut_after(start, 10) is None
 
+
+
+def test_an_utterance_closes_after_its_last_speech_frame_once_the_silence_has_come() -> None:
+    audio = np.zeros(40 * FRAME_SAMPLES, np.float32)
+    audio[5 * FRAME_SAMPLES:12 * FRAME_SAMPLES] = 0.9  # speech in frames 5-11, silence after
+    frames = SpeechFrames(loud, 0.5)
+    frames.feed(audio)
+    end = 12 * FRAME_SAMPLES
+    assert frames.close_point(0, len(audio), 28 * FRAME_SAMPLES, 100) == end + 100  # the silence is there
+    assert frames.close_point(0, len(audio), 29 * FRAME_SAMPLES, 100) is None  # not yet
+    assert frames.close_point(0, end + 3 * FRAME_SAMPLES, 3 * FRAME_SAMPLES, 0) == end
+    assert frames.close_point(12 * FRAME_SAMPLES, len(audio), FRAME_SAMPLES, 0) is None  # no speech from there on
+    assert SpeechFrames(None, 0.5).close_point(0, len(audio), FRAME_SAMPLES, 0) is None  # unscored: never

@@ -17,6 +17,7 @@ from asr_spec.stream.hearing import (
     first_pause,
     pause_near,
     settled_end,
+    shorter_close,
     skipped,
     stopped_short,
     timing,
@@ -77,6 +78,20 @@ def test_a_close_decode_stopped_short_where_speech_follows_its_last_closed_segme
     assert (timed.drift, timed.skip) == (1, None)
     assert stopped_short(timed.timed(closed), voiced, start, n) == closed[0]
     assert stopped_short(closed, voiced, start, n) is None  # read as timed, it heard its audio
+
+
+def test_a_close_decode_none_of_which_was_timed_is_decoded_again_to_a_pause_after_what_its_words_could_say() -> None:
+    start, n = 16_000, 14 * 16_000  # a buffer from 1 s, 14 s of it: speech 1-3.5, 3.7-6, 6.5-14 s of the stream
+    voiced = speech_between((1.0, 3.5), (3.7, 6.0), (6.5, 14.0))
+    frame = FRAME_SAMPLES
+    # 4 words could take 2 s of speech (to 3.0 s): the first pause after it, 3.5 s, in the middle of its first frame
+    assert shorter_close(4, voiced, start, n) == (int(3.5 * FRAMES_PER_S) * frame + frame // 2) - start
+    # 6 words: 3 s of speech, to 4.2 s (past the first pause): the next pause, at 6.0 s
+    assert shorter_close(6, voiced, start, n) == (int(6.0 * FRAMES_PER_S) * frame + frame // 2) - start
+    assert shorter_close(0, voiced, start, n) == shorter_close(1, voiced, start, n)  # one word at least
+    # no pause after what 12 words could take (6 s: to 7.7 s, speech to the audio's end), or too little after one
+    assert shorter_close(12, voiced, start, n) is None
+    assert shorter_close(6, speech_between((1.0, 3.5), (3.7, 6.0), (6.5, 6.9)), start, n) is None  # 0.4 s after
 
 
 def test_a_segment_after_which_the_next_opens_past_an_utterance_skipped_it() -> None:

@@ -16,6 +16,8 @@ from asr_spec.stream.agreement import (
     committed_prefix,
     compression_ratio,
     first_repeat,
+    last_words,
+    n_words,
     rendered,
     repeated_words,
     segments,
@@ -137,6 +139,8 @@ def test_agreement_helpers() -> None:
     assert shifted(hyp[4:], 25, KINDS) == (TS, 2, 3, TS + 25, EOT)
     assert rendered(hyp + [55], KINDS, detokenize) == "<|0.00|> w0+<|0.50|><|0.50|> w1+<|1.00|><|eot|><|55|>"
     assert rendered([0, 2], KINDS, detokenize) == " w0 w1"  # an open run of text at the end
+    assert last_words([1, 2, 3, 4, 6, 7], 2, KINDS) == [4, 6, 7] and last_words([1, 2, 3], 5, KINDS) == [1, 2, 3]
+    assert n_words([1, 2, 3, 4, 6, 7], KINDS) == 4 and n_words([], KINDS) == 0  # "1": a first token mid-word
 
 
 def test_each_result_is_traced_at_debug(caplog: pytest.LogCaptureFixture) -> None:
@@ -764,6 +768,34 @@ def test_a_forced_close_decode_whose_one_segment_drifted_over_unsaid_speech_is_d
         update = policy.accept(d, tokens)
     assert update.final and words_of(update.text) == [f"w{w}" for w in range(24)]
     assert prefixes[0] and not prefixes[1]  # decoded again unforced
+
+
+def test_an_unforced_close_decode_that_says_a_few_words_over_all_its_speech_is_decoded_again_shorter() -> None:
+    """A decoder that, given 12 words or more, says the first three and closes that one segment at the audio's end
+    (Whisper on a live buffer after a trim mid-sentence: "from the old barn." over 12 s of speech, unforced, as the
+    stream's last decode: taken as heard, the stream ended 12 s short). Nothing of it is timed, so it commits
+    nothing and the buffer is decoded again to a pause after what its words could say, unforced and heard from the
+    buffer's start, then the rest after it: every word, once, and each shorter decode ends at a pause."""
+    said = list(range(1, 16))
+    audio = speech([w for i, x in enumerate(said) for w in ((x, None) if i % 3 == 2 else (x,))])  # 3 words, a pause
+
+    def says_little(buffer: np.ndarray) -> list[int]:
+        heard = hear(buffer)
+        text = [t for t in heard if t < EOT]
+        if len(text) < 24:  # under 12 words: heard as they are
+            return heard
+        return [TS, *text[:6], TS + len(buffer) // 320, EOT]
+
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0, silence_s=0.8), energy)
+    policy.feed(audio)  # all at once: a stream behind at its end
+    update, asked = policy.finish(), []
+    while (update is None or not update.final) and (d := policy.request()) is not None:
+        asked.append(d)
+        update = policy.accept(d, says_little(d.audio))
+    assert update.final and words_of(update.text) == [f"w{w}" for w in said], update.text
+    assert [d.kind for d in asked] == ["close"] * 5 and not any(d.prefix for d in asked)
+    shorter = [d for d, before in zip(asked[1:], asked) if d.start_s == before.start_s]
+    assert len(shorter) == 2 and all(not d.audio[-320:].any() for d in shorter)  # each ends in a pause
 
 
 def test_a_close_decode_that_loops_commits_the_looped_segment_once() -> None:

@@ -189,6 +189,16 @@ def spoken_word(detokenize: Callable[[Sequence[int]], str]) -> Callable[[tuple[i
     return lambda word: re.sub(r"[^\w']+", "", detokenize(word).lower())
 
 
+def last_words(text: Sequence[int], n_words: int, kinds: TokenKinds) -> list[int]:
+    """The text tokens of the last `n_words` words of the text tokens `text` (all of them when it has fewer)."""
+    return [token for word in _words(text, kinds)[-n_words:] for token in word]
+
+
+def n_words(text: Sequence[int], kinds: TokenKinds) -> int:
+    """How many words the text tokens `text` hold (its first token starts one)."""
+    return len(_words(text, kinds))
+
+
 def _words(tokens: Sequence[int], kinds: TokenKinds) -> list[tuple[int, ...]]:
     """Text tokens grouped in words (a word starts at a token that starts one, or at the first token)."""
     out: list[list[int]] = []

@@ -8,6 +8,7 @@ arrives, and the questions the live policy asks of it, against one threshold in 
     frames.any_between(first, end)            # any speech frame touching stream samples [first, end)
     frames.cut_near(start, end_ts)            # where to cut a buffer for a segment's end (`hearing.pause_near`)
     frames.cut_after(start, end_ts)           # at the first pause after it (`hearing.first_pause`)
+    frames.close_point(start, received, silence, pad)   # where an utterance closes, once silence follows it
 """
 
 from __future__ import annotations
@@ -78,3 +79,12 @@ class SpeechFrames:
         cut = None if pause is None else frame_cut(pause, start)
         return cut if cut else None
 
+    def close_point(self, start: int, received: int, silence: int, pad: int) -> int | None:
+        """The stream sample an utterance of a buffer starting at stream sample `start` closes at (its last speech
+        frame's end plus `pad` samples) when `silence` samples or more of the `received` so far follow it; None
+        otherwise (or unscored, or no speech from `start` on)."""
+        speech = self.speech_from(start)
+        if self.voice is None or not len(speech):
+            return None
+        speech_end = (int(speech[-1]) + 1) * FRAME_SAMPLES
+        return speech_end + pad if received - speech_end >= silence else None

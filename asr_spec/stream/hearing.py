@@ -6,6 +6,7 @@ buffer's speech, so that a decode that went wrong cuts no speech it did not tran
     timing(hypothesis, closed, speech, start, kinds)    both, as a Timing (.timed(closed): the segments before)
     first_pause(speech, first, last)                    the first frame that is not speech
     stopped_short(timed, speech, start, n)              where a close decode stopped before later speech, if it did
+    shorter_close(n_words, speech, start, n)            where to end a close decode again when none of it was timed
     before_loop(hypothesis, kinds, text)                a looping hypothesis read up to its first repeated segment
     before_guess(hypothesis, closed, speech, start, n, kinds)   without a last segment guessed past the audio
     close_heard(hypothesis, speech, start, n, kinds, text)      both, for a close decode (all of it is committed)
@@ -46,8 +47,8 @@ from asr_spec.stream.agreement import (
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "GUESS_PAST_S", "GUESS_S_PER_WORD",
            "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop",
-           "close_heard", "drifted", "first_pause", "frame_cut", "pause_near", "settled_end", "skipped",
-           "stopped_short", "timing"]
+           "close_heard", "drifted", "first_pause", "frame_cut", "pause_near", "settled_end", "shorter_close",
+           "skipped", "stopped_short", "timing"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -197,6 +198,23 @@ def stopped_short(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int, 
     heard, end = start + closed[-1].end_samples, start + n_samples
     unheard_s = _speech_s(speech, -(-heard // FRAME_SAMPLES), end // FRAME_SAMPLES)  # frames wholly in [heard, end)
     return closed[-1] if unheard_s >= UNHEARD_SPEECH_S else None
+
+
+def shorter_close(n_words: int, speech: np.ndarray, start: int, n_samples: int) -> int | None:
+    """Where a close decode of `n_samples` from stream sample `start` whose first segment drifted (`drifted`: none of
+    it is timed, so where it stopped hearing is not known) is decoded again, in samples from `start`: a shorter
+    close decode of the same buffer, ending at the first pause (the middle of its first frame that is not speech)
+    after the speech its `n_words` words could take (DRIFT_S_PER_WORD a word, one word at least), where
+    `UNHEARD_SPEECH_S` or more of speech still lies after it (else None: a decode ending there would hear as much).
+    Nothing is cut unheard: the shorter decode hears the buffer from its start, and what follows is decoded after
+    it; each such decode ends before the last, so they end."""
+    first, end = start // FRAME_SAMPLES, (start + n_samples) // FRAME_SAMPLES
+    said = np.cumsum(speech[first:end]) * FRAME_SAMPLES / SAMPLE_RATE  # seconds of speech through each frame
+    enough = np.flatnonzero(said >= DRIFT_S_PER_WORD * max(n_words, 1))
+    pause = first_pause(speech, first + int(enough[0]), end) if len(enough) else None
+    if pause is None or _speech_s(speech, pause, end) < UNHEARD_SPEECH_S:
+        return None
+    return pause * FRAME_SAMPLES + FRAME_SAMPLES // 2 - start
 
 
 def settled_end(closed: Sequence[SegmentEnd], n_samples: int, settled_s: float) -> int:

@@ -53,8 +53,9 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
 - a hypothesis with a segment timed over more speech than its words can say (`hearing.drifted`: Whisper's
   timestamps drifted, and every later segment with them) is not trusted for timing: it cuts no audio (unless the
   buffer is as long as it may get), is not forced as the next decode's prefix (that decode times the buffer
-  afresh), and a close decode stops short before that segment (before its first one: a forced close decode then
-  commits nothing and is decoded again, unforced);
+  afresh), and a close decode stops short before that segment (before its first one it commits nothing: a forced
+  close decode is decoded again unforced, an unforced one again to a pause after what its words could say, the
+  rest after it: `hearing.shorter_close`);
 - a hypothesis whose next segment opens after an utterance it did not transcribe (`hearing.skipped`: 0.5 s or more
   of speech after a pause that follows a segment's end) commits nothing past that segment; once the segment is
   committed the buffer restarts at a pause near its end (or the first pause after it), with no left context, so
@@ -81,6 +82,8 @@ from asr_spec.stream.agreement import (
     agreed_words,
     aligned_end,
     committed_prefix,
+    last_words,
+    n_words,
     rendered,
     repeated_words,
     segments,
@@ -90,7 +93,7 @@ from asr_spec.stream.agreement import (
     without_text,
 )
 from asr_spec.stream.frames import SpeechFrames, VoiceFn
-from asr_spec.stream.hearing import FRAME_SAMPLES, Timing, close_heard, drifted, settled_end, stopped_short, timing
+from asr_spec.stream.hearing import Timing, close_heard, drifted, settled_end, shorter_close, stopped_short, timing
 from asr_spec.stream.options import WINDOW_S, StreamOptions
 from asr_spec.stream.records import Decode, Update
 
@@ -123,6 +126,9 @@ class StreamPolicy:
         self._seam: list[int] = []
         self._text = ""
         self._in_flight: Decode | None = None
+        # the stream sample the next close decode ends at: one whose first segment drifted is decoded again shorter
+        # (`hearing.shorter_close`); None: at the close point (or the buffer's end once finished)
+        self._close_end: int | None = None
         self._serial = 0
         self._finished = False
         self.done = False
@@ -176,7 +182,9 @@ class StreamPolicy:
         kind = self.due()
         if kind is None:
             return None
-        close_at = self._close_point() if kind == "close" and not self._finished else None
+        close_at = None
+        if kind == "close":
+            close_at = self._close_end if self._close_end is not None or self._finished else self._close_point()
         return self._ask(kind, len(self._buffer) if close_at is None else close_at - self._start)
 
     def due(self) -> str | None:
@@ -184,7 +192,7 @@ class StreamPolicy:
         nothing (a caller that is behind feeds more audio before asking for a step: `catchup.catch_up`)."""
         if self._in_flight is not None or self.done or not self._has_speech():
             return None
-        if self._finished or self._close_point() is not None:
+        if self._finished or self._close_end is not None or self._close_point() is not None:
             return "close"
         if self._received - self._decoded_at < self._seconds(self.options.step_s):
             return None
@@ -228,7 +236,9 @@ class StreamPolicy:
         stopped short of later speech (`hearing.stopped_short`), the text of its closed segments committed and the
         buffer restarted at their end (the rest is decoded again). One whose first segment drifted (`hearing.drifted`:
         none of it is timed, so where it stopped is not known) and that was forced commits nothing and is decoded
-        again unforced (the drifted hypothesis is not forced: that decode times the buffer afresh)."""
+        again unforced (the drifted hypothesis is not forced: that decode times the buffer afresh); one unforced
+        commits nothing and is decoded again shorter, to a pause after what its words could say
+        (`hearing.shorter_close`), where the buffer holds more speech after it."""
         start = int(round(decode.start_s * SAMPLE_RATE))  # a loop's repeats and a guessed end are not heard
         at_end = self._finished and start + len(decode.audio) >= self._received  # its audio ends the stream's
         hypothesis = close_heard(hypothesis, self._frames.speech, start, len(decode.audio), self.kinds,
@@ -237,9 +247,13 @@ class StreamPolicy:
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         closed = segments(hypothesis, self.kinds)
         timed = self._timing(hypothesis, closed)
-        if timed.drift == 0 and decode.prefix:  # e.g. its one segment stretched over speech it did not say
-            self._previous = hypothesis
-            return Update("", "", self._text, False, decode.heard_s)
+        if timed.drift == 0:  # e.g. its one segment stretched over speech it did not say
+            shorter = None if decode.prefix else shorter_close(
+                n_words(new_text, self.kinds), self._frames.speech, start, len(decode.audio))
+            if decode.prefix or shorter is not None:
+                self._previous = hypothesis
+                self._close_end = None if shorter is None else start + shorter
+                return Update("", "", self._text, False, decode.heard_s)
         stop = stopped_short(timed.timed(closed), self._frames.speech, start, len(decode.audio))
         if stop is None:
             delta = self._commit(new_text[said:])
@@ -250,7 +264,7 @@ class StreamPolicy:
             self._reset_after(start + stop.end_samples)
             # the speech after it may say committed words again (early timestamps; or words steps committed that
             # the close decode jumped over): dropped, not doubled
-            self._seam = self._words_before(record, len(record))
+            self._seam = last_words(record, SEAM_WORDS, self.kinds)
         if self._finished and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, "", self._text, False, decode.heard_s)
@@ -337,7 +351,7 @@ class StreamPolicy:
             cut = self._frames.cut_after(self._start, segment.end_ts)
         if cut is not None:
             self._trim(hypothesis, new_text, segment, cut)
-            self._seam = self._words_before(new_text, segment.text_end)
+            self._seam = last_words(new_text[:segment.text_end], SEAM_WORDS, self.kinds)
 
     def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
                     timed: list[SegmentEnd]) -> str:
@@ -364,9 +378,10 @@ class StreamPolicy:
         cut = min(cut_ts * SAMPLES_PER_TIMESTAMP, len(self._buffer))
         end = min(segment.end_samples, len(self._buffer))
         back_over_speech = cut < end and self._frames.any_between(self._start + cut, self._start + end)
-        self._seam = self._words_before(new_text, segment.text_end) if back_over_speech else []
+        self._seam = last_words(new_text[:segment.text_end], SEAM_WORDS, self.kinds) if back_over_speech else []
         self._buffer = self._buffer[cut:]
         self._start += cut
+        self._close_end = None
         self._committed = self._committed[aligned_end(new_text[:segment.text_end], self._committed, self.kinds,
                                                       self._word_key):]
         self._previous = shifted(hypothesis[segment.end_index + 1:], cut // SAMPLES_PER_TIMESTAMP, self.kinds)
@@ -376,7 +391,7 @@ class StreamPolicy:
         cut = max(0, min(end_sample - self._start, len(self._buffer)))
         self._buffer = self._buffer[cut:]
         self._start += cut
-        self._previous, self._committed, self._seam = (), [], []
+        self._previous, self._committed, self._seam, self._close_end = (), [], [], None
 
     def _final(self, delta: str = "", heard_s: float | None = None) -> Update:
         self.done = True
@@ -403,26 +418,16 @@ class StreamPolicy:
         """`hearing.timing` of a hypothesis of the buffer as it is and its closed segments."""
         return timing(hypothesis, closed, self._frames.speech, self._start, self.kinds)
 
-    def _words_before(self, text: list[int], n_text: int, n_words: int = SEAM_WORDS) -> list[int]:
-        """The text tokens of the last `n_words` words of text[:n_text]."""
-        starts = [i for i in range(n_text) if i == 0 or self.kinds.starts_word(text[i])]
-        return text[starts[-n_words]:n_text] if len(starts) >= n_words else text[:n_text]
-
     def _has_speech(self) -> bool:
         if len(self._buffer) == 0:
             return False
         return not self._frames.scored or len(self._frames.speech_from(self._start)) > 0
 
     def _close_point(self) -> int | None:
-        """The stream sample an utterance closes at (its last speech frame's end plus the pad), when `silence_s`
-        of non-speech follows speech in the buffer; else None."""
-        if not self._frames.scored:
-            return None
-        speech = self._frames.speech_from(self._start)
-        speech_end = (int(speech[-1]) + 1) * FRAME_SAMPLES
-        if self._received - speech_end < self._seconds(self.options.silence_s):
-            return None
-        return speech_end + self._seconds(self.options.speech_pad_s)
+        """The stream sample the buffer's utterance closes at, once `silence_s` follows it; else None
+        (`SpeechFrames.close_point`)."""
+        return self._frames.close_point(self._start, self._received, self._seconds(self.options.silence_s),
+                                        self._seconds(self.options.speech_pad_s))
 
     def _drop_non_speech(self) -> None:
         """A buffer without speech keeps only its last `speech_pad_s` (the onset of what may come)."""
