@@ -291,6 +291,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--settled-s", type=float, default=StreamOptions().settled_s,
                         help="commit a closed segment ending this much before its decode's audio on that one decode "
                         "(StreamOptions.settled_s; both modes)")
+    parser.add_argument("--silence-s", type=float, default=StreamOptions().silence_s,
+                        help="non-speech after speech that closes an utterance (StreamOptions.silence_s)")
     parser.add_argument("--committed-prefix", action=argparse.BooleanOptionalAction,
                         default=StreamOptions().committed_prefix, help="a re-decode forces its buffer's committed "
                         "words as the engine's prefix and generates only what follows (StreamOptions."
@@ -329,7 +331,8 @@ def main() -> None:
     if args.server:  # as `asr-spec serve` does, before the models load
         malloc.pin_unless_plain(args)
     stream = StreamOptions(step_s=args.step_s, max_buffer_s=args.max_buffer_s,
-                           committed_prefix=args.committed_prefix, context_s=args.context_s, settled_s=args.settled_s)
+                           committed_prefix=args.committed_prefix, context_s=args.context_s, settled_s=args.settled_s,
+                           silence_s=args.silence_s)
     draft = {"draft": None} if args.no_draft else {}
     rows = args.batch_size if args.server else max(counts)
     asr = Transcriber.from_preset(args.preset, word_timestamps=True, batch_size=rows, **draft)
@@ -339,7 +342,7 @@ def main() -> None:
     cores = args.cores
     report = {"preset": args.preset, "draft": "none" if args.no_draft else "preset", "step_s": args.step_s,
               "max_buffer_s": args.max_buffer_s, "committed_prefix": args.committed_prefix,
-              "context_s": args.context_s, "settled_s": args.settled_s,
+              "context_s": args.context_s, "settled_s": args.settled_s, "silence_s": args.silence_s,
               "threads": args.threads, "cores": cores, "cpu_count": os.cpu_count(), "fixtures": str(args.fixtures),
               "runs": []}
     for n in counts:
@@ -364,7 +367,7 @@ def main_server(args: argparse.Namespace, asr: Transcriber, counts: list[int], s
     report = {"preset": args.preset, "server": True, "speed": args.speed, "rows": args.batch_size,
               "step_s": args.step_s, "max_buffer_s": args.max_buffer_s, "hypothesis": hypothesis,
               "committed_prefix": args.committed_prefix, "context_s": args.context_s,
-              "settled_s": args.settled_s, "group_wait_s": args.group_wait_s,
+              "settled_s": args.settled_s, "silence_s": args.silence_s, "group_wait_s": args.group_wait_s,
               "malloc_pinned": not args.plain_malloc,
               "cpu_count": os.cpu_count(), "fixtures": str(args.fixtures), "runs": []}
     print(json.dumps({key: value for key, value in report.items() if key != "runs"}), flush=True)
