@@ -476,3 +476,18 @@ def test_a_group_of_redecodes_and_an_upload_chunk_take_turns(greedy):
     batcher.streams.submit(streams[2], samples)
     assert is_stream_id(next(source).id)  # the streams' turn again
     batcher.cancel(job)
+
+
+def test_the_server_takes_the_streams_waiting_redecodes_in_groups_of_one_encoder_call(greedy):
+    """Eight streams' re-decodes wait: the server's source pulls the four oldest (what the engine encodes in one call
+    on a CPU: a group of 8 would be encoded in two calls before any of its rows decoded, and every result would
+    come back at the round's end) and nothing more while they are in the engine; the other four wait for the next
+    group (docs/live.md, "Groups of one encoder call")."""
+    batcher = Batcher(greedy, batch_size=8)
+    streams = [batcher.streams.open(lambda outcome: None) for _ in range(8)]
+    for stream in streams:
+        batcher.streams.submit(stream, np.zeros(16000, np.float32))
+    source = batcher._source()
+    group = [next(source) for _ in range(4)]
+    assert greedy.engine.encode_batch(8) == 4 and [r.id.owner for r in group] == [s.owner for s in streams[:4]]
+    assert next(source) is None and batcher.streams.n_waiting == 4  # held while the first four are in the engine

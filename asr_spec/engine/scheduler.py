@@ -191,8 +191,7 @@ class Engine:
         (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
         only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
-        encode = memory.encode_batch(batch_size, self.target_dec.device)
-        feed = self._feed = Feed(iter(requests), self._encode, encode)
+        feed = self._feed = Feed(iter(requests), self._encode, self.encode_batch(batch_size))
         n_rows = self._first_fill(feed, batch_size)
         if n_rows == 0:
             return
@@ -306,6 +305,10 @@ class Engine:
         if self.draft_dec is None or not self.options.drafts(n_rows):
             return 0
         return self.options.num_draft_tokens
+
+    def encode_batch(self, batch_size: int) -> int:
+        """How many windows a run of `batch_size` rows encodes in one call (`memory.encode_batch`: 4 on a CPU)."""
+        return memory.encode_batch(batch_size, self.target_dec.device)
 
     def run_shape(self, n_rows: int) -> memory.RunShape:
         """What the memory of a run of `n_rows` rows is made of: the draft's caches only when the run drafts

@@ -9,11 +9,12 @@ A stream holds at most one re-decode waiting and one in the engine: a newer one 
 decoding withdraws the stale one (`EngineSession.withdraw`: its row freed before the next step), so memory per
 stream is one window of samples and its features.
 
-A server takes the waiting re-decodes as a group (`take_group`): the engine encodes the windows it pulls at once
-together, and a window encoded alone costs more than one of a batch (whisper-base on a 2-core CPU, bf16: about 0.25
-s alone, 0.14 s each at 8). So while another stream's re-decode is in the engine (its result comes back soon, and
-its stream then submits its next one) the waiting ones are held, at most `group_wait_s` after the oldest of them
-was submitted; streams then fall into step, each round's re-decodes encoded together. A re-decode submitted with
+A server takes the waiting re-decodes as a group (`take_group`) of at most what the engine encodes in one call (4
+windows on a CPU: the batcher's `Engine.encode_batch`): on an AMX Xeon a window encoded alone costs more than one of
+a batch (whisper-base, bf16: about 0.25 s alone, 0.14 s each at 8); and while another stream's re-decode is in the
+engine (its result comes back soon, and its stream then submits its next one) the waiting ones are held, at most
+`group_wait_s` after the oldest of them was submitted, so that no group's encoding stalls another's rows mid-way:
+streams fall into step, each group decoded to its end before the next is encoded. A re-decode submitted with
 a `renew` is brought up to date as it is taken (the server's sessions: the audio that arrived while it waited, so
 a held or queued re-decode covers the stream up to the engine's turn, not only up to its submit).
 
