@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from test_stream_policy import KINDS, WORD_SAMPLES, detokenize, energy, hear_given, speech, words_of
+from test_stream_policy import EOT, KINDS, TS, WORD_SAMPLES, detokenize, energy, hear_given, speech, words_of
 
 from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.serve.stream_jobs import StreamQueue
@@ -288,6 +288,26 @@ def test_a_waiting_step_is_renewed_over_what_arrived_and_a_waiting_close_is_left
         backlog.append(audio[int((2.8 + lag_s) * SR):int(3.9 * SR)])  # the next word's onset arrives meanwhile
         assert renewed(policy, backlog, BLOCK, close) is None
         policy.accept(close, hear_given(close.audio, close.prefix))  # still the one in flight
+
+
+def test_a_stream_behind_asks_for_a_shorter_close_at_once_not_once_its_buffer_is_full():
+    """A close decode that said three words over 12 of them (none of it timed) is decoded again shorter
+    (`hearing.shorter_close`): its audio is fed already, so a stream that is behind asks for it at once; a pause's
+    close or a step waits while blocks are left (the next decode covers them)."""
+    words = [w for i, x in enumerate(range(1, 16)) for w in ((x, None) if i % 3 == 2 else (x,))]
+    policy, backlog = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0), energy), Backlog(60 * SR)
+    policy.feed(speech(words + [None] * 2))  # fed at once (behind): the utterance and a pause that closes it
+    close = policy.request()
+    assert close.kind == "close"
+    text = [t for t in hear_given(close.audio) if t < EOT]
+    policy.accept(close, [TS, *text[:6], TS + len(close.audio) // 320, EOT])  # <|0.00|> w1 w2 w3 <|end|>
+    assert policy.closing_short and policy.due() == "close"
+    backlog.append(np.zeros(10 * BLOCK, np.float32))  # more audio waits
+    assert next_action(policy, backlog, BLOCK, finishing=False, ended=False) == "decode"
+    shorter = policy.request()
+    assert shorter.kind == "close" and len(shorter.audio) < len(close.audio)
+    policy.accept(shorter, hear_given(shorter.audio))
+    assert not policy.closing_short
 
 
 def test_the_queue_takes_a_waiting_redecode_as_its_renew_brings_it_up_to_date():

@@ -25,9 +25,11 @@ def test_frames_are_scored_whole_whatever_the_blocks() -> None:
     assert frames.speech_from(4 * FRAME_SAMPLES).tolist() == [7]
     assert frames.any_between(4 * FRAME_SAMPLES, 7 * FRAME_SAMPLES + 1)  # touches frame 7
     assert not frames.any_between(4 * FRAME_SAMPLES, 7 * FRAME_SAMPLES)
+    assert frames.may_speak_from(7 * FRAME_SAMPLES) and not frames.may_speak_from(8 * FRAME_SAMPLES)
     unscored = SpeechFrames(None, 0.5)
     unscored.feed(audio)
     assert not unscored.scored and len(unscored.speech) == 0 and not unscored.any_between(0, len(audio))
+    assert unscored.may_speak_from(len(audio))  # unscored: any audio may be speech
 
 
 def test_a_cut_at_the_buffers_start_is_no_cut() -> None:

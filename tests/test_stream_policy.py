@@ -92,9 +92,11 @@ def energy(samples: np.ndarray) -> np.ndarray:
     return (np.abs(samples.reshape(-1, 512)).max(1) > 0).astype(np.float32)
 
 
-def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: float = 0.25, decodes=None):
-    """Stream `audio` in blocks through a policy decoded by `hear_given`; decodes: a list that gets each Decode
-    with the tokens committed in its buffer when it was asked for and the number of words committed in all."""
+def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: float = 0.25, decodes=None,
+               decoder=None):
+    """Stream `audio` in blocks through a policy decoded by `hear_given` (or `decoder`: Decode -> tokens); decodes:
+    a list that gets each Decode with the tokens committed in its buffer when it was asked for and the number of
+    words committed in all."""
     policy = StreamPolicy(KINDS, detokenize, options, voice)
     updates, longest = [], 0
     block = int(block_s * SR)
@@ -105,7 +107,8 @@ def run_stream(audio: np.ndarray, options: StreamOptions, voice=None, block_s: f
             longest = max(longest, len(decode.audio))
             if decodes is not None:
                 decodes.append((decode, list(policy._committed), len(words_of(policy._text))))
-            updates.append(policy.accept(decode, hear_given(decode.audio, decode.prefix)))
+            tokens = hear_given(decode.audio, decode.prefix) if decoder is None else decoder(decode)
+            updates.append(policy.accept(decode, tokens))
 
     for i in range(0, len(audio), block):
         policy.feed(audio[i:i + block])
@@ -796,6 +799,29 @@ def test_an_unforced_close_decode_that_says_a_few_words_over_all_its_speech_is_d
     assert [d.kind for d in asked] == ["close"] * 5 and not any(d.prefix for d in asked)
     shorter = [d for d, before in zip(asked[1:], asked) if d.start_s == before.start_s]
     assert len(shorter) == 2 and all(not d.audio[-320:].any() for d in shorter)  # each ends in a pause
+
+
+@pytest.mark.parametrize("committed_prefix", [False, True])
+def test_committed_words_a_shorter_close_did_not_say_are_not_committed_again_after_it(committed_prefix: bool) -> None:
+    """Steps commit w1-w14 of one utterance; its close decode says only "w4 w5 w6" (the buffer's first words since
+    its last trim) in one segment over all its speech: the buffer is closed again shorter, to the pause after w6,
+    and restarts there with w7-w14, committed already, still in it. Said again by the next close, they are dropped
+    (the review of the shorter close found them committed twice: w1-w14 w7-w14 w15)."""
+    said = list(range(1, 16))
+    audio = speech([w for i, x in enumerate(said) for w in ((x, None) if i % 3 == 2 else (x,))] + [None] * 4)
+    drifted = False
+
+    def decoder(d) -> list[int]:
+        nonlocal drifted
+        heard = hear_given(d.audio, d.prefix)
+        if d.kind != "close" or drifted:
+            return heard
+        drifted = True
+        return [TS, *[t for t in hear(d.audio) if t < EOT][:6], TS + len(d.audio) // 320, EOT]
+
+    options = StreamOptions(step_s=1.0, silence_s=0.8, committed_prefix=committed_prefix)
+    policy, updates, _ = run_stream(audio, options, energy, decoder=decoder)
+    assert drifted and words_of(updates[-1].text) == [f"w{w}" for w in said], updates[-1].text
 
 
 def test_a_close_decode_that_loops_commits_the_looped_segment_once() -> None:

@@ -138,11 +138,12 @@ def renewed(policy: Any, backlog: Backlog, block_samples: int, decode: Any) -> A
 
 def _ask_now(policy: Any, backlog: Backlog, block_samples: int, enabled: bool) -> bool:
     """The policy's due decode is asked for now: at once when the stream is not catching up (`enabled` off, or
-    less than a whole block waits); when it is, only an overflow or a full buffer (a step or a pause's close
-    waits: the next decode covers what arrived, utterances and all)."""
+    less than a whole block waits); when it is, only an overflow, a full buffer or a shorter close (its audio is
+    fed already: `StreamPolicy.closing_short`); a step or a pause's close waits: the next decode covers what
+    arrived, utterances and all."""
     kind = policy.due()
     if kind is None:
         return False
     if not enabled or backlog.n_samples < block_samples:
         return True
-    return kind == "overflow" or policy.full
+    return kind == "overflow" or policy.full or policy.closing_short

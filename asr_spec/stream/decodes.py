@@ -14,7 +14,8 @@ windows on a CPU: the batcher's `Engine.encode_batch`): on an AMX Xeon a window 
 a batch (whisper-base, bf16: about 0.25 s alone, 0.14 s each at 8); and while another stream's re-decode is in the
 engine (its result comes back soon, and its stream then submits its next one) the waiting ones are held, at most
 `group_wait_s` after the oldest of them was submitted, so that no group's encoding stalls another's rows mid-way:
-streams fall into step, each group decoded to its end before the next is encoded. A re-decode submitted with
+streams fall into step, each group decoded to its end before the next is encoded (unless that one has waited
+`group_wait_s`). A re-decode submitted with
 a `renew` is brought up to date as it is taken (the server's sessions: the audio that arrived while it waited, so
 a held or queued re-decode covers the stream up to the engine's turn, not only up to its submit).
 

@@ -5,6 +5,7 @@ arrives, and the questions the live policy asks of it, against one threshold in 
     frames.feed(samples)                      # (n,) float32 16 kHz; whole frames are scored, the rest waits
     frames.speech                             # (n_frames,) bool: frame i (stream samples [i * 512, (i + 1) * 512))
     frames.speech_from(sample)                # indices of the speech frames from the one holding stream `sample`
+    frames.may_speak_from(sample)             # any of them (or unscored: it may)
     frames.any_between(first, end)            # any speech frame touching stream samples [first, end)
     frames.cut_near(start, end_ts)            # where to cut a buffer for a segment's end (`hearing.pause_near`)
     frames.cut_after(start, end_ts)           # at the first pause after it (`hearing.first_pause`)
@@ -56,6 +57,10 @@ class SpeechFrames:
         """Indices (stream frames) of the speech frames from the one that holds stream sample `sample` on."""
         first = sample // FRAME_SAMPLES
         return first + np.flatnonzero(self.speech[first:])
+
+    def may_speak_from(self, sample: int) -> bool:
+        """Whether the audio from stream sample `sample` on may hold speech: a speech frame there, or unscored."""
+        return self.voice is None or len(self.speech_from(sample)) > 0
 
     def any_between(self, first_sample: int, end_sample: int) -> bool:
         """Whether any frame touching stream samples [first_sample, end_sample) is speech."""

@@ -54,8 +54,8 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
   timestamps drifted, and every later segment with them) is not trusted for timing: it cuts no audio (unless the
   buffer is as long as it may get), is not forced as the next decode's prefix (that decode times the buffer
   afresh), and a close decode stops short before that segment (before its first one it commits nothing: a forced
-  close decode is decoded again unforced, an unforced one again to a pause after what its words could say, the
-  rest after it: `hearing.shorter_close`);
+  close decode is decoded again unforced, an unforced one again to a pause after what its words could say where
+  more speech follows, the rest after it, committed words it did not say dropped there: `hearing.shorter_close`);
 - a hypothesis whose next segment opens after an utterance it did not transcribe (`hearing.skipped`: 0.5 s or more
   of speech after a pause that follows a segment's end) commits nothing past that segment; once the segment is
   committed the buffer restarts at a pause near its end (or the first pause after it), with no left context, so
@@ -146,6 +146,12 @@ class StreamPolicy:
         """The longest the buffer gets: a full buffer whose hypothesis rewords committed text waits for one that
         does not (a step more each time) until this long."""
         return WINDOW_S - self.options.step_s
+
+    @property
+    def closing_short(self) -> bool:
+        """A close decode over audio already fed is due (`hearing.shorter_close`): more audio changes nothing in it
+        (`catchup` asks for it at once, not once the buffer is full)."""
+        return self._close_end is not None
 
     @property
     def full(self) -> bool:
@@ -256,8 +262,13 @@ class StreamPolicy:
                 return Update("", "", self._text, False, decode.heard_s)
         stop = stopped_short(timed.timed(closed), self._frames.speech, start, len(decode.audio))
         if stop is None:
+            # a shorter close leaves the rest of the buffer, where the committed words it did not say were heard:
+            # said again there, they are dropped, not doubled
+            unsaid = [] if self._close_end is None else \
+                self._committed[aligned_end(new_text, self._committed, self.kinds, self._word_key):]
             delta = self._commit(new_text[said:])
             self._reset_after(start + len(decode.audio))
+            self._seam = unsaid
         else:
             delta = self._commit(new_text[said:max(said, stop.text_end)])
             record = [*self._seam, *self._committed]  # a live seam's words may still be said again too
@@ -419,9 +430,8 @@ class StreamPolicy:
         return timing(hypothesis, closed, self._frames.speech, self._start, self.kinds)
 
     def _has_speech(self) -> bool:
-        if len(self._buffer) == 0:
-            return False
-        return not self._frames.scored or len(self._frames.speech_from(self._start)) > 0
+        """The buffer holds audio that may be speech (`SpeechFrames.may_speak_from`)."""
+        return len(self._buffer) > 0 and self._frames.may_speak_from(self._start)
 
     def _close_point(self) -> int | None:
         """The stream sample the buffer's utterance closes at, once `silence_s` follows it; else None
