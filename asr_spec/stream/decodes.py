@@ -15,9 +15,9 @@ a batch (whisper-base, bf16: about 0.25 s alone, 0.14 s each at 8); and while an
 engine (its result comes back soon, and its stream then submits its next one) the waiting ones are held, at most
 `group_wait_s` after the oldest of them was submitted, so that no group's encoding stalls another's rows mid-way:
 streams fall into step, each group decoded to its end before the next is encoded (unless that one has waited
-`group_wait_s`). A re-decode submitted with
-a `renew` is brought up to date as it is taken (the server's sessions: the audio that arrived while it waited, so
-a held or queued re-decode covers the stream up to the engine's turn, not only up to its submit).
+`group_wait_s`). A re-decode submitted with a `renew` is brought up to date as it is taken (the server's sessions:
+the audio that arrived while it waited, so a held or queued re-decode covers the stream up to the engine's turn, not
+only up to its submit).
 
 `close` drops the stream's waiting re-decode and withdraws the one in the engine; a result that still comes back
 for it is ignored. What is in the engine is the session's count (`EngineSession.in_flight`), read here, not kept.
