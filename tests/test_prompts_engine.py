@@ -47,9 +47,10 @@ def _reference(row: int, timestamps: bool) -> tuple[int, ...]:
 
 
 def _run(draft, timestamps: bool, batch_size: int, prefixes=None, max_new: int | None = MAX_NEW,
-         read_lag: int | None = None):
+         read_lag: int | None = None, row_max_new=None):
     options = DecodeOptions(language="en", timestamps=timestamps, max_new_tokens=max_new, draft_bf16=False)
-    reqs = [ChunkRequest(i, _features()[i], prompt=_prompt(i), prefix=() if prefixes is None else prefixes[i])
+    reqs = [ChunkRequest(i, _features()[i], prompt=_prompt(i), prefix=() if prefixes is None else prefixes[i],
+                         max_new_tokens=None if row_max_new is None else row_max_new[i])
             for i in range(N_ROWS)]
     engine = Engine(_target(), draft, options)
     engine.read_lag = read_lag  # 1: the CUDA scheduling (the host reads a step late), on the CPU
@@ -146,6 +147,27 @@ def test_any_prefix_starts_the_transcript_and_speculation_keeps_it():
             assert r.tokens[:len(p) + 1] == (ts0, *p)
     spec = _run(decoder_draft(perturbed(_target(), 0.3, seed=3, encoder=False)), True, 8, prefixes)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
+
+
+@pytest.mark.parametrize("batch_size", [3, 8])
+def test_a_rows_own_token_limit_cuts_its_decoding_and_nothing_else(batch_size):
+    """`ChunkRequest.max_new_tokens`: a row generates at most that many tokens after its prompt and prefix (the
+    options' limit still holds over a larger one), its tokens the first ones of its decoding without a limit; the
+    other rows of its batch are untouched, greedy or speculative, whatever the batch size."""
+    prefixes = [(), (5,), (20, 21, 22), (), (9, 9), (30,), (), ()]
+    caps = [None, 1, 5, 12, None, MAX_NEW + 10, 3, 7]
+    free = _run(None, True, 8, prefixes)
+    assert sum(len(r.tokens) > 8 for r in free) >= 4  # rows long enough for the caps to cut
+    draft = decoder_draft(perturbed(_target(), 0.3, seed=3, encoder=False))
+    for run_draft in (None, draft):
+        cut = _run(run_draft, True, batch_size, prefixes, row_max_new=caps)
+        for p, cap, c, f in zip(prefixes, caps, cut, free):
+            forced = 1 + len(p) if p else 0  # <|0.00|> and the prefix (without one <|0.00|> is generated)
+            expected = f.tokens if cap is None else f.tokens[:forced + cap]
+            assert c.tokens == expected
+            assert c.finish_reason == (f.finish_reason if expected == f.tokens else "length")
+    with pytest.raises(ValueError, match="max_new_tokens must be None or an integer >= 1, got 0"):
+        ChunkRequest("x", _features()[0], max_new_tokens=0)
 
 
 def test_a_prompt_over_the_limit_is_refused_naming_the_chunk():

@@ -127,6 +127,16 @@ def test_the_stream_runner_reads_the_sessions_count_through_withdrawals_and_fail
     assert got[0][-1] == "decoding failed (broken chunk)" and decodes.n_in_engine == 0
 
 
+def test_a_redecode_asks_the_engine_for_no_more_tokens_than_its_audio_holds():
+    """Each request the runner makes carries its `hearing.token_budget` (12 tokens a second of its audio and 16
+    more, its forced prefix counted): a loop past the audio is cut there, not at the model's 448 positions."""
+    decodes = StreamDecodes(session_over(FakeEngine()), lambda samples: torch.zeros(len(samples), 80, 3000))
+    short, long = decodes.open(lambda outcome: None), decodes.open(lambda outcome: None)
+    decodes.submit(short, torch.zeros(32000).numpy(), (), tuple(range(10)))  # 2 s, 10 committed tokens forced
+    decodes.submit(long, torch.zeros(20 * 16000).numpy())
+    assert [r.max_new_tokens for r in decodes.take_all()] == [24 + 16 - 10, 240 + 16]
+
+
 def test_the_stream_runner_counts_what_became_of_each_redecode():
     """`StreamDecodes.counts`: every submitted re-decode is replaced while waiting, taken, or still waiting; every
     taken one delivered or withdrawn (stale when its stream's newer one is taken, or its stream closed) once the

@@ -10,6 +10,8 @@ import numpy as np
 from asr_spec.stream.agreement import TokenKinds, segments
 from asr_spec.stream.hearing import (
     FRAME_SAMPLES,
+    TOKEN_SLACK,
+    TOKENS_PER_S,
     UNHEARD_SPEECH_S,
     before_guess,
     before_loop,
@@ -21,6 +23,7 @@ from asr_spec.stream.hearing import (
     skipped,
     stopped_short,
     timing,
+    token_budget,
 )
 
 EOT, TS = 50, 60  # text ids < 50 (even: a word's first token), timestamps from 60: one step 0.02 s, 320 samples
@@ -136,6 +139,29 @@ def test_a_looping_text_is_read_up_to_its_first_repeated_segment() -> None:
     assert before_loop(varied, KINDS, say) == varied  # said again, but the text does not loop
     short = (ts(0), 2, ts(1), *[t for k in range(1, 9) for t in (ts(k), 2, ts(k + 1))], EOT)
     assert before_loop(short, KINDS, say) == short  # "Yes." again and again: under MIN_LOOP_TOKENS
+
+
+def test_a_cut_hypothesis_is_read_up_to_its_first_repeat_whatever_it_compresses_to() -> None:
+    """A loop cut short by its token budget (no <|endoftext|>) may compress under the threshold; it is still
+    read up to its first repeated segment. The same tokens ending in <|endoftext|> are kept as they are."""
+    two = (ts(0), *range(10, 40, 2), ts(3), ts(3), 2, 4, 6, 8, ts(4), ts(4), 2, 4, 6, 8, ts(5), ts(5), 2, 4)
+
+    def say(tokens) -> str:
+        return " ".join(f"w{t}" for t in tokens)
+
+    assert before_loop((*two, EOT), KINDS, say) == (*two, EOT)  # compresses under the threshold: not a loop
+    assert before_loop(two, KINDS, say) == (*two[:two.index(ts(4)) + 1], EOT)
+    assert before_loop(two[:two.index(ts(4)) + 1], KINDS, say) == two[:two.index(ts(4)) + 1]  # cut, no repeat
+
+
+def test_the_token_budget_holds_the_fastest_live_speech_and_cuts_a_loop() -> None:
+    """TOKENS_PER_S a second and TOKEN_SLACK more, the prefix counted, TOKEN_SLACK at least: a 12 s buffer may
+    say 160 tokens (the traces' fastest live hypothesis over 10 s said 5 a second; their loops ran to 445)."""
+    assert token_budget(12 * 16_000, 0) == 160 == TOKENS_PER_S * 12 + TOKEN_SLACK
+    assert token_budget(12 * 16_000, 60) == 100  # 60 of them forced: 100 to generate
+    assert token_budget(0, 0) == TOKEN_SLACK == token_budget(16_000, 400)  # never less than the slack
+    assert token_budget(16_001, 0) == 29  # a started second's tokens, rounded up
+    assert token_budget(30 * 16_000, 0) < 445
 
 
 def test_settled_segments_end_settled_s_before_the_audio() -> None:

@@ -44,10 +44,12 @@ from asr_spec.engine.speculative import DecodeState, Models
 class RowPrompt:
     """What one chunk's decoder prompt holds besides the SOT sequence (`ChunkRequest.prompt`, `.prefix`).
 
-    previous: token ids after <|startofprev|> (the prompt); prefix: the forced start of the transcript."""
+    previous: token ids after <|startofprev|> (the prompt); prefix: the forced start of the transcript; max_new: the
+    most tokens the row generates after them (`ChunkRequest.max_new_tokens`; None: the options')."""
 
     previous: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()
+    max_new: int | None = None
 
 
 NO_PROMPT = RowPrompt()
@@ -115,7 +117,9 @@ class Admission:
                 m.draft_cache.write_rows(index, caches.draft_cache)
             if m.features is not None:
                 m.features.write_rows(index, caches.features)
-        limit = torch.clamp(lengths + self.max_new, max=self.tokens.max_positions)
+        max_new = torch.tensor([self.max_new if p.max_new is None else min(p.max_new, self.max_new) for p in prompts],
+                               device=lengths.device, dtype=lengths.dtype)
+        limit = torch.clamp(lengths + max_new, max=self.tokens.max_positions)
         st.start(index, seqs, limit, self._no_speech_prob(sot_logits), lengths=lengths, begin=begin)
 
     def _own_caches(self, m: Models, r: int, n_longest: int) -> Models:

@@ -39,6 +39,10 @@ class ChunkRequest:
               `DecodeOptions.num_hypothesis_tokens` a step, while they last and agree with the target; then the
               model draft (or greedy decoding) goes on. It never changes the output (engine/hypothesis.py). Greedy
               rows only (temperature 0).
+    max_new_tokens: the most tokens this row generates after its prompt and prefix (at most the engine's own
+              `DecodeOptions.max_new_tokens`); None: the engine's. Its tokens are then the first ones of the
+              decoding without it, cut there (finish_reason "length"), e.g. a live re-decode that cannot say more
+              than its audio holds (`asr_spec.stream.hearing.token_budget`).
     """
 
     id: Hashable
@@ -50,6 +54,7 @@ class ChunkRequest:
     prompt: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()
     hypothesis: tuple[int, ...] = ()
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -64,6 +69,9 @@ class ChunkRequest:
         if self.hypothesis and t > 0:
             raise ValueError(f"chunk {self.id!r}: a hypothesis is for greedy decoding (temperature 0), got "
                              f"temperature {t!r}")
+        n = self.max_new_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"chunk {self.id!r}: max_new_tokens must be None or an integer >= 1, got {n!r}")
 
 
 @dataclass(frozen=True)

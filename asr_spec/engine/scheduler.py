@@ -48,8 +48,8 @@ def _release(st: DecodeState, rows: list[int]) -> None:
 
 
 def _row_prompt(req: ChunkRequest) -> RowPrompt:
-    """A request's previous text and prefix, as admission takes them."""
-    return RowPrompt(tuple(req.prompt), tuple(req.prefix))
+    """A request's previous text, prefix and token limit, as admission takes them."""
+    return RowPrompt(tuple(req.prompt), tuple(req.prefix), req.max_new_tokens)
 
 
 class Engine:

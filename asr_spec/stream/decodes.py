@@ -19,6 +19,9 @@ streams fall into step, each group decoded to its end before the next is encoded
 the audio that arrived while it waited, so a held or queued re-decode covers the stream up to the engine's turn, not
 only up to its submit).
 
+A re-decode generates no more tokens than its audio can hold (`hearing.token_budget`: a loop past the audio, which
+would run to the model's 448 positions while the other rows of its group wait, is cut there).
+
 `close` drops the stream's waiting re-decode and withdraws the one in the engine; a result that still comes back
 for it is ignored. What is in the engine is the session's count (`EngineSession.in_flight`), read here, not kept.
 
@@ -43,6 +46,7 @@ import numpy as np
 from asr_spec.checks import seconds_at_least_zero
 from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult
+from asr_spec.stream.hearing import token_budget
 
 __all__ = ["GROUP_WAIT_S", "DecodeCounts", "LiveStream", "StreamDecodes", "is_stream_id"]
 
@@ -245,7 +249,8 @@ class StreamDecodes:
             self.counts.renewed += sum(new is not old for new, old in zip(renewed, taken))
         taken = renewed
         features = self._featurise([pending.samples for pending in taken])  # (B, n_mels, n_frames)
-        return [ChunkRequest(pending.request_id, features[i], prefix=pending.prefix, hypothesis=pending.hypothesis)
+        return [ChunkRequest(pending.request_id, features[i], prefix=pending.prefix, hypothesis=pending.hypothesis,
+                             max_new_tokens=token_budget(len(pending.samples), len(pending.prefix)))
                 for i, pending in enumerate(taken)]
 
     def deliver(self, result: ChunkResult) -> bool:
