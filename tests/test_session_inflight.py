@@ -137,6 +137,29 @@ def test_a_redecode_asks_the_engine_for_no_more_tokens_than_its_audio_holds():
     assert [r.max_new_tokens for r in decodes.take_all()] == [24 + 16 - 10, 240 + 16]
 
 
+def test_a_streams_budget_grows_with_what_it_says_and_after_a_cut():
+    """The runner's per-stream rate (`hearing.budget_rate`): a stream whose re-decode ran out (finish_reason
+    "length") gets twice the budget next time; one whose finished re-decodes say 20 tokens a second gets twice that
+    rate; another stream's is its own."""
+    engine = FakeEngine()
+    session = session_over(engine)
+    decodes = StreamDecodes(session, lambda samples: torch.zeros(len(samples), 80, 3000))
+    dense, plain = decodes.open(lambda outcome: None), decodes.open(lambda outcome: None)
+    ten_s = torch.zeros(10 * 16000).numpy()
+
+    def budgets(results):
+        for stream in (dense, plain):
+            decodes.submit(stream, ten_s)
+        requests = decodes.take_all()
+        for request, (n_tokens, reason) in zip(requests, results):
+            decodes.deliver(ChunkResult(request.id, (1,) * n_tokens, (), reason, ChunkStats(chunks=1)))
+        return [r.max_new_tokens for r in requests]
+
+    assert budgets([(136, "length"), (40, "eos")]) == [136, 136]  # 12 a second and 16
+    assert budgets([(200, "eos"), (40, "eos")]) == [256, 136]  # after the cut: twice the rate
+    assert budgets([(200, "eos"), (40, "eos")]) == [416, 136]  # 20 a second said: 40
+
+
 def test_the_stream_runner_counts_what_became_of_each_redecode():
     """`StreamDecodes.counts`: every submitted re-decode is replaced while waiting, taken, or still waiting; every
     taken one delivered or withdrawn (stale when its stream's newer one is taken, or its stream closed) once the

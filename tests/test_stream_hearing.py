@@ -10,13 +10,16 @@ import numpy as np
 from asr_spec.stream.agreement import TokenKinds, segments
 from asr_spec.stream.hearing import (
     FRAME_SAMPLES,
+    RATE_MARGIN,
     TOKEN_SLACK,
     TOKENS_PER_S,
     UNHEARD_SPEECH_S,
     before_guess,
     before_loop,
+    budget_rate,
     drifted,
     first_pause,
+    hypothesis_rate,
     pause_near,
     settled_end,
     shorter_close,
@@ -203,3 +206,16 @@ def test_a_last_segment_guessed_past_the_audio_is_left_out() -> None:
     only = (ts(0), *words(5), ts(3), EOT)  # the only segment: nothing is left
     assert before_guess(only, segments(only, KINDS), speech_between((0.0, 0.2)), 0, 16_000, KINDS) == (EOT,)
 
+
+
+def test_a_streams_rate_follows_what_its_hypotheses_said_and_doubles_after_a_cut() -> None:
+    """English at ~4 tokens a second keeps the floor; a script of 18 a second (Hindi) gets twice its median; each
+    re-decode in a row that ran out doubles it (a budget too small for dense speech grows until it fits)."""
+    assert budget_rate([], 0) == TOKENS_PER_S
+    assert budget_rate([4.3, 5.0, 3.9], 0) == TOKENS_PER_S
+    assert budget_rate([18.0, 17.0, 40.0], 0) == RATE_MARGIN * 18.0  # the median: one loop that ended weighs nothing
+    assert budget_rate([], 1) == 2 * TOKENS_PER_S and budget_rate([18.0], 2) == 4 * RATE_MARGIN * 18.0
+    assert budget_rate([], 50) == 32 * TOKENS_PER_S  # bounded
+    assert token_budget(10 * 16_000, 0, budget_rate([18.0], 0)) == 376
+    assert hypothesis_rate(60, 10 * 16_000) == 6.0
+    assert hypothesis_rate(6, 8_000) == 3.0  # a 0.5 s buffer's rate over 2 s

@@ -20,7 +20,8 @@ the audio that arrived while it waited, so a held or queued re-decode covers the
 only up to its submit).
 
 A re-decode generates no more tokens than its audio can hold (`hearing.token_budget`: a loop past the audio, which
-would run to the model's 448 positions while the other rows of its group wait, is cut there).
+would run to the model's 448 positions while the other rows of its group wait, is cut there), at its stream's rate
+(`hearing.budget_rate`, from what its finished re-decodes said: a script of more tokens a second gets more).
 
 `close` drops the stream's waiting re-decode and withdraws the one in the engine; a result that still comes back
 for it is ignored. What is in the engine is the session's count (`EngineSession.in_flight`), read here, not kept.
@@ -36,7 +37,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -46,7 +47,7 @@ import numpy as np
 from asr_spec.checks import seconds_at_least_zero
 from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult
-from asr_spec.stream.hearing import token_budget
+from asr_spec.stream.hearing import RATE_HISTORY, budget_rate, hypothesis_rate, token_budget
 
 __all__ = ["GROUP_WAIT_S", "DecodeCounts", "LiveStream", "StreamDecodes", "is_stream_id"]
 
@@ -73,7 +74,11 @@ class LiveStream:
     n_submitted: int = 0  # re-decodes submitted so far (the last element of their ids)
     in_engine: ChunkId | None = None  # the request id of its re-decode taken for the engine, if any
     taken_s: float = 0.0  # the clock's time when that re-decode was taken
+    taken_samples: int = 0  # the audio it holds
     closed: bool = False
+    # tokens a second of audio its recent re-decodes said, of those that ended (`hearing.budget_rate`)
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
+    n_cut: int = 0  # its re-decodes in a row, up to the last, that ran out of their token budget
 
     @property
     def owner(self) -> StreamKey:
@@ -247,11 +252,11 @@ class StreamDecodes:
         renewed = [_renewed(pending) for pending in taken]
         with self._cond:
             self.counts.renewed += sum(new is not old for new, old in zip(renewed, taken))
+            budgets = [_budget(pending) for pending in renewed]
         taken = renewed
         features = self._featurise([pending.samples for pending in taken])  # (B, n_mels, n_frames)
         return [ChunkRequest(pending.request_id, features[i], prefix=pending.prefix, hypothesis=pending.hypothesis,
-                             max_new_tokens=token_budget(len(pending.samples), len(pending.prefix)))
-                for i, pending in enumerate(taken)]
+                             max_new_tokens=budget) for i, (pending, budget) in enumerate(zip(taken, budgets))]
 
     def deliver(self, result: ChunkResult) -> bool:
         """Hand a result to its stream; False when `result` is not a stream's (an upload chunk's). A result of a
@@ -265,6 +270,7 @@ class StreamDecodes:
             stream.in_engine = None
             self.counts.delivered += 1
             self.counts.engine_s += self._clock() - stream.taken_s
+            _observe(stream, result)
         _notify(stream, result)
         return True
 
@@ -293,6 +299,25 @@ def _renewed(pending: _Pending) -> _Pending:
         return pending
     samples, hypothesis, prefix = fresh
     return replace(pending, samples=samples, hypothesis=tuple(hypothesis), prefix=tuple(prefix), renew=None)
+
+
+def _budget(pending: _Pending) -> int:
+    """The most tokens a taken re-decode may generate (`hearing.token_budget` at its stream's `budget_rate`); its
+    audio noted for the rate its result gives (`_observe`)."""
+    stream = pending.stream
+    stream.taken_samples = len(pending.samples)
+    return token_budget(len(pending.samples), len(pending.prefix), budget_rate(stream.rates, stream.n_cut))
+
+
+def _observe(stream: LiveStream, result: ChunkResult) -> None:
+    """What a delivered re-decode says of its stream's token rate (`hearing.budget_rate`): one that ran out of its
+    budget (finish_reason "length") counts a cut; one that ended, its tokens a second of audio
+    (`hearing.hypothesis_rate`)."""
+    if result.finish_reason == "length":
+        stream.n_cut += 1
+        return
+    stream.n_cut = 0
+    stream.rates.append(hypothesis_rate(len(result.tokens), stream.taken_samples))
 
 
 def is_stream_id(request_id: Any) -> bool:

@@ -13,7 +13,9 @@ buffer's speech, so that a decode that went wrong cuts no speech it did not tran
     settled_end(closed, n, settled_s)                   the text of segments with settled_s of audio after them
     pause_near(probs, start, end_ts, thr)               where to cut for a segment's end: at a pause, not in a word
     frame_cut(frame, start)                             a cut in the middle of a frame, in timestamp steps
-    token_budget(n_samples, n_prefix)                   the most tokens a re-decode of that audio may generate
+    token_budget(n_samples, n_prefix, tokens_per_s)     the most tokens a re-decode of that audio may generate
+    budget_rate(rates, n_cut)                           the tokens a second a stream's next re-decode may say
+    hypothesis_rate(n_tokens, n_samples)                what one that ended said a second, for `budget_rate`
 
 `closed`: `agreement.segments(hypothesis)`; `speech`: (n_frames,) bool, whether each FRAME_SAMPLES frame of the
 stream (frame i: stream samples [i * FRAME_SAMPLES, (i + 1) * FRAME_SAMPLES)) is speech; `start`: the stream sample
@@ -48,9 +50,10 @@ from asr_spec.stream.agreement import (
 )
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "GUESS_PAST_S", "GUESS_S_PER_WORD",
-           "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop",
-           "TOKENS_PER_S", "TOKEN_SLACK", "close_heard", "drifted", "first_pause", "frame_cut", "pause_near",
-           "settled_end", "shorter_close", "skipped", "stopped_short", "timing", "token_budget"]
+           "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "RATE_HISTORY", "RATE_MARGIN", "RATE_MIN_S", "TOKENS_PER_S",
+           "TOKEN_SLACK", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop", "budget_rate", "close_heard",
+           "drifted", "first_pause", "frame_cut", "hypothesis_rate", "pause_near", "settled_end", "shorter_close",
+           "skipped", "stopped_short", "timing", "token_budget"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -78,13 +81,19 @@ GUESS_S_PER_WORD = 0.1
 # after a pause in every other)
 UNHEARD_SPEECH_S = 0.5
 # A re-decode generates at most TOKENS_PER_S tokens a second of its audio and TOKEN_SLACK more, its forced prefix
-# counted (`token_budget`). Whisper-base's live hypotheses in five 8-stream server traces (1,107 decodes, timestamps
-# counted) ran at 4.3 tokens a second at the median, 8.0 at the 99th percentile and 10 at most (0.5-0.6 s buffers,
-# where <|0.00|> and one timestamp weigh most; 5.0 at most over 10 s or more); the six above that were loops past
-# the audio ("big, big, big, ..." to the model's 448 positions), each 1.6-3.1 s of steps of one row that its whole
-# group of streams waited for
+# counted (`token_budget`). Whisper-base's live English hypotheses in nine 8-stream server traces (1,107 decodes,
+# timestamps counted) ran at 4.3 tokens a second at the median, 8.0 at the 99th percentile and 10 at most (0.5-0.6 s
+# buffers, where <|0.00|> and one timestamp weigh most; 5.5 at most over 10 s or more); six loops past the audio
+# ran at 8.3-37 ("big, big, big, ..." to the model's 448 positions), each 1.6-3.1 s of steps of one row that its
+# whole group of streams waited for. Other scripts take more tokens a second (Whisper's tokenizer: Hindi ~1.1 a
+# character, Thai ~0.9, Chinese ~1.0, English ~0.2; Hindi speech ~15-25 a second): a stream's rate follows what its
+# finished hypotheses said, RATE_MARGIN times their median over the last RATE_HISTORY where that is more, and doubles
+# after each re-decode in a row that ran out (`budget_rate`)
 TOKENS_PER_S = 12.0
 TOKEN_SLACK = 16
+RATE_MARGIN = 2.0
+RATE_HISTORY = 8
+RATE_MIN_S = 2.0  # a rate is taken over this much audio at least (<|0.00|> and a timestamp weigh most in less)
 
 
 def drifted(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int) -> int | None:
@@ -128,11 +137,26 @@ def _speech_s(speech: np.ndarray, first: int, last: int) -> float:
     return np.count_nonzero(speech[first:max(first, last)]) * FRAME_SAMPLES / SAMPLE_RATE
 
 
-def token_budget(n_samples: int, n_prefix: int) -> int:
+def token_budget(n_samples: int, n_prefix: int, tokens_per_s: float = TOKENS_PER_S) -> int:
     """The most tokens a re-decode of `n_samples` of audio generates after its `n_prefix` forced ones
-    (`ChunkRequest.max_new_tokens`): TOKENS_PER_S a second of the audio and TOKEN_SLACK more in all, TOKEN_SLACK at
-    least. A hypothesis that reaches it says more than its audio holds: a loop, cut short (`before_loop`)."""
-    return max(TOKEN_SLACK, math.ceil(TOKENS_PER_S * n_samples / SAMPLE_RATE) + TOKEN_SLACK - n_prefix)
+    (`ChunkRequest.max_new_tokens`): `tokens_per_s` a second of the audio (the stream's `budget_rate`) and
+    TOKEN_SLACK more in all, TOKEN_SLACK at least. A hypothesis that reaches it says more than its audio holds: a
+    loop, cut short (`before_loop`), or speech denser than the stream's rate so far (its next rate doubles)."""
+    return max(TOKEN_SLACK, math.ceil(tokens_per_s * n_samples / SAMPLE_RATE) + TOKEN_SLACK - n_prefix)
+
+
+def budget_rate(rates: Sequence[float], n_cut: int) -> float:
+    """The tokens a second a stream's next re-decode may say: TOKENS_PER_S, or RATE_MARGIN times the median of
+    `rates` (tokens a second of the stream's recent hypotheses that ended, at most RATE_HISTORY) where that is more,
+    doubled for each of the last `n_cut` re-decodes in a row that ran out of their budget (at most 2^5 times)."""
+    base = max(TOKENS_PER_S, RATE_MARGIN * float(np.median(rates))) if len(rates) else TOKENS_PER_S
+    return base * 2.0 ** min(n_cut, 5)
+
+
+def hypothesis_rate(n_tokens: int, n_samples: int) -> float:
+    """Tokens a second of a re-decode that ended (`budget_rate`'s rates): its `n_tokens` (prefix, timestamps and
+    <|endoftext|> counted) over its `n_samples` of audio, RATE_MIN_S at least."""
+    return n_tokens / max(n_samples / SAMPLE_RATE, RATE_MIN_S)
 
 
 def before_loop(hypothesis: tuple[int, ...], kinds: TokenKinds,
