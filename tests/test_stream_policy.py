@@ -467,6 +467,34 @@ def test_decoders_that_punctuate_every_other_decode_apart_still_commit_each_word
     assert texts[1] == texts[0]
 
 
+def test_a_word_that_flips_between_decodes_blocks_no_later_word() -> None:
+    """Every other decode says the first word after the committed ones as another word (w24: "could not" /
+    "cannot" / "could not"): two successive decodes never agree there, but every second one does with the one
+    before the last (two of the last three), so the words go on being committed, each once, in order, in the
+    wording of the two decodes that agree (the word itself or w24), and none by force: the buffer never fills."""
+    options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=0.0)
+    audio = speech(list(range(20)))  # 10 s: without the two of three, a full buffer's forced trim
+    texts = []
+    for flips in (False, True):
+        policy, n, kinds = StreamPolicy(KINDS, detokenize, options), 0, []
+        for i in range(0, len(audio), SR):
+            policy.feed(audio[i:i + SR])
+            while (d := policy.request()) is not None:
+                n += 1
+                tokens = hear_given(d.audio, d.prefix)
+                i_first = 1 + len(d.prefix) if d.prefix else 1
+                if flips and n % 2 and i_first < len(tokens) and tokens[i_first] < EOT:
+                    tokens[i_first] = 48  # w24's first token, the word's own second token after it
+                kinds.append(d.kind)
+                policy.accept(d, tokens)
+        assert "overflow" not in kinds
+        texts.append(words_of(policy._text))
+    plain, flipped = texts
+    assert plain == [f"w{w}" for w in range(len(plain))] and len(plain) >= 14
+    assert len(flipped) >= 14 and all(f in (p, "w24") for p, f in zip(plain, flipped)), flipped
+    assert "w24" in flipped  # the flipped wording committed where two of three said it
+
+
 def test_a_withdrawn_decode_is_asked_for_again_over_the_audio_fed_since() -> None:
     """`withdraw`: a decode that waited for the engine is given back and asked for again after the audio that
     arrived meanwhile is fed: the new one covers it (same kind and forced prefix), the withdrawn one is no longer
@@ -569,9 +597,9 @@ def test_with_context_every_word_is_committed_once_across_many_trims(context_s: 
 
 @pytest.mark.parametrize("context_s", [0.0, 3.0])
 def test_a_decoder_that_never_agrees_still_commits_and_the_window_holds(context_s: float) -> None:
-    """Every decode words its first generated word differently: only the overflow (forced) trim commits; the buffer
-    never exceeds max_buffer_s + one step, and never one window, without context and with half the bound as
-    context."""
+    """Every decode words its first generated word differently from the last three: only the overflow (forced)
+    trim commits; the buffer never exceeds max_buffer_s + one step, and never one window, without context and with
+    half the bound as context."""
     options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=context_s)
     policy = StreamPolicy(KINDS, detokenize, options)
     audio = speech(list(range(24)) * 2)
@@ -581,9 +609,9 @@ def test_a_decoder_that_never_agrees_still_commits_and_the_window_holds(context_
         while (d := policy.request()) is not None:
             n += 1
             tokens = hear_given(d.audio, d.prefix)
-            if n % 2:  # a different first generated word each time: two decodes never agree
+            if n % 4:  # a different first generated word each time: no two of the last three decodes agree
                 i_first = 1 + len(d.prefix)
-                tokens = [t if j != i_first or t >= EOT else (t + 2) % EOT for j, t in enumerate(tokens)]
+                tokens = [t if j != i_first or t >= EOT else (t + 2 * (n % 4)) % EOT for j, t in enumerate(tokens)]
             longest = max(longest, len(d.audio))
             policy.accept(d, tokens)
     assert longest <= (options.max_buffer_s + options.step_s) * SR < WINDOW_S * SR

@@ -173,6 +173,19 @@ def repeated_words(said: Sequence[int], text: Sequence[int], kinds: TokenKinds,
     return 0
 
 
+def past_seam(hypothesis: tuple[int, ...], seam: Sequence[int], kinds: TokenKinds,
+              word_key: Callable[[tuple[int, ...]], object] = tuple) -> tuple[int, ...]:
+    """The hypothesis without the committed words of `seam` (text tokens, whole words) it says again at its start
+    (`repeated_words`), its timestamps and the rest as they are; as it is with no seam. The policy's seam: the last
+    cut of its buffer went back over speech into a committed segment, and until the next cut a hypothesis may still
+    say those words before the new ones (without a forced prefix, or one that dropped them), where `aligned_end`
+    would read them as new. A speaker who really says a word again right after such a cut loses the repeat;
+    without this, every such cut doubled the words."""
+    if not seam:
+        return hypothesis
+    return without_text(hypothesis, repeated_words(seam, text_of(hypothesis, kinds), kinds, word_key), kinds)
+
+
 def without_text(tokens: Sequence[int], n_text: int, kinds: TokenKinds) -> tuple[int, ...]:
     """A hypothesis without its first `n_text` text tokens (its timestamps and the rest as they are)."""
     out, dropped = [], 0

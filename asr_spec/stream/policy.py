@@ -24,7 +24,10 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
 - every `step_s` of new audio the buffer is decoded again, from its start: its committed words are forced as
   given (`agreement.committed_prefix`, with `committed_prefix` on) and only what follows them is generated;
 - the words on which two successive hypotheses agree are committed, whole words only, compared as spoken
-  ("us," and "us." agree) and written as the newer one writes them (`agreement.agreed_words`); with `settled_s`,
+  ("us," and "us." agree) and written as the newer one writes them (`agreement.agreed_words`); where the previous
+  decode committed nothing, also those on which the hypothesis agrees with the one before the previous (two of
+  the last three: a word that flips between decodes, "cannot" / "could not" / "cannot", no longer holds every
+  later word until the buffer is full); with `settled_s`,
   also a closed segment that ends that much or more before the decode's audio does, on that one decode (Whisper
   heard what follows it); committed text is never taken back;
   each hypothesis is read after the point where the committed words end in it (`agreement.aligned_end`: it may
@@ -36,8 +39,7 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
   latest such end `context_s` or more before the last wholly committed segment's end: the committed segments after
   the cut stay as left context, their words forced as the next decodes' prefix; a cut that went back over
   speech into the segment (Whisper closed it inside speech) may leave its last committed words in the buffer: until
-  the next cut, a hypothesis that starts by saying them again has them dropped (`_past_seam`,
-  `agreement.repeated_words`);
+  the next cut, a hypothesis that starts by saying them again has them dropped (`agreement.past_seam`);
 - a buffer reaching `max_buffer_s` commits the closed segments of its latest hypothesis but the last one and is
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
@@ -84,13 +86,12 @@ from asr_spec.stream.agreement import (
     committed_prefix,
     last_words,
     n_words,
+    past_seam,
     rendered,
-    repeated_words,
     segments,
     shifted,
     spoken_word,
     text_of,
-    without_text,
 )
 from asr_spec.stream.frames import SpeechFrames, VoiceFn
 from asr_spec.stream.hearing import Timing, close_heard, drifted, settled_end, shorter_close, stopped_short, timing
@@ -121,6 +122,8 @@ class StreamPolicy:
         self._decoded_at = 0  # _received when the last decode was asked for
         self._decoded_before = 0  # _decoded_at before that ask (a withdrawn decode gives it back)
         self._previous: tuple[int, ...] = ()  # the last hypothesis, relative to the buffer's start
+        # (committed text tokens, the text the hypothesis before it says after them) while the last commits nothing
+        self._earlier: tuple[list[int], list[int]] | None = None
         self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
         # committed text tokens the buffer's start may say again: the last cut went back over speech (`_trim`)
         self._seam: list[int] = []
@@ -221,7 +224,7 @@ class StreamPolicy:
         if decode is not self._in_flight:
             raise InputError(f"stream: result for decode {decode.serial}, which is not the one in flight")
         self._in_flight = None
-        hypothesis = self._past_seam(tuple(int(t) for t in tokens))
+        hypothesis = past_seam(tuple(int(t) for t in tokens), self._seam, self.kinds, self._word_key)
         traced = log.isEnabledFor(logging.DEBUG)
         doubt = ""  # what the trace says of its timing, before the buffer changes
         if traced:
@@ -294,9 +297,12 @@ class StreamPolicy:
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
         n_agreed = agreed_words(previous, new_text[said:], self.kinds, self._word_key)
+        if self._earlier is not None and self._earlier[0] == self._committed:  # two of the last three
+            n_agreed = max(n_agreed, agreed_words(self._earlier[1], new_text[said:], self.kinds, self._word_key))
         if as_said and self.options.settled_s is not None:  # segments heard with settled_s after them: committed
             n_agreed = max(n_agreed, settled_end(closed, len(decode.audio), self.options.settled_s) - said)
         n_agreed = min(n_agreed, max(heard - said, 0))
+        self._earlier = None if n_agreed else (list(self._committed), previous)
         delta = self._commit(new_text[said:said + n_agreed])
         said += n_agreed
         tentative = self.detokenize(new_text[said:])
@@ -310,17 +316,6 @@ class StreamPolicy:
         if self._finished and self._in_flight is None and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, tentative, self._text, False, decode.heard_s)
-
-    def _past_seam(self, hypothesis: tuple[int, ...]) -> tuple[int, ...]:
-        """The hypothesis without the committed words it says again at the buffer's start (`_seam`: the last cut
-        went back over speech into their segment), until the next cut: once words of the new buffer are committed
-        a hypothesis may still say the seam's words before them (the one that dropped them left no forced prefix,
-        or none is forced), and `aligned_end` would read them as new. A speaker who really says a word again right
-        after such a cut loses the repeat; without this, every such cut doubled the words."""
-        if not self._seam:
-            return hypothesis
-        n = repeated_words(self._seam, text_of(hypothesis, self.kinds), self.kinds, self._word_key)
-        return without_text(hypothesis, n, self.kinds)
 
     # -- commit and trim ------------------------------------------------------------------------------------------
     def _commit(self, piece: list[int]) -> str:
@@ -402,7 +397,7 @@ class StreamPolicy:
         cut = max(0, min(end_sample - self._start, len(self._buffer)))
         self._buffer = self._buffer[cut:]
         self._start += cut
-        self._previous, self._committed, self._seam, self._close_end = (), [], [], None
+        self._previous, self._committed, self._seam, self._close_end, self._earlier = (), [], [], None, None
 
     def _final(self, delta: str = "", heard_s: float | None = None) -> Update:
         self.done = True
