@@ -16,6 +16,7 @@ from asr_spec.stream.hearing import (
     UNHEARD_SPEECH_S,
     before_guess,
     before_loop,
+    before_padding,
     budget_rate,
     drifted,
     first_pause,
@@ -24,6 +25,7 @@ from asr_spec.stream.hearing import (
     settled_end,
     shorter_close,
     skipped,
+    step_heard,
     stopped_short,
     timing,
     token_budget,
@@ -155,6 +157,29 @@ def test_a_cut_hypothesis_is_read_up_to_its_first_repeat_whatever_it_compresses_
     assert before_loop((*two, EOT), KINDS, say) == (*two, EOT)  # compresses under the threshold: not a loop
     assert before_loop(two, KINDS, say) == (*two[:two.index(ts(4)) + 1], EOT)
     assert before_loop(two[:two.index(ts(4)) + 1], KINDS, say) == two[:two.index(ts(4)) + 1]  # cut, no repeat
+
+
+def test_segments_that_open_past_the_audio_are_not_heard() -> None:
+    """A full buffer's decode of 24.06 s wrote its last sentence five times, timed 23.96-28.96 s (seen live): the
+    segments that open at or after the audio's end, and all after them, are dropped (then <|endoftext|>); the one
+    that opens inside it stays (a word cut by the buffer's end is heard); an open last segment past the end goes
+    too; a hypothesis within its audio is as it is."""
+    n = int(4.06 * 16_000)
+    within = (ts(0), 2, 4, 6, ts(2), ts(2), 8, 10, ts(3.96), ts(3.96), 12, 14)
+    looped = (*within, ts(4.96), ts(4.96), 12, 14, ts(5.96), ts(5.96), 12, 14, ts(6.96), EOT)
+    assert before_padding(looped, n, KINDS) == (*within, ts(4.96), EOT)
+    assert before_padding((*within, ts(4.96), EOT), n, KINDS) == (*within, ts(4.96), EOT)
+    open_past = (ts(0), 2, 4, 6, ts(2), ts(4.06), 8, 10)  # its open segment opens at the audio's end
+    assert before_padding(open_past, n, KINDS) == (ts(0), 2, 4, 6, ts(2), EOT)
+    assert before_padding(open_past, n + 320, KINDS) == open_past
+    assert before_padding((ts(4.5), 2, 4, ts(5)), n, KINDS) == (EOT,)
+
+    quiet = speech_between()
+    assert step_heard(looped, quiet, 0, n, KINDS) == (*within, ts(4.96), EOT)
+    # one word timed over 3.9 s of speech (drifted): its later segments are late, not guessed
+    drifted_first = (ts(0), 2, ts(3.9), ts(3.9), 8, 10, ts(3.96), ts(3.96), 12, 14, ts(4.96), ts(4.96), 12, 14,
+                     ts(5.96), EOT)
+    assert step_heard(drifted_first, speech_between((0.0, 3.9)), 0, n, KINDS) == drifted_first
 
 
 def test_the_token_budget_holds_the_fastest_live_speech_and_cuts_a_loop() -> None:

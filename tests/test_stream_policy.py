@@ -467,11 +467,15 @@ def test_decoders_that_punctuate_every_other_decode_apart_still_commit_each_word
     assert texts[1] == texts[0]
 
 
-def test_a_word_that_flips_between_decodes_blocks_no_later_word() -> None:
-    """Every other decode says the first word after the committed ones as another word (w24: "could not" /
-    "cannot" / "could not"): two successive decodes never agree there, but every second one does with the one
-    before the last (two of the last three), so the words go on being committed, each once, in order, in the
-    wording of the two decodes that agree (the word itself or w24), and none by force: the buffer never fills."""
+@pytest.mark.parametrize("flip_at", [0, 1])
+def test_a_word_that_flips_between_decodes_blocks_no_later_word(flip_at: int) -> None:
+    """Every other decode says the first (flip_at 0) or second (1) word after the committed ones as another word
+    (w24: "could not" / "cannot" / "could not"): two successive decodes never agree there, but every second one
+    does with the one before the last (two of the last three; with flip_at 1 the last one committed the word
+    before the flip, so the one before it is read after the committed words too), so the words go on being
+    committed, each once, in order, in the wording of the two decodes that agree (the word itself or w24; with
+    flip_at 1, the word itself: a flip falls on the word after the one flipped before), and none by force: the
+    buffer never fills."""
     options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=0.0)
     audio = speech(list(range(20)))  # 10 s: without the two of three, a full buffer's forced trim
     texts = []
@@ -482,9 +486,10 @@ def test_a_word_that_flips_between_decodes_blocks_no_later_word() -> None:
             while (d := policy.request()) is not None:
                 n += 1
                 tokens = hear_given(d.audio, d.prefix)
-                i_first = 1 + len(d.prefix) if d.prefix else 1
-                if flips and n % 2 and i_first < len(tokens) and tokens[i_first] < EOT:
-                    tokens[i_first] = 48  # w24's first token, the word's own second token after it
+                generated = [i for i in range(1 + len(d.prefix), len(tokens)) if tokens[i] < EOT]
+                starts = [i for i in generated if tokens[i] % 2 == 0]  # the generated words' first tokens
+                if flips and n % 2 and len(starts) > flip_at:
+                    tokens[starts[flip_at]] = 48  # w24's first token, the word's own second token after it
                 kinds.append(d.kind)
                 policy.accept(d, tokens)
         assert "overflow" not in kinds
@@ -492,7 +497,8 @@ def test_a_word_that_flips_between_decodes_blocks_no_later_word() -> None:
     plain, flipped = texts
     assert plain == [f"w{w}" for w in range(len(plain))] and len(plain) >= 14
     assert len(flipped) >= 14 and all(f in (p, "w24") for p, f in zip(plain, flipped)), flipped
-    assert "w24" in flipped  # the flipped wording committed where two of three said it
+    # flip_at 0: the flipped wording committed where two of three said it; 1: each flip falls on another word
+    assert ("w24" in flipped) == (flip_at == 0)
 
 
 def test_a_withdrawn_decode_is_asked_for_again_over_the_audio_fed_since() -> None:
@@ -616,6 +622,32 @@ def test_a_decoder_that_never_agrees_still_commits_and_the_window_holds(context_
             policy.accept(d, tokens)
     assert longest <= (options.max_buffer_s + options.step_s) * SR < WINDOW_S * SR
     assert len(words_of(policy._text)) > 20
+
+
+def test_a_full_buffers_loop_past_its_audio_is_not_committed() -> None:
+    """Seen live: a full buffer's decode wrote its last sentence five times, timed past its audio, and the forced
+    trim committed four of them. Here every decode words its first generated word apart (no agreement: only the
+    forced trims commit) and every overflow decode's hypothesis goes on with w23 (a word the audio never says) in
+    segments of 1 s from 0.5 s past its audio: w23 is never committed, nor more words than the audio says."""
+    options = StreamOptions(step_s=1.0, max_buffer_s=6.0, context_s=0.0)
+    policy, n, forced = StreamPolicy(KINDS, detokenize, options), 0, 0
+    audio = speech(list(range(20)) * 2)
+    for i in range(0, len(audio), SR):
+        policy.feed(audio[i:i + SR])
+        while (d := policy.request()) is not None:
+            n += 1
+            tokens = hear_given(d.audio, d.prefix)
+            if n % 4:  # as in the test above: no two of the last three decodes agree
+                i_first = 1 + len(d.prefix)
+                tokens = [t if j != i_first or t >= EOT else (t + 2 * (n % 4)) % EOT for j, t in enumerate(tokens)]
+            if d.kind == "overflow":
+                forced += 1
+                end = len(d.audio) // 320 + 25
+                loop = [t for k in range(4) for t in (TS + end + 50 * k, 46, 47, TS + end + 50 * k + 50)]
+                tokens = [*tokens[:-1], *loop, EOT]
+            policy.accept(d, tokens)
+    committed = words_of(policy._text)  # a forced commit takes the words as its decode worded them
+    assert forced >= 3 and 20 < len(committed) <= 40 and "w23" not in committed
 
 
 @pytest.mark.parametrize("context_s", [0.0, 1.0, 3.0])

@@ -10,6 +10,8 @@ buffer's speech, so that a decode that went wrong cuts no speech it did not tran
     before_loop(hypothesis, kinds, text)                a looping hypothesis read up to its first repeated segment
     before_guess(hypothesis, closed, speech, start, n, kinds)   without a last segment guessed past the audio
     close_heard(hypothesis, speech, start, n, kinds, text)      both, for a close decode (all of it is committed)
+    before_padding(hypothesis, n, kinds)                without the segments that open past the audio's end
+    step_heard(hypothesis, speech, start, n, kinds)     that, unless its timing drifted: for a step or overflow decode
     settled_end(closed, n, settled_s)                   the text of segments with settled_s of audio after them
     pause_near(probs, start, end_ts, thr)               where to cut for a segment's end: at a pause, not in a word
     frame_cut(frame, start)                             a cut in the middle of a frame, in timestamp steps
@@ -27,7 +29,8 @@ through the forced prefix, and a trim at one of them cut 7 s of speech unheard; 
 behind stopped after the first of three utterances, again after the second, and a restart was granted once; a
 stream's last line, cut mid-word, came back as "You are a man." eight times; two step decodes in a row wrote
 "...lost.<|3.00|><|9.00|> Is that what..." over 2.24 s of speech between the two timestamps, and the agreement
-committed what followed the jump.
+committed what followed the jump; a full buffer's decode of 24.06 s wrote "I'm going to go to the next one." five
+times, timed 23.96-28.96 s, and its forced commit took four of them.
 """
 
 from __future__ import annotations
@@ -51,9 +54,9 @@ from asr_spec.stream.agreement import (
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "GUESS_PAST_S", "GUESS_S_PER_WORD",
            "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "RATE_HISTORY", "RATE_MARGIN", "RATE_MIN_S", "TOKENS_PER_S",
-           "TOKEN_SLACK", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop", "budget_rate", "close_heard",
-           "drifted", "first_pause", "frame_cut", "hypothesis_rate", "pause_near", "settled_end", "shorter_close",
-           "skipped", "stopped_short", "timing", "token_budget"]
+           "TOKEN_SLACK", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop", "before_padding", "budget_rate",
+           "close_heard", "drifted", "first_pause", "frame_cut", "hypothesis_rate", "pause_near", "settled_end",
+           "shorter_close", "skipped", "step_heard", "stopped_short", "timing", "token_budget"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -199,6 +202,30 @@ def close_heard(hypothesis: tuple[int, ...], speech: np.ndarray, start: int, n_s
     hypothesis = before_loop(hypothesis, kinds, detokenize)
     return before_guess(hypothesis, segments(hypothesis, kinds), speech, start, n_samples, kinds) if at_end \
         else hypothesis
+
+
+def before_padding(hypothesis: tuple[int, ...], n_samples: int, kinds: TokenKinds) -> tuple[int, ...]:
+    """The hypothesis of a decode of `n_samples` up to its first segment that opens at or after the audio's end
+    (then <|endoftext|>): Whisper wrote that segment and all after it into the window's silent padding (a loop run
+    on past the audio, a guess), nothing it heard; as it is otherwise."""
+    is_open = False
+    for index, token in enumerate(hypothesis):
+        if token >= kinds.timestamp_begin:
+            if not is_open and (token - kinds.timestamp_begin) * SAMPLES_PER_TIMESTAMP >= n_samples:
+                return (*hypothesis[:index], kinds.eot)
+            is_open = not is_open
+    return hypothesis
+
+
+def step_heard(hypothesis: tuple[int, ...], speech: np.ndarray, start: int, n_samples: int,
+               kinds: TokenKinds) -> tuple[int, ...]:
+    """What a step or overflow decode of `n_samples` heard, of which the agreement (or, for a full buffer, a forced
+    trim) commits: its hypothesis without the segments that open past its audio (`before_padding`), unless its
+    timing drifted (`drifted`: then its later segments are timed late, past the audio, and their words are still
+    what it heard)."""
+    if drifted(segments(hypothesis, kinds), speech, start) is not None:
+        return hypothesis
+    return before_padding(hypothesis, n_samples, kinds)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,6 @@ import numpy as np
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import (
     SAMPLE_RATE,
-    SAMPLES_PER_TIMESTAMP,
     SegmentEnd,
     TokenKinds,
     agreed_words,
@@ -89,26 +88,31 @@ from asr_spec.stream.agreement import (
     past_seam,
     rendered,
     segments,
-    shifted,
     spoken_word,
     text_of,
 )
 from asr_spec.stream.frames import SpeechFrames, VoiceFn
-from asr_spec.stream.hearing import Timing, close_heard, drifted, settled_end, shorter_close, stopped_short, timing
+from asr_spec.stream.hearing import (
+    Timing,
+    close_heard,
+    drifted,
+    settled_end,
+    shorter_close,
+    step_heard,
+    stopped_short,
+    timing,
+)
 from asr_spec.stream.options import WINDOW_S, StreamOptions
 from asr_spec.stream.records import Decode, Update
-
-# committed words a buffer may say again after a cut before their segment's end (Whisper-base times segment ends to
-# the second: a live run cut back to a pause 1.5 s inside a segment and said its last five words twice, another its
-# last three at 2), a restart where a close decode stopped short, or one after speech a step jumped over (dropped)
-SEAM_WORDS = 8
+from asr_spec.stream.trims import SEAM_WORDS, BufferTrims
 
 log = logging.getLogger(__name__)  # DEBUG: one line per decode result (its hypothesis, what it committed)
 _policies = itertools.count(1)
 
 
-class StreamPolicy:
-    """One stream's buffer, hypotheses and committed text (see the module docstring for the API)."""
+class StreamPolicy(BufferTrims):
+    """One stream's buffer, hypotheses and committed text (see the module docstring for the API); its commit and trim
+    steps: `trims.BufferTrims`."""
 
     def __init__(self, kinds: TokenKinds, detokenize: Callable[[Sequence[int]], str],
                  options: StreamOptions | None = None, voice: VoiceFn | None = None, label: str | None = None):
@@ -122,8 +126,8 @@ class StreamPolicy:
         self._decoded_at = 0  # _received when the last decode was asked for
         self._decoded_before = 0  # _decoded_at before that ask (a withdrawn decode gives it back)
         self._previous: tuple[int, ...] = ()  # the last hypothesis, relative to the buffer's start
-        # (committed text tokens, the text the hypothesis before it says after them) while the last commits nothing
-        self._earlier: tuple[list[int], list[int]] | None = None
+        # the text tokens of the hypothesis before the last, its words trimmed with the buffer's as `_committed`'s are
+        self._earlier: list[int] = []
         self._committed: list[int] = []  # text tokens committed in the buffer (not trimmed yet)
         # committed text tokens the buffer's start may say again: the last cut went back over speech (`_trim`)
         self._seam: list[int] = []
@@ -287,7 +291,8 @@ class StreamPolicy:
         """A step or overflow decode's result: the words two hypotheses agree on committed (and, with `settled_s`,
         its segments heard with that much audio after them) up to speech it skipped (`hearing.skipped`: what
         follows it waits for a decode that hears that speech), the buffer trimmed after its wholly committed
-        segments (by force when full)."""
+        segments (by force when full). Segments that open past its audio are not read (`hearing.step_heard`)."""
+        hypothesis = step_heard(hypothesis, self._frames.speech, self._start, len(decode.audio), self.kinds)
         new_text, closed = text_of(hypothesis, self.kinds), segments(hypothesis, self.kinds)
         timed = self._timing(hypothesis, closed)
         heard = len(new_text) if timed.skip is None else closed[timed.skip].text_end  # text before skipped speech
@@ -296,17 +301,16 @@ class StreamPolicy:
         as_said = new_text[:said] == self._committed and timed.drift is None
         previous = text_of(self._previous, self.kinds)
         previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
-        n_agreed = agreed_words(previous, new_text[said:], self.kinds, self._word_key)
-        if self._earlier is not None and self._earlier[0] == self._committed:  # two of the last three
-            n_agreed = max(n_agreed, agreed_words(self._earlier[1], new_text[said:], self.kinds, self._word_key))
+        earlier = self._earlier[aligned_end(self._committed, self._earlier, self.kinds, self._word_key):]
+        n_agreed = max(agreed_words(previous, new_text[said:], self.kinds, self._word_key),  # two of the last three
+                       agreed_words(earlier, new_text[said:], self.kinds, self._word_key))
         if as_said and self.options.settled_s is not None:  # segments heard with settled_s after them: committed
             n_agreed = max(n_agreed, settled_end(closed, len(decode.audio), self.options.settled_s) - said)
         n_agreed = min(n_agreed, max(heard - said, 0))
-        self._earlier = None if n_agreed else (list(self._committed), previous)
         delta = self._commit(new_text[said:said + n_agreed])
         said += n_agreed
         tentative = self.detokenize(new_text[said:])
-        self._previous = hypothesis
+        self._previous, self._earlier = hypothesis, text_of(self._previous, self.kinds)
         # a hypothesis that words the committed text differently (or has drifted) may misplace its end: it cuts
         # no audio unless the buffer is as long as it may get (a window less a step)
         if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
@@ -316,88 +320,6 @@ class StreamPolicy:
         if self._finished and self._in_flight is None and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, tentative, self._text, False, decode.heard_s)
-
-    # -- commit and trim ------------------------------------------------------------------------------------------
-    def _commit(self, piece: list[int]) -> str:
-        """Commit the text tokens `piece` (they follow what is committed); returns the delta text."""
-        if not piece:
-            return ""
-        self._committed.extend(piece)
-        delta = self.detokenize(piece)
-        self._text += delta
-        return delta
-
-    def _trim_committed(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
-                        before_skip: SegmentEnd | None) -> None:
-        """Trim the buffer after the last closed segment whose text is all committed (within the hypothesis's
-        first `said` text tokens) and that ends `context_s` or more before the last such segment's end, at a pause
-        near its end (`SpeechFrames.cut_near`); a segment with no pause there is not trimmed yet. The committed
-        segments after the cut stay in the buffer, their words forced as the next decodes' prefix (left context).
-        Once `before_skip` (the segment after which the hypothesis skipped speech) is committed, the buffer restarts
-        at that speech instead (`_restart_after`)."""
-        done = [s for s in segments(hypothesis, self.kinds) if 0 < s.text_end <= said]
-        if not done:
-            return
-        if done[-1] == before_skip:  # no left context: Whisper would read on from it past the speech again
-            self._restart_after(hypothesis, new_text, before_skip)
-            return
-        latest_ts = done[-1].end_ts - self._seconds(self.options.context_s) // SAMPLES_PER_TIMESTAMP
-        for segment in reversed([s for s in done if s.end_ts <= latest_ts]):
-            cut = self._frames.cut_near(self._start, segment.end_ts)
-            if cut is not None:
-                self._trim(hypothesis, new_text, segment, cut)
-                return
-
-    def _restart_after(self, hypothesis: tuple[int, ...], new_text: list[int], segment: SegmentEnd) -> None:
-        """Trim the buffer at a pause near the end of `segment`, after which the hypothesis skipped speech (or, where
-        its own words run on past that end, at the first pause after it), so that the next decode starts at that
-        speech; committed words it says again at its start are dropped (`segment`'s end may be early)."""
-        cut = self._frames.cut_near(self._start, segment.end_ts)
-        if cut is None:
-            cut = self._frames.cut_after(self._start, segment.end_ts)
-        if cut is not None:
-            self._trim(hypothesis, new_text, segment, cut)
-            self._seam = last_words(new_text[:segment.text_end], SEAM_WORDS, self.kinds)
-
-    def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
-                    timed: list[SegmentEnd]) -> str:
-        """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
-        no closed segment, commit everything and start afresh. Only `timed` count: its closed segments timed as they
-        heard (`hearing.Timing.timed`: a drifted hypothesis's text is still its reading of the buffer, its
-        timestamps are not; a skip's later segments wait for that speech to be heard). `said`: the hypothesis's
-        text tokens committed already. Returns the text committed."""
-        closed = [s for s in timed if s.end_ts > 0]
-        if not closed:
-            delta = self._commit(new_text[said:])
-            self._reset_after(self._start + len(self._buffer))
-            return delta
-        segment = closed[-2] if len(closed) > 1 else closed[0]
-        delta = self._commit(new_text[said:segment.text_end])
-        cut = self._frames.cut_near(self._start, segment.end_ts)
-        self._trim(hypothesis, new_text, segment, segment.end_ts if cut is None else cut)
-        return delta
-
-    def _trim(self, hypothesis: tuple[int, ...], new_text: list[int], segment: SegmentEnd, cut_ts: int) -> None:
-        """Drop the buffer's first `cut_ts` timestamp steps and the committed text of `segment` and those before
-        (the committed words that new_text's first `segment.text_end` tokens say); the hypothesis's tokens after
-        the segment stay, shifted to the new start."""
-        cut = min(cut_ts * SAMPLES_PER_TIMESTAMP, len(self._buffer))
-        end = min(segment.end_samples, len(self._buffer))
-        back_over_speech = cut < end and self._frames.any_between(self._start + cut, self._start + end)
-        self._seam = last_words(new_text[:segment.text_end], SEAM_WORDS, self.kinds) if back_over_speech else []
-        self._buffer = self._buffer[cut:]
-        self._start += cut
-        self._close_end = None
-        self._committed = self._committed[aligned_end(new_text[:segment.text_end], self._committed, self.kinds,
-                                                      self._word_key):]
-        self._previous = shifted(hypothesis[segment.end_index + 1:], cut // SAMPLES_PER_TIMESTAMP, self.kinds)
-
-    def _reset_after(self, end_sample: int) -> None:
-        """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""
-        cut = max(0, min(end_sample - self._start, len(self._buffer)))
-        self._buffer = self._buffer[cut:]
-        self._start += cut
-        self._previous, self._committed, self._seam, self._close_end, self._earlier = (), [], [], None, None
 
     def _final(self, delta: str = "", heard_s: float | None = None) -> Update:
         self.done = True
@@ -439,7 +361,3 @@ class StreamPolicy:
         keep = self._seconds(self.options.speech_pad_s)
         if len(self._buffer) > keep:
             self._reset_after(self._start + len(self._buffer) - keep)
-
-    @staticmethod
-    def _seconds(seconds: float) -> int:
-        return int(round(seconds * SAMPLE_RATE))
