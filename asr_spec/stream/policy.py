@@ -24,8 +24,8 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
 - every `step_s` of new audio the buffer is decoded again, from its start: its committed words are forced as
   given (`agreement.committed_prefix`, with `committed_prefix` on) and only what follows them is generated;
 - the words on which two successive hypotheses agree are committed, whole words only, compared as spoken
-  ("us," and "us." agree) and written as the newer one writes them (`agreement.agreed_words`); where the previous
-  decode committed nothing, also those on which the hypothesis agrees with the one before the previous (two of
+  ("us," and "us." agree) and written as the newer one writes them (`agreement.agreed_words`); also those on
+  which the hypothesis agrees with the one before the previous, read after the committed words as well (two of
   the last three: a word that flips between decodes, "cannot" / "could not" / "cannot", no longer holds every
   later word until the buffer is full); with `settled_s`,
   also a closed segment that ends that much or more before the decode's audio does, on that one decode (Whisper
@@ -42,6 +42,8 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
   the next cut, a hypothesis that starts by saying them again has them dropped (`agreement.past_seam`);
 - a buffer reaching `max_buffer_s` commits the closed segments of its latest hypothesis but the last one and is
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
+  a step or overflow hypothesis is read without its segments that open past its audio (`hearing.step_heard`: a
+  loop written into the window's padding, unless its timing drifted);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
   after speech closes the utterance: the buffer up to the speech's end is decoded once more and all of it is
   committed (a looping text's repeated segments left out: `hearing.before_loop`; and a last segment that runs
