@@ -302,17 +302,15 @@ class StreamPolicy(BufferTrims):
         # it says the committed words as they were committed, in segments timed as they can be
         as_said = new_text[:said] == self._committed and timed.drift is None
         previous = text_of(self._previous, self.kinds)
-        previous = previous[aligned_end(self._committed, previous, self.kinds, self._word_key):]
-        earlier = self._earlier[aligned_end(self._committed, self._earlier, self.kinds, self._word_key):]
-        n_agreed = max(agreed_words(previous, new_text[said:], self.kinds, self._word_key),  # two of the last three
-                       agreed_words(earlier, new_text[said:], self.kinds, self._word_key))
+        n_agreed = max(agreed_words(self._after_committed(before), new_text[said:], self.kinds, self._word_key)
+                       for before in (previous, self._earlier))  # two of the last three
         if as_said and self.options.settled_s is not None:  # segments heard with settled_s after them: committed
             n_agreed = max(n_agreed, settled_end(closed, len(decode.audio), self.options.settled_s) - said)
         n_agreed = min(n_agreed, max(heard - said, 0))
         delta = self._commit(new_text[said:said + n_agreed])
         said += n_agreed
         tentative = self.detokenize(new_text[said:])
-        self._previous, self._earlier = hypothesis, text_of(self._previous, self.kinds)
+        self._previous, self._earlier = hypothesis, previous
         # a hypothesis that words the committed text differently (or has drifted) may misplace its end: it cuts
         # no audio unless the buffer is as long as it may get (a window less a step)
         if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
@@ -343,6 +341,10 @@ class StreamPolicy(BufferTrims):
     def _drifted(self, closed: list[SegmentEnd]) -> int | None:
         """`hearing.drifted` of the closed segments of a hypothesis of the buffer as it is (None: none drifted)."""
         return drifted(closed, self._frames.speech, self._start)
+
+    def _after_committed(self, text: list[int]) -> list[int]:
+        """An earlier hypothesis's text tokens after where the committed words end in it (`agreement.aligned_end`)."""
+        return text[aligned_end(self._committed, text, self.kinds, self._word_key):]
 
     def _timing(self, hypothesis: Sequence[int], closed: list[SegmentEnd]) -> Timing:
         """`hearing.timing` of a hypothesis of the buffer as it is and its closed segments."""
