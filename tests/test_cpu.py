@@ -171,7 +171,12 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     monkeypatch.setattr(cpu, "bf16_row_block", lambda: (ANY_ROWS, 0))
     monkeypatch.setattr(int8, "int8_encoder_usable",
                         lambda device, dtype, asked=False: dtype == torch.bfloat16 or asked)
+    monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
     assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_products"] == "int8"
+    # ... and its attention with them (`int8.int8_attention_usable`), unless switched off
+    assert cpu.precision_line(cpu_dev, torch.bfloat16) == (
+        "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products and attention int8")
+    monkeypatch.setenv(int8.ATTENTION_ENV, "1")
     assert cpu.precision_line(cpu_dev, torch.bfloat16) == (
         "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products int8")
     assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
@@ -186,7 +191,8 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     # ... and whose encoder attends through int8 products (`int8.int8_attention_usable`)
     monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_attention"] == "int8"
-    assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_attention"] == "bfloat16"
+    assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_attention"] == "int8"  # its products are too here
+    assert cpu.run_precision(cpu_dev, torch.float32)["encoder_attention"] == "float32"
     # ... and whose decoder's step reads bf16 copies of its weights (`int8.bf16_weights_usable`)
     monkeypatch.delenv(int8.WEIGHTS_ENV, raising=False)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["decoder_weights"] == "bfloat16"

@@ -242,7 +242,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("encoder_attention", &cpu_encoder::encoder_attention,
         "the encoder's self-attention over every position of each window, per head");
   m.def("encoder_attention_int8", &cpu_int8_attention::encoder_attention_int8,
-        "the int8 encoder's self-attention (fp32 q, k, v): u8 x s8 products around an fp32 softmax, per head");
+        "the int8 encoder's self-attention (fp32 or bf16 q, k, v): u8 x s8 products around an fp32 softmax, per head");
+  m.def("int8_attention_levels", &cpu_int8_attention::levels,
+        "encoder_attention_int8's levels: (query, key, softmax numerator, value) steps");
   m.def("quantize_rows", &cpu_int8::quantize_rows,
         "activations to uint8 (zero point levels + 1) with one scale a row, for the encoder's int8 products");
   m.def("rescale_rows", &cpu_int8::rescale_rows,

@@ -218,9 +218,16 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: 
 def encoder_attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
                            scale: float) -> torch.Tensor:
     """softmax(scale q k^T) v per window and head through int8 products (`cpu_int8_attention.h`): q, k, v
-    (B, N, heads * head_dim) fp32, the last dimension contiguous, alike -> (B, N, heads * head_dim) fp32 contiguous.
-    A window's output does not depend on the other windows of the call. Only where `int8.int8_attention_usable`."""
+    (B, N, heads * head_dim) fp32 or bf16, one dtype, the last dimension contiguous, alike -> (B, N, heads *
+    head_dim) in their dtype, contiguous. A window's output does not depend on the other windows of the call. Only
+    where `int8.int8_attention_usable`."""
     return extension().encoder_attention_int8(q, k, v, heads, scale)
+
+
+def int8_attention_levels() -> tuple[int, int, int, int]:
+    """The steps `encoder_attention_int8` quantizes with as built here: (query, key, softmax numerator, value); keys
+    and values 127 where the build has AVX-512 VNNI, else 63 (`cpu_int8_attention.h`)."""
+    return tuple(extension().int8_attention_levels())
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n_seen: torch.Tensor | None,

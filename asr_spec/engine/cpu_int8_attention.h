@@ -1,9 +1,12 @@
-// The encoder's self-attention with int8 products (the "int8" precision's encoder, fp32 q/k/v; built into the
-// kernel extension, cpu_attention.cpp; called by asr_spec/engine/encoder.py where `int8.int8_attention_usable`).
+// The encoder's self-attention with int8 products (built into the kernel extension, cpu_attention.cpp; called by
+// asr_spec/engine/encoder.py where `int8.int8_attention_usable`: the "int8" precision's fp32 encoder, and a bf16
+// encoder on an AVX-512 VNNI CPU without AMX, both with their linear products in int8).
 //
 // Why: on an AVX2-only CPU the int8 encoder's linear products run at ~1.8x the fp32 matmul rate, and its fp32
-// attention (torch's flash kernel, ~the matmul rate) was left as ~45 % of the encoder. Both of attention's products
-// here are u8 x s8 dot products (vpmaddubsw, then vpmaddwd against ones: 32 multiply-adds in two instructions):
+// attention (torch's flash kernel, ~the matmul rate) was left as ~45 % of the encoder; on an AVX-512 VNNI CPU
+// (vpdpbusd: 64 u8 x s8 multiply-adds an instruction, twice vdpbf16ps's) the bf16 kernel's attention was about half
+// of a bf16 encoder whose products were int8 (docs/cpu.md). Both of attention's products here are u8 x s8 dot
+// products:
 //   1. per window and head, keys quantized per key (KEY_LEVELS steps a side, one fp32 scale a key) and packed as
 //      panels of COLS keys, with each key's sum of its levels; values quantized per channel over the window's keys
 //      (VALUE_LEVELS, one scale a channel) and packed as panels of COLS channels over quads of keys;
@@ -11,9 +14,13 @@
 //      u8), scores = (sum q_u8 k - zero point * sum k) * q scale * k scale * scale in fp32; each row's softmax
 //      numerators exp(score - max) (cpu_attention_simd.h's exp) in [0, 1], rounded to u8 levels of 1 / PROB_LEVELS;
 //      out = sum p_u8 v * v scale / sum p_u8 (the rounded numerators' own sum, exact in int32).
-// Levels: vpmaddubsw sums a pair of u8 x s8 products in int16 with saturation, so 2 * 255 * 63 (q or p against k
-// or v) must fit: keys and values in 7 bits. Measured on whisper-base through the engine (three long fixtures and
-// long_75s, an emulation of exactly these levels): the same words as fp32 attention (docs/cpu.md).
+// q, k and v come in fp32 or bf16 (widened exactly as they are quantized); the output is in their dtype.
+// Levels, per instruction set (INT8_VNNI, decided below once): with AVX-512 VNNI, vpdpbusd sums four u8 x s8
+// products straight into int32, so keys and values take 8 bits; without it, vpmaddubsw sums a pair of u8 x s8
+// products in int16 with saturation, so 2 * 255 * 63 (q or p against k or v) must fit: keys and values in 7 bits.
+// Measured on whisper-base through the engine (the three long fixtures and long_75s): 7 bits the same words as fp32
+// attention in the int8 precision; under the bf16 encoder, 8 bits the same words as its bf16 attention, 7 bits
+// three words otherwise (docs/cpu.md).
 // A query's output depends on its own row and the window's keys and values only, so it is the same whatever the
 // number of windows in the call. The products' sums are exact integers on every CPU (a scalar loop where AVX2 is
 // not built); the fp32 steps around them are cpu_attention_simd.h's.
@@ -34,15 +41,28 @@
 #include "cpu_encoder_attention.h"
 #include "cpu_int8.h"
 
+// AVX-512 VNNI where the compiler targets it (-march=native on such a CPU; an emulated AVX-512 build has none)
+#if defined(__AVX512VNNI__) && defined(__AVX512F__) && !defined(CPU_KERNELS_EMULATE_AVX512)
+#define INT8_VNNI 1
+#endif
+
 namespace cpu_int8_attention {
 
 constexpr int32_t QUERY_LEVELS = 127;  // q: u8 in [1, 255], zero point 128
-constexpr int32_t KEY_LEVELS = 63;     // k: s8 in [-63, 63]
 constexpr int32_t PROB_LEVELS = 255;   // softmax numerators: u8 in [0, 255] (no zero point)
-constexpr int32_t VALUE_LEVELS = 63;   // v: s8 in [-63, 63]
-constexpr int64_t COLS = 16;           // output columns a panel (two vectors of 8 int32 sums)
-constexpr int64_t ROWS = 4;            // query rows a block: 8 accumulators of 16 registers
+constexpr int64_t COLS = 16;           // output columns a panel (one vector of 16 int32 sums, or two of 8)
 constexpr int64_t QUAD = 4;            // u8 x s8 products summed into one int32 lane
+#if defined(INT8_VNNI)
+constexpr int32_t KEY_LEVELS = 127;    // k: s8 in [-127, 127]
+constexpr int32_t VALUE_LEVELS = 127;  // v: s8 in [-127, 127]
+// query rows a block: 12 accumulators of 32 registers (whisper-base, one window's layer on 2 cores: 11.1 ms at 12
+// rows, 11.9 at 8; the bf16 kernel 14.6)
+constexpr int64_t ROWS = 12;
+#else
+constexpr int32_t KEY_LEVELS = 63;     // k: s8 in [-63, 63]
+constexpr int32_t VALUE_LEVELS = 63;   // v: s8 in [-63, 63]
+constexpr int64_t ROWS = 4;            // query rows a block: 8 accumulators of 16 registers
+#endif
 
 inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 inline int8_t level(float x, float inv) { return static_cast<int8_t>(std::nearbyint(x * inv)); }
@@ -50,7 +70,19 @@ inline int8_t level(float x, float inv) { return static_cast<int8_t>(std::nearby
 // acc (ROWS x COLS int32, row-major) = for each row r and column c, sum over quads j < quads and e < QUAD of
 // rows[r][QUAD j + e] (u8) * panel[(j * COLS + c) * QUAD + e] (s8)
 inline void product(const uint8_t* const* rows, int64_t quads, const int8_t* panel, int32_t* acc) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(INT8_VNNI)
+  __m512i sums[ROWS];
+  for (int64_t r = 0; r < ROWS; ++r) sums[r] = _mm512_setzero_si512();
+  for (int64_t j = 0; j < quads; ++j) {
+    const __m512i b = _mm512_loadu_si512(panel + j * COLS * QUAD);
+    for (int64_t r = 0; r < ROWS; ++r) {
+      int32_t four;
+      std::memcpy(&four, rows[r] + j * QUAD, sizeof(four));
+      sums[r] = _mm512_dpbusd_epi32(sums[r], _mm512_set1_epi32(four), b);
+    }
+  }
+  for (int64_t r = 0; r < ROWS; ++r) _mm512_storeu_si512(acc + r * COLS, sums[r]);
+#elif defined(__AVX2__) && defined(__FMA__)
   __m256i sums[ROWS][2];
   for (int64_t r = 0; r < ROWS; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
   const __m256i ones = _mm256_set1_epi16(1);
@@ -104,7 +136,7 @@ inline void scores_of(const int32_t* acc, const int32_t* key_sums, const float* 
 #endif
 }
 
-// One window's head, quantized and packed (step 1 above).
+// One window's head, quantized and packed (step 1 above) from fp32 or bf16 keys and values.
 struct Packed {
   int64_t n, d, key_quads, value_quads;  // keys, head_dim, quads of a key (d / QUAD), quads of keys (n / QUAD up)
   std::vector<int8_t> keys;              // ceil(n / COLS) panels of COLS keys x key_quads quads
@@ -116,39 +148,57 @@ struct Packed {
   // the keys as the value panels and the softmax numerators hold them: n rounded up to whole quads
   int64_t padded_keys() const { return value_quads * QUAD; }
 
-  Packed(const float* k, const float* v, int64_t ld, int64_t n_, int64_t d_)
+  template <typename T>
+  Packed(const T* k, const T* v, int64_t ld, int64_t n_, int64_t d_)
       : n(n_), d(d_), key_quads(d_ / QUAD), value_quads(round_up(n_, QUAD) / QUAD),
         keys(round_up(n_, COLS) * d_, 0), key_sums(round_up(n_, COLS), 0), key_scales(round_up(n_, COLS), 1.0f),
         values(round_up(d_, COLS) * padded_keys(), 0), value_scales(round_up(d_, COLS), 1.0f) {
-    for (int64_t i = 0; i < n; ++i) {  // keys: per key
+    std::vector<int8_t> row(d);
+    for (int64_t i = 0; i < n; ++i) {  // keys: per key, a quad at a time into its panel
       const float top = cpu_int8::abs_max(k + i * ld, d);
-      const float inv = top > 0.0f ? KEY_LEVELS / top : 0.0f;
       key_scales[i] = top > 0.0f ? top / KEY_LEVELS : 1.0f;
+      // zero point 0: each level's two's complement byte (cpu_int8's stores keep an int32's low byte)
+      cpu_int8::quantize_row(k + i * ld, d, top > 0.0f ? KEY_LEVELS / top : 0.0f, 0,
+                             reinterpret_cast<uint8_t*>(row.data()));
       int8_t* panel = keys.data() + (i / COLS) * COLS * d;
-      for (int64_t j = 0; j < d; ++j) {
-        const int8_t q = level(k[i * ld + j], inv);
-        panel[((j / QUAD) * COLS + i % COLS) * QUAD + j % QUAD] = q;
-        key_sums[i] += q;
-      }
+      for (int64_t j = 0; j < key_quads; ++j) std::memcpy(panel + (j * COLS + i % COLS) * QUAD, &row[j * QUAD], QUAD);
+      for (int64_t j = 0; j < d; ++j) key_sums[i] += row[j];
     }
-    std::vector<float> top(d, 0.0f);  // values: per channel over the keys
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t c = 0; c < d; ++c) {
-        const float a = v[i * ld + c] < 0.0f ? -v[i * ld + c] : v[i * ld + c];
-        top[c] = a > top[c] ? a : top[c];
-      }
-    }
-    std::vector<float> inv(d);
+    std::vector<float> top(d, 0.0f), inv(d);  // values: per channel over the keys
+    for (int64_t i = 0; i < n; ++i) channel_max(v + i * ld, d, top.data());
     for (int64_t c = 0; c < d; ++c) {
       inv[c] = top[c] > 0.0f ? VALUE_LEVELS / top[c] : 0.0f;
       value_scales[c] = top[c] > 0.0f ? top[c] / VALUE_LEVELS : 1.0f;
     }
     for (int64_t i = 0; i < n; ++i) {
+      channel_levels(v + i * ld, d, inv.data(), row.data());
       for (int64_t c = 0; c < d; ++c) {
-        values[(c / COLS) * COLS * QUAD * value_quads + ((i / QUAD) * COLS + c % COLS) * QUAD + i % QUAD] =
-            level(v[i * ld + c], inv[c]);
+        values[(c / COLS) * COLS * QUAD * value_quads + ((i / QUAD) * COLS + c % COLS) * QUAD + i % QUAD] = row[c];
       }
     }
+  }
+
+  // top[c] = max(top[c], |x[c]|) for c < d
+  template <typename T>
+  static void channel_max(const T* x, int64_t d, float* top) {
+    using namespace cpu_attention;
+    const int64_t full = d / L * L;
+    for (int64_t c = 0; c < full; c += L) {
+      const vec a = load(x + c);
+      const vec m = vmax(load(top + c), vmax(a, vsub(zero(), a)));
+      std::memcpy(top + c, &m, sizeof(m));
+    }
+    for (int64_t c = full; c < d; ++c) top[c] = std::fmax(top[c], std::fabs(static_cast<float>(x[c])));
+  }
+
+  // out[c] = round(x[c] * inv[c]) (to nearest even) for c < d, as int8 (|x[c] * inv[c]| <= VALUE_LEVELS)
+  template <typename T>
+  static void channel_levels(const T* x, int64_t d, const float* inv, int8_t* out) {
+    using namespace cpu_attention;
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(out);
+    const int64_t full = d / L * L;
+    for (int64_t c = 0; c < full; c += L) cpu_int8::store_u8(bytes + c, round_int(vmul(load(x + c), load(inv + c))), 0);
+    for (int64_t c = full; c < d; ++c) out[c] = level(static_cast<float>(x[c]), inv[c]);
   }
 };
 
@@ -182,9 +232,11 @@ inline int32_t prob_levels(const float* e, int64_t n, uint8_t* p, int64_t padded
   return sum;
 }
 
-// One block of `rows` (<= ROWS) queries of one window's head: q rows at q (row stride ldq) -> out rows (stride ldo).
-// scores: ROWS x round_up(n, COLS) fp32; probs: ROWS x value_quads * QUAD u8; qu8: ROWS x d u8.
-inline void attend_block(const Packed& kv, const float* q, int64_t ldq, int64_t rows, float scale, float* out,
+// One block of `rows` (<= ROWS) queries of one window's head: q rows at q (row stride ldq) -> out rows (stride ldo),
+// in q's dtype (fp32 or bf16, rounded to nearest even). scores: ROWS x round_up(n, COLS) fp32; probs: ROWS x
+// value_quads * QUAD u8; qu8: ROWS x d u8.
+template <typename T>
+void attend_block(const Packed& kv, const T* q, int64_t ldq, int64_t rows, float scale, T* out,
                          int64_t ldo, float* scores, uint8_t* probs, uint8_t* qu8) {
   const int64_t n = kv.n, d = kv.d, n_cols = round_up(n, COLS), n_quads = kv.padded_keys();
   float q_scale[ROWS];
@@ -221,29 +273,17 @@ inline void attend_block(const Packed& kv, const float* q, int64_t ldq, int64_t 
     for (int64_t r = 0; r < rows; ++r) {
       const float inv = 1.0f / static_cast<float>(sums[r]);
       for (int64_t c = 0; c < cols; ++c) {
-        out[r * ldo + p * COLS + c] = static_cast<float>(acc[r * COLS + c]) * kv.value_scales[p * COLS + c] * inv;
+        out[r * ldo + p * COLS + c] = static_cast<T>(static_cast<float>(acc[r * COLS + c]) * kv.value_scales[p * COLS + c] * inv);
       }
     }
   }
 }
 
-// q, k, v: (B, N, heads * head_dim) fp32, the last dimension contiguous, alike (rows may be apart: slices of a
-// fused q/k/v product); head_dim a multiple of QUAD. Returns (B, N, heads * head_dim) fp32 contiguous: each head's
-// softmax(q k^T * scale) v over the window's N positions through int8 products (the top of this file).
-inline at::Tensor encoder_attention_int8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                         int64_t heads, double scale) {
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == 3 && t->stride(2) == 1 &&
-                    t->sizes() == q.sizes() && t->stride(1) == q.stride(1) && t->stride(0) == q.stride(0),
-                "encoder_attention_int8: q, k, v must be float32 (B, N, heads * head_dim) alike, the last "
-                "dimension contiguous");
-  }
-  TORCH_CHECK(heads > 0 && q.size(2) % heads == 0 && (q.size(2) / heads) % QUAD == 0, "encoder_attention_int8: ",
-              q.size(2), " columns do not split into ", heads, " heads of a multiple of ", QUAD);
-  at::Tensor out = at::empty(q.sizes(), q.options());
+template <typename T>
+void attend_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t heads, double scale,
+                  at::Tensor& out) {
   const int64_t b = q.size(0), n = q.size(1), d = q.size(2) / heads, ld = q.stride(1), lb = q.stride(0);
-  if (b == 0 || n == 0) return out;
-  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const T *qp = q.data_ptr<T>(), *kp = k.data_ptr<T>(), *vp = v.data_ptr<T>();
   std::vector<std::unique_ptr<Packed>> made(b * heads);
   at::parallel_for(0, b * heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
@@ -253,7 +293,7 @@ inline at::Tensor encoder_attention_int8(const at::Tensor& q, const at::Tensor& 
   });
   // every window's head has the same n keys: the first one's padding is theirs
   const int64_t blocks = (n + ROWS - 1) / ROWS, n_cols = round_up(n, COLS), n_quads = made[0]->padded_keys();
-  float* op = out.data_ptr<float>();
+  T* op = out.data_ptr<T>();
   at::parallel_for(0, b * heads * blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(ROWS * n_cols);
     std::vector<uint8_t> probs(ROWS * n_quads), qu8(ROWS * d);
@@ -264,7 +304,35 @@ inline at::Tensor encoder_attention_int8(const at::Tensor& q, const at::Tensor& 
                    op + (win * n + r0) * heads * d + h * d, heads * d, scores.data(), probs.data(), qu8.data());
     }
   });
+}
+
+// q, k, v: (B, N, heads * head_dim) fp32 or bf16, one dtype, the last dimension contiguous, alike (rows may be
+// apart: slices of a fused q/k/v product); head_dim a multiple of QUAD. Returns (B, N, heads * head_dim) in their
+// dtype, contiguous: each head's softmax(q k^T * scale) v over the window's N positions through int8 products (the
+// top of this file).
+inline at::Tensor encoder_attention_int8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         int64_t heads, double scale) {
+  const bool typed = q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16;
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    TORCH_CHECK(typed && t->device().is_cpu() && t->scalar_type() == q.scalar_type() && t->dim() == 3 &&
+                    t->stride(2) == 1 && t->sizes() == q.sizes() && t->stride(1) == q.stride(1) &&
+                    t->stride(0) == q.stride(0),
+                "encoder_attention_int8: q, k, v must be float32 or bfloat16 (B, N, heads * head_dim) alike, the "
+                "last dimension contiguous");
+  }
+  TORCH_CHECK(heads > 0 && q.size(2) % heads == 0 && (q.size(2) / heads) % QUAD == 0, "encoder_attention_int8: ",
+              q.size(2), " columns do not split into ", heads, " heads of a multiple of ", QUAD);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  if (q.size(0) == 0 || q.size(1) == 0) return out;
+  if (q.scalar_type() == at::kFloat) {
+    attend_typed<float>(q, k, v, heads, scale, out);
+  } else {
+    attend_typed<c10::BFloat16>(q, k, v, heads, scale, out);
+  }
   return out;
 }
+
+// The levels this build quantizes with: (query, key, softmax numerator, value) steps (the top of this file).
+inline std::vector<int64_t> levels() { return {QUERY_LEVELS, KEY_LEVELS, PROB_LEVELS, VALUE_LEVELS}; }
 
 }  // namespace cpu_int8_attention

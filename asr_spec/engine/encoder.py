@@ -13,7 +13,8 @@ thin products' loops around a vectorised softmax, 2.5x torch's flash attention o
 blocks of queries measured 3.5-4x slower at whisper-base's shapes in bf16, the softmax over 1,500 keys dominating.
 On a bf16 run of an AVX-512 VNNI CPU without AMX, and in the "int8" precision (fp32 weights: `auto` on an AVX2-only
 CPU), the four linear products of each layer run in int8 instead (`engine/int8.py`: rows quantized by their own
-maximum, one decision, `int8.int8_encoder_usable`).
+maximum, one decision, `int8.int8_encoder_usable`), and the attention through the kernel's int8 products with them
+(`cpu_attention.encoder_attention_int8`, `int8.int8_attention_usable`).
 Stage times and their share of the matmul rate: `python -m benchmarks.bench_encoder` (docs/cpu.md, "Encoder").
 Weights are used as they are, except, in bf16, the convolutions' (d_out, d_in, 3) reordered once into
 (d_out, 3 * d_in) (shared per weight tensor: 1.8 MB for whisper-base).

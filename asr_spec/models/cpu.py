@@ -270,7 +270,8 @@ def encoder_products(device: torch.device, dtype: torch.dtype, int8_asked: bool 
 
 def encoder_attention(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
     """The precision of the encoder's self-attention products: "int8" where `engine.int8.int8_attention_usable`
-    (its one decision: the `INT8` precision's fp32 encoder, `int8_asked`), else the dtype's name."""
+    (its one decision: wherever the encoder's linear products are int8, `encoder_products`), else the dtype's
+    name."""
     from asr_spec.engine.int8 import int8_attention_usable
 
     return INT8 if int8_attention_usable(device, dtype, int8_asked) else dtype_name(dtype)
