@@ -119,7 +119,7 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
 
     import uvicorn
 
-    from asr_spec.serve import openmp
+    from asr_spec.serve import openmp, warm_up
     from asr_spec.serve.app import create_app
     from asr_spec.serve.batcher import Batcher
     from asr_spec.serve.realtime import RealtimeOptions
@@ -130,6 +130,7 @@ def run_server(asr: Transcriber, items, speed: float, rows: int, stream: StreamO
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     app = create_app(batcher, realtime=realtime)
+    warm_up(asr, batcher.batch_size)  # as `asr-spec serve` does before it serves (its rows' memory held from the start)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     # `asr-spec serve` runs the app on the thread that loaded the models, and its lifespan releases that thread's

@@ -312,3 +312,18 @@ def test_a_kept_encoder_output_is_the_one_its_chunk_was_decoded_from():
     for new, old in zip(again, kept, strict=True):
         assert new.avg_logprob == pytest.approx(old.avg_logprob, abs=1e-5)
         assert new.no_speech_prob == pytest.approx(old.no_speech_prob, abs=1e-6)
+
+
+def test_a_warm_up_holds_its_rows_state_and_changes_no_result():
+    # `asr-spec serve` warms its engine up before the first request (`Engine.warm_up`): the state of its rows is
+    # then held (the runs of that many rows decode in it, not in a new one) and what it decodes is unchanged
+    options = DecodeOptions(language="en", max_new_tokens=MAX_NEW)
+    cold = Engine(_target(), drafts("perturbed-shared"), options)
+    warm = Engine(_target(), drafts("perturbed-shared"), options)
+    assert warm.states.held is None
+    warm.warm_up(4)
+    held = warm.states.held
+    assert held is not None and held.n_rows == 4 and held.k == warm._k(4)
+    expected = [r.tokens for r in cold.decode(_features()[:6], batch_size=4)]
+    assert [r.tokens for r in warm.decode(_features()[:6], batch_size=4)] == expected
+    assert warm.states.held is held  # its runs took the warmed state

@@ -452,10 +452,12 @@ def test_build_app_loads_a_model_directory(tmp_path, expected, caplog):
     with caplog.at_level("INFO", logger="asr_spec.serve"):
         app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0,
                         word_timestamps=True)  # what `asr-spec serve --word-timestamps` passes (base chunks by vad)
-    # one notice at start: the model and what it runs on (the CPU class conftest pins)
+    # two notices at start: the model and what it runs on (the CPU class conftest pins), then the engine warmed up
+    # for its rows (`serve.warm_up`), whose state it now holds
     notes = [r.getMessage() for r in caplog.records if getattr(r, "notice", False)]
-    assert len(notes) == 1 and notes[0].startswith(f"serving {target_dir}: cpu avx2, "), notes
+    assert len(notes) == 2 and notes[0].startswith(f"serving {target_dir}: cpu avx2, "), notes
     assert "attention: " in notes[0]
+    assert notes[1].startswith("engine ready: 2 rows, ") and " MB of state, warmed up in " in notes[1], notes
     with TestClient(app) as client:
         assert client.get("/v1/models").json()["data"][0]["id"] == str(target_dir)
         response = post(client, SHORT[0], model=str(target_dir))

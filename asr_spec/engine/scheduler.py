@@ -52,6 +52,11 @@ def _row_prompt(req: ChunkRequest) -> RowPrompt:
     return RowPrompt(tuple(req.prompt), tuple(req.prefix), req.max_new_tokens)
 
 
+# tokens each row of a warm-up generates (`Engine.warm_up`): its admission, then a step or two (a speculative one
+# where the run drafts)
+WARM_UP_TOKENS = 4
+
+
 class Engine:
     """Lossless batched speculative decoding of Whisper chunks (greedy when `draft` is None).
 
@@ -170,6 +175,17 @@ class Engine:
             with self.times.count("encoder", x.device.type == "cpu"):
                 own = list(self.draft_encoder(x))
         return enc, own
+
+    def warm_up(self, batch_size: int = 8) -> None:
+        """One run over `batch_size` windows of zero features, `WARM_UP_TOKENS` tokens each, its results dropped: a
+        long-running server (`asr-spec serve`) then holds from its start what its runs of `batch_size` rows use (the
+        state of that many rows, every row's audio keys/values written, so that its memory is resident, and a batch
+        that cannot fit fails at start saying what fits; the encoder's buffers of a full call), and each product has
+        made what it makes at its first call. Its stage times count in `times` like any run's."""
+        zeros = torch.zeros(self.target.config.num_mel_bins, 2 * self.n_audio_ctx)
+        requests = [ChunkRequest(("warm-up", i), zeros, max_new_tokens=WARM_UP_TOKENS) for i in range(batch_size)]
+        for _ in self.run(requests, batch_size):
+            pass
 
     @torch.inference_mode()
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:

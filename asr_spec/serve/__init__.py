@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["build_app", "run_server"]
+__all__ = ["build_app", "run_server", "warm_up"]
 
 
 def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_requests: int = 32,
@@ -59,7 +59,26 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
                                      extra=NOTICE)
     batcher = Batcher(transcriber, max_requests=max_requests, max_audio_in_flight_s=max_audio_in_flight_s,
                       max_streams=max_streams, group_wait_s=group_wait_s)
+    warm_up(transcriber, batcher.batch_size)
     return create_app(batcher, options, realtime)
+
+
+def warm_up(transcriber: Any, rows: int) -> None:
+    """The engine run once before the first request (`Engine.warm_up`): the server holds its `rows` rows' memory
+    from its start, as servers hold their caches (or fails there, saying what fits, where a request would
+    otherwise fail later), so its memory does not grow with the streams and requests it takes. Measured (whisper-base,
+    bf16, 2 cores of an AVX-512-BF16 EPYC, 8 rows): RSS after start 1,109-1,116 MiB against 823-827, start-up
+    0.5-0.7 s longer, the first request as fast either way. Logs what it took."""
+    import time
+
+    from asr_spec.logs import NOTICE
+
+    started = time.perf_counter()
+    transcriber.engine.warm_up(rows)
+    held = transcriber.engine.states.held
+    logging.getLogger(__name__).info("engine ready: %d rows, %.0f MB of state, warmed up in %.1f s", rows,
+                                     (held.nbytes() if held is not None else 0) / 1e6, time.perf_counter() - started,
+                                     extra=NOTICE)
 
 
 def run_server(preset: str | os.PathLike = "base", *, host: str = "127.0.0.1", port: int = 8000,
