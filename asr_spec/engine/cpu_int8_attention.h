@@ -55,8 +55,8 @@ constexpr int64_t QUAD = 4;            // u8 x s8 products summed into one int32
 #if defined(INT8_VNNI)
 constexpr int32_t KEY_LEVELS = 127;    // k: s8 in [-127, 127]
 constexpr int32_t VALUE_LEVELS = 127;  // v: s8 in [-127, 127]
-// query rows a block: 12 accumulators of 32 registers (whisper-base, one window's layer on 2 cores: 11.1 ms at 12
-// rows, 11.9 at 8; the bf16 kernel 14.6)
+// query rows a block: 12 accumulators of 32 registers (whisper-base, one window's layer on 2 cores: 11.2 ms at 12
+// rows, 11.9 at 8, 17.1 at 4 where each panel load fed too few products; the bf16 kernel 14.7)
 constexpr int64_t ROWS = 12;
 #else
 constexpr int32_t KEY_LEVELS = 63;     // k: s8 in [-63, 63]
@@ -161,7 +161,9 @@ struct Packed {
       cpu_int8::quantize_row(k + i * ld, d, top > 0.0f ? KEY_LEVELS / top : 0.0f, 0,
                              reinterpret_cast<uint8_t*>(row.data()));
       int8_t* panel = keys.data() + (i / COLS) * COLS * d;
-      for (int64_t j = 0; j < key_quads; ++j) std::memcpy(panel + (j * COLS + i % COLS) * QUAD, &row[j * QUAD], QUAD);
+      for (int64_t j = 0; j < key_quads; ++j) {
+        std::memcpy(panel + (j * COLS + i % COLS) * QUAD, &row[j * QUAD], QUAD);
+      }
       for (int64_t j = 0; j < d; ++j) key_sums[i] += row[j];
     }
     std::vector<float> top(d, 0.0f), inv(d);  // values: per channel over the keys
@@ -197,7 +199,9 @@ struct Packed {
     using namespace cpu_attention;
     uint8_t* bytes = reinterpret_cast<uint8_t*>(out);
     const int64_t full = d / L * L;
-    for (int64_t c = 0; c < full; c += L) cpu_int8::store_u8(bytes + c, round_int(vmul(load(x + c), load(inv + c))), 0);
+    for (int64_t c = 0; c < full; c += L) {
+      cpu_int8::store_u8(bytes + c, round_int(vmul(load(x + c), load(inv + c))), 0);
+    }
     for (int64_t c = full; c < d; ++c) out[c] = level(static_cast<float>(x[c]), inv[c]);
   }
 };
@@ -236,8 +240,8 @@ inline int32_t prob_levels(const float* e, int64_t n, uint8_t* p, int64_t padded
 // in q's dtype (fp32 or bf16, rounded to nearest even). scores: ROWS x round_up(n, COLS) fp32; probs: ROWS x
 // value_quads * QUAD u8; qu8: ROWS x d u8.
 template <typename T>
-void attend_block(const Packed& kv, const T* q, int64_t ldq, int64_t rows, float scale, T* out,
-                         int64_t ldo, float* scores, uint8_t* probs, uint8_t* qu8) {
+void attend_block(const Packed& kv, const T* q, int64_t ldq, int64_t rows, float scale, T* out, int64_t ldo,
+                  float* scores, uint8_t* probs, uint8_t* qu8) {
   const int64_t n = kv.n, d = kv.d, n_cols = round_up(n, COLS), n_quads = kv.padded_keys();
   float q_scale[ROWS];
   const uint8_t* qrows[ROWS];
@@ -273,7 +277,8 @@ void attend_block(const Packed& kv, const T* q, int64_t ldq, int64_t rows, float
     for (int64_t r = 0; r < rows; ++r) {
       const float inv = 1.0f / static_cast<float>(sums[r]);
       for (int64_t c = 0; c < cols; ++c) {
-        out[r * ldo + p * COLS + c] = static_cast<T>(static_cast<float>(acc[r * COLS + c]) * kv.value_scales[p * COLS + c] * inv);
+        const float x = static_cast<float>(acc[r * COLS + c]) * kv.value_scales[p * COLS + c] * inv;
+        out[r * ldo + p * COLS + c] = static_cast<T>(x);
       }
     }
   }

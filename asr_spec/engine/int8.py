@@ -86,7 +86,7 @@ def int8_attention_usable(device: torch.device, dtype: torch.dtype, asked: bool 
     encoder once its products were int8 (docs/cpu.md, "The int8 encoder's attention"); the same words as fp32
     attention on the long fixtures. On an AVX-512-BF16 EPYC with VNNI (2 cores) the bf16 kernel's attention was
     about half of the bf16 encoder whose products were int8, and the int8 kernel (8-bit keys and values there:
-    vpdpbusd) attends in 11.1 against 14.6 ms a window's layer, with the same words as the bf16 attention on the
+    vpdpbusd) attends in 11.2 against 14.6 ms a window's layer, with the same words as the bf16 attention on the
     long fixtures (docs/cpu.md, "The bf16 encoder's attention in int8 with VNNI")."""
     return not cpu_attention.switched_on(ATTENTION_ENV) and int8_encoder_usable(device, dtype, asked)
 
