@@ -33,8 +33,9 @@ for each N (--configs picks a subset, e.g. fw,default for the end-to-end compari
 
 The process's malloc is pinned as `asr-spec transcribe` pins it (`asr_spec.allocator`; --plain-malloc leaves it).
 Beside the table, each asr-spec row's stage times on a CPU (`Engine.times`: encoder, decode steps, ms per step,
-admissions, the rest: audio, voice activity, log-mel, scheduling, stitching) and its steps' time against
-greedy's at the same N.
+admissions, the rest: audio, voice activity, log-mel, scheduling, stitching), its steps' time against
+greedy's at the same N, and the bound its tokens a target pass put on its speed-up over greedy were each of its
+steps as cheap as a greedy step (`bench_report.speculation_bound`).
 
 Target: --preset (default base: the offline whisper-base). Draft: the preset's when it has one, else a decoder
 cut from the target (--draft-layers, default 0,1,2,3,4), which the output says. Every configuration is warmed up

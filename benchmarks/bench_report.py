@@ -83,7 +83,21 @@ def _stages(result: Result, greedy: Result | None) -> dict[str, float] | None:
     out["ms_per_step"] = 1000 * out["steps_s"] / out["steps"] if out["steps"] else None
     base = greedy.stages if greedy is not None else None
     out["steps_vs_greedy"] = base["steps_s"] / out["steps_s"] if base and out["steps_s"] else None
+    out["bound_vs_greedy"] = (speculation_bound(greedy.wall_s, base["steps_s"], result.tokens_per_target_pass)
+                              if base and greedy.wall_s and result.tokens_per_target_pass else None)
     return out
+
+
+def speculation_bound(greedy_wall_s: float, greedy_steps_s: float, tokens_per_pass: float) -> float:
+    """The most a draft giving `tokens_per_pass` tokens a target pass can speed a run up over greedy decoding
+    (greedy's wall time and its decode steps' share of it, measured): were each speculative step as cheap as a
+    greedy step (a free draft, a verify pass costing a 1-token step), the steps would take greedy's time over
+    tokens_per_pass, and nothing else (encoder, admissions, the rest) would change. Free steps
+    (tokens_per_pass -> inf) bound it by greedy_wall_s / (greedy_wall_s - greedy_steps_s)."""
+    if not 0 <= greedy_steps_s < greedy_wall_s or tokens_per_pass < 1:
+        raise ValueError(f"need 0 <= steps < wall and tokens a pass >= 1, got {greedy_steps_s}, {greedy_wall_s}, "
+                         f"{tokens_per_pass}")
+    return greedy_wall_s / (greedy_wall_s - greedy_steps_s + greedy_steps_s / tokens_per_pass)
 
 
 def _stage_line(row: dict[str, Any]) -> str | None:
@@ -92,17 +106,19 @@ def _stage_line(row: dict[str, Any]) -> str | None:
         return None
     return (f"{row['batch_size']:>3}  {LABELS[row['config']]:<30} {row['wall_s']:7.2f} {stages['encoder_s']:9.2f} "
             f"{stages['steps_s']:8.2f} {stages['steps']:6d} {_fmt(stages['ms_per_step'], '8.1f')} "
-            f"{stages['admit_s']:7.2f} {stages['rest_s']:7.2f}  {_fmt(stages['steps_vs_greedy'], '6.2f')}")
+            f"{stages['admit_s']:7.2f} {stages['rest_s']:7.2f}  {_fmt(stages['steps_vs_greedy'], '15.2f')}"
+            f"  {_fmt(stages['bound_vs_greedy'], '13.2f')}")
 
 
 def stage_table(rows: list[dict[str, Any]]) -> str:
     """The asr-spec rows' stage times (CPU runs; empty where none has them): encoder, decode steps, admissions,
-    the rest."""
+    the rest; greedy's steps over this row's, and the bound its tokens a target pass put on its speed-up over
+    greedy (`speculation_bound`: each step as cheap as a greedy step)."""
     lines = [line for line in map(_stage_line, rows) if line is not None]
     if not lines:
         return ""
     head = (f"{'N':>3}  {'configuration':<30} {'wall s':>7} {'encoder s':>9} {'steps s':>8} {'steps':>6} "
-            f"{'ms/step':>8} {'admit s':>7} {'rest s':>7}  steps: (3)/this")
+            f"{'ms/step':>8} {'admit s':>7} {'rest s':>7}  steps: (3)/this  bound vs (3)")
     return "\n".join([head, "-" * len(head), *lines])
 
 

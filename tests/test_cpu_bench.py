@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine, memory
 from asr_spec.engine.stats import StageTimes
-from benchmarks.bench_report import Result, stage_table, table
+from benchmarks.bench_report import Result, speculation_bound, stage_table, table
 
 
 def test_stage_times_count_only_where_enabled():
@@ -50,8 +51,10 @@ def test_a_cpu_engine_encodes_at_most_a_few_windows_a_call():
 
 
 def test_the_stage_table_gives_the_rest_and_the_ratio_to_greedy():
-    greedy = Result("greedy", 8, 10.0, ["a"], stages={"encoder_s": 2.0, "steps_s": 6.0, "steps": 100})
-    spec = Result("spec", 8, 7.0, ["a"], stages={"encoder_s": 2.0, "steps_s": 3.0, "steps": 30, "admit_s": 0.5})
+    greedy = Result("greedy", 8, 10.0, ["a"], tokens_per_target_pass=1.0,
+                    stages={"encoder_s": 2.0, "steps_s": 6.0, "steps": 100})
+    spec = Result("spec", 8, 7.0, ["a"], tokens_per_target_pass=3.0,
+                  stages={"encoder_s": 2.0, "steps_s": 3.0, "steps": 30, "admit_s": 0.5})
     fw = Result("fw", 8, 5.0, ["a"])
     _, rows = table([greedy, spec, fw], 60.0, [None])
     by = {row["config"]: row["stages"] for row in rows}
@@ -59,5 +62,18 @@ def test_the_stage_table_gives_the_rest_and_the_ratio_to_greedy():
     # the rest is what neither the encoder, the steps nor the admissions took (none counted: 0)
     assert by["spec"]["rest_s"] == 1.5 and by["greedy"]["rest_s"] == 2.0 and by["spec"]["ms_per_step"] == 100.0
     assert by["spec"]["steps_vs_greedy"] == 2.0 and by["greedy"]["steps_vs_greedy"] == 1.0
+    # 3 tokens a pass at a greedy step's cost: greedy's 6 s of steps in 2 s, its other 4 s as they were
+    assert by["spec"]["bound_vs_greedy"] == pytest.approx(10.0 / 6.0) and by["greedy"]["bound_vs_greedy"] == 1.0
     text = stage_table(rows)
     assert len(text.splitlines()) == 4 and "(4) asr-spec speculative" in text and "faster-whisper" not in text
+
+
+def test_the_speculation_bound_is_amdahls_over_the_steps():
+    assert speculation_bound(10.0, 0.0, 4.0) == 1.0  # nothing to speed up
+    assert speculation_bound(10.0, 5.0, 1.0) == 1.0  # one token a pass: a greedy step
+    assert speculation_bound(6.6, 2.4, 3.28) == pytest.approx(6.6 / (4.2 + 2.4 / 3.28))
+    # more tokens a pass approach, never reach, the bound of free steps: wall / (wall - steps)
+    assert speculation_bound(10.0, 4.0, 3.0) < speculation_bound(10.0, 4.0, 1e9) < 10.0 / 6.0
+    for bad in ((10.0, 10.0, 3.0), (10.0, -1.0, 3.0), (10.0, 4.0, 0.5)):
+        with pytest.raises(ValueError):
+            speculation_bound(*bad)

@@ -70,9 +70,11 @@ void values_pairs(const Group& g, const bf16* values, int64_t stride, int64_t d,
   const int64_t full_min = whole_blocks_of_all<NQ>(g, L2);
   const int64_t full_max = g.n_max / L2 * L2;
   pairs v[RV];
-  for (int64_t j = 0; j < full_max; j += L2) {
+  const int64_t far = sweep_ahead(RV, stride * static_cast<int64_t>(sizeof(bf16)));
+  for (int64_t j = 0; j < full_max; j += L2) {  // a block of L2 keys, 64 bytes: one line a row
     for (int r = 0; r < RV; ++r) v[r] = load_pairs(rows[r] + j);
     for (int r = 0; r < RV; ++r) prefetch(rows[r] + j, AHEAD);
+    for (int r = 0; r < RV; ++r) prefetch_l2(rows[r] + j, far);
     for (int i = 0; i < NQ; ++i) {
       if (j >= full_min && j + L2 > g.n[i]) continue;
       const pairs p = load_pairs(g.p_pairs[i] + j);

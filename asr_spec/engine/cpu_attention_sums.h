@@ -19,16 +19,6 @@
 
 namespace cpu_attention {
 
-// How far ahead a (head_dim, n_keys) stream's lines are also asked for into L2: the same keys of the rows the next
-// sweep reads (`rows` rows of head_dim a sweep, `row_bytes` apart), at most SWEEP_AHEAD_MAX bytes on. Measured on
-// an AVX2-only EPYC (2 threads, 8 rows x 6 layers of whisper-base's audio keys/values, the streams' L1 prefetch
-// alone before): int8 1.25x at 1 query a row, 1.16x at 4; bf16 1.1-1.2x; fp32 even at 1 query, 1.1x at 4 (its next
-// sweep 48 KB on, 0.9x at 1 query there: hence the cap) (docs/cpu.md, "The int8 precision's audio keys/values").
-constexpr int64_t SWEEP_AHEAD_MAX = 24 * 1024;  // bytes
-inline int64_t sweep_ahead(int64_t rows, int64_t row_bytes) {
-  return std::min(rows * row_bytes, SWEEP_AHEAD_MAX);
-}
-
 // Queries of one row and head computed together (`Group`): each key and value block is loaded once for all of
 // them. A query's arithmetic is the same whatever its group (the blocks past its own count it does not use).
 constexpr int64_t G = 4;  // queries a group
