@@ -8,6 +8,7 @@ import contextlib
 import copy
 import importlib
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,17 @@ EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
 # how long a test waits for a server or a thread to reach a state it polls for: a deadline, not a count of polls, so
 # that a loaded or slow machine gets as long as a quiet one (the wait ends as soon as the state is reached)
 WAIT_S = 60.0
+
+
+def simde_headers() -> bool:
+    """Whether g++ finds SIMDe's AVX-512 header (Debian's libsimde-dev), which an emulated AVX-512 build of the
+    kernels includes (`cpu_attention.target_options`)."""
+    try:
+        found = subprocess.run(["g++", "-E", "-x", "c++", "-"], input="#include <simde/x86/avx512.h>\n",
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return found.returncode == 0
 
 
 def wait_until(ready: Callable[[], bool], timeout_s: float = WAIT_S, interval_s: float = 0.01) -> bool:

@@ -232,12 +232,14 @@ def test_cpuinfo_flags_are_its_flags_line_read_once(monkeypatch, tmp_path):
 
 def test_forced_avx512_flags_this_cpu_lacks_build_its_paths_emulated():
     """Flags forced to an AVX-512 CPU's on a CPU without AVX-512 build the kernel's AVX-512 paths through SIMDe
-    (tests/test_native_kernels.py runs them), with the BF16 instructions only where the flags name avx512_bf16; a
-    CPU with AVX-512 builds its own."""
+    (tests/test_native_kernels.py runs them), with the BF16 and VNNI instructions only where the flags name
+    avx512_bf16 and avx512_vnni; a CPU with AVX-512 builds its own."""
     avx2 = "fma f16c avx avx2 bmi1 bmi2"
     emulated = ("-march=x86-64-v3", "-Wno-psabi", "-DCPU_KERNELS_EMULATE_AVX512")
     assert cpu_attention.target_options(avx2 + " avx512f avx512bw", forced=True, own=avx2) == emulated
     assert cpu_attention.target_options(avx2 + " avx512f avx512bw avx512_bf16", forced=True, own=avx2) == (
         *emulated, "-DCPU_KERNELS_EMULATE_AVX512_BF16")
+    assert cpu_attention.target_options(avx2 + " avx512f avx512bw avx512_vnni avx512_bf16", forced=True, own=avx2) == (
+        *emulated, "-DCPU_KERNELS_EMULATE_AVX512_BF16", "-DCPU_KERNELS_EMULATE_AVX512_VNNI")
     assert cpu_attention.target_options(avx2 + " avx512f", forced=True, own=avx2) == ("-march=native",)
     assert cpu_attention.target_options(avx2 + " avx512f avx512bw", forced=False, own=avx2) == ("-march=native",)

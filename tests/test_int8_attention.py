@@ -1,13 +1,17 @@
 """The int8 encoder's self-attention (`cpu_int8_attention.h`, `int8.int8_attention_usable`): the kernel against
 its definition (the levels this build quantizes with, in float64) from fp32 and from bf16 inputs, against fp32
 attention within int8's rounding, a window's output independent of the windows beside it, ragged sizes and strided
-inputs, what it refuses, the one decision where it runs, and the int8 encoders (fp32 and bf16) taking it."""
+inputs, what it refuses, the one decision where it runs, and the int8 encoders (fp32 and bf16) taking it; the AVX-512
+VNNI path built emulated on any CPU against its definition."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import UNPINNED_ENV, simde_headers
 
 from asr_spec.engine import cpu_attention, int8
 from asr_spec.engine.encoder import Encoder
@@ -26,12 +30,13 @@ def _levels(x: torch.Tensor, levels: int, dim: int) -> tuple[torch.Tensor, torch
     return torch.round(x.float() * inv).double(), scale
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, scale: float) -> torch.Tensor:
-    """The kernel's definition in float64 at the levels this build quantizes with (`int8_attention_levels`: keys
-    and values in 8 bits with AVX-512 VNNI, 7 without): q per query and head, k per key and head, the softmax
-    numerators rounded to 1 / 255, v per channel and head over the window's keys; out = sum p v / sum p.
-    (B, N, heads * d) each -> (B, N, heads * d)"""
-    query, key, prob, value = cpu_attention.int8_attention_levels()
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, scale: float,
+              levels: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """The kernel's definition in float64 at `levels` (query, key, numerator, value; None: those this build
+    quantizes with, `int8_attention_levels`: keys and values in 8 bits with AVX-512 VNNI, 7 without): q per query
+    and head, k per key and head, the softmax numerators rounded to 1 / 255, v per channel and head over the
+    window's keys; out = sum p v / sum p. (B, N, heads * d) each -> (B, N, heads * d)"""
+    query, key, prob, value = levels or cpu_attention.int8_attention_levels()
     b, n, width = q.shape
     q, k, v = (t.double().reshape(b, n, heads, width // heads).transpose(1, 2) for t in (q, k, v))
     (qi, qs), (ki, ks), (vi, vs) = _levels(q, query, -1), _levels(k, key, -1), _levels(v, value, -2)
@@ -50,18 +55,49 @@ def _qkv(b: int, n: int, width: int, seed: int = 0) -> tuple[torch.Tensor, torch
     return fused.split(width, -1)
 
 
-@pytest.mark.parametrize("b, n, heads, width", [(2, 37, 2, 32), (1, 5, 1, 64), (3, 130, 4, 256), (1, 1, 2, 8)])
-def test_the_kernel_is_its_definition(kernel, b, n, heads, width):
+SHAPES = [(2, 37, 2, 32), (1, 5, 1, 64), (3, 130, 4, 256), (1, 1, 2, 8)]  # b, n, heads, width
+
+
+def _is_its_definition(attend, b: int, n: int, heads: int, width: int,
+                       levels: tuple[int, int, int, int] | None = None) -> None:
+    """`attend` (an `encoder_attention_int8`) against `reference` at `levels`, on `_qkv`'s inputs of these shapes."""
     q, k, v = _qkv(b, n, width)
-    out = cpu_attention.encoder_attention_int8(q, k, v, heads, 0.125)
+    out = attend(q, k, v, heads, 0.125)
     assert out.shape == q.shape and out.dtype == torch.float32 and out.is_contiguous()
-    expected = reference(q, k, v, heads, 0.125)
+    expected = reference(q, k, v, heads, 0.125, levels)
     # the integer sums are exact; a numerator on a rounding tie (the fp32 exp against float64's) may move one
     # level of 1 / 255, i.e. the output by at most the largest value / 255
-    prob = cpu_attention.int8_attention_levels()[2]
+    prob = (levels or cpu_attention.int8_attention_levels())[2]
     err = (out.double() - expected).abs()
     assert err.max() <= v.abs().max() / prob
     assert err.mean() <= 1e-4 * v.abs().max()
+
+
+@pytest.mark.parametrize("b, n, heads, width", SHAPES)
+def test_the_kernel_is_its_definition(kernel, b, n, heads, width):
+    _is_its_definition(cpu_attention.encoder_attention_int8, b, n, heads, width)
+
+
+def test_the_vnni_path_built_emulated_is_its_definition_at_eight_bits(kernel):
+    """The AVX-512 VNNI path (`vpdpbusd` over 12 query rows, 8-bit keys and values: what AVX-512-VNNI EPYCs and AMX
+    Xeons run) built with every AVX-512 instruction emulated through SIMDe (`cpu_attention.emulated_macros`), so
+    that a machine without VNNI tests it too. Once, in the suite's pinned run (the kernel runs of
+    tests/test_native_kernels.py would only build it again); where a VNNI CPU runs it natively, the native build
+    gave the same outputs bit for bit (docs/cpu.md)."""
+    if os.environ.get(UNPINNED_ENV) == "1":
+        pytest.skip("built once, in the suite's pinned run")
+    if not simde_headers():
+        pytest.skip("SIMDe's headers (libsimde-dev) are not installed: the AVX-512 paths cannot be emulated here")
+    macros = cpu_attention.emulated_macros({"avx512f", "avx512bw", "avx512_bf16", "avx512_vnni"})
+    emulated = cpu_attention.load(f"{cpu_attention.build_name()}_vnni_emulated", macros)
+    levels = tuple(emulated.int8_attention_levels())
+    assert levels == (127, 127, 255, 127)
+    for shape in SHAPES:
+        _is_its_definition(emulated.encoder_attention_int8, *shape, levels=levels)
+    # bf16 inputs: the same integers and fp32 steps, the output rounded once
+    q, k, v = (t.bfloat16() for t in _qkv(3, 130, 256, seed=4))
+    widened = emulated.encoder_attention_int8(q.float(), k.float(), v.float(), 4, 0.125)
+    assert torch.equal(emulated.encoder_attention_int8(q, k, v, 4, 0.125), widened.bfloat16())
 
 
 @pytest.mark.parametrize("b, n, heads, width", [(2, 37, 2, 32), (3, 130, 4, 256), (1, 1, 2, 8)])
@@ -80,8 +116,9 @@ def test_its_levels_follow_the_instruction_set(kernel):
     # pair sums must not saturate: 2 x 255 x 63); queries and numerators 8-bit everywhere
     query, key, prob, value = cpu_attention.int8_attention_levels()
     assert (query, prob) == (127, 255) and key == value and key in (63, 127)
-    own = cpu_attention._cpuinfo_flags(cpu_attention.CPUINFO).split()
-    assert (key == 127) == ("-march=native" in cpu_attention._target() and "avx512_vnni" in own)
+    own, target = cpu_attention._cpuinfo_flags(cpu_attention.CPUINFO).split(), cpu_attention._target()
+    vnni = ("-march=native" in target and "avx512_vnni" in own) or "-DCPU_KERNELS_EMULATE_AVX512_VNNI" in target
+    assert (key == 127) == vnni
 
 
 def test_the_kernel_is_near_fp32_attention_within_int8s_rounding(kernel):

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import UNPINNED_ENV
+from conftest import UNPINNED_ENV, simde_headers
 
 from asr_spec.engine import cpu_attention
 
@@ -56,16 +56,6 @@ def test_the_kernels_built_for_this_cpu_pass_their_tests(monkeypatch):
     _kernel_tests(None)
 
 
-def _simde_headers() -> bool:
-    """Whether g++ finds SIMDe's AVX-512 header (Debian's libsimde-dev), which the emulated build includes."""
-    try:
-        found = subprocess.run(["g++", "-E", "-x", "c++", "-"], input="#include <simde/x86/avx512.h>\n",
-                               capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return found.returncode == 0
-
-
 @pytest.mark.parametrize("kind", sorted(EMULATED))
 def test_the_kernels_avx512_paths_emulated_pass_their_tests(monkeypatch, kind):
     """On a CPU without AVX-512 (where the native test above is skipped): the kernels as an AVX-512 CPU (with
@@ -75,6 +65,6 @@ def test_the_kernels_avx512_paths_emulated_pass_their_tests(monkeypatch, kind):
         pytest.skip("this CPU builds its own AVX-512 paths (the native test runs them)")
     if "avx2" not in own:
         pytest.skip("the emulated build targets an AVX2 CPU (x86-64-v3)")
-    if not _simde_headers():
+    if not simde_headers():
         pytest.skip("SIMDe's headers (libsimde-dev) are not installed: the AVX-512 paths cannot be emulated here")
     _kernel_tests(EMULATED[kind])

@@ -98,16 +98,24 @@ def target_options(flags: str, forced: bool, own: str) -> tuple[str, ...]:
     """g++'s target options for a kernel built for `flags` (`cpu_flags()`): this CPU's own (-march=native) unless
     they are forced (`FLAGS_ENV`) to another kind's. Forced to an AVX2 machine's (no avx512f, as `--emulate-isa
     avx2` gives them): -march=x86-64-v3, so that an emulated AVX2 run times the kernel an AVX2-only CPU builds.
-    Forced to AVX-512 (avx512f and avx512bw, with avx512_bf16 or not) that this CPU's own flags `own` lack: x86-64-v3
-    with the AVX-512 paths emulated through SIMDe (`cpu_emulated_avx512.h`, libsimde-dev): slow, for tests only
-    (tests/test_native_kernels.py), so that an AVX2 machine runs the code an AVX-512 CPU builds."""
+    Forced to AVX-512 (avx512f and avx512bw, with avx512_bf16 and avx512_vnni or not) that this CPU's own flags
+    `own` lack: x86-64-v3 with the AVX-512 paths emulated through SIMDe (`cpu_emulated_avx512.h`, libsimde-dev;
+    `emulated_macros`): slow, for tests only (tests/test_native_kernels.py), so that an AVX2 machine runs the code
+    an AVX-512 CPU builds."""
     names, own_names = set(flags.replace(":", " ").split()), set(own.replace(":", " ").split())
     if not forced:
         return ("-march=native",)
     if AVX512 <= names and "avx512f" not in own_names:
-        bf16 = ("-DCPU_KERNELS_EMULATE_AVX512_BF16",) if "avx512_bf16" in names else ()
-        return ("-march=x86-64-v3", "-Wno-psabi", "-DCPU_KERNELS_EMULATE_AVX512", *bf16)
+        return ("-march=x86-64-v3", "-Wno-psabi", *(f"-D{macro}" for macro in emulated_macros(names)))
     return ("-march=x86-64-v3",) if "avx2" in names and "avx512f" not in names else ("-march=native",)
+
+
+def emulated_macros(names: set[str] | frozenset[str]) -> tuple[str, ...]:
+    """The macros of a build emulating AVX-512 through SIMDe (`cpu_emulated_avx512.h`) for a CPU with the flags
+    `names`: its F / BW paths, and its BF16 (vdpbf16ps) and VNNI (vpdpbusd: `cpu_int8_attention.h`) ones where the
+    flags claim them (`load`'s defines, or -D options)."""
+    extra = {"avx512_bf16": "CPU_KERNELS_EMULATE_AVX512_BF16", "avx512_vnni": "CPU_KERNELS_EMULATE_AVX512_VNNI"}
+    return ("CPU_KERNELS_EMULATE_AVX512", *(macro for flag, macro in extra.items() if flag in names))
 
 
 def _target() -> tuple[str, ...]:

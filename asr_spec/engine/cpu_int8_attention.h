@@ -41,8 +41,10 @@
 #include "cpu_encoder_attention.h"
 #include "cpu_int8.h"
 
-// AVX-512 VNNI where the compiler targets it (-march=native on such a CPU; an emulated AVX-512 build has none)
-#if defined(__AVX512VNNI__) && defined(__AVX512F__) && !defined(CPU_KERNELS_EMULATE_AVX512)
+// AVX-512 VNNI where the compiler targets it (-march=native on such a CPU), or where an emulated AVX-512 build
+// emulates it too (CPU_KERNELS_EMULATE_AVX512_VNNI: `cpu_attention.emulated_macros`, tests/test_int8_attention.py)
+#if (defined(__AVX512VNNI__) && defined(__AVX512F__) && !defined(CPU_KERNELS_EMULATE_AVX512)) || \
+    (defined(CPU_KERNELS_EMULATE_AVX512) && defined(CPU_KERNELS_EMULATE_AVX512_VNNI))
 #define INT8_VNNI 1
 #endif
 
