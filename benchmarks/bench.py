@@ -128,13 +128,21 @@ def load_clips(audio: Sequence[str] | None, limit: int | None, refs: Sequence[st
     return clips[:limit] if limit is not None else clips
 
 
+def default_plan(preset: Any, device_type: str, dtype: str | None, cpu: Any = None) -> Any:
+    """The preset-default column's draft decision: `plan_models`' for this device and the run's dtype (--dtype,
+    None: the preset's), as `Transcriber.from_preset(dtype=...)` decides it (a dtype's decode class sets the rows
+    the draft decodes: `--dtype int8` on an AVX-512-BF16 CPU is the int8 class's, not bf16's); cpu: as
+    `plan_models`'."""
+    return plan_models(preset, device_type, {"dtype": dtype} if dtype is not None else None, cpu=cpu)
+
+
 def load_models(args: argparse.Namespace) -> Models:
     """The target and the draft, loaded once, and the three asr-spec configurations over them.
 
     Both decisions are plan_models': the speculative column asks for the preset's draft in every run on any
     device (`every_run`, as eval --compare-greedy does); without a preset draft it uses a decoder cut from the
-    target (--draft-layers). The preset-default column is plan_models' decision without overrides, on this device,
-    applied to the models already loaded."""
+    target (--draft-layers). The preset-default column is `default_plan`'s decision, applied to the models already
+    loaded."""
     preset = load_preset(args.preset)
     asked = plan_models(preset, resolve_device(args.device).type, every_run=True)
     overrides: dict[str, Any] = {"draft": asked.draft}
@@ -154,7 +162,7 @@ def load_models(args: argparse.Namespace) -> Models:
                 f"{target.config.decoder_layers} (preset {args.preset} has no draft; not a trained draft)")
     greedy = Transcriber(target, None, processor, loaded.options, device)
     spec = Transcriber(target, draft, processor, loaded.options, device)
-    plan = plan_models(preset, device.type)
+    plan = default_plan(preset, device.type, args.dtype)
     if plan.draft is None:
         default = greedy
     else:

@@ -8,6 +8,9 @@ from conftest import tiny_target
 
 from asr_spec.engine import DecodeOptions, Engine, memory
 from asr_spec.engine.stats import StageTimes
+from asr_spec.models.cpu import CpuCapabilities
+from asr_spec.models.presets import load_preset
+from benchmarks.bench import default_plan
 from benchmarks.bench_report import Result, speculation_bound, stage_table, table
 
 
@@ -77,3 +80,12 @@ def test_the_speculation_bound_is_amdahls_over_the_steps():
     for bad in ((10.0, 10.0, 3.0), (10.0, -1.0, 3.0), (10.0, 4.0, 0.5)):
         with pytest.raises(ValueError):
             speculation_bound(*bad)
+
+
+def test_the_preset_default_column_decides_the_draft_for_the_runs_dtype():
+    """benchmarks/bench.py's (7) with --dtype: the draft decodes the rows that dtype's class gives it, as the CLI
+    decides (an AVX-512-BF16 CPU: bf16 runs of 8 rows, the int8 precision's 1, fp32's 4), not the preset dtype's."""
+    base, cpu = load_preset("base"), CpuCapabilities(avx512_bf16=True, avx512_vnni=True, avx2=True)
+    assert default_plan(base, "cpu", None, cpu=cpu).draft_max_rows == 8  # the preset's auto: bf16 here
+    assert default_plan(base, "cpu", "int8", cpu=cpu).draft_max_rows == 1
+    assert default_plan(base, "cpu", "float32", cpu=cpu).draft_max_rows == 4
