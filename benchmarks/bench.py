@@ -67,9 +67,9 @@ from asr_spec import ChunkStats, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import AsrSpecError, one_line
 from asr_spec.eval.librispeech import iter_local
-from asr_spec.models.cpu import precision_line, run_of, run_precision
+from asr_spec.models.cpu import CpuCapabilities, precision_line, run_of, run_precision
 from asr_spec.models.loading import decoder_draft, resolve_device
-from asr_spec.models.presets import load_preset, plan_models
+from asr_spec.models.presets import ModelPlan, Preset, load_preset, plan_models
 from asr_spec.transcribe.options import TranscribeOptions
 from benchmarks import malloc
 from benchmarks.bench_fw import FwRunner
@@ -128,7 +128,8 @@ def load_clips(audio: Sequence[str] | None, limit: int | None, refs: Sequence[st
     return clips[:limit] if limit is not None else clips
 
 
-def default_plan(preset: Any, device_type: str, dtype: str | None, cpu: Any = None) -> Any:
+def default_plan(preset: Preset, device_type: str, dtype: str | None,
+                 cpu: CpuCapabilities | None = None) -> ModelPlan:
     """The preset-default column's draft decision: `plan_models`' for this device and the run's dtype (--dtype,
     None: the preset's), as `Transcriber.from_preset(dtype=...)` decides it (a dtype's decode class sets the rows
     the draft decodes: `--dtype int8` on an AVX-512-BF16 CPU is the int8 class's, not bf16's); cpu: as
