@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import importlib
 import os
 import subprocess
@@ -35,9 +36,11 @@ EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
 WAIT_S = 60.0
 
 
+@functools.cache
 def simde_headers() -> bool:
     """Whether g++ finds SIMDe's AVX-512 header (Debian's libsimde-dev), which an emulated AVX-512 build of the
-    kernels includes (`cpu_attention.target_options`)."""
+    kernels includes (`cpu_attention.target_options`); asked of g++ once a process (each emulated build's test
+    asks)."""
     try:
         found = subprocess.run(["g++", "-E", "-x", "c++", "-"], input="#include <simde/x86/avx512.h>\n",
                                capture_output=True, text=True, timeout=60)
