@@ -350,10 +350,13 @@ inline vec exp_nonpositive(vec x) {
   return vmul(p, pow2(n));
 }
 
+// |a| lane by lane, as max(a, -a)
+inline vec vabs(vec a) { return vmax(a, vsub(zero(), a)); }
+
 // GELU(x) = x / 2 * (1 + erf(x / sqrt 2)), erf by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7):
 // 1 - erf(z) = t (a1 + t (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + p z), for z = |x| / sqrt 2; erf's sign by x's.
 inline vec gelu_erf(vec x) {
-  const vec z = vmul(vmax(x, vsub(zero(), x)), set1(0.70710678118654752f));
+  const vec z = vmul(vabs(x), set1(0.70710678118654752f));
   const vec t = vdiv(set1(1.0f), vfma(set1(0.3275911f), z, set1(1.0f)));
   vec poly = set1(1.061405429f);
   poly = vfma(poly, t, set1(-1.453152027f));

@@ -34,7 +34,7 @@ float abs_max(const T* p, int64_t n) {
   const int64_t full = n / L * L;
   for (int64_t i = 0; i < full; i += L) {
     const vec a = load(p + i);
-    top = vmax(top, vmax(a, vsub(zero(), a)));
+    top = vmax(top, vabs(a));
   }
   float out = reduce(top, true);
   for (int64_t i = full; i < n; ++i) {

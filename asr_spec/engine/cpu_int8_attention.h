@@ -189,7 +189,7 @@ struct Packed {
     const int64_t full = d / L * L;
     for (int64_t c = 0; c < full; c += L) {
       const vec a = load(x + c);
-      store(top + c, vmax(load(top + c), vmax(a, vsub(zero(), a))));
+      store(top + c, vmax(load(top + c), vabs(a)));
     }
     for (int64_t c = full; c < d; ++c) top[c] = std::fmax(top[c], std::fabs(static_cast<float>(x[c])));
   }
