@@ -75,15 +75,30 @@ def test_fp32_queries_over_int8_keys_are_fp32_attention_over_their_scaled_values
             assert torch.equal(alone.view(-1), out[row, i])
 
 
-def test_keys_in_another_dtype_than_the_queries_allow_only_bf16_or_int8_under_fp32():
+@pytest.mark.parametrize("positions_contiguous", [True, False])
+@pytest.mark.parametrize("t", [1, 4])
+def test_bf16_queries_over_int8_keys_are_the_fp32_queries_output_rounded_once(t, positions_contiguous):
+    # a bf16 decoder's int8 audio (`int8.audio_dtype`): its queries widened exactly, the fp32 queries' arithmetic
+    gen = torch.Generator().manual_seed(20 + t)
+    b, s = 3, 203
+    q = torch.randn(b, t, H, D, generator=gen).bfloat16()
+    stored, scales, _ = _int8_store(gen, b, s, positions_contiguous)
+    n_seen = torch.randint(1, s + 1, (b, t), generator=gen, dtype=torch.int32)
+    out = cpu_attention.attend(q, stored[0], stored[1], n_seen, 0.125, scales[0], scales[1])
+    wide = cpu_attention.attend(q.float(), stored[0], stored[1], n_seen, 0.125, scales[0], scales[1])
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, wide.bfloat16())
+
+
+def test_keys_in_another_dtype_than_the_queries_allow_only_bf16_or_int8_under_fp32_or_int8_under_bf16():
     q = torch.randn(1, 1, H, D).bfloat16()
     keys = torch.randn(1, H, 10, D)
-    with pytest.raises(RuntimeError, match="bfloat16 or int8 under float32 queries"):
+    with pytest.raises(RuntimeError, match="bfloat16 or int8 under float32 queries, or int8 under bfloat16"):
         cpu_attention.attend(q, keys, keys, None, 1.0)
     with pytest.raises(RuntimeError, match="bfloat16 or int8 under float32 queries"):
         cpu_attention.attend(q.float(), keys.bfloat16(), keys, None, 1.0)  # keys and values apart
     with pytest.raises(RuntimeError, match="bfloat16 or int8 under float32 queries"):
-        cpu_attention.attend(q, keys.to(torch.int8), keys.to(torch.int8), None, 1.0)
+        cpu_attention.attend(q, keys.to(torch.int8), keys.bfloat16(), None, 1.0)
 
 
 def test_int8_keys_take_their_scales_and_only_they_do():
@@ -116,16 +131,21 @@ def test_the_decision(monkeypatch):
     monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
     assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.int8
     assert int8.audio_dtype(CPU, torch.float32) == torch.float32  # --dtype float32: fp32 audio
-    assert int8.audio_dtype(CPU, torch.bfloat16, asked=True) == torch.bfloat16  # a bf16 decoder's own
+    for asked in (True, False):  # a bf16 decoder, in any precision: int8
+        assert int8.audio_dtype(CPU, torch.bfloat16, asked=asked) == torch.int8
+    assert int8.audio_dtype(CPU, torch.float16) == torch.float16  # no kernel for fp16: its own
     assert int8.audio_dtype(torch.device("cuda"), torch.float32, asked=True) == torch.float32
+    assert int8.audio_dtype(torch.device("cuda"), torch.bfloat16) == torch.bfloat16
     monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")
     assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.bfloat16
+    assert int8.audio_dtype(CPU, torch.bfloat16) == torch.bfloat16
     monkeypatch.setenv(int8.AUDIO_ENV, "1")
     assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.float32
     monkeypatch.delenv(int8.AUDIO_ENV)
     monkeypatch.delenv(int8.INT8_AUDIO_ENV)
     monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")  # torch's products would not take int8 or bf16 audio
     assert int8.audio_dtype(CPU, torch.float32, asked=True) == torch.float32
+    assert int8.audio_dtype(CPU, torch.bfloat16) == torch.bfloat16
 
 
 def test_the_weights_decision(monkeypatch):

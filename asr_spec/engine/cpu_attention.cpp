@@ -189,7 +189,7 @@ void check_scales(const at::Tensor& keys, const std::optional<at::Tensor>& key_s
 // contiguous (any other strides: views of a cache); n_seen: (B, T) int32, each in [1, S]: query t of row b attends
 // to keys [0, n_seen[b, t]); key_scales, value_scales: int8 keys/values only (`check_scales`), their channels' scales.
 // Returns (B, T, H, head_dim) contiguous in q's dtype (float32 or bfloat16; keys and values the same dtype, or
-// bfloat16 or int8 under float32 queries).
+// bfloat16 or int8 under float32 queries, or int8 under bfloat16 queries: those widened to fp32 for them).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& n_seen,
                   double scale, const std::optional<at::Tensor>& key_scales,
                   const std::optional<at::Tensor>& value_scales) {
@@ -198,8 +198,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   TORCH_CHECK(values.scalar_type() == keys.scalar_type() &&
                   (keys.scalar_type() == q.scalar_type() ||
                    (q.scalar_type() == at::kFloat &&
-                    (keys.scalar_type() == at::kBFloat16 || keys.scalar_type() == at::kChar))),
-              "attend: keys and values in q's dtype, or bfloat16 or int8 under float32 queries");
+                    (keys.scalar_type() == at::kBFloat16 || keys.scalar_type() == at::kChar)) ||
+                   (q.scalar_type() == at::kBFloat16 && keys.scalar_type() == at::kChar)),
+              "attend: keys and values in q's dtype, or bfloat16 or int8 under float32 queries, or int8 under "
+              "bfloat16 queries");
+  if (q.scalar_type() == at::kBFloat16 && keys.scalar_type() == at::kChar) {
+    // a bf16 decoder's int8 audio: its queries widened exactly, the fp32 queries' arithmetic, the output rounded
+    // once to bf16 (to nearest even)
+    return attend(q.to(at::kFloat), keys, values, n_seen, scale, key_scales, value_scales).to(at::kBFloat16);
+  }
   check_scales(keys, key_scales, value_scales);
   TORCH_CHECK(n_seen.scalar_type() == at::kInt, "attend: n_seen must be int32");
   const int64_t b = q.size(0), t = q.size(1), h = q.size(2), d = q.size(3);

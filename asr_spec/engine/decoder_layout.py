@@ -127,17 +127,19 @@ class DecoderLayout:
                                      values_t)
 
     def _audio_dtype(self, int8_precision: bool) -> torch.dtype:
-        """The dtype the audio's keys/values are held in (`new_cache`, `write_audio`): int8 or bf16 under an fp32
-        decoder of the int8 precision, as `int8.audio_dtype` decides (the kernel widens them as it reads them),
-        else the decoder's own."""
+        """The dtype the audio's keys/values are held in (`new_cache`, `write_audio`): int8 under a bf16 decoder,
+        int8 or bf16 under an fp32 decoder of the int8 precision, as `int8.audio_dtype` decides (the kernel widens
+        them as it reads them), else the decoder's own."""
         return int8.audio_dtype(self.device, self.dtype, int8_precision)
 
     def _audio_keys_transposed(self) -> bool:
-        """Whether the audio keys are stored (head_dim, positions): on a CPU, except with the kernel in bf16, where
-        they are stored as shaped (positions, head_dim), a (row, head)'s keys one front-to-back stream instead of
-        head_dim lines read side by side (AVX-512-BF16 EPYC, batch 8, 6 layers: a 1-query pass's cross-attention
-        1.07-1.23x faster, a 4-query verify pass's even; in fp32 1.07x faster at 1 query but 1.07x slower at 4)."""
-        return self.cpu_layout and not (self.fused and self.dtype == torch.bfloat16)
+        """Whether the audio keys are stored (head_dim, positions): on a CPU, except with the kernel in bf16 over bf16
+        audio, where they are stored as shaped (positions, head_dim), a (row, head)'s keys one front-to-back stream
+        instead of head_dim lines read side by side (AVX-512-BF16 EPYC, batch 8, 6 layers: a 1-query pass's
+        cross-attention 1.07-1.23x faster, a 4-query verify pass's even; in fp32 1.07x faster at 1 query but 1.07x
+        slower at 4). int8 audio keys are read through the kernel's fp32 arithmetic, in its fp32 layout."""
+        return self.cpu_layout and not (self.fused and self.dtype == torch.bfloat16
+                                        and self.audio_dtype == torch.bfloat16)
 
     def _head_layout(self, full: torch.Tensor, vocab_ids: torch.Tensor | None, packed: bool,
                      certify: tuple[int, tuple[int, ...]] | None) -> None:

@@ -93,20 +93,26 @@ def int8_attention_usable(device: torch.device, dtype: torch.dtype, asked: bool 
 
 def audio_dtype(device: torch.device, dtype: torch.dtype, asked: bool = False) -> torch.dtype:
     """The one decision: the dtype a decoder holds the audio's keys and values in (its cross-attention cache, written
-    once a chunk). In the "int8" precision (`asked`, as `requested` says of the target's encoder; the target's
-    decoder and a draft's alike), for an fp32 decoder the CPU attention kernel runs
-    (`cpu_attention.fused_attention_usable`: the kernel widens each key and value to fp32 as it loads it, its
-    arithmetic fp32's; torch's products would not take them): int8 with a scale a channel (`quantize_channels`),
-    or bf16 where `ASR_SPEC_NO_INT8_AUDIO=1`, or fp32 where `ASR_SPEC_NO_BF16_AUDIO=1`; elsewhere the decoder's own
-    dtype. Why: a step reads every row's audio keys/values once a layer: at batch 8 a greedy fp32 step of
-    whisper-base reads 295 MB of them, 10 of its 23 ms on an AVX2-only EPYC (2 cores); in bf16 the cross-attention
-    took 7.3 against 10.3 ms (docs/cpu.md, "The int8 precision again"); in int8 (74 MB) the 6 layers' cross-attention
-    of 8 rows 3.7 against 4.7-5.2 ms in bf16, the steps of three long files 1.11x faster, the same words and WER
-    (docs/cpu.md, "The int8 precision's audio keys/values in int8")."""
-    if not (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)
-            and cpu_attention.fused_attention_usable(device, dtype)):
+    once a chunk), where the CPU attention kernel runs its cross-attention (`cpu_attention.fused_attention_usable`:
+    the kernel widens each key and value to fp32 as it loads it, its arithmetic fp32's; torch's products would not
+    take them); elsewhere the decoder's own dtype. Target and draft alike:
+    - a bf16 decoder: int8 with a scale a channel (`quantize_channels`; its queries widened to fp32 for them, the
+      output rounded once to bf16), or bf16 where `ASR_SPEC_NO_INT8_AUDIO=1`;
+    - an fp32 decoder of the "int8" precision (`asked`, as `requested` says of the target's encoder): int8, or bf16
+      where `ASR_SPEC_NO_INT8_AUDIO=1`, or fp32 where `ASR_SPEC_NO_BF16_AUDIO=1`;
+    - any other: its own dtype.
+    Why: a step reads every row's audio keys/values once a layer, the most of its bytes: at batch 8 a greedy step of
+    whisper-base reads 147 MB of them in bf16, 295 MB in fp32. On an AVX2-only EPYC (2 cores) the int8 precision's
+    fp32 cross-attention took 10 of its 23 ms, 7.3 in bf16 (docs/cpu.md, "The int8 precision again"), and in int8
+    (74 MB) the 6 layers' cross-attention of 8 rows 3.7 against 4.7-5.2 ms in bf16, the steps of three long files
+    1.11x faster, the same words and WER (docs/cpu.md, "The int8 precision's audio keys/values in int8"). On an
+    AVX-512-BF16 EPYC (Zen 4, 2 cores) the bf16 decoder's 6 layers' cross-attention of 8 rows 2.76 against 5.45 ms
+    at 1 query a row, 5.42 against 6.67 at 4 (docs/cpu.md, "The bf16 decoder's audio keys and values in int8")."""
+    if not (device.type == "cpu" and cpu_attention.fused_attention_usable(device, dtype)):
         return dtype
-    return torch.bfloat16 if cpu_attention.switched_on(INT8_AUDIO_ENV) else torch.int8
+    if dtype == torch.bfloat16 or (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)):
+        return torch.bfloat16 if cpu_attention.switched_on(INT8_AUDIO_ENV) else torch.int8
+    return dtype
 
 
 def quantize_channels(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
