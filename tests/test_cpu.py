@@ -146,12 +146,16 @@ def test_the_decision_is_logged_once_with_the_cpu_class(caplog, monkeypatch):
 def test_a_bf16_summary_says_whether_bf16_is_lossless_here(monkeypatch, kernel):
     """The run summary and --json of a CPU bf16 run carry the probe's verdict; fp32's carry none; both say which
     attention the decoder runs."""
+    from asr_spec.engine import int8
+
     cpu_dev = torch.device("cpu")
+    monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
     monkeypatch.setattr(cpu_attention, "fused_attention_usable", lambda device, dtype: kernel)
     path = "cpu kernel" if kernel else "torch"
+    audio = ", audio keys/values int8" if kernel else ""  # the kernel's bf16 decoder: `int8.audio_dtype`
     for blocks, words in (((32, 32), "lossless"), ((0, 0), "up to near-ties")):
         monkeypatch.setattr(cpu, "bf16_row_block", lambda blocks=blocks: blocks)
-        assert cpu.precision_line(cpu_dev, torch.bfloat16) == f"cpu avx2, bfloat16, {words}, attention: {path}"
+        assert cpu.precision_line(cpu_dev, torch.bfloat16) == f"cpu avx2, bfloat16, {words}, attention: {path}{audio}"
         assert cpu.run_precision(cpu_dev, torch.bfloat16)["bf16_row_invariant"]["lossless"] == (words == "lossless")
     monkeypatch.setattr(cpu, "bf16_row_block", lambda: (ANY_ROWS, 0))  # the thin products: any number of rows
     assert cpu.run_precision(cpu_dev, torch.bfloat16)["bf16_row_invariant"] == {
@@ -174,11 +178,20 @@ def test_a_summary_says_when_the_encoders_products_are_int8(monkeypatch):
     monkeypatch.delenv(int8.ATTENTION_ENV, raising=False)
     assert cpu.run_precision(cpu_dev, torch.bfloat16)["encoder_products"] == "int8"
     # ... and its attention with them (`int8.int8_attention_usable`), unless switched off
+    monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
     assert cpu.precision_line(cpu_dev, torch.bfloat16) == (
-        "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products and attention int8")
+        "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products and attention int8, audio keys/values "
+        "int8")
     monkeypatch.setenv(int8.ATTENTION_ENV, "1")
     assert cpu.precision_line(cpu_dev, torch.bfloat16) == (
+        "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products int8, audio keys/values int8")
+    # a bf16 decoder's audio keys/values in int8 (`int8.audio_dtype`), in bf16 where that is switched off
+    assert cpu.run_precision(cpu_dev, torch.bfloat16)["audio_keys_values"] == "int8"
+    monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")
+    assert cpu.run_precision(cpu_dev, torch.bfloat16)["audio_keys_values"] == "bfloat16"
+    assert cpu.precision_line(cpu_dev, torch.bfloat16) == (
         "cpu avx2, bfloat16, lossless, attention: cpu kernel, encoder products int8")
+    monkeypatch.delenv(int8.INT8_AUDIO_ENV)
     assert cpu.run_precision(cpu_dev, torch.float32)["encoder_products"] == "float32"
     # the "int8" precision: fp32 weights whose encoder was marked (`int8.requested`)
     assert cpu.run_precision(cpu_dev, torch.float32, int8_asked=True)["encoder_products"] == "int8"

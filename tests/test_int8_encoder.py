@@ -207,18 +207,17 @@ def test_speculative_equals_greedy_over_an_int8_encoder(int8_kernel, no_amx_tile
     opts = DecodeOptions(language="en", max_new_tokens=24, num_draft_tokens=3)
     greedy_engine = Engine(model, None, opts)
     assert greedy_engine.encoder.int8
-    # the int8 precision's fp32 decoder holds its audio keys/values in int8 (`int8.audio_dtype`)
-    assert greedy_engine.target_dec.audio_dtype == torch.int8 or dtype == torch.bfloat16
+    # the int8 precision's fp32 decoder and a bf16 decoder hold their audio keys/values in int8 (`int8.audio_dtype`)
+    assert greedy_engine.target_dec.audio_dtype == torch.int8
     greedy = greedy_engine.decode(features, None, 2)
     spec_engine = Engine(model, decoder_draft(model, [0]), opts)
-    # and so does its draft where it decodes in fp32 (its proposals over int8 audio; the target verifies them); a
-    # draft lowered to bf16 under an fp32 target where oneDNN's bf16 products are native (`DecodeOptions.draft_bf16`)
-    # holds them in its bf16
+    # and so does its draft (its proposals over int8 audio; the target verifies them), in the target's dtype or
+    # lowered to bf16 under an fp32 target where oneDNN's bf16 products are native (`DecodeOptions.draft_bf16`)
     draft, target = spec_engine.draft_dec, greedy_engine.target_dec
     lowered = dtype == torch.float32 and onednn_usable(CPU, torch.bfloat16)
     assert draft.dtype == (torch.bfloat16 if lowered else dtype)
-    assert draft.audio_dtype == (torch.bfloat16 if lowered else target.audio_dtype)
-    if lowered:  # kept in fp32 (`draft_bf16` off), it holds the target's int8 on this CPU too
+    assert draft.audio_dtype == target.audio_dtype == torch.int8
+    if lowered:  # kept in fp32 (`draft_bf16` off), it holds the target's int8 too
         kept = Engine(model, decoder_draft(model, [0]), replace(opts, draft_bf16=False)).draft_dec
         assert kept.dtype == torch.float32 and kept.audio_dtype == target.audio_dtype == torch.int8
     spec = spec_engine.decode(features, None, 2)

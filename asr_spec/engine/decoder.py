@@ -77,8 +77,9 @@ class Decoder(DecoderLayout):
         row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
         whose rounding changes only its proposals, passes False and runs its products whole.
         int8_precision: the run's precision is "int8" (`int8.requested` of the target's encoder): the audio's keys
-        and values are then held in int8 or bf16 as `int8.audio_dtype` says (`audio_dtype`), and the step's
-        weights read in bf16 where `int8.bf16_weights_usable` says so (`bf16_weights`)."""
+        and values are then held in int8 or bf16 as `int8.audio_dtype` says (`audio_dtype`; a bf16 decoder's in
+        int8 in any precision, where the CPU attention kernel runs), and the step's weights read in bf16 where
+        `int8.bf16_weights_usable` says so (`bf16_weights`)."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn

@@ -97,7 +97,7 @@ class Engine:
         # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where a bf16
         # product runs it: head.approximate_product)
         certify = (self.tokens.eot, self.tokens.suppress + self.tokens.begin_suppress)
-        # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds the
+        # the int8 precision, which the loader marks on the target's encoder (`int8.request`), also holds the fp32
         # decoders' audio keys/values in int8 or bf16 as `int8.audio_dtype` says and their step weights in bf16
         # (target and draft alike: a draft's rounding changes only its proposals, which the target verifies)
         int8_precision = int8.requested(target.model.encoder)

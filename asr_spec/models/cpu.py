@@ -279,8 +279,8 @@ def encoder_attention(device: torch.device, dtype: torch.dtype, int8_asked: bool
 
 def audio_precision(device: torch.device, dtype: torch.dtype, int8_asked: bool = False) -> str:
     """The dtype the target decoder holds the audio's keys/values in, by name: `engine.int8.audio_dtype`'s (its one
-    decision: "int8" or "bfloat16" in the `INT8` precision's fp32 decoder, `int8_asked`, run by the attention
-    kernel; else the dtype's own)."""
+    decision: where the attention kernel runs the decoder's cross-attention, "int8" in a bf16 decoder, "int8" or
+    "bfloat16" in the `INT8` precision's fp32 decoder, `int8_asked`; else the dtype's own)."""
     from asr_spec.engine.int8 import audio_dtype
 
     return dtype_name(audio_dtype(device, dtype, int8_asked))
@@ -358,12 +358,11 @@ def precision_words(info: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> st
     if info["encoder_products"] == INT8:
         both = info["encoder_attention"] == INT8
         line += ", encoder products and attention int8" if both else ", encoder products int8"
-    if info["dtype"] != "bfloat16":
-        held = (("decoder weights", "decoder_weights"), ("audio keys/values", "audio_keys_values"))
-        for name, short in (("bfloat16", "bf16"), (INT8, "int8")):
-            parts = [part for part, key in held if info[key] == name]
-            if parts:
-                line += f", {' and '.join(parts)} {short}"
+    held = (("decoder weights", "decoder_weights"), ("audio keys/values", "audio_keys_values"))
+    for name, short in (("bfloat16", "bf16"), (INT8, "int8")):  # those held in another dtype than the models'
+        parts = [part for part, key in held if info[key] == name != info["dtype"]]
+        if parts:
+            line += f", {' and '.join(parts)} {short}"
     return line
 
 
