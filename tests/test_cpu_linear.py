@@ -194,26 +194,26 @@ def test_a_decoder_on_the_thin_products_agrees_with_onednns(thin_kernel, monkeyp
         torch.testing.assert_close(a, b, atol=1e-5 * scale, rtol=0)
 
 
-@pytest.mark.parametrize("dtype, audio", [(torch.float32, torch.float32), (torch.bfloat16, torch.int8),
+@pytest.mark.parametrize("dtype, held", [(torch.float32, torch.float32), (torch.bfloat16, torch.int8),
                                           (torch.bfloat16, torch.bfloat16)])
-def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(thin_kernel_no_amx, monkeypatch, dtype, audio):
+def test_a_verify_pass_gives_each_position_its_one_token_steps_bits(thin_kernel_no_amx, monkeypatch, dtype, held):
     """With the attention kernel and the thin products every fp32 and bf16 product is row-invariant (no probe: a
     bf16 decoder's rows figure is `ANY_ROWS`): a 4-token pass over ragged rows gives the logits and cache entries
     that 1-token steps give, bit for bit, a bf16 decoder's over its int8 audio (`int8.audio_dtype`) or bf16."""
-    if audio == torch.bfloat16:
+    if held == torch.bfloat16:
         monkeypatch.setenv(int8.INT8_AUDIO_ENV, "1")
     else:
         monkeypatch.delenv(int8.INT8_AUDIO_ENV, raising=False)
     model = random_whisper("test", seed=2, init_std=0.2, decoder_layers=2).to(dtype)
     decoder = Decoder(model.model.decoder, model.proj_out)
-    assert decoder.thin and decoder.fused and decoder.audio_dtype == audio
+    assert decoder.thin and decoder.fused and decoder.audio_dtype == held
     assert decoder.row_rows == (ANY_ROWS if dtype == torch.bfloat16 else 0)
     gen = torch.Generator().manual_seed(0)
     n_ctx = decoder.decoder.config.max_source_positions
     # the audio keys as shaped in bf16 (each key's head_dim contiguous), transposed in int8 and fp32; values
     # transposed
     keys_last = decoder.new_cache(1, 8, n_ctx).cross_k.stride(-1) == 1
-    assert keys_last == (audio == torch.bfloat16) and decoder.keys_t != keys_last
+    assert keys_last == (held == torch.bfloat16) and decoder.keys_t != keys_last
     audio = torch.randn(2, n_ctx, decoder.d_model, generator=gen).to(dtype)
     prompt = torch.randint(0, 100, (2, 3), generator=gen)
     tokens = torch.randint(0, 100, (2, 4), generator=gen)
