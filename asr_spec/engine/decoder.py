@@ -76,9 +76,9 @@ class Decoder(DecoderLayout):
         bf16 where `head.approximate_product` names a product, Whisper's rules taking fp32's decisions).
         row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
         whose rounding changes only its proposals, passes False and runs its products whole.
-        int8_precision: the run's precision is "int8" (`int8.requested` of the target's encoder): an fp32 decoder's
-        audio keys and values are then held as `int8.audio_dtype` says (`audio_dtype`; a bf16 decoder's are int8 in
-        any), and the step's weights read in bf16 where `int8.bf16_weights_usable` says so (`bf16_weights`)."""
+        int8_precision: the run's precision is "int8" (`int8.requested` of the target's encoder): its fp32 decoders'
+        audio keys/values are then held as `int8.audio_dtype` says (`audio_dtype`; a bf16 decoder's int8 in every
+        precision), and the step's weights read in bf16 where `int8.bf16_weights_usable` says so (`bf16_weights`)."""
         self.decoder = decoder
         self.layers = list(decoder.layers)
         first = self.layers[0].self_attn

@@ -108,7 +108,7 @@ def audio_dtype(device: torch.device, dtype: torch.dtype, asked: bool = False) -
     1.11x faster, the same words and WER (docs/cpu.md, "The int8 precision's audio keys/values in int8"). On an
     AVX-512-BF16 EPYC (Zen 4, 2 cores) the bf16 decoder's 6 layers' cross-attention of 8 rows 2.76 against 5.45 ms
     at 1 query a row, 5.42 against 6.67 at 4 (docs/cpu.md, "The bf16 decoder's audio keys and values in int8")."""
-    if not (device.type == "cpu" and cpu_attention.fused_attention_usable(device, dtype)):
+    if not cpu_attention.fused_attention_usable(device, dtype):  # a CPU among its conditions
         return dtype
     if dtype == torch.bfloat16 or (asked and dtype == torch.float32 and not cpu_attention.switched_on(AUDIO_ENV)):
         return torch.bfloat16 if cpu_attention.switched_on(INT8_AUDIO_ENV) else torch.int8
