@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""One of the engine's switches (an `ASR_SPEC_NO_*` variable, read when an engine is built) on and off, side by side
-in one process: the same preset loaded twice, the second engine built with the variable set, their runs over the
+"""One of the engine's switches (an `ASR_SPEC_NO_*` variable, read when an engine is built or at each call) on and
+off, side by side in one process: the same preset loaded twice, the second built and run with the variable set, their
+runs over the
 same files interleaved, repeat by repeat. Prints each side's wall times, median, decode-step seconds (and steps),
 encoder seconds, WER against --refs, and where the two transcripts differ, word by word.
 
@@ -8,20 +9,21 @@ encoder seconds, WER against --refs, and where the two transcripts differ, word 
         --audio tests/fixtures/longform/{dialogue_pauses,dense_windows,monologue_speeds}.opus \\
         --refs tests/fixtures/longform/{dialogue_pauses,dense_windows,monologue_speeds}.txt
 
-"on" is the engine as it ships (the switch not set), "off" the one built with `--switch`=1. Each side is warmed up
-on the first file before the timed repeats.
+"on" is the engine as it ships (the switch not set), "off" the one built and run with `--switch`=1. Each side is
+warmed up on the first file before the timed repeats.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -51,15 +53,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build(args: argparse.Namespace, switched_off: bool) -> Transcriber:
-    """The preset's transcriber, its engine built with the switch set where `switched_off`."""
-    overrides = {"batch_size": args.batch_size} | ({"dtype": args.dtype} if args.dtype else {})
-    if switched_off:
-        os.environ[args.switch] = "1"
+@contextlib.contextmanager
+def side(switch: str, name: str) -> Iterator[None]:
+    """`switch` set to 1 inside, for the "off" side (unset again after); nothing for "on"."""
+    if name == "off":
+        os.environ[switch] = "1"
     try:
-        return Transcriber.from_preset(args.preset, **overrides)
+        yield
     finally:
-        os.environ.pop(args.switch, None)
+        os.environ.pop(switch, None)
+
+
+def build(args: argparse.Namespace, name: str) -> Transcriber:
+    """The preset's transcriber for side `name`, built with the switch set for "off"."""
+    overrides = {"batch_size": args.batch_size} | ({"dtype": args.dtype} if args.dtype else {})
+    with side(args.switch, name):
+        return Transcriber.from_preset(args.preset, **overrides)
 
 
 def word_changes(a: str, b: str) -> list[str]:
@@ -74,9 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    sides = {"on": build(args, False), "off": build(args, True)}
-    for t in sides.values():
-        t(args.audio[0])  # warm-up
+    sides = {name: build(args, name) for name in ("on", "off")}
+    for name, t in sides.items():
+        with side(args.switch, name):
+            t(args.audio[0])  # warm-up
     walls: dict[str, list[float]] = {name: [] for name in sides}
     steps: dict[str, list[float]] = {name: [] for name in sides}
     encoder: dict[str, list[float]] = {name: [] for name in sides}
@@ -85,9 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, t in sides.items():
             times = t.engine.times
             s0, e0 = times.steps_s, times.encoder_s
-            t0 = time.perf_counter()
-            out = [t(path)["text"] for path in args.audio]
-            walls[name].append(time.perf_counter() - t0)
+            with side(args.switch, name):
+                t0 = time.perf_counter()
+                out = [t(path)["text"] for path in args.audio]
+                walls[name].append(time.perf_counter() - t0)
             steps[name].append(times.steps_s - s0)
             encoder[name].append(times.encoder_s - e0)
             if texts.setdefault(name, out) != out:

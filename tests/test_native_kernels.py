@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 # CPU class decides them (`auto` bf16 on a native-bf16 class, the bf16 draft copy) over its kernel paths
 KERNEL_TESTS = ["tests/test_cpu_linear.py", "tests/test_encoder_attention.py", "tests/test_cpu_attention.py",
                 "tests/test_int8_encoder.py", "tests/test_int8_attention.py", "tests/test_int8_decoder.py",
-                "tests/test_cpu_reduce.py", "tests/test_cpu_layers.py", "tests/test_bf16.py",
+                "tests/test_cpu_reduce.py", "tests/test_cpu_layers.py", "tests/test_cpu_lstm.py", "tests/test_bf16.py",
                 "tests/test_cpu_invariance.py", "tests/test_sampling.py"]
 # an AVX2 machine's flags with AVX-512 added (and its BF16 instructions or not): only what the emulation builds,
 # since torch's and oneDNN's own products still run on this CPU (no VNNI or AMX claimed)

@@ -143,10 +143,13 @@ def _model_parts(model):
         return torch.sigmoid(F.conv1d(F.relu(h), head_w, head_b))
 
     def lstm(x, state):
-        """The LSTMCell over x (1, n, 128) from `state` ((h, c), None = zeros) -> ((1, n, 128) outputs, state)
-        (`lstm_steps`). A loop of small ops on purpose: none is large enough to be split over threads, so no step
-        waits on a thread barrier (oneDNN's fused RNN does, and took seconds per call when the cores were shared)."""
+        """The LSTMCell over x (1, n, 128) from `state` ((h, c), None = zeros) -> ((1, n, 128) outputs, state):
+        the kernel extension's loop where `lstm_kernel` says so, else `lstm_steps`. One thread either way: no step
+        is large enough to be split over threads, so none waits on a thread barrier (oneDNN's fused RNN does, and
+        took seconds per call when the cores were shared)."""
         gates_in = torch.addmm(bias, x[0], w_ih.t())  # (n, 4 * n_hidden): the input's part of every step at once
+        if lstm_kernel(w_hh_t.shape[0]):
+            return kernel_steps(gates_in, w_hh_t, state)
         return lstm_steps(gates_in, w_hh_t, state)
 
     return front, lstm, head
@@ -159,6 +162,35 @@ def window_speech(samples: np.ndarray, vad: SileroVad, threshold: float) -> np.n
     padded = np.pad(samples, (0, (-len(samples)) % FRAME_SAMPLES))
     probs = vad(padded) if len(padded) else np.zeros(0, np.float32)
     return speech_frames(samples, probs, 0, threshold)
+
+
+LSTM_KERNEL_ENV = "ASR_SPEC_NO_LSTM_KERNEL"  # set to 1: the VAD's LSTM through torch's ops (`lstm_steps`)
+LSTM_KERNEL_ALIGN = 16  # the kernel's hidden sizes: multiples of it (`cpu_lstm.h`)
+
+
+def lstm_kernel(n_hidden: int) -> bool:
+    """The one decision: whether the VAD's LSTM recurrence runs through the kernel extension's loop (`cpu_lstm.h`:
+    ~3 us a frame against ~15 for torch's eight small ops a step, probabilities within ~1e-6 of theirs, not bit
+    for bit) rather than `lstm_steps`: where the extension is built and not disabled (`ASR_SPEC_NO_CPU_KERNELS`),
+    for a hidden size that is a multiple of `LSTM_KERNEL_ALIGN` (silero-vad's 128), unless
+    `ASR_SPEC_NO_LSTM_KERNEL=1`. Why: the recurrence was half of the VAD and a tenth of a batch-8 bf16 run's time
+    outside the encoder and the steps (docs/cpu.md, "The VAD's LSTM in the kernel extension")."""
+    import torch
+
+    from asr_spec.engine import cpu_attention
+
+    return (n_hidden % LSTM_KERNEL_ALIGN == 0 and not cpu_attention.switched_on(LSTM_KERNEL_ENV)
+            and cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32))
+
+
+def kernel_steps(gates_in, w_hh_t, state):
+    """`lstm_steps` through the kernel extension (`lstm_kernel` decides where): the same arguments and results."""
+    from asr_spec.engine import cpu_attention
+
+    n_hidden = w_hh_t.shape[0]
+    h, c = state if state is not None else (gates_in.new_zeros(1, n_hidden), gates_in.new_zeros(1, n_hidden))
+    out, c = cpu_attention.extension().lstm_steps(gates_in.contiguous(), w_hh_t, h.contiguous(), c.contiguous())
+    return out[None], (out[-1:], c)
 
 
 def lstm_steps(gates_in, w_hh_t, state):

@@ -39,6 +39,7 @@
 #include "cpu_int8.h"
 #include "cpu_int8_attention.h"
 #include "cpu_linear.h"
+#include "cpu_lstm.h"
 #include "cpu_reduce.h"
 
 namespace {
@@ -260,5 +261,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the rules' row reductions: each row's maximum, its first index and (if asked) its logsumexp");
   m.def("decoder_layers", &decoder_layers,
         "a decoder's layers in one call: the thin products, the cache writes and the attention kernel, layer by layer");
+  m.def("lstm_steps", &cpu_lstm::lstm_steps,
+        "an LSTM cell's recurrence over precomputed input gates (silero-vad's), one thread: (outputs, last cell)");
   m.def("panel_columns", [] { return cpu_linear::NB; }, "output columns a panel of `linear`'s packed weight");
 }

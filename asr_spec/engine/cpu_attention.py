@@ -46,7 +46,7 @@ HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_attention_simd.
                                                             "cpu_attention_sums.h", "cpu_linear.h",
                                                             "cpu_encoder_attention.h", "cpu_int8.h",
                                                             "cpu_int8_attention.h", "cpu_reduce.h", "cpu_decoder.h",
-                                                            "cpu_emulated_avx512.h"))
+                                                            "cpu_emulated_avx512.h", "cpu_lstm.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
 # `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for those flags, not for this CPU
