@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from asr_spec.engine import encoder as encoder_module
 from asr_spec.engine.encoder import Encoder, conv_rows, tap_major
 from asr_spec.engine.kernels import onednn_linear_add, onednn_usable
 from asr_spec.testing import random_whisper
@@ -93,6 +94,29 @@ def test_the_stem_is_contiguous_in_both_convolution_paths():
         with torch.inference_mode():
             x = enc.stem(features)
         assert x.shape == (2, model.config.max_source_positions, model.config.d_model) and x.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_windows_stem_does_not_depend_on_its_batch(dtype, monkeypatch):
+    """Each window's stem is computed alone: even where the stem's products rounded with their number of windows
+    (simulated: an offset that grows with it, as a kernel chosen by the shape might round), a window's stem is the
+    same in a batch of three as alone."""
+    _needs(dtype)
+    model = random_whisper("test", seed=3, vocab_size=70, init_std=0.2).to(dtype)
+    enc = Encoder(model.model.encoder)
+    if enc.conv_products:
+        real = encoder_module.conv_rows
+        monkeypatch.setattr(encoder_module, "conv_rows", lambda x, *a, **k: real(x, *a, **k) + 0.05 * (len(x) - 1))
+    else:
+        for conv in (enc.module.conv1, enc.module.conv2):
+            monkeypatch.setattr(conv, "forward", lambda x, conv=conv: F.conv1d(
+                x, conv.weight, conv.bias, conv.stride, conv.padding) + 0.05 * (len(x) - 1))
+    features = torch.randn(3, model.config.num_mel_bins, 2 * model.config.max_source_positions,
+                           generator=torch.Generator().manual_seed(5)).to(dtype)
+    with torch.inference_mode():
+        whole = enc.stem(features)
+        for i in range(3):
+            assert torch.equal(enc.stem(features[i: i + 1])[0], whole[i])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
