@@ -25,7 +25,7 @@ def _operands(n_hidden: int, n_steps: int, seed: int = 0):
     return gates_in, w_hh_t, state
 
 
-@pytest.mark.parametrize("n_hidden", [128, 48, 16])  # silero-vad's; columns past whole groups of vectors; one
+@pytest.mark.parametrize("n_hidden", [128, 48, 16])  # silero-vad's, and other multiples of 16
 def test_the_kernel_is_the_lstm_cell_within_rounding(kernel, monkeypatch, n_hidden):
     monkeypatch.delenv(LSTM_KERNEL_ENV, raising=False)
     assert lstm_kernel(n_hidden)

@@ -29,6 +29,7 @@ using cpu_attention::vec;
 
 constexpr int64_t ALIGN = 16;  // H a multiple of it: whole vectors at every width (16, 8 or 1 lanes)
 constexpr int64_t U = 4;       // gate columns' vectors accumulated together (a k loop reads U of W's row)
+static_assert((4 * ALIGN) % (U * L) == 0, "4H must be whole groups of U vectors");
 
 // sigmoid and tanh lane by lane (as the top of the file says)
 inline vec sigmoid_lanes(vec x) {
@@ -45,12 +46,11 @@ inline vec tanh_lanes(vec x) {
   return nonnegative_else(x, t, vsub(zero(), t));
 }
 
-// g (4H) = gates (4H) + h (H) W (H, 4H): U vectors of columns at a time, k in order
+// g (4H) = gates (4H) + h (H) W (H, 4H): U vectors of columns at a time (4H is whole groups of them), k in order
 inline void gate_sums(const float* gates, const float* h, const float* w, int64_t n_hidden, float* g) {
   using namespace cpu_attention;
   const int64_t cols = 4 * n_hidden;
-  int64_t j = 0;
-  for (; j + U * L <= cols; j += U * L) {
+  for (int64_t j = 0; j < cols; j += U * L) {
     vec acc[U];
     for (int64_t u = 0; u < U; ++u) acc[u] = load(gates + j + u * L);
     for (int64_t k = 0; k < n_hidden; ++k) {
@@ -59,11 +59,6 @@ inline void gate_sums(const float* gates, const float* h, const float* w, int64_
       for (int64_t u = 0; u < U; ++u) acc[u] = vfma(hk, load(row + u * L), acc[u]);
     }
     for (int64_t u = 0; u < U; ++u) store(g + j + u * L, acc[u]);
-  }
-  for (; j < cols; j += L) {  // 4H a multiple of 4 * ALIGN: whole vectors left, fewer than U
-    vec acc = load(gates + j);
-    for (int64_t k = 0; k < n_hidden; ++k) acc = vfma(set1(h[k]), load(w + k * cols + j), acc);
-    store(g + j, acc);
   }
 }
 
