@@ -183,12 +183,17 @@ def lstm_kernel(n_hidden: int) -> bool:
             and cpu_attention.fused_attention_usable(torch.device("cpu"), torch.float32))
 
 
+def _state_or_zeros(gates_in, n_hidden: int, state):
+    """The LSTM's (h, c) to start from: `state`, or zeros (1, n_hidden) each in gates_in's dtype where it is None."""
+    return state if state is not None else (gates_in.new_zeros(1, n_hidden), gates_in.new_zeros(1, n_hidden))
+
+
 def kernel_steps(gates_in, w_hh_t, state):
     """`lstm_steps` through the kernel extension (`lstm_kernel` decides where): the same arguments and results."""
     from asr_spec.engine import cpu_attention
 
     n_hidden = w_hh_t.shape[0]
-    h, c = state if state is not None else (gates_in.new_zeros(1, n_hidden), gates_in.new_zeros(1, n_hidden))
+    h, c = _state_or_zeros(gates_in, n_hidden, state)
     out, c = cpu_attention.extension().lstm_steps(gates_in.contiguous(), w_hh_t, h.contiguous(), c.contiguous())
     return out[None], (out[-1:], c)
 
@@ -205,7 +210,7 @@ def lstm_steps(gates_in, w_hh_t, state):
     import torch
 
     n_steps, n_hidden = gates_in.shape[0], w_hh_t.shape[0]
-    h, c = state if state is not None else (gates_in.new_zeros(1, n_hidden), gates_in.new_zeros(1, n_hidden))
+    h, c = _state_or_zeros(gates_in, n_hidden, state)
     c = c.clone()  # updated in place below: the caller's state is left as it was
     out = gates_in.new_empty(n_steps, n_hidden)
     g, s = gates_in.new_empty(1, 4 * n_hidden), gates_in.new_empty(1, 4 * n_hidden)
