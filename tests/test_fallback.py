@@ -99,11 +99,16 @@ def test_only_the_failing_window_is_decoded_again_and_the_others_stay_greedy():
 
 @pytest.mark.slow
 def test_sampled_windows_do_not_depend_on_batch_size_or_other_files():
-    alone_1 = _with_fallback(1, str(LONG))[0]
-    among_8 = _with_fallback(8, [*map(str, SHORT[:2]), str(LONG)])[2]
+    """The promise docs/decoding.md makes ("Randomness"): target and draft in one precision. The draft's bf16 copy
+    beside the fp32 target (`draft_bf16`, on by default where oneDNN has native bf16, whatever the suite's pinned
+    class) rounds the fp32 encoder output, whose last bits may move with the encoder's batch of windows, so a draw
+    may move on such a CPU (docs/cpu.md, "Sampled windows (temperature fallback) and the batch": 8 of 40 windows on
+    an AMX Xeon). This test held with the copy on an AVX-512-BF16 EPYC, by the luck of its rounding."""
+    alone_1 = _with_fallback(1, str(LONG), draft_bf16=False)[0]
+    among_8 = _with_fallback(8, [*map(str, SHORT[:2]), str(LONG)], draft_bf16=False)[2]
     assert alone_1.chunk_tokens == among_8.chunk_tokens
     assert [c.temperature for c in alone_1.chunks] == [c.temperature for c in among_8.chunks]
-    other_seed = _with_fallback(4, str(LONG), seed=1)[0]
+    other_seed = _with_fallback(4, str(LONG), seed=1, draft_bf16=False)[0]
     assert other_seed.chunk_tokens != alone_1.chunk_tokens  # the seed does change the sampled window
 
 
