@@ -191,6 +191,28 @@ def test_engines_over_one_target_read_one_packed_copy_of_each_weight():
                                rtol=1e-5, atol=1e-5)
 
 
+def test_a_shared_copy_is_made_afresh_when_its_source_gets_new_data_under_the_same_object():
+    """`module.to(dtype)` gives a Parameter new data without moving its version counter: a copy made from it before
+    is not the one to read after (a Decoder built on the model in fp32 and then in bf16 read fp32 panels)."""
+    from asr_spec.engine.kernels import shared
+
+    layer = torch.nn.Linear(8, 4)
+    made = []
+
+    def make():
+        made.append(layer.weight.detach().clone())
+        return made[-1]
+
+    first = shared("test-copy", (layer.weight,), make)
+    assert shared("test-copy", (layer.weight,), make) is first  # the same source: shared
+    layer.to(torch.bfloat16)
+    again = shared("test-copy", (layer.weight,), make)
+    assert again is not first and again.dtype == torch.bfloat16 and len(made) == 2
+    with torch.no_grad():
+        layer.weight.data = torch.zeros(4, 8, dtype=torch.bfloat16)
+    assert shared("test-copy", (layer.weight,), make) is not again and bool((made[-1] == 0).all())
+
+
 @pytest.mark.skipif(not onednn_usable(CPU, torch.bfloat16), reason="no native bf16 products on this CPU")
 def test_shared_encoder_draft_runs_in_bf16_and_changes_nothing_but_its_proposals():
     """On a CPU fp32 target a draft reading the target's encoder output runs a bf16 copy of its decoder (packed

@@ -57,7 +57,9 @@ def onednn_linear_add(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 def shared(recipe: Hashable, sources: tuple[torch.Tensor, ...], make: Callable[[], T]) -> T:
     """`make()`, a copy derived from the `sources` tensors by `recipe`, made once and then shared: the same object
     for every caller asking with the same recipe and the same tensors (not equal ones: the tensors themselves),
-    for as long as the sources live, until a source is modified in place (its `_version` moves on).
+    for as long as the sources live, until a source changes: modified in place (its `_version` moves on) or given
+    new data under the same object (`module.to(dtype)`, `.half()`, `param.data = ...`: its storage, dtype or
+    device moves on, `_stamp`).
 
     make: must not return (or hold) a source itself, else the entry would keep it alive. Inference tensors keep
     no version counter: for them the copy is made afresh.
@@ -67,7 +69,7 @@ def shared(recipe: Hashable, sources: tuple[torch.Tensor, ...], make: Callable[[
     first, others = sources[0], sources[1:]
     entries = _SHARED.setdefault(first, {})
     key = (recipe, tuple(id(s) for s in others))
-    versions = tuple(s._version for s in sources)
+    versions = tuple(_stamp(s) for s in sources)
     hit = entries.get(key)
     if hit is not None:
         refs, made_at, value = hit
@@ -76,6 +78,12 @@ def shared(recipe: Hashable, sources: tuple[torch.Tensor, ...], make: Callable[[
     value = make()
     entries[key] = (tuple(weakref.ref(s, _forget(entries, key)) for s in others), versions, value)
     return value
+
+
+def _stamp(source: torch.Tensor) -> tuple:
+    """What says a source tensor is still the one a shared copy was made from: its version counter (in-place
+    writes) and where and how its data lives (`.data` replaced under the same Parameter keeps the version)."""
+    return source._version, source.data_ptr(), source.dtype, source.device
 
 
 def _forget(entries: dict, key: Hashable) -> Callable[[weakref.ref], None]:
