@@ -146,6 +146,15 @@ def test_simulate_steps():
     assert evaluation.simulate_steps([True, False, True, True], 2, at_limit=True) == (2, 2)  # the last is the target's
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoder_step_ms_times_a_step_in_the_decoders_own_audio_layout(dtype):
+    """`distill eval`'s step timer writes its random keys/values as the decoder stores them: a bf16 decoder holds
+    them in int8 with a scale a channel where the CPU attention kernel runs (its `normal_()` of the int8 cache
+    raised there), and the step reads them."""
+    model = tiny_target().to(dtype)
+    assert evaluation.decoder_step_ms(model, 2, model.config.max_source_positions, repeats=2) > 0
+
+
 def test_choose_draft_vocab_keeps_seen_tokens_then_low_ids():
     counts = np.zeros(50, dtype=np.int64)
     counts[[30, 7, 12]] = [5, 9, 1]

@@ -110,14 +110,15 @@ def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCa
 def decoder_step_ms(model: nn.Module, batch_size: int, n_audio_ctx: int, repeats: int = 20) -> float:
     """Milliseconds of one engine decoder step of `model` (a target, or a draft with its restricted head if it has
     one) at `batch_size` rows: a single-token step at position 40, cross-attention over `n_audio_ctx` frames of
-    random keys/values, after 3 warm-up steps. Host clock, no device sync: for CPU benchmarks."""
+    keys/values written from a random encoder output (in the decoder's audio dtype and layout, int8 with its
+    scales included), after 3 warm-up steps. Host clock, no device sync: for CPU benchmarks."""
     from asr_spec.engine import Decoder
 
     decoder = getattr(model, "step_decoder", Decoder)(model.model.decoder, model.proj_out,
                                                       getattr(model, "draft_vocab_ids", None))
     cache = decoder.new_cache(batch_size, 64, n_audio_ctx)
-    cache.cross_k.normal_()
-    cache.cross_v.normal_()
+    d_encoder = decoder.layers[0].encoder_attn.k_proj.in_features
+    decoder.write_audio(cache, torch.randn(batch_size, n_audio_ctx, d_encoder, device=decoder.device))
     tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=decoder.device)
     positions = torch.full((batch_size, 1), 40, device=decoder.device)
     if reads_features(model):  # a feature-conditioned draft's step: the token and the state it reads
