@@ -189,12 +189,14 @@ def _state_or_zeros(gates_in, n_hidden: int, state):
 
 
 def kernel_steps(gates_in, w_hh_t, state):
-    """`lstm_steps` through the kernel extension (`lstm_kernel` decides where): the same arguments and results."""
+    """`lstm_steps` through the kernel extension (`lstm_kernel` decides where): the same arguments and results,
+    in fp32 only (the kernel's arithmetic; `lstm_steps` takes any dtype torch's ops do)."""
     from asr_spec.engine import cpu_attention
 
     n_hidden = w_hh_t.shape[0]
     h, c = _state_or_zeros(gates_in, n_hidden, state)
-    out, c = cpu_attention.extension().lstm_steps(gates_in.contiguous(), w_hh_t, h.contiguous(), c.contiguous())
+    out, c = cpu_attention.extension().lstm_steps(gates_in.contiguous(), w_hh_t.contiguous(), h.contiguous(),
+                                                        c.contiguous())
     return out[None], (out[-1:], c)
 
 

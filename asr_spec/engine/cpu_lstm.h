@@ -9,9 +9,11 @@
 //   c = sigmoid(g_f) c + sigmoid(g_i) tanh(g_g);   h = sigmoid(g_o) tanh(c)   (each product rounded, then the add)
 // sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below, e = exp(-|x|); tanh(x) = +/-(1 - e) / (1 + e), e =
 // exp(-2|x|), the sign x's; exp by `exp_nonpositive` (Cephes' polynomial). Each value within a few 1e-7 of torch's
-// (absolute: tanh near 0 loses relative but not absolute precision), not bit for bit: its products are not
-// oneDNN's, nor its exp Sleef's. Each lane's arithmetic is its own, so a step's output does not depend on the
-// vector width's grouping of the columns.
+// (absolute: tanh near 0 loses relative but not absolute precision) for finite inputs, not bit for bit: its
+// products are not oneDNN's, nor its exp Sleef's. A NaN does not come out NaN (the exp's clamp takes it to its
+// lower bound); the VAD is never given one (audio/loading.py and a stream's feed refuse non-finite samples).
+// Each lane's arithmetic is its own, so a step's output does not depend on the vector width's grouping of the
+// columns.
 
 #pragma once
 
