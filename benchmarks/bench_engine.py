@@ -114,7 +114,7 @@ def bench_steps(name, target, draft, batch_sizes, n_new, device, k, compile_step
         timed = [sf.rates_around(lambda: sf.step_ms(target, None, enc, b, n_new, 0, sf.TimedRunner(), engines),
                                  lambda: sf.machine_rates(device, target.dtype)) for _ in range(rounds)]
         dec = engines[0].target_dec
-        audio = dec.audio_dtype.itemsize  # 1 where the int8 precision holds the audio in int8 (2: bf16)
+        audio = dec.audio_dtype.itemsize  # 1 where the audio is held in int8 (bf16 decoders, the int8 precision)
         weights = 2 if dec.bf16_weights else None  # the int8 precision's bf16 weights, its head's too
         floor = functools.partial(sf.step_floor_ms, audio_itemsize=audio, weight_itemsize=weights,
                                   head_itemsize=weights)

@@ -29,8 +29,9 @@ class KVCache:
                       values in place: `Decoder._self_attention`, `kernels.attention`)
     cross_k, cross_v: (n_layers, n_rows, n_heads, n_audio_ctx, head_dim); each stored as
                       (n_layers, n_rows, n_heads, head_dim, n_audio_ctx) when `cross_k_transposed` /
-                      `cross_v_transposed`; in `audio_dtype` (int8 or bf16 under an fp32 decoder of the int8
-                      precision: `engine.int8.audio_dtype`), else the decoder's dtype
+                      `cross_v_transposed`; in `audio_dtype` (`engine.int8.audio_dtype`: int8 under a bf16
+                      decoder or an fp32 decoder of the int8 precision where the CPU attention kernel runs, or bf16
+                      there by switch), else the decoder's dtype
     lengths:          (n_rows,) long — tokens of each row held in the self-attention cache
     cross_k_scales, cross_v_scales: (n_layers, n_rows, n_heads, head_dim) float32 where the audio keys/values are
                       int8, else None: each channel's scale over the chunk's positions (a key is

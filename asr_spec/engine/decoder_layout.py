@@ -63,7 +63,8 @@ class DecoderLayout:
         """Compute R new chunks' cross-attention keys/values (once per chunk) into `cache`, a view of the R batch
         slots they are admitted to (`KVCache.rows`): written in place, no copy (products in the decoder's dtype,
         rounded to `audio_dtype` as they are stored; in int8 quantized per channel, `int8.quantize_channels`, from
-        an fp32 scratch of the R chunks).
+        a scratch of the R chunks in the decoder's dtype: a bf16 decoder's keys/values are rounded to bf16 first,
+        then to their int8 levels).
 
         audio: (R, n_audio_ctx, d_encoder) the encoder output its cross-attention reads.
         """

@@ -116,7 +116,7 @@ def audio_dtype(device: torch.device, dtype: torch.dtype, asked: bool = False) -
 
 
 def quantize_channels(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., C, S) fp32 -> (int8 (..., C, S), fp32 scales (..., C)): each channel's S values (an audio key's or
+    """(..., C, S) fp32 or bf16 -> (int8 (..., C, S), fp32 scales (..., C)): each channel's S values (an audio key's or
     value's head_dim element over a chunk's positions) in `LEVELS` steps a side of zero, scale = max |x| / LEVELS
     (1 where all are 0), rounded to nearest even (`cpu_int8.h`'s rows, their zero point taken off)."""
     shape = x.shape
