@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr_spec.engine import cpu_attention
+from asr_spec.engine import cpu_attention, kernels
 from asr_spec.engine.kernels import ANY_ROWS
 from asr_spec.models import cpu
 from asr_spec.models.loading import resolve_dtype
@@ -70,6 +70,52 @@ def test_without_cpuinfo_torch_says_what_it_can(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         cpu.detect_cpu.cache_clear()
+
+
+# torch's cpuid probe on a Cascade Lake Xeon (AVX-512 and its int8 dot products, no bf16 ones), as it names them
+CASCADE_LAKE_PROBE = {"avx2": True, "avx512_f": True, "avx512_bw": True, "avx512_vnni": True, "avx512_bf16": False,
+                      "amx_tile": False, "amx_bf16": False, "num_physical_cores": 2, "cpu_name": "Intel Xeon"}
+
+
+def test_without_cpuinfo_the_class_comes_from_torchs_cpuid_probe(monkeypatch, tmp_path):
+    """Where /proc/cpuinfo is absent, torch's cpuid probe gives the same flag names: an AVX-512 CPU without bf16 dot
+    products is no `avx512-bf16` one (oneDNN's own bf16 check says yes from AVX-512 on); without the probe, the
+    dispatch capability as before."""
+    monkeypatch.delenv(cpu.FLAGS_ENV)
+    monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "absent")
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: CASCADE_LAKE_PROBE)
+    kernels.hardware_flags.cache_clear()
+    cpu.detect_cpu.cache_clear()
+    try:
+        caps = cpu.detect_cpu()
+        assert (caps.source, caps.cpu_class, caps.avx512_vnni, caps.avx512_bf16) == ("torch", "avx2", True, False)
+        monkeypatch.delattr(torch.cpu, "get_capabilities")
+        kernels.hardware_flags.cache_clear()
+        cpu.detect_cpu.cache_clear()
+        assert cpu.detect_cpu().source == "torch" and kernels.hardware_flags() is None
+    finally:
+        monkeypatch.undo()
+        kernels.hardware_flags.cache_clear()
+        cpu.detect_cpu.cache_clear()
+
+
+def test_onednn_bf16_products_are_not_taken_where_the_cpu_emulates_them(monkeypatch):
+    """oneDNN emulates bf16 products on AVX-512 CPUs without bf16 dot products (slower than fp32): the head's
+    approximate product and the draft's bf16 copy must not go there (`kernels.onednn_usable`)."""
+    cpu_device = torch.device("cpu")
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: CASCADE_LAKE_PROBE)
+    kernels.hardware_flags.cache_clear()
+    kernels.onednn_usable.cache_clear()
+    try:
+        assert not kernels.native_bf16_hardware() and not kernels.onednn_usable(cpu_device, torch.bfloat16)
+        assert kernels.onednn_usable(cpu_device, torch.float32) == torch.backends.mkldnn.is_available()
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**CASCADE_LAKE_PROBE, "amx_bf16": True})
+        kernels.hardware_flags.cache_clear()
+        assert kernels.native_bf16_hardware()
+    finally:
+        monkeypatch.undo()
+        kernels.hardware_flags.cache_clear()
+        kernels.onednn_usable.cache_clear()
 
 
 NATIVE = ("amx-bf16", "avx512-bf16")

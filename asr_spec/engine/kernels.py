@@ -164,13 +164,37 @@ def transposed_product(audio: torch.Tensor, proj: nn.Linear, out: torch.Tensor) 
 
 
 @functools.cache
+def hardware_flags() -> frozenset[str] | None:
+    """This machine's CPU features as torch's cpuid probe (`torch.cpu.get_capabilities`) names them, the names of
+    /proc/cpuinfo's flags ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx2", ...): the hardware torch's and oneDNN's
+    kernels run on, whatever `ASR_SPEC_CPU_FLAGS` pins (the pin decides the project's own choices, `models.cpu`).
+    None where this torch has no such probe."""
+    probe = getattr(torch.cpu, "get_capabilities", None)
+    if probe is None:
+        return None
+    try:
+        return frozenset(name for name, value in probe().items() if value is True)
+    except RuntimeError:
+        return None
+
+
+def native_bf16_hardware() -> bool:
+    """Whether the CPU multiplies bf16 natively (AVX-512-BF16 dot products or AMX tiles). oneDNN calls bf16
+    supported from AVX-512 on (`_is_mkldnn_bf16_supported`: Skylake-SP, Cascade Lake, Ice Lake too), where it
+    converts and multiplies in fp32: slower than fp32 products. Where torch cannot say, its oneDNN check stands."""
+    flags = hardware_flags()
+    return flags is None or bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+@functools.cache
 def onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether products go through oneDNN: CPU fp32, or bf16 where the CPU has native bf16 instructions, with
-    oneDNN built in and its linear ops present (probed once per device and dtype, not by every decoder built)."""
+    """Whether products go through oneDNN: CPU fp32, or bf16 where the CPU has native bf16 instructions
+    (`native_bf16_hardware`), with oneDNN built in and its linear ops present (probed once per device and dtype,
+    not by every decoder built)."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
         return False
     try:
-        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        if dtype == torch.bfloat16 and not (torch.ops.mkldnn._is_mkldnn_bf16_supported() and native_bf16_hardware()):
             return False  # emulated bf16 products are slower than fp32 ones
         x, w = torch.randn(3, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype)
         tol = 1e-5 if dtype == torch.float32 else 3e-2

@@ -11,11 +11,12 @@ A CPU's class decides the precision a run is fastest in and whether a draft pays
 - ``other``: none of the above (an old x86 CPU, or a non-x86 one): fp32.
 
 The flags come from ``/proc/cpuinfo``; where that file is absent (macOS, Windows, some containers), from torch's
-own CPU capability (``torch.backends.cpu.get_cpu_capability()``: "AMX"?, "AVX512", "AVX2", "DEFAULT"), which does
-not tell AVX-512 bf16 apart, so there a CPU reporting AVX512 is taken as ``avx512-bf16`` only when torch also finds
-oneDNN's bf16 path usable. ``ASR_SPEC_CPU_FLAGS`` (a flags string, as in /proc/cpuinfo) replaces the detected flags:
-the test suite pins it so that its dtype decisions do not depend on the CPU it runs on, and it lets a user try
-another class's decisions.
+cpuid probe (``torch.cpu.get_capabilities()``, the same flag names: `engine.kernels.hardware_flags`), and where
+this torch has none, from its dispatch capability (``torch.backends.cpu.get_cpu_capability()``: "AMX"?, "AVX512",
+"AVX2", "DEFAULT"), which does not tell AVX-512 bf16 apart, so there a CPU reporting AVX512 is taken as
+``avx512-bf16`` only when torch also finds oneDNN's bf16 path usable. ``ASR_SPEC_CPU_FLAGS`` (a flags string, as
+in /proc/cpuinfo) replaces the detected flags: the test suite pins it so that its dtype decisions do not depend on
+the CPU it runs on, and it lets a user try another class's decisions.
 """
 
 from __future__ import annotations
@@ -114,7 +115,13 @@ def parse_cpuinfo(text: str) -> CpuCapabilities | None:
 
 
 def _from_torch() -> CpuCapabilities:
-    """The fallback where /proc/cpuinfo is absent: torch's dispatch capability and its oneDNN bf16 check."""
+    """The fallback where /proc/cpuinfo is absent: torch's cpuid probe (`kernels.hardware_flags`, the same flag
+    names), else its dispatch capability and its oneDNN bf16 check."""
+    from asr_spec.engine.kernels import hardware_flags
+
+    flags = hardware_flags()
+    if flags is not None:
+        return parse_cpu_flags(" ".join(sorted(flags)), source="torch")
     capability = torch.backends.cpu.get_cpu_capability().upper()
     wide = capability.startswith(("AVX512", "AMX"))
     bf16 = wide and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
