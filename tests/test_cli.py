@@ -167,6 +167,10 @@ def test_unknown_preset_and_unloadable_model_exit_2(capsys, tmp_path: Path) -> N
         code, _, err = run_cli(capsys, "transcribe", str(SHORT[0]), "--device", "cuda")
         assert code == 2
         assert_one_line_error(err, "CUDA is not available")
+    for device, why in (("gpu", "not a device name"), ("cuda:x", "not a device name"), ("meta", "runs on cpu or cuda")):
+        code, _, err = run_cli(capsys, "transcribe", str(SHORT[0]), "--device", device)
+        assert code == 2
+        assert_one_line_error(err, f"device {device!r}", why)
 
 
 def test_output_dir_writes_the_chosen_formats(capsys, tmp_path: Path, model_dirs) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from asr_spec.engine import int8
 from asr_spec.engine.pairing import DraftKind, check_pair
-from asr_spec.errors import AsrSpecError, ModelLoadError
+from asr_spec.errors import AsrSpecError, InputError, ModelLoadError
 from asr_spec.models.cpu import INT8, torch_dtype
 
 # decided in models.cpu; callers import them here too
@@ -31,11 +31,20 @@ log = logging.getLogger(__name__)
 # -- loading ----------------------------------------------------------------------------------------------------
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """"auto" / None: CUDA where available, else the CPU; else the device named (cpu, cuda, cuda:N), checked here:
+    a name torch does not know, another kind of device, or a CUDA device this machine lacks is a one-line error."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InputError(f"device {device!r}: not a device name (cpu, cuda, cuda:N or auto)") from err
+    if dev.type not in ("cpu", "cuda"):
+        raise InputError(f"device {device!r}: asr-spec runs on cpu or cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asked for but CUDA is not available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InputError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 
