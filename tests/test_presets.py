@@ -141,6 +141,7 @@ def test_preset_by_path_with_all_keys(tmp_path: Path) -> None:
         ('model = "x"\nbeam_size = 5\n', r"unknown key\(s\) beam_size \(allowed: model, draft"),
         ('draft = "x"\n', "missing 'model'"),
         ('model = "x"\ndtype = "int4"\n', "dtype must be one of auto"),
+        ('model = "x"\ndtype = ["bf16"]\n', "dtype must be one of auto"),  # not a string: no TypeError
         ('model = "x"\ndraft_optional = "yes"\n', "draft_optional must be true or false"),
         ('model = [1]\n', "model must be a model id"),
         ("model = \n", "cannot read the preset"),

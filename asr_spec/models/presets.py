@@ -33,9 +33,9 @@ AVX-512 bf16 stays memory-bound longer (docs/cpu.md).
     max_words_per_cue srt/vtt cues of at most this many words (needs word_timestamps); left out = one per segment
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
-    dtype             "auto" (float16 on CUDA; on a CPU bfloat16 where native and lossless, else float32:
-                      `asr_spec.models.cpu.auto_choice`), "float32",
-                      "float16" or "bfloat16" (on a CPU with native bf16 products the faster path: docs/cpu.md)
+    dtype             "auto" (float16 on CUDA; on a CPU bfloat16 where native and lossless, else "int8" on an
+                      AVX2 CPU where the kernel extension builds (fp32 weights, int8 encoder products), else float32:
+                      `asr_spec.models.cpu.auto_choice`), "float32", "float16", "bfloat16" or "int8" (docs/cpu.md)
     description       one line for ``--help`` listings
 
 A key left out means the default of the option it feeds, stated once where that option is defined
@@ -145,7 +145,7 @@ class ModelPlan:
 
     model: str  # the target to load
     draft: str | None  # the draft to load; None: greedy decoding (no draft loaded)
-    dtype: str | None  # None / "auto": `cpu.auto_choice` (fp16 on CUDA; CPU: bf16 or fp32)
+    dtype: str | None  # None / "auto": `cpu.auto_choice` (fp16 on CUDA; CPU: bf16, int8 or fp32)
     share_encoder: bool | None  # see `Preset.share_encoder`
     # DecodeOptions.draft_max_rows: the draft decodes only runs of at most this many rows; None: every run
     draft_max_rows: int | None
@@ -231,7 +231,8 @@ def _verify_preset(preset: Preset) -> None:
     _verify_class_table(where, "cpu_draft_max_rows", preset.cpu_draft_max_rows, 0, " (0: no draft on a CPU)")
     if isinstance(preset.num_draft_tokens, Mapping):  # a plain value is checked where it becomes an option
         _verify_class_table(where, "num_draft_tokens", preset.num_draft_tokens, 1, "")
-    if preset.dtype is not None and preset.dtype != "auto" and preset.dtype not in DTYPES:
+    if preset.dtype is not None and (not isinstance(preset.dtype, str) or (preset.dtype != "auto"
+                                                                             and preset.dtype not in DTYPES)):
         raise bad("dtype", f"one of auto, {', '.join(DTYPES)}")
     if preset.share_encoder is not None and not isinstance(preset.share_encoder, bool):
         raise bad("share_encoder", "true or false, or left out")
