@@ -175,6 +175,24 @@ def test_each_key_bucket_gives_a_query_what_all_keys_give(monkeypatch):
     assert key_buckets(h, d, n, decoder.query_rows, DTYPE, decoder.values_t) is buckets  # probed once per shape
 
 
+def test_the_memory_check_counts_the_positions_a_row_invariant_cache_holds(monkeypatch):
+    """Through torch's products a bf16 decoder's cache holds at least `key_count` self-attention positions (each
+    pass reads them all), more than the scheduler's 448 + K + 2: the memory check counts what `new_cache` makes."""
+    from asr_spec.engine import memory
+
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    decoder = _decoder("base")
+    assert decoder.min_cache_positions == decoder.key_count > 448 + 5
+    shape = memory.DecoderShape(decoder.n_layers, decoder.n_heads, decoder.head_dim, 2, decoder.audio_dtype,
+                                decoder.min_cache_positions)
+    run = memory.RunShape(shape, None, 448 + 5, 1500, decoder.d_model, 51865, 3, 0)
+    cache = decoder.new_cache(1, 448 + 5, 1500)
+    held = sum(t.numel() * t.element_size() for t in (cache.self_k, cache.self_v, cache.cross_k, cache.cross_v))
+    scales = [t for t in (cache.cross_k_scales, cache.cross_v_scales) if t is not None]
+    held += sum(t.numel() * t.element_size() for t in scales)
+    assert memory._cache_bytes(run.target, run.n_positions, run.n_audio_ctx) == held
+
+
 def test_values_are_stored_in_the_layout_the_probe_measured(monkeypatch):
     """A row-invariant decoder stores its attention values transposed exactly where `query_block` in that layout
     still takes `TRANSPOSED_MIN_QUERIES` queries over the audio keys, and its query pieces are what the probe

@@ -38,6 +38,13 @@ class DecoderLayout:
     def dtype(self) -> torch.dtype:
         return self.pos_table.dtype
 
+    @property
+    def min_cache_positions(self) -> int:
+        """The self-attention positions a cache of this decoder holds at least (`new_cache`; the memory check
+        counts them too): `key_count` where its passes are row-invariant through torch's products (`query_rows`:
+        each pass reads that many), else 0."""
+        return self.key_count if self.query_rows else 0
+
     def new_cache(self, n_rows: int, n_positions: int, n_audio_ctx: int) -> KVCache:
         """A cache of n_rows slots. On CPU the audio keys are stored transposed where `keys_t`, and the audio values
         where `values_t`: the layouts `kernels.attention` reads in place. With the CPU kernel (`fused`) the audio
@@ -48,8 +55,7 @@ class DecoderLayout:
         positions (what each pass reads), keys (and values where `values_t`) stored transposed, so that the
         self-attention products read every layer's keys and values in place (where n_positions <= key_count:
         K <= 14 in the scheduler's caches). The audio's keys and values in `audio_dtype`."""
-        if self.query_rows:
-            n_positions = max(n_positions, self.key_count)
+        n_positions = max(n_positions, self.min_cache_positions)
         self_t = bool(self.query_rows)
         return KVCache.empty(
             self.n_layers, n_rows, self.n_heads, self.head_dim, n_positions, n_audio_ctx,

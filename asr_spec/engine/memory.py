@@ -45,6 +45,8 @@ class DecoderShape:
     dtype_bytes: int
     # of the audio keys/values (the cross-attention cache: `Decoder.audio_dtype`); None: the decoder's own
     audio_dtype: torch.dtype | None = None
+    # the self-attention positions its cache holds at least, whatever the run's (`Decoder.min_cache_positions`)
+    min_positions: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ def _cache_bytes(shape: DecoderShape, n_positions: int, n_audio_ctx: int) -> int
     audio_bytes = shape.dtype_bytes if shape.audio_dtype is None else shape.audio_dtype.itemsize
     scaled = shape.audio_dtype is not None and channel_scaled(shape.audio_dtype)
     scales = per_position * FLOAT32_BYTES if scaled else 0
-    return per_position * (n_positions * shape.dtype_bytes + n_audio_ctx * audio_bytes) + scales
+    positions = max(n_positions, shape.min_positions)
+    return per_position * (positions * shape.dtype_bytes + n_audio_ctx * audio_bytes) + scales
 
 
 def row_bytes(run: RunShape) -> int:

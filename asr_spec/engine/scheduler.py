@@ -331,7 +331,7 @@ class Engine:
         (`_k`); both models' parameters, resident either way."""
         def shape(dec: Decoder) -> memory.DecoderShape:
             return memory.DecoderShape(dec.n_layers, dec.n_heads, dec.head_dim, dec.dtype.itemsize,
-                                       dec.audio_dtype)
+                                       dec.audio_dtype, dec.min_cache_positions)
 
         k = self._k(n_rows)
         models = [self.target] + ([self.draft] if self.draft is not None else [])
