@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from asr_spec.engine import cpu_attention
+from asr_spec.engine import cpu_attention, kernels
 from asr_spec.engine.decoder import Decoder
 from asr_spec.testing import random_whisper
 
@@ -225,7 +225,14 @@ def test_cpuinfo_flags_are_its_flags_line_read_once(monkeypatch, tmp_path):
     assert cpu_attention.cpu_flags() == "flags\t\t: fpu avx2 fma"
     info.write_text("flags\t\t: fpu\n")  # read once a process: a CPU does not change under it
     assert cpu_attention.cpu_flags() == "flags\t\t: fpu avx2 fma"
-    assert cpu_attention._cpuinfo_flags(tmp_path / "absent") == ""
+    # no /proc/cpuinfo (some containers): torch's cpuid probe, as models.cpu.detect_cpu falls back to
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, "fma3": True, "avx512_f": False})
+    kernels.hardware_flags.cache_clear()
+    try:
+        assert cpu_attention._cpuinfo_flags(tmp_path / "absent") == "avx2 fma3"
+    finally:
+        monkeypatch.undo()
+        kernels.hardware_flags.cache_clear()
     monkeypatch.setenv(cpu_attention.FLAGS_ENV, "avx2 fma")  # the forced flags are read at every call
     assert cpu_attention.cpu_flags() == "avx2 fma"
 

@@ -74,7 +74,7 @@ def fused_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
 
 def cpu_flags() -> str:
     """The instruction-set flags the kernel is built for: `ASR_SPEC_CPU_FLAGS` where set, else /proc/cpuinfo's
-    flags line ("" where neither says; the file read once a process: `_cpuinfo_flags`)."""
+    flags line, else torch's probe's (the file read once a process: `_cpuinfo_flags`)."""
     forced = os.environ.get(FLAGS_ENV)
     if forced is not None:
         return forced
@@ -83,11 +83,15 @@ def cpu_flags() -> str:
 
 @functools.cache
 def _cpuinfo_flags(path: Path) -> str:
-    """The flags line of `path` (/proc/cpuinfo), "" where it is absent: read once per path (every decoder,
-    encoder and decision asks)."""
-    if not path.exists():
-        return ""
-    lines = path.read_text(errors="replace").splitlines()
+    """The flags line of `path` (/proc/cpuinfo); where it is absent or unreadable, the names of torch's cpuid probe
+    (`kernels.hardware_flags`, the same names; `models.cpu.detect_cpu` falls back to it too), "" where neither
+    says: read once per path (every decoder, encoder and decision asks)."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        from asr_spec.engine.kernels import hardware_flags
+
+        return " ".join(sorted(hardware_flags() or ()))
     return next((line for line in lines if line.startswith(("flags", "Features"))), "")
 
 
