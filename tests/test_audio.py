@@ -150,6 +150,8 @@ def test_bad_files_raise_audio_error_naming_file_and_cause(tmp_path: Path, make,
     "source,needle",
     [
         (np.zeros(0, np.float32), "<array>: no audio samples"),
+        (np.zeros((0, 2), np.float32), r"<array>: no audio samples \(shape \(0, 2\)\)"),
+        (np.zeros((1, 0), np.float32), "<array>: no audio samples"),
         (np.array([0.0, np.nan, np.nan, 0.5], np.float32), "<array>: 2 non-finite samples"),
         (np.zeros((4, 4), np.float32), "cannot tell channels"),
         (np.zeros((2, 3, 100), np.float32), "cannot tell channels"),

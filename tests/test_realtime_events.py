@@ -36,6 +36,8 @@ def test_the_client_events_of_vllms_protocol():
     ("[1, 2]", "invalid_event", "JSON object"),
     ('{"type": "response.create"}', "unknown_event", "unknown event type 'response.create'"),
     ('{"audio": "AAA="}', "unknown_event", "unknown event type None"),
+    ('{"type": []}', "unknown_event", "unknown event type []"),  # not hashable: no TypeError
+    ("[" * 100_000, "invalid_json", "nests too deeply"),
     ('{"type": "input_audio_buffer.append"}', "invalid_audio", "base64 string"),
     ('{"type": "input_audio_buffer.append", "audio": "%%%"}', "invalid_audio", "not valid base64"),
     ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', "invalid_audio", "3 bytes"),

@@ -85,6 +85,8 @@ def to_mono(samples: np.ndarray, name: str) -> np.ndarray:
     """
     if samples.ndim == 1:
         return samples
+    if samples.ndim == 2 and samples.size == 0:  # no axis to average over, nor a channel to take
+        raise AudioError(f"{name}: no audio samples (shape {tuple(samples.shape)})")
     if samples.ndim == 2:
         rows, cols = samples.shape
         if rows <= MAX_CHANNELS and rows < cols:

@@ -76,10 +76,12 @@ def parse(message: str | bytes | None, max_samples: int) -> Event:
         event = json.loads(message)
     except json.JSONDecodeError as err:
         raise ProtocolError(f"the message is not JSON ({err.msg} at character {err.pos})", "invalid_json") from err
+    except RecursionError as err:  # arrays nested thousands deep: JSON, but no event
+        raise ProtocolError("the message nests too deeply to be an event", "invalid_json") from err
     if not isinstance(event, dict):
         raise ProtocolError(f"an event is a JSON object, got {type(event).__name__}", "invalid_event")
     kind = event.get("type")
-    if kind not in _FIELDS:
+    if not isinstance(kind, str) or kind not in _FIELDS:
         known = ", ".join(_FIELDS)
         raise ProtocolError(f"unknown event type {kind!r} (known: {known})", "unknown_event")
     unknown = sorted(set(event) - _FIELDS[kind] - _IGNORED)
