@@ -54,3 +54,18 @@ def test_an_empty_prompt_is_none(client, greedy):
     [want] = greedy.transcribe(str(SHORT[0]), progress=False)
     response = post(client, SHORT[0], prompt="", hotwords="", prefix="")
     assert response.status_code == 200 and response.json()["text"] == want.text
+
+
+def test_a_prompt_for_a_model_that_takes_none_is_a_400_and_gives_back_its_budget():
+    """A model whose generation config has no <|startofprev|> takes no prompt: the request gets a 400 naming why
+    (it was a 500), and the admission budget it had reserved comes back."""
+    import dataclasses
+
+    served = transcriber(speculative=False, timestamps=True)  # its own Transcriber: its tokens are changed here
+    served.tokens = dataclasses.replace(served.tokens, sot_prev=None)
+    batcher = Batcher(served, batch_size=4)
+    with TestClient(create_app(batcher, ServeOptions(model_id="tiny"))) as client:
+        response = post(client, SHORT[0], prompt="The quick brown fox.")
+        assert response.status_code == 400 and "prev_sot_token_id" in response.text, response.text
+        assert batcher.in_flight == (0, 0.0)
+        assert post(client, SHORT[0]).status_code == 200  # no prompt: served

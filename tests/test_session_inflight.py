@@ -256,6 +256,45 @@ def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel()
     assert "asr_spec_engine_chunks 0\n" in batcher.metrics.render()
 
 
+def test_a_job_cancelled_after_its_audio_was_read_gives_back_its_budget():
+    """A client gone while its upload's last chunk decodes (the job read to its end, out of the rotation): the
+    server's admission budget comes back and the job is forgotten once that chunk is out of the engine (the budget
+    stayed taken: 32 such requests and the server answered 503 to everyone)."""
+    pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+    from test_transcribe import SHORT, transcriber
+
+    from asr_spec.engine.capture import StepRunner
+    from asr_spec.serve.batcher import Batcher
+
+    gate = threading.Event()  # the engine's steps wait on it: the chunk cannot finish before the job is cancelled
+
+    def gated(fn):
+        def step(*args):
+            assert gate.wait(300), "the test never opened the gate"
+            fn(*args)
+        return step
+
+    model = transcriber(speculative=False)
+    model.engine.runner = StepRunner("wrapped", gated)
+    batcher = Batcher(model, batch_size=2)
+    batcher.admit(30.0)
+    job = batcher.prepare(str(SHORT[0]), reserved_s=30.0)
+    assert batcher.in_flight == (1, 30.0)
+    batcher.start()
+    try:
+        batcher.submit(job)
+        assert wait_until(lambda: job.input.read_done and batcher.session.in_flight.of(job.id)
+                          and batcher.queue_depth == 0, 300), "the job's chunk never reached the engine"
+        batcher.cancel(job)
+        gate.set()
+        assert wait_until(lambda: batcher.in_flight == (0, 0.0) and not batcher.session.in_flight, 300, 0.02), \
+            f"the cancelled job kept its budget: {batcher.in_flight}"
+    finally:
+        gate.set()
+        batcher.stop()
+    assert job.cancelled and job.ended and not job.finished and job.id not in batcher._jobs
+
+
 def test_waiting_redecodes_are_held_while_another_streams_is_decoding_and_then_taken_as_one_group():
     """`StreamDecodes.take_group`: while a stream's re-decode is in the engine the others wait (their windows are
     then encoded together), for at most group_wait_s after the oldest was submitted; then all go in one group. A

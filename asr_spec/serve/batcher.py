@@ -42,7 +42,7 @@ from typing import Any
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
-from asr_spec.errors import AudioError, one_line
+from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve.jobs import Busy, Job, Refused, check_limits, close_reader
 from asr_spec.serve.metrics import Metrics
 from asr_spec.serve.stream_jobs import GROUP_WAIT_S, StreamQueue, is_stream_id
@@ -136,8 +136,13 @@ class Batcher:
             source = {"bytes": bytes(source), "path": name}
         else:
             label = os.fspath(source)
-        item = Input(next(_job_ids), label, source, word_timestamps=words,
-                     prompt=self.transcriber.prompt_tokens(prompts))
+        try:
+            prompt = self.transcriber.prompt_tokens(prompts)
+        except InputError as err:  # e.g. a prompt for a model without <|startofprev|>: the request's, a 400
+            if reserved_s is not None:
+                self.release(reserved_s)
+            raise Refused(f"{name}: {one_line(err)}", 400) from err
+        item = Input(next(_job_ids), label, source, word_timestamps=words, prompt=prompt)
         max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
         job = Job(item, iter(()), max_samples=max_samples, reserved_s=reserved_s, temperature=temperature)
         try:
@@ -186,7 +191,8 @@ class Batcher:
 
     def cancel(self, job: Job) -> None:
         """The client went away: end the job now unless the engine thread is reading its next chunk (then it
-        ends the job when that read returns). Its chunks in the engine finish there and are ignored."""
+        ends the job when that read returns) or has read all of it (then it ends the job when the first of its
+        chunks in the engine comes back, `_deliver`). Its chunks in the engine finish there and are ignored."""
         with self._cond:
             job.cancelled = True
             if job in self._active:
@@ -376,7 +382,9 @@ class Batcher:
                 finished.keep(job.input)
             self.metrics.chunk_done(result.stats)
             done = job.complete and job.error is None
-            if done or job.ended:
+            # a job cancelled once its audio was read (out of the rotation, so `cancel` left it to this thread) ends
+            # with its first result back: its budget given back, forgotten once its last chunk is out of the engine
+            if done or job.ended or job.cancelled:
                 self._end(job)
             self._publish()
         if done and not job.cancelled:
