@@ -83,6 +83,24 @@ def test_withdrawn_requests_stop_counting_and_give_no_result():
     assert session.in_flight.total() == 0
 
 
+def test_a_request_withdrawn_on_its_way_into_the_engine_is_never_counted():
+    """A live stream closed after its re-decode was taken from the queue and before the engine pulled it: the
+    withdrawal comes first, then the feed, and the engine drops it without a result. It must not count in flight
+    (it stayed counted for good: the server's loop then never waited, spinning a core on an idle server)."""
+    engine = FakeEngine()
+    session = session_over(engine)
+    on_its_way = request("s", 1)
+    session.withdraw(on_its_way.id)  # not fed yet
+    run = session.run(session.source([on_its_way, request("t", 0)]), 2)
+    assert [r.id for r in run] == [ChunkId("t", 0)]  # the engine dropped the withdrawn one
+    assert session.in_flight.total() == 0 and session.in_flight.of("s") == 0
+    counts = InFlight()  # fed again later (a result that beat its withdrawal): counted as any other
+    counts.withdrawn(ChunkId("u", 0))
+    counts.fed(ChunkId("u", 0))
+    counts.fed(ChunkId("u", 0))
+    assert counts.of("u") == 1 and counts.done(ChunkId("u", 0)) and not counts
+
+
 def test_a_failed_run_names_the_owners_it_lost_and_counts_start_clean():
     engine = FakeEngine(fail_on={ChunkId("b", 0)})
     session = session_over(engine)

@@ -4,7 +4,9 @@ The engine session (session.py) updates it in the engine's thread where it feeds
 the engine pulls a request from the session's source, `done` when the request's final result comes out of the
 session's run, or when the request is withdrawn, or when the run fails (`clear`). Any thread may read it (the
 server's cancel, admission and metrics). An id is counted once: `done` of an id not in flight (a result that
-raced its withdrawal) changes nothing.
+raced its withdrawal) changes nothing. A request withdrawn on its way into the engine (a live stream closed after
+its re-decode was taken from the queue, before the engine pulled it: `withdrawn` first, then `fed`) is not counted
+when it arrives: the engine drops it without a result, so nothing would count it out.
 """
 
 from __future__ import annotations
@@ -25,30 +27,46 @@ class InFlight:
         self._lock = threading.Lock()
         self._owners: dict[Hashable, Hashable] = {}  # request id -> its owner
         self._counts: Counter[Hashable] = Counter()  # owner -> its requests in flight
+        self._withdrawn_early: set[Hashable] = set()  # withdrawn before the engine pulled them
 
     def fed(self, chunk_id: ChunkId) -> None:
-        """The engine pulled the request `chunk_id`."""
+        """The engine pulled the request `chunk_id` (not counted when it was withdrawn on its way: `withdrawn`)."""
         with self._lock:
-            if chunk_id not in self._owners:
+            if chunk_id in self._withdrawn_early:
+                self._withdrawn_early.discard(chunk_id)
+            elif chunk_id not in self._owners:
                 self._owners[chunk_id] = chunk_id.owner
                 self._counts[chunk_id.owner] += 1
 
     def done(self, chunk_id: Hashable) -> bool:
-        """The request `chunk_id` left the engine (finished or withdrawn); False when it was not in flight."""
+        """The request `chunk_id` left the engine (finished); False when it was not in flight."""
         with self._lock:
-            owner = self._owners.pop(chunk_id, _ABSENT)
-            if owner is _ABSENT:
-                return False
-            self._counts[owner] -= 1
-            if not self._counts[owner]:
-                del self._counts[owner]
-            return True
+            return self._count_out(chunk_id)
+
+    def withdrawn(self, chunk_id: Hashable) -> None:
+        """The request `chunk_id` was withdrawn (any thread): counted out when in flight, else remembered, since it
+        may be on its way into the engine (its `fed` is then not counted). An id that had finished already is
+        remembered too and never fed: one id, kept until `clear`."""
+        with self._lock:
+            if not self._count_out(chunk_id):
+                self._withdrawn_early.add(chunk_id)
+
+    def _count_out(self, chunk_id: Hashable) -> bool:
+        """Under the lock: `chunk_id` no longer in flight; False when it was not."""
+        owner = self._owners.pop(chunk_id, _ABSENT)
+        if owner is _ABSENT:
+            return False
+        self._counts[owner] -= 1
+        if not self._counts[owner]:
+            del self._counts[owner]
+        return True
 
     def clear(self) -> dict[Hashable, Hashable]:
         """Everything left the engine at once (its run failed): the requests that were in flight, id -> owner."""
         with self._lock:
             lost, self._owners = self._owners, {}
             self._counts.clear()
+            self._withdrawn_early.clear()
             return lost
 
     def of(self, owner: Hashable) -> int:

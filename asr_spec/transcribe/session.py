@@ -124,7 +124,7 @@ class EngineSession:
         next step and it yields no result (`Engine.withdraw`), it stops counting in flight now, and the samples
         held for its tail are let go. For requests the fallback does not re-decode (a live stream's: greedy)."""
         self.engine.withdraw(chunk_id)
-        self.in_flight.done(chunk_id)
+        self.in_flight.withdrawn(chunk_id)
         if self.tails is not None:
             self.tails.samples.pop(chunk_id, None)
 
