@@ -171,6 +171,21 @@ def test_hypothesis_steps_equal_greedy_and_keep_the_draft_in_step(name, batch_si
         assert sum(r.stats.accepted_tokens for r in results.values()) > 0
 
 
+@pytest.mark.parametrize("name", ["reading", "self"])
+def test_a_hypothesis_rows_freed_slot_in_a_graphs_row_bucket_with_the_feature_draft(name):
+    """As tests/test_hints.py's test of it with a model draft: the feature draft's window is K + 1 in a plain step
+    and max(K, width) + 1 in a hypothesis step, so the slot of a row that took 8 hypothesis tokens a step and
+    finished is computed (a CUDA graph's row bucket) with an index past the plain window: clamped."""
+    from test_hints import BucketRunner
+
+    greedy = _greedy()
+    requests = [ChunkRequest(i, _features()[i], hypothesis=greedy[i] if i == 3 else ()) for i in range(4)]
+    engine = Engine(_target(), drafts(name), DecodeOptions(language="en", max_new_tokens=MAX_NEW, num_draft_tokens=2,
+                                                           num_hypothesis_tokens=8), runner=BucketRunner())
+    results = {r.id: r.tokens for r in engine.run(requests, 4)}
+    assert results == {i: greedy[i] for i in range(4)}
+
+
 def test_a_sampled_hypothesis_step_with_the_feature_draft_has_no_graph_break():
     """The step with a feature-conditioned draft, sampled rows and hypothesis rows at once (the widest combination
     a server runs) still traces into one graph: what CUDA graphs capture per (rows, n_keys, K, sampling, width)."""

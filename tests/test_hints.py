@@ -10,7 +10,7 @@ import torch
 from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy, drafts, reference
 
 from asr_spec.engine import ChunkRequest, DecodeOptions, Engine, EngineError
-from asr_spec.engine.capture import StepRunner
+from asr_spec.engine.capture import StepRunner, rows_bucket
 from asr_spec.engine.speculative import step
 
 KINDS = ("true", "perturbed", "inserted", "wrong", "empty", "longer")
@@ -142,3 +142,28 @@ def test_hypothesis_step_has_no_graph_break():
         explained = torch._dynamo.explain(step)(*captured["args"])
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+
+
+class BucketRunner(StepRunner):
+    """Eager steps over the rows a CUDA-graph runner computes (`rows_bucket`): a freed slot is computed with its
+    last state, as on a GPU, where the eager runner computes the live rows only."""
+
+    def step_rows(self, n_live: int, n_slots: int) -> int:
+        return rows_bucket(n_live, n_slots)
+
+
+@pytest.mark.parametrize("draft_name", ["perturbed-shared", "perturbed-own"])
+def test_a_hypothesis_rows_freed_slot_computed_in_a_graphs_row_bucket(draft_name):
+    """The last slot's row takes its whole hypothesis (several tokens a step) and finishes first; the other rows
+    then run plain steps (a catch-up window of 2) over a bucket of 4 rows that computes its freed slot, whose draft
+    cache still lags its tokens by the hypothesis step's: the draft's index into the window is clamped there
+    (`_catch_up_index`). It failed the step ('index 4 is out of bounds for dimension 1 with size 2'; a device-side
+    assert under CUDA graphs) and lost every chunk in flight."""
+    kinds = ["empty", "empty", "empty", "true"]
+    options = DecodeOptions(language="en", max_new_tokens=MAX_NEW)
+    engine = Engine(_target(), drafts(draft_name), options, runner=BucketRunner())
+    feats = _features()[:4]
+    requests = [ChunkRequest(row, feats[row], hypothesis=hypothesis(kinds[row], row, False)) for row in range(4)]
+    results = {r.id: r for r in engine.run(requests, 4)}
+    assert_same_as_greedy([results[row] for row in range(4)], False, MAX_NEW)
+    assert results[3].stats.target_passes < len(results[3].tokens)  # its hypothesis was taken several at a time

@@ -35,7 +35,7 @@ from torch import nn
 from asr_spec.engine.cache import KVCache
 from asr_spec.engine.decoder import Decoder, _layer_norm
 from asr_spec.engine.rules import LogitRules
-from asr_spec.engine.speculative import DecodeState, Models, _window
+from asr_spec.engine.speculative import DecodeState, Models, _catch_up_index, _window
 
 
 class FeatureDecoder(Decoder):
@@ -139,7 +139,7 @@ class TargetFeatures:
         rules.sampling) offer none of its proposals and sample plainly from the target's p (lossless)."""
         d_len = m.draft_cache.lengths
         tokens, pos = _window(st.seq, d_len, catch_up)
-        index = (st.n_tok - d_len - 1)[:, None]
+        index = _catch_up_index(st.n_tok, d_len, catch_up)
         logits, guess = m.draft.draft_forward(m.draft_cache, tokens, self.inputs(pos), pos, n_keys, index)
         guess = guess.gather(1, index[:, :, None].expand(-1, -1, guess.shape[-1]))
         offers = st.temperature == 0 if rules.sampling else torch.ones_like(st.n_tok, dtype=torch.bool)

@@ -128,6 +128,15 @@ class DecodeState:
             t[dst] = t[src]
 
 
+def _catch_up_index(n_tok: torch.Tensor, d_len: torch.Tensor, catch_up: int) -> torch.Tensor:
+    """(B, 1) long: where in the draft's catch-up window of `catch_up` tokens each row's last committed token sits
+    (n_tok - d_len - 1). A live row's is inside the window by construction; a freed slot computed only to fill a
+    CUDA graph's row bucket keeps its last state, which after a hypothesis step (the draft kept none of its
+    tokens) may point past a narrower window: clamped, so that such a row reads a token of its window, not out of
+    bounds (a device-side assert on CUDA). It commits nothing either way."""
+    return (n_tok - d_len - 1).clamp(0, catch_up - 1)[:, None]
+
+
 def _window(seq: torch.Tensor, start: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens seq[b, start[b] : start[b] + width] and their positions, (B, width) each (indices clamped)."""
     pos = start[:, None] + torch.arange(width, device=seq.device)
@@ -296,7 +305,7 @@ def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
     # catch up on the committed tokens the draft has not seen: one more than the target after a full accept (more
     # after a hypothesis step)
     tokens, pos = _window(st.seq, d_len, catch_up)
-    index = (st.n_tok - d_len - 1)[:, None]
+    index = _catch_up_index(st.n_tok, d_len, catch_up)
     proposed, qs = [], []
     restricted = rules.draft_vocab is not None  # logits over the draft's own vocabulary (`draft_choice`)
     for i in range(k):
