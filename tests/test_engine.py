@@ -106,6 +106,8 @@ def test_eos_inside_accepted_draft():
     eos_rows = [r for r in results if r.finish_reason == "eos"]
     # with everything accepted, an EOS that is not a step's first token was inside an accepted draft
     assert any(r.stats.accepted_tokens > 0 and len(r.tokens) % 9 != 1 for r in eos_rows)
+    for r in results:  # the histogram counts the proposals each pass committed, none matching past the EOS
+        assert sum(j * n for j, n in enumerate(r.stats.accepted_hist)) == r.stats.accepted_tokens, r.id
 
 
 def test_acceptance_statistics():

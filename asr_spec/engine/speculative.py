@@ -272,7 +272,8 @@ def _count(st: DecodeState, logprob: torch.Tensor, live: torch.Tensor, from_hyp:
     st.drafted.add_(n_offered * drafting)
     st.accepted.add_(n_taken * drafting)
     if k > 0:
-        st.hist.scatter_add_(1, n_acc.clamp(max=st.hist.shape[1] - 1)[:, None], drafting[:, None])
+        # the proposals this pass committed (not those matching past an <|endoftext|> among them)
+        st.hist.scatter_add_(1, n_taken.clamp(max=st.hist.shape[1] - 1)[:, None], drafting[:, None])
     return n_offered, n_taken
 
 
