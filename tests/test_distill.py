@@ -283,6 +283,31 @@ def test_distill_command_end_to_end(tmp_path, capsys):
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
 
 
+def test_distill_commands_fail_in_one_line(tmp_path, capsys, cache):
+    """A model that is not there, or a relabel into the very cache it reads (whose encoder outputs would be
+    truncated as they are read): one `error:` line naming the cause, no traceback, and the cache left whole."""
+    from test_transcribe import save_tiny_models
+
+    from asr_spec.cli import main
+
+    target_dir, _ = save_tiny_models(tmp_path)
+    for argv, words in (
+        (["--model", str(tmp_path / "absent"), "train", "--train-cache", str(cache.path), "--out", str(tmp_path / "d"),
+          "--work", str(tmp_path / "w")],
+         str(tmp_path / "absent")),
+        (["--model", str(target_dir), "cache", "--from-cache", str(cache.path), "--out", str(cache.path)],
+         "the same folder"),
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            main(["distill", *argv])
+        err = capsys.readouterr().err
+        assert info.value.code == 1 and "Traceback" not in err, err
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and words in lines[0], err
+    assert float(np.abs(np.asarray(cache.encoded)).sum()) > 0  # not truncated
+
+
 def test_layer_ids_by_count_by_id_and_bad_specs():
     from asr_spec.distill.commands import layer_ids
 

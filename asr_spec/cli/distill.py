@@ -73,12 +73,19 @@ def _group(ctx: typer.Context,
 
 
 def _call(command: Callable[[Any], None], ctx: typer.Context, params: dict[str, Any]) -> None:
-    """Run `command` on the group's --model and a command's parameters (its `locals()` on entry)."""
+    """Run `command` on the group's --model and a command's parameters (its `locals()` on entry); an error the
+    user's input caused (a model, cache or checkpoint that cannot be read, a bad value) is one `error:` line."""
+    from asr_spec.cli.options import EXIT_FAILED, USER_ERRORS, fail
+    from asr_spec.errors import one_line
+
     values = {name: value for name, value in params.items() if name != "ctx"}
     for name in ("enc_dtype", "hidden_dtype", "kind"):
         if isinstance(values.get(name), enum.Enum):
             values[name] = values[name].value
-    command(SimpleNamespace(model=ctx.obj["model"], **values))
+    try:
+        command(SimpleNamespace(model=ctx.obj["model"], **values))
+    except USER_ERRORS as err:
+        fail(one_line(err), EXIT_FAILED)
 
 
 # -- options shared by several commands (each declared once) -----------------------------------------------------

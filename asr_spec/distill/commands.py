@@ -44,6 +44,7 @@ import torch
 from asr_spec.distill import data as draft_data
 from asr_spec.distill import evaluation
 from asr_spec.distill import train as distill
+from asr_spec.errors import InputError
 from asr_spec.models import drafts
 from asr_spec.models.feature_draft import save_feature_draft
 from asr_spec.models.loading import load_distilled
@@ -111,6 +112,8 @@ def _cache_long_files(args, target) -> None:
 def _relabel(args, target) -> None:
     """The windows of an existing cache labelled again (e.g. with --timestamps) from its stored encoder outputs: no
     audio is read and no encoder runs. The encoder outputs are stored as they were (same dtype)."""
+    if Path(args.from_cache).resolve() == Path(args.out).resolve():  # its encoded.npy would be rewritten as read
+        raise InputError(f"--from-cache {args.from_cache} and --out {args.out}: the same folder (relabel into another)")
     src = draft_data.PseudoLabelCache(args.from_cache)
     rows = list(range(len(src)))
     if args.max_windows and args.max_windows < len(src):  # spread over the whole cache, not its first voices
@@ -207,7 +210,8 @@ def cmd_eval(args) -> None:
             line["draft_step_ms_full_head"] = round(evaluation.decoder_step_ms(full_head, args.batch_size, n_ctx), 1)
         for k in [] if args.no_speed else (args.k if name != "trained-full-head" else args.k[-1:]):
             sp = evaluation.benchmark(target, draft, encoded, batch_size=args.batch_size, k=k, repeats=args.repeats,
-                                   max_new_tokens=held.meta["max_new_tokens"], timestamps=held.timestamps)
+                                   language=held.meta["language"], max_new_tokens=held.meta["max_new_tokens"],
+                                   timestamps=held.timestamps)
             key = f"speed_k{k}"
             line[key] = {"greedy_s": round(sp.greedy_s, 2), "speculative_s": round(sp.speculative_s, 2),
                          "speedup": round(sp.speedup, 3), "tokens": sp.generated_tokens,

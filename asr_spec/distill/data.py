@@ -181,6 +181,7 @@ def build_cache(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)  # written last: a rebuild cut short leaves no "whole cache" marker
     engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens,
                                                 timestamps=timestamps))
     ctx, d = target.config.max_source_positions, target.config.d_model
