@@ -125,7 +125,7 @@ def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
             lines = path.read_text(encoding="utf-8").splitlines()
             raw = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
         elif suffix in (".csv", ".tsv"):
-            with open(path, newline="", encoding="utf-8") as handle:
+            with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: a spreadsheet's BOM
                 reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
                 raw = [(n, row) for n, row in enumerate(reader, 2)]
         else:

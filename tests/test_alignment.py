@@ -11,10 +11,12 @@ from asr_spec.testing import random_whisper
 from asr_spec.transcribe.alignment import (
     Aligner,
     dtw_path,
+    encoder_frames,
     group_words,
     median_filter,
     snap_to_speech,
     spoken_until_s,
+    starts_word,
     token_jump_times,
 )
 
@@ -75,6 +77,35 @@ def test_words_split_at_spaces_and_keep_punctuation_attached():
     assert ["".join(pieces[i] for i in w) for w in words] == [" Hello,", " world.", " \"Yes\"", " no"]
     assert group_words([]) == []
     assert group_words(["abc", "def"]) == [[0, 1]]
+
+
+def test_unspaced_scripts_split_their_words_by_character():
+    """Chinese, Japanese, Thai...: every character may start a word (openai-whisper's split on unicode characters
+    for those languages); a sentence of them was one word before. Trailing punctuation still joins its word; a
+    token holding part of a character's bytes (decoded as U+FFFD) starts none."""
+    pieces = ["我们", "今天", "去", "公园", "。", "他", "说", "好", "。"]
+    assert ["".join(pieces[i] for i in w) for w in group_words(pieces)] == ["我们", "今天", "去", "公园。", "他", "说",
+                                                                         "好。"]
+    assert starts_word("ก") and starts_word("カ") and starts_word(" a") and not starts_word("\ufffd")
+    assert not starts_word("abc") and not starts_word("") and not starts_word("한")  # Korean: spaced
+    assert [encoder_frames(n) for n in (0, 1, 320, 2240, 2241, 480_000)] == [0, 1, 1, 7, 8, 1500]
+
+
+def test_a_stride_seam_keeps_the_text_of_an_unspaced_script():
+    """A seam keeps a word it cuts whole (`starts_word`): with no token of Chinese text starting a word, the right
+    window's text from the seam on was dropped (its 21-29 s here); by character it is kept as Latin text is."""
+    from asr_spec.audio.chunking import ChunkSpan
+    from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
+
+    eot, ts, rate = 100, 200, 16_000
+    piece = {i: "字" for i in range(1, 17)}
+    left = ChunkSpan(0, 30 * rate, 0, 5 * rate, True, False)
+    right = ChunkSpan(20 * rate, 50 * rate, 5 * rate, 0, False, True)
+    left_tokens = (ts + 0, 1, 2, 3, ts + 500, eot)  # the left window heard 0-10 s only
+    right_tokens = (ts + 50, 11, 12, ts + 200, ts + 300, 13, 14, ts + 450, ts + 1000, 15, 16, ts + 1250, eot)
+    stitched = stitch_chunks([ChunkTokens(left_tokens, left), ChunkTokens(right_tokens, right)], eot_id=eot,
+                             timestamp_begin_id=ts, starts_word=lambda t: starts_word(piece.get(t, " ")))
+    assert stitched.token_ids == (1, 2, 3, 11, 12, 13, 14, 15, 16)
 
 
 def test_snap_trims_the_pause_and_the_previous_words_tail():

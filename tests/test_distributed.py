@@ -214,6 +214,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
     manifest.write_text('{"file": "a.flac"}\n')
     with pytest.raises(distributed.InputError, match=r"m.jsonl:1: no 'path' value .*found: file"):
         distributed.manifest_inputs(manifest)
+    spreadsheet = tmp_path / "excel.csv"  # saved as "CSV UTF-8" by a spreadsheet: a byte-order mark first
+    spreadsheet.write_bytes("path,text\na.flac,hello\n".encode("utf-8-sig"))
+    assert [(r["path"], r["ref"]) for r in distributed.manifest_inputs(spreadsheet)] == [(str(tmp_path / "a.flac"),
+                                                                                         "hello")]
     with pytest.raises(distributed.InputError, match="workers must be an integer >= 1"):
         distributed.RayOptions(workers=0)
     assert [r["id"] for r in distributed.librispeech_inputs(LIBRI)][:2] == ["9001-100201-0000", "9001-100201-0001"]

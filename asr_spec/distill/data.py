@@ -158,6 +158,15 @@ def make_batch(rows: Sequence[tuple[PseudoLabelCache, int]]) -> CacheBatch:
 
 
 @torch.inference_mode()
+def _fresh_cache_dir(out_dir: str | Path) -> Path:
+    """The folder a cache is built in, made if need be, without a meta.json: that is written last and marks a whole
+    cache, so a rebuild cut short leaves none beside its new, partly written arrays."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)
+    return out
+
+
 def build_cache(
     target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
     *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
@@ -179,9 +188,7 @@ def build_cache(
 
     from asr_spec.engine import DecodeOptions, Engine
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").unlink(missing_ok=True)  # written last: a rebuild cut short leaves no "whole cache" marker
+    out = _fresh_cache_dir(out_dir)
     engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens,
                                                 timestamps=timestamps))
     ctx, d = target.config.max_source_positions, target.config.d_model

@@ -18,6 +18,7 @@ from typing import Any
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.engine import ChunkResult, ChunkStats
+from asr_spec.transcribe.alignment import starts_word
 from asr_spec.transcribe.nospeech import NO_SPEECH
 from asr_spec.transcribe.options import TranscribeOptions
 from asr_spec.transcribe.results import ChunkReport, Transcription
@@ -103,7 +104,7 @@ class Assembler:
         return out, words
 
     def _starts_word(self, token_id: int) -> bool:
-        return self.piece(token_id).startswith(" ")
+        return starts_word(self.piece(token_id))
 
     def stitch(self, chunks: Sequence[ChunkTokens]) -> StitchResult:
         """The chunks' tokens joined as the chunking mode says: stitched across strides (a seam cut by time keeps
