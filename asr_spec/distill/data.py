@@ -157,7 +157,6 @@ def make_batch(rows: Sequence[tuple[PseudoLabelCache, int]]) -> CacheBatch:
     return CacheBatch(enc, input_ids, labels, hidden)
 
 
-@torch.inference_mode()
 def _fresh_cache_dir(out_dir: str | Path) -> Path:
     """The folder a cache is built in, made if need be, without a meta.json: that is written last and marks a whole
     cache, so a rebuild cut short leaves none beside its new, partly written arrays."""
@@ -167,6 +166,7 @@ def _fresh_cache_dir(out_dir: str | Path) -> Path:
     return out
 
 
+@torch.inference_mode()
 def build_cache(
     target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
     *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
