@@ -532,3 +532,42 @@ def test_the_server_repairs_tails_as_the_transcriber_does() -> None:
         if "word" in granularities:
             assert [(w["word"].strip(), w["start"], w["end"]) for w in data["words"]] == [
                 (w.word.strip(), w.start, w.end) for s in expect.segments for w in s.words]
+
+
+def test_a_tails_emptied_first_segment_takes_its_words_with_it() -> None:
+    """A tail whose first segment is wholly the parent's last words: that segment is dropped from the text, and
+    its words with it. Its later segments' words stayed one segment late before ("Last one" timed with "Next
+    sentence"'s words, and the srt cue of "Next sentence" twice)."""
+    from types import SimpleNamespace
+
+    from asr_spec.audio.vad import SpeechSpan, VadOptions
+    from asr_spec.engine.stats import ChunkStats
+    from asr_spec.transcribe.assembly import Assembler, words_left
+    from asr_spec.transcribe.options import TranscribeOptions
+    from asr_spec.transcribe.segments import WordTiming
+
+    eot, ts, rate = 100, 200, 16_000
+    text = {1: " the", 2: " end", 3: ".", 4: " Next", 5: " sentence", 6: " Last", 7: " one"}
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(text.get(i, "") for i in ids))
+    assembler = Assembler(tokenizer, SimpleNamespace(eot=eot, timestamp_begin=ts, lang_to_id={}),
+                          TranscribeOptions(vad=VadOptions()))
+
+    def result(tokens):
+        return SimpleNamespace(tokens=tokens, no_speech_prob=0.0, avg_logprob=0.0, prompt=(1,), stats=ChunkStats(),
+                               finish_reason="eos", temperature=0.0)
+
+    def word(w, start, end):
+        return WordTiming(w, start, end, 1.0)
+
+    parent = (ts, 1, 2, 3, ts + 50, eot)
+    tail = (ts, 1, 2, 3, ts + 50, ts + 50, 4, 5, ts + 100, ts + 100, 6, 7, ts + 150, eot)
+    words = [[[word(" the", 0.1, 0.3), word(" end.", 0.3, 0.9)]],
+             [[word(" the", 1.0, 1.3), word(" end.", 1.3, 1.9)], [word(" Next", 2.0, 2.4), word(" sentence", 2.4, 2.9)],
+              [word(" Last", 3.0, 3.4), word(" one", 3.4, 3.9)]]]
+    spans = [SpeechSpan(0, rate, 0, 0, True, False), SpeechSpan(rate, 10 * rate, 0, 0, False, True)]
+    got = assembler.assemble("x", spans, [result(parent), result(tail)], 10.0, 1.0, words, [False, True])
+    assert [(s.text, [w.word for w in s.words]) for s in got.segments] == [
+        ("the end.", [" the", " end."]), ("Next sentence", [" Next", " sentence"]), ("Last one", [" Last", " one"])]
+    # the first segment only shortened: its first words go
+    kept = words_left([["a", "b", "c"], ["d"]], [(1, 2, 3), (4,)], [(3,), (4,)], lambda t: t in (1, 2, 3, 4))
+    assert kept == [["c"], ["d"]]

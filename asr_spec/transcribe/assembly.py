@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asr_spec.audio.chunking import ChunkSpan
@@ -53,7 +53,7 @@ class Assembler:
         its segments (word timestamps), or None. continues: per chunk, whether it is a re-decoded tail of the
         chunk before it (tails.py): the words its head repeats from that chunk are left out."""
         continues = [False] * len(results) if continues is None else list(continues)
-        tokens, chunk_words = self._seams([r.tokens for r in results], continues, chunk_words)
+        tokens, chunk_words = self._seams([r.tokens for r in results], spans, continues, chunk_words)
         # a window dropped by the no-speech rule contributes no text, no segment and no word
         schedule = self.options.temperature
         fallback = len(schedule) > 1
@@ -83,10 +83,10 @@ class Assembler:
             fallback_windows=tuple((t, sum(r.temperature >= t for r in results)) for t in schedule[1:]),
         )
 
-    def _seams(self, tokens: list[tuple[int, ...]], continues: Sequence[bool],
+    def _seams(self, tokens: list[tuple[int, ...]], spans: Sequence[ChunkSpan], continues: Sequence[bool],
                chunk_words: Sequence[ChunkWords] | None) -> tuple[list[tuple[int, ...]], list | None]:
         """Each tail's tokens without the whole words at its head that repeat its parent's last ones, and its
-        first segment's words without as many words."""
+        segments' words without as many words (`words_left`)."""
         out, words = list(tokens), None if chunk_words is None else [list(w) for w in chunk_words]
         for i in range(1, len(out)):
             if not continues[i]:
@@ -95,13 +95,17 @@ class Assembler:
             if words is None or not words[i]:
                 continue
             if n_drop:
-                text = [t for t in tokens[i] if t < self.tokens.eot][:n_drop]
-                n_words = sum(self._starts_word(t) for t in text)
-                words[i][0] = list(words[i][0])[n_words:]
+                before, after = (self._segment_texts(t, spans[i]) for t in (tokens[i], out[i]))
+                words[i] = words_left(words[i], before, after, self._starts_word)
             earlier = [w for segment in words[i - 1] for w in segment]
             if earlier:  # the parent's last word may be timed past where its tail starts: times stay monotonic
                 words[i] = _not_before(words[i], earlier[-1].end)
         return out, words
+
+    def _segment_texts(self, token_ids: tuple[int, ...], span: ChunkSpan) -> list[tuple[int, ...]]:
+        """The text tokens of each segment the chunk's tokens make alone (as its words were aligned to them)."""
+        return [tuple(t for t in s.token_ids if t < self.tokens.eot)
+                for s in self.stitch([ChunkTokens(token_ids, span)]).segments]
 
     def _starts_word(self, token_id: int) -> bool:
         return starts_word(self.piece(token_id))
@@ -130,6 +134,20 @@ class Assembler:
         if len(result.prompt) > 1:
             return self._code_of.get(result.prompt[1])
         return None
+
+
+def words_left(words: Sequence[Sequence[WordTiming]], before: Sequence[Sequence[int]], after: Sequence[Sequence[int]],
+               starts_word: Callable[[int], bool]) -> list[list[WordTiming]]:
+    """A tail's words per segment once the words its head repeats were dropped (a prefix of its text): `before` and
+    `after`, the text tokens of its segments before and after the drop. The segments the drop emptied go with their
+    words (the stitcher leaves them out: their words stayed, and every later segment got the one before's); the
+    first one left loses the words that started in its dropped tokens."""
+    gone = len(before) - len(after)
+    if not after or gone < 0 or len(words) != len(before):
+        return [] if not after else [list(w) for w in words]
+    cut = before[gone][: len(before[gone]) - len(after[0])]
+    n_words = sum(starts_word(t) for t in cut)
+    return [list(words[gone])[n_words:], *(list(w) for w in words[gone + 1:])]
 
 
 def _not_before(segments: list, floor_s: float) -> list[list[WordTiming]]:
