@@ -76,9 +76,19 @@ def _drop_tokenizer(folder: Path) -> str:
     return "no tokenizer there"
 
 
+def _drop_encoder_weights(folder: Path) -> str:
+    """A decoder-only checkpoint saved with a processor: transformers would fill the encoder with random values."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if ".encoder." not in k}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    return "weights lack"
+
+
 @pytest.mark.parametrize("which,damage", [("model", _truncate_weights), ("model", _break_config),
-                                          ("model", _drop_tokenizer), ("draft", _truncate_weights),
-                                          ("draft", _break_config)])
+                                          ("model", _drop_tokenizer), ("model", _drop_encoder_weights),
+                                          ("draft", _truncate_weights), ("draft", _break_config)])
 def test_a_broken_model_or_draft_is_one_line_exit_2(capsys, tmp_path: Path, model_dirs, which, damage) -> None:
     target_dir, draft_dir = model_dirs
     broken = tmp_path / f"broken-{which}"
@@ -93,6 +103,22 @@ def test_a_broken_model_or_draft_is_one_line_exit_2(capsys, tmp_path: Path, mode
             Transcriber.from_pretrained(broken, device="cpu")
         else:
             Transcriber.from_pretrained(target_dir, broken, device="cpu")
+
+
+def test_a_distilled_draft_that_cannot_be_read_is_a_model_load_error(tmp_path: Path) -> None:
+    """`asr-spec distill` and `--draft` load a distilled draft through `load_distilled`: a distill.json that is not
+    an object, or weights cut short, is a `ModelLoadError` naming the folder (an AttributeError or a
+    SafetensorError traceback before)."""
+    from asr_spec.models.loading import load_distilled
+
+    for damage, cause in ((lambda d: (d / "distill.json").write_text("[]\n"), "AttributeError"),
+                          (_truncate_weights, "SafetensorError")):
+        draft = tmp_path / f"draft-{cause}"
+        shutil.copytree(Path(__file__).parent.parent / "drafts" / "whisper-base-2l", draft)
+        damage(draft)
+        with pytest.raises(ModelLoadError, match=cause) as info:
+            load_distilled(draft, tiny_target())
+        assert str(draft) in str(info.value) and "\n" not in str(info.value)
 
 
 # -- 2. the no-speech rule ----------------------------------------------------------------------------------------

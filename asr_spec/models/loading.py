@@ -83,7 +83,8 @@ def _is_ct2_dir(path: Path) -> bool:
 def _load_errors() -> tuple[type[BaseException], ...]:
     """What a broken model directory makes the loaders raise: I/O, JSON and config validation errors, and
     safetensors' own `SafetensorError` (a truncated or corrupt weights file), which derives from Exception only."""
-    errors: list[type[BaseException]] = [OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError]
+    errors: list[type[BaseException]] = [OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError,
+                                         AttributeError, IndexError]  # the last two: a side file of the wrong shape
     with contextlib.suppress(ImportError):
         from safetensors import SafetensorError
 
@@ -122,7 +123,13 @@ def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype
     cls = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
     with _loading(name, "model"):  # a CTranslate2 directory is converted here: its failures are loading failures
         where = model_dir(name)
-        model = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False)
+        model, info = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False,
+                                          output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would start them from random values (and only log it): garbage, silently
+        raise ModelLoadError(f"{name}: its weights lack {len(missing)} of the {cls.__name__}'s tensors "
+                             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): not a whole "
+                             f"{'decoder' if decoder_only else 'Whisper model'} checkpoint")
     if precision == INT8 and not decoder_only:
         int8.request(model.model.encoder)
     return model.to(device).eval()
@@ -146,13 +153,16 @@ def load_processor(name: str | os.PathLike) -> Any:
 
 def load_distilled(path: str | os.PathLike, target: nn.Module) -> Any:
     """A draft saved by `asr-spec distill`, of the kind its distill.json names: decoder-only
-    (`drafts.load_trained_draft`) or feature-conditioned (`feature_draft.load_feature_draft`)."""
-    kind = draft_kind(path)
-    if kind == FEATURE_KIND:
-        return load_feature_draft(path, target)
-    if kind != DECODER_KIND:
-        raise ModelLoadError(f"{path}: unknown draft kind {kind!r} in {INFO_FILE} ({DECODER_KIND} or {FEATURE_KIND})")
-    return load_trained_draft(path, target)
+    (`drafts.load_trained_draft`) or feature-conditioned (`feature_draft.load_feature_draft`). Any failure (a
+    truncated weights file, a distill.json of another shape, layers that do not fit) raises `ModelLoadError`."""
+    with _loading(path, "draft"):
+        kind = draft_kind(path)
+        if kind == FEATURE_KIND:
+            return load_feature_draft(path, target)
+        if kind != DECODER_KIND:
+            raise ModelLoadError(f"{path}: unknown draft kind {kind!r} in {INFO_FILE} ({DECODER_KIND} or "
+                                 f"{FEATURE_KIND})")
+        return load_trained_draft(path, target)
 
 
 def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype,
