@@ -288,6 +288,10 @@ def test_realtime_options_are_checked():
         RealtimeOptions(max_backlog_s=0)
     with pytest.raises(InputError, match=r"max_backlog_s \(0.05\) must be at least block_s \(0.1\)"):
         RealtimeOptions(max_backlog_s=0.05)
+    with pytest.raises(InputError, match=r"max_backlog_s \(5\) must be at least max_append_s \(10\)"):
+        RealtimeOptions(max_backlog_s=5)  # a legal 6 s append would be refused by an empty backlog
+    with pytest.raises(InputError, match="max_backlog_s must be a positive number of seconds"):
+        RealtimeOptions(max_backlog_s=float("inf"))  # counted in samples: int(inf) raised at the first append
     with pytest.raises(InputError, match="catch_up must be true or false"):
         RealtimeOptions(catch_up="yes")
     with pytest.raises(InputError, match="hypothesis must be true or false"):

@@ -80,10 +80,13 @@ class RealtimeOptions:
     policy: Callable[[], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_backlog_s", "max_append_s", "block_s"):
-            positive_seconds(getattr(self, name), name, finite_only=False)
+        for name in ("max_backlog_s", "max_append_s", "block_s"):  # finite: counted in samples
+            positive_seconds(getattr(self, name), name)
         if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
             raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
+        if self.max_backlog_s < self.max_append_s:  # a legal append must fit an empty backlog
+            raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least max_append_s "
+                             f"({self.max_append_s:g})")
         if not isinstance(self.stream, StreamOptions):
             raise InputError(f"stream must be a StreamOptions, got {type(self.stream).__name__}")
         for name in ("vad", "catch_up", "hypothesis"):
