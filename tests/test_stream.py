@@ -109,3 +109,22 @@ def test_cli_prints_the_committed_text(tmp_path):
             handler.close()
         logger.setLevel(logging.NOTSET)
         logger.propagate = True
+
+
+def test_token_kinds_start_words_as_word_times_do():
+    """A live stream agrees on and commits whole words: with whisper's tokenizer a token starts a word by the rule
+    of word times and seams (`alignment.starts_word`): " the" does, "ing" does not, and a Chinese or Japanese
+    character does (they were all one word up to a pause before, so their text was committed seconds late)."""
+    from asr_spec.models.loading import load_processor
+    from asr_spec.stream.driver import token_kinds
+
+    tokenizer = load_processor("embedded:whisper-base").tokenizer
+    eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    kinds = token_kinds(tokenizer, eot, eot + 1, 223)
+
+    def first(text: str) -> int:
+        return tokenizer.encode(text, add_special_tokens=False)[0]
+
+    assert kinds.word_start[first(" the")] and not kinds.word_start[first("ing")]
+    assert kinds.word_start[first("我")] and kinds.word_start[first("。")] and kinds.word_start[first("い")]
+    assert not kinds.word_start[eot]

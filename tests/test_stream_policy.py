@@ -1030,3 +1030,16 @@ def test_a_late_last_segment_at_a_close_at_silence_is_kept() -> None:
         policy.accept(d, late_last(d.audio))
     assert not policy.finished and words_of(policy._text) == [f"w{w}" for w in said if w], policy._text
 
+
+
+def test_a_forced_trim_without_a_timed_segment_keeps_the_audio_it_did_not_decode() -> None:
+    """A caller feeding 40 s in one block (the policy takes any block size): the overflow decode reads one window
+    (30 s), its hypothesis has no closed segment, so its text is committed and the buffer starts afresh after the
+    audio that decode read, not after all 40 s (the last 10 s were dropped unheard)."""
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions())
+    policy.feed(speech(list(range(80))))  # 40 s of words
+    decode = policy.request()
+    assert decode is not None and decode.kind == "overflow" and len(decode.audio) == WINDOW_S * SR
+    policy.accept(decode, [TS, 2, 4, 6, EOT])  # no closed segment: committed by force
+    assert words_of(policy._text) == ["w1", "w2", "w3"]
+    assert policy._start == WINDOW_S * SR and len(policy._buffer) == 10 * SR  # the 10 s after it, still to decode

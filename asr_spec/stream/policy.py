@@ -314,7 +314,7 @@ class StreamPolicy(BufferTrims):
         # a hypothesis that words the committed text differently (or has drifted) may misplace its end: it cuts
         # no audio unless the buffer is as long as it may get (a window less a step)
         if decode.kind == "overflow" and (as_said or len(self._buffer) >= self._seconds(self._longest_s)):
-            delta += self._force_trim(hypothesis, new_text, said, timed.timed(closed))
+            delta += self._force_trim(hypothesis, new_text, said, timed.timed(closed), len(decode.audio))
         elif as_said:
             self._trim_committed(hypothesis, new_text, said, None if timed.skip is None else closed[timed.skip])
         if self._finished and self._in_flight is None and not self._has_speech():

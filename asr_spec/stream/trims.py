@@ -99,16 +99,18 @@ class BufferTrims:
             self._seam = last_words(new_text[:segment.text_end], SEAM_WORDS, self.kinds)
 
     def _force_trim(self, hypothesis: tuple[int, ...], new_text: list[int], said: int,
-                    timed: list[SegmentEnd]) -> str:
+                    timed: list[SegmentEnd], decoded: int) -> str:
         """A full buffer: commit its closed segments but the last one (the only one: it) and trim after them; with
-        no closed segment, commit everything and start afresh. Only `timed` count: its closed segments timed as they
-        heard (`hearing.Timing.timed`: a drifted hypothesis's text is still its reading of the buffer, its
-        timestamps are not; a skip's later segments wait for that speech to be heard). `said`: the hypothesis's
-        text tokens committed already. Returns the text committed."""
+        no closed segment, commit everything and start afresh after the audio it was decoded from (`decoded`
+        samples from the buffer's start: a decode reads at most a window, and a buffer fed in large blocks may hold
+        more, which is decoded next). Only `timed` count: its closed segments timed as they heard
+        (`hearing.Timing.timed`: a drifted hypothesis's text is still its reading of the buffer, its timestamps are
+        not; a skip's later segments wait for that speech to be heard). `said`: the hypothesis's text tokens
+        committed already. Returns the text committed."""
         closed = [s for s in timed if s.end_ts > 0]
         if not closed:
             delta = self._commit(new_text[said:])
-            self._reset_after(self._start + len(self._buffer))
+            self._reset_after(self._start + decoded)
             return delta
         segment = closed[-2] if len(closed) > 1 else closed[0]
         delta = self._commit(new_text[said:segment.text_end])
