@@ -224,20 +224,16 @@ def test_in_flight_is_counted_once_per_id_from_many_threads():
     assert counts.total() == 0 and not counts and all(counts.of(owner) == 0 for owner in range(4))
 
 
-def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel():
-    """The tiny random Whisper through the server's batcher: a job whose chunks break the encoder fails, a job
-    cancelled while its chunks decode is forgotten, another is served; the session then counts nothing, and the
-    metrics' gauges (read from it) say so."""
-    import dataclasses
-
+def _gated_batcher():
+    """A server's batcher over the tiny random Whisper (greedy, 2 rows) whose engine steps wait on the returned
+    event (closed: set it to let them run)."""
     pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
-    from test_transcribe import LONG, SHORT, transcriber
+    from test_transcribe import transcriber
 
     from asr_spec.engine.capture import StepRunner
     from asr_spec.serve.batcher import Batcher
 
-    gate = threading.Event()  # the engine's steps wait on it: the long job cannot finish before it is cancelled
-    gate.set()
+    gate = threading.Event()
 
     def gated(fn):
         def step(*args):
@@ -247,7 +243,19 @@ def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel()
 
     model = transcriber(speculative=False)
     model.engine.runner = StepRunner("wrapped", gated)
-    batcher = Batcher(model, batch_size=2)
+    return Batcher(model, batch_size=2), gate
+
+
+def test_the_servers_counts_go_back_to_zero_after_an_engine_error_and_a_cancel():
+    """The tiny random Whisper through the server's batcher: a job whose chunks break the encoder fails, a job
+    cancelled while its chunks decode is forgotten, another is served; the session then counts nothing, and the
+    metrics' gauges (read from it) say so."""
+    import dataclasses
+
+    from test_transcribe import LONG, SHORT
+
+    batcher, gate = _gated_batcher()  # the long job cannot finish before it is cancelled
+    gate.set()
     broken = batcher.prepare(SHORT[1].read_bytes())
     requests = [broken.pending, *broken.requests]
     broken.pending = None  # 7 frames instead of 3000: the encoder raises on this job's chunks
@@ -278,23 +286,9 @@ def test_a_job_cancelled_after_its_audio_was_read_gives_back_its_budget():
     """A client gone while its upload's last chunk decodes (the job read to its end, out of the rotation): the
     server's admission budget comes back and the job is forgotten once that chunk is out of the engine (the budget
     stayed taken: 32 such requests and the server answered 503 to everyone)."""
-    pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
-    from test_transcribe import SHORT, transcriber
+    from test_transcribe import SHORT
 
-    from asr_spec.engine.capture import StepRunner
-    from asr_spec.serve.batcher import Batcher
-
-    gate = threading.Event()  # the engine's steps wait on it: the chunk cannot finish before the job is cancelled
-
-    def gated(fn):
-        def step(*args):
-            assert gate.wait(300), "the test never opened the gate"
-            fn(*args)
-        return step
-
-    model = transcriber(speculative=False)
-    model.engine.runner = StepRunner("wrapped", gated)
-    batcher = Batcher(model, batch_size=2)
+    batcher, gate = _gated_batcher()  # the chunk cannot finish before the job is cancelled
     batcher.admit(30.0)
     job = batcher.prepare(str(SHORT[0]), reserved_s=30.0)
     assert batcher.in_flight == (1, 30.0)
