@@ -509,3 +509,22 @@ def test_real_model_missing_files(tmp_path: Path, cache: Path) -> None:
         (truncated / "model.bin").write_bytes(src.read(5_000_000))
     with pytest.raises(ModelFormatError, match="truncated"):
         convert_ct2(truncated, tmp_path / "out")
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@needs_packages
+def test_a_changed_side_file_is_converted_again(converted: dict[str, Path], cache: Path) -> None:
+    """The conversion reads config.json and tokenizer.json besides model.bin: a fixed one (alignment heads,
+    suppressed ids, the right tokenizer) is converted again, not served from the cache made before it."""
+    tiny_ct2 = embedded_ct2_dir("whisper-tiny.en")
+    before = ensure_converted(tiny_ct2)
+    config = tiny_ct2 / "config.json"
+    stat = config.stat()
+    try:
+        os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # as an edit would
+        after = ensure_converted(tiny_ct2)
+        assert after != before and (after / "model.safetensors").is_file()
+    finally:
+        os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert ensure_converted(tiny_ct2) == before

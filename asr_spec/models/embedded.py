@@ -204,7 +204,9 @@ def ensure_converted(ct2_dir: str | Path, *, dtype: torch.dtype = torch.float32)
     if not model_bin.is_file():
         raise ModelFormatError(f"{model_bin}: missing; a CTranslate2 Whisper directory must hold model.bin")
     name = dtype_name(dtype)
-    out_dir = cache_dir() / "models" / f"{ct2_dir.resolve().name}-{name}-{_file_key(model_bin, extra=name)}"
+    # the side files the conversion reads too: a fixed config.json or tokenizer.json is converted again
+    sides = [ct2_dir / side for side in _SIDE_FILES if (ct2_dir / side).is_file()]
+    out_dir = cache_dir() / "models" / f"{ct2_dir.resolve().name}-{name}-{_file_key(model_bin, *sides, extra=name)}"
     if _is_complete(out_dir):
         return out_dir
     try:
