@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from asr_spec.stream.agreement import starts_word
 from asr_spec.testing import random_whisper
 from asr_spec.transcribe.alignment import (
     Aligner,
@@ -16,7 +17,6 @@ from asr_spec.transcribe.alignment import (
     median_filter,
     snap_to_speech,
     spoken_until_s,
-    starts_word,
     token_jump_times,
 )
 

@@ -113,7 +113,7 @@ def test_cli_prints_the_committed_text(tmp_path):
 
 def test_token_kinds_start_words_as_word_times_do():
     """A live stream agrees on and commits whole words: with whisper's tokenizer a token starts a word by the rule
-    of word times and seams (`alignment.starts_word`): " the" does, "ing" does not, and a Chinese or Japanese
+    of word times and seams (`agreement.starts_word`): " the" does, "ing" does not, and a Chinese or Japanese
     character does (they were all one word up to a pause before, so their text was committed seconds late)."""
     from asr_spec.models.loading import load_processor
     from asr_spec.stream.driver import token_kinds

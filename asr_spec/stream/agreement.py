@@ -15,6 +15,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Unicode blocks of scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, CJK symbols and kana,
+# CJK ideographs, their compatibility forms, full-width forms, the supplementary ideographs): there every character
+# may start a word, as openai-whisper splits the words of zh, ja, th, lo, my and yue on unicode characters
+UNSPACED_BLOCKS = ((0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x3000, 0x30FF), (0x3400, 0x4DBF),
+                   (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0xFF00, 0xFFEF), (0x20000, 0x2FFFF))
+
+
+def starts_word(piece: str) -> bool:
+    """Whether a token whose decoded text is `piece` starts a word: a leading space, or a first character of a
+    script written without spaces (`UNSPACED_BLOCKS`). The one rule of words: for their times
+    (`transcribe.alignment.group_words`), for the seams of strided windows (`Assembler`: a word a seam cuts stays
+    whole) and for live agreement (`driver.token_kinds`)."""
+    return piece.startswith(" ") or (piece != "" and any(lo <= ord(piece[0]) <= hi for lo, hi in UNSPACED_BLOCKS))
+
+
 SAMPLE_RATE = 16_000
 TIME_PRECISION_S = 0.02  # one Whisper timestamp token step
 SAMPLES_PER_TIMESTAMP = 320  # TIME_PRECISION_S * SAMPLE_RATE

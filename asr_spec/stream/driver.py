@@ -25,7 +25,7 @@ import numpy as np
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
 from asr_spec.errors import InputError
-from asr_spec.stream.agreement import TokenKinds
+from asr_spec.stream.agreement import TokenKinds, starts_word
 from asr_spec.stream.decodes import LiveStream, StreamDecodes
 from asr_spec.stream.frames import VoiceFn
 from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update
@@ -33,11 +33,9 @@ from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update
 
 def token_kinds(tokenizer: Any, eot: int, timestamp_begin: int, max_prefix: int) -> TokenKinds:
     """The `TokenKinds` of a Whisper tokenizer: a text token starts a word by the rule of word times and seams
-    (`alignment.starts_word` on its decoded text: a leading space, or a character of a script written without
+    (`agreement.starts_word` on its decoded text: a leading space, or a character of a script written without
     spaces, so that Chinese or Japanese text is agreed on and committed word by word, not as one word up to a
     pause); max_prefix: the model's limit on a forced prefix (`WhisperTokens.max_prompt_tokens`)."""
-    from asr_spec.transcribe.alignment import starts_word  # here: asr_spec.transcribe imports this module
-
     texts = tokenizer.batch_decode([[token_id] for token_id in range(eot)])  # ~0.4 s for whisper's 50,257, once
     word_start = np.array([starts_word(text) for text in texts] + [False], dtype=bool)
     return TokenKinds(eot, timestamp_begin, word_start, max_prefix)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from asr_spec.errors import InputError
+from asr_spec.stream.agreement import starts_word
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.tails import closed_segments
 
@@ -35,11 +36,6 @@ FRAME_S = 0.02  # seconds per encoder frame: 30 s window / 1500 positions
 MEDIAN_WIDTH = 7  # frames (Whisper's medfilt_width)
 PREPEND_PUNCTUATION = "\"'“¿([{-"
 APPEND_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
-# Unicode blocks of scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, CJK symbols and kana,
-# CJK ideographs, their compatibility forms, full-width forms, the supplementary ideographs): there every character
-# may start a word, as openai-whisper splits the words of zh, ja, th, lo, my and yue on unicode characters
-UNSPACED_BLOCKS = ((0x0E00, 0x0EFF), (0x1000, 0x109F), (0x1780, 0x17FF), (0x3000, 0x30FF), (0x3400, 0x4DBF),
-                   (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0xFF00, 0xFFEF), (0x20000, 0x2FFFF))
 SAMPLES_PER_FRAME = 320  # 16 kHz samples per encoder frame (FRAME_S)
 
 
@@ -103,13 +99,6 @@ def token_jump_times(scores: torch.Tensor, n_frames: int, first_row: int) -> np.
     return cols[jumps] * FRAME_S
 
 
-def starts_word(piece: str) -> bool:
-    """Whether a token whose decoded text is `piece` starts a word: a leading space, or a first character of a
-    script written without spaces (`UNSPACED_BLOCKS`). The one rule of words, for their times (`group_words`) and
-    for the seams of strided windows (`Assembler`: a word a seam cuts stays whole)."""
-    return piece.startswith(" ") or (piece != "" and any(lo <= ord(piece[0]) <= hi for lo, hi in UNSPACED_BLOCKS))
-
-
 def encoder_frames(n_samples: int) -> int:
     """The encoder frames `n_samples` 16 kHz samples fill, a part frame counted (in integers: 2,240 samples are 7
     frames, where the float ceil of 2240 / 16000 / 0.02 gives 8)."""
@@ -118,8 +107,8 @@ def encoder_frames(n_samples: int) -> int:
 
 def group_words(pieces: Sequence[str]) -> list[list[int]]:
     """Token indices of each word, from the decoded text of each token (Whisper's split on spaces, or on every
-    character of an unspaced script, `starts_word`; then its punctuation merge). Tokens that decode to nothing
-    join the word before them."""
+    character of an unspaced script, `stream.agreement.starts_word`; then its punctuation merge). Tokens that
+    decode to nothing join the word before them."""
     words: list[list[int]] = []
     texts: list[str] = []
     for index, piece in enumerate(pieces):

@@ -18,7 +18,7 @@ from typing import Any
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.engine import ChunkResult, ChunkStats
-from asr_spec.transcribe.alignment import starts_word
+from asr_spec.stream.agreement import starts_word
 from asr_spec.transcribe.nospeech import NO_SPEECH
 from asr_spec.transcribe.options import TranscribeOptions
 from asr_spec.transcribe.results import ChunkReport, Transcription
