@@ -1043,3 +1043,14 @@ def test_a_forced_trim_without_a_timed_segment_keeps_the_audio_it_did_not_decode
     policy.accept(decode, [TS, 2, 4, 6, EOT])  # no closed segment: committed by force
     assert words_of(policy._text) == ["w1", "w2", "w3"]
     assert policy._start == WINDOW_S * SR and len(policy._buffer) == 10 * SR  # the 10 s after it, still to decode
+
+
+def test_a_second_finish_gives_no_second_final_update() -> None:
+    """`Stream.finish()` called twice queued two final updates: the policy gives its final one once."""
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions())
+    policy.feed(speech([1, 2, 3]))
+    updates = [policy.finish()]
+    while (d := policy.request()) is not None:
+        updates.append(policy.accept(d, hear_given(d.audio, d.prefix)))
+    assert policy.done and [u.final for u in updates if u is not None].count(True) == 1
+    assert policy.finish() is None

@@ -183,9 +183,10 @@ class StreamPolicy(BufferTrims):
             self._drop_non_speech()
 
     def finish(self) -> Update | None:
-        """End of input: the final Update at once when nothing is left to decode, else None (`accept` gives it)."""
+        """End of input: the final Update at once when nothing is left to decode, else None (`accept` gives it);
+        None once the final Update was given (a second call gives no second one)."""
         self._finished = True
-        if self._in_flight is None and not self._has_speech():
+        if not self.done and self._in_flight is None and not self._has_speech():
             return self._final()
         return None
 
