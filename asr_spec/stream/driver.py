@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -36,9 +37,20 @@ def token_kinds(tokenizer: Any, eot: int, timestamp_begin: int, max_prefix: int)
     (`agreement.starts_word` on its decoded text: a leading space, or a character of a script written without
     spaces, so that Chinese or Japanese text is agreed on and committed word by word, not as one word up to a
     pause); max_prefix: the model's limit on a forced prefix (`WhisperTokens.max_prompt_tokens`)."""
-    texts = tokenizer.batch_decode([[token_id] for token_id in range(eot)])  # ~0.4 s for whisper's 50,257, once
-    word_start = np.array([starts_word(text) for text in texts] + [False], dtype=bool)
-    return TokenKinds(eot, timestamp_begin, word_start, max_prefix)
+    return TokenKinds(eot, timestamp_begin, _word_starts(tokenizer, eot), max_prefix)
+
+
+_WORD_STARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {eot: (eot + 1,) bool}
+
+
+def _word_starts(tokenizer: Any, eot: int) -> np.ndarray:
+    """(eot + 1,) bool: whether each token below `eot` starts a word (`starts_word` of its decoded text; eot
+    does not); decoded once per tokenizer (~0.4 s for whisper's 50,257), not at every stream runner."""
+    known = _WORD_STARTS.setdefault(tokenizer, {})
+    if eot not in known:
+        texts = tokenizer.batch_decode([[token_id] for token_id in range(eot)])
+        known[eot] = np.array([starts_word(text) for text in texts] + [False], dtype=bool)
+    return known[eot]
 
 
 class Stream:
