@@ -109,6 +109,12 @@ def test_long_form_rejects_ungrouped_input(utterances):
     mixed = [utterances[0], utterances[3], utterances[1]]  # 100201, 100202, 100201 again
     with pytest.raises(InputError, match="appears twice"):
         list(long_form(mixed))
+    # the eval runner groups chapters itself (one unit each, loaded only when run): the same check when the chapter
+    # comes again (it scored the chapter's first part under an id its second part then replaced in the summary)
+    from asr_spec.eval.runner import _units
+
+    with pytest.raises(InputError, match="chapter 9001-100201 appears twice"):
+        list(_units(mixed, limit=None, as_long_form=True, done=set()))
 
 
 def test_results_log_resumes_after_a_truncated_line(tmp_path):

@@ -68,8 +68,12 @@ def _units(items: Iterable[Utterance], *, limit: int | None, as_long_form: bool,
                 yield u.id, (lambda u=u: u)
         return
     chapters = itertools.groupby(items, key=lambda u: (u.speaker, u.chapter))
+    seen: set[str] = set()
     for (speaker, chapter), group in itertools.islice(chapters, limit):
         unit_id = f"{speaker}-{chapter}"  # the id long_form gives the joined chapter
+        if unit_id in seen:  # as long_form says of its input: a record per id, or half the chapter goes unscored
+            raise InputError(f"long_form: chapter {unit_id} appears twice; group the input by chapter")
+        seen.add(unit_id)
         if unit_id in done:
             continue
         parts = list(group)
