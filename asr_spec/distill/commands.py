@@ -273,12 +273,20 @@ def spread(count: int, n: int) -> list[int]:
     return sorted({round(i * (n - 1) / max(count - 1, 1)) for i in range(count)})
 
 
+def cache_fits(meta: dict, args) -> bool:
+    """Whether a whole pseudo-label cache (its meta.json) was labelled as `args` ask: the same language, timestamp
+    mode and token limit (`run` again with --timestamps labels afresh instead of training on the old labels)."""
+    return (meta.get("language") == args.language and bool(meta.get("timestamps", False)) == bool(args.timestamps)
+            and meta.get("max_new_tokens") == args.max_new_tokens)
+
+
 def cmd_run(args) -> None:
     """cache + train + save in one go: pseudo-labels of --audio (LibriSpeech layout) in --work, then the draft."""
     work = Path(args.work or Path(args.out).with_name(Path(args.out).name + ".work"))
     cache_args = SimpleNamespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
                                     "from_cache": None, "no_pack": False})
-    if not (work / "cache" / "meta.json").is_file():
+    meta = work / "cache" / "meta.json"
+    if not meta.is_file() or not cache_fits(json.loads(meta.read_text()), args):
         cmd_cache(cache_args)
     train_args = SimpleNamespace(**{**vars(args), "train_cache": [work / "cache"], "held_out_cache": None,
                                     "init_draft": None, "work": work / "train"})
