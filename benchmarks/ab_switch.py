@@ -1,9 +1,8 @@
 #!/usr/bin/env python
 """One of the engine's switches (an `ASR_SPEC_NO_*` variable, read when an engine is built or at each call) on and
-off, side by side in one process: the same preset loaded twice, the second built and run with the variable set, their
-runs over the
-same files interleaved, repeat by repeat. Prints each side's wall times, median, decode-step seconds (and steps),
-encoder seconds, WER against --refs, and where the two transcripts differ, word by word.
+off, side by side in one process: the same preset loaded twice, the second built and run with the variable set,
+their runs over the same files interleaved, repeat by repeat. Prints each side's wall times, median, decode-step
+seconds (and steps), encoder seconds, WER against --refs, and where the two transcripts differ, word by word.
 
     python -m benchmarks.ab_switch --switch ASR_SPEC_NO_BF16_WEIGHTS --threads 2 --batch-size 8 \\
         --audio tests/fixtures/longform/{dialogue_pauses,dense_windows,monologue_speeds}.opus \\

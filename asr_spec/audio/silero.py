@@ -196,7 +196,7 @@ def kernel_steps(gates_in, w_hh_t, state):
     n_hidden = w_hh_t.shape[0]
     h, c = _state_or_zeros(gates_in, n_hidden, state)
     out, c = cpu_attention.extension().lstm_steps(gates_in.contiguous(), w_hh_t.contiguous(), h.contiguous(),
-                                                        c.contiguous())
+                                                  c.contiguous())
     return out[None], (out[-1:], c)
 
 

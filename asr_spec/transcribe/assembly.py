@@ -142,9 +142,11 @@ def words_left(words: Sequence[Sequence[WordTiming]], before: Sequence[Sequence[
     `after`, the text tokens of its segments before and after the drop. The segments the drop emptied go with their
     words (the stitcher leaves them out: their words stayed, and every later segment got the one before's); the
     first one left loses the words that started in its dropped tokens."""
+    if not after:  # the drop took all of its text
+        return []
     gone = len(before) - len(after)
-    if not after or gone < 0 or len(words) != len(before):
-        return [] if not after else [list(w) for w in words]
+    if gone < 0 or len(words) != len(before):  # not segments of the words' own chunk: left as they were
+        return [list(w) for w in words]
     cut = before[gone][: len(before[gone]) - len(after[0])]
     n_words = sum(starts_word(t) for t in cut)
     return [list(words[gone])[n_words:], *(list(w) for w in words[gone + 1:])]

@@ -2,7 +2,7 @@
 
 The engine session (session.py) updates it in the engine's thread where it feeds and finishes chunks: `fed` when
 the engine pulls a request from the session's source, `done` when the request's final result comes out of the
-session's run, or when the request is withdrawn, or when the run fails (`clear`). Any thread may read it (the
+session's run, `withdrawn` when the request is withdrawn, `clear` when the run fails. Any thread may read it (the
 server's cancel, admission and metrics). An id is counted once: `done` of an id not in flight (a result that
 raced its withdrawal) changes nothing. A request withdrawn on its way into the engine (a live stream closed after
 its re-decode was taken from the queue, before the engine pulled it: `withdrawn` first, then `fed`) is not counted
