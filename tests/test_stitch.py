@@ -19,6 +19,7 @@ from asr_spec.transcribe.stitch import (
     time_cut,
     token_times,
 )
+from asr_spec.transcribe.tails import trim_span
 
 SR = 16_000
 EOT = 50_257  # Whisper multilingual layout
@@ -379,10 +380,13 @@ def test_a_short_match_heard_seconds_apart_is_no_common_run() -> None:
     left = TimedPiece((20, 21, 22, 1, 2, 30, 31, 32), (44.2, 44.6, 45.5, 47.0, 47.4, 47.8, 48.2, 48.6), seam_s=45.0)
     right = TimedPiece((5, 1, 2, 40, 41, 42, 20, 21, 22), (40.0, 40.4, 40.8, 41.2, 41.6, 42.0, 44.3, 44.7, 45.4),
                        seam_s=65.0)
-    assert merge_overlapping([left.tokens, right.tokens]) == [20, 21, 22, 1, 2, 40, 41, 42, 20, 21, 22]  # twice
+    goes_on = TimedPiece((*right.tokens, 50, 51), (*right.times_s, 46.6, 47.6), seam_s=65.0)
+    assert merge_overlapping([left.tokens, goes_on.tokens]) == [20, 21, 22, 1, 2, 40, 41, 42, 20, 21, 22, 50, 51]
     # 1, 2 heard at 47 s on the left and at 40 s on the right: no run; 20, 21, 22 heard at 44-45.5 s by both is
-    # one, and the seam is cut in its middle
-    assert merge_timed([left, right]) == [20, 21, 22]
+    # one, and the seam is cut in its middle: the right's reading from the seam on
+    assert merge_timed([left, goes_on]) == [20, 21, 22, 50, 51]
+    # where the right's reading ends inside that run, what the left heard after it is nobody else's
+    assert merge_timed([left, right]) == [20, 21, 22, 1, 2, 30, 31, 32]
     # a long run is a run even when the two windows time it seconds apart (whisper-base's whole seconds)
     run = (1, 2, 3, 4, 5)
     late = TimedPiece((9, *run), (20.0, 24.0, 24.5, 25.0, 25.5, 26.0), seam_s=25.0)
@@ -467,3 +471,26 @@ def test_a_seam_is_cut_where_both_readings_agree_nearest_the_seam() -> None:
     assert merge_timed([left, right]) == [*a, comma, *b, comma, *c, *tail]
     n_keep, _ = seam_cut(left, right)
     assert left.times_s[n_keep] == pytest.approx(45.0, abs=0.5)  # the cut is at the seam
+
+
+def _one_word_a_second(from_s: int, to_s: int, offset_s: int, first_id: int = 100) -> list[int]:
+    """A window's tokens for one word a second over file seconds [from_s, to_s), each its own segment: word t is
+    first_id + t (window offset offset_s)."""
+    return [token for t in range(from_s, to_s) for token in (_ts(t - offset_s), first_id + t, _ts(t - offset_s + 1))]
+
+
+@pytest.mark.parametrize("same_words", [True, False])
+def test_a_right_window_that_stops_inside_the_left_one_loses_and_doubles_nothing(same_words: bool) -> None:
+    """Windows 0-30 s and 20-50 s (seam at 25 s); the right one's text stops at 22 s. Its words either repeat the
+    left's (a common run ending at 22 s: the cut inside it lost the left's 22-25 s) or differ (a cut by time). Then
+    the right window is trimmed at 25 s where its re-decoded tail starts (tails.py): the left's words from 25 s on
+    were kept as well as the tail's reading of them (25-30 s twice)."""
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    left = ChunkTokens((*_one_word_a_second(0, 30, 0), EOT), span0)
+    right = ChunkTokens((*_one_word_a_second(20, 22, 20, 100 if same_words else 300), EOT), span1)
+    # the right window stopped early and no tail was decoded: the left's reading of the rest of its audio stays
+    assert [t - 100 for t in _stitch([left, right]).token_ids] == list(range(30))
+    tail_span = ChunkSpan(25 * SR, 50 * SR, 0, 0, is_first=False, is_last=True)
+    tail = ChunkTokens((*_one_word_a_second(25, 50, 25), EOT), tail_span)
+    trimmed = ChunkTokens(right.token_ids, trim_span(span1, 25 * SR))
+    assert [t - 100 for t in _stitch([left, trimmed, tail]).token_ids] == list(range(50))

@@ -5,8 +5,10 @@ the offset with the best match fraction wins (ties broken toward longer overlaps
 that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). With each token's time
 (`token_times`, interpolated between the timestamps around it), `seam_cut` cuts a credible common run where both
 readings agree nearest the seam, and a seam whose readings share no credible run by time (`time_cut`): the left
-reading keeps what it heard before the seam, the right what it heard from it on. `stitch.py` reads the chunks and
-calls `seam_cut` at each seam.
+reading keeps what it heard before the seam, the right what it heard from it on. Where the right's reading ends
+inside the run (a window that stopped early), the left keeps what it heard after it, up to the end of the right's
+audio (a window trimmed where its re-decoded tail starts hands the rest to that tail). `stitch.py` reads the chunks
+and calls `seam_cut` at each seam.
 """
 
 from __future__ import annotations
@@ -162,18 +164,31 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
     words)."""
     left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
     after = right_s[right_s >= left.seam_s]
-    keep_before_s = max(left.seam_s, float(after[0]) - MAX_SKEW_S) if len(after) else np.inf
+    keep_before_s = max(left.seam_s, float(after[0]) - MAX_SKEW_S) if len(after) else _unread_from_s(left, right)
     n_keep = int(np.searchsorted(left_s, keep_before_s, side="left"))
     drop_before_s = -np.inf
     if n_keep and right.heard(left_s[n_keep - 1 : n_keep])[0]:
         drop_before_s = min(left.seam_s, float(left_s[n_keep - 1]) + MAX_SKEW_S)
     n_drop = int(np.searchsorted(right_s, drop_before_s, side="left"))
     if starts_word is not None:
-        while n_keep < len(left.tokens) and not starts_word(left.tokens[n_keep]):
-            n_keep += 1
-        while n_drop < len(right.tokens) and not starts_word(right.tokens[n_drop]):
-            n_drop += 1
+        n_keep = _word_end(left.tokens, n_keep, starts_word)
+        n_drop = _word_end(right.tokens, n_drop, starts_word)
     return n_keep, n_drop
+
+
+def _unread_from_s(left: TimedPiece, right: TimedPiece) -> float:
+    """File seconds from which the left keeps nothing it heard after the right's reading ended with nothing
+    after the seam: the end of the right's audio (inf: not known). A window that stopped early takes no words
+    with it, but a window cut where its re-decoded tail starts (`tails.trim_span`) hands the rest to that tail,
+    which reads it again: the left's words there would be written twice."""
+    return max(left.seam_s, right.heard_to_s)
+
+
+def _word_end(tokens: Sequence[int], position: int, starts_word: StartsWord) -> int:
+    """`position` moved on to the next token that starts a word (or the end): a cut there keeps words whole."""
+    while position < len(tokens) and not starts_word(tokens[position]):
+        position += 1
+    return position
 
 
 def _heard_together(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> bool:
@@ -199,7 +214,25 @@ def seam_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
     best = _best_overlap(left.tokens, right.tokens, functools.partial(_heard_together, left, right))
     if best is None:
         return time_cut(left, right, starts_word)
-    return _agreeing_cut(left, right, best)
+    n_keep, n_drop = _agreeing_cut(left, right, best)
+    return _past_the_right(left, right, n_keep, n_drop, starts_word) or (n_keep, n_drop)
+
+
+def _past_the_right(left: TimedPiece, right: TimedPiece, n_keep: int, n_drop: int,
+                    starts_word: StartsWord | None) -> tuple[int, int] | None:
+    """The cut when the right's reading ends inside the common run (its tokens from the cut on are the left's
+    aligned ones) and the left heard more after it: the left's reading on, up to where the right's audio ends
+    (`_unread_from_s`; words kept whole), the right's dropped; None otherwise. A 20-50 s window whose text stops
+    at 22 s inside the 0-30 s window's: cut inside the run, the left's 22-25 s were nobody's."""
+    rest = right.tokens[n_drop:]
+    run_end = n_keep + len(rest)
+    if left.tokens[n_keep:run_end] != rest or run_end >= len(left.tokens):
+        return None
+    after_s = np.asarray(left.times_s[run_end:])
+    kept = run_end + int(np.searchsorted(after_s, _unread_from_s(left, right), side="left"))
+    if starts_word is not None:
+        kept = _word_end(left.tokens, kept, starts_word)
+    return (kept, len(right.tokens)) if kept > run_end else None
 
 
 def _agreeing_cut(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> tuple[int, int]:
