@@ -4,6 +4,7 @@ segment's end that the live policy trims at."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from asr_spec.stream.frames import SpeechFrames
 from asr_spec.stream.hearing import FRAME_SAMPLES
@@ -72,3 +73,31 @@ def test_an_utterance_closes_after_its_last_speech_frame_once_the_silence_has_co
     assert frames.close_point(0, end + 3 * FRAME_SAMPLES, 3 * FRAME_SAMPLES, 0) == end
     assert frames.close_point(12 * FRAME_SAMPLES, len(audio), FRAME_SAMPLES, 0) is None  # no speech from there on
     assert SpeechFrames(None, 0.5).close_point(0, len(audio), FRAME_SAMPLES, 0) is None  # unscored: never
+
+
+def test_forgotten_frames_change_no_answer_about_the_frames_kept() -> None:
+    """A stream's frames from its buffer's start on are all the policy asks about: the ones before are let go
+    (a stream of hours holds a buffer's worth), and every question from there on is answered as before."""
+    rng = np.random.default_rng(0)
+    audio = (rng.random(300 * FRAME_SAMPLES) > 0.97).astype(np.float32) * 0.9  # speech in ~3 % of the samples
+    whole, kept = SpeechFrames(loud, 0.5), SpeechFrames(loud, 0.5)
+    for i in range(0, len(audio), 3000):
+        whole.feed(audio[i:i + 3000])
+        kept.feed(audio[i:i + 3000])
+        kept.forget_before(max(0, i - 5000))
+    forgotten = range(0, len(audio), 3000)[-1] - 5000  # the last forget_before's sample
+    start = forgotten + 77  # within the kept frames (not on a frame's edge)
+    assert kept.first_frame == forgotten // FRAME_SAMPLES and len(kept.speech) < 20
+    assert kept.speech_from(start).tolist() == whole.speech_from(start).tolist()
+    for end_ts in (1, 7, 20):
+        assert kept.cut_near(start, end_ts) == whole.cut_near(start, end_ts)
+        assert kept.cut_after(start, end_ts) == whole.cut_after(start, end_ts)
+    assert kept.any_between(start, len(audio)) == whole.any_between(start, len(audio))
+    assert kept.close_point(start, len(audio), 2 * FRAME_SAMPLES, 9) == whole.close_point(
+        start, len(audio), 2 * FRAME_SAMPLES, 9)
+    speech, local = kept.heard_from(start)
+    whole_speech, _ = whole.heard_from(start)
+    assert speech.tolist() == whole_speech[kept.first_frame:].tolist() and local == start % FRAME_SAMPLES + (
+        start // FRAME_SAMPLES - kept.first_frame) * FRAME_SAMPLES
+    with pytest.raises(ValueError, match="before the kept frames"):
+        kept.speech_from(kept.first_frame * FRAME_SAMPLES - 1)

@@ -257,7 +257,7 @@ class StreamPolicy(BufferTrims):
         (`hearing.shorter_close`), where the buffer holds more speech after it."""
         start = int(round(decode.start_s * SAMPLE_RATE))  # a loop's repeats and a guessed end are not heard
         at_end = self._finished and start + len(decode.audio) >= self._received  # its audio ends the stream's
-        hypothesis = close_heard(hypothesis, self._frames.speech, start, len(decode.audio), self.kinds,
+        hypothesis = close_heard(hypothesis, *self._frames.heard_from(start), len(decode.audio), self.kinds,
                                  self.detokenize, at_end)
         new_text = text_of(hypothesis, self.kinds)
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
@@ -265,12 +265,12 @@ class StreamPolicy(BufferTrims):
         timed = self._timing(hypothesis, closed)
         if timed.drift == 0:  # e.g. its one segment stretched over speech it did not say
             shorter = None if decode.prefix else shorter_close(
-                n_words(new_text, self.kinds), self._frames.speech, start, len(decode.audio))
+                n_words(new_text, self.kinds), *self._frames.heard_from(start), len(decode.audio))
             if decode.prefix or shorter is not None:
                 self._previous = hypothesis
                 self._close_end = None if shorter is None else start + shorter
                 return Update("", "", self._text, False, decode.heard_s)
-        stop = stopped_short(timed.timed(closed), self._frames.speech, start, len(decode.audio))
+        stop = stopped_short(timed.timed(closed), *self._frames.heard_from(start), len(decode.audio))
         if stop is None:
             # a shorter close leaves the rest of the buffer, where the committed words it did not say were heard:
             # said again there, they are dropped, not doubled
@@ -295,7 +295,7 @@ class StreamPolicy(BufferTrims):
         its segments heard with that much audio after them) up to speech it skipped (`hearing.skipped`: what
         follows it waits for a decode that hears that speech), the buffer trimmed after its wholly committed
         segments (by force when full). Segments that open past its audio are not read (`hearing.step_heard`)."""
-        hypothesis = step_heard(hypothesis, self._frames.speech, self._start, len(decode.audio), self.kinds)
+        hypothesis = step_heard(hypothesis, *self._frames.heard_from(self._start), len(decode.audio), self.kinds)
         new_text, closed = text_of(hypothesis, self.kinds), segments(hypothesis, self.kinds)
         timed = self._timing(hypothesis, closed)
         heard = len(new_text) if timed.skip is None else closed[timed.skip].text_end  # text before skipped speech
@@ -341,7 +341,7 @@ class StreamPolicy(BufferTrims):
 
     def _drifted(self, closed: list[SegmentEnd]) -> int | None:
         """`hearing.drifted` of the closed segments of a hypothesis of the buffer as it is (None: none drifted)."""
-        return drifted(closed, self._frames.speech, self._start)
+        return drifted(closed, *self._frames.heard_from(self._start))
 
     def _after_committed(self, text: list[int]) -> list[int]:
         """An earlier hypothesis's text tokens after where the committed words end in it (`agreement.aligned_end`)."""
@@ -349,7 +349,7 @@ class StreamPolicy(BufferTrims):
 
     def _timing(self, hypothesis: Sequence[int], closed: list[SegmentEnd]) -> Timing:
         """`hearing.timing` of a hypothesis of the buffer as it is and its closed segments."""
-        return timing(hypothesis, closed, self._frames.speech, self._start, self.kinds)
+        return timing(hypothesis, closed, *self._frames.heard_from(self._start), self.kinds)
 
     def _has_speech(self) -> bool:
         """The buffer holds audio that may be speech (`SpeechFrames.may_speak_from`)."""

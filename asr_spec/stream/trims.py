@@ -126,8 +126,7 @@ class BufferTrims:
         end = min(segment.end_samples, len(self._buffer))
         back_over_speech = cut < end and self._frames.any_between(self._start + cut, self._start + end)
         self._seam = last_words(new_text[:segment.text_end], SEAM_WORDS, self.kinds) if back_over_speech else []
-        self._buffer = self._buffer[cut:]
-        self._start += cut
+        self._drop_head(cut)
         self._close_end = None
         self._committed, self._earlier = (
             text[aligned_end(new_text[:segment.text_end], text, self.kinds, self._word_key):]
@@ -136,10 +135,15 @@ class BufferTrims:
 
     def _reset_after(self, end_sample: int) -> None:
         """Start the buffer afresh at stream sample `end_sample` (an utterance closed there)."""
-        cut = max(0, min(end_sample - self._start, len(self._buffer)))
-        self._buffer = self._buffer[cut:]
-        self._start += cut
+        self._drop_head(max(0, min(end_sample - self._start, len(self._buffer))))
         self._previous, self._committed, self._seam, self._close_end, self._earlier = (), [], [], None, []
+
+    def _drop_head(self, n_samples: int) -> None:
+        """The buffer without its first `n_samples`: it starts that much later, and the speech frames before it
+        are let go (nothing before the buffer's start is asked of them again)."""
+        self._buffer = self._buffer[n_samples:]
+        self._start += n_samples
+        self._frames.forget_before(self._start)
 
     @staticmethod
     def _seconds(seconds: float) -> int:
