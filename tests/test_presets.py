@@ -21,10 +21,25 @@ from asr_spec.models.presets import (
     load_preset,
     plan_models,
     presets_dir,
+    presets_dir_of,
 )
 from asr_spec.transcribe import TranscribeOptions, Transcriber
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def test_an_installed_package_reads_its_own_presets_not_a_configs_folder_beside_it(tmp_path: Path) -> None:
+    """Installed from a wheel, the package lies in site-packages with its presets inside it; a `configs/` another
+    distribution put in site-packages is not its presets. In a repository (editable install) the package has none
+    inside and reads the repository's."""
+    site = tmp_path / "site-packages"
+    (site / "asr_spec" / "configs").mkdir(parents=True)
+    (site / "configs").mkdir()
+    assert presets_dir_of(site / "asr_spec") == site / "asr_spec" / "configs"
+    repo = tmp_path / "repo"
+    (repo / "asr_spec").mkdir(parents=True)
+    (repo / "configs").mkdir()
+    assert presets_dir_of(repo / "asr_spec") == repo / "configs"
 
 
 def test_shipped_presets() -> None:

@@ -241,11 +241,17 @@ def _verify_preset(preset: Preset) -> None:
 
 
 def presets_dir() -> Path:
-    """``configs/`` at the top of the repository this package lives in (an editable install), or the copy a
-    wheel carries inside the package."""
-    package = Path(__file__).resolve().parent.parent
-    repo = package.parent / "configs"
-    return repo if repo.is_dir() else package / "configs"
+    """The copy of the presets a wheel carries inside the package, or ``configs/`` at the top of the repository
+    this package lives in (an editable install): `presets_dir_of`."""
+    return presets_dir_of(Path(__file__).resolve().parent.parent)
+
+
+def presets_dir_of(package: Path) -> Path:
+    """The presets of the package at `package`: its own ``configs/`` where it has one (a wheel's), else the
+    ``configs/`` beside it (the repository of an editable install). The package's copy first: beside an installed
+    package lies site-packages, where another distribution may have put a ``configs/`` of its own."""
+    inside = package / "configs"
+    return inside if inside.is_dir() else package.parent / "configs"
 
 
 def available_presets() -> list[str]:
