@@ -12,7 +12,8 @@ Transcriber batches the chunks of all the files of the batch it receives (contin
 `files_per_batch` files keep its engine rows full. Ray does the scheduling: a decode task that fails is retried,
 an actor that dies is restarted and its batch redone (Ray Data's actor defaults); the driver writes a
 record only once per id, so a redone batch never duplicates a line. A file that cannot be read is one record with
-`error` set; the run goes on. Rerunning with the same output skips every id already recorded (a partial last line
+`error` set; the run goes on. So is one whose transcription raises (its batch is then transcribed file by file;
+where every file raises alone, the fault is not theirs and the run stops, its records kept). Rerunning with the same output skips every id already recorded (a partial last line
 left by a killed run is cut first), so a killed run resumes where it stopped.
 
 Ray is imported only inside the functions that need it: the rest of asr-spec works without it.
@@ -52,6 +53,8 @@ __all__ = [
     "transcribe_dataset",
     "transcription_record",
 ]
+
+log = logging.getLogger(__name__)
 
 INPUT_ERRORS = (AsrSpecError, ValueError, OSError)  # one input's fault: recorded on it, the run goes on
 MAX_BLOCKS = 1024  # Ray Data blocks of the input list: one per file up to this, so decoding spreads over the cluster
@@ -228,7 +231,7 @@ class _TranscribeWorker:
         ok = [i for i, err in enumerate(errors) if not err]
         sources = [{"array": batch["audio"][i], "sampling_rate": SAMPLE_RATE, "path": paths[i]} for i in ok]
         start = time.perf_counter()
-        done = self.transcriber.transcribe(sources, progress=False) if sources else []
+        done = self._transcribe(sources) if sources else []
         wall_s = time.perf_counter() - start
         results: list[Transcription] = [Transcription(p, "", (), None, None, 0.0, 0.0, (), error=e or None)
                                         for p, e in zip(paths, errors)]
@@ -240,6 +243,36 @@ class _TranscribeWorker:
         column[:] = results
         return {"id": batch["id"], "result": column, "wall_s": shares, "read_s": batch["read_s"],
                 "hardware": np.full(len(results), self.hardware, dtype=object)}
+
+
+    def _transcribe(self, sources: list[dict[str, Any]]) -> list[Transcription]:
+        """The batch's transcriptions; where transcribing them together raises, each file's alone, one that still
+        raises recorded with its error (the run goes on: Ray Data does not retry a task's own exception, and one
+        such file stopped the whole run). Where every file raises alone too the fault is not one file's: raised."""
+        try:
+            return self.transcriber.transcribe(sources, progress=False)
+        except Exception:
+            if len(sources) == 1:
+                raise
+            log.warning("a batch of %d files raised; transcribing each alone", len(sources), exc_info=True)
+            alone = [self._alone(source) for source in sources]
+            if all(isinstance(result, BaseException) for result in alone):
+                raise
+        return [_failed(source, result) if isinstance(result, BaseException) else result
+                for source, result in zip(sources, alone)]
+
+    def _alone(self, source: dict[str, Any]) -> Transcription | Exception:
+        """One file's transcription, or what transcribing it raised."""
+        try:
+            return self.transcriber.transcribe([source], progress=False)[0]
+        except Exception as err:  # recorded on the file by the caller
+            return err
+
+
+def _failed(source: dict[str, Any], err: BaseException) -> Transcription:
+    """The record of a file whose transcription raised: no text, its audio's length, the error in one line."""
+    return Transcription(source["path"], "", (), None, None, len(source["array"]) / SAMPLE_RATE, 0.0, (),
+                         error=f"transcription failed: {one_line(err)}")
 
 
 def _hardware_of(transcriber: Any) -> str:
