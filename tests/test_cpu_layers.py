@@ -101,3 +101,28 @@ def test_the_decision(thin_kernel_no_amx, monkeypatch):
         assert Decoder(model.model.decoder, model.proj_out).layer_loop is None
     monkeypatch.setenv(cpu_attention.DISABLE_ENV, "1")
     assert Decoder(model.model.decoder, model.proj_out).layer_loop is None
+
+
+def test_a_bad_position_or_cache_fails_the_call_before_anything_is_written(thin_kernel_no_amx):
+    """The one call copies each pass's keys and values into the cache by raw pointers: a position outside the cache
+    (a caller's clamp missing), a cache of another dtype (entries of another size) or of other heads would write
+    outside it. Each is refused before the first write, so the cache stays as it was."""
+    model = random_whisper("test", seed=8, init_std=0.2)
+    decoder = Decoder(model.model.decoder, model.proj_out)
+    assert decoder.layer_loop is not None
+    cache = decoder.new_cache(2, 16, model.config.max_source_positions)
+    decoder.write_audio(cache, torch.randn(2, model.config.max_source_positions, model.config.d_model))
+    x = torch.randn(2, 3, model.config.d_model)
+    n_seen = torch.full((2, 3), 3, dtype=torch.int32)
+    before = cache.self_k.clone(), cache.self_v.clone()
+    positions = cache.self_k.shape[3]
+    for bad in ([[0, 1, positions], [0, 1, 2]], [[0, 1, 2], [-1, 0, 1]]):
+        with pytest.raises(RuntimeError, match=r"write_pos\[.*is out of \[0, "):
+            decoder.layer_loop(x, cache, torch.tensor(bad), n_seen)
+        assert torch.equal(cache.self_k, before[0]) and torch.equal(cache.self_v, before[1])
+    good = torch.tensor([[0, 1, 2], [0, 1, 2]])
+    with pytest.raises(RuntimeError, match="one dtype"):
+        decoder.layer_loop(x.to(torch.bfloat16), cache, good, n_seen)
+    assert torch.equal(cache.self_k, before[0])
+    decoder.layer_loop(x, cache, good, n_seen)  # the same call with good positions writes them
+    assert not torch.equal(cache.self_k, before[0])

@@ -194,7 +194,8 @@ void check_scales(const at::Tensor& keys, const std::optional<at::Tensor>& key_s
 at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& n_seen,
                   double scale, const std::optional<at::Tensor>& key_scales,
                   const std::optional<at::Tensor>& value_scales) {
-  TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu(), "attend: CPU tensors only");
+  TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu() && n_seen.device().is_cpu(),
+              "attend: CPU tensors only");
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && n_seen.dim() == 2, "attend: bad ranks");
   TORCH_CHECK(values.scalar_type() == keys.scalar_type() &&
                   (keys.scalar_type() == q.scalar_type() ||

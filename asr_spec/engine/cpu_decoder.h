@@ -89,6 +89,31 @@ void write_rows(const at::Tensor& qkv, int64_t offset, const at::Tensor& cache, 
   }
 }
 
+// The self-attention cache `write_rows` copies into: x's dtype (float32 or bfloat16, the entry size it copies),
+// (L, B, n_heads, P, head_dim) for keys and values alike, on the CPU.
+inline void check_cache(const at::Tensor& x, const at::Tensor& self_k, const at::Tensor& self_v, int64_t n_heads,
+                        int64_t head_dim) {
+  TORCH_CHECK(x.device().is_cpu() && self_k.device().is_cpu() && self_v.device().is_cpu(),
+              "decoder_layers: CPU tensors only");
+  TORCH_CHECK((x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  self_k.scalar_type() == x.scalar_type() && self_v.scalar_type() == x.scalar_type(),
+              "decoder_layers: x and the self-attention cache in one dtype, float32 or bfloat16");
+  TORCH_CHECK(self_v.sizes() == self_k.sizes() && self_k.size(2) == n_heads && self_k.size(4) == head_dim,
+              "decoder_layers: the self-attention keys and values must be (L, B, n_heads, P, d_model / n_heads)");
+}
+
+// Every entry of write_pos ((B, T) long) inside a cache of `positions` positions.
+inline void check_positions(const at::Tensor& write_pos, int64_t positions) {
+  const int64_t* pos = write_pos.data_ptr<int64_t>();
+  for (int64_t b = 0; b < write_pos.size(0); ++b) {
+    for (int64_t t = 0; t < write_pos.size(1); ++t) {
+      const int64_t p = pos[b * write_pos.stride(0) + t * write_pos.stride(1)];
+      TORCH_CHECK(p >= 0 && p < positions, "decoder_layers: write_pos[", b, ", ", t, "] = ", p,
+                  " is out of [0, ", positions, ")");
+    }
+  }
+}
+
 // Layer i's (B, H, head_dim) of a cache's (L, B, H, head_dim) channel scales, if it has them.
 inline std::optional<at::Tensor> layer_scales(const std::optional<at::Tensor>& scales, int64_t i) {
   return scales.has_value() ? std::optional<at::Tensor>(scales->select(0, i)) : std::nullopt;
@@ -117,9 +142,15 @@ at::Tensor decoder_layers(const at::Tensor& x_in, const std::vector<at::Tensor>&
   TORCH_CHECK(self_k.dim() == 5 && self_k.stride(4) == 1 && self_v.stride(4) == 1,
               "decoder_layers: the self-attention cache must be (L, B, H, P, head_dim), head_dim contiguous");
   TORCH_CHECK(write_pos.scalar_type() == at::kLong && write_pos.dim() == 2, "decoder_layers: write_pos (B, T) long");
-  const int64_t b = x_in.size(0), t = x_in.size(1), d = x_in.size(2), head_dim = d / n_heads;
+  const int64_t b = x_in.size(0), t = x_in.size(1), d = x_in.size(2);
+  TORCH_CHECK(n_heads >= 1 && d % n_heads == 0, "decoder_layers: d_model must be a multiple of n_heads");
+  const int64_t head_dim = d / n_heads;
   TORCH_CHECK(self_k.size(1) == b && write_pos.size(0) == b && write_pos.size(1) == t,
               "decoder_layers: the cache's rows and write_pos must match x");
+  check_cache(x_in, self_k, self_v, n_heads, head_dim);
+  // every position is checked before the first write: a bad one fails the call with the cache untouched
+  TORCH_CHECK(write_pos.device().is_cpu() && n_seen.device().is_cpu(), "decoder_layers: write_pos, n_seen on CPU");
+  check_positions(write_pos, self_k.size(3));
   const at::Tensor all_audio = at::full({b, t}, cross_k.size(3), n_seen.options());
   const at::Tensor none;
   at::Tensor x = x_in;
