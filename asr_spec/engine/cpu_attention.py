@@ -49,7 +49,10 @@ HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_attention_simd.
                                                             "cpu_emulated_avx512.h", "cpu_lstm.h"))
 CPUINFO = Path("/proc/cpuinfo")
 # a flags string (as in /proc/cpuinfo) that replaces this CPU's for every CPU decision (`models.cpu.FLAGS_ENV`;
-# `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for those flags, not for this CPU
+# `benchmarks.bench --emulate-isa avx2` sets it): the kernel is then built for an AVX2 machine's where they are
+# one's, with AVX-512 emulated where they claim AVX-512 this CPU lacks, and for this CPU's own (-march=native)
+# where it has AVX-512 itself (`target_options`: forced flags without avx512_bf16 on a CPU with it still build
+# its bf16 paths; the Python decisions follow the forced flags)
 FLAGS_ENV = "ASR_SPEC_CPU_FLAGS"
 # the dtypes the kernel reads and writes (keys, values, queries and output all in one of them)
 KERNEL_DTYPES = (torch.bfloat16, torch.float32)
