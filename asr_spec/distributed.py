@@ -13,8 +13,9 @@ Transcriber batches the chunks of all the files of the batch it receives (contin
 an actor that dies is restarted and its batch redone (Ray Data's actor defaults); the driver writes a
 record only once per id, so a redone batch never duplicates a line. A file that cannot be read is one record with
 `error` set; the run goes on. So is one whose transcription raises (its batch is then transcribed file by file;
-where every file raises alone, the fault is not theirs and the run stops, its records kept). Rerunning with the same output skips every id already recorded (a partial last line
-left by a killed run is cut first), so a killed run resumes where it stopped.
+where every file raises alone, the fault is not theirs and the run stops, its records kept). Rerunning with the
+same output skips every id already recorded (a partial last line left by a killed run is cut first), so a killed
+run resumes where it stopped.
 
 Ray is imported only inside the functions that need it: the rest of asr-spec works without it.
 """

@@ -17,7 +17,7 @@ from conftest import wait_until
 from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, EngineError
 from asr_spec.stream.decodes import StreamDecodes
-from asr_spec.transcribe.inflight import InFlight
+from asr_spec.transcribe.inflight import FINISHED_KEPT, InFlight
 from asr_spec.transcribe.session import EngineSession
 
 
@@ -99,6 +99,22 @@ def test_a_request_withdrawn_on_its_way_into_the_engine_is_never_counted():
     counts.fed(ChunkId("u", 0))
     counts.fed(ChunkId("u", 0))
     assert counts.of("u") == 1 and counts.done(ChunkId("u", 0)) and not counts
+
+
+def test_a_withdrawal_of_a_request_that_just_finished_is_not_remembered():
+    """A stream closed before it read its last result withdraws an id that has finished: nothing is on its way, so
+    nothing is kept for it (one id a race was kept until a run failed); an older finished id, past the ones
+    known, is remembered as one that may be on its way."""
+    counts = InFlight()
+    for i in range(FINISHED_KEPT + 1):
+        counts.fed(ChunkId("s", i))
+        assert counts.done(ChunkId("s", i))
+    counts.withdrawn(ChunkId("s", FINISHED_KEPT))
+    counts.withdrawn(ChunkId("s", 1))
+    assert counts._withdrawn_early == set()
+    counts.withdrawn(ChunkId("s", 0))  # no longer known as finished
+    counts.fed(ChunkId("s", 0))
+    assert counts._withdrawn_early == set() and not counts
 
 
 def test_a_failed_run_names_the_owners_it_lost_and_counts_start_clean():

@@ -6,18 +6,22 @@ session's run, `withdrawn` when the request is withdrawn, `clear` when the run f
 server's cancel, admission and metrics). An id is counted once: `done` of an id not in flight (a result that
 raced its withdrawal) changes nothing. A request withdrawn on its way into the engine (a live stream closed after
 its re-decode was taken from the queue, before the engine pulled it: `withdrawn` first, then `fed`) is not counted
-when it arrives: the engine drops it without a result, so nothing would count it out.
+when it arrives: the engine drops it without a result, so nothing would count it out. A withdrawal of an id
+that finished a moment before (a stream closed before it read its last result) is no such request: the last
+FINISHED_KEPT finished ids are known, and it is not remembered (each one was kept until the run failed).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
 
 from asr_spec.chunk_id import ChunkId
 
-__all__ = ["InFlight"]
+__all__ = ["FINISHED_KEPT", "InFlight"]
+
+FINISHED_KEPT = 4096  # the latest finished ids a late withdrawal is recognised by (a few hundred bytes each)
 
 
 class InFlight:
@@ -28,6 +32,7 @@ class InFlight:
         self._owners: dict[Hashable, Hashable] = {}  # request id -> its owner
         self._counts: Counter[Hashable] = Counter()  # owner -> its requests in flight
         self._withdrawn_early: set[Hashable] = set()  # withdrawn before the engine pulled them
+        self._finished: OrderedDict[Hashable, None] = OrderedDict()  # the latest FINISHED_KEPT done, oldest first
 
     def fed(self, chunk_id: ChunkId) -> None:
         """The engine pulled the request `chunk_id` (not counted when it was withdrawn on its way: `withdrawn`)."""
@@ -41,14 +46,18 @@ class InFlight:
     def done(self, chunk_id: Hashable) -> bool:
         """The request `chunk_id` left the engine (finished); False when it was not in flight."""
         with self._lock:
-            return self._count_out(chunk_id)
+            if not self._count_out(chunk_id):
+                return False
+            self._finished[chunk_id] = None
+            if len(self._finished) > FINISHED_KEPT:
+                self._finished.popitem(last=False)
+            return True
 
     def withdrawn(self, chunk_id: Hashable) -> None:
         """The request `chunk_id` was withdrawn (any thread): counted out when in flight, else remembered, since it
-        may be on its way into the engine (its `fed` is then not counted). An id that had finished already is
-        remembered too and never fed: one id, kept until `clear`."""
+        may be on its way into the engine (its `fed` is then not counted), unless it has just finished."""
         with self._lock:
-            if not self._count_out(chunk_id):
+            if not self._count_out(chunk_id) and chunk_id not in self._finished:
                 self._withdrawn_early.add(chunk_id)
 
     def _count_out(self, chunk_id: Hashable) -> bool:
@@ -67,6 +76,7 @@ class InFlight:
             lost, self._owners = self._owners, {}
             self._counts.clear()
             self._withdrawn_early.clear()
+            self._finished.clear()
             return lost
 
     def of(self, owner: Hashable) -> int:
