@@ -136,16 +136,11 @@ class Batcher:
             source = {"bytes": bytes(source), "path": name}
         else:
             label = os.fspath(source)
+        job = None
         try:
-            prompt = self.transcriber.prompt_tokens(prompts)
-        except InputError as err:  # e.g. a prompt for a model without <|startofprev|>: the request's, a 400
-            if reserved_s is not None:
-                self.release(reserved_s)
-            raise Refused(f"{name}: {one_line(err)}", 400) from err
-        item = Input(next(_job_ids), label, source, word_timestamps=words, prompt=prompt)
-        max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
-        job = Job(item, iter(()), max_samples=max_samples, reserved_s=reserved_s, temperature=temperature)
-        try:
+            item = Input(next(_job_ids), label, source, word_timestamps=words, prompt=self._prompt(prompts, name))
+            max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
+            job = Job(item, iter(()), max_samples=max_samples, reserved_s=reserved_s, temperature=temperature)
             job.requests = self.transcriber.prepare([item], 1, self.session.keep_samples)
             job.pending = next(job.requests, None)
             self._check_read(job)
@@ -153,13 +148,22 @@ class Batcher:
                 raise item.exception  # type: ignore[misc]
             if job.error is not None:
                 raise Refused(f"{name}: {job.error}", job.status) from item.exception
-        except BaseException:
-            close_reader(job.requests)
-            self._let_go(job.pending)
+        except BaseException:  # the one way out of a failed open: its reader closed, its reservation given back
+            if job is not None:
+                close_reader(job.requests)
+                self._let_go(job.pending)
             if reserved_s is not None:
                 self.release(reserved_s)
             raise
         return job
+
+    def _prompt(self, prompts: Any, name: str) -> InputPrompt | None:
+        """The prompt tokens of an upload's `PromptOptions` (`Transcriber.prompt_tokens`); one the model cannot
+        take (a prompt for a model without <|startofprev|>) is the request's fault: a 400 naming `name`."""
+        try:
+            return self.transcriber.prompt_tokens(prompts)
+        except InputError as err:
+            raise Refused(f"{name}: {one_line(err)}", 400) from err
 
     def _check_read(self, job: Job) -> None:
         """Mark the job failed when its input could not be read (400, or 500 for an error that is not the
