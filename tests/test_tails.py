@@ -4,6 +4,7 @@ Digital silence: skipped stride windows and stitching across the gap."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from asr_spec import TranscribeOptions, Transcriber
-from asr_spec.audio.chunking import DIGITAL_SILENCE, ChunkingOptions, ChunkSpan, skip_silent_windows
+from asr_spec.audio.chunking import DIGITAL_SILENCE, ChunkingOptions, ChunkSpan, plan_chunks, skip_silent_windows
 from asr_spec.audio.loading import load_audio
 from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE
 from asr_spec.audio.vad import SpeechSpan
@@ -30,6 +31,7 @@ from asr_spec.transcribe.tails import (
     covered_steps,
     drop_repeated_head,
     longest_gap_s,
+    next_window_from,
     plan_tail,
     repeated_segment,
     rewind,
@@ -212,6 +214,28 @@ def test_a_stride_window_that_skips_a_sentence_inside_its_middle_gets_a_tail_fro
     assert stride_tail(window, in_left_stride, EOT, TS, 0.5, 0.0, speech_of([(0, 30.0)])) is None and not calls
 
 
+def test_a_stride_tail_never_starts_after_the_next_window_does() -> None:
+    """Windows 0-30, 20-50, 40-70 s: the middle one hears 20-24 s, a pause, speech from 40.5 s, and writes 20-24
+    and 40.5-43 s, then stops (speech goes on). Its one tail could start at 40.5 s, after the next window's start
+    (40 s): the stitch refused the file order and the whole input failed. That window hears it from its start:
+    no tail; a tail that starts before it is planned as before."""
+    rate = 16000
+    w0, w1, w2 = plan_chunks(70 * rate, 30 * rate, 5 * rate, 5 * rate)
+    assert next_window_from(w1, 5 * rate) == w2.start_sample and next_window_from(w2, 5 * rate) is None
+    assert next_window_from(w0, 5 * rate) == w1.start_sample
+    tokens = (ts(0.0), 1, 2, ts(4.0), ts(20.5), 3, 4, ts(23.0), EOT)
+    heard = counted_speech([])([(0.0, 4.0), (20.5, 30.0)])
+    tail, _ = stride_tail(w1, tokens, EOT, TS, 0.5, 5.0, heard)  # without the bound: at 40.5 s
+    assert tail.start_sample == 40.5 * rate > w2.start_sample
+    assert stride_tail(w1, tokens, EOT, TS, 0.5, 5.0, heard, before=next_window_from(w1, 5 * rate)) is None
+    earlier = (ts(0.0), 1, 2, ts(4.0), ts(12.0), 3, 4, ts(15.0), EOT)  # the text stops at 35 s: a tail from there
+    tail, _ = stride_tail(w1, earlier, EOT, TS, 0.5, 0.0, counted_speech([])([(0.0, 4.0), (12.0, 30.0)]),
+                          before=next_window_from(w1, 5 * rate))
+    assert tail.start_sample == 35 * rate
+    # and a tail of that tail (a speech span that keeps the window's right stride) is bounded the same
+    assert next_window_from(tail, 5 * rate) == w2.start_sample
+
+
 def test_a_stride_window_that_loops_is_decoded_again_from_where_its_loop_starts() -> None:
     """whisper-base may loop in a window ("the work was hard ..." three times, issue 36), its timestamps spread over
     the sentences it does not transcribe, so every second looks covered: a window whose text repeats itself
@@ -266,6 +290,12 @@ def test_the_transcriber_decodes_a_looping_stride_window_again_before_its_seam()
             tail, kept = planned
             assert tail.start_sample == window.start_sample + int(tail_at_s * rate)  # after the loop's first time
             assert kept == (*looped[:2 + len(words) + len(loop) + 2], EOT)
+    # a tail that would start after the next window does (43 s: `next_window_from`, 40 s): none
+    gap = _result(ChunkId(0, 1), (ts(0.0), *words, ts(4.0), ts(20.5), *words, ts(23.0), EOT))
+    transcriber.frontend.window_speech = lambda _: speech_span(0.0, 30.0, [(0.0, 4.0), (20.5, 30.0)]).speech
+    assert transcriber.tail_of(window, gap, samples) is None
+    last = dataclasses.replace(window, stride_right_samples=0, is_last=True)  # no window after it
+    assert transcriber.tail_of(last, gap, samples)[0].start_sample == window.start_sample + 23 * rate  # its end
 
 
 def test_the_no_speech_rule_says_when_a_text_loops() -> None:

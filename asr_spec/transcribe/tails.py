@@ -43,8 +43,8 @@ from asr_spec.stream.agreement import MIN_LOOP_TOKENS  # one length for a loop's
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
 __all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps",
-           "drop_repeated_head", "longest_gap_s", "plan_tail", "repeated_segment", "rewind", "seam_overlap",
-           "stride_tail", "trim_span", "uncovered_speech_s", "with_tails"]
+           "drop_repeated_head", "longest_gap_s", "next_window_from", "plan_tail", "repeated_segment", "rewind",
+           "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s", "with_tails"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
@@ -134,7 +134,8 @@ def rewind(closed: list[ClosedSegment], position: int, context_s: float, min_ste
 
 
 def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
-              context_s: float = 0.0, stop_at: int | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+              context_s: float = 0.0, stop_at: int | None = None,
+              before: int | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
     """The tail of a chunk to decode again and the chunk's tokens before it, or None. The transcript stops
     covering the speech at the end timestamp of a segment (`covered_steps`; with or without word timestamps,
     see the module docstring); the tail is [`rewind`'s start: context_s
@@ -143,7 +144,9 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     that misses the chunk's first words would only be decoded again the same). A span with a right stride (a
     stride window, `stride_tail`) hands it to its tail, as the next window expects. stop_at: a closed segment
     after which the transcript is not trusted whatever its timestamps say (a loop starts after it,
-    `repeated_segment`)."""
+    `repeated_segment`). before: the sample a tail must start before (None: any), where the next stride window
+    may start (`next_window_from`): a tail that starts later would come after it in file order, which the stitch
+    refuses; that window hears the rest from its start instead (no tail)."""
     if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
@@ -156,7 +159,7 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     step, n_kept = rewind(closed, position, context_s, min_step)
     step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
     start = span.start_sample + step * STEP_SAMPLES
-    if step <= 0 or start >= span.end_sample:
+    if step <= 0 or start >= span.end_sample or (before is not None and start >= before):
         return None
     tail = SpeechSpan(start, span.end_sample, 0, span.stride_right_samples, is_first=False, is_last=span.is_last,
                       speech=span.speech[step:])
@@ -187,9 +190,18 @@ def repeated_segment(closed: list[ClosedSegment], tokens: Sequence[int], eot_id:
     return None
 
 
+def next_window_from(span: ChunkSpan, grid_stride_left_samples: int) -> int | None:
+    """The earliest sample the stride window after `span` may start at (None: none follows it, or `span` is no
+    stride window's): its kept part starts where `span`'s ends, and it starts at most its grid left stride before
+    that (a snapped start only moves later, `chunking.iter_chunks`)."""
+    if span.is_last or not span.stride_right_samples:
+        return None
+    return span.keep_end_sample - grid_stride_left_samples
+
+
 def stride_tail(span: ChunkSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
                 context_s: float, speech_of: Callable[[], np.ndarray],
-                looping: bool = False) -> tuple[SpeechSpan, tuple[int, ...]] | None:
+                looping: bool = False, before: int | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
     """`plan_tail` for a stride window (no VAD frames of its own): only when the middle it keeps (the window
     before keeps its left stride, the next re-decodes its right one) has at least `margin_s` that no segment
     covers after a closed segment (its text ends early, or skips from one segment to a later one: a sentence
@@ -197,7 +209,8 @@ def stride_tail(span: ChunkSpan, tokens: Sequence[int], eot_id: int, timestamp_b
     `silero.window_speech`) and the window's speech in that middle compared with its segments. Otherwise None, at no
     cost: the window's output stays as decoded. looping: the window's text repeats itself (compression ratio over
     the no-speech rule's threshold, `NoSpeechRule.loops`): its transcript is not trusted from the first segment
-    that repeats an earlier one (`repeated_segment`) inside its middle on, and that part is decoded again."""
+    that repeats an earlier one (`repeated_segment`) inside its middle on, and that part is decoded again.
+    before: as `plan_tail`'s."""
     if isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
@@ -212,7 +225,7 @@ def stride_tail(span: ChunkSpan, tokens: Sequence[int], eot_id: int, timestamp_b
     speech[:keep_start] = False  # the window before's
     view = SpeechSpan(span.start_sample, span.end_sample, span.stride_left_samples, span.stride_right_samples,
                       span.is_first, span.is_last, speech=speech)
-    return plan_tail(view, tokens, eot_id, timestamp_begin_id, margin_s, context_s, stop_at)
+    return plan_tail(view, tokens, eot_id, timestamp_begin_id, margin_s, context_s, stop_at, before)
 
 
 def trim_span(span: ChunkSpan, end_sample: int) -> ChunkSpan:

@@ -60,7 +60,7 @@ from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.session import EngineSession, Finished
 from asr_spec.transcribe.stitch import ChunkTokens
-from asr_spec.transcribe.tails import TailSource, plan_tail, stride_tail
+from asr_spec.transcribe.tails import TailSource, next_window_from, plan_tail, stride_tail
 
 __all__ = ["Transcriber"]
 
@@ -329,13 +329,15 @@ class Transcriber:
         if not self.options.decode.timestamps or result.id.attempt >= self.options.tail_repairs:
             return None
         margin_s, context_s = self.options.tail_margin_s, self.options.tail_context_s
+        before = next_window_from(span, self.options.chunking.stride_left_samples)  # a stride window's (or tail's)
         if not isinstance(span, SpeechSpan):
             if samples is None:
                 return None
             looping = self.options.no_speech.loops(self.assembler.decode(result.tokens))
             return stride_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s,
-                               context_s, lambda: self.frontend.window_speech(samples), looping)
-        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s)
+                               context_s, lambda: self.frontend.window_speech(samples), looping, before)
+        return plan_tail(span, result.tokens, self.tokens.eot, self.tokens.timestamp_begin, margin_s, context_s,
+                         before=before)
 
     def finish_result(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
                      ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
