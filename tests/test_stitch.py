@@ -385,8 +385,8 @@ def test_a_short_match_heard_seconds_apart_is_no_common_run() -> None:
     # 1, 2 heard at 47 s on the left and at 40 s on the right: no run; 20, 21, 22 heard at 44-45.5 s by both is
     # one, and the seam is cut in its middle: the right's reading from the seam on
     assert merge_timed([left, goes_on]) == [20, 21, 22, 50, 51]
-    # where the right's reading ends inside that run, what the left heard after it is nobody else's
-    assert merge_timed([left, right]) == [20, 21, 22, 1, 2, 30, 31, 32]
+    # where the right's reading ends inside that run, what the left heard after it is past the seam: the right's
+    assert merge_timed([left, right]) == [20, 21, 22]
     # a long run is a run even when the two windows time it seconds apart (whisper-base's whole seconds)
     run = (1, 2, 3, 4, 5)
     late = TimedPiece((9, *run), (20.0, 24.0, 24.5, 25.0, 25.5, 26.0), seam_s=25.0)
@@ -488,9 +488,40 @@ def test_a_right_window_that_stops_inside_the_left_one_loses_and_doubles_nothing
     span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
     left = ChunkTokens((*_one_word_a_second(0, 30, 0), EOT), span0)
     right = ChunkTokens((*_one_word_a_second(20, 22, 20, 100 if same_words else 300), EOT), span1)
-    # the right window stopped early and no tail was decoded: the left's reading of the rest of its audio stays
-    assert [t - 100 for t in _stitch([left, right]).token_ids] == list(range(30))
+    # no tail decoded: with a common run the left keeps what it heard to the seam (past it, the right heard too
+    # little speech to be decoded again); by time, what it heard where the right wrote nothing (`time_cut`)
+    assert [t - 100 for t in _stitch([left, right]).token_ids] == list(range(25 if same_words else 30))
     tail_span = ChunkSpan(25 * SR, 50 * SR, 0, 0, is_first=False, is_last=True)
     tail = ChunkTokens((*_one_word_a_second(25, 50, 25), EOT), tail_span)
     trimmed = ChunkTokens(right.token_ids, trim_span(span1, 25 * SR))
     assert [t - 100 for t in _stitch([left, trimmed, tail]).token_ids] == list(range(50))
+
+
+def test_a_right_window_that_stops_with_a_full_stop_the_left_reads_on_from_still_ends_the_run() -> None:
+    """A window that stops early closes its last segment with "." where the other window reads on: the one token
+    that differs ended the common run there (the cut inside it lost the left's 22-25 s again). Up to
+    MAX_CLOSING_TOKENS tokens that start no word are such an ending; a word is not."""
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    full_stop = 13
+
+    def starts_word(token: int) -> bool:
+        return token != full_stop
+
+    left = ChunkTokens((*_one_word_a_second(0, 30, 0), EOT), span0)
+    said = _one_word_a_second(20, 22, 20)
+    right = ChunkTokens((*said[:-1], full_stop, said[-1], EOT), span1)
+    stitched = stitch_chunks([left, right], eot_id=EOT, timestamp_begin_id=TS_BEGIN, starts_word=starts_word)
+    assert [t - 100 for t in stitched.token_ids] == list(range(25))
+    other_word = ChunkTokens((*said[:-1], 500, said[-1], EOT), span1)  # the right says a word of its own: kept
+    stitched = stitch_chunks([left, other_word], eot_id=EOT, timestamp_begin_id=TS_BEGIN, starts_word=starts_word)
+    assert 500 in stitched.token_ids and stitched.token_ids.count(121) == 1
+
+
+def test_the_left_keeps_nothing_past_the_seam_where_the_right_only_paused() -> None:
+    """The right window did not stop early: it paused after 23 s and went on at 36 s, past the part of it compared
+    at the seam (its segments that start before the left's end + SEAM_SLACK_S). The left's guess over the silence
+    at its edge (26-28 s, "Thank you.") is not kept as if nobody else had heard that audio."""
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    left = ChunkTokens((*_one_word_a_second(0, 24, 0), _ts(26.0), 900, 901, _ts(28.0), EOT), span0)
+    right = ChunkTokens((*_one_word_a_second(20, 24, 20), _ts(16.0), 400, 401, _ts(20.0), EOT), span1)
+    assert [t - 100 if t < 400 else t for t in _stitch([left, right]).token_ids] == [*range(24), 400, 401]

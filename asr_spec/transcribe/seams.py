@@ -5,10 +5,10 @@ the offset with the best match fraction wins (ties broken toward longer overlaps
 that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). With each token's time
 (`token_times`, interpolated between the timestamps around it), `seam_cut` cuts a credible common run where both
 readings agree nearest the seam, and a seam whose readings share no credible run by time (`time_cut`): the left
-reading keeps what it heard before the seam, the right what it heard from it on. Where the right's reading ends
-inside the run (a window that stopped early), the left keeps what it heard after it, up to the end of the right's
-audio (a window trimmed where its re-decoded tail starts hands the rest to that tail). `stitch.py` reads the chunks
-and calls `seam_cut` at each seam.
+reading keeps what it heard before the seam, the right what it heard from it on (up to the end of the right's
+audio: a window trimmed where its re-decoded tail starts hands the rest to that tail). Where the right's reading
+ends inside the run (a window that stopped early), the left keeps what it heard after it before the seam.
+`stitch.py` reads the chunks and calls `seam_cut` at each seam.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import numpy as np
 
 from asr_spec.errors import InputError
 
-__all__ = ["HEARD_TOLERANCE_S", "MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece",
+__all__ = ["HEARD_TOLERANCE_S", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord",
+           "TimedPiece",
            "merge_overlapping", "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
@@ -44,6 +45,9 @@ SEAM_SLACK_S = 5.0
 # 0.3 s before its seam: docs/long-form-measurements.md), and there " from above" ending a sentence in the left
 # window (~44 s) and the right's next sentence (44.7 s on) counted as a common run, four words lost
 HEARD_TOLERANCE_S = 0.25
+# tokens that start no word (". ", "?") a reading that stopped early may end a common run with where the other
+# reads on ("he went home." against "he went home and slept"): the run still ends the right's reading
+MAX_CLOSING_TOKENS = 2
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
 
@@ -177,10 +181,10 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
 
 
 def _unread_from_s(left: TimedPiece, right: TimedPiece) -> float:
-    """File seconds from which the left keeps nothing it heard after the right's reading ended with nothing
-    after the seam: the end of the right's audio (inf: not known). A window that stopped early takes no words
-    with it, but a window cut where its re-decoded tail starts (`tails.trim_span`) hands the rest to that tail,
-    which reads it again: the left's words there would be written twice."""
+    """File seconds from which a time cut keeps nothing the left heard, where the right wrote nothing after the
+    seam: the end of the right's audio (inf: not known). A window that stopped early takes no words with it, but
+    a window cut where its re-decoded tail starts (`tails.trim_span`) hands the rest to that tail, which reads it
+    again: the left's words there would be written twice."""
     return max(left.seam_s, right.heard_to_s)
 
 
@@ -221,18 +225,28 @@ def seam_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
 def _past_the_right(left: TimedPiece, right: TimedPiece, n_keep: int, n_drop: int,
                     starts_word: StartsWord | None) -> tuple[int, int] | None:
     """The cut when the right's reading ends inside the common run (its tokens from the cut on are the left's
-    aligned ones) and the left heard more after it: the left's reading on, up to where the right's audio ends
-    (`_unread_from_s`; words kept whole), the right's dropped; None otherwise. A 20-50 s window whose text stops
-    at 22 s inside the 0-30 s window's: cut inside the run, the left's 22-25 s were nobody's."""
+    aligned ones, but for up to MAX_CLOSING_TOKENS that start no word: a "." where the other reads on) and the left
+    heard more after it before the seam: the left's reading through what it heard before the seam (words kept
+    whole), the right's dropped; None otherwise. A 20-50 s window whose text stops at 22 s inside the 0-30 s
+    window's: cut inside the run, the left's 22-25 s were nobody's. What the left heard past the seam stays the
+    right window's (or its re-decoded tail's) to say: kept, it was written twice, or a left window's guess at its
+    edge over audio the right heard as silence."""
     rest = right.tokens[n_drop:]
-    run_end = n_keep + len(rest)
-    if left.tokens[n_keep:run_end] != rest or run_end >= len(left.tokens):
+    run_end = n_keep + _common_head(rest, left.tokens[n_keep:])
+    closing = rest[run_end - n_keep:]
+    if closing and (starts_word is None or len(closing) > MAX_CLOSING_TOKENS or any(map(starts_word, closing))):
         return None
-    after_s = np.asarray(left.times_s[run_end:])
-    kept = run_end + int(np.searchsorted(after_s, _unread_from_s(left, right), side="left"))
+    kept = run_end + int(np.searchsorted(np.asarray(left.times_s[run_end:]), left.seam_s, side="left"))
     if starts_word is not None:
         kept = _word_end(left.tokens, kept, starts_word)
     return (kept, len(right.tokens)) if kept > run_end else None
+
+
+def _common_head(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` share from their first on."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
 
 
 def _agreeing_cut(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> tuple[int, int]:
