@@ -205,17 +205,25 @@ def test_text_only_stitch_equals_transformers_and_keeps_seam_words() -> None:
 
 
 def test_empty_chunks_take_no_part() -> None:
-    spans = plan_chunks(70 * SR, 30 * SR, 5 * SR, 5 * SR)  # 3 chunks
+    """An empty window between two that share audio: the merge joins its neighbours as transformers does. Between
+    two that share none (0-30 and 40-70 s) there is nothing to merge: transformers still slides one text under the
+    other, and any two equal tokens make an overlap (`test_text_only_windows_on_either_side_of_an_empty_one_...`);
+    here the texts follow each other."""
+    spans = plan_chunks(50 * SR, 30 * SR, 10 * SR, 10 * SR)  # 0-30, 10-40, 20-50 s
     words = list(range(100, 120))
     chunks = [
         ChunkTokens((*words[:12], EOT), spans[0]),
         ChunkTokens((EOT,), spans[1]),  # silence
         ChunkTokens((*words[8:], EOT), spans[2]),
     ]
+    assert spans[2].start_sample < spans[0].end_sample  # the first and the third share audio
     result = _stitch(chunks)
     assert list(result.token_ids) == words
     assert _decode(result.token_ids) == _reference(chunks, return_timestamps=False)[0]
     assert len(result.segments) == 2
+    apart = plan_chunks(70 * SR, 30 * SR, 5 * SR, 5 * SR)  # 0-30, 20-50, 40-70 s: the first and third share none
+    chunks = [ChunkTokens(chunk.token_ids, span) for chunk, span in zip(chunks, apart)]
+    assert list(_stitch(chunks).token_ids) == words[:12] + words[8:]
 
 
 def test_no_chunks_and_all_silent_chunks() -> None:
@@ -525,3 +533,16 @@ def test_the_left_keeps_nothing_past_the_seam_where_the_right_only_paused() -> N
     left = ChunkTokens((*_one_word_a_second(0, 24, 0), _ts(26.0), 900, 901, _ts(28.0), EOT), span0)
     right = ChunkTokens((*_one_word_a_second(20, 24, 20), _ts(16.0), 400, 401, _ts(20.0), EOT), span1)
     assert [t - 100 if t < 400 else t for t in _stitch([left, right]).token_ids] == [*range(24), 400, 401]
+
+
+def test_text_only_windows_on_either_side_of_an_empty_one_are_not_merged() -> None:
+    """Without timestamps, windows 0-30 and 40-70 s share no audio; the one between them (20-50 s) wrote nothing
+    (or the no-speech rule dropped it). Left out of the merge, it made its neighbours one run, and the text merge
+    took two equal frequent tokens (" the", ",") for an overlap and cut both texts at its middle."""
+    a, b, c = plan_chunks(70 * SR, 30 * SR, 5 * SR, 5 * SR)
+    frequent = (262, 11)
+    first = [1000 + i if i % 3 else frequent[i % 2] for i in range(60)]
+    last = [5000 + i if i % 3 else frequent[i % 2] for i in range(60)]
+    result = _stitch([ChunkTokens((*first, EOT), a), ChunkTokens((EOT,), b), ChunkTokens((*last, EOT), c)])
+    assert list(result.token_ids) == first + last and not result.timestamped
+    assert [s.token_ids for s in result.segments] == [tuple(first), tuple(last)]

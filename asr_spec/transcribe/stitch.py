@@ -276,9 +276,9 @@ def _stitch_text_only(chunks: Sequence[ChunkTokens], eot_id: int, sampling_rate:
     texts = [[token for token in chunk.token_ids if token < eot_id] for chunk in chunks]
     segments: list[Segment] = []
     merged_all: list[int] = []
-    # chunks on either side of a gap (skipped silence: no chunk overlaps the next) are not merged
-    for run in _overlapping_runs(list(zip(chunks, texts))):
-        run = [(chunk, text) for chunk, text in run if text]  # empty chunks take no part in merging
+    # chunks on either side of a gap (skipped silence: no chunk overlaps the next) are not merged, nor are the two
+    # on either side of an empty one (its text dropped, or none) when they share no audio
+    for run in _overlapping_runs([(chunk, text) for chunk, text in zip(chunks, texts) if text]):
         merged, shares = merge_with_shares([text for _, text in run])
         position = 0
         for (chunk, _), share in zip(run, shares):
