@@ -572,6 +572,7 @@ def test_a_tails_emptied_first_segment_takes_its_words_with_it() -> None:
 
     from asr_spec.audio.vad import SpeechSpan, VadOptions
     from asr_spec.engine.stats import ChunkStats
+    from asr_spec.transcribe.alignment import group_words
     from asr_spec.transcribe.assembly import Assembler, words_left
     from asr_spec.transcribe.options import TranscribeOptions
     from asr_spec.transcribe.segments import WordTiming
@@ -599,5 +600,11 @@ def test_a_tails_emptied_first_segment_takes_its_words_with_it() -> None:
     assert [(s.text, [w.word for w in s.words]) for s in got.segments] == [
         ("the end.", [" the", " end."]), ("Next sentence", [" Next", " sentence"]), ("Last one", [" Last", " one"])]
     # the first segment only shortened: its first words go
-    kept = words_left([["a", "b", "c"], ["d"]], [(1, 2, 3), (4,)], [(3,), (4,)], lambda t: t in (1, 2, 3, 4))
+    kept = words_left([["a", "b", "c"], ["d"]], [(1, 2, 3), (4,)], [(3,), (4,)], lambda ids: [[i] for i in
+                                                                                              range(len(ids))])
     assert kept == [["c"], ["d"]]
+    # words as the aligner grouped them: " well-known" is two (" well", "-known"), both dropped with its tokens
+    pieces = {1: " well", 2: "-", 3: "known", 4: " said"}
+    hyphen = [[word(" well", 0.0, 0.2), word("-known", 0.2, 0.5), word(" said", 0.5, 0.8)]]
+    kept = words_left(hyphen, [(1, 2, 3, 4)], [(4,)], lambda ids: group_words([pieces[i] for i in ids]))
+    assert [[w.word for w in segment] for segment in kept] == [[" said"]]

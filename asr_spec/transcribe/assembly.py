@@ -19,6 +19,7 @@ from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.stream.agreement import starts_word
+from asr_spec.transcribe.alignment import group_words
 from asr_spec.transcribe.nospeech import NO_SPEECH
 from asr_spec.transcribe.options import TranscribeOptions
 from asr_spec.transcribe.results import ChunkReport, Transcription
@@ -96,7 +97,7 @@ class Assembler:
                 continue
             if n_drop:
                 before, after = (self._segment_texts(t, spans[i]) for t in (tokens[i], out[i]))
-                words[i] = words_left(words[i], before, after, self._starts_word)
+                words[i] = words_left(words[i], before, after, self._group_words)
             earlier = [w for segment in words[i - 1] for w in segment]
             if earlier:  # the parent's last word may be timed past where its tail starts: times stay monotonic
                 words[i] = _not_before(words[i], earlier[-1].end)
@@ -106,6 +107,10 @@ class Assembler:
         """The text tokens of each segment the chunk's tokens make alone (as its words were aligned to them)."""
         return [tuple(t for t in s.token_ids if t < self.tokens.eot)
                 for s in self.stitch([ChunkTokens(token_ids, span)]).segments]
+
+    def _group_words(self, token_ids: Sequence[int]) -> list[list[int]]:
+        """Each word's token indices, as the aligner grouped a segment's text (`alignment.group_words`)."""
+        return group_words([self.piece(t) for t in token_ids])
 
     def _starts_word(self, token_id: int) -> bool:
         return starts_word(self.piece(token_id))
@@ -137,18 +142,20 @@ class Assembler:
 
 
 def words_left(words: Sequence[Sequence[WordTiming]], before: Sequence[Sequence[int]], after: Sequence[Sequence[int]],
-               starts_word: Callable[[int], bool]) -> list[list[WordTiming]]:
+               group: Callable[[Sequence[int]], list[list[int]]]) -> list[list[WordTiming]]:
     """A tail's words per segment once the words its head repeats were dropped (a prefix of its text): `before` and
     `after`, the text tokens of its segments before and after the drop. The segments the drop emptied go with their
     words (the stitcher leaves them out: their words stayed, and every later segment got the one before's); the
-    first one left loses the words that started in its dropped tokens."""
+    first one left loses the words that started in its dropped tokens, as its words were grouped (group: a
+    segment's text tokens -> each word's token indices, `alignment.group_words`: " well-known" is " well" and
+    "-known", "3.5" two words too)."""
     if not after:  # the drop took all of its text
         return []
     gone = len(before) - len(after)
     if gone < 0 or len(words) != len(before):  # not segments of the words' own chunk: left as they were
         return [list(w) for w in words]
-    cut = before[gone][: len(before[gone]) - len(after[0])]
-    n_words = sum(starts_word(t) for t in cut)
+    n_cut = len(before[gone]) - len(after[0])
+    n_words = sum(word[0] < n_cut for word in group(before[gone]))
     return [list(words[gone])[n_words:], *(list(w) for w in words[gone + 1:])]
 
 
