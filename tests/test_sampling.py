@@ -177,6 +177,22 @@ def test_sampled_rows_do_not_depend_on_the_batch(draft):
     assert len(set(full.values())) == 10  # really sampled: the rows differ
 
 
+@pytest.mark.parametrize("draft", ["none", "unrelated", "self"])
+def test_a_sampled_row_cut_by_its_token_limit_is_the_uncut_row_cut_there(draft):
+    """`ChunkRequest.max_new_tokens`: a row cut at m tokens is the row's first m tokens. With a draft, the last
+    position a cut row can keep was not offered: its token was drawn from the target alone instead of through
+    accept / resample, and the cut rows' last tokens differed (14 of 30 with the unrelated draft, 26 with the
+    target's own layers)."""
+    drafts = {"none": None, "unrelated": _draft("unrelated"), "self": decoder_draft(_target())}
+    engine = Engine(_target(), drafts[draft], DecodeOptions(language="en", max_new_tokens=40, num_draft_tokens=4,
+                                                            draft_bf16=False))
+    full = {r.id: r.tokens for r in engine.run(_chunks(range(10), 1.0), batch_size=4)}
+    assert sum(len(tokens) > 12 for tokens in full.values()) >= 5  # most rows run past every cut
+    for m in (3, 7, 12):
+        cut = [ChunkRequest(i, _features()[i], temperature=1.0, seed=1000 + i, max_new_tokens=m) for i in range(10)]
+        assert {r.id: r.tokens for r in engine.run(cut, batch_size=4)} == {i: t[:m] for i, t in full.items()}
+
+
 @pytest.mark.parametrize("draft", ["none", "unrelated"])
 def test_greedy_rows_beside_sampled_rows_are_the_greedy_output(draft):
     engine = Engine(_target(), _draft(draft), DecodeOptions(language="en", max_new_tokens=30))

@@ -148,7 +148,7 @@ class TargetFeatures:
             token = rules.draft_choice(logits, st.n_tok + i, st.begin)
             st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
             # a row proposes none it could not keep (as speculative._draft)
-            proposed.append((i < st.limit - st.n_tok - 1) & offers)
+            proposed.append(st.keeps(i) & offers)
             if i + 1 < k:  # the next proposal from the draft's own guess of the target's state
                 logits, guess = m.draft.draft_forward(m.draft_cache, token[:, None], guess,
                                                       (st.n_tok + i)[:, None], n_keys)

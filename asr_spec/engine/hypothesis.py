@@ -101,8 +101,8 @@ class Hypotheses:
         offered = self.tokens.gather(1, (self.at[:, None] + i).clamp(max=self.tokens.shape[1] - 1))
         pos = (n_tok[:, None] + i).clamp(max=seq.shape[1] - 1)
         seq.scatter_(1, pos, torch.where(uses[:, None], offered, seq.gather(1, pos)))
-        # a row offers none it could not keep (room before its limit, less the target's own token)
-        mine = (i < left[:, None]) & (i < (limit - n_tok - 1)[:, None])
+        # a row offers none it could not keep before its limit (as `DecodeState.keeps`)
+        mine = (i < left[:, None]) & (i < (limit - n_tok)[:, None])
         p = max(drafted.shape[1], width)
         proposed = torch.where(uses[:, None], F.pad(mine, (0, p - width)), F.pad(drafted, (0, p - drafted.shape[1])))
         return proposed, uses

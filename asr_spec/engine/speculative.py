@@ -93,6 +93,13 @@ class DecodeState:
                    temperature=torch.zeros(n_rows, device=device), key=torch.zeros_like(per_row["n_tok"]),
                    **per_row)
 
+    def keeps(self, i: int) -> torch.Tensor:
+        """(B,) bool: whether each row could keep a proposal at position n_tok + i, before its limit. A row may
+        commit up to limit - n_tok tokens a step (the accept is capped there), so the last one it can keep is offered
+        too: a sampled row's token there goes through accept / resample as when no limit cuts the row there (a row
+        cut by max_new_tokens is the uncut row cut there)."""
+        return i < self.limit - self.n_tok
+
     def rows(self, n_rows: int) -> DecodeState:
         """The first `n_rows` slots, as views (in-place updates reach the full state)."""
         return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
@@ -319,9 +326,9 @@ def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
             token = torch.where(st.temperature > 0, drawn, token)
             qs.append(q)
         st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
-        # a row proposes none it could not keep (room before its limit, less the target's own token): the batch
-        # still computes them, but they are neither offered nor counted
-        proposed.append(i < st.limit - st.n_tok - 1)
+        # a row proposes none it could not keep (`DecodeState.keeps`): the batch still computes them, but they are
+        # neither offered nor counted
+        proposed.append(st.keeps(i))
         tokens, pos = token[:, None], (st.n_tok + i)[:, None]
         index = torch.zeros_like(index)
     return torch.stack(proposed, 1), torch.stack(qs, 1) if qs else None
