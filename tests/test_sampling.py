@@ -21,7 +21,7 @@ from conftest import tiny_target
 
 from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 from asr_spec.engine.capture import StepRunner
-from asr_spec.engine.sampling import draw, uniform
+from asr_spec.engine.sampling import draw, probabilities, uniform
 from asr_spec.models.loading import decoder_draft
 
 N_ROWS = 2000
@@ -248,6 +248,20 @@ def test_sampled_step_traces_into_one_graph_and_equals_eager():
     assert backend_calls
 
 
+def test_a_tiny_temperature_samples_the_argmax():
+    """A temperature of 1e-38 or 1e-45 (legal: finite, above 0) divided the scores into -inf and inf: NaN
+    probabilities, and every draw fell on the last token of the vocabulary. The scores are taken from their largest
+    first, so the distribution tends to the argmax as the temperature does."""
+    scores = torch.tensor([[[2.0, 5.0, -math.inf, 4.0], [1.0, 1.0, 0.0, -3.0]]])  # (B, P, V)
+    for t in (1e-30, 1e-38, 1e-45):
+        probs = probabilities(scores, torch.tensor([t]))
+        assert probs.isfinite().all()
+        assert probs[0, 0].tolist() == [0.0, 1.0, 0.0, 0.0] and probs[0, 1].tolist() == [0.5, 0.5, 0.0, 0.0]
+    greedy = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=10))
+    want = {r.id: r.tokens for r in greedy.run(_chunks(range(4), 0.0), batch_size=4)}
+    assert {r.id: r.tokens for r in greedy.run(_chunks(range(4), 1e-40), batch_size=4)} == want
+
+
 def test_bad_temperature_or_seed_names_the_chunk():
     with pytest.raises(ValueError, match="chunk 3: temperature"):
         ChunkRequest(3, None, temperature=-0.1)
@@ -293,3 +307,17 @@ def test_candidates_sharing_features_are_encoded_once(batch_size):
     copies = [ChunkRequest(r.id, r.features.clone(), temperature=0.7, seed=r.seed) for r in reqs]
     fresh = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=10))
     assert {r.id: r.tokens for r in fresh.run(copies, batch_size=batch_size)} == shared
+
+
+def test_a_features_tensor_refilled_in_place_is_encoded_again():
+    """A caller that decodes window after window through one features buffer, refilled in place between runs:
+    the encoder output kept for the last request's features (its sampled candidates') was taken again, and the
+    second window got the first one's tokens."""
+    features = _features()
+    engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=12))
+    buffer = features[0].clone()
+    first = next(iter(engine.run([ChunkRequest("a", buffer)], 1))).tokens
+    buffer.copy_(features[1])
+    second = next(iter(engine.run([ChunkRequest("b", buffer)], 1))).tokens
+    fresh = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=12))
+    assert second == next(iter(fresh.run([ChunkRequest("b", features[1].clone())], 1))).tokens != first

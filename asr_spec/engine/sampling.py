@@ -46,9 +46,13 @@ def uniform(key: torch.Tensor, position: torch.Tensor, draw: int) -> torch.Tenso
 
 def probabilities(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """(B, P, V) rule-applied scores (-inf where forbidden), (B,) temperatures -> (B, P, V) float32 softmax of
-    scores / temperature. A row at temperature 0 (greedy) gets the distribution at temperature 1 (unused)."""
+    scores / temperature. A row at temperature 0 (greedy) gets the distribution at temperature 1 (unused). The
+    scores are taken from their largest first: divided by a tiny temperature (1e-38) they overflowed to -inf and
+    inf, their softmax was NaN and every draw the last token; so they tend to the argmax as the temperature does."""
     t = torch.where(temperature > 0, temperature, 1.0).float()
-    return (scores.float() / t[:, None, None]).softmax(-1)
+    scores = scores.float()
+    top = scores.amax(-1, keepdim=True)
+    return ((scores - torch.where(top.isfinite(), top, 0.0)) / t[:, None, None]).softmax(-1)
 
 
 def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -134,8 +134,9 @@ class Engine:
         self.states = StaticState(self._allocate, lambda: self.runner.drop_graphs())
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
         self._feed: Feed | None = None  # the feed of the run under way (or the last one): `in_flight`
-        # the features and target encoder output of the last request encoded (`_encode`: its sampled candidates)
-        self._last_encoded: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        # the features (with their version: `_same_features`) and target encoder output of the last request
+        # encoded (`_encode`: its sampled candidates)
+        self._last_encoded: tuple[torch.Tensor | None, int | None, torch.Tensor | None] = (None, None, None)
 
     def _draft_modules(self, draft: nn.Module) -> tuple[nn.Module, nn.Module]:
         """The draft's decoder and projection as the step runs them: bf16 copies on a CPU fp32 target when the
@@ -159,7 +160,9 @@ class Engine:
             self.kind is DraftKind.OWN_ENCODER and any(r.features is None for r in batch)
         ):
             raise ValueError("a chunk request has neither features nor (usable) encoder output")
-        last_features, last_encoded = self._last_encoded
+        last_features, last_version, last_encoded = self._last_encoded
+        if last_features is not None and _version(last_features) != last_version:
+            last_features = None  # the caller refilled that tensor in place: other audio
         distinct = list({id(r.features): r.features for r in need if r.features is not last_features}.values())
         encoded: dict[int, torch.Tensor] = {}  # id(features) -> its encoder output
         if last_features is not None:
@@ -168,7 +171,8 @@ class Engine:
             encoded.update(zip(map(id, distinct), self.encode(torch.stack(distinct), len(distinct))))
         enc = [r.encoded.to(dev, dtype) if r.encoded is not None else encoded[id(r.features)] for r in batch]
         if need:
-            self._last_encoded = (need[-1].features, encoded[id(need[-1].features)])
+            last = need[-1].features
+            self._last_encoded = (last, _version(last), encoded[id(last)])
         own = None
         if self.kind is DraftKind.OWN_ENCODER:
             x = torch.stack([r.features for r in batch]).to(dev, self.draft_dec.dtype)
@@ -428,3 +432,12 @@ class Engine:
                 for i in range(n))
         results = {r.id: r for r in self.run(reqs, batch_size)}
         return [results[i] for i in range(n)]
+
+
+def _version(features: torch.Tensor) -> int | None:
+    """The tensor's version counter (in-place writes raise it); None for an inference tensor, which keeps none:
+    the same such tensor is taken for the same audio, as an object whose contents no one rewrites."""
+    try:
+        return features._version
+    except RuntimeError:
+        return None
