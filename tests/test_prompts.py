@@ -97,6 +97,28 @@ def test_a_prompted_name_is_spelled_as_in_the_prompt():
         prompted = asr.transcribe(files, progress=False, **{kind: names})
         for name, t in zip(names, prompted):
             assert name in t.text, f"{kind}: {t.text}"
+            assert t.language == "en"  # read after <|startoftranscript|>, not the prompt's first token
+
+
+def test_a_chunks_language_is_the_token_after_startoftranscript_whatever_the_prompt():
+    """A prompt puts <|startofprev|> and its text before <|startoftranscript|>: the language was read as the
+    prompt's first text token (None: a prompted request's verbose_json said language "")."""
+    from types import SimpleNamespace
+
+    from asr_spec.transcribe.assembly import Assembler
+
+    sot, prev, english, german = 50, 51, 60, 61
+    tokens = SimpleNamespace(sot=sot, eot=49, timestamp_begin=70, lang_to_id={"<|en|>": english, "<|de|>": german})
+    assembler = Assembler(SimpleNamespace(decode=lambda ids, **_: ""), tokens, TranscribeOptions())
+    for prompt, code in [((sot, german, 62), "de"), ((prev, 3, 4, english, sot, german, 62), "de"),
+                         ((prev, 3, sot, english, 62), "en"), ((sot,), None)]:
+        assert assembler.language(SimpleNamespace(prompt=prompt)) == code
+    # an input without chunks (no speech) is in the language decoded in, where one is given
+    tokens.language_id = lambda language: {"de": german, "german": german}[language]
+    for language, code in (("german", "de"), (None, None)):
+        options = TranscribeOptions.from_values(language=language or "auto")
+        silent = Assembler(SimpleNamespace(decode=lambda ids, **_: ""), tokens, options).assemble("x", [], [], 1.0, 0.1)
+        assert silent.language == code and silent.text == ""
 
 
 @pytest.mark.real

@@ -74,7 +74,7 @@ class Assembler:
             source=source,
             text=self.decode(stitched.token_ids),
             segments=segments,
-            language=Counter(spoken).most_common(1)[0][0] if spoken else None,
+            language=Counter(spoken).most_common(1)[0][0] if spoken else self._given_language(),
             stats=ChunkStats.total(r.stats for r in results),
             audio_s=audio_s, wall_s=wall_s, chunks=_reports(spans, results, languages, dropped, continues),
             timestamped=stitched.timestamped,
@@ -132,13 +132,22 @@ class Assembler:
         """The text of one token, as decoded alone (special tokens kept): how the aligner groups words."""
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def _given_language(self) -> str | None:
+        """The language the options decode in, as a code ("english" -> "en"), for an input without chunks (no
+        speech): the one its chunks would have had; None where each chunk's is detected."""
+        given = self.options.decode.language
+        if given is None or not self._code_of:
+            return None if given is None else "en"
+        return self._code_of.get(self.tokens.language_id(given))
+
     def language(self, result: ChunkResult) -> str | None:
-        """The language of a chunk from its prompt (sot, language, task, ...); "en" for English-only models."""
+        """The language of a chunk from its prompt ([<|startofprev|> previous text] sot, language, task, ...): the
+        token after sot (a prompt's first token is not the language); "en" for English-only models."""
         if not self._code_of:
             return "en"
-        if len(result.prompt) > 1:
-            return self._code_of.get(result.prompt[1])
-        return None
+        prompt = list(result.prompt)
+        at = prompt.index(self.tokens.sot) + 1 if self.tokens.sot in prompt else 1
+        return self._code_of.get(prompt[at]) if at < len(prompt) else None
 
 
 def words_left(words: Sequence[Sequence[WordTiming]], before: Sequence[Sequence[int]], after: Sequence[Sequence[int]],
