@@ -45,10 +45,15 @@ def test_initial_prompt_keeps_its_last_tokens_hotwords_their_first():
 def test_prefix_goes_with_the_first_chunk_and_takes_the_hotwords_place_there():
     prompt = encode_prompt(PromptOptions(initial_prompt="w1 w2", hotwords="w7", prefix=_words(500, 300)),
                            WordTokenizer(), 223)
-    assert prompt.for_chunk(0) == ((1, 2), tuple(range(500, 723)))  # faster-whisper: no hotwords with a prefix
+    assert prompt.for_chunk(0) == ((), tuple(range(500, 723)))  # faster-whisper: no hotwords with a prefix
     assert prompt.for_chunk(1) == ((7, 1, 2), ())
     assert prompt.for_chunk(0, attempt=1) == ((7, 1, 2), ())  # a re-decoded tail of chunk 0: no prefix again
     assert InputPrompt().for_chunk(0) == ((), ())
+    # the first chunk's previous text gives way to its prefix (both at their limit could not be decoded)
+    shorter = encode_prompt(PromptOptions(initial_prompt=_words(0, 300), prefix=_words(500, 100)), WordTokenizer(),
+                            223)
+    assert shorter.for_chunk(0) == (tuple(range(177, 300)), tuple(range(500, 600)))
+    assert shorter.for_chunk(1) == (tuple(range(77, 300)), ())
 
 
 def test_prompt_options_are_checked_and_given_per_input():

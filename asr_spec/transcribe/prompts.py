@@ -74,17 +74,20 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def encode_prompt(options: PromptOptions, tokenizer: Any, max_tokens: int) -> InputPrompt:
-    """The token ids of `options` for a model whose prompts hold at most `max_tokens` (`max_prompt_tokens`)."""
+    """The token ids of `options` for a model whose prompts hold at most `max_tokens` (`max_prompt_tokens`). The
+    first chunk's previous text and prefix hold at most `max_tokens` together (the previous text's last tokens
+    give way): each at its limit, they filled 451 of Whisper's 448 positions and the chunk could not be decoded (a
+    server's whole engine run failed with it)."""
     hot = _encode(tokenizer, options.hotwords)[:max_tokens] if options.hotwords else []
     text = _encode(tokenizer, options.initial_prompt) if options.initial_prompt else []
 
-    def previous(with_hotwords: bool) -> tuple[int, ...]:
+    def previous(with_hotwords: bool, room: int) -> tuple[int, ...]:
         head = hot if with_hotwords else []
-        room = max_tokens - len(head)
-        return tuple(head + (text[-room:] if room and text else []))
+        room -= len(head)
+        return tuple(head + (text[-room:] if room > 0 and text else []))
 
     prefix = tuple(_encode(tokenizer, options.prefix)[:max_tokens]) if options.prefix else ()
-    return InputPrompt(previous(not prefix), prefix, previous(True))
+    return InputPrompt(previous(not prefix, max_tokens - len(prefix)), prefix, previous(True, max_tokens))
 
 
 def per_input(base: PromptOptions, n_inputs: int, **values: Any) -> list[PromptOptions]:
