@@ -44,12 +44,15 @@ def test_the_client_events_of_vllms_protocol():
     ('{"type": "input_audio_buffer.append", "audio": ""}', "invalid_audio", "non-empty"),
     ('{"type": "input_audio_buffer.commit", "final": "yes"}', "invalid_event", "final must be a bool"),
     ('{"type": "session.update", "model": 3}', "invalid_event", "model must be a str"),
-    ('{"type": "session.update", "session": {}}', "invalid_event", "unknown field(s) session"),
+    ('{"type": "session.update", "session": {}}', "invalid_event", "unknown field(s) 'session'"),
+    ('{"type": "session.update", "lag": ' + "9" * 5000 + "}", "invalid_json", "cannot be read"),  # int limit
+    ('{"type": "session.update", "\\ud800x": 1}', "invalid_event", "unknown field(s) '\\ud800x'"),
 ])
 def test_a_malformed_event_is_a_one_line_error_with_a_code(message, code, words):
     with pytest.raises(events.ProtocolError) as err:
         events.parse(message, max_samples=16000)
     assert err.value.code == code and words in str(err.value) and "\n" not in str(err.value)
+    json.dumps(events.error(str(err.value), code), ensure_ascii=False).encode()  # sendable (a lone surrogate: not)
 
 
 def test_an_append_past_the_limit_is_refused_before_it_is_decoded():

@@ -78,6 +78,8 @@ def parse(message: str | bytes | None, max_samples: int) -> Event:
         raise ProtocolError(f"the message is not JSON ({err.msg} at character {err.pos})", "invalid_json") from err
     except RecursionError as err:  # arrays nested thousands deep: JSON, but no event
         raise ProtocolError("the message nests too deeply to be an event", "invalid_json") from err
+    except ValueError as err:  # JSON Python will not read: an integer of more than 4,300 digits
+        raise ProtocolError(f"the message cannot be read ({err})", "invalid_json") from err
     if not isinstance(event, dict):
         raise ProtocolError(f"an event is a JSON object, got {type(event).__name__}", "invalid_event")
     kind = event.get("type")
@@ -86,7 +88,8 @@ def parse(message: str | bytes | None, max_samples: int) -> Event:
         raise ProtocolError(f"unknown event type {kind!r} (known: {known})", "unknown_event")
     unknown = sorted(set(event) - _FIELDS[kind] - _IGNORED)
     if unknown:
-        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(unknown)}", "invalid_event")
+        # ascii(): a field name may hold a lone surrogate ("\ud800"), which the error event could not encode
+        raise ProtocolError(f"{kind}: unknown field(s) {', '.join(map(ascii, unknown))}", "invalid_event")
     if kind == "session.update":
         return SessionUpdate(_optional(event, kind, "model", str), _optional(event, kind, "tentative", bool),
                              _optional(event, kind, "lag", bool))
