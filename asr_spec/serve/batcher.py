@@ -118,9 +118,14 @@ class Batcher:
 
     def release(self, audio_s: float) -> None:
         with self._cond:
-            self._admitted -= 1
-            self._reserved_s = max(0.0, self._reserved_s - audio_s)
+            self._give_back(audio_s)
             self._publish()
+
+    def _give_back(self, audio_s: float) -> None:
+        """Under the lock: one admitted request and its `audio_s` seconds of budget ended (the sum is exactly 0
+        once none is left: subtracted float by float it drifted to 1e-13 s on an idle server's gauge)."""
+        self._admitted -= 1
+        self._reserved_s = max(0.0, self._reserved_s - audio_s) if self._admitted else 0.0
 
     # -- preparing a request (any thread but the engine's) ----------------------------------------------------
     def prepare(self, source: Any, name: str = "upload", *, words: bool = False, max_audio_s: float | None = None,
@@ -305,8 +310,7 @@ class Batcher:
             self._let_go(job.pending)
             job.pending = None
             if job.reserved_s is not None:
-                self._admitted -= 1
-                self._reserved_s = max(0.0, self._reserved_s - job.reserved_s)
+                self._give_back(job.reserved_s)
         if not self.session.in_flight.of(job.id):
             self._jobs.pop(job.id, None)
 
