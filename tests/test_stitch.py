@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from transformers.models.whisper import tokenization_whisper as hf_whisper
 
-from asr_spec.audio.chunking import ChunkSpan, plan_chunks
+from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, plan_chunks
 from asr_spec.errors import InputError
 from asr_spec.transcribe.stitch import (
     ChunkTokens,
@@ -546,3 +546,16 @@ def test_text_only_windows_on_either_side_of_an_empty_one_are_not_merged() -> No
     result = _stitch([ChunkTokens((*first, EOT), a), ChunkTokens((EOT,), b), ChunkTokens((*last, EOT), c)])
     assert list(result.token_ids) == first + last and not result.timestamped
     assert [s.token_ids for s in result.segments] == [tuple(first), tuple(last)]
+
+
+@pytest.mark.parametrize("same_words", [True, False])
+def test_wide_strides_around_a_window_that_stopped_early_write_nothing_twice(same_words: bool) -> None:
+    """Strides of 10 s on 30 s windows: 0-30, 10-40 and 20-50 s, the first and the third overlapping. The middle
+    one stops at 12 s: the first kept its words to 30 s where the middle wrote nothing, and the third its own from
+    20 s (its left neighbour wrote nothing there either): 20-30 s twice. What the middle did not write is left to
+    the window after it, from where that one starts."""
+    a, b, c = ChunkingOptions(chunk_length_s=30, stride_length_s=10, snap_to_quiet=False).plan(50 * SR)
+    chunks = [ChunkTokens((*_one_word_a_second(0, 30, 0), EOT), a),
+              ChunkTokens((*_one_word_a_second(10, 12, 10, 100 if same_words else 300), EOT), b),
+              ChunkTokens((*_one_word_a_second(20, 50, 20), EOT), c)]
+    assert [t - 100 for t in _stitch(chunks).token_ids] == list(range(50))

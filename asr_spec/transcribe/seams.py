@@ -132,6 +132,9 @@ class TimedPiece:
     seam_s: float  # file seconds where the next chunk takes over: this chunk's keep end
     heard_from_s: float = -np.inf  # file seconds where the chunk's audio starts (-inf: not known)
     heard_to_s: float = np.inf  # file seconds where it ends (inf: not known)
+    # file seconds where the chunk after this one starts (inf: none, or not known): it reads the audio from there
+    # itself (a re-decoded tail of this one, or with strides wider than a sixth of a window the next window)
+    next_from_s: float = np.inf
 
     def heard(self, times_s: np.ndarray) -> np.ndarray:
         """(n,) bool: whether this chunk's audio holds each of `times_s` (n,), within HEARD_TOLERANCE_S."""
@@ -182,10 +185,11 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
 
 def _unread_from_s(left: TimedPiece, right: TimedPiece) -> float:
     """File seconds from which a time cut keeps nothing the left heard, where the right wrote nothing after the
-    seam: the end of the right's audio (inf: not known). A window that stopped early takes no words with it, but
-    a window cut where its re-decoded tail starts (`tails.trim_span`) hands the rest to that tail, which reads it
-    again: the left's words there would be written twice."""
-    return max(left.seam_s, right.heard_to_s)
+    seam: where the chunk after the right starts (inf: none). A window that stopped early takes no words with it,
+    but the chunk after it reads that audio again (a re-decoded tail from where the right was cut,
+    `tails.trim_span`; with wide strides the next window, which overlaps the left): the left's words there would
+    be written twice."""
+    return max(left.seam_s, min(right.heard_to_s, right.next_from_s))
 
 
 def _word_end(tokens: Sequence[int], position: int, starts_word: StartsWord) -> int:

@@ -174,8 +174,9 @@ def stitch_chunks(
     keeps = [len(reading.tokens) for reading in readings]  # per chunk: one past its last text token kept
     for i in range(1, len(chunks)):
         if chunks[i].span.start_sample < chunks[i - 1].span.end_sample:  # they overlap: a seam
+            next_from = chunks[i + 1].span.start_sample if i + 1 < len(chunks) else None
             n_keep, drops[i] = _seam(readings[i - 1], drops[i - 1], readings[i], chunks[i - 1].span,
-                                     chunks[i].span, sampling_rate, starts_word)
+                                     chunks[i].span, next_from, sampling_rate, starts_word)
             keeps[i - 1] = max(n_keep, drops[i - 1])
     segments: list[Segment] = []
     for run in _overlapping_runs(list(zip(chunks, range(len(chunks))))):
@@ -188,11 +189,12 @@ def stitch_chunks(
 
 
 def _seam(left: _Reading, left_from: int, right: _Reading, left_span: ChunkSpan, right_span: ChunkSpan,
-          sampling_rate: int, starts_word: StartsWord | None) -> tuple[int, int]:
+          next_from: int | None, sampling_rate: int, starts_word: StartsWord | None) -> tuple[int, int]:
     """Where two overlapping chunks join: (the left's first text token not kept, the right's first kept). Both
     readings of the shared audio are compared whole: every segment of the left (from `left_from` on) that ends
     after the shared audio starts less SEAM_SLACK_S, every segment of the right that starts before the shared
-    audio ends plus SEAM_SLACK_S, whatever segment is left open (`seam_cut`)."""
+    audio ends plus SEAM_SLACK_S, whatever segment is left open (`seam_cut`). next_from: the sample where the
+    chunk after the right one starts (None: none)."""
     shared_from_s = right_span.start_sample / sampling_rate - SEAM_SLACK_S
     shared_to_s = left_span.end_sample / sampling_rate + SEAM_SLACK_S
     lo = next((s.first for s in left.said if s.stop > left_from and (s.end_s is None or s.end_s >= shared_from_s)),
@@ -203,7 +205,8 @@ def _seam(left: _Reading, left_from: int, right: _Reading, left_span: ChunkSpan,
     left_piece = TimedPiece(left.tokens[lo:], left.times_s[lo:], seam_s,
                             left_span.start_sample / sampling_rate, left_span.end_sample / sampling_rate)
     right_piece = TimedPiece(right.tokens[:hi], right.times_s[:hi], seam_s,
-                             right_span.start_sample / sampling_rate, right_span.end_sample / sampling_rate)
+                             right_span.start_sample / sampling_rate, right_span.end_sample / sampling_rate,
+                             np.inf if next_from is None else next_from / sampling_rate)
     n_keep, n_drop = seam_cut(left_piece, right_piece, starts_word)
     return lo + n_keep, n_drop
 
