@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from asr_spec.errors import InputError
+from asr_spec.stream import hearing
 from asr_spec.stream.agreement import (
     TokenKinds,
     agreed_words,
@@ -1056,3 +1057,60 @@ def test_a_second_finish_gives_no_second_final_update() -> None:
         updates.append(policy.accept(d, hear_given(d.audio, d.prefix)))
     assert policy.done and [u.final for u in updates if u is not None].count(True) == 1
     assert policy.finish() is None
+
+
+def _hear_in_segments_of(n_words_each: int):
+    """The scripted decoder with a segment every `n_words_each` words (Whisper writes segments of 10-20 words)."""
+    def hearing(audio: np.ndarray) -> list[int]:
+        edges = np.flatnonzero(np.diff(audio, prepend=np.float32(-1), append=np.float32(-1)))
+        tokens, n, is_open = [], 0, False
+        for start, end in zip(edges[:-1], edges[1:]):
+            if audio[start] == 0 or (start == 0 and end - start < WORD_SAMPLES):
+                continue
+            w = int(round(audio[start] * 100)) - 1
+            if not is_open:
+                tokens.append(TS + start // 320)
+                is_open = True
+            whole = end - start >= WORD_SAMPLES
+            tokens += [2 * w, 2 * w + 1] if whole else [2 * w]
+            n += 1
+            if n % n_words_each == 0 and whole:
+                tokens.append(TS + end // 320)
+                is_open = False
+        if is_open:
+            tokens.append(TS + len(audio) // 320)
+        return tokens + [EOT]
+    return hearing
+
+
+@pytest.mark.parametrize("n_words_each", [10, 12, 14])
+def test_a_restart_after_a_close_that_stopped_short_says_no_committed_word_twice(n_words_each: int) -> None:
+    """A forced close decode leaves its last segment open (Whisper does) over words steps committed: it stopped
+    short, and the buffer restarts at its last closed segment's end. Every committed word after that point is in
+    the seam the restarted decode is read past, not only the last eight (12-word segments: four said twice)."""
+    hearing = _hear_in_segments_of(n_words_each)
+
+    def decoder(decode):
+        tokens = hear_given(decode.audio, decode.prefix, hearing=hearing)
+        if decode.kind == "close" and decode.prefix and tokens[-2] >= TS and tokens[-3] < EOT:
+            tokens = tokens[:-2] + [EOT]  # the last segment left open
+        return tokens
+
+    words = [w % 24 + 1 for w in range(24)] + [None] * 3  # 12 s of speech, then a pause
+    _, updates, _ = run_stream(speech(words), StreamOptions(), energy, block_s=0.1, decoder=decoder)
+    assert words_of(updates[-1].text) == [f"w{w}" for w in words if w is not None]
+
+
+@pytest.mark.parametrize("voice", [None, energy])
+def test_a_close_over_more_than_a_window_commits_no_word_cut_at_the_windows_edge(voice, monkeypatch) -> None:
+    """40 s of speech fed as one block (`Transcriber.stream([samples])`): a close decode reads a window at most,
+    and one that committed all it read committed the word its 30 s cut in two (the next buffer began inside it). A
+    full buffer's decode trims it first. (The scripted words cycle through 24 ids, which reads as a loop: the loop
+    rule is set aside.)"""
+    monkeypatch.setattr(hearing, "LOOP_COMPRESSION_RATIO", 1e9)
+    words = [w % 24 + 1 for w in range(80)]  # a word from 29.75 s to 30.25 s
+    audio = np.concatenate([np.zeros(4000, np.float32), speech([*words, None, None, None])])
+    policy, updates, longest = run_stream(audio, StreamOptions(), voice, block_s=len(audio) / SR)
+    assert words_of(updates[-1].text) == [f"w{w}" for w in words]
+    assert all(word.endswith("+") for word in updates[-1].text.split())  # every word whole
+    assert longest <= WINDOW_S * SR

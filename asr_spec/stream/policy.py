@@ -198,10 +198,7 @@ class StreamPolicy(BufferTrims):
         kind = self.due()
         if kind is None:
             return None
-        close_at = None
-        if kind == "close":
-            close_at = self._close_end if self._close_end is not None or self._finished else self._close_point()
-        return self._ask(kind, len(self._buffer) if close_at is None else close_at - self._start)
+        return self._ask(kind, self._close_length() if kind == "close" else len(self._buffer))
 
     def due(self) -> str | None:
         """The kind of decode `request` would ask for now ("step", "overflow" or "close"), or None; changes
@@ -209,7 +206,9 @@ class StreamPolicy(BufferTrims):
         if self._in_flight is not None or self.done or not self._has_speech():
             return None
         if self._finished or self._close_end is not None or self._close_point() is not None:
-            return "close"
+            # a close decode commits all it reads: one over more than a window (a block of 40 s fed at once) would
+            # read its first 30 s and commit the word cut there; a full buffer's decode trims it first
+            return "close" if self._close_length() <= self._seconds(WINDOW_S) else "overflow"
         if self._received - self._decoded_at < self._seconds(self.options.step_s):
             return None
         return "overflow" if len(self._buffer) >= self._seconds(self.options.max_buffer_s) else "step"
@@ -284,8 +283,11 @@ class StreamPolicy(BufferTrims):
             record = [*self._seam, *self._committed]  # a live seam's words may still be said again too
             self._reset_after(start + stop.end_samples)
             # the speech after it may say committed words again (early timestamps; or words steps committed that
-            # the close decode jumped over): dropped, not doubled
-            self._seam = last_words(record, SEAM_WORDS, self.kinds)
+            # the close decode jumped over): dropped, not doubled; all those committed after where it stopped too
+            # (a last segment left open over twelve committed words: with the last eight as the seam, four came
+            # twice)
+            after = n_words(new_text[stop.text_end:said], self.kinds) if said > stop.text_end else 0
+            self._seam = last_words(record, SEAM_WORDS + after, self.kinds)
         if self._finished and not self._has_speech():
             return self._final(delta, decode.heard_s)
         return Update(delta, "", self._text, False, decode.heard_s)
@@ -354,6 +356,12 @@ class StreamPolicy(BufferTrims):
     def _has_speech(self) -> bool:
         """The buffer holds audio that may be speech (`SpeechFrames.may_speak_from`)."""
         return len(self._buffer) > 0 and self._frames.may_speak_from(self._start)
+
+    def _close_length(self) -> int:
+        """Samples from the buffer's start a close decode due now reads: to a shorter close's end, to the buffer's
+        end once the stream finished, else to where its utterance closes (`_close_point`)."""
+        close_at = self._close_end if self._close_end is not None or self._finished else self._close_point()
+        return len(self._buffer) if close_at is None else close_at - self._start
 
     def _close_point(self) -> int | None:
         """The stream sample the buffer's utterance closes at, once `silence_s` follows it; else None
