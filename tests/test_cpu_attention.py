@@ -179,6 +179,26 @@ def test_a_failed_build_warns_once_and_falls_back(monkeypatch, caplog, tmp_path)
         cpu_attention._extension.cache_clear()
 
 
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_is_not(monkeypatch, caplog, tmp_path):
+    """torch's extension build takes a lock file for its build folder and waits for ever while one is there: a
+    build killed mid-way (a timeout, an OOM kill) left it, and every later run hung at its first kernel (the test
+    suite too). One older than STALE_LOCK_S is removed with a warning; a build's own (seconds old) is left."""
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "asr_spec_cpu_attention_test_lock" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    assert not cpu_attention.clear_stale_lock("asr_spec_cpu_attention_test_lock") and lock.exists()
+    old = time.time() - cpu_attention.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with caplog.at_level(logging.WARNING, logger=cpu_attention.__name__):
+        assert cpu_attention.clear_stale_lock("asr_spec_cpu_attention_test_lock")
+    assert not lock.exists() and "build lock" in caplog.text
+    assert not cpu_attention.clear_stale_lock("asr_spec_cpu_attention_test_lock")  # none left: nothing to do
+
+
 def test_a_first_build_says_so_once_and_a_cached_one_does_not(monkeypatch, caplog):
     """The kernel is built here (the fixture), so torch's cache holds it and a load says nothing; where the cache
     holds no build of this name, one notice comes before the build (here: a load of the cached one), the command

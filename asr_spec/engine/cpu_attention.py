@@ -141,6 +141,28 @@ def build_name() -> str:
     return f"asr_spec_cpu_attention_{digest}"
 
 
+# seconds after which a build lock in torch's extension cache was left by a process killed mid-build (builds take
+# ~20-65 s here): torch waits on such a lock for ever, and every later run hung at its first kernel
+STALE_LOCK_S = 600.0
+
+
+def clear_stale_lock(name: str) -> bool:
+    """Remove the build lock of `name` in torch's extension cache when it is older than STALE_LOCK_S (one warning);
+    whether one was removed."""
+    from torch.utils import cpp_extension
+
+    try:
+        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+        age_s = time.time() - lock.stat().st_mtime
+    except (AttributeError, OSError):  # no such helper, no cache, or no lock
+        return False
+    if age_s <= STALE_LOCK_S:
+        return False
+    log.warning("removing the CPU kernels' build lock %s (%.0f s old: a build killed before it ended)", lock, age_s)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def built(name: str) -> bool:
     """Whether torch's extension cache already holds a build called `name` (then `_extension` only loads it)."""
     from torch.utils import cpp_extension
@@ -191,6 +213,7 @@ def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType:
     where it cannot be built."""
     from torch.utils import cpp_extension
 
+    clear_stale_lock(name)
     # -fopenmp: at::parallel_for's OpenMP pragma (at run time the loader binds libgomp.so.1 to torch's own,
     # already loaded, so torch.set_num_threads governs it); without it the kernel runs on one thread
     return cpp_extension.load(name=name, sources=[str(SOURCE)],
