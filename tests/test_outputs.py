@@ -15,10 +15,12 @@ from asr_spec.transcribe.outputs import (
     TranscriptSegment,
     atomic_write,
     format_timestamp,
+    output_stems,
     render_json,
     render_srt,
     render_txt,
     render_vtt,
+    told_apart,
     write_outputs,
 )
 from asr_spec.transcribe.segments import Segment
@@ -187,3 +189,16 @@ def test_atomic_write_replaces_by_rename(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "replace", spy)
     write_outputs(_result(), tmp_path, "talk", ["srt"])
     assert seen == [(tmp_path, True, target)]  # temp file in the same folder, then one rename
+
+
+def test_inputs_sharing_a_stem_get_the_shortest_distinct_names() -> None:
+    """Folders tell apart the same name in two folders; where they cannot (talk.flac and talk.wav in one folder),
+    the file names do, with as few folders as it takes. Climbing to / first put the whole path in each name: in a
+    folder 232 characters deep the names were too long for the file system and both transcripts were lost."""
+    deep = "/" + "d" * 200
+    assert output_stems([f"{deep}/talk.flac", f"{deep}/talk.wav"]) == ["talk.flac", "talk.wav"]
+    assert output_stems(["/x/a/same.flac", "/x/b/same.flac", "/x/c/other.flac"]) == ["a__same", "b__same", "other"]
+    assert output_stems(["/x/a/talk.flac", "/x/a/talk.wav", "/x/b/talk.flac"]) == [
+        "a__talk.flac", "a__talk.wav", "b__talk.flac"]
+    assert output_stems(["/a/x/same.flac", "/b/x/same.flac", None]) == ["a__x__same", "b__x__same", None]
+    assert told_apart([Path("/same.flac"), Path("/q/same.flac")]) == ["root__same", "q__same"]

@@ -322,6 +322,22 @@ def prepare_output_dir(out_dir: str | os.PathLike[str]) -> int:
     return removed
 
 
+def told_apart(paths: list[Path]) -> list[str]:
+    """The shortest distinct names of files that share a stem: the stem after as few of their last folders as it
+    takes (``a/same.flac``, ``b/same.flac``: ``a__same``, ``b__same``); where folders cannot tell them apart (one
+    folder, ``same.flac`` and ``same.wav``), the file name after as few folders as it takes (``same.flac``,
+    ``same.wav``: climbing to ``/`` put the whole path in each name, too long for the file system in a deep
+    folder, and both transcripts were lost)."""
+    folders = [path.parent.parts for path in paths]
+    stems, names = [path.stem or "input" for path in paths], [path.name for path in paths]
+    for labels, first_depth in ((stems, 1), (names, 0)):
+        for depth in range(first_depth, max(map(len, folders)) + 1):
+            keys = [(f[len(f) - depth:], label) for f, label in zip(folders, labels)]
+            if len(set(keys)) == len(keys):
+                return ["__".join([*(part.strip("/") or "root" for part in kept), label]) for kept, label in keys]
+    raise InputError(f"{paths[0]}: given twice: each input is transcribed once")  # distinct paths never get here
+
+
 def output_stems(paths: list[str | None]) -> list[str | None]:
     """File-name stems for the transcripts of `paths` (None for an input that is not a file), all distinct.
 
@@ -342,19 +358,12 @@ def output_stems(paths: list[str | None]) -> list[str | None]:
     for index, stem in enumerate(stems):
         if stem is not None:
             groups.setdefault(stem, []).append(index)
-    for stem, members in groups.items():
+    for members in groups.values():
         if len(members) < 2:
             continue
-        folders_of = [path.parent.parts for path in (resolved[i] for i in members) if path is not None]
-        names = [path.name for path in (resolved[i] for i in members) if path is not None]
-        depth = 1
-        while depth < max(map(len, folders_of)) and len({f[-depth:] for f in folders_of}) < len(members):
-            depth += 1
-        # same folder, same stem (same.flac, same.wav): the full file name tells them apart
-        same_folder = len({f[-depth:] for f in folders_of}) < len(members)
-        for i, folders, name in zip(members, folders_of, names):
-            parts = [part.strip("/") or "root" for part in folders[-depth:]]
-            stems[i] = "__".join([*parts, name if same_folder else stem])
+        apart = told_apart([resolved[i] for i in members])  # type: ignore[misc]  # members are files
+        for i, told in zip(members, apart):
+            stems[i] = told
     taken = [s for s in stems if s is not None]
     if len(set(taken)) < len(taken):
         clash = next(s for s in taken if taken.count(s) > 1)
