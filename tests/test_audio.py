@@ -133,6 +133,8 @@ def _nan_wav(path: Path) -> Path:
         (lambda d: d, "is a directory"),
         (lambda d: _write_bytes(d / "empty.wav", b""), "empty.wav: empty file"),
         (lambda d: _write_text(d / "notes.wav"), "notes.wav: not a readable audio file"),
+        # eight bytes that ffmpeg opens as a stream of 0 Hz and 0 channels: a ZeroDivisionError traceback before
+        (lambda d: _write_bytes(d / "garbage.flac", b"garbage\n"), "garbage.flac: not a readable audio file"),
         (lambda d: _truncated_flac(d / "cut.flac"), "cut.flac: corrupt or truncated audio"),
         (lambda d: _zero_samples(d / "zero.wav"), "zero.wav: no audio samples"),
         (lambda d: _nan_wav(d / "nan.wav"), r"nan.wav: 3 non-finite samples"),
@@ -144,6 +146,9 @@ def test_bad_files_raise_audio_error_naming_file_and_cause(tmp_path: Path, make,
         load_audio(path)
     with pytest.raises(AudioError, match=needle):
         list(stream_audio(path))
+    if path.name == "garbage.flac":  # its length is read the same way (the command line's progress bar)
+        with pytest.raises(AudioError, match=needle):
+            audio_duration_s(path)
 
 
 @pytest.mark.parametrize(

@@ -367,9 +367,14 @@ def _audioread_decoder(path: str, sf_err: Exception) -> Any:
         import audioread
 
         try:
-            return audioread.audio_open(path)
+            decoder = audioread.audio_open(path)
         except Exception as ar_err:  # audioread raises many unrelated types; all mean "cannot read"
             raise AudioError(f"{path}: not a readable audio file ({sf_err}; audioread: {ar_err!r})") from ar_err
+    if not decoder.samplerate or not decoder.channels:  # ffmpeg found no audio stream in what it opened
+        decoder.close()
+        raise AudioError(f"{path}: not a readable audio file ({sf_err}; audioread: no audio stream: "
+                         f"{decoder.samplerate} Hz, {decoder.channels} channels)")
+    return decoder
 
 
 def _audioread_blocks(decoder: Any, path: str, block_frames: int) -> Iterator[np.ndarray]:
