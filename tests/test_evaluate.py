@@ -330,3 +330,56 @@ def test_bench_faster_whisper_column_runs_in_its_own_process() -> None:
         stamped = with_timestamps(clips, 1)  # timestamp mode may pick other words: only the shape is checked
         with_timestamps.close()
         assert len(stamped) == 1 and len(stamped[0].split()) >= 5
+
+
+def _damaged_tree(tmp_path: Path) -> Path:
+    """A copy of the fixture tree whose very first utterance is not audio and whose second is missing."""
+    import shutil
+
+    root = tmp_path / "tree"
+    shutil.copytree(ROOT, root)
+    chapter = root / "test-clean" / "9001" / "100201"
+    (chapter / "9001-100201-0000.flac").write_bytes(b"garbage\n")
+    (chapter / "9001-100201-0001.flac").unlink()
+    return root
+
+
+@pytest.mark.parametrize("long_form", [False, True])
+def test_unreadable_or_missing_utterances_are_their_own_records_and_the_run_goes_on(tmp_path: Path,
+                                                                                    long_form: bool) -> None:
+    """A first utterance that is not audio stopped the run at its warm-up; a missing one stopped it while the tree
+    was read (every rerun the same); in long-form a chapter with such a part stopped every chapter. Each is now its
+    record's error (a chapter's, in long form), and every other unit is scored."""
+    path = tmp_path / "run.jsonl"
+    run = run_eval(tiny("none"), iter_local(_damaged_tree(tmp_path), "test-clean"), path, as_long_form=long_form)
+    records = {r["id"]: r for r in ResultsLog(path).records()}
+    failed = sorted(i for i, r in records.items() if r.get("error"))
+    if long_form:
+        assert sorted(records) == CHAPTERS and failed == ["9001-100201"] and run.n_failed == 1
+    else:
+        assert sorted(records) == sorted(IDS) and failed == IDS[:2] and run.n_failed == 2
+        assert "not a readable audio file" in records[IDS[0]]["error"] and "no such file" in records[IDS[1]]["error"]
+    assert all(r["hyp"] or r.get("error") for r in records.values())
+
+
+def test_nothing_scored_is_no_wer_and_an_unwritable_log_is_found_before_the_models_load(tmp_path: Path) -> None:
+    path = tmp_path / "failed.jsonl"
+    ResultsLog(path).append({"id": "a", "ref": "x", "hyp": "", "audio_s": 0.0, "wall_s": 0.0, "error": "bad"})
+    summary = eval_summary(path)
+    assert summary["n_scored"] == 0 and summary["wer"] != summary["wer"]  # NaN: "n/a", not "0.00 %"
+    assert "n/a" in format_summary(summary)
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    with pytest.raises(InputError, match="cannot write the results log"):
+        ResultsLog(blocked / "run.jsonl").check_writable()
+
+
+def test_a_transcript_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "tree"
+    shutil.copytree(ROOT, root)
+    trans = root / "test-clean" / "9001" / "100201" / "9001-100201.trans.txt"
+    trans.write_bytes(trans.read_bytes().replace(b"THE", b"TH\xe9"))
+    with pytest.raises(InputError, match=r"9001-100201\.trans\.txt: not UTF-8"):
+        list(iter_local(root, "test-clean"))

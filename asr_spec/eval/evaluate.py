@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from asr_spec.errors import InputError
-from asr_spec.eval.librispeech import Utterance
+from asr_spec.eval.librispeech import ResultsLog, Utterance
 from asr_spec.eval.options import EvalOptions
 from asr_spec.eval.runner import run_eval, utterances
 from asr_spec.eval.summary import eval_summary, summary_path, write_summary
@@ -82,7 +82,8 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
              on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run (or resume) the evaluation `options` describe and return its summary, also written next to the log.
 
-    The data source is opened before the models load, so a bad data_dir or an unreachable hub fails fast.
+    The data source and the results log are opened before the models load, so a bad data_dir, an unreachable hub
+    or a log that cannot be written fails fast.
     `transcriber` replaces the preset's models; the options that would choose models (preset, model, draft,
     device, dtype, language, no_draft) must then be left unset (InputError otherwise); batch_size applies to it.
     `options.ray`: InputError; `asr_spec.distributed.evaluate_on_ray` runs it (as `asr-spec eval --ray` does).
@@ -92,6 +93,7 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
     if transcriber is not None:
         _check_no_model_options(options)
     items = open_utterances(options)
+    ResultsLog(options.output_path()).check_writable()
     if transcriber is None:
         transcriber = load_transcriber(options)
     run_eval(transcriber, items, options.output_path(), limit=options.limit, as_long_form=options.long_form,

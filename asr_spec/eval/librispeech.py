@@ -35,7 +35,7 @@ import soundfile as sf
 from asr_spec.audio.loading import SAMPLE_RATE, audio_duration_s, load_audio
 from asr_spec.checks import int_at_least
 from asr_spec.engine.stats import ChunkStats
-from asr_spec.errors import AsrSpecError, InputError
+from asr_spec.errors import AsrSpecError, AudioError, InputError
 from asr_spec.eval.metrics import Spelling, score
 
 __all__ = [
@@ -97,7 +97,11 @@ def iter_local(root: str | os.PathLike, split: str = "test-clean") -> Iterator[U
             trans = chapter_dir / f"{speaker_dir.name}-{chapter_dir.name}.trans.txt"
             if not trans.is_file():
                 raise InputError(f"{trans}: transcript file missing")
-            for line_no, line in enumerate(trans.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                lines = trans.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError as err:
+                raise InputError(f"{trans}: not UTF-8 text ({err})") from err
+            for line_no, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 utt_id, _, text = line.strip().partition(" ")
@@ -105,8 +109,10 @@ def iter_local(root: str | os.PathLike, split: str = "test-clean") -> Iterator[U
                 if match is None or match.group(1, 2) != (speaker_dir.name, chapter_dir.name):
                     raise InputError(f"{trans}:{line_no}: id {utt_id!r} does not belong to this chapter folder")
                 audio = chapter_dir / f"{utt_id}.flac"
-                duration_s = audio_duration_s(audio)
-                rate = _header_rate(audio)
+                try:
+                    duration_s, rate = audio_duration_s(audio), _header_rate(audio)
+                except (AudioError, RuntimeError):  # missing or unreadable: its record says why (as transcribing it)
+                    duration_s, rate = 0.0, SAMPLE_RATE
                 yield Utterance(utt_id, speaker_dir.name, chapter_dir.name, audio, rate, text.strip(), duration_s)
 
 
@@ -268,6 +274,16 @@ class ResultsLog:
         """Ids already logged (failed ones included: delete their lines to retry them)."""
         return {r["id"] for r in self.records()}
 
+    def check_writable(self) -> None:
+        """`InputError` naming the log when it cannot be appended to (checked before the models load: found at the
+        first record, every utterance of a group had been decoded for nothing)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "ab"):
+                pass
+        except OSError as err:
+            raise InputError(f"{self.path}: cannot write the results log ({err.strerror or err})") from err
+
     def append(self, record: Mapping[str, Any]) -> None:
         """Write `record` as one line, then flush and fsync it."""
         if not isinstance(record.get("id"), str) or not record["id"]:
@@ -352,8 +368,8 @@ def summarize(path: str | os.PathLike, *, spelling: Spelling = None) -> dict[str
         "n_records": len(by_id),
         "n_failed": len(failed),
         "n_scored": len(scored),
-        "wer": s.wer,
-        "cer": s.cer,
+        "wer": s.wer if scored else float("nan"),  # nothing scored is no WER of 0 % (n/a)
+        "cer": s.cer if scored else float("nan"),
         "n_words": s.n_words,
         "substitutions": s.substitutions,
         "deletions": s.deletions,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from asr_spec.audio.loading import SAMPLE_RATE
-from asr_spec.errors import InputError
+from asr_spec.errors import AsrSpecError, InputError, one_line
 from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, Utterance, iter_hub, iter_local, long_form, take
 from asr_spec.eval.options import GROUP_BATCHES, EvalOptions, check_run_args, parse_split
 
@@ -163,11 +163,30 @@ class _Tally:
         self.n_not_identical += record.get("identical_to_greedy") is False
 
 
-def _warm_up(models: Sequence[Any], unit: Utterance, rows: int) -> None:
-    """Decode the first 30 s window of `unit` once with each model, untimed."""
-    warm = {"array": unit.load()[:WARMUP_SAMPLES], "sampling_rate": SAMPLE_RATE}
-    for model in models:
-        model.transcribe([warm], batch_size=rows, progress=False)
+def _warm_up(models: Sequence[Any], units: Sequence[Utterance], rows: int) -> None:
+    """Decode the first 30 s window of the first of `units` that can be read once with each model, untimed (none
+    when none can: their records say why). A first file that could not be read stopped the whole run, for good."""
+    for unit in units:
+        try:
+            samples = unit.load()[:WARMUP_SAMPLES]
+        except AsrSpecError:
+            continue
+        for model in models:
+            model.transcribe([{"array": samples, "sampling_rate": SAMPLE_RATE}], batch_size=rows, progress=False)
+        return
+
+
+def _made(batch: list[tuple[str, Callable[[], Utterance]]]) -> tuple[list[Utterance], list[dict[str, Any]]]:
+    """The group's units, and a failed record for each one that cannot be built (a long-form chapter with an
+    unreadable part: it stopped the whole run, every chapter after it unscored)."""
+    units, failed = [], []
+    for unit_id, make in batch:
+        try:
+            units.append(make())
+        except AsrSpecError as err:
+            failed.append({"id": unit_id, "ref": "", "hyp": "", "audio_s": 0.0, "wall_s": 0.0, "latency_s": 0.0,
+                           "error": one_line(err)})
+    return units, failed
 
 
 def _run_group(transcriber: Any, greedy: Any, utts: list[Utterance], rows: int,
@@ -227,10 +246,13 @@ def run_eval(
         batch = list(itertools.islice(units, group_size))
         if not batch:
             break
-        utts = [make() for _, make in batch]
+        utts, records = _made(batch)
         if warmup and n_group == 0:
-            _warm_up([m for m in (transcriber, greedy) if m is not None], utts[0], rows)
-        records, wall_s = _run_group(transcriber, greedy, utts, rows, greedy_first=n_group % 2 == 1)
+            _warm_up([m for m in (transcriber, greedy) if m is not None], utts, rows)
+        wall_s = 0.0
+        if utts:
+            decoded, wall_s = _run_group(transcriber, greedy, utts, rows, greedy_first=n_group % 2 == 1)
+            records += decoded
         tally.wall_s += wall_s
         for record in records:
             log_.append(record)
