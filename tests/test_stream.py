@@ -91,6 +91,12 @@ def test_cli_prints_the_committed_text(tmp_path):
     assert from_file.stdout.strip() and from_file.stdout == from_stdin.stdout
     bad = cli.invoke(app, args[:-4] + ["--speed", "-1", str(flac)])
     assert bad.exit_code == 2 and "--speed" in bad.output
+    not_a_number = cli.invoke(app, args[:-4] + ["--speed", "nan", str(flac)])
+    assert not_a_number.exit_code == 2 and "--speed" in not_a_number.output
+    # input that breaks off (one odd byte after the samples): what it gave is transcribed to its end, then reported
+    broken = cli.invoke(app, args + ["-"], input=pcm.tobytes() + b"\x00")
+    assert broken.exit_code == 2 and "odd number of bytes" in broken.output
+    assert broken.stdout.startswith(from_stdin.stdout.rstrip("\n"))
     trace = tmp_path / "traces" / "stream.log"  # its folder is made
     logger = logging.getLogger("asr_spec.stream.policy")
     try:

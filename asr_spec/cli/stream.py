@@ -8,6 +8,7 @@ input (one ``error:`` line), 130 interrupted.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -61,7 +62,7 @@ def stream(
     from asr_spec import allocator
     from asr_spec.transcribe import Transcriber
 
-    if speed < 0:
+    if math.isnan(speed) or speed < 0:
         fail(f"--speed must be >= 0, got {speed}", EXIT_USAGE)
     allocator.pin()  # a process of its own, as `transcribe`
     if trace_streams is not None:
@@ -92,9 +93,13 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> None:
                 sys.stderr.write(f"\r\x1b[K… {update.tentative.strip()}"[-200:])
                 sys.stderr.flush()
 
-    for block in blocks:
-        stream.feed(block)
-        show(runner.pump())
+    broken = None
+    try:
+        for block in blocks:
+            stream.feed(block)
+            show(runner.pump())
+    except USER_ERRORS as err:  # the input broke off: what it gave is still transcribed to its end, then reported
+        broken = err
     stream.finish()
     while not stream.done:
         show(runner.pump())
@@ -102,6 +107,8 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> None:
         sys.stderr.write("\r\x1b[K")
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if broken is not None:
+        raise broken
 
 
 def _file_blocks(path: str, step_s: float, speed: float) -> Iterator[np.ndarray]:
