@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tracemalloc
@@ -225,3 +226,17 @@ def test_stream_is_lazy_and_holds_one_block(tmp_path: Path) -> None:
 def test_stream_opening_errors_raise_at_the_call(tmp_path: Path) -> None:
     with pytest.raises(AudioError, match="no such file"):
         stream_audio(tmp_path / "missing.flac")  # no next() needed
+
+
+def test_a_file_name_that_is_not_utf8_loads(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    """A Latin-1 name ("caf\\xe9.flac") reaches Python as a str with a surrogate escape, which libsndfile's UTF-8
+    names could not hold: the file could not be opened at all ('utf-8' codec can't encode character '\\udce9')."""
+    raw = os.fsencode(tmp_path) + b"/caf\xe9.flac"
+    try:
+        with open(raw, "wb") as handle:
+            sf.write(handle, tone_16k, SR, format="FLAC")
+    except OSError:
+        pytest.skip("this file system takes UTF-8 names only")
+    name = os.fsdecode(raw)
+    assert audio_duration_s(name) == pytest.approx(len(tone_16k) / SR)
+    assert np.allclose(load_audio(name), load_audio(tone_16k), atol=1e-4)

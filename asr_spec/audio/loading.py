@@ -201,7 +201,7 @@ def header_duration_s(path: str | os.PathLike[str]) -> float | None:
     name = os.fspath(path)
     _check_path(name)
     try:
-        with sf.SoundFile(name) as handle:
+        with sf.SoundFile(_os_name(name)) as handle:
             n_frames = _header_frames(handle)
             if n_frames is not None:
                 return float(n_frames) / float(handle.samplerate)
@@ -312,6 +312,12 @@ def _resampled_blocks(
                       stacklevel=2)
 
 
+def _os_name(path: str) -> bytes:
+    """`path` as the file system's bytes: libsndfile takes a str as UTF-8, and a name that is not UTF-8 (Python's
+    surrogate escapes, "caf\udce9.flac") could not be opened at all."""
+    return os.fsencode(path)
+
+
 def _open_raw_blocks(
     file: str | io.BytesIO, name: str, block_s: float
 ) -> tuple[int, int | None, bool, Iterator[np.ndarray]]:
@@ -321,7 +327,7 @@ def _open_raw_blocks(
     where it is estimated from the bitrate).
     """
     try:
-        handle = sf.SoundFile(file)
+        handle = sf.SoundFile(_os_name(file) if isinstance(file, str) else file)
     except (sf.LibsndfileError, RuntimeError) as sf_err:
         if not isinstance(file, str):
             raise AudioError(f"{name}: not a readable audio file ({sf_err})") from sf_err
