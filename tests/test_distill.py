@@ -120,8 +120,7 @@ def test_agreement_predicts_the_engines_accepted_tokens(model, cache, ts_cache, 
     opts = DecodeOptions(language="en", max_new_tokens=MAX_NEW, timestamps=timestamps, num_draft_tokens=3)
     spec = Engine(model, draft, opts).decode(None, torch.from_numpy(np.array(held.encoded)), batch_size=3)
     for i, r in enumerate(spec):
-        at_limit = held.sequence(i)[-1] != held.eot
-        _, accepted = evaluation.simulate_steps(evaluation.draft_matches(model, draft, held, i), 3, at_limit)
+        _, accepted = evaluation.simulate_steps(evaluation.draft_matches(model, draft, held, i), 3)
         assert accepted == r.stats.accepted_tokens, i
     assert 0 < sum(r.stats.accepted_tokens for r in spec) < sum(r.stats.drafted_tokens for r in spec)
 
@@ -143,7 +142,7 @@ def test_simulate_steps():
     assert evaluation.simulate_steps([True] * 6, 4) == (2, 5)  # 4 accepted + 1, then 1 accepted + nothing left
     assert evaluation.simulate_steps([False] * 3, 4) == (3, 0)
     assert evaluation.simulate_steps([True, False, True, True], 2) == (2, 3)
-    assert evaluation.simulate_steps([True, False, True, True], 2, at_limit=True) == (2, 2)  # the last is the target's
+    assert evaluation.simulate_steps([True, True], 4) == (1, 2)  # cut by its limit: the last accepted, no bonus
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -46,16 +46,15 @@ class AgreementReport:
     vocab_coverage: float  # fraction of target tokens inside the draft's vocabulary (1.0 for a full head)
 
 
-def simulate_steps(match: Sequence[bool], k: int, at_limit: bool = False) -> tuple[int, int]:
+def simulate_steps(match: Sequence[bool], k: int) -> tuple[int, int]:
     """(target passes, accepted draft tokens) of constant-K speculative decoding of one sequence, given whether
     the draft's argmax (on the target's prefix) equals the target's token at each generated position.
 
     Exact for greedy verification: a step at position p accepts the run of matches from p (at most K) and adds
-    the target's own token; a draft proposal past the first mismatch is never looked at. at_limit: the sequence
-    ended at its length limit (not with <|endoftext|>), where the engine offers no proposal for the last token.
+    the target's own token; a draft proposal past the first mismatch is never looked at. A sequence cut by its
+    length limit is no different: the engine offers its last position too (`DecodeState.keeps`), and a step that
+    accepts it commits no token past it.
     """
-    if at_limit and match:
-        match = [*match[:-1], False]
     n, pos, passes, accepted = len(match), 0, 0, 0
     while pos < n:
         run = 0
@@ -89,12 +88,11 @@ def draft_matches(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache, 
 def evaluate_agreement(target: nn.Module, draft: nn.Module, cache: PseudoLabelCache,
                        ks: Sequence[int] = (4, 8)) -> AgreementReport:
     matches = [draft_matches(target, draft, cache, i) for i in range(len(cache))]
-    at_limit = [cache.sequence(i)[-1] != cache.eot for i in range(len(cache))]
     flat = [m for ms in matches for m in ms]
     n = max(1, len(flat))
     acc, tpp = {}, {}
     for k in ks:
-        sims = [simulate_steps(ms, k, lim) for ms, lim in zip(matches, at_limit)]
+        sims = [simulate_steps(ms, k) for ms in matches]
         passes = sum(s[0] for s in sims)
         acc[k] = sum(s[1] for s in sims) / max(1, passes)
         tpp[k] = len(flat) / max(1, passes)
