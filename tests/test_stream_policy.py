@@ -4,6 +4,7 @@ buffer never exceeds one window."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -44,10 +45,10 @@ def speech(words: list[int | None]) -> np.ndarray:
     return np.concatenate([np.full(WORD_SAMPLES, 0.0 if w is None else (w + 1) / 100, np.float32) for w in words])
 
 
-def hear(audio: np.ndarray) -> list[int]:
+def hear(audio: np.ndarray, words_per_segment: int = 3) -> list[int]:
     """The scripted decoder: every whole word in the buffer as two tokens, a word cut by the buffer's end as its
-    first token only (one cut at its start is not heard); a segment per 3 words, timestamps at the words' edges,
-    then <|endoftext|>."""
+    first token only (one cut at its start is not heard); a segment per `words_per_segment` words, timestamps at
+    the words' edges, then <|endoftext|>."""
     edges = np.flatnonzero(np.diff(audio, prepend=np.float32(-1), append=np.float32(-1)))
     tokens, n_words, seg_open = [], 0, False
     for start, end in zip(edges[:-1], edges[1:]):
@@ -60,7 +61,7 @@ def hear(audio: np.ndarray) -> list[int]:
         whole = end - start >= WORD_SAMPLES
         tokens += [2 * w, 2 * w + 1] if whole else [2 * w]
         n_words += 1
-        if n_words % 3 == 0 and whole:
+        if n_words % words_per_segment == 0 and whole:
             tokens.append(TS + end // 320)
             seg_open = False
     if seg_open:
@@ -1059,36 +1060,12 @@ def test_a_second_finish_gives_no_second_final_update() -> None:
     assert policy.finish() is None
 
 
-def _hear_in_segments_of(n_words_each: int):
-    """The scripted decoder with a segment every `n_words_each` words (Whisper writes segments of 10-20 words)."""
-    def hearing(audio: np.ndarray) -> list[int]:
-        edges = np.flatnonzero(np.diff(audio, prepend=np.float32(-1), append=np.float32(-1)))
-        tokens, n, is_open = [], 0, False
-        for start, end in zip(edges[:-1], edges[1:]):
-            if audio[start] == 0 or (start == 0 and end - start < WORD_SAMPLES):
-                continue
-            w = int(round(audio[start] * 100)) - 1
-            if not is_open:
-                tokens.append(TS + start // 320)
-                is_open = True
-            whole = end - start >= WORD_SAMPLES
-            tokens += [2 * w, 2 * w + 1] if whole else [2 * w]
-            n += 1
-            if n % n_words_each == 0 and whole:
-                tokens.append(TS + end // 320)
-                is_open = False
-        if is_open:
-            tokens.append(TS + len(audio) // 320)
-        return tokens + [EOT]
-    return hearing
-
-
 @pytest.mark.parametrize("n_words_each", [10, 12, 14])
 def test_a_restart_after_a_close_that_stopped_short_says_no_committed_word_twice(n_words_each: int) -> None:
     """A forced close decode leaves its last segment open (Whisper does) over words steps committed: it stopped
     short, and the buffer restarts at its last closed segment's end. Every committed word after that point is in
     the seam the restarted decode is read past, not only the last eight (12-word segments: four said twice)."""
-    hearing = _hear_in_segments_of(n_words_each)
+    hearing = functools.partial(hear, words_per_segment=n_words_each)  # Whisper writes segments of 10-20 words
 
     def decoder(decode):
         tokens = hear_given(decode.audio, decode.prefix, hearing=hearing)
