@@ -21,7 +21,8 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # the CPU attention kernel (asr_spec/engine/cpu_attention.py) is compiled at a CPU decoder's first use (20-60 s):
 # not on the GPU machine's clock, where a CPU decoder is only ever a reference (torch's products serve it)
 export ASR_SPEC_NO_CPU_KERNELS=1
-PY="${PYTHON:-python}"
+# the GPU machine's torch lives behind a plain `python3` (docs/gpu.md): `python` where there is one, else that
+PY="${PYTHON:-$(command -v python || command -v python3 || echo python)}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 OUT_DIR="${1:-${OUT:-gpu_check_out}}"
 mkdir -p "$OUT_DIR"
