@@ -154,6 +154,36 @@ def test_streaming_equals_the_whole_plan(block_s, options):
         np.testing.assert_array_equal(samples, signal[span.start_sample: span.end_sample])
 
 
+def _streamed(probs: np.ndarray, cuts: list[int], options: VadOptions) -> tuple[list, np.ndarray]:
+    """iter_vad_chunks over a noise signal of `probs`' frames, in blocks ending at the frames `cuts`."""
+    signal = np.random.default_rng(0).uniform(-0.3, 0.3, len(probs) * FRAME_SAMPLES).astype(np.float32)
+    edges = [0, *(c * FRAME_SAMPLES for c in cuts), len(signal)]
+    fed = iter(probs)
+
+    def probabilities(samples):
+        return np.array([next(fed) for _ in range(len(samples) // FRAME_SAMPLES)], np.float32)
+
+    return list(iter_vad_chunks([signal[a:b] for a, b in zip(edges, edges[1:])], options, probabilities)), signal
+
+
+@pytest.mark.parametrize("case", ["padding shrinks", "a short burst bridged"])
+def test_streaming_yields_no_chunk_later_audio_changes_nor_drops_samples_it_needs(case: str) -> None:
+    """Two block edges the streaming plan got wrong. A region padded up to the audio's end did not fit the chunk
+    before it, which was yielded as final; the next region, after a 0.32 s pause, left it half that pause as
+    padding, it fit, and the whole plan's chunk ran on to it: its speech (29.4-30.3 s) was in no streamed chunk.
+    And a 7-frame burst joined the speech after a 3-frame pause reached back further than the samples kept (a
+    chunk of 0 samples: `FeatureBatcher` failed the whole run)."""
+    probs = np.zeros(1400 if case == "padding shrinks" else 300, np.float32)
+    spans, cut = ([(20, 300), (305, 915), (920, 946), (956, 1300)], 954) if case == "padding shrinks" else \
+        ([(100, 107), (110, 200)], 110)
+    for a, b in spans:
+        probs[a:b] = 0.9
+    streamed, signal = _streamed(probs, [cut], OPTS)
+    assert [(s.start_sample, s.end_sample) for s, _ in streamed] == plan_vad_chunks(probs, len(signal), OPTS)
+    for span, samples in streamed:
+        np.testing.assert_array_equal(samples, signal[span.start_sample:span.end_sample])
+
+
 def test_no_speech_no_chunks():
     out = list(iter_vad_chunks([np.zeros(SR * 5, np.float32)], OPTS, lambda x: np.zeros(len(x) // FRAME_SAMPLES)))
     assert out == []

@@ -155,13 +155,14 @@ def split_long_regions(regions: np.ndarray, probs: np.ndarray, max_frames: int) 
     return np.asarray(out, dtype=np.int64).reshape(-1, 2)
 
 
-def pad_regions(regions: np.ndarray, pad_samples: int, n_samples: int) -> np.ndarray:
+def pad_regions(regions: np.ndarray, pad_samples: int, n_samples: int, last_room: int | None = None) -> np.ndarray:
     """Widen each [start, end) sample range by `pad_samples` per side, by at most half the pause to its
-    neighbours, within [0, n_samples). (R, 2) -> (R, 2) samples."""
+    neighbours, within [0, n_samples) (and the last one by at most `last_room` after it, where given). (R, 2) ->
+    (R, 2) samples."""
     r = np.asarray(regions, dtype=np.int64).reshape(-1, 2)
     gaps = np.maximum(r[1:, 0] - r[:-1, 1], 0)
     room_before = np.concatenate([[pad_samples], gaps // 2])
-    room_after = np.concatenate([gaps - gaps // 2, [pad_samples]])
+    room_after = np.concatenate([gaps - gaps // 2, [pad_samples if last_room is None else last_room]])
     start = np.maximum(r[:, 0] - np.minimum(pad_samples, room_before), 0)
     end = np.minimum(r[:, 1] + np.minimum(pad_samples, room_after), n_samples)
     return np.stack([start, np.maximum(end, start)], axis=1).reshape(-1, 2)
@@ -202,13 +203,20 @@ def _cut_index(group: list[tuple[int, int]], max_samples: int, min_cut_samples: 
     return int(len(score) - np.argmax(score[::-1]))  # the latest of the longest pauses; a cut after index i
 
 
-def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> list[tuple[int, int]]:
-    """The whole plan: (n_frames,) probabilities of a signal of `n_samples` -> [start, end) sample spans."""
+def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions,
+                    last_room: int | None = None) -> list[tuple[int, int]]:
+    """The whole plan: (n_frames,) probabilities of a signal of `n_samples` -> [start, end) sample spans.
+    last_room: at most so much padding after the last region (`pad_regions`; `iter_vad_chunks`' lower bound)."""
+    samples = _region_samples(probs, n_samples, options)
+    return pack_regions(pad_regions(samples, options.pad_samples, n_samples, last_room), options.max_chunk_samples,
+                        options.min_cut_samples)
+
+
+def _region_samples(probs: np.ndarray, n_samples: int, options: VadOptions) -> np.ndarray:
+    """(R, 2) [start, end) samples of the speech regions of (n_frames,) probabilities, long ones split."""
     max_frames = max((options.max_chunk_samples - 2 * options.pad_samples) // FRAME_SAMPLES, 1)
     regions = split_long_regions(speech_regions(probs, options), probs, max_frames)
-    samples = np.minimum(regions * FRAME_SAMPLES, n_samples)
-    return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples,
-                        options.min_cut_samples)
+    return np.minimum(regions * FRAME_SAMPLES, n_samples)
 
 
 def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: int, threshold: float) -> np.ndarray:
@@ -246,7 +254,8 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
     held_start, n_samples, n_done = 0, 0, 0
     probs = np.zeros(0, dtype=np.float32)
     tail = np.zeros(0, dtype=np.float32)  # samples not yet a whole frame
-    lookback_frames = options.frames(options.min_speech_s + options.speech_pad_s) + 1
+    # a burst too short to count yet joins the speech after it across a pause shorter than min_silence_s
+    lookback_frames = options.frames(options.min_speech_s + options.min_silence_s + options.speech_pad_s) + 1
     for block in blocks:
         block = np.asarray(block, dtype=np.float32)
         if block.ndim != 1:
@@ -256,15 +265,14 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
         n_whole = len(tail) // FRAME_SAMPLES * FRAME_SAMPLES
         probs = np.concatenate([probs, np.asarray(probabilities(tail[:n_whole]), dtype=np.float32)])
         tail = tail[n_whole:]
-        # Every chunk but the last of the plan so far is final: later audio only extends or adds regions after it.
         plan = plan_vad_chunks(probs, len(probs) * FRAME_SAMPLES, options)
-        for start, end in plan[n_done:-1]:
+        for start, end in plan[n_done:_settled(plan, probs, options)]:
             yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
             n_done += 1
-        # A later chunk starts no earlier than the last planned one, or than a burst too short to count yet (or,
-        # with extend_onset, than the trailing run of frames not below the lower bar it may start from).
+        # A later chunk starts no earlier than the first planned one not yielded, or than a burst too short to count
+        # yet (or, with extend_onset, than the trailing run of frames not below the lower bar it may start from).
         keep_from = (min(len(probs), _trailing_run_start(probs, options)) - lookback_frames) * FRAME_SAMPLES
-        keep_from = max(min(plan[-1][0] if plan else keep_from, keep_from), held_start)
+        keep_from = max(min(plan[n_done][0] if n_done < len(plan) else keep_from, keep_from), held_start)
         held, held_start = held[keep_from - held_start :], keep_from
     if len(tail):  # the last partial frame, zero-padded as silero-vad does
         padded = np.pad(tail, (0, FRAME_SAMPLES - len(tail)))
@@ -272,6 +280,28 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
     for start, end in plan_vad_chunks(probs, n_samples, options)[n_done:]:
         yield _chunk(start, end, n_done, probs, held[start - held_start : end - held_start], options)
         n_done += 1
+
+
+def _settled(plan: list[tuple[int, int]], probs: np.ndarray, options: VadOptions) -> int:
+    """How many leading chunks of `plan` (of the frames `probs`, all the audio so far) later audio cannot change:
+    every one but the last, unless it changes when the last region's padding after it shrinks. A later region
+    leaves it half the pause before that region (`pad_regions`), and one that starts at the first frame that may
+    start it (at the lower bar, with extend_onset) leaves the least: where a region padded less fits the chunk
+    before, the chunk before ends later (taken as final, it lost that region's speech)."""
+    if len(plan) < 2:
+        return 0
+    n_samples = len(probs) * FRAME_SAMPLES
+    regions = _region_samples(probs, n_samples, options)
+    end_frame = -(-int(regions[-1, 1]) // FRAME_SAMPLES)
+    bar = options.threshold - NEG_THRESHOLD_GAP if options.extend_onset else options.threshold
+    may_start = np.flatnonzero(probs[end_frame:] >= bar)
+    pause = (end_frame + (int(may_start[0]) if len(may_start) else len(probs) - end_frame)) * FRAME_SAMPLES \
+        - int(regions[-1, 1])
+    least = plan_vad_chunks(probs, n_samples, options, last_room=max(pause, 0) - max(pause, 0) // 2)
+    n = 0
+    while n < len(plan) - 1 and n < len(least) and least[n] == plan[n]:
+        n += 1
+    return n
 
 
 def _trailing_run_start(probs: np.ndarray, options: VadOptions) -> int:
