@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -78,6 +79,9 @@ def test_arrays_tensors_and_dicts(tone_16k: np.ndarray) -> None:
     resampled = load_audio({"path": "ignored.wav", "array": tone_8k, "sampling_rate": 8_000})
     assert len(resampled) == SR
     np.testing.assert_array_equal(load_audio(tone_8k, input_sampling_rate=8_000), resampled)
+    one = io.BytesIO()  # one sample at 48 kHz resamples to none: an empty signal, as the same file streamed gives
+    sf.write(one, np.full(1, 0.5, np.float32), 48_000, format="WAV")
+    assert load_audio({"bytes": one.getvalue()}).shape == (0,)
 
 
 def test_dict_with_bytes_or_path(tmp_path: Path, tone_16k: np.ndarray) -> None:

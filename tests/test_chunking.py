@@ -112,6 +112,8 @@ def test_options_default_stride_is_a_sixth_per_side() -> None:
         ({"stride_length_s": 15.0}, "chunk_samples"),
         ({"stride_length_s": (1.0, 2.0, 3.0)}, "stride_length_s"),
         ({"stride_length_s": -1.0}, "stride_left_samples"),
+        ({"stride_length_s": float("inf")}, "finite numbers of seconds"),  # an OverflowError traceback before
+        ({"stride_length_s": (0.0, float("nan"))}, "finite numbers of seconds"),
         ({"sampling_rate": 0}, "sampling_rate"),
     ],
 )

@@ -450,3 +450,15 @@ def test_real_whisper_base_long_clip_speculative_equals_greedy() -> None:
     assert spec_result.stats.drafted_tokens > 0
     assert score([(SPEECH / "long_75s.txt").read_text()], [greedy_result.text]).wer < 0.1  # measured 3.9 %
     assert greedy_result.timestamped and greedy_result.segments[-1].end_s <= greedy_result.audio_s + 0.5
+
+
+def test_an_in_memory_input_is_read_in_blocks_as_a_file_is() -> None:
+    """An array input went to the voice-activity front end as one block, whose frames it holds at once: 739 MB of
+    peak memory for 30 minutes (a file is read in block_s blocks)."""
+    from asr_spec.transcribe.inputs import Input
+
+    greedy = transcriber(speculative=False)
+    step = int(greedy.options.block_s * 16_000)
+    item = Input(0, "<array>", np.zeros(2 * step + 5, np.float32))
+    assert [len(block) for block in greedy.frontend._blocks(item)] == [step, step, 5]
+    assert item.n_samples == 2 * step + 5

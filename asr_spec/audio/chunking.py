@@ -148,8 +148,8 @@ def _verify_options(options: ChunkingOptions) -> None:
         if not isinstance(stride, (tuple, list)) or len(stride) != 2:
             raise InputError(f"stride_length_s must be a number, a (left, right) pair or None, got {stride!r}")
     values = (stride,) if isinstance(stride, (int, float)) else (stride or ())
-    if any(not is_number(v, finite_only=False) for v in values):
-        raise InputError(f"stride_length_s must hold numbers of seconds, got {stride!r}")
+    if any(not is_number(v) for v in values):  # inf overflowed into samples: a traceback
+        raise InputError(f"stride_length_s must hold finite numbers of seconds, got {stride!r}")
     _check_plan_args(0, options.chunk_samples, options.stride_left_samples, options.stride_right_samples)
 
 

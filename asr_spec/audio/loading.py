@@ -256,6 +256,8 @@ def _load_encoded(file: str | io.BytesIO, name: str, out_rate: int) -> np.ndarra
     if isinstance(file, str):
         _check_path(file)
     blocks = list(_stream_encoded(file, name, DEFAULT_BLOCK_S, out_rate))
+    if not blocks:  # one sample at 48 kHz resamples to none: nothing to hear, as the same file streamed gives
+        return np.zeros(0, np.float32)  # ("need at least one array to concatenate" before)
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 
 

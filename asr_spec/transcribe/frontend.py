@@ -21,7 +21,7 @@ import numpy as np
 
 from asr_spec.audio.chunking import ChunkSpan, skip_silent_windows
 from asr_spec.audio.features import FeatureBatcher
-from asr_spec.audio.loading import load_audio, stream_audio
+from asr_spec.audio.loading import SAMPLE_RATE, load_audio, stream_audio
 from asr_spec.audio.silero import SileroVad, window_speech
 from asr_spec.audio.vad import VadOptions, iter_vad_chunks
 from asr_spec.chunk_id import ChunkId
@@ -110,12 +110,14 @@ class FrontEnd:
             item.read_done = True
 
     def _blocks(self, item: Input) -> Iterator[np.ndarray]:
-        """16 kHz mono blocks of one input (files stream, in-memory sources come as one block), counted into
-        `item.n_samples`."""
+        """16 kHz mono blocks of one input (files stream; an in-memory source is loaded whole and cut into blocks
+        of the same length: the VAD's front end holds a block's frames at once, 739 MB for 30 min as one block),
+        counted into `item.n_samples`."""
         if isinstance(item.source, (str, os.PathLike)):
             blocks = stream_audio(item.source, self.options.block_s)
         else:
-            blocks = iter([load_audio(item.source)])
+            samples, step = load_audio(item.source), int(self.options.block_s * SAMPLE_RATE)
+            blocks = (samples[i:i + step] for i in range(0, max(len(samples), 1), step))
         for block in blocks:
             item.n_samples += len(block)
             yield block
