@@ -121,6 +121,28 @@ def test_a_distilled_draft_that_cannot_be_read_is_a_model_load_error(tmp_path: P
         assert str(draft) in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("ids", [[10**6], [], [-5, 1, 2], [1, 1], {"a": 1}, "[1,"], ids=str)
+def test_a_draft_vocabulary_that_is_no_list_of_token_ids_is_a_model_load_error(tmp_path: Path, ids) -> None:
+    """A distilled draft's draft_vocab.json was read as it was: an id past the vocabulary was an IndexError
+    traceback, an empty list a reshape error, a negative id an engine error mid-run."""
+    import json
+
+    import torch
+
+    from asr_spec.models.drafts import decoder_draft, save_trained_draft
+    from asr_spec.models.loading import load_distilled
+
+    target = tiny_target()
+    draft = decoder_draft(target, [0])
+    draft.draft_vocab_ids = torch.arange(20)
+    folder = save_trained_draft(draft, tmp_path / "draft", dtype=torch.float32)
+    assert load_distilled(folder, target).draft_vocab_ids.tolist() == list(range(20))
+    (tmp_path / "draft" / "draft_vocab.json").write_text(ids if isinstance(ids, str) else json.dumps(ids))
+    with pytest.raises(ModelLoadError, match="draft_vocab.json") as info:
+        load_distilled(folder, target)
+    assert "\n" not in str(info.value)
+
+
 # -- 2. the no-speech rule ----------------------------------------------------------------------------------------
 
 def test_the_rule_is_whispers() -> None:

@@ -117,8 +117,24 @@ def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
     tie_shared(draft, target)
     draft = draft.to(target.device).eval()
     draft.generation_config = copy.deepcopy(target.generation_config)
-    vocab_path = where / VOCAB_FILE
-    if vocab_path.is_file():
-        draft.draft_vocab_ids = torch.tensor(json.loads(vocab_path.read_text()), dtype=torch.long,
-                                             device=target.device)
+    read_draft_vocab(draft, where, target)
     return draft
+
+
+def read_draft_vocab(draft: nn.Module, where: Path, target: nn.Module) -> None:
+    """Set `draft.draft_vocab_ids` from `where`'s VOCAB_FILE when there is one: a non-empty list of distinct token
+    ids of the target's vocabulary (ValueError naming the file otherwise: an id past it was an IndexError
+    traceback, an empty list a reshape error, a negative id an engine error mid-run)."""
+    path = where / VOCAB_FILE
+    if not path.is_file():
+        return
+    try:
+        ids = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a JSON list of token ids ({err})") from err
+    size = target.config.vocab_size
+    if not isinstance(ids, list) or not ids or any(type(i) is not int or not 0 <= i < size for i in ids):
+        raise ValueError(f"{path}: must be a non-empty JSON list of token ids in [0, {size})")
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"{path}: token ids repeat")
+    draft.draft_vocab_ids = torch.tensor(ids, dtype=torch.long, device=target.device)

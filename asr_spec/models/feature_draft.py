@@ -18,7 +18,6 @@ layer with fc = [I | I] (the state plus the embedding) or [I | 0], or the first 
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from torch import nn
 
 from asr_spec.engine.features import FeatureDecoder
 from asr_spec.models.cpu import dtype_name
-from asr_spec.models.drafts import INFO_FILE, SHARED_PREFIXES, VOCAB_FILE, draft_kind, write_draft_extras
+from asr_spec.models.drafts import INFO_FILE, SHARED_PREFIXES, draft_kind, read_draft_vocab, write_draft_extras
 
 KIND = "target-features"  # distill.json "kind" of this draft (a plain distilled draft: "decoder")
 
@@ -178,8 +177,5 @@ def load_feature_draft(path: str | os.PathLike, target: nn.Module) -> FeatureDra
     if missing or extra:
         raise ValueError(f"{where}: weights missing for {missing[:4]}, unexpected {extra[:4]}")
     draft.load_state_dict({k: v.to(target.dtype) for k, v in state.items()}, strict=False)
-    vocab_path = where / VOCAB_FILE
-    if vocab_path.is_file():
-        draft.draft_vocab_ids = torch.tensor(json.loads(vocab_path.read_text()), dtype=torch.long,
-                                             device=target.device)
+    read_draft_vocab(draft, where, target)
     return draft.eval()
