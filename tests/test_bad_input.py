@@ -447,3 +447,29 @@ def test_eval_resume_warning_is_one_clean_line(capsys, tmp_path: Path, model_dir
     warning = [line for line in err.splitlines() if "incomplete last line" in line]
     assert len(warning) == 1 and warning[0].startswith("warning: ") and "UserWarning" not in err, err
     assert "warnings.warn" not in err
+
+
+@pytest.mark.parametrize("change", [{"chunk_length": 10, "n_samples": 160_000, "nb_max_frames": 1000},
+                                    {"hop_length": 320, "nb_max_frames": 1500}], ids=["10 s", "hop 320"])
+def test_a_model_whose_feature_extractor_is_not_whispers_window_is_a_model_load_error(tmp_path: Path, model_dirs,
+                                                                                     change: dict) -> None:
+    """The windows are 30 s of 10 ms hops in the chunking and the encoder: a model folder whose extractor says
+    otherwise loaded, and every chunk failed ("longer than the 160000-sample window", an engine error), naming
+    neither the folder nor the setting."""
+    import json
+
+    from asr_spec.models.loading import load_processor
+
+    target_dir, _ = model_dirs
+    folder = tmp_path / "model"
+    shutil.copytree(target_dir, folder)
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        path = folder / name
+        if path.is_file():
+            config = json.loads(path.read_text())
+            (config.get("feature_extractor", config)).update(change)
+            path.write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="feature extractor's settings") as info:
+        load_processor(folder)
+    assert str(folder) in str(info.value) and "\n" not in str(info.value)
+    load_processor(target_dir)  # Whisper's own settings load

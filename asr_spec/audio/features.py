@@ -25,6 +25,7 @@ __all__ = [
     "N_FRAMES",
     "SUPPORTED_N_MELS",
     "CPU_CHUNKS_PER_CALL",
+    "check_extractor",
     "make_feature_extractor",
     "log_mel_batch",
     "FeatureBatcher",
@@ -49,7 +50,10 @@ def make_feature_extractor(n_mels: int) -> WhisperFeatureExtractor:
     return WhisperFeatureExtractor(feature_size=n_mels, sampling_rate=SAMPLE_RATE, hop_length=HOP_LENGTH)
 
 
-def _check_extractor(extractor: Any) -> None:
+def check_extractor(extractor: Any) -> None:
+    """`InputError` unless `extractor` makes Whisper's windows: 80 or 128 mel bins of 30 s at 16 kHz, 10 ms hops
+    (a model folder's preprocessor_config.json with chunk_length 10 or hop_length 320 loaded, and every chunk then
+    failed, with an error naming neither the folder nor the setting)."""
     if not isinstance(extractor, WhisperFeatureExtractor):
         raise InputError(f"feature_extractor must be a WhisperFeatureExtractor, got {type(extractor).__name__}")
     if extractor.feature_size not in SUPPORTED_N_MELS or extractor.sampling_rate != SAMPLE_RATE:
@@ -57,6 +61,11 @@ def _check_extractor(extractor: Any) -> None:
             f"feature_extractor: expected {SUPPORTED_N_MELS} mel bins at {SAMPLE_RATE} Hz, got "
             f"{extractor.feature_size} bins at {extractor.sampling_rate} Hz"
         )
+    window = {"n_samples": N_SAMPLES, "hop_length": HOP_LENGTH, "n_fft": 400, "nb_max_frames": N_FRAMES}
+    wrong = {name: getattr(extractor, name, None) for name, want in window.items()
+             if getattr(extractor, name, None) != want}
+    if wrong:
+        raise InputError(f"feature_extractor: Whisper's 30 s windows need {window}, got {wrong}")
 
 
 def _check_chunks(chunks: Sequence[np.ndarray], max_samples: int) -> list[np.ndarray]:
@@ -91,7 +100,7 @@ def log_mel_batch(
 
     Returns ``[B, n_mels, 3000]`` on ``device`` in ``dtype``, row ``i`` equal to ``feature_extractor(chunks[i])``.
     """
-    _check_extractor(feature_extractor)
+    check_extractor(feature_extractor)
     arrays = _check_chunks(chunks, feature_extractor.n_samples)
     target = torch.device(device)
     compute_device = str(target) if target.type == "cuda" else "cpu"
@@ -115,7 +124,7 @@ class FeatureBatcher:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        _check_extractor(feature_extractor)
+        check_extractor(feature_extractor)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise InputError(f"dtype must be a floating torch dtype, got {dtype!r}")
         self.feature_extractor = feature_extractor

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from asr_spec.audio.features import check_extractor
 from asr_spec.engine import int8
 from asr_spec.engine.pairing import DraftKind, check_pair
 from asr_spec.errors import AsrSpecError, InputError, ModelLoadError
@@ -148,6 +149,10 @@ def load_processor(name: str | os.PathLike) -> Any:
     if len(processor.tokenizer) < MIN_VOCAB:
         raise ModelLoadError(f"{name}: no tokenizer there (tokenizer.json or vocab.json + merges.txt missing: "
                              f"the tokenizer loaded has {len(processor.tokenizer)} tokens)")
+    try:
+        check_extractor(processor.feature_extractor)
+    except InputError as err:
+        raise ModelLoadError(f"{name}: its feature extractor's settings: {err}") from err
     return processor
 
 
