@@ -244,3 +244,19 @@ def test_a_file_name_that_is_not_utf8_loads(tmp_path: Path, tone_16k: np.ndarray
     name = os.fsdecode(raw)
     assert audio_duration_s(name) == pytest.approx(len(tone_16k) / SR)
     assert np.allclose(load_audio(name), load_audio(tone_16k), atol=1e-4)
+
+
+def test_a_playlist_is_not_followed_to_the_files_it_names(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    """ffmpeg reads an HLS playlist (or a concat script) by its content, whatever its name, and opens the files it
+    names: an uploaded playlist had the server transcribe a file of its own disk. A text file is not audio."""
+    target = tmp_path / "secret.flac"
+    sf.write(target, tone_16k, SR)
+    playlist = tmp_path / "upload.wav"
+    playlist.write_text(f"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:1.0,\n{target}\n#EXT-X-ENDLIST\n")
+    concat = tmp_path / "script.flac"
+    concat.write_text(f"ffconcat version 1.0\nfile '{target}'\n")
+    for path in (playlist, concat):
+        with pytest.raises(AudioError, match="not a readable audio file .*text, not audio"):
+            load_audio(path)
+        with pytest.raises(AudioError, match="text, not audio"):
+            audio_duration_s(path)

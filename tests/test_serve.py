@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import socket
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
@@ -115,6 +118,16 @@ def test_not_audio_missing_file_and_oversize(client):
     assert client.post("/v1/audio/transcriptions", data={"model": "tiny"}).status_code == 400
     big = client.post("/v1/audio/transcriptions", files={"file": ("big.flac", b"\0" * 2_100_000)})
     assert big.status_code == 413 and "2 MB" in big.json()["error"]["message"]
+    # a file just under the limit with prompt and hotwords at their 10,000 characters is no 413 (the allowance for
+    # form fields was 64 KiB)
+    near = io.BytesIO()
+    sf.write(near, np.zeros(990_000, np.float32), 16_000, format="WAV", subtype="PCM_16")
+    fields = {"model": "tiny", "prompt": "é" * 10_000, "hotwords": "é" * 10_000}
+    response = client.post("/v1/audio/transcriptions", files={"file": ("near.wav", near.getvalue())}, data=fields)
+    assert len(near.getvalue()) < 2_000_000 and response.status_code == 200, response.text[:200]
+    playlist = f"#EXTM3U\n#EXT-X-TARGETDURATION:100\n#EXTINF:20,\n{SHORT[0]}\n#EXT-X-ENDLIST\n".encode()
+    followed = client.post("/v1/audio/transcriptions", files={"file": ("x.wav", playlist)}, data={"model": "tiny"})
+    assert followed.status_code == 400 and "text, not audio" in followed.json()["error"]["message"]
 
 
 def test_models_health_and_metrics(client):
@@ -445,6 +458,9 @@ def test_cli_refuses_bad_options_in_one_line_before_loading(capsys, tmp_path):
              (["--model", str(tmp_path / "absent"), "--batch-size", "0"], "batch_size must be an integer >= 1"),
              (["--model", str(tmp_path / "absent"), "--max-file-mb", "0"], "max_file_mb must be a positive"),
              (["--model", str(tmp_path / "absent"), "--max-audio-s", "-1"], "max_audio_s must be a positive"),
+             # inf: every request a 500 (an OverflowError counting the limit in bytes or samples)
+             (["--model", str(tmp_path / "absent"), "--max-file-mb", "inf"], "max_file_mb must be a positive"),
+             (["--model", str(tmp_path / "absent"), "--max-audio-s", "inf"], "max_audio_s must be a positive"),
              (["--model", str(tmp_path / "absent"), "--max-requests", "0"], "max_requests must be an integer"),
              (["--model", str(tmp_path / "absent"), "--api-key", " "], "api_key must not be empty"),
              (["--model", str(tmp_path)], "not a Whisper model directory"),

@@ -314,10 +314,14 @@ def _resampled_blocks(
                       stacklevel=2)
 
 
-def _os_name(path: str) -> bytes:
-    """`path` as the file system's bytes: libsndfile takes a str as UTF-8, and a name that is not UTF-8 (Python's
-    surrogate escapes, "caf\udce9.flac") could not be opened at all."""
-    return os.fsencode(path)
+def _os_name(path: str) -> str | bytes:
+    """`path` as libsndfile can open it: as it is, or as the file system's bytes where it is not UTF-8 (Python's
+    surrogate escapes, "caf\udce9.flac": libsndfile encodes a str as UTF-8 and could not open it at all)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
 
 
 def _open_raw_blocks(
@@ -369,7 +373,11 @@ def _open_audioread(path: str, block_s: float, sf_err: Exception) -> tuple[int, 
 
 
 def _audioread_decoder(path: str, sf_err: Exception) -> Any:
-    """Open ``path`` with audioread (ffmpeg), after libsndfile failed with ``sf_err``."""
+    """Open ``path`` with audioread (ffmpeg), after libsndfile failed with ``sf_err``. A text file is refused
+    first: ffmpeg reads a playlist (HLS), a concat script or an SDP file by its content and opens what it names, so
+    an uploaded playlist had the server transcribe a file of its own disk (and say which paths exist)."""
+    if _is_text(path):
+        raise AudioError(f"{path}: not a readable audio file ({sf_err}; text, not audio)")
     with warnings.catch_warnings():  # audioread's raw backend imports aifc/audioop/sunau, deprecated in 3.11
         warnings.simplefilter("ignore", DeprecationWarning)
         import audioread
@@ -383,6 +391,23 @@ def _audioread_decoder(path: str, sf_err: Exception) -> Any:
         raise AudioError(f"{path}: not a readable audio file ({sf_err}; audioread: no audio stream: "
                          f"{decoder.samplerate} Hz, {decoder.channels} channels)")
     return decoder
+
+
+def _is_text(path: str, n_bytes: int = 4096) -> bool:
+    """Whether the file's first `n_bytes` are text (UTF-8 with no control character but whitespace): no audio
+    container is, every playlist and script ffmpeg follows is."""
+    try:
+        with open(_os_name(path), "rb") as handle:
+            head = handle.read(n_bytes)
+    except OSError:
+        return False
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:  # not merely a character cut at the end of what was read
+            return False
+        text = head[:err.start].decode("utf-8")
+    return bool(text.strip()) and all(ch.isprintable() or ch in "\t\r\n\f\v\ufeff" for ch in text)
 
 
 def _audioread_blocks(decoder: Any, path: str, block_frames: int) -> Iterator[np.ndarray]:

@@ -38,7 +38,7 @@ from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve import openmp, uploads
 from asr_spec.serve.auth import ApiKeyMiddleware
 from asr_spec.serve.batcher import Batcher, Busy, Job, Refused
-from asr_spec.serve.params import MODEL_ALIASES, Params, check_params
+from asr_spec.serve.params import MAX_PROMPT_CHARS, MODEL_ALIASES, Params, check_params
 from asr_spec.serve.realtime import RealtimeOptions, add_realtime_routes
 from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError, render
 from asr_spec.serve.schema import models_responses, transcription_openapi, transcription_responses
@@ -47,7 +47,10 @@ __all__ = ["RESPONSE_FORMATS", "HTTPError", "ServeOptions", "create_app"]
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
-MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries allowed on top of the file itself
+# form fields and boundaries allowed on top of the file itself: the three text fields at their limit of characters
+# (up to 4 bytes each in UTF-8) and 64 KiB for the rest (a request with 10,000-character prompt and hotwords beside
+# a file just under the limit was a 413 that blamed the file)
+MULTIPART_OVERHEAD_BYTES = 3 * 4 * MAX_PROMPT_CHARS + 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -63,8 +66,9 @@ class ServeOptions:
     retry_after_s: int = 1  # Retry-After of a 503 (busy)
 
     def __post_init__(self) -> None:
-        for name in ("max_file_mb", "max_audio_s", "upload_timeout_s"):
-            positive(getattr(self, name), name, "MB" if name == "max_file_mb" else "seconds", finite_only=False)
+        for name in ("max_file_mb", "max_audio_s"):  # limits counted in bytes and samples (inf: a 500 each request)
+            positive(getattr(self, name), name, "MB" if name == "max_file_mb" else "seconds")
+        positive(self.upload_timeout_s, "upload_timeout_s", "seconds", finite_only=False)
         if not self.model_id:
             raise InputError("model_id must not be empty")
         if any(not key for key in self.api_keys):
@@ -191,11 +195,11 @@ async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions)
     length = request.headers.get("content-length", "")
     max_bytes = options.max_file_bytes + MULTIPART_OVERHEAD_BYTES
     if length.isdigit() and int(length) > max_bytes:
-        raise _too_large(int(length), options)
+        raise _too_large(int(length), options, "the request body")
     try:
         form = await uploads.read_form(uploads.limited_request(request, max_bytes, options.upload_timeout_s))
     except uploads.UploadTooLarge as err:
-        raise _too_large(err.n_bytes, options) from err
+        raise _too_large(err.n_bytes, options, "the request body") from err
     except uploads.UploadTimeout as err:
         raise HTTPError(408, f"file: the upload did not arrive within {options.upload_timeout_s:g} s "
                         "(--upload-timeout-s)", "file", {"Connection": "close"}) from err
@@ -269,6 +273,7 @@ def _completion(job: Job) -> asyncio.Future:
     return done
 
 
-def _too_large(n_bytes: int, options: ServeOptions) -> HTTPError:
-    return HTTPError(413, f"file: {n_bytes / 1e6:.1f} MB is over this server's limit of {options.max_file_mb:g} MB "
-                     "(--max-file-mb)", "file")
+def _too_large(n_bytes: int, options: ServeOptions, what: str = "the file") -> HTTPError:
+    """413 for `what` ("the file", or "the request body": the file and its form fields) of `n_bytes`."""
+    return HTTPError(413, f"file: {what} of {n_bytes / 1e6:.1f} MB is over this server's limit of "
+                     f"{options.max_file_mb:g} MB (--max-file-mb)", "file")
