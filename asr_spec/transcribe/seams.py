@@ -5,8 +5,9 @@ the offset with the best match fraction wins (ties broken toward longer overlaps
 that overlap, as transformers' ASR pipeline does (``_find_longest_common_sequence``). With each token's time
 (`token_times`, interpolated between the timestamps around it), `seam_cut` cuts a credible common run where both
 readings agree nearest the seam, and a seam whose readings share no credible run by time (`time_cut`): the left
-reading keeps what it heard before the seam, the right what it heard from it on (up to the end of the right's
-audio: a window trimmed where its re-decoded tail starts hands the rest to that tail). Where the right's reading
+reading keeps what it heard before the seam, the right what it heard from it on (and each what it heard where the
+other wrote nothing, the left up to where the chunk after the right starts: a re-decoded tail, or with wide strides
+the next window, says that part itself). Where the right's reading
 ends inside the run (a window that stopped early), the left keeps what it heard after it before the seam.
 `stitch.py` reads the chunks and calls `seam_cut` at each seam.
 """
@@ -22,8 +23,8 @@ import numpy as np
 from asr_spec.errors import InputError
 
 __all__ = ["HEARD_TOLERANCE_S", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord",
-           "TimedPiece",
-           "merge_overlapping", "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times"]
+           "TimedPiece", "merge_overlapping", "merge_with_shares", "overlap_cut", "seam_cut", "time_cut",
+           "token_times"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
