@@ -295,9 +295,9 @@ def _settled(plan: list[tuple[int, int]], probs: np.ndarray, options: VadOptions
     end_frame = -(-int(regions[-1, 1]) // FRAME_SAMPLES)
     bar = options.threshold - NEG_THRESHOLD_GAP if options.extend_onset else options.threshold
     may_start = np.flatnonzero(probs[end_frame:] >= bar)
-    pause = (end_frame + (int(may_start[0]) if len(may_start) else len(probs) - end_frame)) * FRAME_SAMPLES \
-        - int(regions[-1, 1])
-    least = plan_vad_chunks(probs, n_samples, options, last_room=max(pause, 0) - max(pause, 0) // 2)
+    next_start = (end_frame + (int(may_start[0]) if len(may_start) else len(probs) - end_frame)) * FRAME_SAMPLES
+    pause = max(next_start - int(regions[-1, 1]), 0)
+    least = plan_vad_chunks(probs, n_samples, options, last_room=pause - pause // 2)  # `pad_regions`' room after
     n = 0
     while n < len(plan) - 1 and n < len(least) and least[n] == plan[n]:
         n += 1

@@ -134,7 +134,7 @@ class Engine:
         self.states = StaticState(self._allocate, lambda: self.runner.drop_graphs())
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
         self._feed: Feed | None = None  # the feed of the run under way (or the last one): `in_flight`
-        # the features (with their version: `_same_features`) and target encoder output of the last request
+        # the features (with their version counter: `_version`) and target encoder output of the last request
         # encoded (`_encode`: its sampled candidates)
         self._last_encoded: tuple[torch.Tensor | None, int | None, torch.Tensor | None] = (None, None, None)
 
