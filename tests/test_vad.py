@@ -184,6 +184,48 @@ def test_streaming_yields_no_chunk_later_audio_changes_nor_drops_samples_it_need
         np.testing.assert_array_equal(samples, signal[span.start_sample:span.end_sample])
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_streaming_equals_the_whole_plan_with_long_regions_still_growing(seed: int) -> None:
+    """Talk with no 0.1 s pause for up to a minute (over music, a noisy broadcast), fed in blocks cut anywhere. A
+    region longer than a window is split anew as it grows; its first piece then fit the chunk before it, which had
+    been yielded as final: 15 s of speech (30.2-45.8 s of a 20-30 s + 31-80 s talk) was in no chunk."""
+    rng = np.random.default_rng(seed)
+    probs = np.zeros(int(rng.integers(1000, 5000)), np.float32)
+    at = 0
+    while at < len(probs):
+        at += int(rng.exponential(40))
+        length = int(rng.exponential(60) if rng.random() < 0.5 else rng.uniform(500, 1900))
+        probs[at: at + length] = rng.uniform(0.5, 1.0)
+        at += length
+    probs[rng.integers(0, len(probs), 50)] = 0.36  # quiet frames inside, where a long region is split
+    options = VadOptions(extend_onset=True, cut_within_s=4.0) if seed % 2 else OPTS
+    cuts = sorted(set(rng.integers(1, len(probs), int(rng.integers(1, 12))).tolist()))
+    streamed, signal = _streamed(probs, cuts, options)
+    assert [(s.start_sample, s.end_sample) for s, _ in streamed] == plan_vad_chunks(probs, len(signal), options)
+    for span, samples in streamed:
+        np.testing.assert_array_equal(samples, signal[span.start_sample:span.end_sample])
+
+
+def test_a_last_chunk_no_later_speech_can_reach_is_yielded_before_the_input_ends() -> None:
+    """10 s of speech, then silence: the chunk was held (and every block after it kept and concatenated again)
+    until the file ended: a recorder left running for two hours after a meeting held 900 MB."""
+    read = []
+
+    def blocks():
+        for i in range(20):
+            read.append(i)
+            yield np.full(10 * SR, 0.5, np.float32) if i == 0 else np.zeros(60 * SR, np.float32)
+
+    def probabilities(samples):
+        return (np.abs(samples.reshape(-1, FRAME_SAMPLES)).max(axis=1) > 0.1).astype(np.float32) * 0.9
+
+    chunks = iter_vad_chunks(blocks(), OPTS, probabilities)
+    span, samples = next(chunks)
+    assert span.start_sample == 0 and 10 * SR < span.end_sample <= 10 * SR + OPTS.pad_samples + FRAME_SAMPLES
+    assert len(read) == 2  # yielded once the first minute of silence was read
+    assert list(chunks) == [] and len(read) == 20
+
+
 def test_no_speech_no_chunks():
     out = list(iter_vad_chunks([np.zeros(SR * 5, np.float32)], OPTS, lambda x: np.zeros(len(x) // FRAME_SAMPLES)))
     assert out == []

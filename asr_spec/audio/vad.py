@@ -283,25 +283,45 @@ def iter_vad_chunks(blocks: Iterable[np.ndarray], options: VadOptions,
 
 
 def _settled(plan: list[tuple[int, int]], probs: np.ndarray, options: VadOptions) -> int:
-    """How many leading chunks of `plan` (of the frames `probs`, all the audio so far) later audio cannot change:
-    every one but the last, unless it changes when the last region's padding after it shrinks. A later region
-    leaves it half the pause before that region (`pad_regions`), and one that starts at the first frame that may
-    start it (at the lower bar, with extend_onset) leaves the least: where a region padded less fits the chunk
-    before, the chunk before ends later (taken as final, it lost that region's speech)."""
-    if len(plan) < 2:
-        return 0
+    """How many leading chunks of `plan` (of the frames `probs`, all the audio so far) later audio cannot change.
+
+    A chunk is final when (1) no region that later audio may still change or add can join it: each starts more
+    than a window after the chunk's start (a long region still growing is split anew as it grows; its first piece
+    joined a chunk yielded before: 15 s of speech in no chunk); and (2) it is the same in the plan of the least
+    later audio can leave: the last region's padding after it shrunk to half the pause before the earliest next
+    region (`pad_regions`; where a region padded less fits the chunk before, that chunk ends later), and, once the
+    last region is closed, that next region there (the last chunk is cut at its longest pause when a region does
+    not fit, which may be one inside it). So the last chunk is final too once the speech after it cannot reach it:
+    a file's speech followed by an hour of silence is yielded then, not held to the end of the file."""
     n_samples = len(probs) * FRAME_SAMPLES
-    regions = _region_samples(probs, n_samples, options)
-    end_frame = -(-int(regions[-1, 1]) // FRAME_SAMPLES)
+    regions = speech_regions(probs, options)
+    if not plan or not len(regions):
+        return 0
+    end_frame = int(regions[-1, 1])
     bar = options.threshold - NEG_THRESHOLD_GAP if options.extend_onset else options.threshold
     may_start = np.flatnonzero(probs[end_frame:] >= bar)
-    next_start = (end_frame + (int(may_start[0]) if len(may_start) else len(probs) - end_frame)) * FRAME_SAMPLES
-    pause = max(next_start - int(regions[-1, 1]), 0)
-    least = plan_vad_chunks(probs, n_samples, options, last_room=pause - pause // 2)  # `pad_regions`' room after
+    next_frame = end_frame + (int(may_start[0]) if len(may_start) else len(probs) - end_frame)
+    still_open = next_frame - end_frame < options.frames(options.min_silence_s)  # later speech bridges to it
+    open_from = (int(regions[-1, 0]) if still_open else next_frame) * FRAME_SAMPLES - options.pad_samples
+    least = _least_plan(probs, options, None if still_open else open_from)
     n = 0
-    while n < len(plan) - 1 and n < len(least) and least[n] == plan[n]:
+    while (n < len(plan) and n < len(least) and least[n] == plan[n]
+           and plan[n][0] + options.max_chunk_samples < open_from):
         n += 1
     return n
+
+
+def _least_plan(probs: np.ndarray, options: VadOptions, next_start: int | None) -> list[tuple[int, int]]:
+    """The plan of `probs` where the next region starts at sample `next_start` (padded; None: not yet known),
+    the last region padded after by at most half the pause before it (see `_settled`)."""
+    n_samples = len(probs) * FRAME_SAMPLES
+    samples = _region_samples(probs, n_samples, options)
+    end = int(samples[-1, 1]) if len(samples) else 0
+    pause = max((n_samples if next_start is None else next_start + options.pad_samples) - end, 0)
+    padded = pad_regions(samples, options.pad_samples, n_samples, last_room=pause - pause // 2)
+    if next_start is not None:
+        padded = np.concatenate([padded, [[next_start, next_start + FRAME_SAMPLES]]])
+    return pack_regions(padded, options.max_chunk_samples, options.min_cut_samples)
 
 
 def _trailing_run_start(probs: np.ndarray, options: VadOptions) -> int:
