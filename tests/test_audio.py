@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import struct
 import subprocess
 import tracemalloc
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_formats_load_as_float32_mono(tmp_path: Path, tone_16k: np.ndarray, suff
     assert audio_duration_s(path) == pytest.approx(3.0, abs=0.08)
 
 
-@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg for the audioread fallback")
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg for the fallback")
 def test_formats_libsndfile_cannot_open_fall_back_to_ffmpeg(tmp_path: Path, tone_16k: np.ndarray) -> None:
     wav, m4a = tmp_path / "tone.wav", tmp_path / "tone.m4a"
     sf.write(wav, tone_16k, SR)
@@ -260,3 +261,99 @@ def test_a_playlist_is_not_followed_to_the_files_it_names(tmp_path: Path, tone_1
             load_audio(path)
         with pytest.raises(AudioError, match="text, not audio"):
             audio_duration_s(path)
+
+
+needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("extra", ["#\x01\n", "#\xff\xfe\n"])
+def test_a_playlist_with_a_byte_that_is_not_text_is_refused_by_ffmpeg_itself(tmp_path: Path, tone_16k: np.ndarray,
+                                                                                extra: str) -> None:
+    """One control or non-UTF-8 byte made the playlist "not text", and ffmpeg followed it to a file of the server's
+    disk; ffmpeg now reads only audio containers (`ffmpeg.DEMUXERS`), whatever the bytes."""
+    target = tmp_path / "secret.flac"
+    sf.write(target, tone_16k, SR)
+    playlist = tmp_path / "upload.wav"
+    playlist.write_bytes(f"#EXTM3U\n#EXT-X-TARGETDURATION:10\n{extra}#EXTINF:1.0,\n{target}\n#EXT-X-ENDLIST\n"
+                         .encode("latin-1"))
+    for read in (load_audio, audio_duration_s, lambda path: load_audio({"bytes": path.read_bytes()})):
+        with pytest.raises(AudioError, match="format asr-spec does not read"):
+            read(playlist)
+
+
+def _ffmpeg(*args: str) -> None:
+    subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-y", *args], check=True)
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("layout", ["2.1", "quad", "5.1", "7.1"])
+def test_every_channel_of_a_file_ffmpeg_decodes_is_averaged(tmp_path: Path, layout: str) -> None:
+    """3-, 5.1- and 7.1-channel m4a / ac3 / mka files failed ("cannot reshape array of size 4096 into shape (6)":
+    ffmpeg's buffers are not whole frames) and a "quad" file was read as mono: 12 s of interleaved samples for 3 s.
+    A lossless FLAC in Matroska, which libsndfile cannot open, decodes to the WAV's own average of the channels."""
+    n_channels = {"2.1": 3, "quad": 4, "5.1": 6, "7.1": 8}[layout]
+    rng = np.random.default_rng(0)
+    pcm = (rng.uniform(-0.2, 0.2, (3 * 48_000, n_channels)) * 32768).astype(np.int16)
+    wav, mka = tmp_path / "in.wav", tmp_path / "in.mka"
+    sf.write(wav, pcm, 48_000, subtype="PCM_16")
+    _ffmpeg("-i", str(wav), "-af", f"channelmap=channel_layout={layout}", "-c:a", "flac", str(mka))
+    audio = load_audio(mka)
+    assert len(audio) == len(load_audio(wav)) == 3 * SR
+    np.testing.assert_allclose(audio, load_audio(wav), atol=1e-6)
+    assert audio_duration_s(mka) == pytest.approx(3.0, abs=0.01)
+
+
+@needs_ffmpeg
+def test_an_encoded_file_in_memory_reads_as_its_path_does(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    """{"bytes"} of an m4a never reached ffmpeg ("Error opening <_io.BytesIO object at 0x7f33...>")."""
+    wav, m4a = tmp_path / "tone.wav", tmp_path / "tone.m4a"
+    sf.write(wav, tone_16k, SR)
+    _ffmpeg("-i", str(wav), "-c:a", "aac", str(m4a))
+    np.testing.assert_array_equal(load_audio({"bytes": m4a.read_bytes(), "path": "up.m4a"}), load_audio(m4a))
+    with pytest.raises(AudioError, match=r"^up\.m4a: not a readable audio file \((?!.*BytesIO)"):
+        load_audio({"bytes": b"\x00\x01" * 500, "path": "up.m4a"})
+
+
+@needs_ffmpeg
+def test_ffmpeg_decodes_as_blocks_are_read_and_stops_when_they_are_let_go(tmp_path: Path) -> None:
+    """audioread's reader thread queued the whole decoded file whatever the pace of reading (208 MB for a 20-minute
+    webm after one block); ffmpeg now writes into a pipe that waits for the reader."""
+    from asr_spec.audio.ffmpeg import ffmpeg_blocks
+
+    webm = tmp_path / "long.webm"
+    _ffmpeg("-f", "lavfi", "-i", "sine=frequency=300:sample_rate=48000:duration=600", "-ac", "2", "-c:a", "libopus",
+            str(webm))
+    rate, blocks = ffmpeg_blocks(str(webm), 10.0, "test")
+    first = next(blocks)
+    assert rate == 48_000 and first.shape == (480_000, 2) and first.dtype == np.float32
+    blocks.close()  # the consumer goes: ffmpeg is stopped, not left decoding into a queue
+    rate, blocks = ffmpeg_blocks(str(webm), 60.0, "test")
+    assert sum(block.shape[0] for block in blocks) == pytest.approx(600 * 48_000, abs=48_000)
+
+
+def test_wav_format_reads_the_header_ffmpeg_writes() -> None:
+    from asr_spec.audio.ffmpeg import wav_format
+
+    def header(tag: int, channels: int, bits: int, extra: bytes = b"") -> io.BytesIO:
+        fmt = struct.pack("<HHIIHH", tag, channels, 48_000, 48_000 * channels * bits // 8, channels * bits // 8,
+                          bits) + extra
+        body = b"WAVE" + b"LIST" + struct.pack("<I", 3) + b"abc\x00" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+        return io.BytesIO(b"RIFF\xff\xff\xff\xff" + body + b"data\xff\xff\xff\xff" + b"\x00" * 8)
+
+    extensible = struct.pack("<HHI", 22, 32, 0x3F) + b"\x03\x00\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x008\x9bq"
+    assert wav_format(header(0xFFFE, 6, 32, extensible)) == (48_000, 6)
+    stream = header(3, 1, 32)
+    assert wav_format(stream) == (48_000, 1) and stream.read() == b"\x00" * 8  # up to the data's first byte
+    assert wav_format(io.BytesIO(b"")) is None  # ffmpeg wrote nothing
+    with pytest.raises(ValueError, match="not float32 audio"):
+        wav_format(header(1, 2, 16))
+    with pytest.raises(ValueError, match="not a WAV stream"):
+        wav_format(io.BytesIO(b"OggS" + b"\x00" * 20))
+
+
+def test_a_named_pipe_is_not_called_an_empty_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "audio.wav"
+    os.mkfifo(fifo)
+    with pytest.raises(AudioError, match="not a regular file"):
+        load_audio(fifo)

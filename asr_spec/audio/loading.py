@@ -5,7 +5,8 @@ Integer PCM is scaled to ``[-1, 1)``; float input whose peak exceeds ``MAX_FLOAT
 stored as floats) is refused with an `AudioError` saying what it looks like, never silently rescaled.
 
 Files are decoded with soundfile (libsndfile: wav, flac, ogg, mp3, ...) and, only when libsndfile cannot open a
-file at all, with audioread (ffmpeg: m4a, aac, ...). A file that opens but fails to decode part-way is an error,
+file at all, with ffmpeg (m4a, aac, webm, video containers, ...: `asr_spec.audio.ffmpeg`, which decides which
+containers ffmpeg may read). A file that opens but fails to decode part-way is an error,
 not a fallback. Resampling uses soxr at "HQ" quality; the streaming path uses soxr's ``ResampleStream``, which gives
 the same samples as the one-shot resampler, so ``load_audio(path)`` is literally the concatenation of
 ``stream_audio(path)``.
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import stat
+import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
@@ -23,6 +27,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from asr_spec.audio.ffmpeg import ffmpeg_blocks, ffmpeg_duration_s
 from asr_spec.checks import positive_int, positive_seconds
 from asr_spec.errors import AudioError, InputError
 
@@ -43,7 +48,6 @@ SAMPLE_RATE = 16_000  # Hz: the rate every Whisper feature extractor expects
 DEFAULT_BLOCK_S = 60.0  # seconds of audio per streamed block: 960k samples = 3.8 MB of float32 at 16 kHz
 RESAMPLE_QUALITY = "HQ"  # soxr "high quality": 20-bit precision, flat pass band up to ~0.91 x Nyquist
 MAX_CHANNELS = 8  # a 2-D array axis no longer than this (and shorter than the other) is read as channels
-_AUDIOREAD_BLOCK_FRAMES = 1 << 16  # frames gathered from ffmpeg's small buffers before one block is emitted
 # Float samples must lie in [-1, 1]. A peak past this (12 dB over full scale: more than clipping or a resampler's
 # overshoot) means the audio is on another scale, typically int16 values stored as floats. Such input is REFUSED
 # with a line saying so, never rescaled silently: Whisper's log-mel depends on the absolute level, and a guessed
@@ -189,15 +193,14 @@ def audio_duration_s(path: str | os.PathLike[str]) -> float:
     duration_s = header_duration_s(name)
     if duration_s is not None:
         return duration_s
-    with _audioread_decoder(name, AudioError("length missing from the header")) as decoder:
-        n_bytes = sum(len(buffer) for buffer in decoder)  # no duration in the container: decode and count
-        return n_bytes / (2 * decoder.channels) / float(decoder.samplerate)
+    rate, blocks = ffmpeg_blocks(name, DEFAULT_BLOCK_S, "length missing from the header")
+    return sum(block.shape[0] for block in blocks) / float(rate)  # no duration in the container: decode and count
 
 
 def header_duration_s(path: str | os.PathLike[str]) -> float | None:
     """Duration of the audio file ``path`` in seconds as its container states it, without decoding: libsndfile's
-    frame count (exact; estimated from the bitrate for MP3), else ffmpeg's (audioread) reading of the container;
-    None when neither says (a FLAC written to a pipe, raw ADTS). ``AudioError`` when nothing can open it."""
+    frame count (exact; estimated from the bitrate for MP3), else ffprobe's reading of the container; None when
+    neither says (a FLAC written to a pipe, raw ADTS). ``AudioError`` when nothing can open it."""
     name = os.fspath(path)
     _check_path(name)
     try:
@@ -208,8 +211,8 @@ def header_duration_s(path: str | os.PathLike[str]) -> float | None:
             sf_err: Exception = AudioError("length missing from the header")
     except (sf.LibsndfileError, RuntimeError) as err:
         sf_err = err
-    with _audioread_decoder(name, sf_err) as decoder:
-        return float(decoder.duration) if decoder.duration else None
+    _refuse_text(name, sf_err)
+    return ffmpeg_duration_s(name, str(sf_err))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,7 +247,7 @@ def _load_mapping(source: Mapping[str, Any], out_rate: int) -> np.ndarray:
             raise AudioError(f"{name}: 'bytes' must be bytes, got {type(data).__name__}")
         if len(data) == 0:
             raise AudioError(f"{name}: empty 'bytes' (0 bytes)")
-        return _load_encoded(io.BytesIO(bytes(data)), name, out_rate)
+        return _load_bytes(bytes(data), name, out_rate)
     if source.get("path"):
         return _load_encoded(os.fspath(source["path"]), name, out_rate)
     raise AudioError(
@@ -252,21 +255,51 @@ def _load_mapping(source: Mapping[str, Any], out_rate: int) -> np.ndarray:
     )
 
 
+def _load_bytes(data: bytes, name: str, out_rate: int) -> np.ndarray:
+    """An encoded file's bytes: through libsndfile from memory, else through ffmpeg from a temporary file (the
+    same formats as a path)."""
+    try:
+        return _load_encoded(io.BytesIO(data), name, out_rate)
+    except _NotLibsndfile as err:
+        sf_err = err.__cause__
+    cause = re.sub(r"^Error opening <.*?>: ", "", str(sf_err))  # not "<_io.BytesIO object at 0x7f33...>"
+    with tempfile.NamedTemporaryFile(prefix="asr-spec-", suffix=".audio") as spooled:
+        spooled.write(data)
+        spooled.flush()
+        _refuse_text(spooled.name, cause, name)
+        rate, raw = ffmpeg_blocks(spooled.name, DEFAULT_BLOCK_S, cause, name)
+    return _concatenated(_resampled_blocks(raw, name, rate, out_rate, None, False))
+
+
+class _NotLibsndfile(AudioError):
+    """libsndfile cannot open an in-memory file (its error is the cause)."""
+
+
 def _load_encoded(file: str | io.BytesIO, name: str, out_rate: int) -> np.ndarray:
     if isinstance(file, str):
         _check_path(file)
-    blocks = list(_stream_encoded(file, name, DEFAULT_BLOCK_S, out_rate))
+    return _concatenated(_stream_encoded(file, name, DEFAULT_BLOCK_S, out_rate))
+
+
+def _concatenated(blocks_of: Iterator[np.ndarray]) -> np.ndarray:
+    blocks = list(blocks_of)
     if not blocks:  # one sample at 48 kHz resamples to none: nothing to hear, as the same file streamed gives
         return np.zeros(0, np.float32)  # ("need at least one array to concatenate" before)
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 
 
 def _check_path(path: str) -> None:
-    if not os.path.exists(path):
-        raise AudioError(f"{path}: no such file")
-    if os.path.isdir(path):
+    try:
+        mode = os.stat(_os_name(path)).st_mode
+    except FileNotFoundError:
+        raise AudioError(f"{path}: no such file") from None
+    except OSError as err:
+        raise AudioError(f"{path}: cannot be read ({err.strerror})") from None
+    if stat.S_ISDIR(mode):
         raise AudioError(f"{path}: is a directory, not an audio file")
-    if os.path.getsize(path) == 0:
+    if not stat.S_ISREG(mode):  # a named pipe (`<(...)`) or a device: its size says nothing, nor can it be read twice
+        raise AudioError(f"{path}: not a regular file (a pipe or a device): save the audio to a file first")
+    if os.path.getsize(_os_name(path)) == 0:
         raise AudioError(f"{path}: empty file (0 bytes)")
 
 
@@ -336,14 +369,14 @@ def _open_raw_blocks(
         handle = sf.SoundFile(_os_name(file) if isinstance(file, str) else file)
     except (sf.LibsndfileError, RuntimeError) as sf_err:
         if not isinstance(file, str):
-            raise AudioError(f"{name}: not a readable audio file ({sf_err})") from sf_err
-        return _open_audioread(file, block_s, sf_err)
+            raise _NotLibsndfile(f"{name}: not a readable audio file ({sf_err})") from sf_err
+        return _open_ffmpeg(file, block_s, sf_err)
     n_frames = _header_frames(handle)
     if n_frames is None and isinstance(file, str):
         # libsndfile fails to seek at the end of a FLAC whose header omits the length (written to a pipe): let
         # ffmpeg decode it instead.
         handle.close()
-        return _open_audioread(file, block_s, AudioError("length missing from the header"))
+        return _open_ffmpeg(file, block_s, AudioError("length missing from the header"))
     block_frames = max(1, int(round(block_s * handle.samplerate)))
     exact = handle.format != "MP3"
     return handle.samplerate, n_frames, exact, _soundfile_blocks(handle, name, block_frames)
@@ -366,36 +399,21 @@ def _soundfile_blocks(handle: sf.SoundFile, name: str, block_frames: int) -> Ite
             yield raw
 
 
-def _open_audioread(path: str, block_s: float, sf_err: Exception) -> tuple[int, int | None, bool, Iterator[np.ndarray]]:
-    decoder = _audioread_decoder(path, sf_err)
-    block_frames = max(1, int(round(block_s * decoder.samplerate)))
-    return decoder.samplerate, None, False, _audioread_blocks(decoder, path, block_frames)
+def _open_ffmpeg(path: str, block_s: float, sf_err: Exception) -> tuple[int, int | None, bool, Iterator[np.ndarray]]:
+    _refuse_text(path, sf_err)
+    rate, blocks = ffmpeg_blocks(path, block_s, str(sf_err))
+    return rate, None, False, blocks
 
 
-def _audioread_decoder(path: str, sf_err: Exception) -> Any:
-    """Open ``path`` with audioread (ffmpeg), after libsndfile failed with ``sf_err``. A text file is refused
-    first: ffmpeg reads a playlist (HLS), a concat script or an SDP file by its content and opens what it names, so
-    an uploaded playlist had the server transcribe a file of its own disk (and say which paths exist)."""
+def _refuse_text(path: str, sf_err: object, name: str | None = None) -> None:
+    """A text file is not audio: said so before ffmpeg is asked (which refuses playlists and scripts anyway:
+    `asr_spec.audio.ffmpeg.DEMUXERS`)."""
     if _is_text(path):
-        raise AudioError(f"{path}: not a readable audio file ({sf_err}; text, not audio)")
-    with warnings.catch_warnings():  # audioread's raw backend imports aifc/audioop/sunau, deprecated in 3.11
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import audioread
-
-        try:
-            decoder = audioread.audio_open(path)
-        except Exception as ar_err:  # audioread raises many unrelated types; all mean "cannot read"
-            raise AudioError(f"{path}: not a readable audio file ({sf_err}; audioread: {ar_err!r})") from ar_err
-    if not decoder.samplerate or not decoder.channels:  # ffmpeg found no audio stream in what it opened
-        decoder.close()
-        raise AudioError(f"{path}: not a readable audio file ({sf_err}; audioread: no audio stream: "
-                         f"{decoder.samplerate} Hz, {decoder.channels} channels)")
-    return decoder
+        raise AudioError(f"{path if name is None else name}: not a readable audio file ({sf_err}; text, not audio)")
 
 
 def _is_text(path: str, n_bytes: int = 4096) -> bool:
-    """Whether the file's first `n_bytes` are text (UTF-8 with no control character but whitespace): no audio
-    container is, every playlist and script ffmpeg follows is."""
+    """Whether the file's first `n_bytes` are text (UTF-8 with no control character but whitespace)."""
     try:
         with open(_os_name(path), "rb") as handle:
             head = handle.read(n_bytes)
@@ -408,25 +426,3 @@ def _is_text(path: str, n_bytes: int = 4096) -> bool:
             return False
         text = head[:err.start].decode("utf-8")
     return bool(text.strip()) and all(ch.isprintable() or ch in "\t\r\n\f\v\ufeff" for ch in text)
-
-
-def _audioread_blocks(decoder: Any, path: str, block_frames: int) -> Iterator[np.ndarray]:
-    """Regroup audioread's small interleaved int16 buffers into float32 ``(frames, channels)`` blocks."""
-    n_channels = decoder.channels
-    pending: list[np.ndarray] = []
-    n_pending = 0
-    with decoder:
-        try:
-            for buffer in decoder:
-                pcm = np.frombuffer(buffer, dtype="<i2").reshape(-1, n_channels)
-                pending.append(pcm)
-                n_pending += pcm.shape[0]
-                if n_pending >= max(block_frames, _AUDIOREAD_BLOCK_FRAMES):
-                    yield to_float32(np.concatenate(pending), path)
-                    pending, n_pending = [], 0
-        except Exception as err:  # decoder subprocess failures surface as assorted types
-            if isinstance(err, AudioError):
-                raise
-            raise AudioError(f"{path}: corrupt or truncated audio ({err!r})") from err
-    if pending:
-        yield to_float32(np.concatenate(pending), path)

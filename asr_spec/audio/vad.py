@@ -293,7 +293,6 @@ def _settled(plan: list[tuple[int, int]], probs: np.ndarray, options: VadOptions
     last region is closed, that next region there (the last chunk is cut at its longest pause when a region does
     not fit, which may be one inside it). So the last chunk is final too once the speech after it cannot reach it:
     a file's speech followed by an hour of silence is yielded then, not held to the end of the file."""
-    n_samples = len(probs) * FRAME_SAMPLES
     regions = speech_regions(probs, options)
     if not plan or not len(regions):
         return 0
