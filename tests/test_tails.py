@@ -423,6 +423,19 @@ def _eager_models():
     return target, tiny_draft(target), tiny_processor()
 
 
+def test_a_window_that_falls_back_still_gets_its_tail() -> None:
+    """The last window decoding fell back to the next temperature; between its passes no request was in the
+    engine, so the tail source ended, and the tail its last pass asked for was never decoded: transcribe() raised
+    AttributeError ('NoneType' object has no attribute 'tokens') and every input not yet yielded was lost."""
+    target, _, processor = _eager_models()
+    options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="vad", timestamps=True,
+                                            tail_margin_s=0.1, temperature="0,0.2,0.4,0.6,0.8,1.0")
+    clip = next(str(p) for p in SHORT if p.name == "festival-slt-hts.flac")
+    result = Transcriber(target, None, processor, options).transcribe(clip, progress=False)[0]
+    assert result.error is None and result.fallback_windows and result.redecoded_tails >= 1
+    assert sum(c.tail for c in result.chunks) == result.redecoded_tails
+
+
 def test_repaired_tails_are_speculative_and_equal_to_greedy() -> None:
     target, draft, processor = _eager_models()
     options = TranscribeOptions.from_values(language="en", batch_size=4, chunking="vad", timestamps=True,

@@ -81,8 +81,10 @@ class EngineSession:
         return None if self.tails is None else self.tails.samples
 
     def busy(self) -> bool:
-        """A request of the run under way is in the engine."""
-        return bool(self.engine.in_flight)
+        """A request of the run under way is unfinished: in the engine, or a window between two fallback passes
+        (not in the engine then; its last pass may still want a tail: the tail source ended before it and the
+        input failed, "'NoneType' object has no attribute 'tokens'")."""
+        return bool(self.engine.in_flight) or bool(self.in_flight)
 
     def source(self, requests: Iterable[ChunkRequest | None],
                prompt_of: Callable[[Hashable], InputPrompt | None] | None = None,
