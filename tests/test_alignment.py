@@ -18,6 +18,7 @@ from asr_spec.transcribe.alignment import (
     snap_to_speech,
     spoken_until_s,
     token_jump_times,
+    unicode_pieces,
 )
 
 
@@ -139,7 +140,7 @@ def test_no_word_claims_frames_after_the_last_timestamp():
     model = random_whisper("test", vocab_size=80)
     ts = model.generation_config.no_timestamps_token_id + 1
     eot, sot = model.generation_config.eos_token_id, model.generation_config.decoder_start_token_id
-    aligner = Aligner(model, eot, ts - 1, lambda token: f" w{token}")
+    aligner = Aligner(model, eot, ts - 1, lambda ids: [f" w{token}" for token in ids])
     n_mels, n_frames = model.config.num_mel_bins, 2 * model.config.max_source_positions
     torch.manual_seed(3)
     with torch.no_grad():
@@ -153,3 +154,27 @@ def test_no_word_claims_frames_after_the_last_timestamp():
     assert max(w.end for s in free for w in s) > 10.0 + closed_s  # else this test shows nothing
     assert all(w.start <= w.end <= 10.0 + closed_s for s in held for w in s)
     assert [w.word for s in held for w in s] == [w.word for s in free for w in s]
+
+
+@pytest.mark.parametrize("text", [" 我们今天讨论一下鳄鱼的问题。", " 東京で寿司を食べました。", " “quoted” 😀 café"])
+def test_a_character_split_over_tokens_is_decoded_whole(text: str) -> None:
+    """Whisper's byte-level tokens split one character over two or three tokens; each decoded alone is "\\ufffd",
+    so words came out as '今天����' and captions as "��quoted��" (the segment text was right)."""
+    from transformers import WhisperTokenizerFast
+
+    from tests.test_transcribe import tokenizer_json
+
+    tokenizer = WhisperTokenizerFast(tokenizer_file=str(tokenizer_json()))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids)  # the case: a character split over tokens
+    pieces = unicode_pieces(ids, tokenizer.decode)
+    assert len(pieces) == len(ids) and "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
+    words = ["".join(pieces[i] for i in word) for word in group_words(pieces)]
+    assert "".join(words) == text and not any("\ufffd" in w for w in words)
+
+
+def test_unicode_pieces_keeps_a_broken_run_as_it_decodes() -> None:
+    """Bytes that never make a character are taken as they decode, at most MAX_CHARACTER_TOKENS tokens at a time."""
+    text = {1: "a", 2: "\ufffd"}
+    pieces = unicode_pieces([1] + [2] * 10 + [1], lambda ids: "".join(text[t] for t in ids))
+    assert pieces == ["a", "\ufffd" * 8, *[""] * 7, "\ufffd\ufffda", "", ""]

@@ -30,7 +30,7 @@ from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.tails import closed_segments
 
 __all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "median_filter", "token_jump_times",
-           "group_words", "snap_to_speech", "spoken_until_s"]
+           "group_words", "snap_to_speech", "spoken_until_s", "unicode_pieces"]
 
 FRAME_S = 0.02  # seconds per encoder frame: 30 s window / 1500 positions
 MEDIAN_WIDTH = 7  # frames (Whisper's medfilt_width)
@@ -103,6 +103,24 @@ def encoder_frames(n_samples: int) -> int:
     """The encoder frames `n_samples` 16 kHz samples fill, a part frame counted (in integers: 2,240 samples are 7
     frames, where the float ceil of 2240 / 16000 / 0.02 gives 8)."""
     return -(-n_samples // SAMPLES_PER_FRAME)
+
+
+MAX_CHARACTER_TOKENS = 8  # tokens joined at most to decode one split character (UTF-8: at most 4 bytes a character)
+
+
+def unicode_pieces(token_ids: Sequence[int], decode: Callable[[Sequence[int]], str]) -> list[str]:
+    """The text of each token as words are grouped and written: a character whose UTF-8 bytes are split over
+    several tokens (Chinese, Japanese, curly quotes, emoji: "\ufffd" decoded one token at a time) is decoded from
+    its tokens together, its text on the first of them and "" on the others (which then join its word). A run
+    still broken after `MAX_CHARACTER_TOKENS` tokens is taken as it decodes. decode: token ids -> their text."""
+    pieces: list[str] = []
+    start = 0
+    for end in range(1, len(token_ids) + 1):
+        text = decode(token_ids[start:end])
+        if "\ufffd" not in text or end - start >= MAX_CHARACTER_TOKENS or end == len(token_ids):
+            pieces += [text] + [""] * (end - start - 1)
+            start = end
+    return pieces
 
 
 def group_words(pieces: Sequence[str]) -> list[list[int]]:
@@ -195,14 +213,14 @@ class Aligner:
     """Word timings of decoded chunks with one teacher-forced pass of the target per chunk.
 
     target: `WhisperForConditionalGeneration`; eot: its end-of-text id; notimestamps: its <|notimestamps|> id;
-    decode_piece: token id -> its text (the tokenizer's decode of that one token).
+    pieces: a segment's text token ids -> each token's text as words are grouped and written (`unicode_pieces`).
     """
 
-    def __init__(self, target, eot: int, notimestamps: int, decode_piece: Callable[[int], str]):
+    def __init__(self, target, eot: int, notimestamps: int, pieces: Callable[[Sequence[int]], list[str]]):
         self.target = target
         self.eot = eot
         self.notimestamps = notimestamps
-        self.decode_piece = decode_piece
+        self.pieces = pieces
         self.heads = alignment_heads(target)
         layers = target.model.decoder.layers
         self.layers = sorted({layer for layer, _ in self.heads})
@@ -232,7 +250,7 @@ class Aligner:
         jumps = token_jump_times(scores, n_frames, len(head) - 1)
         rows = torch.arange(len(head) - 1, len(head) - 1 + len(text))
         probs = logits[rows].float()[:, : self.eot].softmax(-1)[torch.arange(len(text)), torch.tensor(text)]
-        words = self._words(segments)
+        words, pieces = self._words(segments)
         lo, hi = np.array([w[0] for _, w in words]), np.array([w[-1] + 1 for _, w in words])
         # Whisper's layout: the timestamps follow <|notimestamps|> (`WhisperTokens.timestamp_begin`)
         limit_s = min(n_samples / 16_000, spoken_until_s(generated, self.eot, self.notimestamps + 1))
@@ -242,7 +260,7 @@ class Aligner:
         mean_probs = np.add.reduceat(probs.numpy(), lo) / (hi - lo)
         out: list[list[WordTiming]] = [[] for _ in segments]
         for (segment, tokens), start, end, prob in zip(words, starts.tolist(), ends.tolist(), mean_probs.tolist()):
-            word = "".join(self.decode_piece(text[i]) for i in tokens)
+            word = "".join(pieces[i] for i in tokens)
             out[segment].append(WordTiming(word, round(offset_s + start, 3), round(offset_s + end, 3),
                                            round(prob, 4)))
         return out
@@ -272,11 +290,13 @@ class Aligner:
             picked.append((q * attn.scaling) @ k.T)
         return torch.stack(picked), self.target.proj_out(hidden)[0]
 
-    def _words(self, segments: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
-        """(segment index, indices into the chunk's text tokens) of every word, in order."""
-        out, first = [], 0
+    def _words(self, segments: Sequence[Sequence[int]]) -> tuple[list[tuple[int, list[int]]], list[str]]:
+        """(segment index, indices into the chunk's text tokens) of every word, in order; each token's text."""
+        out, first, texts = [], 0, []
         for index, segment in enumerate(segments):
-            for word in group_words([self.decode_piece(int(t)) for t in segment]):
+            pieces = self.pieces([int(t) for t in segment])
+            for word in group_words(pieces):
                 out.append((index, [first + i for i in word]))
             first += len(segment)
-        return out
+            texts += pieces
+        return out, texts

@@ -19,7 +19,7 @@ from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.engine import ChunkResult, ChunkStats
 from asr_spec.stream.agreement import starts_word
-from asr_spec.transcribe.alignment import group_words
+from asr_spec.transcribe.alignment import group_words, unicode_pieces
 from asr_spec.transcribe.nospeech import NO_SPEECH
 from asr_spec.transcribe.options import TranscribeOptions
 from asr_spec.transcribe.results import ChunkReport, Transcription
@@ -110,7 +110,7 @@ class Assembler:
 
     def _group_words(self, token_ids: Sequence[int]) -> list[list[int]]:
         """Each word's token indices, as the aligner grouped a segment's text (`alignment.group_words`)."""
-        return group_words([self.piece(t) for t in token_ids])
+        return group_words(self.pieces(token_ids))
 
     def _starts_word(self, token_id: int) -> bool:
         return starts_word(self.piece(token_id))
@@ -127,6 +127,11 @@ class Assembler:
         """The text of `token_ids` (control and timestamp tokens left out)."""
         text_ids = [t for t in token_ids if t < self.tokens.eot]
         return self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
+
+    def pieces(self, token_ids: Sequence[int]) -> list[str]:
+        """Each text token's text as words are grouped and written (`alignment.unicode_pieces`: a character split
+        over tokens decoded whole)."""
+        return unicode_pieces(token_ids, lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
     def piece(self, token_id: int) -> str:
         """The text of one token, as decoded alone (special tokens kept): how the aligner groups words."""

@@ -79,11 +79,6 @@ class InFlight:
             self._finished.clear()
             return lost
 
-    def __bool__(self) -> bool:
-        """Whether any request is in flight."""
-        with self._lock:
-            return bool(self._owners)
-
     def of(self, owner: Hashable) -> int:
         """The requests of `owner` in flight."""
         with self._lock:

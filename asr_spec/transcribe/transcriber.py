@@ -103,7 +103,7 @@ class Transcriber:
         self._stream_engine: Engine | None = None  # live streams' engine (`streams`), made when first asked for
         self.aligner = None  # word timestamps: the teacher-forced pass over each finished chunk
         if self.options.word_timestamps:
-            self.aligner = Aligner(self.target, self.tokens.eot, self.tokens.no_timestamps, self.assembler.piece)
+            self.aligner = Aligner(self.target, self.tokens.eot, self.tokens.no_timestamps, self.assembler.pieces)
 
     # -- construction ---------------------------------------------------------------------------------------------
     @classmethod
