@@ -115,7 +115,7 @@ def file_inputs(paths: Iterable[str | os.PathLike]) -> list[InputRow]:
             rows += [{"id": m, "path": m} for m in matches if os.path.isfile(m)]
         else:
             rows.append({"id": name, "path": name})
-    return _unique(rows)
+    return _unique(rows, "inputs")
 
 
 def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
@@ -130,8 +130,7 @@ def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
             raw = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
         elif suffix in (".csv", ".tsv"):
             with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: a spreadsheet's BOM
-                reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-                raw = [(n, row) for n, row in enumerate(reader, 2)]
+                raw = _table_rows(handle, path, suffix)
         else:
             raise InputError(f"{path}: a manifest must be .csv, .tsv or .jsonl")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error) as err:
@@ -149,7 +148,24 @@ def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
         if meta:
             row["meta"] = meta
         rows.append(row)
-    return _unique(rows)
+    return _unique(rows, path)
+
+
+def _table_rows(handle: Any, path: Path, suffix: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line, row) of a CSV or TSV manifest. A TSV's quotes are text (a transcript opening with '"Tis' swallowed
+    every line after it into its field: those files were never transcribed); a row with more or fewer fields than
+    the header is an error naming its line."""
+    tsv = suffix == ".tsv"
+    reader = csv.reader(handle, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+    header = next(reader, None) or []
+    rows = []
+    for fields in reader:
+        if not any(field.strip() for field in fields):
+            continue
+        if len(fields) != len(header):
+            raise InputError(f"{path}:{reader.line_num}: {len(fields)} fields where the header has {len(header)}")
+        rows.append((reader.line_num, dict(zip(header, fields))))
+    return rows
 
 
 def librispeech_inputs(root: str | os.PathLike, split: str = "test-clean") -> list[InputRow]:
@@ -169,14 +185,18 @@ def _as_rows(inputs: Sequence[InputRow] | Sequence[str | os.PathLike]) -> list[I
             rows.append(dict(item))
         else:
             raise InputError(f"an input must be a path or a row with string 'id' and 'path', got {item!r:.80}")
-    return _unique(rows)
+    return _unique(rows, "inputs")
 
 
-def _unique(rows: list[InputRow]) -> list[InputRow]:
-    """Each id once (the first row), so that the output has one record per id."""
+def _unique(rows: list[InputRow], where: object) -> list[InputRow]:
+    """Each id once, so that the output has one record per id: a row repeated (the same id and file) is taken once;
+    one id given to two files is an error (the second file was dropped without a word: an id column of speakers)."""
     seen: dict[str, InputRow] = {}
     for row in rows:
-        seen.setdefault(row["id"], row)
+        first = seen.setdefault(row["id"], row)
+        if first["path"] != row["path"]:
+            raise InputError(f"{where}: id {row['id']!r} is given to two files ({first['path']}, {row['path']}); "
+                             "ids must be unique")
     return list(seen.values())
 
 
@@ -363,6 +383,7 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
     elif overrides:
         raise InputError(f"give either loader or Transcriber options, not both ({', '.join(sorted(overrides))})")
     log = ResultsLog(output)
+    log.check_writable()  # before Ray starts and the models load (found at the first record: all decoded for nothing)
     done = log.done_ids()
     pending = [row for row in rows if row["id"] not in done]
     n_skipped, n_written, n_failed, start = len(rows) - len(pending), 0, 0, time.perf_counter()
@@ -401,13 +422,14 @@ def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | 
     A record's wall_s is the utterance's share of its actor's batch time (first batch: model warm-up included), so
     RTFx is the throughput of one worker, not of the cluster. The summary's `hardware` is what this call's workers
     decoded on (one dict, or a list where they differed; left out where every id was already recorded)."""
-    from asr_spec.eval.evaluate import load_transcriber, open_utterances, write_eval_summary
+    from asr_spec.eval.evaluate import load_transcriber, open_log, open_utterances, write_eval_summary
     from asr_spec.eval.librispeech import take
     from asr_spec.eval.runner import record_of
 
     if not options.ray:
         raise InputError("evaluate_on_ray: options.ray is off (run asr_spec.eval.evaluate instead)")
     utts = {u.id: u for u in take(open_utterances(options), options.limit)}
+    open_log(options)
     rows = [{"id": u.id, "path": os.fspath(u.audio)} for u in utts.values()]
     ray_options = RayOptions(address=options.ray_address, workers=options.workers, progress=False,
                              files_per_batch=options.group_size or RayOptions.files_per_batch)

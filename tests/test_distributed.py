@@ -223,6 +223,31 @@ def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
     assert [r["id"] for r in distributed.librispeech_inputs(LIBRI)][:2] == ["9001-100201-0000", "9001-100201-0001"]
 
 
+def test_a_manifest_loses_no_row_to_a_quote_or_a_repeated_id(tmp_path) -> None:
+    """A TSV text opening with '"Tis' swallowed every line after it into its field, and a second file of an id
+    was dropped: those files were never transcribed, without a word."""
+    tsv = tmp_path / "m.tsv"
+    tsv.write_text('path\ttext\na.flac\thello\nb.flac\t"Tis the season\nc.flac\tworld\n\nd.flac\tlast one\n')
+    assert [(Path(r["path"]).name, r["ref"]) for r in distributed.manifest_inputs(tsv)] == [
+        ("a.flac", "hello"), ("b.flac", '"Tis the season'), ("c.flac", "world"), ("d.flac", "last one")]
+    tsv.write_text("path\ttext\na.flac\thello\tthere\n")
+    with pytest.raises(distributed.InputError, match=r"m.tsv:2: 3 fields where the header has 2"):
+        distributed.manifest_inputs(tsv)
+    speakers = tmp_path / "s.csv"
+    speakers.write_text("id,path\nspk1,a.flac\nspk1,b.flac\nspk2,c.flac\n")
+    with pytest.raises(distributed.InputError, match=r"s.csv: id 'spk1' is given to two files"):
+        distributed.manifest_inputs(speakers)
+    speakers.write_text("id,path\nspk1,a.flac\nspk1,a.flac\n")  # the same row twice: once
+    assert len(distributed.manifest_inputs(speakers)) == 1
+
+
+def test_an_unwritable_output_is_found_before_ray_starts(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(distributed, "_import_ray", lambda: pytest.fail("Ray started for an unwritable output"))
+    (tmp_path / "notadir").write_text("")
+    with pytest.raises(distributed.InputError, match="cannot write the results log"):
+        distributed.transcribe_dataset(SHORT[:1], tmp_path / "notadir" / "out.jsonl", loader=lambda: None)
+
+
 def test_without_ray_the_runner_says_how_to_install_it(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails, as when it is not installed
     with pytest.raises(distributed.InputError, match=r"pip install 'asr-spec\[ray\]'"):

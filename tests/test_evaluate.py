@@ -166,6 +166,13 @@ def test_eval_main_end_to_end_with_a_preset_file(tmp_path: Path, capsys, model_d
     assert eval_main([*argv, "--limit", "4", "--quiet"]) == 0  # resumes: one more utterance
     assert "9001-100201-0000" not in capsys.readouterr().err
     assert json.loads(summary_path(out).read_text())["n_scored"] == 4
+    # another model on the same log found every id done and printed the first model's WER under its own title
+    other = [arg for arg in argv if arg != "--compare-greedy"] + ["--model", str(target_dir), "--limit", "4"]
+    assert eval_main(other) == 2
+    err = capsys.readouterr().err
+    assert "its records were written with model None (this run: " in err and "compare_greedy True" in err
+    other[other.index("--output") + 1] = str(tmp_path / "runs" / "other.jsonl")
+    assert eval_main(other + ["--quiet"]) == 0  # a log of its own
 
 
 def test_evaluate_writes_the_summary_next_to_the_log(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ up (distributed imports eval, never the reverse): `evaluate` refuses `ray` and n
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from asr_spec.errors import InputError
@@ -20,7 +22,7 @@ from asr_spec.eval.options import EvalOptions
 from asr_spec.eval.runner import run_eval, utterances
 from asr_spec.eval.summary import eval_summary, summary_path, write_summary
 
-__all__ = ["evaluate", "load_transcriber", "open_utterances", "write_eval_summary"]
+__all__ = ["evaluate", "load_transcriber", "open_log", "open_utterances", "setup_path", "write_eval_summary"]
 
 # EvalOptions fields that choose or load the models: with a ready `transcriber` they would be ignored, so they are
 # refused instead (batch_size and the run options are applied to it).
@@ -64,6 +66,33 @@ def open_utterances(options: EvalOptions) -> Iterator[Utterance]:
     return itertools.chain([first], items)
 
 
+def open_log(options: EvalOptions) -> ResultsLog:
+    """The run's results log, checked before the models load: writable, and resumed only by a run of the setup
+    that wrote its records (`EvalOptions.setup`, kept next to it as <name>.setup.json): a second run with another
+    --model found every id done and printed the first model's WER under its own title."""
+    log = ResultsLog(options.output_path())
+    log.check_writable()
+    setup, path = options.setup(), setup_path(log.path)
+    if log.done_ids() and path.exists():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise InputError(f"{path}: cannot read the setup of the log's records ({err})") from err
+        changed = [f"{key} {before.get(key)!r} (this run: {value!r})" for key, value in setup.items()
+                   if before.get(key) != value]
+        if changed:
+            raise InputError(f"{log.path}: its records were written with {', '.join(changed)}; give --output for "
+                             "a new log, or delete it to start again")
+    elif not log.done_ids():
+        path.write_text(json.dumps(setup, indent=1) + "\n", encoding="utf-8")
+    return log
+
+
+def setup_path(log_path: Path) -> Path:
+    """Where a results log's setup is kept: <name>.setup.json beside it."""
+    return log_path.with_name(log_path.stem + ".setup.json")
+
+
 def write_eval_summary(options: EvalOptions,
                        hardware: dict[str, Any] | list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The summary of the run's log, also written next to it as <name>.summary.json; with `hardware` (what the
@@ -93,7 +122,7 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
     if transcriber is not None:
         _check_no_model_options(options)
     items = open_utterances(options)
-    ResultsLog(options.output_path()).check_writable()
+    open_log(options)
     if transcriber is None:
         transcriber = load_transcriber(options)
     run_eval(transcriber, items, options.output_path(), limit=options.limit, as_long_form=options.long_form,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,16 @@ class EvalOptions:
         preset = self.preset_name()
         stem = Path(preset).stem if preset.endswith(".toml") else preset
         return Path("runs") / f"{stem}-{self.split_name}{'-long' if self.long_form else ''}.jsonl"
+
+    def setup(self) -> dict[str, Any]:
+        """What makes a log's records what they are: the models, their precision and device, the data and the
+        checks made; a run resumes a log only with the same (`evaluate.open_log`). batch_size, group_size, limit
+        and Ray's workers are left out: they change how fast, not what is written."""
+        data = "hub" if self.data_dir is None else os.path.abspath(self.data_dir)
+        return {"preset": self.preset_name(), "model": self.model, "draft": None if self.no_draft else self.draft,
+                "no_draft": self.no_draft, "device": self.device, "dtype": self.dtype, "language": self.language,
+                "data": data, "split": self.split_name, "long_form": self.long_form,
+                "compare_greedy": self.compare_greedy}
 
     def model_overrides(self) -> dict[str, Any]:
         """The options that choose and load the models (for `Transcriber.from_preset`), those given only."""
