@@ -22,6 +22,15 @@ class AudioError(AsrSpecError, ValueError):
     """An audio source cannot be read or is not usable audio (missing, corrupt, empty, NaN samples...)."""
 
 
+class AudioTooLong(AudioError):
+    """An input read past the most audio its caller takes (`transcribe.inputs.Input.max_samples`): `limit_s`
+    seconds, found after reading `read_s`."""
+
+    def __init__(self, limit_s: float, read_s: float):
+        super().__init__(f"longer than the limit of {limit_s:g} s of audio (refused after reading {read_s:.0f} s)")
+        self.limit_s, self.read_s = limit_s, read_s
+
+
 class InputError(AsrSpecError, ValueError):
     """A caller-supplied argument or option is invalid (negative length, unknown format, bad shape...)."""
 

@@ -290,6 +290,25 @@ def test_a_request_longer_than_the_limit_is_refused_while_read(greedy):
     assert job.status == 413 and "refused after reading" in job.error and job.ended
 
 
+def test_silence_past_the_limit_is_refused_as_it_is_read_not_at_the_next_chunk(greedy, tmp_path):
+    """3 s of speech, then 10 min of silence, in a file whose length is not known before reading: silence makes no
+    chunk, and the limit was checked only as chunks came out, so the whole file was read (in the engine's thread,
+    every other request waiting): "refused after reading 603 s" where the limit was 60 s."""
+    speech, rate = sf.read(SHORT[0], dtype="float32")
+    audio = np.concatenate([speech, np.zeros(600 * rate, np.float32)])
+    encoded = io.BytesIO()
+    sf.write(encoded, audio, rate, format="FLAC")
+    batcher = Batcher(greedy, batch_size=2)
+    job = batcher.prepare(encoded.getvalue(), "quiet.flac", max_audio_s=60)
+    batcher.submit(job)
+    batcher.start()
+    try:
+        wait_for([job])
+    finally:
+        batcher.stop()
+    assert job.status == 413 and "refused after reading 120 s" in job.error and job.input.audio_s <= 120
+
+
 def test_a_cancelled_job_frees_its_reader_and_budget(greedy, expected):
     batcher = Batcher(greedy, batch_size=2)
     done = []

@@ -42,7 +42,7 @@ from typing import Any
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult, EngineError
-from asr_spec.errors import AudioError, InputError, one_line
+from asr_spec.errors import AudioError, AudioTooLong, InputError, one_line
 from asr_spec.serve.jobs import Busy, Job, Refused, check_limits, close_reader
 from asr_spec.serve.metrics import Metrics
 from asr_spec.serve.stream_jobs import GROUP_WAIT_S, StreamQueue, is_stream_id
@@ -143,9 +143,10 @@ class Batcher:
             label = os.fspath(source)
         job = None
         try:
-            item = Input(next(_job_ids), label, source, word_timestamps=words, prompt=self._prompt(prompts, name))
             max_samples = None if max_audio_s is None else int(max_audio_s * SAMPLE_RATE)
-            job = Job(item, iter(()), max_samples=max_samples, reserved_s=reserved_s, temperature=temperature)
+            item = Input(next(_job_ids), label, source, word_timestamps=words, prompt=self._prompt(prompts, name),
+                         max_samples=max_samples)
+            job = Job(item, iter(()), reserved_s=reserved_s, temperature=temperature)
             job.requests = self.transcriber.prepare([item], 1, self.session.keep_samples)
             job.pending = next(job.requests, None)
             self._check_read(job)
@@ -172,17 +173,18 @@ class Batcher:
 
     def _check_read(self, job: Job) -> None:
         """Mark the job failed when its input could not be read (400, or 500 for an error that is not the
-        upload's) or has grown past max_samples (413)."""
+        upload's) or was read past its max_samples (413: `Input.max_samples`, checked as each block is read)."""
         item = job.input
         if item.exception is not None and job.error is None:
+            if isinstance(item.exception, AudioTooLong):
+                job.status = 413
+                job.error = (f"longer than this server's limit of {item.exception.limit_s:g} s of audio "
+                             f"(--max-audio-s; refused after reading {item.exception.read_s:.0f} s)")
+                return
             job.status = 400 if isinstance(item.exception, AudioError) else 500
             job.error = item.error or ""
             if isinstance(item.source, str):  # a spooled upload: its temporary path means nothing to the client
                 job.error = job.error.replace(item.name, "the upload")
-        elif job.max_samples is not None and item.n_samples > job.max_samples and job.error is None:
-            job.status = 413
-            job.error = (f"longer than this server's limit of {job.max_samples / SAMPLE_RATE:g} s of audio "
-                         f"(--max-audio-s; refused after reading {item.audio_s:.0f} s)")
 
     # -- the rotation ---------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:

@@ -60,7 +60,6 @@ class Job:
     input: Input
     requests: Iterator[ChunkRequest]
     pending: ChunkRequest | None = None
-    max_samples: int | None = None  # 16 kHz samples past which the request is refused (413)
     reserved_s: float | None = None  # None: not admitted (a caller of `prepare` that skipped `admit`)
     on_done: Callable[[Job], None] = field(default=lambda job: None)
     error: str | None = None

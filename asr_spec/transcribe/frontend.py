@@ -27,7 +27,7 @@ from asr_spec.audio.vad import VadOptions, iter_vad_chunks
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest
 from asr_spec.engine.memory import MAX_ENCODE_BATCH
-from asr_spec.errors import InputError, one_line
+from asr_spec.errors import AudioTooLong, InputError, one_line
 from asr_spec.transcribe.inputs import INPUT_ERRORS, Input
 from asr_spec.transcribe.options import TranscribeOptions
 
@@ -120,6 +120,8 @@ class FrontEnd:
             blocks = (samples[i:i + step] for i in range(0, max(len(samples), 1), step))
         for block in blocks:
             item.n_samples += len(block)
+            if item.max_samples is not None and item.n_samples > item.max_samples:
+                raise AudioTooLong(item.max_samples / SAMPLE_RATE, item.audio_s)
             yield block
 
     def _featurise(self, chunks: Iterator[_Chunk], batch: int, keep_samples: dict | None) -> Iterator[ChunkRequest]:

@@ -48,6 +48,10 @@ class Input:
     prompt: InputPrompt | None = None  # its prompts as token ids (`Transcriber.prompt_tokens`); None: none
     spans: list[ChunkSpan] = field(default_factory=list)  # its chunks so far, in order
     n_samples: int = 0  # 16 kHz samples read so far
+    # reading stops with `AudioTooLong` once more than this many samples are read (None: no limit): a server's
+    # --max-audio-s for a file whose header does not say its length (checked as each block is read, not as each
+    # chunk comes out: hours of silence make no chunk, and were read to the end in the engine's thread)
+    max_samples: int | None = None
     started: float = 0.0  # time.perf_counter() when its first block was asked for
     read_done: bool = False  # every chunk made (or reading failed)
     error: str | None = None  # the cause, one line, when it could not be read; its chunks are to be ignored
