@@ -202,3 +202,23 @@ def test_inputs_sharing_a_stem_get_the_shortest_distinct_names() -> None:
         "a__talk.flac", "a__talk.wav", "b__talk.flac"]
     assert output_stems(["/a/x/same.flac", "/b/x/same.flac", None]) == ["a__x__same", "b__x__same", None]
     assert told_apart([Path("/same.flac"), Path("/q/same.flac")]) == ["root__same", "q__same"]
+
+
+def test_an_input_in_memory_does_not_take_a_files_name() -> None:
+    """A file named input-1.wav and an array given second both wrote input-1.txt: one transcript lost, both inputs
+    reported done."""
+    from asr_spec.transcribe.inputs import name_outputs, run_inputs
+
+    inputs = run_inputs(["/x/input-1.wav", np.zeros(16_000, np.float32), np.zeros(8, np.float32),
+                         "/x/input-2-memory.flac", "/x/input-2.flac"])
+    name_outputs(inputs)
+    stems = [item.stem for item in inputs]
+    assert stems == ["input-1", "input-1-memory", "input-2-memory-memory", "input-2-memory", "input-2"]
+    assert len(set(stems)) == len(stems)
+
+
+def test_an_output_directory_that_is_not_a_path_is_named() -> None:
+    from asr_spec.transcribe.outputs import prepare_output_dir
+
+    with pytest.raises(InputError, match="output directory must be a path, got int 123"):  # a raw TypeError before
+        prepare_output_dir(123)

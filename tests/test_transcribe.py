@@ -369,6 +369,13 @@ def test_options_are_validated_in_one_place() -> None:
     assert raised.decode.num_draft_tokens == 16
     assert TranscribeOptions.from_values(language="auto").decode.language is None
     assert TranscribeOptions.from_values(chunk_length_s=15).chunking.stride_left_s == pytest.approx(2.5)
+    # found after the models loaded (a ValueError from the engine), and 0-sample blocks ("range() arg 3 must not
+    # be zero" for every input in memory): both before any loading now
+    with pytest.raises(InputError, match="language 'xx' is not one Whisper knows"):
+        TranscribeOptions.from_values(language="xx")
+    assert TranscribeOptions.from_values(language="German").decode.language == "German"
+    with pytest.raises(InputError, match="block_s must be at least 0.1 s"):
+        TranscribeOptions.from_values(block_s=1e-5)
 
 
 def test_from_pretrained_and_from_preset_file(tmp_path: Path, reference) -> None:

@@ -50,6 +50,8 @@ class DecodeOptions:
     def __post_init__(self) -> None:
         if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
             raise ValueError(f"language must be a language code or name, or None (detect), got {self.language!r}")
+        if self.language is not None:
+            language_code(self.language)  # known to Whisper: checked before any model loads
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', got {self.task!r}")
         for name in ("timestamps", "cuda_graphs", "draft_bf16", "certified_head"):
@@ -66,3 +68,17 @@ class DecodeOptions:
         """Whether a run of `n_rows` rows (batch slots) decodes with the draft, when one is loaded: the one home of
         the draft_max_rows rule (the engine's memory check and its allocation both ask it)."""
         return self.draft_max_rows is None or n_rows <= self.draft_max_rows
+
+
+def language_code(language: str) -> str:
+    """Whisper's code of a language given as a code, a name or a token ("en", "English", "<|en|>" -> "en");
+    ValueError naming it when Whisper has no such language (found when the engine was built, after the models
+    loaded, before)."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
+
+    lang = language.lower().strip()
+    code = TO_LANGUAGE_CODE.get(lang, lang).strip("<|>")
+    if code not in LANGUAGES:
+        raise ValueError(f"language {language!r} is not one Whisper knows (a code such as 'en' or a name such as "
+                         "'english')")
+    return code

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from asr_spec.engine import cpu_attention
+from asr_spec.engine.options import language_code
 
 NEG_INF = float("-inf")
 
@@ -72,10 +73,7 @@ class WhisperTokens:
     def language_id(self, language: str) -> int | None:
         """Map "en", "english" or "<|en|>" to its token id (None on an English-only model, whose prompt has no
         language token, when the language is English); ValueError naming the language otherwise."""
-        from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
-
-        lang = language.lower().strip()
-        code = TO_LANGUAGE_CODE.get(lang, lang).strip("<|>")
+        code = language_code(language)
         if not self.is_multilingual:
             if code != "en":
                 raise ValueError(f"language {language!r} was given but the target model is English-only")

@@ -128,11 +128,19 @@ def run_inputs(audio: Any, word_timestamps: bool = False) -> list[RunInput]:
 
 
 def name_outputs(inputs: list[RunInput]) -> None:
-    """Give every input a distinct output stem (see `output_stems`); InputError for the same file twice."""
+    """Give every input a distinct output stem (see `output_stems`); InputError for the same file twice. An input
+    in memory keeps "input-i" unless a file has that stem; then it is "input-i-memory" (a file "input-1.wav" and
+    an array as the second input both wrote input-1.txt: one transcript lost, both reported done)."""
     paths = [None if item.name.startswith("<") else item.name for item in inputs]
-    for item, stem in zip(inputs, output_stems(paths)):
+    stems = output_stems(paths)
+    taken = {stem for stem in stems if stem is not None}
+    for item, stem in zip(inputs, stems):
         if stem is not None:
             item.stem = stem
+            continue
+        while item.stem in taken:
+            item.stem += "-memory"
+        taken.add(item.stem)
 
 
 class Progress:

@@ -19,6 +19,7 @@ from asr_spec.transcribe.prompts import PROMPT_KEYS, PromptOptions
 __all__ = ["TranscribeOptions", "check_batch_size", "parse_temperatures"]
 
 
+MIN_BLOCK_S = 0.1  # the shortest block_s: shorter blocks only slow reading (1e-5 s made 0-sample blocks)
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
 _NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
@@ -41,7 +42,7 @@ class TranscribeOptions:
     prompts: PromptOptions = field(default_factory=PromptOptions)
     batch_size: int = 8  # chunks decoded together (engine rows); they may come from different inputs
     formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
-    block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time
+    block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time (at least MIN_BLOCK_S)
     word_timestamps: bool = False  # per-word times from the alignment heads (needs vad chunking)
     max_words_per_cue: int | None = None  # srt/vtt: cues of at most this many words (needs word_timestamps)
     # vad chunking, timestamp mode: a chunk whose last segment closes >= tail_margin_s seconds of speech frames
@@ -181,5 +182,7 @@ def _verify_options(options: TranscribeOptions) -> None:
     positive_seconds(options.tail_margin_s, "tail_margin_s")
     _verify_sampling(options)
     seconds_at_least_zero(options.tail_context_s, "tail_context_s")
-    positive_seconds(options.block_s, "block_s")
+    if positive_seconds(options.block_s, "block_s") < MIN_BLOCK_S:  # 1e-5 s: 0 samples a block, a cryptic error
+        raise InputError(f"block_s must be at least {MIN_BLOCK_S:g} s (shorter blocks only slow reading), got "
+                         f"{options.block_s!r}")
     object.__setattr__(options, "formats", parse_formats(options.formats))  # normalised: "txt,JSON" -> ("txt", "json")

@@ -302,6 +302,8 @@ def prepare_output_dir(out_dir: str | os.PathLike[str]) -> int:
     """Make sure transcripts can be written into `out_dir` before any work starts: create it if missing, refuse
     (`InputError`, one line) a path that is a file, cannot be created or is not writable; remove the hidden
     temporary files an earlier killed run left there. Returns how many stale temporary files were removed."""
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise InputError(f"output directory must be a path, got {type(out_dir).__name__} {out_dir!r:.40}")
     folder = Path(out_dir)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"output directory {folder}: is a file, not a folder")
