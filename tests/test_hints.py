@@ -116,7 +116,7 @@ def test_perturbed_hypothesis_then_the_draft_goes_on():
 
 def test_a_bad_hypothesis_is_refused_naming_the_chunk():
     engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=4))
-    with pytest.raises(ValueError, match="chunk 'x': hypothesis must be a tuple of token ids"):
+    with pytest.raises(ValueError, match=r"chunk 'x': hypothesis must hold token ids \(integers >= 0\)"):
         ChunkRequest("x", _features()[0], hypothesis=(3, -1))
     with pytest.raises(EngineError, match="chunk 'x': hypothesis holds 999, not a token id below"):
         list(engine.run([ChunkRequest("x", _features()[0], hypothesis=(3, 999))]))

@@ -178,6 +178,29 @@ def test_a_prompt_over_the_limit_is_refused_naming_the_chunk():
     not_ids = ChunkRequest("x", _features()[0], prefix=(5, 70))
     with pytest.raises(EngineError, match="prefix holds a value that is not a token id"):
         list(engine.run([not_ids]))
+    # a forced <|endoftext|> decoded on past it to 448 positions, its text after the end
+    eot = engine.tokens.eot
+    for field, ids in (("prefix", (5, eot)), ("prompt", (engine.tokens.sot, 5))):
+        with pytest.raises(EngineError, match=f"'x'.*{field} holds a control token"):
+            list(engine.run([ChunkRequest("x", _features()[0], **{field: ids})]))
+
+
+def test_a_request_is_checked_when_made_and_takes_numpy_token_ids():
+    """numpy integers were "not a token id"; a numpy array or a 3-D tensor as features failed inside the batch's
+    stack, taking every chunk in flight with it."""
+    import numpy as np
+
+    features = _features()[0]
+    request = ChunkRequest("x", features, prefix=(np.int64(5),), prompt=[np.int32(6), 7], hypothesis=np.array([3]))
+    assert request.prefix == (5,) and request.prompt == (6, 7) and request.hypothesis == (3,)
+    assert all(type(t) is int for t in request.prefix + request.prompt + request.hypothesis)
+    for bad, shown in ((features.numpy(), "ndarray"), (features[None], "a 3-D"), (features.long(), "a 2-D torch.int64")):
+        with pytest.raises(ValueError, match=f"chunk 'x': features must be a 2-D floating torch tensor, got {shown}"):
+            ChunkRequest("x", bad)
+    with pytest.raises(ValueError, match="chunk 'x': encoded must be a 2-D floating"):
+        ChunkRequest("x", None, encoded=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"chunk 'x': prefix must hold token ids \(integers >= 0\)"):
+        ChunkRequest("x", features, prefix=(5, 1.5))
 
 
 def test_language_detection_with_prompts_matches_transformers():

@@ -75,9 +75,11 @@ class Admission:
         for name, ids in (("prompt", prompt.previous), ("prefix", prompt.prefix)):
             if len(ids) > limit:
                 raise ValueError(f"chunk {chunk_id!r}: {name} of {len(ids)} tokens, more than the model's {limit}")
-            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.rules.bias.shape[0]
-                   for t in ids):
+            if any(not 0 <= t < self.rules.bias.shape[0] for t in ids):
                 raise ValueError(f"chunk {chunk_id!r}: {name} holds a value that is not a token id of the model")
+            if any(self.tokens.eot <= t < self.tokens.timestamp_begin for t in ids):  # <|endoftext|>, <|en|>, ...
+                raise ValueError(f"chunk {chunk_id!r}: {name} holds a control token (<|endoftext|>, a language or "
+                                 "task token, ...): text and timestamp tokens only")
         if prompt.previous and self.tokens.sot_prev is None:
             raise ValueError(f"chunk {chunk_id!r}: a prompt was given but the model's generation config has no "
                              "prev_sot_token_id")

@@ -4,6 +4,7 @@ seed and hypothesis, checked when made) and `ChunkResult` (its tokens and Whispe
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -57,21 +58,42 @@ class ChunkRequest:
     max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("features", "encoded"):
+            _check_tensor(self.id, name, getattr(self, name))
+        for name in ("prompt", "prefix", "hypothesis"):  # numpy's integers too, kept as ints
+            object.__setattr__(self, name, _token_ids(self.id, name, getattr(self, name)))
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"chunk {self.id!r}: temperature must be a finite number >= 0, got {t!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
             raise ValueError(f"chunk {self.id!r}: seed must be an integer in [0, 2^32), got {self.seed!r}")
-        if not isinstance(self.hypothesis, tuple) or any(
-                isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.hypothesis):
-            shown = repr(self.hypothesis)[:120]
-            raise ValueError(f"chunk {self.id!r}: hypothesis must be a tuple of token ids, got {shown}")
         if self.hypothesis and t > 0:
             raise ValueError(f"chunk {self.id!r}: a hypothesis is for greedy decoding (temperature 0), got "
                              f"temperature {t!r}")
         n = self.max_new_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"chunk {self.id!r}: max_new_tokens must be None or an integer >= 1, got {n!r}")
+
+
+def _check_tensor(chunk_id: Hashable, name: str, value: object) -> None:
+    """`features` / `encoded`: None or a 2-D floating tensor (a numpy array or a 3-D batch failed inside the
+    batch's stack, and took every chunk in flight with it)."""
+    if value is None:
+        return
+    if not isinstance(value, torch.Tensor) or value.dim() != 2 or not value.is_floating_point():
+        shown = f"a {value.dim()}-D {value.dtype} tensor" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"chunk {chunk_id!r}: {name} must be a 2-D floating torch tensor, got {shown}")
+
+
+def _token_ids(chunk_id: Hashable, name: str, ids: object) -> tuple[int, ...]:
+    """A request's token ids as a tuple of ints (>= 0); numpy integers are taken (refused before as "not a token
+    id"); anything else is a ValueError naming the chunk and the field."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (tuple, list)) and not hasattr(ids, "__iter__"):
+        raise ValueError(f"chunk {chunk_id!r}: {name} must be a sequence of token ids, got {type(ids).__name__}")
+    values = tuple(ids)  # type: ignore[arg-type]
+    if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in values):
+        raise ValueError(f"chunk {chunk_id!r}: {name} must hold token ids (integers >= 0), got {repr(values)[:120]}")
+    return tuple(int(t) for t in values)
 
 
 @dataclass(frozen=True)

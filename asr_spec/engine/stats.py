@@ -16,7 +16,7 @@ class ChunkStats:
 
     chunks: int = 1
     generated_tokens: int = 0
-    target_passes: int = 0  # target forward passes (steps) over the row, prompt prefill included
+    target_passes: int = 0  # target forward passes (steps) over the row, the admission prefill not counted
     draft_passes: int = 0
     drafted_tokens: int = 0  # draft tokens offered for verification
     accepted_tokens: int = 0  # of those, accepted by the target
