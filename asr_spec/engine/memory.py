@@ -101,17 +101,74 @@ def free_bytes(device: torch.device) -> int | None:
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
     if device.type == "cpu":
+        found = [n for n in (_host_available(), cgroup_headroom()) if n is not None]
+        return min(found) if found else None
+    return None
+
+
+def _host_available() -> int | None:
+    """The machine's available memory (MemAvailable; else the free pages)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def cgroup_headroom(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> int | None:
+    """What this process's memory cgroup (a container's limit: Docker, Kubernetes) still lets it allocate: its
+    limit less its usage, reclaimable file cache not counted (as `docker stats` reads it); None without a limit.
+    /proc/meminfo shows the host's memory inside a container: a batch over the container's limit passed the check
+    and the process was killed instead of told. cgroup v2 (memory.max) and v1 (memory.limit_in_bytes)."""
+    try:
+        with open(membership, encoding="utf-8") as handle:
+            lines = [line.strip().split(":", 2) for line in handle if line.count(":") >= 2]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if controllers == "":  # v2: one hierarchy
+            base, files = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own hierarchy
+            base, files = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                         "total_inactive_file")
+        else:
+            continue
+        found = _headroom_in([os.path.join(base, path.lstrip("/")), base], files)  # its own group, else the root's
+        if found is not None:
+            return found
+    return None
+
+
+def _headroom_in(folders: list[str], files: tuple[str, str, str]) -> int | None:
+    """limit - (usage - inactive file cache) from the first of `folders` whose limit file reads; None when it
+    says no limit ("max", or v1's 2^63-ish) or none reads."""
+    limit_name, usage_name, inactive_name = files
+    for folder in folders:
         try:
-            with open("/proc/meminfo", encoding="ascii") as info:
-                for line in info:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
+            with open(os.path.join(folder, limit_name), encoding="ascii") as handle:
+                limit = handle.read().strip()
+            with open(os.path.join(folder, usage_name), encoding="ascii") as handle:
+                usage = int(handle.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
             return None
+        inactive = 0
+        try:
+            with open(os.path.join(folder, "memory.stat"), encoding="ascii") as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == inactive_name:
+                        inactive = int(value)
+        except (OSError, ValueError):
+            pass
+        return max(0, int(limit) - max(0, usage - inactive))
     return None
 
 
