@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import torch
 from test_stream_policy import EOT, KINDS, TS, WORD_SAMPLES, detokenize, energy, hear_given, speech, words_of
 
 from asr_spec.engine import ChunkResult, ChunkStats
@@ -45,6 +46,15 @@ class Sim:
     forced: list = field(default_factory=list)  # the prefix of each of its re-decodes' engine requests
 
 
+
+def _as_features(samples: list) -> list:
+    """The fake featuriser: each re-decode's samples as a (1, n) float tensor, read back by `_samples_of`."""
+    return [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))[None] for x in samples]
+
+
+def _samples_of(request) -> np.ndarray:
+    return request.features[0].numpy()
+
 def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: float = 1.0, enabled: bool = True,
              voice=None, step_s: float = 1.0, committed_prefix: bool = True, encoder: tuple[float, float] | None = None,
              group_wait_s: float = 0.0, encodes: list | None = None, stagger_s: float = 0.0,
@@ -58,7 +68,7 @@ def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: f
     waiting re-decode is brought up to date as it is taken, as the server's sessions do. Returns the sessions and
     the simulated time when the last one finished."""
     now = 0.0
-    queue = StreamQueue(_Session(), lambda samples: samples, threading.Condition(), len(words), group_wait_s,
+    queue = StreamQueue(_Session(), _as_features, threading.Condition(), len(words), group_wait_s,
                         clock=lambda: now)
     sims, lives = [], []
     for w in words:
@@ -77,7 +87,7 @@ def simulate(words: list[list[int | None]], rows: int, decode_s: float, speed: f
                 sim.sent += n
         for done_at, request in [r for r in running if r[0] <= now]:  # the engine's results
             running.remove((done_at, request))
-            tokens = hear_given(request.features, request.prefix)
+            tokens = hear_given(_samples_of(request), request.prefix)
             queue.deliver(ChunkResult(request.id, tuple(tokens), (), "eos", ChunkStats(chunks=1)))
         for sim, live in zip(sims, lives):  # the sessions
             serve(sim, live, queue, enabled, now, renew)
@@ -113,7 +123,7 @@ class _Session:
 def steps(request) -> int:
     """The tokens the scripted decoder generates for a request (its forced <|0.00|> and prefix not counted)."""
     forced = 1 + len(request.prefix) if request.prefix else 0
-    return len(hear_given(request.features, request.prefix)) - forced
+    return len(hear_given(_samples_of(request), request.prefix)) - forced
 
 
 def serve(sim: Sim, live, queue: StreamQueue, enabled: bool, now: float = 0.0, renew: bool = False) -> None:
@@ -314,7 +324,8 @@ def test_the_queue_takes_a_waiting_redecode_as_its_renew_brings_it_up_to_date():
     """`StreamQueue.submit(..., renew)`: renew is called as the re-decode is taken, and what it gives (samples,
     hypothesis, prefix) is what is featurised and requested; None from it keeps the re-decode as submitted."""
     featurised = []
-    queue = StreamQueue(_Session(), lambda samples: featurised.append(samples) or samples, threading.Condition())
+    queue = StreamQueue(_Session(), lambda samples: featurised.append(samples) or _as_features(samples),
+                        threading.Condition())
     a, b = queue.open(lambda outcome: None), queue.open(lambda outcome: None)
     fresh = np.ones(3 * BLOCK, np.float32)
     queue.submit(a, np.zeros(BLOCK, np.float32), (1,), (2,), renew=lambda: (fresh, (3,), (4,)))
@@ -323,6 +334,24 @@ def test_the_queue_takes_a_waiting_redecode_as_its_renew_brings_it_up_to_date():
     assert featurised[0][0] is fresh and (first.hypothesis, first.prefix) == ((3,), (4,))
     assert len(featurised[0][1]) == BLOCK and (second.hypothesis, second.prefix) == ((5,), (6,))
     assert queue.counts.renewed == 1 and queue.counts.taken == 2
+
+
+def test_a_renew_that_raises_fails_its_stream_only():
+    """A renew raised in the engine's source: the run failed (every upload and stream with it), and the streams
+    whose re-decodes had been taken, counted in no lost set, waited for a result forever."""
+    outcomes = {}
+    queue = StreamQueue(_Session(), _as_features, threading.Condition())
+    a = queue.open(lambda outcome: outcomes.setdefault("a", outcome))
+    b = queue.open(lambda outcome: outcomes.setdefault("b", outcome))
+
+    def broken():
+        raise RuntimeError("policy state")
+
+    queue.submit(a, np.zeros(BLOCK, np.float32), (1,), (2,), renew=broken)
+    queue.submit(b, np.zeros(BLOCK, np.float32), (5,), (6,))
+    (taken,) = queue.take_group(8)
+    assert taken.hypothesis == (5,) and a.in_engine is None and b.in_engine is not None
+    assert outcomes == {"a": "decoding failed (RuntimeError: policy state)"}
 
 
 def commit_latencies(sim: Sim) -> np.ndarray:

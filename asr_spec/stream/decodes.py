@@ -247,16 +247,30 @@ class StreamDecodes:
             self.counts.withdrawn += len(stale)
         for chunk_id in stale:
             self.session.withdraw(chunk_id)
-        if not taken:
-            return []
-        renewed = [_renewed(pending) for pending in taken]
+        renewed = [self._renewed(pending) for pending in taken]
         with self._cond:
             self.counts.renewed += sum(new is not old for new, old in zip(renewed, taken))
-            budgets = [_budget(pending) for pending in renewed]
-        taken = renewed
+            taken = [pending for pending in renewed if pending is not None]
+            budgets = [_budget(pending) for pending in taken]
+        if not taken:
+            return []
         features = self._featurise([pending.samples for pending in taken])  # (B, n_mels, n_frames)
         return [ChunkRequest(pending.request_id, features[i], prefix=pending.prefix, hypothesis=pending.hypothesis,
                              max_new_tokens=budget) for i, (pending, budget) in enumerate(zip(taken, budgets))]
+
+    def _renewed(self, pending: _Pending) -> _Pending | None:
+        """A taken re-decode brought up to date (`_renewed`); None when its renew raised: that stream is told its
+        decoding failed and nothing of it goes to the engine (it raised in the engine's source, failing the run
+        of every upload and stream; the streams whose re-decode it had taken, in no lost set, waited forever)."""
+        try:
+            return _renewed(pending)
+        except Exception as err:
+            log.exception("stream %s: bringing its re-decode up to date failed", pending.stream.id)
+            with self._cond:
+                if pending.stream.in_engine == pending.request_id:
+                    pending.stream.in_engine = None
+            _notify(pending.stream, f"decoding failed ({type(err).__name__}: {err})")
+            return None
 
     def deliver(self, result: ChunkResult) -> bool:
         """Hand a result to its stream; False when `result` is not a stream's (an upload chunk's). A result of a
