@@ -77,9 +77,10 @@ class Admission:
                 raise ValueError(f"chunk {chunk_id!r}: {name} of {len(ids)} tokens, more than the model's {limit}")
             if any(not 0 <= t < self.rules.bias.shape[0] for t in ids):
                 raise ValueError(f"chunk {chunk_id!r}: {name} holds a value that is not a token id of the model")
-            if any(self.tokens.eot <= t < self.tokens.timestamp_begin for t in ids):  # <|endoftext|>, <|en|>, ...
-                raise ValueError(f"chunk {chunk_id!r}: {name} holds a control token (<|endoftext|>, a language or "
-                                 "task token, ...): text and timestamp tokens only")
+            # a forced <|endoftext|> ended nothing: the row decoded on past it to the last position (any other
+            # token the target may generate is taken: a live stream forces its previous hypothesis as it came)
+            if self.tokens.eot in ids:
+                raise ValueError(f"chunk {chunk_id!r}: {name} holds <|endoftext|> ({self.tokens.eot})")
         if prompt.previous and self.tokens.sot_prev is None:
             raise ValueError(f"chunk {chunk_id!r}: a prompt was given but the model's generation config has no "
                              "prev_sot_token_id")
