@@ -269,3 +269,19 @@ def test_distill_options_with_several_values() -> None:
                                      "8", "--k", "3", "--no-speed", "--train-cache", "a", "--train-cache", "b",
                                      "--draft", "d"]
     assert expand_variadic(["transcribe", "x.wav", "--batch-size", "2"]) == ["transcribe", "x.wav", "--batch-size", "2"]
+
+
+def test_a_port_or_thread_count_out_of_range_is_a_usage_error_before_anything_loads(capsys, monkeypatch) -> None:
+    """`serve --port 70000` (or -1) was a traceback once the models had loaded, `distill --threads 0` torch's
+    RuntimeError traceback: both are usage errors (exit 2), found before any model loads."""
+    import asr_spec.serve
+
+    monkeypatch.setattr(asr_spec.serve, "run_server", lambda *args, **kwargs: pytest.fail("the server was started"))
+    for port in ("70000", "-1"):
+        code, _, err = run_cli(capsys, "serve", "--port", port)
+        assert code == 2 and "--port" in err and "Traceback" not in err, err
+    for threads in ("0", "-3"):
+        code, _, err = run_cli(capsys, "distill", "--threads", threads, "--model", "/absent", "eval",
+                               "--held-out-cache", "/absent-cache")
+        assert code == 2
+        assert_only_line_is_error(err, f"--threads {threads}: must be at least 1")

@@ -315,25 +315,3 @@ def test_layer_ids_by_count_by_id_and_bad_specs():
     for bad in ("7,", "a,b", ",", "0"):
         with pytest.raises(SystemExit, match="--layers"):
             layer_ids(bad, 6)
-
-
-def test_run_labels_again_a_work_cache_labelled_otherwise(tmp_path, monkeypatch):
-    """`distill run` reuses its work folder's whole cache only when it was labelled as asked: run again with
-    --timestamps (or another language or token limit) labels afresh (it trained on the old labels before)."""
-    from types import SimpleNamespace
-
-    from asr_spec.distill import commands
-
-    calls = []
-    monkeypatch.setattr(commands, "cmd_cache", lambda args: calls.append(("cache", args.timestamps)))
-    monkeypatch.setattr(commands, "cmd_train", lambda args: calls.append(("train", None)))
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "meta.json").write_text(json.dumps({"language": "en", "max_new_tokens": 256}))
-    args = dict(audio="corpus", out=str(tmp_path / "draft"), work=str(tmp_path), language="en", max_new_tokens=256)
-    commands.cmd_run(SimpleNamespace(**args, timestamps=False))
-    assert calls == [("train", None)]  # labelled as asked: reused
-    calls.clear()
-    commands.cmd_run(SimpleNamespace(**args, timestamps=True))
-    assert calls == [("cache", True), ("train", None)]
-    assert not commands.cache_fits({"language": "en", "max_new_tokens": 256, "timestamps": True},
-                                   SimpleNamespace(language="de", timestamps=True, max_new_tokens=256))

@@ -194,7 +194,8 @@ def test_a_request_is_checked_when_made_and_takes_numpy_token_ids():
     request = ChunkRequest("x", features, prefix=(np.int64(5),), prompt=[np.int32(6), 7], hypothesis=np.array([3]))
     assert request.prefix == (5,) and request.prompt == (6, 7) and request.hypothesis == (3,)
     assert all(type(t) is int for t in request.prefix + request.prompt + request.hypothesis)
-    for bad, shown in ((features.numpy(), "ndarray"), (features[None], "a 3-D"), (features.long(), "a 2-D torch.int64")):
+    wrong = ((features.numpy(), "ndarray"), (features[None], "a 3-D"), (features.long(), "a 2-D torch.int64"))
+    for bad, shown in wrong:
         with pytest.raises(ValueError, match=f"chunk 'x': features must be a 2-D floating torch tensor, got {shown}"):
             ChunkRequest("x", bad)
     with pytest.raises(ValueError, match="chunk 'x': encoded must be a 2-D floating"):

@@ -3,7 +3,8 @@ real server on 127.0.0.1 with the tiny real-vocabulary Whisper: a file streamed 
 picker ends with exactly the streaming API's text for that file; the fake microphone playing the same clip is
 captured (AudioWorklet, 16 kHz PCM16), and the page ends with exactly the streaming API's text for the samples it
 sent; committed and tentative text look different; the worklet's resampling of a 48 kHz capture is exact where
-it should be. The page tests save a screenshot in their tmp_path."""
+it should be; an input that ends early (its connection dropped mid-file, an error event while the microphone runs)
+stops sending and frees the Start buttons. The page tests save a screenshot in their tmp_path."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (the asr-spec[test] extra)")
 
+from conftest import wait_until  # noqa: E402
 from test_realtime import EVERY_STEP, pcm16, realtime_transcriber, streaming_api  # noqa: E402
 from test_realtime_capture import capture_check  # noqa: E402
 from test_serve import serving  # noqa: E402
@@ -178,6 +180,97 @@ def test_the_page_shows_when_the_server_is_catching_up(clip, tmp_path):
     assert note.startswith("catching up: ") and note.endswith(" s behind"), note
     assert hidden_at_end
     assert shot.stat().st_size > 1000
+
+
+class FirstFails:
+    """The server's stream policies, the first of which fails after one second of audio (its connection drops: the
+    session ends with the exception); the next ones are the default policy."""
+
+    def __init__(self, transcriber):
+        self.make = default_policy(transcriber)
+        self.made = 0
+
+    def __call__(self):
+        policy = self.make()
+        self.made += 1
+        if self.made == 1:
+            feed, fed = policy.feed, [0]
+
+            def failing(samples):
+                fed[0] += len(samples)
+                if fed[0] > 16000:
+                    raise RuntimeError("simulated server failure")
+                feed(samples)
+
+            policy.feed = failing
+        return policy
+
+
+def buttons(page) -> dict[str, bool]:
+    return page.evaluate("Object.fromEntries(['mic-start', 'mic-stop', 'file-start'].map((id) => "
+                         "[id, document.getElementById(id).disabled]))")
+
+
+def test_a_connection_dropped_mid_file_ends_that_stream_and_the_next_one_runs_clean(model, clip):
+    """The connection drops one second into the 3.2 s file: the page says so and stays so (the file's timer is
+    stopped: it does not go on to "Finishing..." and lock both Start buttons), and the next Start streams the
+    file on a new connection to exactly the streaming API's text (no block of the old timer in it)."""
+    wav, pcm = clip
+    want = streaming_api(model, pcm)
+    app = create_app(Batcher(model, batch_size=2), realtime=RealtimeOptions(policy=FirstFails(model), catch_up=False))
+    with serving(app) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.set_input_files("#file", str(wav))
+            page.click("#file-start")
+            page.wait_for_selector("body[data-state=error]", timeout=TIMEOUT_MS)
+            time.sleep(len(pcm) / 16000 + 0.5)  # past the file's end: a timer still running would have ended it
+            state, status = page.evaluate("document.body.dataset.state"), page.text_content("#status")
+            assert state == "error" and status.startswith("Connection closed"), (state, status)
+            assert buttons(page) == {"mic-start": False, "mic-stop": True, "file-start": False}
+            page.click("#file-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            text = finished_text(page)
+            browser.close()
+    assert not errors
+    assert want.strip() and text == want
+
+
+def failing_engine():
+    """The tiny transcriber whose every decoder step fails (what a CUDA out-of-memory does): each re-decode of a
+    stream comes back as an error (the session's processing_error event; the connection stays open)."""
+    from asr_spec.engine.capture import StepRunner
+
+    broken = realtime_transcriber()
+
+    def wrap(fn):
+        def failing(*args):
+            raise RuntimeError("simulated CUDA out of memory")
+        return failing
+
+    broken.engine.runner = StepRunner("wrapped", wrap)
+    return broken
+
+
+def test_an_error_event_while_the_microphone_runs_stops_the_capture(clip):
+    """The server drops the microphone's input (processing_error): the page shows the error, stops capturing and
+    closes its connection (it does not go on sending the microphone to a server that dropped it, with Stop
+    disabled), and both Start buttons are enabled again."""
+    wav, _ = clip
+    batcher = Batcher(failing_engine(), batch_size=2)
+    with serving(create_app(batcher, realtime=RealtimeOptions(catch_up=False))) as base_url:
+        with sync_api.sync_playwright() as playwright:
+            browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
+            page.click("#mic-start")
+            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            page.wait_for_selector("body[data-state=error]", timeout=TIMEOUT_MS)
+            status, disabled = page.text_content("#status"), buttons(page)
+            closed = wait_until(lambda: batcher.streams.n_open == 0, timeout_s=5)
+            browser.close()
+    assert not errors
+    assert status.startswith("Error: transcription failed") and "simulated CUDA out of memory" in status, status
+    assert disabled == {"mic-start": False, "mic-stop": True, "file-start": True}  # no file chosen
+    assert closed, "the page kept its connection (and the microphone) open after the error"
 
 
 RESAMPLE_SCRIPT = """async () => {

@@ -66,7 +66,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     draft: str | None = DRAFT,
     no_draft: bool = NO_DRAFT,
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
-    port: int = typer.Option(8000, help="TCP port."),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0..65535)."),
     batch_size: int = typer.Option(8, help="Engine rows shared by all requests' chunks."),
     max_requests: int = typer.Option(32, help="Requests in flight at once; beyond: 503 with Retry-After."),
     max_streams: int = typer.Option(16, help="Live streams (WebSocket /v1/realtime) open at once; beyond: an error "
@@ -74,6 +74,9 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     max_backlog_s: float | None = typer.Option(None, help="Seconds of a live stream's audio received and not yet "
                                                "decoded; beyond: an error event (backlog_full) and close code "
                                                "1008. Default: the server's (120 s)."),
+    idle_timeout_s: float | None = typer.Option(None, help="Seconds a live stream may append no audio (while none "
+                                                "of its audio is being decoded) before it gets an error event "
+                                                "(idle_timeout) and is closed, freeing its place (default 60 s)."),
     catch_up: bool | None = typer.Option(None, "--catch-up/--no-catch-up", help="A live stream that is behind "
                                          "is re-decoded less often, each re-decode covering all that arrived "
                                          "(default); off: every step_s re-decoded however far behind."),
@@ -128,7 +131,8 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
                    max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,
                    max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=api_key or (), device=device,
                    max_backlog_s=max_backlog_s, catch_up=catch_up, step_s=step_s, hypothesis=hypothesis,
-                   committed_prefix=committed_prefix, context_s=context_s, group_wait_s=group_wait_s, **overrides)
+                   committed_prefix=committed_prefix, context_s=context_s, group_wait_s=group_wait_s,
+                   idle_timeout_s=idle_timeout_s, **overrides)
     except ImportError as err:
         fail(f"{one_line(err)}: install the server extra (pip install 'asr-spec[serve]')", EXIT_USAGE)
     except USER_ERRORS as err:

@@ -68,13 +68,19 @@ def _group(ctx: typer.Context,
            threads: int = typer.Option(1, help="torch CPU threads (default 1: leave cores to others).")) -> None:
     import torch
 
+    from asr_spec.cli.options import EXIT_USAGE, fail
+
+    if threads < 1:  # torch's own error was a traceback
+        fail(f"--threads {threads}: must be at least 1", EXIT_USAGE)
     torch.set_num_threads(threads)
     ctx.obj = {"model": model}
 
 
-def _call(command: Callable[[Any], None], ctx: typer.Context, params: dict[str, Any]) -> None:
+def _call(command: Callable[[Any], int | None], ctx: typer.Context, params: dict[str, Any]) -> None:
     """Run `command` on the group's --model and a command's parameters (its `locals()` on entry); an error the
-    user's input caused (a model, cache or checkpoint that cannot be read, a bad value) is one `error:` line."""
+    user's input caused (a model, cache or checkpoint that cannot be read, a bad value) is one `error:` line. A
+    command that returns a count of inputs it skipped (`cache`, `run`: unreadable utterances) exits 1 when some
+    were, having done the rest."""
     from asr_spec.cli.options import EXIT_FAILED, USER_ERRORS, fail
     from asr_spec.errors import one_line
 
@@ -83,9 +89,11 @@ def _call(command: Callable[[Any], None], ctx: typer.Context, params: dict[str, 
         if isinstance(values.get(name), enum.Enum):
             values[name] = values[name].value
     try:
-        command(SimpleNamespace(model=ctx.obj["model"], **values))
+        skipped = command(SimpleNamespace(model=ctx.obj["model"], **values))
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_FAILED)
+    if skipped:
+        raise typer.Exit(EXIT_FAILED)
 
 
 # -- options shared by several commands (each declared once) -----------------------------------------------------
@@ -111,6 +119,7 @@ KIND = typer.Option(DraftKindName.decoder, help="decoder: a decoder-only draft; 
                     "reading the target's final states.")
 REG_WEIGHT = typer.Option(None, help="target-features: weight of the smooth-L1 feature regression (default 1).")
 FEATURE_NOISE = typer.Option(0.0, help="target-features: U(-a, a) noise on the input states in training.")
+OVERWRITE = typer.Option(False, "--overwrite", help="Replace --out when it already holds files (else an error).")
 PROJECTION_LR_SCALE = typer.Option(1.0, help="target-features: the input projection's learning rate as a share of "
                                    "--lr (the target's states are far larger than its embeddings; whisper-base: "
                                    "0.002 evens their steps).")
@@ -146,7 +155,7 @@ def cache(  # long function: typer declares each of its 16 options as a paramete
 
 
 @distill_app.command("train")
-def train(  # long function: typer declares each of its 22 options as a parameter
+def train(  # long function: typer declares each of its 23 options as a parameter
     ctx: typer.Context,
     train_cache: list[Path] = typer.Option(..., help="One cache, or several trained on as one."),
     init_draft: Path | None = typer.Option(None, help="Start from this trained draft's layers (same layer "
@@ -155,6 +164,7 @@ def train(  # long function: typer declares each of its 22 options as a paramete
     held_out_cache: Path | None = typer.Option(None, help="Held-out cache for agreement during training."),
     work: Path = typer.Option(..., help="Checkpoint folder (resumes when ckpt.pt is there)."),
     out: Path | None = typer.Option(None, help="Save the trained draft here."),
+    overwrite: bool = OVERWRITE,
     layers: str = typer.Option("", help="Target decoder layers to initialise from (default: the first and last; "
                                "the first for target-features)."),
     vocab_size: int = typer.Option(0, help="Restricted head size (0 = full vocabulary)."),
@@ -219,6 +229,7 @@ def head(
     train_cache: list[Path] = typer.Option(..., help="Their token counts choose the head."),
     head_size: int = typer.Option(..., help="Tokens the head scores (0 = full vocabulary)."),
     out: Path = typer.Option(..., help="Where the draft is saved."),
+    overwrite: bool = OVERWRITE,
 ) -> None:
     """Save a trained draft with another restricted head."""
     params = dict(locals())  # first: the parameters only
@@ -228,11 +239,12 @@ def head(
 
 
 @distill_app.command("run")
-def run(  # long function: typer declares each of its 29 options as a parameter
+def run(  # long function: typer declares each of its 30 options as a parameter
     ctx: typer.Context,
     audio: Path = typer.Option(..., help="LibriSpeech-layout tree of training speech."),
     split: str = SPLIT,
     out: Path = typer.Option(..., help="Where the draft is saved."),
+    overwrite: bool = OVERWRITE,
     work: Path | None = typer.Option(None, help="Pseudo-label cache and checkpoints (default: OUT.work; "
                                         "resumable)."),
     layers: str = typer.Option("2", help="Number of decoder layers (first..last), or explicit ids 0,5."),

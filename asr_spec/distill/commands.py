@@ -26,28 +26,35 @@ as one namespace (their names are the command's option names):
         --out drafts/whisper-base-8k
 
 The group takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to
-others) before the command name.
+others) before the command name. A cache records the audio it was made from and the target that labelled it
+(meta.json "source", "target"): `run` labels afresh when either differs from what it is asked, and training refuses
+a cache of another target. `train`, `run` and `head` refuse an --out folder that holds files unless --overwrite.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 
 from asr_spec.distill import data as draft_data
 from asr_spec.distill import evaluation
 from asr_spec.distill import train as distill
-from asr_spec.errors import InputError
+from asr_spec.errors import AudioError, InputError, one_line
+from asr_spec.logs import NOTICE
 from asr_spec.models import drafts
 from asr_spec.models.feature_draft import save_feature_draft
 from asr_spec.models.loading import load_distilled
+
+log = logging.getLogger(__name__)
 
 
 def _target(name: str):
@@ -56,17 +63,40 @@ def _target(name: str):
     return load_model(name, torch.device("cpu"), torch.float32)
 
 
-def cmd_cache(args) -> None:
-    from asr_spec.audio.features import SAMPLE_RATE, log_mel_batch, make_feature_extractor
-    from asr_spec.eval.librispeech import iter_local
+def target_name(name: str) -> str:
+    """How a cache and a checkpoint name the target --model `name` loads: a local folder by its absolute path (so
+    that ./m and /work/m are one target), anything else (embedded:whisper-base, a hub id) as given."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
 
-    target = _target(args.model)
+
+def corpus_source(args) -> dict:
+    """What a corpus cache records of the audio its windows hold (meta.json "source"; `run` compares it)."""
+    return {"corpus": str(Path(args.corpus).resolve()), "split": args.split, "window_s": args.window_s,
+            "gap_s": args.gap_s, "max_utterances": args.max_utterances, "no_pack": bool(args.no_pack)}
+
+
+def cmd_cache(args) -> int:
+    """Returns how many utterances were unreadable (skipped; each a warning line)."""
+    return _cache(args, _target(args.model))
+
+
+def _cache(args, target) -> int:
     if args.from_cache:
         return _relabel(args, target)
     if args.long_file:
         return _cache_long_files(args, target)
     if args.corpus is None:
         raise SystemExit("cache: give --corpus (LibriSpeech layout), --long-file or --from-cache")
+    return _cache_corpus(args, target)
+
+
+def _cache_corpus(args, target) -> int:
+    """Pseudo-labels of a LibriSpeech-layout corpus; an utterance whose audio cannot be read is left out of its
+    window (a warning line) and the rest go on. Returns how many were."""
+    from asr_spec.audio.features import log_mel_batch, make_feature_extractor
+    from asr_spec.eval.librispeech import iter_local
+
     utts = list(iter_local(args.corpus, args.split))
     if args.max_utterances:
         utts = utts[: args.max_utterances]
@@ -75,22 +105,51 @@ def cmd_cache(args) -> None:
     else:
         windows = draft_data.pack_windows([u.duration_s for u in utts], args.window_s, args.gap_s)
     fe = make_feature_extractor(target.config.num_mel_bins)
+    unreadable: list[str] = []
 
     def batches():
         for group in draft_data.iter_batches(windows, args.batch_size):
-            audio = [draft_data.join_audio([utts[i].load(SAMPLE_RATE) for i in w], args.gap_s) for w in group]
-            yield [[utts[i].id for i in w] for w in group], log_mel_batch(audio, fe)
+            ids, audio = [], []
+            for window in group:
+                parts = [(utts[i].id, _readable(utts[i], unreadable)) for i in window]
+                parts = [(utt_id, samples) for utt_id, samples in parts if samples is not None]
+                if parts:  # a window none of whose audio can be read is left out
+                    ids.append([utt_id for utt_id, _ in parts])
+                    audio.append(draft_data.join_audio([samples for _, samples in parts], args.gap_s))
+            if audio:
+                yield ids, log_mel_batch(audio, fe)
 
     t0 = time.perf_counter()
     cache = draft_data.build_cache(target, batches(), len(windows), args.out, language=args.language,
-                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                enc_dtype=args.enc_dtype, timestamps=args.timestamps, hidden_dtype=args.hidden_dtype)
-    print(json.dumps({"windows": len(cache), "utterances": len(utts),
-                      "audio_s": round(sum(u.duration_s for u in utts), 1),
+                                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                   enc_dtype=args.enc_dtype, timestamps=args.timestamps,
+                                   hidden_dtype=args.hidden_dtype, source=corpus_source(args),
+                                   target_name=target_name(args.model))
+    skipped = set(unreadable)
+    read = [u for u in utts if u.id not in skipped]
+    print(json.dumps({"windows": len(cache), "utterances": len(read), "unreadable": len(unreadable),
+                      "audio_s": round(sum(u.duration_s for u in read), 1),
                       "generated_tokens": cache.meta["generated_tokens"], "seconds": round(time.perf_counter() - t0)}))
+    return len(unreadable)
 
 
-def _cache_long_files(args, target) -> None:
+def _readable(utt, unreadable: list[str]) -> np.ndarray | None:
+    """The utterance's 16 kHz samples; None, with a warning line and its id added to `unreadable`, when its audio
+    cannot be read (missing, corrupt, truncated: one bad file lost the whole cache before)."""
+    from tqdm import tqdm
+
+    from asr_spec.audio.features import SAMPLE_RATE
+
+    try:
+        return utt.load(SAMPLE_RATE)
+    except AudioError as err:
+        with tqdm.external_write_mode(file=sys.stderr):  # a line of its own, not the end of the progress bar's
+            log.warning("%s; skipped", one_line(err))
+        unreadable.append(utt.id)
+        return None
+
+
+def _cache_long_files(args, target) -> int:
     """Long recordings cut into plain consecutive 30 s windows (no overlap), as a long-form evaluation set."""
     from asr_spec.audio.features import N_SAMPLES, SAMPLE_RATE, log_mel_batch, make_feature_extractor
     from asr_spec.audio.loading import load_audio
@@ -105,11 +164,13 @@ def _cache_long_files(args, target) -> None:
                                          for g in draft_data.iter_batches(windows, args.batch_size)),
                                 len(windows), args.out, language=args.language, max_new_tokens=args.max_new_tokens,
                                 batch_size=args.batch_size, enc_dtype=args.enc_dtype, timestamps=args.timestamps,
-                                hidden_dtype=args.hidden_dtype)
+                                hidden_dtype=args.hidden_dtype, target_name=target_name(args.model),
+                                source={"long_files": [str(Path(p).resolve()) for p in args.long_file]})
     print(json.dumps({"windows": len(cache), "generated_tokens": cache.meta["generated_tokens"]}))
+    return 0
 
 
-def _relabel(args, target) -> None:
+def _relabel(args, target) -> int:
     """The windows of an existing cache labelled again (e.g. with --timestamps) from its stored encoder outputs: no
     audio is read and no encoder runs. The encoder outputs are stored as they were (same dtype)."""
     if Path(args.from_cache).resolve() == Path(args.out).resolve():  # its encoded.npy would be rewritten as read
@@ -128,16 +189,32 @@ def _relabel(args, target) -> None:
     cache = draft_data.build_cache(target, batches(), len(rows), args.out, language=src.meta["language"],
                                    max_new_tokens=src.meta["max_new_tokens"], batch_size=args.batch_size,
                                    enc_dtype=src.meta["enc_dtype"], timestamps=args.timestamps, pre_encoded=True,
-                                   hidden_dtype=args.hidden_dtype)
+                                   hidden_dtype=args.hidden_dtype, target_name=target_name(args.model),
+                                   source={"from_cache": str(Path(args.from_cache).resolve()),
+                                           "max_windows": args.max_windows})
     print(json.dumps({"windows": len(cache), "from": str(args.from_cache), "timestamps": args.timestamps,
                       "generated_tokens": cache.meta["generated_tokens"], "seconds": round(time.perf_counter() - t0)}))
+    return 0
 
 
 def cmd_train(args) -> None:
-    target = _target(args.model)
-    caches = [draft_data.PseudoLabelCache(path) for path in args.train_cache]
+    if args.out:  # before the training, not after it
+        drafts.check_out_dir(args.out, args.overwrite)
+    _train(args, _target(args.model))
+
+
+def _caches(paths, target, name: str) -> list[draft_data.PseudoLabelCache]:
+    """The pseudo-label caches at `paths`, each checked to be labelled by `target` (loaded as --model `name`)."""
+    caches = [draft_data.PseudoLabelCache(path) for path in paths]
+    for cache in caches:
+        cache.check_target(target, target_name(name))
+    return caches
+
+
+def _train(args, target) -> None:
+    caches = _caches(args.train_cache, target, args.model)
     train = caches[0] if len(caches) == 1 else draft_data.CacheUnion(caches)
-    held = draft_data.PseudoLabelCache(args.held_out_cache) if args.held_out_cache else None
+    held = _caches([args.held_out_cache], target, args.model)[0] if args.held_out_cache else None
     vocab = None
     if args.vocab_size:
         vocab = distill.choose_draft_vocab(train.token_counts(target.config.vocab_size), args.vocab_size, train.eot)
@@ -150,7 +227,8 @@ def cmd_train(args) -> None:
     layers = layer_ids(args.layers, n_layers) if args.layers else distill.default_layers(n_layers, args.kind)
     t0 = time.perf_counter()
     res = distill.train_draft(target, train, cfg, work_dir=args.work, layers=layers, draft_vocab=vocab,
-                              held_out=held, stop_after=args.stop_after, init_from=args.init_draft)
+                              held_out=held, stop_after=args.stop_after, init_from=args.init_draft,
+                              target_name=target_name(args.model))
     print(json.dumps({"history": res.history[-3:], "seconds": round(time.perf_counter() - t0)}))
     if args.out:
         info = dict(target=args.model, layers=layers, train_cache=[str(p) for p in args.train_cache], train_meta=[{
@@ -159,21 +237,22 @@ def cmd_train(args) -> None:
             command=" ".join(sys.argv), threads=torch.get_num_threads(), time=time.strftime("%Y-%m-%d"))
         if held is not None:
             info["held_out"] = asdict(evaluation.evaluate_agreement(target, res.draft, held))
-        save_draft(res.draft, args.out, info)
+        save_draft(res.draft, args.out, info, overwrite=args.overwrite)
         print(f"saved {args.out}")
 
 
-def save_draft(draft, out: Path, info: dict) -> None:
-    """Save a trained draft in the drafts/ format of its kind."""
+def save_draft(draft, out: Path, info: dict, *, overwrite: bool = False) -> None:
+    """Save a trained draft in the drafts/ format of its kind, as the folder `out` (written beside it, then
+    renamed; InputError when it holds files, unless `overwrite`)."""
     if evaluation.reads_features(draft):
-        save_feature_draft(draft, out, info=info)
+        save_feature_draft(draft, out, info=info, overwrite=overwrite)
     else:
-        drafts.save_trained_draft(draft, out, info=info)
+        drafts.save_trained_draft(draft, out, info=info, overwrite=overwrite)
 
 
 def cmd_eval(args) -> None:
     target = _target(args.model)
-    held = draft_data.PseudoLabelCache(args.held_out_cache)
+    (held,) = _caches([args.held_out_cache], target, args.model)
     out = {"held_out": str(args.held_out_cache), "windows": len(held)}
     candidates = {}
     if args.draft:
@@ -185,7 +264,8 @@ def cmd_eval(args) -> None:
         if args.head_sizes:
             if args.train_cache is None:
                 raise SystemExit("eval --head-sizes: give --train-cache (its token counts choose each head's tokens)")
-            candidates.update(_head_variants(candidates["trained"], args.head_sizes, args.train_cache, target))
+            candidates.update(_head_variants(candidates["trained"], args.head_sizes,
+                                             _caches(args.train_cache, target, args.model), target))
     for path in args.compare_draft or []:  # side by side on the same held-out windows, named by their folder
         candidates[Path(path).name] = load_distilled(path, target)
     for spec in args.untrained or []:
@@ -222,11 +302,11 @@ def cmd_eval(args) -> None:
     print(json.dumps(out))
 
 
-def _head_variants(draft, head_sizes: list[int], train_cache: list[Path], target) -> dict:
-    """The trained draft's layers with other restricted heads: the N most frequent tokens of `train_cache`'s
+def _head_variants(draft, head_sizes: list[int], caches: list[draft_data.PseudoLabelCache], target) -> dict:
+    """The trained draft's layers with other restricted heads: the N most frequent tokens of the `caches`'
     pseudo-labels for each N of `head_sizes` (0 = the whole vocabulary), by name. The head is the target's own
     (tied), so a restriction only removes candidates; it changes no score."""
-    train = draft_data.CacheUnion([draft_data.PseudoLabelCache(path) for path in train_cache])
+    train = draft_data.CacheUnion(caches)
     counts = train.token_counts(target.config.vocab_size)
     out = {}
     for size in head_sizes:
@@ -239,14 +319,16 @@ def _head_variants(draft, head_sizes: list[int], train_cache: list[Path], target
 def cmd_head(args) -> None:
     """Save a trained draft again with another restricted head (its layers unchanged): the head a comparison of
     `eval --head-sizes` chose."""
+    drafts.check_out_dir(args.out, args.overwrite)
     target = _target(args.model)
     trained = load_distilled(args.draft, target)
-    (draft,) = _head_variants(trained, [args.head_size], args.train_cache, target).values()
+    caches = _caches(args.train_cache, target, args.model)
+    (draft,) = _head_variants(trained, [args.head_size], caches, target).values()
     info = json.loads((Path(args.draft) / drafts.INFO_FILE).read_text())
     info["head"] = {"size": args.head_size or "full", "from": str(args.draft),
                     "counts_from": [str(p) for p in args.train_cache],
                     "command": " ".join(sys.argv)}
-    save_draft(draft, args.out, info)
+    save_draft(draft, args.out, info, overwrite=args.overwrite)
     print(f"saved {args.out} (head: {args.head_size or 'full vocabulary'})")
 
 
@@ -273,21 +355,35 @@ def spread(count: int, n: int) -> list[int]:
     return sorted({round(i * (n - 1) / max(count - 1, 1)) for i in range(count)})
 
 
-def cache_fits(meta: dict, args) -> bool:
-    """Whether a whole pseudo-label cache (its meta.json) was labelled as `args` ask: the same language, timestamp
-    mode and token limit (`run` again with --timestamps labels afresh instead of training on the old labels)."""
-    return (meta.get("language") == args.language and bool(meta.get("timestamps", False)) == bool(args.timestamps)
-            and meta.get("max_new_tokens") == args.max_new_tokens)
+def cache_difference(meta: dict, args, target) -> str | None:
+    """Why a whole pseudo-label cache (its meta.json) cannot serve `run`'s `args`: the first field of its labelling
+    (language, timestamp mode, token limit, storage, the target: `target_identity`) or of its audio (`corpus_source`)
+    that differs, as `first_difference` words it; None when it was made as asked (a cache that predates these
+    records differs: it is labelled again)."""
+    wanted = {"language": args.language, "timestamps": bool(args.timestamps), "max_new_tokens": args.max_new_tokens,
+              "enc_dtype": args.enc_dtype, "hidden_dtype": args.hidden_dtype,
+              "target": draft_data.target_identity(target, target_name(args.model)), "source": corpus_source(args)}
+    return draft_data.first_difference(meta, wanted)
 
 
-def cmd_run(args) -> None:
-    """cache + train + save in one go: pseudo-labels of --audio (LibriSpeech layout) in --work, then the draft."""
+def cmd_run(args) -> int:
+    """cache + train + save in one go: pseudo-labels of --audio (LibriSpeech layout) in --work, then the draft.
+    The work folder's cache is reused only when it was made as asked (`cache_difference`); a cache made again
+    discards the checkpoint trained on the old one. Returns how many utterances were unreadable (skipped)."""
+    drafts.check_out_dir(args.out, args.overwrite)  # before hours of labelling and training, not after them
     work = Path(args.work or Path(args.out).with_name(Path(args.out).name + ".work"))
     cache_args = SimpleNamespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
                                     "from_cache": None, "no_pack": False})
+    target = _target(args.model)
     meta = work / "cache" / "meta.json"
-    if not meta.is_file() or not cache_fits(json.loads(meta.read_text()), args):
-        cmd_cache(cache_args)
+    why = cache_difference(json.loads(meta.read_text()), cache_args, target) if meta.is_file() else "none yet"
+    unreadable = 0
+    if why is not None:
+        if meta.is_file():
+            log.info("%s: labelling again (%s)", work / "cache", why, extra=NOTICE)
+        unreadable = _cache(cache_args, target)
+        (work / "train" / "ckpt.pt").unlink(missing_ok=True)  # trained on the labels just replaced
     train_args = SimpleNamespace(**{**vars(args), "train_cache": [work / "cache"], "held_out_cache": None,
                                     "init_draft": None, "work": work / "train"})
-    cmd_train(train_args)
+    _train(train_args, target)
+    return unreadable

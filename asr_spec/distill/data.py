@@ -4,9 +4,11 @@ memory-mapped so that epochs cost no encoder or target pass."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from asr_spec.errors import InputError
+
 CACHE_FORMAT = 1
+# the target's config fields a cache records (meta.json "target"), with its name: what makes its labels its own
+TARGET_FIELDS = ("d_model", "vocab_size", "encoder_layers", "decoder_layers", "num_mel_bins", "max_source_positions",
+                 "max_target_positions")
 
 
 # -- packing utterances into encoder windows (pure) -------------------------------------------------------------
@@ -49,6 +56,38 @@ def join_audio(parts: Sequence[np.ndarray], gap_s: float = 0.4, sample_rate: int
             out.append(gap)
         out.append(np.asarray(p, dtype=np.float32))
     return np.concatenate(out)
+
+
+# -- what a cache or a checkpoint was made from ----------------------------------------------------------------
+
+def target_identity(target: nn.Module, name: str | None = None) -> dict[str, Any]:
+    """What a cache (and a training checkpoint) records of the target that labelled it: the name it was loaded by
+    (None: not known, e.g. a model built in memory), its <|endoftext|> id and its `TARGET_FIELDS`."""
+    from asr_spec.engine.rules import WhisperTokens
+
+    eot = WhisperTokens.from_generation_config(target.generation_config, target.config.max_target_positions).eot
+    return {"name": name, "eot": eot, **{key: getattr(target.config, key) for key in TARGET_FIELDS}}
+
+
+def comparable_identity(recorded: Mapping[str, Any] | None, identity: dict[str, Any]) -> dict[str, Any]:
+    """`identity` as it is compared with a `recorded` one: without the name where either name is not known."""
+    if recorded is None or recorded.get("name") is None or identity.get("name") is None:
+        return {key: value for key, value in identity.items() if key != "name"}
+    return identity
+
+
+def first_difference(recorded: Mapping[str, Any], wanted: Mapping[str, Any]) -> str | None:
+    """The first key of `wanted` whose value `recorded` does not hold (absent counts as None), as
+    "key: recorded R, wanted W" (nested mappings compared key by key: "config.steps: ..."); None when all agree."""
+    for key, value in wanted.items():
+        have = recorded.get(key)
+        if isinstance(value, Mapping) and isinstance(have, Mapping):
+            inner = first_difference(have, value)
+            if inner is not None:
+                return f"{key}.{inner}"
+        elif have != value:
+            return f"{key}: recorded {have!r}, wanted {value!r}"
+    return None
 
 
 # -- the pseudo-label cache -------------------------------------------------------------------------------------
@@ -92,6 +131,25 @@ class PseudoLabelCache:
     def __len__(self) -> int:
         return len(self.lengths)
 
+    def check_target(self, target: nn.Module, name: str | None = None) -> None:
+        """InputError (one line naming the field) unless the cache was labelled by `target`: the same width,
+        encoder length and <|endoftext|>, and where meta.json records the target (caches since it does), the
+        same `target_identity` (the name compared when both are known)."""
+        identity = target_identity(target, name)
+        wanted = {"d_model": identity["d_model"], "n_audio_ctx": identity["max_source_positions"],
+                  "eot": identity["eot"]}
+        if self.meta.get("target") is not None:
+            wanted["target"] = comparable_identity(self.meta["target"], identity)
+        diff = first_difference(self.meta, wanted)
+        if diff is not None:
+            raise InputError(f"{self.path}: a cache made for another target ({diff}); label one with this target "
+                             "(distill cache --model ...)")
+
+    def fingerprint(self) -> str:
+        """A short digest of meta.json: what a training checkpoint records of the data it was trained on (a cache
+        labelled again, of other audio or by another target has another)."""
+        return hashlib.sha256((self.path / "meta.json").read_bytes()).hexdigest()[:16]
+
     def sequence(self, i: int) -> list[int]:
         """Prompt + generated tokens of window i."""
         return self.tokens[i, : self.lengths[i]].tolist()
@@ -127,6 +185,13 @@ class CacheUnion:
 
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    def check_target(self, target: nn.Module, name: str | None = None) -> None:
+        for cache in self.caches:
+            cache.check_target(target, name)
+
+    def fingerprint(self) -> str:
+        return ",".join(cache.fingerprint() for cache in self.caches)
 
     def _locate(self, i: int) -> tuple[PseudoLabelCache, int]:
         c = int(np.searchsorted(self.starts, i, side="right")) - 1
@@ -171,10 +236,12 @@ def build_cache(
     target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int, out_dir: str | os.PathLike,
     *, language: str | None = "en", max_new_tokens: int = 256, batch_size: int = 4, enc_dtype: str = "float16",
     timestamps: bool = False, pre_encoded: bool = False, progress: bool = True, hidden_dtype: str = "float16",
+    source: Mapping[str, Any] | None = None, target_name: str | None = None,
 ) -> PseudoLabelCache:
-    """Encode and greedily transcribe `n_windows` windows with `target`, and store what training needs.
+    """Encode and greedily transcribe up to `n_windows` windows with `target`, and store what training needs.
 
-    batches: (ids, features (b, n_mels, n_frames)) pairs, `n_windows` rows in all; ids name each window's contents.
+    batches: (ids, features (b, n_mels, n_frames)) pairs, at most `n_windows` rows in all (fewer where the caller
+        left windows out, e.g. of unreadable audio); ids name each window's contents.
         pre_encoded: the pairs hold encoder outputs (b, n_audio_ctx, d_model) instead (relabelling a cache).
     enc_dtype: storage of the encoder outputs ("float16" halves the disk; the teacher states are computed from the
         unrounded encoder output).
@@ -183,27 +250,25 @@ def build_cache(
         disk and memory (a relative rounding of 2^-11), "float32" as computed.
     timestamps: decode in Whisper's timestamp mode, as transcription does by default: a draft that is to run there
         must learn where the target puts its timestamp tokens.
+    source, target_name: recorded in meta.json ("source"; "target": `target_identity`), so that a cache is reused
+        only for the audio and the target it was made from (`distill run`, `PseudoLabelCache.check_target`).
     """
-    from tqdm import tqdm
-
     from asr_spec.engine import DecodeOptions, Engine
 
     out = _fresh_cache_dir(out_dir)
     engine = Engine(target, None, DecodeOptions(language=language, max_new_tokens=max_new_tokens,
                                                 timestamps=timestamps))
-    ctx, d = target.config.max_source_positions, target.config.d_model
-    max_len = target.config.max_target_positions
-    enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype), (n_windows, ctx, d))
+    d, max_len = target.config.d_model, target.config.max_target_positions
+    enc_mm = np.lib.format.open_memmap(out / "encoded.npy", "w+", np.dtype(enc_dtype),
+                                       (n_windows, target.config.max_source_positions, d))
     tokens = np.full((n_windows, max_len), -1, dtype=np.int32)
     lengths = np.zeros(n_windows, dtype=np.int32)
     hidden = np.zeros((n_windows, max_len - 1, d), dtype=np.dtype(hidden_dtype))
     ids: list[list[str]] = []
-    prompt_len, row = None, 0
-    bar = tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress)
-    for batch_ids, feats in batches:
-        enc = feats.to(target.dtype) if pre_encoded else engine.encode(feats, batch_size)
-        results = engine.decode(None, enc, batch_size)
+    prompt_len = None
+    for batch_ids, enc, results in _labelled(engine, target, batches, n_windows, batch_size, pre_encoded, progress):
         for r, res in enumerate(results):
+            row = len(ids)
             seq = list(res.prompt) + list(res.tokens)
             prompt_len = len(res.prompt)
             ids_t = torch.tensor([seq[:-1]], device=enc.device)
@@ -214,18 +279,58 @@ def build_cache(
             lengths[row] = len(seq)
             hidden[row, : len(seq) - 1] = h[0].float().cpu().numpy().astype(hidden_dtype)
             ids.append(list(batch_ids[r]) if isinstance(batch_ids[r], (list, tuple)) else [str(batch_ids[r])])
-            row += 1
-        bar.update(len(results))
-    bar.close()
-    if row != n_windows:
-        raise ValueError(f"build_cache: {row} windows came, n_windows said {n_windows}")
     enc_mm.flush()
     del enc_mm
-    meta = dict(format=CACHE_FORMAT, n=n_windows, prompt_len=prompt_len, eot=engine.tokens.eot,
-                n_audio_ctx=ctx, d_model=d, language=language, max_new_tokens=max_new_tokens, enc_dtype=enc_dtype,
-                hidden_dtype=hidden_dtype,
-                timestamps=timestamps, generated_tokens=int((lengths - prompt_len).sum()), ids=ids)
-    return _write_cache(out, tokens, lengths, hidden, meta)
+    n = len(ids)
+    if n == 0:
+        raise InputError(f"{out}: no windows to label (no audio, or none of it readable)")
+    if n < n_windows:
+        keep_first_rows(out / "encoded.npy", n)
+    meta = dict(format=CACHE_FORMAT, n=n, prompt_len=prompt_len, eot=engine.tokens.eot,
+                n_audio_ctx=target.config.max_source_positions, d_model=d, language=language,
+                max_new_tokens=max_new_tokens, enc_dtype=enc_dtype, hidden_dtype=hidden_dtype, timestamps=timestamps,
+                generated_tokens=int((lengths[:n] - prompt_len).sum()), source=dict(source or {}),
+                target=target_identity(target, target_name), ids=ids)
+    return _write_cache(out, tokens[:n], lengths[:n], hidden[:n], meta)
+
+
+def _labelled(engine: Any, target: nn.Module, batches: Iterable[tuple[list[str], torch.Tensor]], n_windows: int,
+              batch_size: int, pre_encoded: bool, progress: bool) -> Iterator[tuple[list[str], torch.Tensor, list]]:
+    """(ids, encoder outputs (b, n_audio_ctx, d_model), the engine's greedy results) of each batch, with a progress
+    bar; ValueError when more than `n_windows` rows come."""
+    from tqdm import tqdm
+
+    n_rows = 0
+    with tqdm(total=n_windows, desc="pseudo-labels", unit="win", disable=not progress) as bar:
+        for batch_ids, feats in batches:
+            n_rows += len(feats)
+            if n_rows > n_windows:
+                raise ValueError(f"build_cache: more than the {n_windows} windows n_windows said came")
+            enc = feats.to(target.dtype) if pre_encoded else engine.encode(feats, batch_size)
+            results = engine.decode(None, enc, batch_size)
+            yield batch_ids, enc, results
+            bar.update(len(results))
+
+
+def keep_first_rows(path: Path, n_rows: int) -> None:
+    """Cut the C-order .npy array at `path` to its first `n_rows` rows, in place: a header for the new shape over
+    the old one (numpy leaves room in every header for the first axis to change), then the file truncated."""
+    fmt = np.lib.format
+    with open(path, "r+b") as f:
+        version = fmt.read_magic(f)
+        read, write = ((fmt.read_array_header_1_0, fmt.write_array_header_1_0) if version == (1, 0)
+                       else (fmt.read_array_header_2_0, fmt.write_array_header_2_0))
+        shape, fortran_order, dtype = read(f)
+        data_offset = f.tell()
+        if fortran_order or not 0 <= n_rows <= shape[0]:
+            raise ValueError(f"{path}: cannot keep {n_rows} of its {shape} rows (C order only)")
+        header = io.BytesIO()
+        write(header, {"shape": (n_rows, *shape[1:]), "fortran_order": False, "descr": fmt.dtype_to_descr(dtype)})
+        if header.tell() != data_offset:
+            raise ValueError(f"{path}: the header of {n_rows} rows does not fit where the old one was")
+        f.seek(0)
+        f.write(header.getvalue())
+        f.truncate(data_offset + n_rows * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize)
 
 
 def _write_cache(out: Path, tokens: np.ndarray, lengths: np.ndarray, hidden: np.ndarray,

@@ -51,7 +51,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr_spec.distill.data import CacheBatch, CacheUnion, PseudoLabelCache
+from asr_spec.distill.data import (
+    CacheBatch,
+    CacheUnion,
+    PseudoLabelCache,
+    comparable_identity,
+    first_difference,
+    target_identity,
+)
 from asr_spec.distill.evaluation import draft_states, engine_tokens_per_pass, evaluate_agreement, reads_features
 from asr_spec.models.drafts import DECODER_KIND, SHARED_PREFIXES, decoder_draft, tie_shared
 from asr_spec.models.feature_draft import KIND as FEATURE_KIND
@@ -215,17 +222,30 @@ def param_groups(params: dict[str, nn.Parameter], cfg: TrainConfig) -> list[dict
     return groups
 
 
-def _resume(ckpt_path: Path, cfg: TrainConfig, layer_ids: list[int], draft: nn.Module,
+def _resume(ckpt_path: Path, key: dict[str, Any], draft: nn.Module,
             opt: torch.optim.Optimizer) -> tuple[int, list[dict]]:
-    """Load a checkpoint of the same run into `draft` and `opt`; returns (step, history)."""
+    """Load a checkpoint of the same run into `draft` and `opt`; returns (step, history). `key`: what the checkpoint
+    must hold (`_run_key`); one recorded before some of it was (no "target", "data") is compared on the rest.
+    ValueError naming the first field that differs."""
     state = torch.load(ckpt_path, weights_only=True)  # tensors and plain data only: no pickled code
-    if state["config"] != asdict(cfg) or state["layers"] != layer_ids:
-        raise ValueError(f"{ckpt_path}: checkpoint of a different run (config or layers differ); use a new "
-                         "work_dir or delete it")
+    wanted = {name: value for name, value in key.items() if name in state}
+    if "target" in wanted:
+        wanted["target"] = comparable_identity(state["target"], key["target"])
+    diff = first_difference(state, wanted)
+    if diff is not None:
+        raise ValueError(f"{ckpt_path}: checkpoint of a different run ({diff}); use a new work folder or delete it")
     draft.load_state_dict(state["trainable"], strict=False)
     opt.load_state_dict(state["optim"])
     draft.draft_vocab_ids = state["draft_vocab"]
     return state["step"], state["history"]
+
+
+def _run_key(target: nn.Module, target_name: str | None, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig,
+             layer_ids: list[int]) -> dict[str, Any]:
+    """What a checkpoint records of its run and a resumed run must match: the config, the target layers the draft
+    started from, the target (`target_identity`) and the training caches (`fingerprint`: their meta.json)."""
+    return {"config": asdict(cfg), "layers": layer_ids, "target": target_identity(target, target_name),
+            "data": train.fingerprint()}
 
 
 def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCache | None, cfg: TrainConfig,
@@ -282,11 +302,11 @@ def warm_start_extra(draft_names: set[str], source_names: set[str]) -> set[str] 
     return extra
 
 
-def _save_checkpoint(ckpt_path: Path, step: int, cfg: TrainConfig, layer_ids: list[int], history: list[dict],
-                     draft: nn.Module, params: dict[str, nn.Parameter], opt: torch.optim.Optimizer) -> None:
-    """Write the checkpoint atomically (temporary file, then rename)."""
+def _save_checkpoint(ckpt_path: Path, step: int, key: dict[str, Any], history: list[dict], draft: nn.Module,
+                     params: dict[str, nn.Parameter], opt: torch.optim.Optimizer) -> None:
+    """Write the checkpoint atomically (temporary file, then rename); `key`: `_run_key`."""
     tmp = ckpt_path.with_suffix(".tmp")
-    torch.save(dict(step=step, config=asdict(cfg), layers=layer_ids, history=history,
+    torch.save(dict(step=step, **key, history=history,
                     draft_vocab=draft.draft_vocab_ids,
                     trainable={k: p.detach().clone() for k, p in params.items()},
                     optim=opt.state_dict()), tmp)
@@ -301,20 +321,19 @@ class _Training:
     params: dict[str, torch.nn.Parameter]  # the draft's trainable parameters, by name
     opt: torch.optim.Optimizer
     vocab: torch.Tensor  # the token ids the losses are computed over (see train_vocab)
-    layer_ids: list[int]  # the target layers the draft was initialised from (checked on resume)
+    key: dict[str, Any]  # what its checkpoints record and a resumed run must match (`_run_key`)
     step: int = 0  # steps done
     history: list[dict[str, Any]] = field(default_factory=list)
     running: float | None = None  # running mean of the loss (0.9 decay); None before the first step
 
 
-def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, layers: Sequence[int] | None,
+def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, key: dict[str, Any],
                     draft_vocab: torch.Tensor | None, init_from: str | os.PathLike | None) -> _Training:
-    """A fresh draft (from the target's layers, or `init_from`'s) and its optimiser, or both resumed from
-    `ckpt_path` when it exists."""
+    """A fresh draft (from the target's layers key["layers"], or `init_from`'s) and its optimiser, or both resumed
+    from `ckpt_path` when it exists (a checkpoint of the run `key` describes)."""
     torch.manual_seed(cfg.seed)
-    draft = init_draft(target, layers, cfg.kind)
+    draft = init_draft(target, key["layers"], cfg.kind)
     draft.draft_vocab_ids = draft_vocab
-    layer_ids = list(layers) if layers is not None else default_layers(target.config.decoder_layers, cfg.kind)
     params = trainable_parameters(draft)
     if init_from is not None and not ckpt_path.is_file():
         source_vocab = _init_from_draft(draft, params, target, init_from)
@@ -322,9 +341,9 @@ def _start_training(target: nn.Module, cfg: TrainConfig, ckpt_path: Path, layers
             draft.draft_vocab_ids = draft_vocab = source_vocab.cpu()
     opt = torch.optim.AdamW(param_groups(params, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay)
     suppress = target.generation_config.suppress_tokens or ()
-    run = _Training(draft, params, opt, train_vocab(target.config.vocab_size, suppress, draft_vocab), layer_ids)
+    run = _Training(draft, params, opt, train_vocab(target.config.vocab_size, suppress, draft_vocab), key)
     if ckpt_path.is_file():
-        run.step, run.history = _resume(ckpt_path, cfg, layer_ids, draft, opt)
+        run.step, run.history = _resume(ckpt_path, key, draft, opt)
         run.vocab = train_vocab(target.config.vocab_size, suppress, draft.draft_vocab_ids)
     return run
 
@@ -351,21 +370,28 @@ def train_draft(
     target: nn.Module, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig, *, work_dir: str | os.PathLike,
     layers: Sequence[int] | None = None, draft_vocab: torch.Tensor | None = None,
     held_out: PseudoLabelCache | None = None, stop_after: int | None = None, progress: bool = True,
-    init_from: str | os.PathLike | None = None,
+    init_from: str | os.PathLike | None = None, target_name: str | None = None,
 ) -> TrainResult:
     """Train a draft on `train` (a cache, or a `CacheUnion` of several); resumes from `work_dir/ckpt.pt` when it
-    exists (same config required).
+    exists (same config, layers, target and caches required: `_run_key`).
 
     stop_after: stop (with a checkpoint) once this many steps are done in total — for time-boxed runs and tests.
     init_from: start from the layers of a draft saved by `save_trained_draft` (same number of layers) instead of
         the target's layers `layers` (e.g. to teach a trained draft another decoding mode).
+    target_name: the name `target` was loaded by, compared with the one the caches record (`check_target`).
+    InputError when a cache was labelled by another target; ValueError when work_dir holds another run's checkpoint.
     """
     from tqdm import tqdm
 
+    for cache in (train, held_out):
+        if cache is not None:
+            cache.check_target(target, target_name)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "ckpt.pt"
-    run = _start_training(target, cfg, ckpt_path, layers, draft_vocab, init_from)
+    layer_ids = list(layers) if layers is not None else default_layers(target.config.decoder_layers, cfg.kind)
+    run = _start_training(target, cfg, ckpt_path, _run_key(target, target_name, train, cfg, layer_ids), draft_vocab,
+                          init_from)
     head = target.proj_out.weight
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(total=cfg.steps, initial=run.step, desc="distil", disable=not progress)
@@ -381,7 +407,7 @@ def train_draft(
         bar.set_postfix(post)
         bar.update(1)
         if (cfg.ckpt_every and run.step % cfg.ckpt_every == 0) or run.step == end:
-            _save_checkpoint(ckpt_path, run.step, cfg, run.layer_ids, run.history, run.draft, run.params, run.opt)
+            _save_checkpoint(ckpt_path, run.step, run.key, run.history, run.draft, run.params, run.opt)
     bar.close()
     run.draft.eval()
     return TrainResult(run.draft, run.history)

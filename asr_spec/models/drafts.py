@@ -3,15 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import secrets
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from asr_spec.errors import InputError
 from asr_spec.models.cpu import dtype_name
 
 SHARED_PREFIXES = ("model.decoder.embed_tokens.", "model.decoder.embed_positions.", "proj_out.")  # from the target
@@ -55,30 +60,57 @@ def tie_shared(draft: nn.Module, target: nn.Module) -> None:
         p.requires_grad_(False)
 
 
-def save_trained_draft(draft: nn.Module, out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float16,
-                       info: dict | None = None) -> Path:
-    """Save the draft's own weights (decoder layers + final LayerNorm, in `dtype`) with save_pretrained
-    (safetensors), `draft_vocab.json` when its head is restricted, and `distill.json` (how it was made)."""
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """InputError when a draft cannot be saved as `out_dir`: a file there, or a folder that holds anything while
+    `overwrite` is off (a folder holding a whole model was replaced before)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: not a folder (a draft is saved as a folder)")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InputError(f"{out}: already holds files; choose another folder, or pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def new_draft_dir(out_dir: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
+    """A temporary folder beside `out_dir` to write a draft into, published as `out_dir` when the block ends
+    without error (`embedded.publish_dir`: one rename, so a half-written draft is never seen; a folder already
+    there is replaced only with `overwrite`: `check_out_dir`), and removed either way."""
+    from asr_spec.models.embedded import publish_dir
+
+    out = Path(out_dir)
+    check_out_dir(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")  # mkdtemp's would be 0700
+    tmp.mkdir()
+    try:
+        yield tmp
+        publish_dir(tmp, out, overwrite=overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_trained_draft(draft: nn.Module, out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float16,
+                       info: dict | None = None, overwrite: bool = False) -> Path:
+    """Save the draft's own weights (decoder layers + final LayerNorm, in `dtype`) with save_pretrained
+    (safetensors), `draft_vocab.json` when its head is restricted, and `distill.json` (how it was made), as the
+    folder `out_dir` (`new_draft_dir`: InputError when it holds files, unless `overwrite`)."""
     state = {k: v.detach().to(dtype).contiguous() for k, v in draft.state_dict().items()
              if not k.startswith(SHARED_PREFIXES)}
     to_save = copy.copy(draft)  # shallow: same modules; only the config's dtype note changes
     to_save.config = copy.deepcopy(draft.config)
     to_save.config.dtype = dtype_name(dtype)
-    to_save.save_pretrained(out, state_dict=state)
-    write_draft_extras(draft, out, {"kind": DECODER_KIND, **(info or {})})
-    return out
+    with new_draft_dir(out_dir, overwrite) as out:
+        to_save.save_pretrained(out, state_dict=state)
+        write_draft_extras(draft, out, {"kind": DECODER_KIND, **(info or {})})
+    return Path(out_dir)
 
 
 def write_draft_extras(draft: nn.Module, out: Path, info: dict) -> None:
-    """A saved draft's files beside its weights, whatever its kind: `draft_vocab.json` when its head is restricted
-    (removed when not), `distill.json` (`info`, with the prefixes of the tensors that are the target's)."""
+    """A saved draft's files beside its weights, whatever its kind: `draft_vocab.json` when its head is restricted,
+    `distill.json` (`info`, with the prefixes of the tensors that are the target's)."""
     vocab_ids = getattr(draft, "draft_vocab_ids", None)
     if vocab_ids is not None:
         (out / VOCAB_FILE).write_text(json.dumps(sorted(int(t) for t in vocab_ids)) + "\n")
-    elif (out / VOCAB_FILE).exists():
-        (out / VOCAB_FILE).unlink()
     meta = {"shared_from_target": list(SHARED_PREFIXES), **info}
     (out / INFO_FILE).write_text(json.dumps(meta, indent=1) + "\n")
 

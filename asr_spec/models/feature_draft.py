@@ -28,7 +28,14 @@ from torch import nn
 
 from asr_spec.engine.features import FeatureDecoder
 from asr_spec.models.cpu import dtype_name
-from asr_spec.models.drafts import INFO_FILE, SHARED_PREFIXES, draft_kind, read_draft_vocab, write_draft_extras
+from asr_spec.models.drafts import (
+    INFO_FILE,
+    SHARED_PREFIXES,
+    draft_kind,
+    new_draft_dir,
+    read_draft_vocab,
+    write_draft_extras,
+)
 
 KIND = "target-features"  # distill.json "kind" of this draft (a plain distilled draft: "decoder")
 
@@ -136,21 +143,21 @@ def own_state(draft: FeatureDraft) -> dict[str, torch.Tensor]:
 
 
 def save_feature_draft(draft: FeatureDraft, out_dir: str | os.PathLike, *, dtype: torch.dtype = torch.float16,
-                       info: dict | None = None) -> Path:
+                       info: dict | None = None, overwrite: bool = False) -> Path:
     """Save the draft's own weights (model.safetensors, in `dtype`), its config, `draft_vocab.json` when its head is
-    restricted and `distill.json` (how it was made, with "kind": "target-features")."""
+    restricted and `distill.json` (how it was made, with "kind": "target-features"), as the folder `out_dir`
+    (`new_draft_dir`: InputError when it holds files, unless `overwrite`)."""
     from safetensors.torch import save_file
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to(dtype).contiguous() for k, v in own_state(draft).items()},
-              str(out / "model.safetensors"))
     config = copy.deepcopy(draft.config)
     config.dtype = dtype_name(dtype)
-    config.save_pretrained(out)
-    draft.generation_config.save_pretrained(out)
-    write_draft_extras(draft, out, {**(info or {}), "kind": KIND})
-    return out
+    with new_draft_dir(out_dir, overwrite) as out:
+        save_file({k: v.detach().to(dtype).contiguous() for k, v in own_state(draft).items()},
+                  str(out / "model.safetensors"))
+        config.save_pretrained(out)
+        draft.generation_config.save_pretrained(out)
+        write_draft_extras(draft, out, {**(info or {}), "kind": KIND})
+    return Path(out_dir)
 
 
 def is_feature_draft(path: str | os.PathLike) -> bool:

@@ -23,15 +23,15 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
               max_audio_s: float = 7200.0, upload_timeout_s: float = 120.0, api_keys: Sequence[str] = (),
               max_backlog_s: float | None = None, catch_up: bool | None = None, step_s: float | None = None,
               hypothesis: bool | None = None, committed_prefix: bool | None = None, context_s: float | None = None,
-              group_wait_s: float | None = None, **overrides: Any) -> Any:
+              group_wait_s: float | None = None, idle_timeout_s: float | None = None, **overrides: Any) -> Any:
     """Load the models (`Transcriber.from_preset(preset, batch_size=batch_size, **overrides)`) and return the
     FastAPI app serving them, batch_size engine rows shared by all requests; a notice names the model and what it
     runs on (`models.cpu.precision_line`). The model id it answers to is the
     preset's name, or the model given in `overrides`. api_keys: with ASR_SPEC_API_KEY's, the keys every route but
     /health (and the page at /) requires (none: open). max_streams: live streams (/v1/realtime) open at once;
-    max_backlog_s, catch_up, hypothesis: `RealtimeOptions`' (None: its default); step_s, committed_prefix,
-    context_s: the live streams' `StreamOptions` (None: the default); group_wait_s: the batcher's (None:
-    `GROUP_WAIT_S`)."""
+    max_backlog_s, catch_up, hypothesis, idle_timeout_s: `RealtimeOptions`' (None: its default); step_s,
+    committed_prefix, context_s: the live streams' `StreamOptions` (None: the default); group_wait_s: the
+    batcher's (None: `GROUP_WAIT_S`)."""
     from asr_spec.checks import int_at_least, seconds_at_least_zero
     from asr_spec.logs import NOTICE
     from asr_spec.models.cpu import precision_line, run_of
@@ -51,7 +51,8 @@ def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_re
                            max_audio_s=max_audio_s, upload_timeout_s=upload_timeout_s, api_keys=all_keys(api_keys))
     given_stream = {"step_s": step_s, "committed_prefix": committed_prefix, "context_s": context_s}
     stream = StreamOptions(**{k: v for k, v in given_stream.items() if v is not None})
-    given = {"max_backlog_s": max_backlog_s, "catch_up": catch_up, "hypothesis": hypothesis, "stream": stream}
+    given = {"max_backlog_s": max_backlog_s, "catch_up": catch_up, "hypothesis": hypothesis, "stream": stream,
+             "idle_timeout_s": idle_timeout_s}
     realtime = RealtimeOptions(model_id=options.model_id, **{k: v for k, v in given.items() if v is not None})
     transcriber = Transcriber.from_preset(preset, batch_size=batch_size, **overrides)
     # what it runs on, once at start (the CLI's summary line says it per run; a server has none)

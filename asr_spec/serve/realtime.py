@@ -7,7 +7,9 @@
     transcription.done (the whole text, usage)
 
 A connection holds one stream (`--max-streams` in all; past it the connection gets an error event and is closed
-with code 1013, "try again later"). The policy (the streaming policy of `asr_spec.stream`) decides what to
+with code 1013, "try again later"); a connection with no audio appended for `idle_timeout_s` (60 s), while none
+of its audio is being decoded, gets an error event (idle_timeout) and is closed (1000), so an idle client does not
+keep a stream from others. The policy (the streaming policy of `asr_spec.stream`) decides what to
 re-decode and what is committed; it is fed in audio time, one `block_s` of samples after another, never more than
 one re-decode in flight, so what it commits does not depend on how the client cuts its appends. The session reads
 the socket all the time (so the keepalive's pongs are seen however fast the client sends): what the policy has
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +58,7 @@ log = logging.getLogger(__name__)
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at --max-streams
 UNSUPPORTED = 1003  # WebSocket close code: this server cannot stream (its decoding has no timestamps)
 POLICY_VIOLATION = 1008  # WebSocket close code: the client sent more audio than the backlog holds
+IDLE_CLOSED = 1000  # WebSocket close code (normal closure) of a connection idle for idle_timeout_s
 BEHIND_S = 1.0  # audio waiting when a result comes back, in seconds, from which a stream is behind (lag events)
 STATIC_DIR = Path(__file__).parent / "static"  # the page at / and its scripts
 SUBPROTOCOL = "realtime"  # answered when offered (a browser offering subprotocols needs one chosen)
@@ -70,6 +74,9 @@ class RealtimeOptions:
     block_s: float = 0.1  # the policy is fed this much audio at a time (so as the streaming API feeds it)
     vad: bool = True  # the default policy closes utterances at silence (silero-vad), as Transcriber.stream does
     stream: StreamOptions = StreamOptions()  # the default policy's re-decode step, buffer and silence (its checks)
+    # a connection that appends no audio for this long, in seconds, while none of its audio is being decoded, gets
+    # an error event (idle_timeout) and is closed: it gives its stream (--max-streams) back
+    idle_timeout_s: float = 60.0
     catch_up: bool = True  # a stream that is behind is re-decoded less often (stream/catchup.py); off: every step
     # each re-decode offers the stream's previous hypothesis as the engine's draft (`ChunkRequest.hypothesis`), the
     # same tokens either way. Off by default: with the preset's model draft on (bf16 on an AMX CPU, 8 rows) its
@@ -80,7 +87,7 @@ class RealtimeOptions:
     policy: Callable[[], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_backlog_s", "max_append_s", "block_s"):  # finite: counted in samples
+        for name in ("max_backlog_s", "max_append_s", "block_s", "idle_timeout_s"):  # finite (samples, a timer)
             positive_seconds(getattr(self, name), name)
         if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
             raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
@@ -133,6 +140,7 @@ class Session:
         self.lag = False  # send transcription.lag events (session.update)
         self.id = ""  # its session.created event's id
         self.inputs = 0  # inputs started so far
+        self.active_at = time.monotonic()  # its last append, or result of its re-decodes (from which it is idle)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_result(self, outcome: ChunkResult | str) -> None:  # the engine thread
@@ -158,7 +166,7 @@ class Session:
 
     async def _serve(self) -> None:
         """Read events all the time (a fast client's pings are answered), take results as they come, until the
-        client goes away or sends more than the backlog holds."""
+        client goes away, sends more than the backlog holds, or is idle for `idle_timeout_s`."""
         receiving: asyncio.Future | None = None
         result: asyncio.Future | None = None
         try:
@@ -167,7 +175,11 @@ class Session:
                     receiving = asyncio.ensure_future(self.ws.receive())
                 if result is None:
                     result = asyncio.ensure_future(self.results.get())
-                finished, _ = await asyncio.wait({receiving, result}, return_when=asyncio.FIRST_COMPLETED)
+                finished, _ = await asyncio.wait({receiving, result}, timeout=self._idle_left_s(),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                if not finished:
+                    await self._close_idle()
+                    return
                 if receiving in finished:
                     message, receiving = receiving.result(), None
                     if message["type"] == "websocket.disconnect":
@@ -176,12 +188,28 @@ class Session:
                         return
                 if result in finished:
                     outcome, result = result.result(), None
+                    self.active_at = time.monotonic()
                     await self._on_result(outcome)
                 await self._pump()
         finally:
             for task in (receiving, result):
                 if task is not None:
                     task.cancel()
+
+    def _idle_left_s(self) -> float | None:
+        """Seconds left until the session is idle (`idle_timeout_s` after its last append or result); None
+        while it waits for its own work (a re-decode in flight, an input the client ended): not idle then."""
+        current = self.input
+        if current is not None and (current.decode is not None or current.finishing):
+            return None
+        return max(0.0, self.active_at + self.options.idle_timeout_s - time.monotonic())
+
+    async def _close_idle(self) -> None:
+        """An error event (idle_timeout) and a normal close: the connection sent no audio for `idle_timeout_s`."""
+        timeout_s = self.options.idle_timeout_s
+        await self._send(events.error(f"no audio for {timeout_s:g} s (the server's idle timeout): the connection is "
+                                      "closed; reconnect to stream again", "idle_timeout"))
+        await self.ws.close(IDLE_CLOSED, "idle timeout")
 
     async def _on_message(self, message: str | bytes | None) -> bool:
         """Apply one client event; False when the connection is over (its backlog is full: error event, close)."""
@@ -213,6 +241,7 @@ class Session:
             self.input = _Input(self._new_policy(), self.options.max_backlog_samples)
         if isinstance(event, events.Append):
             self.input.backlog.append(event.samples)
+            self.active_at = time.monotonic()  # audio came: the session is not idle
         elif event.final:
             self.input.finishing = True
         # a commit without final starts an input (vLLM's "ready to start"); while one runs it changes nothing

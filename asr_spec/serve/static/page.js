@@ -8,41 +8,67 @@ const RATE = 16000;
 const BLOCK_MS = 100;  // a file is sent in blocks of this much audio, one per BLOCK_MS of wall time
 const LAG_SHOWN_S = 1.0;  // the server is shown as catching up from this much audio waiting (its own threshold)
 const $ = (id) => document.getElementById(id);
-let client = null;
-let capture = null;  // {context, stream, node} while the microphone runs
-let fileTimer = null;
+// The input running or last run: {client, capture ({context, node, media} while the microphone runs), timer (the
+// file's block timer), ended}. Each feeds its own client. One ends at its done, an error event, its connection's
+// close, or the next Start: then nothing more is sent, and what its client still reports changes nothing.
+let session = null;
 
 function setState(state, status) {
   document.body.dataset.state = state;
   if (status !== undefined) $("status").textContent = status;
   const busy = state === "streaming" || state === "finishing";
   $("mic-start").disabled = busy;
-  $("mic-stop").disabled = !(busy && capture);
+  $("mic-stop").disabled = !(busy && session && session.capture);
   $("file-start").disabled = busy || !$("file").files.length;
 }
 
-function newClient() {
+function show(own, state, status) {  // the page's state, when `own` is the current session
+  if (own === session) setState(state, status);
+}
+
+function newSession() {
+  if (session) endSession(session);
   $("committed").textContent = "";
   $("tentative").textContent = "";
-  return new RealtimeClient({
-    committed: (text) => { $("committed").textContent = text; },
-    tentative: (text) => { $("tentative").textContent = text ? (text.startsWith(" ") ? text : " " + text) : ""; },
-    lag: showLag,
+  const own = {client: null, capture: null, timer: null, ended: false};
+  own.client = new RealtimeClient({
+    committed: (text) => { if (!own.ended) $("committed").textContent = text; },
+    tentative: (text) => {
+      if (!own.ended) $("tentative").textContent = text ? (text.startsWith(" ") ? text : " " + text) : "";
+    },
+    lag: (behindSeconds) => { if (!own.ended) showLag(behindSeconds); },
     done: (text, usage) => {
-      showLag(0);
+      if (own.ended) return;
+      endSession(own);
       $("committed").textContent = text;
       $("tentative").textContent = "";
-      setState("done", `Done (${usage ? usage.completion_tokens : 0} tokens decoded).`);
-      client.close();
+      show(own, "done", `Done (${usage ? usage.completion_tokens : 0} tokens decoded).`);
     },
-    error: (message) => setState("error", `Error: ${message}`),
-    closed: (reason) => {
-      if (document.body.dataset.state === "streaming" || document.body.dataset.state === "finishing") {
-        setState("error", `Connection closed: ${reason}`);
+    error: (message) => {  // the input is over: the server dropped it, or is closing the connection
+      if (own.ended) return;
+      endSession(own);
+      show(own, "error", `Error: ${message}`);
+    },
+    closed: (reason) => {  // before the session was created, open() rejects instead
+      if (own.ended) return;
+      endSession(own);
+      if (["streaming", "finishing"].includes(document.body.dataset.state)) {
+        show(own, "error", `Connection closed: ${reason}`);
       }
-      stopCapture();
     },
   });
+  session = own;
+  return own;
+}
+
+// nothing more is sent for `own`: the file's timer stopped, the microphone released, the socket closed
+function endSession(own) {
+  own.ended = true;
+  clearInterval(own.timer);
+  own.timer = null;
+  stopCapture(own);
+  own.client.close();
+  if (own === session) showLag(0);
 }
 
 function showLag(behindSeconds) {  // the server's audio not yet decoded when its last result came back
@@ -53,12 +79,12 @@ function showLag(behindSeconds) {  // the server's audio not yet decoded when it
 }
 
 async function startMicrophone() {
+  const own = newSession();
   let media = null;
   let worklet = null;
   try {
-    client = newClient();
-    await client.open($("api-key").value);  // first the socket, then the worklet: no captured audio waits
-    worklet = await pcmWorklet({sampleRate: RATE});  // the browser resamples the microphone to 16 kHz
+    await own.client.open($("api-key").value);  // first the socket, then the worklet: no captured audio waits
+    worklet = await pcmWorklet({sampleRate: RATE}, own.client);  // the browser resamples the microphone to 16 kHz
     media = await navigator.mediaDevices.getUserMedia({
       audio: {channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false},
     });
@@ -66,23 +92,24 @@ async function startMicrophone() {
       worklet.context.createMediaStreamSource(media).connect(worklet.node);
     } catch (err) {  // a browser that cannot: the worklet resamples from the device's rate
       worklet.context.close();
-      worklet = await pcmWorklet({});
+      worklet = await pcmWorklet({}, own.client);
       worklet.context.createMediaStreamSource(media).connect(worklet.node);
     }
-    capture = {context: worklet.context, node: worklet.node, media};
-    setState("streaming", "Listening...");
+    own.capture = {context: worklet.context, node: worklet.node, media};
+    // the connection closed (or a newer Start ended this one) while the microphone opened: a prompt can take long
+    if (own.ended) throw new Error("the connection closed before the microphone was ready");
+    show(own, "streaming", "Listening...");
   } catch (err) {
-    if (!capture) {
+    if (!own.capture) {
       if (media) media.getTracks().forEach((track) => track.stop());
       if (worklet) worklet.context.close();
     }
-    stopCapture();
-    if (client) client.close();
-    setState("error", `Error: ${err.message}`);
+    endSession(own);
+    show(own, "error", `Error: ${err.message}`);
   }
 }
 
-async function pcmWorklet(contextOptions) {  // -> {context, node}: the pcm16 worklet, its blocks sent
+async function pcmWorklet(contextOptions, client) {  // -> {context, node}: the pcm16 worklet, its blocks sent by client
   const context = new AudioContext(contextOptions);
   try {
     await context.audioWorklet.addModule("/static/pcm-worklet.js");
@@ -95,20 +122,22 @@ async function pcmWorklet(contextOptions) {  // -> {context, node}: the pcm16 wo
   }
 }
 
-function stopCapture() {
-  if (!capture) return;
-  capture.media.getTracks().forEach((track) => track.stop());
-  capture.context.close();
-  capture = null;
+function stopCapture(own) {
+  if (!own.capture) return;
+  own.capture.media.getTracks().forEach((track) => track.stop());
+  own.capture.context.close();
+  own.capture = null;
 }
 
 function stopMicrophone() {
-  if (!capture) return;
-  capture.node.port.postMessage("flush");
+  const own = session;
+  if (!own || !own.capture) return;
+  own.capture.node.port.postMessage("flush");
   setTimeout(() => {  // the flushed block arrives through the worklet's port first
-    stopCapture();
-    setState("finishing", "Finishing...");
-    client.finish();
+    if (own.ended) return;  // an error or a close came meanwhile: the page says so already
+    stopCapture(own);
+    show(own, "finishing", "Finishing...");
+    own.client.finish();
   }, 50);
 }
 
@@ -129,25 +158,28 @@ async function decodeFile(file) {  // -> Int16Array of 16 kHz mono samples
 
 async function streamFile() {
   const file = $("file").files[0];
+  const own = newSession();
   try {
-    client = newClient();
     const samples = await decodeFile(file);
-    await client.open($("api-key").value);
-    setState("streaming", `Streaming ${file.name} (${(samples.length / RATE).toFixed(1)} s) at real-time pace...`);
+    await own.client.open($("api-key").value);
+    if (own.ended) throw new Error("the connection closed");  // at once, or a newer Start ended this one
+    show(own, "streaming", `Streaming ${file.name} (${(samples.length / RATE).toFixed(1)} s) at real-time pace...`);
     const block = RATE * BLOCK_MS / 1000;
     let offset = 0;
-    fileTimer = setInterval(() => {
+    own.timer = setInterval(() => {
       if (offset < samples.length) {
-        client.append(samples.subarray(offset, Math.min(offset + block, samples.length)));
+        own.client.append(samples.subarray(offset, Math.min(offset + block, samples.length)));
         offset += block;
       } else {
-        clearInterval(fileTimer);
-        setState("finishing", "Finishing...");
-        client.finish();
+        clearInterval(own.timer);
+        own.timer = null;
+        show(own, "finishing", "Finishing...");
+        own.client.finish();
       }
     }, BLOCK_MS);
   } catch (err) {
-    setState("error", `Error: ${err.message}`);
+    endSession(own);
+    show(own, "error", `Error: ${err.message}`);
   }
 }
 

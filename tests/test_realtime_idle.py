@@ -1,0 +1,173 @@
+"""`/v1/realtime`'s idle timeout (`RealtimeOptions.idle_timeout_s`, `asr-spec serve --idle-timeout-s`): a
+connection that appends nothing for that long, while none of its audio is being decoded, gets an error event
+(idle_timeout) and a normal close (1000), and its stream is free for the next client; a connection that keeps
+appending, or waits for its own re-decode, is not idle. Short timeouts (0.5 s), the tiny real-vocabulary Whisper."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
+websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
+
+from conftest import wait_until_async  # noqa: E402
+from test_realtime import TIMEOUT_S, pcm16, realtime_transcriber, stream, ws_url  # noqa: E402
+from test_serve import serving  # noqa: E402
+from test_transcribe import SHORT  # noqa: E402
+
+from asr_spec.engine.capture import StepRunner  # noqa: E402
+from asr_spec.errors import InputError  # noqa: E402
+from asr_spec.serve.app import create_app  # noqa: E402
+from asr_spec.serve.batcher import Batcher  # noqa: E402
+from asr_spec.serve.realtime import RealtimeOptions  # noqa: E402
+
+IDLE_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    return realtime_transcriber()
+
+
+def append(samples) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(samples.tobytes()).decode()})
+
+
+async def closed_for_idleness(ws, timeout_s: float = TIMEOUT_S) -> tuple[dict, int]:
+    """The next event (the idle_timeout error) and the close code that follows it."""
+    event = json.loads(await asyncio.wait_for(ws.recv(), timeout_s))
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await asyncio.wait_for(ws.recv(), timeout_s)
+    return event, closed.value.rcvd.code
+
+
+async def keep_updating(ws) -> None:
+    """session.update every 0.1 s (no audio) until the connection is closed."""
+    while True:
+        await asyncio.sleep(0.1)
+        try:
+            await ws.send(json.dumps({"type": "session.update", "tentative": True}))
+        except websockets.ConnectionClosed:
+            return
+
+
+def test_idle_connections_are_closed_and_give_their_streams_back(greedy):
+    """max_streams 2: two clients connect and append nothing (one starts an input and sends session.update every
+    0.1 s: no audio); each gets idle_timeout and 1000 after idle_timeout_s, and a third client then streams."""
+    batcher = Batcher(greedy, batch_size=2, max_streams=2)
+
+    async def scenario(uri: str):
+        silent, chatty = await websockets.connect(uri), await websockets.connect(uri)
+        started = time.monotonic()
+        for ws in (silent, chatty):
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        await chatty.send(json.dumps({"type": "input_audio_buffer.commit"}))  # an input started, then no audio
+        updating = asyncio.ensure_future(keep_updating(chatty))
+        closes = [await closed_for_idleness(ws, 20 * IDLE_S) for ws in (silent, chatty)]
+        waited_s = time.monotonic() - started
+        await updating
+        await wait_until_async(lambda: batcher.streams.n_open == 0)
+        return closes, waited_s, await stream(uri, pcm16(SHORT[3])[:16000])
+
+    with serving(create_app(batcher, realtime=RealtimeOptions(catch_up=False, idle_timeout_s=IDLE_S))) as base_url:
+        closes, waited_s, (done, deltas, errors) = asyncio.run(scenario(ws_url(base_url)))
+    for event, code in closes:
+        assert event["type"] == "error" and event["code"] == "idle_timeout" and code == 1000, (event, code)
+        assert "no audio for 0.5 s" in event["error"] and "\n" not in event["error"]
+    assert waited_s >= IDLE_S
+    assert not errors and done["type"] == "transcription.done" and done["text"] == "".join(deltas)
+
+
+def gated_transcriber(gate: threading.Event, steps: list[float]):
+    """The tiny transcriber whose decoder steps wait for `gate` (a re-decode held in the engine while it is shut)."""
+    held = realtime_transcriber()
+
+    def wrap(fn):
+        def gated(*args):
+            steps.append(time.monotonic())
+            gate.wait(TIMEOUT_S)
+            fn(*args)
+        return gated
+
+    held.engine.runner = StepRunner("wrapped", wrap)
+    return held
+
+
+def test_appending_or_waiting_for_its_redecode_is_not_idle():
+    """One connection: small appends every 0.1 s for three timeouts (too little audio for a re-decode), then a
+    second of audio and the final commit, its re-decode held in the engine for three timeouts; it gets its
+    transcription.done and no error, and only then, after a timeout's quiet, idle_timeout and 1000."""
+    gate, steps = threading.Event(), []
+    batcher = Batcher(gated_transcriber(gate, steps), batch_size=2)
+    pcm = pcm16(SHORT[0])
+
+    async def scenario(uri: str):
+        async with websockets.connect(uri) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            for start in range(0, 160 * 15, 160):  # 0.01 s per 0.1 s
+                await ws.send(append(pcm[start:start + 160]))
+                await asyncio.sleep(0.1)
+            decoded_while_appending = len(steps)
+            await ws.send(append(pcm[160 * 15:16000]))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            await asyncio.sleep(3 * IDLE_S)
+            held = bool(steps)
+            gate.set()
+            events = []
+            while not events or events[-1]["type"] not in ("transcription.done", "error"):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S)))
+            done_at = time.monotonic()
+            idle, code = await closed_for_idleness(ws)
+            return decoded_while_appending, held, events, time.monotonic() - done_at, idle, code
+
+    try:
+        with serving(create_app(batcher, realtime=RealtimeOptions(catch_up=False, idle_timeout_s=IDLE_S))) as url:
+            decoded, held, events, quiet_s, idle, code = asyncio.run(scenario(ws_url(url)))
+    finally:
+        gate.set()
+    assert decoded == 0 and held  # not idle for having nothing in the engine, then for having its re-decode there
+    assert events[-1]["type"] == "transcription.done", events[-1]
+    assert idle["code"] == "idle_timeout" and code == 1000
+    assert quiet_s >= IDLE_S * 0.8
+
+
+def test_the_idle_timeout_is_checked():
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "60"):
+        with pytest.raises(InputError, match="idle_timeout_s must be a positive number of seconds"):
+            RealtimeOptions(idle_timeout_s=bad)
+    assert RealtimeOptions().idle_timeout_s == 60.0
+
+
+def test_serve_passes_its_idle_timeout_to_the_sessions(monkeypatch, greedy, capsys, tmp_path):
+    """`asr-spec serve --idle-timeout-s S`: the app's realtime options (models and uvicorn replaced); a bad value
+    fails before the models load, in one line."""
+    import uvicorn
+
+    import asr_spec.serve.app as app_module
+    from asr_spec.cli import main
+    from asr_spec.transcribe import Transcriber
+
+    made: dict = {}
+    create_app_itself = app_module.create_app
+
+    def recording_create_app(batcher, options, realtime):
+        made["realtime"] = realtime
+        return create_app_itself(batcher, options, realtime)
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(tmp_path / "absent"), "--idle-timeout-s", "0"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "idle_timeout_s must be a positive number of seconds" in err, err
+    assert len(err.strip().splitlines()) == 1
+    monkeypatch.setattr(Transcriber, "from_preset", classmethod(lambda cls, *args, **kwargs: greedy))
+    monkeypatch.setattr(app_module, "create_app", recording_create_app)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--preset", "base", "--idle-timeout-s", "15"])
+    assert info.value.code == 0 and made["realtime"].idle_timeout_s == 15.0
