@@ -35,6 +35,7 @@ replay them on the same state (engine/state.py), the oracle engine across its ra
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -254,6 +255,7 @@ def _bench_oracle(args, target, draft, enc, batch: int, stage: Stage, ref: Refer
                              floor_ms(target, draft, keys, args.machine, floors))
             _emit(dict(row, speedup_vs_greedy=row["tokens_per_s"] / ref.tps[batch, mode]), out_rows, args)
         del engine
+        gc.collect()  # an engine references its own methods: only the cyclic collector frees its caches
         if enc.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -135,6 +135,22 @@ def test_cuda_graphs_equal_eager(speculative):
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two NVIDIA GPUs")
+def test_an_engine_on_the_second_gpu_decodes_as_on_the_first():
+    """`--device cuda:1`: streams, graph captures and the host read's event were the current device's (cuda:0),
+    so the capture recorded nothing, every replay did nothing and the read raced the copy."""
+    feats = _features(10)
+    runs = {}
+    for device in ("cuda:0", "cuda:1"):
+        target = tiny_target().to(device, torch.float16)
+        opts = DecodeOptions(language="en", timestamps=True, max_new_tokens=40, cuda_graphs=True)
+        engine = Engine(target, decoder_draft(target), opts)
+        runs[device] = [(r.tokens, r.stats) for r in engine.decode(feats.to(device).half(), batch_size=4)]
+        assert engine.runner.graphs and torch.cuda.current_device() == 0
+    assert runs["cuda:1"] == runs["cuda:0"]
+
+
+@pytest.mark.cuda
 @NEEDS_GPU
 def test_graphs_captured_ahead_equal_eager():
     """`Engine.capture_ahead` on a real GPU: every (rows bucket, key bucket) captured on parked slots (no

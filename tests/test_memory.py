@@ -46,3 +46,30 @@ def test_a_cpu_run_takes_the_lower_of_the_machine_and_its_container(monkeypatch)
     assert memory.free_bytes(torch.device("cpu")) == 2 * 2**30
     monkeypatch.setattr(memory, "cgroup_headroom", lambda: None)
     assert memory.free_bytes(torch.device("cpu")) == 64 * 2**30
+
+
+def test_a_run_that_does_not_fit_is_checked_again_after_collecting_engines_let_go(monkeypatch) -> None:
+    """An engine let go keeps its caches until the cyclic collector runs (it references its own methods): a GPU
+    benchmark building engine after engine saw the dropped ones as used memory and stopped with ResourceError."""
+    import gc
+    import weakref
+
+    class Dropped:  # an engine-like cycle holding memory
+        def __init__(self) -> None:
+            self.me = self
+
+    def free(device):
+        return 100 if alive() is not None else 10_000  # what the dropped object holds is free once it is gone
+
+    monkeypatch.setattr(memory, "free_bytes", free)
+    monkeypatch.setattr(memory, "check_fits", lambda run, n_rows, free: None if free >= 1000 else "does not fit")
+    gc.disable()
+    try:
+        kept = Dropped()
+        alive = weakref.ref(kept)
+        assert memory.fits_now(None, 1, torch.device("cpu")) == "does not fit"  # still referenced: a real shortage
+        del kept
+        assert alive() is not None  # a cycle: not freed by reference counting
+        assert memory.fits_now(None, 1, torch.device("cpu")) is None and alive() is None
+    finally:
+        gc.enable()

@@ -11,6 +11,7 @@ tests/test_capture_contract.py checks the addresses every replayed step touches.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -106,10 +107,14 @@ class StepRunner:
         width = args[5].width if len(args) > 5 else 0
         key = (st.n_tok.shape[0], n_keys, k, rules.sampling, width)
         graph = self.graphs.get(key)
-        if graph is not None:
-            self._replay(key, graph, args)
-        else:
-            self.graphs[key] = self._capture(key, args)
+        # on the state's device: streams, captures and replays without a device are the current device's (cuda:0
+        # for `--device cuda:1`: the capture recorded nothing, every replay did nothing)
+        device = st.n_tok.device
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # (CPU: tests' doubles)
+            if graph is not None:
+                self._replay(key, graph, args)
+            else:
+                self.graphs[key] = self._capture(key, args)
 
     def _replay(self, key: tuple, graph: torch.cuda.CUDAGraph, args: tuple) -> None:
         """Run the step of `args` by replaying `graph`, captured for `key` (a test double checks the contract)."""
@@ -145,6 +150,7 @@ class HostReader:
     def __init__(self, n_rows: int, device: torch.device, lag: int | None = None):
         """lag: None = 1 on CUDA, 0 elsewhere; 1 on CPU runs the CUDA scheduling (a test of it without a GPU)."""
         self.cuda = device.type == "cuda"
+        self.device = device
         self.lag = (1 if self.cuda else 0) if lag is None else lag
         self.buf = torch.zeros(n_rows + 1, dtype=torch.long, pin_memory=self.cuda)
         self.event = torch.cuda.Event() if self.cuda else None
@@ -156,8 +162,8 @@ class HostReader:
         n = st.finish.shape[0]
         self.buf[:n].copy_(st.finish, non_blocking=self.cuda)
         self.buf[n].copy_(st.n_tok.max(), non_blocking=self.cuda)
-        if self.cuda:
-            self.event.record()
+        if self.cuda:  # after the copies on the state's device's stream (not the current device's: cuda:0)
+            self.event.record(torch.cuda.current_stream(self.device))
         self.pending, self.tag = n, tag
 
     def after_step(self, st: DecodeState, tag: int) -> tuple[int, list[int], int] | None:

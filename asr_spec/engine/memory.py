@@ -10,6 +10,7 @@ after them. A batch that cannot fit is refused at once with the largest batch si
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -187,6 +188,22 @@ def check_fits(run: RunShape, n_rows: int, free: int | None) -> str | None:
     advice = f"--batch-size {fits} fits" if fits else "not even --batch-size 1 fits: use a smaller model or dtype"
     return (f"batch of {n_rows} needs {gib(need)} for its caches (models {gib(run.model_bytes)} already loaded) "
             f"but {gib(free)} is free: {advice}")
+
+
+def fits_now(run: RunShape, n_rows: int, device: torch.device, releasable: int = 0) -> str | None:
+    """`check_fits` against the memory free on `device` now plus `releasable` bytes (a held state the run would
+    replace). Where it does not fit, unreachable objects are collected first and it is asked again: an engine
+    let go keeps its caches until Python's cyclic collector runs (it references its own methods), so a benchmark
+    building engine after engine on a GPU saw tens of GiB of dropped engines as used and stopped."""
+    for attempt in range(2):
+        free = free_bytes(device)
+        reason = check_fits(run, n_rows, None if free is None else free + releasable)
+        if reason is None or attempt:
+            return reason
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return reason
 
 
 def encode_batch(batch_size: int, device: torch.device) -> int:

@@ -346,10 +346,8 @@ class Engine:
 
     def _check_fits(self, n_rows: int) -> None:
         """ResourceError, saying what fits, when a run of `n_rows` rows would not fit in the memory free now."""
-        free = memory.free_bytes(self.target_dec.device)
-        if free is not None:  # a held state the run would replace is freed first
-            free += self.states.releasable_bytes(n_rows, self._k(n_rows))
-        reason = memory.check_fits(self.run_shape(n_rows), n_rows, free)
+        releasable = self.states.releasable_bytes(n_rows, self._k(n_rows))  # a held state the run would replace
+        reason = memory.fits_now(self.run_shape(n_rows), n_rows, self.target_dec.device, releasable)
         if reason is not None:
             raise memory.ResourceError(reason)
 
