@@ -86,8 +86,32 @@ def _drop_encoder_weights(folder: Path) -> str:
     return "weights lack"
 
 
+def _fewer_layers_in_config(folder: Path) -> str:
+    """A config.json of another model beside the weights (turbo's 4 decoder layers over large-v3's 32): the
+    tensors without a place were dropped and the rest transcribed garbage, exit 0."""
+    config = json.loads((folder / "config.json").read_text())
+    config["decoder_layers"] -= 1
+    (folder / "config.json").write_text(json.dumps(config))
+    return "tensors its config.json has no place for"
+
+
+def _another_tokenizers_ids(folder: Path) -> str:
+    """Ids the tokenizer does not give its special tokens (another model's tokenizer beside the weights)."""
+    gen = json.loads((folder / "generation_config.json").read_text())
+    gen["eos_token_id"] -= 1
+    (folder / "generation_config.json").write_text(json.dumps(gen))
+    return "the tokenizer is another model's"
+
+
+def _drop_generation_config(folder: Path) -> str:
+    (folder / "generation_config.json").unlink()
+    return "no Whisper generation config"
+
+
 @pytest.mark.parametrize("which,damage", [("model", _truncate_weights), ("model", _break_config),
                                           ("model", _drop_tokenizer), ("model", _drop_encoder_weights),
+                                          ("model", _fewer_layers_in_config), ("model", _another_tokenizers_ids),
+                                          ("model", _drop_generation_config),
                                           ("draft", _truncate_weights), ("draft", _break_config)])
 def test_a_broken_model_or_draft_is_one_line_exit_2(capsys, tmp_path: Path, model_dirs, which, damage) -> None:
     target_dir, draft_dir = model_dirs

@@ -131,16 +131,33 @@ def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype
         raise ModelLoadError(f"{name}: its weights lack {len(missing)} of the {cls.__name__}'s tensors "
                              f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): not a whole "
                              f"{'decoder' if decoder_only else 'Whisper model'} checkpoint")
+    unused = sorted(k for k in info.get("unexpected_keys") or () if not (decoder_only and ".encoder." in f".{k}"))
+    if unused:  # tensors the config has no place for (more layers than it says): dropped, the model is another one
+        raise ModelLoadError(f"{name}: its weights hold {len(unused)} tensors its config.json has no place for "
+                             f"({', '.join(unused[:3])}{', ...' if len(unused) > 3 else ''}): the config and the "
+                             "weights are of different models")
+    if not decoder_only:
+        missing_ids = [key for key in _GENERATION_IDS.values() if getattr(model.generation_config, key, None) is None]
+        if missing_ids:
+            raise ModelLoadError(f"{name}: no Whisper generation config (generation_config.json missing, or without "
+                                 f"{', '.join(missing_ids)}): copy the one of the model it was trained from")
     if precision == INT8 and not decoder_only:
         int8.request(model.model.encoder)
     return model.to(device).eval()
 
 
+# the special tokens a tokenizer and a generation config must agree on: token -> generation config field
+_GENERATION_IDS = {"<|endoftext|>": "eos_token_id", "<|startoftranscript|>": "decoder_start_token_id",
+                   "<|notimestamps|>": "no_timestamps_token_id"}
+
+
 MIN_VOCAB = 1000  # a Whisper tokenizer has ~50k tokens; transformers builds a 1-token one when the files are missing
 
 
-def load_processor(name: str | os.PathLike) -> Any:
-    """The tokenizer and feature extractor of a model; `ModelLoadError` when missing or unreadable."""
+def load_processor(name: str | os.PathLike, target: Any = None) -> Any:
+    """The tokenizer and feature extractor of a model; `ModelLoadError` when missing or unreadable, or (given the
+    `target` loaded from the same place) when its special tokens are not the target's (another model's tokenizer:
+    a transcript of random words, exit 0, before)."""
     from transformers import WhisperProcessor
 
     with _loading(name, "tokenizer/feature extractor"):
@@ -153,7 +170,24 @@ def load_processor(name: str | os.PathLike) -> Any:
         check_extractor(processor.feature_extractor)
     except InputError as err:
         raise ModelLoadError(f"{name}: its feature extractor's settings: {err}") from err
+    if target is not None:
+        _check_tokenizer(name, processor.tokenizer, target)
     return processor
+
+
+def _check_tokenizer(name: str | os.PathLike, tokenizer: Any, target: Any) -> None:
+    """ModelLoadError naming `name` when the tokenizer's special tokens or size are not the target's."""
+    gen = target.generation_config
+    for token, key in _GENERATION_IDS.items():
+        wanted = getattr(gen, key, None)
+        wanted = wanted[0] if isinstance(wanted, (list, tuple)) else wanted
+        found = tokenizer.convert_tokens_to_ids(token)
+        if wanted is not None and found != wanted:
+            raise ModelLoadError(f"{name}: its tokenizer gives {token} the id {found}, its generation config "
+                                 f"{wanted}: the tokenizer is another model's")
+    if len(tokenizer) > target.config.vocab_size:
+        raise ModelLoadError(f"{name}: its tokenizer has {len(tokenizer)} tokens, the model {target.config.vocab_size}"
+                             ": the tokenizer is another model's")
 
 
 def load_distilled(path: str | os.PathLike, target: nn.Module) -> Any:

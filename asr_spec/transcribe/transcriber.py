@@ -123,7 +123,7 @@ class Transcriber:
         precision = models.resolve_precision(dtype, dev)  # a torch dtype's name, or "int8" (fp32 weights)
         dt = models.torch_dtype(precision)
         target = models.load_model(model, dev, precision)
-        processor = models.load_processor(model)
+        processor = models.load_processor(model, target)
         draft_model = None if draft is None else models.load_draft(draft, target, dev, dt, share_encoder)
         return cls(target, draft_model, processor, opts, dev)
 
