@@ -528,3 +528,19 @@ def test_a_changed_side_file_is_converted_again(converted: dict[str, Path], cach
     finally:
         os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert ensure_converted(tiny_ct2) == before
+
+
+def test_a_published_folder_is_readable_by_other_users(tmp_path: Path) -> None:
+    """transformers writes model.safetensors 0600: a cache shared through ASR_SPEC_CACHE, or a converted model,
+    could not be read by another user, and the complete cache entry was never written again."""
+    from asr_spec.models.embedded import publish_dir
+
+    tmp = tmp_path / ".out.tmp"
+    (tmp / "sub").mkdir(parents=True)
+    for name in ("model.safetensors", "sub/x.json"):
+        (tmp / name).write_bytes(b"x")
+        os.chmod(tmp / name, 0o600)
+    publish_dir(tmp, tmp_path / "out", overwrite=False)
+    assert {oct((tmp_path / "out" / name).stat().st_mode & 0o777) for name in ("model.safetensors", "sub/x.json")} \
+        == {oct(0o644)}
+    assert (tmp_path / "out" / "sub").stat().st_mode & 0o777 == 0o755

@@ -134,3 +134,46 @@ def test_token_kinds_start_words_as_word_times_do():
     assert kinds.word_start[first(" the")] and not kinds.word_start[first("ing")]
     assert kinds.word_start[first("我")] and kinds.word_start[first("。")] and kinds.word_start[first("い")]
     assert not kinds.word_start[eot]
+
+
+def _fed_then(blocks, ending):
+    yield from blocks
+    if ending is not None:
+        raise ending
+
+
+def test_ctrl_c_ends_the_input_and_what_was_heard_is_printed(capsys):
+    """`arecord ... | asr-spec stream -` stops only by Ctrl-C, which skipped the stream's finish: the words not yet
+    committed (heard before it) were never printed."""
+    from asr_spec.cli.stream import _run
+
+    blocks = [_audio()[i:i + SAMPLE_RATE] for i in range(0, 4 * SAMPLE_RATE, SAMPLE_RATE)]
+    printed = {}
+    for ending in (None, KeyboardInterrupt()):
+        runner = transcriber(speculative=False, **FAST).streams(OPTIONS, vad=False, batch_size=1)
+        interrupted = _run(runner, _fed_then(blocks, ending), tentative=False)
+        printed[ending is None] = capsys.readouterr().out
+        assert interrupted is (ending is not None)
+    assert printed[False].strip() and printed[False] == printed[True]
+
+
+def test_tentative_text_is_redrawn_on_its_line_however_long(capsys):
+    """A tentative text over ~195 characters lost the line's opening redraw code: updates piled up on one line."""
+    from types import SimpleNamespace
+
+    from asr_spec.cli.stream import _run
+
+    long_text = " ".join(f"word{i}" for i in range(60))
+    updates = [SimpleNamespace(delta="", final=False, tentative=long_text[:n]) for n in (250, 300, 350)]
+
+    class Runner:
+        def open(self):
+            self.stream = SimpleNamespace(feed=lambda block: None, finish=lambda: None, done=True)
+            return self.stream
+
+        def pump(self):
+            return [(self.stream, updates.pop(0))] if updates else []
+
+    _run(Runner(), iter([np.zeros(10, np.float32)] * 3), tentative=True)
+    err = capsys.readouterr().err
+    assert err.count("\r\x1b[K… ") == 3 and err.endswith("\r\x1b[K")

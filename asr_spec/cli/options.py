@@ -8,6 +8,7 @@ exit 2 too), 130 interrupted.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, NoReturn
 
 import typer
@@ -28,6 +29,18 @@ def fail(message: str, code: int) -> NoReturn:
     """One ``error: MESSAGE`` line on stderr, then exit with `code`."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a filter whose reader went away
+
+
+def reader_gone() -> NoReturn:
+    """stdout's reader went away (`asr-spec transcribe ... | head -1`): exit quietly as Unix filters do, not with
+    "error: [Errno 32] Broken pipe" and exit 2. stdout is pointed at /dev/null so Python's own flush at exit
+    raises no second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(EXIT_BROKEN_PIPE)
 
 
 def start_trace(path: os.PathLike) -> None:

@@ -73,15 +73,22 @@ def stream(
                                                                  device=device, batch_size=1))
         blocks = _stdin_blocks(step_s) if source == "-" else _file_blocks(source, step_s, speed)
         runner = asr.streams(options, vad=not no_vad, batch_size=1, offer_hypothesis=not no_hypothesis)
-        _run(runner, blocks, tentative)
-    except KeyboardInterrupt:
+        if _run(runner, blocks, tentative):
+            fail("interrupted (what was heard is transcribed above)", EXIT_INTERRUPTED)
+    except KeyboardInterrupt:  # before the stream ran, or a second Ctrl-C while it finished
         typer.echo("", err=False)
         fail("interrupted", EXIT_INTERRUPTED)
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
 
 
-def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> None:
+TENTATIVE_CHARS = 190  # the end of the uncommitted text --tentative shows on its one line
+
+
+def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> bool:
+    """Stream `blocks` through `runner`, printing committed text as it comes; True when Ctrl-C ended the input.
+    Ctrl-C ends the input, as its end would: what was heard is finished and printed (the only way to stop
+    `arecord ... | asr-spec stream -`; the words not yet committed were lost); a second Ctrl-C aborts."""
     stream = runner.open()
 
     def show(updates) -> None:
@@ -89,17 +96,19 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> None:
             if update.delta:
                 sys.stdout.write(update.delta)
                 sys.stdout.flush()
-            if tentative and not update.final:
-                sys.stderr.write(f"\r\x1b[K… {update.tentative.strip()}"[-200:])
+            if tentative and not update.final:  # the text's end (the line's opening redraw code kept)
+                sys.stderr.write(f"\r\x1b[K… {update.tentative.strip()[-TENTATIVE_CHARS:]}")
                 sys.stderr.flush()
 
-    broken = None
+    broken, interrupted = None, False
     try:
         for block in blocks:
             stream.feed(block)
             show(runner.pump())
     except USER_ERRORS as err:  # the input broke off: what it gave is still transcribed to its end, then reported
         broken = err
+    except KeyboardInterrupt:
+        interrupted = True
     stream.finish()
     while not stream.done:
         show(runner.pump())
@@ -109,6 +118,7 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> None:
     sys.stdout.flush()
     if broken is not None:
         raise broken
+    return interrupted
 
 
 def _file_blocks(path: str, step_s: float, speed: float) -> Iterator[np.ndarray]:

@@ -40,6 +40,7 @@ from asr_spec.cli.options import (
     WORKERS,
     fail,
     preset_overrides,
+    reader_gone,
 )
 from asr_spec.errors import one_line
 
@@ -148,6 +149,8 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     try:
         for result in transcriber.iter_transcribe(files, progress=False if quiet else None, output_dir=output_dir):
             run.add(result)
+    except BrokenPipeError:
+        reader_gone()
     except USER_ERRORS as err:  # raised before any input is read, or a run that cannot fit in memory
         fail(one_line(err), EXIT_USAGE)
     except KeyboardInterrupt:

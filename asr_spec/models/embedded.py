@@ -143,11 +143,18 @@ def _save_converted(model: Any, processor: Any, ct2: CT2Model, dtype: torch.dtyp
 
 
 def publish_dir(tmp: Path, final: Path, *, overwrite: bool) -> None:
-    """Rename a fully written ``tmp`` directory to ``final`` (atomic on one filesystem).
+    """Rename a fully written ``tmp`` directory to ``final`` (atomic on one filesystem), its files readable by all
+    as ordinary files are (0644; folders 0755): transformers writes model.safetensors 0600, so a cache shared
+    through ASR_SPEC_CACHE, a converted model or a draft could not be read by another user (a service account),
+    and the cache, complete, was never written again.
 
     Raises:
         FileExistsError: ``final`` exists (not empty) and ``overwrite`` is False.
     """
+    for folder, _, files in os.walk(tmp):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
     try:
         os.rename(tmp, final)  # succeeds when final is absent or an empty directory
         return

@@ -47,9 +47,12 @@ class StreamOptions:
             finite(getattr(self, name), f"stream {name}")
         if not 0.1 <= self.step_s <= 10.0:
             raise InputError(f"stream step_s must be in [0.1, 10] seconds, got {self.step_s!r}")
-        if not 2 * self.step_s <= self.max_buffer_s <= WINDOW_S - self.step_s:
-            raise InputError(f"stream max_buffer_s must be in [2 * step_s, {WINDOW_S:g} - step_s] seconds, "
-                             f"got {self.max_buffer_s!r}")
+        if not 2 * self.step_s <= self.max_buffer_s <= WINDOW_S - self.step_s:  # (both named: the CLIs set step_s)
+            top = min(10.0, self.max_buffer_s / 2, WINDOW_S - self.max_buffer_s)
+            raise InputError(f"stream step_s {self.step_s!r} and max_buffer_s {self.max_buffer_s!r} do not fit: "
+                             f"max_buffer_s must be in [2 * step_s, {WINDOW_S:g} - step_s] seconds"
+                             + (f" (with max_buffer_s {self.max_buffer_s:g}, step_s is at most {top:g} s)"
+                                if top >= 0.1 else ""))
         if self.silence_s <= 0 or self.speech_pad_s < 0 or self.speech_pad_s >= self.silence_s:
             raise InputError(f"stream silence_s must be > speech_pad_s >= 0, got silence_s={self.silence_s!r}, "
                              f"speech_pad_s={self.speech_pad_s!r}")
