@@ -497,3 +497,15 @@ def test_a_model_whose_feature_extractor_is_not_whispers_window_is_a_model_load_
         load_processor(folder)
     assert str(folder) in str(info.value) and "\n" not in str(info.value)
     load_processor(target_dir)  # Whisper's own settings load
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly(model_dirs) -> None:
+    """`asr-spec transcribe *.flac | head -1`: the pipe's reader left, and the run ended with "error: [Errno 32]
+    Broken pipe", exit 2. It ends as a Unix filter does: quietly, with 128 + SIGPIPE."""
+    args = tiny(model_dirs, *(str(p) for p in SHORT[:4]), "--quiet")
+    process = subprocess.Popen([sys.executable, "-m", "asr_spec", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert process.stdout.readline()  # the first transcript, then the reader goes
+    process.stdout.close()
+    _, err = process.communicate(timeout=600)
+    assert process.returncode == 141 and b"Broken pipe" not in err and b"Traceback" not in err, err.decode()
