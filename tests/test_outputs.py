@@ -12,6 +12,7 @@ import pytest
 
 from asr_spec.errors import InputError
 from asr_spec.transcribe.outputs import (
+    MIN_CUE_S,
     TranscriptSegment,
     atomic_write,
     format_timestamp,
@@ -222,3 +223,63 @@ def test_an_output_directory_that_is_not_a_path_is_named() -> None:
 
     with pytest.raises(InputError, match="output directory must be a path, got int 123"):  # a raw TypeError before
         prepare_output_dir(123)
+
+
+# -- cues a player shows -----------------------------------------------------------------------------------------
+
+def _cue_lines(srt: str) -> list[str]:
+    return [line for line in srt.splitlines() if "-->" in line]
+
+
+def test_a_segment_timed_past_its_vad_chunks_audio_gets_a_visible_cue() -> None:
+    """A 5 s vad chunk (padded to 30 s) whose second segment Whisper timed at 5.5-7.0 s: the stitch clamps it to
+    the chunk's end, 15.0-15.0 s, and its cue had no length, so players never showed "Three four." It now lasts
+    MIN_CUE_S into the silence after it, before the next chunk's cue; the json keeps the stitched times."""
+    from asr_spec.audio.vad import SpeechSpan
+    from asr_spec.transcribe.stitch import ChunkTokens, concat_chunks
+
+    eot, ts, rate = 50257, 50364, 16_000
+    a = ChunkTokens((ts, 1, 2, ts + 240, ts + 275, 3, 4, ts + 350, eot), SpeechSpan(10 * rate, 15 * rate, 0, 0, True,
+                                                                                    False))
+    b = ChunkTokens((ts, 5, ts + 100, eot), SpeechSpan(16 * rate, 19 * rate, 0, 0, False, True))
+    stitched = concat_chunks([a, b], eot_id=eot, timestamp_begin_id=ts)
+    assert [(s.start_s, s.end_s) for s in stitched.segments] == [(10.0, 14.8), (15.0, 15.0), (16.0, 18.0)]
+    result = {"text": "", "segments": [dataclasses.replace(s, text=t) for s, t in
+                                       zip(stitched.segments, ["One two.", "Three four.", "Five."])]}
+    assert _cue_lines(render_srt(result)) == ["00:00:10,000 --> 00:00:14,800", "00:00:15,000 --> 00:00:15,500",
+                                              "00:00:16,000 --> 00:00:18,000"]
+    assert "00:00:15.000 --> 00:00:15.500\nThree four." in render_vtt(result)
+    assert json.loads(render_json(result))["segments"][1]["end_s"] == 15.0
+
+
+def test_cues_of_no_length_grow_into_free_time_or_borrow_from_a_neighbour() -> None:
+    def srt(segments, **extra):
+        return render_srt({"text": "", "segments": [{"start_s": a, "end_s": b, "text": t} for a, b, t in segments],
+                           **extra})
+
+    half = MIN_CUE_S
+    # room after: forward; none after (the next cue starts there): backward; long cues as they were
+    assert _cue_lines(srt([(1.0, 1.0, "a"), (3.0, 4.0, "b")])) == [
+        f"00:00:01,000 --> {format_timestamp(1.0 + half)}", "00:00:03,000 --> 00:00:04,000"]
+    assert _cue_lines(srt([(0.0, 2.0, "a"), (2.7, 2.7, "b"), (2.7, 4.0, "c")])) == [
+        "00:00:00,000 --> 00:00:02,000", f"{format_timestamp(2.7 - half)} --> 00:00:02,700",
+        "00:00:02,700 --> 00:00:04,000"]
+    assert _cue_lines(srt([(1.0, 1.2, "a"), (1.25, 1.3, "b"), (1.3, 2.0, "c")])) == [  # a cue with a length
+        "00:00:01,000 --> 00:00:01,200", "00:00:01,250 --> 00:00:01,300",  # keeps Whisper's times (a short word)
+        "00:00:01,300 --> 00:00:02,000"]
+    assert _cue_lines(srt([(1.0, 1.2, "a"), (1.3, 1.3, "b"), (1.4, 2.0, "c")])) == [  # only free time is taken
+        "00:00:01,000 --> 00:00:01,200", "00:00:01,200 --> 00:00:01,400", "00:00:01,400 --> 00:00:02,000"]
+    # no free time on either side: the cue it touches lends it time (the one before; the one after for the
+    # first), so every cue is seen and there are as many as before (--max-words-per-cue holds)
+    assert _cue_lines(srt([(0.0, 2.0, "a"), (2.0, 2.0, "b"), (2.0, 3.0, "c")])) == [
+        f"00:00:00,000 --> {format_timestamp(2.0 - half)}", f"{format_timestamp(2.0 - half)} --> 00:00:02,000",
+        "00:00:02,000 --> 00:00:03,000"]
+    assert _cue_lines(srt([(0.0, 0.0, "a"), (0.0, 0.6, "b")])) == [  # at most half of its time
+        "00:00:00,000 --> 00:00:00,300", "00:00:00,300 --> 00:00:00,600"]
+    assert _cue_lines(srt([(0.0, 0.0, "a"), (0.0, 0.0, "b")])) == [  # the last grows, then lends
+        "00:00:00,000 --> 00:00:00,250", "00:00:00,250 --> 00:00:00,500"]
+    assert _cue_lines(srt([(0.0, 0.0, "a"), (0.0, 0.0, "b")], audio_s=0.0)) == ["00:00:00,000 --> 00:00:00,000"] * 2
+    # the last cue stays inside the audio when its length is known; a cue without text takes no room
+    assert _cue_lines(srt([(0.0, 4.8, "a"), (5.0, 5.0, "b")], audio_s=5.0)) == [
+        "00:00:00,000 --> 00:00:04,800", "00:00:04,800 --> 00:00:05,000"]
+    assert _cue_lines(srt([(1.0, 1.0, "a"), (1.1, 3.0, " ")])) == [f"00:00:01,000 --> {format_timestamp(1 + half)}"]

@@ -52,14 +52,12 @@ class Assembler:
         """The `Transcription` of one input from its chunks' spans and engine results (both in chunk order):
         stitched text and segments, language, summed statistics. chunk_words: per chunk, the words of each of
         its segments (word timestamps), or None. continues: per chunk, whether it is a re-decoded tail of the
-        chunk before it (tails.py): the words its head repeats from that chunk are left out."""
+        chunk before it (tails.py): the words its head repeats from that chunk are left out, where that
+        chunk's text is kept."""
         continues = [False] * len(results) if continues is None else list(continues)
-        tokens, chunk_words = self._seams([r.tokens for r in results], spans, continues, chunk_words)
         # a window dropped by the no-speech rule contributes no text, no segment and no word
+        tokens, chunk_words, dropped = self._seams(results, spans, continues, chunk_words)
         schedule = self.options.temperature
-        fallback = len(schedule) > 1
-        dropped = [self.options.no_speech.drops(r.no_speech_prob, r.avg_logprob, self.decode(t), fallback)
-                   for r, t in zip(results, tokens)]
         kept = [ChunkTokens(() if drop else t, span) for t, span, drop in zip(tokens, spans, dropped)]
         stitched = self.stitch(kept)
         if chunk_words is None:
@@ -84,24 +82,36 @@ class Assembler:
             fallback_windows=tuple((t, sum(r.temperature >= t for r in results)) for t in schedule[1:]),
         )
 
-    def _seams(self, tokens: list[tuple[int, ...]], spans: Sequence[ChunkSpan], continues: Sequence[bool],
-               chunk_words: Sequence[ChunkWords] | None) -> tuple[list[tuple[int, ...]], list | None]:
-        """Each tail's tokens without the whole words at its head that repeat its parent's last ones, and its
-        segments' words without as many words (`words_left`)."""
-        out, words = list(tokens), None if chunk_words is None else [list(w) for w in chunk_words]
-        for i in range(1, len(out)):
-            if not continues[i]:
-                continue
-            out[i], n_drop = drop_repeated_head(out[i - 1], out[i], self.tokens.eot, self._starts_word)
-            if words is None or not words[i]:
-                continue
-            if n_drop:
-                before, after = (self._segment_texts(t, spans[i]) for t in (tokens[i], out[i]))
-                words[i] = words_left(words[i], before, after, self._group_words)
-            earlier = [w for segment in words[i - 1] for w in segment]
-            if earlier:  # the parent's last word may be timed past where its tail starts: times stay monotonic
-                words[i] = _not_before(words[i], earlier[-1].end)
-        return out, words
+    def _seams(self, results: Sequence[ChunkResult], spans: Sequence[ChunkSpan], continues: Sequence[bool],
+               chunk_words: Sequence[ChunkWords] | None) -> tuple[list[tuple[int, ...]], list | None, list[bool]]:
+        """Each chunk's tokens and words once its seam is made, and whether the no-speech rule drops it (judged on
+        that text), chunk by chunk: a tail loses the whole words at its head that repeat its parent's last ones,
+        and its segments' words as many (`_seam`), only when its parent's text is kept; the tail of a dropped
+        parent keeps its head, else the words it repeats would be written nowhere."""
+        fallback = len(self.options.temperature) > 1
+        out = [r.tokens for r in results]
+        words = None if chunk_words is None else [list(w) for w in chunk_words]
+        dropped: list[bool] = []
+        for i, result in enumerate(results):
+            if i and continues[i] and not dropped[i - 1]:
+                self._seam(out, words, spans, i)
+            text = self.decode(out[i])
+            dropped.append(self.options.no_speech.drops(result.no_speech_prob, result.avg_logprob, text, fallback))
+        return out, words, dropped
+
+    def _seam(self, tokens: list[tuple[int, ...]], words: list | None, spans: Sequence[ChunkSpan], i: int) -> None:
+        """Chunk i, a tail of chunk i - 1, without the whole words at its head that repeat its parent's last ones
+        (`drop_repeated_head`), and its segments' words without as many words (`words_left`), in place."""
+        before = tokens[i]
+        tokens[i], n_drop = drop_repeated_head(tokens[i - 1], before, self.tokens.eot, self._starts_word)
+        if words is None or not words[i]:
+            return
+        if n_drop:
+            texts = [self._segment_texts(t, spans[i]) for t in (before, tokens[i])]
+            words[i] = words_left(words[i], *texts, self._group_words)
+        earlier = [w for segment in words[i - 1] for w in segment]
+        if earlier:  # the parent's last word may be timed past where its tail starts: times stay monotonic
+            words[i] = _not_before(words[i], earlier[-1].end)
 
     def _segment_texts(self, token_ids: tuple[int, ...], span: ChunkSpan) -> list[tuple[int, ...]]:
         """The text tokens of each segment the chunk's tokens make alone (as its words were aligned to them)."""

@@ -23,16 +23,17 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from asr_spec.checks import finite, seconds_at_least_zero
+from asr_spec.checks import finite, is_number, seconds_at_least_zero
 from asr_spec.errors import InputError
 from asr_spec.transcribe.segments import Segment, TranscriptSegment
 
 __all__ = [
     "FORMATS",
+    "MIN_CUE_S",
     "TranscriptSegment",
     "format_timestamp",
     "atomic_write",
@@ -44,7 +45,13 @@ __all__ = [
     "write_outputs",
     "prepare_output_dir",
     "output_stems",
+    "visible_cues",
 ]
+
+# The length a caption cue of no length is given, where free time around it allows (`visible_cues`): half a second
+# shows a few words; subtitle guides ask for 5/6 s at least, but a cue is lengthened only to make it seen, so
+# Whisper's times stay as they are wherever they can be read.
+MIN_CUE_S = 0.5
 
 
 def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
@@ -189,15 +196,57 @@ def _cue_text(text: str) -> str:
     return "\n".join(line for line in lines if line).replace("-->", "->")
 
 
+def _shown_cues(result: Any, fmt: str, max_words: int | None) -> list[Segment]:
+    """The cues a caption file holds: `_word_cues` with caption text (`_cue_text`), those without text left out,
+    each long enough to be seen (`visible_cues`; the last one inside the audio when the result says how long it
+    is, `audio_s`)."""
+    data = _as_dict(result)
+    cues = [dataclasses.replace(cue, text=_cue_text(cue.text)) for cue in _word_cues(data, fmt, max_words)]
+    audio_s = data.get("audio_s")
+    return visible_cues([cue for cue in cues if cue.text], end_s=audio_s if is_number(audio_s) else None)
+
+
+def visible_cues(cues: Sequence[Segment], min_s: float = MIN_CUE_S, end_s: float | None = None) -> list[Segment]:
+    """Caption cues (in order, each with text) as a player shows them, one for one: a player never shows a cue
+    that ends where it starts (to the millisecond: a segment Whisper timed past its voice-activity chunk's audio
+    is clamped to the chunk's end), so such a cue grows toward `min_s` seconds into the free time after it (to
+    the next cue's start, or `end_s`, where the audio ends, after the last cue), then before it (to the previous
+    cue's end). One that still has no length (no free time on either side) takes up to `min_s`, at most half, of
+    the time of the cue it touches (the one before; the one after for the first cue). Cues with a length keep
+    Whisper's times (a word cue of 0.2 s stays 0.2 s); no cue moves past another or overlaps it; cues of no length
+    with no neighbour to lend them time stay as they are."""
+    times = [[cue.start_s, cue.end_s] for cue in cues]
+    for i, (start, end) in enumerate(times):
+        if _ms(start) < _ms(end):
+            continue
+        after = times[i + 1][0] if i + 1 < len(times) else math.inf if end_s is None else max(end_s, end)
+        end = max(end, min(start + min_s, after))
+        times[i] = [min(start, max(end - min_s, times[i - 1][1] if i else 0.0)), end]
+    for i, (start, end) in enumerate(times):
+        if _ms(start) < _ms(end):
+            continue
+        if i and _ms(times[i - 1][0]) < _ms(start):  # the one before lends the end of its time
+            share = min(min_s, (start - times[i - 1][0]) / 2)
+            times[i - 1][1] = times[i][0] = start - share
+        elif i + 1 < len(times) and _ms(end) < _ms(times[i + 1][1]):  # else the one after lends its start
+            share = min(min_s, (times[i + 1][1] - end) / 2)
+            times[i + 1][0] = times[i][1] = end + share
+    return [dataclasses.replace(cue, start_s=start, end_s=end) for cue, (start, end) in zip(cues, times)]
+
+
+def _ms(time_s: float) -> int:
+    """Milliseconds, as a cue's time is written (`format_timestamp`)."""
+    return int(round(time_s * 1000))
+
+
 def render_srt(result: Any, max_words_per_cue: int | None = None) -> str:
-    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out. With
-    `max_words_per_cue`, cues of at most that many words (from each segment's `words`)."""
+    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out, a cue too
+    short to be seen (no length) is lengthened (`visible_cues`). With `max_words_per_cue`, cues of at most that many words
+    (from each segment's `words`)."""
     blocks = []
-    for segment in _word_cues(_as_dict(result), "srt", max_words_per_cue):
-        text = _cue_text(segment.text)
-        if text:
-            timing = f"{format_timestamp(segment.start_s)} --> {format_timestamp(segment.end_s)}"
-            blocks.append(f"{len(blocks) + 1}\n{timing}\n{text}\n")
+    for cue in _shown_cues(result, "srt", max_words_per_cue):
+        timing = f"{format_timestamp(cue.start_s)} --> {format_timestamp(cue.end_s)}"
+        blocks.append(f"{len(blocks) + 1}\n{timing}\n{cue.text}\n")
     return "\n".join(blocks)
 
 
@@ -205,11 +254,10 @@ def render_vtt(result: Any, max_words_per_cue: int | None = None) -> str:
     """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``, ``&`` / ``<`` / ``>`` escaped; cues as
     in `render_srt`."""
     blocks = ["WEBVTT\n"]
-    for segment in _word_cues(_as_dict(result), "vtt", max_words_per_cue):
-        text = _cue_text(segment.text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        if text:
-            timing = f"{format_timestamp(segment.start_s, '.')} --> {format_timestamp(segment.end_s, '.')}"
-            blocks.append(f"{timing}\n{text}\n")
+    for cue in _shown_cues(result, "vtt", max_words_per_cue):
+        text = cue.text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        timing = f"{format_timestamp(cue.start_s, '.')} --> {format_timestamp(cue.end_s, '.')}"
+        blocks.append(f"{timing}\n{text}\n")
     return "\n".join(blocks)
 
 
