@@ -509,3 +509,25 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(model_dirs) -> None:
     process.stdout.close()
     _, err = process.communicate(timeout=600)
     assert process.returncode == 141 and b"Broken pipe" not in err and b"Traceback" not in err, err.decode()
+
+
+def test_model_errors_name_the_model_they_are_about(tmp_path: Path, model_dirs) -> None:
+    """A draft of another vocabulary, a feature extractor of another mel count and an empty name were errors
+    that did not say which model ("draft and target disagree on vocab_size", "the processor makes 128 mel bins",
+    ": no config.json": the empty name read as the current folder)."""
+    target_dir, draft_dir = model_dirs
+    from asr_spec.testing import random_whisper
+
+    other = tmp_path / "other-vocab"
+    random_whisper(vocab_size=70).save_pretrained(other)  # a whole model of a test vocabulary
+    with pytest.raises(ModelLoadError, match=f"^{re.escape(str(other))}: .*vocab_size"):
+        Transcriber.from_pretrained(target_dir, other, device="cpu")
+    mels = tmp_path / "mels"
+    shutil.copytree(target_dir, mels)
+    processor = json.loads((mels / "processor_config.json").read_text())
+    processor["feature_extractor"]["feature_size"] = 128
+    (mels / "processor_config.json").write_text(json.dumps(processor))
+    with pytest.raises(ModelLoadError, match=f"^{re.escape(str(mels))}: its feature extractor makes 128 mel bins"):
+        Transcriber.from_pretrained(mels, device="cpu")
+    with pytest.raises(ModelLoadError, match="an empty model name"):
+        Transcriber.from_pretrained("", device="cpu")

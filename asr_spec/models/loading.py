@@ -55,6 +55,8 @@ def model_dir(name: str | os.PathLike) -> str:
     from asr_spec.models import embedded
 
     text = str(name)
+    if not text.strip():  # "" is no folder (Path("") is the current one)
+        raise ModelLoadError("an empty model name: give a folder, a hub id or embedded:whisper-base")
     if text.startswith("embedded:"):
         return str(embedded.embedded_model_dir(text.split(":", 1)[1]))
     path = Path(text).expanduser()
@@ -172,6 +174,9 @@ def load_processor(name: str | os.PathLike, target: Any = None) -> Any:
         raise ModelLoadError(f"{name}: its feature extractor's settings: {err}") from err
     if target is not None:
         _check_tokenizer(name, processor.tokenizer, target)
+        n_mels, wanted = processor.feature_extractor.feature_size, target.config.num_mel_bins
+        if n_mels != wanted:
+            raise ModelLoadError(f"{name}: its feature extractor makes {n_mels} mel bins, its model expects {wanted}")
     return processor
 
 
@@ -229,7 +234,10 @@ def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device,
         full.own_encoder = True  # read by check_pair
         log.info("draft %s runs its own encoder (share_encoder = false)", name)
         return full
-    kind = check_pair(target, full)
+    try:
+        kind = check_pair(target, full)
+    except ValueError as err:  # "draft and target disagree on vocab_size": which draft
+        raise ModelLoadError(f"{name}: {err}") from err
     if share_encoder or kind is DraftKind.SHARED_ENCODER:
         log.info("draft %s reads the target's encoder output (%s): its own encoder is dropped", name,
                  "share_encoder = true" if share_encoder else "same weights up to fp16 rounding")
