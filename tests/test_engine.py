@@ -179,6 +179,8 @@ def test_incompatible_pairs_are_refused():
         Engine(t, None, DecodeOptions(language="en", max_new_tokens=446))
     with pytest.raises(ValueError, match="English-only"):
         Engine(tiny_target(multilingual=False), None, DecodeOptions(language="de"))
+    with pytest.raises(ValueError, match="task 'translate' was given but the target model is English-only"):
+        Engine(tiny_target(multilingual=False), None, DecodeOptions(task="translate"))  # it transcribed, silently
 
 
 def test_english_only_model():

@@ -86,6 +86,8 @@ class WhisperTokens:
     def prompt(self, lang_id: int | None, task: str, timestamps: bool) -> list[int]:
         """Decoder prompt as transformers builds it: sot [lang task] [notimestamps]."""
         tokens = [self.sot]
+        if task == "translate" and not self.is_multilingual:  # it would transcribe, saying nothing (as a language)
+            raise ValueError("task 'translate' was given but the target model is English-only")
         if self.is_multilingual:
             if lang_id is None:
                 raise ValueError("multilingual model needs a language id (given or detected)")
