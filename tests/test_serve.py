@@ -274,19 +274,24 @@ def test_jobs_are_read_lazily_and_take_turns(greedy, expected):
         assert greedy.assemble("x", job.spans, job.ordered_results(), 0, 0).text == expected[path.name].text
 
 
-def test_a_request_longer_than_the_limit_is_refused_while_read(greedy):
-    """Without a duration from the container (bytes here) the samples are counted as they are read: 413."""
-    batcher = Batcher(greedy, batch_size=2)
-    with pytest.raises(Refused, match=r"long\.flac: longer than this server's limit of 20 s") as info:
-        batcher.prepare(LONG.read_bytes(), "long.flac", max_audio_s=20, reserved_s=None)
-    assert info.value.status == 413
-    job = batcher.prepare(str(LONG), max_audio_s=65)  # the first 60 s block fits, the second one (77.7 s) not
+def run_alone(batcher: Batcher, job):
+    """`job` submitted to `batcher`, which runs until it has ended; the job."""
     batcher.submit(job)
     batcher.start()
     try:
         wait_for([job])
     finally:
         batcher.stop()
+    return job
+
+
+def test_a_request_longer_than_the_limit_is_refused_while_read(greedy):
+    """Without a duration from the container (bytes here) the samples are counted as they are read: 413."""
+    batcher = Batcher(greedy, batch_size=2)
+    with pytest.raises(Refused, match=r"long\.flac: longer than this server's limit of 20 s") as info:
+        batcher.prepare(LONG.read_bytes(), "long.flac", max_audio_s=20, reserved_s=None)
+    assert info.value.status == 413
+    job = run_alone(batcher, batcher.prepare(str(LONG), max_audio_s=65))  # 60 s fits, the second block (77.7 s) not
     assert job.status == 413 and "refused after reading" in job.error and job.ended
 
 
@@ -299,13 +304,7 @@ def test_silence_past_the_limit_is_refused_as_it_is_read_not_at_the_next_chunk(g
     encoded = io.BytesIO()
     sf.write(encoded, audio, rate, format="FLAC")
     batcher = Batcher(greedy, batch_size=2)
-    job = batcher.prepare(encoded.getvalue(), "quiet.flac", max_audio_s=60)
-    batcher.submit(job)
-    batcher.start()
-    try:
-        wait_for([job])
-    finally:
-        batcher.stop()
+    job = run_alone(batcher, batcher.prepare(encoded.getvalue(), "quiet.flac", max_audio_s=60))
     assert job.status == 413 and "refused after reading 120 s" in job.error and job.input.audio_s <= 120
 
 

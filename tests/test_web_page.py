@@ -87,6 +87,13 @@ def open_page(playwright, wav: Path, url: str):
     return browser, page, errors
 
 
+def start_file(page, wav: Path, until: str) -> None:
+    """Stream `wav` from the page's file input, then wait for the selector `until` (the state it gets to)."""
+    page.set_input_files("#file", str(wav))
+    page.click("#file-start")
+    page.wait_for_selector(until, timeout=TIMEOUT_MS)
+
+
 def finished_text(page) -> str:
     page.wait_for_selector("body[data-state=done]", timeout=TIMEOUT_MS)
     assert page.text_content("#tentative") == ""
@@ -167,9 +174,7 @@ def test_the_page_shows_when_the_server_is_catching_up(clip, tmp_path):
     with serving(create_app(Batcher(slow, batch_size=2))) as base_url:
         with sync_api.sync_playwright() as playwright:
             browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
-            page.set_input_files("#file", str(wav))
-            page.click("#file-start")
-            page.wait_for_selector("body[data-lag=behind] #lag:not([hidden])", timeout=TIMEOUT_MS)
+            start_file(page, wav, "body[data-lag=behind] #lag:not([hidden])")
             note = page.text_content("#lag")
             shot = tmp_path / "web_page_catching_up.png"
             page.screenshot(path=str(shot))
@@ -221,9 +226,7 @@ def test_a_connection_dropped_mid_file_ends_that_stream_and_the_next_one_runs_cl
     with serving(app) as base_url:
         with sync_api.sync_playwright() as playwright:
             browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
-            page.set_input_files("#file", str(wav))
-            page.click("#file-start")
-            page.wait_for_selector("body[data-state=error]", timeout=TIMEOUT_MS)
+            start_file(page, wav, "body[data-state=error]")
             time.sleep(len(pcm) / 16000 + 0.5)  # past the file's end: a timer still running would have ended it
             state, status = page.evaluate("document.body.dataset.state"), page.text_content("#status")
             assert state == "error" and status.startswith("Connection closed"), (state, status)
@@ -324,9 +327,7 @@ def test_real_whisper_base_through_the_page(clip, tmp_path):
     with serving(app) as base_url:
         with sync_api.sync_playwright() as playwright:
             browser, page, errors = open_page(playwright, wav, base_url[: -len("/v1")] + "/")
-            page.set_input_files("#file", str(wav))
-            page.click("#file-start")
-            page.wait_for_selector("body[data-state=streaming]", timeout=TIMEOUT_MS)
+            start_file(page, wav, "body[data-state=streaming]")
             text = finished_text(page)
             page.screenshot(path=str(tmp_path / "web_page_real.png"))
             browser.close()
