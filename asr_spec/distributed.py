@@ -152,19 +152,22 @@ def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
 
 
 def _table_rows(handle: Any, path: Path, suffix: str) -> list[tuple[int, dict[str, Any]]]:
-    """(line, row) of a CSV or TSV manifest. A TSV's quotes are text (a transcript opening with '"Tis' swallowed
-    every line after it into its field: those files were never transcribed); a row with more or fewer fields than
-    the header is an error naming its line."""
-    tsv = suffix == ".tsv"
-    reader = csv.reader(handle, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+    """(line, row) of a CSV or TSV manifest, quoted as Python's csv module and pandas write it. A row with more or
+    fewer fields than the header, and a field running over lines (a quote never closed: a transcript opening with
+    '"Tis' swallowed every line after it into its field, those files never transcribed), are errors naming the
+    line."""
+    reader = csv.reader(handle, delimiter="\t" if suffix == ".tsv" else ",")
     header = next(reader, None) or []
-    rows = []
+    rows, line = [], reader.line_num + 1
     for fields in reader:
-        if not any(field.strip() for field in fields):
-            continue
-        if len(fields) != len(header):
-            raise InputError(f"{path}:{reader.line_num}: {len(fields)} fields where the header has {len(header)}")
-        rows.append((reader.line_num, dict(zip(header, fields))))
+        if any("\n" in field or "\r" in field for field in fields):
+            raise InputError(f"{path}:{line}: a quote opened there runs over {reader.line_num - line + 1} lines: "
+                             "close it (\"...\") or write the quote mark twice (\"\")")
+        if any(field.strip() for field in fields) and len(fields) != len(header):
+            raise InputError(f"{path}:{line}: {len(fields)} fields where the header has {len(header)}")
+        if any(field.strip() for field in fields):
+            rows.append((line, dict(zip(header, fields))))
+        line = reader.line_num + 1
     return rows
 
 

@@ -173,8 +173,11 @@ def test_a_character_split_over_tokens_is_decoded_whole(text: str) -> None:
     assert "".join(words) == text and not any("\ufffd" in w for w in words)
 
 
-def test_unicode_pieces_keeps_a_broken_run_as_it_decodes() -> None:
-    """Bytes that never make a character are taken as they decode, at most MAX_CHARACTER_TOKENS tokens at a time."""
-    text = {1: "a", 2: "\ufffd"}
-    pieces = unicode_pieces([1] + [2] * 10 + [1], lambda ids: "".join(text[t] for t in ids))
-    assert pieces == ["a", "\ufffd" * 8, *[""] * 7, "\ufffd\ufffda", "", ""]
+def test_unicode_pieces_ends_a_piece_at_a_byte_that_never_makes_a_character() -> None:
+    """A stray byte ("\ufffd" in the whole text too) glued the tokens after it into one timed word (up to 8):
+    ' � cat sat on the mat and then'. Such a piece ends where the whole text has its "\ufffd"."""
+    text = {1: " The", 2: "\ufffd", 3: " cat", 4: " sat"}
+    pieces = unicode_pieces([1, 2, 3, 4], lambda ids: "".join(text[t] for t in ids))
+    assert pieces == [" The", "\ufffd", " cat", " sat"]
+    words = ["".join(pieces[i] for i in word) for word in group_words(pieces)]
+    assert words[-2:] == [" cat", " sat"]

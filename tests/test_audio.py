@@ -357,3 +357,35 @@ def test_a_named_pipe_is_not_called_an_empty_file(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(AudioError, match="not a regular file"):
         load_audio(fifo)
+
+
+@needs_ffmpeg
+def test_an_input_refused_part_way_stops_its_ffmpeg_at_once(tmp_path: Path) -> None:
+    """A header-less upload refused past --max-audio-s (the server's 413) kept its ffmpeg blocked on the pipe, and
+    the deleted upload open, until Python's cyclic collector ran (the refusal's traceback held the readers)."""
+    import gc
+
+    from asr_spec.transcribe.frontend import FrontEnd
+    from asr_spec.transcribe.inputs import Input
+    from asr_spec.transcribe.options import TranscribeOptions
+
+    m4a = tmp_path / "long.m4a"
+    _ffmpeg("-f", "lavfi", "-i", "sine=frequency=300:sample_rate=16000:duration=120", "-c:a", "aac", str(m4a))
+    item = Input(1, "upload", str(m4a), max_samples=5 * SR)
+    gc.disable()
+    try:
+        list(FrontEnd(TranscribeOptions.from_values(chunking="stride", block_s=1.0), None)._chunks([item]))
+        assert "longer than the limit of 5 s" in item.error
+        children = subprocess.run(["ps", "--ppid", str(os.getpid()), "-o", "comm="], capture_output=True, text=True)
+        assert "ffmpeg" not in children.stdout.split()
+    finally:
+        gc.enable()
+
+
+@needs_ffmpeg
+def test_a_video_without_audio_says_so(tmp_path: Path) -> None:
+    """ffmpeg's advice for its command line ("To ignore this, add a trailing '?' to the map") was the message."""
+    video = tmp_path / "silent-film.mp4"
+    _ffmpeg("-f", "lavfi", "-i", "testsrc=duration=1:size=64x64:rate=5", "-c:v", "mpeg4", str(video))
+    with pytest.raises(AudioError, match=r"silent-film\.mp4: not a readable audio file \(.*ffmpeg: no audio stream\)$"):
+        load_audio(video)

@@ -228,8 +228,12 @@ def test_a_manifest_loses_no_row_to_a_quote_or_a_repeated_id(tmp_path) -> None:
     was dropped: those files were never transcribed, without a word."""
     tsv = tmp_path / "m.tsv"
     tsv.write_text('path\ttext\na.flac\thello\nb.flac\t"Tis the season\nc.flac\tworld\n\nd.flac\tlast one\n')
+    with pytest.raises(distributed.InputError, match=r"m.tsv:3: a quote opened there runs over 4 lines"):
+        distributed.manifest_inputs(tsv)
+    tsv.write_text('path\ttext\na.flac\thello\nb.flac\t"""Tis the season"\nc.flac\t"he said ""stop"""\n\n'
+                   "d.flac\tlast one\n")  # as csv.writer and pandas quote them
     assert [(Path(r["path"]).name, r["ref"]) for r in distributed.manifest_inputs(tsv)] == [
-        ("a.flac", "hello"), ("b.flac", '"Tis the season'), ("c.flac", "world"), ("d.flac", "last one")]
+        ("a.flac", "hello"), ("b.flac", '"Tis the season'), ("c.flac", 'he said "stop"'), ("d.flac", "last one")]
     tsv.write_text("path\ttext\na.flac\thello\tthere\n")
     with pytest.raises(distributed.InputError, match=r"m.tsv:2: 3 fields where the header has 2"):
         distributed.manifest_inputs(tsv)

@@ -173,6 +173,10 @@ def test_eval_main_end_to_end_with_a_preset_file(tmp_path: Path, capsys, model_d
     assert "its records were written with model None (this run: " in err and "compare_greedy True" in err
     other[other.index("--output") + 1] = str(tmp_path / "runs" / "other.jsonl")
     assert eval_main(other + ["--quiet"]) == 0  # a log of its own
+    (tmp_path / "runs" / "other.setup.json").unlink()  # a log written before setups were kept: said, then kept
+    assert eval_main(other + ["--quiet", "--limit", "5"]) == 0
+    assert "no setup to check this run's against" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "other.setup.json").is_file()
 
 
 def test_evaluate_writes_the_summary_next_to_the_log(tmp_path: Path) -> None:

@@ -1078,6 +1078,23 @@ def test_a_restart_after_a_close_that_stopped_short_says_no_committed_word_twice
     assert words_of(updates[-1].text) == [f"w{w}" for w in words if w is not None]
 
 
+@pytest.mark.parametrize("options", [StreamOptions(committed_prefix=False), StreamOptions()],
+                         ids=["unforced", "forced"])
+def test_a_close_that_gives_up_after_a_sentence_says_no_committed_word_twice(options: StreamOptions) -> None:
+    """An unforced close decode (no committed prefix, or a drifted last hypothesis) gives up after its first
+    sentence, before the words the steps committed: the restart's seam counted only the committed words the
+    close's own hypothesis said, so past eight the rest were said again and committed twice (w4 .. w12 doubled)."""
+    def decoder(decode):
+        tokens = hear_given(decode.audio, decode.prefix)
+        if decode.kind == "close" and not decode.prefix and decode.start_s == 0:  # stops after its first segment
+            tokens = tokens[:segments(tokens, KINDS)[0].end_index + 1] + [EOT]
+        return tokens
+
+    words = list(range(1, 15)) + [None, None]  # 7 s without a pause, then 1 s of silence
+    _, updates, _ = run_stream(speech(words), options, energy, block_s=0.1, decoder=decoder)
+    assert words_of(updates[-1].text) == [f"w{w}" for w in words if w is not None]
+
+
 @pytest.mark.parametrize("voice", [None, energy])
 def test_a_close_over_more_than_a_window_commits_no_word_cut_at_the_windows_edge(voice, monkeypatch) -> None:
     """40 s of speech fed as one block (`Transcriber.stream([samples])`): a close decode reads a window at most,

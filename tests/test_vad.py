@@ -198,7 +198,7 @@ def test_streaming_equals_the_whole_plan_with_long_regions_still_growing(seed: i
         probs[at: at + length] = rng.uniform(0.5, 1.0)
         at += length
     probs[rng.integers(0, len(probs), 50)] = 0.36  # quiet frames inside, where a long region is split
-    options = VadOptions(extend_onset=True, cut_within_s=4.0) if seed % 2 else OPTS
+    options = [OPTS, VadOptions(extend_onset=True, cut_within_s=4.0), VadOptions(min_silence_s=0.0)][seed % 3]
     cuts = sorted(set(rng.integers(1, len(probs), int(rng.integers(1, 12))).tolist()))
     streamed, signal = _streamed(probs, cuts, options)
     assert [(s.start_sample, s.end_sample) for s, _ in streamed] == plan_vad_chunks(probs, len(signal), options)

@@ -33,12 +33,14 @@ from asr_spec.errors import AudioError
 
 __all__ = ["DEMUXERS", "WavFormat", "error_text", "ffmpeg_blocks", "ffmpeg_duration_s", "wav_format"]
 
-# ffmpeg demuxers of audio and audio-video files, none of which opens another file or a URL on its own (HLS,
-# concat, SDP, image sequences, lavfi and MXF's external essence are left out on purpose)
+# ffmpeg demuxers of audio and audio-video files (camcorder DV, Windows Media Center WTV, dictation DSS / ACT /
+# QCP, Audible AA among them), none of which opens another file or a URL on its own (HLS, concat, SDP, image
+# sequences and lavfi are left out on purpose; MXF too, unchecked whether it follows external essence)
 DEMUXERS = (
-    "aac", "ac3", "aiff", "amr", "amrnb", "amrwb", "ape", "asf", "au", "avi", "caf", "dsf", "dts", "dtshd", "eac3",
-    "flac", "flv", "gsm", "loas", "matroska", "mlp", "mov", "mp3", "mpc", "mpc8", "mpeg", "mpegts", "nut", "ogg",
-    "rm", "shn", "tak", "truehd", "tta", "voc", "w64", "wav", "wv", "xwma",
+    "aa", "aac", "ac3", "act", "aiff", "amr", "amrnb", "amrwb", "ape", "asf", "au", "avi", "caf", "dsf", "dss",
+    "dts", "dtshd", "dv", "eac3", "flac", "flv", "gsm", "loas", "matroska", "mlp", "mov", "mp3", "mpc", "mpc8",
+    "mpeg", "mpegts", "nut", "ogg", "qcp", "rm", "shn", "tak", "truehd", "tta", "voc", "w64", "wav", "wtv", "wv",
+    "xwma",
 )
 _FLOAT32_FORMATS = (3, 0xFFFE)  # WAVE_FORMAT_IEEE_FLOAT, WAVE_FORMAT_EXTENSIBLE (its sub-format: IEEE float)
 _MAX_HEADER_BYTES = 1 << 16  # a WAV header ffmpeg writes is under 100 bytes; metadata chunks are switched off
@@ -184,6 +186,8 @@ def error_text(stderr: bytes, n_lines: int = 2) -> str:
     for line in stderr.decode("utf-8", "replace").splitlines():
         line = re.sub(r"^\[(\S+) @ 0x[0-9a-f]+\] ", r"\1: ", line.strip())
         line = re.sub(r"Format not on whitelist '[^']*'", "a format asr-spec does not read", line)
+        if "matches no streams" in line:  # -map 0:a:0 on a file without audio (ffmpeg's advice is for its CLI)
+            return "no audio stream"
         if line and line not in lines:
             lines.append(line)
     return "; ".join(lines[-n_lines:])

@@ -320,6 +320,22 @@ def _resampled_blocks(
     exact_length: bool,
 ) -> Iterator[np.ndarray]:
     """Downmix, check and resample raw ``(frames, channels)`` blocks; check the total length at the end."""
+    try:
+        yield from _resampled(raw_blocks, name, native_rate, out_rate, expected_frames, exact_length)
+    finally:  # a block refused part-way (NaN, over-scale) lets the decoder go now: ffmpeg stopped, the file closed
+        close = getattr(raw_blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def _resampled(
+    raw_blocks: Iterator[np.ndarray],
+    name: str,
+    native_rate: int,
+    out_rate: int,
+    expected_frames: int | None,
+    exact_length: bool,
+) -> Iterator[np.ndarray]:
     stream = None
     if native_rate != out_rate:
         stream = soxr.ResampleStream(native_rate, out_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)

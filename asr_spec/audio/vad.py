@@ -300,7 +300,8 @@ def _settled(plan: list[tuple[int, int]], probs: np.ndarray, options: VadOptions
     bar = options.threshold - NEG_THRESHOLD_GAP if options.extend_onset else options.threshold
     may_start = np.flatnonzero(probs[end_frame:] >= bar)
     next_frame = end_frame + (int(may_start[0]) if len(may_start) else len(probs) - end_frame)
-    still_open = next_frame - end_frame < options.frames(options.min_silence_s)  # later speech bridges to it
+    # later speech bridges to it (a pause of at least one frame closes it where min_silence_s is 0)
+    still_open = next_frame - end_frame < max(options.frames(options.min_silence_s), 1)
     open_from = (int(regions[-1, 0]) if still_open else next_frame) * FRAME_SAMPLES - options.pad_samples
     least = _least_plan(probs, options, None if still_open else open_from)
     n = 0

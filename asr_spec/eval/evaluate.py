@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,10 @@ def open_log(options: EvalOptions) -> ResultsLog:
         if changed:
             raise InputError(f"{log.path}: its records were written with {', '.join(changed)}; give --output for "
                              "a new log, or delete it to start again")
-    elif not log.done_ids():
+    else:
+        if log.done_ids():  # a log written before setups were kept: resumed with this run's, said so, kept from now
+            warnings.warn(f"{log.path}: its records have no setup to check this run's against (written before "
+                          f"{path.name} was kept): taking this run's as theirs", stacklevel=2)
         path.write_text(json.dumps(setup, indent=1) + "\n", encoding="utf-8")
     return log
 

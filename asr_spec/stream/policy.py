@@ -281,12 +281,18 @@ class StreamPolicy(BufferTrims):
         else:
             delta = self._commit(new_text[said:max(said, stop.text_end)])
             record = [*self._seam, *self._committed]  # a live seam's words may still be said again too
+            # the committed words after where it stopped, as the buffer's record has them (not only those its
+            # hypothesis says: one that gave up after a sentence, or drifted unforced, said none of the words the
+            # steps had committed after it, and the restart said 17 of them again)
+            stopped_at = aligned_end(new_text[:stop.text_end], self._committed, self.kinds, self._word_key)
+            after = n_words(self._committed[stopped_at:], self.kinds)
             self._reset_after(start + stop.end_samples)
             # the speech after it may say committed words again (early timestamps; or words steps committed that
             # the close decode jumped over): dropped, not doubled; all those committed after where it stopped too
             # (a last segment left open over twelve committed words: with the last eight as the seam, four came
             # twice)
-            after = n_words(new_text[stop.text_end:said], self.kinds) if said > stop.text_end else 0
+            if said > stop.text_end:
+                after = max(after, n_words(new_text[stop.text_end:said], self.kinds))
             self._seam = last_words(record, SEAM_WORDS + after, self.kinds)
         if self._finished and not self._has_speech():
             return self._final(delta, decode.heard_s)

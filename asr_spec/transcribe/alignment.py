@@ -111,15 +111,20 @@ MAX_CHARACTER_TOKENS = 8  # tokens joined at most to decode one split character 
 def unicode_pieces(token_ids: Sequence[int], decode: Callable[[Sequence[int]], str]) -> list[str]:
     """The text of each token as words are grouped and written: a character whose UTF-8 bytes are split over
     several tokens (Chinese, Japanese, curly quotes, emoji: "\ufffd" decoded one token at a time) is decoded from
-    its tokens together, its text on the first of them and "" on the others (which then join its word). A run
-    still broken after `MAX_CHARACTER_TOKENS` tokens is taken as it decodes. decode: token ids -> their text."""
+    its tokens together, its text on the first of them and "" on the others (which then join its word). A
+    "\ufffd" the whole text has too (a byte that never makes a character) ends its piece there, as
+    openai-whisper's `split_tokens_on_unicode` reads it (it glued up to MAX_CHARACTER_TOKENS tokens into one
+    word); a run still broken after MAX_CHARACTER_TOKENS tokens is taken as it decodes. decode: ids -> text."""
+    full = decode(token_ids)
     pieces: list[str] = []
-    start = 0
+    start, offset = 0, 0
     for end in range(1, len(token_ids) + 1):
         text = decode(token_ids[start:end])
-        if "\ufffd" not in text or end - start >= MAX_CHARACTER_TOKENS or end == len(token_ids):
+        broken = text.find("\ufffd")
+        genuine = broken >= 0 and full[offset + broken:offset + broken + 1] == "\ufffd"
+        if broken < 0 or genuine or end - start >= MAX_CHARACTER_TOKENS or end == len(token_ids):
             pieces += [text] + [""] * (end - start - 1)
-            start = end
+            start, offset = end, offset + len(text)
     return pieces
 
 

@@ -240,9 +240,9 @@ def _ms(time_s: float) -> int:
 
 
 def render_srt(result: Any, max_words_per_cue: int | None = None) -> str:
-    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out, a cue too
-    short to be seen (no length) is lengthened (`visible_cues`). With `max_words_per_cue`, cues of at most that many words
-    (from each segment's `words`)."""
+    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out, a cue of no
+    length is lengthened (`visible_cues`). With `max_words_per_cue`, cues of at most that many words (from each
+    segment's `words`)."""
     blocks = []
     for cue in _shown_cues(result, "srt", max_words_per_cue):
         timing = f"{format_timestamp(cue.start_s)} --> {format_timestamp(cue.end_s)}"
