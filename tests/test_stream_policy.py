@@ -1108,3 +1108,15 @@ def test_a_close_over_more_than_a_window_commits_no_word_cut_at_the_windows_edge
     assert words_of(updates[-1].text) == [f"w{w}" for w in words]
     assert all(word.endswith("+") for word in updates[-1].text.split())  # every word whole
     assert longest <= WINDOW_S * SR
+
+
+def test_a_block_that_is_not_mono_float_audio_is_refused() -> None:
+    """A (n, 2) block (two channels, as sounddevice gives them) was read interleaved, twice as long, and int16
+    samples unscaled (up to 32767): garbage text, no error."""
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(), energy)
+    for block in (np.zeros((1600, 2), np.float32), np.full(1600, 20000, np.int16)):
+        with pytest.raises(InputError, match="stream: audio blocks must be 1-D float samples"):
+            policy.feed(block)
+    policy.feed(np.zeros(1600, np.float64))  # float64 is taken
+    with pytest.raises(InputError, match="NaN or infinite"):
+        policy.feed(np.full(10, np.nan, np.float32))

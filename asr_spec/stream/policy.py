@@ -173,7 +173,12 @@ class StreamPolicy(BufferTrims):
         `speech_pad_s`)."""
         if self._finished:
             raise InputError("stream: audio fed after finish()")
-        block = np.asarray(samples, dtype=np.float32).reshape(-1)
+        given = np.asarray(samples)
+        if given.ndim != 1 or not np.issubdtype(given.dtype, np.floating):  # stereo was read interleaved (twice
+            # as long), int16 unscaled (up to 32767): garbage text, no error
+            raise InputError(f"stream: audio blocks must be 1-D float samples in [-1, 1] (mono, 16 kHz), got shape "
+                             f"{given.shape} of {given.dtype}")
+        block = given.astype(np.float32, copy=False)
         if not np.isfinite(block).all():
             raise InputError("stream: audio block has NaN or infinite samples")
         self._buffer = np.concatenate([self._buffer, block])
