@@ -14,6 +14,7 @@ the same samples as the one-shot resampler, so ``load_audio(path)`` is literally
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -319,23 +320,16 @@ def _resampled_blocks(
     expected_frames: int | None,
     exact_length: bool,
 ) -> Iterator[np.ndarray]:
-    """Downmix, check and resample raw ``(frames, channels)`` blocks; check the total length at the end."""
-    try:
+    """Downmix, check and resample raw ``(frames, channels)`` blocks; check the total length at the end. The raw
+    blocks' reader is closed when this ends, however (a block refused part-way, NaN or over-scale, lets ffmpeg and
+    the file go at once, not when the cyclic collector finds them)."""
+    with contextlib.closing(raw_blocks):  # type: ignore[type-var]  # generators have close()
         yield from _resampled(raw_blocks, name, native_rate, out_rate, expected_frames, exact_length)
-    finally:  # a block refused part-way (NaN, over-scale) lets the decoder go now: ffmpeg stopped, the file closed
-        close = getattr(raw_blocks, "close", None)
-        if close is not None:
-            close()
 
 
-def _resampled(
-    raw_blocks: Iterator[np.ndarray],
-    name: str,
-    native_rate: int,
-    out_rate: int,
-    expected_frames: int | None,
-    exact_length: bool,
-) -> Iterator[np.ndarray]:
+def _resampled(raw_blocks: Iterator[np.ndarray], name: str, native_rate: int, out_rate: int,
+               expected_frames: int | None, exact_length: bool) -> Iterator[np.ndarray]:
+    """`_resampled_blocks`' work (see there)."""
     stream = None
     if native_rate != out_rate:
         stream = soxr.ResampleStream(native_rate, out_rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)

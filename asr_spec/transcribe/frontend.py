@@ -12,6 +12,7 @@ engine encodes (a chunk that needs word timestamps asks it to keep its encoder o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -118,16 +119,12 @@ class FrontEnd:
         else:
             samples, step = load_audio(item.source), int(self.options.block_s * SAMPLE_RATE)
             blocks = (samples[i:i + step] for i in range(0, max(len(samples), 1), step))
-        try:
+        with contextlib.closing(blocks):  # the reader let go now (ffmpeg, an open upload), not by the collector
             for block in blocks:
                 item.n_samples += len(block)
                 if item.max_samples is not None and item.n_samples > item.max_samples:
                     raise AudioTooLong(item.max_samples / SAMPLE_RATE, item.audio_s)
                 yield block
-        finally:  # the reader let go now (an ffmpeg process, an open upload), not when the collector finds it
-            close = getattr(blocks, "close", None)
-            if close is not None:
-                close()
 
     def _featurise(self, chunks: Iterator[_Chunk], batch: int, keep_samples: dict | None) -> Iterator[ChunkRequest]:
         """Requests for `chunks`, featurised `batch` chunks at a time (bounded features in flight)."""
