@@ -421,6 +421,15 @@ def test_same_names_in_two_folders_get_distinct_outputs(capsys, tmp_path: Path, 
                              "--output-dir", str(out_dir))
     assert code == 2 and out == ""
     assert_one_line_error(err, str(SHORT[0]), "given twice")
+    # the same names over two runs (folder by folder into one output folder): the first folder's transcripts were
+    # replaced without a word; a rerun of the same file replaces its own
+    first, second = str(tmp_path / "a" / "same.flac"), str(tmp_path / "b" / "same.flac")
+    assert run_cli(capsys, *tiny(model_dirs, first, "--output-dir", str(tmp_path / "one")))[0] == 0
+    assert run_cli(capsys, *tiny(model_dirs, first, "--output-dir", str(tmp_path / "one")))[0] == 0
+    code, out, err = run_cli(capsys, *tiny(model_dirs, second, "--output-dir", str(tmp_path / "one")))
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "same.json: holds the transcript of", first, f"{second} would replace it")
+    assert_outputs(tmp_path / "one", "same", SHORT[0])
 
 
 # -- 7. Ctrl-C, stale temporary files, eval's resume warning ------------------------------------------------------

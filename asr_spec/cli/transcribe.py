@@ -136,9 +136,9 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     allocator.pin()  # a process of its own: the engine's transient buffers kept in the heap, not mapped every call
     try:
         if output_dir is not None:  # before any model loads: the folder usable, names distinct, stale temps gone
-            from asr_spec.transcribe.outputs import output_stems, prepare_output_dir
+            from asr_spec.transcribe.outputs import check_not_replacing, output_stems, prepare_output_dir
 
-            output_stems(files)
+            check_not_replacing(output_dir, output_stems(files), files)
             prepare_output_dir(output_dir)
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
         run.precision = precision_line(*run_of(transcriber))

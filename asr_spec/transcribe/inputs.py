@@ -105,6 +105,11 @@ class RunInput(Input):
     def complete(self) -> bool:
         return self.read_done and (self.error is not None or self.decoded)
 
+    @property
+    def file(self) -> str | None:
+        """The file it names (a path, or a dict's "path"); None for audio in memory ("<array 3>")."""
+        return None if self.name.startswith("<") else self.name
+
 
 def run_inputs(audio: Any, word_timestamps: bool = False) -> list[RunInput]:
     """One `RunInput` per source: a path, array, tensor or dict is one input; a list or tuple holds several.
@@ -131,8 +136,7 @@ def name_outputs(inputs: list[RunInput]) -> None:
     """Give every input a distinct output stem (see `output_stems`); InputError for the same file twice. An input
     in memory keeps "input-i" unless a file has that stem; then it is "input-i-memory" (a file "input-1.wav" and
     an array as the second input both wrote input-1.txt: one transcript lost, both reported done)."""
-    paths = [None if item.name.startswith("<") else item.name for item in inputs]
-    stems = output_stems(paths)
+    stems = output_stems([item.file for item in inputs])
     taken = {stem for stem in stems if stem is not None}
     for item, stem in zip(inputs, stems):
         if stem is not None:

@@ -45,6 +45,7 @@ __all__ = [
     "write_outputs",
     "prepare_output_dir",
     "output_stems",
+    "check_not_replacing",
     "visible_cues",
 ]
 
@@ -419,3 +420,24 @@ def output_stems(paths: list[str | None]) -> list[str | None]:
         clash = next(s for s in taken if taken.count(s) > 1)
         raise InputError(f"two inputs would both be written as {clash}.*: rename one or use two output directories")
     return stems
+
+
+def check_not_replacing(out_dir: str | os.PathLike[str], stems: list[str | None], paths: list[str | None]) -> None:
+    """InputError when a file's transcript would replace one of another file already in `out_dir`: the
+    ``<stem>.json`` there names a source that exists and is not the same file (runs over two folders holding the
+    same file names, into one output folder: the first folder's transcripts were lost without a word). A source
+    that does not resolve from here (gone, or given relative to another folder) cannot be told apart: replaced,
+    as a rerun's own transcript is. Only where json was written: other formats do not say their source."""
+    for stem, path in zip(stems, paths):
+        written = Path(out_dir) / f"{stem}.json"
+        if stem is None or path is None or not written.is_file():
+            continue
+        try:
+            earlier = json.loads(written.read_text(encoding="utf-8")).get("source")
+            same = os.path.samefile(earlier, path)
+        except (OSError, ValueError, AttributeError, TypeError):  # unreadable, not ours, or not a file from here
+            continue
+        if not same:
+            raise InputError(f"{written}: holds the transcript of {earlier}; {path} would replace it (the same file "
+                             "name): choose another output directory")
+

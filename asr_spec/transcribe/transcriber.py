@@ -54,7 +54,7 @@ from asr_spec.transcribe.inputs import (
     run_inputs,
 )
 from asr_spec.transcribe.options import TranscribeOptions, check_batch_size
-from asr_spec.transcribe.outputs import prepare_output_dir, write_outputs
+from asr_spec.transcribe.outputs import check_not_replacing, prepare_output_dir, write_outputs
 from asr_spec.transcribe.prompts import InputPrompt, PromptOptions, encode_prompt, per_input, with_prompts
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
@@ -199,6 +199,7 @@ class Transcriber:
             item.prompt = self.prompt_tokens(options)
         if output_dir is not None:  # before any work: names resolved, the folder usable, stale temp files gone
             name_outputs(inputs)
+            check_not_replacing(output_dir, [item.stem for item in inputs], [item.file for item in inputs])
             prepare_output_dir(output_dir)
         bar = Progress(progress, inputs)
         next_out = 0
