@@ -63,8 +63,8 @@ def test_idle_connections_are_closed_and_give_their_streams_back(greedy):
     batcher = Batcher(greedy, batch_size=2, max_streams=2)
 
     async def scenario(uri: str):
+        started = time.monotonic()  # before the server's idle clocks start (at its accepting each connection)
         silent, chatty = await websockets.connect(uri), await websockets.connect(uri)
-        started = time.monotonic()
         for ws in (silent, chatty):
             assert json.loads(await ws.recv())["type"] == "session.created"
         await chatty.send(json.dumps({"type": "input_audio_buffer.commit"}))  # an input started, then no audio
