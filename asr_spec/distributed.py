@@ -163,9 +163,9 @@ def _table_rows(handle: Any, path: Path, suffix: str) -> list[tuple[int, dict[st
         if any("\n" in field or "\r" in field for field in fields):
             raise InputError(f"{path}:{line}: a quote opened there runs over {reader.line_num - line + 1} lines: "
                              "close it (\"...\") or write the quote mark twice (\"\")")
-        if any(field.strip() for field in fields) and len(fields) != len(header):
-            raise InputError(f"{path}:{line}: {len(fields)} fields where the header has {len(header)}")
-        if any(field.strip() for field in fields):
+        if any(field.strip() for field in fields):  # (a blank line is no row)
+            if len(fields) != len(header):
+                raise InputError(f"{path}:{line}: {len(fields)} fields where the header has {len(header)}")
             rows.append((line, dict(zip(header, fields))))
         line = reader.line_num + 1
     return rows

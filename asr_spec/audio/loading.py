@@ -291,16 +291,17 @@ def _concatenated(blocks_of: Iterator[np.ndarray]) -> np.ndarray:
 
 def _check_path(path: str) -> None:
     try:
-        mode = os.stat(_os_name(path)).st_mode
+        info = os.stat(_os_name(path))
     except FileNotFoundError:
         raise AudioError(f"{path}: no such file") from None
     except OSError as err:
         raise AudioError(f"{path}: cannot be read ({err.strerror})") from None
-    if stat.S_ISDIR(mode):
+    if stat.S_ISDIR(info.st_mode):
         raise AudioError(f"{path}: is a directory, not an audio file")
-    if not stat.S_ISREG(mode):  # a named pipe (`<(...)`) or a device: its size says nothing, nor can it be read twice
+    if not stat.S_ISREG(info.st_mode):  # a named pipe (`<(...)`) or a device: its size says nothing, nor can it be
+        # read twice
         raise AudioError(f"{path}: not a regular file (a pipe or a device): save the audio to a file first")
-    if os.path.getsize(_os_name(path)) == 0:
+    if info.st_size == 0:
         raise AudioError(f"{path}: empty file (0 bytes)")
 
 

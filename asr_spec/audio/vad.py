@@ -203,12 +203,10 @@ def _cut_index(group: list[tuple[int, int]], max_samples: int, min_cut_samples: 
     return int(len(score) - np.argmax(score[::-1]))  # the latest of the longest pauses; a cut after index i
 
 
-def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions,
-                    last_room: int | None = None) -> list[tuple[int, int]]:
-    """The whole plan: (n_frames,) probabilities of a signal of `n_samples` -> [start, end) sample spans.
-    last_room: at most so much padding after the last region (`pad_regions`; `iter_vad_chunks`' lower bound)."""
+def plan_vad_chunks(probs: np.ndarray, n_samples: int, options: VadOptions) -> list[tuple[int, int]]:
+    """The whole plan: (n_frames,) probabilities of a signal of `n_samples` -> [start, end) sample spans."""
     samples = _region_samples(probs, n_samples, options)
-    return pack_regions(pad_regions(samples, options.pad_samples, n_samples, last_room), options.max_chunk_samples,
+    return pack_regions(pad_regions(samples, options.pad_samples, n_samples), options.max_chunk_samples,
                         options.min_cut_samples)
 
 

@@ -195,15 +195,16 @@ def fits_now(run: RunShape, n_rows: int, device: torch.device, releasable: int =
     replace). Where it does not fit, unreachable objects are collected first and it is asked again: an engine
     let go keeps its caches until Python's cyclic collector runs (it references its own methods), so a benchmark
     building engine after engine on a GPU saw tens of GiB of dropped engines as used and stopped."""
-    for attempt in range(2):
+    def reason() -> str | None:
         free = free_bytes(device)
-        reason = check_fits(run, n_rows, None if free is None else free + releasable)
-        if reason is None or attempt:
-            return reason
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return reason
+        return check_fits(run, n_rows, None if free is None else free + releasable)
+
+    if reason() is None:
+        return None
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return reason()
 
 
 def encode_batch(batch_size: int, device: torch.device) -> int:

@@ -88,7 +88,7 @@ def _check_tensor(chunk_id: Hashable, name: str, value: object) -> None:
 def _token_ids(chunk_id: Hashable, name: str, ids: object) -> tuple[int, ...]:
     """A request's token ids as a tuple of ints (>= 0); numpy integers are taken (refused before as "not a token
     id"); anything else is a ValueError naming the chunk and the field."""
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (tuple, list)) and not hasattr(ids, "__iter__"):
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise ValueError(f"chunk {chunk_id!r}: {name} must be a sequence of token ids, got {type(ids).__name__}")
     values = tuple(ids)  # type: ignore[arg-type]
     if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0 for t in values):
