@@ -17,21 +17,20 @@ where every file raises alone, the fault is not theirs and the run stops, its re
 same output skips every id already recorded (a partial last line left by a killed run is cut first), so a killed
 run resumes where it stopped.
 
-Ray is imported only inside the functions that need it: the rest of asr-spec works without it.
+The inputs are read by `asr_spec.manifests` (its readers re-exported here). Ray is imported only inside the
+functions that need it: the rest of asr-spec works without it.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import functools
-import glob
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,8 @@ import numpy as np
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.checks import int_at_least, is_number
 from asr_spec.errors import AsrSpecError, InputError, one_line
-from asr_spec.eval.librispeech import ResultsLog, iter_local
+from asr_spec.eval.librispeech import ResultsLog
+from asr_spec.manifests import InputRow, _as_rows, file_inputs, librispeech_inputs, manifest_inputs
 from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import transcript_dict
 
@@ -62,7 +62,6 @@ MAX_BLOCKS = 1024  # Ray Data blocks of the input list: one per file up to this,
 RECORD_KEYS = ("id", "path", "text", "segments", "language", "audio_s", "wall_s", "latency_s", "read_s", "stats",
                "error", "ref", "meta")
 
-InputRow = dict[str, Any]  # {"id": str, "path": str, optional "ref": str, optional "meta": dict}
 Loader = Callable[[], Any]  # builds the Transcriber of one actor (picklable: it travels to the workers)
 MakeRecord = Callable[[InputRow, Transcription, float, float], dict[str, Any]]  # (row, t, wall_s, read_s) -> record
 
@@ -98,109 +97,6 @@ class RunReport:
     wall_s: float  # seconds from starting the pipeline to its last record
     hardware: tuple[dict[str, Any], ...] = ()  # what this call's workers decoded on (`models.cpu.run_precision`),
     # each kind once, in the order first seen; () where none ran (all resumed) or the loader's object is no Transcriber
-
-
-# -- inputs ------------------------------------------------------------------------------------------------------
-
-def file_inputs(paths: Iterable[str | os.PathLike]) -> list[InputRow]:
-    """Files and glob patterns ("audio/**/*.flac"), in order, each file once. A name that is not a pattern is kept
-    as it is (a missing file becomes an error record); a pattern that matches nothing is an `InputError`."""
-    rows: list[InputRow] = []
-    for item in paths:
-        name = os.fspath(item)
-        if glob.has_magic(name):
-            matches = sorted(glob.glob(name, recursive=True))
-            if not matches:
-                raise InputError(f"{name}: no file matches this pattern")
-            rows += [{"id": m, "path": m} for m in matches if os.path.isfile(m)]
-        else:
-            rows.append({"id": name, "path": name})
-    return _unique(rows, "inputs")
-
-
-def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
-    """Rows of a manifest: CSV (.csv), TSV (.tsv) or JSON lines (.jsonl) with a `path` column; relative paths are
-    taken from the manifest's folder. Optional `id` (default: the path); a `text` column is the reference
-    transcript (`ref`); any other columns are carried through as `meta`."""
-    path = Path(manifest)
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".jsonl":
-            lines = path.read_text(encoding="utf-8").splitlines()
-            raw = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
-        elif suffix in (".csv", ".tsv"):
-            with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: a spreadsheet's BOM
-                raw = _table_rows(handle, path, suffix)
-        else:
-            raise InputError(f"{path}: a manifest must be .csv, .tsv or .jsonl")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error) as err:
-        raise InputError(f"{path}: cannot read the manifest ({one_line(err)})") from err
-    rows = []
-    for line_no, item in raw:
-        if not isinstance(item, dict) or not item.get("path"):
-            found = ", ".join(map(str, item)) if isinstance(item, dict) else type(item).__name__
-            raise InputError(f"{path}:{line_no}: no 'path' value (a manifest needs a path column; found: {found})")
-        file = str(path.parent / str(item["path"]))
-        row: InputRow = {"id": str(item.get("id") or file), "path": file}
-        if item.get("text") is not None:
-            row["ref"] = str(item["text"])
-        meta = {k: v for k, v in item.items() if k not in ("id", "path", "text")}
-        if meta:
-            row["meta"] = meta
-        rows.append(row)
-    return _unique(rows, path)
-
-
-def _table_rows(handle: Any, path: Path, suffix: str) -> list[tuple[int, dict[str, Any]]]:
-    """(line, row) of a CSV or TSV manifest, quoted as Python's csv module and pandas write it. A row with more or
-    fewer fields than the header, and a field running over lines (a quote never closed: a transcript opening with
-    '"Tis' swallowed every line after it into its field, those files never transcribed), are errors naming the
-    line."""
-    reader = csv.reader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-    header = next(reader, None) or []
-    rows, line = [], reader.line_num + 1
-    for fields in reader:
-        if any("\n" in field or "\r" in field for field in fields):
-            raise InputError(f"{path}:{line}: a quote opened there runs over {reader.line_num - line + 1} lines: "
-                             "close it (\"...\") or write the quote mark twice (\"\")")
-        if any(field.strip() for field in fields):  # (a blank line is no row)
-            if len(fields) != len(header):
-                raise InputError(f"{path}:{line}: {len(fields)} fields where the header has {len(header)}")
-            rows.append((line, dict(zip(header, fields))))
-        line = reader.line_num + 1
-    return rows
-
-
-def librispeech_inputs(root: str | os.PathLike, split: str = "test-clean") -> list[InputRow]:
-    """The utterances of a LibriSpeech tree (see `asr_spec.eval.librispeech.iter_local`): id, path, ref."""
-    return [{"id": u.id, "path": os.fspath(u.audio), "ref": u.text} for u in iter_local(root, split)]
-
-
-def _as_rows(inputs: Sequence[InputRow] | Sequence[str | os.PathLike]) -> list[InputRow]:
-    """Input rows as given, or `file_inputs` of paths and patterns; each id once."""
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    rows: list[InputRow] = []
-    for item in inputs:
-        if isinstance(item, (str, os.PathLike)):
-            rows += file_inputs([item])
-        elif isinstance(item, Mapping) and isinstance(item.get("id"), str) and isinstance(item.get("path"), str):
-            rows.append(dict(item))
-        else:
-            raise InputError(f"an input must be a path or a row with string 'id' and 'path', got {item!r:.80}")
-    return _unique(rows, "inputs")
-
-
-def _unique(rows: list[InputRow], where: object) -> list[InputRow]:
-    """Each id once, so that the output has one record per id: a row repeated (the same id and file) is taken once;
-    one id given to two files is an error (the second file was dropped without a word: an id column of speakers)."""
-    seen: dict[str, InputRow] = {}
-    for row in rows:
-        first = seen.setdefault(row["id"], row)
-        if first["path"] != row["path"]:
-            raise InputError(f"{where}: id {row['id']!r} is given to two files ({first['path']}, {row['path']}); "
-                             "ids must be unique")
-    return list(seen.values())
 
 
 # -- the records -------------------------------------------------------------------------------------------------

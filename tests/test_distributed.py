@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -243,6 +244,20 @@ def test_a_manifest_loses_no_row_to_a_quote_or_a_repeated_id(tmp_path) -> None:
         distributed.manifest_inputs(speakers)
     speakers.write_text("id,path\nspk1,a.flac\nspk1,a.flac\n")  # the same row twice: once
     assert len(distributed.manifest_inputs(speakers)) == 1
+
+
+def test_the_input_readers_live_in_manifests_below_the_runner() -> None:
+    """`asr_spec.manifests` reads the inputs; the runner re-exports its readers, and reading inputs imports neither
+    the runner (no cycle) nor Ray."""
+    from asr_spec import manifests
+
+    for name in ("file_inputs", "manifest_inputs", "librispeech_inputs"):
+        assert getattr(distributed, name) is getattr(manifests, name) and name in distributed.__all__
+    code = ("import sys, asr_spec.manifests; "
+            "print(sorted(m for m in ('asr_spec.distributed', 'ray') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=TESTS.parent)
+    assert done.stdout.strip() == "[]"
 
 
 def test_an_unwritable_output_is_found_before_ray_starts(tmp_path, monkeypatch) -> None:
