@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,13 @@ import pytest
 from asr_spec.errors import InputError
 from asr_spec.transcribe.outputs import (
     MIN_CUE_S,
+    SOURCES_INDEX,
     TranscriptSegment,
     atomic_write,
+    check_not_replacing,
     format_timestamp,
     output_stems,
+    prepare_output_dir,
     render_json,
     render_srt,
     render_txt,
@@ -283,3 +287,84 @@ def test_cues_of_no_length_grow_into_free_time_or_borrow_from_a_neighbour() -> N
     assert _cue_lines(srt([(0.0, 4.8, "a"), (5.0, 5.0, "b")], audio_s=5.0)) == [
         "00:00:00,000 --> 00:00:04,800", "00:00:04,800 --> 00:00:05,000"]
     assert _cue_lines(srt([(1.0, 1.0, "a"), (1.1, 3.0, " ")])) == [f"00:00:01,000 --> {format_timestamp(1 + half)}"]
+
+
+# -- a transcript of another file with the same name is not replaced ----------------------------------------------
+
+def _two_files_named_same(tmp_path: Path) -> tuple[Path, Path]:
+    """`a/same.flac` and `b/same.flac` under `tmp_path`: two files with one name (the content does not matter)."""
+    first, second = tmp_path / "a" / "same.flac", tmp_path / "b" / "same.flac"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(path.parent.name.encode())
+    return first, second
+
+
+def _run(out_dir: Path, source: str, formats: list[str]) -> dict[str, Path]:
+    """What a run into `out_dir` does with one file (`Transcriber.iter_transcribe`, the CLI): check, prepare, write."""
+    check_not_replacing(out_dir, ["same"], [source])
+    prepare_output_dir(out_dir)
+    result = {**_result(), "source": source}
+    return write_outputs(result, out_dir, "same", formats, source=source)
+
+
+@pytest.mark.parametrize("formats", [["txt"], ["srt", "vtt"], ["json", "txt"]])
+def test_a_transcript_of_another_file_with_the_same_name_is_not_replaced(tmp_path: Path, formats: list[str]) -> None:
+    """Two runs over two folders holding the same file name, into one output folder: the second is refused, with
+    txt (or srt / vtt) alone too, where no json names the source (they replaced the first's without a word)."""
+    first, second = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    kept = _run(out_dir, str(first), formats)[formats[0]].read_text(encoding="utf-8")
+    _run(out_dir, str(first), formats)  # a rerun of the same file replaces its own
+    with pytest.raises(InputError) as refused:
+        _run(out_dir, str(second), formats)
+    message = str(refused.value)
+    assert f"holds the transcript of {first}; {second} would replace it" in message and "\n" not in message
+    assert (out_dir / f"same.{formats[0]}").read_text(encoding="utf-8") == kept
+    first.unlink()  # a source that no longer resolves cannot be told apart: replaced, as a rerun's own is
+    _run(out_dir, str(second), formats)
+
+
+def test_the_sources_index_holds_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file given relative to the folder a run started in is still told apart from a run started elsewhere."""
+    first, second = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+    _run(out_dir, "a/same.flac", ["txt"])
+    monkeypatch.chdir(second.parent)
+    with pytest.raises(InputError, match=f"holds the transcript of {first}; same.flac would replace it"):
+        _run(out_dir, "same.flac", ["txt"])
+
+
+@pytest.mark.parametrize("foreign", [b"\xff\xfe not json", b"[1, 2]", b'{"same": 3}', None])
+def test_a_corrupt_sources_index_does_not_break_a_run(tmp_path: Path, foreign: bytes | None) -> None:
+    """Unreadable or foreign content where the index goes (None: a folder) is ignored, never fatal."""
+    first, _ = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    index = out_dir / SOURCES_INDEX
+    if foreign is None:
+        index.mkdir()
+    else:
+        index.write_bytes(foreign)
+    paths = _run(out_dir, str(first), ["txt"])
+    assert paths["txt"].read_text(encoding="utf-8") == "Hello world.\n<Second> line & more\n"
+    if foreign is not None:  # replaced by a good one
+        assert json.loads(index.read_text(encoding="utf-8")) == {"same": str(first)}
+
+
+def test_the_sources_index_is_kept_and_only_written_without_a_json(tmp_path: Path) -> None:
+    """`prepare_output_dir` removes stale temporary files, not the index (nor an old one left by a killed write of
+    it: that goes); a run writing a json that names the source writes no index (the folder holds what it did)."""
+    first, _ = _two_files_named_same(tmp_path)
+    _run(tmp_path / "with-json", str(first), ["txt", "json"])
+    assert sorted(p.name for p in (tmp_path / "with-json").iterdir()) == ["same.json", "same.txt"]
+    out_dir = tmp_path / "out"
+    _run(out_dir, str(first), ["txt"])
+    stale = out_dir / f".{SOURCES_INDEX}.x8k2.tmp"
+    stale.write_text("partial")
+    long_ago = time.time() - 3600
+    for path in (out_dir / SOURCES_INDEX, stale):
+        os.utime(path, (long_ago, long_ago))
+    assert prepare_output_dir(out_dir) == 1
+    assert sorted(p.name for p in out_dir.iterdir()) == [SOURCES_INDEX, "same.txt"]

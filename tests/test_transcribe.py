@@ -23,6 +23,7 @@ from asr_spec.errors import AudioError, InputError
 from asr_spec.models.cpu import INT8, resolve_precision
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import Shape, random_whisper
+from asr_spec.transcribe.outputs import SOURCES_INDEX
 
 SPEECH = Path(__file__).parent / "fixtures" / "speech"
 LONG = SPEECH / "long_75s.flac"  # 77.7 s: four 30 s windows with 5 s strides
@@ -273,7 +274,8 @@ def test_only_the_chosen_formats_and_no_name_clashes(tmp_path: Path) -> None:
     only = transcriber(speculative=False, formats="txt,SRT")
     assert only.options.formats == ("txt", "srt")
     only.transcribe(str(SHORT[0]), progress=False, output_dir=tmp_path)
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".srt", ".txt"]
+    # the transcripts, and the index of their sources (no json names it: `outputs.SOURCES_INDEX`)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [SOURCES_INDEX, f"{SHORT[0].stem}.srt", f"{SHORT[0].stem}.txt"]
     with pytest.raises(InputError, match="given twice"):  # the same file twice: refused before any work
         only.transcribe([str(SHORT[0]), str(SHORT[0])], progress=False, output_dir=tmp_path)
 

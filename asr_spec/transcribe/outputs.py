@@ -1,4 +1,5 @@
-"""Transcript writers: txt, json, srt, vtt. Every file is written atomically.
+"""Transcript writers: txt, json, srt, vtt (the caption renderers srt / vtt live in `captions.py`; their names are
+re-exported here). Every file is written atomically.
 
 A writer renders into a temporary file in the destination folder and ``os.replace``-s it over the target only
 once the whole file is written and flushed, so a crash or a failing writer never leaves a half-written transcript
@@ -18,18 +19,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from asr_spec.checks import finite, is_number, seconds_at_least_zero
 from asr_spec.errors import InputError
-from asr_spec.transcribe.segments import Segment, TranscriptSegment
+from asr_spec.transcribe.captions import (
+    MIN_CUE_S,
+    format_timestamp,
+    render_srt,
+    render_vtt,
+    result_dict,
+    segment_field,
+    timed_segments,
+    visible_cues,
+)
+from asr_spec.transcribe.segments import TranscriptSegment
 
 __all__ = [
     "FORMATS",
@@ -44,72 +55,17 @@ __all__ = [
     "parse_formats",
     "write_outputs",
     "prepare_output_dir",
+    "SOURCES_INDEX",
     "output_stems",
     "check_not_replacing",
     "visible_cues",
 ]
 
-# The length a caption cue of no length is given, where free time around it allows (`visible_cues`): half a second
-# shows a few words; subtitle guides ask for 5/6 s at least, but a cue is lengthened only to make it seen, so
-# Whisper's times stay as they are wherever they can be read.
-MIN_CUE_S = 0.5
-
-
-def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
-    """``HH:MM:SS,mmm`` (SRT; ``decimal_marker="."`` gives VTT's ``HH:MM:SS.mmm``); rounded to the millisecond.
-
-    Hours are at least two digits and grow past 99 rather than wrapping.
-    """
-    seconds_at_least_zero(time_s, "timestamp")
-    total_ms = int(round(time_s * 1000))
-    hours, rest_ms = divmod(total_ms, 3_600_000)
-    minutes, rest_ms = divmod(rest_ms, 60_000)
-    seconds, millis = divmod(rest_ms, 1000)
-    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{decimal_marker}{millis:03d}"
-
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Normalising the result
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def _as_dict(result: Any) -> dict[str, Any]:
-    if dataclasses.is_dataclass(result) and not isinstance(result, type):
-        return dataclasses.asdict(result)
-    if isinstance(result, Mapping):
-        return dict(result)
-    raise InputError(f"result must be a mapping or a dataclass instance, got {type(result).__name__}")
-
-
-def _field(item: Any, name: str, index: int) -> Any:
-    if isinstance(item, Mapping):
-        if name not in item:
-            raise InputError(f"segment {index}: missing {name!r} (keys: {sorted(item)})")
-        return item[name]
-    if not hasattr(item, name):
-        raise InputError(f"segment {index}: {type(item).__name__} has no {name!r}")
-    return getattr(item, name)
-
-
-def _segments(result: Mapping[str, Any], fmt: str) -> list[Segment]:
-    raw = result.get("segments")
-    if raw is None:
-        raise InputError(f"{fmt}: the result has no 'segments' (needed for timed captions)")
-    segments = []
-    previous_end = 0.0
-    for index, item in enumerate(raw):
-        start_s, end_s, text = (_field(item, name, index) for name in ("start_s", "end_s", "text"))
-        for name, value in (("start_s", start_s), ("end_s", end_s)):
-            finite(value, f"segment {index}: {name}", "seconds")
-        if not 0 <= start_s <= end_s:
-            raise InputError(f"segment {index}: needs 0 <= start_s <= end_s, got {start_s} .. {end_s}")
-        if start_s < previous_end - 1e-6:
-            raise InputError(f"segment {index}: starts at {start_s} s, before the previous one ends ({previous_end} s)")
-        if not isinstance(text, str):
-            raise InputError(f"segment {index}: text must be a str, got {type(text).__name__}")
-        segments.append(Segment(float(start_s), float(end_s), text))
-        previous_end = float(end_s)
-    return segments
 
 
 def _text(result: Mapping[str, Any]) -> str:
@@ -143,19 +99,19 @@ def _jsonable(value: Any) -> Any:
 
 def render_txt(result: Any) -> str:
     """One line per segment (as Whisper's txt writer), or the whole text when there are no segments."""
-    data = _as_dict(result)
+    data = result_dict(result)
     if data.get("segments"):
-        lines = [segment.text.strip() for segment in _segments(data, "txt")]
+        lines = [segment.text.strip() for segment in timed_segments(data, "txt")]
         return "\n".join(line for line in lines if line) + "\n"
     return _text(data).strip() + "\n"
 
 
 def render_json(result: Any) -> str:
     """The whole result (text, segments, stats, timings, ...) as indented UTF-8 JSON; NaN/inf become null."""
-    data = _as_dict(result)
+    data = result_dict(result)
     _text(data)
     if data.get("segments") is not None:
-        _segments(data, "json")  # validate times and text; extra per-segment keys are kept below
+        timed_segments(data, "json")  # validate times and text; extra per-segment keys are kept below
         data["segments"] = [_segment_dict(item, index) for index, item in enumerate(data["segments"])]
     return json.dumps(_jsonable(data), ensure_ascii=False, indent=2, allow_nan=False) + "\n"
 
@@ -166,100 +122,11 @@ def _segment_dict(item: Any, index: int) -> dict[str, Any]:
     elif dataclasses.is_dataclass(item) and not isinstance(item, type):
         out = dataclasses.asdict(item)
     else:
-        out = {name: _field(item, name, index) for name in ("start_s", "end_s", "text")}
+        out = {name: segment_field(item, name, index) for name in ("start_s", "end_s", "text")}
     if "words" in out and not out["words"]:
         del out["words"]  # no word timestamps asked: the json stays as it was
     out.pop("token_ids", None)  # a Segment's: the decoder's ids, not the transcript (see `transcript_dict`)
     return out
-
-
-def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> list[Segment]:
-    """Caption cues: one per segment, or with `max_words` cues of at most that many words of a segment (times
-    from the first word's start to the last word's end; a segment without words stays one cue)."""
-    segments = _segments(result, fmt)
-    if max_words is None:
-        return segments
-    cues = []
-    for segment, raw in zip(segments, result["segments"]):
-        words = [w if isinstance(w, Mapping) else dataclasses.asdict(w) for w in _field(raw, "words", 0)]
-        if not words:
-            cues.append(segment)
-        for i in range(0, len(words), max_words):
-            group = words[i : i + max_words]
-            text = "".join(str(w["word"]) for w in group).strip()
-            cues.append(Segment(float(group[0]["start"]), float(group[-1]["end"]), text))
-    return cues
-
-
-def _cue_text(text: str) -> str:
-    """Caption text: no blank lines inside a cue (they would end it), no arrow (it would start a timing line)."""
-    lines = [line.strip() for line in text.strip().splitlines()]
-    return "\n".join(line for line in lines if line).replace("-->", "->")
-
-
-def _shown_cues(result: Any, fmt: str, max_words: int | None) -> list[Segment]:
-    """The cues a caption file holds: `_word_cues` with caption text (`_cue_text`), those without text left out,
-    each long enough to be seen (`visible_cues`; the last one inside the audio when the result says how long it
-    is, `audio_s`)."""
-    data = _as_dict(result)
-    cues = [dataclasses.replace(cue, text=_cue_text(cue.text)) for cue in _word_cues(data, fmt, max_words)]
-    audio_s = data.get("audio_s")
-    return visible_cues([cue for cue in cues if cue.text], end_s=audio_s if is_number(audio_s) else None)
-
-
-def visible_cues(cues: Sequence[Segment], min_s: float = MIN_CUE_S, end_s: float | None = None) -> list[Segment]:
-    """Caption cues (in order, each with text) as a player shows them, one for one: a player never shows a cue
-    that ends where it starts (to the millisecond: a segment Whisper timed past its voice-activity chunk's audio
-    is clamped to the chunk's end), so such a cue grows toward `min_s` seconds into the free time after it (to
-    the next cue's start, or `end_s`, where the audio ends, after the last cue), then before it (to the previous
-    cue's end). One that still has no length (no free time on either side) takes up to `min_s`, at most half, of
-    the time of the cue it touches (the one before; the one after for the first cue). Cues with a length keep
-    Whisper's times (a word cue of 0.2 s stays 0.2 s); no cue moves past another or overlaps it; cues of no length
-    with no neighbour to lend them time stay as they are."""
-    times = [[cue.start_s, cue.end_s] for cue in cues]
-    for i, (start, end) in enumerate(times):
-        if _ms(start) < _ms(end):
-            continue
-        after = times[i + 1][0] if i + 1 < len(times) else math.inf if end_s is None else max(end_s, end)
-        end = max(end, min(start + min_s, after))
-        times[i] = [min(start, max(end - min_s, times[i - 1][1] if i else 0.0)), end]
-    for i, (start, end) in enumerate(times):
-        if _ms(start) < _ms(end):
-            continue
-        if i and _ms(times[i - 1][0]) < _ms(start):  # the one before lends the end of its time
-            share = min(min_s, (start - times[i - 1][0]) / 2)
-            times[i - 1][1] = times[i][0] = start - share
-        elif i + 1 < len(times) and _ms(end) < _ms(times[i + 1][1]):  # else the one after lends its start
-            share = min(min_s, (times[i + 1][1] - end) / 2)
-            times[i + 1][0] = times[i][1] = end + share
-    return [dataclasses.replace(cue, start_s=start, end_s=end) for cue, (start, end) in zip(cues, times)]
-
-
-def _ms(time_s: float) -> int:
-    """Milliseconds, as a cue's time is written (`format_timestamp`)."""
-    return int(round(time_s * 1000))
-
-
-def render_srt(result: Any, max_words_per_cue: int | None = None) -> str:
-    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out, a cue of no
-    length is lengthened (`visible_cues`). With `max_words_per_cue`, cues of at most that many words (from each
-    segment's `words`)."""
-    blocks = []
-    for cue in _shown_cues(result, "srt", max_words_per_cue):
-        timing = f"{format_timestamp(cue.start_s)} --> {format_timestamp(cue.end_s)}"
-        blocks.append(f"{len(blocks) + 1}\n{timing}\n{cue.text}\n")
-    return "\n".join(blocks)
-
-
-def render_vtt(result: Any, max_words_per_cue: int | None = None) -> str:
-    """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``, ``&`` / ``<`` / ``>`` escaped; cues as
-    in `render_srt`."""
-    blocks = ["WEBVTT\n"]
-    for cue in _shown_cues(result, "vtt", max_words_per_cue):
-        text = cue.text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        timing = f"{format_timestamp(cue.start_s, '.')} --> {format_timestamp(cue.end_s, '.')}"
-        blocks.append(f"{timing}\n{text}\n")
-    return "\n".join(blocks)
 
 
 FORMATS: dict[str, Callable[[Any], str]] = {
@@ -319,12 +186,14 @@ def parse_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
 
 def write_outputs(
     result: Any, out_dir: str | os.PathLike[str], stem: str, formats: Iterable[str],
-    max_words_per_cue: int | None = None,
+    max_words_per_cue: int | None = None, *, source: str | os.PathLike[str] | None = None,
 ) -> dict[str, Path]:
     """Write ``result`` as ``out_dir/stem.<fmt>`` for each format; returns ``{fmt: path}``.
 
     Everything is validated and rendered before the first file is written, so a bad format name or a bad
-    segment writes nothing. ``out_dir`` is created if missing.
+    segment writes nothing. ``out_dir`` is created if missing. ``source``, the file transcribed, is recorded
+    for `check_not_replacing`: in the json's "source", or, where no json holding one is written, in the
+    folder's index of sources (`SOURCES_INDEX`), after the transcripts.
     """
     chosen = parse_formats(formats)
     if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
@@ -336,7 +205,66 @@ def write_outputs(
     written = {}
     for fmt, content in rendered.items():
         written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
+    if source is not None and not _json_names_source(result, chosen):
+        _record_source(folder, stem, source)
     return written
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which file each transcript was made from
+# ---------------------------------------------------------------------------------------------------------------
+
+# {stem: absolute source path} of the transcripts in a folder written without a json that names their source
+# (txt / srt / vtt say nothing of it): without it, a run over another folder holding the same file names replaced
+# them without a word. Hidden, and not named like a transcript or a temporary file (`prepare_output_dir`).
+SOURCES_INDEX = ".asr-spec-sources.json"
+
+
+def _json_names_source(result: Any, chosen: tuple[str, ...]) -> bool:
+    """Whether the json written names the source (the result's "source"): then it is the record, as it was before
+    the index; a stem's source is read from the json first (`_recorded_source`)."""
+    return "json" in chosen and isinstance(result_dict(result).get("source"), str)
+
+
+def _read_sources(folder: Path) -> dict[str, str]:
+    """`folder`'s index of sources, ``{stem: source}``; {} where it is missing, unreadable or not ours (never
+    fatal: it only lets `check_not_replacing` refuse a replacement)."""
+    try:
+        data = json.loads((folder / SOURCES_INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing, a folder, not UTF-8, not json
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {stem: source for stem, source in data.items() if isinstance(source, str)}
+
+
+def _record_source(folder: Path, stem: str, source: str | os.PathLike[str]) -> None:
+    """Record `source` (made absolute: a later run may start elsewhere) as `stem`'s in `folder`'s index, merged with
+    the entries there, written atomically. A failure is logged, not raised: the transcripts are written, only a
+    later run's refusal to replace them is lost."""
+    sources = _read_sources(folder)
+    sources[stem] = os.path.abspath(os.path.expanduser(os.fspath(source)))
+    text = json.dumps(sources, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
+    try:
+        atomic_write(folder / SOURCES_INDEX, lambda file: file.write(text))
+    except OSError as err:
+        log.warning("%s: cannot record which file %s.* was made from (%s)", folder / SOURCES_INDEX, stem,
+                    err.strerror or err)
+
+
+def _recorded_source(folder: Path, stem: str, sources: Mapping[str, str]) -> tuple[Path, str] | None:
+    """A transcript of `stem` in `folder` and the source it records: the json's "source" where the json names one,
+    else the index's entry (`sources`) where a transcript of `stem` is still there; None where neither says."""
+    written = folder / f"{stem}.json"
+    with contextlib.suppress(OSError, ValueError):  # missing, unreadable or not json: the index may know
+        data = json.loads(written.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("source"), str):
+            return written, data["source"]
+    if stem in sources:
+        for fmt in FORMATS:
+            if (folder / f"{stem}.{fmt}").is_file():
+                return folder / f"{stem}.{fmt}", sources[stem]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -344,7 +272,8 @@ def write_outputs(
 # ---------------------------------------------------------------------------------------------------------------
 
 STALE_TMP_AGE_S = 60.0  # a temporary file older than this is left over from a killed run (a live write takes ms)
-_TMP_NAME = re.compile(r"^\..+\.(?:" + "|".join(FORMATS) + r")\.[^.]+\.tmp$")  # atomic_write's ".<name>.XXXX.tmp"
+# atomic_write's ".<name>.XXXX.tmp": a transcript's, or the index's (`SOURCES_INDEX`, which itself does not match)
+_TMP_NAME = re.compile(r"^\..+\.(?:" + "|".join(FORMATS) + r")\.[^.]+\.tmp$")
 
 
 def prepare_output_dir(out_dir: str | os.PathLike[str]) -> int:
@@ -424,18 +353,23 @@ def output_stems(paths: list[str | None]) -> list[str | None]:
 
 def check_not_replacing(out_dir: str | os.PathLike[str], stems: list[str | None], paths: list[str | None]) -> None:
     """InputError when a file's transcript would replace one of another file already in `out_dir`: the
-    ``<stem>.json`` there names a source that exists and is not the same file (runs over two folders holding the
-    same file names, into one output folder: the first folder's transcripts were lost without a word). A source
-    that does not resolve from here (gone, or given relative to another folder) cannot be told apart: replaced,
-    as a rerun's own transcript is. Only where json was written: other formats do not say their source."""
+    ``<stem>.json`` there, or else the folder's index of sources (`SOURCES_INDEX`, for transcripts written
+    without a json), names a source that exists and is not the same file (runs over two folders holding the same
+    file names, into one output folder: the first folder's transcripts were lost without a word). A source that
+    does not resolve from here (gone, or given relative to another folder) cannot be told apart: replaced, as a
+    rerun's own transcript is."""
+    folder = Path(out_dir)
+    sources = _read_sources(folder)
     for stem, path in zip(stems, paths):
-        written = Path(out_dir) / f"{stem}.json"
-        if stem is None or path is None or not written.is_file():
+        if stem is None or path is None:
             continue
+        recorded = _recorded_source(folder, stem, sources)
+        if recorded is None:
+            continue
+        written, earlier = recorded
         try:
-            earlier = json.loads(written.read_text(encoding="utf-8")).get("source")
             same = os.path.samefile(earlier, path)
-        except (OSError, ValueError, AttributeError, TypeError):  # unreadable, not ours, or not a file from here
+        except (OSError, ValueError):  # not a file from here
             continue
         if not same:
             raise InputError(f"{written}: holds the transcript of {earlier}; {path} would replace it (the same file "

@@ -395,7 +395,8 @@ class Transcriber:
         if output_dir is None:
             return transcription
         try:
-            write_outputs(transcription, output_dir, item.stem, self.options.formats, self.options.max_words_per_cue)
+            write_outputs(transcription, output_dir, item.stem, self.options.formats, self.options.max_words_per_cue,
+                          source=item.file)
         except INPUT_ERRORS as err:
             cause = one_line(err)
             return dataclasses.replace(transcription, error=f"cannot write outputs to {output_dir} ({cause})")

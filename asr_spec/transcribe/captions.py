@@ -1,0 +1,177 @@
+"""Caption writers: srt and vtt, rendered from a result's timed segments (pure: result -> str).
+
+A cue is a segment (or, with `max_words_per_cue`, a group of a segment's words) with its text made safe for a
+caption file and its time made long enough for a player to show it (`visible_cues`). Reading the result's
+segments, with their checks, lives here because captions are what need timed segments; the txt and json writers
+(`outputs.py`) read them through the same functions, so every format accepts and refuses the same results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from asr_spec.checks import finite, is_number, seconds_at_least_zero
+from asr_spec.errors import InputError
+from asr_spec.transcribe.segments import Segment
+
+__all__ = ["MIN_CUE_S", "format_timestamp", "render_srt", "render_vtt", "result_dict", "segment_field",
+           "timed_segments", "visible_cues"]
+
+# The length a caption cue of no length is given, where free time around it allows (`visible_cues`): half a second
+# shows a few words; subtitle guides ask for 5/6 s at least, but a cue is lengthened only to make it seen, so
+# Whisper's times stay as they are wherever they can be read.
+MIN_CUE_S = 0.5
+
+
+def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
+    """``HH:MM:SS,mmm`` (SRT; ``decimal_marker="."`` gives VTT's ``HH:MM:SS.mmm``); rounded to the millisecond.
+
+    Hours are at least two digits and grow past 99 rather than wrapping.
+    """
+    seconds_at_least_zero(time_s, "timestamp")
+    total_ms = int(round(time_s * 1000))
+    hours, rest_ms = divmod(total_ms, 3_600_000)
+    minutes, rest_ms = divmod(rest_ms, 60_000)
+    seconds, millis = divmod(rest_ms, 1000)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{decimal_marker}{millis:03d}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading the result's segments (shared with the txt and json writers)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def result_dict(result: Any) -> dict[str, Any]:
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        return dataclasses.asdict(result)
+    if isinstance(result, Mapping):
+        return dict(result)
+    raise InputError(f"result must be a mapping or a dataclass instance, got {type(result).__name__}")
+
+
+def segment_field(item: Any, name: str, index: int) -> Any:
+    if isinstance(item, Mapping):
+        if name not in item:
+            raise InputError(f"segment {index}: missing {name!r} (keys: {sorted(item)})")
+        return item[name]
+    if not hasattr(item, name):
+        raise InputError(f"segment {index}: {type(item).__name__} has no {name!r}")
+    return getattr(item, name)
+
+
+def timed_segments(result: Mapping[str, Any], fmt: str) -> list[Segment]:
+    raw = result.get("segments")
+    if raw is None:
+        raise InputError(f"{fmt}: the result has no 'segments' (needed for timed captions)")
+    segments = []
+    previous_end = 0.0
+    for index, item in enumerate(raw):
+        start_s, end_s, text = (segment_field(item, name, index) for name in ("start_s", "end_s", "text"))
+        for name, value in (("start_s", start_s), ("end_s", end_s)):
+            finite(value, f"segment {index}: {name}", "seconds")
+        if not 0 <= start_s <= end_s:
+            raise InputError(f"segment {index}: needs 0 <= start_s <= end_s, got {start_s} .. {end_s}")
+        if start_s < previous_end - 1e-6:
+            raise InputError(f"segment {index}: starts at {start_s} s, before the previous one ends ({previous_end} s)")
+        if not isinstance(text, str):
+            raise InputError(f"segment {index}: text must be a str, got {type(text).__name__}")
+        segments.append(Segment(float(start_s), float(end_s), text))
+        previous_end = float(end_s)
+    return segments
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cues and the caption renderers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> list[Segment]:
+    """Caption cues: one per segment, or with `max_words` cues of at most that many words of a segment (times
+    from the first word's start to the last word's end; a segment without words stays one cue)."""
+    segments = timed_segments(result, fmt)
+    if max_words is None:
+        return segments
+    cues = []
+    for segment, raw in zip(segments, result["segments"]):
+        words = [w if isinstance(w, Mapping) else dataclasses.asdict(w) for w in segment_field(raw, "words", 0)]
+        if not words:
+            cues.append(segment)
+        for i in range(0, len(words), max_words):
+            group = words[i : i + max_words]
+            text = "".join(str(w["word"]) for w in group).strip()
+            cues.append(Segment(float(group[0]["start"]), float(group[-1]["end"]), text))
+    return cues
+
+
+def _cue_text(text: str) -> str:
+    """Caption text: no blank lines inside a cue (they would end it), no arrow (it would start a timing line)."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    return "\n".join(line for line in lines if line).replace("-->", "->")
+
+
+def _shown_cues(result: Any, fmt: str, max_words: int | None) -> list[Segment]:
+    """The cues a caption file holds: `_word_cues` with caption text (`_cue_text`), those without text left out,
+    each long enough to be seen (`visible_cues`; the last one inside the audio when the result says how long it
+    is, `audio_s`)."""
+    data = result_dict(result)
+    cues = [dataclasses.replace(cue, text=_cue_text(cue.text)) for cue in _word_cues(data, fmt, max_words)]
+    audio_s = data.get("audio_s")
+    return visible_cues([cue for cue in cues if cue.text], end_s=audio_s if is_number(audio_s) else None)
+
+
+def visible_cues(cues: Sequence[Segment], min_s: float = MIN_CUE_S, end_s: float | None = None) -> list[Segment]:
+    """Caption cues (in order, each with text) as a player shows them, one for one: a player never shows a cue
+    that ends where it starts (to the millisecond: a segment Whisper timed past its voice-activity chunk's audio
+    is clamped to the chunk's end), so such a cue grows toward `min_s` seconds into the free time after it (to
+    the next cue's start, or `end_s`, where the audio ends, after the last cue), then before it (to the previous
+    cue's end). One that still has no length (no free time on either side) takes up to `min_s`, at most half, of
+    the time of the cue it touches (the one before; the one after for the first cue). Cues with a length keep
+    Whisper's times (a word cue of 0.2 s stays 0.2 s); no cue moves past another or overlaps it; cues of no length
+    with no neighbour to lend them time stay as they are."""
+    times = [[cue.start_s, cue.end_s] for cue in cues]
+    for i, (start, end) in enumerate(times):
+        if _ms(start) < _ms(end):
+            continue
+        after = times[i + 1][0] if i + 1 < len(times) else math.inf if end_s is None else max(end_s, end)
+        end = max(end, min(start + min_s, after))
+        times[i] = [min(start, max(end - min_s, times[i - 1][1] if i else 0.0)), end]
+    for i, (start, end) in enumerate(times):
+        if _ms(start) < _ms(end):
+            continue
+        if i and _ms(times[i - 1][0]) < _ms(start):  # the one before lends the end of its time
+            share = min(min_s, (start - times[i - 1][0]) / 2)
+            times[i - 1][1] = times[i][0] = start - share
+        elif i + 1 < len(times) and _ms(end) < _ms(times[i + 1][1]):  # else the one after lends its start
+            share = min(min_s, (times[i + 1][1] - end) / 2)
+            times[i + 1][0] = times[i][1] = end + share
+    return [dataclasses.replace(cue, start_s=start, end_s=end) for cue, (start, end) in zip(cues, times)]
+
+
+def _ms(time_s: float) -> int:
+    """Milliseconds, as a cue's time is written (`format_timestamp`)."""
+    return int(round(time_s * 1000))
+
+
+def render_srt(result: Any, max_words_per_cue: int | None = None) -> str:
+    """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out, a cue of no
+    length is lengthened (`visible_cues`). With `max_words_per_cue`, cues of at most that many words (from each
+    segment's `words`)."""
+    blocks = []
+    for cue in _shown_cues(result, "srt", max_words_per_cue):
+        timing = f"{format_timestamp(cue.start_s)} --> {format_timestamp(cue.end_s)}"
+        blocks.append(f"{len(blocks) + 1}\n{timing}\n{cue.text}\n")
+    return "\n".join(blocks)
+
+
+def render_vtt(result: Any, max_words_per_cue: int | None = None) -> str:
+    """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``, ``&`` / ``<`` / ``>`` escaped; cues as
+    in `render_srt`."""
+    blocks = ["WEBVTT\n"]
+    for cue in _shown_cues(result, "vtt", max_words_per_cue):
+        text = cue.text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        timing = f"{format_timestamp(cue.start_s, '.')} --> {format_timestamp(cue.end_s, '.')}"
+        blocks.append(f"{timing}\n{text}\n")
+    return "\n".join(blocks)
