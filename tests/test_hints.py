@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_engine import MAX_NEW, _features, _target, assert_same_as_greedy, drafts, reference
 
-from asr_spec.engine import ChunkRequest, DecodeOptions, Engine, EngineError
+from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 from asr_spec.engine.capture import StepRunner, rows_bucket
 from asr_spec.engine.speculative import step
 
@@ -118,8 +118,9 @@ def test_a_bad_hypothesis_is_refused_naming_the_chunk():
     engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=4))
     with pytest.raises(ValueError, match=r"chunk 'x': hypothesis must hold token ids \(integers >= 0\)"):
         ChunkRequest("x", _features()[0], hypothesis=(3, -1))
-    with pytest.raises(EngineError, match="chunk 'x': hypothesis holds 999, not a token id below"):
-        list(engine.run([ChunkRequest("x", _features()[0], hypothesis=(3, 999))]))
+    [refused] = engine.run([ChunkRequest("x", _features()[0], hypothesis=(3, 999))])  # alone, as its result
+    assert refused.finish_reason == "refused"
+    assert "chunk 'x': hypothesis holds 999, not a token id below" in refused.error
     with pytest.raises(ValueError, match="num_hypothesis_tokens"):
         DecodeOptions(num_hypothesis_tokens=0)
 

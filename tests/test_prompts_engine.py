@@ -4,12 +4,13 @@ token-identical to transformers' `generate(prompt_ids=...)` of each row alone, w
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
 from conftest import first_divergence, perturbed, tiny_target
 
-from asr_spec.engine import ChunkRequest, DecodeOptions, Engine, EngineError
+from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 from asr_spec.models.loading import decoder_draft
 
 TIE = 1e-4
@@ -172,17 +173,19 @@ def test_a_rows_own_token_limit_cuts_its_decoding_and_nothing_else(batch_size):
 
 def test_a_prompt_over_the_limit_is_refused_naming_the_chunk():
     engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=5))
+    def refusal(req: ChunkRequest) -> str:
+        [result] = engine.run([req])  # refused alone, as its result (engine/refusals.py)
+        assert result.finish_reason == "refused" and result.tokens == ()
+        return result.error
+
     too_long = ChunkRequest("talk.wav#0", _features()[0], prompt=(5,) * 224)
-    with pytest.raises(EngineError, match=r"'talk.wav#0'.*prompt of 224 tokens, more than the model's 223"):
-        list(engine.run([too_long]))
-    not_ids = ChunkRequest("x", _features()[0], prefix=(5, 70))
-    with pytest.raises(EngineError, match="prefix holds a value that is not a token id"):
-        list(engine.run([not_ids]))
+    assert re.search(r"'talk.wav#0'.*prompt of 224 tokens, more than the model's 223", refusal(too_long))
+    assert "prefix holds a value that is not a token id" in refusal(ChunkRequest("x", _features()[0], prefix=(5, 70)))
     # a forced <|endoftext|> decoded on past it to 448 positions, its text after the end
     eot = engine.tokens.eot
     for field in ("prefix", "prompt"):
-        with pytest.raises(EngineError, match=f"'x'.*{field} holds <.endoftext.> \\({eot}\\)"):
-            list(engine.run([ChunkRequest("x", _features()[0], **{field: (5, eot)})]))
+        error = refusal(ChunkRequest("x", _features()[0], **{field: (5, eot)}))
+        assert re.search(f"'x'.*{field} holds <.endoftext.> \\({eot}\\)", error)
 
 
 def test_a_request_is_checked_when_made_and_takes_numpy_token_ids():

@@ -364,6 +364,26 @@ def test_an_engine_error_fails_only_its_request_and_serving_goes_on(greedy, expe
     assert greedy.assemble("x", good.spans, good.ordered_results(), 0, 0).text == expected[SHORT[0].name].text
 
 
+def test_a_request_the_engine_refuses_fails_only_its_job(greedy, expected):
+    """A chunk the model cannot take (a prompt over its limit) is refused by the engine alone (engine/refusals.py):
+    its job failed with the cause, the job decoded beside it kept; before, the job waited for ever."""
+    batcher = Batcher(greedy, batch_size=2)
+    refused = batcher.prepare(SHORT[1].read_bytes())
+    refused.requests = iter([dataclasses.replace(r, prompt=(5,) * 300) for r in drain(refused)])
+    good = batcher.prepare(SHORT[0].read_bytes())
+    batcher.start()
+    try:
+        batcher.submit(refused)
+        batcher.submit(good)
+        wait_for([refused, good])
+        assert batcher.alive
+    finally:
+        batcher.stop()
+    assert refused.status == 500 and "prompt of 300 tokens, more than the model's" in refused.error
+    assert good.error is None
+    assert greedy.assemble("x", good.spans, good.ordered_results(), 0, 0).text == expected[SHORT[0].name].text
+
+
 # -- a real port and the official openai client ----------------------------------------------------------------
 
 @contextmanager

@@ -69,24 +69,30 @@ class Admission:
         self.lang_id = tokens.sot if lang_id is None else lang_id  # the language token when not detected
         self.max_new = options.max_new_tokens or tokens.max_positions
 
-    def check(self, chunk_id: object, prompt: RowPrompt) -> None:
-        """ValueError naming the chunk when its prompt or prefix cannot be decoded by this model."""
-        limit = self.tokens.max_prompt_tokens
+    def refusal(self, chunk_id: object, prompt: RowPrompt, hypothesis: tuple[int, ...] = ()) -> str | None:
+        """Why this model cannot decode a chunk, one line naming it (`chunk_id`) and the cause; None when it can.
+        The one check of what a request asks of the model, not known when the request is made (`ChunkRequest`
+        checks the rest): its prompt and prefix, and its hypothesis's ids (engine/hypothesis.py). The engine refuses
+        such a chunk alone (engine/refusals.py)."""
+        limit, vocab = self.tokens.max_prompt_tokens, self.rules.bias.shape[0]
         for name, ids in (("prompt", prompt.previous), ("prefix", prompt.prefix)):
             if len(ids) > limit:
-                raise ValueError(f"chunk {chunk_id!r}: {name} of {len(ids)} tokens, more than the model's {limit}")
-            if any(not 0 <= t < self.rules.bias.shape[0] for t in ids):
-                raise ValueError(f"chunk {chunk_id!r}: {name} holds a value that is not a token id of the model")
+                return f"chunk {chunk_id!r}: {name} of {len(ids)} tokens, more than the model's {limit}"
+            if any(not 0 <= t < vocab for t in ids):
+                return f"chunk {chunk_id!r}: {name} holds a value that is not a token id of the model"
             # a forced <|endoftext|> ended nothing: the row decoded on past it to the last position (any other
             # token the target may generate is taken: a live stream forces its previous hypothesis as it came)
             if self.tokens.eot in ids:
-                raise ValueError(f"chunk {chunk_id!r}: {name} holds <|endoftext|> ({self.tokens.eot})")
+                return f"chunk {chunk_id!r}: {name} holds <|endoftext|> ({self.tokens.eot})"
         if prompt.previous and self.tokens.sot_prev is None:
-            raise ValueError(f"chunk {chunk_id!r}: a prompt was given but the model's generation config has no "
-                             "prev_sot_token_id")
+            return f"chunk {chunk_id!r}: a prompt was given but the model's generation config has no prev_sot_token_id"
         if self.length(prompt) >= self.tokens.max_positions:
-            raise ValueError(f"chunk {chunk_id!r}: prompt and prefix leave no room in the model's "
-                             f"{self.tokens.max_positions} positions")
+            return (f"chunk {chunk_id!r}: prompt and prefix leave no room in the model's "
+                    f"{self.tokens.max_positions} positions")
+        bad = [t for t in hypothesis if t >= vocab]
+        if bad:
+            return f"chunk {chunk_id!r}: hypothesis holds {bad[0]!r}, not a token id below {vocab}"
+        return None
 
     def length(self, prompt: RowPrompt) -> int:
         """Tokens of a row's whole prompt (its n_tok when admitted)."""
@@ -105,7 +111,7 @@ class Admission:
 
         audio: (R, n_audio_ctx, d_model) target encoder output; draft_audio: what the draft's cross-attention reads
         (the same, or its own encoder's output), None when the run does not draft; prompts: each chunk's previous
-        text and prefix (checked with `check`), None for none.
+        text and prefix (none of them refused by `refusal`), None for none.
         """
         r, first = len(rows), rows[0]
         prompts = [NO_PROMPT] * r if prompts is None else list(prompts)

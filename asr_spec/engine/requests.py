@@ -1,5 +1,6 @@
 """What the engine decodes and what it gives back: `ChunkRequest` (one window, with its prompt, temperature,
-seed and hypothesis, checked when made) and `ChunkResult` (its tokens and Whisper's window statistics)."""
+seed and hypothesis, checked when made) and `ChunkResult` (its tokens and Whisper's window statistics, or why the
+model could not take it)."""
 
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ class ChunkResult:
     # generated tokens (prompt excluded, a request's prefix included), ending with <|endoftext|> when finished by it
     tokens: tuple[int, ...]
     prompt: tuple[int, ...]  # [<|startofprev|> previous text] <|startoftranscript|> [language task] [notimestamps]
-    finish_reason: str  # "eos" or "length" (max_new_tokens or max_target_positions)
+    # "eos", "length" (max_new_tokens or max_target_positions), or "refused": not decoded (`error` says why)
+    finish_reason: str
     stats: ChunkStats
     # Whisper's window statistics, from the target's logits only (so identical with or without a draft):
     no_speech_prob: float = float("nan")  # P(<|nospeech|>) at the SOT position, from the raw logits
@@ -110,3 +112,6 @@ class ChunkResult:
     # (n_audio_ctx, d_model) the target encoder output it was decoded from, when the request asked to keep it
     encoded: torch.Tensor | None = field(default=None, compare=False, repr=False)
     temperature: float = 0.0  # the request's: 0 greedy, else the temperature it was sampled at
+    # why the engine refused the request, one line naming it (a prompt over the model's limit: engine/refusals.py);
+    # None for a decoded chunk. A refused one has no tokens and counts no chunk in its stats.
+    error: str | None = None

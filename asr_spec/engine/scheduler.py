@@ -9,7 +9,9 @@ order chunks finish.
 
 A live source (a server's queue) yields None for "nothing right now": the engine then stops filling and keeps
 decoding the busy rows (the step runs on the first n_active slots, so idle slots cost nothing). An error in the
-engine's own work raises `EngineError` naming the chunks lost with it, so a server fails only those requests.
+engine's own work raises `EngineError` naming the chunks lost with it, so a server fails only those requests; a
+request this model cannot take (a prompt over its limit) is refused alone, its result carrying the cause
+(engine/refusals.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from asr_spec.engine.hypothesis import Hypotheses
 from asr_spec.engine.kernels import onednn_usable
 from asr_spec.engine.options import DecodeOptions, check_int
 from asr_spec.engine.pairing import DraftKind, check_pair
+from asr_spec.engine.refusals import Refusals
 from asr_spec.engine.requests import ChunkRequest, ChunkResult
 from asr_spec.engine.results import finished_results
 from asr_spec.engine.rules import LogitRules, WhisperTokens
@@ -153,13 +156,7 @@ class Engine:
         yet — and the draft's own encoder outputs when it has its own encoder. Requests carrying the very same
         features tensor (the sampled candidates of one window) are encoded once, also across consecutive calls."""
         dev, dtype = self.target_dec.device, self.target_dec.dtype
-        for r in batch:
-            self.admission.check(r.id, _row_prompt(r))
-        need = [r for r in batch if r.encoded is None]
-        if any(r.features is None for r in need) or (
-            self.kind is DraftKind.OWN_ENCODER and any(r.features is None for r in batch)
-        ):
-            raise ValueError("a chunk request has neither features nor (usable) encoder output")
+        need = [r for r in batch if r.encoded is None]  # each with features (`_refusal`)
         last_features, last_version, last_encoded = self._last_encoded
         if last_features is not None and _version(last_features) != last_version:
             last_features = None  # the caller refilled that tensor in place: other audio
@@ -212,19 +209,24 @@ class Engine:
         only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
         feed = self._feed = Feed(iter(requests), self._encode, self.encode_batch(batch_size))
+        refusals = Refusals(self._refusal, feed.in_flight)
+        feed.source = refusals.screen(feed.source)  # a request this model cannot take is refused alone
         n_rows = self._first_fill(feed, batch_size)
         if n_rows == 0:
+            yield from refusals.drain()
             return
         k = self._k(n_rows)
         with self.states.lease(n_rows, k) as state:  # the engine's static state, reset (engine/state.py)
             runner = self._eager if state.private else self.runner  # graphs are bound to the held state
-            yield from self._decode(feed, state, n_rows, k, runner)
+            yield from self._decode(feed, refusals, state, n_rows, k, runner)
 
-    def _decode(self, feed: Feed, state: RunState, n_rows: int, k: int, runner: StepRunner) -> Iterator[ChunkResult]:
-        """`run`'s loop over `n_rows` slots (the first of `state`) at K = `k`, steps by `runner`: withdraw, fill, admit,
-        pack, step, read, yield the finished rows' results. A slot left by its row (withdrawn, or moved by
-        `pack`) is marked finished on the device at once, so a step over more rows than the live ones (a rows
-        bucket) masks it. A row still busy after more steps than any row can take raises (`_check_progress`)."""
+    def _decode(self, feed: Feed, refusals: Refusals, state: RunState, n_rows: int, k: int,
+                runner: StepRunner) -> Iterator[ChunkResult]:
+        """`run`'s loop over `n_rows` slots (the first of `state`) at K = `k`, steps by `runner`: withdraw, fill (the
+        requests `refusals` refused yielded at once), admit, pack, step, read, yield the finished rows' results. A
+        slot left by its row (withdrawn, or moved by `pack`) is marked finished on the device at once, so a step
+        over more rows than the live ones (a rows bucket) masks it. A row still busy after more steps than any row
+        can take raises (`_check_progress`)."""
         m, st, hyp = state.m, state.st, state.hyp
         slots: Slots[ChunkRequest] = Slots(n_rows)
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
@@ -234,6 +236,7 @@ class Engine:
                 _release(st, self.withdrawals.evict(slots.occupants, feed.ready, feed.in_flight))
             if slots.n_free and feed.more:
                 feed.fill(slots.n_free)
+            yield from refusals.drain()
             if slots.n_free and feed.ready:
                 with feed.losing():
                     max_len = max(max_len, self._admit(m, st, hyp, slots, feed.take(slots.n_free)))
@@ -374,8 +377,6 @@ class Engine:
         """Place encoded chunks in the free slots with the lowest indices and admit them there (`Admission`), with
         their hypotheses; a request that asks to keep its encoder output keeps it in its slot. Returns the longest
         prompt admitted."""
-        for req, _, _ in taken:
-            self._check_hypothesis(req)
         prompts = [_row_prompt(req) for req, _, _ in taken]
         rows = slots.place([replace(req, encoded=enc) if req.keep_encoded else req for req, enc, _ in taken])
         audio = torch.stack([enc for _, enc, _ in taken])
@@ -392,13 +393,15 @@ class Engine:
         hyp.start(rows, [req.hypothesis for req, _, _ in taken])
         return max(self.admission.length(p) for p in prompts)
 
-    def _check_hypothesis(self, req: ChunkRequest) -> None:
-        """ValueError naming the chunk when its hypothesis holds an id past the target's vocabulary (the request
-        checked the rest when it was made)."""
-        vocab = self.target_dec.vocab_size
-        bad = [t for t in req.hypothesis if t >= vocab]
-        if bad:
-            raise ValueError(f"chunk {req.id!r}: hypothesis holds {bad[0]!r}, not a token id below {vocab}")
+    def _refusal(self, req: ChunkRequest) -> str | None:
+        """Why this engine cannot decode `req`, one line naming it; None when it can (`Refusals`): no features where
+        its encoder output is not given or the draft encodes the audio itself, else what the model cannot take of
+        its prompt, prefix or hypothesis (`Admission.refusal`)."""
+        if req.features is None and req.encoded is None:
+            return f"chunk {req.id!r}: neither features nor encoder output"
+        if req.features is None and self.kind is DraftKind.OWN_ENCODER:
+            return f"chunk {req.id!r}: no features, which the draft's own encoder needs"
+        return self.admission.refusal(req.id, _row_prompt(req), req.hypothesis)
 
     def _step(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest], reader: HostReader,
               k: int, max_len: int, runner: StepRunner) -> tuple[int, list[int], int] | None:

@@ -384,6 +384,9 @@ class Batcher:
         job = self._jobs.get(result.id.owner)
         alive = job is not None and not job.cancelled and job.error is None
         finished = self.session.finish(result, job.input if alive else None)  # in the engine thread
+        if alive and result.error is not None:  # the engine refused this chunk (engine/refusals.py): its job alone
+            self._fail({result.id.owner}, result.error)
+            return
         with self._cond:
             job = self._jobs.get(result.id.owner)
             if job is None:
@@ -401,8 +404,8 @@ class Batcher:
             self._finish(job)
 
     def _fail(self, owners: set, cause: str) -> None:
-        """Fail every job and stream in `owners` (their chunks were lost in the engine: `EngineSession.lost`);
-        the run is over."""
+        """Fail every job and stream in `owners`: their chunks were lost in the engine (`EngineSession.lost`; the
+        run is over), or the engine refused one of them (the run goes on)."""
         self.streams.fail(owners, cause)
         with self._cond:
             failed = [self._jobs[owner] for owner in owners if owner in self._jobs]

@@ -274,7 +274,7 @@ class StreamDecodes:
 
     def deliver(self, result: ChunkResult) -> bool:
         """Hand a result to its stream; False when `result` is not a stream's (an upload chunk's). A result of a
-        closed stream, or a stale re-decode, is dropped."""
+        closed stream, or a stale re-decode, is dropped; a refused one (`ChunkResult.error`) fails its stream."""
         if not is_stream_id(result.id):
             return False
         with self._cond:
@@ -285,7 +285,8 @@ class StreamDecodes:
             self.counts.delivered += 1
             self.counts.engine_s += self._clock() - stream.taken_s
             _observe(stream, result)
-        _notify(stream, result)
+        # a re-decode the engine refused (engine/refusals.py) fails its stream as a lost one does (`fail`)
+        _notify(stream, result if result.error is None else f"decoding failed ({result.error})")
         return True
 
     def fail(self, owners: set[Hashable], cause: str) -> None:

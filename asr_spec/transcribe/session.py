@@ -10,7 +10,8 @@ of its requests and gets back each finished chunk (or re-decoded tail) with the 
 (`Input.keep`). What each owner has in the engine is counted here, once (`in_flight`, inflight.py: fed where the
 source hands the engine a request, done where its final result comes out, where a client withdraws it, where a
 run fails); every client reads that count. A client withdraws a request or an owner (`withdraw`,
-`withdraw_owner`); a failed run fails the owners whose requests it held (`lost`).
+`withdraw_owner`); a failed run fails the owners whose requests it held (`lost`); a request the engine refused
+fails its own owner only (`finish`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ class EngineSession:
     def run(self, source: Iterable[ChunkRequest | None], batch_size: int) -> Iterator[ChunkResult]:
         """Decode `source` (made by `source`), at most batch_size rows at a time: each window's final result once
         (its fallback passes resolved), in the order they finish, no longer counted in flight. The one caller of
-        `Engine.run` outside the engine and the benchmarks. When it raises, `lost` says whose requests it lost."""
+        `Engine.run` outside the engine and the benchmarks. When it raises, `lost` says whose requests it lost. A
+        refused request's result (`ChunkResult.error`) ends its window at its first pass: its next passes would be
+        refused alike, and with no text and a NaN log-probability it never needs fallback (`Fallback.resolve`)."""
         for result in self.engine.run(source, batch_size):
             if self.fallback is not None:
                 result = self.fallback.resolve(result)
@@ -148,7 +151,12 @@ class EngineSession:
     def finish(self, result: ChunkResult, item: Input | None) -> Finished | None:
         """A finished chunk or tail of `item` made ready to keep (`Transcriber.finish_result`: words, the tail
         decision) and its tail queued; None when its owner is gone or failed (item None): only its samples are
-        let go. Call it from the engine's thread."""
+        let go. A chunk the engine refused (`ChunkResult.error`: a prompt the model cannot take) fails its owner
+        with that cause (`Input.error`; the owner is then complete, and its other chunks are ignored) and is
+        None too: the run's other inputs go on. Call it from the engine's thread."""
+        if item is not None and result.error is not None:
+            item.error = f"decoding failed ({result.error})"
+            item = None
         if item is None:
             if self.tails is not None:
                 self.tails.finished(result, None, None, False)
