@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 
 import pytest
+import torch
 from test_transcribe import LONG, SHORT, transcriber
 
 from asr_spec import TranscribeOptions
-from asr_spec.engine import ChunkResult, ChunkStats
+from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
-from asr_spec.transcribe.fallback import best_candidate, needs_fallback, row_key
+from asr_spec.transcribe.fallback import best_candidate, content_digest, needs_fallback, row_key
 from asr_spec.transcribe.nospeech import NoSpeechRule
 
 RULE = NoSpeechRule()  # Whisper's thresholds: no speech 0.6, log-probability -1.0, compression ratio 2.4
@@ -110,6 +112,20 @@ def test_sampled_windows_do_not_depend_on_batch_size_or_other_files():
     assert [c.temperature for c in alone_1.chunks] == [c.temperature for c in among_8.chunks]
     other_seed = _with_fallback(4, str(LONG), seed=1, draft_bf16=False)[0]
     assert other_seed.chunk_tokens != alone_1.chunk_tokens  # the seed does change the sampled window
+
+
+def test_a_bfloat16_run_falls_back_too():
+    """A bf16 run's features are bf16 (`--dtype auto` on AMX and AVX-512-BF16 CPUs): the window's content digest,
+    the sampled rows' key, read them through numpy, which has no bfloat16 (TypeError at the first fallback, the
+    whole run failed). The digest is of the tensor's bytes, whatever its dtype; in fp32 the same as before."""
+    t = transcriber(speculative=True, precision="bfloat16", no_speech_threshold=None, logprob_threshold=0.0,
+                    compression_ratio_threshold=None, temperature=(0.0, 0.5), best_of=2)
+    [result] = t.transcribe(str(SHORT[0]), progress=False)
+    assert result.error is None and dict(result.fallback_windows)[0.5] >= 1
+    features = torch.linspace(-1, 1, 80 * 3000).view(80, 3000)
+    digest = content_digest(ChunkRequest("x", features))
+    assert digest == hashlib.blake2b(features.numpy().tobytes(), digest_size=16).digest()  # fp32: unchanged
+    assert content_digest(ChunkRequest("x", features.bfloat16())) != digest
 
 
 def test_greedy_only_windows_pass_through_untracked():

@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.transcribe.nospeech import NoSpeechRule, compression_ratio
@@ -87,9 +88,12 @@ def row_key(seed: int, content: bytes, pass_index: int, candidate: int) -> int:
 
 
 def content_digest(request: ChunkRequest) -> bytes:
-    """What identifies a window's audio: a digest of its features (or of its encoder output without them)."""
+    """What identifies a window's audio: a digest of its features (or of its encoder output without them), read
+    as bytes whatever their dtype (numpy has no bfloat16: a bf16 run's features, `--dtype auto` on AMX and
+    AVX-512-BF16 CPUs, raised TypeError at the first fallback and failed the whole run)."""
     values = request.features if request.features is not None else request.encoded
-    return hashlib.blake2b(values.detach().cpu().contiguous().numpy().tobytes(), digest_size=16).digest()
+    raw = values.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.blake2b(raw.numpy().tobytes(), digest_size=16).digest()
 
 
 @dataclass
