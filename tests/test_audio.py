@@ -16,7 +16,7 @@ import soundfile as sf
 import soxr
 import torch
 
-from asr_spec.audio.loading import audio_duration_s, load_audio, stream_audio, to_mono
+from asr_spec.audio.loading import audio_duration_s, header_duration_s, load_audio, stream_audio, to_mono
 from asr_spec.errors import AudioError, InputError
 
 SR = 16_000
@@ -389,3 +389,35 @@ def test_a_video_without_audio_says_so(tmp_path: Path) -> None:
     _ffmpeg("-f", "lavfi", "-i", "testsrc=duration=1:size=64x64:rate=5", "-c:v", "mpeg4", str(video))
     with pytest.raises(AudioError, match=r"silent-film\.mp4: not a readable audio file \(.*ffmpeg: no audio stream\)$"):
         load_audio(video)
+
+
+def _sizes_zeroed(path: Path) -> Path:
+    """`path`'s WAV with 0 as its RIFF and data chunk sizes: the header a recorder killed before it rewrites them
+    leaves, whatever audio follows."""
+    data = bytearray(path.read_bytes())
+    at = data.index(b"data")
+    data[4:8] = data[at + 4 : at + 8] = struct.pack("<I", 0)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@needs_ffmpeg
+def test_a_wav_whose_header_says_0_bytes_reads_the_audio_that_follows(tmp_path: Path) -> None:
+    """libsndfile's 0 frames was taken as an empty file ("no audio samples (0 frames)") though ffprobe gives its
+    length and ffmpeg decodes it; a header with only 0 sizes and nothing after it is still empty."""
+    tone = _tone(2 * SR, SR)
+    path = tmp_path / "killed.wav"
+    sf.write(path, tone, SR, subtype="PCM_16")
+    expected = load_audio(path)
+    _sizes_zeroed(path)
+    np.testing.assert_array_equal(load_audio(path), expected)
+    np.testing.assert_array_equal(np.concatenate(list(stream_audio(path, block_s=0.5))), expected)
+    np.testing.assert_array_equal(load_audio({"bytes": path.read_bytes(), "path": "up.wav"}), expected)
+    assert header_duration_s(path) == pytest.approx(2.0) and audio_duration_s(path) == pytest.approx(2.0)
+    empty = _sizes_zeroed(_zero_samples(tmp_path / "empty.wav"))
+    for source in (empty, {"bytes": empty.read_bytes(), "path": "empty.wav"}):
+        with pytest.raises(AudioError, match=r"empty\.wav: no audio samples \(0 frames\)$"):
+            load_audio(source)
+    with pytest.raises(AudioError, match=r"empty\.wav: no audio samples \(0 frames\)$"):
+        stream_audio(empty)  # at the call, before the first block, as before
+    assert header_duration_s(empty) is None and audio_duration_s(empty) == 0.0  # ffprobe: no length; decoded: none

@@ -173,6 +173,39 @@ def test_unknown_preset_and_unloadable_model_exit_2(capsys, tmp_path: Path) -> N
         assert_one_line_error(err, f"device {device!r}", why)
 
 
+@pytest.mark.parametrize("args", [["--workers", "4"], ["--threads-per-worker", "8"], ["--workers", "1"]])
+def test_ray_options_without_ray_are_a_usage_error_not_ignored(capsys, monkeypatch, args: list[str]) -> None:
+    """`--workers N` and `--threads-per-worker N` were accepted and silently ignored without --ray (a run of one
+    process, the user believing it ran on four); refused like --output and --ray-address, before anything loads."""
+    from asr_spec.transcribe import Transcriber
+
+    monkeypatch.setattr(Transcriber, "from_preset", lambda *a, **k: pytest.fail("a model was loaded"))
+    code, out, err = run_cli(capsys, "transcribe", str(SHORT[0]), *args)
+    assert code == 2 and out == ""
+    assert_only_line_is_error(err, "--workers, --threads-per-worker, --manifest, --output and --ray-address need "
+                                   "--ray")
+
+
+def test_ray_options_not_given_keep_the_ray_runners_defaults(capsys, monkeypatch, tmp_path: Path) -> None:
+    """With --ray, an option left out is RayOptions' default (the CLI says "not given" with None), a given one
+    reaches it as given."""
+    from asr_spec import distributed
+
+    seen: list[distributed.RayOptions] = []
+
+    def fake_run(inputs, output, *, options, **kwargs):
+        seen.append(options)
+        return distributed.RunReport(Path(output), len(inputs), 0, 0, 0, 0.0)
+
+    monkeypatch.setattr(distributed, "transcribe_dataset", fake_run)
+    base = ["transcribe", "--ray", "--quiet", "--output", str(tmp_path / "r.jsonl"), str(SHORT[0])]
+    assert run_cli(capsys, *base)[0] == 0
+    assert run_cli(capsys, *base, "--workers", "3", "--threads-per-worker", "2")[0] == 0
+    defaults = distributed.RayOptions()
+    assert (seen[0].workers, seen[0].threads_per_worker) == (defaults.workers, defaults.threads_per_worker)
+    assert (seen[1].workers, seen[1].threads_per_worker) == (3, 2)
+
+
 def test_output_dir_writes_the_chosen_formats(capsys, tmp_path: Path, model_dirs) -> None:
     out_dir = tmp_path / "transcripts"
     code, out, _ = run_cli(capsys, *tiny(model_dirs, str(LONG), "--output-dir", str(out_dir), "--format", "txt,json"))

@@ -4,31 +4,26 @@ Every function returns ``float32`` mono samples in ``[-1, 1]`` at ``sampling_rat
 Integer PCM is scaled to ``[-1, 1)``; float input whose peak exceeds ``MAX_FLOAT_PEAK`` (4.0, e.g. int16 values
 stored as floats) is refused with an `AudioError` saying what it looks like, never silently rescaled.
 
-Files are decoded with soundfile (libsndfile: wav, flac, ogg, mp3, ...) and, only when libsndfile cannot open a
-file at all, with ffmpeg (m4a, aac, webm, video containers, ...: `asr_spec.audio.ffmpeg`, which decides which
-containers ffmpeg may read). A file that opens but fails to decode part-way is an error,
-not a fallback. Resampling uses soxr at "HQ" quality; the streaming path uses soxr's ``ResampleStream``, which gives
-the same samples as the one-shot resampler, so ``load_audio(path)`` is literally the concatenation of
-``stream_audio(path)``.
+Files are decoded with soundfile (libsndfile: wav, flac, ogg, mp3, ...) and, where libsndfile cannot open a file
+or its header cannot be trusted, with ffmpeg (m4a, aac, webm, video containers, ...): `asr_spec.audio.opening`
+decides which. A file that opens but fails to decode part-way is an error, not a fallback. Resampling uses soxr at
+"HQ" quality; the streaming path uses soxr's ``ResampleStream``, which gives the same samples as the one-shot
+resampler, so ``load_audio(path)`` is literally the concatenation of ``stream_audio(path)``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
-import re
-import stat
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
 import numpy as np
-import soundfile as sf
 import soxr
 
-from asr_spec.audio.ffmpeg import ffmpeg_blocks, ffmpeg_duration_s
+from asr_spec.audio.ffmpeg import ffmpeg_blocks
+from asr_spec.audio.opening import check_path, header_duration_s, open_raw_blocks
 from asr_spec.checks import positive_int, positive_seconds
 from asr_spec.errors import AudioError, InputError
 
@@ -54,7 +49,6 @@ MAX_CHANNELS = 8  # a 2-D array axis no longer than this (and shorter than the o
 # with a line saying so, never rescaled silently: Whisper's log-mel depends on the absolute level, and a guessed
 # divisor would hide the caller's bug (x * 32768 decoded as "and and and ...", x * 1e6 as nothing).
 MAX_FLOAT_PEAK = 4.0
-_UNKNOWN_FRAMES = 1 << 62  # libsndfile reports SF_COUNT_MAX (2**63 - 1) frames when a header leaves the length out
 
 try:  # torch is a hard dependency of the package, but keep this module importable without it
     import torch
@@ -183,7 +177,7 @@ def stream_audio(
     name = os.fspath(path)
     sampling_rate = _check_rate(sampling_rate, "sampling_rate")
     positive_seconds(block_s, f"{name}: block_s")
-    _check_path(name)
+    check_path(name)
     return _stream_encoded(name, name, block_s, sampling_rate)
 
 
@@ -196,24 +190,6 @@ def audio_duration_s(path: str | os.PathLike[str]) -> float:
         return duration_s
     rate, blocks = ffmpeg_blocks(name, DEFAULT_BLOCK_S, "length missing from the header")
     return sum(block.shape[0] for block in blocks) / float(rate)  # no duration in the container: decode and count
-
-
-def header_duration_s(path: str | os.PathLike[str]) -> float | None:
-    """Duration of the audio file ``path`` in seconds as its container states it, without decoding: libsndfile's
-    frame count (exact; estimated from the bitrate for MP3), else ffprobe's reading of the container; None when
-    neither says (a FLAC written to a pipe, raw ADTS). ``AudioError`` when nothing can open it."""
-    name = os.fspath(path)
-    _check_path(name)
-    try:
-        with sf.SoundFile(_os_name(name)) as handle:
-            n_frames = _header_frames(handle)
-            if n_frames is not None:
-                return float(n_frames) / float(handle.samplerate)
-            sf_err: Exception = AudioError("length missing from the header")
-    except (sf.LibsndfileError, RuntimeError) as err:
-        sf_err = err
-    _refuse_text(name, sf_err)
-    return ffmpeg_duration_s(name, str(sf_err))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -257,28 +233,12 @@ def _load_mapping(source: Mapping[str, Any], out_rate: int) -> np.ndarray:
 
 
 def _load_bytes(data: bytes, name: str, out_rate: int) -> np.ndarray:
-    """An encoded file's bytes: through libsndfile from memory, else through ffmpeg from a temporary file (the
-    same formats as a path)."""
-    try:
-        return _load_encoded(io.BytesIO(data), name, out_rate)
-    except _NotLibsndfile as err:
-        sf_err = err.__cause__
-    cause = re.sub(r"^Error opening <.*?>: ", "", str(sf_err))  # not "<_io.BytesIO object at 0x7f33...>"
-    with tempfile.NamedTemporaryFile(prefix="asr-spec-", suffix=".audio") as spooled:
-        spooled.write(data)
-        spooled.flush()
-        _refuse_text(spooled.name, cause, name)
-        rate, raw = ffmpeg_blocks(spooled.name, DEFAULT_BLOCK_S, cause, name)
-    return _concatenated(_resampled_blocks(raw, name, rate, out_rate, None, False))
+    """An encoded file's bytes: read as a path is (`asr_spec.audio.opening.open_raw_blocks`)."""
+    return _concatenated(_stream_encoded(data, name, DEFAULT_BLOCK_S, out_rate))
 
 
-class _NotLibsndfile(AudioError):
-    """libsndfile cannot open an in-memory file (its error is the cause)."""
-
-
-def _load_encoded(file: str | io.BytesIO, name: str, out_rate: int) -> np.ndarray:
-    if isinstance(file, str):
-        _check_path(file)
+def _load_encoded(file: str, name: str, out_rate: int) -> np.ndarray:
+    check_path(file)
     return _concatenated(_stream_encoded(file, name, DEFAULT_BLOCK_S, out_rate))
 
 
@@ -289,27 +249,9 @@ def _concatenated(blocks_of: Iterator[np.ndarray]) -> np.ndarray:
     return blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
 
 
-def _check_path(path: str) -> None:
-    try:
-        info = os.stat(_os_name(path))
-    except FileNotFoundError:
-        raise AudioError(f"{path}: no such file") from None
-    except OSError as err:
-        raise AudioError(f"{path}: cannot be read ({err.strerror})") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise AudioError(f"{path}: is a directory, not an audio file")
-    if not stat.S_ISREG(info.st_mode):  # a named pipe (`<(...)`) or a device: its size says nothing, nor can it be
-        # read twice
-        raise AudioError(f"{path}: not a regular file (a pipe or a device): save the audio to a file first")
-    if info.st_size == 0:
-        raise AudioError(f"{path}: empty file (0 bytes)")
-
-
-def _stream_encoded(file: str | io.BytesIO, name: str, block_s: float, out_rate: int) -> Iterator[np.ndarray]:
+def _stream_encoded(file: str | bytes, name: str, block_s: float, out_rate: int) -> Iterator[np.ndarray]:
     """Open eagerly (so opening errors raise now), then return the lazy block generator."""
-    native_rate, expected_frames, exact_length, raw_blocks = _open_raw_blocks(file, name, block_s)
-    if expected_frames == 0:
-        raise AudioError(f"{name}: no audio samples (0 frames)")
+    native_rate, expected_frames, exact_length, raw_blocks = open_raw_blocks(file, name, block_s)
     return _resampled_blocks(raw_blocks, name, native_rate, out_rate, expected_frames, exact_length)
 
 
@@ -356,84 +298,3 @@ def _resampled(raw_blocks: Iterator[np.ndarray], name: str, native_rate: int, ou
             raise AudioError(message)
         warnings.warn(message + "; the header length is an estimate for this format, keeping what decoded",
                       stacklevel=2)
-
-
-def _os_name(path: str) -> str | bytes:
-    """`path` as libsndfile can open it: as it is, or as the file system's bytes where it is not UTF-8 (Python's
-    surrogate escapes, "caf\udce9.flac": libsndfile encodes a str as UTF-8 and could not open it at all)."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return os.fsencode(path)
-    return path
-
-
-def _open_raw_blocks(
-    file: str | io.BytesIO, name: str, block_s: float
-) -> tuple[int, int | None, bool, Iterator[np.ndarray]]:
-    """Return ``(native_rate_hz, expected_frames, exact_length, blocks)``; blocks are float32 ``(frames, channels)``.
-
-    ``exact_length`` says whether a short read means truncation (libsndfile's frame count is exact except for MP3,
-    where it is estimated from the bitrate).
-    """
-    try:
-        handle = sf.SoundFile(_os_name(file) if isinstance(file, str) else file)
-    except (sf.LibsndfileError, RuntimeError) as sf_err:
-        if not isinstance(file, str):
-            raise _NotLibsndfile(f"{name}: not a readable audio file ({sf_err})") from sf_err
-        return _open_ffmpeg(file, block_s, sf_err)
-    n_frames = _header_frames(handle)
-    if n_frames is None and isinstance(file, str):
-        # libsndfile fails to seek at the end of a FLAC whose header omits the length (written to a pipe): let
-        # ffmpeg decode it instead.
-        handle.close()
-        return _open_ffmpeg(file, block_s, AudioError("length missing from the header"))
-    block_frames = max(1, int(round(block_s * handle.samplerate)))
-    exact = handle.format != "MP3"
-    return handle.samplerate, n_frames, exact, _soundfile_blocks(handle, name, block_frames)
-
-
-def _header_frames(handle: sf.SoundFile) -> int | None:
-    """Frame count from the header; None when unknown (a streamed FLAC reports libsndfile's SF_COUNT_MAX)."""
-    return None if handle.frames >= _UNKNOWN_FRAMES else int(handle.frames)
-
-
-def _soundfile_blocks(handle: sf.SoundFile, name: str, block_frames: int) -> Iterator[np.ndarray]:
-    with handle:
-        while True:
-            try:
-                raw = handle.read(block_frames, dtype="float32", always_2d=True)
-            except (sf.LibsndfileError, RuntimeError) as err:
-                raise AudioError(f"{name}: corrupt or truncated audio ({err})") from err
-            if raw.shape[0] == 0:
-                return
-            yield raw
-
-
-def _open_ffmpeg(path: str, block_s: float, sf_err: Exception) -> tuple[int, int | None, bool, Iterator[np.ndarray]]:
-    _refuse_text(path, sf_err)
-    rate, blocks = ffmpeg_blocks(path, block_s, str(sf_err))
-    return rate, None, False, blocks
-
-
-def _refuse_text(path: str, sf_err: object, name: str | None = None) -> None:
-    """A text file is not audio: said so before ffmpeg is asked (which refuses playlists and scripts anyway:
-    `asr_spec.audio.ffmpeg.DEMUXERS`)."""
-    if _is_text(path):
-        raise AudioError(f"{path if name is None else name}: not a readable audio file ({sf_err}; text, not audio)")
-
-
-def _is_text(path: str, n_bytes: int = 4096) -> bool:
-    """Whether the file's first `n_bytes` are text (UTF-8 with no control character but whitespace)."""
-    try:
-        with open(_os_name(path), "rb") as handle:
-            head = handle.read(n_bytes)
-    except OSError:
-        return False
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if err.start < len(head) - 3:  # not merely a character cut at the end of what was read
-            return False
-        text = head[:err.start].decode("utf-8")
-    return bool(text.strip()) and all(ch.isprintable() or ch in "\t\r\n\f\v\ufeff" for ch in text)

@@ -101,16 +101,17 @@ def eval_command(  # long function: typer declares each of its 19 options as a p
     quiet: bool = typer.Option(False, "--quiet", help="No per-utterance lines."),
     ray: bool = RAY,
     ray_address: str | None = RAY_ADDRESS,
-    workers: int = WORKERS,
+    workers: int | None = WORKERS,
 ) -> None:
     """WER, CER and speed of asr-spec on LibriSpeech (hub or a local tree); resumable (one JSONL line per
     utterance, rerun with the same --output to continue)."""
+    workers_given = {} if workers is None else {"workers": workers}  # not given: EvalOptions' default
     try:
         options = EvalOptions(preset=preset, split=split, data_dir=data_dir, limit=limit, long_form=long_form,
                               compare_greedy=compare_greedy, batch_size=batch_size, group_size=group_size,
                               output=output, model=model, draft=draft, device=None if device == "auto" else device,
                               dtype=dtype, language=language, no_draft=no_draft, streaming=not no_streaming, ray=ray,
-                              ray_address=ray_address, workers=workers)
+                              ray_address=ray_address, **workers_given)
     except AsrSpecError as err:
         fail(one_line(err), EXIT_USAGE)
     try:

@@ -82,7 +82,7 @@ RAY = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-
                    "input in --output, resumable.")
 RAY_ADDRESS = typer.Option(None, help="With --ray: the cluster (auto, ray://host:10001). Default: RAY_ADDRESS, else "
                            "a local Ray on this machine.")
-WORKERS = typer.Option(1, help="With --ray: transcription actors (one per GPU on GPU machines).")
+WORKERS = typer.Option(None, help="With --ray: transcription actors (one per GPU on GPU machines). Default 1.")
 
 # Decoding options of `transcribe` and `serve` (for the server: the default of requests that set none).
 TEMPERATURE = typer.Option(None, help="Temperature fallback: comma-separated increasing temperatures in [0, 1]; a "
@@ -95,9 +95,10 @@ BEST_OF = typer.Option(None, help="Candidates per window at a temperature > 0 (r
 SEED = typer.Option(None, help="Seed of the sampled windows: the same seed and models give the same transcript "
                     "(docs/decoding.md: Temperature fallback). Default 0.")
 INITIAL_PROMPT = typer.Option(None, help="Previous text given to every chunk (after <|startofprev|>, its last 223 "
-                              "tokens): names, terms, style.")
+                              "tokens): names, terms, style. With serve, every re-decode of a live stream gets it "
+                              "too.")
 HOTWORDS = typer.Option(None, help="Hint phrases (faster-whisper's): before the initial prompt, on every chunk but "
-                        "one with a prefix.")
+                        "one with a prefix. With serve, every re-decode of a live stream gets them too.")
 
 
 def preset_overrides(model: str | None, draft: str | None, no_draft: bool, **options: Any) -> dict[str, Any]:

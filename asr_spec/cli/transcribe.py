@@ -79,8 +79,9 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary (errors still shown)."),
     ray: bool = RAY,
     ray_address: str | None = RAY_ADDRESS,
-    workers: int = WORKERS,
-    threads_per_worker: int = typer.Option(1, help="With --ray: torch threads of each CPU actor."),
+    workers: int | None = WORKERS,
+    threads_per_worker: int | None = typer.Option(None, help="With --ray: torch threads of each CPU actor. "
+                                                     "Default 1."),
     manifest: Path | None = typer.Option(None, help="With --ray: a .csv/.tsv/.jsonl manifest with a path column "
                                             "(a text column is kept as the reference) instead of FILEs."),
     output: Path | None = typer.Option(None, help="With --ray: the results JSONL (rerun to resume)."),
@@ -107,8 +108,9 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     from asr_spec.models.cpu import precision_line, run_of
     from asr_spec.transcribe import Transcriber
 
-    if not ray and (manifest is not None or output is not None or ray_address is not None):
-        fail("--manifest, --output and --ray-address need --ray", EXIT_USAGE)
+    ray_only = (workers, threads_per_worker, manifest, output, ray_address)
+    if not ray and any(value is not None for value in ray_only):
+        fail("--workers, --threads-per-worker, --manifest, --output and --ray-address need --ray", EXIT_USAGE)
     if not files and manifest is None:
         fail("no input: give audio FILEs" + (" or --manifest" if ray else ""), EXIT_USAGE)
     if ray and (output_dir is not None or format is not None):
@@ -175,8 +177,9 @@ def _transcribe_on_ray(files: list[str], manifest: Path | None, output: Path | N
         if record.get("error"):
             typer.echo(f"error: {record['path']}: {record['error']}", err=True)
 
+    given = {key: value for key, value in ray_options.items() if value is not None}  # else RayOptions' defaults
     try:
-        options = distributed.RayOptions(progress=not quiet, **ray_options)
+        options = distributed.RayOptions(progress=not quiet, **given)
         inputs = distributed.manifest_inputs(manifest) if manifest else distributed.file_inputs(files)
         report = distributed.transcribe_dataset(inputs, output, preset=preset, options=options, on_record=show,
                                                 device=device, **overrides)

@@ -1,0 +1,183 @@
+"""Opening an encoded file: which decoder reads it, and what its header says of its length.
+
+    path or bytes ──libsndfile (wav, flac, ogg, mp3, ...)──► raw blocks at the native rate, the header's frame count
+                  └─ffmpeg (`asr_spec.audio.ffmpeg`) where libsndfile cannot open it, or cannot be trusted with it──►
+
+libsndfile reads what it can open; ffmpeg is asked only where it cannot (m4a, aac, webm, video containers, ...), where
+the header leaves the length out (a FLAC written to a pipe, which libsndfile fails to seek the end of), or where the
+header says 0 frames (`_open_past_header`: a recorder killed before it rewrote its header leaves 0 there, whatever
+audio follows). A file that opens but fails to decode part-way is an error, not a fallback. The blocks are float32
+``(frames, channels)``; downmixing, resampling and the checks on the samples are `asr_spec.audio.loading`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterator
+
+import numpy as np
+import soundfile as sf
+
+from asr_spec.audio.ffmpeg import ffmpeg_blocks, ffmpeg_duration_s
+from asr_spec.errors import AudioError
+
+__all__ = ["RawBlocks", "check_path", "header_duration_s", "open_raw_blocks"]
+
+_UNKNOWN_FRAMES = 1 << 62  # libsndfile reports SF_COUNT_MAX (2**63 - 1) frames when a header leaves the length out
+_LENGTH_MISSING = "length missing from the header"
+_HEADER_SAYS_EMPTY = "0 frames in the header"
+
+# (native_rate_hz, expected_frames, exact_length, blocks): blocks float32 (frames, channels); expected_frames None
+# where the header does not say; exact_length whether a short read means truncation (libsndfile's count is exact but
+# for MP3, estimated from the bitrate there)
+RawBlocks = tuple[int, int | None, bool, Iterator[np.ndarray]]
+
+
+def open_raw_blocks(file: str | bytes, name: str, block_s: float) -> RawBlocks:
+    """Open `file` (a path, or an encoded file's bytes) for reading in blocks of about `block_s` seconds; `name` is
+    the input as messages name it. Opening errors raise here, decoding errors while the blocks are read."""
+    try:
+        handle = sf.SoundFile(_os_name(file) if isinstance(file, str) else io.BytesIO(file))
+    except (sf.LibsndfileError, RuntimeError) as sf_err:
+        # not "<_io.BytesIO object at 0x7f33...>" in a message
+        return _ffmpeg_instead(file, name, block_s, re.sub(r"^Error opening <.*?>: ", "", str(sf_err)))
+    n_frames = _header_frames(handle)
+    if n_frames == 0 or (n_frames is None and isinstance(file, str)):
+        handle.close()
+        return _ffmpeg_instead(file, name, block_s, _HEADER_SAYS_EMPTY if n_frames == 0 else _LENGTH_MISSING)
+    block_frames = max(1, int(round(block_s * handle.samplerate)))
+    exact = handle.format != "MP3"
+    return handle.samplerate, n_frames, exact, _soundfile_blocks(handle, name, block_frames)
+
+
+def header_duration_s(path: str | os.PathLike[str]) -> float | None:
+    """Duration of the audio file ``path`` in seconds as its container states it, without decoding: libsndfile's
+    frame count (exact; estimated from the bitrate for MP3), else ffprobe's reading of the container; None when
+    neither says (a FLAC written to a pipe, raw ADTS). ``AudioError`` when nothing can open it. A header's 0 frames
+    is ffprobe's to judge, as the audio is ffmpeg's to decode (`_open_past_header`): 0.0 only where it cannot read
+    the file either."""
+    name = os.fspath(path)
+    check_path(name)
+    try:
+        with sf.SoundFile(_os_name(name)) as handle:
+            n_frames, rate = _header_frames(handle), handle.samplerate
+    except (sf.LibsndfileError, RuntimeError) as sf_err:
+        _refuse_text(name, sf_err)
+        return ffmpeg_duration_s(name, str(sf_err))
+    if n_frames is None:
+        return ffmpeg_duration_s(name, _LENGTH_MISSING)
+    if n_frames == 0:
+        try:
+            return ffmpeg_duration_s(name, _HEADER_SAYS_EMPTY)
+        except AudioError:  # ffmpeg cannot read it either: empty, as the header says (and as it loads)
+            return 0.0
+    return float(n_frames) / float(rate)
+
+
+def check_path(path: str) -> None:
+    """`AudioError` unless `path` is a regular file of at least one byte."""
+    try:
+        info = os.stat(_os_name(path))
+    except FileNotFoundError:
+        raise AudioError(f"{path}: no such file") from None
+    except OSError as err:
+        raise AudioError(f"{path}: cannot be read ({err.strerror})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise AudioError(f"{path}: is a directory, not an audio file")
+    if not stat.S_ISREG(info.st_mode):  # a named pipe (`<(...)`) or a device: its size says nothing, nor can it be
+        # read twice
+        raise AudioError(f"{path}: not a regular file (a pipe or a device): save the audio to a file first")
+    if info.st_size == 0:
+        raise AudioError(f"{path}: empty file (0 bytes)")
+
+
+def _os_name(path: str) -> str | bytes:
+    """`path` as libsndfile can open it: as it is, or as the file system's bytes where it is not UTF-8 (Python's
+    surrogate escapes, "caf\udce9.flac": libsndfile encodes a str as UTF-8 and could not open it at all)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
+
+
+def _header_frames(handle: sf.SoundFile) -> int | None:
+    """Frame count from the header; None when unknown (a streamed FLAC reports libsndfile's SF_COUNT_MAX)."""
+    return None if handle.frames >= _UNKNOWN_FRAMES else int(handle.frames)
+
+
+def _soundfile_blocks(handle: sf.SoundFile, name: str, block_frames: int) -> Iterator[np.ndarray]:
+    with handle:
+        while True:
+            try:
+                raw = handle.read(block_frames, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError) as err:
+                raise AudioError(f"{name}: corrupt or truncated audio ({err})") from err
+            if raw.shape[0] == 0:
+                return
+            yield raw
+
+
+def _ffmpeg_instead(file: str | bytes, name: str, block_s: float, why: str) -> RawBlocks:
+    """Read `file` with ffmpeg, `why` being why not with libsndfile; bytes from a temporary file, which may go once
+    ffmpeg has opened it."""
+    if isinstance(file, bytes):
+        with tempfile.NamedTemporaryFile(prefix="asr-spec-", suffix=".audio") as spooled:
+            spooled.write(file)
+            spooled.flush()
+            return _ffmpeg_instead(spooled.name, name, block_s, why)
+    if why == _HEADER_SAYS_EMPTY:
+        return _open_past_header(file, name, block_s)
+    _refuse_text(file, why, name)
+    rate, blocks = ffmpeg_blocks(file, block_s, why, name)
+    return rate, None, False, blocks
+
+
+def _open_past_header(path: str, name: str, block_s: float) -> RawBlocks:
+    """A header that says 0 frames may never have been rewritten: a recorder killed before it wrote the sizes
+    leaves 0 as its RIFF and data chunk sizes, the audio after them. ffmpeg reads such a data chunk to the end of
+    the file; what it finds decides. Nothing there, or ffmpeg unable to read it: empty, as the header says (raised
+    now, not at the first block)."""
+    try:
+        rate, blocks = ffmpeg_blocks(path, block_s, _HEADER_SAYS_EMPTY, name)
+    except AudioError as err:
+        raise AudioError(f"{name}: no audio samples (0 frames)") from err
+    first = next(blocks, None)
+    if first is None:
+        raise AudioError(f"{name}: no audio samples (0 frames)")
+    return rate, None, False, _prepended(first, blocks)
+
+
+def _prepended(first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    """`first`, then `rest`; `rest` (ffmpeg) let go when this is."""
+    with contextlib.closing(rest):  # type: ignore[type-var]  # generators have close()
+        yield first
+        yield from rest
+
+
+def _refuse_text(path: str, sf_err: object, name: str | None = None) -> None:
+    """A text file is not audio: said so before ffmpeg is asked (which refuses playlists and scripts anyway:
+    `asr_spec.audio.ffmpeg.DEMUXERS`)."""
+    if _is_text(path):
+        raise AudioError(f"{path if name is None else name}: not a readable audio file ({sf_err}; text, not audio)")
+
+
+def _is_text(path: str, n_bytes: int = 4096) -> bool:
+    """Whether the file's first `n_bytes` are text (UTF-8 with no control character but whitespace)."""
+    try:
+        with open(_os_name(path), "rb") as handle:
+            head = handle.read(n_bytes)
+    except OSError:
+        return False
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start < len(head) - 3:  # not merely a character cut at the end of what was read
+            return False
+        text = head[:err.start].decode("utf-8")
+    return bool(text.strip()) and all(ch.isprintable() or ch in "\t\r\n\f\v\ufeff" for ch in text)
