@@ -426,6 +426,43 @@ def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monk
     assert made["realtime"].stream.context_s == context_s
 
 
+def test_a_server_started_with_a_prompt_gives_it_to_its_streams(monkeypatch):
+    """`asr-spec serve --initial-prompt T --hotwords H` gave them to uploads only: every re-decode of a live stream
+    now carries the prompt an upload's first window gets (the realtime protocol has no field for a session's own),
+    and the stream's text is `Transcriber.stream`'s with the same prompts."""
+    import uvicorn
+    from test_stream import PROMPTS, first_window_prompt, recorded_requests
+
+    from asr_spec.cli import main
+    from asr_spec.stream.decodes import is_stream_id
+    from asr_spec.transcribe import Transcriber
+
+    made: dict = {}
+
+    def from_preset(cls, preset, **overrides):  # the tiny model, with the prompts the CLI passes
+        prompts = {key: overrides[key] for key in PROMPTS if key in overrides}
+        return made.setdefault("asr", transcriber(speculative=False, timestamps=True, max_new_tokens=MAX_NEW,
+                                                  **prompts))
+
+    monkeypatch.setattr(Transcriber, "from_preset", classmethod(from_preset))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: made.setdefault("app", app))
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--preset", "base", "--no-catch-up", "--initial-prompt", PROMPTS["initial_prompt"],
+              "--hotwords", PROMPTS["hotwords"]])
+    assert info.value.code == 0 and made["app"] is not None
+    asr, pcm = made["asr"], pcm16(SHORT[0])
+    want = first_window_prompt(asr, SHORT[0])
+    assert want == asr.prompt_tokens().first_previous and len(want) > 5
+    seen = recorded_requests(asr.engine)
+    with serving(made["app"]) as base_url:
+        done, deltas, errors = asyncio.run(stream(ws_url(base_url), pcm))
+    assert not errors
+    redecodes = [r for r in seen if is_stream_id(r.id)]
+    assert len(redecodes) > 2 and all(r.prompt == want for r in redecodes)
+    del asr.engine.run  # the streaming API's decodes below go unrecorded
+    check(done, deltas, streaming_api(asr, pcm))
+
+
 def test_the_server_captures_its_step_graphs_before_the_engine_starts(monkeypatch):
     """The app's startup calls `Engine.capture_ahead(rows)` once, before the engine thread starts (a CUDA-graph
     engine captures then; an eager one returns 0, as here)."""

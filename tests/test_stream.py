@@ -177,3 +177,190 @@ def test_tentative_text_is_redrawn_on_its_line_however_long(capsys):
     _run(Runner(), iter([np.zeros(10, np.float32)] * 3), tentative=True)
     err = capsys.readouterr().err
     assert err.count("\r\x1b[K… ") == 3 and err.endswith("\r\x1b[K")
+
+
+def _pump_until_done(runner, streams, most: int = 20) -> list:
+    """pump() until every one of `streams` is done (at most `most` times: a stream left waiting fails, not hangs)."""
+    updates = []
+    for _ in range(most):
+        if all(s.done for s in streams):
+            break
+        updates += runner.pump()
+    return updates
+
+
+def _interrupted_on(runner, call: int) -> None:
+    """The runner's engine session raises KeyboardInterrupt on its `call`-th run (Ctrl-C while it decodes)."""
+    real, calls = runner.session.run, [0]
+
+    def run(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    runner.session.run = run
+
+
+def test_ctrl_c_during_a_decode_loses_nothing():
+    """Ctrl-C in the engine's run left the decode in flight (the stream waited for ever: pump() gave [] and
+    `done` stayed False) and dropped the updates that pump had collected (a finished stream's final one)."""
+    audio = _audio()[:2 * SAMPLE_RATE]
+    runner = transcriber(speculative=False, **FAST).streams(OPTIONS, vad=False, batch_size=4)
+    quiet, talk = runner.open(), runner.open()
+    quiet.finish()  # nothing to decode: its final update waits for the next pump
+    talk.feed(audio)
+    _interrupted_on(runner, 1)
+    with pytest.raises(KeyboardInterrupt):
+        runner.pump()
+    talk.finish()
+    updates = _pump_until_done(runner, [quiet, talk])
+    assert [u.final for s, u in updates if s is quiet] == [True]
+    # as if the interrupted decode had never been asked for: fed, finished, decoded
+    alone = transcriber(speculative=False, **FAST).streams(OPTIONS, vad=False, batch_size=4)
+    reference = alone.open()
+    reference.feed(audio)
+    reference.finish()
+    expected = _pump_until_done(alone, [reference])
+    assert talk.done and expected[-1][1].final and expected[-1][1].text.strip()
+    assert [u for s, u in updates if s is talk] == [u for _, u in expected]
+
+
+def test_ctrl_c_during_a_decode_prints_what_was_heard(capsys):
+    """`asr-spec stream` interrupted while the engine decodes finishes the stream and prints its text (it spun at
+    100 % CPU for ever, printing nothing more)."""
+    from asr_spec.cli.stream import _run
+
+    blocks = [_audio()[i:i + SAMPLE_RATE] for i in range(0, 4 * SAMPLE_RATE, SAMPLE_RATE)]
+    runner = transcriber(speculative=False, **FAST).streams(OPTIONS, vad=False, batch_size=1)
+    _interrupted_on(runner, 2)
+    pump, finals = runner.pump, []
+
+    def recorded():
+        updates = pump()
+        finals.extend(u for _, u in updates if u.final)
+        return updates
+
+    runner.pump = recorded
+    assert _run(runner, iter(blocks), tentative=False) is True
+    assert len(finals) == 1 and finals[0].text.strip()
+    assert capsys.readouterr().out == finals[0].text + "\n"
+
+
+def test_the_cli_stops_when_no_update_can_come(capsys):
+    """A stream left unfinished with nothing in flight (a bug) ended the CLI in a busy loop, not at its end."""
+    from types import SimpleNamespace
+
+    from asr_spec.cli.stream import _run
+
+    class Runner:
+        pumps = 0
+
+        def open(self):
+            return SimpleNamespace(feed=lambda block: None, finish=lambda: None, done=False)
+
+        def pump(self):
+            self.pumps += 1
+            if self.pumps > 5:
+                raise RuntimeError("pumped on while nothing could come")
+            return []
+
+    assert _run(Runner(), iter([np.zeros(10, np.float32)] * 2), tentative=False) is False
+    assert capsys.readouterr().out == "\n"
+
+
+def test_a_closed_stream_takes_no_audio():
+    """Audio fed to a closed stream was dropped in silence, and "finish(), then pump() until done" never ended."""
+    from asr_spec.errors import InputError
+
+    runner = transcriber(speculative=False, **FAST).streams(OPTIONS, vad=False, batch_size=1)
+    stream = runner.open()
+    stream.feed(_audio()[:2 * SAMPLE_RATE])
+    runner.pump()
+    runner.close(stream)
+    with pytest.raises(InputError, match="^stream 0 is closed$"):
+        stream.feed(_audio()[:SAMPLE_RATE])
+    with pytest.raises(InputError, match="^stream 0 is closed$"):
+        stream.finish()
+    assert stream.done and runner.pump() == []
+
+
+def test_options_of_the_wrong_type_are_refused():
+    """A dict of options failed deep in the policy with an AttributeError ('dict' object has no attribute ...)."""
+    from asr_spec.errors import InputError
+
+    asr = transcriber(speculative=False, **FAST)
+    with pytest.raises(InputError, match="^options must be a StreamOptions, got dict$"):
+        list(asr.stream([_audio()[:SAMPLE_RATE]], {"step_s": 1.0}))
+    assert asr.streams(None, vad=False).options == StreamOptions()
+
+
+# -- prompts: a stream's re-decodes carry the transcriber's initial prompt and hotwords ---------------------------
+
+PROMPTS = dict(initial_prompt="Mikayla Szczepanski saw the doctor.", hotwords="Szczepanski")
+
+
+def recorded_requests(engine) -> list:
+    """Every request `engine` is given from now on (its `run` wrapped on this instance)."""
+    seen, run = [], engine.run
+
+    def recorded(source):
+        for request in source:
+            if request is not None:
+                seen.append(request)
+            yield request
+
+    engine.run = lambda source, batch_size: run(recorded(source), batch_size)
+    return seen
+
+
+def first_window_prompt(asr, path) -> tuple[int, ...]:
+    """The prompt of the first window of `path` transcribed offline (the request the engine was given)."""
+    seen = recorded_requests(asr.engine)
+    asr.transcribe([str(path)], progress=False)
+    del asr.engine.run  # its own again
+    return next(r.prompt for r in seen if r.id.index == 0 and r.id.attempt == 0)
+
+
+def _streamed_requests(asr) -> list:
+    seen = recorded_requests(asr.engine)  # timestamps on: the streams decode with the transcriber's engine
+    blocks = [_audio()[i:i + 8000] for i in range(0, len(_audio()), 8000)]
+    assert list(asr.stream(blocks, OPTIONS, vad=False))[-1].final
+    return seen
+
+
+def test_a_streams_redecodes_carry_the_offline_first_windows_prompt():
+    """initial_prompt / hotwords were accepted and ignored by live streams: every re-decode now carries the prompt
+    the transcriber gives an input's first window offline, the committed ones (a prefix forced) too."""
+    asr = transcriber(speculative=False, timestamps=True, **FAST, **PROMPTS)
+    want = first_window_prompt(asr, LONG)
+    assert want == asr.prompt_tokens().first_previous and len(want) > 5
+    seen = _streamed_requests(asr)
+    assert len(seen) > 3 and any(r.prefix for r in seen)  # several re-decodes, some forcing committed words
+    assert all(r.prompt == want for r in seen)
+    plain = _streamed_requests(transcriber(speculative=False, timestamps=True, **FAST))
+    assert plain and all(r.prompt == () for r in plain)
+
+
+def test_a_long_prompt_gives_way_to_the_committed_prefix():
+    """A prompt at the model's limit (223 tokens) keeps its last tokens beside a re-decode's forced prefix: the two
+    hold at most `max_prompt_tokens` together, as an offline first window's prompt and prefix do."""
+    words = " ".join(["Dr. Mikayla Szczepanski, we'll see you now."] * 20)  # 340 tokens: the first 117 dropped
+    asr = transcriber(speculative=False, timestamps=True, initial_prompt=words, **FAST)
+    limit = asr.tokens.max_prompt_tokens
+    full = first_window_prompt(asr, LONG)
+    assert len(full) == limit
+    seen = _streamed_requests(asr)
+    assert any(r.prefix for r in seen)  # the cut below happened, not only the whole prompt
+    for request in seen:
+        assert len(request.prompt) + len(request.prefix) == limit
+        assert request.prompt == full[len(request.prefix):]
+
+
+def test_a_stream_prompt_keeps_its_last_tokens_within_the_room_a_prefix_leaves():
+    from asr_spec.stream.decodes import NO_PROMPT, StreamPrompt
+
+    prompt = StreamPrompt((1, 2, 3, 4, 5), 6)
+    assert prompt.fitted(0) == prompt.fitted(1) == (1, 2, 3, 4, 5)
+    assert prompt.fitted(3) == (3, 4, 5) and prompt.fitted(5) == (5,)
+    assert prompt.fitted(6) == prompt.fitted(9) == () and NO_PROMPT.fitted(0) == ()

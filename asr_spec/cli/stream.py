@@ -111,7 +111,10 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> bool:
         interrupted = True
     stream.finish()
     while not stream.done:
-        show(runner.pump())
+        updates = runner.pump()  # decodes all that is due: nothing is in flight after it
+        if not updates:  # so none would ever come (a bug of the policy): stop, not spin
+            break
+        show(updates)
     if tentative:
         sys.stderr.write("\r\x1b[K")
     sys.stdout.write("\n")

@@ -100,6 +100,9 @@ class Batcher:
         # temperature fallback wrapped around them; what is in the engine, by job and stream (`in_flight`)
         self.session = EngineSession(transcriber, schedule=self._schedule)
         self.streams = StreamQueue(self.session, transcriber.frontend.features, self._cond, max_streams, group_wait_s)
+        # the server's own initial prompt and hotwords, on every re-decode of every stream (the realtime protocol
+        # has no field for a session's own)
+        self.streams.prompt = transcriber.stream_prompt()
         self.metrics.refresh = self._gauges
 
     # -- admission (any thread) ---------------------------------------------------------------------------------
@@ -281,7 +284,8 @@ class Batcher:
         return alive
 
     def _prompt_of(self, owner: Any) -> InputPrompt | None:
-        """The prompts of a job's chunks and tails (prompts.py); None for a stream's re-decode."""
+        """The prompts of a job's chunks and tails (prompts.py); None for a stream's re-decode (it carries its
+        stream's prompt, and its prefix is the stream's committed words: stream/decodes.py)."""
         job = self._jobs.get(owner)
         return None if job is None else job.input.prompt
 

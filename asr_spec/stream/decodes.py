@@ -19,6 +19,10 @@ streams fall into step, each group decoded to its end before the next is encoded
 the audio that arrived while it waited, so a held or queued re-decode covers the stream up to the engine's turn, not
 only up to its submit).
 
+Each re-decode carries its stream's prompt (`StreamPrompt`: the previous text the transcriber gives an input's
+first window offline, its initial prompt and hotwords, computed once per stream runner or server): fitted beside
+the re-decode's forced prefix, so the two hold at most the model's `max_prompt_tokens`, as they do offline.
+
 A re-decode generates no more tokens than its audio can hold (`hearing.token_budget`: a loop past the audio, which
 would run to the model's 448 positions while the other rows of its group wait, is cut there), at its stream's rate
 (`hearing.budget_rate`, from what its finished re-decodes said: a script of more tokens a second gets more).
@@ -49,7 +53,7 @@ from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.stream.hearing import RATE_HISTORY, budget_rate, hypothesis_rate, token_budget
 
-__all__ = ["GROUP_WAIT_S", "DecodeCounts", "LiveStream", "StreamDecodes", "is_stream_id"]
+__all__ = ["GROUP_WAIT_S", "NO_PROMPT", "DecodeCounts", "LiveStream", "StreamDecodes", "StreamPrompt", "is_stream_id"]
 
 log = logging.getLogger(__name__)
 _stream_ids = itertools.count()
@@ -59,6 +63,31 @@ _stream_ids = itertools.count()
 # re-decode brought up to date"), commit latency p95 7.40-9.61 s at 10 s (median 8.43 s, eight runs), 8.24-9.42 s
 # at 3 s (four), 9.23-9.81 s at 1 s (four)
 GROUP_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class StreamPrompt:
+    """The previous text every re-decode of a stream carries (`ChunkRequest.prompt`, after <|startofprev|>).
+
+    tokens:     the token ids the transcriber gives an input's first window offline (`Transcriber.stream_prompt`:
+                hotwords, then the initial prompt's last tokens); () = none.
+    max_tokens: the most a re-decode's prompt and forced prefix hold together (`WhisperTokens.max_prompt_tokens`,
+                as an offline first window's prompt and prefix do: `prompts.encode_prompt`).
+    """
+
+    tokens: tuple[int, ...]
+    max_tokens: int
+
+    def fitted(self, n_prefix: int) -> tuple[int, ...]:
+        """The prompt of a re-decode that forces `n_prefix` tokens (its committed words): the last
+        `max_tokens - n_prefix` of `tokens`, () when the prefix leaves no room. The committed words are the
+        stream's transcript, so the prompt gives way; its first tokens go (the hotwords, then the initial prompt's
+        words farthest from the audio), as `encode_prompt` keeps a prompt's last tokens beside a prefix."""
+        room = self.max_tokens - n_prefix
+        return self.tokens[-room:] if room > 0 else ()
+
+
+NO_PROMPT = StreamPrompt((), 0)  # streams of a transcriber with no initial prompt or hotwords
 
 
 @dataclass(eq=False)
@@ -79,6 +108,7 @@ class LiveStream:
     # tokens a second of audio its recent re-decodes said, of those that ended (`hearing.budget_rate`)
     rates: deque[float] = field(default_factory=lambda: deque(maxlen=RATE_HISTORY))
     n_cut: int = 0  # its re-decodes in a row, up to the last, that ran out of their token budget
+    prompt: StreamPrompt = NO_PROMPT  # the previous text each of its re-decodes carries
 
     @property
     def owner(self) -> StreamKey:
@@ -129,6 +159,9 @@ class StreamDecodes:
                server passes its batcher's, whose idle source waits on it). Default: one of its own.
     group_wait_s: the longest `take_group` holds a waiting re-decode for others to join it (0: never held).
     clock:     seconds, for waits and holds (time.monotonic; a test's simulated clock).
+
+    prompt:    the `StreamPrompt` of each stream opened from now on (NO_PROMPT until its owner sets it:
+               `Transcriber.streams`, the server's `Batcher`, each from `Transcriber.stream_prompt`).
     """
 
     def __init__(self, session: Any, featurise: Callable[[list[np.ndarray]], Any],
@@ -143,12 +176,13 @@ class StreamDecodes:
         self._open: dict[int, LiveStream] = {}
         self._waiting: OrderedDict[int, _Pending] = OrderedDict()  # by stream id, oldest first
         self.counts = DecodeCounts()
+        self.prompt = NO_PROMPT
 
     # -- the streams' side -----------------------------------------------------------------------------------
     def open(self, on_result: Callable[[ChunkResult | str], None]) -> LiveStream:
-        """A new stream."""
+        """A new stream, its re-decodes carrying `prompt`."""
         with self._cond:
-            stream = LiveStream(on_result)
+            stream = LiveStream(on_result, prompt=self.prompt)
             self._open[stream.id] = stream
             return stream
 
@@ -255,8 +289,7 @@ class StreamDecodes:
         if not taken:
             return []
         features = self._featurise([pending.samples for pending in taken])  # (B, n_mels, n_frames)
-        return [ChunkRequest(pending.request_id, features[i], prefix=pending.prefix, hypothesis=pending.hypothesis,
-                             max_new_tokens=budget) for i, (pending, budget) in enumerate(zip(taken, budgets))]
+        return [_request(pending, features[i], budget) for i, (pending, budget) in enumerate(zip(taken, budgets))]
 
     def _renewed(self, pending: _Pending) -> _Pending | None:
         """A taken re-decode brought up to date (`_renewed`); None when its renew raised: that stream is told its
@@ -314,6 +347,14 @@ def _renewed(pending: _Pending) -> _Pending:
         return pending
     samples, hypothesis, prefix = fresh
     return replace(pending, samples=samples, hypothesis=tuple(hypothesis), prefix=tuple(prefix), renew=None)
+
+
+def _request(pending: _Pending, features: Any, budget: int) -> ChunkRequest:
+    """The engine request of a taken re-decode: its features ((n_mels, n_frames)), its stream's prompt fitted
+    beside its prefix (`StreamPrompt.fitted`), its prefix and hypothesis, at most `budget` new tokens."""
+    prompt = pending.stream.prompt.fitted(len(pending.prefix))
+    return ChunkRequest(pending.request_id, features, prompt=prompt, prefix=pending.prefix,
+                        hypothesis=pending.hypothesis, max_new_tokens=budget)
 
 
 def _budget(pending: _Pending) -> int:

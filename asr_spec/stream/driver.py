@@ -29,6 +29,7 @@ from asr_spec.errors import InputError
 from asr_spec.stream.agreement import TokenKinds, starts_word
 from asr_spec.stream.decodes import LiveStream, StreamDecodes
 from asr_spec.stream.frames import VoiceFn
+from asr_spec.stream.options import stream_options
 from asr_spec.stream.policy import Decode, StreamOptions, StreamPolicy, Update
 
 
@@ -66,17 +67,25 @@ class Stream:
 
     def feed(self, samples: np.ndarray) -> None:
         """Append (n,) float32 16 kHz mono samples."""
+        self._check_open()
         self.policy.feed(samples)
 
     def finish(self) -> None:
         """End of input: the final update comes from the next `pump` (at once when nothing is left to decode)."""
+        self._check_open()
         final = self.policy.finish()
         if final is not None:
             self._pending.append(final)
 
     @property
     def done(self) -> bool:
-        return self.policy.done and not self._pending
+        """No update comes from it any more: its final one was returned, or it was closed (`StreamRunner.close`)."""
+        return self.live.closed or (self.policy.done and not self._pending)
+
+    def _check_open(self) -> None:
+        """A closed stream takes no audio: it would be dropped, and its final update would never come."""
+        if self.live.closed:
+            raise InputError(f"stream {self.id!r} is closed")
 
 
 class StreamRunner:
@@ -95,7 +104,7 @@ class StreamRunner:
         if not engine.options.timestamps:
             raise InputError("streaming decodes in Whisper's timestamp mode: the engine's options.timestamps is off")
         self.session, self.engine, self.features, self.tokenizer = session, engine, features, tokenizer
-        self.options = StreamOptions() if options is None else options
+        self.options = stream_options(options)
         self.voice, self.batch_size, self.offer_hypothesis = voice, batch_size, offer_hypothesis
         tokens = engine.tokens
         self.kinds = token_kinds(tokenizer, tokens.eot, tokens.timestamp_begin, tokens.max_prompt_tokens)
@@ -129,22 +138,45 @@ class StreamRunner:
 
     def pump(self) -> list[tuple[Stream, Update]]:
         """Decode every stream's due decode in one engine run, until none is due; returns the updates, in order.
-        A finished stream is forgotten once its final update is returned."""
+        A finished stream is forgotten once its final update is returned. A pump that raises (Ctrl-C, or the
+        engine's run failed) loses nothing: the decodes of that run are withdrawn from their streams (`_withdraw`:
+        the next pump asks for them again) and the updates it had collected come from the next pump."""
         out = [(s, u) for s in self.streams.values() for u in s._pending]
-        for stream, update in out:
+        for stream, _ in out:
             stream._pending = []
+        try:
+            while due := self.due():
+                out += self.deliver(due, self._run(due))
+        except BaseException:
+            for stream, update in out:  # each stream's in their order
+                stream._pending.append(update)
+            raise
+        for stream, update in out:
             if update.final:
                 self.close(stream)
-        while due := self.due():
+        return out
+
+    def _run(self, due: list[tuple[Stream, Decode]]) -> list[ChunkResult]:
+        """The engine's results of `due`'s decodes, in its order (one engine run); raising, their decodes are
+        withdrawn first."""
+        try:
             requests = self.requests(due)
             source = self.session.source(requests)
-            try:
-                results = {r.id: r for r in self.session.run(source, min(self.batch_size, len(requests)))}
-            except Exception as err:  # the streams cannot go on; the session's counts start clean
-                self.decodes.fail(self.session.lost(), f"{type(err).__name__}: {err}")
-                raise
-            out += self.deliver(due, [results[r.id] for r in requests])
-        return out
+            results = {r.id: r for r in self.session.run(source, min(self.batch_size, len(requests)))}
+        except BaseException as err:
+            self._withdraw(due, err)
+            raise
+        return [results[r.id] for r in requests]
+
+    def _withdraw(self, due: list[tuple[Stream, Decode]], err: BaseException) -> None:
+        """A run that raised (or was interrupted) lost `due`'s decodes: the session's counts start clean, the
+        decodes' streams are told as a failed run's are (`StreamDecodes.fail`, their owners' too: one interrupted
+        before the engine took it), and each decode is withdrawn from its policy, to be asked for again."""
+        owners = self.session.lost() | {stream.live.owner for stream, _ in due}
+        self.decodes.fail(owners, f"{type(err).__name__}: {err}")
+        for stream, decode in due:
+            stream._results.clear()  # that failure, told to it: no result of this run comes
+            stream.policy.withdraw(decode)
 
     # -- the three parts of a pump, public for a benchmark that decodes the same requests two ways ----------------
     def due(self) -> list[tuple[Stream, Decode]]:
@@ -161,22 +193,20 @@ class StreamRunner:
 
     def deliver(self, due: list[tuple[Stream, Decode]], results: list[ChunkResult]) -> list[tuple[Stream, Update]]:
         """Hand each decode's result (`results` in the order of `due`) to its stream through the runner
-        (`StreamDecodes.deliver`); returns the updates, in that order (a stream whose update is final is
-        forgotten)."""
+        (`StreamDecodes.deliver`); returns the updates, in that order (`pump` forgets a stream once its final
+        update is returned)."""
         for result in results:
             self.decodes.deliver(result)
         out = []
         for stream, decode in due:
             result = stream._results.pop(0)
-            if isinstance(result, str):  # lost by the engine (`pump` raises then): a bug if it comes here
+            if isinstance(result, str):  # lost by the engine (`_run` raises then): a bug if it comes here
                 raise RuntimeError(f"stream {stream.id!r}: {result}")
             stream.stats = stream.stats.add(result.stats)
             self.stats = self.stats.add(result.stats)
             update = stream.policy.accept(decode, result.tokens)
             stream.text = update.text
             out.append((stream, update))
-            if update.final:
-                self.close(stream)
         return out
 
 

@@ -64,3 +64,13 @@ class StreamOptions:
         if not 0 <= self.context_s <= self.max_buffer_s / 2:
             raise InputError(f"stream context_s must be in [0, max_buffer_s / 2] seconds, got context_s="
                              f"{self.context_s!r} with max_buffer_s={self.max_buffer_s!r}")
+
+
+def stream_options(options: StreamOptions | None) -> StreamOptions:
+    """The options a stream runner or policy is given: `options`, the defaults when None; anything else is refused
+    (a dict of fields failed later as an AttributeError, deep in the policy)."""
+    if options is None:
+        return StreamOptions()
+    if not isinstance(options, StreamOptions):
+        raise InputError(f"options must be a StreamOptions, got {type(options).__name__}")
+    return options

@@ -37,6 +37,7 @@ from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, Engine
 from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.models.presets import DEFAULT_PRESET
+from asr_spec.stream.decodes import StreamPrompt
 from asr_spec.stream.driver import StreamRunner
 from asr_spec.stream.policy import StreamOptions
 from asr_spec.stream.policy import Update as StreamUpdate
@@ -238,7 +239,8 @@ class Transcriber:
         """Live streams sharing one engine (`asr_spec.stream.driver.StreamRunner`): open streams, feed them audio
         blocks, `pump()` for the updates. Decodes in timestamp mode (an engine of its own when this transcriber's
         options have timestamps off); vad: close utterances at silence (silero-vad); offer_hypothesis: offer each
-        stream's previous hypothesis as the draft (off: plain re-decoding, the same text)."""
+        stream's previous hypothesis as the draft (off: plain re-decoding, the same text). Every re-decode carries
+        the options' initial prompt and hotwords (`stream_prompt`)."""
         from asr_spec.stream.driver import silero_voices
 
         if self._stream_engine is None:
@@ -246,8 +248,18 @@ class Transcriber:
             self._stream_engine = self.engine if decode.timestamps else Engine(
                 self.target, self.draft, dataclasses.replace(decode, timestamps=True))
         session = EngineSession(self, self._stream_engine, live=True)
-        return StreamRunner(session, self.frontend.features, self.tokenizer, options,
-                            silero_voices() if vad else None, self.batch_rows(batch_size), offer_hypothesis)
+        runner = StreamRunner(session, self.frontend.features, self.tokenizer, options,
+                              silero_voices() if vad else None, self.batch_rows(batch_size), offer_hypothesis)
+        runner.decodes.prompt = self.stream_prompt()
+        return runner
+
+    def stream_prompt(self) -> StreamPrompt:
+        """The previous text every live re-decode carries (`StreamDecodes.prompt`; the streams of `streams` and of
+        the server): the options' initial prompt and hotwords as `prompt_tokens` gives them to an input's first
+        window (one without a prefix: a stream forces its own committed words), with the model's limit they share
+        with each re-decode's prefix. `InputError` for a prompt the model takes none of (see `prompt_tokens`)."""
+        prompt = self.prompt_tokens()
+        return StreamPrompt(() if prompt is None else prompt.previous, self.tokens.max_prompt_tokens)
 
     def stream(self, blocks: Iterable[Any], options: StreamOptions | None = None, *,
                vad: bool = True) -> Iterator[StreamUpdate]:
