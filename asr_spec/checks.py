@@ -15,12 +15,13 @@ import numpy as np
 
 from asr_spec.errors import InputError
 
-__all__ = ["ValueCheckError", "finite", "int_at_least", "is_int", "is_number", "positive", "positive_int",
-           "positive_seconds", "seconds_at_least_zero"]
+__all__ = ["ValueCheckError", "finite", "int_at_least", "is_int", "is_number", "non_empty_str", "positive",
+           "positive_int", "positive_seconds", "seconds_at_least_zero"]
 
 
 class ValueCheckError(InputError):
-    """A number given as an option or argument is malformed: not a number, not finite, or out of its range."""
+    """A value given as an option or argument is malformed: a number that is not one, not finite, or out of its
+    range; a name that is not a non-empty string."""
 
 
 def is_number(value: Any, *, finite_only: bool = True) -> bool:
@@ -73,4 +74,11 @@ def seconds_at_least_zero(value: Any, name: str) -> float:
     """`value`, a finite number of seconds >= 0."""
     if not is_number(value) or value < 0:
         raise ValueCheckError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return value
+
+
+def non_empty_str(value: Any, name: str) -> str:
+    """`value`, a str that is not empty (a name, an id: an int or "" would be compared with no request's)."""
+    if not isinstance(value, str) or not value:
+        raise ValueCheckError(f"{name} must be a non-empty string, got {value!r}")
     return value

@@ -76,7 +76,7 @@ def test_run_labels_again_when_the_audio_the_windows_or_the_target_differ(tmp_pa
     ckpt = tmp_path / "work" / "train" / "ckpt.pt"
     base = dict(model="org/model-a", audio=str(tmp_path / "corpus"), split="train", out=str(tmp_path / "draft"),
                 overwrite=False, work=str(tmp_path / "work"), window_s=29.0, gap_s=0.4, max_utterances=0, language="en",
-                timestamps=False, max_new_tokens=256, enc_dtype="float16", hidden_dtype="float16")
+                timestamps=False, max_new_tokens=256, enc_dtype="float16", hidden_dtype="float16", batch_size=4)
     commands.cmd_run(SimpleNamespace(**base))
     assert calls == ["cache", "train"]
     changes = ({}, {"model": "org/model-b"}, {"audio": str(tmp_path / "elsewhere")}, {"split": "test-clean"},
@@ -228,7 +228,65 @@ def test_check_target_compares_the_recorded_target(small_cache, tmp_path):
         named.check_target(model, "/models/b")
 
 
-# -- 4. --out that already holds files ------------------------------------------------------------------------------
+def relabel_args(source: Path, out: Path, model: str) -> SimpleNamespace:
+    """`distill --model MODEL cache --from-cache SOURCE --out OUT --timestamps` as the command's namespace."""
+    return SimpleNamespace(model=model, from_cache=source, out=out, max_windows=0, batch_size=2, timestamps=True,
+                           hidden_dtype="float32", long_file=None, corpus=None)
+
+
+def test_relabelling_a_cache_of_another_target_is_refused(small_cache, tmp_path):
+    """`cache --from-cache SRC` labelled SRC's encoder outputs with whatever --model said: another target's decoder
+    over them made labels of nothing, silently. Now SRC must have been made by the target asked for, as training's
+    caches must (`check_target`): one line naming SRC, the target it was made with and the one asked for."""
+    model = tiny_target()
+    feats = torch.from_numpy(np.array(small_cache.encoded))
+    named = draft_data.build_cache(model, [(["x", "y", "z"], feats)], 3, tmp_path / "named", max_new_tokens=12,
+                                   pre_encoded=True, progress=False, target_name="/models/a")
+    with pytest.raises(InputError) as info:
+        commands._cache(relabel_args(named.path, tmp_path / "other", "/models/b"), model)
+    assert str(info.value).startswith(f"{named.path}: a cache made for another target (target.name: recorded "
+                                      "'/models/a', wanted '/models/b'): made with /models/a, asked for /models/b")
+    assert "\n" not in str(info.value) and not (tmp_path / "other").exists()
+    commands._cache(relabel_args(named.path, tmp_path / "same", "/models/a"), model)  # its own target: labelled
+    relabelled = draft_data.PseudoLabelCache(tmp_path / "same")
+    assert len(relabelled) == 3 and relabelled.timestamps and relabelled.meta["target"]["name"] == "/models/a"
+
+
+def test_the_cli_refuses_relabelling_a_cache_of_another_target_in_one_line(tmp_path, capsys, target_dir,
+                                                                           small_cache):
+    code, _, err = distill_cli(capsys, "--model", target_dir, "cache", "--from-cache", small_cache.path, "--out",
+                               tmp_path / "out")
+    lines = error_lines(err)
+    assert code == 1 and len(lines) == 1, err
+    assert f"{small_cache.path}: a cache made for another target" in lines[0]
+    assert f"made with a target it does not name, asked for {target_dir.resolve()}" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+# -- 4. numbers the labelling cannot use ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["cache", "--corpus", CORPUS, "--max-utterances", "-2"], "--max-utterances must be an integer >= 0, got -2"),
+    (["cache", "--corpus", CORPUS, "--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+    (["cache", "--corpus", CORPUS, "--max-new-tokens", "0"], "--max-new-tokens must be an integer >= 1, got 0"),
+    (["cache", "--corpus", CORPUS, "--window-s", "40"], "--window-s must be at most 30 s (Whisper's window), got 40"),
+    (["cache", "--corpus", CORPUS, "--window-s", "0"], "--window-s must be a positive number of seconds, got 0"),
+    (["cache", "--corpus", CORPUS, "--gap-s", "-1"], "--gap-s must be a finite number of seconds >= 0, got -1"),
+    (["cache", "--corpus", CORPUS, "--max-windows", "3"], "--max-windows 3: applies with --from-cache only"),
+    (["cache", "--from-cache", CORPUS, "--max-windows", "-1"], "--max-windows must be an integer >= 0, got -1"),
+    (["run", "--audio", CORPUS, "--max-utterances", "-1"], "--max-utterances must be an integer >= 0, got -1"),
+])
+def test_cache_and_run_refuse_numbers_the_labelling_cannot_use_before_loading(tmp_path, capsys, args, needle):
+    """--max-utterances -2 labelled all but the last two utterances; --max-windows -1 ended in "no windows to
+    label", --batch-size 0 in range()'s error once the target had loaded; --max-windows without --from-cache was
+    ignored. Now each is one line naming the flag, before the (absent) model is looked for."""
+    code, _, err = distill_cli(capsys, "--model", tmp_path / "absent-model", *args, "--out", tmp_path / "out")
+    lines = error_lines(err)
+    assert code == 1 and len(lines) == 1 and needle in lines[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written
+
+
+# -- 5. --out that already holds files ------------------------------------------------------------------------------
 
 def test_saving_into_a_folder_with_files_needs_overwrite_and_is_atomic(tmp_path, monkeypatch):
     """`distill train|run|head --out DIR` wrote into DIR whatever it held (a whole Whisper model was replaced), file

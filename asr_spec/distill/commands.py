@@ -27,8 +27,9 @@ as one namespace (their names are the command's option names):
 
 The group takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to
 others) before the command name. A cache records the audio it was made from and the target that labelled it
-(meta.json "source", "target"): `run` labels afresh when either differs from what it is asked, and training refuses
-a cache of another target. `train`, `run` and `head` refuse an --out folder that holds files unless --overwrite.
+(meta.json "source", "target"): `run` labels afresh when either differs from what it is asked, and training and
+`cache --from-cache` refuse a cache of another target. `train`, `run` and `head` refuse an --out folder that
+holds files unless --overwrite.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from asr_spec.checks import int_at_least, positive_seconds, seconds_at_least_zero
 from asr_spec.distill import data as draft_data
 from asr_spec.distill import evaluation
 from asr_spec.distill import train as distill
@@ -76,8 +78,28 @@ def corpus_source(args) -> dict:
             "gap_s": args.gap_s, "max_utterances": args.max_utterances, "no_pack": bool(args.no_pack)}
 
 
+def check_cache_args(args) -> None:
+    """InputError (one line naming the flag) for a `cache` or `run` number the labelling cannot use, before any
+    model loads: --max-utterances -2 labelled all but the last two utterances, --max-windows -1 failed as "no
+    windows to label", --batch-size 0 as range()'s error after the target loaded, a --window-s over Whisper's
+    30 s window once its first long window came; --max-windows without --from-cache was ignored."""
+    from asr_spec.audio.features import N_SAMPLES, SAMPLE_RATE
+
+    int_at_least(args.batch_size, "--batch-size", 1)
+    int_at_least(args.max_new_tokens, "--max-new-tokens", 1)
+    int_at_least(args.max_utterances, "--max-utterances", 0)  # 0: all
+    max_windows = int_at_least(getattr(args, "max_windows", 0), "--max-windows", 0)  # 0: all (`run` has none)
+    if max_windows and not args.from_cache:
+        raise InputError(f"--max-windows {max_windows}: applies with --from-cache only")
+    window_s, encoder_window_s = positive_seconds(args.window_s, "--window-s"), N_SAMPLES / SAMPLE_RATE
+    if window_s > encoder_window_s:  # the encoder reads 30 s: log_mel_batch refuses a longer window
+        raise InputError(f"--window-s must be at most {encoder_window_s:g} s (Whisper's window), got {window_s!r}")
+    seconds_at_least_zero(args.gap_s, "--gap-s")
+
+
 def cmd_cache(args) -> int:
     """Returns how many utterances were unreadable (skipped; each a warning line)."""
+    check_cache_args(args)
     return _cache(args, _target(args.model))
 
 
@@ -172,10 +194,11 @@ def _cache_long_files(args, target) -> int:
 
 def _relabel(args, target) -> int:
     """The windows of an existing cache labelled again (e.g. with --timestamps) from its stored encoder outputs: no
-    audio is read and no encoder runs. The encoder outputs are stored as they were (same dtype)."""
+    audio is read and no encoder runs. The encoder outputs are stored as they were (same dtype). The source must
+    have been made by this target (`_caches`): another's encoder outputs under this decoder are labels of nothing."""
     if Path(args.from_cache).resolve() == Path(args.out).resolve():  # its encoded.npy would be rewritten as read
         raise InputError(f"--from-cache {args.from_cache} and --out {args.out}: the same folder (relabel into another)")
-    src = draft_data.PseudoLabelCache(args.from_cache)
+    (src,) = _caches([args.from_cache], target, args.model)
     rows = list(range(len(src)))
     if args.max_windows and args.max_windows < len(src):  # spread over the whole cache, not its first voices
         rows = spread(args.max_windows, len(src))
@@ -374,6 +397,7 @@ def cmd_run(args) -> int:
     work = Path(args.work or Path(args.out).with_name(Path(args.out).name + ".work"))
     cache_args = SimpleNamespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
                                     "from_cache": None, "no_pack": False})
+    check_cache_args(cache_args)
     target = _target(args.model)
     meta = work / "cache" / "meta.json"
     why = cache_difference(json.loads(meta.read_text()), cache_args, target) if meta.is_file() else "none yet"

@@ -132,18 +132,20 @@ class PseudoLabelCache:
         return len(self.lengths)
 
     def check_target(self, target: nn.Module, name: str | None = None) -> None:
-        """InputError (one line naming the field) unless the cache was labelled by `target`: the same width,
-        encoder length and <|endoftext|>, and where meta.json records the target (caches since it does), the
-        same `target_identity` (the name compared when both are known)."""
+        """InputError (one line naming the field, the target the cache was made with and `name`) unless the cache
+        was labelled by `target`: the same width, encoder length and <|endoftext|>, and where meta.json records
+        the target (caches since it does), the same `target_identity` (the name compared when both are known)."""
         identity = target_identity(target, name)
         wanted = {"d_model": identity["d_model"], "n_audio_ctx": identity["max_source_positions"],
                   "eot": identity["eot"]}
-        if self.meta.get("target") is not None:
-            wanted["target"] = comparable_identity(self.meta["target"], identity)
+        recorded = self.meta.get("target")
+        if recorded is not None:
+            wanted["target"] = comparable_identity(recorded, identity)
         diff = first_difference(self.meta, wanted)
         if diff is not None:
-            raise InputError(f"{self.path}: a cache made for another target ({diff}); label one with this target "
-                             "(distill cache --model ...)")
+            made = (recorded or {}).get("name") or "a target it does not name"
+            raise InputError(f"{self.path}: a cache made for another target ({diff}): made with {made}, asked for "
+                             f"{name or 'a target of no name'}; label one with this target (distill cache --model ...)")
 
     def fingerprint(self) -> str:
         """A short digest of meta.json: what a training checkpoint records of the data it was trained on (a cache

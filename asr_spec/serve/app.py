@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from asr_spec.audio.loading import header_duration_s
-from asr_spec.checks import positive
+from asr_spec.checks import int_at_least, non_empty_str, positive
 from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.serve import openmp, uploads
 from asr_spec.serve.auth import ApiKeyMiddleware
@@ -63,16 +63,29 @@ class ServeOptions:
     max_audio_s: float = 7200.0  # longest audio accepted, in seconds (2 h): a byte limit does not bound audio
     upload_timeout_s: float = 120.0  # the whole body must have arrived by then (a trickling upload: 408)
     api_keys: tuple[str, ...] = ()  # with keys, every route but /health needs `Authorization: Bearer <key>`
-    retry_after_s: int = 1  # Retry-After of a 503 (busy)
+    retry_after_s: int = 1  # Retry-After of a 503 (busy), in whole seconds (HTTP's delay-seconds: an integer >= 0)
 
     def __post_init__(self) -> None:
+        non_empty_str(self.model_id, "model_id")  # what /v1/models lists and a request's `model` is compared with
         for name in ("max_file_mb", "max_audio_s"):  # limits counted in bytes and samples (inf: a 500 each request)
             positive(getattr(self, name), name, "MB" if name == "max_file_mb" else "seconds")
         positive(self.upload_timeout_s, "upload_timeout_s", "seconds", finite_only=False)
-        if not self.model_id:
-            raise InputError("model_id must not be empty")
-        if any(not key for key in self.api_keys):
-            raise InputError("api_keys must not hold an empty key")
+        # the header's value is str(retry_after_s): -5 or 1.5 would be no delay-seconds a client can read
+        int_at_least(self.retry_after_s, "retry_after_s", 0)
+        self._verify_keys()
+
+    def _verify_keys(self) -> None:
+        """api_keys: a tuple of keys, each one a request can send (the messages name no key: they reach logs)."""
+        # a str iterates as its characters: api_keys="secret" let in any request whose key was "s"
+        if not isinstance(self.api_keys, tuple):
+            raise InputError(f"api_keys must be a tuple of strings, got a {type(self.api_keys).__name__}")
+        for key in self.api_keys:
+            if not isinstance(key, str):
+                raise InputError(f"api_keys must be a tuple of strings, got a key of type {type(key).__name__}")
+            if not key.strip():  # "Bearer " would match it
+                raise InputError("api_keys must not hold an empty key")
+            if key != key.strip():  # a bearer token is read stripped: no request could send it
+                raise InputError("api_keys must not hold a key with spaces around it (no request could match it)")
 
     @property
     def max_file_bytes(self) -> int:

@@ -42,7 +42,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from asr_spec.audio.loading import SAMPLE_RATE
-from asr_spec.checks import positive_seconds
+from asr_spec.checks import non_empty_str, positive_seconds
 from asr_spec.engine import ChunkResult
 from asr_spec.errors import InputError, one_line
 from asr_spec.serve import realtime_events as events
@@ -62,6 +62,11 @@ IDLE_CLOSED = 1000  # WebSocket close code (normal closure) of a connection idle
 BEHIND_S = 1.0  # audio waiting when a result comes back, in seconds, from which a stream is behind (lag events)
 STATIC_DIR = Path(__file__).parent / "static"  # the page at / and its scripts
 SUBPROTOCOL = "realtime"  # answered when offered (a browser offering subprotocols needs one chosen)
+# the shortest block_s: each block fed copies the policy's buffer (24 s at most: 0.07 ms on a 2-core Xeon) and
+# runs the session's feed loop once; at 1e-5 s (one-sample blocks) a second of audio cost over 1 s of copying
+# alone, slower than real time, and no re-decode step is shorter than 0.1 s (`StreamOptions.step_s`) for a finer
+# block to time better
+MIN_BLOCK_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,9 @@ class RealtimeOptions:
 
     model_id: str = "asr-spec"  # what session.update's `model` may name (or an alias)
     max_backlog_s: float = 120.0  # audio received and not yet given to the policy, in seconds; past it: an error
-    max_append_s: float = 10.0  # the most audio one append event may carry, in seconds
-    block_s: float = 0.1  # the policy is fed this much audio at a time (so as the streaming API feeds it)
+    max_append_s: float = 10.0  # the most audio one append event may carry, in seconds (at least block_s)
+    # the policy is fed this much audio at a time, in seconds (so as the streaming API feeds it; >= MIN_BLOCK_S)
+    block_s: float = 0.1
     vad: bool = True  # the default policy closes utterances at silence (silero-vad), as Transcriber.stream does
     stream: StreamOptions = StreamOptions()  # the default policy's re-decode step, buffer and silence (its checks)
     # a connection that appends no audio for this long, in seconds, while none of its audio is being decoded, gets
@@ -87,18 +93,32 @@ class RealtimeOptions:
     policy: Callable[[], Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        non_empty_str(self.model_id, "model_id")  # compared with session.update's `model`
         for name in ("max_backlog_s", "max_append_s", "block_s", "idle_timeout_s"):  # finite (samples, a timer)
             positive_seconds(getattr(self, name), name)
-        if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
-            raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
-        if self.max_backlog_s < self.max_append_s:  # a legal append must fit an empty backlog
-            raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least max_append_s "
-                             f"({self.max_append_s:g})")
+        self._verify_sizes()
         if not isinstance(self.stream, StreamOptions):
             raise InputError(f"stream must be a StreamOptions, got {type(self.stream).__name__}")
         for name in ("vad", "catch_up", "hypothesis"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.policy is not None and not callable(self.policy):  # called for each new input, in the session
+            raise InputError(f"policy must be None or a callable making a policy, got {type(self.policy).__name__}")
+
+    def _verify_sizes(self) -> None:
+        """The block, one append and the backlog fit one another (each already a positive number of seconds)."""
+        if self.block_s < MIN_BLOCK_S:
+            raise InputError(f"block_s must be at least {MIN_BLOCK_S:g} s (shorter blocks only slow the feed), got "
+                             f"{self.block_s!r}")
+        if self.max_backlog_s < self.block_s:  # the backlog must hold a whole block, or the session would stall
+            raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least block_s ({self.block_s:g})")
+        if self.max_backlog_s < self.max_append_s:  # a legal append must fit an empty backlog
+            raise InputError(f"max_backlog_s ({self.max_backlog_s:g}) must be at least max_append_s "
+                             f"({self.max_append_s:g})")
+        # one append may carry a whole block (the page at / sends 0.1 s appends); 1e-5 s was 0 samples: every
+        # append refused as too large, a session that could never get audio
+        if self.max_append_s < self.block_s:
+            raise InputError(f"max_append_s ({self.max_append_s:g}) must be at least block_s ({self.block_s:g})")
 
     @property
     def max_append_samples(self) -> int:
