@@ -29,8 +29,9 @@ from asr_spec.stream.agreement import starts_word
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.tails import closed_segments
 
-__all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "median_filter", "token_jump_times",
-           "group_words", "snap_to_speech", "spoken_until_s", "unicode_pieces"]
+__all__ = ["Aligner", "WordTiming", "alignment_heads", "dtw_path", "fit_positions", "median_filter",
+           "token_jump_times", "group_words", "snap_to_speech", "spoken_until_s", "unicode_pieces",
+           "word_stretch"]
 
 FRAME_S = 0.02  # seconds per encoder frame: 30 s window / 1500 positions
 MEDIAN_WIDTH = 7  # frames (Whisper's medfilt_width)
@@ -86,14 +87,16 @@ def _backtrace(acc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(rows[::-1], dtype=np.int64), np.array(cols[::-1], dtype=np.int64)
 
 
-def token_jump_times(scores: torch.Tensor, n_frames: int, first_row: int) -> np.ndarray:
-    """(heads, T, n_audio_ctx) pre-softmax cross-attention scores of a teacher-forced pass -> (R,) seconds where
-    the warping path enters each of the rows first_row .. T-2 (the positions producing the text tokens and eot).
-    Only the first `n_frames` encoder frames (the chunk's audio) take part."""
+def token_jump_times(scores: torch.Tensor, n_frames: int, first_row: int, n_text: int | None = None) -> np.ndarray:
+    """(heads, T, n_audio_ctx) pre-softmax cross-attention scores of a teacher-forced pass -> (n_text + 1,) seconds
+    where the warping path enters each of the rows first_row .. first_row + n_text (the positions producing the
+    n_text text tokens and then eot); n_text None: T - 2 - first_row (the sequence ends with its eot, whose own row
+    produces nothing). Only the first `n_frames` encoder frames (the chunk's audio) take part."""
+    last_row = scores.shape[1] - 2 if n_text is None else first_row + n_text
     w = scores[:, :, :max(n_frames, 1)].float().softmax(dim=-1)
     std, mean = torch.std_mean(w, dim=-2, keepdim=True, unbiased=False)
     w = median_filter((w - mean) / std.clamp(min=1e-8))
-    matrix = w.mean(dim=0)[first_row:-1]
+    matrix = w.mean(dim=0)[first_row:last_row + 1]
     rows, cols = dtw_path(-matrix.numpy())
     jumps = np.concatenate([[True], np.diff(rows) == 1])
     return cols[jumps] * FRAME_S
@@ -175,32 +178,80 @@ def spoken_until_s(generated: Sequence[int], eot_id: int, timestamp_begin_id: in
     return closed[-1][1] * time_precision_s
 
 
+def fit_positions(head: Sequence[int], n_text: int, sot: int, max_positions: int) -> tuple[list[int], bool]:
+    """The head of the teacher-forced sequence ``head + text + [eot]`` made to fit the decoder's `max_positions`
+    with `n_text` text tokens behind it, and whether the eot still fits after them.
+
+    A window stopped at the token limit (finish_reason "length") filled every position its decode had, and the
+    head is as long as that decode's prompt without timestamps (with its <|notimestamps|>), so the sequence is one
+    position too long. Where it does not fit, the eot is left out (such a window wrote none; the row that would
+    produce it, the last text token's, is still there and ends the last word), then the previous text of the head
+    (``<|startofprev|> previous text``, before `sot`) loses its oldest tokens, all of it with its <|startofprev|>
+    where one is not enough room. The SOT sequence and the text are never cut: a decode fits them, so a sequence
+    they do not fit is not one of a decode's (InputError)."""
+    head = list(head)
+    if len(head) + n_text + 1 <= max_positions:
+        return head, True
+    at = head.index(sot) if sot in head else 0
+    previous, start = head[:at], head[at:]
+    room = max_positions - len(start) - n_text
+    if room < 0:
+        raise InputError(f"word alignment: the SOT sequence ({len(start)} tokens) and the text ({n_text}) "
+                         f"exceed the decoder's {max_positions} positions")
+    if len(previous) > room:  # the most recent previous text is kept, behind its <|startofprev|>
+        previous = previous[:1] + previous[len(previous) - room + 1:] if room > 1 else []
+    return previous + start, False
+
+
 MIN_PAUSE_S = 0.1  # a shorter run of non-speech inside a word (a stop consonant's closure) is not a pause
+# a voiced stretch this long at the start of a word's span is the word's own speech, not the end of the word before:
+# the path gives a word up to about 0.25 s of the word before with the pause before it (measured on
+# tests/fixtures/words, where 0.1 s took such ends for the words and doubled the mean start error, 0.2 s some), and
+# most words that are not function words last longer. A shorter word is placed as before, after its longest pause.
+MIN_WORD_S = 0.3
 
 
 def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray,
                    frame_s: float) -> tuple[np.ndarray, np.ndarray]:
     """Trim the pauses the warping path gives to words.
 
-    The path gives the pause before a word to that word (its token is the one being waited for), often with the
-    tail of the word before, so after a pause a start is early by about the pause. A word whose span holds a pause
-    (>= MIN_PAUSE_S of non-speech followed by speech) starts where its longest such pause ends, else at its first
-    speech frame; it ends at its last speech frame. starts, ends: (W,) chunk seconds; speech: (F,) bool per
-    `frame_s` frame of the chunk. A word with no speech inside stays as it is."""
+    A word's span is cut into voiced stretches at its pauses (>= MIN_PAUSE_S of non-speech), and the word is timed
+    as one of them (`word_stretch`): from its first speech frame to its last, never across a pause. The path
+    gives the pause before a word to that word (its token is the one being waited for), often with the tail of the
+    word before, so after a pause a start is early by about the pause; but where the text runs on past speech the
+    target gave no token for (a sentence it skipped), the path stretches a word over the pause after it into the
+    next speech, and a start taken after the longest pause lands on words that are not this one. starts, ends:
+    (W,) chunk seconds; speech: (F,) bool per `frame_s` frame of the chunk. A word with no speech inside stays as
+    it is."""
     new_starts, new_ends = np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
     min_pause = max(int(round(MIN_PAUSE_S / frame_s)), 1)
+    min_word = max(int(round(MIN_WORD_S / frame_s)), 1)
     for index, (start, end) in enumerate(zip(new_starts.tolist(), new_ends.tolist())):
         first, stop = int(start / frame_s), min(int(np.ceil(end / frame_s)), len(speech))
         voiced = np.flatnonzero(speech[first:stop])
         if not len(voiced):
             continue
-        gaps = np.diff(voiced) - 1  # non-speech frames between consecutive speech frames
-        onset = voiced[0]
-        if len(gaps) and gaps.max() >= min_pause:
-            onset = voiced[1:][len(gaps) - 1 - int(np.argmax(gaps[::-1]))]  # after the longest (latest) pause
+        onset, last = word_stretch(voiced, min_pause, min_word)
         new_starts[index] = max(start, (first + onset) * frame_s)
-        new_ends[index] = max(min(end, (first + voiced[-1] + 1) * frame_s), new_starts[index])
+        new_ends[index] = max(min(end, (first + last + 1) * frame_s), new_starts[index])
     return new_starts, new_ends
+
+
+def word_stretch(voiced: np.ndarray, min_pause: int, min_word: int) -> tuple[int, int]:
+    """(first, last) frame of the voiced stretch that is a word, from the (V,) increasing indices of its span's
+    speech frames: stretches are cut where `min_pause` or more non-speech frames part two speech frames. The word
+    is the first stretch of at least `min_word` frames (a shorter one is the end of the word before); where none
+    is that long, the stretch after the longest pause (the latest of equal ones)."""
+    cuts = np.flatnonzero(np.diff(voiced) - 1 >= min_pause)  # stretch k ends at voiced[cuts[k]]
+    firsts = voiced[np.concatenate([[0], cuts + 1])]
+    lasts = voiced[np.concatenate([cuts, [len(voiced) - 1]])]
+    long_enough = np.flatnonzero(lasts - firsts + 1 >= min_word)
+    if len(long_enough):
+        chosen = int(long_enough[0])
+    else:
+        pauses = firsts[1:] - lasts[:-1] - 1
+        chosen = len(pauses) - int(np.argmax(pauses[::-1])) if len(pauses) else 0
+    return int(firsts[chosen]), int(lasts[chosen])
 
 
 # -- the teacher-forced pass -----------------------------------------------------------------------------------
@@ -226,6 +277,8 @@ class Aligner:
         self.eot = eot
         self.notimestamps = notimestamps
         self.pieces = pieces
+        self.sot = target.generation_config.decoder_start_token_id
+        self.max_positions = target.config.max_target_positions  # the teacher-forced sequence fits these
         self.heads = alignment_heads(target)
         layers = target.model.decoder.layers
         self.layers = sorted({layer for layer, _ in self.heads})
@@ -249,10 +302,11 @@ class Aligner:
         if not text:
             return [[] for _ in segments]
         head = [t for t in prompt if t != self.notimestamps] + [self.notimestamps]
-        ids = torch.tensor([head + text + [self.eot]], device=encoded.device)
+        head, with_eot = fit_positions(head, len(text), self.sot, self.max_positions)
+        ids = torch.tensor([head + text + [self.eot] * with_eot], device=encoded.device)
         scores, logits = self._scores(encoded[None], ids)  # (heads, T, S), (T, vocab)
         n_frames = encoder_frames(n_samples)
-        jumps = token_jump_times(scores, n_frames, len(head) - 1)
+        jumps = token_jump_times(scores, n_frames, len(head) - 1, len(text))
         rows = torch.arange(len(head) - 1, len(head) - 1 + len(text))
         probs = logits[rows].float()[:, : self.eot].softmax(-1)[torch.arange(len(text)), torch.tensor(text)]
         words, pieces = self._words(segments)

@@ -10,7 +10,6 @@ no-speech rule). The words come from the aligner (`Transcriber.finish_chunk`), p
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +25,7 @@ from asr_spec.transcribe.results import ChunkReport, Transcription
 from asr_spec.transcribe.segments import Segment, WordTiming
 from asr_spec.transcribe.stitch import ChunkTokens, StitchResult, concat_chunks, stitch_chunks
 from asr_spec.transcribe.tails import drop_repeated_head
+from asr_spec.transcribe.word_times import seam_words
 
 __all__ = ["Assembler"]
 
@@ -101,17 +101,17 @@ class Assembler:
 
     def _seam(self, tokens: list[tuple[int, ...]], words: list | None, spans: Sequence[ChunkSpan], i: int) -> None:
         """Chunk i, a tail of chunk i - 1, without the whole words at its head that repeat its parent's last ones
-        (`drop_repeated_head`), and its segments' words without as many words (`words_left`), in place."""
+        (`drop_repeated_head`), and its segments' words without as many words (`words_left`), in place; the
+        parent's words end by the tail's start (`seam_words`)."""
         before = tokens[i]
         tokens[i], n_drop = drop_repeated_head(tokens[i - 1], before, self.tokens.eot, self._starts_word)
-        if words is None or not words[i]:
+        if words is None:
             return
-        if n_drop:
+        if n_drop and words[i]:
             texts = [self._segment_texts(t, spans[i]) for t in (before, tokens[i])]
             words[i] = words_left(words[i], *texts, self._group_words)
-        earlier = [w for segment in words[i - 1] for w in segment]
-        if earlier:  # the parent's last word may be timed past where its tail starts: times stay monotonic
-            words[i] = _not_before(words[i], earlier[-1].end)
+        # the parent's last word may be timed past where its tail starts: it ends there, and times stay monotonic
+        words[i - 1], words[i] = seam_words(words[i - 1], words[i], spans[i].start_sample / SAMPLE_RATE)
 
     def _segment_texts(self, token_ids: tuple[int, ...], span: ChunkSpan) -> list[tuple[int, ...]]:
         """The text tokens of each segment the chunk's tokens make alone (as its words were aligned to them)."""
@@ -181,12 +181,6 @@ def words_left(words: Sequence[Sequence[WordTiming]], before: Sequence[Sequence[
     n_cut = len(before[gone]) - len(after[0])
     n_words = sum(word[0] < n_cut for word in group(before[gone]))
     return [list(words[gone])[n_words:], *(list(w) for w in words[gone + 1:])]
-
-
-def _not_before(segments: list, floor_s: float) -> list[list[WordTiming]]:
-    """The words of each segment with times raised to at least `floor_s` seconds."""
-    return [[dataclasses.replace(w, start=max(w.start, floor_s), end=max(w.end, floor_s)) for w in segment]
-            for segment in segments]
 
 
 def _reports(spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], languages: Sequence[str | None],

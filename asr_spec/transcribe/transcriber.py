@@ -41,7 +41,7 @@ from asr_spec.stream.decodes import StreamPrompt
 from asr_spec.stream.driver import StreamRunner
 from asr_spec.stream.policy import StreamOptions
 from asr_spec.stream.policy import Update as StreamUpdate
-from asr_spec.transcribe.alignment import Aligner
+from asr_spec.transcribe.alignment import Aligner, spoken_until_s
 from asr_spec.transcribe.assembly import Assembler
 from asr_spec.transcribe.fallback import Fallback
 from asr_spec.transcribe.frontend import FrontEnd
@@ -62,6 +62,7 @@ from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.session import EngineSession, Finished
 from asr_spec.transcribe.stitch import ChunkTokens
 from asr_spec.transcribe.tails import TailSource, next_window_from, plan_tail, stride_tail
+from asr_spec.transcribe.word_times import words_until
 
 __all__ = ["Transcriber"]
 
@@ -355,17 +356,19 @@ class Transcriber:
     def finish_result(self, result: ChunkResult, span: ChunkSpan, samples: np.ndarray | None = None,
                      ) -> tuple[ChunkResult, list[list[WordTiming]] | None, SpeechSpan | None]:
         """`finish_chunk`, then the tail decision (`tail_of`; samples: the chunk's, see there): the result to keep
-        (when a tail follows, its tokens cut before it and its words to match), its words, and the tail to
-        decode next (None: none). The engine session (`EngineSession.finish`) calls it for every finished chunk
-        and tail of every client."""
+        (when a tail follows, its tokens cut before it and its words to match, none timed past the timestamp
+        closing its kept text: `word_times`), its words, and the tail to decode next (None: none). The engine
+        session (`EngineSession.finish`) calls it for every finished chunk and tail of every client."""
         finished, words = self.finish_chunk(result, span)
         planned = self.tail_of(span, result, samples)
         if planned is None:
             return finished, words, None
         tail, kept = planned
         finished = dataclasses.replace(finished, tokens=kept)
-        if words is not None:  # the parent keeps the words of the segments it keeps
+        if words is not None:  # the parent keeps the words of the segments it keeps, up to where its kept text closes
             words = words[: len(self.assembler.stitch([ChunkTokens(kept, span)]).segments)]
+            until_s = spoken_until_s(kept, self.tokens.eot, self.tokens.timestamp_begin)
+            words = words_until(words, span.start_sample / SAMPLE_RATE + until_s)
         return finished, words, tail
 
     def fallback(self, schedule: Callable[[Hashable], tuple[float, ...]] | None = None) -> Fallback | None:
