@@ -188,23 +188,12 @@ def test_word_time_bounds_at_a_seam():
 def test_a_tail_keeps_its_word_times_when_its_parents_last_word_runs_past_its_start():
     """The parent's last word timed past where its tail starts raised every word of the tail to its end (a whole
     sentence at one instant); the parent's word is cut down to the tail's start instead."""
-    from types import SimpleNamespace
+    from test_tails import EOT_STUB, TS_STUB, stub_assembly
 
-    from asr_spec.audio.vad import SpeechSpan, VadOptions
-    from asr_spec.engine.stats import ChunkStats
-    from asr_spec.transcribe.assembly import Assembler
-    from asr_spec.transcribe.options import TranscribeOptions
+    from asr_spec.audio.vad import SpeechSpan
 
-    eot, ts, rate = 100, 200, 16_000
-    text = {1: " the", 2: " lamp?", 3: " Because", 4: " you"}
-    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(text.get(i, "") for i in ids))
-    assembler = Assembler(tokenizer, SimpleNamespace(eot=eot, timestamp_begin=ts, lang_to_id={}),
-                          TranscribeOptions(vad=VadOptions()))
-
-    def result(tokens):
-        return SimpleNamespace(tokens=tokens, no_speech_prob=0.0, avg_logprob=0.0, prompt=(1,), stats=ChunkStats(),
-                               finish_reason="eos", temperature=0.0)
-
+    eot, ts, rate = EOT_STUB, TS_STUB, 16_000
+    assembler, result = stub_assembly({1: " the", 2: " lamp?", 3: " Because", 4: " you"})
     spans = [SpeechSpan(0, 5 * rate, 0, 0, True, False), SpeechSpan(5 * rate, 10 * rate, 0, 0, False, True)]
     words = [[[_word(" the", 1.0, 1.5), _word(" lamp?", 1.5, 7.8)]],
              [[_word(" Because", 5.2, 5.4), _word(" you", 5.4, 5.8)]]]

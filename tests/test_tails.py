@@ -581,28 +581,40 @@ def test_the_server_repairs_tails_as_the_transcriber_does() -> None:
                 (w.word.strip(), w.start, w.end) for s in expect.segments for w in s.words]
 
 
+EOT_STUB, TS_STUB = 100, 200  # `stub_assembly`'s <|endoftext|> and first timestamp ids
+
+
+def stub_assembly(text: dict[int, str]) -> tuple[object, Callable[[tuple[int, ...]], object]]:
+    """An `Assembler` over a stub tokenizer (token id -> its text, `text`; <|endoftext|> EOT_STUB, timestamps from
+    TS_STUB) and a maker of finished chunk results of given tokens: assembly tested without a model."""
+    from types import SimpleNamespace
+
+    from asr_spec.audio.vad import VadOptions
+    from asr_spec.engine.stats import ChunkStats
+    from asr_spec.transcribe.assembly import Assembler
+    from asr_spec.transcribe.options import TranscribeOptions
+
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(text.get(i, "") for i in ids))
+    assembler = Assembler(tokenizer, SimpleNamespace(eot=EOT_STUB, timestamp_begin=TS_STUB, lang_to_id={}),
+                          TranscribeOptions(vad=VadOptions()))
+
+    def result(tokens: tuple[int, ...]) -> object:
+        return SimpleNamespace(tokens=tokens, no_speech_prob=0.0, avg_logprob=0.0, prompt=(1,), stats=ChunkStats(),
+                               finish_reason="eos", temperature=0.0)
+
+    return assembler, result
+
+
 def test_a_tails_emptied_first_segment_takes_its_words_with_it() -> None:
     """A tail whose first segment is wholly the parent's last words: that segment is dropped from the text, and
     its words with it. Its later segments' words stayed one segment late before ("Last one" timed with "Next
     sentence"'s words, and the srt cue of "Next sentence" twice)."""
-    from types import SimpleNamespace
-
-    from asr_spec.audio.vad import SpeechSpan, VadOptions
-    from asr_spec.engine.stats import ChunkStats
     from asr_spec.transcribe.alignment import group_words
-    from asr_spec.transcribe.assembly import Assembler, words_left
-    from asr_spec.transcribe.options import TranscribeOptions
+    from asr_spec.transcribe.assembly import words_left
     from asr_spec.transcribe.segments import WordTiming
 
-    eot, ts, rate = 100, 200, 16_000
-    text = {1: " the", 2: " end", 3: ".", 4: " Next", 5: " sentence", 6: " Last", 7: " one"}
-    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(text.get(i, "") for i in ids))
-    assembler = Assembler(tokenizer, SimpleNamespace(eot=eot, timestamp_begin=ts, lang_to_id={}),
-                          TranscribeOptions(vad=VadOptions()))
-
-    def result(tokens):
-        return SimpleNamespace(tokens=tokens, no_speech_prob=0.0, avg_logprob=0.0, prompt=(1,), stats=ChunkStats(),
-                               finish_reason="eos", temperature=0.0)
+    eot, ts, rate = EOT_STUB, TS_STUB, 16_000
+    assembler, result = stub_assembly({1: " the", 2: " end", 3: ".", 4: " Next", 5: " sentence", 6: " Last", 7: " one"})
 
     def word(w, start, end):
         return WordTiming(w, start, end, 1.0)
