@@ -23,6 +23,7 @@ from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
 from asr_spec.engine.capture import StepRunner
 from asr_spec.engine.sampling import draw, probabilities, uniform
 from asr_spec.models.loading import decoder_draft
+from asr_spec.testing import Shape, random_whisper
 
 N_ROWS = 2000
 TEMPERATURE = 0.9
@@ -175,6 +176,31 @@ def test_sampled_rows_do_not_depend_on_the_batch(draft):
     assert full == one
     assert alone[6] == full[6] and all(mixed[i] == full[i] for i in mixed)
     assert len(set(full.values())) == 10  # really sampled: the rows differ
+
+
+def test_sampled_rows_with_prompts_do_not_depend_on_the_batch_in_bf16():
+    """bf16 throughout (as `auto` runs on a native-bf16 CPU), whisper-base's decoder widths and audio length, a
+    prompt on every row: a batch-8 prefill is 8 x 20 = 160 rows, past the 32 rows up to which oneDNN's AMX bf16
+    products give each row what it gets alone (`kernels.row_block`). The draft's q, which each accept/reject draw
+    reads, must come from row-invariant products as the target's p does: with the draft's run whole, 8 of these 16
+    windows differed between batch 8 and 1 on an AMX Xeon. (Where the step's products are the thin kernel's, the
+    pinned AVX2 class and AVX-512-BF16 CPUs, they are row-invariant by construction; tests/test_native_kernels.py
+    runs this file with the CPU's own flags.)"""
+    shape = Shape(512, 2, 2, 8, n_mels=16, audio_ctx=1500)
+    target = random_whisper(shape, seed=3, vocab_size=300, init_std=0.05).to(torch.bfloat16)
+    draft = decoder_draft(random_whisper(shape, seed=7, vocab_size=300, init_std=0.05)).to(torch.bfloat16)
+    features = torch.randn(16, 16, 3000, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    engine = Engine(target, draft, DecodeOptions(language="en", max_new_tokens=20))
+
+    def run(batch_size: int) -> dict:
+        reqs = [ChunkRequest(i, features[i], temperature=1.0, seed=1000 + i, prompt=tuple(range(20, 36)))
+                for i in range(16)]
+        return {r.id: r for r in engine.run(reqs, batch_size=batch_size)}
+
+    full, one = run(8), run(1)
+    assert sum(r.stats.drafted_tokens for r in full.values()) > 0  # really speculative
+    assert len({r.tokens for r in full.values()}) == 16  # really sampled: the rows differ
+    assert {i: r.tokens for i, r in full.items()} == {i: r.tokens for i, r in one.items()}
 
 
 @pytest.mark.parametrize("draft", ["none", "unrelated", "self"])

@@ -70,12 +70,10 @@ class Decoder(DecoderLayout):
     """
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
-                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True,
+                 certify: tuple[int, tuple[int, ...]] | None = None, *,
                  int8_precision: bool = False):
         """certify: (exact_from, protected) of a target whose head may be certified (`head.CertifiedHead`: read in
         bf16 where `head.approximate_product` names a product, Whisper's rules taking fp32's decisions).
-        row_invariant: on a CPU in bf16/fp16, run every pass in row-invariant pieces (`row_invariance`); a draft,
-        whose rounding changes only its proposals, passes False and runs its products whole.
         int8_precision: the run's precision is "int8" (`int8.requested` of the target's encoder): its fp32 decoders'
         audio keys/values are then held as `int8.audio_dtype` says (`audio_dtype`; a bf16 decoder's int8 in every
         precision), and the step's weights read in bf16 where `int8.bf16_weights_usable` says so (`bf16_weights`)."""
@@ -116,10 +114,13 @@ class Decoder(DecoderLayout):
         packed = onednn_usable(self.device, self.dtype)
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
-        # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation)
+        # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation),
+        # and a draft's q, which a sampled row's accept/reject draw reads, is the same whatever the batch (a draft
+        # run whole on an AMX Xeon rounded its >32-row prefill otherwise: 8 of 16 sampled windows with prompts moved
+        # between batch 8 and 1, tests/test_sampling.py; blocking costs its 8-24-row passes nothing)
         n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
         self.key_count = self.max_positions + KEY_SPARE
-        self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed) if row_invariant else (0, 0)
+        self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed)
         if self.thin:
             self.linear = cpu_linear.linear
         elif self.row_rows:

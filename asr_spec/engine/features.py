@@ -49,10 +49,9 @@ class FeatureDecoder(Decoder):
     reads_target_features = True
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None,
-                 certify: tuple[int, tuple[int, ...]] | None = None, *, row_invariant: bool = True,
+                 certify: tuple[int, tuple[int, ...]] | None = None, *,
                  int8_precision: bool = False):
-        super().__init__(decoder, proj_out, vocab_ids, certify, row_invariant=row_invariant,
-                         int8_precision=int8_precision)
+        super().__init__(decoder, proj_out, vocab_ids, certify, int8_precision=int8_precision)
         self.fc = decoder.fc
 
     @torch.no_grad()

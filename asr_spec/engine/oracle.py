@@ -100,8 +100,8 @@ class OracleDecoder(Decoder):
     and returns logits that put all the mass on the oracle's proposal at each position asked for."""
 
     def __init__(self, decoder: nn.Module, proj_out: nn.Module, vocab_ids: torch.Tensor | None = None, *,
-                 script: OracleScript, row_invariant: bool = True, int8_precision: bool = False):
-        super().__init__(decoder, proj_out, vocab_ids, row_invariant=row_invariant, int8_precision=int8_precision)
+                 script: OracleScript, int8_precision: bool = False):
+        super().__init__(decoder, proj_out, vocab_ids, int8_precision=int8_precision)
         if script.audio.device != self.device:
             raise ValueError(f"oracle script on {script.audio.device}, draft on {self.device}: put both on one device")
         self.script = script

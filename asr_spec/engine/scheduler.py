@@ -109,9 +109,8 @@ class Engine:
         # a draft carrying `step_decoder` (a Decoder subclass, called as Decoder is) is run through it: the
         # benchmarks' oracle draft (engine/oracle.py); the step only ever sees a Decoder
         make_draft = getattr(draft, "step_decoder", Decoder)
-        self.draft_dec = None if draft is None else make_draft(  # its products whole: its rounding is its own
-            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), row_invariant=False,
-            int8_precision=int8_precision)
+        self.draft_dec = None if draft is None else make_draft(
+            *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), int8_precision=int8_precision)
         self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         # a plain draft's proposals are chosen from its restricted vocabulary's logits, if it has one (a draft with
         # its own step decoder, feature-conditioned or an oracle, gives logits over the whole vocabulary)
