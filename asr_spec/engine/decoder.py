@@ -115,9 +115,8 @@ class Decoder(DecoderLayout):
         self.linear = self.wide_linear = onednn_linear if packed else F.linear
         # CPU bf16/fp16: every product of a pass gives each row what a 1-row step gives it (`row_invariance`), so
         # a (K+1)-token verify pass scores each position exactly as greedy's 1-token step does (lossless speculation),
-        # and a draft's q, which a sampled row's accept/reject draw reads, is the same whatever the batch (a draft
-        # run whole on an AMX Xeon rounded its >32-row prefill otherwise: 8 of 16 sampled windows with prompts moved
-        # between batch 8 and 1, tests/test_sampling.py; blocking costs its 8-24-row passes nothing)
+        # and a draft's q, which a sampled row's draw reads, is the same whatever the batch (a draft run whole on
+        # AMX rounded its >32-row prefill otherwise: docs/cpu.md, "Sampled windows (temperature fallback)")
         n_vocab = proj_out.weight.shape[0] if vocab_ids is None else len(vocab_ids)
         self.key_count = self.max_positions + KEY_SPARE
         self.row_rows, self.query_rows = self.row_invariance(n_vocab, packed)
