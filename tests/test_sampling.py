@@ -319,13 +319,13 @@ def test_candidates_sharing_features_are_encoded_once(batch_size):
     at batch 1 where they are pulled one by one; the tokens are those of separately encoded copies."""
     engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=10))
     encoded_rows = []
-    real_encode = engine.encode
+    real_encoder = engine.encoding.encoder
 
-    def counting(features, batch=8):
+    def counting(features):
         encoded_rows.append(len(features))
-        return real_encode(features, batch)
+        return real_encoder(features)
 
-    engine.encode = counting
+    engine.encoding.encoder = counting
     feats = list(_features()[:3])
     reqs = [ChunkRequest((i, c), feats[i], temperature=0.7, seed=c) for i in range(3) for c in range(4)]
     shared = {r.id: r.tokens for r in engine.run(reqs, batch_size=batch_size)}

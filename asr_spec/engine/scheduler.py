@@ -27,6 +27,7 @@ from asr_spec.engine.admission import Admission, RowPrompt
 from asr_spec.engine.capture import HostReader, StepRunner, all_n_keys_buckets, n_keys_bucket, pin_attention
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
+from asr_spec.engine.encoding import ChunkEncoder
 from asr_spec.engine.features import TargetFeatures
 from asr_spec.engine.feed import Encoded, Feed
 from asr_spec.engine.hypothesis import Hypotheses
@@ -129,6 +130,8 @@ class Engine:
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
         self.times = StageTimes()  # wall seconds per stage on a CPU (benchmarks read it)
+        self.encoding = ChunkEncoder(self.encoder, self.draft_encoder, self.target_dec.device, self.target_dec.dtype,
+                                     None if self.draft_dec is None else self.draft_dec.dtype, self.times)
         self._eager = StepRunner()  # the steps of a run in a private state (engine/state.py)
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
         # the static state of the runs, reset in place run after run; replaced (and the runner's graphs dropped)
@@ -136,9 +139,6 @@ class Engine:
         self.states = StaticState(self._allocate, lambda: self.runner.drop_graphs())
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
         self._feed: Feed | None = None  # the feed of the run under way (or the last one): `in_flight`
-        # the features (with their version counter: `_version`) and target encoder output of the last request
-        # encoded (`_encode`: its sampled candidates)
-        self._last_encoded: tuple[torch.Tensor | None, int | None, torch.Tensor | None] = (None, None, None)
 
     def _draft_modules(self, draft: nn.Module) -> tuple[nn.Module, nn.Module]:
         """The draft's decoder and projection as the step runs them: bf16 copies on a CPU fp32 target when the
@@ -147,34 +147,6 @@ class Engine:
         lower = (self.options.draft_bf16 and self.kind is DraftKind.SHARED_ENCODER and dev.type == "cpu"
                  and self.target_dec.dtype == torch.float32 and onednn_usable(dev, torch.bfloat16))
         return bf16_copy(draft) if lower else (draft.model.decoder, draft.proj_out)
-
-    # -- encoding -------------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def _encode(self, batch: list[ChunkRequest]) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Target encoder outputs (n_audio_ctx, d) of a batch of chunks — one encoder pass for those not encoded
-        yet — and the draft's own encoder outputs when it has its own encoder. Requests carrying the very same
-        features tensor (the sampled candidates of one window) are encoded once, also across consecutive calls."""
-        dev, dtype = self.target_dec.device, self.target_dec.dtype
-        need = [r for r in batch if r.encoded is None]  # each with features (`_refusal`)
-        last_features, last_version, last_encoded = self._last_encoded
-        if last_features is not None and _version(last_features) != last_version:
-            last_features = None  # the caller refilled that tensor in place: other audio
-        distinct = list({id(r.features): r.features for r in need if r.features is not last_features}.values())
-        encoded: dict[int, torch.Tensor] = {}  # id(features) -> its encoder output
-        if last_features is not None:
-            encoded[id(last_features)] = last_encoded
-        if distinct:
-            encoded.update(zip(map(id, distinct), self.encode(torch.stack(distinct), len(distinct))))
-        enc = [r.encoded.to(dev, dtype) if r.encoded is not None else encoded[id(r.features)] for r in batch]
-        if need:
-            last = need[-1].features
-            self._last_encoded = (last, _version(last), encoded[id(last)])
-        own = None
-        if self.kind is DraftKind.OWN_ENCODER:
-            x = torch.stack([r.features for r in batch]).to(dev, self.draft_dec.dtype)
-            with self.times.count("encoder", x.device.type == "cpu"):
-                own = list(self.draft_encoder(x))
-        return enc, own
 
     def warm_up(self, batch_size: int = 8) -> None:
         """One run over `batch_size` windows of zero features, `WARM_UP_TOKENS` tokens each, its results dropped: a
@@ -187,14 +159,9 @@ class Engine:
         for _ in self.run(requests, batch_size):
             pass
 
-    @torch.inference_mode()
     def encode(self, features: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
         """(N, n_mels, n_frames) -> (N, n_audio_ctx, d_model) target encoder output, batch_size at a time."""
-        x = features.to(self.target_dec.device, self.target_dec.dtype)
-        self.times.encoder_calls += 1
-        self.times.encoder_windows += len(x)
-        with self.times.count("encoder", x.device.type == "cpu"):
-            return torch.cat([self.encoder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+        return self.encoding(features, batch_size)
 
     # -- the loop -------------------------------------------------------------------------------------------
     def run(self, requests: Iterable[ChunkRequest | None], batch_size: int = 8) -> Iterator[ChunkResult]:
@@ -207,7 +174,7 @@ class Engine:
         (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
         only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
-        feed = self._feed = Feed(iter(requests), self._encode, self.encode_batch(batch_size))
+        feed = self._feed = Feed(iter(requests), self.encoding.batch, self.encode_batch(batch_size))
         refusals = Refusals(self._refusal, feed.in_flight)
         feed.source = refusals.screen(feed.source)  # a request this model cannot take is refused alone
         n_rows = self._first_fill(feed, batch_size)
@@ -433,11 +400,3 @@ class Engine:
         results = {r.id: r for r in self.run(reqs, batch_size)}
         return [results[i] for i in range(n)]
 
-
-def _version(features: torch.Tensor) -> int | None:
-    """The tensor's version counter (in-place writes raise it); None for an inference tensor, which keeps none:
-    the same such tensor is taken for the same audio, as an object whose contents no one rewrites."""
-    try:
-        return features._version
-    except RuntimeError:
-        return None
