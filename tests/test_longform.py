@@ -13,7 +13,7 @@ import pytest
 
 from asr_spec import Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE
-from asr_spec.engine import Engine
+from asr_spec.engine.encoding import ChunkEncoder
 from asr_spec.eval.metrics import coverage, missing_sentences
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -76,7 +76,7 @@ def test_digital_silence_gives_no_words_and_an_hour_of_it_is_not_decoded(chunkin
     result = transcriber.transcribe(np.zeros(120 * SAMPLE_RATE, np.float32), progress=False)[0]
     assert result.ok and result.text == "" and result.segments == ()  # stride gave "you" x6 before issue 28
     encoded = []
-    original = Engine._encode
-    monkeypatch.setattr(Engine, "_encode", lambda self, batch: encoded.append(len(batch)) or original(self, batch))
+    original = ChunkEncoder.batch
+    monkeypatch.setattr(ChunkEncoder, "batch", lambda self, batch: encoded.append(len(batch)) or original(self, batch))
     hour = transcriber.transcribe(np.zeros(3600 * SAMPLE_RATE, np.float32), progress=False)[0]
     assert hour.ok and hour.text == "" and encoded == []
