@@ -17,9 +17,11 @@ the warping path enters `<|endoftext|>`, and when the target stopped early that 
 the speech it gave no token for (issue 36: a 29 s chunk's last sentence lost with word timestamps only). So word
 timestamps repair exactly the chunks the default repairs, and change times, not words.
 
-A tail is itself checked the same way, up to `TranscribeOptions.tail_repairs` re-decodings per chunk; past that
-bound the text decoded so far is kept as it is (the rest of the chunk's speech stays untranscribed). The tails are
-decoded by the same engine as every chunk, so with a draft they are speculative and identical to greedy.
+A segment too short for its text (under MIN_TOKEN_S a text token, `timed`) is never where the transcript stops
+covering: its timestamps cannot be its speech's, and a tail from its end re-hears it. A tail is itself checked the
+same way, up to `TranscribeOptions.tail_repairs` re-decodings per chunk; past that bound the text decoded so far is
+kept as it is (the rest of the chunk's speech stays untranscribed). The tails are decoded by the same engine as
+every chunk, so with a draft they are speculative and identical to greedy.
 
 Units: `_steps` are Whisper timestamp steps of TIME_PRECISION_S (0.02 s, one encoder position, the same as a
 chunk's SPEECH_FRAME_S speech frames), `_sample` 16 kHz samples, `_s` seconds.
@@ -44,10 +46,13 @@ from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
 __all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps",
            "drop_repeated_head", "longest_gap_s", "next_window_from", "plan_tail", "repeated_segment", "rewind",
-           "seam_overlap", "stride_tail", "trim_span", "uncovered_speech_s", "with_tails"]
+           "seam_overlap", "stride_tail", "timed", "trim_span", "uncovered_speech_s", "with_tails"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
+# the least time a closed segment's text tokens take, each, for its end timestamp to be trusted (`timed`): fast
+# speech runs ~0.1-0.2 s a token, so only a segment whose timestamps cannot be its speech's falls under it
+MIN_TOKEN_S = 0.03
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 
@@ -74,14 +79,25 @@ def closed_segments(tokens: Sequence[int], eot_id: int,
     return closed, (start if start is not None and spoken else None)
 
 
-def _uncovered_segment(closed: list[ClosedSegment], open_start: int | None, speech: np.ndarray,
-                       margin_s: float) -> int | None:
+def timed(segment: ClosedSegment, tokens: Sequence[int], eot_id: int) -> bool:
+    """Whether a closed segment's timestamps can say where its speech ends: it lasts at least MIN_TOKEN_S a text
+    token. Whisper sometimes writes a whole sentence between two timestamps a step or two apart (whisper-base on
+    a 4.9 s espeak German clip: 9 tokens at 0.00-0.04 s); a tail from such an end re-hears the same sentence,
+    which the model times the same way again (its text written three times)."""
+    start, end, first, last = segment
+    n_text = sum(1 for token in tokens[first + 1 : last] if token < eot_id)
+    return (end - start) * TIME_PRECISION_S >= n_text * MIN_TOKEN_S
+
+
+def _uncovered_segment(closed: list[ClosedSegment], open_start: int | None, speech: np.ndarray, margin_s: float,
+                       tokens: Sequence[int], eot_id: int) -> int | None:
     """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
     by from its end timestamp before the next segment starts (or, after the last one, before the chunk ends), or
-    None."""
+    None. A segment too short for its text (`timed`) is never that one: its end says nothing of where it stops."""
     starts = _next_starts(closed, open_start, len(speech))
-    for position, ((_, end, _, _), next_start) in enumerate(zip(closed, starts)):
-        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s:
+    for position, (segment, next_start) in enumerate(zip(closed, starts)):
+        end = segment[1]
+        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s and timed(segment, tokens, eot_id):
             return position
     return None
 
@@ -102,7 +118,7 @@ def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, s
     if not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
-    position = _uncovered_segment(closed, open_start, speech, margin_s)
+    position = _uncovered_segment(closed, open_start, speech, margin_s, tokens, eot_id)
     if position is None:
         return None
     return closed[position][1], closed[position][3]
@@ -150,7 +166,7 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     if not isinstance(span, SpeechSpan) or not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
-    position = _uncovered_segment(closed, open_start, span.speech, margin_s)
+    position = _uncovered_segment(closed, open_start, span.speech, margin_s, tokens, eot_id)
     if stop_at is not None:
         position = stop_at if position is None else min(position, stop_at)
     if position is None:
