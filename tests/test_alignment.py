@@ -23,6 +23,7 @@ from asr_spec.transcribe.alignment import (
     unicode_pieces,
     word_stretch,
 )
+from asr_spec.transcribe.assembly import word_bounds
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.word_times import seam_words, words_from, words_until
 
@@ -315,3 +316,13 @@ def test_real_words_stay_in_their_sentence(overrides: dict) -> None:
         assert all(start_s - 0.5 <= w.start <= w.end <= end_s + 0.5 for w in segment.words), segment
         lengths = [w.end - w.start for w in segment.words]
         assert not any(a == b == 0 for a, b in zip(lengths, lengths[1:])), segment  # no run of zero-length words
+    # a segment spans its words (its json times and the captions cut from its words agree)
+    assert all((s.start_s, s.end_s) == (s.words[0].start, s.words[-1].end) for s in result.segments if s.words)
+
+
+def test_a_segment_with_words_spans_them():
+    """long_75s with --word-timestamps: segment 1 ran 3.20-7.12 s, its first word " Every" 3.02 s (8 of 481 words
+    outside their segment), so its json times and the captions cut from its words disagreed."""
+    words = (WordTiming(" Every", 3.02, 3.3, 0.9), WordTiming(" day.", 3.3, 7.3, 0.8))
+    assert word_bounds(3.2, 7.12, words) == (3.02, 7.3)
+    assert word_bounds(3.2, 7.12, ()) == (3.2, 7.12)

@@ -66,7 +66,7 @@ class Assembler:
             words = [w for chunk, drop in zip(chunk_words, dropped) if not drop for w in chunk]
         languages = [self.language(r) for r in results]
         spoken = [lang for lang, drop in zip(languages, dropped) if not drop] or languages
-        segments = tuple(Segment(s.start_s, s.end_s, self.decode(s.token_ids), tuple(w), s.token_ids)
+        segments = tuple(Segment(*word_bounds(s.start_s, s.end_s, w), self.decode(s.token_ids), tuple(w), s.token_ids)
                          for s, w in zip(stitched.segments, words))
         return Transcription(
             source=source,
@@ -192,3 +192,10 @@ def _reports(spans: Sequence[ChunkSpan], results: Sequence[ChunkResult], languag
                                    r.finish_reason, r.stats, r.no_speech_prob, r.avg_logprob,
                                    NO_SPEECH if drop else None, tail, r.temperature))
     return tuple(reports)
+
+
+def word_bounds(start_s: float, end_s: float, words: Sequence[WordTiming]) -> tuple[float, float]:
+    """A segment's (start_s, end_s): its timed words' span where it has words (openai-whisper's rule: the aligned
+    words are the finer times, and a caption cut from them then agrees with its segment), else its timestamps."""
+    return (words[0].start, words[-1].end) if words else (start_s, end_s)
+
