@@ -64,21 +64,26 @@ def speech_span(start_s: float, n_s: float, speech_s: list[tuple[float, float]])
 
 # -- the decision ----------------------------------------------------------------------------------------------
 
-def test_a_segment_too_short_for_its_text_plans_no_tail() -> None:
+def test_a_segment_too_short_for_its_text_vouches_only_for_the_speech_before_it() -> None:
     """whisper-base wrote a 4.9 s espeak German sentence as 9 text tokens at 0.00-0.04 s: a tail from 0.04 s heard
     the same sentence, timed it the same way, and the text came out three times. A segment lasting under
-    MIN_TOKEN_S a text token says nothing of where its speech ends; a later, timed one still plans a tail."""
+    MIN_TOKEN_S a text token covers nothing: a tail starts at its start (none where that is the chunk's), so the
+    speech after it is still decoded (" Yes." at 2.00-2.02 s before 6 s of untranscribed speech)."""
     span = speech_span(0.0, 5.0, [(0.0, 4.8)])
     crammed = (ts(0), *range(1, 10), ts(0.04), EOT)
     assert not timed(closed_segments(crammed, EOT, TS)[0][0], crammed, EOT)
-    assert plan_tail(span, crammed, EOT, TS, 0.5) is None
-    assert covered_steps(crammed, EOT, TS, span.speech, 0.5) is None
+    assert plan_tail(span, crammed, EOT, TS, 0.5) is None  # it would start at the chunk's start
+    assert plan_tail(span, crammed, EOT, TS, 0.5, context_s=5.0) is None
+    assert covered_steps(crammed, EOT, TS, span.speech, 0.5) == (0, 0)
     spoken = (ts(0), *range(1, 10), ts(0.3), EOT)  # 9 tokens in 0.3 s: >= 0.03 s each, trusted
     tail, kept = plan_tail(span, spoken, EOT, TS, 0.5)
     assert tail.start_sample == int(0.3 * 16000) and kept == spoken[:-1] + (EOT,)
-    then_timed = (ts(0), *range(1, 10), ts(0.04), ts(0.04), 11, 12, ts(1.0), EOT)
-    tail, kept = plan_tail(span, then_timed, EOT, TS, 0.5)
-    assert tail.start_sample == 16000 and kept == then_timed[:-1] + (EOT,)
+    span = speech_span(0.0, 10.0, [(0.0, 2.1), (3.0, 9.0)])
+    short_yes = (ts(0), 1, 2, 3, 4, 5, ts(1.9), ts(2.0), 11, 12, ts(2.02), EOT)
+    for context_s in (0.0, 5.0):
+        tail, kept = plan_tail(span, short_yes, EOT, TS, 0.5, context_s=context_s)
+        assert tail.start_sample == 2 * 16000 and kept == short_yes[:7] + (EOT,)
+    assert covered_steps(short_yes, EOT, TS, span.speech, 0.5) == (100, 7)
 
 
 def test_covered_time_is_where_speech_first_goes_untranscribed() -> None:

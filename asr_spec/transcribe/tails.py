@@ -17,11 +17,12 @@ the warping path enters `<|endoftext|>`, and when the target stopped early that 
 the speech it gave no token for (issue 36: a 29 s chunk's last sentence lost with word timestamps only). So word
 timestamps repair exactly the chunks the default repairs, and change times, not words.
 
-A segment too short for its text (under MIN_TOKEN_S a text token, `timed`) is never where the transcript stops
-covering: its timestamps cannot be its speech's, and a tail from its end re-hears it. A tail is itself checked the
-same way, up to `TranscribeOptions.tail_repairs` re-decodings per chunk; past that bound the text decoded so far is
-kept as it is (the rest of the chunk's speech stays untranscribed). The tails are decoded by the same engine as
-every chunk, so with a draft they are speculative and identical to greedy.
+A segment too short for its text (under MIN_TOKEN_S a text token, `timed`) vouches for the speech before it only:
+its timestamps cannot be its speech's (a tail from its end re-hears it), so where speech goes untranscribed after
+its start its tail starts there and decodes it again. A tail is itself checked the same way, up to
+`TranscribeOptions.tail_repairs` re-decodings per chunk; past that bound the text decoded so far is kept as it is
+(the rest of the chunk's speech stays untranscribed). The tails are decoded by the same engine as every chunk, so
+with a draft they are speculative and identical to greedy.
 
 Units: `_steps` are Whisper timestamp steps of TIME_PRECISION_S (0.02 s, one encoder position, the same as a
 chunk's SPEECH_FRAME_S speech frames), `_sample` 16 kHz samples, `_s` seconds.
@@ -44,9 +45,9 @@ from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.stream.agreement import MIN_LOOP_TOKENS  # one length for a loop's segment, offline and live
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
-__all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "closed_segments", "covered_steps",
-           "drop_repeated_head", "longest_gap_s", "next_window_from", "plan_tail", "repeated_segment", "rewind",
-           "seam_overlap", "stride_tail", "timed", "trim_span", "uncovered_speech_s", "with_tails"]
+__all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "closed_segments", "cover",
+           "covered_steps", "drop_repeated_head", "longest_gap_s", "next_window_from", "plan_tail", "repeated_segment",
+           "rewind", "seam_overlap", "stride_tail", "timed", "trim_span", "uncovered_speech_s", "with_tails"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
 MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
@@ -89,15 +90,22 @@ def timed(segment: ClosedSegment, tokens: Sequence[int], eot_id: int) -> bool:
     return (end - start) * TIME_PRECISION_S >= n_text * MIN_TOKEN_S
 
 
+def cover(segment: ClosedSegment, tokens: Sequence[int], eot_id: int) -> tuple[int, int]:
+    """How far a closed segment vouches for its chunk's speech: (step, number of the chunk's tokens through it).
+    Its end timestamp and every token to it where it is `timed`; else only what comes before it (its start, the
+    tokens before its start timestamp): a tail from there decodes it again with the speech after it."""
+    start, end, first, last = segment
+    return (end, last + 1) if timed(segment, tokens, eot_id) else (start, first)
+
+
 def _uncovered_segment(closed: list[ClosedSegment], open_start: int | None, speech: np.ndarray, margin_s: float,
                        tokens: Sequence[int], eot_id: int) -> int | None:
-    """The position in `closed` of the first segment after which at least `margin_s` seconds of speech frames go
-    by from its end timestamp before the next segment starts (or, after the last one, before the chunk ends), or
-    None. A segment too short for its text (`timed`) is never that one: its end says nothing of where it stops."""
+    """The position in `closed` of the first segment after whose `cover` step at least `margin_s` seconds of
+    speech frames go by before the next segment starts (or, after the last one, before the chunk ends), or None."""
     starts = _next_starts(closed, open_start, len(speech))
     for position, (segment, next_start) in enumerate(zip(closed, starts)):
-        end = segment[1]
-        if uncovered_speech_s(speech[:max(next_start, end)], end) >= margin_s and timed(segment, tokens, eot_id):
+        covered = cover(segment, tokens, eot_id)[0]
+        if uncovered_speech_s(speech[:max(next_start, covered)], covered) >= margin_s:
             return position
     return None
 
@@ -112,16 +120,18 @@ def covered_steps(tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, s
                   margin_s: float) -> tuple[int, int] | None:
     """Where a chunk's transcript stops covering its speech: (step, token index) of the end timestamp of the
     first closed segment after which at least `margin_s` seconds of speech frames (speech: (F,) bool, one per
-    step) go by before the next segment starts (or, after the last segment, before the chunk ends). None when
-    the transcript covers its speech, or there is nothing to compare: no closed segment, or the token limit hit.
-    A segment Whisper left open covers the rest of the chunk."""
+    step) go by before the next segment starts (or, after the last segment, before the chunk ends); of its start
+    timestamp where the segment is too short for its text (`cover`). None when the transcript covers its speech,
+    or there is nothing to compare: no closed segment, or the token limit hit. A segment Whisper left open covers
+    the rest of the chunk."""
     if not len(tokens) or tokens[-1] != eot_id:
         return None
     closed, open_start = closed_segments(tokens, eot_id, timestamp_begin_id)
     position = _uncovered_segment(closed, open_start, speech, margin_s, tokens, eot_id)
     if position is None:
         return None
-    return closed[position][1], closed[position][3]
+    start, end, first, last = closed[position]
+    return (end, last) if timed(closed[position], tokens, eot_id) else (start, first)
 
 
 def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
@@ -129,19 +139,21 @@ def uncovered_speech_s(speech: np.ndarray, covered: int) -> float:
     return float(np.count_nonzero(speech[covered:])) * SPEECH_FRAME_S
 
 
-def rewind(closed: list[ClosedSegment], position: int, context_s: float, min_step: int = 0) -> tuple[int, int]:
+def rewind(closed: list[ClosedSegment], position: int, context_s: float, min_step: int = 0,
+           covered: tuple[int, int] | None = None) -> tuple[int, int]:
     """Where a tail starts when the transcript stops covering the speech after closed[position]: (step, number of
     the chunk's tokens the parent keeps before it). The tail re-hears at least `context_s` seconds of the text
     already decoded: it starts at the latest segment start at least that far before the covered step, never at
     the chunk's first segment (that would decode the same chunk again), so at segment 1 when the chunk is
     shorter, and at the covered step itself (closed[position]'s end timestamp) when the chunk has one segment
     before it (or context_s is 0). min_step: no tail starts before it (a stride window's left stride, whose text
-    the window before it keeps)."""
-    covered = closed[position][1]
+    the window before it keeps). covered: (step, tokens kept) where closed[position] stops vouching for the speech
+    (`cover`; None: its end timestamp and every token to it)."""
+    covered, n_kept = covered if covered is not None else (closed[position][1], closed[position][3] + 1)
     back = int(round(context_s / TIME_PRECISION_S))
     starts = [j for j in range(1, position + 1) if closed[j][0] >= min_step]
     if back <= 0 or not starts:
-        return covered, closed[position][3] + 1
+        return covered, n_kept
     chosen = starts[0]
     for j in starts:
         if closed[j][0] <= covered - back:
@@ -172,7 +184,7 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     if position is None:
         return None
     min_step = span.stride_left_samples // STEP_SAMPLES
-    step, n_kept = rewind(closed, position, context_s, min_step)
+    step, n_kept = rewind(closed, position, context_s, min_step, cover(closed[position], tokens, eot_id))
     step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
     start = span.start_sample + step * STEP_SAMPLES
     if step <= 0 or start >= span.end_sample or (before is not None and start >= before):
