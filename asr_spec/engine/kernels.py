@@ -223,7 +223,7 @@ def _invariant_rows(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Te
     data where rows 3-12 in pairs do not)."""
     n = x.shape[dim]
     single = [product(x.narrow(dim, i, 1)) for i in range(n)]
-    for m in range(1, n + 1):  # each piece against its rows alone, no copies: the first difference ends it
+    for m in range(1, n + 1):  # each piece against its rows alone: the first difference ends it
         for start in range(0, n, m):
             alone = single[start:start + m]
             if not torch.equal(product(x.narrow(dim, start, len(alone))), torch.cat(alone, dim=dim)):

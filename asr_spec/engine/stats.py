@@ -70,11 +70,11 @@ class StageTimes:
     """Wall seconds an engine spent in its stages since it was made, on a CPU (where each stage's work is done when
     it returns; on CUDA the stages run asynchronously and nothing is counted). `minus` gives one run's share."""
 
-    encoder_s: float = 0.0  # encoder passes (`Engine.encode`, the draft's own encoder included)
+    encoder_s: float = 0.0  # encoder passes (`encoding.ChunkEncoder`, the draft's own encoder included)
     steps_s: float = 0.0  # decode steps: draft, verify, accept (`speculative.step`)
     steps: int = 0
     admit_s: float = 0.0  # admissions: audio keys/values, prompts and prefixes prefilled (`admission.Admission`)
-    encoder_calls: int = 0  # `Engine.encode` calls (any device): windows encoded together count once
+    encoder_calls: int = 0  # target encoder calls (`ChunkEncoder`, any device): windows encoded together count once
     encoder_windows: int = 0  # the windows they encoded
 
     def minus(self, before: StageTimes) -> StageTimes:
