@@ -263,6 +263,19 @@ def test_a_playlist_is_not_followed_to_the_files_it_names(tmp_path: Path, tone_1
             audio_duration_s(path)
 
 
+def test_text_named_as_audio_is_refused_before_a_decoder_reads_it(tmp_path: Path, capfd) -> None:
+    """A text file named .mp3 (an upload, a path): the refusal named libsndfile's unrelated cause ("File does not
+    exist or is not a regular file (possibly a pipe?)") and its MP3 decoder wrote resync notes to stderr, outside
+    logging, a server's log included. Now one cause, before any decoder."""
+    fake = tmp_path / "fake.mp3"
+    fake.write_text("hi\n")
+    for read in (load_audio, audio_duration_s, lambda path: load_audio({"bytes": path.read_bytes(), "path": "fake.mp3"})):
+        with pytest.raises(AudioError) as refused:
+            read(fake)
+        assert str(refused.value).endswith(": not a readable audio file (text, not audio)"), refused.value
+    assert capfd.readouterr().err == ""
+
+
 needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg")
 
 

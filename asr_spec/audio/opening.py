@@ -41,6 +41,7 @@ RawBlocks = tuple[int, int | None, bool, Iterator[np.ndarray]]
 def open_raw_blocks(file: str | bytes, name: str, block_s: float) -> RawBlocks:
     """Open `file` (a path, or an encoded file's bytes) for reading in blocks of about `block_s` seconds; `name` is
     the input as messages name it. Opening errors raise here, decoding errors while the blocks are read."""
+    _refuse_text(file, name)
     try:
         handle = sf.SoundFile(_os_name(file) if isinstance(file, str) else io.BytesIO(file))
     except (sf.LibsndfileError, RuntimeError) as sf_err:
@@ -63,11 +64,11 @@ def header_duration_s(path: str | os.PathLike[str]) -> float | None:
     the file either."""
     name = os.fspath(path)
     check_path(name)
+    _refuse_text(name, name)
     try:
         with sf.SoundFile(_os_name(name)) as handle:
             n_frames, rate = _header_frames(handle), handle.samplerate
     except (sf.LibsndfileError, RuntimeError) as sf_err:
-        _refuse_text(name, sf_err)
         return ffmpeg_duration_s(name, str(sf_err))
     if n_frames is None:
         return ffmpeg_duration_s(name, _LENGTH_MISSING)
@@ -133,7 +134,6 @@ def _ffmpeg_instead(file: str | bytes, name: str, block_s: float, why: str) -> R
             return _ffmpeg_instead(spooled.name, name, block_s, why)
     if why == _HEADER_SAYS_EMPTY:
         return _open_past_header(file, name, block_s)
-    _refuse_text(file, why, name)
     rate, blocks = ffmpeg_blocks(file, block_s, why, name)
     return rate, None, False, blocks
 
@@ -160,20 +160,24 @@ def _prepended(first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.nda
         yield from rest
 
 
-def _refuse_text(path: str, sf_err: object, name: str | None = None) -> None:
-    """A text file is not audio: said so before ffmpeg is asked (which refuses playlists and scripts anyway:
-    `asr_spec.audio.ffmpeg.DEMUXERS`)."""
-    if _is_text(path):
-        raise AudioError(f"{path if name is None else name}: not a readable audio file ({sf_err}; text, not audio)")
+def _refuse_text(file: str | bytes, name: str) -> None:
+    """A text file is not audio: said so before a decoder is asked (libsndfile's MP3 decoder writes its resync
+    notes to stderr over a text named .mp3, and its error is not the cause; ffmpeg refuses playlists and scripts
+    anyway: `asr_spec.audio.ffmpeg.DEMUXERS`). `file`: a path or an encoded file's bytes."""
+    if _is_text(file):
+        raise AudioError(f"{name}: not a readable audio file (text, not audio)")
 
 
-def _is_text(path: str, n_bytes: int = 4096) -> bool:
+def _is_text(file: str | bytes, n_bytes: int = 4096) -> bool:
     """Whether the file's first `n_bytes` are text (UTF-8 with no control character but whitespace)."""
-    try:
-        with open(_os_name(path), "rb") as handle:
-            head = handle.read(n_bytes)
-    except OSError:
-        return False
+    if isinstance(file, bytes):
+        head = file[:n_bytes]
+    else:
+        try:
+            with open(_os_name(file), "rb") as handle:
+                head = handle.read(n_bytes)
+        except OSError:
+            return False
     try:
         text = head.decode("utf-8")
     except UnicodeDecodeError as err:
