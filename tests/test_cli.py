@@ -82,7 +82,7 @@ def test_a_first_runs_kernel_build_is_reported_apart_from_its_speed(capsys, mode
 
 
 def test_the_summary_gives_the_transcriptions_speed_and_the_loading_apart(capsys, model_dirs, monkeypatch) -> None:
-    """Loading the models (~5-20 s with the bf16 row-invariance probe) is not the transcription's speed: the README
+    """Loading the models (~3 s, ~30 s cold) is not the transcription's speed: the README
     sample said "77.7 s audio in 32.5 s (RTFx 2.4)" where its json's wall_s was 11.5 s."""
     from asr_spec import Transcriber
 

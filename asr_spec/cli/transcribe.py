@@ -235,8 +235,8 @@ class _Run:
             sys.stdout.flush()
 
     def loaded(self) -> None:
-        """The models are loaded: what follows is the transcription, whose speed the summary gives (loading, ~5-20 s
-        on two cores with the bf16 row-invariance probe, said apart)."""
+        """The models are loaded: what follows is the transcription, whose speed the summary gives (loading, ~3 s on
+        a two-core AMX Xeon, ~30 s cold or beside other work, said apart)."""
         self.loaded_at, self.built_at_load = time.perf_counter(), _build_seconds()
 
     def interrupted(self) -> NoReturn:
