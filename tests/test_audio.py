@@ -269,7 +269,10 @@ def test_text_named_as_audio_is_refused_before_a_decoder_reads_it(tmp_path: Path
     logging, a server's log included. Now one cause, before any decoder."""
     fake = tmp_path / "fake.mp3"
     fake.write_text("hi\n")
-    uploaded = lambda path: load_audio({"bytes": path.read_bytes(), "path": "fake.mp3"})  # noqa: E731
+
+    def uploaded(path: Path) -> np.ndarray:
+        return load_audio({"bytes": path.read_bytes(), "path": "fake.mp3"})
+
     for read in (load_audio, audio_duration_s, uploaded):
         with pytest.raises(AudioError) as refused:
             read(fake)
