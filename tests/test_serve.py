@@ -85,6 +85,24 @@ def test_every_format_equals_the_transcriber(client, expected, fmt):
     assert expected[LONG.name].text and len(expected[LONG.name].chunks) == 4  # a real long-form case
 
 
+def test_a_translating_server_answers_translations_and_a_transcribing_one_says_where_to_go(client):
+    """OpenAI's `client.audio.translations.create` got a bare 404 (no route): now `asr-spec serve --task translate`
+    answers /v1/audio/translations with the transcriber's translation, and each server refuses the other task's
+    route with a 400 that names what to do (the task is the engine's: one a server)."""
+    translating = transcriber(speculative=False, timestamps=True, task="translate")
+    want = translating.transcribe([str(SHORT[0])], progress=False)[0]
+    files = {"file": (SHORT[0].name, SHORT[0].read_bytes(), "audio/flac")}
+    with TestClient(create_app(Batcher(translating, batch_size=2), ServeOptions(model_id="tiny"))) as other:
+        answer = other.post("/v1/audio/translations", files=files,
+                            data={"model": "tiny", "response_format": "verbose_json"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["task"] == "translate" and answer.json()["text"] == want.text
+        refused = other.post("/v1/audio/transcriptions", files=files, data={"model": "tiny"})
+        assert refused.status_code == 400 and "this server translates" in refused.json()["error"]["message"]
+    refused = client.post("/v1/audio/translations", files=files, data={"model": "tiny"})
+    assert refused.status_code == 400 and "--task translate" in refused.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("fields, status, needle", [
     ({"temperature": "1.5"}, 400, "must be a number in [0, 1]"),
     ({"temperature": "hot"}, 400, "must be a number in [0, 1]"),

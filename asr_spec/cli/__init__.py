@@ -106,6 +106,9 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     api_key: list[str] | None = typer.Option(None, help="Require `Authorization: Bearer KEY` on every route "
                                                 "but /health (repeatable; also ASR_SPEC_API_KEY, comma-separated)."),
     language: str | None = LANGUAGE,
+    task: str | None = typer.Option(None, help="transcribe (POST /v1/audio/transcriptions) or translate (to "
+                                    "English: POST /v1/audio/translations); one task a server. Default: the "
+                                    "preset's."),
     word_timestamps: bool | None = typer.Option(None, "--word-timestamps/--no-word-timestamps",
                                                    help="Answer timestamp_granularities[]=word (verbose_json "
                                                    "`words`); needs chunking vad. Default: the preset's."),
@@ -117,15 +120,17 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     hotwords: str | None = HOTWORDS,
     device: str = DEVICE,
 ) -> None:
-    """Serve OpenAI's POST /v1/audio/transcriptions and live transcription (WebSocket /v1/realtime, the page at /);
-    concurrent requests and streams share one speculative batch."""
+    """Serve OpenAI's POST /v1/audio/transcriptions (or, with --task translate, /v1/audio/translations) and live
+    transcription (WebSocket /v1/realtime, the page at /); concurrent requests and streams share one speculative
+    batch."""
     from asr_spec.serve import run_server
 
     if trace_streams is not None:
         start_trace(trace_streams)
-    overrides = preset_overrides(model, draft, no_draft, language=language, word_timestamps=word_timestamps,
-                                 temperature=temperature, compression_ratio_threshold=compression_ratio_threshold,
-                                 best_of=best_of, seed=seed, initial_prompt=initial_prompt, hotwords=hotwords)
+    overrides = preset_overrides(model, draft, no_draft, language=language, task=task,
+                                 word_timestamps=word_timestamps, temperature=temperature,
+                                 compression_ratio_threshold=compression_ratio_threshold, best_of=best_of, seed=seed,
+                                 initial_prompt=initial_prompt, hotwords=hotwords)
     try:
         run_server(preset, host=host, port=port, batch_size=batch_size, max_requests=max_requests,
                    max_streams=max_streams, max_audio_in_flight_s=max_audio_in_flight_s, max_file_mb=max_file_mb,

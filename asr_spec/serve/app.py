@@ -119,7 +119,11 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions(),
 
     @app.post("/v1/audio/transcriptions", responses=transcription_responses(keys), openapi_extra=body)
     async def transcriptions(request: Request) -> Response:
-        return await _answer(request, batcher, options)
+        return await _answer(request, batcher, options, "transcribe")
+
+    @app.post("/v1/audio/translations", responses=transcription_responses(keys), openapi_extra=body)
+    async def translations(request: Request) -> Response:
+        return await _answer(request, batcher, options, "translate")
 
     @app.get("/v1/models", responses=models_responses(keys))
     async def models() -> dict[str, Any]:
@@ -180,11 +184,13 @@ def _document_bearer(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-async def _answer(request: Request, batcher: Batcher, options: ServeOptions) -> Response:
-    """The answer to one transcription request, counted in the metrics by outcome."""
+async def _answer(request: Request, batcher: Batcher, options: ServeOptions, task: str) -> Response:
+    """The answer to one transcription or translation request (`task`: the route's), counted in the metrics by
+    outcome."""
     metrics = batcher.metrics
     started = time.perf_counter()
     try:
+        _check_task(task, batcher.transcriber.options.decode.task)
         response, audio_s = await _transcribe(request, batcher, options)
     except HTTPError as err:
         metrics.request_done(OUTCOMES.get(err.status, "failed"))
@@ -201,6 +207,18 @@ async def _answer(request: Request, batcher: Batcher, options: ServeOptions) -> 
     else:
         metrics.request_done("disconnected")
     return response
+
+
+def _check_task(asked: str, served: str) -> None:
+    """A route's task is the server's, which is its engine's (`asr-spec serve --task`: one task a server, as its
+    decoder's prompt is one for every row): a 400 naming the route that serves it, before the upload is read."""
+    if asked == served:
+        return
+    if served == "translate":
+        raise HTTPError(400, "this server translates into English (started with --task translate): POST "
+                        "/v1/audio/translations, or start a server without --task translate to transcribe")
+    raise HTTPError(400, "this server transcribes: POST /v1/audio/transcriptions, or start a server with --task "
+                    "translate to translate into English")
 
 
 async def _transcribe(request: Request, batcher: Batcher, options: ServeOptions) -> tuple[Response, float]:
