@@ -96,7 +96,6 @@ class Engine:
                 f"prompt ({self.prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
                 f"max_target_positions ({self.tokens.max_positions})"
             )
-        self.encoder = Encoder(target.model.encoder)
         # the target's head is certified (read in bf16, decisions exact) from <|endoftext|> on, with the tokens
         # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where a bf16
         # product runs it: head.approximate_product)
@@ -112,7 +111,6 @@ class Engine:
         make_draft = getattr(draft, "step_decoder", Decoder)
         self.draft_dec = None if draft is None else make_draft(
             *self._draft_modules(draft), getattr(draft, "draft_vocab_ids", None), int8_precision=int8_precision)
-        self.draft_encoder = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
         # a plain draft's proposals are chosen from its restricted vocabulary's logits, if it has one (a draft with
         # its own step decoder, feature-conditioned or an oracle, gives logits over the whole vocabulary)
         draft_vocab = self.draft_dec.vocab_ids if self.draft_dec is not None and make_draft is Decoder else None
@@ -130,8 +128,11 @@ class Engine:
         graphs = self.target_dec.device.type == "cuda" and options.cuda_graphs
         self.runner = runner or StepRunner("cuda-graphs" if graphs else "eager")
         self.times = StageTimes()  # wall seconds per stage on a CPU (benchmarks read it)
-        self.encoding = ChunkEncoder(self.encoder, self.draft_encoder, self.target_dec.device, self.target_dec.dtype,
-                                     None if self.draft_dec is None else self.draft_dec.dtype, self.times)
+        # the target's encoder, and a draft's own where it has one: run by `encoding` alone
+        own = Encoder(draft.model.encoder) if self.kind is DraftKind.OWN_ENCODER else None
+        self.encoding = ChunkEncoder(Encoder(target.model.encoder), own, self.target_dec.device,
+                                     self.target_dec.dtype, None if self.draft_dec is None else self.draft_dec.dtype,
+                                     self.times)
         self._eager = StepRunner()  # the steps of a run in a private state (engine/state.py)
         self.read_lag: int | None = None  # steps between a step and the host reading its finished rows (HostReader)
         # the static state of the runs, reset in place run after run; replaced (and the runner's graphs dropped)
@@ -139,6 +140,11 @@ class Engine:
         self.states = StaticState(self._allocate, lambda: self.runner.drop_graphs())
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
         self._feed: Feed | None = None  # the feed of the run under way (or the last one): `in_flight`
+
+    @property
+    def encoder(self) -> Encoder:
+        """The target's encoder as the engine runs it (`encoding.encoder`; benchmarks and tests read it)."""
+        return self.encoding.encoder
 
     def _draft_modules(self, draft: nn.Module) -> tuple[nn.Module, nn.Module]:
         """The draft's decoder and projection as the step runs them: bf16 copies on a CPU fp32 target when the

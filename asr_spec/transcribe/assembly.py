@@ -198,4 +198,3 @@ def word_bounds(start_s: float, end_s: float, words: Sequence[WordTiming]) -> tu
     """A segment's (start_s, end_s): its timed words' span where it has words (openai-whisper's rule: the aligned
     words are the finer times, and a caption cut from them then agrees with its segment), else its timestamps."""
     return (words[0].start, words[-1].end) if words else (start_s, end_s)
-
