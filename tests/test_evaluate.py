@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import script_module
-from test_transcribe import _models, save_tiny_models
+from test_transcribe import _models, auto_dtype, save_tiny_models
 
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.cli.evaluation import eval_main
@@ -21,6 +21,7 @@ from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_loca
 from asr_spec.eval.options import EvalOptions, parse_split
 from asr_spec.eval.runner import run_eval
 from asr_spec.eval.summary import eval_summary, format_summary, summary_path
+from asr_spec.models.cpu import detect_cpu, dtype_name, precision_words
 from asr_spec.models.loading import decoder_draft
 
 ROOT = Path(__file__).parent / "fixtures" / "librispeech"
@@ -152,13 +153,14 @@ def test_eval_main_end_to_end_with_a_preset_file(tmp_path: Path, capsys, model_d
     assert "identical to greedy" in printed.out and "100.00 % (3/3)" in printed.out
     assert "WER" in printed.out and "RTFx" in printed.out and "acceptance rate" in printed.out
     summary = json.loads(summary_path(out).read_text())
-    # what the models ran on: the CPU class conftest pins, the dtype, and the same words in the printed table
-    assert summary["hardware"]["cpu"]["class"] == "avx2" and summary["hardware"]["dtype"] == "float32"
-    from asr_spec.models.cpu import precision_words
-
-    words = precision_words(summary["hardware"])
-    assert words.startswith("cpu avx2, ") and any(line.startswith("precision") and line.endswith(words)
-                                                  for line in printed.out.splitlines())
+    # what the models ran on: the CPU class conftest pins (unpinned: this CPU's), the dtype `auto` gave, and the
+    # same words in the printed table
+    cpu_class = detect_cpu().cpu_class
+    hardware = summary["hardware"]
+    assert hardware["cpu"]["class"] == cpu_class and hardware["dtype"] == dtype_name(auto_dtype())
+    words = precision_words(hardware)
+    assert words.startswith(f"cpu {cpu_class}, ") and any(line.startswith("precision") and line.endswith(words)
+                                                          for line in printed.out.splitlines())
     for key in ("wer", "cer", "rtfx", "acceptance_rate", "mean_accepted_per_target_pass", "target_passes_per_token",
                 "identical_fraction", "speedup", "n_scored"):
         assert key in summary, key
@@ -313,7 +315,8 @@ def test_bench_script_runs_side_by_side(tmp_path: Path, capsys, model_dirs) -> N
         assert "faster-whisper timestamps: skipped" in captured.err
         assert "faster-whisper int8: skipped" in captured.err
         figures = json.loads(plot.with_suffix(".json").read_text())
-        assert figures["hardware"]["dtype"] == "float32" and figures["hardware"]["cpu"]["class"] == "avx2"
+        hardware = figures["hardware"]
+        assert hardware["dtype"] == dtype_name(auto_dtype()) and hardware["cpu"]["class"] == detect_cpu().cpu_class
         ours = {(c, n) for c in bench.CONFIGS if not c.startswith("fw") for n in (1, 2)}
         assert {(r["config"], r["batch_size"]) for r in rows} == ours
         assert all(r["identical_to_greedy"] for r in rows if r["config"] in ("spec", "default"))

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 from conftest import wait_until  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
-from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
+from test_transcribe import LONG, SHORT, auto_precision_words, transcriber  # noqa: E402
 
 from asr_spec.chunk_id import ChunkId  # noqa: E402
 from asr_spec.errors import InputError  # noqa: E402
@@ -546,10 +546,10 @@ def test_build_app_loads_a_model_directory(tmp_path, expected, caplog):
     with caplog.at_level("INFO", logger="asr_spec.serve"):
         app = build_app("base", model=str(target_dir), language="en", batch_size=2, chunk_length_s=30.0,
                         word_timestamps=True)  # what `asr-spec serve --word-timestamps` passes (base chunks by vad)
-    # two notices at start: the model and what it runs on (the CPU class conftest pins), then the engine warmed up
-    # for its rows (`serve.warm_up`), whose state it now holds
+    # two notices at start: the model and what it runs on (the CPU class conftest pins; unpinned, this CPU's), then
+    # the engine warmed up for its rows (`serve.warm_up`), whose state it now holds
     notes = [r.getMessage() for r in caplog.records if getattr(r, "notice", False)]
-    assert len(notes) == 2 and notes[0].startswith(f"serving {target_dir}: cpu avx2, "), notes
+    assert len(notes) == 2 and notes[0] == f"serving {target_dir}: {auto_precision_words()}", notes
     assert "attention: " in notes[0]
     assert notes[1].startswith("engine ready: 2 rows, ") and " MB of state, warmed up in " in notes[1], notes
     with TestClient(app) as client:

@@ -20,7 +20,7 @@ from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import int8
 from asr_spec.errors import AudioError, InputError
-from asr_spec.models.cpu import INT8, resolve_precision
+from asr_spec.models.cpu import INT8, precision_line, resolve_precision, torch_dtype
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import Shape, random_whisper
 from asr_spec.transcribe.outputs import SOURCES_INDEX
@@ -79,18 +79,34 @@ def save_tiny_models(folder: Path) -> tuple[Path, Path]:
 
 @functools.cache
 def _models(precision: str = "float32"):
-    """The tiny target, its draft and processor, in memory; precision "int8" marks the target's encoder
-    (`int8.request`), as the loader does."""
+    """The tiny target, its draft and processor, in memory, as the loader gives a saved pair in `precision`
+    (`resolve_precision`'s): "int8" marks the target's encoder (`int8.request`); a half precision casts both
+    models' fp32 weights, as `from_pretrained(dtype=...)` does."""
     target = tiny_real_vocab_whisper()
+    draft = tiny_draft(target)
     if precision == INT8:
         int8.request(target.model.encoder)
-    return target, tiny_draft(target), tiny_processor()
+    elif precision != "float32":
+        target, draft = target.to(torch_dtype(precision)), draft.to(torch_dtype(precision))
+    return target, draft, tiny_processor()
 
 
 def auto_precision() -> str:
     """The precision `auto` resolves to here (the suite's pinned AVX2 class: int8 where the kernel extension is
-    built), the one a model directory loaded by the CLI or `from_pretrained` decodes in."""
+    built; unpinned, this CPU's), the one a model directory loaded by the CLI or `from_pretrained` decodes in."""
     return resolve_precision("auto", torch.device("cpu"))
+
+
+def auto_dtype() -> torch.dtype:
+    """The dtype of a model loaded in `auto_precision()` (the `INT8` precision's models are fp32)."""
+    precision = auto_precision()
+    return torch.float32 if precision == INT8 else torch_dtype(precision)
+
+
+def auto_precision_words() -> str:
+    """What a run summary says of the hardware for a model loaded in `auto_precision()` ("cpu avx2, float32,
+    attention: torch" on the pinned class without the kernel extension)."""
+    return precision_line(torch.device("cpu"), auto_dtype(), int8_asked=auto_precision() == INT8)
 
 
 def transcriber(speculative: bool = True, precision: str = "float32", **values) -> Transcriber:
