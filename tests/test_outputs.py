@@ -353,12 +353,40 @@ def test_a_corrupt_sources_index_does_not_break_a_run(tmp_path: Path, foreign: b
         assert json.loads(index.read_text(encoding="utf-8")) == {"same": str(first)}
 
 
-def test_the_sources_index_is_kept_and_only_written_without_a_json(tmp_path: Path) -> None:
+def test_a_json_of_a_file_given_relative_to_another_folder_is_not_replaced(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs started in two folders, each given `same.flac` (two files), into one output folder writing json:
+    the second is refused (the json's "source" is the path as given, "same.flac", which named the second run's own
+    file from its folder: the first transcript was replaced without a word)."""
+    first, second = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    monkeypatch.chdir(first.parent)
+    kept = _run(out_dir, "same.flac", ["json", "txt"])["txt"].read_text(encoding="utf-8")
+    monkeypatch.chdir(second.parent)
+    with pytest.raises(InputError, match=f"same.json: holds the transcript of {first}; same.flac would replace it"):
+        _run(out_dir, "same.flac", ["json", "txt"])
+    assert (out_dir / "same.txt").read_text(encoding="utf-8") == kept
+    monkeypatch.chdir(first.parent)
+    _run(out_dir, "same.flac", ["json", "txt"])  # a rerun of the same file replaces its own
+
+
+def test_a_folder_written_before_the_index_is_told_from_its_json(tmp_path: Path) -> None:
+    """A json naming its source, in a folder without the index (as runs wrote before the index held every run's),
+    still keeps another file's run from replacing it."""
+    first, second = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    _run(out_dir, str(first), ["json"])
+    (out_dir / SOURCES_INDEX).unlink()
+    with pytest.raises(InputError, match=f"holds the transcript of {first}; {second} would replace it"):
+        _run(out_dir, str(second), ["json"])
+
+
+def test_the_sources_index_is_kept(tmp_path: Path) -> None:
     """`prepare_output_dir` removes stale temporary files, not the index (nor an old one left by a killed write of
-    it: that goes); a run writing a json that names the source writes no index (the folder holds what it did)."""
+    it: that goes); a run writing a json records its source in the index too."""
     first, _ = _two_files_named_same(tmp_path)
     _run(tmp_path / "with-json", str(first), ["txt", "json"])
-    assert sorted(p.name for p in (tmp_path / "with-json").iterdir()) == ["same.json", "same.txt"]
+    assert sorted(p.name for p in (tmp_path / "with-json").iterdir()) == [SOURCES_INDEX, "same.json", "same.txt"]
     out_dir = tmp_path / "out"
     _run(out_dir, str(first), ["txt"])
     stale = out_dir / f".{SOURCES_INDEX}.x8k2.tmp"

@@ -192,8 +192,8 @@ def write_outputs(
 
     Everything is validated and rendered before the first file is written, so a bad format name or a bad
     segment writes nothing. ``out_dir`` is created if missing. ``source``, the file transcribed, is recorded
-    for `check_not_replacing`: in the json's "source", or, where no json holding one is written, in the
-    folder's index of sources (`SOURCES_INDEX`), after the transcripts.
+    for `check_not_replacing` in the folder's index of sources (`SOURCES_INDEX`, its absolute path), after the
+    transcripts.
     """
     chosen = parse_formats(formats)
     if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
@@ -205,7 +205,7 @@ def write_outputs(
     written = {}
     for fmt, content in rendered.items():
         written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
-    if source is not None and not _json_names_source(result, chosen):
+    if source is not None:
         _record_source(folder, stem, source)
     return written
 
@@ -214,16 +214,11 @@ def write_outputs(
 # Which file each transcript was made from
 # ---------------------------------------------------------------------------------------------------------------
 
-# {stem: absolute source path} of the transcripts in a folder written without a json that names their source
-# (txt / srt / vtt say nothing of it): without it, a run over another folder holding the same file names replaced
-# them without a word. Hidden, and not named like a transcript or a temporary file (`prepare_output_dir`).
+# {stem: absolute source path} of the transcripts in a folder: without it, a run over another folder holding the
+# same file names replaced them without a word (txt / srt / vtt say nothing of their source, and a json's "source"
+# is the path as given: relative to the folder its run started in, it named the other file from another folder).
+# Hidden, and not named like a transcript or a temporary file (`prepare_output_dir`).
 SOURCES_INDEX = ".asr-spec-sources.json"
-
-
-def _json_names_source(result: Any, chosen: tuple[str, ...]) -> bool:
-    """Whether the json written names the source (the result's "source"): then it is the record, as it was before
-    the index; a stem's source is read from the json first (`_recorded_source`)."""
-    return "json" in chosen and isinstance(result_dict(result).get("source"), str)
 
 
 def _read_sources(folder: Path) -> dict[str, str]:
@@ -253,17 +248,18 @@ def _record_source(folder: Path, stem: str, source: str | os.PathLike[str]) -> N
 
 
 def _recorded_source(folder: Path, stem: str, sources: Mapping[str, str]) -> tuple[Path, str] | None:
-    """A transcript of `stem` in `folder` and the source it records: the json's "source" where the json names one,
-    else the index's entry (`sources`) where a transcript of `stem` is still there; None where neither says."""
+    """A transcript of `stem` in `folder` and the source it records: the index's entry (`sources`, an absolute
+    path) where a transcript of `stem` is still there, else the json's "source" (a folder written before the index
+    held every run's; the path as that run was given it); None where neither says."""
+    if stem in sources:
+        for fmt in ("json", *(f for f in FORMATS if f != "json")):  # the json named where there is one
+            if (folder / f"{stem}.{fmt}").is_file():
+                return folder / f"{stem}.{fmt}", sources[stem]
     written = folder / f"{stem}.json"
-    with contextlib.suppress(OSError, ValueError):  # missing, unreadable or not json: the index may know
+    with contextlib.suppress(OSError, ValueError):  # missing, unreadable or not json: nothing says
         data = json.loads(written.read_text(encoding="utf-8"))
         if isinstance(data, dict) and isinstance(data.get("source"), str):
             return written, data["source"]
-    if stem in sources:
-        for fmt in FORMATS:
-            if (folder / f"{stem}.{fmt}").is_file():
-                return folder / f"{stem}.{fmt}", sources[stem]
     return None
 
 
@@ -353,11 +349,10 @@ def output_stems(paths: list[str | None]) -> list[str | None]:
 
 def check_not_replacing(out_dir: str | os.PathLike[str], stems: list[str | None], paths: list[str | None]) -> None:
     """InputError when a file's transcript would replace one of another file already in `out_dir`: the
-    ``<stem>.json`` there, or else the folder's index of sources (`SOURCES_INDEX`, for transcripts written
-    without a json), names a source that exists and is not the same file (runs over two folders holding the same
-    file names, into one output folder: the first folder's transcripts were lost without a word). A source that
-    does not resolve from here (gone, or given relative to another folder) cannot be told apart: replaced, as a
-    rerun's own transcript is."""
+    folder's index of sources (`SOURCES_INDEX`), or else the ``<stem>.json`` there, names a source that exists and
+    is not the same file (runs over two folders holding the same file names, into one output folder: the first
+    folder's transcripts were lost without a word). A source that does not resolve from here (gone, or an old
+    json's, given relative to another folder) cannot be told apart: replaced, as a rerun's own transcript is."""
     folder = Path(out_dir)
     sources = _read_sources(folder)
     for stem, path in zip(stems, paths):
