@@ -341,3 +341,22 @@ def test_a_port_or_thread_count_out_of_range_is_a_usage_error_before_anything_lo
                                "--held-out-cache", "/absent-cache")
         assert code == 2
         assert_only_line_is_error(err, f"--threads {threads}: must be at least 1")
+
+
+def test_the_summary_names_fallback_only_where_a_window_fell_back() -> None:
+    """A schedule of temperatures under which no window fell back says nothing of it (it said "windows decoded
+    again (fallback_windows): 0 at 0.2, 0 at 0.4, ..."); one window at 0.2 is counted there."""
+    from types import SimpleNamespace
+
+    from asr_spec.cli.transcribe import _Run
+    from asr_spec.engine import ChunkStats
+
+    def result(*counts: int) -> SimpleNamespace:
+        return SimpleNamespace(error=None, audio_s=1.0, stats=ChunkStats(), n_dropped=0, redecoded_tails=0,
+                               fallback_windows=tuple(zip((0.2, 0.4), counts)), source="a.wav", text="")
+
+    run = _Run(2, Path("out"))
+    run.add(result(0, 0))
+    assert "decoded again" not in run.summary()
+    run.add(result(1, 0))
+    assert run.summary().endswith("windows decoded again (fallback_windows): 1 at 0.2, 0 at 0.4")

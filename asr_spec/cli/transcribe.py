@@ -266,6 +266,6 @@ class _Run:
         dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
         tails = f", {self.n_tails} chunk tails decoded again" if self.n_tails else ""
         at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())
-        fallback = f", windows decoded again (fallback_windows): {at}" if self.fallback else ""
+        fallback = f", windows decoded again (fallback_windows): {at}" if any(self.fallback.values()) else ""
         precision = f" [{self.precision}]" if self.precision else ""
         return f"{files}: {speed}, {drafting}{dropped}{tails}{fallback}{precision}"
