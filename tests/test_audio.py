@@ -233,6 +233,15 @@ def test_stream_opening_errors_raise_at_the_call(tmp_path: Path) -> None:
         stream_audio(tmp_path / "missing.flac")  # no next() needed
 
 
+def test_a_quoted_pattern_is_named_as_one(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    """A glob pattern given as a file (quoted, so no shell expanded it) says why nothing is there."""
+    sf.write(tmp_path / "a.wav", tone_16k, 16000)
+    with pytest.raises(AudioError, match=r"\*\.wav: no such file \(a pattern is not expanded here"):
+        load_audio(str(tmp_path / "*.wav"))
+    with pytest.raises(AudioError, match=r"missing\.wav: no such file$"):
+        load_audio(str(tmp_path / "missing.wav"))
+
+
 def test_a_file_name_that_is_not_utf8_loads(tmp_path: Path, tone_16k: np.ndarray) -> None:
     """A Latin-1 name ("caf\\xe9.flac") reaches Python as a str with a surrogate escape, which libsndfile's UTF-8
     names could not hold: the file could not be opened at all ('utf-8' codec can't encode character '\\udce9')."""

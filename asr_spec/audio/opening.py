@@ -13,6 +13,7 @@ audio follows). A file that opens but fails to decode part-way is an error, not 
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import os
 import re
@@ -85,7 +86,9 @@ def check_path(path: str) -> None:
     try:
         info = os.stat(_os_name(path))
     except FileNotFoundError:
-        raise AudioError(f"{path}: no such file") from None
+        # a quoted pattern reaches here as it was typed: say so, not only that no such file is there
+        hint = " (a pattern is not expanded here: give the files, e.g. leave it unquoted)"
+        raise AudioError(f"{path}: no such file{hint if glob.has_magic(path) else ''}") from None
     except OSError as err:
         raise AudioError(f"{path}: cannot be read ({err.strerror})") from None
     if stat.S_ISDIR(info.st_mode):
