@@ -487,3 +487,22 @@ def test_an_in_memory_input_is_read_in_blocks_as_a_file_is() -> None:
     item = Input(0, "<array>", np.zeros(2 * step + 5, np.float32))
     assert [len(block) for block in greedy.frontend._blocks(item)] == [step, step, 5]
     assert item.n_samples == 2 * step + 5
+
+
+def test_loading_a_model_draws_no_progress_bar(tmp_path: Path, capfd) -> None:
+    """An API caller's stderr gets no "Loading weights" bar per model (the CLI turns them off for its run); the
+    caller's own setting of transformers' bars is left as it was."""
+    from transformers.utils import logging as hf_logging
+
+    from asr_spec.models import loading as models
+
+    target_dir, _ = save_tiny_models(tmp_path)
+    before = hf_logging.is_progress_bar_enabled()
+    try:
+        for shown in (True, False):
+            (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+            models.load_model(target_dir, torch.device("cpu"), torch.float32)
+            assert "Loading weights" not in capfd.readouterr().err
+            assert hf_logging.is_progress_bar_enabled() == shown
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()

@@ -112,6 +112,22 @@ def _loading(name: str | os.PathLike, what: str) -> Iterator[None]:
         raise ModelLoadError(f"{name}: cannot load the {what} ({type(err).__name__}: {cause})") from err
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' "Loading weights" bar off while a model loads (from a local folder in a second or two: a bar
+    per model on an API caller's stderr, which the CLI turns off for its whole run, `logs.configure_logging`),
+    then as the caller had it."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype | str, *,
                decoder_only: bool = False) -> Any:
     """Load a Whisper model (safetensors only, never remote code). decoder_only loads a `WhisperForCausalLM`.
@@ -126,8 +142,9 @@ def load_model(name: str | os.PathLike, device: torch.device, dtype: torch.dtype
     cls = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
     with _loading(name, "model"):  # a CTranslate2 directory is converted here: its failures are loading failures
         where = model_dir(name)
-        model, info = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False,
-                                          output_loading_info=True)
+        with _no_progress_bar():
+            model, info = cls.from_pretrained(where, dtype=dtype, use_safetensors=True, trust_remote_code=False,
+                                              output_loading_info=True)
     missing = sorted(info.get("missing_keys") or ())
     if missing:  # transformers would start them from random values (and only log it): garbage, silently
         raise ModelLoadError(f"{name}: its weights lack {len(missing)} of the {cls.__name__}'s tensors "
