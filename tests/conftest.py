@@ -27,8 +27,9 @@ torch.set_num_threads(int(os.environ.get("ASR_SPEC_TEST_THREADS", "1")))
 # runs that check the kernels as built for other flags (`UNPINNED_ENV`, tests/test_native_kernels.py: this very CPU's,
 # or an AVX-512 CPU's emulated), which set ASR_SPEC_CPU_FLAGS themselves or leave it out.
 UNPINNED_ENV = "ASR_SPEC_TEST_UNPINNED"
+PINNED_FLAGS = "fpu sse2 avx avx2 fma"
 if os.environ.get(UNPINNED_ENV) != "1":
-    os.environ["ASR_SPEC_CPU_FLAGS"] = "fpu sse2 avx avx2 fma"
+    os.environ["ASR_SPEC_CPU_FLAGS"] = PINNED_FLAGS
 
 EOT = 40  # in the 70-token test vocabulary of asr_spec.models.random_whisper
 # how long a test waits for a server or a thread to reach a state it polls for: a deadline, not a count of polls, so

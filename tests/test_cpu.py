@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import PINNED_FLAGS
 
 from asr_spec.engine import cpu_attention, kernels
 from asr_spec.engine.kernels import ANY_ROWS
@@ -19,6 +20,17 @@ EPYC_ZEN4 = ("fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 avx51
              "avx512vl avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg")
 EPYC_ZEN2 = "fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c bmi1 avx2 bmi2 sha_ni clzero"
 CPUS = {"amx-bf16": XEON_AMX, "avx512-bf16": EPYC_ZEN4, "avx2": EPYC_ZEN2, "other": "fpu sse sse2"}
+
+
+@pytest.fixture(autouse=True)
+def _pinned_class(monkeypatch):
+    """This file's tests read the decisions of the suite's pinned AVX2 class (conftest), also in a run that leaves
+    the suite unpinned (`UNPINNED_ENV`): those of other classes pass their flags explicitly."""
+    monkeypatch.setenv(cpu.FLAGS_ENV, PINNED_FLAGS)
+    cpu.detect_cpu.cache_clear()
+    yield
+    monkeypatch.undo()
+    cpu.detect_cpu.cache_clear()
 
 
 @pytest.mark.parametrize("expected", list(CPUS))
