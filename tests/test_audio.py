@@ -447,3 +447,14 @@ def test_a_wav_whose_header_says_0_bytes_reads_the_audio_that_follows(tmp_path: 
     with pytest.raises(AudioError, match=r"empty\.wav: no audio samples \(0 frames\)$"):
         stream_audio(empty)  # at the call, before the first block, as before
     assert header_duration_s(empty) is None and audio_duration_s(empty) == 0.0  # ffprobe: no length; decoded: none
+
+
+@pytest.mark.parametrize(("head", "name"), [
+    (b"RIFF\x24\x00\x00\x00WAVE", "a WAV file"), (b"fLaC\x00", "a FLAC file"), (b"OggS\x00\x02", "an Ogg file"),
+    (b"ID3\x04\x00", "an MP3 file"), (b"\x00\x00\x00\x20ftypM4A ", "an MP4/M4A file"),
+    (b"\x1aE\xdf\xa3\x01", "a WebM/Matroska file"), (b"FORM\x00\x00", "an AIFF file"),
+    (np.array([0, 120, -3, 18770], "<i2").tobytes(), None), (b"RIF", None), (b"", None)])
+def test_an_encoded_files_header_is_told_from_raw_samples(head: bytes, name: str | None) -> None:
+    from asr_spec.audio.opening import container_of
+
+    assert container_of(head) == name

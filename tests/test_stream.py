@@ -97,6 +97,9 @@ def test_cli_prints_the_committed_text(tmp_path):
     broken = cli.invoke(app, args + ["-"], input=pcm.tobytes() + b"\x00")
     assert broken.exit_code == 2 and "odd number of bytes" in broken.output
     assert broken.stdout.startswith(from_stdin.stdout.rstrip("\n"))
+    # a file piped whole where raw PCM16 goes: one line naming it (it gave an empty transcript and exit 0)
+    piped = cli.invoke(app, args + ["-"], input=flac.read_bytes())
+    assert piped.exit_code == 2 and "stdin: looks like a FLAC file, not raw PCM16" in piped.output
     trace = tmp_path / "traces" / "stream.log"  # its folder is made
     logger = logging.getLogger("asr_spec.stream.policy")
     try:

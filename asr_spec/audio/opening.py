@@ -27,7 +27,7 @@ import soundfile as sf
 from asr_spec.audio.ffmpeg import ffmpeg_blocks, ffmpeg_duration_s
 from asr_spec.errors import AudioError
 
-__all__ = ["RawBlocks", "check_path", "header_duration_s", "open_raw_blocks"]
+__all__ = ["RawBlocks", "check_path", "container_of", "header_duration_s", "open_raw_blocks"]
 
 _UNKNOWN_FRAMES = 1 << 62  # libsndfile reports SF_COUNT_MAX (2**63 - 1) frames when a header leaves the length out
 _LENGTH_MISSING = "length missing from the header"
@@ -188,3 +188,20 @@ def _is_text(file: str | bytes, n_bytes: int = 4096) -> bool:
             return False
         text = head[:err.start].decode("utf-8")
     return bool(text.strip()) and all(ch.isprintable() or ch in "\t\r\n\f\v\ufeff" for ch in text)
+
+
+# the first bytes of the containers a user may pipe or send where raw PCM16 is expected (`container_of`)
+_CONTAINERS = ((0, b"RIFF", "a WAV file"), (0, b"fLaC", "a FLAC file"), (0, b"OggS", "an Ogg file"),
+               (0, b"ID3", "an MP3 file"), (0, b"FORM", "an AIFF file"), (0, b"\x1aE\xdf\xa3", "a WebM/Matroska file"),
+               (4, b"ftyp", "an MP4/M4A file"))
+
+
+def container_of(head: bytes) -> str | None:
+    """What encoded file the first bytes of a stream of raw PCM16 samples are the header of ("a FLAC file"), or
+    None: where raw samples are expected (`asr-spec stream -`, a realtime append), such bytes decode as loud noise
+    and the stream "transcribes" to nothing. Raw samples start with one of these 4-byte tags about once in 2**32."""
+    for offset, tag, name in _CONTAINERS:
+        if head[offset:offset + len(tag)] == tag:
+            return name
+    return None
+

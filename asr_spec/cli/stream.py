@@ -138,14 +138,19 @@ def _file_blocks(path: str, step_s: float, speed: float) -> Iterator[np.ndarray]
 
 def _stdin_blocks(step_s: float) -> Iterator[np.ndarray]:
     """Raw little-endian PCM16 mono 16 kHz from stdin, step_s at a time (the last block may be shorter)."""
+    from asr_spec.audio.opening import container_of
+
     n_bytes = int(step_s * SAMPLE_RATE) * 2
     pipe = sys.stdin.buffer
-    rest = b""
+    rest, first = b"", True
     while True:
         data = pipe.read(n_bytes)
         if not data:
             break
-        data = rest + data
+        if first and container_of(data) is not None:  # a file piped whole: its header and coded bytes are not PCM
+            raise InputError(f"stdin: looks like {container_of(data)}, not raw PCM16: decode it first (ffmpeg -i "
+                             "FILE -f s16le -ac 1 -ar 16000 -), or give the file's path")
+        data, first = rest + data, False
         usable = len(data) // 2 * 2
         rest = data[usable:]
         yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
