@@ -43,8 +43,8 @@ def test_the_client_events_of_vllms_protocol():
     ('{"type": "input_audio_buffer.append", "audio": "AAAA"}', "invalid_audio", "3 bytes"),
     ('{"type": "input_audio_buffer.append", "audio": ""}', "invalid_audio", "non-empty"),
     # an encoded file sent where raw samples go (its header decoded as noise: a done with no text, no error)
-    ('{"type": "input_audio_buffer.append", "audio": "ZkxhQwAAACIAAAAAAAAAAA=="}', "invalid_audio", "looks like a FLAC file"),
-    ('{"type": "input_audio_buffer.append", "audio": "UklGRiQAAABXQVZFZm10IA=="}', "invalid_audio", "looks like a WAV file"),
+    ('{"type": "input_audio_buffer.append", "audio": "ZkxhQwAAACIAAAAAAAAAAA=="}', "invalid_audio", "a FLAC file"),
+    ('{"type": "input_audio_buffer.append", "audio": "UklGRiQAAABXQVZFZm10IA=="}', "invalid_audio", "a WAV file"),
     ('{"type": "input_audio_buffer.commit", "final": "yes"}', "invalid_event", "final must be a bool"),
     ('{"type": "session.update", "model": 3}', "invalid_event", "model must be a str"),
     ('{"type": "session.update", "session": {}}', "invalid_event", "unknown field(s) 'session'"),

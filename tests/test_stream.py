@@ -229,6 +229,58 @@ def test_ctrl_c_during_a_decode_loses_nothing():
     assert [u for s, u in updates if s is talk] == [u for _, u in expected]
 
 
+def _interrupted_accept(stream, after: bool) -> None:
+    """Ctrl-C as the runner hands `stream` its first result: just before its policy's `accept` runs, or just as
+    it returns (`after`)."""
+    real, calls = stream.policy.accept, [0]
+
+    def accept(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 1 and not after:
+            raise KeyboardInterrupt
+        update = real(*args, **kwargs)
+        if calls[0] == 1:
+            raise KeyboardInterrupt
+        return update
+
+    stream.policy.accept = accept
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_ctrl_c_while_results_are_handed_out_loses_nothing(after):
+    """Ctrl-C inside `StreamRunner.deliver`: an update its policy made (the interrupt came as `accept` returned)
+    was dropped, its words never shown; a decode not yet accepted stayed in flight, so the stream never asked
+    again and its heard tail was lost. Now the next pumps give what an uninterrupted run gives."""
+    audio = _audio()[:3 * SAMPLE_RATE]
+
+    def two_streams():
+        runner = transcriber(speculative=False, **FAST).streams(OPTIONS, vad=False, batch_size=4)
+        pair = [runner.open(), runner.open()]
+        for stream in pair:
+            stream.feed(audio)
+        return runner, pair
+
+    alone, expected = two_streams()
+    reference = alone.pump()
+    for stream in expected:
+        stream.finish()
+    reference += _pump_until_done(alone, expected)
+    runner, pair = two_streams()
+    _interrupted_accept(pair[1], after)
+    with pytest.raises(KeyboardInterrupt):
+        runner.pump()
+    for stream in pair:
+        stream.finish()
+    updates = _pump_until_done(runner, pair)
+    assert all(s.done for s in pair) and reference[-1][1].text.strip()
+    ours, theirs = ([[u for s, u in got if s is stream] for stream in streams]
+                    for got, streams in ((updates, pair), (reference, expected)))
+    assert ours[0] == theirs[0]  # the stream handed its result first: as if nothing happened
+    # the interrupted one: its update shown as the run gave it; or, its decode withdrawn, asked for again once
+    # finished (one close decode of it all: the same transcript, in one final update)
+    assert ours[1] == theirs[1] if after else [u.text for u in ours[1]] == [theirs[1][-1].text]
+
+
 def test_ctrl_c_during_a_decode_prints_what_was_heard(capsys):
     """`asr-spec stream` interrupted while the engine decodes finishes the stream and prints its text (it spun at
     100 % CPU for ever, printing nothing more)."""

@@ -146,7 +146,7 @@ class StreamRunner:
             stream._pending = []
         try:
             while due := self.due():
-                out += self.deliver(due, self._run(due))
+                self.deliver(due, self._run(due), out)
         except BaseException:
             for stream, update in out:  # each stream's in their order
                 stream._pending.append(update)
@@ -191,23 +191,48 @@ class StreamRunner:
                                 decode.prefix)
         return self.decodes.take_all()
 
-    def deliver(self, due: list[tuple[Stream, Decode]], results: list[ChunkResult]) -> list[tuple[Stream, Update]]:
+    def deliver(self, due: list[tuple[Stream, Decode]], results: list[ChunkResult],
+                out: list[tuple[Stream, Update]] | None = None) -> list[tuple[Stream, Update]]:
         """Hand each decode's result (`results` in the order of `due`) to its stream through the runner
-        (`StreamDecodes.deliver`); returns the updates, in that order (`pump` forgets a stream once its final
-        update is returned)."""
+        (`StreamDecodes.deliver`); returns the updates, in that order, appended to `out` (a new list if None) as
+        each comes (`pump` forgets a stream once its final update is returned). Interrupted part-way (Ctrl-C),
+        nothing is lost: an update its policy made is in `out`, and a decode not yet accepted is withdrawn from
+        its policy (`_settle`), to be asked for again."""
+        out = [] if out is None else out
         for result in results:
             self.decodes.deliver(result)
-        out = []
-        for stream, decode in due:
-            result = stream._results.pop(0)
-            if isinstance(result, str):  # lost by the engine (`_run` raises then): a bug if it comes here
-                raise RuntimeError(f"stream {stream.id!r}: {result}")
-            stream.stats = stream.stats.add(result.stats)
-            self.stats = self.stats.add(result.stats)
-            update = stream.policy.accept(decode, result.tokens)
-            stream.text = update.text
-            out.append((stream, update))
+        first = len(out)
+        try:
+            for stream, decode in due:
+                result = stream._results.pop(0)
+                if isinstance(result, str):  # lost by the engine (`_run` raises then): a bug if it comes here
+                    raise RuntimeError(f"stream {stream.id!r}: {result}")
+                update = stream.policy.accept(decode, result.tokens)
+                out.append((stream, update))
+                stream.text = update.text
+                stream.stats = stream.stats.add(result.stats)
+                self.stats = self.stats.add(result.stats)
+        except BaseException:
+            self._settle(due, out, first)
+            raise
         return out
+
+    @staticmethod
+    def _settle(due: list[tuple[Stream, Decode]], out: list[tuple[Stream, Update]], first: int) -> None:
+        """After `deliver` was interrupted: each of `due`'s decodes its policy still has in flight is withdrawn
+        (its result dropped: the stream asks for it again, with what arrived since); one accepted whose update did
+        not reach `out` (the interrupt came as `accept` returned) has it taken from its policy
+        (`StreamPolicy.last_accepted`). (One interrupted inside `accept` is neither: its policy is left as the
+        interrupt found it.)"""
+        delivered = {id(stream) for stream, _ in out[first:]}
+        for stream, decode in due:
+            accepted = stream.policy.last_accepted
+            if stream.policy.in_flight is decode:
+                stream._results.clear()
+                stream.policy.withdraw(decode)
+            elif id(stream) not in delivered and accepted is not None and accepted[0] is decode:
+                out.append((stream, accepted[1]))
+                stream.text = accepted[1].text
 
 
 def silero_voices() -> Callable[[], VoiceFn]:

@@ -135,6 +135,8 @@ class StreamPolicy(BufferTrims):
         self._seam: list[int] = []
         self._text = ""
         self._in_flight: Decode | None = None
+        # the last decode `accept` took and the update it returned (a caller interrupted as it returned needs it)
+        self.last_accepted: tuple[Decode, Update] | None = None
         # the stream sample the next close decode ends at: one whose first segment drifted is decoded again shorter
         # (`hearing.shorter_close`); None: at the close point (or the buffer's end once finished)
         self._close_end: int | None = None
@@ -218,6 +220,11 @@ class StreamPolicy(BufferTrims):
             return None
         return "overflow" if len(self._buffer) >= self._seconds(self.options.max_buffer_s) else "step"
 
+    @property
+    def in_flight(self) -> Decode | None:
+        """The decode `request` gave and neither `accept` nor `withdraw` has taken back yet."""
+        return self._in_flight
+
     def withdraw(self, decode: Decode) -> None:
         """`decode` (the one in flight) is not decoded: it waited for the engine, and the caller asks `request` for
         one in its place after feeding what arrived meanwhile (a waiting re-decode brought up to date); the policy
@@ -242,6 +249,7 @@ class StreamPolicy(BufferTrims):
             closed = segments(hypothesis, self.kinds)
             doubt = self._timing(hypothesis, closed).noted(closed)
         update = self._closed(decode, hypothesis) if decode.kind == "close" else self._stepped(decode, hypothesis)
+        self.last_accepted = (decode, update)
         if traced:
             log.debug("%s decode %d (%s) of %.2f-%.2f s, heard %.2f s: %s%s | committed %r, buffer from %.2f s%s",
                       self.label, decode.serial, decode.kind, decode.start_s,
