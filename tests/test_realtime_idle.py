@@ -17,7 +17,14 @@ pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
 
 from conftest import wait_until_async  # noqa: E402
-from test_realtime import TIMEOUT_S, pcm16, realtime_transcriber, stream, ws_url  # noqa: E402
+from test_realtime import (  # noqa: E402
+    TIMEOUT_S,
+    pcm16,
+    realtime_transcriber,
+    stream,
+    streaming_api,
+    ws_url,
+)
 from test_serve import serving  # noqa: E402
 from test_transcribe import SHORT  # noqa: E402
 
@@ -135,6 +142,31 @@ def test_appending_or_waiting_for_its_redecode_is_not_idle():
     assert events[-1]["type"] == "transcription.done", events[-1]
     assert idle["code"] == "idle_timeout" and code == 1000
     assert quiet_s >= IDLE_S * 0.8
+
+
+def test_an_idle_input_holding_audio_is_finished_before_the_close(greedy):
+    """A client appends a clip and then nothing, with no final commit: its input is finished as a final commit
+    would finish it (the same text as `Transcriber.stream` gives, in its deltas and a transcription.done), then
+    idle_timeout and 1000 (the heard words not yet committed were dropped with the connection, and no done came)."""
+    batcher = Batcher(greedy, batch_size=2)
+    pcm = pcm16(SHORT[0])[:32000]
+
+    async def scenario(uri: str):
+        async with websockets.connect(uri, max_size=None) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            for start in range(0, len(pcm), 1600):
+                await ws.send(append(pcm[start:start + 1600]))
+            events = []
+            while not events or events[-1]["type"] not in ("transcription.done", "error"):
+                events.append(json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S)))
+            return events, *await closed_for_idleness(ws)
+
+    with serving(create_app(batcher, realtime=RealtimeOptions(catch_up=False, idle_timeout_s=IDLE_S))) as base_url:
+        events, idle, code = asyncio.run(scenario(ws_url(base_url)))
+    done, deltas = events[-1], [e["delta"] for e in events if e["type"] == "transcription.delta"]
+    assert done["type"] == "transcription.done", events
+    assert done["text"] == "".join(deltas) == streaming_api(greedy, pcm) and done["text"].strip()
+    assert idle["code"] == "idle_timeout" and code == 1000
 
 
 def test_the_idle_timeout_is_checked():

@@ -139,7 +139,8 @@ class _Input:
     def __init__(self, policy: Any, max_backlog_samples: int):
         self.policy = policy
         self.backlog = Backlog(max_backlog_samples)  # audio received, not yet fed to the policy
-        self.finishing = False  # commit final received
+        self.finishing = False  # commit final received (or the session went idle with audio heard)
+        self.appended = 0  # samples appended
         self.ended = False  # the policy was told (`finish`)
         self.decode: Any = None  # the policy's Decode in the engine (or waiting for it)
         self.behind = False  # the last lag event said the stream is behind
@@ -161,6 +162,7 @@ class Session:
         self.id = ""  # its session.created event's id
         self.inputs = 0  # inputs started so far
         self.active_at = time.monotonic()  # its last append, or result of its re-decodes (from which it is idle)
+        self.idle = False  # it went idle with an input holding audio: that input is finished, then it is closed
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_result(self, outcome: ChunkResult | str) -> None:  # the engine thread
@@ -197,7 +199,7 @@ class Session:
                     result = asyncio.ensure_future(self.results.get())
                 finished, _ = await asyncio.wait({receiving, result}, timeout=self._idle_left_s(),
                                                  return_when=asyncio.FIRST_COMPLETED)
-                if not finished:
+                if not finished and not self._finish_when_idle():
                     await self._close_idle()
                     return
                 if receiving in finished:
@@ -211,6 +213,9 @@ class Session:
                     self.active_at = time.monotonic()
                     await self._on_result(outcome)
                 await self._pump()
+                if self.idle and self.input is None:  # the idle input's transcription.done is sent
+                    await self._close_idle()
+                    return
         finally:
             for task in (receiving, result):
                 if task is not None:
@@ -223,6 +228,17 @@ class Session:
         if current is not None and (current.decode is not None or current.finishing):
             return None
         return max(0.0, self.active_at + self.options.idle_timeout_s - time.monotonic())
+
+    def _finish_when_idle(self) -> bool:
+        """The session went idle: an input holding audio is finished as a final commit would finish it (its heard
+        words committed, its transcription.done sent; `_serve` closes the connection then), rather than its
+        uncommitted words dropped with the connection (a caption client that stopped sending, with no final
+        commit, kept " ...comes in and" for ever, without the words heard after them). False where there is none."""
+        current = self.input
+        if self.idle or current is None or current.finishing or not current.appended:
+            return False
+        current.finishing = self.idle = True
+        return True
 
     async def _close_idle(self) -> None:
         """An error event (idle_timeout) and a normal close: the connection sent no audio for `idle_timeout_s`."""
@@ -261,6 +277,7 @@ class Session:
             self.input = _Input(self._new_policy(), self.options.max_backlog_samples)
         if isinstance(event, events.Append):
             self.input.backlog.append(event.samples)
+            self.input.appended += len(event.samples)
             self.active_at = time.monotonic()  # audio came: the session is not idle
         elif event.final:
             self.input.finishing = True
