@@ -18,6 +18,7 @@ from test_transcribe import LONG, SHORT, auto_precision_words, make_bad_inputs, 
 
 from asr_spec.cli import main
 from asr_spec.models.cpu import detect_cpu
+from asr_spec.transcribe.outputs import SOURCES_INDEX
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,7 @@ def test_output_dir_writes_the_chosen_formats(capsys, tmp_path: Path, model_dirs
     out_dir = tmp_path / "transcripts"
     code, out, _ = run_cli(capsys, *tiny(model_dirs, str(LONG), "--output-dir", str(out_dir), "--format", "txt,json"))
     assert code == 0 and out == ""
-    assert sorted(p.name for p in out_dir.iterdir()) == ["long_75s.json", "long_75s.txt"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [SOURCES_INDEX, "long_75s.json", "long_75s.txt"]
     data = json.loads((out_dir / "long_75s.json").read_text())
     assert data["source"] == str(LONG) and data["text"] and len(data["chunks"]) == 3  # vad, the presets' default
     assert data["stats"]["drafted_tokens"] > 0 and "acceptance_rate" in data["stats"]

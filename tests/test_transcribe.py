@@ -277,7 +277,9 @@ def test_outputs_are_written_as_each_file_finishes(tmp_path: Path, speculative: 
     out = tmp_path / "out"
     results = speculative.transcribe([str(LONG), str(tmp_path / "missing.wav")], progress=False, output_dir=out)
     assert results[0].ok and not results[1].ok
-    assert sorted(p.name for p in out.iterdir()) == ["long_75s.json", "long_75s.srt", "long_75s.txt", "long_75s.vtt"]
+    # the transcripts, and the index of their sources (`outputs.SOURCES_INDEX`)
+    written = [SOURCES_INDEX, *(f"long_75s.{fmt}" for fmt in ("json", "srt", "txt", "vtt"))]
+    assert sorted(p.name for p in out.iterdir()) == written
     data = json.loads((out / "long_75s.json").read_text())
     assert data["text"] == results[0].text and data["error"] is None
     assert data["stats"]["drafted_tokens"] > 0 and 0 < data["stats"]["acceptance_rate"] < 1
@@ -290,7 +292,7 @@ def test_only_the_chosen_formats_and_no_name_clashes(tmp_path: Path) -> None:
     only = transcriber(speculative=False, formats="txt,SRT")
     assert only.options.formats == ("txt", "srt")
     only.transcribe(str(SHORT[0]), progress=False, output_dir=tmp_path)
-    # the transcripts, and the index of their sources (no json names it: `outputs.SOURCES_INDEX`)
+    # the transcripts, and the index of their sources (`outputs.SOURCES_INDEX`)
     assert sorted(p.name for p in tmp_path.iterdir()) == [SOURCES_INDEX, f"{SHORT[0].stem}.srt", f"{SHORT[0].stem}.txt"]
     with pytest.raises(InputError, match="given twice"):  # the same file twice: refused before any work
         only.transcribe([str(SHORT[0]), str(SHORT[0])], progress=False, output_dir=tmp_path)
