@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
+import signal
 
 import numpy as np
 import pytest
@@ -229,25 +231,27 @@ def test_ctrl_c_during_a_decode_loses_nothing():
     assert [u for s, u in updates if s is talk] == [u for _, u in expected]
 
 
-def _interrupted_accept(stream, after: bool) -> None:
-    """Ctrl-C as the runner hands `stream` its first result: just before its policy's `accept` runs, or just as
-    it returns (`after`)."""
+def _interrupted_accept(stream, when: str) -> None:
+    """Ctrl-C as the runner hands `stream` its first result: a KeyboardInterrupt just before its policy's `accept`
+    runs ("before") or just as it returns ("after"), or a real SIGINT sent to this process inside it ("signal")."""
     real, calls = stream.policy.accept, [0]
 
     def accept(*args, **kwargs):
         calls[0] += 1
-        if calls[0] == 1 and not after:
+        if calls[0] == 1 and when == "before":
             raise KeyboardInterrupt
+        if calls[0] == 1 and when == "signal":
+            os.kill(os.getpid(), signal.SIGINT)
         update = real(*args, **kwargs)
-        if calls[0] == 1:
+        if calls[0] == 1 and when == "after":
             raise KeyboardInterrupt
         return update
 
     stream.policy.accept = accept
 
 
-@pytest.mark.parametrize("after", [False, True])
-def test_ctrl_c_while_results_are_handed_out_loses_nothing(after):
+@pytest.mark.parametrize("when", ["before", "after", "signal"])
+def test_ctrl_c_while_results_are_handed_out_loses_nothing(when):
     """Ctrl-C inside `StreamRunner.deliver`: an update its policy made (the interrupt came as `accept` returned)
     was dropped, its words never shown; a decode not yet accepted stayed in flight, so the stream never asked
     again and its heard tail was lost. Now the next pumps give what an uninterrupted run gives."""
@@ -266,9 +270,13 @@ def test_ctrl_c_while_results_are_handed_out_loses_nothing(after):
         stream.finish()
     reference += _pump_until_done(alone, expected)
     runner, pair = two_streams()
-    _interrupted_accept(pair[1], after)
-    with pytest.raises(KeyboardInterrupt):
-        runner.pump()
+    _interrupted_accept(pair[1], when)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as a CLI process has it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.pump()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     for stream in pair:
         stream.finish()
     updates = _pump_until_done(runner, pair)
@@ -278,7 +286,8 @@ def test_ctrl_c_while_results_are_handed_out_loses_nothing(after):
     assert ours[0] == theirs[0]  # the stream handed its result first: as if nothing happened
     # the interrupted one: its update shown as the run gave it; or, its decode withdrawn, asked for again once
     # finished (one close decode of it all: the same transcript, in one final update)
-    assert ours[1] == theirs[1] if after else [u.text for u in ours[1]] == [theirs[1][-1].text]
+    # (a real SIGINT inside `accept` is held until every result is handed out: as after it)
+    assert ours[1] == theirs[1] if when != "before" else [u.text for u in ours[1]] == [theirs[1][-1].text]
 
 
 def test_ctrl_c_during_a_decode_prints_what_was_heard(capsys):

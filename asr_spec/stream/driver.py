@@ -15,10 +15,13 @@ Each decode offers the stream's previous hypothesis as the engine's draft (`Chun
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
+import signal
+import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -195,23 +198,25 @@ class StreamRunner:
                 out: list[tuple[Stream, Update]] | None = None) -> list[tuple[Stream, Update]]:
         """Hand each decode's result (`results` in the order of `due`) to its stream through the runner
         (`StreamDecodes.deliver`); returns the updates, in that order, appended to `out` (a new list if None) as
-        each comes (`pump` forgets a stream once its final update is returned). Interrupted part-way (Ctrl-C),
-        nothing is lost: an update its policy made is in `out`, and a decode not yet accepted is withdrawn from
-        its policy (`_settle`), to be asked for again."""
+        each comes (`pump` forgets a stream once its final update is returned). A Ctrl-C while it runs is held
+        until every result is handed out (`deferred_interrupt`, in the main thread); interrupted part-way all the
+        same (elsewhere, or by another exception), nothing is lost: an update its policy made is in `out`, and a
+        decode not yet accepted is withdrawn from its policy (`_settle`), to be asked for again."""
         out = [] if out is None else out
-        for result in results:
-            self.decodes.deliver(result)
         first = len(out)
         try:
-            for stream, decode in due:
-                result = stream._results.pop(0)
-                if isinstance(result, str):  # lost by the engine (`_run` raises then): a bug if it comes here
-                    raise RuntimeError(f"stream {stream.id!r}: {result}")
-                update = stream.policy.accept(decode, result.tokens)
-                out.append((stream, update))
-                stream.text = update.text
-                stream.stats = stream.stats.add(result.stats)
-                self.stats = self.stats.add(result.stats)
+            with deferred_interrupt():  # a Ctrl-C inside `accept` would leave its policy half changed
+                for result in results:
+                    self.decodes.deliver(result)
+                for stream, decode in due:
+                    result = stream._results.pop(0)
+                    if isinstance(result, str):  # lost by the engine (`_run` raises then): a bug if it comes here
+                        raise RuntimeError(f"stream {stream.id!r}: {result}")
+                    update = stream.policy.accept(decode, result.tokens)
+                    out.append((stream, update))
+                    stream.text = update.text
+                    stream.stats = stream.stats.add(result.stats)
+                    self.stats = self.stats.add(result.stats)
         except BaseException:
             self._settle(due, out, first)
             raise
@@ -222,8 +227,8 @@ class StreamRunner:
         """After `deliver` was interrupted: each of `due`'s decodes its policy still has in flight is withdrawn
         (its result dropped: the stream asks for it again, with what arrived since); one accepted whose update did
         not reach `out` (the interrupt came as `accept` returned) has it taken from its policy
-        (`StreamPolicy.last_accepted`). (One interrupted inside `accept` is neither: its policy is left as the
-        interrupt found it.)"""
+        (`StreamPolicy.last_accepted`). (One interrupted inside `accept`, outside the main thread, is neither: its
+        policy is left as the interrupt found it.)"""
         delivered = {id(stream) for stream, _ in out[first:]}
         for stream, decode in due:
             accepted = stream.policy.last_accepted
@@ -233,6 +238,25 @@ class StreamRunner:
             elif id(stream) not in delivered and accepted is not None and accepted[0] is decode:
                 out.append((stream, accepted[1]))
                 stream.text = accepted[1].text
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that comes inside the block until it ends, then raise KeyboardInterrupt there, where
+    the block's work is whole. Only in the main thread with Python's own SIGINT handler installed (elsewhere a
+    signal handler cannot be set, or the caller chose its own): there the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def silero_voices() -> Callable[[], VoiceFn]:
