@@ -169,6 +169,37 @@ def test_an_idle_input_holding_audio_is_finished_before_the_close(greedy):
     assert idle["code"] == "idle_timeout" and code == 1000
 
 
+def test_an_idle_input_that_cannot_finish_still_closes():
+    """An idle input held up in the engine (its decoder steps wait on a gate) is given one more timeout to finish,
+    then the session is closed all the same, idle_timeout and 1000 (it waited for ever, holding its stream's
+    place); an append meanwhile is refused naming the idle timeout, not a final commit the client never sent."""
+    gate, steps = threading.Event(), []
+    batcher = Batcher(gated_transcriber(gate, steps), batch_size=2)
+    pcm = pcm16(SHORT[0])[:8000]  # 0.5 s: less than a step's 0.75 s, so nothing is decoded before it is idle
+
+    async def scenario(uri: str):
+        async with websockets.connect(uri, max_size=None) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(append(pcm))
+            started = time.monotonic()
+            # idle after a timeout: its input finished, the close decode held in the engine
+            await wait_until_async(lambda: bool(steps))
+            await ws.send(append(pcm[:1600]))
+            refused = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S))
+            idle, code = await closed_for_idleness(ws)
+            waited_s = time.monotonic() - started
+            gate.set()  # the engine's held decode ends before the server stops
+            return refused, idle, code, waited_s
+
+    try:
+        with serving(create_app(batcher, realtime=RealtimeOptions(catch_up=False, idle_timeout_s=IDLE_S))) as url:
+            refused, idle, code, waited_s = asyncio.run(scenario(ws_url(url)))
+    finally:
+        gate.set()
+    assert refused["code"] == "input_finished" and "ended by the idle timeout" in refused["error"], refused
+    assert idle["code"] == "idle_timeout" and code == 1000 and waited_s < 10 * IDLE_S
+
+
 def test_the_idle_timeout_is_checked():
     for bad in (0, -1.0, float("inf"), float("nan"), True, "60"):
         with pytest.raises(InputError, match="idle_timeout_s must be a positive number of seconds"):

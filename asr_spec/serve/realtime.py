@@ -163,6 +163,7 @@ class Session:
         self.inputs = 0  # inputs started so far
         self.active_at = time.monotonic()  # its last append, or result of its re-decodes (from which it is idle)
         self.idle = False  # it went idle with an input holding audio: that input is finished, then it is closed
+        self.idle_deadline = 0.0  # when the session closes even if that input's transcription.done has not come
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_result(self, outcome: ChunkResult | str) -> None:  # the engine thread
@@ -225,6 +226,8 @@ class Session:
         """Seconds left until the session is idle (`idle_timeout_s` after its last append or result); None
         while it waits for its own work (a re-decode in flight, an input the client ended): not idle then."""
         current = self.input
+        if self.idle:  # its idle input is finishing: given one more timeout to say its done, not for ever
+            return max(0.0, self.idle_deadline - time.monotonic())
         if current is not None and (current.decode is not None or current.finishing):
             return None
         return max(0.0, self.active_at + self.options.idle_timeout_s - time.monotonic())
@@ -238,6 +241,7 @@ class Session:
         if self.idle or current is None or current.finishing or not current.appended:
             return False
         current.finishing = self.idle = True
+        self.idle_deadline = time.monotonic() + self.options.idle_timeout_s
         return True
 
     async def _close_idle(self) -> None:
@@ -271,7 +275,8 @@ class Session:
                 self.lag = event.lag
             return
         if self.input is not None and self.input.finishing:
-            raise events.ProtocolError(f"{_name(event)}: this input was ended by a final commit; wait for its "
+            ended = "the idle timeout" if self.idle else "a final commit"
+            raise events.ProtocolError(f"{_name(event)}: this input was ended by {ended}; wait for its "
                                        "transcription.done", "input_finished")
         if self.input is None:
             self.input = _Input(self._new_policy(), self.options.max_backlog_samples)
