@@ -240,6 +240,8 @@ def test_a_quoted_pattern_is_named_as_one(tmp_path: Path, tone_16k: np.ndarray) 
         load_audio(str(tmp_path / "*.wav"))
     with pytest.raises(AudioError, match=r"missing\.wav: no such file$"):
         load_audio(str(tmp_path / "missing.wav"))
+    with pytest.raises(AudioError, match=r"take \[2\]\.wav: no such file$"):  # a name with brackets, matching none
+        load_audio(str(tmp_path / "take [2].wav"))
 
 
 def test_a_file_name_that_is_not_utf8_loads(tmp_path: Path, tone_16k: np.ndarray) -> None:

@@ -86,9 +86,11 @@ def check_path(path: str) -> None:
     try:
         info = os.stat(_os_name(path))
     except FileNotFoundError:
-        # a quoted pattern reaches here as it was typed: say so, not only that no such file is there
-        hint = " (a pattern is not expanded here: give the files, e.g. leave it unquoted)"
-        raise AudioError(f"{path}: no such file{hint if glob.has_magic(path) else ''}") from None
+        # a quoted pattern reaches here as it was typed: said so where it names files (a missing "take [2].wav"
+        # is only missing)
+        pattern = glob.has_magic(path) and bool(glob.glob(path))
+        hint = " (a pattern is not expanded here: give the files, e.g. leave it unquoted)" if pattern else ""
+        raise AudioError(f"{path}: no such file{hint}") from None
     except OSError as err:
         raise AudioError(f"{path}: cannot be read ({err.strerror})") from None
     if stat.S_ISDIR(info.st_mode):
@@ -204,4 +206,3 @@ def container_of(head: bytes) -> str | None:
         if head[offset:offset + len(tag)] == tag:
             return name
     return None
-
