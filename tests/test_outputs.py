@@ -396,3 +396,36 @@ def test_the_sources_index_is_kept(tmp_path: Path) -> None:
         os.utime(path, (long_ago, long_ago))
     assert prepare_output_dir(out_dir) == 1
     assert sorted(p.name for p in out_dir.iterdir()) == [SOURCES_INDEX, "same.txt"]
+
+
+def test_runs_sharing_a_folder_keep_every_entry_of_the_index(tmp_path: Path) -> None:
+    """Two runs writing into one folder at once each read, merge and write the index: 400 records made by two
+    processes kept 231 (a lost entry leaves its transcripts unprotected); they now take turns."""
+    import threading
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    def run(name: str) -> None:
+        for i in range(60):
+            write_outputs({**_result(), "source": f"/{name}/{i}.flac"}, out_dir, f"{name}{i}", ["txt"],
+                          source=f"/{name}/{i}.flac")
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(json.loads((out_dir / SOURCES_INDEX).read_text(encoding="utf-8"))) == 180
+
+
+def test_transcripts_of_no_file_take_their_stems_entry_out_of_the_index(tmp_path: Path) -> None:
+    """Transcripts written without a source (an array's, `input-0`) over an earlier file's of that stem: the
+    file's entry spoke for them, so a later run of another file was refused naming the wrong source, or the
+    array's transcripts were replaced; the entry goes."""
+    first, second = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    _run(out_dir, str(first), ["txt"])
+    write_outputs(_result(), out_dir, "same", ["txt"])
+    assert json.loads((out_dir / SOURCES_INDEX).read_text(encoding="utf-8")) == {}
+    _run(out_dir, str(second), ["txt"])  # the transcripts said nothing of their source: replaced

@@ -25,7 +25,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -193,7 +193,7 @@ def write_outputs(
     Everything is validated and rendered before the first file is written, so a bad format name or a bad
     segment writes nothing. ``out_dir`` is created if missing. ``source``, the file transcribed, is recorded
     for `check_not_replacing` in the folder's index of sources (`SOURCES_INDEX`, its absolute path), after the
-    transcripts.
+    transcripts (None: they are of no file, and the index forgets the stem).
     """
     chosen = parse_formats(formats)
     if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
@@ -205,8 +205,7 @@ def write_outputs(
     written = {}
     for fmt, content in rendered.items():
         written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
-    if source is not None:
-        _record_source(folder, stem, source)
+    _record_source(folder, stem, source)
     return written
 
 
@@ -233,18 +232,43 @@ def _read_sources(folder: Path) -> dict[str, str]:
     return {stem: source for stem, source in data.items() if isinstance(source, str)}
 
 
-def _record_source(folder: Path, stem: str, source: str | os.PathLike[str]) -> None:
+def _record_source(folder: Path, stem: str, source: str | os.PathLike[str] | None) -> None:
     """Record `source` (made absolute: a later run may start elsewhere) as `stem`'s in `folder`'s index, merged with
-    the entries there, written atomically. A failure is logged, not raised: the transcripts are written, only a
-    later run's refusal to replace them is lost."""
-    sources = _read_sources(folder)
-    sources[stem] = os.path.abspath(os.path.expanduser(os.fspath(source)))
-    text = json.dumps(sources, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
+    the entries there, written atomically; None (transcripts of no file: an array's) forgets the stem's entry, so
+    that an earlier file's does not speak for them. Runs sharing the folder take turns (`_folder_lock`: read,
+    merged and written by two at once, entries were lost). A failure is logged, not raised: the transcripts are
+    written, only a later run's refusal to replace them is lost."""
     try:
-        atomic_write(folder / SOURCES_INDEX, lambda file: file.write(text))
+        with _folder_lock(folder):
+            sources = _read_sources(folder)
+            if source is None and stem not in sources:
+                return
+            if source is None:
+                del sources[stem]
+            else:
+                sources[stem] = os.path.abspath(os.path.expanduser(os.fspath(source)))
+            text = json.dumps(sources, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
+            atomic_write(folder / SOURCES_INDEX, lambda file: file.write(text))
     except OSError as err:
         log.warning("%s: cannot record which file %s.* was made from (%s)", folder / SOURCES_INDEX, stem,
                     err.strerror or err)
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder` (flock on the folder itself: no file of its own), held while the block runs;
+    none where the system has no flock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # the lock goes with it
 
 
 def _recorded_source(folder: Path, stem: str, sources: Mapping[str, str]) -> tuple[Path, str] | None:
