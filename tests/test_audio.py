@@ -460,3 +460,23 @@ def test_an_encoded_files_header_is_told_from_raw_samples(head: bytes, name: str
     from asr_spec.audio.opening import container_of
 
     assert container_of(head) == name
+
+
+@pytest.mark.parametrize(("rate", "channels", "subtype", "plain"), [
+    (16000, 1, "PCM_16", True), (44100, 1, "PCM_16", False), (16000, 2, "PCM_16", False),
+    (16000, 1, "FLOAT", False), (16000, 1, "PCM_24", False)])
+def test_a_wav_of_raw_pcm16_samples_is_read_past_its_header(rate: int, channels: int, subtype: str,
+                                                              plain: bool) -> None:
+    """Only a 16 kHz mono 16-bit PCM WAV holds what raw PCM16 input is: its samples start after the data chunk's
+    header (past any other chunk); other WAVs, and a header cut short, give None."""
+    from asr_spec.audio.opening import pcm16_wav_payload
+
+    samples = (np.arange(480 * channels, dtype=np.int16).reshape(480, channels) * 7)
+    encoded = io.BytesIO()
+    sf.write(encoded, samples, rate, format="WAV", subtype=subtype)
+    data = encoded.getvalue()
+    at = pcm16_wav_payload(data)
+    assert (at is not None) == plain
+    if plain:
+        assert data[at:] == samples.astype("<i2").tobytes()
+        assert pcm16_wav_payload(data[:at - 1]) is None

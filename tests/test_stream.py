@@ -5,6 +5,7 @@ sharing one engine get what each gets alone, and the CLI prints what the Python 
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import os
 import re
@@ -99,9 +100,14 @@ def test_cli_prints_the_committed_text(tmp_path):
     broken = cli.invoke(app, args + ["-"], input=pcm.tobytes() + b"\x00")
     assert broken.exit_code == 2 and "odd number of bytes" in broken.output
     assert broken.stdout.startswith(from_stdin.stdout.rstrip("\n"))
-    # a file piped whole where raw PCM16 goes: one line naming it (it gave an empty transcript and exit 0)
+    # a file piped whole where raw PCM16 goes: one line naming it (it gave an empty transcript and exit 0); a
+    # 16 kHz mono PCM16 WAV (arecord without -t raw) is read past its header, as the raw samples
     piped = cli.invoke(app, args + ["-"], input=flac.read_bytes())
     assert piped.exit_code == 2 and "stdin: looks like a FLAC file, not raw PCM16" in piped.output
+    wav = io.BytesIO()
+    sf.write(wav, pcm, SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    as_wav = cli.invoke(app, args + ["-"], input=wav.getvalue())
+    assert as_wav.exit_code == 0 and as_wav.stdout == from_stdin.stdout, as_wav.output
     trace = tmp_path / "traces" / "stream.log"  # its folder is made
     logger = logging.getLogger("asr_spec.stream.policy")
     try:

@@ -137,9 +137,8 @@ def _file_blocks(path: str, step_s: float, speed: float) -> Iterator[np.ndarray]
 
 
 def _stdin_blocks(step_s: float) -> Iterator[np.ndarray]:
-    """Raw little-endian PCM16 mono 16 kHz from stdin, step_s at a time (the last block may be shorter)."""
-    from asr_spec.audio.opening import container_of
-
+    """Raw little-endian PCM16 mono 16 kHz from stdin, step_s at a time (the last block may be shorter); a WAV
+    file of just those samples is read past its header (`_raw_samples`)."""
     n_bytes = int(step_s * SAMPLE_RATE) * 2
     pipe = sys.stdin.buffer
     rest, first = b"", True
@@ -147,12 +146,28 @@ def _stdin_blocks(step_s: float) -> Iterator[np.ndarray]:
         data = pipe.read(n_bytes)
         if not data:
             break
-        if first and container_of(data) is not None:  # a file piped whole: its header and coded bytes are not PCM
-            raise InputError(f"stdin: looks like {container_of(data)}, not raw PCM16: decode it first (ffmpeg -i "
-                             "FILE -f s16le -ac 1 -ar 16000 -), or give the file's path")
+        if first:
+            data = _raw_samples(data)
         data, first = rest + data, False
         usable = len(data) // 2 * 2
         rest = data[usable:]
         yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
     if rest:
         raise InputError("stdin: an odd number of bytes: not PCM16")
+
+
+def _raw_samples(head: bytes) -> bytes:
+    """The first bytes read from stdin as raw PCM16: a 16 kHz mono PCM16 WAV's header is skipped (`arecord`
+    without `-t raw`); the header of any other encoded file is refused (its coded bytes read as samples are noise,
+    and the stream "transcribed" to nothing, exit 0)."""
+    from asr_spec.audio.opening import container_of, pcm16_wav_payload
+
+    kind = container_of(head)
+    if kind is None:
+        return head
+    payload = pcm16_wav_payload(head)
+    if payload is not None:
+        return head[payload:]
+    raise InputError(f"stdin: looks like {kind}, not raw PCM16 16 kHz mono: decode it first (ffmpeg -i FILE -f s16le "
+                     "-ac 1 -ar 16000 -), or give the file's path")
+
