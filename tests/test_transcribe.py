@@ -20,7 +20,7 @@ from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import int8
 from asr_spec.errors import AudioError, InputError
-from asr_spec.models.cpu import INT8, precision_line, resolve_precision, torch_dtype
+from asr_spec.models.cpu import INT8, precision_line, resolve_dtype, resolve_precision, torch_dtype
 from asr_spec.models.loading import decoder_draft
 from asr_spec.testing import Shape, random_whisper
 from asr_spec.transcribe.outputs import SOURCES_INDEX
@@ -99,8 +99,7 @@ def auto_precision() -> str:
 
 def auto_dtype() -> torch.dtype:
     """The dtype of a model loaded in `auto_precision()` (the `INT8` precision's models are fp32)."""
-    precision = auto_precision()
-    return torch.float32 if precision == INT8 else torch_dtype(precision)
+    return resolve_dtype("auto", torch.device("cpu"))
 
 
 def auto_precision_words() -> str:
