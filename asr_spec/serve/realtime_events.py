@@ -123,9 +123,9 @@ def _pcm16(event: dict[str, Any], max_samples: int) -> np.ndarray:
     if not raw or len(raw) % 2:
         raise ProtocolError(f"{kind}: audio must be a non-empty whole number of PCM16 samples, got {len(raw)} "
                             "bytes", "invalid_audio")
-    if container_of(raw) is not None:  # a file sent whole or in pieces: its header would decode as noise
-        raise ProtocolError(f"{kind}: audio looks like {container_of(raw)}, not raw PCM16 mono 16 kHz",
-                            "invalid_audio")
+    encoded = container_of(raw)
+    if encoded is not None:  # a file sent whole or in pieces: its header would decode as noise
+        raise ProtocolError(f"{kind}: audio looks like {encoded}, not raw PCM16 mono 16 kHz", "invalid_audio")
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / PCM16_FULL_SCALE
 
 
