@@ -480,3 +480,6 @@ def test_a_wav_of_raw_pcm16_samples_is_read_past_its_header(rate: int, channels:
     if plain:
         assert data[at:] == samples.astype("<i2").tobytes()
         assert pcm16_wav_payload(data[:at - 1]) is None
+        # a format chunk too short for its fields (a struct.error before): no samples it can say
+        short = data[:12] + b"fmt " + (4).to_bytes(4, "little") + data[20:24] + data[at - 8:]
+        assert pcm16_wav_payload(short) is None

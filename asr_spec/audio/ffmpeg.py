@@ -31,7 +31,7 @@ import numpy as np
 
 from asr_spec.errors import AudioError
 
-__all__ = ["DEMUXERS", "WavFormat", "error_text", "ffmpeg_blocks", "ffmpeg_duration_s", "wav_format"]
+__all__ = ["DEMUXERS", "WavFormat", "error_text", "ffmpeg_blocks", "ffmpeg_duration_s", "wav_format", "wav_header"]
 
 # ffmpeg demuxers of audio and audio-video files (camcorder DV, Windows Media Center WTV, dictation DSS / ACT /
 # QCP, Audible AA among them), none of which opens another file or a URL on its own (HLS, concat, SDP, image
@@ -56,7 +56,22 @@ class WavFormat(NamedTuple):
 def wav_format(stream: IO[bytes]) -> WavFormat | None:
     """Read a float32 WAV header from `stream` up to its data chunk's first byte: its rate and channel count, or
     None where `stream` ends first (ffmpeg wrote nothing: it could not read the input). ValueError where the header
-    is not float32 WAV. The sizes of a WAV written to a pipe are placeholders and are not read."""
+    is not float32 WAV (`wav_header`'s, or its format's)."""
+    fmt = wav_header(stream)
+    if fmt is None:
+        return None
+    tag, channels, rate, bits = fmt
+    if tag not in _FLOAT32_FORMATS or bits != 32 or channels < 1 or rate < 1:
+        raise ValueError(f"ffmpeg wrote WAV format {tag:#x}, {bits} bits, {channels} channels, {rate} Hz, not "
+                         "float32 audio")
+    return WavFormat(rate, channels)
+
+
+def wav_header(stream: IO[bytes]) -> tuple[int, int, int, int] | None:
+    """Read a WAV header from `stream` up to its data chunk's first byte: its format chunk's (format tag, channels,
+    rate, bits a sample), or None where `stream` ends first. ValueError where it is not WAV, ends or is cut short
+    before its data, has no format chunk or a header over _MAX_HEADER_BYTES (the messages name ffmpeg's output,
+    the one reader that shows them). The sizes of a WAV written to a pipe are placeholders and are not read."""
     head = _exactly(stream, 12)
     if head is None:
         return None
@@ -78,14 +93,13 @@ def wav_format(stream: IO[bytes]) -> WavFormat | None:
         if body is None:
             raise ValueError("ffmpeg's WAV header is cut short")
         if kind == b"fmt ":
+            if size < 16:
+                raise ValueError("ffmpeg's WAV format chunk is cut short")
             fmt = struct.unpack("<HHIIHH", body[:16])
     if fmt is None:
         raise ValueError("ffmpeg's WAV stream has no format chunk")
     tag, channels, rate, _, _, bits = fmt
-    if tag not in _FLOAT32_FORMATS or bits != 32 or channels < 1 or rate < 1:
-        raise ValueError(f"ffmpeg wrote WAV format {tag:#x}, {bits} bits, {channels} channels, {rate} Hz, not "
-                         "float32 audio")
-    return WavFormat(rate, channels)
+    return tag, channels, rate, bits
 
 
 def _exactly(stream: IO[bytes], n: int) -> bytes | None:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import numpy as np
 import soundfile as sf
 
-from asr_spec.audio.ffmpeg import ffmpeg_blocks, ffmpeg_duration_s
+from asr_spec.audio.ffmpeg import ffmpeg_blocks, ffmpeg_duration_s, wav_header
 from asr_spec.errors import AudioError
 
 __all__ = ["RawBlocks", "check_path", "container_of", "header_duration_s", "open_raw_blocks", "pcm16_wav_payload"]
@@ -211,18 +211,10 @@ def container_of(head: bytes) -> str | None:
 def pcm16_wav_payload(head: bytes) -> int | None:
     """Where the samples start in `head`, the first bytes of a WAV file, when they are what raw PCM16 input is
     (16-bit integer PCM, mono, 16 kHz: `arecord -f S16_LE -r 16000 -c 1` without `-t raw` writes such a file):
-    after its "data" chunk's header; None for any other WAV, or a header not all in `head`."""
-    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+    after its "data" chunk's header (`ffmpeg.wav_header`); None for any other WAV, or a header not all in `head`."""
+    stream = io.BytesIO(head)
+    try:
+        fmt = wav_header(stream)
+    except ValueError:
         return None
-    at, plain = 12, False
-    while at + 8 <= len(head):
-        tag, size = head[at:at + 4], int.from_bytes(head[at + 4:at + 8], "little")
-        if tag == b"fmt " and at + 24 <= len(head):
-            fmt = head[at + 8:at + 24]
-            plain = (int.from_bytes(fmt[0:2], "little"), int.from_bytes(fmt[2:4], "little"),
-                     int.from_bytes(fmt[4:8], "little"), int.from_bytes(fmt[14:16], "little")) == (1, 1, 16000, 16)
-        if tag == b"data":
-            return at + 8 if plain else None
-        at += 8 + size + size % 2  # chunks are padded to even sizes
-    return None
-
+    return stream.tell() if fmt == (1, 1, 16000, 16) else None

@@ -170,4 +170,3 @@ def _raw_samples(head: bytes) -> bytes:
         return head[payload:]
     raise InputError(f"stdin: looks like {kind}, not raw PCM16 16 kHz mono: decode it first (ffmpeg -i FILE -f s16le "
                      "-ac 1 -ar 16000 -), or give the file's path")
-
