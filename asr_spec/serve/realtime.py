@@ -162,8 +162,9 @@ class Session:
         self.id = ""  # its session.created event's id
         self.inputs = 0  # inputs started so far
         self.active_at = time.monotonic()  # its last append, or result of its re-decodes (from which it is idle)
-        self.idle = False  # it went idle with an input holding audio: that input is finished, then it is closed
-        self.idle_deadline = 0.0  # when the session closes even if that input's transcription.done has not come
+        # it went idle with an input holding audio: that input is finished, then it is closed, at this monotonic
+        # time even if its transcription.done has not come (None: it has not gone idle so)
+        self.idle_until: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_result(self, outcome: ChunkResult | str) -> None:  # the engine thread
@@ -214,7 +215,7 @@ class Session:
                     self.active_at = time.monotonic()
                     await self._on_result(outcome)
                 await self._pump()
-                if self.idle and self.input is None:  # the idle input's transcription.done is sent
+                if self.idle_until is not None and self.input is None:  # the idle input's done is sent
                     await self._close_idle()
                     return
         finally:
@@ -226,8 +227,8 @@ class Session:
         """Seconds left until the session is idle (`idle_timeout_s` after its last append or result); None
         while it waits for its own work (a re-decode in flight, an input the client ended): not idle then."""
         current = self.input
-        if self.idle:  # its idle input is finishing: given one more timeout to say its done, not for ever
-            return max(0.0, self.idle_deadline - time.monotonic())
+        if self.idle_until is not None:  # its idle input is finishing: one more timeout to say its done
+            return max(0.0, self.idle_until - time.monotonic())
         if current is not None and (current.decode is not None or current.finishing):
             return None
         return max(0.0, self.active_at + self.options.idle_timeout_s - time.monotonic())
@@ -238,10 +239,10 @@ class Session:
         uncommitted words dropped with the connection (a caption client that stopped sending, with no final
         commit, kept " ...comes in and" for ever, without the words heard after them). False where there is none."""
         current = self.input
-        if self.idle or current is None or current.finishing or not current.appended:
+        if self.idle_until is not None or current is None or current.finishing or not current.appended:
             return False
-        current.finishing = self.idle = True
-        self.idle_deadline = time.monotonic() + self.options.idle_timeout_s
+        current.finishing = True
+        self.idle_until = time.monotonic() + self.options.idle_timeout_s
         return True
 
     async def _close_idle(self) -> None:
@@ -275,7 +276,7 @@ class Session:
                 self.lag = event.lag
             return
         if self.input is not None and self.input.finishing:
-            ended = "the idle timeout" if self.idle else "a final commit"
+            ended = "a final commit" if self.idle_until is None else "the idle timeout"
             raise events.ProtocolError(f"{_name(event)}: this input was ended by {ended}; wait for its "
                                        "transcription.done", "input_finished")
         if self.input is None:
