@@ -25,9 +25,9 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from asr_spec.errors import InputError
 from asr_spec.transcribe.captions import (
@@ -40,6 +40,7 @@ from asr_spec.transcribe.captions import (
     timed_segments,
     visible_cues,
 )
+from asr_spec.transcribe.files import SOURCES_INDEX, atomic_write, compact_sources, read_sources, record_source
 from asr_spec.transcribe.segments import TranscriptSegment
 
 __all__ = [
@@ -142,29 +143,6 @@ FORMATS: dict[str, Callable[[Any], str]] = {
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) -> Path:
-    """Call ``write(file)`` on a temporary file next to ``path``, then atomically move it onto ``path``.
-
-    If ``write`` raises, the temporary file is removed and ``path`` is left as it was (absent or old content).
-    """
-    target = Path(path)
-    handle = tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", newline="\n", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False
-    )
-    try:
-        with handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(handle.name, 0o644)  # NamedTemporaryFile creates 0600; a transcript is an ordinary file
-        os.replace(handle.name, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(handle.name)
-        raise
-    return target
-
-
 def parse_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
     """The one check of output format names: ``"txt,JSON"`` or ``["txt", ".srt"]`` -> ``("txt", "json")`` /
     ``("txt", "srt")`` (lower case, no leading dot, repeats dropped, order kept). Raises ``InputError`` for an
@@ -205,70 +183,13 @@ def write_outputs(
     written = {}
     for fmt, content in rendered.items():
         written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
-    _record_source(folder, stem, source)
+    record_source(folder, stem, source)
     return written
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Which file each transcript was made from
+# Which file each transcript was made from (the folder's index: files.py)
 # ---------------------------------------------------------------------------------------------------------------
-
-# {stem: absolute source path} of the transcripts in a folder: without it, a run over another folder holding the
-# same file names replaced them without a word (txt / srt / vtt say nothing of their source, and a json's "source"
-# is the path as given: relative to the folder its run started in, it named the other file from another folder).
-# Hidden, and not named like a transcript or a temporary file (`prepare_output_dir`).
-SOURCES_INDEX = ".asr-spec-sources.json"
-
-
-def _read_sources(folder: Path) -> dict[str, str]:
-    """`folder`'s index of sources, ``{stem: source}``; {} where it is missing, unreadable or not ours (never
-    fatal: it only lets `check_not_replacing` refuse a replacement)."""
-    try:
-        data = json.loads((folder / SOURCES_INDEX).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # missing, a folder, not UTF-8, not json
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {stem: source for stem, source in data.items() if isinstance(source, str)}
-
-
-def _record_source(folder: Path, stem: str, source: str | os.PathLike[str] | None) -> None:
-    """Record `source` (made absolute: a later run may start elsewhere) as `stem`'s in `folder`'s index, merged with
-    the entries there, written atomically; None (transcripts of no file: an array's) forgets the stem's entry, so
-    that an earlier file's does not speak for them. Runs sharing the folder take turns (`_folder_lock`: read,
-    merged and written by two at once, entries were lost). A failure is logged, not raised: the transcripts are
-    written, only a later run's refusal to replace them is lost."""
-    try:
-        with _folder_lock(folder):
-            sources = _read_sources(folder)
-            if source is None and stem not in sources:
-                return
-            if source is None:
-                del sources[stem]
-            else:
-                sources[stem] = os.path.abspath(os.path.expanduser(os.fspath(source)))
-            text = json.dumps(sources, ensure_ascii=False, indent=1, sort_keys=True) + "\n"
-            atomic_write(folder / SOURCES_INDEX, lambda file: file.write(text))
-    except OSError as err:
-        log.warning("%s: cannot record which file %s.* was made from (%s)", folder / SOURCES_INDEX, stem,
-                    err.strerror or err)
-
-
-@contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """An exclusive lock on `folder` (flock on the folder itself: no file of its own), held while the block runs;
-    none where the system has no flock."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not a POSIX system
-        yield
-        return
-    handle = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(handle)  # the lock goes with it
 
 
 def _recorded_source(folder: Path, stem: str, sources: Mapping[str, str]) -> tuple[Path, str] | None:
@@ -292,14 +213,16 @@ def _recorded_source(folder: Path, stem: str, sources: Mapping[str, str]) -> tup
 # ---------------------------------------------------------------------------------------------------------------
 
 STALE_TMP_AGE_S = 60.0  # a temporary file older than this is left over from a killed run (a live write takes ms)
-# atomic_write's ".<name>.XXXX.tmp": a transcript's, or the index's (`SOURCES_INDEX`, which itself does not match)
-_TMP_NAME = re.compile(r"^\..+\.(?:" + "|".join(FORMATS) + r")\.[^.]+\.tmp$")
+# atomic_write's ".<name>.XXXX.tmp": a transcript's, or the index's (`SOURCES_INDEX` compacted; the index itself
+# does not match)
+_TMP_NAME = re.compile(r"^\.(?:.+\.(?:" + "|".join(FORMATS) + r")|" + re.escape(SOURCES_INDEX) + r")\.[^.]+\.tmp$")
 
 
 def prepare_output_dir(out_dir: str | os.PathLike[str]) -> int:
     """Make sure transcripts can be written into `out_dir` before any work starts: create it if missing, refuse
     (`InputError`, one line) a path that is a file, cannot be created or is not writable; remove the hidden
-    temporary files an earlier killed run left there. Returns how many stale temporary files were removed."""
+    temporary files an earlier killed run left there, and compact its index of sources. Returns how many stale
+    temporary files were removed."""
     if not isinstance(out_dir, (str, os.PathLike)):
         raise InputError(f"output directory must be a path, got {type(out_dir).__name__} {out_dir!r:.40}")
     folder = Path(out_dir)
@@ -319,6 +242,7 @@ def prepare_output_dir(out_dir: str | os.PathLike[str]) -> int:
                 if now - entry.stat().st_mtime > STALE_TMP_AGE_S:
                     entry.unlink()
                     removed += 1
+    compact_sources(folder)
     return removed
 
 
@@ -378,7 +302,7 @@ def check_not_replacing(out_dir: str | os.PathLike[str], stems: list[str | None]
     folder's transcripts were lost without a word). A source that does not resolve from here (gone, or an old
     json's, given relative to another folder) cannot be told apart: replaced, as a rerun's own transcript is."""
     folder = Path(out_dir)
-    sources = _read_sources(folder)
+    sources = read_sources(folder)
     for stem, path in zip(stems, paths):
         if stem is None or path is None:
             continue

@@ -1,0 +1,142 @@
+"""Writing into an output folder safely: atomic writes, the lock runs sharing a folder take, and the folder's
+journal of which file each transcript was made from (`SOURCES_INDEX`; read by `outputs.check_not_replacing`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+__all__ = ["SOURCES_INDEX", "atomic_write", "compact_sources", "read_sources", "record_source"]
+
+log = logging.getLogger(__name__)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) -> Path:
+    """Call ``write(file)`` on a temporary file next to ``path``, then atomically move it onto ``path``.
+
+    If ``write`` raises, the temporary file is removed and ``path`` is left as it was (absent or old content).
+    """
+    target = Path(path)
+    handle = tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", newline="\n", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False
+    )
+    try:
+        with handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(handle.name, 0o644)  # NamedTemporaryFile creates 0600; a transcript is an ordinary file
+        os.replace(handle.name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(handle.name)
+        raise
+    return target
+
+
+# {stem: absolute source path} of the transcripts in a folder: without it, a run over another folder holding the
+# same file names replaced them without a word (txt / srt / vtt say nothing of their source, and a json's "source"
+# is the path as given: relative to the folder its run started in, it named the other file from another folder).
+# A journal, one json line a transcript written (``["stem", "/abs/source"]``, ``["stem", null]`` forgets the
+# stem), the last line of a stem winning: rewritten whole per file, as the thirty-ninth session's json index was,
+# 3,000 files cost 5 s and 100,000 would have cost hours. `prepare_output_dir` compacts it before a run.
+# Hidden, and not named like a transcript or a temporary file (`prepare_output_dir`).
+SOURCES_INDEX = ".asr-spec-sources.jsonl"
+_OLD_SOURCES_INDEX = ".asr-spec-sources.json"  # the thirty-ninth session's {stem: source}: read, then folded in
+_SPARE_LINES = 64  # lines a journal may hold beyond twice its stems before `prepare_output_dir` compacts it
+
+
+def read_sources(folder: Path) -> dict[str, str]:
+    """`folder`'s index of sources, ``{stem: source}``: the old json index's entries, then the journal's lines in
+    order; {} where neither is there or readable, and a line that is not ours (a torn last line, foreign bytes) is
+    skipped: never fatal, the index only lets `check_not_replacing` refuse a replacement."""
+    return _journal(folder)[0]
+
+
+def _journal(folder: Path) -> tuple[dict[str, str], int]:
+    """(`read_sources`'s index, how many lines the journal holds)."""
+    sources: dict[str, str] = {}
+    with contextlib.suppress(OSError, ValueError):  # missing, a folder, not UTF-8, not json
+        data = json.loads((folder / _OLD_SOURCES_INDEX).read_bytes())
+        if isinstance(data, dict):
+            sources.update((stem, source) for stem, source in data.items() if isinstance(source, str))
+    try:
+        lines = (folder / SOURCES_INDEX).read_bytes().splitlines()
+    except OSError:  # missing, or a folder
+        return sources, 0
+    for line in lines:
+        with contextlib.suppress(ValueError):  # not json, not UTF-8
+            entry = json.loads(line)
+            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str):
+                if isinstance(entry[1], str):
+                    sources[entry[0]] = entry[1]
+                elif entry[1] is None:
+                    sources.pop(entry[0], None)
+    return sources, len(lines)
+
+
+def record_source(folder: Path, stem: str, source: str | os.PathLike[str] | None) -> None:
+    """Record `source` (made absolute: a later run may start elsewhere) as `stem`'s: one line appended to `folder`'s
+    journal (after a newline where its last line is torn); None (transcripts of no file: an array's) forgets the
+    stem's entry, so that an earlier file's does not speak for them. Runs sharing the folder take turns
+    (`_folder_lock`: two writers at once lost entries). A failure is logged, not raised: the transcripts are
+    written, only a later run's refusal to replace them is lost."""
+    if source is None and not any((folder / name).exists() for name in (SOURCES_INDEX, _OLD_SOURCES_INDEX)):
+        return  # no index to forget the stem from
+    absolute = None if source is None else os.path.abspath(os.path.expanduser(os.fspath(source)))
+    line = json.dumps([stem, absolute], ensure_ascii=False).encode("utf-8") + b"\n"
+    try:
+        with _folder_lock(folder), open(folder / SOURCES_INDEX, "a+b") as journal:
+            if journal.seek(0, os.SEEK_END):
+                journal.seek(-1, os.SEEK_END)
+                if journal.read(1) != b"\n":
+                    line = b"\n" + line
+            journal.write(line)
+            journal.flush()
+            os.fsync(journal.fileno())
+    except OSError as err:
+        log.warning("%s: cannot record which file %s.* was made from (%s)", folder / SOURCES_INDEX, stem,
+                    err.strerror or err)
+
+
+def compact_sources(folder: Path) -> None:
+    """Rewrite `folder`'s journal with one line a stem when it holds more than twice as many lines (plus
+    _SPARE_LINES: files transcribed again, arrays' stems forgotten), or when the old json index is there (folded
+    in and removed); under the folder's lock. A failure leaves the index as it was (logged)."""
+    journal, old = folder / SOURCES_INDEX, folder / _OLD_SOURCES_INDEX
+    try:
+        with _folder_lock(folder):
+            sources, n_lines = _journal(folder)
+            if n_lines <= 2 * len(sources) + _SPARE_LINES and not old.is_file():
+                return
+            lines = [json.dumps([stem, source], ensure_ascii=False) + "\n" for stem, source in sorted(sources.items())]
+            atomic_write(journal, lambda file: file.writelines(lines))
+            old.unlink(missing_ok=True)
+    except OSError as err:
+        log.warning("%s: cannot compact the index of sources (%s)", journal, err.strerror or err)
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder` (flock on the folder itself: no file of its own), held while the block runs;
+    none where the system has no flock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # the lock goes with it
+
+
