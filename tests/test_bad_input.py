@@ -22,7 +22,7 @@ import soundfile as sf
 import torch
 from conftest import perturbed, tiny_target
 from test_cli import assert_one_line_error, assert_only_line_is_error, run_cli, tiny
-from test_transcribe import LONG, SHORT, auto_precision, save_tiny_models, transcriber
+from test_transcribe import LONG, SHORT, _models, auto_precision, save_tiny_models, transcriber
 
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
@@ -373,8 +373,12 @@ def test_float_audio_far_above_one_is_refused_the_rest_transcribed(capsys, tmp_p
     speech = load_audio(SHORT[0])
     results = transcriber(speculative=False, precision=auto_precision(), timestamps=True).transcribe(
         [speech * 32768, speech * 1e6, speech], progress=False)
-    assert "int16-scale audio: divide by 32768" in results[0].error and "peak at" in results[0].error
+    assert results[0].error.startswith("float samples peak at")  # the cause alone: the caller names the input
+    assert "int16-scale audio: divide by 32768" in results[0].error
     assert "not [-1, 1] audio: rescale it" in results[1].error
+    # named once, as the run names it ("<array 1>: <array>: ..." before)
+    with pytest.raises(AudioError, match=r"^<array 1>: float samples peak at [^<]*$"):
+        transcriber(speculative=False, precision=auto_precision(), timestamps=True)([speech, speech * 1e6])
     assert results[2].ok and results[2].text == reference_text(SHORT[0])
     loud = tmp_path / "int16_as_float.wav"
     sf.write(loud, speech * 32768, SAMPLE_RATE, subtype="FLOAT")
@@ -385,6 +389,19 @@ def test_float_audio_far_above_one_is_refused_the_rest_transcribed(capsys, tmp_p
     assert_outputs(out_dir, SHORT[0].stem, SHORT[0])
     with pytest.raises(AudioError, match="int16-scale"):
         load_audio(speech * 32768)
+
+
+def test_what_the_model_cannot_do_is_an_input_error() -> None:
+    """Options this model cannot take (found by the engine, built after loading) and a CUDA device on a machine
+    without one are the caller's errors (`AsrSpecError`), not a bare ValueError an application cannot tell from a
+    bug."""
+    target, _, processor = _models()
+    too_long = TranscribeOptions.from_values(language="en", max_new_tokens=10_000)
+    with pytest.raises(InputError, match=r"max_new_tokens \(10000\) exceeds the model's max_target_positions"):
+        Transcriber(target, None, processor, too_long)
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="device 'cuda': CUDA is not available on this machine"):
+            Transcriber.from_preset("base", device="cuda")
 
 
 # -- 5. a bad output directory is found before any model loads ----------------------------------------------------

@@ -109,9 +109,13 @@ def test_options_default_stride_is_a_sixth_per_side() -> None:
     [
         ({"chunk_length_s": 40.0}, "chunk_length_s"),
         ({"chunk_length_s": 0}, "chunk_length_s"),
-        ({"stride_length_s": 15.0}, "chunk_samples"),
+        # the user's own fields named, not the samples they become (`stride_left_samples`, `chunk_samples`)
+        ({"stride_length_s": 15.0}, r"stride_length_s 15.0: the strides \(15 \+ 15 s\) must be shorter than "
+                                    r"chunk_length_s \(30 s\)"),
         ({"stride_length_s": (1.0, 2.0, 3.0)}, "stride_length_s"),
-        ({"stride_length_s": -1.0}, "stride_left_samples"),
+        ({"stride_length_s": -1.0}, "stride_length_s must be >= 0 seconds, got -1.0"),
+        ({"stride_length_s": (2.0, -0.5)}, "stride_length_s must be >= 0 seconds"),
+        ({"snap_to_quiet": "no"}, "snap_to_quiet must be true or false, got 'no'"),  # "no" is true: it snapped
         ({"stride_length_s": float("inf")}, "finite numbers of seconds"),  # an OverflowError traceback before
         ({"stride_length_s": (0.0, float("nan"))}, "finite numbers of seconds"),
         ({"sampling_rate": 0}, "sampling_rate"),

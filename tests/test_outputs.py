@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from asr_spec.errors import InputError
+from asr_spec.transcribe.files import read_sources
 from asr_spec.transcribe.outputs import (
     MIN_CUE_S,
     SOURCES_INDEX,
@@ -28,7 +29,6 @@ from asr_spec.transcribe.outputs import (
     told_apart,
     write_outputs,
 )
-from asr_spec.transcribe.files import read_sources
 from asr_spec.transcribe.segments import Segment
 
 

@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 
-from asr_spec.errors import InputError
+from asr_spec.errors import AudioError, InputError
 from asr_spec.stream import hearing
 from asr_spec.stream.agreement import (
     TokenKinds,
@@ -1118,5 +1118,8 @@ def test_a_block_that_is_not_mono_float_audio_is_refused() -> None:
         with pytest.raises(InputError, match="stream: audio blocks must be 1-D float samples"):
             policy.feed(block)
     policy.feed(np.zeros(1600, np.float64))  # float64 is taken
+    # int16 values given as floats, refused as a whole input's are: they were decoded into invented words
+    with pytest.raises(AudioError, match=r"stream: audio block: float samples peak at 2e\+04.*divide by 32768"):
+        policy.feed(np.full(1600, 20000.0, np.float32))
     with pytest.raises(InputError, match="NaN or infinite"):
         policy.feed(np.full(10, np.nan, np.float32))

@@ -80,7 +80,10 @@ def test_options_for_chunking_and_words() -> None:
                        (dict(chunking="vad", stride_length_s=3), "stride_length_s applies"),
                        (dict(chunking="stride", word_timestamps=True), "word_timestamps need chunking 'vad'"),
                        (dict(chunking="vad", max_words_per_cue=3), "needs word_timestamps"),
-                       (dict(chunking="vad", word_timestamps=True, max_words_per_cue=0), "max_words_per_cue must")]:
+                       (dict(chunking="vad", word_timestamps=True, max_words_per_cue=0), "max_words_per_cue must"),
+                       # the field the caller set, not the VAD's own max_chunk_s that it becomes
+                       (dict(chunking="vad", chunk_length_s=0.5),
+                        r"^chunk_length_s 0.5 with chunking 'vad': .*\[1, 30\]")]:
         with pytest.raises(InputError, match=cause):
             TranscribeOptions.from_values(**bad)
 

@@ -150,6 +150,14 @@ def _verify_options(options: ChunkingOptions) -> None:
     values = (stride,) if isinstance(stride, (int, float)) else (stride or ())
     if any(not is_number(v) for v in values):  # inf overflowed into samples: a traceback
         raise InputError(f"stride_length_s must hold finite numbers of seconds, got {stride!r}")
+    if any(v < 0 for v in values):
+        raise InputError(f"stride_length_s must be >= 0 seconds, got {stride!r}")
+    left, right = _stride_pair_s(options)
+    if left + right >= length:  # said in the options' own terms, before `_check_plan_args` says it in samples
+        raise InputError(f"stride_length_s {stride!r}: the strides ({left:g} + {right:g} s) must be shorter than "
+                         f"chunk_length_s ({length:g} s), or the windows would not advance")
+    if not isinstance(options.snap_to_quiet, bool):  # "no" is true
+        raise InputError(f"snap_to_quiet must be true or false, got {options.snap_to_quiet!r}")
     _check_plan_args(0, options.chunk_samples, options.stride_left_samples, options.stride_right_samples)
 
 

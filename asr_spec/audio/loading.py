@@ -34,6 +34,7 @@ __all__ = [
     "load_audio",
     "stream_audio",
     "audio_duration_s",
+    "check_scale",
     "header_duration_s",
     "to_mono",
     "to_float32",
@@ -111,7 +112,9 @@ def _check_finite(samples: np.ndarray, name: str, where: str = "") -> None:
         raise AudioError(f"{name}: {n_bad} non-finite samples (NaN or inf){where}")
 
 
-def _check_scale(samples: np.ndarray, name: str, where: str = "") -> None:
+def check_scale(samples: np.ndarray, name: str, where: str = "") -> None:
+    """`AudioError` naming `name` when float `samples` peak above MAX_FLOAT_PEAK (int16 values given as floats:
+    Whisper heard them as noise, no error)."""
     peak = float(np.max(np.abs(samples))) if samples.size else 0.0
     if peak > MAX_FLOAT_PEAK:
         looks = "int16-scale audio: divide by 32768" if peak <= 32768 * 1.01 else "not [-1, 1] audio: rescale it"
@@ -129,7 +132,8 @@ def _check_rate(value: Any, what: str) -> int:
 
 
 def load_audio(
-    source: AudioSource, sampling_rate: int = SAMPLE_RATE, *, input_sampling_rate: int | None = None
+    source: AudioSource, sampling_rate: int = SAMPLE_RATE, *, input_sampling_rate: int | None = None,
+    name: str | None = None,
 ) -> np.ndarray:
     """Load ``source`` as float32 mono samples at ``sampling_rate`` Hz, shape ``(n_samples,)``.
 
@@ -139,6 +143,9 @@ def load_audio(
         already at ``sampling_rate``);
       - a dict shaped like a ``datasets`` Audio row: ``{"array", "sampling_rate"}``, else ``{"bytes"}`` (an
         encoded file), else ``{"path"}``.
+
+    ``name``: what messages call an array or a dict without "path" (default ``<array>`` / ``<dict>``; the
+    transcriber's ``<array 3>``).
 
     Raises ``AudioError`` (message ``"<source>: <cause>"``) for a missing, empty, corrupt or truncated file,
     zero samples, NaN/inf samples or an unsupported source type; ``InputError`` for bad arguments.
@@ -154,10 +161,10 @@ def load_audio(
     if isinstance(source, Mapping):
         if input_sampling_rate is not None:
             raise InputError("dict audio source: give the rate as its 'sampling_rate' key, not input_sampling_rate")
-        return _load_mapping(source, sampling_rate)
+        return _load_mapping(source, sampling_rate, name or "<dict>")
     if isinstance(source, np.ndarray) or (torch is not None and isinstance(source, torch.Tensor)):
         rate = sampling_rate if input_sampling_rate is None else input_sampling_rate
-        return _load_array(source, rate, sampling_rate, "<array>")
+        return _load_array(source, rate, sampling_rate, name or "<array>")
     raise AudioError(
         f"<{type(source).__name__}>: unsupported audio source type "
         "(expected a file path, numpy array, torch tensor or {'array', 'sampling_rate'} dict)"
@@ -207,12 +214,12 @@ def _load_array(samples: Any, in_rate: int, out_rate: int, name: str) -> np.ndar
     if samples.size == 0:
         raise AudioError(f"{name}: no audio samples (0 samples)")
     _check_finite(samples, name)
-    _check_scale(samples, name)
+    check_scale(samples, name)
     return np.ascontiguousarray(resample(samples, in_rate, out_rate), dtype=np.float32)
 
 
-def _load_mapping(source: Mapping[str, Any], out_rate: int) -> np.ndarray:
-    name = str(source.get("path") or "<dict>")
+def _load_mapping(source: Mapping[str, Any], out_rate: int, unnamed: str) -> np.ndarray:
+    name = str(source.get("path") or unnamed)
     if source.get("array") is not None:
         if "sampling_rate" not in source:
             raise AudioError(f"{name}: dict audio source has 'array' but no 'sampling_rate'")
@@ -281,7 +288,7 @@ def _resampled(raw_blocks: Iterator[np.ndarray], name: str, native_rate: int, ou
         mono = raw.mean(axis=1, dtype=np.float32) if raw.shape[1] > 1 else raw[:, 0]
         where = f" in the block starting at {n_read / native_rate:.2f} s"
         _check_finite(mono, name, where)
-        _check_scale(mono, name, where)
+        check_scale(mono, name, where)
         n_read += mono.shape[0]
         out = mono if stream is None else stream.resample_chunk(np.ascontiguousarray(mono), last=False)
         if out.size:

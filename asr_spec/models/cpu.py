@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from asr_spec.errors import InputError
+
 __all__ = ["CPU_CLASSES", "DTYPES", "INT8", "CpuCapabilities", "auto_choice", "auto_dtype", "bf16_row_block",
            "detect_cpu", "parse_cpu_flags", "parse_cpuinfo", "resolve_dtype", "resolve_precision", "torch_dtype"]
 
@@ -235,7 +237,7 @@ def resolve_precision(dtype: str | torch.dtype | None, device: torch.device,
         log_decision(device, dtype, chosen, why)
         return chosen
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
+        raise InputError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} or auto")
     return DTYPES[dtype]
 
 

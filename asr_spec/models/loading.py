@@ -43,7 +43,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise InputError(f"device {device!r}: asr-spec runs on cpu or cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for but CUDA is not available")
+        raise InputError(f"device {device!r}: CUDA is not available on this machine")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise InputError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev

@@ -77,6 +77,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from asr_spec.audio.loading import check_scale
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import (
     SAMPLE_RATE,
@@ -183,6 +184,7 @@ class StreamPolicy(BufferTrims):
         block = given.astype(np.float32, copy=False)
         if not np.isfinite(block).all():
             raise InputError("stream: audio block has NaN or infinite samples")
+        check_scale(block, "stream: audio block")  # as a whole input's: int16 values as floats heard as noise
         self._buffer = np.concatenate([self._buffer, block])
         self._received += len(block)
         self._frames.feed(block)

@@ -117,7 +117,7 @@ class FrontEnd:
         if isinstance(item.source, (str, os.PathLike)):
             blocks = stream_audio(item.source, self.options.block_s)
         else:
-            samples, step = load_audio(item.source), int(self.options.block_s * SAMPLE_RATE)
+            samples, step = load_audio(item.source, name=item.name), int(self.options.block_s * SAMPLE_RATE)
             blocks = (samples[i:i + step] for i in range(0, max(len(samples), 1), step))
         with contextlib.closing(blocks):  # the reader let go now (ffmpeg, an open upload), not by the collector
             for block in blocks:

@@ -11,7 +11,7 @@ from asr_spec.audio.loading import DEFAULT_BLOCK_S, SAMPLE_RATE
 from asr_spec.audio.vad import VadOptions
 from asr_spec.checks import int_at_least, is_number, positive_seconds, seconds_at_least_zero
 from asr_spec.engine import DecodeOptions
-from asr_spec.errors import InputError
+from asr_spec.errors import InputError, one_line
 from asr_spec.transcribe.nospeech import NoSpeechRule
 from asr_spec.transcribe.outputs import parse_formats
 from asr_spec.transcribe.prompts import PROMPT_KEYS, PromptOptions
@@ -110,7 +110,10 @@ def _vad(mode: Any, vad: VadOptions | None, chunk_length_s: float) -> VadOptions
         raise InputError(f"chunking must be one of {', '.join(CHUNKING_MODES)}, got {mode!r}")
     if mode == "stride":
         return None
-    return dataclasses.replace(VadOptions() if vad is None else vad, max_chunk_s=chunk_length_s)
+    try:
+        return dataclasses.replace(VadOptions() if vad is None else vad, max_chunk_s=chunk_length_s)
+    except InputError as err:  # the VAD's bounds on its max_chunk_s, which the caller set as chunk_length_s
+        raise InputError(f"chunk_length_s {chunk_length_s!r} with chunking 'vad': {one_line(err)}") from err
 
 
 def check_batch_size(batch_size: Any) -> None:

@@ -99,7 +99,10 @@ class Transcriber:
             raise InputError(f"the processor makes {n_mels} mel bins but the target expects {wanted}")
         features = FeatureBatcher(processor.feature_extractor, device=self.device, dtype=target.dtype)
         self.frontend = FrontEnd(self.options, features)
-        self.engine = Engine(self.target, self.draft, self.options.decode)  # checks the pair and language now
+        try:  # checks the pair, the language and max_new_tokens against this model now
+            self.engine = Engine(self.target, self.draft, self.options.decode)
+        except ValueError as err:  # the engine's (it imports nothing of ours): what the caller asked of the model
+            raise InputError(one_line(err)) from err
         self.tokens = self.engine.tokens
         self.assembler = Assembler(self.tokenizer, self.tokens, self.options)
         self._stream_engine: Engine | None = None  # live streams' engine (`streams`), made when first asked for
