@@ -238,12 +238,20 @@ def test_live_source_with_gaps_gives_the_same_results():
     assert {r.id: r.tokens for r in results} == offline
 
 
-def test_engine_error_names_the_chunks_in_flight_and_a_new_run_carries_on():
+def test_engine_error_names_the_chunks_in_flight_and_a_new_run_carries_on(monkeypatch):
     from asr_spec.engine import ChunkRequest, EngineError
 
     engine = Engine(_target(), None, DecodeOptions(language="en", max_new_tokens=MAX_NEW))
-    bad = torch.randn(16, 7)  # wrong number of frames: the encoder raises
-    items = [ChunkRequest("a", _features()[0]), None, ChunkRequest("bad", bad), ChunkRequest("b", _features()[1])]
+    encode = engine.encoding.batch
+
+    def failing(batch):  # the encoder raises on the "bad" chunk's micro-batch
+        if any(req.id == "bad" for req in batch):
+            raise RuntimeError("the encoder failed")
+        return encode(batch)
+
+    monkeypatch.setattr(engine.encoding, "batch", failing)
+    items = [ChunkRequest("a", _features()[0]), None, ChunkRequest("bad", _features()[2]),
+             ChunkRequest("b", _features()[1])]
     source = iter(items)
     done = []
     with pytest.raises(EngineError) as caught:

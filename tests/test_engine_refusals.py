@@ -75,6 +75,12 @@ def test_each_refusal_names_its_request_and_cause():
         "hypothesis": (dict(hypothesis=(3, vocab + 1)),
                        f"hypothesis holds {vocab + 1}, not a token id below {vocab}"),
         "no features": (dict(features=None), "neither features nor encoder output"),
+        # another model's mel bins failed the whole run inside oneDNN; a short window, inside the encoder
+        "mel bins": (dict(features=torch.zeros(20, 100)), "features of shape (20, 100), where the target takes "
+                                                          "(16, 100)"),
+        "frames": (dict(features=torch.zeros(16, 60)), "features of shape (16, 60), where the target takes (16, 100)"),
+        "encoded": (dict(features=None, encoded=torch.zeros(50, 7)),
+                    "encoder output of shape (50, 7), where the target takes (50, 64)"),
     }
     good = _good()
     requests = [good[0], *(ChunkRequest(name, **{"features": _features()[1], **fields})
@@ -85,17 +91,29 @@ def test_each_refusal_names_its_request_and_cause():
     assert {i: r.tokens for i, r in results.items()} == {r.id: r.tokens for r in engine.run(good, batch_size=4)}
 
 
+def test_an_id_that_cannot_be_hashed_is_refused_when_made():
+    """A list as a chunk id failed inside the run (a TypeError in its feed), with every chunk in flight."""
+    with pytest.raises(ValueError, match=r"chunk id \['talk', 3\]: must be hashable"):
+        ChunkRequest(["talk", 3], _features()[0])
+
+
 def test_a_run_of_refused_requests_only_yields_them():
     results = list(_engine(False).run([ChunkRequest(i, _features()[i], prefix=(5,) * 300) for i in range(3)], 4))
     assert [r.id for r in results] == [0, 1, 2] and all("prefix of 300 tokens" in r.error for r in results)
 
 
-def test_an_engine_error_names_a_refused_request_not_yet_yielded():
+def test_an_engine_error_names_a_refused_request_not_yet_yielded(monkeypatch):
     """A refusal pulled in the micro-batch whose encoding raises is lost with it: the error names it."""
-    requests = [ChunkRequest("long", _features()[0], prompt=(5,) * 300), ChunkRequest("frames", torch.randn(16, 7))]
+    engine = _engine(False)
+
+    def broken(batch):
+        raise RuntimeError("the encoder failed")
+
+    monkeypatch.setattr(engine.encoding, "batch", broken)
+    requests = [ChunkRequest("long", _features()[0], prompt=(5,) * 300), ChunkRequest("good", _features()[1])]
     with pytest.raises(EngineError) as caught:
-        list(_engine(False).run(requests, batch_size=2))
-    assert set(caught.value.chunk_ids) == {"long", "frames"}
+        list(engine.run(requests, batch_size=2))
+    assert set(caught.value.chunk_ids) == {"long", "good"}
 
 
 @pytest.mark.parametrize("temperature", [(0.0,), (0.0, 0.4)])

@@ -59,6 +59,10 @@ class ChunkRequest:
     max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        try:  # a list as an id failed only inside the run (a TypeError in its feed), taking the others with it
+            hash(self.id)
+        except TypeError as err:
+            raise ValueError(f"chunk id {self.id!r:.60}: must be hashable ({err})") from None
         for name in ("features", "encoded"):
             _check_tensor(self.id, name, getattr(self, name))
         for name in ("prompt", "prefix", "hypothesis"):  # numpy's integers too, kept as ints

@@ -368,9 +368,15 @@ class Engine:
     def _refusal(self, req: ChunkRequest) -> str | None:
         """Why this engine cannot decode `req`, one line naming it; None when it can (`Refusals`): no features where
         its encoder output is not given or the draft encodes the audio itself, else what the model cannot take of
-        its prompt, prefix or hypothesis (`Admission.refusal`)."""
+        its prompt, prefix or hypothesis (`Admission.refusal`); features or an encoder output of another shape than
+        the target's (another model's mel bins failed the whole run inside oneDNN, a short window in the encoder)."""
         if req.features is None and req.encoded is None:
             return f"chunk {req.id!r}: neither features nor encoder output"
+        config = self.target.config
+        for name, value, shape in (("features", req.features, (config.num_mel_bins, 2 * self.n_audio_ctx)),
+                                   ("encoder output", req.encoded, (self.n_audio_ctx, config.d_model))):
+            if value is not None and tuple(value.shape) != shape:
+                return f"chunk {req.id!r}: {name} of shape {tuple(value.shape)}, where the target takes {shape}"
         if req.features is None and self.kind is DraftKind.OWN_ENCODER:
             return f"chunk {req.id!r}: no features, which the draft's own encoder needs"
         return self.admission.refusal(req.id, _row_prompt(req), req.hypothesis)
