@@ -246,6 +246,20 @@ def test_a_manifest_loses_no_row_to_a_quote_or_a_repeated_id(tmp_path) -> None:
     assert len(distributed.manifest_inputs(speakers)) == 1
 
 
+def test_a_manifests_ids_do_not_depend_on_how_it_is_named(tmp_path, monkeypatch) -> None:
+    """A rerun naming the manifest from another folder (`m2/corpus.csv`, then `corpus.csv` from m2) found none of
+    its records: the ids were the paths as read from here, every file transcribed again and recorded twice."""
+    folder = tmp_path / "m2"
+    folder.mkdir()
+    (folder / "corpus.csv").write_text("path,text\naudio/a.flac,hello\n")
+    monkeypatch.chdir(tmp_path)
+    from_above = distributed.manifest_inputs("m2/corpus.csv")
+    monkeypatch.chdir(folder)
+    from_inside = distributed.manifest_inputs("corpus.csv")
+    assert [r["id"] for r in from_above] == [r["id"] for r in from_inside] == ["audio/a.flac"]
+    assert from_above[0]["path"] == str(Path("m2/audio/a.flac")) and from_inside[0]["path"] == "audio/a.flac"
+
+
 def test_the_input_readers_live_in_manifests_below_the_runner() -> None:
     """`asr_spec.manifests` reads the inputs; the runner re-exports its readers, and reading inputs imports neither
     the runner (no cycle) nor Ray."""
