@@ -340,4 +340,4 @@ def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | 
                                 loader=functools.partial(load_transcriber, options), record=record,
                                 on_record=on_record)
     kinds = report.hardware
-    return write_eval_summary(options, (kinds[0] if len(kinds) == 1 else list(kinds)) if kinds else None)
+    return write_eval_summary(options, (kinds[0] if len(kinds) == 1 else list(kinds)) if kinds else None, set(utts))

@@ -187,6 +187,18 @@ def test_evaluate_writes_the_summary_next_to_the_log(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "x.summary.json").read_text())["n_scored"] == summary["n_scored"] == 2
 
 
+def test_the_summary_of_a_limited_run_is_its_own_units(tmp_path: Path) -> None:
+    """`--limit 2` on a log of 4 said the 4's WER and counts: the summary covers the run's first 2 units."""
+    out = tmp_path / "x.jsonl"
+    first = evaluate(EvalOptions(data_dir=str(ROOT), limit=4, output=str(out)), transcriber=tiny("none"))
+    assert first["n_scored"] == 4
+    summary = evaluate(EvalOptions(data_dir=str(ROOT), limit=2, output=str(out)), transcriber=tiny("none"))
+    assert summary["n_scored"] == 2 and len(ResultsLog(out).records()) == 4
+    assert json.loads((tmp_path / "x.summary.json").read_text())["n_scored"] == 2
+    assert evaluate(EvalOptions(data_dir=str(ROOT), output=str(out), limit=None), transcriber=tiny("none"))[
+        "n_scored"] == len(IDS)  # no limit: the whole split, the log's 4 resumed
+
+
 @pytest.mark.parametrize("field,value", [("preset", "base"), ("model", "x"), ("draft", "y"), ("device", "cpu"),
                                          ("dtype", "float16"), ("language", "fr"), ("no_draft", True)])
 def test_evaluate_refuses_model_options_with_a_transcriber(tmp_path: Path, field: str, value) -> None:
@@ -373,7 +385,28 @@ def test_unreadable_or_missing_utterances_are_their_own_records_and_the_run_goes
     else:
         assert sorted(records) == sorted(IDS) and failed == IDS[:2] and run.n_failed == 2
         assert "not a readable audio file" in records[IDS[0]]["error"] and "no such file" in records[IDS[1]]["error"]
+        # the file read named (an id alone said "no such file" with no clue which path, or extension, was read)
+        assert records[IDS[1]]["error"].startswith(str(tmp_path / "tree" / "test-clean" / "9001" / "100201"))
     assert all(r["hyp"] or r.get("error") for r in records.values())
+
+
+def test_an_empty_reference_is_said_and_failed_records_are_said_kept(tmp_path: Path, capsys) -> None:
+    """An utterance with no reference text scored every word of its transcript as an insertion, without a word
+    (11 of 13 insertions of a reviewer's run); a rerun kept every failed record and printed the same failures with
+    no error line nor hint, as if it had tried them again."""
+    path = tmp_path / "run.jsonl"
+    log_ = ResultsLog(path)
+    log_.append({"id": "a", "ref": "hello world", "hyp": "hello world", "audio_s": 1.0, "wall_s": 0.1})
+    log_.append({"id": "b", "ref": " ", "hyp": "alpha beta gamma", "audio_s": 1.0, "wall_s": 0.1})
+    log_.append({"id": "c", "ref": "x", "hyp": "", "audio_s": 0.0, "wall_s": 0.0, "error": "c.flac: no such file"})
+    with pytest.warns(UserWarning, match=r"1 scored records have an empty reference \(b\): every word of their "
+                                         "transcripts counts as an insertion"):
+        summary = eval_summary(path)
+    assert summary["insertions"] == 3
+    from asr_spec.cli.evaluation import _report
+
+    assert _report(EvalOptions(data_dir=str(ROOT), output=str(path)), {**summary, "log": str(path)}) == 1
+    assert f"error: 1 failed: their records in {path} say why; a rerun keeps them" in capsys.readouterr().err
 
 
 def test_nothing_scored_is_no_wer_and_an_unwritable_log_is_found_before_the_models_load(tmp_path: Path) -> None:

@@ -114,7 +114,7 @@ def test_long_form_rejects_ungrouped_input(utterances):
     from asr_spec.eval.runner import _units
 
     with pytest.raises(InputError, match="chapter 9001-100201 appears twice"):
-        list(_units(mixed, limit=None, as_long_form=True, done=set()))
+        list(_units(mixed, limit=None, as_long_form=True, done=set(), scope=[]))
 
 
 def test_results_log_resumes_after_a_truncated_line(tmp_path):

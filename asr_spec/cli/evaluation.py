@@ -68,6 +68,9 @@ def _report(options: EvalOptions, summary: dict[str, Any]) -> int:
     split = options.split_name + (" long-form" if options.long_form else "")
     typer.echo(format_summary(summary, title=f"{options.preset_name()} on LibriSpeech {split} ({summary['log']})"))
     typer.echo(f"summary: {summary_path(summary['log'])}")
+    if summary["n_failed"]:  # a rerun skips every recorded id, failed ones too: said, or it looked like a retry
+        typer.echo(f"error: {summary['n_failed']} failed: their records in {summary['log']} say why; a rerun keeps "
+                   "them (delete their lines to try them again)", err=True)
     differs = summary.get("n_greedy_checked", 0) - summary.get("n_identical_to_greedy", 0)
     if differs:
         typer.echo(f"error: {differs} transcripts differ from greedy decoding: speculative decoding must be lossless",

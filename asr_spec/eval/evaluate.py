@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +97,14 @@ def setup_path(log_path: Path) -> Path:
     return log_path.with_name(log_path.stem + ".setup.json")
 
 
-def write_eval_summary(options: EvalOptions,
-                       hardware: dict[str, Any] | list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def write_eval_summary(options: EvalOptions, hardware: dict[str, Any] | list[dict[str, Any]] | None = None,
+                       ids: Collection[str] | None = None) -> dict[str, Any]:
     """The summary of the run's log, also written next to it as <name>.summary.json; with `hardware` (what the
     models ran on, `models.cpu.run_precision`: a run in this process, or a Ray run's workers, one dict where they
-    agreed, else a list of each kind) under that key."""
+    agreed, else a list of each kind) under that key. ids: the run's units where it has a `limit` (the log may
+    hold more, of an earlier run's: `--limit 2` on a log of 7 said the 7's WER), None: the whole log."""
     path = options.output_path()
-    summary = eval_summary(path)
+    summary = eval_summary(path, ids=None if options.limit is None else ids)
     summary["log"] = str(path)
     if hardware is not None:
         summary["hardware"] = hardware
@@ -129,9 +130,9 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
     open_log(options)
     if transcriber is None:
         transcriber = load_transcriber(options)
-    run_eval(transcriber, items, options.output_path(), limit=options.limit, as_long_form=options.long_form,
-             compare_greedy=options.compare_greedy, batch_size=options.batch_size, group_size=options.group_size,
-             on_record=on_record)
+    run = run_eval(transcriber, items, options.output_path(), limit=options.limit, as_long_form=options.long_form,
+                   compare_greedy=options.compare_greedy, batch_size=options.batch_size,
+                   group_size=options.group_size, on_record=on_record)
     from asr_spec.models.cpu import run_of, run_precision
 
-    return write_eval_summary(options, run_precision(*run_of(transcriber)))
+    return write_eval_summary(options, run_precision(*run_of(transcriber)), run.ids)

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -336,7 +336,8 @@ def _cut_partial_tail(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def summarize(path: str | os.PathLike, *, spelling: Spelling = None) -> dict[str, Any]:
+def summarize(path: str | os.PathLike, *, spelling: Spelling = None,
+              ids: Collection[str] | None = None) -> dict[str, Any]:
     """Corpus figures from a results log alone.
 
     Always: n_records, n_failed, n_scored, wer, cer, n_words, substitutions, deletions, insertions, audio_s, wall_s,
@@ -345,9 +346,12 @@ def summarize(path: str | os.PathLike, *, spelling: Spelling = None) -> dict[str
     generated_tokens, target_passes, draft_passes, drafted_tokens, accepted_tokens, accepted_hist, acceptance_rate,
     tokens_per_target_pass), summed by `ChunkStats.total` over the records that carry statistics. A field present
     in only some records is warned about. A repeated id keeps its
-    last record (with a warning). wer/cer are inf when there are insertions but no reference words.
+    last record (with a warning). wer/cer are inf when there are insertions but no reference words. `ids`: the
+    records of those ids only (a run's `limit`: the log may hold more), None: every record.
     """
     records = _read_records(Path(path))
+    if ids is not None:
+        records = [r for r in records if r["id"] in ids]
     by_id: dict[str, dict[str, Any]] = {}
     for record in records:
         by_id[record["id"]] = record
@@ -361,6 +365,11 @@ def summarize(path: str | os.PathLike, *, spelling: Spelling = None) -> dict[str
         missing = [k for k in ("ref", "hyp", "audio_s", "wall_s") if k not in r]
         if missing:
             raise InputError(f"{path}: record {r['id']!r} lacks {', '.join(missing)}")
+    empty = [r["id"] for r in scored if not str(r["ref"]).strip()]
+    if empty:  # scored as they are (the hypothesis's words are insertions), but said: one can dominate the WER
+        shown = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+        warnings.warn(f"{path}: {len(empty)} scored records have an empty reference ({shown}): every word of their "
+                      "transcripts counts as an insertion", stacklevel=2)
     s = score([r["ref"] for r in scored], [r["hyp"] for r in scored], spelling=spelling)
     audio_s = float(sum(r["audio_s"] for r in scored))
     wall_s = float(sum(r["wall_s"] for r in scored))

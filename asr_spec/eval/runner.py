@@ -58,12 +58,14 @@ def utterances(options: EvalOptions) -> Iterator[Utterance]:
         raise HubUnavailableError(f"{cause}; {fix}") from err
 
 
-def _units(items: Iterable[Utterance], *, limit: int | None, as_long_form: bool,
-           done: set[str]) -> Iterator[tuple[str, Callable[[], Utterance]]]:
+def _units(items: Iterable[Utterance], *, limit: int | None, as_long_form: bool, done: set[str],
+           scope: list[str]) -> Iterator[tuple[str, Callable[[], Utterance]]]:
     """(id, make) for the first `limit` evaluation units not in `done`; `make` builds the unit (long-form: joins
-    its chapter's audio) only when called, so skipped chapters are never loaded."""
+    its chapter's audio) only when called, so skipped chapters are never loaded. `scope` gets the id of each of
+    the first `limit` units, done or not."""
     if not as_long_form:
         for u in take(items, limit):
+            scope.append(u.id)
             if u.id not in done:
                 yield u.id, (lambda u=u: u)
         return
@@ -74,6 +76,7 @@ def _units(items: Iterable[Utterance], *, limit: int | None, as_long_form: bool,
         if unit_id in seen:  # as long_form says of its input: a record per id, or half the chapter goes unscored
             raise InputError(f"long_form: chapter {unit_id} appears twice; group the input by chapter")
         seen.add(unit_id)
+        scope.append(unit_id)
         if unit_id in done:
             continue
         parts = list(group)
@@ -89,6 +92,7 @@ class EvalRun:
     n_failed: int  # of n_done, records with an error
     n_not_identical: int  # of n_done, speculative tokens != greedy tokens (must be 0)
     wall_s: float  # seconds this call spent decoding (warm-up excluded)
+    ids: tuple[str, ...] = ()  # the units of the run's `limit` (all of them without one), recorded before or now
 
 
 def _source(u: Utterance) -> Any:
@@ -129,8 +133,8 @@ def record_of(u: Utterance, t: Any, wall_s: float, greedy: tuple[Any, float] | N
                               "wall_s": wall_s, "latency_s": t.wall_s}
     if u.parts:
         record["parts"] = list(u.parts)
-    if t.error is not None:
-        record["error"] = t.error
+    if t.error is not None:  # the file named: its id alone said "no such file" with no clue which path was read
+        record["error"] = f"{os.fspath(u.audio)}: {t.error}" if isinstance(u.audio, (str, os.PathLike)) else t.error
         return record
     record.update(language=t.language, **asdict(t.stats))
     if greedy is not None:
@@ -240,7 +244,8 @@ def run_eval(
         raise InputError("compare_greedy: the transcriber has no draft, so there is nothing to compare with greedy")
     greedy = _greedy_twin(transcriber) if compare_greedy else None
     done = log_.done_ids()
-    units = _units(items, limit=limit, as_long_form=as_long_form, done=done)
+    scope: list[str] = []
+    units = _units(items, limit=limit, as_long_form=as_long_form, done=done, scope=scope)
     tally = _Tally()
     for n_group in itertools.count():
         batch = list(itertools.islice(units, group_size))
@@ -259,4 +264,4 @@ def run_eval(
             tally.count(record)
             if on_record is not None:
                 on_record(record)
-    return EvalRun(tally.n_done, len(done), tally.n_failed, tally.n_not_identical, tally.wall_s)
+    return EvalRun(tally.n_done, len(done), tally.n_failed, tally.n_not_identical, tally.wall_s, tuple(scope))

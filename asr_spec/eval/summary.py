@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ from asr_spec.eval.librispeech import ResultsLog, summarize
 __all__ = ["eval_summary", "format_summary", "summary_path", "write_summary"]
 
 
-def eval_summary(path: str | os.PathLike, **summarize_kwargs: Any) -> dict[str, Any]:
+def eval_summary(path: str | os.PathLike, ids: Collection[str] | None = None,
+                 **summarize_kwargs: Any) -> dict[str, Any]:
     """`librispeech.summarize` of the log (which sums the statistics with `ChunkStats.total`), plus:
 
     target_passes_per_token        target passes / generated tokens (1 for greedy; lower is better)
@@ -21,16 +23,18 @@ def eval_summary(path: str | os.PathLike, **summarize_kwargs: Any) -> dict[str, 
     identical_fraction             n_identical_to_greedy / n_greedy_checked (with compare_greedy; must be 1)
     greedy_wall_s, speedup         Σ greedy_wall_s / Σ wall_s over the records that have both
     greedy_rtfx                    Σ audio_s / Σ greedy_wall_s over the same records
+
+    ids: the records of those ids only (None: all).
     """
     path = Path(path)
-    summary = summarize(path, **summarize_kwargs)
+    summary = summarize(path, ids=ids, **summarize_kwargs)
     if summary.get("target_passes"):
         summary["target_passes_per_token"] = summary["target_passes"] / summary["generated_tokens"] \
             if summary["generated_tokens"] else math.nan
         summary["mean_accepted_per_target_pass"] = summary["accepted_tokens"] / summary["target_passes"]
     if summary.get("n_greedy_checked"):
         summary["identical_fraction"] = summary["n_identical_to_greedy"] / summary["n_greedy_checked"]
-    scored = [r for r in ResultsLog(path).records() if not r.get("error")]
+    scored = [r for r in ResultsLog(path).records() if not r.get("error") and (ids is None or r["id"] in ids)]
     scored = list({r["id"]: r for r in scored}.values())  # a repeated id keeps its last record, as in summarize
     timed = [r for r in scored if "greedy_wall_s" in r]
     if timed:
