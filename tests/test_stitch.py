@@ -19,6 +19,7 @@ from asr_spec.transcribe.stitch import (
     time_cut,
     token_times,
 )
+from asr_spec.transcribe.seams import longest_run
 from asr_spec.transcribe.tails import trim_span
 
 SR = 16_000
@@ -400,6 +401,25 @@ def test_a_short_match_heard_seconds_apart_is_no_common_run() -> None:
     late = TimedPiece((9, *run), (20.0, 24.0, 24.5, 25.0, 25.5, 26.0), seam_s=25.0)
     early = TimedPiece((*run, 8), (20.0, 20.5, 21.0, 21.5, 22.0, 26.0), seam_s=45.0)
     assert merge_timed([late, early]) == merge_overlapping([late.tokens, early.tokens]) == [9, 1, 2, 3, 4, 5, 8]
+
+
+def test_equal_tokens_scattered_over_two_sentences_are_no_sure_run() -> None:
+    """A spliced dialogue through 10 s strides (a seams reviewer's): the left read "... an arrow pointing at a
+    sheep." at 114-118 s, the right "I don't think the arrow is pointing at the sheep." at 120.5-124 s. Aligned,
+    they share "pointing", "at", "sheep", "." (four, so a "sure run" whatever the times said) and the cut in that
+    overlap lost "I don't think the arrow is". A sure run is SURE_RUN_TOKENS equal tokens in a row; these fail the
+    time check and each reading keeps its own side of the seam."""
+    left = TimedPiece((1, 2, 3, 4, 50, 51, 5, 52, 53), tuple(114.0 + 0.5 * i for i in range(9)), seam_s=120.0,
+                      heard_from_s=100.0, heard_to_s=121.7)
+    right = TimedPiece((60, 61, 62, 6, 7, 63, 50, 51, 8, 52, 53), tuple(120.5 + 0.35 * i for i in range(11)),
+                       seam_s=120.0, heard_from_s=118.3, heard_to_s=128.3)
+    assert seam_cut(left, right) == (9, 0)
+    assert [longest_run(np.array(flags, bool)) for flags in ([], [0, 0], [1, 1, 0, 1, 1], [0, 1, 1, 1, 0, 1])] == [
+        0, 0, 2, 3]
+    run = TimedPiece((1, 2, 3, 4, 50, 51, 6, 52, 53), left.times_s, seam_s=120.0, heard_from_s=100.0,
+                     heard_to_s=121.7)
+    assert seam_cut(run, TimedPiece((60, 50, 51, 6, 52, 53, 70), right.times_s[:7], seam_s=120.0,
+                                    heard_from_s=118.3, heard_to_s=128.3)) != (9, 0)  # four in a row: a run
 
 
 def test_a_short_match_the_left_heard_before_the_right_window_starts_is_no_common_run() -> None:
