@@ -8,6 +8,7 @@ from transformers.models.whisper import tokenization_whisper as hf_whisper
 
 from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, plan_chunks
 from asr_spec.errors import InputError
+from asr_spec.transcribe.seams import longest_run
 from asr_spec.transcribe.stitch import (
     ChunkTokens,
     Segment,
@@ -19,7 +20,6 @@ from asr_spec.transcribe.stitch import (
     time_cut,
     token_times,
 )
-from asr_spec.transcribe.seams import longest_run
 from asr_spec.transcribe.tails import trim_span
 
 SR = 16_000
