@@ -8,7 +8,7 @@ from transformers.models.whisper import tokenization_whisper as hf_whisper
 
 from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, plan_chunks
 from asr_spec.errors import InputError
-from asr_spec.transcribe.seams import longest_run
+from asr_spec.transcribe.seams import longest_run, written_in
 from asr_spec.transcribe.stitch import (
     ChunkTokens,
     Segment,
@@ -444,13 +444,32 @@ def test_a_short_match_the_left_heard_before_the_right_window_starts_is_no_commo
 def test_time_cut_keeps_the_right_words_where_the_left_heard_nothing_of_the_right_window() -> None:
     """The left stopped at 44.2 s, before the right window's audio starts (44.7 s); the right's "A" heard at
     44.8 s, before the seam (45 s), is nobody else's reading: it stays. Within the right window's audio the left's
-    last word still claims MAX_SKEW_S after it (the right may have timed the same word later)."""
+    last word claims MAX_SKEW_S after it where it is the left's word again (the right may have timed the same word
+    later), not a word of the right's own."""
     left = TimedPiece((1, 2, 3), (43.6, 43.9, 44.2), seam_s=45.0, heard_from_s=22.3, heard_to_s=52.3)
     right = TimedPiece((7, 8, 9), (44.8, 45.1, 45.4), seam_s=45.0, heard_from_s=44.7, heard_to_s=74.7)
     assert time_cut(left, right) == (3, 0)
-    assert time_cut(left, TimedPiece(right.tokens, right.times_s, seam_s=45.0)) == (3, 1)  # audio not known
+    assert time_cut(left, TimedPiece((3, 8, 9), right.times_s, seam_s=45.0)) == (3, 1)  # audio not known
     earlier = TimedPiece(right.tokens, right.times_s, seam_s=45.0, heard_from_s=43.0, heard_to_s=73.0)
-    assert time_cut(left, earlier) == (3, 1)  # the left's 44.2 s lies in the right's audio: "A" may repeat it
+    assert time_cut(left, earlier) == (3, 0)  # the left's 44.2 s lies in the right's audio, but "A" is not its word
+    again = TimedPiece((3, 8, 9), right.times_s, seam_s=45.0, heard_from_s=43.0, heard_to_s=73.0)
+    assert time_cut(left, again) == (3, 1)  # the left's last word, timed 0.6 s later by the right: once
+
+
+def test_a_window_opening_in_a_pause_keeps_its_first_words() -> None:
+    """dialogue_pauses through 10 s strides (a seams reviewer's): the window from 87.87 s wrote "<0.00> Here is
+    the gate ...<6.00>" over 2.3 s of silence and the speech after it, so "Here" was timed at 88.1 s (said at
+    90.2 s), before the seam (88.33 s) and within MAX_SKEW_S of the left's last token ("." at 88.0 s): dropped as
+    the left's, which had said nothing there. Words heard after the left's last one go only where they are its
+    words again; those heard up to it still go (each window keeps its side of the seam where both read it)."""
+    left = TimedPiece((1, 2, 3, 4), (86.8, 87.2, 87.6, 88.0), seam_s=88.33, heard_from_s=78.2, heard_to_s=89.9)
+    right = TimedPiece((60, 61, 62, 63, 64), (88.1, 88.7, 89.3, 89.9, 90.5), seam_s=88.33, heard_from_s=87.87,
+                       heard_to_s=97.87)
+    assert time_cut(left, right) == (4, 0)
+    overlapping = TimedPiece((60, 61, 62, 63, 64), (87.9, 88.2, 89.3, 89.9, 90.5), seam_s=88.33,
+                             heard_from_s=87.87, heard_to_s=97.87)
+    assert time_cut(left, overlapping) == (4, 1)  # 60 heard up to the left's last token: the left's reading
+    assert written_in((1, 2, 9), (7, 1, 2)) and not written_in((1, 8, 9), (7, 1, 2))
 
 
 def test_a_sentence_one_window_timed_seconds_early_is_matched_across_segments_not_written_twice() -> None:

@@ -23,8 +23,8 @@ import numpy as np
 from asr_spec.errors import InputError
 
 __all__ = ["HEARD_TOLERANCE_S", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord",
-           "TimedPiece", "longest_run", "merge_overlapping", "merge_with_shares", "overlap_cut", "seam_cut", "time_cut",
-           "token_times"]
+           "TimedPiece", "WRITTEN_FRACTION", "longest_run", "merge_overlapping", "merge_with_shares", "overlap_cut",
+           "seam_cut", "time_cut", "token_times", "written_in"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -51,6 +51,11 @@ HEARD_TOLERANCE_S = 0.25
 # tokens that start no word (". ", "?") a reading that stopped early may end a common run with where the other
 # reads on ("he went home." against "he went home and slept"): the run still ends the right's reading
 MAX_CLOSING_TOKENS = 2
+# the share of a reading's tokens before the seam that the other's kept end must hold for them to be its words
+# again (`time_cut`): a window opening in a pause times its first words early ("<0.00> Here is the gate" read over
+# 2 s of silence: "Here" interpolated at 88.1 s for 90.2 s), and they were dropped as the left's, which had said
+# nothing there (a seams reviewer's stride runs with pauses: 155 words lost against 267, 13 more doubled)
+WRITTEN_FRACTION = 0.5
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
 
@@ -169,21 +174,43 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
     heard where the other transcribed nothing: the left its tokens up to MAX_SKEW_S before the right's first one
     after the seam, the right its tokens more than MAX_SKEW_S after the left's last kept one (a window that
     stopped early, heard silence or was dropped takes no words with it) and all its tokens when that one lies
-    outside the right's audio (`TimedPiece.heard`: the right cannot have written again what it never heard).
+    outside the right's audio (`TimedPiece.heard`: the right cannot have written again what it never heard),
+    its tokens heard after that one kept unless they are its words again (`_dropped_head`).
     Given `starts_word`, a word the seam cuts stays whole in the left and its rest leaves the right (no half
     words)."""
     left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
     after = right_s[right_s >= left.seam_s]
     keep_before_s = max(left.seam_s, float(after[0]) - MAX_SKEW_S) if len(after) else _unread_from_s(left, right)
     n_keep = int(np.searchsorted(left_s, keep_before_s, side="left"))
-    drop_before_s = -np.inf
-    if n_keep and right.heard(left_s[n_keep - 1 : n_keep])[0]:
-        drop_before_s = min(left.seam_s, float(left_s[n_keep - 1]) + MAX_SKEW_S)
-    n_drop = int(np.searchsorted(right_s, drop_before_s, side="left"))
+    n_drop = _dropped_head(left, right, n_keep)
     if starts_word is not None:
         n_keep = _word_end(left.tokens, n_keep, starts_word)
         n_drop = _word_end(right.tokens, n_drop, starts_word)
     return n_keep, n_drop
+
+
+def _dropped_head(left: TimedPiece, right: TimedPiece, n_keep: int) -> int:
+    """How many of the right's first tokens a time cut drops as the left's reading of the same audio: none where
+    the left's last kept token lies outside the right's audio; else those before the seam heard up to that token,
+    and those up to MAX_SKEW_S after it where the left's last kept tokens hold them (`written_in`: the right may
+    have timed the same words later; words of its own it may have timed early)."""
+    left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
+    if not n_keep or not right.heard(left_s[n_keep - 1 : n_keep])[0]:
+        return 0
+    last_s = float(left_s[n_keep - 1])
+    before_seam = int(np.searchsorted(right_s, left.seam_s, side="left"))
+    n_same = min(int(np.searchsorted(right_s, last_s, side="right")), before_seam)
+    n_skewed = int(np.searchsorted(right_s, min(left.seam_s, last_s + MAX_SKEW_S), side="left"))
+    skewed = right.tokens[n_same:n_skewed]
+    if skewed and not written_in(skewed, left.tokens[max(0, n_keep - 2 * len(skewed) - 4) : n_keep]):
+        return n_same
+    return max(n_same, n_skewed)
+
+
+def written_in(tokens: Sequence[int], end: Sequence[int]) -> bool:
+    """Whether at least WRITTEN_FRACTION of `tokens` are among `end`'s (a reading's last tokens kept)."""
+    pool = set(end)
+    return sum(token in pool for token in tokens) >= WRITTEN_FRACTION * len(tokens)
 
 
 def _unread_from_s(left: TimedPiece, right: TimedPiece) -> float:
