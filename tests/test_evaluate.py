@@ -16,7 +16,7 @@ from test_transcribe import _models, auto_dtype, save_tiny_models
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.cli.evaluation import eval_main
 from asr_spec.errors import InputError
-from asr_spec.eval.evaluate import evaluate
+from asr_spec.eval.evaluate import check_precision, evaluate
 from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_local
 from asr_spec.eval.options import EvalOptions, parse_split
 from asr_spec.eval.runner import run_eval
@@ -185,6 +185,29 @@ def test_evaluate_writes_the_summary_next_to_the_log(tmp_path: Path) -> None:
     options = EvalOptions(data_dir=str(ROOT), limit=2, output=str(tmp_path / "x.jsonl"), compare_greedy=True)
     summary = evaluate(options, transcriber=tiny("perturbed"))
     assert json.loads((tmp_path / "x.summary.json").read_text())["n_scored"] == summary["n_scored"] == 2
+
+
+def test_a_log_resumes_with_the_same_setup_however_spelled_and_not_in_another_precision(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """The setup was compared as typed: `--data-dir ls/test-clean` against `ls`, `--language English` against
+    `en`, a model's relative path against its absolute one were refused as other setups; `--device`/`--dtype`
+    compared as typed let a resume decode in another precision (ASR_SPEC_NO_CPU_KERNELS=1, another CPU class)
+    and mixed the records under one title. The precision the loaded models run in is checked instead."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    one = EvalOptions(data_dir=str(ROOT), split="test-clean", language="English", model="m", no_draft=True)
+    other = EvalOptions(data_dir=str(ROOT / "test-clean"), split="test-clean", language="en",
+                        model=str(tmp_path / "m"), no_draft=True, device="cpu", dtype="auto")
+    assert one.setup() == other.setup()
+    assert one.setup()["language"] == "en" and EvalOptions(language="auto").setup()["language"] is None
+    out = tmp_path / "x.jsonl"
+    options = EvalOptions(data_dir=str(ROOT), limit=1, output=str(out))
+    evaluate(options, transcriber=tiny("none"))
+    setup = json.loads((tmp_path / "x.setup.json").read_text())
+    check_precision(options, setup["precision"])  # the same: resumed
+    with pytest.raises(InputError, match=r"x.jsonl: its records were decoded in .* \(this run: cpu other\); give "
+                                         "--output for a new log"):
+        check_precision(options, "cpu other")
 
 
 def test_the_summary_of_a_limited_run_is_its_own_units(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ from asr_spec.eval.options import EvalOptions
 from asr_spec.eval.runner import run_eval, utterances
 from asr_spec.eval.summary import eval_summary, summary_path, write_summary
 
-__all__ = ["evaluate", "load_transcriber", "open_log", "open_utterances", "setup_path", "write_eval_summary"]
+__all__ = ["check_precision", "evaluate", "load_transcriber", "open_log", "open_utterances", "setup_path",
+           "write_eval_summary"]
 
 # EvalOptions fields that choose or load the models: with a ready `transcriber` they would be ignored, so they are
 # refused instead (batch_size and the run options are applied to it).
@@ -92,6 +93,24 @@ def open_log(options: EvalOptions) -> ResultsLog:
     return log
 
 
+def check_precision(options: EvalOptions, precision: str) -> None:
+    """After the models load, before anything is decoded: the log's records were decoded in `precision` (the run
+    summary's words, `models.cpu.precision_line`), else `InputError` (a log of bf16 records with the CPU kernels,
+    resumed with ASR_SPEC_NO_CPU_KERNELS=1 or on another CPU class, mixed two precisions under one title); a
+    setup that does not say one (its first run, or written before) takes this run's."""
+    log, path = ResultsLog(options.output_path()), setup_path(options.output_path())
+    try:
+        setup = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read the setup of the log's records ({err})") from err
+    before = setup.get("precision")
+    if before is not None and before != precision and log.done_ids():
+        raise InputError(f"{log.path}: its records were decoded in {before} (this run: {precision}); give --output "
+                         "for a new log, or delete it to start again")
+    setup["precision"] = precision
+    path.write_text(json.dumps(setup, indent=1) + "\n", encoding="utf-8")
+
+
 def setup_path(log_path: Path) -> Path:
     """Where a results log's setup is kept: <name>.setup.json beside it."""
     return log_path.with_name(log_path.stem + ".setup.json")
@@ -130,9 +149,10 @@ def evaluate(options: EvalOptions, *, transcriber: Any = None,
     open_log(options)
     if transcriber is None:
         transcriber = load_transcriber(options)
+    from asr_spec.models.cpu import precision_line, run_of, run_precision
+
+    check_precision(options, precision_line(*run_of(transcriber)))
     run = run_eval(transcriber, items, options.output_path(), limit=options.limit, as_long_form=options.long_form,
                    compare_greedy=options.compare_greedy, batch_size=options.batch_size,
                    group_size=options.group_size, on_record=on_record)
-    from asr_spec.models.cpu import run_of, run_precision
-
     return write_eval_summary(options, run_precision(*run_of(transcriber)), run.ids)

@@ -122,14 +122,36 @@ class EvalOptions:
         return Path("runs") / f"{stem}-{self.split_name}{'-long' if self.long_form else ''}.jsonl"
 
     def setup(self) -> dict[str, Any]:
-        """What makes a log's records what they are: the models, their precision and device, the data and the
-        checks made; a run resumes a log only with the same (`evaluate.open_log`). batch_size, group_size, limit
-        and Ray's workers are left out: they change how fast, not what is written."""
-        data = "hub" if self.data_dir is None else os.path.abspath(self.data_dir)
-        return {"preset": self.preset_name(), "model": self.model, "draft": None if self.no_draft else self.draft,
-                "no_draft": self.no_draft, "device": self.device, "dtype": self.dtype, "language": self.language,
-                "data": data, "split": self.split_name, "long_form": self.long_form,
-                "compare_greedy": self.compare_greedy}
+        """What makes a log's records what they are, as they resolve (not as typed: `--data-dir ls/test-clean`
+        and `ls`, a model's relative and absolute path, `--language English` and `en` are one setup): the models,
+        the language, the data and the checks made; a run resumes a log only with the same (`evaluate.open_log`).
+        The device and dtype are checked as the precision the loaded models run in (`evaluate.check_precision`:
+        `--device cpu` on a machine without CUDA is the default's). batch_size, group_size, limit and Ray's
+        workers are left out: they change how fast, not what is written."""
+        data = "hub"
+        if self.data_dir is not None:
+            root, folder = Path(self.data_dir), self.local_dir()
+            data = os.path.abspath(root / folder if (root / folder).is_dir() else root)
+        draft = None if self.no_draft else self.draft
+        return {"preset": self.preset_name(), "model": _resolved(self.model), "draft": _resolved(draft),
+                "no_draft": self.no_draft, "language": self._language(), "data": data, "split": self.split_name,
+                "long_form": self.long_form, "compare_greedy": self.compare_greedy}
+
+    def _language(self) -> str | None:
+        """The language the run decodes: its code ("en"), or None where detected per chunk ("auto"); the
+        preset's where not given."""
+        from asr_spec.engine.options import language_code
+        from asr_spec.models.presets import load_preset
+
+        language = self.language
+        if language is None:
+            language = load_preset(self.preset_name()).option_values().get("language")
+        if language is None or str(language).strip().lower() == "auto":
+            return None
+        try:
+            return language_code(str(language))
+        except ValueError as err:  # the engine's: it imports nothing of ours
+            raise InputError(str(err)) from err
 
     def model_overrides(self) -> dict[str, Any]:
         """The options that choose and load the models (for `Transcriber.from_preset`), those given only."""
@@ -138,6 +160,11 @@ class EvalOptions:
         if self.no_draft:
             overrides["draft"] = None
         return overrides
+
+
+def _resolved(name: str | None) -> str | None:
+    """A model given as a folder, by its absolute path (a hub id or an embedded name as it is)."""
+    return os.path.abspath(name) if name is not None and os.path.exists(name) else name
 
 
 def _verify_eval_options(o: EvalOptions) -> None:
