@@ -135,6 +135,21 @@ def test_results_log_resumes_after_a_truncated_line(tmp_path):
     assert resumed.done_ids() == {"u0", "u1", "u2", "u3"}
 
 
+def test_a_text_file_given_as_the_log_is_refused_not_cut(tmp_path):
+    """A one-line file without a newline (`printf 'junk' > junk.txt`, given as --output) was read as a crash's
+    partial record: a warning, then its content cut away and replaced by the records. Only a line that can be the
+    head of a record (a JSON object) is crash residue."""
+    junk = tmp_path / "junk.txt"
+    junk.write_bytes(b"junk line no newline")
+    log = ResultsLog(junk)
+    with pytest.raises(InputError, match=r"junk.txt: not a results log \(its last line, b'junk line no newline', is "
+                                         "no JSON record\)"):
+        log.done_ids()
+    with pytest.raises(InputError, match="not a results log"):
+        log.append({"id": "u0", "ref": "a", "hyp": "a", "audio_s": 1.0, "wall_s": 0.5})
+    assert junk.read_bytes() == b"junk line no newline"
+
+
 def test_results_log_rejects_bad_records_and_corruption(tmp_path):
     log = ResultsLog(tmp_path / "r.jsonl")
     with pytest.raises(InputError, match="needs a non-empty string 'id'"):

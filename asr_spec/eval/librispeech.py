@@ -308,6 +308,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()
     lines = data.split(b"\n")
     if lines[-1]:  # no newline at the end: a write the crash interrupted
+        _check_partial_record(path, lines[-1])
         warnings.warn(f"{path}: ignoring an incomplete last line ({len(lines[-1])} bytes)", stacklevel=3)
     records = []
     for line_no, raw in enumerate(lines[:-1], 1):
@@ -323,6 +324,14 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _check_partial_record(path: Path, line: bytes) -> None:
+    """`InputError` unless `line`, a last line without its newline, can be the head of a record a crash cut (one
+    `append` writes a whole JSON object): a text file given as the log was read as crash residue and cut away."""
+    if not line.lstrip().startswith(b"{"):
+        raise InputError(f"{path}: not a results log (its last line, {line[:40]!r}, is no JSON record): give "
+                         "another --output")
+
+
 def _cut_partial_tail(path: Path) -> None:
     if not path.exists() or path.stat().st_size == 0:
         return
@@ -330,6 +339,7 @@ def _cut_partial_tail(path: Path) -> None:
     if data.endswith(b"\n"):
         return
     keep = data.rfind(b"\n") + 1  # 0 when the file is one partial line
+    _check_partial_record(path, data[keep:])
     with open(path, "r+b") as handle:
         handle.truncate(keep)
         handle.flush()
