@@ -143,7 +143,7 @@ def test_a_text_file_given_as_the_log_is_refused_not_cut(tmp_path):
     junk.write_bytes(b"junk line no newline")
     log = ResultsLog(junk)
     with pytest.raises(InputError, match=r"junk.txt: not a results log \(its last line, b'junk line no newline', is "
-                                         "no JSON record\)"):
+                                         r"no JSON record\)"):
         log.done_ids()
     with pytest.raises(InputError, match="not a results log"):
         log.append({"id": "u0", "ref": "a", "hyp": "a", "audio_s": 1.0, "wall_s": 0.5})
