@@ -331,6 +331,7 @@ def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | 
     open_log(options)
     rows = [{"id": u.id, "path": os.fspath(u.audio)} for u in utts.values()]
     ray_options = RayOptions(address=options.ray_address, workers=options.workers, progress=False,
+                             threads_per_worker=options.threads_per_worker,
                              files_per_batch=options.group_size or RayOptions.files_per_batch)
 
     def record(row: InputRow, t: Transcription, wall_s: float, read_s: float) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,23 @@ def test_eval_ray_writes_the_records_the_summary_reads(tmp_path, preset, hardwar
     assert summary["hardware"] == hardware  # what the workers decoded on
 
 
+def test_eval_on_ray_takes_threads_per_worker(tmp_path, monkeypatch) -> None:
+    """`eval --ray` had no --threads-per-worker: its CPU actors always ran one torch thread, where docs/ray.md
+    sizes workers x threads (`transcribe --ray` had it)."""
+    from asr_spec.eval.options import EvalOptions
+
+    given = {}
+
+    def fake(rows, output, *, options, **kwargs):
+        given["options"] = options
+        return types.SimpleNamespace(hardware=())
+
+    monkeypatch.setattr(distributed, "transcribe_dataset", fake)
+    distributed.evaluate_on_ray(EvalOptions(ray=True, data_dir=str(LIBRI), limit=1, threads_per_worker=3,
+                                            output=str(tmp_path / "e.jsonl")))
+    assert given["options"].threads_per_worker == 3
+
+
 def test_with_gpu_workers_decoding_runs_in_its_own_cpu_tasks(capsys) -> None:
     """The plan only (nothing runs): GPU actors leave decoding to CPU tasks; CPU actors take it over (fused)."""
     for gpus, optimised in [(1.0, "ActorPoolMapOperator[MapBatches(_TranscribeWorker)]\n+- TaskPoolMapOperator"),
@@ -199,7 +217,8 @@ def test_with_gpu_workers_decoding_runs_in_its_own_cpu_tasks(capsys) -> None:
     (["transcribe", "--output", "x.jsonl", "a.flac"], "--manifest, --output and --ray-address need --ray"),
     (["transcribe", "--ray", "--output", "x.jsonl"], "no input: give audio FILEs or --manifest"),
     (["transcribe", "--ray", "--output", "x.jsonl", "--output-dir", "d", "a.flac"], "drop --output-dir"),
-    (["eval", "--workers", "2"], "ray_address and workers are options of ray"),
+    (["eval", "--workers", "2"], "ray_address, workers and threads_per_worker are options of ray"),
+    (["eval", "--threads-per-worker", "2"], "ray_address, workers and threads_per_worker are options of ray"),
     (["eval", "--ray"], "ray runs utterance files of a local tree: give data_dir"),
 ])
 def test_cli_option_errors(capsys, args: list[str], needle: str) -> None:

@@ -27,6 +27,7 @@ from asr_spec.cli.options import (
     PRESET,
     RAY,
     RAY_ADDRESS,
+    THREADS_PER_WORKER,
     WORKERS,
     fail,
 )
@@ -78,7 +79,7 @@ def _report(options: EvalOptions, summary: dict[str, Any]) -> int:
     return EXIT_FAILED if summary["n_failed"] or differs else EXIT_OK
 
 
-def eval_command(  # long function: typer declares each of its 19 options as a parameter
+def eval_command(  # long function: typer declares each of its 20 options as a parameter
     preset: str = PRESET,
     split: str = typer.Option("test.clean", help="Hub: test.clean, test.other, validation.clean, ...; with "
                               "--data-dir: any folder of the tree (test-clean, my-split, ...)."),
@@ -105,16 +106,18 @@ def eval_command(  # long function: typer declares each of its 19 options as a p
     ray: bool = RAY,
     ray_address: str | None = RAY_ADDRESS,
     workers: int | None = WORKERS,
+    threads_per_worker: int | None = THREADS_PER_WORKER,
 ) -> None:
     """WER, CER and speed of asr-spec on LibriSpeech (hub or a local tree); resumable (one JSONL line per
     utterance, rerun with the same --output to continue)."""
-    workers_given = {} if workers is None else {"workers": workers}  # not given: EvalOptions' default
+    given = {name: value for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker))
+             if value is not None}  # not given: EvalOptions' defaults
     try:
         options = EvalOptions(preset=preset, split=split, data_dir=data_dir, limit=limit, long_form=long_form,
                               compare_greedy=compare_greedy, batch_size=batch_size, group_size=group_size,
                               output=output, model=model, draft=draft, device=None if device == "auto" else device,
                               dtype=dtype, language=language, no_draft=no_draft, streaming=not no_streaming, ray=ray,
-                              ray_address=ray_address, **workers_given)
+                              ray_address=ray_address, **given)
     except AsrSpecError as err:
         fail(one_line(err), EXIT_USAGE)
     try:

@@ -83,6 +83,7 @@ RAY = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-
 RAY_ADDRESS = typer.Option(None, help="With --ray: the cluster (auto, ray://host:10001). Default: RAY_ADDRESS, else "
                            "a local Ray on this machine.")
 WORKERS = typer.Option(None, help="With --ray: transcription actors (one per GPU on GPU machines). Default 1.")
+THREADS_PER_WORKER = typer.Option(None, help="With --ray: torch threads of each CPU actor. Default 1.")
 
 # Decoding options of `transcribe` and `serve` (for the server: the default of requests that set none).
 TEMPERATURE = typer.Option(None, help="Temperature fallback: comma-separated increasing temperatures in [0, 1]; a "

@@ -36,6 +36,7 @@ from asr_spec.cli.options import (
     RAY_ADDRESS,
     SEED,
     TEMPERATURE,
+    THREADS_PER_WORKER,
     USER_ERRORS,
     WORKERS,
     fail,
@@ -80,8 +81,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     ray: bool = RAY,
     ray_address: str | None = RAY_ADDRESS,
     workers: int | None = WORKERS,
-    threads_per_worker: int | None = typer.Option(None, help="With --ray: torch threads of each CPU actor. "
-                                                     "Default 1."),
+    threads_per_worker: int | None = THREADS_PER_WORKER,
     manifest: Path | None = typer.Option(None, help="With --ray: a .csv/.tsv/.jsonl manifest with a path column "
                                             "(a text column is kept as the reference) instead of FILEs."),
     output: Path | None = typer.Option(None, help="With --ray: the results JSONL (rerun to resume)."),

@@ -84,6 +84,7 @@ class EvalOptions:
     ray: bool = False  # transcribe on a Ray cluster (asr_spec.distributed): one actor per worker, local tree only
     ray_address: str | None = None  # with ray: the cluster; None = RAY_ADDRESS, else a local Ray
     workers: int = 1  # with ray: transcription actors
+    threads_per_worker: int = 1  # with ray: torch threads of each CPU actor (`distributed.RayOptions`)
 
     def __post_init__(self) -> None:
         _verify_eval_options(self)
@@ -180,7 +181,9 @@ def _verify_eval_options(o: EvalOptions) -> None:
     if o.ray and (o.data_dir is None or o.long_form or o.compare_greedy):
         raise InputError("ray runs utterance files of a local tree: give data_dir, without long_form or compare_greedy")
     int_at_least(o.workers, "workers", 1)
-    if not o.ray and (o.ray_address is not None or o.workers != 1):
-        raise InputError("ray_address and workers are options of ray: turn it on (--ray) or drop them")
+    int_at_least(o.threads_per_worker, "threads_per_worker", 1)
+    if not o.ray and (o.ray_address is not None or o.workers != 1 or o.threads_per_worker != 1):
+        raise InputError("ray_address, workers and threads_per_worker are options of ray: turn it on (--ray) or "
+                         "drop them")
     if o.data_dir is not None and not Path(o.data_dir).is_dir():
         raise InputError(f"{o.data_dir}: no such directory (data_dir must be a LibriSpeech tree)")
