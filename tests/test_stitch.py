@@ -422,6 +422,28 @@ def test_equal_tokens_scattered_over_two_sentences_are_no_sure_run() -> None:
                                     heard_from_s=118.3, heard_to_s=128.3)) != (9, 0)  # four in a row: a run
 
 
+def test_a_window_that_loops_past_the_seam_leaves_that_audio_to_the_right() -> None:
+    """dialogue_pauses through 10 s strides (a seams reviewer's): the window 120.8-130.8 s heard "I will believe
+    that when I see it" in its last second and repeated "I will believe that when I see the keys," to its token
+    limit, every repetition timed within half a second (129.6-130.1 s); the next window read the sentence once.
+    The run cut at the loop's last repetition (the best-scoring overlap) kept ~60 of them. Where the left keeps
+    many times more tokens past the seam than the right wrote for that audio, the right reads past the seam."""
+    unit = (40, 41, 42, 43, 44, 40, 45, 46, 47, 48)  # " I will believe that when I see the keys ,"
+    head = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)  # " Perhaps , but tomorrow , I will bring the keys myself"
+    loop = head + (12,) + unit * 20
+    times = (*(121.2 + 0.7 * i for i in range(len(head))), 129.2,
+             *(129.6 + 0.5 * i / (len(unit) * 20) for i in range(len(unit) * 20)))
+    left = TimedPiece(loop, times, seam_s=128.33, heard_from_s=120.8, heard_to_s=130.8)
+    right = TimedPiece((40, 41, 42, 43, 44, 40, 45, 49, 12), (128.4, 128.7, 129.1, 129.5, 129.9, 130.2, 130.6, 131.0,
+                                                               131.3), seam_s=128.33, heard_from_s=126.7,
+                       heard_to_s=136.7)
+    n_keep, n_drop = seam_cut(left, right)
+    assert (n_keep, n_drop) == (11, 0)  # the left up to the seam, the right whole: the sentence once
+    once = TimedPiece(head + (12,) + unit, times[:len(head) + 1 + len(unit)], seam_s=128.33, heard_from_s=120.8,
+                      heard_to_s=130.8)
+    assert seam_cut(once, right) == (13, 1)  # read once on each side: the run cut, as before
+
+
 def test_a_short_match_the_left_heard_before_the_right_window_starts_is_no_common_run() -> None:
     """Held-out monologue_speeds with snapped window starts: the left window (22.3-52.3 s) ends "... poured it over
     the wheel from above." at 44.3 s, the right one (44.7-74.7 s) opens "A wheel fed from above is far ...".

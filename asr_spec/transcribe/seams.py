@@ -22,9 +22,9 @@ import numpy as np
 
 from asr_spec.errors import InputError
 
-__all__ = ["HEARD_TOLERANCE_S", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S", "SURE_RUN_TOKENS", "StartsWord",
-           "TimedPiece", "WRITTEN_FRACTION", "longest_run", "merge_overlapping", "merge_with_shares", "overlap_cut",
-           "seam_cut", "time_cut", "token_times", "written_in"]
+__all__ = ["HEARD_TOLERANCE_S", "LOOP_FACTOR", "LOOP_MIN_TOKENS", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S",
+           "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "WRITTEN_FRACTION", "longest_run", "merge_overlapping",
+           "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times", "written_in"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -56,6 +56,13 @@ MAX_CLOSING_TOKENS = 2
 # 2 s of silence: "Here" interpolated at 88.1 s for 90.2 s), and they were dropped as the left's, which had said
 # nothing there (a seams reviewer's stride runs with pauses: 155 words lost against 267, 13 more doubled)
 WRITTEN_FRACTION = 0.5
+# a run cut whose left keeps at least LOOP_MIN_TOKENS past the seam, more than LOOP_FACTOR times the right's for the
+# same audio, is a loop's (`_outwritten`): a 10 s window that heard "I will believe that when I see it" in its last
+# second repeated it to its token limit, 440 tokens timed within half a second, and the run cut at the loop's last
+# repetition kept ~60 of them (a seams reviewer's runs: 502 of 576 doubled words, two loops; 3-4x, 12-30 tokens,
+# all the same there)
+LOOP_MIN_TOKENS = 20
+LOOP_FACTOR = 3.0
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
 
@@ -259,7 +266,22 @@ def seam_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
     if best is None:
         return time_cut(left, right, starts_word)
     n_keep, n_drop = _agreeing_cut(left, right, best)
+    if _outwritten(left, right, n_keep):
+        return time_cut(left, right, starts_word)
     return _past_the_right(left, right, n_keep, n_drop, starts_word) or (n_keep, n_drop)
+
+
+def _outwritten(left: TimedPiece, right: TimedPiece, n_keep: int) -> bool:
+    """Whether a cut keeping the left's first `n_keep` tokens keeps a loop past the seam: at least
+    LOOP_MIN_TOKENS of them timed from the seam on, more than LOOP_FACTOR times as many as the right wrote for the
+    same audio (from the seam to the left's last kept token). The right's reading is then the one past the seam."""
+    left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
+    n_past = n_keep - int(np.searchsorted(left_s, left.seam_s, side="left"))
+    if n_past < LOOP_MIN_TOKENS:
+        return False
+    n_right = int(np.searchsorted(right_s, left_s[n_keep - 1], side="right")
+                  - np.searchsorted(right_s, left.seam_s, side="left"))
+    return n_past > LOOP_FACTOR * max(n_right, 1)
 
 
 def _past_the_right(left: TimedPiece, right: TimedPiece, n_keep: int, n_drop: int,
