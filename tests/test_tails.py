@@ -349,6 +349,9 @@ def test_seam_drops_only_whole_repeated_words() -> None:
     assert seam_overlap([1, 3, 4], [3, 4, 5], starts_word=starts) == 2
     tail, n = drop_repeated_head((ts(0), 7, 3, 4, ts(2), EOT), (ts(0), 3, 4, 5, ts(1), EOT), EOT, starts)
     assert n == 2 and tail == (ts(0), 5, ts(1), EOT)  # timestamps stay, the repeated words go
+    # a whole sentence the parent timed early and its tail heard again (13 tokens: 8 was the limit, it stayed)
+    sentence = list(range(100, 113))
+    assert seam_overlap([7, 8, *sentence], [*sentence, 9]) == 13
 
 
 def _result(key, tokens) -> ChunkResult:

@@ -50,7 +50,10 @@ __all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "TailBook", "TailSource", "clos
            "rewind", "seam_overlap", "stride_tail", "timed", "trim_span", "uncovered_speech_s", "with_tails"]
 
 STEP_SAMPLES = int(round(TIME_PRECISION_S * SAMPLE_RATE))  # 320 samples per timestamp step
-MAX_SEAM_TOKENS = 8  # the longest repetition looked for at a tail's seam (a few words)
+# the longest repetition looked for at a tail's seam: a whole sentence, not only a word or two timed early (a
+# stride parent timed "Last time we went back, the gate was locked behind us." at 27-34 s, said from 34.4 s, and
+# its tail from 34.0 s wrote the 13 tokens again; at 8 they stayed, doubled: a seams reviewer's spliced dialogue)
+MAX_SEAM_TOKENS = 48
 # the least time a closed segment's text tokens take, each, for its end timestamp to be trusted (`timed`): fast
 # speech runs ~0.1-0.2 s a token, so only a segment whose timestamps cannot be its speech's falls under it
 MIN_TOKEN_S = 0.03
