@@ -8,7 +8,7 @@ from transformers.models.whisper import tokenization_whisper as hf_whisper
 
 from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, plan_chunks
 from asr_spec.errors import InputError
-from asr_spec.transcribe.seams import longest_run, written_in
+from asr_spec.transcribe.seams import run_lengths, written_in
 from asr_spec.transcribe.stitch import (
     ChunkTokens,
     Segment,
@@ -414,8 +414,17 @@ def test_equal_tokens_scattered_over_two_sentences_are_no_sure_run() -> None:
     right = TimedPiece((60, 61, 62, 6, 7, 63, 50, 51, 8, 52, 53), tuple(120.5 + 0.35 * i for i in range(11)),
                        seam_s=120.0, heard_from_s=118.3, heard_to_s=128.3)
     assert seam_cut(left, right) == (9, 0)
-    assert [longest_run(np.array(flags, bool)) for flags in ([], [0, 0], [1, 1, 0, 1, 1], [0, 1, 1, 1, 0, 1])] == [
-        0, 0, 2, 3]
+    assert [run_lengths(np.array(flags, bool)).tolist() for flags in ([], [0, 0], [1, 1, 0, 1, 1], [0, 1, 1, 1, 0, 1])
+            ] == [[], [], [2, 2], [3, 1]]
+    # one sentence read twice 4 s apart with one token between its readings differing ("Mr."/"Mister"): runs of 3
+    # and 3 are a sure run (counted only in a row, it was written twice)
+    one = TimedPiece((50, 51, 1, 2, 3, 90, 5, 6, 7, 91), tuple(30.0 + 0.4 * i for i in range(10)), seam_s=33.0,
+                     heard_from_s=10.0, heard_to_s=40.0)
+    other = TimedPiece((1, 2, 3, 80, 5, 6, 7, 81, 82), tuple(34.8 + 0.4 * i for i in range(9)), seam_s=33.0,
+                       heard_from_s=30.0, heard_to_s=60.0)
+    n_keep, n_drop = seam_cut(one, other)
+    merged = [*one.tokens[:n_keep], *other.tokens[n_drop:]]
+    assert merged.count(1) == 1 and merged.count(5) == 1  # once
     run = TimedPiece((1, 2, 3, 4, 50, 51, 6, 52, 53), left.times_s, seam_s=120.0, heard_from_s=100.0,
                      heard_to_s=121.7)
     assert seam_cut(run, TimedPiece((60, 50, 51, 6, 52, 53, 70), right.times_s[:7], seam_s=120.0,

@@ -23,8 +23,8 @@ import numpy as np
 from asr_spec.errors import InputError
 
 __all__ = ["HEARD_TOLERANCE_S", "LOOP_FACTOR", "LOOP_MIN_TOKENS", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S",
-           "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "WRITTEN_FRACTION", "longest_run", "merge_overlapping",
-           "merge_with_shares", "overlap_cut", "seam_cut", "time_cut", "token_times", "written_in"]
+           "SURE_RUN_MIN", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "WRITTEN_FRACTION", "merge_overlapping",
+           "merge_with_shares", "overlap_cut", "run_lengths", "seam_cut", "time_cut", "token_times", "written_in"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -32,11 +32,14 @@ _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction
 # segments of a few seconds (`token_times`), so a true run is off by about a second; a spurious one ("." " He"
 # matched across two sentences) by the several seconds between them
 MAX_SKEW_S = 2.5
-# consecutive equal aligned tokens that make a run whatever the times say: whisper-base may time one sentence 3-5 s
-# apart in two windows (dialogue_pauses), while a spurious match is a punctuation mark and a word or two; counted
-# scattered, "an arrow pointing at a sheep." and "the arrow is pointing at the sheep." 6.5 s later shared four
-# ("pointing", "at", "sheep", ".") and the second sentence's head was lost (a seams reviewer's spliced dialogue)
+# equal aligned tokens, in runs of at least SURE_RUN_MIN in a row, that make a run whatever the times say:
+# whisper-base may time one sentence 3-5 s apart in two windows (dialogue_pauses; its two readings may differ in a
+# token: "Mr."/"Mister"), while a spurious match is a punctuation mark and a word or two. Counted however scattered,
+# "an arrow pointing at a sheep." and "the arrow is pointing at the sheep." 6.5 s later shared four ("pointing at",
+# "sheep .") and the second sentence's head was lost (a seams reviewer's spliced dialogue); counted only in a row,
+# a sentence read "1 2 3 90 5 6 7" and "1 2 3 80 5 6 7" 4 s apart was written twice (a diff reviewer's)
 SURE_RUN_TOKENS = 4
+SURE_RUN_MIN = 3
 # seconds beyond the audio two windows share within which either's text is compared at their seam: whisper-base
 # timed dialogue_pauses' "Only because the path was flooded after the rain." 5 s early in one window (35-40 s,
 # where the next window heard it at 40-44 s); the segment is taken whole when it reaches into this margin
@@ -237,24 +240,26 @@ def _word_end(tokens: Sequence[int], position: int, starts_word: StartsWord) -> 
 
 
 def _heard_together(left: TimedPiece, right: TimedPiece, overlap: Overlap) -> bool:
-    """Whether the equal tokens an overlap aligns are a common run: SURE_RUN_TOKENS of them in a row, or heard at
-    about the same time by both chunks (their times differ by at most MAX_SKEW_S on average) in audio both
-    chunks have (`TimedPiece.heard`): ". He" at the end of one reading and ". He" seven seconds earlier at the
-    start of the other are no common run, nor is " from above" the left heard before the right's audio starts."""
+    """Whether the equal tokens an overlap aligns are a common run: SURE_RUN_TOKENS of them in runs of at least
+    SURE_RUN_MIN in a row, or heard at about the same time by both chunks (their times differ by at most
+    MAX_SKEW_S on average) in audio both chunks have (`TimedPiece.heard`): ". He" at the end of one reading and
+    ". He" seven seconds earlier at the start of the other are no common run, nor is " from above" the left heard
+    before the right's audio starts."""
     left_start, left_stop, right_start, right_stop = overlap
     equal = np.asarray(left.tokens[left_start:left_stop]) == np.asarray(right.tokens[right_start:right_stop])
     left_s = np.asarray(left.times_s[left_start:left_stop])[equal]
     right_s = np.asarray(right.times_s[right_start:right_stop])[equal]
-    if longest_run(equal) >= SURE_RUN_TOKENS:
+    runs = run_lengths(equal)
+    if runs[runs >= SURE_RUN_MIN].sum() >= SURE_RUN_TOKENS:
         return True
     both_heard = bool(right.heard(left_s).all() and left.heard(right_s).all())
     return both_heard and bool(abs(float((left_s - right_s).mean())) <= MAX_SKEW_S)
 
 
-def longest_run(flags: np.ndarray) -> int:
-    """The most consecutive True values of the (n,) bool `flags` (0 when none)."""
+def run_lengths(flags: np.ndarray) -> np.ndarray:
+    """(k,) int: the lengths of the runs of consecutive True values of the (n,) bool `flags`, in order."""
     edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(flags, dtype=np.int8), [0]])))
-    return int((edges[1::2] - edges[::2]).max()) if len(edges) else 0
+    return edges[1::2] - edges[::2]
 
 
 def seam_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None = None) -> tuple[int, int]:
