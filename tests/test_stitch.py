@@ -8,7 +8,7 @@ from transformers.models.whisper import tokenization_whisper as hf_whisper
 
 from asr_spec.audio.chunking import ChunkingOptions, ChunkSpan, plan_chunks
 from asr_spec.errors import InputError
-from asr_spec.transcribe.seams import run_lengths, written_in
+from asr_spec.transcribe.seams import repeated_head, run_lengths
 from asr_spec.transcribe.stitch import (
     ChunkTokens,
     Segment,
@@ -500,7 +500,13 @@ def test_a_window_opening_in_a_pause_keeps_its_first_words() -> None:
     overlapping = TimedPiece((60, 61, 62, 63, 64), (87.9, 88.2, 89.3, 89.9, 90.5), seam_s=88.33,
                              heard_from_s=87.87, heard_to_s=97.87)
     assert time_cut(left, overlapping) == (4, 1)  # 60 heard up to the left's last token: the left's reading
-    assert written_in((1, 2, 9), (7, 1, 2)) and not written_in((1, 8, 9), (7, 1, 2))
+    assert repeated_head((1, 2, 9), (7, 1, 2)) == 2 and repeated_head((8, 1, 2), (7, 1, 2)) == 0
+    assert repeated_head((), (1,)) == 0 and repeated_head((1, 2), (2, 1)) == 1 and repeated_head((7,), (7, 1)) == 0
+    # a right reading opening "the man ." after a left one ending "to the door .": " the" is shared, nothing repeated
+    door = TimedPiece((1, 2, 30, 31, 32), (86.4, 86.8, 87.2, 87.6, 88.0), seam_s=88.33, heard_from_s=78.2,
+                      heard_to_s=89.9)
+    assert time_cut(door, TimedPiece((31, 40, 32, 64), (88.1, 88.4, 88.9, 90.5), seam_s=88.33, heard_from_s=87.87,
+                                     heard_to_s=97.87)) == (5, 0)
 
 
 def test_a_sentence_one_window_timed_seconds_early_is_matched_across_segments_not_written_twice() -> None:

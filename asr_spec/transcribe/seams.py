@@ -23,8 +23,8 @@ import numpy as np
 from asr_spec.errors import InputError
 
 __all__ = ["HEARD_TOLERANCE_S", "LOOP_FACTOR", "LOOP_MIN_TOKENS", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S",
-           "SURE_RUN_MIN", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "WRITTEN_FRACTION", "merge_overlapping",
-           "merge_with_shares", "overlap_cut", "run_lengths", "seam_cut", "time_cut", "token_times", "written_in"]
+           "SURE_RUN_MIN", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping", "repeated_head",
+           "merge_with_shares", "overlap_cut", "run_lengths", "seam_cut", "time_cut", "token_times"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -54,11 +54,6 @@ HEARD_TOLERANCE_S = 0.25
 # tokens that start no word (". ", "?") a reading that stopped early may end a common run with where the other
 # reads on ("he went home." against "he went home and slept"): the run still ends the right's reading
 MAX_CLOSING_TOKENS = 2
-# the share of a reading's tokens before the seam that the other's kept end must hold for them to be its words
-# again (`time_cut`): a window opening in a pause times its first words early ("<0.00> Here is the gate" read over
-# 2 s of silence: "Here" interpolated at 88.1 s for 90.2 s), and they were dropped as the left's, which had said
-# nothing there (a seams reviewer's stride runs with pauses: 155 words lost against 267, 13 more doubled)
-WRITTEN_FRACTION = 0.5
 # a run cut whose left keeps at least LOOP_MIN_TOKENS past the seam, more than LOOP_FACTOR times the right's for the
 # same audio, is a loop's (`_outwritten`): a 10 s window that heard "I will believe that when I see it" in its last
 # second repeated it to its token limit, 440 tokens timed within half a second, and the run cut at the loop's last
@@ -185,7 +180,7 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
     after the seam, the right its tokens more than MAX_SKEW_S after the left's last kept one (a window that
     stopped early, heard silence or was dropped takes no words with it) and all its tokens when that one lies
     outside the right's audio (`TimedPiece.heard`: the right cannot have written again what it never heard),
-    its tokens heard after that one kept unless they are its words again (`_dropped_head`).
+    its tokens heard after that one kept unless they repeat the left's (`_dropped_head`).
     Given `starts_word`, a word the seam cuts stays whole in the left and its rest leaves the right (no half
     words)."""
     left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
@@ -202,8 +197,11 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
 def _dropped_head(left: TimedPiece, right: TimedPiece, n_keep: int) -> int:
     """How many of the right's first tokens a time cut drops as the left's reading of the same audio: none where
     the left's last kept token lies outside the right's audio; else those before the seam heard up to that token,
-    and those up to MAX_SKEW_S after it where the left's last kept tokens hold them (`written_in`: the right may
-    have timed the same words later; words of its own it may have timed early)."""
+    and of those up to MAX_SKEW_S after it, as many as repeat in order what the left's last kept tokens say
+    (`repeated_head`: the right may have timed the same words later). A window opening in a pause times its first
+    words early ("<0.00> Here is the gate" over 2.3 s of silence: "Here" interpolated at 88.1 s for 90.2 s), and
+    they were dropped as the left's, which had said nothing there (a seams reviewer's 56 stride runs with pauses,
+    re-stitched: 267 words lost, 203 after)."""
     left_s, right_s = np.asarray(left.times_s), np.asarray(right.times_s)
     if not n_keep or not right.heard(left_s[n_keep - 1 : n_keep])[0]:
         return 0
@@ -212,15 +210,15 @@ def _dropped_head(left: TimedPiece, right: TimedPiece, n_keep: int) -> int:
     n_same = min(int(np.searchsorted(right_s, last_s, side="right")), before_seam)
     n_skewed = int(np.searchsorted(right_s, min(left.seam_s, last_s + MAX_SKEW_S), side="left"))
     skewed = right.tokens[n_same:n_skewed]
-    if skewed and not written_in(skewed, left.tokens[max(0, n_keep - 2 * len(skewed) - 4) : n_keep]):
-        return n_same
-    return max(n_same, n_skewed)
+    return n_same + repeated_head(skewed, left.tokens[:n_keep])
 
 
-def written_in(tokens: Sequence[int], end: Sequence[int]) -> bool:
-    """Whether at least WRITTEN_FRACTION of `tokens` are among `end`'s (a reading's last tokens kept)."""
-    pool = set(end)
-    return sum(token in pool for token in tokens) >= WRITTEN_FRACTION * len(tokens)
+def repeated_head(tokens: Sequence[int], end: Sequence[int]) -> int:
+    """How many of `tokens`' first tokens repeat the last ones of `end` (a reading's last tokens kept): the largest
+    k with tokens[:k] == end[-k:] (0 for none). Not a bag of tokens: a right reading opening "the man." after a
+    left one ending "to the door." shares " the" but repeats nothing."""
+    tokens, end = list(tokens), list(end)
+    return next((k for k in range(min(len(tokens), len(end)), 0, -1) if tokens[:k] == end[-k:]), 0)
 
 
 def _unread_from_s(left: TimedPiece, right: TimedPiece) -> float:
