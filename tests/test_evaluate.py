@@ -16,7 +16,7 @@ from test_transcribe import _models, auto_dtype, save_tiny_models
 from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.cli.evaluation import eval_main
 from asr_spec.errors import InputError
-from asr_spec.eval.evaluate import check_precision, evaluate
+from asr_spec.eval.evaluate import check_precision, evaluate, open_log
 from asr_spec.eval.librispeech import HubUnavailableError, ResultsLog, iter_local
 from asr_spec.eval.options import EvalOptions, parse_split
 from asr_spec.eval.runner import run_eval
@@ -200,6 +200,13 @@ def test_a_log_resumes_with_the_same_setup_however_spelled_and_not_in_another_pr
                         model=str(tmp_path / "m"), no_draft=True, device="cpu", dtype="auto")
     assert one.setup() == other.setup()
     assert one.setup()["language"] == "en" and EvalOptions(language="auto").setup()["language"] is None
+    # a log whose setup was kept as typed (before setups were resolved): resumed by the same command, not refused
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text(json.dumps({"id": IDS[0], "ref": "a", "hyp": "a", "audio_s": 1.0, "wall_s": 1.0}) + "\n")
+    (tmp_path / "kept.setup.json").write_text(json.dumps({
+        "preset": "base", "model": None, "draft": None, "no_draft": False, "device": None, "dtype": None,
+        "language": None, "data": str(ROOT), "split": "test.clean", "long_form": False, "compare_greedy": False}))
+    open_log(EvalOptions(data_dir=str(ROOT), split="test.clean", output=str(kept)))
     out = tmp_path / "x.jsonl"
     options = EvalOptions(data_dir=str(ROOT), limit=1, output=str(out))
     evaluate(options, transcriber=tiny("none"))

@@ -19,7 +19,7 @@ from typing import Any
 
 from asr_spec.errors import InputError
 from asr_spec.eval.librispeech import ResultsLog, Utterance
-from asr_spec.eval.options import EvalOptions
+from asr_spec.eval.options import SETUP_VERSION, EvalOptions
 from asr_spec.eval.runner import run_eval, utterances
 from asr_spec.eval.summary import eval_summary, summary_path, write_summary
 
@@ -80,6 +80,8 @@ def open_log(options: EvalOptions) -> ResultsLog:
             before = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise InputError(f"{path}: cannot read the setup of the log's records ({err})") from err
+        if isinstance(before, dict) and before.get("version") != SETUP_VERSION:  # kept as typed: resolved now
+            before = options.resolved_setup(before)
         changed = [f"{key} {before.get(key)!r} (this run: {value!r})" for key, value in setup.items()
                    if before.get(key) != value]
         if changed:

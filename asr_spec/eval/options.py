@@ -13,6 +13,7 @@ from asr_spec.errors import InputError
 __all__ = ["EvalOptions", "LibriSplit", "check_run_args", "parse_split"]
 
 GROUP_BATCHES = 4  # default group: this many engine batches of utterances per Transcriber call
+SETUP_VERSION = 2  # a kept setup as it resolves (`EvalOptions.resolved_setup`); the first kept what was typed
 
 
 @dataclass(frozen=True)
@@ -123,36 +124,30 @@ class EvalOptions:
         return Path("runs") / f"{stem}-{self.split_name}{'-long' if self.long_form else ''}.jsonl"
 
     def setup(self) -> dict[str, Any]:
-        """What makes a log's records what they are, as they resolve (not as typed: `--data-dir ls/test-clean`
-        and `ls`, a model's relative and absolute path, `--language English` and `en` are one setup): the models,
-        the language, the data and the checks made; a run resumes a log only with the same (`evaluate.open_log`).
-        The device and dtype are checked as the precision the loaded models run in (`evaluate.check_precision`:
-        `--device cpu` on a machine without CUDA is the default's). batch_size, group_size, limit and Ray's
-        workers are left out: they change how fast, not what is written."""
-        data = "hub"
-        if self.data_dir is not None:
-            root, folder = Path(self.data_dir), self.local_dir()
-            data = os.path.abspath(root / folder if (root / folder).is_dir() else root)
-        draft = None if self.no_draft else self.draft
-        return {"preset": self.preset_name(), "model": _resolved(self.model), "draft": _resolved(draft),
-                "no_draft": self.no_draft, "language": self._language(), "data": data, "split": self.split_name,
-                "long_form": self.long_form, "compare_greedy": self.compare_greedy}
+        """What makes a log's records what they are, as they resolve (`resolved_setup`: not as typed, so
+        `--data-dir ls/test-clean` and `ls`, a model's relative and absolute path, `--language English` and `en`
+        are one setup): the models, the language, the data and the checks made; a run resumes a log only with the
+        same (`evaluate.open_log`). The device and dtype are checked as the precision the loaded models run in
+        (`evaluate.check_precision`: `--device cpu` on a machine without CUDA is the default's). batch_size,
+        group_size, limit and Ray's workers are left out: they change how fast, not what is written."""
+        return self.resolved_setup({
+            "preset": self.preset_name(), "model": self.model, "draft": None if self.no_draft else self.draft,
+            "no_draft": self.no_draft, "language": self.language, "data": self.data_dir or "hub",
+            "split": self.split_name, "long_form": self.long_form, "compare_greedy": self.compare_greedy})
 
-    def _language(self) -> str | None:
-        """The language the run decodes: its code ("en"), or None where detected per chunk ("auto"); the
-        preset's where not given."""
-        from asr_spec.engine.options import language_code
-        from asr_spec.models.presets import load_preset
-
-        language = self.language
-        if language is None:
-            language = load_preset(self.preset_name()).option_values().get("language")
-        if language is None or str(language).strip().lower() == "auto":
-            return None
-        try:
-            return language_code(str(language))
-        except ValueError as err:  # the engine's: it imports nothing of ours
-            raise InputError(str(err)) from err
+    def resolved_setup(self, typed: dict[str, Any]) -> dict[str, Any]:
+        """A setup's values as they resolve: `typed` is this run's values as given, or a setup kept before setups
+        were resolved (no "version": its data folder, language and models as typed, with device and dtype, which
+        the precision check now stands for; a log of those was refused by every resume after the change)."""
+        resolved = {key: value for key, value in typed.items() if key not in ("device", "dtype")}
+        data = typed.get("data")
+        if data not in (None, "hub"):
+            root, folder = Path(data), self.local_dir()
+            resolved["data"] = os.path.abspath(root / folder if (root / folder).is_dir() else root)
+        resolved["model"], resolved["draft"] = _resolved(typed.get("model")), _resolved(typed.get("draft"))
+        resolved["language"] = _language(typed.get("language"), str(typed.get("preset") or self.preset_name()))
+        resolved["version"] = SETUP_VERSION
+        return resolved
 
     def model_overrides(self) -> dict[str, Any]:
         """The options that choose and load the models (for `Transcriber.from_preset`), those given only."""
@@ -161,6 +156,22 @@ class EvalOptions:
         if self.no_draft:
             overrides["draft"] = None
         return overrides
+
+
+def _language(language: str | None, preset: str) -> str | None:
+    """The language a run decodes: its code ("en"), or None where detected per chunk ("auto"); the preset's where
+    not given."""
+    from asr_spec.engine.options import language_code
+    from asr_spec.models.presets import load_preset
+
+    if language is None:
+        language = load_preset(preset).option_values().get("language")
+    if language is None or str(language).strip().lower() == "auto":
+        return None
+    try:
+        return language_code(str(language))
+    except ValueError as err:  # the engine's: it imports nothing of ours
+        raise InputError(str(err)) from err
 
 
 def _resolved(name: str | None) -> str | None:
