@@ -284,7 +284,9 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
     log = ResultsLog(output)
     log.check_writable()  # before Ray starts and the models load (found at the first record: all decoded for nothing)
     done = log.done_ids()
-    pending = [row for row in rows if row["id"] not in done]
+    # a row is done under its id, or under its path: a manifest's rows were named by their paths as read from here
+    # before they were named as the manifest writes them (manifests.py), and a log of those resumes
+    pending = [row for row in rows if row["id"] not in done and row["path"] not in done]
     n_skipped, n_written, n_failed, start = len(rows) - len(pending), 0, 0, time.perf_counter()
     hardware: dict[str, None] = {}  # the workers' `_hardware_of`, each once, in order
     if pending:

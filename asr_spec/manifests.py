@@ -42,10 +42,10 @@ def file_inputs(paths: Iterable[str | os.PathLike]) -> list[InputRow]:
 
 def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
     """Rows of a manifest: CSV (.csv), TSV (.tsv) or JSON lines (.jsonl) with a `path` column; relative paths are
-    taken from the manifest's folder. Optional `id` (default: the path as the manifest writes it, so that a rerun
-    naming the manifest from another folder finds its records: the path as read from here named them anew, every
-    file transcribed again and recorded twice); a `text` column is the reference transcript (`ref`); any other
-    columns are carried through as `meta`."""
+    taken from the manifest's folder. Optional `id` (default: the path as the manifest writes it, normalised: so
+    that `./a.wav` and `a.wav` are one file, and that a rerun naming the manifest from another folder finds its
+    records, where the path as read from here named them anew, every file transcribed again and recorded twice); a
+    `text` column is the reference transcript (`ref`); any other columns are carried through as `meta`."""
     path = Path(manifest)
     suffix = path.suffix.lower()
     try:
@@ -65,7 +65,7 @@ def manifest_inputs(manifest: str | os.PathLike) -> list[InputRow]:
             found = ", ".join(map(str, item)) if isinstance(item, dict) else type(item).__name__
             raise InputError(f"{path}:{line_no}: no 'path' value (a manifest needs a path column; found: {found})")
         file = str(path.parent / str(item["path"]))
-        row: InputRow = {"id": str(item.get("id") or item["path"]), "path": file}
+        row: InputRow = {"id": str(item.get("id") or os.path.normpath(str(item["path"]))), "path": file}
         if item.get("text") is not None:
             row["ref"] = str(item["text"])
         meta = {k: v for k, v in item.items() if k not in ("id", "path", "text")}

@@ -277,6 +277,16 @@ def test_a_manifests_ids_do_not_depend_on_how_it_is_named(tmp_path, monkeypatch)
     from_inside = distributed.manifest_inputs("corpus.csv")
     assert [r["id"] for r in from_above] == [r["id"] for r in from_inside] == ["audio/a.flac"]
     assert from_above[0]["path"] == str(Path("m2/audio/a.flac")) and from_inside[0]["path"] == "audio/a.flac"
+    (folder / "corpus.csv").write_text("path\n./audio/a.flac\naudio/a.flac\n")  # one file, written two ways: once
+    assert [r["id"] for r in distributed.manifest_inputs("corpus.csv")] == ["audio/a.flac"]
+    # a log written when the ids were the paths as read from here resumes: its record counts for the row
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "old.jsonl"
+    log.write_text(json.dumps({"id": str(Path("m2/audio/a.flac")), "path": str(Path("m2/audio/a.flac")),
+                               "text": "done"}) + "\n")
+    report = distributed.transcribe_dataset(distributed.manifest_inputs("m2/corpus.csv"), log, options=QUIET,
+                                            loader=lambda: None)
+    assert (report.n_inputs, report.n_skipped, report.n_written) == (1, 1, 0)
 
 
 def test_the_input_readers_live_in_manifests_below_the_runner() -> None:

@@ -148,6 +148,10 @@ def test_a_text_file_given_as_the_log_is_refused_not_cut(tmp_path):
     with pytest.raises(InputError, match="not a results log"):
         log.append({"id": "u0", "ref": "a", "hyp": "a", "audio_s": 1.0, "wall_s": 0.5})
     assert junk.read_bytes() == b"junk line no newline"
+    blank = tmp_path / "blank.jsonl"  # a hand edit (deleting a failed record's line) left a blank last line
+    blank.write_bytes(b'{"id": "u0", "ref": "a", "hyp": "a", "audio_s": 1.0, "wall_s": 0.5}\n \n ')
+    with pytest.warns(UserWarning, match="incomplete last line"):
+        assert ResultsLog(blank).done_ids() == {"u0"}
 
 
 def test_results_log_rejects_bad_records_and_corruption(tmp_path):

@@ -456,10 +456,16 @@ def test_the_index_is_compacted_before_a_run(tmp_path: Path) -> None:
     assert len(index.read_bytes().splitlines()) == 240
     expected = read_sources(tmp_path)
     prepare_output_dir(tmp_path)
-    assert len(index.read_bytes().splitlines()) == 60 and read_sources(tmp_path) == expected
-    write_outputs(_result(), tmp_path, "f0", ["txt"], source="/archive/0.flac")
-    prepare_output_dir(tmp_path)  # 61 lines for 60 stems: left as it is
-    assert len(index.read_bytes().splitlines()) == 61
+    lines = index.read_bytes().splitlines()
+    assert len(lines) == 61 and json.loads(lines[0]) == {"compacted": 60} and read_sources(tmp_path) == expected
+    for i in range(60):  # twice the compacted entries and the margin, counted (not parsed) before each run
+        write_outputs(_result(), tmp_path, f"f{i}", ["txt"], source=f"/archive/{i}.flac")
+    prepare_output_dir(tmp_path)
+    assert len(index.read_bytes().splitlines()) == 121  # left as it is
+    for i in range(70):
+        write_outputs(_result(), tmp_path, f"f{i % 60}", ["txt"], source=f"/archive/{i % 60}.flac")
+    prepare_output_dir(tmp_path)
+    assert len(index.read_bytes().splitlines()) == 61 and read_sources(tmp_path) == expected
 
 
 def test_a_torn_last_line_of_the_index_loses_no_later_entry(tmp_path: Path) -> None:
@@ -490,3 +496,53 @@ def test_the_earlier_json_index_still_protects_its_transcripts(tmp_path: Path) -
     assert not old.exists() and read_sources(out_dir) == {"same": str(first)}
     with pytest.raises(InputError, match=f"holds the transcript of {first}; {second} would replace it"):
         _run(out_dir, str(second), ["txt"])
+
+
+def test_the_index_lives_where_flock_is_refused_and_names_are_not_utf8(tmp_path: Path, monkeypatch) -> None:
+    """NFS refuses flock on a folder opened to read (EBADF): every record failed, the protection gone without a
+    word (a diff reviewer's). A file name that is not UTF-8 (its bytes as surrogates) raised UnicodeEncodeError out
+    of the record, after the transcripts were written, and the file was reported failed."""
+    import errno
+    import fcntl
+
+    def refused(handle, op):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    first, second = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    _run(out_dir, str(first), ["txt"])
+    with pytest.raises(InputError, match=f"holds the transcript of {first}"):
+        _run(out_dir, str(second), ["txt"])
+    odd = os.fsdecode(b"/archive/caf\xe9.wav")  # latin-1 bytes in a UTF-8 file system: a lone surrogate
+    write_outputs(_result(), out_dir, "cafe", ["txt"], source=odd)
+    assert read_sources(out_dir)["cafe"] == odd
+    prepare_output_dir(out_dir)  # compaction writes it back the same
+    assert read_sources(out_dir)["cafe"] == odd
+
+
+def test_a_transcript_named_like_the_old_index_is_not_taken_for_it(tmp_path: Path) -> None:
+    """An input `.asr-spec-sources.wav` written as json has the thirty-ninth session's index name: it was read as
+    an index and removed by the next run's compaction (a diff reviewer's). Only an object of absolute paths is."""
+    out_dir = tmp_path / "out"
+    transcript = write_outputs(_result(), out_dir, ".asr-spec-sources", ["json"], source="/a/.asr-spec-sources.wav")
+    prepare_output_dir(out_dir)
+    assert transcript["json"].is_file() and "text" not in read_sources(out_dir)
+
+
+def test_a_folder_without_transcripts_of_the_inputs_is_not_read(tmp_path: Path, monkeypatch) -> None:
+    """`check_not_replacing` read the whole journal every call: a program transcribing one file a call into a
+    folder of 100,000 transcripts parsed it each time. Nothing of the inputs there, nothing to read."""
+    from asr_spec.transcribe import outputs
+
+    first, _ = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    _run(out_dir, str(first), ["txt"])
+
+    def unread(folder):
+        raise AssertionError("the index was read")
+
+    monkeypatch.setattr(outputs, "read_sources", unread)
+    check_not_replacing(out_dir, ["other"], ["/x/other.flac"])
+    with pytest.raises(AssertionError, match="the index was read"):
+        check_not_replacing(out_dir, ["same"], [str(first)])

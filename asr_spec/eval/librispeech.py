@@ -327,7 +327,7 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 def _check_partial_record(path: Path, line: bytes) -> None:
     """`InputError` unless `line`, a last line without its newline, can be the head of a record a crash cut (one
     `append` writes a whole JSON object): a text file given as the log was read as crash residue and cut away."""
-    if not line.lstrip().startswith(b"{"):
+    if line.strip() and not line.lstrip().startswith(b"{"):  # a blank last line (a hand edit) is nothing
         raise InputError(f"{path}: not a results log (its last line, {line[:40]!r}, is no JSON record): give "
                          "another --output")
 

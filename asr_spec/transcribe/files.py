@@ -50,27 +50,19 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) 
 # Hidden, and not named like a transcript or a temporary file (`prepare_output_dir`).
 SOURCES_INDEX = ".asr-spec-sources.jsonl"
 _OLD_SOURCES_INDEX = ".asr-spec-sources.json"  # the thirty-ninth session's {stem: source}: read, then folded in
-_SPARE_LINES = 64  # lines a journal may hold beyond twice its stems before `prepare_output_dir` compacts it
+_SPARE_LINES = 64  # lines a journal may gain beyond twice its lines at the last compaction before the next one
+_COMPACTED = "compacted"  # the key of a compacted journal's first line, {"compacted": its number of entries}
 
 
 def read_sources(folder: Path) -> dict[str, str]:
     """`folder`'s index of sources, ``{stem: source}``: the old json index's entries, then the journal's lines in
     order; {} where neither is there or readable, and a line that is not ours (a torn last line, foreign bytes) is
     skipped: never fatal, the index only lets `check_not_replacing` refuse a replacement."""
-    return _journal(folder)[0]
-
-
-def _journal(folder: Path) -> tuple[dict[str, str], int]:
-    """(`read_sources`'s index, how many lines the journal holds)."""
-    sources: dict[str, str] = {}
-    with contextlib.suppress(OSError, ValueError):  # missing, a folder, not UTF-8, not json
-        data = json.loads((folder / _OLD_SOURCES_INDEX).read_bytes())
-        if isinstance(data, dict):
-            sources.update((stem, source) for stem, source in data.items() if isinstance(source, str))
+    sources = dict(_old_index(folder) or {})
     try:
         lines = (folder / SOURCES_INDEX).read_bytes().splitlines()
     except OSError:  # missing, or a folder
-        return sources, 0
+        return sources
     for line in lines:
         with contextlib.suppress(ValueError):  # not json, not UTF-8
             entry = json.loads(line)
@@ -79,7 +71,22 @@ def _journal(folder: Path) -> tuple[dict[str, str], int]:
                     sources[entry[0]] = entry[1]
                 elif entry[1] is None:
                     sources.pop(entry[0], None)
-    return sources, len(lines)
+    return sources
+
+
+def _old_index(folder: Path) -> dict[str, str] | None:
+    """The thirty-ninth session's index in `folder`, None where there is none: a json object of absolute paths
+    only (a transcript of an input named `.asr-spec-sources` is a json of that name too: not an index, kept)."""
+    with contextlib.suppress(OSError, ValueError):  # missing, a folder, not UTF-8, not json
+        data = json.loads((folder / _OLD_SOURCES_INDEX).read_bytes())
+        if isinstance(data, dict) and all(isinstance(v, str) and os.path.isabs(v) for v in data.values()):
+            return data
+    return None
+
+
+def _line(entry: object) -> bytes:
+    """One journal line: ASCII json (a file name that is not UTF-8, its bytes as surrogates, is written escaped)."""
+    return json.dumps(entry).encode("ascii") + b"\n"
 
 
 def record_source(folder: Path, stem: str, source: str | os.PathLike[str] | None) -> None:
@@ -91,7 +98,7 @@ def record_source(folder: Path, stem: str, source: str | os.PathLike[str] | None
     if source is None and not any((folder / name).exists() for name in (SOURCES_INDEX, _OLD_SOURCES_INDEX)):
         return  # no index to forget the stem from
     absolute = None if source is None else os.path.abspath(os.path.expanduser(os.fspath(source)))
-    line = json.dumps([stem, absolute], ensure_ascii=False).encode("utf-8") + b"\n"
+    line = _line([stem, absolute])
     try:
         with _folder_lock(folder), open(folder / SOURCES_INDEX, "a+b") as journal:
             if journal.seek(0, os.SEEK_END):
@@ -107,26 +114,41 @@ def record_source(folder: Path, stem: str, source: str | os.PathLike[str] | None
 
 
 def compact_sources(folder: Path) -> None:
-    """Rewrite `folder`'s journal with one line a stem when it holds more than twice as many lines (plus
-    _SPARE_LINES: files transcribed again, arrays' stems forgotten), or when the old json index is there (folded
-    in and removed); under the folder's lock. A failure leaves the index as it was (logged)."""
-    journal, old = folder / SOURCES_INDEX, folder / _OLD_SOURCES_INDEX
+    """Rewrite `folder`'s journal with one line a stem, under the folder's lock, when it has grown past twice its
+    lines at the last compaction (its first line says how many; plus _SPARE_LINES: files transcribed again, arrays'
+    stems forgotten), or when the old json index is there (folded in and removed). Lines are counted, not parsed,
+    unless it compacts: a program transcribing one file a call into a folder of 100,000 parsed it twice a call. A
+    failure leaves the index as it was (logged)."""
+    journal = folder / SOURCES_INDEX
     try:
         with _folder_lock(folder):
-            sources, n_lines = _journal(folder)
-            if n_lines <= 2 * len(sources) + _SPARE_LINES and not old.is_file():
+            old = _old_index(folder) is not None
+            data = journal.read_bytes() if journal.is_file() else b""
+            if data.count(b"\n") <= 2 * _compacted_entries(data) + _SPARE_LINES and not old:
                 return
-            lines = [json.dumps([stem, source], ensure_ascii=False) + "\n" for stem, source in sorted(sources.items())]
-            atomic_write(journal, lambda file: file.writelines(lines))
-            old.unlink(missing_ok=True)
+            sources = read_sources(folder)
+            lines = [_line({_COMPACTED: len(sources)})] + [_line(item) for item in sorted(sources.items())]
+            atomic_write(journal, lambda file: file.writelines(line.decode("ascii") for line in lines))
+            if old:
+                (folder / _OLD_SOURCES_INDEX).unlink(missing_ok=True)
     except OSError as err:
         log.warning("%s: cannot compact the index of sources (%s)", journal, err.strerror or err)
+
+
+def _compacted_entries(data: bytes) -> int:
+    """The entries a journal held when last compacted (its first line, {"compacted": n}); 0 when never."""
+    with contextlib.suppress(ValueError):
+        first = json.loads(data[:data.find(b"\n")] if b"\n" in data else data)
+        if isinstance(first, dict) and isinstance(first.get(_COMPACTED), int):
+            return first[_COMPACTED]
+    return 0
 
 
 @contextlib.contextmanager
 def _folder_lock(folder: Path) -> Iterator[None]:
     """An exclusive lock on `folder` (flock on the folder itself: no file of its own), held while the block runs;
-    none where the system has no flock."""
+    none where the system has no flock, or where the folder's file system refuses it (NFS gives EBADF for a folder
+    opened to read: there every record failed, and the index with it): the journal's lines are single appends."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not a POSIX system
@@ -134,9 +156,10 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         return
     handle = os.open(folder, os.O_RDONLY)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as err:
+            log.debug("%s: no lock (%s); the index is appended to without one", folder, err.strerror or err)
         yield
     finally:
         os.close(handle)  # the lock goes with it
-
-

@@ -302,6 +302,9 @@ def check_not_replacing(out_dir: str | os.PathLike[str], stems: list[str | None]
     folder's transcripts were lost without a word). A source that does not resolve from here (gone, or an old
     json's, given relative to another folder) cannot be told apart: replaced, as a rerun's own transcript is."""
     folder = Path(out_dir)
+    written = [stem is not None and any((folder / f"{stem}.{fmt}").is_file() for fmt in FORMATS) for stem in stems]
+    if not any(written):  # nothing to replace: the index not read (a file a call into a big folder read it each)
+        return
     sources = read_sources(folder)
     for stem, path in zip(stems, paths):
         if stem is None or path is None:
