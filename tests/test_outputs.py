@@ -546,3 +546,57 @@ def test_a_folder_without_transcripts_of_the_inputs_is_not_read(tmp_path: Path, 
     check_not_replacing(out_dir, ["other"], ["/x/other.flac"])
     with pytest.raises(AssertionError, match="the index was read"):
         check_not_replacing(out_dir, ["same"], [str(first)])
+
+
+def test_two_runs_writing_one_name_at_once_do_not_replace_each_other(tmp_path: Path) -> None:
+    """An archive reviewer's two runs started at once into one folder, each over a folder holding clip01 ...: both
+    passed their checks at start (nothing written yet) and the second's transcripts replaced the first's, both
+    saying 24/24 files done. The check is made again when a transcript is written, in the same turn of the folder's
+    lock as its writes: the second of two writers of one name is refused and writes nothing."""
+    import threading
+
+    first, second = _two_files_named_same(tmp_path)
+    out_dir = tmp_path / "out"
+    start = threading.Barrier(2)
+    outcome: dict[str, str] = {}
+
+    def run(source: Path) -> None:
+        start.wait()
+        try:
+            write_outputs({**_result(), "text": str(source)}, out_dir, "same", ["txt", "json"], source=str(source))
+            outcome[str(source)] = "written"
+        except InputError as err:
+            outcome[str(source)] = str(err)
+
+    threads = [threading.Thread(target=run, args=(path,)) for path in (first, second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcome.values()).count("written") == 1
+    winner = next(source for source, said in outcome.items() if said == "written")
+    loser = next(source for source in outcome if source != winner)
+    assert f"holds the transcript of {winner}; {loser} would replace it" in outcome[loser]
+    assert json.loads((out_dir / "same.json").read_text(encoding="utf-8"))["text"] == winner
+    assert read_sources(out_dir) == {"same": winner}
+
+
+def test_the_index_is_read_from_where_this_process_last_read_it(tmp_path: Path, monkeypatch) -> None:
+    """Each transcript written checks the index (a run's own writes too): read whole each time, a folder of
+    100,000 transcripts cost a parse of 100,000 lines a file. Only the lines appended since are parsed; after a
+    compaction (a new file) it is read whole again, with the same entries."""
+    from asr_spec.transcribe import files
+
+    for i in range(100):
+        write_outputs(_result(), tmp_path, f"f{i}", ["txt"], source=f"/archive/{i}.flac")
+    assert len(read_sources(tmp_path)) == 100
+    parsed = []
+    real = files._parsed
+    monkeypatch.setattr(files, "_parsed", lambda lines: parsed.append(len(lines)) or real(lines))
+    write_outputs(_result(), tmp_path, "f100", ["txt"], source="/archive/100.flac")
+    assert len(read_sources(tmp_path)) == 101 and parsed[-1] == 1
+    for i in range(200):
+        write_outputs(_result(), tmp_path, f"f{i % 50}", ["txt"], source=f"/archive/{i % 50}.flac")
+    before = read_sources(tmp_path)
+    prepare_output_dir(tmp_path)  # compacted: a new file, read whole
+    assert read_sources(tmp_path) == before and parsed[-1] == 102

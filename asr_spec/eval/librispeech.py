@@ -346,6 +346,28 @@ def _cut_partial_tail(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
+def _last_records(path: str | os.PathLike, ids: Collection[str] | None) -> dict[str, dict[str, Any]]:
+    """The log's last record of each id (of `ids` only, unless None), by id; repeated ids warned about."""
+    records = _read_records(Path(path))
+    if ids is not None:
+        records = [r for r in records if r["id"] in ids]
+    by_id = {record["id"]: record for record in records}
+    if len(by_id) < len(records):
+        warnings.warn(f"{path}: {len(records) - len(by_id)} repeated ids; the last record of each is used",
+                      stacklevel=3)
+    return by_id
+
+
+def _warn_empty_references(path: str | os.PathLike, scored: list[dict[str, Any]]) -> None:
+    """Records with an empty reference are scored as they are (their transcript's words are insertions), but
+    said, naming them: one such record made 11 of a run's 13 insertions."""
+    empty = [r["id"] for r in scored if not str(r["ref"]).strip()]
+    if empty:
+        shown = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+        warnings.warn(f"{path}: {len(empty)} scored records have an empty reference ({shown}): every word of their "
+                      "transcripts counts as an insertion", stacklevel=3)
+
+
 def summarize(path: str | os.PathLike, *, spelling: Spelling = None,
               ids: Collection[str] | None = None) -> dict[str, Any]:
     """Corpus figures from a results log alone.
@@ -359,27 +381,14 @@ def summarize(path: str | os.PathLike, *, spelling: Spelling = None,
     last record (with a warning). wer/cer are inf when there are insertions but no reference words. `ids`: the
     records of those ids only (a run's `limit`: the log may hold more), None: every record.
     """
-    records = _read_records(Path(path))
-    if ids is not None:
-        records = [r for r in records if r["id"] in ids]
-    by_id: dict[str, dict[str, Any]] = {}
-    for record in records:
-        by_id[record["id"]] = record
-    if len(by_id) < len(records):
-        warnings.warn(
-            f"{path}: {len(records) - len(by_id)} repeated ids; the last record of each is used", stacklevel=2
-        )
+    by_id = _last_records(path, ids)
     failed = [r for r in by_id.values() if r.get("error")]
     scored = [r for r in by_id.values() if not r.get("error")]
     for r in scored:
         missing = [k for k in ("ref", "hyp", "audio_s", "wall_s") if k not in r]
         if missing:
             raise InputError(f"{path}: record {r['id']!r} lacks {', '.join(missing)}")
-    empty = [r["id"] for r in scored if not str(r["ref"]).strip()]
-    if empty:  # scored as they are (the hypothesis's words are insertions), but said: one can dominate the WER
-        shown = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
-        warnings.warn(f"{path}: {len(empty)} scored records have an empty reference ({shown}): every word of their "
-                      "transcripts counts as an insertion", stacklevel=2)
+    _warn_empty_references(path, scored)
     s = score([r["ref"] for r in scored], [r["hyp"] for r in scored], spelling=spelling)
     audio_s = float(sum(r["audio_s"] for r in scored))
     wall_s = float(sum(r["wall_s"] for r in scored))

@@ -9,11 +9,12 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["SOURCES_INDEX", "atomic_write", "compact_sources", "read_sources", "record_source"]
+__all__ = ["SOURCES_INDEX", "append_source", "atomic_write", "compact_sources", "folder_lock", "read_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +58,53 @@ _COMPACTED = "compacted"  # the key of a compacted journal's first line, {"compa
 def read_sources(folder: Path) -> dict[str, str]:
     """`folder`'s index of sources, ``{stem: source}``: the old json index's entries, then the journal's lines in
     order; {} where neither is there or readable, and a line that is not ours (a torn last line, foreign bytes) is
-    skipped: never fatal, the index only lets `check_not_replacing` refuse a replacement."""
+    skipped: never fatal, the index only lets `check_not_replacing` refuse a replacement. The journal is read from
+    where this process last read it (a run checks each transcript it writes: reading it whole each time was
+    quadratic in the folder's transcripts), whole again once compaction replaced it."""
     sources = dict(_old_index(folder) or {})
+    sources.update(_journal_entries(folder / SOURCES_INDEX))
+    for stem in [stem for stem, source in sources.items() if source is None]:
+        del sources[stem]
+    return sources
+
+
+# per journal path: (device, inode, bytes read, its entries so far: None where a line forgot the stem)
+_READ: dict[str, tuple[int, int, int, dict[str, str | None]]] = {}
+_READ_LOCK = threading.Lock()
+
+
+def _journal_entries(journal: Path) -> dict[str, str | None]:
+    """The journal's entries, stem -> source (None: forgotten), its new lines parsed onto what was read before."""
+    key = os.path.abspath(journal)
     try:
-        lines = (folder / SOURCES_INDEX).read_bytes().splitlines()
+        with open(journal, "rb") as file:
+            stat = os.fstat(file.fileno())
+            with _READ_LOCK:
+                device, inode, offset, entries = _READ.get(key, (stat.st_dev, stat.st_ino, 0, {}))
+                file.seek(max(offset - 1, 0))
+                if (device, inode) != (stat.st_dev, stat.st_ino) or offset > stat.st_size or (
+                        offset and file.read(1) != b"\n"):
+                    offset, entries = 0, {}  # compacted since (a new file), or not the file read before
+                file.seek(offset)
+                data = file.read()
+                complete = data[:data.rfind(b"\n") + 1]  # a torn last line is read once it is whole
+                entries = {**entries, **_parsed(complete.splitlines())}
+                _READ[key] = (stat.st_dev, stat.st_ino, offset + len(complete), entries)
+                return entries
     except OSError:  # missing, or a folder
-        return sources
+        return {}
+
+
+def _parsed(lines: list[bytes]) -> dict[str, str | None]:
+    """The entries of journal lines, in order (later ones win)."""
+    entries: dict[str, str | None] = {}
     for line in lines:
         with contextlib.suppress(ValueError):  # not json, not UTF-8
             entry = json.loads(line)
             if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str):
-                if isinstance(entry[1], str):
-                    sources[entry[0]] = entry[1]
-                elif entry[1] is None:
-                    sources.pop(entry[0], None)
-    return sources
+                if entry[1] is None or isinstance(entry[1], str):
+                    entries[entry[0]] = entry[1]
+    return entries
 
 
 def _old_index(folder: Path) -> dict[str, str] | None:
@@ -89,18 +122,18 @@ def _line(entry: object) -> bytes:
     return json.dumps(entry).encode("ascii") + b"\n"
 
 
-def record_source(folder: Path, stem: str, source: str | os.PathLike[str] | None) -> None:
+def append_source(folder: Path, stem: str, source: str | os.PathLike[str] | None) -> None:
     """Record `source` (made absolute: a later run may start elsewhere) as `stem`'s: one line appended to `folder`'s
     journal (after a newline where its last line is torn); None (transcripts of no file: an array's) forgets the
-    stem's entry, so that an earlier file's does not speak for them. Runs sharing the folder take turns
-    (`_folder_lock`: two writers at once lost entries). A failure is logged, not raised: the transcripts are
-    written, only a later run's refusal to replace them is lost."""
+    stem's entry, so that an earlier file's does not speak for them. Called under `folder_lock` (two writers at once
+    lost entries, and a check and its write apart let another run's transcript in between). A failure is logged,
+    not raised: the transcripts are written, only a later run's refusal to replace them is lost."""
     if source is None and not any((folder / name).exists() for name in (SOURCES_INDEX, _OLD_SOURCES_INDEX)):
         return  # no index to forget the stem from
     absolute = None if source is None else os.path.abspath(os.path.expanduser(os.fspath(source)))
     line = _line([stem, absolute])
     try:
-        with _folder_lock(folder), open(folder / SOURCES_INDEX, "a+b") as journal:
+        with open(folder / SOURCES_INDEX, "a+b") as journal:
             if journal.seek(0, os.SEEK_END):
                 journal.seek(-1, os.SEEK_END)
                 if journal.read(1) != b"\n":
@@ -121,7 +154,7 @@ def compact_sources(folder: Path) -> None:
     failure leaves the index as it was (logged)."""
     journal = folder / SOURCES_INDEX
     try:
-        with _folder_lock(folder):
+        with folder_lock(folder):
             old = _old_index(folder) is not None
             data = journal.read_bytes() if journal.is_file() else b""
             if data.count(b"\n") <= 2 * _compacted_entries(data) + _SPARE_LINES and not old:
@@ -145,7 +178,7 @@ def _compacted_entries(data: bytes) -> int:
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
+def folder_lock(folder: Path) -> Iterator[None]:
     """An exclusive lock on `folder` (flock on the folder itself: no file of its own), held while the block runs;
     none where the system has no flock, or where the folder's file system refuses it (NFS gives EBADF for a folder
     opened to read: there every record failed, and the index with it): the journal's lines are single appends."""
@@ -154,7 +187,12 @@ def _folder_lock(folder: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - not a POSIX system
         yield
         return
-    handle = os.open(folder, os.O_RDONLY)
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError as err:
+        log.debug("%s: no lock (%s)", folder, err.strerror or err)
+        yield
+        return
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)

@@ -40,7 +40,14 @@ from asr_spec.transcribe.captions import (
     timed_segments,
     visible_cues,
 )
-from asr_spec.transcribe.files import SOURCES_INDEX, atomic_write, compact_sources, read_sources, record_source
+from asr_spec.transcribe.files import (
+    SOURCES_INDEX,
+    append_source,
+    atomic_write,
+    compact_sources,
+    folder_lock,
+    read_sources,
+)
 from asr_spec.transcribe.segments import TranscriptSegment
 
 __all__ = [
@@ -171,7 +178,10 @@ def write_outputs(
     Everything is validated and rendered before the first file is written, so a bad format name or a bad
     segment writes nothing. ``out_dir`` is created if missing. ``source``, the file transcribed, is recorded
     for `check_not_replacing` in the folder's index of sources (`SOURCES_INDEX`, its absolute path), after the
-    transcripts (None: they are of no file, and the index forgets the stem).
+    transcripts (None: they are of no file, and the index forgets the stem). The check, the writes and the record
+    are one turn of the folder's lock, and the check is made again there (`InputError`, nothing written): two runs
+    started at once into one folder both passed their checks at start, and the second's transcripts of the same
+    names replaced the first's, both saying they had finished.
     """
     chosen = parse_formats(formats)
     if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
@@ -181,9 +191,12 @@ def write_outputs(
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    for fmt, content in rendered.items():
-        written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
-    record_source(folder, stem, source)
+    with folder_lock(folder):
+        if source is not None:
+            check_not_replacing(folder, [stem], [os.fspath(source)])
+        for fmt, content in rendered.items():
+            written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
+        append_source(folder, stem, source)
     return written
 
 
