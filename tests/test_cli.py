@@ -361,3 +361,22 @@ def test_the_summary_names_fallback_only_where_a_window_fell_back() -> None:
     assert "decoded again" not in run.summary()
     run.add(result(1, 0))
     assert run.summary().endswith("windows decoded again (fallback_windows): 1 at 0.2, 0 at 0.4")
+    # nothing decoded (every file failed, or no speech): not "greedy (no draft)" of a run with its draft loaded
+    assert "nothing decoded" in run.summary() and "greedy" not in run.summary()
+    run.add(SimpleNamespace(error=None, audio_s=1.0, stats=ChunkStats(generated_tokens=3), n_dropped=0,
+                            redecoded_tails=0, fallback_windows=(), source="b.wav", text="x"))
+    assert "greedy (no draft)" in run.summary()
+
+
+def test_a_ctrl_c_before_a_command_starts_is_one_line(capsys, monkeypatch) -> None:
+    """Ctrl-C in the first second (the logging set-up importing transformers, before `transcribe` catches its
+    own) printed a 45-line traceback (an archive reviewer's)."""
+    import asr_spec.cli as cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "configure_logging", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["transcribe", "x.wav"])
+    assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted\n"

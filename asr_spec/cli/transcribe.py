@@ -261,8 +261,10 @@ class _Run:
         speed = f"{self.audio_s:.1f} s audio in {wall_s:.1f} s (RTFx {rtfx:.1f}; loading {load_s:.1f} s before{built})"
         if stats.drafted_tokens:
             drafting = f"acceptance {stats.acceptance_rate:.1%}, {stats.tokens_per_target_pass:.2f} tokens/target pass"
-        else:
+        elif stats.generated_tokens:
             drafting = "greedy (no draft), 1.00 tokens/target pass"
+        else:  # no file decoded (all failed, or no speech): "greedy (no draft)" said of a run with a draft loaded
+            drafting = "nothing decoded"
         dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
         tails = f", {self.n_tails} chunk tails decoded again" if self.n_tails else ""
         at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())
