@@ -11,7 +11,11 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-__all__ = ["AsrSpecError", "AudioError", "InputError", "ModelLoadError", "one_line", "show_warning_line"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "AsrSpecError", "AudioError", "InputError",
+           "ModelLoadError", "one_line", "show_warning_line"]
+
+# the command line's exit codes (here, the lightest module, for `asr_spec.__main__.run` too)
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class AsrSpecError(Exception):

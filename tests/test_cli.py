@@ -362,10 +362,34 @@ def test_the_summary_names_fallback_only_where_a_window_fell_back() -> None:
     run.add(result(1, 0))
     assert run.summary().endswith("windows decoded again (fallback_windows): 1 at 0.2, 0 at 0.4")
     # nothing decoded (every file failed, or no speech): not "greedy (no draft)" of a run with its draft loaded
-    assert "nothing decoded" in run.summary() and "greedy" not in run.summary()
+    assert "no file transcribed" in run.summary() and "greedy" not in run.summary()
     run.add(SimpleNamespace(error=None, audio_s=1.0, stats=ChunkStats(generated_tokens=3), n_dropped=0,
                             redecoded_tails=0, fallback_windows=(), source="b.wav", text="x"))
     assert "greedy (no draft)" in run.summary()
+
+
+def test_a_ctrl_c_while_the_command_line_imports_is_one_line(capsys, monkeypatch) -> None:
+    """The console script imported the whole command line (torch, transformers) before any catch: a Ctrl-C in its
+    first second was a 25-50 line traceback from the middle of an import (a diff reviewer's). Its entry point,
+    `asr_spec.__main__.run`, imports it inside its own."""
+    import builtins
+    import tomllib
+
+    import asr_spec.__main__ as entry
+
+    scripts = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["asr-spec"] == "asr_spec.__main__:run"
+    real = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "asr_spec.cli":
+            raise KeyboardInterrupt
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        entry.run()
+    assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
 def test_a_ctrl_c_before_a_command_starts_is_one_line(capsys, monkeypatch) -> None:

@@ -457,7 +457,7 @@ def test_the_index_is_compacted_before_a_run(tmp_path: Path) -> None:
     expected = read_sources(tmp_path)
     prepare_output_dir(tmp_path)
     lines = index.read_bytes().splitlines()
-    assert len(lines) == 61 and json.loads(lines[0]) == {"compacted": 60} and read_sources(tmp_path) == expected
+    assert len(lines) == 61 and json.loads(lines[0])["compacted"] == 60 and read_sources(tmp_path) == expected
     for i in range(60):  # twice the compacted entries and the margin, counted (not parsed) before each run
         write_outputs(_result(), tmp_path, f"f{i}", ["txt"], source=f"/archive/{i}.flac")
     prepare_output_dir(tmp_path)
@@ -600,3 +600,18 @@ def test_the_index_is_read_from_where_this_process_last_read_it(tmp_path: Path, 
     before = read_sources(tmp_path)
     prepare_output_dir(tmp_path)  # compacted: a new file, read whole
     assert read_sources(tmp_path) == before and parsed[-1] == 102
+
+
+def test_a_journal_another_run_compacted_is_read_again_whatever_its_inode(tmp_path: Path) -> None:
+    """The cache of what this process read trusted (device, inode) and a newline before its offset: a compaction by
+    another run, in a file whose freed inode came back with lines of equal width lined up at the old offset, left
+    this process's entries stale, and a compaction through that cache wrote the loss to disk (a diff reviewer's,
+    the journal rewritten in place to stand for the reused inode)."""
+    for i in range(100):
+        write_outputs(_result(), tmp_path, f"e{i:05d}", ["txt"], source=f"/archive/e{i:05d}.flac")
+    assert len(read_sources(tmp_path)) == 100
+    index = tmp_path / SOURCES_INDEX
+    others = [json.dumps([f"o{i:05d}", f"/archive/o{i:05d}.flac"]) for i in range(200)]
+    with open(index, "r+", encoding="ascii") as journal:  # in place: the same inode, the same line widths
+        journal.write("\n".join(others) + "\n")
+    assert len(read_sources(tmp_path)) == 200 and "e00000" not in read_sources(tmp_path)

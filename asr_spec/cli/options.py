@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from asr_spec.errors import AsrSpecError
+from asr_spec.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, AsrSpecError
 
 __all__ = ["BATCH_SIZE", "BEST_OF", "COMPRESSION_RATIO_THRESHOLD", "DEVICE", "DRAFT", "DTYPE", "EXIT_FAILED",
            "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "HOTWORDS", "INITIAL_PROMPT", "LANGUAGE", "MODEL", "NO_DRAFT",
@@ -22,7 +22,6 @@ __all__ = ["BATCH_SIZE", "BEST_OF", "COMPRESSION_RATIO_THRESHOLD", "DEVICE", "DR
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
 USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: engine.ResourceError
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def fail(message: str, code: int) -> NoReturn:

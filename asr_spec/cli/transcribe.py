@@ -104,9 +104,13 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                          "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
-    from asr_spec import allocator
-    from asr_spec.models.cpu import precision_line, run_of
-    from asr_spec.transcribe import Transcriber
+    try:  # seconds of imports: a Ctrl-C here is one line too (typer exits 130 silently)
+        from asr_spec import allocator
+        from asr_spec.models.cpu import precision_line, run_of
+        from asr_spec.transcribe import Transcriber
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
     ray_only = (workers, threads_per_worker, manifest, output, ray_address)
     if not ray and any(value is not None for value in ray_only):
@@ -263,8 +267,8 @@ class _Run:
             drafting = f"acceptance {stats.acceptance_rate:.1%}, {stats.tokens_per_target_pass:.2f} tokens/target pass"
         elif stats.generated_tokens:
             drafting = "greedy (no draft), 1.00 tokens/target pass"
-        else:  # no file decoded (all failed, or no speech): "greedy (no draft)" said of a run with a draft loaded
-            drafting = "nothing decoded"
+        else:  # no file transcribed (every one failed): "greedy (no draft)" said of a run with a draft loaded
+            drafting = "no file transcribed"
         dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
         tails = f", {self.n_tails} chunk tails decoded again" if self.n_tails else ""
         at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())

@@ -5,14 +5,16 @@ journal of which file each transcript was made from (`SOURCES_INDEX`; read by `o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
+import secrets
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 __all__ = ["SOURCES_INDEX", "append_source", "atomic_write", "compact_sources", "folder_lock", "read_sources"]
 
@@ -60,37 +62,66 @@ def read_sources(folder: Path) -> dict[str, str]:
     order; {} where neither is there or readable, and a line that is not ours (a torn last line, foreign bytes) is
     skipped: never fatal, the index only lets `check_not_replacing` refuse a replacement. The journal is read from
     where this process last read it (a run checks each transcript it writes: reading it whole each time was
-    quadratic in the folder's transcripts), whole again once compaction replaced it."""
-    sources = dict(_old_index(folder) or {})
-    sources.update(_journal_entries(folder / SOURCES_INDEX))
-    for stem in [stem for stem, source in sources.items() if source is None]:
-        del sources[stem]
+    quadratic in the folder's transcripts), whole again once it is not the file read before."""
+    return _sources(_old_index(folder), _journal_entries(folder / SOURCES_INDEX))
+
+
+def _sources(old: dict[str, str] | None, entries: dict[str, str | None]) -> dict[str, str]:
+    """The index: the old json index's entries, then the journal's (a None forgets its stem)."""
+    sources = dict(old or {})
+    for stem, source in entries.items():
+        if source is None:
+            sources.pop(stem, None)
+        else:
+            sources[stem] = source
     return sources
 
 
-# per journal path: (device, inode, bytes read, its entries so far: None where a line forgot the stem)
-_READ: dict[str, tuple[int, int, int, dict[str, str | None]]] = {}
+@dataclasses.dataclass
+class _Read:
+    """How far this process read a journal: the file (device, inode), its first line (a compaction writes a new
+    generation there), the last line read and where it ends, and the entries so far (None: a stem forgotten)."""
+
+    file: tuple[int, int]
+    head: bytes
+    last: bytes
+    offset: int
+    entries: dict[str, str | None]
+
+    def still(self, handle: BinaryIO, file: tuple[int, int], size: int) -> bool:
+        """Whether `handle` is the journal read before, grown: the same file, first line and last line read (an
+        inode a compaction freed may come back, and equal-width lines may line up at the old offset)."""
+        if file != self.file or size < self.offset:
+            return False
+        handle.seek(0)
+        if handle.readline() != self.head:
+            return False
+        handle.seek(self.offset - len(self.last))
+        return handle.read(len(self.last)) == self.last
+
+
+_READ: dict[str, _Read] = {}  # per journal path
 _READ_LOCK = threading.Lock()
 
 
 def _journal_entries(journal: Path) -> dict[str, str | None]:
     """The journal's entries, stem -> source (None: forgotten), its new lines parsed onto what was read before."""
-    key = os.path.abspath(journal)
     try:
-        with open(journal, "rb") as file:
-            stat = os.fstat(file.fileno())
-            with _READ_LOCK:
-                device, inode, offset, entries = _READ.get(key, (stat.st_dev, stat.st_ino, 0, {}))
-                file.seek(max(offset - 1, 0))
-                if (device, inode) != (stat.st_dev, stat.st_ino) or offset > stat.st_size or (
-                        offset and file.read(1) != b"\n"):
-                    offset, entries = 0, {}  # compacted since (a new file), or not the file read before
-                file.seek(offset)
-                data = file.read()
-                complete = data[:data.rfind(b"\n") + 1]  # a torn last line is read once it is whole
-                entries = {**entries, **_parsed(complete.splitlines())}
-                _READ[key] = (stat.st_dev, stat.st_ino, offset + len(complete), entries)
-                return entries
+        with open(journal, "rb") as handle, _READ_LOCK:
+            stat = os.fstat(handle.fileno())
+            file, read = (stat.st_dev, stat.st_ino), _READ.get(os.path.abspath(journal))
+            if read is None or not read.still(handle, file, stat.st_size):
+                handle.seek(0)
+                read = _Read(file, handle.readline(), b"", 0, {})
+            handle.seek(read.offset)
+            data = handle.read()
+            complete = data[:data.rfind(b"\n") + 1]  # a torn last line is read once it is whole
+            lines = complete.splitlines(keepends=True)
+            read.entries.update(_parsed(lines))
+            if lines:
+                read.offset, read.last = read.offset + len(complete), lines[-1]
+            _READ[os.path.abspath(journal)] = read
+            return dict(read.entries)
     except OSError:  # missing, or a folder
         return {}
 
@@ -154,15 +185,16 @@ def compact_sources(folder: Path) -> None:
     failure leaves the index as it was (logged)."""
     journal = folder / SOURCES_INDEX
     try:
-        with folder_lock(folder):
-            old = _old_index(folder) is not None
+        with folder_lock(folder) as locked:
+            old = _old_index(folder)
             data = journal.read_bytes() if journal.is_file() else b""
-            if data.count(b"\n") <= 2 * _compacted_entries(data) + _SPARE_LINES and not old:
-                return
-            sources = read_sources(folder)
-            lines = [_line({_COMPACTED: len(sources)})] + [_line(item) for item in sorted(sources.items())]
+            if not locked or (data.count(b"\n") <= 2 * _compacted_entries(data) + _SPARE_LINES and old is None):
+                return  # without the lock a line another run appends meanwhile would be lost
+            sources = _sources(old, _parsed(data[:data.rfind(b"\n") + 1].splitlines()))
+            head = {_COMPACTED: len(sources), "generation": secrets.token_hex(8)}
+            lines = [_line(head)] + [_line(item) for item in sorted(sources.items())]
             atomic_write(journal, lambda file: file.writelines(line.decode("ascii") for line in lines))
-            if old:
+            if old is not None:
                 (folder / _OLD_SOURCES_INDEX).unlink(missing_ok=True)
     except OSError as err:
         log.warning("%s: cannot compact the index of sources (%s)", journal, err.strerror or err)
@@ -178,26 +210,29 @@ def _compacted_entries(data: bytes) -> int:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: Path) -> Iterator[None]:
+def folder_lock(folder: Path) -> Iterator[bool]:
     """An exclusive lock on `folder` (flock on the folder itself: no file of its own), held while the block runs;
-    none where the system has no flock, or where the folder's file system refuses it (NFS gives EBADF for a folder
-    opened to read: there every record failed, and the index with it): the journal's lines are single appends."""
+    yields whether it holds one: none where the system has no flock, or where the folder's file system refuses it
+    (NFS gives EBADF for a folder opened to read: there every record failed, and the index with it). Without it
+    the journal is still appended to (a line a write), not compacted."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not a POSIX system
-        yield
+        yield False
         return
     try:
         handle = os.open(folder, os.O_RDONLY)
     except OSError as err:
         log.debug("%s: no lock (%s)", folder, err.strerror or err)
-        yield
+        yield False
         return
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX)
+            locked = True
         except OSError as err:
             log.debug("%s: no lock (%s); the index is appended to without one", folder, err.strerror or err)
-        yield
+            locked = False
+        yield locked
     finally:
         os.close(handle)  # the lock goes with it
