@@ -23,8 +23,8 @@ import numpy as np
 from asr_spec.errors import InputError
 
 __all__ = ["HEARD_TOLERANCE_S", "LOOP_FACTOR", "LOOP_MIN_TOKENS", "MAX_CLOSING_TOKENS", "MAX_SKEW_S", "SEAM_SLACK_S",
-           "SURE_RUN_MIN", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping", "repeated_head",
-           "merge_with_shares", "overlap_cut", "run_lengths", "seam_cut", "time_cut", "token_times"]
+           "SURE_RUN_MIN", "SURE_RUN_TOKENS", "StartsWord", "TimedPiece", "merge_overlapping", "merge_with_shares",
+           "overlap_cut", "repeated_head", "run_lengths", "seam_cut", "time_cut", "token_times"]
 
 _TIE_BREAK_PER_TOKEN = 1e-4  # added per overlapping token to the match fraction: prefer long perfect matches
 
@@ -197,8 +197,8 @@ def time_cut(left: TimedPiece, right: TimedPiece, starts_word: StartsWord | None
 def _dropped_head(left: TimedPiece, right: TimedPiece, n_keep: int) -> int:
     """How many of the right's first tokens a time cut drops as the left's reading of the same audio: none where
     the left's last kept token lies outside the right's audio; else those before the seam heard up to that token,
-    and of those up to MAX_SKEW_S after it, as many as repeat in order what the left's last kept tokens say
-    (`repeated_head`: the right may have timed the same words later). A window opening in a pause times its first
+    and of those up to MAX_SKEW_S after it, as many as repeat the left's last kept tokens (`repeated_head`: the
+    right may have timed the same words later). A window opening in a pause times its first
     words early ("<0.00> Here is the gate" over 2.3 s of silence: "Here" interpolated at 88.1 s for 90.2 s), and
     they were dropped as the left's, which had said nothing there (a seams reviewer's 56 stride runs with pauses,
     re-stitched: 267 words lost, 203 after)."""
