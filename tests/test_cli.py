@@ -392,6 +392,25 @@ def test_a_ctrl_c_while_the_command_line_imports_is_one_line(capsys, monkeypatch
     assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
+def test_a_ctrl_c_during_a_commands_imports_is_one_line(capsys, monkeypatch) -> None:
+    """`serve`, `stream` and `transcribe` import torch and transformers as they start: a Ctrl-C there escaped the
+    command and typer exited 130 saying nothing (a diff reviewer's). Each imports inside `interruptible`."""
+    import builtins
+
+    real = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name in ("asr_spec.transcribe", "asr_spec.serve"):
+            raise KeyboardInterrupt
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    for args in (["transcribe", "x.wav"], ["stream", "x.wav"], ["serve"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted\n", args
+
+
 def test_a_ctrl_c_before_a_command_starts_is_one_line(capsys, monkeypatch) -> None:
     """Ctrl-C in the first second (the logging set-up importing transformers, before `transcribe` catches its
     own) printed a 45-line traceback (an archive reviewer's)."""

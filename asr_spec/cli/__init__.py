@@ -42,6 +42,7 @@ from asr_spec.cli.options import (
     TRACE_STREAMS,
     USER_ERRORS,
     fail,
+    interruptible,
     preset_overrides,
     start_trace,
 )
@@ -124,7 +125,8 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     """Serve OpenAI's POST /v1/audio/transcriptions (or, with --task translate, /v1/audio/translations) and live
     transcription (WebSocket /v1/realtime, the page at /); concurrent requests and streams share one speculative
     batch."""
-    from asr_spec.serve import run_server
+    with interruptible():
+        from asr_spec.serve import run_server
 
     if trace_streams is not None:
         start_trace(trace_streams)

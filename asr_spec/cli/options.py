@@ -7,8 +7,10 @@ exit 2 too), 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import typer
@@ -18,10 +20,21 @@ from asr_spec.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, 
 __all__ = ["BATCH_SIZE", "BEST_OF", "COMPRESSION_RATIO_THRESHOLD", "DEVICE", "DRAFT", "DTYPE", "EXIT_FAILED",
            "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "HOTWORDS", "INITIAL_PROMPT", "LANGUAGE", "MODEL", "NO_DRAFT",
            "PRESET", "RAY", "RAY_ADDRESS", "SEED", "TEMPERATURE", "TRACE_STREAMS", "USER_ERRORS", "WORKERS", "fail",
-           "preset_overrides", "start_trace"]
+           "interruptible", "preset_overrides", "start_trace"]
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
 USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: engine.ResourceError
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """A command's own imports (torch, transformers: a second or more): a Ctrl-C there is one line, `interrupted`,
+    exit 130 (typer turns a KeyboardInterrupt that escapes a command into a silent exit 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def fail(message: str, code: int) -> NoReturn:

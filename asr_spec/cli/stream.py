@@ -29,6 +29,7 @@ from asr_spec.cli.options import (
     TRACE_STREAMS,
     USER_ERRORS,
     fail,
+    interruptible,
     preset_overrides,
     start_trace,
 )
@@ -59,8 +60,9 @@ def stream(
     trace_streams: Path | None = TRACE_STREAMS,
 ) -> None:
     """Transcribe a live stream: committed text is printed as it becomes stable."""
-    from asr_spec import allocator
-    from asr_spec.transcribe import Transcriber
+    with interruptible():
+        from asr_spec import allocator
+        from asr_spec.transcribe import Transcriber
 
     if math.isnan(speed) or speed < 0:
         fail(f"--speed must be >= 0, got {speed}", EXIT_USAGE)

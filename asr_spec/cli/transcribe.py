@@ -40,6 +40,7 @@ from asr_spec.cli.options import (
     USER_ERRORS,
     WORKERS,
     fail,
+    interruptible,
     preset_overrides,
     reader_gone,
 )
@@ -104,13 +105,10 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                          "chunk, part of the transcript)."),
 ) -> None:
     """Transcribe audio files; the transcript goes to stdout unless --output-dir (or --ray --output) is given."""
-    try:  # seconds of imports: a Ctrl-C here is one line too (typer exits 130 silently)
+    with interruptible():
         from asr_spec import allocator
         from asr_spec.models.cpu import precision_line, run_of
         from asr_spec.transcribe import Transcriber
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
 
     ray_only = (workers, threads_per_worker, manifest, output, ray_address)
     if not ray and any(value is not None for value in ray_only):
