@@ -45,9 +45,12 @@ class ModelLoadError(AsrSpecError, ValueError):
 
 
 def one_line(err: BaseException, name: str | None = None) -> str:
-    """The cause of `err` on one line, without a leading "<name>: " (when the caller names the input itself)."""
-    text = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-    return text[len(name) + 2:] if name and text.startswith(f"{name}: ") else text
+    """The cause of `err` on one line, without a leading "<name>: " (when the caller names the input itself; taken
+    off before the lines are split: a file name holding a newline left only the name's first part)."""
+    text = str(err)
+    if name and text.startswith(f"{name}: "):
+        text = text[len(name) + 2:]
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
 
 
 def show_warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,

@@ -52,3 +52,13 @@ def test_accepted_values_come_back() -> None:
     assert positive_int(np.int32(16000), "rate", "Hz") == 16000 and type(positive_int(16000, "r", "Hz")) is int
     assert positive_seconds(math.inf, "max_audio_s", finite_only=False) == math.inf
     assert seconds_at_least_zero(0, "t") == 0 and finite(-2.5, "x") == -2.5
+
+
+def test_one_line_takes_the_name_off_before_it_splits_the_lines() -> None:
+    """A file named "bad\nname.wav" printed `error: odd/bad` and `name.wav: odd/bad`, its cause lost (an archive
+    reviewer's): the first line of the message ended inside the name."""
+    from asr_spec.errors import AudioError, one_line
+
+    err = AudioError("odd/bad\nname.wav: not a readable audio file (text, not audio)\n  more detail")
+    assert one_line(err, "odd/bad\nname.wav") == "not a readable audio file (text, not audio)"
+    assert one_line(AudioError("a.wav: corrupt"), "a.wav") == "corrupt" and one_line(AudioError("\n\n")) == "AudioError"
