@@ -539,7 +539,7 @@ def test_a_folder_without_transcripts_of_the_inputs_is_not_read(tmp_path: Path, 
     out_dir = tmp_path / "out"
     _run(out_dir, str(first), ["txt"])
 
-    def unread(folder):
+    def unread(folder, stems=None):
         raise AssertionError("the index was read")
 
     monkeypatch.setattr(outputs, "read_sources", unread)
@@ -595,6 +595,7 @@ def test_the_index_is_read_from_where_this_process_last_read_it(tmp_path: Path, 
     monkeypatch.setattr(files, "_parsed", lambda lines: parsed.append(len(lines)) or real(lines))
     write_outputs(_result(), tmp_path, "f100", ["txt"], source="/archive/100.flac")
     assert len(read_sources(tmp_path)) == 101 and parsed[-1] == 1
+    assert read_sources(tmp_path, ["f7", "none"]) == {"f7": "/archive/7.flac"}  # the stems asked for, alone
     for i in range(200):
         write_outputs(_result(), tmp_path, f"f{i % 50}", ["txt"], source=f"/archive/{i % 50}.flac")
     before = read_sources(tmp_path)

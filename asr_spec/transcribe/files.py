@@ -12,7 +12,7 @@ import os
 import secrets
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -57,13 +57,17 @@ _SPARE_LINES = 64  # lines a journal may gain beyond twice its lines at the last
 _COMPACTED = "compacted"  # the key of a compacted journal's first line, {"compacted": its number of entries}
 
 
-def read_sources(folder: Path) -> dict[str, str]:
-    """`folder`'s index of sources, ``{stem: source}``: the old json index's entries, then the journal's lines in
-    order; {} where neither is there or readable, and a line that is not ours (a torn last line, foreign bytes) is
-    skipped: never fatal, the index only lets `check_not_replacing` refuse a replacement. The journal is read from
-    where this process last read it (a run checks each transcript it writes: reading it whole each time was
-    quadratic in the folder's transcripts), whole again once it is not the file read before."""
-    return _sources(_old_index(folder), _journal_entries(folder / SOURCES_INDEX))
+def read_sources(folder: Path, stems: Collection[str] | None = None) -> dict[str, str]:
+    """`folder`'s index of sources, ``{stem: source}`` (of `stems` only, unless None): the old json index's entries,
+    then the journal's lines in order; {} where neither is there or readable, and a line that is not ours (a torn
+    last line, foreign bytes) is skipped: never fatal, the index only lets `check_not_replacing` refuse a
+    replacement. The journal is read from where this process last read it (a run checks each transcript it writes:
+    reading it whole each time was quadratic in the folder's transcripts), whole again once it is not the file read
+    before; with `stems`, nothing else of it is copied (the whole index twice a transcript written, before)."""
+    old = _old_index(folder)
+    if old is not None and stems is not None:
+        old = {stem: old[stem] for stem in stems if stem in old}
+    return _sources(old, _journal_entries(folder / SOURCES_INDEX, stems))
 
 
 def _sources(old: dict[str, str] | None, entries: dict[str, str | None]) -> dict[str, str]:
@@ -104,8 +108,9 @@ _READ: dict[str, _Read] = {}  # per journal path
 _READ_LOCK = threading.Lock()
 
 
-def _journal_entries(journal: Path) -> dict[str, str | None]:
-    """The journal's entries, stem -> source (None: forgotten), its new lines parsed onto what was read before."""
+def _journal_entries(journal: Path, stems: Collection[str] | None = None) -> dict[str, str | None]:
+    """The journal's entries, stem -> source (None: forgotten), of `stems` only unless None, its new lines parsed
+    onto what was read before."""
     try:
         with open(journal, "rb") as handle, _READ_LOCK:
             stat = os.fstat(handle.fileno())
@@ -121,7 +126,9 @@ def _journal_entries(journal: Path) -> dict[str, str | None]:
             if lines:
                 read.offset, read.last = read.offset + len(complete), lines[-1]
             _READ[os.path.abspath(journal)] = read
-            return dict(read.entries)
+            if stems is None:
+                return dict(read.entries)
+            return {stem: read.entries[stem] for stem in stems if stem in read.entries}
     except OSError:  # missing, or a folder
         return {}
 

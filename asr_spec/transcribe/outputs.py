@@ -318,7 +318,7 @@ def check_not_replacing(out_dir: str | os.PathLike[str], stems: list[str | None]
     written = [stem is not None and any((folder / f"{stem}.{fmt}").is_file() for fmt in FORMATS) for stem in stems]
     if not any(written):  # nothing to replace: the index not read (a file a call into a big folder read it each)
         return
-    sources = read_sources(folder)
+    sources = read_sources(folder, [stem for stem, there in zip(stems, written) if there])
     for stem, path in zip(stems, paths):
         if stem is None or path is None:
             continue
