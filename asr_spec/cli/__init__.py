@@ -29,7 +29,6 @@ from asr_spec.cli.options import (
     DEVICE,
     DRAFT,
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_USAGE,
     HOTWORDS,
     INITIAL_PROMPT,
@@ -176,12 +175,9 @@ app.add_typer(distill_app, name="distill")
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `asr-spec` and `python -m asr_spec`. A Ctrl-C before a command catches its own (while the
     logging set-up imports transformers, the first second or so) is one line and exit 130, not a traceback."""
-    try:
+    with interruptible():
         configure_logging()
         args = sys.argv[1:] if argv is None else list(argv)
         if args[:1] == ["distill"]:
             args = expand_variadic(args)
         app(args=args, prog_name="asr-spec")  # typer exits 130 on a KeyboardInterrupt; `transcribe` reports it first
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        raise SystemExit(EXIT_INTERRUPTED) from None

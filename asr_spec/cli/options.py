@@ -28,13 +28,14 @@ USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: e
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """A command's own imports (torch, transformers: a second or more): a Ctrl-C there is one line, `interrupted`,
-    exit 130 (typer turns a KeyboardInterrupt that escapes a command into a silent exit 130)."""
+    """The command line's start and a command's own imports (torch, transformers: a second or more): a Ctrl-C
+    there is one line, `interrupted`, exit 130 (typer turns a KeyboardInterrupt that escapes a command into a
+    silent exit 130; SystemExit passes through it)."""
     try:
         yield
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 def fail(message: str, code: int) -> NoReturn:
