@@ -160,18 +160,15 @@ class EvalOptions:
 
 def _language(language: str | None, preset: str) -> str | None:
     """The language a run decodes: its code ("en"), or None where detected per chunk ("auto"); the preset's where
-    not given."""
+    not given. Read as the transcriber reads it (`TranscribeOptions.from_values`: "auto", and the check)."""
     from asr_spec.engine.options import language_code
     from asr_spec.models.presets import load_preset
+    from asr_spec.transcribe.options import TranscribeOptions
 
     if language is None:
         language = load_preset(preset).option_values().get("language")
-    if language is None or str(language).strip().lower() == "auto":
-        return None
-    try:
-        return language_code(str(language))
-    except ValueError as err:  # the engine's: it imports nothing of ours
-        raise InputError(str(err)) from err
+    decoded = TranscribeOptions.from_values(language=language).decode.language
+    return None if decoded is None else language_code(decoded)
 
 
 def _resolved(name: str | None) -> str | None:
