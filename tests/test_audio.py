@@ -17,6 +17,7 @@ import soxr
 import torch
 
 from asr_spec.audio.loading import audio_duration_s, header_duration_s, load_audio, stream_audio, to_mono
+from asr_spec.audio.opening import check_file
 from asr_spec.errors import AudioError, InputError
 
 SR = 16_000
@@ -155,6 +156,11 @@ def test_bad_files_raise_audio_error_naming_file_and_cause(tmp_path: Path, make,
     if path.name == "garbage.flac":  # its length is read the same way (the command line's progress bar)
         with pytest.raises(AudioError, match=needle):
             audio_duration_s(path)
+    if needle.split(": ")[-1] in ("no such file", "is a directory", "empty file", "not a readable audio file"):
+        with pytest.raises(AudioError, match=needle):  # found before any model loads (`asr-spec transcribe`)
+            check_file(str(path))
+    else:
+        check_file(str(path))  # only decoding tells these
 
 
 @pytest.mark.parametrize(

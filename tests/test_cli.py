@@ -162,6 +162,36 @@ def test_bad_files_are_reported_one_line_each_and_the_rest_transcribed(capsys, t
     assert err.strip().splitlines()[-1].startswith(f"2/{len(bad) + 2} files ({len(bad)} failed)")
 
 
+def test_a_file_that_cannot_be_audio_is_said_before_the_models_load(capsys, tmp_path: Path, model_dirs,
+                                                                      monkeypatch) -> None:
+    """A mistyped name waited for the models' loading (~60 s cold beside other work) before its one line; a run
+    of nothing but such files loaded them for nothing. Said at once, each once; the readable ones still run."""
+    from asr_spec.transcribe import Transcriber
+
+    loads: list[str] = []
+    real_load = Transcriber.from_preset.__func__  # type: ignore[attr-defined]
+
+    def from_preset(cls, *args, **kwargs):  # noqa: ANN001, ANN202
+        loads.append(capsys.readouterr().err)  # what stderr held when the models started to load
+        return real_load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Transcriber, "from_preset", classmethod(from_preset))
+    folder, text = tmp_path / "folder", tmp_path / "notes.wav"
+    folder.mkdir()
+    text.write_text("not audio\n")
+    missing = tmp_path / "mising.wav"
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(missing), str(folder), str(text)))
+    assert code == 1 and out == "" and loads == []
+    assert err.splitlines() == [f"error: {missing}: no such file",
+                                f"error: {folder}: is a directory, not an audio file",
+                                f"error: {text}: not a readable audio file (text, not audio)",
+                                "0/3 files (3 failed): no file could be read, no model loaded"]
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(missing), str(SHORT[0]), str(missing)))
+    assert code == 1 and f"==> {SHORT[0]} <==" in out
+    assert loads == [f"error: {missing}: no such file\n" * 2]  # both said before the load, neither again after it
+    assert "error:" not in err and err.strip().splitlines()[-1].startswith("1/3 files (2 failed)")
+
+
 @pytest.mark.parametrize(
     "args,needles",
     [

@@ -27,7 +27,8 @@ import soundfile as sf
 from asr_spec.audio.ffmpeg import ffmpeg_blocks, ffmpeg_duration_s, wav_header
 from asr_spec.errors import AudioError
 
-__all__ = ["RawBlocks", "check_path", "container_of", "header_duration_s", "open_raw_blocks", "pcm16_wav_payload"]
+__all__ = ["RawBlocks", "check_file", "check_path", "container_of", "header_duration_s", "open_raw_blocks",
+           "pcm16_wav_payload"]
 
 _UNKNOWN_FRAMES = 1 << 62  # libsndfile reports SF_COUNT_MAX (2**63 - 1) frames when a header leaves the length out
 _LENGTH_MISSING = "length missing from the header"
@@ -64,8 +65,7 @@ def header_duration_s(path: str | os.PathLike[str]) -> float | None:
     is ffprobe's to judge, as the audio is ffmpeg's to decode (`_open_past_header`): 0.0 only where it cannot read
     the file either."""
     name = os.fspath(path)
-    check_path(name)
-    _refuse_text(name, name)
+    check_file(name)
     try:
         with sf.SoundFile(_os_name(name)) as handle:
             n_frames, rate = _header_frames(handle), handle.samplerate
@@ -79,6 +79,13 @@ def header_duration_s(path: str | os.PathLike[str]) -> float | None:
         except AudioError:  # ffmpeg cannot read it either: empty, as the header says (and as it loads)
             return 0.0
     return float(n_frames) / float(rate)
+
+
+def check_file(path: str) -> None:
+    """`AudioError` unless `path` could be audio: a regular file of at least one byte (`check_path`) that is not
+    text. What can be known of a file before any decoder is asked (a stat and its first 4 KiB)."""
+    check_path(path)
+    _refuse_text(path, path)
 
 
 def check_path(path: str) -> None:

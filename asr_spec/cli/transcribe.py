@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -137,6 +138,9 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
         return
     run = _Run(len(files), output_dir)
+    run.check_files(files)  # a mistyped name said before the models load (~3 s, ~30-60 s cold), not after
+    if run.nothing_readable:
+        run.none_read(quiet)
     allocator.pin()  # a process of its own: the engine's transient buffers kept in the heap, not mapped every call
     try:
         if output_dir is not None:  # before any model loads: the folder usable, names distinct, stale temps gone
@@ -217,12 +221,41 @@ class _Run:
         self.built_before_s = _build_seconds()  # the CPU kernels' builds before this run (an in-process caller's)
         self.loaded_at, self.built_at_load = self.start, self.built_before_s  # `loaded`: the models ready
         self.precision = ""  # where and in what dtype it decodes: "cpu amx-bf16, bfloat16" (models.cpu)
+        self.said: Counter[str] = Counter()  # files whose error `check_files` printed, not printed again by `add`
+
+    def check_files(self, files: list[str]) -> None:
+        """Say at once each file that cannot be audio (missing, a folder, empty, text: `check_file`); it stays in
+        the run (its output name, its place), which reports it failed again without a second line."""
+        from asr_spec.audio.opening import check_file
+        from asr_spec.errors import AudioError
+
+        for file in files:
+            try:
+                check_file(file)
+            except AudioError as err:
+                typer.echo(f"error: {file}: {one_line(err, file)}", err=True)
+                self.said[file] += 1
+
+    @property
+    def nothing_readable(self) -> bool:
+        """Every file failed `check_files`: no model is to be loaded for nothing."""
+        return self.said.total() >= self.n_files
+
+    def none_read(self, quiet: bool) -> NoReturn:
+        """The end of a run whose every file failed `check_files`: its summary line, exit 1."""
+        self.n_done = self.n_failed = self.n_files
+        if not quiet:
+            typer.echo(f"{self._files()}: no file could be read, no model loaded", err=True)
+        raise typer.Exit(EXIT_FAILED)
 
     def add(self, result: Any) -> None:
         self.n_done += 1
         if result.error is not None:
             self.n_failed += 1
-            typer.echo(f"error: {result.source}: {result.error}", err=True)
+            if self.said[result.source] > 0:
+                self.said[result.source] -= 1
+            else:
+                typer.echo(f"error: {result.source}: {result.error}", err=True)
             return
         self.audio_s += result.audio_s
         self.stats.append(result.stats)
@@ -249,6 +282,11 @@ class _Run:
         typer.echo(f"\ninterrupted: {ok} of {self.n_files} files finished ({where})", err=True)
         raise typer.Exit(EXIT_INTERRUPTED)
 
+    def _files(self) -> str:
+        """"3/4 files (1 failed)": the summary's count."""
+        failed = f" ({self.n_failed} failed)" if self.n_failed else ""
+        return f"{self.n_files - self.n_failed}/{self.n_files} files{failed}"
+
     def summary(self) -> str:
         from asr_spec.engine import ChunkStats
 
@@ -256,8 +294,6 @@ class _Run:
         build_s = _build_seconds() - self.built_before_s  # a first run's one-time cost, not its speed
         load_s = max(self.loaded_at - self.start - (self.built_at_load - self.built_before_s), 0.0)
         wall_s = max(time.perf_counter() - self.loaded_at - (_build_seconds() - self.built_at_load), 0.0)
-        files = f"{self.n_files - self.n_failed}/{self.n_files} files"
-        files += f" ({self.n_failed} failed)" if self.n_failed else ""
         rtfx = self.audio_s / wall_s if wall_s > 0 else 0.0
         built = f"; the CPU kernels' one-time build took {build_s:.1f} s more" if build_s else ""
         speed = f"{self.audio_s:.1f} s audio in {wall_s:.1f} s (RTFx {rtfx:.1f}; loading {load_s:.1f} s before{built})"
@@ -272,4 +308,4 @@ class _Run:
         at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())
         fallback = f", windows decoded again (fallback_windows): {at}" if any(self.fallback.values()) else ""
         precision = f" [{self.precision}]" if self.precision else ""
-        return f"{files}: {speed}, {drafting}{dropped}{tails}{fallback}{precision}"
+        return f"{self._files()}: {speed}, {drafting}{dropped}{tails}{fallback}{precision}"
