@@ -453,3 +453,38 @@ def test_a_ctrl_c_before_a_command_starts_is_one_line(capsys, monkeypatch) -> No
     with pytest.raises(SystemExit) as exit_:
         cli.main(["transcribe", "x.wav"])
     assert exit_.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+def test_threads_sets_the_processs_torch_threads_before_the_models_load(capsys, monkeypatch, model_dirs) -> None:
+    """`--threads N` (openai-whisper's) on transcribe, stream and serve: torch's threads when the models load; under
+    1 one line, exit 2, as distill's; with --ray the workers' is --threads-per-worker."""
+    import asr_spec.serve
+    from asr_spec.transcribe import Transcriber
+
+    seen: list[int] = []
+    real_load = Transcriber.from_preset.__func__  # type: ignore[attr-defined]
+
+    def from_preset(cls, *args, **kwargs):  # noqa: ANN001, ANN202
+        seen.append(torch.get_num_threads())
+        return real_load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Transcriber, "from_preset", classmethod(from_preset))
+    monkeypatch.setattr(asr_spec.serve, "run_server", lambda *args, **kwargs: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            assert run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--threads", str(threads), "--quiet"))[0] == 0
+            assert run_cli(capsys, "stream", str(SHORT[0]), "--model", str(model_dirs[0]), "--no-draft", "--speed",
+                           "0", "--threads", str(threads))[0] == 0
+            assert run_cli(capsys, "serve", "--threads", str(threads))[0] == 0
+        assert seen == [1, 1, 1, 2, 2, 2]
+        for command in (tiny(model_dirs, str(SHORT[0])), ["stream", str(SHORT[0])], ["serve"]):
+            code, _, err = run_cli(capsys, *command, "--threads", "0")
+            assert code == 2
+            assert_only_line_is_error(err, "--threads 0: must be at least 1")
+        code, _, err = run_cli(capsys, "transcribe", "--ray", str(SHORT[0]), "--threads", "2")
+        assert code == 2
+        assert_only_line_is_error(err, "with --ray give --threads-per-worker")
+        assert len(seen) == 6  # nothing loaded for a usage error
+    finally:
+        torch.set_num_threads(before)

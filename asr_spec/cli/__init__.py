@@ -38,12 +38,14 @@ from asr_spec.cli.options import (
     PRESET,
     SEED,
     TEMPERATURE,
+    THREADS,
     TRACE_STREAMS,
     USER_ERRORS,
     fail,
     interruptible,
     preset_overrides,
     start_trace,
+    use_threads,
 )
 from asr_spec.cli.stream import stream
 from asr_spec.cli.transcribe import transcribe
@@ -120,6 +122,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     initial_prompt: str | None = INITIAL_PROMPT,
     hotwords: str | None = HOTWORDS,
     device: str = DEVICE,
+    threads: int | None = THREADS,
 ) -> None:
     """Serve OpenAI's POST /v1/audio/transcriptions (or, with --task translate, /v1/audio/translations) and live
     transcription (WebSocket /v1/realtime, the page at /); concurrent requests and streams share one speculative
@@ -127,6 +130,7 @@ def serve(  # long function: typer declares each of its ~25 options as a paramet
     with interruptible():
         from asr_spec.serve import run_server
 
+    use_threads(threads)
     if trace_streams is not None:
         start_trace(trace_streams)
     overrides = preset_overrides(model, draft, no_draft, language=language, task=task,

@@ -66,13 +66,9 @@ distill_app = typer.Typer(name="distill", help="Train a draft for a target by di
 def _group(ctx: typer.Context,
            model: str = typer.Option("embedded:whisper-base", help="The target to distil a draft for."),
            threads: int = typer.Option(1, help="torch CPU threads (default 1: leave cores to others).")) -> None:
-    import torch
+    from asr_spec.cli.options import use_threads
 
-    from asr_spec.cli.options import EXIT_USAGE, fail
-
-    if threads < 1:  # torch's own error was a traceback
-        fail(f"--threads {threads}: must be at least 1", EXIT_USAGE)
-    torch.set_num_threads(threads)
+    use_threads(threads)
     ctx.obj = {"model": model}
 
 

@@ -19,8 +19,8 @@ from asr_spec.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, 
 
 __all__ = ["BATCH_SIZE", "BEST_OF", "COMPRESSION_RATIO_THRESHOLD", "DEVICE", "DRAFT", "DTYPE", "EXIT_FAILED",
            "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "HOTWORDS", "INITIAL_PROMPT", "LANGUAGE", "MODEL", "NO_DRAFT",
-           "PRESET", "RAY", "RAY_ADDRESS", "SEED", "TEMPERATURE", "TRACE_STREAMS", "USER_ERRORS", "WORKERS", "fail",
-           "interruptible", "preset_overrides", "start_trace"]
+           "PRESET", "RAY", "RAY_ADDRESS", "SEED", "TEMPERATURE", "THREADS", "TRACE_STREAMS", "USER_ERRORS", "WORKERS",
+           "fail", "interruptible", "preset_overrides", "start_trace", "use_threads"]
 
 # Errors caused by what the user gave us: reported on one line, no traceback. Anything else is a bug.
 USER_ERRORS = (AsrSpecError, ValueError, OSError, MemoryError)  # MemoryError: engine.ResourceError
@@ -96,6 +96,8 @@ RAY = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-
 RAY_ADDRESS = typer.Option(None, help="With --ray: the cluster (auto, ray://host:10001). Default: RAY_ADDRESS, else "
                            "a local Ray on this machine.")
 WORKERS = typer.Option(None, help="With --ray: transcription actors (one per GPU on GPU machines). Default 1.")
+THREADS = typer.Option(None, help="torch CPU threads of this process (openai-whisper's --threads). Default: "
+                       "torch's, one per core (or OMP_NUM_THREADS); fewer leave cores to other work.")
 THREADS_PER_WORKER = typer.Option(None, help="With --ray: torch threads of each CPU actor. Default 1.")
 
 # Decoding options of `transcribe` and `serve` (for the server: the default of requests that set none).
@@ -113,6 +115,18 @@ INITIAL_PROMPT = typer.Option(None, help="Previous text given to every chunk (af
                               "too.")
 HOTWORDS = typer.Option(None, help="Hint phrases (faster-whisper's): before the initial prompt, on every chunk but "
                         "one with a prefix. With serve, every re-decode of a live stream gets them too.")
+
+
+def use_threads(threads: int | None) -> None:
+    """--threads: this process's torch CPU threads, set before any model loads (None: torch's default); under 1 a
+    usage error (torch's own was a RuntimeError traceback)."""
+    if threads is None:
+        return
+    if threads < 1:
+        fail(f"--threads {threads}: must be at least 1", EXIT_USAGE)
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def preset_overrides(model: str | None, draft: str | None, no_draft: bool, **options: Any) -> dict[str, Any]:

@@ -26,12 +26,14 @@ from asr_spec.cli.options import (
     MODEL,
     NO_DRAFT,
     PRESET,
+    THREADS,
     TRACE_STREAMS,
     USER_ERRORS,
     fail,
     interruptible,
     preset_overrides,
     start_trace,
+    use_threads,
 )
 from asr_spec.errors import InputError, one_line
 from asr_spec.stream.options import StreamOptions
@@ -58,6 +60,7 @@ def stream(
                                        "hypothesis as the draft (the same text, more target passes)."),
     tentative: bool = typer.Option(False, "--tentative", help="Also show the uncommitted text on stderr."),
     trace_streams: Path | None = TRACE_STREAMS,
+    threads: int | None = THREADS,
 ) -> None:
     """Transcribe a live stream: committed text is printed as it becomes stable."""
     with interruptible():
@@ -66,6 +69,7 @@ def stream(
 
     if math.isnan(speed) or speed < 0:
         fail(f"--speed must be >= 0, got {speed}", EXIT_USAGE)
+    use_threads(threads)
     allocator.pin()  # a process of its own, as `transcribe`
     if trace_streams is not None:
         start_trace(trace_streams)

@@ -37,6 +37,7 @@ from asr_spec.cli.options import (
     RAY_ADDRESS,
     SEED,
     TEMPERATURE,
+    THREADS,
     THREADS_PER_WORKER,
     USER_ERRORS,
     WORKERS,
@@ -44,6 +45,7 @@ from asr_spec.cli.options import (
     interruptible,
     preset_overrides,
     reader_gone,
+    use_threads,
 )
 from asr_spec.errors import one_line
 
@@ -80,6 +82,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     format: str | None = typer.Option(None, "--format", help="With --output-dir: comma-separated txt, json, "
                                          "srt, vtt. Default: all four."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar, no summary (errors still shown)."),
+    threads: int | None = THREADS,
     ray: bool = RAY,
     ray_address: str | None = RAY_ADDRESS,
     workers: int | None = WORKERS,
@@ -114,6 +117,8 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     ray_only = (workers, threads_per_worker, manifest, output, ray_address)
     if not ray and any(value is not None for value in ray_only):
         fail("--workers, --threads-per-worker, --manifest, --output and --ray-address need --ray", EXIT_USAGE)
+    if ray and threads is not None:
+        fail("--threads sets this process's threads: with --ray give --threads-per-worker", EXIT_USAGE)
     if not files and manifest is None:
         fail("no input: give audio FILEs" + (" or --manifest" if ray else ""), EXIT_USAGE)
     if ray and (output_dir is not None or format is not None):
@@ -137,10 +142,15 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
         _transcribe_on_ray(files or [], manifest, output, preset, device, overrides, quiet,
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
         return
+    try:  # the options checked before the files, the files before any model loads
+        Transcriber.plan_preset(preset, device=device, **overrides)
+    except USER_ERRORS as err:
+        fail(one_line(err), EXIT_USAGE)
     run = _Run(len(files), output_dir)
     run.check_files(files)  # a mistyped name said before the models load (~3 s, ~30-60 s cold), not after
     if run.nothing_readable:
         run.none_read(quiet)
+    use_threads(threads)
     allocator.pin()  # a process of its own: the engine's transient buffers kept in the heap, not mapped every call
     try:
         if output_dir is not None:  # before any model loads: the folder usable, names distinct, stale temps gone

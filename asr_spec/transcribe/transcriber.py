@@ -36,7 +36,7 @@ from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
 from asr_spec.engine import ChunkRequest, ChunkResult, Engine
 from asr_spec.errors import AudioError, InputError, one_line
-from asr_spec.models.presets import DEFAULT_PRESET
+from asr_spec.models.presets import DEFAULT_PRESET, ModelPlan
 from asr_spec.stream.decodes import StreamPrompt
 from asr_spec.stream.driver import StreamRunner
 from asr_spec.stream.policy import StreamOptions
@@ -140,6 +140,14 @@ class Transcriber:
         The preset's draft belongs to its model: overriding `model` without `draft` runs greedy decoding.
         `draft=None` turns the draft off. Which runs the draft decodes: `plan_models`.
         """
+        plan, options = cls.plan_preset(name, **overrides)
+        return cls.from_pretrained(plan.model, plan.draft, device=overrides.get("device"), dtype=plan.dtype,
+                                   options=options, share_encoder=plan.share_encoder)
+
+    @staticmethod
+    def plan_preset(name: str | os.PathLike = DEFAULT_PRESET, **overrides: Any) -> tuple[ModelPlan, TranscribeOptions]:
+        """What `from_preset(name, **overrides)` loads and the options it runs with, loading nothing: an unknown
+        preset, option or device and a bad option value are found here (`InputError`), before any model loads."""
         from asr_spec.models.loading import resolve_device
         from asr_spec.models.presets import MODEL_KEYS, load_preset, plan_models
 
@@ -157,9 +165,7 @@ class Transcriber:
         values["draft_max_rows"] = plan.draft_max_rows
         if plan.num_draft_tokens is not None:  # the preset's K for this run's decode class; the caller's K wins
             values.setdefault("num_draft_tokens", plan.num_draft_tokens)
-        options = TranscribeOptions.from_values(base, **values)  # the caller's values: their message as is
-        return cls.from_pretrained(plan.model, plan.draft, device=overrides.get("device"), dtype=plan.dtype,
-                                   options=options, share_encoder=plan.share_encoder)
+        return plan, TranscribeOptions.from_values(base, **values)  # the caller's values: their message as is
 
     # -- public entry points -------------------------------------------------------------------------------------
     def transcribe(self, audio: Any, *, batch_size: int | None = None, progress: bool | ProgressCallback | None = None,
