@@ -27,6 +27,9 @@ class WordTokenizer:
             input_ids = [int(word[1:]) for word in text.split()]
         return Out()
 
+    def get_added_vocab(self) -> dict[str, int]:
+        return {}
+
 
 def _words(first: int, n: int) -> str:
     return " ".join(f"w{i}" for i in range(first, first + n))
@@ -54,6 +57,29 @@ def test_prefix_goes_with_the_first_chunk_and_takes_the_hotwords_place_there():
                             223)
     assert shorter.for_chunk(0) == (tuple(range(177, 300)), tuple(range(500, 600)))
     assert shorter.for_chunk(1) == (tuple(range(77, 300)), ())
+
+
+def test_text_that_reads_like_a_timestamp_stays_text_in_prompts_and_transcripts():
+    """Whisper's timestamps are added tokens but not special ones: `split_special_tokens` left "<|0.00|>" one token,
+    so a prefix of it (a server's form field) forced a timestamp and the transcript came back empty, "<|5.00|> hi"
+    gave "hi" alone. Every "<|...|>" is text now, and the transcript's text keeps it as written."""
+    from transformers import WhisperTokenizerFast
+
+    from asr_spec.engine.rules import WhisperTokens
+    from asr_spec.transcribe.assembly import Assembler
+    from tests.test_transcribe import tiny_real_vocab_whisper, tokenizer_json
+
+    tok = WhisperTokenizerFast(tokenizer_file=str(tokenizer_json()))
+    added = set(tok.get_added_vocab().values())
+    tokens = WhisperTokens.from_generation_config(tiny_real_vocab_whisper().generation_config, 448)
+    assembler = Assembler(tok, tokens, TranscribeOptions())
+    for text in ("<|0.00|>", "Note <|2.00|> hi", "<|endoftext|>", "x<|nospeech|><|en|>", "a <| b |> c"):
+        prompt = encode_prompt(PromptOptions(prefix=text, initial_prompt=text, hotwords=text), tok, 223)
+        for ids in (prompt.prefix, prompt.previous, prompt.first_previous):
+            assert ids and added.isdisjoint(ids) and max(ids) < tokens.eot, (text, ids)
+        assert assembler.decode(prompt.prefix) == text
+    plain = encode_prompt(PromptOptions(prefix="Hello there."), tok, 223).prefix
+    assert plain == tuple(tok(" Hello there.", add_special_tokens=False).input_ids)  # plain text: as before
 
 
 def test_prompt_options_are_checked_and_given_per_input():

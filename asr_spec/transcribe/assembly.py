@@ -134,9 +134,10 @@ class Assembler:
         return concat_chunks(chunks, **ids, sampling_rate=SAMPLE_RATE)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        """The text of `token_ids` (control and timestamp tokens left out)."""
+        """The text of `token_ids` (control and timestamp tokens left out; text that reads like one, a prefix's
+        "<|2.00|>", kept: transformers' decode drops such text unless told the ids are filtered already)."""
         text_ids = [t for t in token_ids if t < self.tokens.eot]
-        return self.tokenizer.decode(text_ids, skip_special_tokens=True).strip()
+        return self.tokenizer.decode(text_ids, skip_special_tokens=True, decode_with_timestamps=True).strip()
 
     def pieces(self, token_ids: Sequence[int]) -> list[str]:
         """Each text token's text as words are grouped and written (`alignment.unicode_pieces`: a character split

@@ -19,6 +19,7 @@ independent and batch freely; the prefix goes with the input's *first* chunk onl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,7 +71,18 @@ class InputPrompt:
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
     """Text token ids of `text` as Whisper prompts encode it (a leading space; "<|...|>" stays text)."""
-    return list(tokenizer(" " + text.strip(), add_special_tokens=False, split_special_tokens=True).input_ids)
+    text = " " + text.strip()
+    ids = _text_ids(tokenizer, text)
+    if set(tokenizer.get_added_vocab().values()).isdisjoint(ids):
+        return ids
+    # Whisper's timestamps ("<|2.00|>") are added tokens but not special ones, so `split_special_tokens` kept them
+    # whole (a prefix "<|0.00|>" forced a timestamp and emptied the transcript): cut between "<" and "|", every
+    # added token of Whisper's ("<|...|>") is text
+    return [i for piece in re.split(r"(?<=<)(?=\|)", text) for i in _text_ids(tokenizer, piece)]
+
+
+def _text_ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids)
 
 
 def encode_prompt(options: PromptOptions, tokenizer: Any, max_tokens: int) -> InputPrompt:
