@@ -19,7 +19,7 @@ SPOKEN = dict(no_speech_prob=0.1, avg_logprob=-0.3)
 
 
 def _assembler() -> Assembler:
-    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(TEXT.get(i, "") for i in ids))
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True, **_: "".join(TEXT.get(i, "") for i in ids))
     return Assembler(tokenizer, SimpleNamespace(eot=EOT, timestamp_begin=TS, lang_to_id={}),
                      TranscribeOptions(vad=VadOptions()))
 

@@ -18,7 +18,7 @@ from asr_spec import TranscribeOptions, Transcriber
 from asr_spec.audio.chunking import DIGITAL_SILENCE, ChunkingOptions, ChunkSpan, plan_chunks, skip_silent_windows
 from asr_spec.audio.loading import load_audio
 from asr_spec.audio.vad import DIGITAL_SILENCE as VAD_DIGITAL_SILENCE
-from asr_spec.audio.vad import SpeechSpan
+from asr_spec.audio.vad import SpeechSpan, onset_before
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
@@ -145,6 +145,37 @@ def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before
     assert whole[0].start_sample == int(4.0 * 16000) and whole[1] == tokens[:3] + (EOT,)
 
 
+def test_a_tail_at_a_late_segment_start_starts_where_that_segments_speech_does() -> None:
+    """A word reviewer's espeak file at 8 kHz: "<|7.00|> After a long pause, ..." said from 6.70 s, the sentence after
+    it undecoded; its tail from 7.00 s began mid-word, heard "The second speaker ..." and four words were lost.
+    The tail starts where the speech frames show that segment's speech starting (padded into the pause)."""
+    speech = [(0.08, 3.34), (6.70, 6.88), (6.92, 7.28), (7.32, 10.88), (14.24, 17.16)]  # gaps of 2 frames inside
+    span = speech_span(0.0, 17.35, speech)
+    tokens = (ts(0.0), 1, ts(7.0), ts(7.0), 2, ts(14.0), ts(14.0), EOT)
+    tail, kept = plan_tail(span, tokens, EOT, TS, 0.5, context_s=5.0)
+    assert tail.start_sample == int(6.50 * 16000) and kept == tokens[:3] + (EOT,)  # 0.2 s before the onset at 6.70
+    assert len(tail.speech) == len(span.speech) - int(6.50 / 0.02)
+    # an onset 1 s or more back is another segment's speech: the timestamp stays; so in unbroken speech
+    assert plan_tail(speech_span(0.0, 17.35, [(0.08, 3.34), (5.9, 10.88), (14.24, 17.16)]), tokens, EOT, TS, 0.5,
+                     context_s=5.0)[0].start_sample == int(7.0 * 16000)
+    # a pause shorter than its 0.2 s pad: half of it
+    short = speech_span(0.0, 17.35, [(0.08, 6.60), (6.72, 10.88), (14.24, 17.16)])
+    assert plan_tail(short, tokens, EOT, TS, 0.5, context_s=5.0)[0].start_sample == int(6.66 * 16000)
+    # a tail from a kept segment's end (no context) does not move: that segment's words are the parent's
+    assert plan_tail(span, tokens, EOT, TS, 0.5, context_s=0.0)[0].start_sample == int(14.0 * 16000)
+
+
+def test_onset_before_finds_the_last_real_pause_within_reach() -> None:
+    frames = np.zeros(100, bool)
+    frames[40:48] = frames[50:70] = True  # a 2-frame gap at 48-50 is inside speech
+    assert onset_before(frames, 60, low=0, max_back=50, min_pause=5, pad=10) == 40 - 10
+    assert onset_before(frames, 60, low=35, max_back=50, min_pause=5, pad=10) == 38  # the pause seen from low: half
+    assert onset_before(frames, 60, low=0, max_back=15, min_pause=5, pad=10) == 60  # the onset is out of reach
+    assert onset_before(frames, 60, low=0, max_back=50, min_pause=1, pad=10) == 49  # a 2-frame pause: half of it
+    assert onset_before(frames, 80, low=0, max_back=50, min_pause=5, pad=4) == 76  # in a pause: padded back in it
+    assert onset_before(np.ones(100, bool), 60, low=0, max_back=50, min_pause=5, pad=10) == 60
+
+
 def test_word_timestamps_repair_the_chunks_the_default_repairs() -> None:
     """Coverage reads the timestamps the target wrote and the speech frames after them, in every mode: a last word
     whose aligned end stretches over the speech after the last timestamp (the target gave it no token) does not
@@ -248,8 +279,8 @@ def test_a_stride_tail_never_starts_after_the_next_window_does() -> None:
     assert next_window_from(w0, 5 * rate) == w1.start_sample
     tokens = (ts(0.0), 1, 2, ts(4.0), ts(20.5), 3, 4, ts(23.0), EOT)
     heard = counted_speech([])([(0.0, 4.0), (20.5, 30.0)])
-    tail, _ = stride_tail(w1, tokens, EOT, TS, 0.5, 5.0, heard)  # without the bound: at 40.5 s
-    assert tail.start_sample == 40.5 * rate > w2.start_sample
+    tail, _ = stride_tail(w1, tokens, EOT, TS, 0.5, 5.0, heard)  # without the bound: at 40.3 s (`onset_before`)
+    assert tail.start_sample == int(round(40.3 * rate)) > w2.start_sample
     assert stride_tail(w1, tokens, EOT, TS, 0.5, 5.0, heard, before=next_window_from(w1, 5 * rate)) is None
     earlier = (ts(0.0), 1, 2, ts(4.0), ts(12.0), 3, 4, ts(15.0), EOT)  # the text stops at 35 s: a tail from there
     tail, _ = stride_tail(w1, earlier, EOT, TS, 0.5, 0.0, counted_speech([])([(0.0, 4.0), (12.0, 30.0)]),
@@ -620,7 +651,7 @@ def stub_assembly(text: dict[int, str]) -> tuple[object, Callable[[tuple[int, ..
     from asr_spec.transcribe.assembly import Assembler
     from asr_spec.transcribe.options import TranscribeOptions
 
-    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(text.get(i, "") for i in ids))
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True, **_: "".join(text.get(i, "") for i in ids))
     assembler = Assembler(tokenizer, SimpleNamespace(eot=EOT_STUB, timestamp_begin=TS_STUB, lang_to_id={}),
                           TranscribeOptions(vad=VadOptions()))
 

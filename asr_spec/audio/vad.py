@@ -32,6 +32,7 @@ __all__ = [
     "SpeechSpan",
     "VadOptions",
     "iter_vad_chunks",
+    "onset_before",
     "pack_regions",
     "pad_regions",
     "plan_vad_chunks",
@@ -232,6 +233,22 @@ def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: in
     vad_index = np.minimum((np.arange(n_frames) * frame - probs_start_sample) // FRAME_SAMPLES, len(probs) - 1)
     voiced = probs[np.maximum(vad_index, 0)] >= threshold if len(probs) else np.zeros(n_frames, bool)
     return loud & voiced
+
+
+def onset_before(speech: np.ndarray, step: int, *, low: int, max_back: int, min_pause: int, pad: int) -> int:
+    """Where the speech at or just after frame `step` of a chunk's speech frames (speech: (F,) bool) starts, padded
+    into the pause before it: the end of the last run of at least `min_pause` pause frames in [step - max_back,
+    step), less `pad` frames or half that pause, whichever is less; `step` when no such pause is there. Never
+    before `low`. Pauses shorter than `min_pause` are gaps inside speech (a stop consonant, a quiet syllable)."""
+    first = max(low, step - max_back, 0)
+    quiet = ~np.asarray(speech[first:step], dtype=bool)
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], quiet, [False]]).astype(np.int8)))
+    runs = edges.reshape(-1, 2) + first  # [start, end) of each run of pause frames
+    long = runs[runs[:, 1] - runs[:, 0] >= min_pause]
+    if not len(long):
+        return step
+    pause_start, onset = (int(x) for x in long[-1])
+    return max(onset - min(pad, (onset - pause_start) // 2), low)
 
 
 # -- streaming -------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import numpy as np
 
 from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
-from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan
+from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan, onset_before
 from asr_spec.chunk_id import ChunkId
 from asr_spec.engine import ChunkRequest, ChunkResult
 from asr_spec.stream.agreement import MIN_LOOP_TOKENS  # one length for a loop's segment, offline and live
@@ -57,6 +57,12 @@ MAX_SEAM_TOKENS = 48
 # the least time a closed segment's text tokens take, each, for its end timestamp to be trusted (`timed`): fast
 # speech runs ~0.1-0.2 s a token, so only a segment whose timestamps cannot be its speech's falls under it
 MIN_TOKEN_S = 0.03
+# a tail that starts at a segment's start timestamp starts where that segment's speech does (`onset_before`): a
+# start timestamp comes up to a few tenths of a second after the first word's onset ("<|7.00|> After a long
+# pause", said from 6.70 s: its tail from 7.00 s heard "The second speaker", and the transcript lost four words);
+# moved back at most ONSET_BACK_S, to a pause of at least ONSET_PAUSE_S, ONSET_PAD_S (or half that pause) before
+# the onset the speech frames show
+ONSET_BACK_S, ONSET_PAUSE_S, ONSET_PAD_S = 1.0, 0.1, 0.2
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 
@@ -164,6 +170,10 @@ def rewind(closed: list[ClosedSegment], position: int, context_s: float, min_ste
     return closed[chosen][0], closed[chosen][2]
 
 
+def _steps(seconds: float) -> int:
+    return int(round(seconds / TIME_PRECISION_S))
+
+
 def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_begin_id: int, margin_s: float,
               context_s: float = 0.0, stop_at: int | None = None,
               before: int | None = None) -> tuple[SpeechSpan, tuple[int, ...]] | None:
@@ -189,6 +199,9 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     min_step = span.stride_left_samples // STEP_SAMPLES
     step, n_kept = rewind(closed, position, context_s, min_step, cover(closed[position], tokens, eot_id))
     step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
+    if n_kept <= closed[position][2]:  # at a segment's start: the parent keeps none of that segment's text
+        step = onset_before(span.speech, step, low=max(min_step, 1), max_back=_steps(ONSET_BACK_S),
+                            min_pause=_steps(ONSET_PAUSE_S), pad=_steps(ONSET_PAD_S))
     start = span.start_sample + step * STEP_SAMPLES
     if step <= 0 or start >= span.end_sample or (before is not None and start >= before):
         return None
