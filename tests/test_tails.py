@@ -24,9 +24,9 @@ from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats
 from asr_spec.errors import InputError
 from asr_spec.eval.metrics import normalize
 from asr_spec.transcribe.stitch import ChunkTokens, stitch_chunks
+from asr_spec.transcribe.tail_runs import TailSource, with_tails
 from asr_spec.transcribe.tails import (
     STEP_SAMPLES,
-    TailSource,
     closed_segments,
     covered_steps,
     drop_repeated_head,
@@ -40,7 +40,6 @@ from asr_spec.transcribe.tails import (
     timed,
     trim_span,
     uncovered_speech_s,
-    with_tails,
 )
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -59,7 +59,7 @@ class FrontEnd:
         be ignored.
         An input asking for word timestamps needs options.word_timestamps (else `InputError`). batch_size: the
         run's engine rows, checked by the caller (`Transcriber.batch_rows`). keep_samples: when given, each
-        chunk's samples are put there under its request id (tail repair, `tails.TailSource`, lets them go)."""
+        chunk's samples are put there under its request id (tail repair, `tail_runs.TailSource`, lets them go)."""
         return self._featurise(self._chunks(inputs), min(batch_size, MAX_ENCODE_BATCH), keep_samples)
 
     def window_speech(self, samples: np.ndarray) -> np.ndarray:

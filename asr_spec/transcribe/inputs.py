@@ -26,7 +26,7 @@ from asr_spec.errors import AsrSpecError, InputError
 from asr_spec.transcribe.outputs import output_stems
 from asr_spec.transcribe.prompts import InputPrompt
 from asr_spec.transcribe.segments import WordTiming
-from asr_spec.transcribe.tails import TailBook
+from asr_spec.transcribe.tail_runs import TailBook
 
 __all__ = ["INPUT_ERRORS", "Input", "Progress", "ProgressCallback", "RunInput", "expected_s", "name_outputs",
            "run_inputs"]
@@ -58,7 +58,7 @@ class Input:
     exception: BaseException | None = None  # the exception behind `error`
     results: dict[int, ChunkResult] = field(default_factory=dict)  # by chunk index, without encoder outputs
     words: dict[int, list[list[WordTiming]]] = field(default_factory=dict)  # by chunk index, per segment
-    repairs: TailBook = field(default_factory=TailBook)  # its re-decoded tails (tails.py)
+    repairs: TailBook = field(default_factory=TailBook)  # its re-decoded tails (tail_runs.py)
 
     @property
     def audio_s(self) -> float:

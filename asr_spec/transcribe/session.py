@@ -30,7 +30,7 @@ from asr_spec.transcribe.inflight import InFlight
 from asr_spec.transcribe.inputs import Input
 from asr_spec.transcribe.prompts import InputPrompt, with_prompts
 from asr_spec.transcribe.segments import WordTiming
-from asr_spec.transcribe.tails import TailSource
+from asr_spec.transcribe.tail_runs import TailSource
 
 __all__ = ["EngineSession", "Finished"]
 

@@ -61,7 +61,8 @@ from asr_spec.transcribe.results import Transcription
 from asr_spec.transcribe.segments import WordTiming
 from asr_spec.transcribe.session import EngineSession, Finished
 from asr_spec.transcribe.stitch import ChunkTokens
-from asr_spec.transcribe.tails import TailSource, next_window_from, plan_tail, stride_tail
+from asr_spec.transcribe.tail_runs import TailSource
+from asr_spec.transcribe.tails import next_window_from, plan_tail, stride_tail
 from asr_spec.transcribe.word_times import words_until
 
 __all__ = ["Transcriber"]
@@ -338,7 +339,7 @@ class Transcriber:
                  continues: list[bool] | None = None) -> Transcription:
         """The `Transcription` of one input from its chunks' spans and results, both in chunk order (see
         `Assembler.assemble`); chunk_words: per chunk, what `finish_chunk` gave, or None without words;
-        continues: per chunk, whether it is a re-decoded tail of the one before (`tails.with_tails`)."""
+        continues: per chunk, whether it is a re-decoded tail of the one before (`tail_runs.with_tails`)."""
         return self.assembler.assemble(source, spans, results, audio_s, wall_s, chunk_words, continues)
 
     def tail_of(self, span: ChunkSpan, result: ChunkResult,
