@@ -104,6 +104,7 @@ def test_cli_prints_the_committed_text(tmp_path):
     # 16 kHz mono PCM16 WAV (arecord without -t raw) is read past its header, as the raw samples
     piped = cli.invoke(app, args + ["-"], input=flac.read_bytes())
     assert piped.exit_code == 2 and "stdin: looks like a FLAC file, not raw PCM16" in piped.output
+    assert piped.stdout == ""  # refused at its first block: no empty transcript line
     wav = io.BytesIO()
     sf.write(wav, pcm, SAMPLE_RATE, format="WAV", subtype="PCM_16")
     as_wav = cli.invoke(app, args + ["-"], input=wav.getvalue())

@@ -96,10 +96,13 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> bool:
     Ctrl-C ends the input, as its end would: what was heard is finished and printed (the only way to stop
     `arecord ... | asr-spec stream -`; the words not yet committed were lost); a second Ctrl-C aborts."""
     stream = runner.open()
+    wrote = False
 
     def show(updates) -> None:
+        nonlocal wrote
         for _, update in updates:
             if update.delta:
+                wrote = True
                 sys.stdout.write(update.delta)
                 sys.stdout.flush()
             if tentative and not update.final:  # the text's end (the line's opening redraw code kept)
@@ -123,8 +126,9 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> bool:
         show(updates)
     if tentative:
         sys.stderr.write("\r\x1b[K")
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    if wrote or broken is None:  # a transcript's line end; an input refused at its first block printed nothing
+        sys.stdout.write("\n")
+        sys.stdout.flush()
     if broken is not None:
         raise broken
     return interrupted
