@@ -110,6 +110,20 @@ def test_caption_cues_of_n_words_and_words_in_json() -> None:
     assert "words" not in data["segments"][1]  # empty word lists are left out
 
 
+def test_a_word_cue_ends_at_a_pause_of_a_second_or_more() -> None:
+    """A word reviewer's "I went to the market to buy some Apple's and" was one cue of 10 words across a 3.3 s
+    silence (some ends 1.76 s, Apple's starts 5.06 s): its last words were shown 3.3 s before they were said."""
+    words = [{"word": f" w{i}", "start": start, "end": start + 0.3, "probability": 0.9}
+             for i, start in enumerate([0.0, 0.4, 0.8, 1.2, 4.5, 4.9, 5.3, 6.0, 6.4])]  # pauses of 3.0 s and 0.4 s
+    result = {"text": "", "segments": [{"start_s": 0.0, "end_s": 6.7, "text": " ...", "words": words}]}
+    cues = [cue.split("\n") for cue in render_srt(result, max_words_per_cue=10).strip().split("\n\n")]
+    assert [(c[1], c[2]) for c in cues] == [("00:00:00,000 --> 00:00:01,500", "w0 w1 w2 w3"),
+                                          ("00:00:04,500 --> 00:00:06,700", "w4 w5 w6 w7 w8")]
+    just_under = [dict(w, start=w["start"] - 2.01) if i >= 4 else w for i, w in enumerate(words)]  # 0.99 s
+    assert render_vtt({**result, "segments": [{**result["segments"][0], "words": just_under}]},
+                      max_words_per_cue=10).count("-->") == 1
+
+
 # -- real whisper-base on speech whose word boundaries are known (scripts/make_word_fixtures.py) --------------------
 
 WORDS = Path(__file__).parent / "fixtures" / "words"

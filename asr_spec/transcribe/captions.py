@@ -17,13 +17,17 @@ from asr_spec.checks import finite, is_number, seconds_at_least_zero
 from asr_spec.errors import InputError
 from asr_spec.transcribe.segments import Segment
 
-__all__ = ["MIN_CUE_S", "format_timestamp", "render_srt", "render_vtt", "result_dict", "segment_field",
+__all__ = ["CUE_PAUSE_S", "MIN_CUE_S", "format_timestamp", "render_srt", "render_vtt", "result_dict", "segment_field",
            "timed_segments", "visible_cues"]
 
 # The length a caption cue of no length is given, where free time around it allows (`visible_cues`): half a second
 # shows a few words; subtitle guides ask for 5/6 s at least, but a cue is lengthened only to make it seen, so
 # Whisper's times stay as they are wherever they can be read.
 MIN_CUE_S = 0.5
+# A word cue (`--max-words-per-cue`) ends at a pause between two words of at least this long, however few words it
+# holds: a cue "I went to the market to buy some apples and" across a 3.3 s silence showed "apples and" 3.3 s
+# before they were said (openai-whisper's subtitle writer ends its lines at pauses over 3 s)
+CUE_PAUSE_S = 1.0
 
 
 def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
@@ -89,8 +93,9 @@ def timed_segments(result: Mapping[str, Any], fmt: str) -> list[Segment]:
 
 
 def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> list[Segment]:
-    """Caption cues: one per segment, or with `max_words` cues of at most that many words of a segment (times
-    from the first word's start to the last word's end; a segment without words stays one cue)."""
+    """Caption cues: one per segment, or with `max_words` cues of at most that many words of a segment, each
+    ending at a pause of CUE_PAUSE_S or more (times from the first word's start to the last word's end; a segment
+    without words stays one cue)."""
     segments = timed_segments(result, fmt)
     if max_words is None:
         return segments
@@ -99,11 +104,22 @@ def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> li
         words = [w if isinstance(w, Mapping) else dataclasses.asdict(w) for w in segment_field(raw, "words", 0)]
         if not words:
             cues.append(segment)
-        for i in range(0, len(words), max_words):
-            group = words[i : i + max_words]
+        for group in _word_groups(words, max_words):
             text = "".join(str(w["word"]) for w in group).strip()
             cues.append(Segment(float(group[0]["start"]), float(group[-1]["end"]), text))
     return cues
+
+
+def _word_groups(words: Sequence[Mapping[str, Any]], max_words: int) -> list[list[Mapping[str, Any]]]:
+    """`words` (each with "start" and "end") in runs of at most `max_words`, a run ending early at a pause of
+    CUE_PAUSE_S or more before the next word."""
+    groups: list[list[Mapping[str, Any]]] = []
+    for word in words:
+        if groups and len(groups[-1]) < max_words and float(word["start"]) - float(groups[-1][-1]["end"]) < CUE_PAUSE_S:
+            groups[-1].append(word)
+        else:
+            groups.append([word])
+    return groups
 
 
 def _cue_text(text: str) -> str:
