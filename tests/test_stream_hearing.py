@@ -21,6 +21,7 @@ from asr_spec.stream.hearing import (
     drifted,
     first_pause,
     hypothesis_rate,
+    ids_loop,
     pause_near,
     settled_end,
     shorter_close,
@@ -56,6 +57,11 @@ def ts(seconds: float) -> int:
 def words(n: int) -> list[int]:
     return [2 * (i % 20) for i in range(n)]  # n one-token words
 
+
+
+def say(tokens) -> str:
+    """A detokenizer stand-in: "w<id>" a token."""
+    return " ".join(f"w{t}" for t in tokens)
 
 def test_a_segment_with_more_speech_than_its_words_can_say_has_drifted() -> None:
     # three words: drifted past 0.5 s a word and 3 s more (4.5 s of speech), at any buffer start
@@ -136,9 +142,6 @@ def test_a_segment_after_which_the_next_opens_past_an_utterance_skipped_it() -> 
 def test_a_looping_text_is_read_up_to_its_first_repeated_segment() -> None:
     loop = [ts(0), 2, 4, 6, 8, ts(1), *[t for k in range(1, 6) for t in (ts(k), 2, 4, 6, 8, ts(k + 1))], EOT]
 
-    def say(tokens) -> str:
-        return " ".join(f"w{t}" for t in tokens)
-
     assert before_loop(tuple(loop), KINDS, say) == (ts(0), 2, 4, 6, 8, ts(1), EOT)
     varied = (ts(0), 2, 4, 6, 8, ts(1), ts(1), *range(10, 48, 2), ts(5), ts(5), 2, 4, 6, 8, ts(6), EOT)
     assert before_loop(varied, KINDS, say) == varied  # said again, but the text does not loop
@@ -146,13 +149,42 @@ def test_a_looping_text_is_read_up_to_its_first_repeated_segment() -> None:
     assert before_loop(short, KINDS, say) == short  # "Yes." again and again: under MIN_LOOP_TOKENS
 
 
+def test_a_loop_inside_one_segment_is_not_heard() -> None:
+    """`asr-spec stream --no-vad` over 40 s of silence: "<|0.00|> Yn yw'n yw'n ..." to its budget, one segment (no
+    segment repeats another), agreed on by two step decodes and committed 150 times over. The first segment whose
+    own text loops goes, with all after it; one that says a word or two again does not."""
+    loop = (2, 4, 6) * 40
+    assert before_loop((ts(0), 8, *loop), KINDS, say) == (EOT,)  # cut short, left open
+    spoken = (ts(0), *range(10, 40, 2), ts(3))
+    ended = (*spoken, ts(3), *loop, ts(9), EOT)
+    assert before_loop(ended, KINDS, say) == ended  # ended: a segment said as it was, read by agreement
+    assert before_loop((*spoken, ts(3), *loop), KINDS, say) == (*spoken, EOT)
+    again = (*spoken, ts(3), 2, 4, 2, 4, 6, ts(4))  # cut at the budget, but no loop in it
+    assert before_loop(again, KINDS, say) == again
+    n = int(10 * 16_000)
+    assert step_heard((*spoken, ts(3), *loop), speech_between(), 0, n, KINDS, say) == (*spoken, EOT)
+
+
+def test_a_looping_cut_does_not_raise_the_streams_token_rate() -> None:
+    """A re-decode that ran out of its budget doubles its stream's next budget (speech denser than its rate), up to
+    32x; a loop over silence did that each time, and each decode then took ~10 s. Its ids compress: no doubling."""
+    from types import SimpleNamespace
+
+    from asr_spec.stream.decodes import _observe
+
+    assert ids_loop([101, 102, 103] * 20) and not ids_loop([101, 102, 103] * 10)  # under LOOP_MIN_IDS: not judged
+    assert not ids_loop(list(range(1000, 1220)))
+    stream = SimpleNamespace(n_cut=0, rates=[], taken_samples=16_000)
+    _observe(stream, SimpleNamespace(finish_reason="length", tokens=[101, 102, 103] * 20))
+    assert stream.n_cut == 0
+    _observe(stream, SimpleNamespace(finish_reason="length", tokens=list(range(1000, 1064))))
+    assert stream.n_cut == 1
+
+
 def test_a_cut_hypothesis_is_read_up_to_its_first_repeat_whatever_it_compresses_to() -> None:
     """A loop cut short by its token budget (no <|endoftext|>) may compress under the threshold; it is still
     read up to its first repeated segment. The same tokens ending in <|endoftext|> are kept as they are."""
     two = (ts(0), *range(10, 40, 2), ts(3), ts(3), 2, 4, 6, 8, ts(4), ts(4), 2, 4, 6, 8, ts(5), ts(5), 2, 4)
-
-    def say(tokens) -> str:
-        return " ".join(f"w{t}" for t in tokens)
 
     assert before_loop((*two, EOT), KINDS, say) == (*two, EOT)  # compresses under the threshold: not a loop
     assert before_loop(two, KINDS, say) == (*two[:two.index(ts(4)) + 1], EOT)
@@ -175,11 +207,11 @@ def test_segments_that_open_past_the_audio_are_not_heard() -> None:
     assert before_padding((ts(4.5), 2, 4, ts(5)), n, KINDS) == (EOT,)
 
     quiet = speech_between()
-    assert step_heard(looped, quiet, 0, n, KINDS) == (*within, ts(4.96), EOT)
+    assert step_heard(looped, quiet, 0, n, KINDS, say) == (*within, ts(4.96), EOT)
     # one word timed over 3.9 s of speech (drifted): its later segments are late, not guessed
     drifted_first = (ts(0), 2, ts(3.9), ts(3.9), 8, 10, ts(3.96), ts(3.96), 12, 14, ts(4.96), ts(4.96), 12, 14,
                      ts(5.96), EOT)
-    assert step_heard(drifted_first, speech_between((0.0, 3.9)), 0, n, KINDS) == drifted_first
+    assert step_heard(drifted_first, speech_between((0.0, 3.9)), 0, n, KINDS, say) == drifted_first
 
 
 def test_the_token_budget_holds_the_fastest_live_speech_and_cuts_a_loop() -> None:

@@ -51,7 +51,7 @@ import numpy as np
 from asr_spec.checks import seconds_at_least_zero
 from asr_spec.chunk_id import ChunkId, StreamKey
 from asr_spec.engine import ChunkRequest, ChunkResult
-from asr_spec.stream.hearing import RATE_HISTORY, budget_rate, hypothesis_rate, token_budget
+from asr_spec.stream.hearing import RATE_HISTORY, budget_rate, hypothesis_rate, ids_loop, token_budget
 
 __all__ = ["GROUP_WAIT_S", "NO_PROMPT", "DecodeCounts", "LiveStream", "StreamDecodes", "StreamPrompt", "is_stream_id"]
 
@@ -367,10 +367,10 @@ def _budget(pending: _Pending) -> int:
 
 def _observe(stream: LiveStream, result: ChunkResult) -> None:
     """What a delivered re-decode says of its stream's token rate (`hearing.budget_rate`): one that ran out of its
-    budget (finish_reason "length") counts a cut; one that ended, its tokens a second of audio
-    (`hearing.hypothesis_rate`)."""
+    budget (finish_reason "length") counts a cut, unless its ids loop (`hearing.ids_loop`); one that ended, its
+    tokens a second of audio (`hearing.hypothesis_rate`)."""
     if result.finish_reason == "length":
-        stream.n_cut += 1
+        stream.n_cut += int(not ids_loop(result.tokens))  # a loop says nothing of the speech's rate
         return
     stream.n_cut = 0
     stream.rates.append(hypothesis_rate(len(result.tokens), stream.taken_samples))

@@ -11,7 +11,8 @@ buffer's speech, so that a decode that went wrong cuts no speech it did not tran
     before_guess(hypothesis, closed, speech, start, n, kinds)   without a last segment guessed past the audio
     close_heard(hypothesis, speech, start, n, kinds, text)      both, for a close decode (all of it is committed)
     before_padding(hypothesis, n, kinds)                without the segments that open past the audio's end
-    step_heard(hypothesis, speech, start, n, kinds)     that, unless its timing drifted: for a step or overflow decode
+    step_heard(hypothesis, speech, start, n, kinds, text)   loops and padding out (padding kept where timing drifted):
+                                                        for a step or overflow decode
     settled_end(closed, n, settled_s)                   the text of segments with settled_s of audio after them
     pause_near(probs, start, end_ts, thr)               where to cut for a segment's end: at a pause, not in a word
     frame_cut(frame, start)                             a cut in the middle of a frame, in timestamp steps
@@ -36,6 +37,7 @@ times, timed 23.96-28.96 s, and its forced commit took four of them.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,10 +55,11 @@ from asr_spec.stream.agreement import (
 )
 
 __all__ = ["DRIFT_MARGIN_S", "DRIFT_S_PER_WORD", "FRAME_SAMPLES", "GUESS_PAST_S", "GUESS_S_PER_WORD",
-           "LOOP_COMPRESSION_RATIO", "PAUSE_SEARCH_S", "RATE_HISTORY", "RATE_MARGIN", "RATE_MIN_S", "TOKENS_PER_S",
-           "TOKEN_SLACK", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop", "before_padding", "budget_rate",
-           "close_heard", "drifted", "first_pause", "frame_cut", "hypothesis_rate", "pause_near", "settled_end",
-           "shorter_close", "skipped", "step_heard", "stopped_short", "timing", "token_budget"]
+           "LOOP_COMPRESSION_RATIO", "LOOP_ID_RATIO", "LOOP_MIN_IDS", "PAUSE_SEARCH_S", "RATE_HISTORY", "RATE_MARGIN",
+           "RATE_MIN_S", "TOKENS_PER_S", "TOKEN_SLACK", "UNHEARD_SPEECH_S", "Timing", "before_guess", "before_loop",
+           "before_padding", "budget_rate", "close_heard", "drifted", "first_pause", "frame_cut", "hypothesis_rate",
+           "ids_loop", "pause_near", "settled_end", "shorter_close", "skipped", "step_heard", "stopped_short",
+           "timing", "token_budget"]
 
 FRAME_SAMPLES = 512  # one VAD frame (silero-vad at 16 kHz: 32 ms)
 PAUSE_SEARCH_S = 0.4  # a committed segment's buffer is cut at a pause at most this far from its end
@@ -68,6 +71,11 @@ DRIFT_MARGIN_S = 3.0
 # text more repetitive than this (zlib compression ratio: Whisper's compression_ratio_threshold) that says a
 # segment again (`agreement.first_repeat`) loops; offline, Whisper's temperature fallback would re-decode it
 LOOP_COMPRESSION_RATIO = 2.4
+# A re-decode that ran out of its token budget doubles its stream's next budget (`budget_rate`) unless its token ids
+# loop (`ids_loop`): 16-bit ids of English prose compress 0.96-1.13x over 32-220 tokens of the long fixtures' text,
+# a 3-token word written 60 times 22x (32 tokens of it 3.2x); `--no-vad` over 40 s of silence doubled its budget to
+# 32x and each loop took ~10 s to decode
+LOOP_ID_RATIO, LOOP_MIN_IDS = 2.0, 32
 # A close decode's last segment that ends this far past the decode's audio and holds less speech than this a word
 # was mostly written into the window's silent padding: a stream cut off in a word, and Whisper guessing the rest.
 # Streams cut at 10 %, 30 % and 60 % into 30 sentences of the long fixtures (120 close decodes): 2 such segments
@@ -156,6 +164,15 @@ def budget_rate(rates: Sequence[float], n_cut: int) -> float:
     return base * 2.0 ** min(n_cut, 5)
 
 
+def ids_loop(tokens: Sequence[int]) -> bool:
+    """Whether a re-decode's token ids (at least LOOP_MIN_IDS) compress (zlib, as 16-bit ids) by more than
+    LOOP_ID_RATIO: it ran out of its budget looping, not because speech was denser than its stream's rate."""
+    if len(tokens) < LOOP_MIN_IDS:
+        return False
+    raw = np.asarray(tokens, dtype="<u2").tobytes()
+    return len(raw) / len(zlib.compress(raw)) > LOOP_ID_RATIO
+
+
 def hypothesis_rate(n_tokens: int, n_samples: int) -> float:
     """Tokens a second of a re-decode that ended (`budget_rate`'s rates): its `n_tokens` (prefix, timestamps and
     <|endoftext|> counted) over its `n_samples` of audio, RATE_MIN_S at least."""
@@ -172,7 +189,28 @@ def before_loop(hypothesis: tuple[int, ...], kinds: TokenKinds,
         return hypothesis
     closed = segments(hypothesis, kinds)
     repeat = first_repeat(hypothesis, closed, kinds)
-    return hypothesis if repeat is None else (*hypothesis[:closed[repeat - 1].end_index + 1], kinds.eot)
+    if repeat is not None:
+        return (*hypothesis[:closed[repeat - 1].end_index + 1], kinds.eot)
+    looping = _looping_segment(hypothesis, kinds, detokenize) if cut else None  # ended: said, if said twice
+    return hypothesis if looping is None else (*hypothesis[:looping], kinds.eot)
+
+
+def _looping_segment(hypothesis: tuple[int, ...], kinds: TokenKinds,
+                     detokenize: Callable[[Sequence[int]], str]) -> int | None:
+    """The index of the opening timestamp of the first segment (closed, or left open at the end) whose own text
+    loops (compression ratio over LOOP_COMPRESSION_RATIO): a loop inside one segment, which no repeated segment
+    shows (`--no-vad` over 40 s of silence wrote "<|0.00|> Yn yw'n yw'n ..." to its token budget, and two step
+    decodes agreed on it: 150 of them committed); None when none does. Asked of a hypothesis cut at its budget
+    only: one that ended may be a speaker saying a sentence twice."""
+    opened, is_open = 0, False
+    for index, token in enumerate((*hypothesis, kinds.timestamp_begin)):  # the sentinel closes an open last one
+        if token < kinds.timestamp_begin:
+            continue
+        if is_open and compression_ratio(detokenize(text_of(hypothesis[opened:index], kinds))) > \
+                LOOP_COMPRESSION_RATIO:
+            return opened
+        opened, is_open = index, not is_open
+    return None
 
 
 def before_guess(hypothesis: tuple[int, ...], closed: Sequence[SegmentEnd], speech: np.ndarray, start: int,
@@ -218,11 +256,14 @@ def before_padding(hypothesis: tuple[int, ...], n_samples: int, kinds: TokenKind
 
 
 def step_heard(hypothesis: tuple[int, ...], speech: np.ndarray, start: int, n_samples: int,
-               kinds: TokenKinds) -> tuple[int, ...]:
+               kinds: TokenKinds, detokenize: Callable[[Sequence[int]], str]) -> tuple[int, ...]:
     """What a step or overflow decode of `n_samples` heard, of which the agreement (or, for a full buffer, a forced
-    trim) commits: its hypothesis without the segments that open past its audio (`before_padding`), unless its
-    timing drifted (`drifted`: then its later segments are timed late, past the audio, and their words are still
-    what it heard)."""
+    trim) commits: where its token budget cut it, without a loop's repeats (`before_loop`: two step decodes looping
+    the same way to their budgets agreed on it, and a full buffer's trim committed it), and without the segments
+    that open past its audio (`before_padding`), unless its timing drifted (`drifted`: then its later segments are
+    timed late, past the audio, and their words are still what it heard)."""
+    if hypothesis and hypothesis[-1] != kinds.eot:  # one that ended is read by the agreement of two decodes
+        hypothesis = before_loop(hypothesis, kinds, detokenize)
     if drifted(segments(hypothesis, kinds), speech, start) is not None:
         return hypothesis
     return before_padding(hypothesis, n_samples, kinds)

@@ -43,7 +43,8 @@ How text becomes stable (whisper-streaming's LocalAgreement-2, on words):
 - a buffer reaching `max_buffer_s` commits the closed segments of its latest hypothesis but the last one and is
   trimmed there (a speaker who never pauses for two agreeing decodes still gets text, and the window holds);
   a step or overflow hypothesis is read without its segments that open past its audio (`hearing.step_heard`: a
-  loop written into the window's padding, unless its timing drifted);
+  loop written into the window's padding, unless its timing drifted) and, where its token budget cut it, without
+  a loop's repeats (`hearing.before_loop`);
 - with a `voice` function (speech probability per 512-sample frame, e.g. silero-vad), `silence_s` of non-speech
   after speech closes the utterance: the buffer up to the speech's end is decoded once more and all of it is
   committed (a looping text's repeated segments left out: `hearing.before_loop`; and a last segment that runs
@@ -318,7 +319,8 @@ class StreamPolicy(BufferTrims):
         its segments heard with that much audio after them) up to speech it skipped (`hearing.skipped`: what
         follows it waits for a decode that hears that speech), the buffer trimmed after its wholly committed
         segments (by force when full). Segments that open past its audio are not read (`hearing.step_heard`)."""
-        hypothesis = step_heard(hypothesis, *self._frames.heard_from(self._start), len(decode.audio), self.kinds)
+        hypothesis = step_heard(hypothesis, *self._frames.heard_from(self._start), len(decode.audio), self.kinds,
+                                self.detokenize)
         new_text, closed = text_of(hypothesis, self.kinds), segments(hypothesis, self.kinds)
         timed = self._timing(hypothesis, closed)
         heard = len(new_text) if timed.skip is None else closed[timed.skip].text_end  # text before skipped speech
