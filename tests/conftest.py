@@ -50,6 +50,16 @@ def simde_headers() -> bool:
     return found.returncode == 0
 
 
+def no_uvicorn(monkeypatch, run: Callable[[object], object]) -> None:
+    """`asr-spec serve` without serving: `run_server`'s uvicorn server replaced by one whose `run()` calls
+    `run(app)` and returns (the command then exits 0)."""
+    from types import SimpleNamespace
+
+    import asr_spec.serve as serve
+
+    monkeypatch.setattr(serve, "uvicorn_server", lambda app, **config: SimpleNamespace(run=lambda: run(app)))
+
+
 def wait_until(ready: Callable[[], bool], timeout_s: float = WAIT_S, interval_s: float = 0.01) -> bool:
     """Poll `ready` every `interval_s` until it says True or `timeout_s` of wall time pass; its last answer."""
     deadline = time.monotonic() + timeout_s

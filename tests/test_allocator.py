@@ -5,8 +5,10 @@ serves and by `asr-spec transcribe` / `stream` before they load a model."""
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import pytest
+from conftest import no_uvicorn
 
 from asr_spec import allocator
 
@@ -74,19 +76,21 @@ def test_on_glibc_a_big_block_comes_from_the_heap_not_mmap():
 
 
 def test_serve_pins_malloc_before_it_serves(monkeypatch):
-    import uvicorn
-
     import asr_spec.serve as serve
 
     order: list[str] = []
     monkeypatch.setattr(allocator, "pin", lambda: order.append("pin") or True)
     monkeypatch.setattr(serve, "build_app", lambda preset, **settings: order.append("build") or "app")
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: order.append(f"run {app}"))
+    no_uvicorn(monkeypatch, lambda app: order.append(f"run {app}"))
     serve.run_server("base")
     assert order == ["pin", "build", "run app"]
 
 
-@pytest.mark.parametrize("command", [["transcribe", "a.wav"], ["stream", "a.wav"]])
+SPEECH = str(Path(__file__).parent / "fixtures" / "speech" / "long_75s.flac")  # transcribe loads nothing for a
+# file that is not there
+
+
+@pytest.mark.parametrize("command", [["transcribe", SPEECH], ["stream", "a.wav"]])
 def test_the_cli_pins_malloc_before_it_loads_a_model(monkeypatch, capsys, command):
     """`asr-spec transcribe` and `asr-spec stream` own their process, as the server does: malloc is pinned before
     the models load (here the load fails at once, a user error, and the command exits)."""

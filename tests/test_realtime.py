@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
 
-from conftest import wait_until_async  # noqa: E402
+from conftest import no_uvicorn, wait_until_async  # noqa: E402
 from test_serve import serving  # noqa: E402
 from test_transcribe import LONG, SHORT, transcriber  # noqa: E402
 
@@ -400,8 +400,6 @@ def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monk
     """`asr-spec serve --max-backlog-s S --catch-up/--no-catch-up --step-s S --hypothesis/--no-hypothesis
     --committed-prefix/--no-committed-prefix --context-s S --group-wait-s S`: the app's realtime options and its
     batcher's stream queue (models and uvicorn replaced by the tiny transcriber and a recorder)."""
-    import uvicorn
-
     import asr_spec.serve.app as app_module
     from asr_spec.cli import main
     from asr_spec.transcribe import Transcriber
@@ -415,7 +413,7 @@ def test_serve_passes_its_backlog_catch_up_and_step_options_to_the_sessions(monk
 
     monkeypatch.setattr(Transcriber, "from_preset", classmethod(lambda cls, *args, **kwargs: greedy))
     monkeypatch.setattr(app_module, "create_app", recording_create_app)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: made.setdefault("app", app))
+    no_uvicorn(monkeypatch, lambda app: made.setdefault("app", app))
     with pytest.raises(SystemExit) as info:
         main(["serve", "--preset", "base", *flags])
     assert info.value.code == 0 and made["app"] is not None
@@ -430,7 +428,6 @@ def test_a_server_started_with_a_prompt_gives_it_to_its_streams(monkeypatch):
     """`asr-spec serve --initial-prompt T --hotwords H` gave them to uploads only: every re-decode of a live stream
     now carries the prompt an upload's first window gets (the realtime protocol has no field for a session's own),
     and the stream's text is `Transcriber.stream`'s with the same prompts."""
-    import uvicorn
     from test_stream import PROMPTS, first_window_prompt, recorded_requests
 
     from asr_spec.cli import main
@@ -445,7 +442,7 @@ def test_a_server_started_with_a_prompt_gives_it_to_its_streams(monkeypatch):
                                                   **prompts))
 
     monkeypatch.setattr(Transcriber, "from_preset", classmethod(from_preset))
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: made.setdefault("app", app))
+    no_uvicorn(monkeypatch, lambda app: made.setdefault("app", app))
     with pytest.raises(SystemExit) as info:
         main(["serve", "--preset", "base", "--no-catch-up", "--initial-prompt", PROMPTS["initial_prompt"],
               "--hotwords", PROMPTS["hotwords"]])

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the asr-spec[serve] extra")
 websockets = pytest.importorskip("websockets", reason="needs the asr-spec[serve] extra")
 
-from conftest import wait_until_async  # noqa: E402
+from conftest import no_uvicorn, wait_until_async  # noqa: E402
 from test_realtime import (  # noqa: E402
     TIMEOUT_S,
     pcm16,
@@ -25,7 +25,7 @@ from test_realtime import (  # noqa: E402
     streaming_api,
     ws_url,
 )
-from test_serve import serving  # noqa: E402
+from test_serve import running, serving  # noqa: E402
 from test_transcribe import SHORT  # noqa: E402
 
 from asr_spec.engine.capture import StepRunner  # noqa: E402
@@ -210,8 +210,6 @@ def test_the_idle_timeout_is_checked():
 def test_serve_passes_its_idle_timeout_to_the_sessions(monkeypatch, greedy, capsys, tmp_path):
     """`asr-spec serve --idle-timeout-s S`: the app's realtime options (models and uvicorn replaced); a bad value
     fails before the models load, in one line."""
-    import uvicorn
-
     import asr_spec.serve.app as app_module
     from asr_spec.cli import main
     from asr_spec.transcribe import Transcriber
@@ -230,7 +228,53 @@ def test_serve_passes_its_idle_timeout_to_the_sessions(monkeypatch, greedy, caps
     assert len(err.strip().splitlines()) == 1
     monkeypatch.setattr(Transcriber, "from_preset", classmethod(lambda cls, *args, **kwargs: greedy))
     monkeypatch.setattr(app_module, "create_app", recording_create_app)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    no_uvicorn(monkeypatch, lambda app: None)
     with pytest.raises(SystemExit) as info:
         main(["serve", "--preset", "base", "--idle-timeout-s", "15"])
     assert info.value.code == 0 and made["realtime"].idle_timeout_s == 15.0
+
+
+def test_a_server_shutting_down_finishes_each_live_input_before_closing():
+    """SIGTERM (uvicorn's should_exit) with a live stream mid-input: uvicorn closed it with 1012 at once, and the
+    audio heard so far was never transcribed. Now the input is finished as a final commit finishes it (its
+    transcription.done, the same text as a final commit gives), then an error event (server_shutdown) and 1012;
+    an append sent after the shutdown began is refused; a connection with no input closes at once."""
+    gate, steps = threading.Event(), []
+    gate.set()
+    batcher = Batcher(gated_transcriber(gate, steps), batch_size=2)
+    pcm = pcm16(SHORT[0])
+
+    async def scenario(uri: str, server) -> tuple[list[dict], int, list[dict], int, dict]:
+        reference, _, _ = await stream(uri, pcm)  # a final commit's text, the server running
+        async with websockets.connect(uri) as live, websockets.connect(uri) as empty:
+            for ws in (live, empty):
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            gate.clear()  # its re-decodes held in the engine until the shutdown has begun
+            for start in range(0, len(pcm), 16000):
+                await live.send(append(pcm[start:start + 16000]))
+            await asyncio.sleep(0.5)
+            server.should_exit = True  # what SIGTERM and Ctrl-C do
+            empty_events = []
+            with pytest.raises(websockets.ConnectionClosed) as empty_closed:
+                while True:
+                    empty_events.append(json.loads(await asyncio.wait_for(empty.recv(), TIMEOUT_S)))
+            await live.send(append(pcm[:1600]))  # too late: refused
+            events = [json.loads(await asyncio.wait_for(live.recv(), TIMEOUT_S))]
+            gate.set()
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    events.append(json.loads(await asyncio.wait_for(live.recv(), TIMEOUT_S)))
+        return events, closed.value.rcvd.code, empty_events, empty_closed.value.rcvd.code, reference
+
+    try:
+        with running(create_app(batcher, realtime=RealtimeOptions(catch_up=False))) as (server, base_url):
+            events, code, empty_events, empty_code, reference = asyncio.run(scenario(ws_url(base_url), server))
+    finally:
+        gate.set()
+    assert [e["code"] for e in empty_events] == ["server_shutdown"] and empty_code == 1012
+    assert events[0]["type"] == "error" and events[0]["code"] == "server_shutdown", events[0]  # the late append
+    assert "shutting down" in events[0]["error"]
+    done = [e for e in events if e["type"] == "transcription.done"]
+    assert len(done) == 1 and done[0]["text"] == reference["text"] and done[0]["text"].strip(), events
+    assert done[0]["text"] == "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "server_shutdown" and code == 1012

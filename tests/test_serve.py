@@ -415,18 +415,26 @@ def test_a_request_the_engine_refuses_fails_only_its_job(greedy, expected):
 
 @contextmanager
 def serving(app, **config):
-    """The app on a free 127.0.0.1 port (uvicorn in a thread; `config`: more uvicorn.Config settings)."""
-    import uvicorn
+    """The app on a free 127.0.0.1 port (uvicorn in a thread, as `asr-spec serve` runs it: `uvicorn_server`;
+    `config`: more uvicorn.Config settings)."""
+    with running(app, **config) as (server, url):
+        yield url
+
+
+@contextmanager
+def running(app, **config):
+    """`serving`, giving (the uvicorn server, the base URL): a test can shut the server down itself."""
+    from asr_spec.serve import uvicorn_server
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    server = uvicorn_server(app, host="127.0.0.1", port=port, log_level="warning", **config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
         assert wait_until(lambda: server.started, interval_s=0.05), "uvicorn did not start"
-        yield f"http://127.0.0.1:{port}/v1"
+        yield server, f"http://127.0.0.1:{port}/v1"
     finally:
         server.should_exit = True
         thread.join(30)

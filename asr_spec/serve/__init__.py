@@ -15,7 +15,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["build_app", "run_server", "warm_up"]
+__all__ = ["DRAIN_S", "build_app", "run_server", "uvicorn_server", "warm_up"]
+
+# the longest a shutdown waits for the live streams to finish their inputs (`uvicorn_server`): a close decode or
+# two of a 24 s buffer, behind whatever the engine holds
+DRAIN_S = 15.0
 
 
 def build_app(preset: str | os.PathLike = "base", *, batch_size: int = 8, max_requests: int = 32,
@@ -87,7 +91,7 @@ def run_server(preset: str | os.PathLike = "base", *, host: str = "127.0.0.1", p
     """Serve until interrupted (what `asr-spec serve` calls); `settings`: `build_app`'s. Warns when listening
     beyond this machine without an API key. Pins glibc's malloc for a long-running server first
     (`allocator.pin`: the engine's transient buffers kept in the heap and reused, not mapped every call)."""
-    import uvicorn
+    import uvicorn  # noqa: F401  (the serve extra is there: said before the models load)
 
     from asr_spec import allocator
     from asr_spec.serve.auth import api_keys, warn_if_exposed
@@ -95,4 +99,22 @@ def run_server(preset: str | os.PathLike = "base", *, host: str = "127.0.0.1", p
     warn_if_exposed(host, api_keys(settings.get("api_keys")))
     allocator.pin()
     app = build_app(preset, **settings)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn_server(app, host=host, port=port, log_level="info").run()
+
+
+def uvicorn_server(app: Any, **config: Any) -> Any:
+    """uvicorn's server for `app` (`config`: `uvicorn.Config`'s settings) whose shutdown (Ctrl-C, SIGTERM) first
+    stops taking connections and lets the live streams finish (`realtime.drain_sessions`, at most DRAIN_S): each
+    gets its transcription.done, then a close (1012); then uvicorn's own shutdown (uploads in flight finish)."""
+    import uvicorn
+
+    from asr_spec.serve.realtime import drain_sessions
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            for server in self.servers:
+                server.close()  # no new connection while the streams finish
+            await drain_sessions(app, DRAIN_S)
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(app, **config))

@@ -50,13 +50,15 @@ from asr_spec.serve.stream_jobs import LiveStream, TooManyStreams
 from asr_spec.stream.catchup import Backlog, BacklogFull, catch_up, next_action, renewed
 from asr_spec.stream.policy import StreamOptions, StreamPolicy
 
-__all__ = ["MIN_BLOCK_S", "STATIC_DIR", "RealtimeOptions", "add_realtime_routes"]
+__all__ = ["MIN_BLOCK_S", "STATIC_DIR", "RealtimeOptions", "add_realtime_routes", "drain_sessions"]
 
 log = logging.getLogger(__name__)
 TRY_AGAIN_LATER = 1013  # WebSocket close code: the server is at --max-streams
 UNSUPPORTED = 1003  # WebSocket close code: this server cannot stream (its decoding has no timestamps)
 POLICY_VIOLATION = 1008  # WebSocket close code: the client sent more audio than the backlog holds
 IDLE_CLOSED = 1000  # WebSocket close code (normal closure) of a connection idle for idle_timeout_s
+SHUTTING_DOWN = 1012  # WebSocket close code (service restart) of a session the server's shutdown ended (`drain`)
+_DRAIN = object()  # put in a session's results to wake it when the server starts shutting down
 BEHIND_S = 1.0  # audio waiting when a result comes back, in seconds, from which a stream is behind (lag events)
 STATIC_DIR = Path(__file__).parent / "static"  # the page at / and its scripts
 SUBPROTOCOL = "realtime"  # answered when offered (a browser offering subprotocols needs one chosen)
@@ -94,10 +96,25 @@ class Session:
         # it went idle with an input holding audio: that input is finished, then it is closed, at this monotonic
         # time even if its transcription.done has not come (None: it has not gone idle so)
         self.idle_until: float | None = None
+        self.draining = False  # the server is shutting down (`drain`): its input is finished, then it is closed
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def on_result(self, outcome: ChunkResult | str) -> None:  # the engine thread
         self._loop.call_soon_threadsafe(self.results.put_nowait, outcome)
+
+    def drain(self) -> None:
+        """The server is shutting down (`drain_sessions`, in the event loop): an input holding audio is finished as
+        a final commit would finish it (its heard words committed, its transcription.done sent), then the session
+        gets an error event (server_shutdown) and is closed (1012); without one, at once. Its client's appends are
+        refused from now on. (uvicorn closed every connection with 1012 at once: a live caption lost its last
+        seconds without a word.)"""
+        self.draining = True
+        current = self.input
+        if current is not None and not current.finishing and not current.appended:
+            self.input = None  # nothing heard: nothing to finish
+        elif current is not None:
+            current.finishing = True
+        self.results.put_nowait(_DRAIN)
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -141,9 +158,13 @@ class Session:
                         return
                 if result in finished:
                     outcome, result = result.result(), None
-                    self.active_at = time.monotonic()
-                    await self._on_result(outcome)
+                    if outcome is not _DRAIN:
+                        self.active_at = time.monotonic()
+                        await self._on_result(outcome)
                 await self._pump()
+                if self.draining and self.input is None:  # its last input's done is sent
+                    await self._close_drained()
+                    return
                 if self.idle_until is not None and self.input is None:  # the idle input's done is sent
                     await self._close_idle()
                     return
@@ -181,6 +202,12 @@ class Session:
                                       "closed; reconnect to stream again", "idle_timeout"))
         await self.ws.close(IDLE_CLOSED, "idle timeout")
 
+    async def _close_drained(self) -> None:
+        """An error event (server_shutdown) and a close (1012, service restart): the server is going."""
+        await self._send(events.error("the server is shutting down: the connection is closed; reconnect to stream "
+                                      "again", "server_shutdown"))
+        await self.ws.close(SHUTTING_DOWN, "server shutting down")
+
     async def _on_message(self, message: str | bytes | None) -> bool:
         """Apply one client event; False when the connection is over (its backlog is full: error event, close)."""
         try:
@@ -204,6 +231,8 @@ class Session:
             if event.lag is not None:
                 self.lag = event.lag
             return
+        if self.draining:
+            raise events.ProtocolError(f"{_name(event)}: the server is shutting down", "server_shutdown")
         if self.input is not None and self.input.finishing:
             ended = "a final commit" if self.idle_until is None else "the idle timeout"
             raise events.ProtocolError(f"{_name(event)}: this input was ended by {ended}; wait for its "
@@ -329,6 +358,9 @@ def add_realtime_routes(app: Any, batcher: Batcher, options: RealtimeOptions) ->
     except InputError as err:
         refusal, make_policy = one_line(err), None
 
+    sessions: set[Session] = set()  # the sessions running (`drain_sessions`)
+    app.state.live_sessions = sessions
+
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
         with contextlib.suppress(WebSocketDisconnect):
@@ -337,13 +369,30 @@ def add_realtime_routes(app: Any, batcher: Batcher, options: RealtimeOptions) ->
                 await websocket.send_json(events.error(refusal, "streaming_unavailable"))
                 await websocket.close(UNSUPPORTED, "streaming unavailable")
                 return
-            await Session(websocket, batcher, options, make_policy).run()
+            session = Session(websocket, batcher, options, make_policy)
+            sessions.add(session)
+            try:
+                await session.run()
+            finally:
+                sessions.discard(session)
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html")
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+
+async def drain_sessions(app: Any, timeout_s: float) -> None:
+    """Let the app's live sessions finish before the server closes its connections (`Session.drain`: each input
+    holding audio gets its transcription.done, then the session closes with 1012); waits until all have closed, or
+    `timeout_s`."""
+    sessions = getattr(app.state, "live_sessions", set())
+    for session in list(sessions):
+        session.drain()
+    deadline = time.monotonic() + timeout_s
+    while sessions and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
 
 
 def default_policy(transcriber: Any, vad: bool = True, options: StreamOptions | None = None) -> Callable[[], Any]:
