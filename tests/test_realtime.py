@@ -447,6 +447,7 @@ def test_a_server_started_with_a_prompt_gives_it_to_its_streams(monkeypatch):
         main(["serve", "--preset", "base", "--no-catch-up", "--initial-prompt", PROMPTS["initial_prompt"],
               "--hotwords", PROMPTS["hotwords"]])
     assert info.value.code == 0 and made["app"] is not None
+    monkeypatch.undo()  # the app it built is served for real below
     asr, pcm = made["asr"], pcm16(SHORT[0])
     want = first_window_prompt(asr, SHORT[0])
     assert want == asr.prompt_tokens().first_previous and len(want) > 5
