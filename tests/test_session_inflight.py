@@ -186,7 +186,8 @@ def test_a_streams_budget_grows_with_what_it_says_and_after_a_cut():
             decodes.submit(stream, ten_s)
         requests = decodes.take_all()
         for request, (n_tokens, reason) in zip(requests, results):
-            decodes.deliver(ChunkResult(request.id, (1,) * n_tokens, (), reason, ChunkStats(chunks=1)))
+            said = tuple(range(100, 100 + n_tokens))  # ids that do not loop (`hearing.ids_loop`)
+            decodes.deliver(ChunkResult(request.id, said, (), reason, ChunkStats(chunks=1)))
         return [r.max_new_tokens for r in requests]
 
     assert budgets([(136, "length"), (40, "eos")]) == [136, 136]  # 12 a second and 16
