@@ -148,6 +148,21 @@ def test_word_stretch_takes_the_first_long_run_else_the_one_after_the_longest_pa
     assert word_stretch(np.array([0, 1, 3, 4, 5]), 5, 5) == (0, 5)  # a closure shorter than a pause joins
 
 
+def test_a_long_word_is_not_timed_as_a_blip_of_speech():
+    """A word reviewer's " collecting" timed 56.336-56.356 s and "orchestra" one 20 ms frame: none of the word's
+    stretches lasted 0.3 s, and the one after its longest pause was the next word's first frame. A word of 5 or
+    more letters is not timed as a stretch of 1-2 frames where a longer one is in its span; a short word is ("the"
+    and "on" of tests/fixtures/words are such stretches, timed right)."""
+    voiced = np.concatenate([np.arange(2, 14), [20]])  # 12 frames of the word, a pause, the next word's onset
+    assert word_stretch(voiced, 5, 15) == (20, 20)
+    assert word_stretch(voiced, 5, 15, 3) == (2, 13)
+    assert word_stretch(np.array([20]), 5, 15, 3) == (20, 20)  # a blip alone is all there is
+    speech = np.zeros(40, bool)
+    speech[voiced + 10] = True  # the span [0.2, 0.62) s
+    starts, ends = snap_to_speech(np.array([0.2, 0.2]), np.array([0.62, 0.62]), speech, 0.02, np.array([10, 3]))
+    assert starts.tolist() == pytest.approx([0.24, 0.6]) and ends.tolist() == pytest.approx([0.48, 0.62])
+
+
 def test_the_teacher_forced_sequence_fits_the_decoder():
     sot_sequence = [90, 91, 92, 99]  # sot, language, task, <|notimestamps|>
     assert fit_positions(sot_sequence, 10, 90, 15) == (sot_sequence, True)

@@ -209,10 +209,15 @@ MIN_PAUSE_S = 0.1  # a shorter run of non-speech inside a word (a stop consonant
 # tests/fixtures/words, where 0.1 s took such ends for the words and doubled the mean start error, 0.2 s some), and
 # most words that are not function words last longer. A shorter word is placed as before, after its longest pause.
 MIN_WORD_S = 0.3
+# a voiced stretch shorter than this (one or two speech frames) is a blip, not a word of LONG_WORD_LETTERS letters
+# or more: where a longer stretch is in its span, the blip is not chosen (" collecting" was timed 56.336-56.356 s,
+# the next word's first frame after the longest pause, "orchestra" one frame of 20 ms); a short word keeps it
+# ("the" and "on" of tests/fixtures/words are such blips, and are timed right by them)
+MIN_STRETCH_S, LONG_WORD_LETTERS = 0.06, 5
 
 
-def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray,
-                   frame_s: float) -> tuple[np.ndarray, np.ndarray]:
+def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray, frame_s: float,
+                   letters: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Trim the pauses the warping path gives to words.
 
     A word's span is cut into voiced stretches at its pauses (>= MIN_PAUSE_S of non-speech), and the word is timed
@@ -221,30 +226,37 @@ def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray,
     word before, so after a pause a start is early by about the pause; but where the text runs on past speech the
     target gave no token for (a sentence it skipped), the path stretches a word over the pause after it into the
     next speech, and a start taken after the longest pause lands on words that are not this one. starts, ends:
-    (W,) chunk seconds; speech: (F,) bool per `frame_s` frame of the chunk. A word with no speech inside stays as
-    it is."""
+    (W,) chunk seconds; speech: (F,) bool per `frame_s` frame of the chunk; letters: (W,) each word's letters
+    (a word of LONG_WORD_LETTERS or more is not timed as a blip), None: all short. A word with no speech inside
+    stays as it is."""
     new_starts, new_ends = np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
     min_pause = max(int(round(MIN_PAUSE_S / frame_s)), 1)
     min_word = max(int(round(MIN_WORD_S / frame_s)), 1)
+    blip = max(int(round(MIN_STRETCH_S / frame_s)), 1)
+    long_word = np.zeros(len(new_starts), bool) if letters is None else np.asarray(letters) >= LONG_WORD_LETTERS
     for index, (start, end) in enumerate(zip(new_starts.tolist(), new_ends.tolist())):
         first, stop = int(start / frame_s), min(int(np.ceil(end / frame_s)), len(speech))
         voiced = np.flatnonzero(speech[first:stop])
         if not len(voiced):
             continue
-        onset, last = word_stretch(voiced, min_pause, min_word)
+        onset, last = word_stretch(voiced, min_pause, min_word, blip if long_word[index] else 1)
         new_starts[index] = max(start, (first + onset) * frame_s)
         new_ends[index] = max(min(end, (first + last + 1) * frame_s), new_starts[index])
     return new_starts, new_ends
 
 
-def word_stretch(voiced: np.ndarray, min_pause: int, min_word: int) -> tuple[int, int]:
+def word_stretch(voiced: np.ndarray, min_pause: int, min_word: int, min_stretch: int = 1) -> tuple[int, int]:
     """(first, last) frame of the voiced stretch that is a word, from the (V,) increasing indices of its span's
-    speech frames: stretches are cut where `min_pause` or more non-speech frames part two speech frames. The word
-    is the first stretch of at least `min_word` frames (a shorter one is the end of the word before); where none
-    is that long, the stretch after the longest pause (the latest of equal ones)."""
+    speech frames: stretches are cut where `min_pause` or more non-speech frames part two speech frames, and those
+    shorter than `min_stretch` frames are left out where a longer one is there (blips). The word is the first
+    stretch of at least `min_word` frames (a shorter one is the end of the word before); where none is that long,
+    the stretch after the longest pause (the latest of equal ones)."""
     cuts = np.flatnonzero(np.diff(voiced) - 1 >= min_pause)  # stretch k ends at voiced[cuts[k]]
     firsts = voiced[np.concatenate([[0], cuts + 1])]
     lasts = voiced[np.concatenate([cuts, [len(voiced) - 1]])]
+    kept = lasts - firsts + 1 >= min_stretch
+    if kept.any():
+        firsts, lasts = firsts[kept], lasts[kept]
     long_enough = np.flatnonzero(lasts - firsts + 1 >= min_word)
     if len(long_enough):
         chosen = int(long_enough[0])
@@ -314,12 +326,14 @@ class Aligner:
         # Whisper's layout: the timestamps follow <|notimestamps|> (`WhisperTokens.timestamp_begin`)
         limit_s = min(n_samples / 16_000, spoken_until_s(generated, self.eot, self.notimestamps + 1))
         starts, ends = np.minimum(jumps[lo], limit_s), np.minimum(jumps[hi], limit_s)
+        texts = ["".join(pieces[i] for i in tokens) for _, tokens in words]
         if speech is not None:
-            starts, ends = snap_to_speech(starts, ends, *speech)
+            letters = np.array([sum(ch.isalpha() for ch in word) for word in texts])
+            starts, ends = snap_to_speech(starts, ends, *speech, letters)
         mean_probs = np.add.reduceat(probs.numpy(), lo) / (hi - lo)
         out: list[list[WordTiming]] = [[] for _ in segments]
-        for (segment, tokens), start, end, prob in zip(words, starts.tolist(), ends.tolist(), mean_probs.tolist()):
-            word = "".join(pieces[i] for i in tokens)
+        for (segment, _), word, start, end, prob in zip(words, texts, starts.tolist(), ends.tolist(),
+                                                         mean_probs.tolist()):
             out[segment].append(WordTiming(word, round(offset_s + start, 3), round(offset_s + end, 3),
                                            round(prob, 4)))
         return out
