@@ -134,6 +134,7 @@ def test_api_keys_from_the_environment_and_the_exposure_warning(caplog):
 
 def test_the_schema_documents_the_body_the_formats_and_the_errors(greedy):
     app = create_app(Batcher(greedy, batch_size=2), ServeOptions(model_id="tiny"))
+    assert "/v1/audio/translations" not in app.openapi()["paths"]  # a transcribing server's answers 400 there
     operation = app.openapi()["paths"]["/v1/audio/transcriptions"]["post"]
     body = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert set(body["properties"]) == {"file", "model", "response_format", "language", "prompt", "temperature",
