@@ -113,21 +113,7 @@ def create_app(batcher: Batcher, options: ServeOptions = ServeOptions(),
     app = FastAPI(title="asr-spec", lifespan=lifespan)
     metrics = batcher.metrics
     keys = bool(options.api_keys)
-    decode = batcher.transcriber.options
-    body = transcription_openapi((options.model_id, *MODEL_ALIASES), RESPONSE_FORMATS, decode.decode.language,
-                                 decode.word_timestamps)
-
-    served = decode.decode.task  # the other task's route answers 400 naming this one: not in the schema
-
-    @app.post("/v1/audio/transcriptions", responses=transcription_responses(keys), openapi_extra=body,
-              include_in_schema=served == "transcribe")
-    async def transcriptions(request: Request) -> Response:
-        return await _answer(request, batcher, options, "transcribe")
-
-    @app.post("/v1/audio/translations", responses=transcription_responses(keys), openapi_extra=body,
-              include_in_schema=served == "translate")
-    async def translations(request: Request) -> Response:
-        return await _answer(request, batcher, options, "translate")
+    _add_audio_routes(app, batcher, options)
 
     @app.get("/v1/models", responses=models_responses(keys))
     async def models() -> dict[str, Any]:
@@ -211,6 +197,26 @@ async def _answer(request: Request, batcher: Batcher, options: ServeOptions, tas
     else:
         metrics.request_done("disconnected")
     return response
+
+
+def _add_audio_routes(app: FastAPI, batcher: Batcher, options: ServeOptions) -> None:
+    """POST /v1/audio/transcriptions and /v1/audio/translations; the schema lists the served task's only (the
+    other answers 400 naming it, `_check_task`)."""
+    keys = bool(options.api_keys)
+    decode = batcher.transcriber.options
+    body = transcription_openapi((options.model_id, *MODEL_ALIASES), RESPONSE_FORMATS, decode.decode.language,
+                                 decode.word_timestamps)
+    served = decode.decode.task
+
+    @app.post("/v1/audio/transcriptions", responses=transcription_responses(keys), openapi_extra=body,
+              include_in_schema=served == "transcribe")
+    async def transcriptions(request: Request) -> Response:
+        return await _answer(request, batcher, options, "transcribe")
+
+    @app.post("/v1/audio/translations", responses=transcription_responses(keys), openapi_extra=body,
+              include_in_schema=served == "translate")
+    async def translations(request: Request) -> Response:
+        return await _answer(request, batcher, options, "translate")
 
 
 def _check_task(asked: str, served: str) -> None:
