@@ -213,12 +213,19 @@ def _dropped_head(left: TimedPiece, right: TimedPiece, n_keep: int) -> int:
     return n_same + repeated_head(skewed, left.tokens[:n_keep])
 
 
-def repeated_head(tokens: Sequence[int], end: Sequence[int]) -> int:
+def repeated_head(tokens: Sequence[int], end: Sequence[int], max_tokens: int | None = None,
+                  starts_word: StartsWord | None = None) -> int:
     """How many of `tokens`' first tokens repeat the last ones of `end` (a reading's last tokens kept): the largest
-    k with tokens[:k] == end[-k:] (0 for none). Not a bag of tokens: a right reading opening "the man." after a
-    left one ending "to the door." shares " the" but repeats nothing."""
+    k (at most `max_tokens`, None: any) with tokens[:k] == end[-k:] and, given `starts_word`, tokens[k] starting a
+    word (the repetition is whole words); 0 for none. Not a bag of tokens: a right reading opening "the man." after
+    a left one ending "to the door." shares " the" but repeats nothing."""
     tokens, end = list(tokens), list(end)
-    return next((k for k in range(min(len(tokens), len(end)), 0, -1) if tokens[:k] == end[-k:]), 0)
+    most = min(len(tokens), len(end)) if max_tokens is None else min(max_tokens, len(tokens), len(end))
+    for k in range(most, 0, -1):
+        whole = starts_word is None or k == len(tokens) or starts_word(tokens[k])
+        if tokens[:k] == end[-k:] and whole:
+            return k
+    return 0
 
 
 def _unread_from_s(left: TimedPiece, right: TimedPiece) -> float:

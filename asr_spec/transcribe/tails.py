@@ -39,6 +39,7 @@ from asr_spec.audio.chunking import ChunkSpan
 from asr_spec.audio.loading import SAMPLE_RATE
 from asr_spec.audio.vad import SPEECH_FRAME_S, SpeechSpan, onset_before
 from asr_spec.stream.agreement import MIN_LOOP_TOKENS  # one length for a loop's segment, offline and live
+from asr_spec.transcribe.seams import repeated_head
 from asr_spec.transcribe.stitch import TIME_PRECISION_S
 
 __all__ = ["MAX_SEAM_TOKENS", "MIN_LOOP_TOKENS", "closed_segments", "cover",
@@ -282,13 +283,8 @@ def seam_overlap(left_text: Sequence[int], right_text: Sequence[int], max_tokens
     """How many text tokens at the head of `right_text` repeat the end of `left_text`: the largest k <=
     max_tokens with left_text[-k:] == right_text[:k] and, given `starts_word`, right_text[k] starting a word (the
     repetition is whole words); 0 when none. A tail starts where its parent's last segment ended, so a word
-    Whisper timed a little early may be heard again at the tail's start."""
-    left, right = list(left_text), list(right_text)
-    for k in range(min(max_tokens, len(left), len(right)), 0, -1):
-        whole = starts_word is None or k == len(right) or starts_word(right[k])
-        if left[-k:] == right[:k] and whole:
-            return k
-    return 0
+    Whisper timed a little early may be heard again at the tail's start (`seams.repeated_head`, bounded)."""
+    return repeated_head(right_text, left_text, max_tokens, starts_word)
 
 
 def drop_repeated_head(parent: Sequence[int], tail: Sequence[int], eot_id: int,
