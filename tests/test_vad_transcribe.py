@@ -14,7 +14,8 @@ from test_transcribe import LONG, SHORT, transcriber
 from asr_spec import TranscribeOptions
 from asr_spec.audio.loading import SAMPLE_RATE, load_audio
 from asr_spec.errors import InputError
-from asr_spec.transcribe.outputs import render_json, render_srt, render_vtt
+from asr_spec.transcribe.captions import wrap_lines
+from asr_spec.transcribe.outputs import CueOptions, render_json, render_srt, render_vtt
 
 pytest.importorskip("silero_vad")
 
@@ -81,6 +82,9 @@ def test_options_for_chunking_and_words() -> None:
                        (dict(chunking="stride", word_timestamps=True), "word_timestamps need chunking 'vad'"),
                        (dict(chunking="vad", max_words_per_cue=3), "needs word_timestamps"),
                        (dict(chunking="vad", word_timestamps=True, max_words_per_cue=0), "max_words_per_cue must"),
+                       (dict(chunking="vad", max_line_width=42, max_line_count=2), "max_line_count needs word_t"),
+                       (dict(chunking="vad", word_timestamps=True, max_line_count=2), "needs max_line_width"),
+                       (dict(max_line_width=0), "max_line_width must"),
                        # the field the caller set, not the VAD's own max_chunk_s that it becomes
                        (dict(chunking="vad", chunk_length_s=0.5),
                         r"^chunk_length_s 0.5 with chunking 'vad': .*\[1, 30\]")]:
@@ -101,7 +105,7 @@ RESULT = {
 
 
 def test_caption_cues_of_n_words_and_words_in_json() -> None:
-    srt = render_srt(RESULT, max_words_per_cue=2)
+    srt = render_srt(RESULT, CueOptions(max_words_per_cue=2))
     assert "00:00:00,100 --> 00:00:01,000\nHello there" in srt and "00:00:01,100 --> 00:00:01,900\nworld." in srt
     assert "00:00:02,500 --> 00:00:03,000\nYes." in srt  # a segment without words stays one cue
     assert render_vtt(RESULT).count("-->") == 2  # one cue per segment by default
@@ -116,12 +120,43 @@ def test_a_word_cue_ends_at_a_pause_of_a_second_or_more() -> None:
     words = [{"word": f" w{i}", "start": start, "end": start + 0.3, "probability": 0.9}
              for i, start in enumerate([0.0, 0.4, 0.8, 1.2, 4.5, 4.9, 5.3, 6.0, 6.4])]  # pauses of 3.0 s and 0.4 s
     result = {"text": "", "segments": [{"start_s": 0.0, "end_s": 6.7, "text": " ...", "words": words}]}
-    cues = [cue.split("\n") for cue in render_srt(result, max_words_per_cue=10).strip().split("\n\n")]
+    cues = [cue.split("\n") for cue in render_srt(result, CueOptions(max_words_per_cue=10)).strip().split("\n\n")]
     assert [(c[1], c[2]) for c in cues] == [("00:00:00,000 --> 00:00:01,500", "w0 w1 w2 w3"),
                                           ("00:00:04,500 --> 00:00:06,700", "w4 w5 w6 w7 w8")]
     just_under = [dict(w, start=w["start"] - 2.01) if i >= 4 else w for i, w in enumerate(words)]  # 0.99 s
     assert render_vtt({**result, "segments": [{**result["segments"][0], "words": just_under}]},
-                      max_words_per_cue=10).count("-->") == 1
+                      CueOptions(max_words_per_cue=10)).count("-->") == 1
+
+
+def test_wrap_lines_breaks_at_spaces_only() -> None:
+    text = " The quick brown fox jumps over the lazy dog, antidisestablishmentarianism and  well-known ends."
+    assert wrap_lines(text, 16) == ["The quick brown", "fox jumps over", "the lazy dog,",
+                                    "antidisestablishmentarianism", "and well-known", "ends."]
+    assert all(len(line) <= 16 for line in wrap_lines(text, 16) if " " in line)
+    assert wrap_lines(" a\n\n b ", None) == ["a", "b"] and wrap_lines(" a\n\n b ", 10) == ["a b"]
+    assert wrap_lines("", 10) == []
+
+
+SPOKEN = ("So this is the part of the talk where we look at the numbers from the last three years, and what they "
+          "tell us about the next one.")
+
+
+def test_caption_lines_wrap_at_a_width_and_cues_hold_a_count_of_lines() -> None:
+    """A caption reviewer's cues of 115-217 characters on one line: `max_line_width` wraps a cue's text (no word
+    times needed); with `max_line_count` a cue that would take more lines ends, the next starting at its first
+    word's time."""
+    words = [{"word": f" {w}", "start": 0.3 * i, "end": 0.3 * i + 0.25, "probability": 0.9}
+             for i, w in enumerate(SPOKEN.split())]
+    result = {"text": SPOKEN, "segments": [{"start_s": 0.0, "end_s": 9.0, "text": " " + SPOKEN, "words": words}]}
+    wrapped = render_srt(result, CueOptions(max_line_width=42)).strip().split("\n")
+    assert wrapped[:2] == ["1", "00:00:00,000 --> 00:00:09,000"] and " ".join(wrapped[2:]) == SPOKEN
+    assert len(wrapped) == 2 + 4 and all(len(line) <= 42 for line in wrapped[2:])
+    cues = [cue.split("\n") for cue in render_vtt(result, CueOptions(max_line_width=42, max_line_count=2))
+            .removeprefix("WEBVTT\n\n").strip().split("\n\n")]
+    assert [len(cue) - 1 for cue in cues] == [2, 2] and all(len(line) <= 42 for cue in cues for line in cue[1:])
+    assert " ".join(" ".join(cue[1:]) for cue in cues) == SPOKEN
+    second = len(" ".join(cues[0][1:]).split())  # the index of the second cue's first word
+    assert cues[1][0] == f"00:00:{0.3 * second:06.3f} --> 00:00:{0.3 * (len(words) - 1) + 0.25:06.3f}"
 
 
 # -- real whisper-base on speech whose word boundaries are known (scripts/make_word_fixtures.py) --------------------

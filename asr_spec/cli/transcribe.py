@@ -75,6 +75,10 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                                    "vad). Default: the preset's (off)."),
     max_words_per_cue: int | None = typer.Option(None, help="srt/vtt cues of at most N words (needs "
                                                     "--word-timestamps). Default: one cue per segment."),
+    max_line_width: int | None = typer.Option(None, help="srt/vtt cue text wrapped at spaces into lines of at "
+                                                 "most N characters (subtitles: 42). Default: one line."),
+    max_line_count: int | None = typer.Option(None, help="With --max-line-width: cues of at most N lines, cut "
+                                                 "at word times (needs --word-timestamps; subtitles: 2)."),
     num_draft_tokens: int | None = typer.Option(None, help="Draft tokens per step (K). Default: the "
                                                   "preset's, else DecodeOptions'."),
     batch_size: int | None = BATCH_SIZE,
@@ -133,6 +137,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
                                  cuda_graphs=False if no_graphs else None, no_speech_threshold=no_speech_threshold,
                                  logprob_threshold=logprob_threshold, chunking=chunking,
                                  word_timestamps=word_timestamps, max_words_per_cue=max_words_per_cue,
+                                 max_line_width=max_line_width, max_line_count=max_line_count,
                                  temperature=temperature, compression_ratio_threshold=compression_ratio_threshold,
                                  best_of=best_of, seed=seed, initial_prompt=initial_prompt, hotwords=hotwords,
                                  prefix=prefix)

@@ -31,6 +31,8 @@ AVX-512 bf16 stays memory-bound longer (docs/cpu.md).
                       (overlapping windows stitched at their seams, as transformers' pipeline does)
     word_timestamps   true: per-word times (json `words`) from the alignment heads; needs chunking "vad"
     max_words_per_cue srt/vtt cues of at most this many words (needs word_timestamps); left out = one per segment
+    max_line_width    srt/vtt cue text wrapped into lines of at most this many characters (at spaces)
+    max_line_count    with max_line_width: cues of at most this many lines (needs word_timestamps)
     timestamps        true: Whisper's timestamp mode (its trained long-form mode: segment times from the model,
                       and no chunk given up after a word, as whisper-base does on tests/fixtures/speech/long_75s)
     dtype             "auto" (float16 on CUDA; on a CPU bfloat16 where native and lossless, else "int8" on an
@@ -73,7 +75,7 @@ PRESET_SUFFIX = ".toml"
 # dtype names a preset or --dtype may use: `cpu.DTYPES` (with "auto", `cpu.auto_dtype`)
 # Preset keys that become transcription options (the rest say which models to load, and how)
 OPTION_KEYS = ("chunk_length_s", "stride_length_s", "num_draft_tokens", "language", "timestamps", "chunking",
-               "word_timestamps", "max_words_per_cue")
+               "word_timestamps", "max_words_per_cue", "max_line_width", "max_line_count")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class Preset:
     chunking: str | None = None  # "vad" or "stride"
     word_timestamps: bool | None = None
     max_words_per_cue: int | None = None  # None: one cue per segment
+    max_line_width: int | None = None  # None: a cue's text on one line
+    max_line_count: int | None = None  # None: as many lines as its words take
     description: str = ""
     path: Path | None = None  # the TOML file it came from
 

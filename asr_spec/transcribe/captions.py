@@ -1,7 +1,8 @@
 """Caption writers: srt and vtt, rendered from a result's timed segments (pure: result -> str).
 
-A cue is a segment (or, with `max_words_per_cue`, a group of a segment's words) with its text made safe for a
-caption file and its time made long enough for a player to show it (`visible_cues`). Reading the result's
+A cue is a segment (or, with `CueOptions` that need word times, a group of a segment's words) with its text made
+safe for a caption file, wrapped into lines of `max_line_width` characters where asked, and its time made long
+enough for a player to show it (`visible_cues`). Reading the result's
 segments, with their checks, lives here because captions are what need timed segments; the txt and json writers
 (`outputs.py`) read them through the same functions, so every format accepts and refuses the same results.
 """
@@ -10,15 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from asr_spec.checks import finite, is_number, seconds_at_least_zero
+from asr_spec.checks import finite, int_at_least, is_number, seconds_at_least_zero
 from asr_spec.errors import InputError
 from asr_spec.transcribe.segments import Segment
 
-__all__ = ["CUE_PAUSE_S", "MIN_CUE_S", "format_timestamp", "render_srt", "render_vtt", "result_dict", "segment_field",
-           "timed_segments", "visible_cues"]
+__all__ = ["CUE_PAUSE_S", "MIN_CUE_S", "CueOptions", "format_timestamp", "render_srt", "render_vtt", "result_dict",
+           "segment_field", "timed_segments", "visible_cues", "wrap_lines"]
 
 # The length a caption cue of no length is given, where free time around it allows (`visible_cues`): half a second
 # shows a few words; subtitle guides ask for 5/6 s at least, but a cue is lengthened only to make it seen, so
@@ -28,6 +31,32 @@ MIN_CUE_S = 0.5
 # holds: a cue "I went to the market to buy some apples and" across a 3.3 s silence showed "apples and" 3.3 s
 # before they were said (openai-whisper's subtitle writer ends its lines at pauses over 3 s)
 CUE_PAUSE_S = 1.0
+
+
+@dataclass(frozen=True)
+class CueOptions:
+    """How srt/vtt cues are cut and laid out (each None: no limit). Validated here; that those needing word times
+    (`needs_words`) come with word timestamps is the transcription options' check."""
+
+    max_words_per_cue: int | None = None  # a cue holds at most this many words (needs word times)
+    # a cue's text is wrapped at spaces into lines of at most this many characters (a longer word is a line of its
+    # own); subtitle guides ask for about 42
+    max_line_width: int | None = None
+    # with max_line_width: a cue holds at most this many lines, the words after them start the next cue (needs
+    # word times); subtitle guides ask for 2
+    max_line_count: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_words_per_cue", "max_line_width", "max_line_count"):
+            if getattr(self, name) is not None:
+                int_at_least(getattr(self, name), name, 1)
+        if self.max_line_count is not None and self.max_line_width is None:
+            raise InputError("max_line_count needs max_line_width (the lines are counted at that width)")
+
+    @property
+    def needs_words(self) -> bool:
+        """Whether the cues are cut from word times (a segment without words stays one cue)."""
+        return self.max_words_per_cue is not None or self.max_line_count is not None
 
 
 def format_timestamp(time_s: float, decimal_marker: str = ",") -> str:
@@ -92,50 +121,74 @@ def timed_segments(result: Mapping[str, Any], fmt: str) -> list[Segment]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _word_cues(result: Mapping[str, Any], fmt: str, max_words: int | None) -> list[Segment]:
-    """Caption cues: one per segment, or with `max_words` cues of at most that many words of a segment, each
-    ending at a pause of CUE_PAUSE_S or more (times from the first word's start to the last word's end; a segment
-    without words stays one cue)."""
+def _word_cues(result: Mapping[str, Any], fmt: str, cues: CueOptions) -> list[Segment]:
+    """Caption cues: one per segment, or where `cues` need words, cues of a segment's words (`_word_groups`; times
+    from the first word's start to the last word's end; a segment without words stays one cue)."""
     segments = timed_segments(result, fmt)
-    if max_words is None:
+    if not cues.needs_words:
         return segments
-    cues = []
+    out = []
     for segment, raw in zip(segments, result["segments"]):
         words = [w if isinstance(w, Mapping) else dataclasses.asdict(w) for w in segment_field(raw, "words", 0)]
         if not words:
-            cues.append(segment)
-        for group in _word_groups(words, max_words):
-            text = "".join(str(w["word"]) for w in group).strip()
-            cues.append(Segment(float(group[0]["start"]), float(group[-1]["end"]), text))
-    return cues
+            out.append(segment)
+        for group in _word_groups(words, cues):
+            out.append(Segment(float(group[0]["start"]), float(group[-1]["end"]), _words_text(group)))
+    return out
 
 
-def _word_groups(words: Sequence[Mapping[str, Any]], max_words: int) -> list[list[Mapping[str, Any]]]:
-    """`words` (each with "start" and "end") in runs of at most `max_words`, a run ending early at a pause of
-    CUE_PAUSE_S or more before the next word."""
+def _words_text(words: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(str(w["word"]) for w in words).strip()
+
+
+def _word_groups(words: Sequence[Mapping[str, Any]], cues: CueOptions) -> list[list[Mapping[str, Any]]]:
+    """`words` (each with "word", "start" and "end") in runs of at most `cues.max_words_per_cue` words whose text
+    wraps into at most `cues.max_line_count` lines, a run ending early at a pause of CUE_PAUSE_S or more before the
+    next word."""
     groups: list[list[Mapping[str, Any]]] = []
     for word in words:
-        if groups and len(groups[-1]) < max_words and float(word["start"]) - float(groups[-1][-1]["end"]) < CUE_PAUSE_S:
+        if groups and _joins(groups[-1], word, cues):
             groups[-1].append(word)
         else:
             groups.append([word])
     return groups
 
 
-def _cue_text(text: str) -> str:
-    """Caption text: no blank lines inside a cue (they would end it), no arrow (it would start a timing line)."""
+def _joins(group: Sequence[Mapping[str, Any]], word: Mapping[str, Any], cues: CueOptions) -> bool:
+    """Whether `word` goes on the cue of `group` (the words before it) under `cues` and CUE_PAUSE_S."""
+    if float(word["start"]) - float(group[-1]["end"]) >= CUE_PAUSE_S:
+        return False
+    if cues.max_words_per_cue is not None and len(group) >= cues.max_words_per_cue:
+        return False
+    if cues.max_line_count is None:
+        return True
+    return len(wrap_lines(_words_text([*group, word]), cues.max_line_width)) <= cues.max_line_count
+
+
+def wrap_lines(text: str, width: int | None) -> list[str]:
+    """`text`'s lines at most `width` characters, broken at spaces only (a longer word is a line of its own; runs
+    of spaces become one); its own lines where `width` is None. Blank lines are left out."""
     lines = [line.strip() for line in text.strip().splitlines()]
-    return "\n".join(line for line in lines if line).replace("-->", "->")
+    if width is not None:
+        lines = textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+    return [line for line in lines if line]
 
 
-def _shown_cues(result: Any, fmt: str, max_words: int | None) -> list[Segment]:
+def _cue_text(text: str, width: int | None) -> str:
+    """Caption text: lines of at most `width` characters (`wrap_lines`), no blank lines inside a cue (they would
+    end it), no arrow (it would start a timing line)."""
+    return "\n".join(wrap_lines(text.replace("-->", "->"), width))
+
+
+def _shown_cues(result: Any, fmt: str, cues: CueOptions) -> list[Segment]:
     """The cues a caption file holds: `_word_cues` with caption text (`_cue_text`), those without text left out,
     each long enough to be seen (`visible_cues`; the last one inside the audio when the result says how long it
     is, `audio_s`)."""
     data = result_dict(result)
-    cues = [dataclasses.replace(cue, text=_cue_text(cue.text)) for cue in _word_cues(data, fmt, max_words)]
+    shown = [dataclasses.replace(cue, text=_cue_text(cue.text, cues.max_line_width))
+             for cue in _word_cues(data, fmt, cues)]
     audio_s = data.get("audio_s")
-    return visible_cues([cue for cue in cues if cue.text], end_s=audio_s if is_number(audio_s) else None)
+    return visible_cues([cue for cue in shown if cue.text], end_s=audio_s if is_number(audio_s) else None)
 
 
 def visible_cues(cues: Sequence[Segment], min_s: float = MIN_CUE_S, end_s: float | None = None) -> list[Segment]:
@@ -171,22 +224,21 @@ def _ms(time_s: float) -> int:
     return int(round(time_s * 1000))
 
 
-def render_srt(result: Any, max_words_per_cue: int | None = None) -> str:
+def render_srt(result: Any, cues: CueOptions = CueOptions()) -> str:
     """SubRip: numbered cues ``HH:MM:SS,mmm --> HH:MM:SS,mmm``; segments with empty text are left out, a cue of no
-    length is lengthened (`visible_cues`). With `max_words_per_cue`, cues of at most that many words (from each
-    segment's `words`)."""
+    length is lengthened (`visible_cues`). `cues`: cut from each segment's `words` and wrapped (`CueOptions`)."""
     blocks = []
-    for cue in _shown_cues(result, "srt", max_words_per_cue):
+    for cue in _shown_cues(result, "srt", cues):
         timing = f"{format_timestamp(cue.start_s)} --> {format_timestamp(cue.end_s)}"
         blocks.append(f"{len(blocks) + 1}\n{timing}\n{cue.text}\n")
     return "\n".join(blocks)
 
 
-def render_vtt(result: Any, max_words_per_cue: int | None = None) -> str:
+def render_vtt(result: Any, cues: CueOptions = CueOptions()) -> str:
     """WebVTT: ``WEBVTT`` header, cues ``HH:MM:SS.mmm --> HH:MM:SS.mmm``, ``&`` / ``<`` / ``>`` escaped; cues as
     in `render_srt`."""
     blocks = ["WEBVTT\n"]
-    for cue in _shown_cues(result, "vtt", max_words_per_cue):
+    for cue in _shown_cues(result, "vtt", cues):
         text = cue.text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         timing = f"{format_timestamp(cue.start_s, '.')} --> {format_timestamp(cue.end_s, '.')}"
         blocks.append(f"{timing}\n{text}\n")

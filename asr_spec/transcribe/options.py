@@ -12,6 +12,7 @@ from asr_spec.audio.vad import VadOptions
 from asr_spec.checks import int_at_least, is_number, positive_seconds, seconds_at_least_zero
 from asr_spec.engine import DecodeOptions
 from asr_spec.errors import InputError, one_line
+from asr_spec.transcribe.captions import CueOptions
 from asr_spec.transcribe.nospeech import NoSpeechRule
 from asr_spec.transcribe.outputs import parse_formats
 from asr_spec.transcribe.prompts import PROMPT_KEYS, PromptOptions
@@ -23,7 +24,8 @@ MIN_BLOCK_S = 0.1  # the shortest block_s: shorter blocks only slow reading (1e-
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
 _NO_SPEECH_KEYS = tuple(f.name for f in fields(NoSpeechRule))
-_TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "max_words_per_cue", "tail_repairs",
+_CUE_KEYS = tuple(f.name for f in fields(CueOptions))
+_TOP_KEYS = ("batch_size", "formats", "block_s", "word_timestamps", "tail_repairs",
              "tail_margin_s", "tail_context_s", "temperature", "best_of", "seed")
 _MODE_KEY = "chunking"  # flat key: "vad" or "stride" (sets `vad`)
 CHUNKING_MODES = ("vad", "stride")
@@ -44,7 +46,7 @@ class TranscribeOptions:
     formats: tuple[str, ...] = ("txt", "json", "srt", "vtt")  # files written per input when given an output dir
     block_s: float = DEFAULT_BLOCK_S  # seconds of audio read from a file at a time (at least MIN_BLOCK_S)
     word_timestamps: bool = False  # per-word times from the alignment heads (needs vad chunking)
-    max_words_per_cue: int | None = None  # srt/vtt: cues of at most this many words (needs word_timestamps)
+    cues: CueOptions = field(default_factory=CueOptions)  # srt/vtt: cues of at most N words, lines of N characters
     # vad chunking, timestamp mode: a chunk whose last segment closes >= tail_margin_s seconds of speech frames
     # before its speech ends has that tail decoded again, at most tail_repairs times per chunk (0: never; tails.py)
     tail_repairs: int = 2
@@ -66,7 +68,7 @@ class TranscribeOptions:
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """The flat option names `from_values` takes."""
-        return (_MODE_KEY,) + _CHUNKING_KEYS + _DECODE_KEYS + _NO_SPEECH_KEYS + PROMPT_KEYS + _TOP_KEYS
+        return (_MODE_KEY,) + _CHUNKING_KEYS + _DECODE_KEYS + _NO_SPEECH_KEYS + PROMPT_KEYS + _CUE_KEYS + _TOP_KEYS
 
     @property
     def chunking_mode(self) -> str:
@@ -96,6 +98,7 @@ class TranscribeOptions:
                 decode=dataclasses.replace(base.decode, **decode),
                 no_speech=dataclasses.replace(base.no_speech, **{k: values[k] for k in _NO_SPEECH_KEYS if k in values}),
                 prompts=dataclasses.replace(base.prompts, **{k: values[k] for k in PROMPT_KEYS if k in values}),
+                cues=dataclasses.replace(base.cues, **{k: values[k] for k in _CUE_KEYS if k in values}),
                 **{k: values[k] for k in _TOP_KEYS if k in values},
             )
         except InputError:
@@ -169,11 +172,11 @@ def _verify_options(options: TranscribeOptions) -> None:
     if options.word_timestamps and options.vad is None:
         raise InputError("word_timestamps need chunking 'vad' (stride chunks overlap, so their words cannot be "
                          "aligned one chunk at a time)")
-    cue = options.max_words_per_cue
-    if cue is not None:
-        int_at_least(cue, "max_words_per_cue", 1)
-    if cue is not None and not options.word_timestamps:
-        raise InputError("max_words_per_cue needs word_timestamps")
+    if not isinstance(options.cues, CueOptions):
+        raise InputError(f"cues must be a CueOptions, got {type(options.cues).__name__}")
+    if options.cues.needs_words and not options.word_timestamps:
+        name = "max_words_per_cue" if options.cues.max_words_per_cue is not None else "max_line_count"
+        raise InputError(f"{name} needs word_timestamps (a cue is cut at its words' times)")
     if not isinstance(options.decode, DecodeOptions):
         raise InputError(f"decode must be a DecodeOptions, got {type(options.decode).__name__}")
     if not isinstance(options.no_speech, NoSpeechRule):

@@ -32,6 +32,7 @@ from typing import Any
 from asr_spec.errors import InputError
 from asr_spec.transcribe.captions import (
     MIN_CUE_S,
+    CueOptions,
     format_timestamp,
     render_srt,
     render_vtt,
@@ -51,7 +52,9 @@ from asr_spec.transcribe.files import (
 from asr_spec.transcribe.segments import TranscriptSegment
 
 __all__ = [
+    "CAPTION_FORMATS",
     "FORMATS",
+    "CueOptions",
     "MIN_CUE_S",
     "TranscriptSegment",
     "format_timestamp",
@@ -137,12 +140,13 @@ def _segment_dict(item: Any, index: int) -> dict[str, Any]:
     return out
 
 
-FORMATS: dict[str, Callable[[Any], str]] = {
+FORMATS: dict[str, Callable[..., str]] = {
     "txt": render_txt,
     "json": render_json,
     "srt": render_srt,
     "vtt": render_vtt,
 }
+CAPTION_FORMATS = ("srt", "vtt")  # the formats `CueOptions` shape (render(result, cues))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -171,9 +175,10 @@ def parse_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
 
 def write_outputs(
     result: Any, out_dir: str | os.PathLike[str], stem: str, formats: Iterable[str],
-    max_words_per_cue: int | None = None, *, source: str | os.PathLike[str] | None = None,
+    cues: CueOptions = CueOptions(), *, source: str | os.PathLike[str] | None = None,
 ) -> dict[str, Path]:
-    """Write ``result`` as ``out_dir/stem.<fmt>`` for each format; returns ``{fmt: path}``.
+    """Write ``result`` as ``out_dir/stem.<fmt>`` for each format (``cues``: how srt/vtt cues are cut and laid
+    out); returns ``{fmt: path}``.
 
     Everything is validated and rendered before the first file is written, so a bad format name or a bad
     segment writes nothing. ``out_dir`` is created if missing. ``source``, the file transcribed, is recorded
@@ -186,8 +191,8 @@ def write_outputs(
     chosen = parse_formats(formats)
     if not isinstance(stem, str) or not stem or stem in {".", ".."} or "/" in stem or os.sep in stem:
         raise InputError(f"stem must be a plain file name without folders, got {stem!r}")
-    cue_words = {"max_words_per_cue": max_words_per_cue} if max_words_per_cue is not None else {}
-    rendered = {fmt: FORMATS[fmt](result, **(cue_words if fmt in ("srt", "vtt") else {})) for fmt in chosen}
+    rendered = {fmt: FORMATS[fmt](result, cues) if fmt in CAPTION_FORMATS else FORMATS[fmt](result)
+                for fmt in chosen}
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     written = {}

@@ -420,7 +420,7 @@ class Transcriber:
         if output_dir is None:
             return transcription
         try:
-            write_outputs(transcription, output_dir, item.stem, self.options.formats, self.options.max_words_per_cue,
+            write_outputs(transcription, output_dir, item.stem, self.options.formats, self.options.cues,
                           source=item.file)
         except INPUT_ERRORS as err:
             cause = one_line(err)
