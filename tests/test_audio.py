@@ -57,6 +57,20 @@ def test_formats_libsndfile_cannot_open_fall_back_to_ffmpeg(tmp_path: Path, tone
     assert audio_duration_s(m4a) == pytest.approx(3.0, abs=0.1)
 
 
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs ffmpeg to make the file")
+def test_mp3_inside_a_wav_is_not_called_truncated(tmp_path: Path, tone_16k: np.ndarray) -> None:
+    """libsndfile estimates the length of MPEG audio in a WAV from its bitrate, as in an .mp3: a reviewer's intact
+    file was refused as "truncated audio (decoded 61632 of 62186 frames the header announces)"."""
+    wav, mp3_wav = tmp_path / "tone.wav", tmp_path / "mp3.wav"
+    sf.write(wav, tone_16k, SR)
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-i", str(wav), "-c:a", "mp3", "-f", "wav", str(mp3_wav)],
+                   check=True)
+    if not sf.info(str(mp3_wav)).subtype.startswith("MPEG"):
+        pytest.skip("this libsndfile does not read MPEG audio in a WAV")
+    audio = load_audio(mp3_wav)
+    assert abs(len(audio) - len(tone_16k)) < 2048
+
+
 def test_stereo_is_averaged_and_resampled_with_soxr(tmp_path: Path) -> None:
     rate = 44_100
     left, right = _tone(rate, rate, 300.0), _tone(rate, rate, 500.0, 0.1)

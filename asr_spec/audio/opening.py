@@ -54,8 +54,14 @@ def open_raw_blocks(file: str | bytes, name: str, block_s: float) -> RawBlocks:
         handle.close()
         return _ffmpeg_instead(file, name, block_s, _HEADER_SAYS_EMPTY if n_frames == 0 else _LENGTH_MISSING)
     block_frames = max(1, int(round(block_s * handle.samplerate)))
-    exact = handle.format != "MP3"
-    return handle.samplerate, n_frames, exact, _soundfile_blocks(handle, name, block_frames)
+    return handle.samplerate, n_frames, _exact_length(handle), _soundfile_blocks(handle, name, block_frames)
+
+
+def _exact_length(handle: sf.SoundFile) -> bool:
+    """Whether libsndfile's frame count of `handle` is exact: not for MPEG audio, in an .mp3 or inside a WAV
+    (`ffmpeg -c:a mp3 -f wav`: a reviewer's intact file was "truncated audio (decoded 61632 of 62186 frames the
+    header announces)"), where it is estimated from the bitrate."""
+    return handle.format != "MP3" and not handle.subtype.startswith("MPEG")
 
 
 def header_duration_s(path: str | os.PathLike[str]) -> float | None:
