@@ -288,6 +288,15 @@ def test_cues_of_no_length_grow_into_free_time_or_borrow_from_a_neighbour() -> N
     assert _cue_lines(srt([(0.0, 4.8, "a"), (5.0, 5.0, "b")], audio_s=5.0)) == [
         "00:00:00,000 --> 00:00:04,800", "00:00:04,800 --> 00:00:05,000"]
     assert _cue_lines(srt([(1.0, 1.0, "a"), (1.1, 3.0, " ")])) == [f"00:00:01,000 --> {format_timestamp(1 + half)}"]
+    # a neighbour of 1 ms has none to lend: the other one lends (a share under 1 ms left "21,180 --> 21,180")
+    assert _cue_lines(srt([(21.179, 21.18, "a"), (21.18, 21.18, "b"), (21.18, 21.26, "c")])) == [
+        "00:00:21,179 --> 00:00:21,180", "00:00:21,180 --> 00:00:21,220", "00:00:21,220 --> 00:00:21,260"]
+
+
+def test_no_arrow_is_left_in_a_cue() -> None:
+    """"a ---> b" became "a --> b" (one replacement made another arrow): a timing line to a player."""
+    result = {"text": "", "segments": [{"start_s": 0.0, "end_s": 1.0, "text": " a ---> b ----> c --> d"}]}
+    assert render_srt(result).splitlines()[2] == "a -> b -> c -> d"
 
 
 # -- a transcript of another file with the same name is not replaced ----------------------------------------------

@@ -128,15 +128,27 @@ def test_a_word_cue_ends_at_a_pause_of_a_second_or_more() -> None:
                       CueOptions(max_words_per_cue=10)).count("-->") == 1
 
 
-def test_wrap_lines_breaks_at_spaces_only() -> None:
+def test_wrap_lines_breaks_at_spaces_and_inside_a_word_only_longer_than_a_line() -> None:
     text = " The quick brown fox jumps over the lazy dog, antidisestablishmentarianism and  well-known ends."
-    assert wrap_lines(text, 16) == ["The quick brown", "fox jumps over", "the lazy dog,",
-                                    "antidisestablishmentarianism", "and well-known", "ends."]
-    assert all(len(line) <= 16 for line in wrap_lines(text, 16) if " " in line)
+    assert wrap_lines(text, 16) == ["The quick brown", "fox jumps over", "the lazy dog,", "antidisestablish",
+                                    "mentarianism and", "well-known ends."]
+    # an unspaced script is one "word" a line: a reviewer's 38 Chinese characters stayed on one line at width 16
+    chinese = "我们今天讨论的是过去三年的数字以及它们对明年意味着什么以及我们应该怎么做"
+    assert wrap_lines(chinese, 16) == [chinese[:16], chinese[16:32], chinese[32:]]
     assert wrap_lines(" a\n\n b ", None) == ["a", "b"] and wrap_lines(" a\n\n b ", 10) == ["a b"]
     assert wrap_lines("", 10) == []
 
 
+def test_a_cue_is_never_cut_inside_a_written_word() -> None:
+    """Whisper's words split at punctuation: two reviewers' word cues "by 12" / ".5%", "from $1" / ",299 to",
+    "six o" / "'clock,", "long" / "-term"; a Thai vowel sign opened a cue. A word that starts with no space stays
+    with the one before where their meeting is not letter to letter (Chinese words, a character each, still part)."""
+    pieces = [" by", " 12", ".5%", " from", " $1", ",299", " o", "'clock", " long", "-term", " R", "&", "D", " ",
+              " 你", "好", "。", " ก", "ิ", "น"]
+    words = [{"word": w, "start": 0.2 * i, "end": 0.2 * i + 0.1, "probability": 0.9} for i, w in enumerate(pieces)]
+    result = {"text": "", "segments": [{"start_s": 0.0, "end_s": 4.0, "text": "".join(pieces), "words": words}]}
+    cues = [cue.split("\n")[2] for cue in render_srt(result, CueOptions(max_words_per_cue=1)).strip().split("\n\n")]
+    assert cues == ["by", "12.5%", "from", "$1,299", "o'clock", "long-term", "R&D", "你", "好。", "กิน"]
 SPOKEN = ("So this is the part of the talk where we look at the numbers from the last three years, and what they "
           "tell us about the next one.")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import textwrap
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -142,42 +142,71 @@ def _words_text(words: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _word_groups(words: Sequence[Mapping[str, Any]], cues: CueOptions) -> list[list[Mapping[str, Any]]]:
-    """`words` (each with "word", "start" and "end") in runs of at most `cues.max_words_per_cue` words whose text
-    wraps into at most `cues.max_line_count` lines, a run ending early at a pause of CUE_PAUSE_S or more before the
-    next word."""
-    groups: list[list[Mapping[str, Any]]] = []
-    for word in words:
-        if groups and _joins(groups[-1], word, cues):
-            groups[-1].append(word)
+    """`words` (each with "word", "start" and "end") in runs of at most `cues.max_words_per_cue` written words
+    (`_written_words`) whose text wraps into at most `cues.max_line_count` lines, a run ending early at a pause of
+    CUE_PAUSE_S or more before the next word."""
+    groups: list[list[list[Mapping[str, Any]]]] = []  # runs of written words, each a list of the aligner's words
+    for written in _written_words(words):
+        if groups and _joins(groups[-1], written, cues):
+            groups[-1].append(written)
         else:
-            groups.append([word])
-    return groups
+            groups.append([written])
+    return [[word for written in group for word in written] for group in groups]
 
 
-def _joins(group: Sequence[Mapping[str, Any]], word: Mapping[str, Any], cues: CueOptions) -> bool:
-    """Whether `word` goes on the cue of `group` (the words before it) under `cues` and CUE_PAUSE_S."""
-    if float(word["start"]) - float(group[-1]["end"]) >= CUE_PAUSE_S:
+def _written_words(words: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
+    """The aligner's words as they are written: one that starts with no space goes with the one before where either
+    side of their meeting is not a letter or digit ("12" ".5%", "$1" ",299", "o" "'clock", "long" "-term", a Thai
+    vowel sign after its consonant), and a word of spaces only too; words of an unspaced script (Chinese: a word a
+    character) stay apart. openai-whisper's word split (at spaces and punctuation) made a reviewer's cues
+    "by 12" / ".5%" and "from $1" / ",299 to"."""
+    written: list[list[Mapping[str, Any]]] = []
+    for word in words:
+        text = str(word["word"])
+        before = str(written[-1][-1]["word"]) if written else ""
+        attached = bool(before) and (not text.strip() or not text[0].isspace() and not (
+            text[0].isalnum() and before[-1:].isalnum()))
+        if attached:
+            written[-1].append(word)
+        else:
+            written.append([word])
+    return written
+
+
+def _joins(group: Sequence[Sequence[Mapping[str, Any]]], written: Sequence[Mapping[str, Any]],
+           cues: CueOptions) -> bool:
+    """Whether the written word `written` goes on the cue of `group` (the written words before it) under `cues` and
+    CUE_PAUSE_S."""
+    if float(written[0]["start"]) - float(group[-1][-1]["end"]) >= CUE_PAUSE_S:
         return False
     if cues.max_words_per_cue is not None and len(group) >= cues.max_words_per_cue:
         return False
     if cues.max_line_count is None:
         return True
-    return len(wrap_lines(_words_text([*group, word]), cues.max_line_width)) <= cues.max_line_count
+    text = _words_text([word for item in (*group, written) for word in item])
+    return len(wrap_lines(text, cues.max_line_width)) <= cues.max_line_count
 
 
 def wrap_lines(text: str, width: int | None) -> list[str]:
-    """`text`'s lines at most `width` characters, broken at spaces only (a longer word is a line of its own; runs
-    of spaces become one); its own lines where `width` is None. Blank lines are left out."""
-    lines = [line.strip() for line in text.strip().splitlines()]
-    if width is not None:
-        lines = textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
-    return [line for line in lines if line]
+    """`text`'s lines at most `width` characters, broken at spaces (runs of spaces become one); a word longer than
+    `width` starts a line and is cut every `width` characters (text of an unspaced script: Chinese, Japanese,
+    Thai). Its own lines where `width` is None. Blank lines are left out."""
+    if width is None:
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    lines: list[str] = []
+    for word in text.split():
+        for piece in (word[i : i + width] for i in range(0, len(word), width)):
+            if lines and len(lines[-1]) + 1 + len(piece) <= width:
+                lines[-1] += " " + piece
+            else:
+                lines.append(piece)
+    return lines
 
 
 def _cue_text(text: str, width: int | None) -> str:
     """Caption text: lines of at most `width` characters (`wrap_lines`), no blank lines inside a cue (they would
     end it), no arrow (it would start a timing line)."""
-    return "\n".join(wrap_lines(text.replace("-->", "->"), width))
+    return "\n".join(wrap_lines(re.sub(r"-{2,}>", "->", text), width))
 
 
 def _shown_cues(result: Any, fmt: str, cues: CueOptions) -> list[Segment]:
@@ -210,13 +239,19 @@ def visible_cues(cues: Sequence[Segment], min_s: float = MIN_CUE_S, end_s: float
     for i, (start, end) in enumerate(times):
         if _ms(start) < _ms(end):
             continue
-        if i and _ms(times[i - 1][0]) < _ms(start):  # the one before lends the end of its time
-            share = min(min_s, (start - times[i - 1][0]) / 2)
-            times[i - 1][1] = times[i][0] = start - share
-        elif i + 1 < len(times) and _ms(end) < _ms(times[i + 1][1]):  # else the one after lends its start
-            share = min(min_s, (times[i + 1][1] - end) / 2)
-            times[i + 1][0] = times[i][1] = end + share
+        # the one before lends the end of its time, else the one after its start: whole milliseconds, so that
+        # neither is left with none (a share under 1 ms left a cue "00:00:21,180 --> 00:00:21,180")
+        if i and _ms(start) - _ms(times[i - 1][0]) >= 2:
+            times[i - 1][1] = times[i][0] = (_ms(start) - _lent_ms(times[i - 1][0], start, min_s)) / 1000
+        elif i + 1 < len(times) and _ms(times[i + 1][1]) - _ms(end) >= 2:
+            times[i + 1][0] = times[i][1] = (_ms(end) + _lent_ms(end, times[i + 1][1], min_s)) / 1000
     return [dataclasses.replace(cue, start_s=start, end_s=end) for cue, (start, end) in zip(cues, times)]
+
+
+def _lent_ms(start_s: float, end_s: float, min_s: float) -> int:
+    """The whole milliseconds a cue of `start_s` .. `end_s` (2 ms or more) lends a neighbour of no length: up to
+    `min_s`, at most half its own."""
+    return min(_ms(min_s), (_ms(end_s) - _ms(start_s)) // 2)
 
 
 def _ms(time_s: float) -> int:
