@@ -13,9 +13,11 @@ from asr_spec.audio.vad import (
     FRAME_SAMPLES,
     VadOptions,
     iter_vad_chunks,
+    nearby_peak,
     pack_regions,
     pad_regions,
     plan_vad_chunks,
+    speech_frames,
     speech_regions,
     split_long_regions,
 )
@@ -326,3 +328,27 @@ def test_the_lstm_steps_into_buffers_are_the_plain_expressions_bit_for_bit():
     assert all(torch.equal(a, b) for a, b in zip(state, kept))
     zeros = (torch.zeros(1, n), torch.zeros(1, n))
     assert torch.equal(lstm_steps(gates_in, w_hh_t, None)[0], _lstm_plain(gates_in, w_hh_t, zeros)[0])
+
+
+def test_nearby_peak_is_the_largest_value_within_reach() -> None:
+    values = np.random.default_rng(0).random(37)
+    for reach in (0, 1, 5, 40):
+        expected = [values[max(i - reach, 0): i + reach + 1].max() for i in range(len(values))]
+        np.testing.assert_array_equal(nearby_peak(values, reach), expected)
+    assert nearby_peak(np.zeros(0), 3).shape == (0,)
+
+
+def test_a_quieter_speaker_is_measured_against_their_own_loudness() -> None:
+    """A word reviewer's second speaker 30 dB below the first was all pause to the word times but their loudest
+    syllables (the floor was 40 dB below the chunk's loudest frame: "After" timed over 1.2 s): each frame is now
+    measured against the loudest within 0.5 s. Loud speech 0-1 s, silence, then from 2 s a speaker 30 dB quieter
+    whose syllables dip 15 dB between peaks (45 dB below the first speaker); the VAD says speech throughout."""
+    t = np.arange(4 * SR) / SR
+    quiet = 10 ** (-30 / 20) * np.where((t * 5) % 1 < 0.5, 1, 10 ** (-15 / 20))  # 5 syllables a second
+    envelope = np.where(t < 1, 1.0, np.where(t < 2, 0.0, quiet))
+    samples = (0.5 * envelope * np.sin(2 * np.pi * 220 * t) + 1e-6 * np.sin(2 * np.pi * 50 * t)).astype(np.float32)
+    speech = speech_frames(samples, np.ones(4 * SR // FRAME_SAMPLES, np.float32), 0, 0.5)
+    frame_s = 0.02
+    assert speech[: int(1 / frame_s)].all()
+    assert not speech[int(1 / frame_s): int(2 / frame_s)].any()  # silence near loud speech: a pause
+    assert speech[int(2 / frame_s):].all()  # the quiet speaker's dips are speech too

@@ -32,6 +32,7 @@ __all__ = [
     "SpeechSpan",
     "VadOptions",
     "iter_vad_chunks",
+    "nearby_peak",
     "onset_before",
     "pack_regions",
     "pad_regions",
@@ -46,7 +47,11 @@ CONTEXT_SAMPLES = 64  # samples before each frame that silero-vad's 16 kHz model
 NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (silero-vad's hysteresis)
 SPEECH_FRAME_S = 0.02  # resolution of a chunk's speech frames: one Whisper encoder position
 DIGITAL_SILENCE = 1e-4  # |sample| bound of a frame scored 0 without the model (3 LSB of 16-bit audio)
-LOUDNESS_FLOOR_DB = -40.0  # a frame this far below the chunk's loudest frame is a pause, whatever the VAD says
+LOUDNESS_FLOOR_DB = -40.0  # a frame this far below the loudest frame near it is a pause, whatever the VAD says
+# "near": within this many seconds either side. The chunk's loudest frame made a second speaker 20-30 dB quieter
+# than the first all pause but their loudest syllables (a reviewer's "After[3.70-4.92]", "second[6.26-6.30]"); 0.5 s
+# still reaches back over the few hundred ms silero's probability lingers after a louder word
+LOUDNESS_REACH_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -220,8 +225,9 @@ def _region_samples(probs: np.ndarray, n_samples: int, options: VadOptions) -> n
 
 def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: int, threshold: float) -> np.ndarray:
     """(F,) bool: which SPEECH_FRAME_S frames of a chunk are speech: the VAD frame covering them is
-    at least `threshold` and their RMS is within LOUDNESS_FLOOR_DB of the chunk's loudest frame (silero's
-    probability lingers for a few hundred ms after a word; the loudness marks the pause itself).
+    at least `threshold` and their RMS is within LOUDNESS_FLOOR_DB of the loudest frame within LOUDNESS_REACH_S of
+    them (`nearby_peak`; silero's probability lingers for a few hundred ms after a word; the loudness marks the
+    pause itself).
 
     samples: (n,) the chunk; probs: (m,) VAD frames, frame 0 starting `probs_start_sample` samples into it (<= 0)."""
     frame = int(SPEECH_FRAME_S * SAMPLE_RATE)
@@ -229,10 +235,18 @@ def speech_frames(samples: np.ndarray, probs: np.ndarray, probs_start_sample: in
     if not n_frames:
         return np.zeros(0, bool)
     rms = np.sqrt(np.mean(samples[: n_frames * frame].reshape(n_frames, frame).astype(np.float64) ** 2, axis=1))
-    loud = rms > rms.max() * 10 ** (LOUDNESS_FLOOR_DB / 20)
+    loud = rms > nearby_peak(rms, round(LOUDNESS_REACH_S / SPEECH_FRAME_S)) * 10 ** (LOUDNESS_FLOOR_DB / 20)
     vad_index = np.minimum((np.arange(n_frames) * frame - probs_start_sample) // FRAME_SAMPLES, len(probs) - 1)
     voiced = probs[np.maximum(vad_index, 0)] >= threshold if len(probs) else np.zeros(n_frames, bool)
     return loud & voiced
+
+
+def nearby_peak(values: np.ndarray, reach: int) -> np.ndarray:
+    """(F,) the largest of `values` ((F,)) within `reach` places either side of each place."""
+    if not len(values):
+        return values.copy()
+    padded = np.pad(values, reach, constant_values=-np.inf)
+    return np.lib.stride_tricks.sliding_window_view(padded, 2 * reach + 1).max(axis=1)
 
 
 def onset_before(speech: np.ndarray, step: int, *, low: int, max_back: int, min_pause: int, pad: int) -> int:
