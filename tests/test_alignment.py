@@ -17,6 +17,7 @@ from asr_spec.transcribe.alignment import (
     fit_positions,
     group_words,
     median_filter,
+    share_with_next,
     snap_to_speech,
     spoken_until_s,
     token_jump_times,
@@ -120,13 +121,37 @@ def test_snap_trims_the_pause_and_the_previous_words_tail():
     speech = np.array([1] * 10 + [0] * 20 + [1] * 15 + [0] * 5, dtype=bool)  # 0.02 s frames
     starts, ends = snap_to_speech(np.array([0.0, 0.16, 0.9]), np.array([0.16, 0.9, 1.0]), speech, 0.02)
     # A keeps its start, loses nothing; B starts after the pause (0.6 s), not in A's tail; the last word has no
-    # speech inside and stays
+    # speech inside and none after it: it stays
     assert starts.tolist() == pytest.approx([0.0, 0.6, 0.9])
     assert ends.tolist() == pytest.approx([0.16, 0.9, 1.0])
     # a closure shorter than MIN_PAUSE_S inside a word is not a pause
     speech = np.array([0] * 5 + [1] * 5 + [0] * 3 + [1] * 10, dtype=bool)
     starts, ends = snap_to_speech(np.array([0.0]), np.array([0.46]), speech, 0.02)
     assert starts.tolist() == pytest.approx([0.1]) and ends.tolist() == pytest.approx([0.46])
+
+
+def test_a_word_the_path_put_in_a_pause_shares_the_next_words_speech():
+    """Two reviewers' words timed over silence: " my" of "Yes, my grandmother" at 9.32-11.12 s with speech again
+    at 13.19 s, " The" over 14.7 s of music (5.17-19.89 s): the segment and its cue started there. Such a word
+    (MIN_WORD_S or longer, no speech inside) now shares the time of the word after it, by letters."""
+    #                  "Yes,"      silence     "my grandmother"
+    speech = np.array([1] * 30 + [0] * 100 + [1] * 39 + [0] * 10, dtype=bool)  # 0.02 s frames
+    starts, ends = snap_to_speech(np.array([0.0, 0.62, 2.4]), np.array([0.6, 2.4, 3.58]), speech, 0.02,
+                                  np.array([3, 2, 11]))
+    assert starts.tolist() == pytest.approx([0.0, 2.6, 2.72]) and ends.tolist() == pytest.approx([0.6, 2.72, 3.38])
+    # a word of no length (the end of the speech before) and silent words after the last voiced one stay
+    starts, ends = snap_to_speech(np.array([0.0, 0.6, 2.7, 3.0]), np.array([0.6, 0.6, 3.0, 3.5]),
+                                  np.array([1] * 30 + [0] * 140, dtype=bool), 0.02)
+    assert starts.tolist() == pytest.approx([0.0, 0.6, 2.7, 3.0]) and ends.tolist() == pytest.approx(
+        [0.6, 0.6, 3.0, 3.5])
+
+
+def test_share_with_next_splits_by_letters_and_leaves_a_trailing_run():
+    starts, ends = share_with_next(np.array([0.0, 1.0, 2.0, 5.0, 7.0]), np.array([0.5, 2.0, 3.0, 6.0, 8.0]),
+                                   np.array([False, True, True, False, True]), np.array([4, 1, 0, 2, 3]))
+    # words 1 and 2 (1 letter, 0 letters: counted as 1) share word 3's 5.0-6.0 with its 2 letters
+    assert starts.tolist() == pytest.approx([0.0, 5.0, 5.25, 5.5, 7.0])
+    assert ends.tolist() == pytest.approx([0.5, 5.25, 5.5, 6.0, 8.0])
 
 
 def test_a_word_is_not_moved_across_the_pause_after_it():
