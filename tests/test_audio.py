@@ -71,6 +71,16 @@ def test_mp3_inside_a_wav_is_not_called_truncated(tmp_path: Path, tone_16k: np.n
     assert abs(len(audio) - len(tone_16k)) < 2048
 
 
+def test_float_audio_a_little_too_loud_is_told_to_rescale_not_to_divide_by_32768() -> None:
+    """A float WAV peaking at 5.6 was told "int16-scale audio: divide by 32768" (it would have become inaudible)."""
+    from asr_spec.audio.loading import AudioError, check_scale
+
+    for peak, hint in [(5.6, "rescale it"), (200.0, "rescale it"), (3000.0, "divide by 32768"), (1e6, "rescale it")]:
+        with pytest.raises(AudioError, match=hint):
+            check_scale(np.array([0.1, -peak], np.float32), "loud.wav")
+    check_scale(np.array([3.9], np.float32), "fine.wav")
+
+
 def test_stereo_is_averaged_and_resampled_with_soxr(tmp_path: Path) -> None:
     rate = 44_100
     left, right = _tone(rate, rate, 300.0), _tone(rate, rate, 500.0, 0.1)

@@ -50,6 +50,7 @@ MAX_CHANNELS = 8  # a 2-D array axis no longer than this (and shorter than the o
 # with a line saying so, never rescaled silently: Whisper's log-mel depends on the absolute level, and a guessed
 # divisor would hide the caller's bug (x * 32768 decoded as "and and and ...", x * 1e6 as nothing).
 MAX_FLOAT_PEAK = 4.0
+INT16_LIKE_PEAK = 256.0  # float samples peaking above it (and at most 32768) look like int16 values (`check_scale`)
 
 try:  # torch is a hard dependency of the package, but keep this module importable without it
     import torch
@@ -117,7 +118,10 @@ def check_scale(samples: np.ndarray, name: str, where: str = "") -> None:
     Whisper heard them as noise, no error)."""
     peak = float(np.max(np.abs(samples))) if samples.size else 0.0
     if peak > MAX_FLOAT_PEAK:
-        looks = "int16-scale audio: divide by 32768" if peak <= 32768 * 1.01 else "not [-1, 1] audio: rescale it"
+        # int16 values as floats peak in the hundreds or thousands; a float file peaking at 5.6 was told to divide
+        # by 32768, which would have made it inaudible
+        int16 = INT16_LIKE_PEAK < peak <= 32768 * 1.01
+        looks = "int16-scale audio: divide by 32768" if int16 else "not [-1, 1] audio: rescale it"
         raise AudioError(f"{name}: float samples peak at {peak:.4g}{where}, far above 1.0 ({looks}; float audio "
                          "must lie in [-1, 1])")
 
