@@ -391,8 +391,13 @@ def test_the_summary_names_fallback_only_where_a_window_fell_back() -> None:
     assert "decoded again" not in run.summary()
     run.add(result(1, 0))
     assert run.summary().endswith("windows decoded again (fallback_windows): 1 at 0.2, 0 at 0.4")
-    # nothing decoded (every file failed, or no speech): not "greedy (no draft)" of a run with its draft loaded
-    assert "no file transcribed" in run.summary() and "greedy" not in run.summary()
+    # nothing decoded: not "greedy (no draft)" of a run with its draft loaded, and files read with no speech in
+    # them are not called untranscribed (a reviewer's silence, music and phase-inverted files read as failures)
+    assert "no speech heard" in run.summary() and "greedy" not in run.summary()
+    failed = _Run(1, Path("out"))
+    failed.add(SimpleNamespace(error="x.wav: not audio", audio_s=0.0, stats=ChunkStats(), n_dropped=0,
+                               redecoded_tails=0, fallback_windows=(), source="x.wav", text=""))
+    assert failed.summary().startswith("0/1 files (1 failed)") and "no file transcribed" in failed.summary()
     run.add(SimpleNamespace(error=None, audio_s=1.0, stats=ChunkStats(generated_tokens=3), n_dropped=0,
                             redecoded_tails=0, fallback_windows=(), source="b.wav", text="x"))
     assert "greedy (no draft)" in run.summary()

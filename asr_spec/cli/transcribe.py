@@ -316,8 +316,10 @@ class _Run:
             drafting = f"acceptance {stats.acceptance_rate:.1%}, {stats.tokens_per_target_pass:.2f} tokens/target pass"
         elif stats.generated_tokens:
             drafting = "greedy (no draft), 1.00 tokens/target pass"
-        else:  # no file transcribed (every one failed): "greedy (no draft)" said of a run with a draft loaded
+        elif self.n_failed == self.n_files:  # not "greedy (no draft)" of a run with a draft loaded
             drafting = "no file transcribed"
+        else:  # files read, none with speech heard: not "no file transcribed" (a reviewer read it as a failure)
+            drafting = "no speech heard"
         dropped = f", {self.n_dropped} windows without speech left out" if self.n_dropped else ""
         tails = f", {self.n_tails} chunk tails decoded again" if self.n_tails else ""
         at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())
