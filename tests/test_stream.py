@@ -169,6 +169,22 @@ def test_ctrl_c_ends_the_input_and_what_was_heard_is_printed(capsys):
     assert printed[False].strip() and printed[False] == printed[True]
 
 
+class _ScriptedRunner:
+    """A stream runner whose pump() gives `updates` one at a time (the CLI's printing without a model)."""
+
+    def __init__(self, updates: list) -> None:
+        self.updates = updates
+
+    def open(self):
+        from types import SimpleNamespace
+
+        self.stream = SimpleNamespace(feed=lambda block: None, finish=lambda: None, done=True)
+        return self.stream
+
+    def pump(self):
+        return [(self.stream, self.updates.pop(0))] if self.updates else []
+
+
 def test_tentative_text_is_redrawn_on_its_line_however_long(capsys):
     """A tentative text over ~195 characters lost the line's opening redraw code: updates piled up on one line."""
     from types import SimpleNamespace
@@ -178,17 +194,22 @@ def test_tentative_text_is_redrawn_on_its_line_however_long(capsys):
     long_text = " ".join(f"word{i}" for i in range(60))
     updates = [SimpleNamespace(delta="", final=False, tentative=long_text[:n]) for n in (250, 300, 350)]
 
-    class Runner:
-        def open(self):
-            self.stream = SimpleNamespace(feed=lambda block: None, finish=lambda: None, done=True)
-            return self.stream
-
-        def pump(self):
-            return [(self.stream, updates.pop(0))] if updates else []
-
-    _run(Runner(), iter([np.zeros(10, np.float32)] * 3), tentative=True)
+    _run(_ScriptedRunner(updates), iter([np.zeros(10, np.float32)] * 3), tentative=True)
     err = capsys.readouterr().err
     assert err.count("\r\x1b[K… ") == 3 and err.endswith("\r\x1b[K")
+
+
+def test_the_printed_line_opens_with_a_word(capsys):
+    """Whisper's text starts with a space: `asr-spec stream` printed " The quick brown fox ..." (offline text is
+    stripped); a delta of spaces alone before the first word is not a start either."""
+    from types import SimpleNamespace
+
+    from asr_spec.cli.stream import _run
+
+    updates = [SimpleNamespace(delta=d, final=False, tentative="") for d in (" ", " The quick", " brown fox.")]
+
+    _run(_ScriptedRunner(updates), iter([np.zeros(10, np.float32)] * 3), tentative=False)
+    assert capsys.readouterr().out == "The quick brown fox.\n"
 
 
 def _pump_until_done(runner, streams, most: int = 20) -> list:

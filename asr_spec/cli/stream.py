@@ -101,9 +101,10 @@ def _run(runner, blocks: Iterator[np.ndarray], tentative: bool) -> bool:
     def show(updates) -> None:
         nonlocal wrote
         for _, update in updates:
-            if update.delta:
+            text = update.delta if wrote else update.delta.lstrip()  # the line opens with a word, as offline
+            if text:
                 wrote = True
-                sys.stdout.write(update.delta)
+                sys.stdout.write(text)
                 sys.stdout.flush()
             if tentative and not update.final:  # the text's end (the line's opening redraw code kept)
                 sys.stderr.write(f"\r\x1b[K… {update.tentative.strip()[-TENTATIVE_CHARS:]}")
