@@ -96,6 +96,10 @@ def test_unspaced_scripts_split_their_words_by_character():
                                                                          "好。"]
     assert starts_word("ก") and starts_word("カ") and starts_word(" a") and not starts_word("\ufffd")
     assert not starts_word("abc") and not starts_word("") and not starts_word("한")  # Korean: spaced
+    # a Thai vowel sign or tone mark belongs to the character before it; a word of spaces only to the word after
+    thai = [" ", "ก", "ิ", "น", "ข", "้", "าว"]
+    assert ["".join(thai[i] for i in w) for w in group_words(thai)] == [" กิ", "น", "ข้", "าว"]
+    assert not starts_word("ิ") and not starts_word("้") and starts_word("ข")
     assert [encoder_frames(n) for n in (0, 1, 320, 2240, 2241, 480_000)] == [0, 1, 1, 7, 8, 1500]
 
 

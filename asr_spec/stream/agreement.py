@@ -9,6 +9,7 @@ A hypothesis is the tokens the engine generated for a buffer in Whisper's timest
 from __future__ import annotations
 
 import re
+import unicodedata
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,16 @@ def starts_word(piece: str) -> bool:
     script written without spaces (`UNSPACED_BLOCKS`). The one rule of words: for their times
     (`transcribe.alignment.group_words`), for the seams of strided windows (`Assembler`: a word a seam cuts stays
     whole) and for live agreement (`driver.token_kinds`)."""
-    return piece.startswith(" ") or (piece != "" and any(lo <= ord(piece[0]) <= hi for lo, hi in UNSPACED_BLOCKS))
+    if piece.startswith(" "):
+        return True
+    # a vowel sign or tone mark (Thai "ิ" after its consonant) is part of the character before it: a reviewer's
+    # cues and json words opened with one
+    return piece != "" and any(lo <= ord(piece[0]) <= hi for lo, hi in UNSPACED_BLOCKS) and not _is_mark(piece[0])
+
+
+def _is_mark(char: str) -> bool:
+    """Whether `char` is a combining mark (Unicode categories Mn, Mc, Me)."""
+    return unicodedata.category(char).startswith("M")
 
 
 SAMPLE_RATE = 16_000

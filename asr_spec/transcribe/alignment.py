@@ -134,12 +134,13 @@ def unicode_pieces(token_ids: Sequence[int], decode: Callable[[Sequence[int]], s
 def group_words(pieces: Sequence[str]) -> list[list[int]]:
     """Token indices of each word, from the decoded text of each token (Whisper's split on spaces, or on every
     character of an unspaced script, `stream.agreement.starts_word`; then its punctuation merge). Tokens that
-    decode to nothing join the word before them."""
+    decode to nothing join the word before them; a word of spaces only is the start of the word after it (" " then
+    "ก": a reviewer's json held a word " ")."""
     words: list[list[int]] = []
     texts: list[str] = []
     for index, piece in enumerate(pieces):
         starts = starts_word(piece) or piece.strip() in string.punctuation and piece.strip() != ""
-        if starts or not words:
+        if (starts and not (texts and not texts[-1].strip())) or not words:
             words.append([index])
             texts.append(piece)
         else:
