@@ -635,3 +635,19 @@ def test_wide_strides_around_a_window_that_stopped_early_write_nothing_twice(sam
               ChunkTokens((*_one_word_a_second(10, 12, 10, 100 if same_words else 300), EOT), b),
               ChunkTokens((*_one_word_a_second(20, 50, 20), EOT), c)]
     assert [t - 100 for t in _stitch(chunks).token_ids] == list(range(50))
+
+
+def test_a_tail_starting_under_the_window_before_does_not_write_its_words_again() -> None:
+    """A window that stopped early keeps nothing (the window before keeps that audio) and its tail re-decodes from
+    where it stopped: no seam joined the tail to the window before, so a reviewer's "No!" at 22.10-23.10 s (that
+    window's) and at 22.70-23.70 s (the tail's) was written twice. Windows 0-30 and 20-50 s; the second stops at
+    22 s and is trimmed at 24 s, where its tail starts; the first's word at 24-25 s is the tail's first."""
+    span0, span1 = plan_chunks(50 * SR, 30 * SR, 5 * SR, 5 * SR)
+    left = ChunkTokens((*_one_word_a_second(0, 30, 0), EOT), span0)
+    trimmed = ChunkTokens((*_one_word_a_second(20, 22, 20), EOT), trim_span(span1, 24 * SR))
+    tail = ChunkTokens((*_one_word_a_second(24, 50, 24), EOT), ChunkSpan(24 * SR, 50 * SR, 0, 0, False, True))
+    assert [t - 100 for t in _stitch([left, trimmed, tail]).token_ids] == list(range(50))
+    # a tail that starts after the words before it end repeats none of them, whatever its text
+    later = ChunkTokens((*_one_word_a_second(25, 50, 25, 75), EOT), ChunkSpan(25 * SR, 50 * SR, 0, 0, False, True))
+    stitched = _stitch([left, ChunkTokens(trimmed.token_ids, trim_span(span1, 25 * SR)), later])
+    assert [t - 100 for t in stitched.token_ids] == [*range(25), *range(0, 25)]

@@ -45,6 +45,7 @@ from asr_spec.transcribe.seams import (
     merge_overlapping,
     merge_with_shares,
     overlap_cut,
+    repeated_head,
     seam_cut,
     time_cut,
     token_times,
@@ -181,6 +182,7 @@ def stitch_chunks(
     segments: list[Segment] = []
     for run in _overlapping_runs(list(zip(chunks, range(len(chunks))))):
         pieces = [piece for chunk, i in run for piece in _kept(readings[i], drops[i], keeps[i])]
+        pieces = _without_repeated_head(pieces, segments, run[0][0].span.start_sample / sampling_rate, starts_word)
         floor_s = segments[-1].end_s if segments else 0.0
         segments += _join(pieces, floor_s, _round_ms(run[-1][0].span.end_sample / sampling_rate))
     segments = _monotonic(segments, _round_ms(chunks[-1].span.end_sample / sampling_rate))
@@ -224,6 +226,23 @@ def _kept(reading: _Reading, drop: int, keep: int) -> list[_Piece]:
             pieces.append((said.start_s if first == said.first else None, said.end_s if stop == said.stop else None,
                            reading.tokens[first:stop]))
     return pieces
+
+
+def _without_repeated_head(pieces: list[_Piece], before: list[Segment], start_s: float,
+                           starts_word: StartsWord | None) -> list[_Piece]:
+    """A run of chunks' kept pieces without the whole words at their head that repeat the text of the segments
+    `before` it that end after the run starts (`start_s`, file seconds): those heard the same audio. A window that
+    stopped early keeps nothing of it (the window before keeps it) and its tail re-decodes from where it stopped,
+    next to it, so no seam joined the tail to the window before: a reviewer's "No!" at 22.10-23.10 s (the window
+    before) and at 22.70-23.70 s (the tail) was written twice. A piece whose head goes loses its start time."""
+    heard = [token for segment in before if segment.end_s > start_s for token in segment.token_ids]
+    n_drop = repeated_head([token for *_, tokens in pieces for token in tokens], heard, starts_word=starts_word)
+    kept: list[_Piece] = []
+    for piece_start, piece_end, tokens in pieces:
+        cut, n_drop = min(n_drop, len(tokens)), n_drop - min(n_drop, len(tokens))
+        if cut < len(tokens):
+            kept.append((piece_start if cut == 0 else None, piece_end, tokens[cut:]))
+    return kept
 
 
 def _join(pieces: list[_Piece], floor_s: float, end_s: float) -> list[Segment]:
