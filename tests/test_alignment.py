@@ -152,10 +152,27 @@ def test_a_word_the_path_put_in_a_pause_shares_the_next_words_speech():
 
 def test_share_with_next_splits_by_letters_and_leaves_a_trailing_run():
     starts, ends = share_with_next(np.array([0.0, 1.0, 2.0, 5.0, 7.0]), np.array([0.5, 2.0, 3.0, 6.0, 8.0]),
+                                   np.array([True, False, False, True, False]),
                                    np.array([False, True, True, False, True]), np.array([4, 1, 0, 2, 3]))
     # words 1 and 2 (1 letter, 0 letters: counted as 1) share word 3's 5.0-6.0 with its 2 letters
     assert starts.tolist() == pytest.approx([0.0, 5.0, 5.25, 5.5, 7.0])
     assert ends.tolist() == pytest.approx([0.5, 5.25, 5.5, 6.0, 8.0])
+
+
+def test_share_with_next_goes_to_a_word_with_speech_and_length_and_keeps_the_order():
+    """A diff reviewer's cases: a silent word shared a word of no length (and was left with none), and went into a
+    short word without speech inside the pause rather than the next word with speech (out of order with it)."""
+    starts, ends, letters = np.array([0.0, 1.0, 2.6, 3.0]), np.array([0.5, 2.6, 2.8, 3.0]), np.ones(4)
+    has_speech, silent = np.array([True, False, False, True]), np.array([False, True, False, False])
+    assert share_with_next(starts, ends, has_speech, silent, letters)[0].tolist() == starts.tolist()  # no length
+    ends[3] = 3.3
+    new_starts, new_ends = share_with_next(starts, ends, has_speech, silent, letters)
+    assert new_starts.tolist() == pytest.approx([0.0, 3.0, 3.1, 3.2])  # the short one goes along, in order
+    assert new_ends.tolist() == pytest.approx([0.5, 3.1, 3.2, 3.3])
+    # a short word without speech before the silent one is the end of the speech before: it stays
+    has_speech, silent = np.array([False, False, False, True]), np.array([False, True, False, False])
+    assert share_with_next(np.array([0.5, 1.0, 2.6, 3.0]), ends, has_speech, silent, letters)[0].tolist() == (
+        pytest.approx([0.5, 3.0, 3.1, 3.2]))
 
 
 def test_a_word_is_not_moved_across_the_pause_after_it():

@@ -236,39 +236,44 @@ def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray, fra
     min_word = max(int(round(MIN_WORD_S / frame_s)), 1)
     blip = max(int(round(MIN_STRETCH_S / frame_s)), 1)
     long_word = np.zeros(len(new_starts), bool) if letters is None else np.asarray(letters) >= LONG_WORD_LETTERS
-    silent = np.zeros(len(new_starts), bool)
+    has_speech, silent = np.zeros(len(new_starts), bool), np.zeros(len(new_starts), bool)
     for index, (start, end) in enumerate(zip(new_starts.tolist(), new_ends.tolist())):
         first, stop = int(start / frame_s), min(int(np.ceil(end / frame_s)), len(speech))
         voiced = np.flatnonzero(speech[first:stop])
+        has_speech[index] = len(voiced) > 0
         if not len(voiced):
             silent[index] = stop - first >= min_word  # a span that long with no speech is a pause, not a word
             continue
         onset, last = word_stretch(voiced, min_pause, min_word, blip if long_word[index] else 1)
         new_starts[index] = max(start, (first + onset) * frame_s)
         new_ends[index] = max(min(end, (first + last + 1) * frame_s), new_starts[index])
-    return share_with_next(new_starts, new_ends, silent, np.ones(len(silent)) if letters is None else letters)
+    return share_with_next(new_starts, new_ends, has_speech, silent,
+                           np.ones(len(silent)) if letters is None else letters)
 
 
-def share_with_next(starts: np.ndarray, ends: np.ndarray, silent: np.ndarray,
+def share_with_next(starts: np.ndarray, ends: np.ndarray, has_speech: np.ndarray, silent: np.ndarray,
                     letters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Words timed where there is no speech (silent: (W,) bool) moved into the time of the first word after them
-    that is not silent, that time split among them in proportion to their letters (at least one each): the warping
-    path put a reviewer's " my" of "Yes, my grandmother" over 1.8 s of silence (9.32-11.12 s) and " grandmother"
-    where both were said (13.22-13.84 s). Silent words after the last word with speech stay where they are.
-    starts, ends, letters: (W,); returns new (W,) starts and ends."""
+    """Words timed where there is no speech moved into the time of the next word with speech (has_speech), that
+    time split among them in proportion to their letters (at least one each): from the first `silent` one (a span
+    of a pause, not of a word) of each run without speech on, the shorter ones after it going along so that the
+    words stay in order; those before it stay (the end of the speech before). The warping path put a reviewer's
+    " my" of "Yes, my grandmother" over 1.8 s of silence (9.32-11.12 s) and " grandmother" where both were said
+    (13.22-13.84 s). A run stays where it is when no word with speech follows, or that word has no length.
+    starts, ends, has_speech, silent, letters: (W,); returns new (W,) starts and ends."""
     starts, ends = np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
-    run: list[int] = []
+    run: list[int] = []  # the words without speech since the last word with some
     for index in range(len(starts)):
-        if silent[index]:
+        if not has_speech[index]:
             run.append(index)
             continue
-        if run:
-            group = [*run, index]
+        moving = run[next((k for k, i in enumerate(run) if silent[i]), len(run)):]
+        if moving and ends[index] > starts[index]:
+            group = [*moving, index]
             weights = np.maximum(np.asarray(letters, dtype=np.float64)[group], 1.0)
             shares = np.concatenate([[0.0], np.cumsum(weights)]) / weights.sum()  # (len(group) + 1,) from 0 to 1
             edges = starts[index] + (ends[index] - starts[index]) * shares
             starts[group], ends[group] = edges[:-1], edges[1:]
-            run = []
+        run = []
     return starts, ends
 
 
