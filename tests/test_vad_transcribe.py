@@ -128,13 +128,17 @@ def test_a_word_cue_ends_at_a_pause_of_a_second_or_more() -> None:
                       CueOptions(max_words_per_cue=10)).count("-->") == 1
 
 
-def test_wrap_lines_breaks_at_spaces_and_inside_a_word_only_longer_than_a_line() -> None:
+def test_wrap_lines_breaks_at_spaces_and_between_the_characters_of_an_unspaced_script() -> None:
     text = " The quick brown fox jumps over the lazy dog, antidisestablishmentarianism and  well-known ends."
-    assert wrap_lines(text, 16) == ["The quick brown", "fox jumps over", "the lazy dog,", "antidisestablish",
-                                    "mentarianism and", "well-known ends."]
-    # an unspaced script is one "word" a line: a reviewer's 38 Chinese characters stayed on one line at width 16
+    assert wrap_lines(text, 16) == ["The quick brown", "fox jumps over", "the lazy dog,",
+                                    "antidisestablishmentarianism", "and well-known", "ends."]  # a long word whole
+    # an unspaced script is one "word" a line: a reviewer's 38 Chinese characters stayed on one line at width 16;
+    # then a diff reviewer's lines cut "12.5%" and "iPhone" and opened with "，"
     chinese = "我们今天讨论的是过去三年的数字以及它们对明年意味着什么以及我们应该怎么做"
     assert wrap_lines(chinese, 16) == [chinese[:16], chinese[16:32], chinese[32:]]
+    assert wrap_lines("今天价格上涨了12.5%。我们昨天买了iPhone手机。", 8) == [
+        "今天价格上涨了", "12.5%。我们", "昨天买了", "iPhone手", "机。"]
+    assert wrap_lines("价格上涨了12.5%，我们用iPhone拍照。", 10) == ["价格上涨了", "12.5%，我们用", "iPhone拍照。"]
     assert wrap_lines(" a\n\n b ", None) == ["a", "b"] and wrap_lines(" a\n\n b ", 10) == ["a b"]
     assert wrap_lines("", 10) == []
 
@@ -148,7 +152,15 @@ def test_a_cue_is_never_cut_inside_a_written_word() -> None:
     words = [{"word": w, "start": 0.2 * i, "end": 0.2 * i + 0.1, "probability": 0.9} for i, w in enumerate(pieces)]
     result = {"text": "", "segments": [{"start_s": 0.0, "end_s": 4.0, "text": "".join(pieces), "words": words}]}
     cues = [cue.split("\n")[2] for cue in render_srt(result, CueOptions(max_words_per_cue=1)).strip().split("\n\n")]
-    assert cues == ["by", "12.5%", "from", "$1,299", "o'clock", "long-term", "R&D", "你", "好。", "กิน"]
+    assert cues == ["by", "12.5%", "from", "$1,299", "o'clock", "long-term", "R&D", "你", "好。", "กิ", "น"]
+    # a written word grows to a line at most, so that cues still hold their line count: a diff reviewer's
+    # hallucinated "金1,1,1,...,5" was one cue of 28 lines at --max-line-width 16 --max-line-count 2
+    chain = [{"word": w, "start": 0.1 * i, "end": 0.1 * i + 0.1, "probability": 0.9}
+             for i, w in enumerate(["金", *["1", ","] * 40, "5"])]
+    chained = {"text": "", "segments": [{"start_s": 0.0, "end_s": 9.0, "text": "", "words": chain}]}
+    srt = render_srt(chained, CueOptions(max_line_width=16, max_line_count=2)).strip().split("\n\n")
+    lines = [cue.split("\n")[2:] for cue in srt]
+    assert all(len(cue) <= 2 and all(len(line) <= 16 for line in cue) for cue in lines) and len(srt) >= 5
 SPOKEN = ("So this is the part of the talk where we look at the numbers from the last three years, and what they "
           "tell us about the next one.")
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from asr_spec.checks import finite, int_at_least, is_number, seconds_at_least_zero
 from asr_spec.errors import InputError
+from asr_spec.stream.agreement import UNSPACED_BLOCKS
 from asr_spec.transcribe.segments import Segment
 
 __all__ = ["CUE_PAUSE_S", "MIN_CUE_S", "CueOptions", "format_timestamp", "render_srt", "render_vtt", "result_dict",
@@ -146,7 +148,7 @@ def _word_groups(words: Sequence[Mapping[str, Any]], cues: CueOptions) -> list[l
     (`_written_words`) whose text wraps into at most `cues.max_line_count` lines, a run ending early at a pause of
     CUE_PAUSE_S or more before the next word."""
     groups: list[list[list[Mapping[str, Any]]]] = []  # runs of written words, each a list of the aligner's words
-    for written in _written_words(words):
+    for written in _written_words(words, cues.max_line_width):
         if groups and _joins(groups[-1], written, cues):
             groups[-1].append(written)
         else:
@@ -154,23 +156,34 @@ def _word_groups(words: Sequence[Mapping[str, Any]], cues: CueOptions) -> list[l
     return [[word for written in group for word in written] for group in groups]
 
 
-def _written_words(words: Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:
-    """The aligner's words as they are written: one that starts with no space goes with the one before where either
-    side of their meeting is not a letter or digit ("12" ".5%", "$1" ",299", "o" "'clock", "long" "-term", a Thai
-    vowel sign after its consonant), and a word of spaces only too; words of an unspaced script (Chinese: a word a
-    character) stay apart. openai-whisper's word split (at spaces and punctuation) made a reviewer's cues
-    "by 12" / ".5%" and "from $1" / ",299 to"."""
+def _written_words(words: Sequence[Mapping[str, Any]], max_chars: int | None) -> list[list[Mapping[str, Any]]]:
+    """The aligner's words as they are written: one that starts with no space goes with the one before where it
+    starts with punctuation, a symbol or a mark ("12" ".5%", "$1" ",299", "o" "'clock", "long" "-term", a Thai
+    vowel sign, Chinese "，") or a letter or digit of a spaced script follows one ("R&" "D"), and a word of spaces
+    only too; a character of an unspaced script (Chinese: a word a character) starts its own; a written word grows
+    to at most `max_chars` characters (None: any), so that a cue can still be cut at its line count.
+    openai-whisper's word split (at spaces and punctuation) made a reviewer's cues "by 12" / ".5%" and
+    "from $1" / ",299 to"."""
     written: list[list[Mapping[str, Any]]] = []
     for word in words:
         text = str(word["word"])
-        before = str(written[-1][-1]["word"]) if written else ""
-        attached = bool(before) and (not text.strip() or not text[0].isspace() and not (
-            text[0].isalnum() and before[-1:].isalnum()))
-        if attached:
+        before = _words_text(written[-1]) if written else ""
+        attached = bool(before) and (not text.strip() or not text[0].isspace() and (
+            _kind(text[0]) == "joiner" or _kind(before[-1]) == "joiner" and _kind(text[0]) == "spaced"))
+        if attached and (max_chars is None or len(before) + len(text.strip()) <= max_chars):
             written[-1].append(word)
         else:
             written.append([word])
     return written
+
+
+def _kind(char: str) -> str:
+    """How a character is written: "joiner" (punctuation, a symbol or a mark: it goes with the character before),
+    "unspaced" (a letter or digit of a script without spaces, `agreement.UNSPACED_BLOCKS`: a word of its own) or
+    "spaced" (any other letter or digit)."""
+    if unicodedata.category(char)[0] in "PSMZ":
+        return "joiner"
+    return "unspaced" if any(lo <= ord(char) <= hi for lo, hi in UNSPACED_BLOCKS) else "spaced"
 
 
 def _joins(group: Sequence[Sequence[Mapping[str, Any]]], written: Sequence[Mapping[str, Any]],
@@ -183,24 +196,44 @@ def _joins(group: Sequence[Sequence[Mapping[str, Any]]], written: Sequence[Mappi
         return False
     if cues.max_line_count is None:
         return True
-    text = _words_text([word for item in (*group, written) for word in item])
-    return len(wrap_lines(text, cues.max_line_width)) <= cues.max_line_count
+    lines = wrap_lines(_words_text([word for item in (*group, written) for word in item]), cues.max_line_width)
+    # a word longer than a line keeps a cue of its own rather than growing one past its width
+    return len(lines) <= cues.max_line_count and all(len(line) <= cues.max_line_width for line in lines)
 
 
 def wrap_lines(text: str, width: int | None) -> list[str]:
-    """`text`'s lines at most `width` characters, broken at spaces (runs of spaces become one); a word longer than
-    `width` starts a line and is cut every `width` characters (text of an unspaced script: Chinese, Japanese,
-    Thai). Its own lines where `width` is None. Blank lines are left out."""
+    """`text`'s lines at most `width` characters, broken at spaces (runs of spaces become one); a word of an
+    unspaced script (Chinese, Japanese, Thai) also between its characters (`_line_units`); a longer word of a
+    spaced script is a line of its own. Its own lines where `width` is None. Blank lines are left out."""
     if width is None:
         return [line.strip() for line in text.splitlines() if line.strip()]
     lines: list[str] = []
     for word in text.split():
-        for piece in (word[i : i + width] for i in range(0, len(word), width)):
-            if lines and len(lines[-1]) + 1 + len(piece) <= width:
-                lines[-1] += " " + piece
+        for index, unit in enumerate(_line_units(word, width)):
+            joined = (" " if index == 0 else "") + unit
+            if lines and len(lines[-1]) + len(joined) <= width:
+                lines[-1] += joined
             else:
-                lines.append(piece)
+                lines.append(unit)
     return lines
+
+
+def _line_units(word: str, width: int) -> list[str]:
+    """The pieces a line may break between inside `word` (no spaces): each character of an unspaced script with
+    the punctuation after it, and each run of a spaced script's letters and digits whole ("12.5%", "iPhone") unless
+    longer than `width` (then cut every `width` characters), so that no line opens with "，" or cuts a number;
+    `word` itself where it holds no unspaced character."""
+    kinds = [_kind(char) for char in word]
+    if "unspaced" not in kinds:
+        return [word]
+    units: list[str] = []
+    for char, kind in zip(word, kinds):
+        after_spaced = bool(units) and any(_kind(c) == "spaced" for c in units[-1])
+        if units and (kind == "joiner" or kind == "spaced" and after_spaced):
+            units[-1] += char
+        else:
+            units.append(char)
+    return [unit[i : i + width] for unit in units for i in range(0, len(unit), width)]
 
 
 def _cue_text(text: str, width: int | None) -> str:
