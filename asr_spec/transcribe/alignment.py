@@ -228,9 +228,10 @@ def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray, fra
     target gave no token for (a sentence it skipped), the path stretches a word over the pause after it into the
     next speech, and a start taken after the longest pause lands on words that are not this one. starts, ends:
     (W,) chunk seconds; speech: (F,) bool per `frame_s` frame of the chunk; letters: (W,) each word's letters
-    (a word of LONG_WORD_LETTERS or more is not timed as a blip), None: all short. Words of MIN_WORD_S or more
-    with no speech inside share the time of the word after them that has some (`share_with_next`); where none
-    follows, and shorter ones (a word of no length at the end of another's speech), they stay as they are."""
+    (a word of LONG_WORD_LETTERS or more is not timed as a blip), None: all short. A span of MIN_WORD_S or more
+    with no speech inside is a pause, not a word: from such a word on, the words without speech share the time of
+    the next word with speech (`share_with_next`); a shorter word without speech before it (a word of no length at
+    the end of another's speech) stays as it is."""
     new_starts, new_ends = np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
     min_pause = max(int(round(MIN_PAUSE_S / frame_s)), 1)
     min_word = max(int(round(MIN_WORD_S / frame_s)), 1)
