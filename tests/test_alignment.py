@@ -143,6 +143,11 @@ def test_a_word_the_path_put_in_a_pause_shares_the_next_words_speech():
     starts, ends = snap_to_speech(np.array([0.0, 0.62, 2.4]), np.array([0.6, 2.4, 3.58]), speech, 0.02,
                                   np.array([3, 2, 11]))
     assert starts.tolist() == pytest.approx([0.0, 2.6, 2.72]) and ends.tolist() == pytest.approx([0.6, 2.72, 3.38])
+    # a span of 1 s without speech frames stays: speech silero misses (a diff reviewer's quieter second speaker,
+    # " Thanks." 1.0 s) was moved 1.2 s late into the next word
+    starts, ends = snap_to_speech(np.array([0.0, 1.6, 2.6]), np.array([0.6, 2.6, 3.58]), speech, 0.02,
+                                  np.array([3, 2, 11]))
+    assert starts.tolist() == pytest.approx([0.0, 1.6, 2.6]) and ends.tolist() == pytest.approx([0.6, 2.6, 3.38])
     # a word of no length (the end of the speech before) and silent words after the last voiced one stay
     starts, ends = snap_to_speech(np.array([0.0, 0.6, 2.7, 3.0]), np.array([0.6, 0.6, 3.0, 3.5]),
                                   np.array([1] * 30 + [0] * 140, dtype=bool), 0.02)

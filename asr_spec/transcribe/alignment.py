@@ -215,6 +215,11 @@ MIN_WORD_S = 0.3
 # the next word's first frame after the longest pause, "orchestra" one frame of 20 ms); a short word keeps it
 # ("the" and "on" of tests/fixtures/words are such blips, and are timed right by them)
 MIN_STRETCH_S, LONG_WORD_LETTERS = 0.06, 5
+# A word's span at least this long with no speech frame in it is a pause the warping path gave the word, not the
+# word (`share_with_next` moves it): " my" over 1.8 s of silence, " The" over 14.7 s of music. Shorter spans stay:
+# speech silero misses (a second speaker 26 dB down, probability 0.02-0.39) gave " Thanks." 1.0 s, and at 0.3 s
+# (a word's length) those words were moved 1.2 s late into the next word's 53 ms
+PAUSE_SPAN_S = 1.2
 
 
 def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray, frame_s: float,
@@ -228,7 +233,7 @@ def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray, fra
     target gave no token for (a sentence it skipped), the path stretches a word over the pause after it into the
     next speech, and a start taken after the longest pause lands on words that are not this one. starts, ends:
     (W,) chunk seconds; speech: (F,) bool per `frame_s` frame of the chunk; letters: (W,) each word's letters
-    (a word of LONG_WORD_LETTERS or more is not timed as a blip), None: all short. A span of MIN_WORD_S or more
+    (a word of LONG_WORD_LETTERS or more is not timed as a blip), None: all short. A span of PAUSE_SPAN_S or more
     with no speech inside is a pause, not a word: from such a word on, the words without speech share the time of
     the next word with speech (`share_with_next`); a shorter word without speech before it (a word of no length at
     the end of another's speech) stays as it is."""
@@ -236,6 +241,7 @@ def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray, fra
     min_pause = max(int(round(MIN_PAUSE_S / frame_s)), 1)
     min_word = max(int(round(MIN_WORD_S / frame_s)), 1)
     blip = max(int(round(MIN_STRETCH_S / frame_s)), 1)
+    pause_span = max(int(round(PAUSE_SPAN_S / frame_s)), 1)
     long_word = np.zeros(len(new_starts), bool) if letters is None else np.asarray(letters) >= LONG_WORD_LETTERS
     has_speech, silent = np.zeros(len(new_starts), bool), np.zeros(len(new_starts), bool)
     for index, (start, end) in enumerate(zip(new_starts.tolist(), new_ends.tolist())):
@@ -243,7 +249,7 @@ def snap_to_speech(starts: np.ndarray, ends: np.ndarray, speech: np.ndarray, fra
         voiced = np.flatnonzero(speech[first:stop])
         has_speech[index] = len(voiced) > 0
         if not len(voiced):
-            silent[index] = stop - first >= min_word  # a span that long with no speech is a pause, not a word
+            silent[index] = stop - first >= pause_span  # a span that long with no speech is a pause, not a word
             continue
         onset, last = word_stretch(voiced, min_pause, min_word, blip if long_word[index] else 1)
         new_starts[index] = max(start, (first + onset) * frame_s)
