@@ -32,7 +32,12 @@ def starts_word(piece: str) -> bool:
         return True
     # a vowel sign or tone mark (Thai "ิ" after its consonant) is part of the character before it: a reviewer's
     # cues and json words opened with one
-    return piece != "" and any(lo <= ord(piece[0]) <= hi for lo, hi in UNSPACED_BLOCKS) and not _is_mark(piece[0])
+    return piece != "" and in_unspaced_script(piece[0]) and not _is_mark(piece[0])
+
+
+def in_unspaced_script(char: str) -> bool:
+    """Whether `char` lies in a block of a script written without spaces (`UNSPACED_BLOCKS`)."""
+    return any(lo <= ord(char) <= hi for lo, hi in UNSPACED_BLOCKS)
 
 
 def _is_mark(char: str) -> bool:

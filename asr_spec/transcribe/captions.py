@@ -19,7 +19,7 @@ from typing import Any
 
 from asr_spec.checks import finite, int_at_least, is_number, seconds_at_least_zero
 from asr_spec.errors import InputError
-from asr_spec.stream.agreement import UNSPACED_BLOCKS
+from asr_spec.stream.agreement import in_unspaced_script
 from asr_spec.transcribe.segments import Segment
 
 __all__ = ["CUE_PAUSE_S", "MIN_CUE_S", "CueOptions", "format_timestamp", "render_srt", "render_vtt", "result_dict",
@@ -179,11 +179,11 @@ def _written_words(words: Sequence[Mapping[str, Any]], max_chars: int | None) ->
 
 def _kind(char: str) -> str:
     """How a character is written: "joiner" (punctuation, a symbol or a mark: it goes with the character before),
-    "unspaced" (a letter or digit of a script without spaces, `agreement.UNSPACED_BLOCKS`: a word of its own) or
+    "unspaced" (a letter or digit of a script without spaces, `agreement.in_unspaced_script`: a word of its own) or
     "spaced" (any other letter or digit)."""
     if unicodedata.category(char)[0] in "PSMZ":
         return "joiner"
-    return "unspaced" if any(lo <= ord(char) <= hi for lo, hi in UNSPACED_BLOCKS) else "spaced"
+    return "unspaced" if in_unspaced_script(char) else "spaced"
 
 
 def _joins(group: Sequence[Sequence[Mapping[str, Any]]], written: Sequence[Mapping[str, Any]],
