@@ -269,12 +269,11 @@ def test_loading_silero_leaves_torch_threads_alone():
 
 
 def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silence():
-    """The front end over all frames at once and the LSTM over each run give the model's own per-frame
-    probabilities, with the state carried across blocks of any size and reset after digital silence."""
+    """The front end over all frames at once and the LSTM over them in turn give the model's own per-frame
+    probabilities, with the state carried across blocks of any size and across digital silence."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
     from asr_spec.audio.silero import SileroVad
-    from asr_spec.audio.vad import DIGITAL_SILENCE
 
     speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")[: SR * 3]
     signal = np.concatenate([speech, np.zeros(SR // 2, np.float32), speech[::-1], np.zeros(700, np.float32), speech])
@@ -283,8 +282,8 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     vad = SileroVad()
     assert vad._parts is not None  # this silero-vad is laid out as expected: the batched path runs
     vad.reset()
-    reference = vad._frame_by_frame(frames, np.abs(frames).max(axis=1) <= DIGITAL_SILENCE)
-    assert (reference > 0.5).any() and (reference == 0).sum() >= 15  # speech, and silent frames scored 0
+    reference = vad._frame_by_frame(frames)
+    assert (reference > 0.5).any() and (reference < 0.1).sum() >= 15  # speech, and silence heard as silence
     vad.reset()
     np.testing.assert_allclose(vad(signal), reference, atol=1e-4)
     rng = np.random.default_rng(0)
@@ -293,6 +292,25 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
         cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=12, replace=False)) * FRAME_SAMPLES
         got = np.concatenate([vad(block) for block in np.split(signal, cuts)])
         np.testing.assert_allclose(got, reference, atol=1e-4)
+
+
+@pytest.mark.parametrize(("peak_db", "share"), [(-45.0, 0.75), (-55.0, 0.2)])
+def test_quiet_16_bit_speech_is_heard(peak_db: float, share: float):
+    """Speech peaking at -45 / -55 dBFS in 16-bit audio, whose quieter frames round to zero: the VAD hears most /
+    some of the frames it hears at full level (a reviewer's three sentences at -55 dBFS gave no word before: frames
+    within 1e-4 were scored 0 and the model reset after them; -45 dBFS: 17 of 96 frames here, now 87)."""
+    pytest.importorskip("silero_vad")
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.silero import SileroVad
+
+    speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")
+    speech = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES] / np.abs(speech).max()
+    quiet = (np.round(speech * 10 ** (peak_db / 20) * 32768) / 32768).astype(np.float32)
+    vad, heard = SileroVad(), []
+    for signal in (speech, quiet):
+        vad.reset()
+        heard.append(int((vad(signal) >= 0.5).sum()))
+    assert heard[1] >= share * heard[0] > 0, heard
 
 
 def _lstm_plain(gates_in, w_hh_t, state):

@@ -46,7 +46,6 @@ FRAME_SAMPLES = 512  # samples per VAD frame at 16 kHz (32 ms): silero-vad's win
 CONTEXT_SAMPLES = 64  # samples before each frame that silero-vad's 16 kHz model also sees
 NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (silero-vad's hysteresis)
 SPEECH_FRAME_S = 0.02  # resolution of a chunk's speech frames: one Whisper encoder position
-DIGITAL_SILENCE = 1e-4  # |sample| bound of a frame scored 0 without the model (3 LSB of 16-bit audio)
 LOUDNESS_FLOOR_DB = -40.0  # a frame this far below the loudest frame near it is a pause, whatever the VAD says
 # "near": within this many seconds either side. The chunk's loudest frame made a second speaker 20-30 dB quieter
 # than the first all pause but their loudest syllables (a reviewer's "After[3.70-4.92]", "second[6.26-6.30]"); 0.5 s
