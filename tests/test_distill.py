@@ -14,6 +14,7 @@ from asr_spec.distill import data as draft_data
 from asr_spec.distill import evaluation
 from asr_spec.distill import train as distill
 from asr_spec.engine import DecodeOptions, Engine
+from asr_spec.errors import InputError
 from asr_spec.models import drafts
 
 MAX_NEW = 24
@@ -308,10 +309,10 @@ def test_distill_commands_fail_in_one_line(tmp_path, capsys, cache):
 
 
 def test_layer_ids_by_count_by_id_and_bad_specs():
-    from asr_spec.distill.commands import layer_ids
+    from asr_spec.distill.arguments import layer_ids
 
     assert layer_ids("2", 6) == [0, 5] and layer_ids("1", 6) == [0] and layer_ids("3", 6) == [0, 2, 5]
     assert layer_ids("0,5", 6) == [0, 5] and layer_ids("5,", 6) == [5]
     for bad in ("7,", "a,b", ",", "0"):
-        with pytest.raises(SystemExit, match="--layers"):
+        with pytest.raises(InputError, match="--layers"):
             layer_ids(bad, 6)

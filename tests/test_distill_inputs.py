@@ -23,6 +23,10 @@ from asr_spec.models import drafts
 from asr_spec.testing import random_whisper
 
 CORPUS = Path(__file__).parent / "fixtures" / "librispeech"
+# `run`'s training options at their defaults (checked before labelling: `arguments.train_settings`)
+TRAINING = dict(steps=600, batch_windows=4, lr=3e-4, seed=0, warmup_steps=30, eval_every=0, ckpt_every=50,
+                kl_weight=1.0, ce_weight=1.0, kind="decoder", reg_weight=None, feature_noise=0.0,
+                projection_lr_scale=1.0, vocab_size=0, layers="1")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +80,8 @@ def test_run_labels_again_when_the_audio_the_windows_or_the_target_differ(tmp_pa
     ckpt = tmp_path / "work" / "train" / "ckpt.pt"
     base = dict(model="org/model-a", audio=str(tmp_path / "corpus"), split="train", out=str(tmp_path / "draft"),
                 overwrite=False, work=str(tmp_path / "work"), window_s=29.0, gap_s=0.4, max_utterances=0, language="en",
-                timestamps=False, max_new_tokens=256, enc_dtype="float16", hidden_dtype="float16", batch_size=4)
+                timestamps=False, max_new_tokens=256, enc_dtype="float16", hidden_dtype="float16", batch_size=4,
+                **TRAINING)
     commands.cmd_run(SimpleNamespace(**base))
     assert calls == ["cache", "train"]
     changes = ({}, {"model": "org/model-b"}, {"audio": str(tmp_path / "elsewhere")}, {"split": "test-clean"},

@@ -122,13 +122,14 @@ PROJECTION_LR_SCALE = typer.Option(1.0, help="target-features: the input project
 
 
 @distill_app.command("cache")
-def cache(  # long function: typer declares each of its 16 options as a parameter
+def cache(  # long function: typer declares each of its 17 options as a parameter
     ctx: typer.Context,
     corpus: Path | None = typer.Option(None, help="LibriSpeech-layout tree."),
     long_file: list[Path] | None = typer.Option(None, help="A long recording, cut into 30 s windows "
                                                    "(repeatable)."),
     split: str = SPLIT,
     out: Path = typer.Option(..., help="The cache folder to write."),
+    overwrite: bool = OVERWRITE,
     no_pack: bool = typer.Option(False, "--no-pack", help="One window per utterance (default: pack into windows)."),
     window_s: float = WINDOW_S,
     gap_s: float = GAP_S,
@@ -200,7 +201,8 @@ def evaluate(  # long function: typer declares each of its 15 options as a param
                                         "full head."),
     no_speed: bool = typer.Option(False, "--no-speed", help="Agreement only."),
     sim_k: list[int] = typer.Option([3, 4, 5, 6, 8], help="K values for simulated tokens per target pass (exact "
-                                    "for greedy verification)."),
+                                    "for greedy verification of the draft in fp32; where bf16 products are native "
+                                    "the engine runs a bf16 copy of it: --engine-k counts that)."),
     speed_windows: int = typer.Option(0, help="Time speed on the first N windows only (0 = all)."),
     head_sizes: list[int] | None = typer.Option(None, help="Also the draft with these restricted heads "
                                                    "(0 = full)."),

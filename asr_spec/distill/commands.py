@@ -28,13 +28,14 @@ as one namespace (their names are the command's option names):
 The group takes --model (the target; default embedded:whisper-base) and --threads (default 1: leave cores to
 others) before the command name. A cache records the audio it was made from and the target that labelled it
 (meta.json "source", "target"): `run` labels afresh when either differs from what it is asked, and training and
-`cache --from-cache` refuse a cache of another target. `train`, `run` and `head` refuse an --out folder that
+`cache --from-cache` refuse a cache of another target. `cache`, `train`, `run` and `head` refuse an --out folder that
 holds files unless --overwrite.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import sys
@@ -46,10 +47,10 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from asr_spec.checks import int_at_least, positive_seconds, seconds_at_least_zero
 from asr_spec.distill import data as draft_data
 from asr_spec.distill import evaluation
 from asr_spec.distill import train as distill
+from asr_spec.distill.arguments import check_cache_args, check_work_outside, head_size, spread, train_settings
 from asr_spec.errors import AudioError, InputError, one_line
 from asr_spec.logs import NOTICE
 from asr_spec.models import drafts
@@ -73,33 +74,30 @@ def target_name(name: str) -> str:
 
 
 def corpus_source(args) -> dict:
-    """What a corpus cache records of the audio its windows hold (meta.json "source"; `run` compares it)."""
+    """What a corpus cache records of the audio its windows hold (meta.json "source"; `run` compares it): the
+    folder, how it was packed, and its files (`corpus_files`: utterances added to the folder were ignored)."""
     return {"corpus": str(Path(args.corpus).resolve()), "split": args.split, "window_s": args.window_s,
-            "gap_s": args.gap_s, "max_utterances": args.max_utterances, "no_pack": bool(args.no_pack)}
+            "gap_s": args.gap_s, "max_utterances": args.max_utterances, "no_pack": bool(args.no_pack),
+            **corpus_files(Path(args.corpus), args.split)}
 
 
-def check_cache_args(args) -> None:
-    """InputError (one line naming the flag) for a `cache` or `run` number the labelling cannot use, before any
-    model loads: --max-utterances -2 labelled all but the last two utterances, --max-windows -1 failed as "no
-    windows to label", --batch-size 0 as range()'s error after the target loaded, a --window-s over Whisper's
-    30 s window once its first long window came; --max-windows without --from-cache was ignored."""
-    from asr_spec.audio.features import N_SAMPLES, SAMPLE_RATE
-
-    int_at_least(args.batch_size, "--batch-size", 1)
-    int_at_least(args.max_new_tokens, "--max-new-tokens", 1)
-    int_at_least(args.max_utterances, "--max-utterances", 0)  # 0: all
-    max_windows = int_at_least(getattr(args, "max_windows", 0), "--max-windows", 0)  # 0: all (`run` has none)
-    if max_windows and not args.from_cache:
-        raise InputError(f"--max-windows {max_windows}: applies with --from-cache only")
-    window_s, encoder_window_s = positive_seconds(args.window_s, "--window-s"), N_SAMPLES / SAMPLE_RATE
-    if window_s > encoder_window_s:  # the encoder reads 30 s: log_mel_batch refuses a longer window
-        raise InputError(f"--window-s must be at most {encoder_window_s:g} s (Whisper's window), got {window_s!r}")
-    seconds_at_least_zero(args.gap_s, "--gap-s")
+def corpus_files(corpus: Path, split: str) -> dict:
+    """{"files": how many, "files_digest": a digest of their paths and sizes} of the files under the corpus's split
+    folder (`corpus/split`, or `corpus` itself when it has no such folder, as `iter_local` reads it); zero files
+    where neither exists. Sizes, not times: a corpus copied again is the same corpus."""
+    base = corpus / split if (corpus / split).is_dir() else corpus
+    files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(base)}\t{path.stat().st_size}\n".encode())
+    return {"files": len(files), "files_digest": digest.hexdigest()[:16]}
 
 
 def cmd_cache(args) -> int:
-    """Returns how many utterances were unreadable (skipped; each a warning line)."""
+    """Returns how many utterances were unreadable (skipped; each a warning line). An --out folder that holds files
+    (another cache: hours of labelling) is refused unless --overwrite, as `train`, `run` and `head` refuse theirs."""
     check_cache_args(args)
+    drafts.check_out_dir(args.out, args.overwrite)
     return _cache(args, _target(args.model))
 
 
@@ -109,7 +107,7 @@ def _cache(args, target) -> int:
     if args.long_file:
         return _cache_long_files(args, target)
     if args.corpus is None:
-        raise SystemExit("cache: give --corpus (LibriSpeech layout), --long-file or --from-cache")
+        raise InputError("cache: give --corpus (LibriSpeech layout), --long-file or --from-cache")
     return _cache_corpus(args, target)
 
 
@@ -120,8 +118,16 @@ def _cache_corpus(args, target) -> int:
     from asr_spec.eval.librispeech import iter_local
 
     utts = list(iter_local(args.corpus, args.split))
+    if not utts:
+        raise InputError(f"{args.corpus}: no utterances in split {args.split!r} (LibriSpeech layout: "
+                         f"{args.split}/<speaker>/<chapter>/ folders of numbers, each with "
+                         "<speaker>-<chapter>.trans.txt and the .flac files it names)")
     if args.max_utterances:
         utts = utts[: args.max_utterances]
+    too_long = next((u for u in utts if u.duration_s > args.window_s), None)
+    if too_long is not None and not args.no_pack:
+        raise InputError(f"{too_long.audio}: {too_long.duration_s:.2f} s, longer than a {args.window_s:g} s "
+                         "training window (--window-s, at most 30)")
     if args.no_pack:
         windows = [[i] for i in range(len(utts))]
     else:
@@ -196,8 +202,6 @@ def _relabel(args, target) -> int:
     """The windows of an existing cache labelled again (e.g. with --timestamps) from its stored encoder outputs: no
     audio is read and no encoder runs. The encoder outputs are stored as they were (same dtype). The source must
     have been made by this target (`_caches`): another's encoder outputs under this decoder are labels of nothing."""
-    if Path(args.from_cache).resolve() == Path(args.out).resolve():  # its encoded.npy would be rewritten as read
-        raise InputError(f"--from-cache {args.from_cache} and --out {args.out}: the same folder (relabel into another)")
     (src,) = _caches([args.from_cache], target, args.model)
     rows = list(range(len(src)))
     if args.max_windows and args.max_windows < len(src):  # spread over the whole cache, not its first voices
@@ -223,6 +227,7 @@ def _relabel(args, target) -> int:
 def cmd_train(args) -> None:
     if args.out:  # before the training, not after it
         drafts.check_out_dir(args.out, args.overwrite)
+        check_work_outside(args.work, args.out)
     _train(args, _target(args.model))
 
 
@@ -235,25 +240,23 @@ def _caches(paths, target, name: str) -> list[draft_data.PseudoLabelCache]:
 
 
 def _train(args, target) -> None:
+    cfg, layers = train_settings(args, target)
     caches = _caches(args.train_cache, target, args.model)
     train = caches[0] if len(caches) == 1 else draft_data.CacheUnion(caches)
     held = _caches([args.held_out_cache], target, args.model)[0] if args.held_out_cache else None
     vocab = None
     if args.vocab_size:
         vocab = distill.choose_draft_vocab(train.token_counts(target.config.vocab_size), args.vocab_size, train.eot)
-    cfg = distill.TrainConfig(steps=args.steps, batch_windows=args.batch_windows, lr=args.lr, seed=args.seed,
-                              warmup_steps=args.warmup_steps, eval_every=args.eval_every, ckpt_every=args.ckpt_every,
-                              kl_weight=args.kl_weight, ce_weight=args.ce_weight, kind=args.kind,
-                              reg_weight=args.reg_weight, feature_noise=args.feature_noise,
-                              projection_lr_scale=args.projection_lr_scale)
-    n_layers = target.config.decoder_layers
-    layers = layer_ids(args.layers, n_layers) if args.layers else distill.default_layers(n_layers, args.kind)
     t0 = time.perf_counter()
     res = distill.train_draft(target, train, cfg, work_dir=args.work, layers=layers, draft_vocab=vocab,
                               held_out=held, stop_after=args.stop_after, init_from=args.init_draft,
                               target_name=target_name(args.model))
     print(json.dumps({"history": res.history[-3:], "seconds": round(time.perf_counter() - t0)}))
-    if args.out:
+    if not res.finished:  # a half-trained draft saved as --out could not be told from a finished one
+        log.info("stopped at step %d of %d (--stop-after): nothing saved; the same command without --stop-after "
+                 "(or with a larger one) goes on from %s", res.step, res.steps, Path(args.work) / "ckpt.pt",
+                 extra=NOTICE)
+    elif args.out:
         info = dict(target=args.model, layers=layers, train_cache=[str(p) for p in args.train_cache], train_meta=[{
             k: v for k, v in c.meta.items() if k != "ids"} for c in caches], config=asdict(cfg), history=res.history,
             init_draft=str(args.init_draft) if args.init_draft else None,
@@ -285,8 +288,10 @@ def cmd_eval(args) -> None:
             full.draft_vocab_ids = None
             candidates["trained-full-head"] = full
         if args.head_sizes:
+            for size in args.head_sizes:
+                head_size(size, "--head-sizes", target)
             if args.train_cache is None:
-                raise SystemExit("eval --head-sizes: give --train-cache (its token counts choose each head's tokens)")
+                raise InputError("eval --head-sizes: give --train-cache (its token counts choose each head's tokens)")
             candidates.update(_head_variants(candidates["trained"], args.head_sizes,
                                              _caches(args.train_cache, target, args.model), target))
     for path in args.compare_draft or []:  # side by side on the same held-out windows, named by their folder
@@ -344,6 +349,7 @@ def cmd_head(args) -> None:
     `eval --head-sizes` chose."""
     drafts.check_out_dir(args.out, args.overwrite)
     target = _target(args.model)
+    head_size(args.head_size, "--head-size", target)
     trained = load_distilled(args.draft, target)
     caches = _caches(args.train_cache, target, args.model)
     (draft,) = _head_variants(trained, [args.head_size], caches, target).values()
@@ -353,29 +359,6 @@ def cmd_head(args) -> None:
                     "command": " ".join(sys.argv)}
     save_draft(draft, args.out, info, overwrite=args.overwrite)
     print(f"saved {args.out} (head: {args.head_size or 'full vocabulary'})")
-
-
-def layer_ids(spec: str, n_layers: int) -> list[int]:
-    """"0,5" -> [0, 5]; "5," -> [5] (one layer, by id); a bare count "2" -> that many target layers spread from the
-    first to the last (distil-whisper keeps the first and the last for two)."""
-    if "," in spec or not spec.isdigit():
-        try:
-            ids = [int(x) for x in spec.split(",") if x.strip()]
-        except ValueError:
-            ids = []
-        if not ids or any(not 0 <= i < n_layers for i in ids):
-            raise SystemExit(f"--layers {spec!r}: give layer ids 0..{n_layers - 1} (e.g. 0,5 or 5,) or a count")
-        return ids
-    count = int(spec)
-    if not 1 <= count <= n_layers:
-        raise SystemExit(f"--layers {count}: a count must be 1..{n_layers} (the target's decoder layers); "
-                         "ids: 0,5 or 5,")
-    return spread(count, n_layers)
-
-
-def spread(count: int, n: int) -> list[int]:
-    """`count` indices of range(n) spread evenly from the first to the last (fewer if they round together)."""
-    return sorted({round(i * (n - 1) / max(count - 1, 1)) for i in range(count)})
 
 
 def cache_difference(meta: dict, args, target) -> str | None:
@@ -395,10 +378,12 @@ def cmd_run(args) -> int:
     discards the checkpoint trained on the old one. Returns how many utterances were unreadable (skipped)."""
     drafts.check_out_dir(args.out, args.overwrite)  # before hours of labelling and training, not after them
     work = Path(args.work or Path(args.out).with_name(Path(args.out).name + ".work"))
+    check_work_outside(work, args.out)
     cache_args = SimpleNamespace(**{**vars(args), "corpus": args.audio, "out": work / "cache", "long_file": None,
                                     "from_cache": None, "no_pack": False})
     check_cache_args(cache_args)
     target = _target(args.model)
+    train_settings(args, target)
     meta = work / "cache" / "meta.json"
     why = cache_difference(json.loads(meta.read_text()), cache_args, target) if meta.is_file() else "none yet"
     unreadable = 0

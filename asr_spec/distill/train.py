@@ -152,6 +152,11 @@ class TrainConfig:
         for name in ("steps", "batch_windows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every", "ckpt_every", "kl_weight", "ce_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.kl_weight and not self.ce_weight:
+            raise ValueError("kl_weight and ce_weight are both 0: nothing to train on")
         if self.lr <= 0 or self.temperature <= 0:
             raise ValueError("lr and temperature must be > 0")
 
@@ -160,6 +165,13 @@ class TrainConfig:
 class TrainResult:
     draft: Any
     history: list[dict] = field(default_factory=list)  # one entry per eval/ckpt point: step, loss, agreement
+    step: int = 0  # steps done in all (a resumed run's included)
+    steps: int = 0  # steps the run is for (TrainConfig.steps)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every step of the run is done (not stopped early by `stop_after`)."""
+        return self.step >= self.steps
 
 
 def batch_indices(step: int, n: int, batch: int, seed: int) -> list[int]:
@@ -241,11 +253,13 @@ def _resume(ckpt_path: Path, key: dict[str, Any], draft: nn.Module,
 
 
 def _run_key(target: nn.Module, target_name: str | None, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig,
-             layer_ids: list[int]) -> dict[str, Any]:
+             layer_ids: list[int], draft_vocab: torch.Tensor | None) -> dict[str, Any]:
     """What a checkpoint records of its run and a resumed run must match: the config, the target layers the draft
-    started from, the target (`target_identity`) and the training caches (`fingerprint`: their meta.json)."""
+    started from, the target (`target_identity`), the training caches (`fingerprint`: their meta.json) and the
+    head asked for (its size, None: as the target's or --init-draft's; a checkpoint resumed with another size kept
+    its own head, whatever --vocab-size said)."""
     return {"config": asdict(cfg), "layers": layer_ids, "target": target_identity(target, target_name),
-            "data": train.fingerprint()}
+            "data": train.fingerprint(), "head_size": None if draft_vocab is None else len(draft_vocab)}
 
 
 def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCache | None, cfg: TrainConfig,
@@ -375,7 +389,8 @@ def train_draft(
     """Train a draft on `train` (a cache, or a `CacheUnion` of several); resumes from `work_dir/ckpt.pt` when it
     exists (same config, layers, target and caches required: `_run_key`).
 
-    stop_after: stop (with a checkpoint) once this many steps are done in total — for time-boxed runs and tests.
+    stop_after: stop (with a checkpoint) once this many steps are done in total — for time-boxed runs and tests
+        (the result is then not `finished`).
     init_from: start from the layers of a draft saved by `save_trained_draft` (same number of layers) instead of
         the target's layers `layers` (e.g. to teach a trained draft another decoding mode).
     target_name: the name `target` was loaded by, compared with the one the caches record (`check_target`).
@@ -390,8 +405,8 @@ def train_draft(
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "ckpt.pt"
     layer_ids = list(layers) if layers is not None else default_layers(target.config.decoder_layers, cfg.kind)
-    run = _start_training(target, cfg, ckpt_path, _run_key(target, target_name, train, cfg, layer_ids), draft_vocab,
-                          init_from)
+    key = _run_key(target, target_name, train, cfg, layer_ids, draft_vocab)
+    run = _start_training(target, cfg, ckpt_path, key, draft_vocab, init_from)
     head = target.proj_out.weight
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     bar = tqdm(total=cfg.steps, initial=run.step, desc="distil", disable=not progress)
@@ -410,4 +425,4 @@ def train_draft(
             _save_checkpoint(ckpt_path, run.step, run.key, run.history, run.draft, run.params, run.opt)
     bar.close()
     run.draft.eval()
-    return TrainResult(run.draft, run.history)
+    return TrainResult(run.draft, run.history, run.step, cfg.steps)

@@ -4,6 +4,7 @@ draft made by `asr-spec distill`. Safetensors only, never remote code."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -218,12 +219,31 @@ def load_distilled(path: str | os.PathLike, target: nn.Module) -> Any:
     truncated weights file, a distill.json of another shape, layers that do not fit) raises `ModelLoadError`."""
     with _loading(path, "draft"):
         kind = draft_kind(path)
-        if kind == FEATURE_KIND:
-            return load_feature_draft(path, target)
-        if kind != DECODER_KIND:
+        if kind not in (FEATURE_KIND, DECODER_KIND):
             raise ModelLoadError(f"{path}: unknown draft kind {kind!r} in {INFO_FILE} ({DECODER_KIND} or "
                                  f"{FEATURE_KIND})")
-        return load_trained_draft(path, target)
+        draft = (load_feature_draft if kind == FEATURE_KIND else load_trained_draft)(path, target)
+        other = other_target(path, target)
+        if other is not None:
+            log.warning("%s: distilled for another target (%s): its proposals are verified all the same (the "
+                        "transcript is this target's), but expect few of them accepted", path, other)
+        return draft
+
+
+def other_target(path: str | os.PathLike, target: nn.Module) -> str | None:
+    """How the target a distilled draft was trained for (its distill.json: the config fields its training cache
+    recorded of the target that labelled it) differs from `target`, as "decoder_layers 6, this one 4"; None when
+    they agree or nothing is recorded. Names are not compared (one model has many)."""
+    try:
+        info = json.loads((Path(path) / INFO_FILE).read_text())
+        recorded = (info.get("train_meta") or [{}])[0].get("target") or {}
+    except (OSError, ValueError, AttributeError, IndexError):
+        return None
+    for key, value in recorded.items() if isinstance(recorded, dict) else ():
+        have = getattr(target.config, key, None) if key not in ("name", "eot") else value
+        if have != value:
+            return f"{key} {value}, this one {have}"
+    return None
 
 
 def load_draft(name: str | os.PathLike, target: nn.Module, device: torch.device, dtype: torch.dtype,
