@@ -155,3 +155,14 @@ def test_a_draft_distilled_for_another_target_is_loaded_with_a_warning(tmp_path,
         load_distilled(tmp_path / "draft", other)
     expected = f"decoder_layers {target.config.decoder_layers}, this one {target.config.decoder_layers + 1}"
     assert "distilled for another target" in caplog.text and expected in caplog.text
+
+
+def test_cache_takes_one_source_and_a_missing_cache_says_how_to_make_one(tmp_path, capsys):
+    """--corpus beside --long-file was quietly left unread; a folder that is no cache said "build it with
+    build_cache" (a library function, not the command)."""
+    code, _, err = distill_cli(capsys, "--model", tmp_path / "absent-model", "cache", "--corpus", CORPUS,
+                               "--long-file", "talk.flac", "--out", tmp_path / "out")
+    lines = error_lines(err)
+    assert code == 1 and len(lines) == 1 and "--corpus and --long-file given; give one of them" in lines[0], err
+    with pytest.raises(ValueError, match="make one with `asr-spec distill cache`"):
+        draft_data.PseudoLabelCache(tmp_path)

@@ -259,7 +259,8 @@ def run(  # long function: typer declares each of its 30 options as a parameter
     batch_windows: int = BATCH_WINDOWS,
     warmup_steps: int = WARMUP_STEPS,
     seed: int = SEED,
-    eval_every: int = typer.Option(0, help="Steps between held-out evaluations (0: none)."),
+    eval_every: int = typer.Option(0, help="Steps between points of the training loss in distill.json's history "
+                                   "(0: none; run has no held-out cache to measure agreement on)."),
     ckpt_every: int = CKPT_EVERY,
     stop_after: int | None = STOP_AFTER,
     timestamps: bool = TIMESTAMPS,

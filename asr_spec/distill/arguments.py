@@ -18,9 +18,14 @@ def check_cache_args(args) -> None:
     """InputError (one line naming the flag) for a `cache` or `run` number the labelling cannot use, before any
     model loads: --max-utterances -2 labelled all but the last two utterances, --max-windows -1 failed as "no
     windows to label", --batch-size 0 as range()'s error after the target loaded, a --window-s over Whisper's
-    30 s window once its first long window came; --max-windows without --from-cache was ignored."""
+    30 s window once its first long window came; --max-windows without --from-cache was ignored, and so was --corpus
+    beside --long-file."""
     from asr_spec.audio.features import N_SAMPLES, SAMPLE_RATE
 
+    given = [flag for flag, value in (("--corpus", args.corpus), ("--long-file", args.long_file),
+                                      ("--from-cache", args.from_cache)) if value]
+    if len(given) > 1:  # --long-file quietly left --corpus unread
+        raise InputError(f"cache: {' and '.join(given)} given; give one of them")
     int_at_least(args.batch_size, "--batch-size", 1)
     int_at_least(args.max_new_tokens, "--max-new-tokens", 1)
     int_at_least(args.max_utterances, "--max-utterances", 0)  # 0: all

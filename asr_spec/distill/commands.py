@@ -295,7 +295,8 @@ def cmd_eval(args) -> None:
             candidates.update(_head_variants(candidates["trained"], args.head_sizes,
                                              _caches(args.train_cache, target, args.model), target))
     for path in args.compare_draft or []:  # side by side on the same held-out windows, named by their folder
-        candidates[Path(path).name] = load_distilled(path, target)
+        name = Path(path).name if Path(path).name not in candidates else str(path)  # two folders of one name
+        candidates[name] = load_distilled(path, target)
     for spec in args.untrained or []:
         candidates[f"untrained{spec}"] = distill.init_draft(target, [int(x) for x in spec.split(",")])
     n_ctx = target.config.max_source_positions

@@ -117,7 +117,8 @@ class PseudoLabelCache:
         self.path = Path(path)
         meta_path = self.path / "meta.json"
         if not meta_path.is_file():
-            raise ValueError(f"{self.path}: not a pseudo-label cache (no meta.json; build it with build_cache)")
+            raise ValueError(f"{self.path}: not a pseudo-label cache (no meta.json; make one with "
+                             "`asr-spec distill cache`)")
         self.meta = json.loads(meta_path.read_text())
         if self.meta.get("format") != CACHE_FORMAT:
             raise ValueError(f"{self.path}: cache format {self.meta.get('format')} != {CACHE_FORMAT}; rebuild it")
