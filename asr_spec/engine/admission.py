@@ -9,7 +9,7 @@ In order:
 
 1. cross-attention: each model's keys/values of the chunks' audio, computed once per chunk;
 2. the <|startoftranscript|> pass (language detection, or a one-token prompt): the target's logits there;
-3. the prompts, with the detected (or given) language;
+3. the prompts, with the detected (or given) language: a row of a language group its group's (`GroupLanguages`);
 4. prefill: each model is fed the prompt but its last token (the step feeds that one), target then draft (a
    feature-conditioned draft with the target's states of the prompt, kept by the target's passes);
 5. the rows' decoding state starts, with Whisper's no-speech probability from the target's SOT logits.
@@ -27,7 +27,8 @@ The invariant `speculative.step` relies on then holds for the new rows too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,14 +46,45 @@ class RowPrompt:
     """What one chunk's decoder prompt holds besides the SOT sequence (`ChunkRequest.prompt`, `.prefix`).
 
     previous: token ids after <|startofprev|> (the prompt); prefix: the forced start of the transcript; max_new: the
-    most tokens the row generates after them (`ChunkRequest.max_new_tokens`; None: the options')."""
+    most tokens the row generates after them (`ChunkRequest.max_new_tokens`; None: the options'); group: the
+    chunk's language group (`ChunkRequest.language_group`); language: the language token it is decoded in
+    (`ChunkRequest.language_token`; None: the options' or its group's)."""
 
     previous: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()
     max_new: int | None = None
+    group: Hashable | None = None
+    language: int | None = None
 
 
 NO_PROMPT = RowPrompt()
+LANGUAGE_GROUPS = 4096  # language groups remembered (`GroupLanguages`): far more files than are ever in flight
+# a detection this sure settles its group's language (faster-whisper's language_detection_threshold); a less sure
+# one (a first chunk of a second's "Bonjour", of music) decodes its own chunk in it and leaves the group open
+LANGUAGE_SURE = 0.5
+
+
+class GroupLanguages:
+    """The language each group's chunks are decoded in (`ChunkRequest.language_group`): the first one detected
+    with probability >= LANGUAGE_SURE, kept for the last LANGUAGE_GROUPS groups seen (a server's run goes on for
+    days)."""
+
+    def __init__(self, size: int = LANGUAGE_GROUPS):
+        self.size, self.known = size, OrderedDict()
+
+    def settle(self, detected: list[int], sure: list[float], groups: Sequence[Hashable | None]) -> list[int]:
+        """Each row's language token: its group's when the group has one, else its own `detected` one, which then
+        settles the group's when `sure` enough. Rows in admission order (a file's first chunk before its later
+        ones), so which row settles a group does not depend on the batch."""
+        out = []
+        for lang, probability, group in zip(detected, sure, groups):
+            if group is not None and (group in self.known or probability >= LANGUAGE_SURE):
+                lang = self.known.setdefault(group, lang)
+                self.known.move_to_end(group)
+                if len(self.known) > self.size:
+                    self.known.popitem(last=False)
+            out.append(lang)
+        return out
 
 
 class Admission:
@@ -67,6 +99,7 @@ class Admission:
         self.timestamps = options.timestamps
         self.detect = lang_id is None and tokens.is_multilingual
         self.lang_id = tokens.sot if lang_id is None else lang_id  # the language token when not detected
+        self.groups = GroupLanguages()
         self.max_new = options.max_new_tokens or tokens.max_positions
 
     def refusal(self, chunk_id: object, prompt: RowPrompt, hypothesis: tuple[int, ...] = ()) -> str | None:
@@ -89,6 +122,9 @@ class Admission:
         if self.length(prompt) >= self.tokens.max_positions:
             return (f"chunk {chunk_id!r}: prompt and prefix leave no room in the model's "
                     f"{self.tokens.max_positions} positions")
+        if (prompt.language is not None and self.tokens.is_multilingual
+                and prompt.language not in self.tokens.lang_to_id.values()):
+            return f"chunk {chunk_id!r}: language token {prompt.language} is not one of the model's languages"
         bad = [t for t in hypothesis if t >= vocab]
         if bad:
             return f"chunk {chunk_id!r}: hypothesis holds {bad[0]!r}, not a token id below {vocab}"
@@ -144,14 +180,13 @@ class Admission:
                      prompts: list[RowPrompt]) -> tuple[torch.Tensor, ...]:
         """Steps 1-4 into R-row caches (views of the slots, or their own); returns the (R, L) right-padded prompts,
         their (R,) lengths and begins, and the target's (R, V) logits at each row's <|startoftranscript|>."""
-        r = len(audio)
         caches.target.write_audio(caches.target_cache, audio)
         any_previous = any(p.previous for p in prompts)
         all_single = all(self.length(p) == 1 for p in prompts)
         sot_logits = None
         if self.detect or all_single:
             sot_logits = self._sot_pass(caches)
-        langs = self._languages(sot_logits, r)
+        langs = self._languages(sot_logits, prompts)
         seqs, lengths, sot_index = self._prompts(langs, prompts, caches.target.device)
         fed = 1 if sot_logits is not None and not any_previous else 0  # the SOT pass's key/values are kept
         # the SOT logits come from the SOT pass when its key/values are kept (fed = 1), else from this prefill
@@ -176,12 +211,16 @@ class Admission:
             return caches.features.target_pass(dec, cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
         return dec.forward(cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
 
-    def _languages(self, sot_logits: torch.Tensor | None, r: int) -> list[int]:
+    def _languages(self, sot_logits: torch.Tensor | None, prompts: list[RowPrompt]) -> list[int]:
         """R language token ids: detected from the SOT logits (the one host read of an admission: the prompts are
-        built on the host), or the one given (ignored by English-only)."""
+        built on the host), a row of a known language group taking the group's (`GroupLanguages`); or the one
+        given (ignored by English-only); a row's own (`RowPrompt.language`) before either."""
+        langs = [self.lang_id] * len(prompts)
         if self.detect:
-            return self.rules.detect_language(sot_logits.float()).tolist()
-        return [self.lang_id] * r
+            detected, sure = self.rules.detect_language(sot_logits.float())
+            groups = [p.group if p.language is None else None for p in prompts]  # a given language settles none
+            langs = self.groups.settle(detected.tolist(), sure.tolist(), groups)
+        return [lang if p.language is None else p.language for lang, p in zip(langs, prompts)]
 
     def _prompts(self, lang: list[int], prompts: list[RowPrompt], device: torch.device) -> tuple[torch.Tensor, ...]:
         """R language token ids -> the (R, L) prompts right-padded with <|endoftext|> to the longest (L = its

@@ -45,6 +45,14 @@ class ChunkRequest:
               `DecodeOptions.max_new_tokens`); None: the engine's. Its tokens are then the first ones of the
               decoding without it, cut there (finish_reason "length"), e.g. a live re-decode that cannot say more
               than its audio holds (`asr_spec.stream.hearing.token_budget`).
+    language_group: where the engine detects the language (`DecodeOptions.language` None, a multilingual model),
+              the chunks of one group are decoded in one language: the first admitted detects it, the later ones
+              take it (e.g. a file's chunks, its re-decoded tails and fallback windows: openai-whisper detects once
+              per file too). None: the chunk detects its own. Any hashable; kept for the engine's last
+              `LANGUAGE_GROUPS` groups. A detection settles its group only when sure (`LANGUAGE_SURE`).
+    language_token: the language token id (`<|fr|>`) this chunk is decoded in, whatever the options say or its
+              group detected (e.g. a re-decoded tail takes its parent's language); None: as they say. Ignored by
+              English-only models, as the options' language is.
     """
 
     id: Hashable
@@ -57,12 +65,18 @@ class ChunkRequest:
     prefix: tuple[int, ...] = ()
     hypothesis: tuple[int, ...] = ()
     max_new_tokens: int | None = None
+    language_group: Hashable | None = None
+    language_token: int | None = None
 
     def __post_init__(self) -> None:
         try:  # a list as an id failed only inside the run (a TypeError in its feed), taking the others with it
             hash(self.id)
         except TypeError as err:
             raise ValueError(f"chunk id {self.id!r:.60}: must be hashable ({err})") from None
+        try:
+            hash(self.language_group)
+        except TypeError as err:
+            raise ValueError(f"chunk {self.id!r}: language_group must be hashable ({err})") from None
         for name in ("features", "encoded"):
             _check_tensor(self.id, name, getattr(self, name))
         for name in ("prompt", "prefix", "hypothesis"):  # numpy's integers too, kept as ints
@@ -75,6 +89,9 @@ class ChunkRequest:
         if self.hypothesis and t > 0:
             raise ValueError(f"chunk {self.id!r}: a hypothesis is for greedy decoding (temperature 0), got "
                              f"temperature {t!r}")
+        token = self.language_token
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+            raise ValueError(f"chunk {self.id!r}: language_token must be None or a token id, got {token!r}")
         n = self.max_new_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"chunk {self.id!r}: max_new_tokens must be None or an integer >= 1, got {n!r}")

@@ -11,6 +11,7 @@ per-row decision is a tensor op.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -82,6 +83,15 @@ class WhisperTokens:
         if token not in self.lang_to_id:
             raise ValueError(f"language {language!r} is not supported by this model")
         return self.lang_to_id[token]
+
+    def language_in(self, prompt: Sequence[int]) -> int | None:
+        """The language token of a decoded row's prompt (`ChunkResult.prompt`: [<|startofprev|> previous text] sot
+        language task ...), None on an English-only model or where there is none."""
+        prompt = list(prompt)
+        if self.sot not in prompt:
+            return None
+        at = prompt.index(self.sot) + 1
+        return prompt[at] if at < len(prompt) and prompt[at] in self.lang_to_id.values() else None
 
     def prompt(self, lang_id: int | None, task: str, timestamps: bool) -> list[int]:
         """Decoder prompt as transformers builds it: sot [lang task] [notimestamps]."""
@@ -211,9 +221,11 @@ class LogitRules:
         rules.sampling = True
         return rules
 
-    def detect_language(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits: (R, vocab) at the <|startoftranscript|> position -> (R,) most likely language token id."""
-        return self.lang_ids[logits.index_select(-1, self.lang_ids).argmax(-1)]
+    def detect_language(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits: (R, vocab) at the <|startoftranscript|> position -> (R,) most likely language token id and (R,)
+        its probability among the languages (Whisper's `detect_language`)."""
+        best = logits.index_select(-1, self.lang_ids).float().softmax(-1).max(-1)
+        return self.lang_ids[best.indices], best.values
 
     def draft_choice(self, logits: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor) -> torch.Tensor:
         """(B, 1, V) draft logits, or (B, 1, V') over `draft_vocab` when the rules have one -> (B,) proposals

@@ -26,7 +26,7 @@ A preset's draft is used on CUDA in every run; on a CPU only in the runs ``cpu_d
 run when a draft is asked for explicitly (``Transcriber.from_preset(name, draft=...)``, CLI ``--draft``): an fp32
 CPU verify pass is compute-bound from a few rows on, so there a draft pays only with few rows; a bf16 one on AMX or
 AVX-512 bf16 stays memory-bound longer (docs/cpu.md).
-    language          "en", "english", ...; "auto" = detect per chunk
+    language          "en", "english", ...; "auto" = detect it (once per file: `ChunkRequest.language_group`)
     chunking          "vad" (speech chunks found by silero-vad, non-speech skipped, no overlap) or "stride"
                       (overlapping windows stitched at their seams, as transformers' pipeline does)
     word_timestamps   true: per-word times (json `words`) from the alignment heads; needs chunking "vad"
@@ -93,7 +93,7 @@ class Preset:
     chunk_length_s: float | None = None  # seconds
     stride_length_s: float | tuple[float, float] | None = None  # seconds per side, or (left, right)
     num_draft_tokens: int | Mapping[str, int] | None = None  # or a {decode class: K} table (`draft_tokens`)
-    language: str | None = None  # "auto": detect per chunk (TranscribeOptions.from_values reads it so)
+    language: str | None = None  # "auto": detect it per file (TranscribeOptions.from_values reads it so)
     timestamps: bool | None = None  # Whisper timestamp mode
     dtype: str | None = None
     chunking: str | None = None  # "vad" or "stride"

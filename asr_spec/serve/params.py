@@ -116,7 +116,7 @@ def _check_language(value: Any, served: str | None) -> None:
     if not value:
         return
     if served is None or _language_code(value) != _language_code(served):
-        mode = "detects the language per chunk" if served is None else f"decodes {served!r}"
+        mode = "detects the language of each upload" if served is None else f"decodes {served!r}"
         raise HTTPError(400, f"language {value!r}: this server {mode} (set with `asr-spec serve --language`); "
                         "a per-request language is not supported", "language")
 

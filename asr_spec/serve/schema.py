@@ -72,7 +72,7 @@ def transcription_responses(keys: bool) -> dict[int, Any]:
 def transcription_openapi(model_ids: tuple[str, ...], formats: tuple[str, ...], language: str | None,
                           words: bool) -> dict[str, Any]:
     """The `openapi_extra` of POST /v1/audio/transcriptions: its multipart body as this server accepts it."""
-    if language is None:  # the server detects the language per chunk: a request may not name one
+    if language is None:  # the server detects each upload's language: a request may not name one
         language_schema: dict[str, Any] = {"type": "string", "maxLength": 0,
                                            "description": "Not accepted: this server detects the language."}
     else:

@@ -142,4 +142,4 @@ class FrontEnd:
         for (chunk_id, keep_encoded, samples), row in zip(pending, features):
             if keep_samples is not None:  # held from the moment the engine pulls the chunk
                 keep_samples[chunk_id] = samples
-            yield ChunkRequest(chunk_id, row, keep_encoded=keep_encoded)
+            yield ChunkRequest(chunk_id, row, keep_encoded=keep_encoded, language_group=chunk_id.owner)

@@ -80,7 +80,8 @@ class TranscribeOptions:
         """`base` (default: the defaults) with the flat options in `values` replaced, e.g.
         ``from_values(chunk_length_s=15, language="en", batch_size=16)``.
 
-        language "auto" means detect per chunk. Unknown names and bad values raise `InputError`.
+        language "auto" means detect it, once per file (its first sure detection). Unknown names and bad values
+        raise `InputError`.
         """
         base = cls() if base is None else base
         unknown = sorted(set(values) - set(cls.keys()))

@@ -84,12 +84,17 @@ class TailSource:
     The samples of each chunk are held from the moment it is pulled until its result arrives (`samples`, filled
     by the front half), so memory stays bounded by the chunks in flight.
     featurise: samples list -> (B, n_mels, n_frames) features (the front half's `FeatureBatcher`).
+    language_in: a result's prompt -> its language token (`WhisperTokens.language_in`): a tail is decoded in its
+        parent's language (detected again from the tail's own few seconds, a French chunk's tail came out in
+        Romanian); None for none.
     """
 
-    def __init__(self, featurise: Callable[[list[np.ndarray]], object]):
-        self.featurise = featurise
+    def __init__(self, featurise: Callable[[list[np.ndarray]], object],
+                 language_in: Callable[[Sequence[int]], int | None] = lambda prompt: None):
+        self.featurise, self.language_in = featurise, language_in
         self.samples: dict[ChunkId, np.ndarray] = {}  # request id -> its chunk's samples, until its result
-        self.queue: deque[tuple[ChunkId, np.ndarray, bool]] = deque()  # tails waiting to be pulled
+        # tails waiting to be pulled: (id, samples, keep its encoder output, its parent's language token)
+        self.queue: deque[tuple[ChunkId, np.ndarray, bool, int | None]] = deque()
 
     @staticmethod
     def rows(requests: Iterator[ChunkRequest], batch_size: int) -> tuple[Iterator[ChunkRequest], int]:
@@ -121,7 +126,8 @@ class TailSource:
         if tail is None or samples is None:
             return
         offset = tail.start_sample - parent_span.start_sample
-        self.queue.append((result.id.next_attempt(), samples[offset:].copy(), keep_encoded))
+        self.queue.append((result.id.next_attempt(), samples[offset:].copy(), keep_encoded,
+                           self.language_in(result.prompt)))
 
     def queued(self, wanted: Callable[[ChunkId], bool] | None = None) -> Iterator[ChunkRequest]:
         """The requests of the tails queued so far, featurised together (their samples held until their result);
@@ -129,11 +135,12 @@ class TailSource:
         if not self.queue:
             return
         batch = [self.queue.popleft() for _ in range(len(self.queue))]
-        features = self.featurise([samples for _, samples, _ in batch])  # (B, n_mels, n_frames)
-        for (tail_id, samples, keep), row in zip(batch, features):
+        features = self.featurise([samples for _, samples, _, _ in batch])  # (B, n_mels, n_frames)
+        for (tail_id, samples, keep, language), row in zip(batch, features):
             if wanted is None or wanted(tail_id):
                 self.samples[tail_id] = samples
-                yield ChunkRequest(tail_id, row, keep_encoded=keep)
+                yield ChunkRequest(tail_id, row, keep_encoded=keep, language_group=tail_id.owner,
+                                   language_token=language)
 
 
 def _after(first: Callable[[], Iterator[ChunkRequest]],

@@ -399,7 +399,7 @@ class Transcriber:
         tail_repairs > 0), else None; an `EngineSession` keeps one for all its runs."""
         if not self.options.decode.timestamps or not self.options.tail_repairs:
             return None
-        return TailSource(self.frontend.features)
+        return TailSource(self.frontend.features, self.tokens.language_in)
 
     @staticmethod
     def _collect(item: RunInput | None, finished: Finished | None, bar: Progress) -> None:

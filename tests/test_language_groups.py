@@ -1,0 +1,96 @@
+"""One language per file where the engine detects it (a multilingual reviewer's finds): the chunks of a language
+group take the language its first sure detection gave (`GroupLanguages`), a re-decoded tail its parent's
+(`ChunkRequest.language_token`), at any batch size; speculative == greedy as ever."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from asr_spec.chunk_id import ChunkId
+from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, DecodeOptions, Engine, admission
+from asr_spec.engine.admission import GroupLanguages
+from asr_spec.testing import random_whisper
+from asr_spec.transcribe.tail_runs import TailSource
+
+
+@functools.cache
+def _features() -> torch.Tensor:
+    return torch.randn(8, 16, 100, generator=torch.Generator().manual_seed(5))
+
+
+def _target():
+    """A random multilingual Whisper (<|en|>, <|de|>) that detects either in these random windows."""
+    return random_whisper("test", seed=1, vocab_size=70, init_std=1.0)
+
+
+def test_a_group_takes_its_first_sure_language_and_forgets_the_oldest():
+    groups = GroupLanguages(size=2)
+    # an unsure first detection decodes its own row and leaves the group open; the first sure one settles it
+    assert groups.settle([7, 8, 9], [0.4, 0.9, 0.99], ["f", "f", "f"]) == [7, 8, 8]
+    assert groups.settle([9, 5], [0.99, 0.3], ["f", None]) == [8, 5]  # no group: its own, always
+    assert groups.settle([1, 2], [0.6, 0.6], ["g", "h"]) == [1, 2] and list(groups.known) == ["g", "h"]
+    assert groups.settle([3], [0.1], ["f"]) == [3]  # "f", the oldest, was forgotten
+
+
+def _languages(results) -> dict:
+    return {r.id: r.prompt[1] for r in results}
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_the_chunks_of_a_group_share_a_language_at_any_batch_size(monkeypatch, draft):
+    """Random audio gives every chunk its own detected language; in one group they all take the first's, the
+    same at batch 1 and 4, with or without the draft (which decodes the target's tokens)."""
+    monkeypatch.setattr(admission, "LANGUAGE_SURE", 0.0)
+    target = _target()
+    options = DecodeOptions(max_new_tokens=6)
+    alone = _languages(Engine(target, None, options).decode(_features(), batch_size=4))
+    assert len(set(alone.values())) > 1  # the chunks would be decoded in several languages
+    runs = []
+    for batch_size in (1, 4):
+        engine = Engine(target, target if draft else None, options)
+        requests = [ChunkRequest(("f", i), f, language_group="f") for i, f in enumerate(_features())]
+        runs.append({r.id: r for r in engine.run(iter(requests), batch_size=batch_size)})
+    first = alone[0]
+    assert all(r.prompt[1] == first for r in runs[0].values())
+    assert {k: r.tokens for k, r in runs[0].items()} == {k: r.tokens for k, r in runs[1].items()}
+
+
+def test_a_given_language_token_wins_and_a_foreign_one_is_refused():
+    target = _target()
+    engine = Engine(target, None, DecodeOptions(max_new_tokens=4))
+    german = engine.tokens.lang_to_id["<|de|>"]
+    requests = [ChunkRequest("de", _features()[0], language_token=german, language_group="g"),
+                ChunkRequest("bad", _features()[1], language_token=3)]
+    results = {r.id: r for r in engine.run(iter(requests), batch_size=2)}
+    assert results["de"].prompt[1] == german and results["de"].finish_reason != "refused"
+    assert results["bad"].finish_reason == "refused" and "not one of the model's languages" in results["bad"].error
+    assert "g" not in engine.admission.groups.known  # a given language settles no group
+    with pytest.raises(ValueError, match="language_token must be None or a token id"):
+        ChunkRequest("x", _features()[0], language_token=-1)
+    with pytest.raises(ValueError, match="language_group must be hashable"):
+        ChunkRequest("x", _features()[0], language_group=["a"])
+
+
+def test_a_tail_is_decoded_in_its_parents_language():
+    """A French chunk's tail was sent with no language and detected Romanian from its few seconds."""
+    engine = Engine(_target(), None, DecodeOptions(max_new_tokens=4))
+    tokens = engine.tokens
+    german = tokens.lang_to_id["<|de|>"]
+    source = TailSource(lambda samples: torch.zeros(len(samples), 16, 100), tokens.language_in)
+    parent = ChunkId("file", 0)
+    source.samples[parent] = np.zeros(32000, np.float32)
+    prompt = (tokens.sot_prev, 5, tokens.sot, german, tokens.task_to_id["transcribe"])
+    result = ChunkResult(parent, (), prompt, "eos", ChunkStats())
+
+    class Span:
+        start_sample = 0
+
+    tail = type("Tail", (), {"start_sample": 16000})()
+    source.finished(result, tail, Span(), False)
+    (request,) = source.queued()
+    assert request.language_token == german and request.language_group == "file"
+    assert tokens.language_in(prompt) == german and tokens.language_in((tokens.sot,)) is None
