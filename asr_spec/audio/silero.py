@@ -15,7 +15,10 @@ import numpy as np
 from asr_spec.audio.vad import CONTEXT_SAMPLES, FRAME_SAMPLES, SAMPLE_RATE, speech_frames
 from asr_spec.errors import InputError
 
-__all__ = ["SileroVad", "window_speech"]
+__all__ = ["SileroVad", "long_silence", "window_speech"]
+
+DIGITAL_SILENCE = 1e-4  # |sample| bound of digital silence (3 LSB of 16-bit audio)
+DIGITAL_SILENCE_S = 1.0  # digital silence beyond this far into a stretch is scored 0 (`long_silence`)
 
 
 class SileroVad:
@@ -29,10 +32,8 @@ class SileroVad:
     through onnxruntime (0.10 s against 0.35 s for 75 s of speech, one thread). A model of another layout is fed
     frame by frame.
 
-    Every frame goes through the model, digital silence too: its state carried over quiet stretches is what lets
-    it hear quiet speech (16-bit audio peaking at -45 dBFS and below rounds to zero between syllables; scoring such
-    frames 0 and resetting the model after them left it hearing half of that speech, none at -55 dBFS). An hour
-    of digital silence costs it about 3 s.
+    Digital silence goes through the model for DIGITAL_SILENCE_S into a stretch; beyond that its frames are scored
+    0 without the model, whose state stays as it was (`long_silence`).
     """
 
     def __init__(self) -> None:
@@ -57,33 +58,54 @@ class SileroVad:
         self.model.reset_states()
         self._state = None  # the LSTM's (h, c) after the last frame, None = zeros
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
+        self._quiet_run = 0  # digitally silent frames at the end of the signal so far (`long_silence`)
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
+        skip, self._quiet_run = long_silence(frames, self._quiet_run)
         if self._parts is None:
-            return self._frame_by_frame(frames)
+            return self._frame_by_frame(frames, skip)
         import torch
 
-        if not len(frames):
-            return np.zeros(0, dtype=np.float32)
-        context = np.concatenate([self._context[None], frames[:-1, -CONTEXT_SAMPLES:]])
-        front, lstm, head = self._parts
-        with torch.inference_mode():
-            feats = front(torch.from_numpy(np.concatenate([context, frames], axis=1)))  # (n, 128)
-            hidden, self._state = lstm(feats[None], self._state)
-            out = head(hidden[0].T[None])[0, 0].numpy()
-        self._context = frames[-1, -CONTEXT_SAMPLES:].copy()
+        out = np.zeros(len(frames), dtype=np.float32)
+        live = np.flatnonzero(~skip)
+        if len(live):
+            context = np.concatenate([self._context[None], frames[:-1, -CONTEXT_SAMPLES:]])
+            front, lstm, head = self._parts
+            with torch.inference_mode():
+                feats = front(torch.from_numpy(np.concatenate([context[live], frames[live]], axis=1)))  # (n, 128)
+                hidden, self._state = lstm(feats[None], self._state)
+                out[live] = head(hidden[0].T[None])[0, 0].numpy()
+        if len(frames):
+            self._context = frames[-1, -CONTEXT_SAMPLES:].copy()
         return out
 
-    def _frame_by_frame(self, frames: np.ndarray) -> np.ndarray:
+    def _frame_by_frame(self, frames: np.ndarray, skip: np.ndarray) -> np.ndarray:
         import torch
 
         out = np.zeros(len(frames), dtype=np.float32)
         x = torch.from_numpy(frames)
         with torch.inference_mode():
-            for index in range(len(frames)):
+            for index in np.flatnonzero(~skip):
                 out[index] = float(self.model(x[index][None], SAMPLE_RATE))
         return out
+
+
+def long_silence(frames: np.ndarray, quiet_before: int = 0) -> tuple[np.ndarray, int]:
+    """The frames of frames (n, FRAME_SAMPLES) that lie DIGITAL_SILENCE_S or more into a stretch of digital silence
+    (frames whose every |sample| is within DIGITAL_SILENCE; `quiet_before` of them just before the first), scored
+    0 without the model, which keeps the state it had: (n,) bool, and the quiet frames at the end for the next call.
+
+    Why. The model hears a stretch's first DIGITAL_SILENCE_S like any frame: quiet 16-bit speech rounds to zero
+    between syllables (at -55 dBFS, scoring such frames 0 and resetting the model after them left none of it
+    heard). Beyond that, over seconds of zeros silero's state drifts until it hears no quiet speech after them
+    (-55 dBFS speech after 30 s of zeros: 0 of 110 frames heard, 39 now as after 1 s; -45 dBFS: 88 of 110), and
+    an hour of zeros costs no model time."""
+    quiet = np.abs(frames).max(axis=1, initial=0.0) <= DIGITAL_SILENCE
+    index = np.arange(len(quiet))
+    last_loud = np.maximum.accumulate(np.where(quiet, -1, index)) if len(quiet) else index
+    run = np.where(last_loud < 0, index + 1 + quiet_before, index - last_loud)  # quiet frames ending at each
+    return run > round(DIGITAL_SILENCE_S * SAMPLE_RATE / FRAME_SAMPLES), int(run[-1]) if len(run) else quiet_before
 
 
 def _model_parts(model):
