@@ -4,6 +4,7 @@ training options checked before labelling, heads of impossible sizes, a corpus n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from pathlib import Path
@@ -49,12 +50,18 @@ def test_a_checkpoint_is_not_resumed_with_another_head(tmp_path, labelled):
         with pytest.raises(ValueError, match=rf"\(head_size: recorded 20, wanted {wanted}\)"):
             distill.train_draft(model, labelled, cfg, work_dir=work, layers=[0], draft_vocab=vocab, stop_after=2,
                                 progress=False)
+    state = torch.load(work / "ckpt.pt", weights_only=True)  # one recorded before head_size was: its head's size
+    del state["head_size"]
+    torch.save(state, work / "ckpt.pt")
+    with pytest.raises(ValueError, match=r"\(head_size: recorded 20, wanted 10\)"):
+        distill.train_draft(model, labelled, cfg, work_dir=work, layers=[0], draft_vocab=heads[10], stop_after=2,
+                            progress=False)
     res = distill.train_draft(model, labelled, cfg, work_dir=work, layers=[0], draft_vocab=heads[20],
                               progress=False)
     assert res.finished and res.step == 3 and torch.equal(res.draft.draft_vocab_ids, heads[20])
 
 
-def test_stop_after_saves_nothing_and_the_same_command_goes_on(tmp_path, labelled, caplog):
+def test_stop_after_saves_nothing_and_the_same_command_goes_on(tmp_path, labelled, caplog, monkeypatch):
     """--stop-after 1 of 2 steps saved the half-trained draft as --out (its distill.json could not tell), and the
     same command without --stop-after then failed: --out "already holds files"."""
     model = tiny_target()
@@ -62,8 +69,11 @@ def test_stop_after_saves_nothing_and_the_same_command_goes_on(tmp_path, labelle
         commands._train(_train_args(tmp_path, labelled, stop_after=1), model)
     assert not (tmp_path / "draft").exists()
     assert "stopped at step 1 of 2 (--stop-after): nothing saved" in caplog.text
+    steps = []
+    step = distill._train_step
+    monkeypatch.setattr(distill, "_train_step", lambda run, *rest: steps.append(run.step) or step(run, *rest))
     commands._train(_train_args(tmp_path, labelled), model)
-    assert (tmp_path / "draft").is_dir()
+    assert (tmp_path / "draft").is_dir() and steps == [1]  # went on from step 1: one step left
     assert torch.load(tmp_path / "work" / "ckpt.pt", weights_only=True)["step"] == 2
 
 
@@ -81,7 +91,20 @@ def test_a_corpus_that_gained_utterances_is_labelled_again(tmp_path):
     assert commands.cache_difference(meta, args, model) is None
     shutil.copytree(CORPUS / "test-clean" / "9002", corpus / "test-clean" / "9002")
     assert commands.cache_difference(meta, args, model).startswith("source.files: recorded ")
-    assert commands.corpus_files(tmp_path / "absent", "train") == commands.corpus_files(tmp_path / "empty", "x")
+    older = {**meta, "source": {k: v for k, v in meta["source"].items() if not k.startswith("files")}}
+    assert "predates the record of its corpus's files" in commands.cache_difference(older, args, model)
+    assert commands.corpus_files(tmp_path / "absent", "train")["files"] == 0
+    counted = commands.corpus_files(corpus, "test-clean")
+    work = corpus / "test-clean" / "work" / "cache"  # a work folder kept inside the corpus is not the corpus
+    work.mkdir(parents=True)
+    (work / "meta.json").write_text("{}")
+    (corpus / "test-clean" / "README").write_text("notes")
+    assert commands.corpus_files(corpus, "test-clean") == counted
+    linked = tmp_path / "linked"  # a speaker folder linked in is read by iter_local, and counted
+    (linked / "test-clean").mkdir(parents=True)
+    (linked / "test-clean" / "9001").symlink_to(corpus / "test-clean" / "9001")
+    speaker_files = list((CORPUS / "test-clean" / "9001").rglob("*.*"))
+    assert commands.corpus_files(linked, "test-clean")["files"] == len(speaker_files) > 0
 
 
 def test_run_checks_its_work_folder_and_training_options_before_any_work(tmp_path, monkeypatch):
@@ -119,7 +142,23 @@ def test_cache_refuses_a_folder_that_holds_files(tmp_path, capsys):
     assert (out / "meta.json").read_text() == "{}"
 
 
-@pytest.mark.parametrize("layout", ["flat", "empty", "long"])
+def test_a_checkpoint_is_not_resumed_from_another_initial_draft(tmp_path, labelled):
+    """Started from --init-draft A, then the same command without it: the run resumed A's layers and head and its
+    distill.json said "init_draft": null."""
+    model = tiny_target()
+    start = tmp_path / "start"
+    commands._train(_train_args(tmp_path, labelled, layers="1", out=start, work=tmp_path / "w0"), model)
+    cfg = distill.TrainConfig(steps=3, batch_windows=2, eval_every=0, ckpt_every=1)
+    work = tmp_path / "work"
+    distill.train_draft(model, labelled, cfg, work_dir=work, layers=[0], init_from=start, stop_after=1,
+                        progress=False)
+    with pytest.raises(ValueError, match=r"\(init_draft: recorded '.*start', wanted None\)"):
+        distill.train_draft(model, labelled, cfg, work_dir=work, layers=[0], stop_after=2, progress=False)
+    assert distill.train_draft(model, labelled, cfg, work_dir=work, layers=[0], init_from=start,
+                               progress=False).finished
+
+
+@pytest.mark.parametrize("layout", ["flat", "empty", "long", "long-unpacked"])
 def test_a_corpus_out_of_layout_is_named_with_the_cause(tmp_path, monkeypatch, layout):
     """Audio not in <speaker>/<chapter>/ folders gave "OUT: no windows to label" after loading the model (naming
     the output, leaving encoded.npy there); an utterance longer than the window gave "utterance 0 lasts ..."."""
@@ -128,12 +167,20 @@ def test_a_corpus_out_of_layout_is_named_with_the_cause(tmp_path, monkeypatch, l
     split.mkdir(parents=True)
     if layout == "flat":
         shutil.copy(next((CORPUS / "test-clean").rglob("*.flac")), split / "a.flac")
-    if layout == "long":
+    if layout.startswith("long"):
         shutil.copytree(CORPUS / "test-clean" / "9001", split / "9001")
-    args = SimpleNamespace(corpus=corpus, split="train", out=tmp_path / "cache", max_utterances=0, no_pack=False,
-                           window_s=3.0, gap_s=0.4, batch_size=4, from_cache=None, long_file=None)
+    if layout == "long-unpacked":  # one utterance of 35 s, over the encoder's 30 s window
+        from asr_spec.eval import librispeech
+
+        real = librispeech.iter_local
+        monkeypatch.setattr(librispeech, "iter_local", lambda *a: [
+            dataclasses.replace(u, duration_s=35.0) for u in real(*a)])
+    args = SimpleNamespace(corpus=corpus, split="train", out=tmp_path / "cache", max_utterances=0,
+                           no_pack=layout == "long-unpacked", window_s=3.0, gap_s=0.4, batch_size=4, from_cache=None,
+                           long_file=None)
     needle = {"flat": "no utterances in split 'train'", "empty": "no utterances in split 'train'",
-              "long": "9001-100201-0000.flac: 3.54 s, longer than a 3 s training window"}[layout]
+              "long": "9001-100201-0000.flac: 3.54 s, longer than a 3 s training window",
+              "long-unpacked": "9001-100201-0000.flac: 35.00 s, longer than a 30 s encoder window"}[layout]
     with pytest.raises(InputError, match=needle):
         commands._cache(args, tiny_target())
     assert not (tmp_path / "cache").exists()

@@ -38,6 +38,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -82,11 +83,14 @@ def corpus_source(args) -> dict:
 
 
 def corpus_files(corpus: Path, split: str) -> dict:
-    """{"files": how many, "files_digest": a digest of their paths and sizes} of the files under the corpus's split
-    folder (`corpus/split`, or `corpus` itself when it has no such folder, as `iter_local` reads it); zero files
-    where neither exists. Sizes, not times: a corpus copied again is the same corpus."""
+    """{"files": how many, "files_digest": a digest of their paths and sizes} of the corpus's LibriSpeech files
+    (.flac audio, .trans.txt transcripts) under its split folder (`corpus/split`, or `corpus` itself when it has no
+    such folder, as `iter_local` reads it), symlinked folders followed as `iter_local` follows them; zero files
+    where neither exists. Sizes, not times: a corpus copied again is the same corpus; other files (a work folder
+    kept inside the corpus, a README) are not the corpus."""
     base = corpus / split if (corpus / split).is_dir() else corpus
-    files = sorted(p for p in base.rglob("*") if p.is_file()) if base.is_dir() else []
+    files = sorted(Path(folder, name) for folder, _, names in os.walk(base, followlinks=True) for name in names
+                   if name.endswith((".flac", ".trans.txt")))
     digest = hashlib.sha256()
     for path in files:
         digest.update(f"{path.relative_to(base)}\t{path.stat().st_size}\n".encode())
@@ -114,7 +118,7 @@ def _cache(args, target) -> int:
 def _cache_corpus(args, target) -> int:
     """Pseudo-labels of a LibriSpeech-layout corpus; an utterance whose audio cannot be read is left out of its
     window (a warning line) and the rest go on. Returns how many were."""
-    from asr_spec.audio.features import log_mel_batch, make_feature_extractor
+    from asr_spec.audio.features import N_SAMPLES, SAMPLE_RATE, log_mel_batch, make_feature_extractor
     from asr_spec.eval.librispeech import iter_local
 
     utts = list(iter_local(args.corpus, args.split))
@@ -124,10 +128,12 @@ def _cache_corpus(args, target) -> int:
                          "<speaker>-<chapter>.trans.txt and the .flac files it names)")
     if args.max_utterances:
         utts = utts[: args.max_utterances]
-    too_long = next((u for u in utts if u.duration_s > args.window_s), None)
-    if too_long is not None and not args.no_pack:
-        raise InputError(f"{too_long.audio}: {too_long.duration_s:.2f} s, longer than a {args.window_s:g} s "
-                         "training window (--window-s, at most 30)")
+    window_s = N_SAMPLES / SAMPLE_RATE if args.no_pack else args.window_s  # unpacked: one encoder window each
+    too_long = next((u for u in utts if u.duration_s > window_s), None)
+    if too_long is not None:
+        raise InputError(f"{too_long.audio}: {too_long.duration_s:.2f} s, longer than a {window_s:g} s "
+                         + ("encoder window (--no-pack: one utterance a window)" if args.no_pack
+                            else "training window (--window-s, at most 30)"))
     if args.no_pack:
         windows = [[i] for i in range(len(utts))]
     else:
@@ -370,6 +376,8 @@ def cache_difference(meta: dict, args, target) -> str | None:
     wanted = {"language": args.language, "timestamps": bool(args.timestamps), "max_new_tokens": args.max_new_tokens,
               "enc_dtype": args.enc_dtype, "hidden_dtype": args.hidden_dtype,
               "target": draft_data.target_identity(target, target_name(args.model)), "source": corpus_source(args)}
+    if isinstance(meta.get("source"), dict) and "corpus" in meta["source"] and "files" not in meta["source"]:
+        return "it predates the record of its corpus's files (forty-third session)"
     return draft_data.first_difference(meta, wanted)
 
 

@@ -240,6 +240,8 @@ def _resume(ckpt_path: Path, key: dict[str, Any], draft: nn.Module,
     must hold (`_run_key`); one recorded before some of it was (no "target", "data") is compared on the rest.
     ValueError naming the first field that differs."""
     state = torch.load(ckpt_path, weights_only=True)  # tensors and plain data only: no pickled code
+    if "head_size" not in state:  # recorded before the head size was: the head it holds
+        state["head_size"] = None if state.get("draft_vocab") is None else len(state["draft_vocab"])
     wanted = {name: value for name, value in key.items() if name in state}
     if "target" in wanted:
         wanted["target"] = comparable_identity(state["target"], key["target"])
@@ -253,13 +255,15 @@ def _resume(ckpt_path: Path, key: dict[str, Any], draft: nn.Module,
 
 
 def _run_key(target: nn.Module, target_name: str | None, train: PseudoLabelCache | CacheUnion, cfg: TrainConfig,
-             layer_ids: list[int], draft_vocab: torch.Tensor | None) -> dict[str, Any]:
+             layer_ids: list[int], draft_vocab: torch.Tensor | None,
+             init_from: str | os.PathLike | None) -> dict[str, Any]:
     """What a checkpoint records of its run and a resumed run must match: the config, the target layers the draft
-    started from, the target (`target_identity`), the training caches (`fingerprint`: their meta.json) and the
-    head asked for (its size, None: as the target's or --init-draft's; a checkpoint resumed with another size kept
-    its own head, whatever --vocab-size said)."""
+    started from, the target (`target_identity`), the training caches (`fingerprint`: their meta.json), the head
+    asked for (its size, None: as the target's or the initial draft's) and the draft it started from (a checkpoint
+    resumed with another size or start kept its own head and layers, whatever --vocab-size or --init-draft said)."""
     return {"config": asdict(cfg), "layers": layer_ids, "target": target_identity(target, target_name),
-            "data": train.fingerprint(), "head_size": None if draft_vocab is None else len(draft_vocab)}
+            "data": train.fingerprint(), "head_size": None if draft_vocab is None else len(draft_vocab),
+            "init_draft": None if init_from is None else str(Path(init_from).resolve())}
 
 
 def _history_point(target: nn.Module, draft: nn.Module, held_out: PseudoLabelCache | None, cfg: TrainConfig,
@@ -405,7 +409,7 @@ def train_draft(
     work.mkdir(parents=True, exist_ok=True)
     ckpt_path = work / "ckpt.pt"
     layer_ids = list(layers) if layers is not None else default_layers(target.config.decoder_layers, cfg.kind)
-    key = _run_key(target, target_name, train, cfg, layer_ids, draft_vocab)
+    key = _run_key(target, target_name, train, cfg, layer_ids, draft_vocab, init_from)
     run = _start_training(target, cfg, ckpt_path, key, draft_vocab, init_from)
     head = target.proj_out.weight
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
