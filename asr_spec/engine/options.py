@@ -49,9 +49,12 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if self.language is not None and (not isinstance(self.language, str) or not self.language.strip()):
-            raise ValueError(f"language must be a language code or name, or None (detect), got {self.language!r}")
+            raise ValueError(f"language must be a language code or name, or auto (None in Python) to detect it, got "
+                             f"{self.language!r}")
         if self.language is not None:
             language_code(self.language)  # known to Whisper: checked before any model loads
+        if isinstance(self.task, str):  # "Translate" as "translate", as a language's name is taken in any case
+            object.__setattr__(self, "task", self.task.strip().lower())
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', got {self.task!r}")
         for name in ("timestamps", "cuda_graphs", "draft_bf16", "certified_head"):

@@ -121,6 +121,17 @@ def draft_kind(path: str | os.PathLike) -> str:
     return json.loads((Path(path) / INFO_FILE).read_text()).get("kind", DECODER_KIND)
 
 
+def trained_language(path: str | os.PathLike) -> str | None:
+    """The language a distilled draft's pseudo-labels were all in (its INFO_FILE's training caches), None when they
+    were in several, not recorded, or `path` is no distilled draft (a hub draft: a name, not a folder)."""
+    try:
+        info = json.loads((Path(path) / INFO_FILE).read_text())
+        languages = {meta.get("language") for meta in info.get("train_meta") or []}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return languages.pop() if len(languages) == 1 and None not in languages else None
+
+
 def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:
     """Load a draft saved by `save_trained_draft` for `target`: its layers from `path`, the embeddings, position
     table and head tied to the target's, in the target's dtype and device; `draft_vocab_ids` set when restricted."""
