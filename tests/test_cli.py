@@ -403,6 +403,31 @@ def test_the_summary_names_fallback_only_where_a_window_fell_back() -> None:
     assert "greedy (no draft)" in run.summary()
 
 
+def test_the_summary_names_the_languages_it_detected() -> None:
+    """A French file decoded as Thai showed only in the JSON (a multilingual reviewer's); a run that detects says
+    what it found, a run given its language says nothing of it."""
+    from types import SimpleNamespace
+
+    from asr_spec.cli.transcribe import _Run
+    from asr_spec.engine import ChunkStats
+
+    def result(language: str) -> SimpleNamespace:
+        return SimpleNamespace(error=None, audio_s=1.0, stats=ChunkStats(), n_dropped=0, redecoded_tails=0,
+                               fallback_windows=(), source="a.wav", text="", language=language)
+
+    given, detects = _Run(2, Path("out")), _Run(3, Path("out"))
+    detects.detects = True
+    for code in ("de", "fr", "de"):
+        given.add(result(code))
+        detects.add(result(code))
+    assert "language" not in given.summary()
+    assert "languages detected: de 2, fr 1" in detects.summary()
+    alone = _Run(1, Path("out"))
+    alone.detects = True
+    alone.add(result("fr"))
+    assert ", language fr (detected)" in alone.summary()
+
+
 def test_a_ctrl_c_while_the_command_line_imports_is_one_line(capsys, monkeypatch) -> None:
     """The console script imported the whole command line (torch, transformers) before any catch: a Ctrl-C in its
     first second was a 25-50 line traceback from the middle of an import (a diff reviewer's). Its entry point,

@@ -165,6 +165,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
             prepare_output_dir(output_dir)
         transcriber = Transcriber.from_preset(preset, device=device, **overrides)
         run.precision = precision_line(*run_of(transcriber))
+        run.detects = transcriber.options.decode.language is None and transcriber.tokens.is_multilingual
         run.loaded()
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
@@ -237,6 +238,8 @@ class _Run:
         self.loaded_at, self.built_at_load = self.start, self.built_before_s  # `loaded`: the models ready
         self.precision = ""  # where and in what dtype it decodes: "cpu amx-bf16, bfloat16" (models.cpu)
         self.said: Counter[str] = Counter()  # files whose error `check_files` printed, not printed again by `add`
+        self.detects = False  # whether the language is detected (`auto` on a multilingual model): the summary says
+        self.languages: Counter[str] = Counter()  # what it found, per file
 
     def check_files(self, files: list[str]) -> None:
         """Say at once each file that cannot be audio (missing, a folder, empty, text: `check_file`); it stays in
@@ -276,6 +279,8 @@ class _Run:
         self.stats.append(result.stats)
         self.n_dropped += result.n_dropped
         self.n_tails += result.redecoded_tails
+        if self.detects and result.language:
+            self.languages[result.language] += 1
         for t, n in result.fallback_windows:
             self.fallback[t] = self.fallback.get(t, 0) + n
         if self.output_dir is None:
@@ -325,4 +330,13 @@ class _Run:
         at = ", ".join(f"{n} at {t:g}" for t, n in self.fallback.items())
         fallback = f", windows decoded again (fallback_windows): {at}" if any(self.fallback.values()) else ""
         precision = f" [{self.precision}]" if self.precision else ""
-        return f"{self._files()}: {speed}, {drafting}{dropped}{tails}{fallback}{precision}"
+        return f"{self._files()}: {speed}, {drafting}{dropped}{tails}{fallback}{self._languages()}{precision}"
+
+    def _languages(self) -> str:
+        """", language fr (detected)" or ", languages detected: fr 2, de 1" when the run detected them: a French
+        file decoded as Thai showed only in the JSON before."""
+        if not self.languages:
+            return ""
+        if len(self.languages) == 1:
+            return f", language {next(iter(self.languages))} (detected)"
+        return ", languages detected: " + ", ".join(f"{code} {n}" for code, n in self.languages.most_common())
