@@ -59,6 +59,18 @@ def test_the_chunks_of_a_group_share_a_language_at_any_batch_size(monkeypatch, d
     assert {k: r.tokens for k, r in runs[0].items()} == {k: r.tokens for k, r in runs[1].items()}
 
 
+def test_a_new_run_forgets_the_groups_of_the_last(monkeypatch):
+    """`Transcriber.transcribe` keys its inputs 0, 1, ... in every call: a second call's input 0 took the first
+    call's language."""
+    monkeypatch.setattr(admission, "LANGUAGE_SURE", 0.0)
+    engine = Engine(_target(), None, DecodeOptions(max_new_tokens=4))
+    alone = _languages(engine.decode(_features(), batch_size=8))
+    other = next(i for i in alone if alone[i] != alone[0])
+    for row in (0, other):
+        (result,) = engine.run(iter([ChunkRequest(("input", 0), _features()[row], language_group=0)]), batch_size=1)
+        assert result.prompt[1] == alone[row]
+
+
 def test_a_given_language_token_wins_and_a_foreign_one_is_refused():
     target = _target()
     engine = Engine(target, None, DecodeOptions(max_new_tokens=4))

@@ -72,6 +72,10 @@ class GroupLanguages:
     def __init__(self, size: int = LANGUAGE_GROUPS):
         self.size, self.known = size, OrderedDict()
 
+    def clear(self) -> None:
+        """Forget every group (a new engine run: its group keys name other files)."""
+        self.known.clear()
+
     def settle(self, detected: list[int], sure: list[float], groups: Sequence[Hashable | None]) -> list[int]:
         """Each row's language token: its group's when the group has one, else its own `detected` one, which then
         settles the group's when `sure` enough. Rows in admission order (a file's first chunk before its later

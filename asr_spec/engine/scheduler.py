@@ -180,6 +180,7 @@ class Engine:
         (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
         only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
+        self.admission.groups.clear()  # language groups are a run's: another run's input 0 is another file
         feed = self._feed = Feed(iter(requests), self.encoding.batch, self.encode_batch(batch_size))
         refusals = Refusals(self._refusal, feed.in_flight)
         feed.source = refusals.screen(feed.source)  # a request this model cannot take is refused alone
