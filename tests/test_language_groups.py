@@ -131,3 +131,32 @@ def test_a_preset_draft_distilled_on_english_only_sits_out_a_run_given_another_l
     assert plan_models(preset, "cuda", {"language": "de", "draft": preset.draft}).draft == preset.draft
     (tmp_path / INFO_FILE).write_text(json.dumps({"train_meta": [{"language": "en"}, {"language": "de"}]}))
     assert trained_language(tmp_path) is None and trained_language(tmp_path / "absent") is None
+
+
+def test_a_windows_later_passes_keep_its_first_passs_language():
+    """With --temperature 0,0.2,0.4 a window's later passes took their file's group language as it stood when they
+    were admitted: at batch 8 a French window's 0.2 pass came out German, at batch 1 French (a diff reviewer's)."""
+    from asr_spec.transcribe.fallback import Fallback
+    from asr_spec.transcribe.nospeech import NoSpeechRule
+
+    tokens = Engine(_target(), None, DecodeOptions(max_new_tokens=4)).tokens
+    german = tokens.lang_to_id["<|de|>"]
+    fallback = Fallback(lambda window: (0.0, 0.2), NoSpeechRule(), lambda ids: "a b c", tokens.eot, 1, 0,
+                        tokens.language_in)
+    passes = fallback.run(iter([ChunkRequest("w", _features()[0], language_group="f")]))
+    first = next(passes)
+    assert first.language_token is None
+    prompt = (tokens.sot, german, tokens.task_to_id["transcribe"])
+    failing = ChunkResult(first.id, (tokens.eot,), prompt, "eos", ChunkStats(), no_speech_prob=0.0, avg_logprob=-5.0)
+    assert fallback.resolve(failing) is None  # below the log-probability threshold: decoded again at 0.2
+    second = next(passes)
+    assert second.temperature == 0.2 and second.language_token == german and second.language_group == "f"
+
+
+def test_a_drafts_language_is_compared_as_a_code(tmp_path):
+    import json
+
+    from asr_spec.models.drafts import INFO_FILE, trained_language
+
+    (tmp_path / INFO_FILE).write_text(json.dumps({"train_meta": [{"language": "english"}, {"language": "en"}]}))
+    assert trained_language(tmp_path) == "en"

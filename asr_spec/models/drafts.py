@@ -124,12 +124,14 @@ def draft_kind(path: str | os.PathLike) -> str:
 def trained_language(path: str | os.PathLike) -> str | None:
     """The language a distilled draft's pseudo-labels were all in (its INFO_FILE's training caches), None when they
     were in several, not recorded, or `path` is no distilled draft (a hub draft: a name, not a folder)."""
+    from asr_spec.engine.options import language_code
+
     try:
         info = json.loads((Path(path) / INFO_FILE).read_text())
-        languages = {meta.get("language") for meta in info.get("train_meta") or []}
-    except (OSError, ValueError, AttributeError, TypeError):
+        languages = {language_code(str(meta.get("language"))) for meta in info.get("train_meta") or []}
+    except (OSError, ValueError, AttributeError, TypeError):  # language_code's ValueError too: not one Whisper knows
         return None
-    return languages.pop() if len(languages) == 1 and None not in languages else None
+    return languages.pop() if len(languages) == 1 else None
 
 
 def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:

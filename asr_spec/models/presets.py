@@ -51,6 +51,7 @@ that choose and load models are checked here; the option values only where they 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tomllib
@@ -63,6 +64,7 @@ import torch
 
 from asr_spec.checks import int_at_least
 from asr_spec.errors import InputError
+from asr_spec.logs import NOTICE
 from asr_spec.models.cpu import DECODE_CLASSES, DTYPES, CpuCapabilities, class_entry, decode_class, resolve_precision
 
 __all__ = ["DEFAULT_PRESET", "ModelPlan", "Preset", "available_presets", "load_preset", "plan_models",
@@ -156,9 +158,15 @@ def _draft_for_language(preset: Preset, draft: str, language: str | None) -> str
         return draft  # the options' own check names it
     if trained is None or trained == wanted:
         return draft
-    log.info("preset %s: greedy for language %r (its draft %s was distilled on %r speech only: pass --draft to use "
-             "it anyway)", preset.name, wanted, draft, trained)
+    _note_once(f"preset {preset.name}: greedy for language {wanted!r} (its draft {draft} was distilled on "
+               f"{trained!r} speech only: pass --draft to use it anyway)")
     return None
+
+
+@functools.cache
+def _note_once(message: str) -> None:
+    """`message` as a note, once a process (a command plans its models twice: to check them, then to load them)."""
+    log.info("%s", message, extra=NOTICE)
 
 
 MODEL_KEYS = ("model", "draft", "dtype", "device")  # the overrides that choose and load models (not options)

@@ -108,6 +108,7 @@ class _Window:
     stats: list[ChunkStats] = field(default_factory=list)  # every pass's cost
     encoded: object = None  # the first pass's encoder output, for the next passes
     digest: bytes | None = None
+    language: int | None = None  # the first pass's language token, the next passes' (None: not known yet)
 
 
 GREEDY_ONLY = (0.0,)  # a schedule with no fallback: the window's one greedy pass is its result
@@ -118,12 +119,17 @@ class Fallback:
 
     schedule: the temperatures of a window, from its request id (the transcriber's options; the server's per
     request); rule: the thresholds (`NoSpeechRule`); decode: token ids -> text (the compression ratio's input);
-    eot: <|endoftext|>'s id; best_of: candidates per pass at a temperature > 0; seed: the run's seed.
+    eot: <|endoftext|>'s id; best_of: candidates per pass at a temperature > 0; seed: the run's seed;
+    language_in: a result's prompt -> its language token (`WhisperTokens.language_in`): a window's later passes
+    are decoded in its first pass's language (they took their file's language group's as it stood when they were
+    admitted, which depends on the batch: at batch 8 a French window's 0.2 pass came out German).
     """
 
     def __init__(self, schedule: Callable[[Hashable], tuple[float, ...]], rule: NoSpeechRule,
-                 decode: Callable[[Sequence[int]], str], eot: int, best_of: int, seed: int):
+                 decode: Callable[[Sequence[int]], str], eot: int, best_of: int, seed: int,
+                 language_in: Callable[[Sequence[int]], int | None] = lambda prompt: None):
         self.schedule, self.rule, self.decode, self.eot = schedule, rule, decode, eot
+        self.language_in = language_in
         self.best_of, self.seed = best_of, seed
         self.windows: dict[Hashable, _Window] = {}  # by the window's own id
         self.queue: deque[ChunkRequest] = deque()  # next passes, waiting to be pulled
@@ -163,6 +169,8 @@ class Fallback:
         window.stats.append(result.stats)
         if result.encoded is not None and window.encoded is None:
             window.encoded = result.encoded
+        if window.language is None:
+            window.language = self.language_in(result.prompt)
         window.candidates.append(result)
         if window.waiting:
             return None
@@ -193,7 +201,9 @@ class Fallback:
         if window.pass_index == 0:  # its encoder output is kept for the next passes, if any
             request = dataclasses.replace(request, keep_encoded=request.keep_encoded or len(window.schedule) > 1)
         else:
-            request = dataclasses.replace(request, encoded=window.encoded, keep_encoded=request.keep_encoded)
+            request = dataclasses.replace(request, encoded=window.encoded, keep_encoded=request.keep_encoded,
+                                          language_token=(window.language if request.language_token is None
+                                                          else request.language_token))
         if temperature == 0:
             window.waiting = 1
             return [dataclasses.replace(request, temperature=0.0)]

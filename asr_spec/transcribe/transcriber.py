@@ -391,7 +391,7 @@ class Transcriber:
                 return None
             schedule = functools.partial(_same_schedule, self.options.temperature)
         return Fallback(schedule, self.options.no_speech, self.assembler.decode, self.tokens.eot,
-                        self.options.best_of, self.options.seed)
+                        self.options.best_of, self.options.seed, self.tokens.language_in)
 
     # -- one run's bookkeeping ------------------------------------------------------------------------------------
     def tail_source(self) -> TailSource | None:
