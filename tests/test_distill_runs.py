@@ -213,3 +213,13 @@ def test_cache_takes_one_source_and_a_missing_cache_says_how_to_make_one(tmp_pat
     assert code == 1 and len(lines) == 1 and "--corpus and --long-file given; give one of them" in lines[0], err
     with pytest.raises(ValueError, match="make one with `asr-spec distill cache`"):
         draft_data.PseudoLabelCache(tmp_path)
+
+
+def test_a_ctrl_c_says_what_is_kept(capsys, monkeypatch):
+    """An interrupted `distill` exited 130 without a word (`eval` said "interrupted ...")."""
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "cmd_train", interrupted)
+    code, _, err = distill_cli(capsys, "train", "--train-cache", "c", "--work", "w")
+    assert code == 130 and err.startswith("interrupted (training: the same command goes on from its last checkpoint")

@@ -76,8 +76,8 @@ def _call(command: Callable[[Any], int | None], ctx: typer.Context, params: dict
     """Run `command` on the group's --model and a command's parameters (its `locals()` on entry); an error the
     user's input caused (a model, cache or checkpoint that cannot be read, a bad value) is one `error:` line. A
     command that returns a count of inputs it skipped (`cache`, `run`: unreadable utterances) exits 1 when some
-    were, having done the rest."""
-    from asr_spec.cli.options import EXIT_FAILED, USER_ERRORS, fail
+    were, having done the rest. A Ctrl-C is one `interrupted` line, exit 130."""
+    from asr_spec.cli.options import EXIT_FAILED, EXIT_INTERRUPTED, USER_ERRORS, fail
     from asr_spec.errors import one_line
 
     values = {name: value for name, value in params.items() if name != "ctx"}
@@ -88,6 +88,10 @@ def _call(command: Callable[[Any], int | None], ctx: typer.Context, params: dict
         skipped = command(SimpleNamespace(model=ctx.obj["model"], **values))
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_FAILED)
+    except KeyboardInterrupt:  # typer's exit 130 said nothing; training goes on from its last checkpoint
+        typer.echo("interrupted (training: the same command goes on from its last checkpoint; labelling: starts "
+                   "again)", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     if skipped:
         raise typer.Exit(EXIT_FAILED)
 
