@@ -274,7 +274,7 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     `DIGITAL_SILENCE_S` into a stretch scored 0, the state kept)."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
-    from asr_spec.audio.silero import SileroVad, long_silence
+    from asr_spec.audio.silero import SileroVad, long_silence, rest_frames
 
     speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")[: SR * 3]
     zeros = np.zeros(SR * 2, np.float32)
@@ -284,8 +284,10 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     vad = SileroVad()
     assert vad._parts is not None  # this silero-vad is laid out as expected: the batched path runs
     vad.reset()
-    skip, _ = long_silence(frames)
+    rest = rest_frames()
+    skip, _ = long_silence(frames, quiet_before=len(rest))
     assert 25 <= skip.sum() <= 35  # the 2 s stretch beyond its first second, no other
+    vad._frame_by_frame(rest, np.zeros(len(rest), bool))  # the model as `reset` leaves it: a second of zeros heard
     reference = vad._frame_by_frame(frames, skip)
     assert (reference > 0.5).any() and (reference[~skip] < 0.1).sum() >= 15  # speech, and silence heard as silence
     vad.reset()
@@ -318,6 +320,24 @@ def test_quiet_16_bit_speech_is_heard(peak_db: float, share: float, lead_s: int)
         vad.reset()
         heard.append(int((vad(np.r_[np.zeros(lead, np.float32), signal])[lead // FRAME_SAMPLES:] >= 0.5).sum()))
     assert heard[1] >= share * heard[0] > 0, heard
+
+
+def test_quiet_speech_is_heard_alike_at_the_start_and_after_silence():
+    """From its zero state silero heard little of quiet speech opening a file (a reviewer's -50 dBFS upload: no
+    word; the same after half a second of silence: transcribed): a signal now starts as after a long silence."""
+    pytest.importorskip("silero_vad")
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.silero import SileroVad
+
+    speech = load_audio("tests/fixtures/speech/short/festival-slt-hts.flac")
+    speech = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES] / np.abs(speech).max()
+    quiet = (np.round(speech * 10 ** (-50 / 20) * 32768) / 32768).astype(np.float32)
+    vad, heard = SileroVad(), []
+    for lead in (0, SR // 2 // FRAME_SAMPLES * FRAME_SAMPLES, 20 * SR):
+        vad.reset()
+        heard.append(vad(np.r_[np.zeros(lead, np.float32), quiet])[lead // FRAME_SAMPLES:])
+    np.testing.assert_allclose(heard[0], heard[2], atol=1e-5)  # a start is a long silence
+    assert (heard[0] >= 0.5).sum() >= 0.9 * (heard[1] >= 0.5).sum() > 0
 
 
 def test_long_silence_counts_its_stretch_across_calls():

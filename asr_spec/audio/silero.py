@@ -52,13 +52,25 @@ class SileroVad:
             warnings.simplefilter("ignore", DeprecationWarning)
             self.model = load_silero_vad(onnx=False)
         self._parts = _model_parts(self.model)
+        self._rest: tuple | None = None  # the LSTM's state after a long stretch of digital silence (`reset`)
         self.reset()
 
     def reset(self) -> None:
+        """Before a new signal: the model as after a long stretch of digital silence (`rest_frames` of zeros
+        heard), as `long_silence` leaves it. From its zero state silero heard little of quiet speech that opens a
+        file (-50 dBFS espeak: 0 of 135 frames; 104 after half a second of zeros), so a file's start is treated as
+        a stretch of silence is."""
         self.model.reset_states()
         self._state = None  # the LSTM's (h, c) after the last frame, None = zeros
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
         self._quiet_run = 0  # digitally silent frames at the end of the signal so far (`long_silence`)
+        if self._parts is None:
+            self(rest_frames())
+        else:
+            if self._rest is None:
+                self(rest_frames())
+                self._rest = self._state
+            self._state, self._quiet_run = self._rest, len(rest_frames())
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
@@ -91,6 +103,17 @@ class SileroVad:
         return out
 
 
+def rest_frames() -> np.ndarray:
+    """(n, FRAME_SAMPLES) zeros: the stretch of digital silence the model has heard when a signal starts (`reset`),
+    the most of one it hears (`long_silence`)."""
+    return np.zeros((_silence_frames(), FRAME_SAMPLES), np.float32)
+
+
+def _silence_frames() -> int:
+    """Frames in DIGITAL_SILENCE_S."""
+    return round(DIGITAL_SILENCE_S * SAMPLE_RATE / FRAME_SAMPLES)
+
+
 def long_silence(frames: np.ndarray, quiet_before: int = 0) -> tuple[np.ndarray, int]:
     """The frames of frames (n, FRAME_SAMPLES) that lie DIGITAL_SILENCE_S or more into a stretch of digital silence
     (frames whose every |sample| is within DIGITAL_SILENCE; `quiet_before` of them just before the first), scored
@@ -105,7 +128,7 @@ def long_silence(frames: np.ndarray, quiet_before: int = 0) -> tuple[np.ndarray,
     index = np.arange(len(quiet))
     last_loud = np.maximum.accumulate(np.where(quiet, -1, index)) if len(quiet) else index
     run = np.where(last_loud < 0, index + 1 + quiet_before, index - last_loud)  # quiet frames ending at each
-    return run > round(DIGITAL_SILENCE_S * SAMPLE_RATE / FRAME_SAMPLES), int(run[-1]) if len(run) else quiet_before
+    return run > _silence_frames(), int(run[-1]) if len(run) else quiet_before
 
 
 def _model_parts(model):
