@@ -88,8 +88,8 @@ DTYPE = typer.Option(None, help="auto (float16 on CUDA; on a CPU bfloat16 where 
                      "row-invariant, so speculative == bf16 greedy token for token; int8 on an AVX2-only CPU; else "
                      "float32: docs/cpu.md), float32, float16, bfloat16, int8 (fp32 weights, the encoder's products "
                      "in int8). Default: the preset's.")
-LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto (detected once per file). "
-                        "Default: the preset's.")
+LANGUAGE = typer.Option(None, help="Spoken language (en, english...) or auto (detected: once per "
+                        "file, per re-decode in a live stream). Default: the preset's.")
 BATCH_SIZE = typer.Option(None, help="Chunks decoded together, across files. Default: TranscribeOptions' (presets "
                           "set none).")
 RAY = typer.Option(False, "--ray", help="Run on a Ray cluster (pip install 'asr-spec[ray]'): one JSONL record per "
