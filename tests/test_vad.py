@@ -274,7 +274,7 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     `DIGITAL_SILENCE_S` into a stretch scored 0, the state kept)."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
-    from asr_spec.audio.silero import SileroVad, long_silence, rest_frames
+    from asr_spec.audio.silero import SileroVad, gains, long_silence, rest_frames
 
     speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")[: SR * 3]
     zeros = np.zeros(SR * 2, np.float32)
@@ -288,7 +288,7 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     skip, _ = long_silence(frames, quiet_before=len(rest))
     assert 25 <= skip.sum() <= 35  # the 2 s stretch beyond its first second, no other
     vad._frame_by_frame(rest, np.zeros(len(rest), bool))  # the model as `reset` leaves it: a second of zeros heard
-    reference = vad._frame_by_frame(frames, skip)
+    reference = vad._frame_by_frame(frames * gains(frames)[0][:, None], skip)  # a quiet start heard raised
     assert (reference > 0.5).any() and (reference[~skip] < 0.1).sum() >= 15  # speech, and silence heard as silence
     vad.reset()
     np.testing.assert_allclose(vad(signal), reference, atol=1e-4)
@@ -338,6 +338,28 @@ def test_quiet_speech_is_heard_alike_at_the_start_and_after_silence():
         heard.append(vad(np.r_[np.zeros(lead, np.float32), quiet])[lead // FRAME_SAMPLES:])
     np.testing.assert_allclose(heard[0], heard[2], atol=1e-5)  # a start is a long silence
     assert (heard[0] >= 0.5).sum() >= 0.9 * (heard[1] >= 0.5).sum() > 0
+
+
+def test_speech_below_minus_40_dbfs_is_heard_raised_to_it():
+    """silero hears little of speech quieter than about -45 dBFS (a server reviewer's -50 dBFS English upload lost
+    "Good morning everyone" and was detected as Welsh): the VAD hears a quiet signal raised to -40 dBFS, at most
+    30 dB; a louder one as it is."""
+    pytest.importorskip("silero_vad")
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.silero import MAX_GAIN, QUIET_PEAK, SileroVad, gains
+
+    frames = np.zeros((4, FRAME_SAMPLES), np.float32)
+    frames[1, 0], frames[2, 0], frames[3, 0] = 1e-4, 1e-3, 0.5  # -80, -60, -6 dBFS: the peak so far rises
+    gain, peak = gains(frames)
+    np.testing.assert_allclose(gain, [MAX_GAIN, MAX_GAIN, QUIET_PEAK / 1e-3, 1.0], rtol=1e-5)
+    assert peak == 0.5 and gains(frames[:1], peak_before=0.5)[0].tolist() == [1.0]
+    speech = load_audio("tests/fixtures/speech/short/festival-slt-hts.flac")
+    speech = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES] / np.abs(speech).max()
+    vad, heard = SileroVad(), []
+    for db in (0, -60):
+        vad.reset()
+        heard.append(int((vad((np.round(speech * 10 ** (db / 20) * 32768) / 32768).astype(np.float32)) >= 0.5).sum()))
+    assert heard[1] >= 0.9 * heard[0] > 0, heard
 
 
 def test_long_silence_counts_its_stretch_across_calls():

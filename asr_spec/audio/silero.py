@@ -64,6 +64,7 @@ class SileroVad:
         self._state = None  # the LSTM's (h, c) after the last frame, None = zeros
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
         self._quiet_run = 0  # digitally silent frames at the end of the signal so far (`long_silence`)
+        self._peak, self._gain = 0.0, 1.0  # the signal's loudest |sample| so far, the last frame's gain (`gains`)
         if self._parts is None:
             self(rest_frames())
         else:
@@ -75,6 +76,11 @@ class SileroVad:
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
         skip, self._quiet_run = long_silence(frames, self._quiet_run)
+        gain, self._peak = gains(frames, self._peak)
+        context_gain = np.r_[self._gain, gain[:-1]]  # a frame's context as the frame before it was heard
+        if len(frames):
+            self._gain = float(gain[-1])
+        frames = frames * gain[:, None]
         if self._parts is None:
             return self._frame_by_frame(frames, skip)
         import torch
@@ -83,13 +89,14 @@ class SileroVad:
         live = np.flatnonzero(~skip)
         if len(live):
             context = np.concatenate([self._context[None], frames[:-1, -CONTEXT_SAMPLES:]])
+            context[0] *= context_gain[0]
             front, lstm, head = self._parts
             with torch.inference_mode():
                 feats = front(torch.from_numpy(np.concatenate([context[live], frames[live]], axis=1)))  # (n, 128)
                 hidden, self._state = lstm(feats[None], self._state)
                 out[live] = head(hidden[0].T[None])[0, 0].numpy()
         if len(frames):
-            self._context = frames[-1, -CONTEXT_SAMPLES:].copy()
+            self._context = frames[-1, -CONTEXT_SAMPLES:] / gain[-1]
         return out
 
     def _frame_by_frame(self, frames: np.ndarray, skip: np.ndarray) -> np.ndarray:
@@ -101,6 +108,22 @@ class SileroVad:
             for index in np.flatnonzero(~skip):
                 out[index] = float(self.model(x[index][None], SAMPLE_RATE))
         return out
+
+
+QUIET_PEAK = 10 ** (-40 / 20)  # a signal whose loudest sample so far is below this (-40 dBFS) is heard raised to it
+MAX_GAIN = 10 ** (30 / 20)  # by at most 30 dB (hiss at -70 dBFS stays hiss at -40)
+
+
+def gains(frames: np.ndarray, peak_before: float = 0.0) -> tuple[np.ndarray, float]:
+    """Per frame of frames (n, FRAME_SAMPLES), the gain the model hears it at: a signal whose loudest |sample| so
+    far (`peak_before` before the first frame) is below QUIET_PEAK is raised to it, by at most MAX_GAIN; louder
+    ones are heard as they are. -> ((n,) gains >= 1, the loudest |sample| so far). Causal, so the same whatever the
+    blocks. Why: silero hears little of speech quieter than about -45 dBFS (-50 dBFS espeak English lost its first
+    second, "Good morning everyone", and was then detected as Welsh)."""
+    peaks = np.maximum.accumulate(np.r_[peak_before, np.abs(frames).max(axis=1, initial=0.0)])
+    with np.errstate(divide="ignore"):
+        gain = np.clip(QUIET_PEAK / peaks[1:], 1.0, MAX_GAIN)
+    return gain.astype(np.float32), float(peaks[-1])
 
 
 def rest_frames() -> np.ndarray:
