@@ -71,7 +71,7 @@ class SileroVad:
             if self._rest is None:
                 self(rest_frames())
                 self._rest = self._state
-            self._state, self._quiet_run = self._rest, len(rest_frames())
+            self._state, self._quiet_run = self._rest, _silence_frames()
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)

@@ -73,6 +73,12 @@ class DecodeOptions:
         return self.draft_max_rows is None or n_rows <= self.draft_max_rows
 
 
+def is_auto(language: Any) -> bool:
+    """Whether a language option says "auto" (detect it), in any case: the one spelling of it the options and the
+    presets' draft rule read."""
+    return isinstance(language, str) and language.strip().lower() == "auto"
+
+
 def language_code(language: str) -> str:
     """Whisper's code of a language given as a code, a name or a token ("en", "English", "<|en|>" -> "en");
     ValueError naming it when Whisper has no such language (found when the engine was built, after the models

@@ -127,11 +127,20 @@ def trained_language(path: str | os.PathLike) -> str | None:
     from asr_spec.engine.options import language_code
 
     try:
-        info = json.loads((Path(path) / INFO_FILE).read_text())
-        languages = {language_code(str(meta.get("language"))) for meta in info.get("train_meta") or []}
-    except (OSError, ValueError, AttributeError, TypeError):  # language_code's ValueError too: not one Whisper knows
+        languages = {language_code(str(meta.get("language"))) for meta in training_caches(path)}
+    except (ValueError, AttributeError):  # language_code's ValueError: not one Whisper knows; a meta not a mapping
         return None
     return languages.pop() if len(languages) == 1 else None
+
+
+def training_caches(path: str | os.PathLike) -> list:
+    """What a distilled draft's INFO_FILE records of the pseudo-label caches it was trained on ("train_meta": each
+    cache's meta.json but its ids); [] when it records none or `path` holds no readable INFO_FILE (a hub draft)."""
+    try:
+        caches = json.loads((Path(path) / INFO_FILE).read_text()).get("train_meta") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return caches if isinstance(caches, list) else []
 
 
 def load_trained_draft(path: str | os.PathLike, target: nn.Module) -> Any:

@@ -4,7 +4,6 @@ draft made by `asr-spec distill`. Safetensors only, never remote code."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -23,7 +22,14 @@ from asr_spec.models.cpu import INT8, torch_dtype
 # decided in models.cpu; callers import them here too
 from asr_spec.models.cpu import resolve_dtype as resolve_dtype
 from asr_spec.models.cpu import resolve_precision as resolve_precision
-from asr_spec.models.drafts import DECODER_KIND, INFO_FILE, decoder_draft, draft_kind, load_trained_draft
+from asr_spec.models.drafts import (
+    DECODER_KIND,
+    INFO_FILE,
+    decoder_draft,
+    draft_kind,
+    load_trained_draft,
+    training_caches,
+)
 from asr_spec.models.feature_draft import KIND as FEATURE_KIND
 from asr_spec.models.feature_draft import load_feature_draft
 
@@ -234,11 +240,8 @@ def other_target(path: str | os.PathLike, target: nn.Module) -> str | None:
     """How the target a distilled draft was trained for (its distill.json: the config fields its training cache
     recorded of the target that labelled it) differs from `target`, as "decoder_layers 6, this one 4"; None when
     they agree or nothing is recorded. Names are not compared (one model has many)."""
-    try:
-        info = json.loads((Path(path) / INFO_FILE).read_text())
-        recorded = (info.get("train_meta") or [{}])[0].get("target") or {}
-    except (OSError, ValueError, AttributeError, IndexError):
-        return None
+    caches = training_caches(path)
+    recorded = caches[0].get("target") if caches and isinstance(caches[0], dict) else None
     for key, value in recorded.items() if isinstance(recorded, dict) else ():
         have = getattr(target.config, key, None) if key not in ("name", "eot") else value
         if have != value:

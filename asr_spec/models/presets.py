@@ -146,10 +146,10 @@ def _draft_for_language(preset: Preset, draft: str, language: str | None) -> str
     """The preset's draft, or None when the run's language is given and the draft was distilled on another one only
     (`drafts.trained_language`): on German and Spanish the English-distilled base draft had 13 % of its tokens
     accepted and made the run 1.35x slower, the same text. Detected languages ("auto") keep it."""
-    from asr_spec.engine.options import language_code
+    from asr_spec.engine.options import is_auto, language_code
     from asr_spec.models.drafts import trained_language
 
-    if language is None or str(language).strip().lower() == "auto":
+    if language is None or is_auto(language):
         return draft
     trained = trained_language(draft)
     try:

@@ -161,9 +161,7 @@ class Assembler:
         token after sot (a prompt's first token is not the language); "en" for English-only models."""
         if not self._code_of:
             return "en"
-        prompt = list(result.prompt)
-        at = prompt.index(self.tokens.sot) + 1 if self.tokens.sot in prompt else 1
-        return self._code_of.get(prompt[at]) if at < len(prompt) else None
+        return self._code_of.get(self.tokens.language_in(result.prompt))
 
 
 def words_left(words: Sequence[Sequence[WordTiming]], before: Sequence[Sequence[int]], after: Sequence[Sequence[int]],

@@ -11,6 +11,7 @@ from asr_spec.audio.loading import DEFAULT_BLOCK_S, SAMPLE_RATE
 from asr_spec.audio.vad import VadOptions
 from asr_spec.checks import int_at_least, is_number, positive_seconds, seconds_at_least_zero
 from asr_spec.engine import DecodeOptions
+from asr_spec.engine.options import is_auto
 from asr_spec.errors import InputError, one_line
 from asr_spec.transcribe.captions import CueOptions
 from asr_spec.transcribe.nospeech import NoSpeechRule
@@ -87,7 +88,7 @@ class TranscribeOptions:
         unknown = sorted(set(values) - set(cls.keys()))
         if unknown:
             raise InputError(f"unknown option(s) {', '.join(unknown)} (known: {', '.join(cls.keys())})")
-        if isinstance(values.get("language"), str) and values["language"].strip().lower() == "auto":
+        if is_auto(values.get("language")):
             values["language"] = None
         decode = {k: values[k] for k in _DECODE_KEYS if k in values}
         try:
