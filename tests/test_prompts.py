@@ -134,12 +134,15 @@ def test_a_prompted_name_is_spelled_as_in_the_prompt():
 def test_a_chunks_language_is_the_token_after_startoftranscript_whatever_the_prompt():
     """A prompt puts <|startofprev|> and its text before <|startoftranscript|>: the language was read as the
     prompt's first text token (None: a prompted request's verbose_json said language "")."""
+    import functools
     from types import SimpleNamespace
 
+    from asr_spec.engine.rules import WhisperTokens
     from asr_spec.transcribe.assembly import Assembler
 
     sot, prev, english, german = 50, 51, 60, 61
     tokens = SimpleNamespace(sot=sot, eot=49, timestamp_begin=70, lang_to_id={"<|en|>": english, "<|de|>": german})
+    tokens.language_in = functools.partial(WhisperTokens.language_in, tokens)  # the engine's reading of a prompt
     assembler = Assembler(SimpleNamespace(decode=lambda ids, **_: ""), tokens, TranscribeOptions())
     for prompt, code in [((sot, german, 62), "de"), ((prev, 3, 4, english, sot, german, 62), "de"),
                          ((prev, 3, sot, english, 62), "en"), ((sot,), None)]:
