@@ -27,13 +27,36 @@ def _target():
     return random_whisper("test", seed=1, vocab_size=70, init_std=1.0)
 
 
+LANGS = [7, 8, 9]  # three language tokens, a detection's columns
+
+
+def _probs(*rows: tuple[float, float, float]) -> torch.Tensor:
+    return torch.tensor(rows)
+
+
 def test_a_group_takes_its_first_sure_language_and_forgets_the_oldest():
     groups = GroupLanguages(size=2)
     # an unsure first detection decodes its own row and leaves the group open; the first sure one settles it
-    assert groups.settle([7, 8, 9], [0.4, 0.9, 0.99], ["f", "f", "f"]) == [7, 8, 8]
-    assert groups.settle([9, 5], [0.99, 0.3], ["f", None]) == [8, 5]  # no group: its own, always
-    assert groups.settle([1, 2], [0.6, 0.6], ["g", "h"]) == [1, 2] and list(groups.known) == ["g", "h"]
-    assert groups.settle([3], [0.1], ["f"]) == [3]  # "f", the oldest, was forgotten
+    assert groups.settle(_probs((0.4, 0.3, 0.3), (0.05, 0.9, 0.05), (0, 0.01, 0.99)), LANGS, ["f"] * 3) == [7, 8, 8]
+    # no group: its own, always
+    assert groups.settle(_probs((0, 0.01, 0.99), (0.2, 0.3, 0.5)), LANGS, ["f", None]) == [8, 9]
+    assert groups.settle(_probs((0.6, 0.2, 0.2), (0.2, 0.6, 0.2)), LANGS, ["g", "h"]) == [7, 8]
+    assert list(groups.known) == ["g", "h"]
+    assert groups.settle(_probs((0.1, 0.1, 0.8)), LANGS, ["f"]) == [9]  # "f", the oldest, was forgotten
+
+
+def test_an_unsure_groups_chunks_take_the_language_its_detections_pool_to():
+    """A group no detection was sure of decoded each chunk in its own detected language (a file's chunks in
+    several). Unsure detections now pool: a chunk takes the language the group's detections so far give the most
+    probability in all, until a sure one settles the group."""
+    groups = GroupLanguages()
+    first, second = (0.45, 0.30, 0.25), (0.38, 0.42, 0.20)  # alone: 7, then 8
+    assert groups.settle(_probs(first, second), LANGS, ["f", "f"]) == [7, 7]  # pooled 0.83 / 0.72 / 0.45
+    assert groups.settle(_probs((0.10, 0.45, 0.45)), LANGS, ["f"]) == [8]  # pooled 0.93 / 1.17 / 0.90
+    assert groups.settle(_probs((0.05, 0.05, 0.90), (0.8, 0.1, 0.1)), LANGS, ["f", "f"]) == [9, 9]  # sure: settled
+    # the same detections one admission at a time (batch 1) choose the same
+    one = GroupLanguages()
+    assert [one.settle(_probs(p), LANGS, ["f"])[0] for p in (first, second, (0.10, 0.45, 0.45))] == [7, 7, 8]
 
 
 def _languages(results) -> dict:

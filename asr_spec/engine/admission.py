@@ -60,34 +60,47 @@ class RowPrompt:
 NO_PROMPT = RowPrompt()
 LANGUAGE_GROUPS = 4096  # language groups remembered (`GroupLanguages`): far more files than are ever in flight
 # a detection this sure settles its group's language (faster-whisper's language_detection_threshold); a less sure
-# one (a first chunk of a second's "Bonjour", of music) decodes its own chunk in it and leaves the group open
+# one (a first chunk of a second's "Bonjour", of music) leaves the group open, its chunk decoded in the language
+# the group's detections so far give the most probability in all (`GroupLanguages`)
 LANGUAGE_SURE = 0.5
 
 
 class GroupLanguages:
-    """The language each group's chunks are decoded in (`ChunkRequest.language_group`): the first one detected
-    with probability >= LANGUAGE_SURE, kept for the last LANGUAGE_GROUPS groups seen (a server's run goes on for
-    days)."""
+    """The language each group's chunks are decoded in (`ChunkRequest.language_group`), kept for the last
+    LANGUAGE_GROUPS groups seen (a server's run goes on for days). A group is settled by its first chunk detected
+    with probability >= LANGUAGE_SURE; until then each chunk is decoded in the language its group's detections so
+    far, its own included, give the most probability in all (faster-whisper pools unsure detections over segments
+    too), so the chunks of a file no detection is sure of do not each take a language of their own."""
 
     def __init__(self, size: int = LANGUAGE_GROUPS):
+        # group -> its language token id once settled, else the (L,) sum of its chunks' detections
         self.size, self.known = size, OrderedDict()
 
     def clear(self) -> None:
         """Forget every group (a new engine run: its group keys name other files)."""
         self.known.clear()
 
-    def settle(self, detected: list[int], sure: list[float], groups: Sequence[Hashable | None]) -> list[int]:
-        """Each row's language token: its group's when the group has one, else its own `detected` one, which then
-        settles the group's when `sure` enough. Rows in admission order (a file's first chunk before its later
-        ones), so which row settles a group does not depend on the batch."""
+    def settle(self, probs: torch.Tensor, lang_ids: Sequence[int], groups: Sequence[Hashable | None]) -> list[int]:
+        """Each row's language token.
+
+        probs: (R, L) each row's detected probabilities of the L languages `lang_ids` (`LogitRules.
+        detect_language`), rows in admission order (a file's first chunk before its later ones), so what a
+        group's choice pools does not depend on the batch; groups: (R,) each row's group, None for none (its own
+        detection, always)."""
         out = []
-        for lang, probability, group in zip(detected, sure, groups):
-            if group is not None and (group in self.known or probability >= LANGUAGE_SURE):
-                lang = self.known.setdefault(group, lang)
+        for row, group in zip(probs.float().cpu(), groups):
+            known = self.known.get(group) if group is not None else None
+            if isinstance(known, int):
+                out.append(known)
+                continue
+            entry = lang_ids[int(row.argmax())] if float(row.max()) >= LANGUAGE_SURE else (
+                row if known is None else known + row)
+            out.append(entry if isinstance(entry, int) else lang_ids[int(entry.argmax())])
+            if group is not None:
+                self.known[group] = entry
                 self.known.move_to_end(group)
                 if len(self.known) > self.size:
                     self.known.popitem(last=False)
-            out.append(lang)
         return out
 
 
@@ -104,6 +117,7 @@ class Admission:
         self.detect = lang_id is None and tokens.is_multilingual
         self.lang_id = tokens.sot if lang_id is None else lang_id  # the language token when not detected
         self.groups = GroupLanguages()
+        self.lang_ids = rules.lang_ids.tolist()  # the language tokens, in the order of a detection's columns
         self.max_new = options.max_new_tokens or tokens.max_positions
 
     def refusal(self, chunk_id: object, prompt: RowPrompt, hypothesis: tuple[int, ...] = ()) -> str | None:
@@ -221,9 +235,9 @@ class Admission:
         given (ignored by English-only); a row's own (`RowPrompt.language`) before either."""
         langs = [self.lang_id] * len(prompts)
         if self.detect:
-            detected, sure = self.rules.detect_language(sot_logits.float())
+            probs = self.rules.detect_language(sot_logits.float())
             groups = [p.group if p.language is None else None for p in prompts]  # a given language settles none
-            langs = self.groups.settle(detected.tolist(), sure.tolist(), groups)
+            langs = self.groups.settle(probs, self.lang_ids, groups)
         return [lang if p.language is None else p.language for lang, p in zip(langs, prompts)]
 
     def _prompts(self, lang: list[int], prompts: list[RowPrompt], device: torch.device) -> tuple[torch.Tensor, ...]:

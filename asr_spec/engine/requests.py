@@ -46,10 +46,11 @@ class ChunkRequest:
               decoding without it, cut there (finish_reason "length"), e.g. a live re-decode that cannot say more
               than its audio holds (`asr_spec.stream.hearing.token_budget`).
     language_group: where the engine detects the language (`DecodeOptions.language` None, a multilingual model),
-              the chunks of one group are decoded in one language: the first admitted detects it, the later ones
-              take it (e.g. a file's chunks, its re-decoded tails and fallback windows: openai-whisper detects once
-              per file too). None: the chunk detects its own. Any hashable; kept for the engine's last
-              `LANGUAGE_GROUPS` groups. A detection settles its group only when sure (`LANGUAGE_SURE`).
+              the chunks of one group are decoded in one language (e.g. a file's chunks, its re-decoded tails and
+              fallback windows: openai-whisper detects once per file too): the first admitted chunk whose detection
+              is sure (`LANGUAGE_SURE`) settles it for the later ones; a chunk before that takes the language the
+              group's detections so far give the most probability in all (`admission.GroupLanguages`).
+              None: the chunk detects its own. Any hashable; kept for the engine's last `LANGUAGE_GROUPS` groups.
     language_token: the language token id (`<|fr|>`) this chunk is decoded in, whatever the options say or its
               group detected (e.g. a re-decoded tail takes its parent's language); None: as they say. Ignored by
               English-only models, as the options' language is.

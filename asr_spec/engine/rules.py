@@ -221,11 +221,10 @@ class LogitRules:
         rules.sampling = True
         return rules
 
-    def detect_language(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits: (R, vocab) at the <|startoftranscript|> position -> (R,) most likely language token id and (R,)
-        its probability among the languages (Whisper's `detect_language`)."""
-        best = logits.index_select(-1, self.lang_ids).float().softmax(-1).max(-1)
-        return self.lang_ids[best.indices], best.values
+    def detect_language(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: (R, vocab) at the <|startoftranscript|> position -> (R, L) each row's probabilities of the L
+        languages `lang_ids` (Whisper's `detect_language`; `admission.GroupLanguages` chooses from them)."""
+        return logits.index_select(-1, self.lang_ids).float().softmax(-1)
 
     def draft_choice(self, logits: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor) -> torch.Tensor:
         """(B, 1, V) draft logits, or (B, 1, V') over `draft_vocab` when the rules have one -> (B,) proposals
