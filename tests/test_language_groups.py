@@ -103,11 +103,42 @@ def test_a_given_language_token_wins_and_a_foreign_one_is_refused():
     results = {r.id: r for r in engine.run(iter(requests), batch_size=2)}
     assert results["de"].prompt[1] == german and results["de"].finish_reason != "refused"
     assert results["bad"].finish_reason == "refused" and "not one of the model's languages" in results["bad"].error
-    assert "g" not in engine.admission.groups.known  # a given language settles no group
     with pytest.raises(ValueError, match="language_token must be None or a token id"):
         ChunkRequest("x", _features()[0], language_token=-1)
     with pytest.raises(ValueError, match="language_group must be hashable"):
         ChunkRequest("x", _features()[0], language_group=["a"])
+
+
+def test_a_given_language_settles_no_group(monkeypatch):
+    monkeypatch.setattr(admission, "LANGUAGE_SURE", 0.0)
+    engine = Engine(_target(), None, DecodeOptions(max_new_tokens=4))
+    alone = _languages(engine.decode(_features(), batch_size=8))
+    given = next(lang for lang in engine.tokens.lang_to_id.values() if lang != alone[0])
+    requests = [ChunkRequest("given", _features()[1], language_token=given, language_group="g"),
+                ChunkRequest("own", _features()[0], language_group="g")]
+    results = {r.id: r.prompt[1] for r in engine.run(iter(requests), batch_size=1)}
+    assert results == {"given": given, "own": alone[0]}
+
+
+def test_two_runs_open_at_once_keep_their_own_groups(monkeypatch):
+    """Two `iter_transcribe` generators (or threads) on one Transcriber key their files 0, 1, ... alike: a run's
+    start forgot the other's groups and its files settled the other's, so a German file's later chunks were decoded
+    in Italian, the other run's second file's language."""
+    monkeypatch.setattr(admission, "LANGUAGE_SURE", 0.0)
+    engine = Engine(_target(), None, DecodeOptions(max_new_tokens=4))
+    alone = _languages(engine.decode(_features(), batch_size=8))
+    other = next(i for i in alone if alone[i] != alone[0])
+
+    def run(name: str, first: int):
+        rows = [first, *(i for i in range(8) if i != first)][:3]
+        return engine.run(iter([ChunkRequest((name, i), _features()[row], language_group=0)
+                                for i, row in enumerate(rows)]), batch_size=1)
+
+    a, b = run("a", 0), run("b", other)
+    firsts = [next(a), next(b)]
+    rest = list(a) + list(b)
+    assert [r.prompt[1] for r in firsts] == [alone[0], alone[other]]
+    assert all(r.prompt[1] == (alone[0] if r.id[0] == "a" else alone[other]) for r in rest)
 
 
 def test_a_tail_is_decoded_in_its_parents_language():

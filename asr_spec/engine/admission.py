@@ -108,7 +108,8 @@ class Admission:
     """Admits chunks to slots of one engine's caches and state (its tokens, rules and options fixed)."""
 
     def __init__(self, tokens: WhisperTokens, rules: LogitRules, options: DecodeOptions, lang_id: int | None):
-        """lang_id: the options' language as a token id, None to detect it per chunk (multilingual models)."""
+        """lang_id: the options' language as a token id, None to detect it (multilingual models): per chunk, or per
+        language group (`GroupLanguages`)."""
         self.tokens, self.rules = tokens, rules
         self.template = tokens.prompt(tokens.sot, options.task, options.timestamps)
         self.n_prompt = len(self.template)  # the SOT sequence, the same for every chunk (a detected language
@@ -116,7 +117,6 @@ class Admission:
         self.timestamps = options.timestamps
         self.detect = lang_id is None and tokens.is_multilingual
         self.lang_id = tokens.sot if lang_id is None else lang_id  # the language token when not detected
-        self.groups = GroupLanguages()
         self.lang_ids = rules.lang_ids.tolist()  # the language tokens, in the order of a detection's columns
         self.max_new = options.max_new_tokens or tokens.max_positions
 
@@ -160,19 +160,22 @@ class Admission:
 
     @torch.inference_mode()
     def __call__(self, m: Models, st: DecodeState, rows: list[int], audio: torch.Tensor,
-                 draft_audio: torch.Tensor | None, prompts: Sequence[RowPrompt] | None = None) -> None:
+                 draft_audio: torch.Tensor | None, prompts: Sequence[RowPrompt] | None = None,
+                 groups: GroupLanguages | None = None) -> None:
         """Admit R chunks to slots `rows` (ascending).
 
         audio: (R, n_audio_ctx, d_model) target encoder output; draft_audio: what the draft's cross-attention reads
         (the same, or its own encoder's output), None when the run does not draft; prompts: each chunk's previous
-        text and prefix (none of them refused by `refusal`), None for none.
+        text and prefix (none of them refused by `refusal`), None for none; groups: the run's language groups
+        (`Engine.run` keeps one per run: two runs open at once key their files 0, 1, ... alike), None for none.
         """
         r, first = len(rows), rows[0]
         prompts = [NO_PROMPT] * r if prompts is None else list(prompts)
         together = rows == list(range(first, first + r))
         n_longest = max(self.length(p) for p in prompts)
         caches = m.rows(r, first) if together else self._own_caches(m, r, n_longest)
-        seqs, lengths, begin, sot_logits = self._prefill_all(caches, audio, draft_audio, prompts)
+        seqs, lengths, begin, sot_logits = self._prefill_all(caches, audio, draft_audio, prompts,
+                                                             GroupLanguages() if groups is None else groups)
         index = torch.tensor(rows, device=seqs.device)
         if not together:
             m.target_cache.write_rows(index, caches.target_cache)
@@ -195,7 +198,7 @@ class Admission:
         return Models(m.target, m.target.new_cache(r, n_longest, n_audio_ctx), m.draft, draft_cache, features)
 
     def _prefill_all(self, caches: Models, audio: torch.Tensor, draft_audio: torch.Tensor | None,
-                     prompts: list[RowPrompt]) -> tuple[torch.Tensor, ...]:
+                     prompts: list[RowPrompt], groups: GroupLanguages) -> tuple[torch.Tensor, ...]:
         """Steps 1-4 into R-row caches (views of the slots, or their own); returns the (R, L) right-padded prompts,
         their (R,) lengths and begins, and the target's (R, V) logits at each row's <|startoftranscript|>."""
         caches.target.write_audio(caches.target_cache, audio)
@@ -204,7 +207,7 @@ class Admission:
         sot_logits = None
         if self.detect or all_single:
             sot_logits = self._sot_pass(caches)
-        langs = self._languages(sot_logits, prompts)
+        langs = self._languages(sot_logits, prompts, groups)
         seqs, lengths, sot_index = self._prompts(langs, prompts, caches.target.device)
         fed = 1 if sot_logits is not None and not any_previous else 0  # the SOT pass's key/values are kept
         # the SOT logits come from the SOT pass when its key/values are kept (fed = 1), else from this prefill
@@ -229,15 +232,16 @@ class Admission:
             return caches.features.target_pass(dec, cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
         return dec.forward(cache, sot, torch.zeros_like(sot), 1, exact=True)[:, 0]
 
-    def _languages(self, sot_logits: torch.Tensor | None, prompts: list[RowPrompt]) -> list[int]:
+    def _languages(self, sot_logits: torch.Tensor | None, prompts: list[RowPrompt],
+                   groups: GroupLanguages) -> list[int]:
         """R language token ids: detected from the SOT logits (the one host read of an admission: the prompts are
-        built on the host), a row of a known language group taking the group's (`GroupLanguages`); or the one
-        given (ignored by English-only); a row's own (`RowPrompt.language`) before either."""
+        built on the host), a row of a language group taking what its group chooses (`groups`); or the one given
+        (ignored by English-only); a row's own (`RowPrompt.language`) before either."""
         langs = [self.lang_id] * len(prompts)
         if self.detect:
             probs = self.rules.detect_language(sot_logits.float())
-            groups = [p.group if p.language is None else None for p in prompts]  # a given language settles none
-            langs = self.groups.settle(probs, self.lang_ids, groups)
+            keys = [p.group if p.language is None else None for p in prompts]  # a given language settles none
+            langs = groups.settle(probs, self.lang_ids, keys)
         return [lang if p.language is None else p.language for lang, p in zip(langs, prompts)]
 
     def _prompts(self, lang: list[int], prompts: list[RowPrompt], device: torch.device) -> tuple[torch.Tensor, ...]:

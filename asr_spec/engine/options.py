@@ -22,7 +22,8 @@ class DecodeOptions:
     The output never depends on the draft settings: the target decides every token (lossless speculation).
     """
 
-    language: str | None = None  # "en", "english" or "<|en|>"; None = detect per chunk (multilingual models)
+    # "en", "english" or "<|en|>"; None = detect (multilingual models): per chunk, or per `ChunkRequest.language_group`
+    language: str | None = None
     task: Literal["transcribe", "translate"] = "transcribe"
     timestamps: bool = False  # Whisper timestamp mode (segment start/end tokens) instead of <|notimestamps|>
     max_new_tokens: int | None = None  # None = up to the model's max_target_positions (448 for Whisper)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from asr_spec.engine import int8, memory
-from asr_spec.engine.admission import Admission, RowPrompt
+from asr_spec.engine.admission import Admission, GroupLanguages, RowPrompt
 from asr_spec.engine.capture import HostReader, StepRunner, all_n_keys_buckets, n_keys_bucket, pin_attention
 from asr_spec.engine.decoder import Decoder, bf16_copy
 from asr_spec.engine.encoder import Encoder
@@ -180,7 +180,6 @@ class Engine:
         (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
         only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
-        self.admission.groups.clear()  # language groups are a run's: another run's input 0 is another file
         feed = self._feed = Feed(iter(requests), self.encoding.batch, self.encode_batch(batch_size))
         refusals = Refusals(self._refusal, feed.in_flight)
         feed.source = refusals.screen(feed.source)  # a request this model cannot take is refused alone
@@ -191,15 +190,16 @@ class Engine:
         k = self._k(n_rows)
         with self.states.lease(n_rows, k) as state:  # the engine's static state, reset (engine/state.py)
             runner = self._eager if state.private else self.runner  # graphs are bound to the held state
-            yield from self._decode(feed, refusals, state, n_rows, k, runner)
+            # language groups are a run's own: another run's input 0, even one open at once, is another file
+            yield from self._decode(feed, refusals, state, n_rows, k, runner, GroupLanguages())
 
     def _decode(self, feed: Feed, refusals: Refusals, state: RunState, n_rows: int, k: int,
-                runner: StepRunner) -> Iterator[ChunkResult]:
+                runner: StepRunner, groups: GroupLanguages) -> Iterator[ChunkResult]:
         """`run`'s loop over `n_rows` slots (the first of `state`) at K = `k`, steps by `runner`: withdraw, fill (the
         requests `refusals` refused yielded at once), admit, pack, step, read, yield the finished rows' results. A
         slot left by its row (withdrawn, or moved by `pack`) is marked finished on the device at once, so a step
         over more rows than the live ones (a rows bucket) masks it. A row still busy after more steps than any row
-        can take raises (`_check_progress`)."""
+        can take raises (`_check_progress`). groups: the run's language groups (`admission.GroupLanguages`)."""
         m, st, hyp = state.m, state.st, state.hyp
         slots: Slots[ChunkRequest] = Slots(n_rows)
         reader = HostReader(n_rows, self.target_dec.device, self.read_lag)
@@ -212,7 +212,7 @@ class Engine:
             yield from refusals.drain()
             if slots.n_free and feed.ready:
                 with feed.losing():
-                    max_len = max(max_len, self._admit(m, st, hyp, slots, feed.take(slots.n_free)))
+                    max_len = max(max_len, self._admit(m, st, hyp, slots, feed.take(slots.n_free), groups))
             with feed.losing():
                 moves = slots.pack()
                 for src, dst in moves:
@@ -346,7 +346,7 @@ class Engine:
         return RunState(n_rows, k, m, st, Hypotheses.empty(n_rows, self.tokens.max_positions, width, dev))
 
     def _admit(self, m: Models, st: DecodeState, hyp: Hypotheses, slots: Slots[ChunkRequest],
-               taken: list[Encoded]) -> int:
+               taken: list[Encoded], groups: GroupLanguages) -> int:
         """Place encoded chunks in the free slots with the lowest indices and admit them there (`Admission`), with
         their hypotheses; a request that asks to keep its encoder output keeps it in its slot. Returns the longest
         prompt admitted."""
@@ -358,7 +358,7 @@ class Engine:
             own = self.kind is DraftKind.OWN_ENCODER
             draft_audio = torch.stack([o for _, _, o in taken]) if own else audio
         with self.times.count("admit", st.n_tok.device.type == "cpu"):
-            self.admission(m, st, rows, audio, draft_audio, prompts)
+            self.admission(m, st, rows, audio, draft_audio, prompts, groups)
         dev = st.n_tok.device
         st.set_sampling(torch.tensor(rows, device=dev),
                         torch.tensor([float(req.temperature) for req, _, _ in taken], device=dev),

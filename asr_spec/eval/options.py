@@ -79,7 +79,7 @@ class EvalOptions:
     draft: str | None = None  # replaces the preset's draft
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None = CUDA when available
     dtype: str | None = None  # "float32", "float16", "bfloat16", "auto"; None = the preset's
-    language: str | None = None  # None = the preset's ("auto" = detect per chunk)
+    language: str | None = None  # None = the preset's ("auto" = detected once per file)
     no_draft: bool = False  # greedy decoding only (the preset's draft is not loaded)
     streaming: bool = True  # hub only: stream the split instead of downloading it whole
     ray: bool = False  # transcribe on a Ray cluster (asr_spec.distributed): one actor per worker, local tree only
@@ -159,7 +159,7 @@ class EvalOptions:
 
 
 def _language(language: str | None, preset: str) -> str | None:
-    """The language a run decodes: its code ("en"), or None where detected per chunk ("auto"); the preset's where
+    """The language a run decodes: its code ("en"), or None where detected ("auto": once per file); the preset's where
     not given. Read as the transcriber reads it (`TranscribeOptions.from_values`: "auto", and the check)."""
     from asr_spec.engine.options import language_code
     from asr_spec.models.presets import load_preset
