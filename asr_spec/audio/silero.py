@@ -33,7 +33,8 @@ class SileroVad:
     frame by frame.
 
     Digital silence goes through the model for DIGITAL_SILENCE_S into a stretch; beyond that its frames are scored
-    0 without the model, whose state stays as it was (`long_silence`).
+    0 without the model (`long_silence`), and what follows the stretch is heard as a signal's start is (the model
+    as `reset` leaves it). A quiet signal is heard raised (`gains`).
     """
 
     def __init__(self) -> None:
@@ -60,44 +61,71 @@ class SileroVad:
         heard), as `long_silence` leaves it. From its zero state silero heard little of quiet speech that opens a
         file (-50 dBFS espeak: 0 of 135 frames; 104 after half a second of zeros), so a file's start is treated as
         a stretch of silence is."""
-        self.model.reset_states()
         self._state = None  # the LSTM's (h, c) after the last frame, None = zeros
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
         self._quiet_run = 0  # digitally silent frames at the end of the signal so far (`long_silence`)
-        self._peak, self._gain = 0.0, 1.0  # the signal's loudest |sample| so far, the last frame's gain (`gains`)
+        self._silenced = False  # whether the last frame was scored 0 by `long_silence`
+        # the loudest |sample| of each of the last PEAK_WINDOW_S's frames, the last frame's gain (`gains`)
+        self._peaks, self._gain = np.zeros(_window_frames(), np.float32), 1.0
+        self.model.reset_states()
         if self._parts is None:
-            self(rest_frames())
-        else:
-            if self._rest is None:
-                self(rest_frames())
-                self._rest = self._state
-            self._state, self._quiet_run = self._rest, _silence_frames()
+            self._rest_script()
+        elif self._rest is None:
+            zeros = rest_frames()
+            self._rest = self._batched(zeros, np.zeros(len(zeros), bool), zeros[:, :CONTEXT_SAMPLES])[1]
+        self._state, self._quiet_run = self._rest, _silence_frames()
+
+    def _rest_script(self) -> None:
+        """The TorchScript model (fed frame by frame) as `reset` leaves it: a second of zeros (`rest_frames`) heard
+        from its zero state."""
+        import torch
+
+        self.model.reset_states()
+        with torch.inference_mode():
+            for frame in torch.from_numpy(rest_frames()):
+                self.model(frame[None], SAMPLE_RATE)
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
         skip, self._quiet_run = long_silence(frames, self._quiet_run)
-        gain, self._peak = gains(frames, self._peak)
-        context_gain = np.r_[self._gain, gain[:-1]]  # a frame's context as the frame before it was heard
+        gain, self._peaks = gains(frames, self._peaks)
+        context = np.concatenate([self._context[None] * self._gain, frames[:-1, -CONTEXT_SAMPLES:] * gain[:-1, None]])
         if len(frames):
-            self._gain = float(gain[-1])
+            self._context, self._gain = frames[-1, -CONTEXT_SAMPLES:], float(gain[-1])
         frames = frames * gain[:, None]
         if self._parts is None:
-            return self._frame_by_frame(frames, skip)
+            out = self._frame_by_frame(frames, skip)
+        else:
+            out, self._state = self._batched(frames, skip, context)
+        if len(frames):
+            self._silenced = bool(skip[-1])
+        return out
+
+    def _batched(self, frames: np.ndarray, skip: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """(n,) probabilities of the frames (n, FRAME_SAMPLES) not skipped, each seen with its context (n, 64): the
+        front end over all of them at once, the LSTM over each run between skipped frames in turn, a run after
+        skipped ones (a long silence) from the rest state (`reset`) -> them and the LSTM's state after the last."""
         import torch
 
-        out = np.zeros(len(frames), dtype=np.float32)
+        out, state = np.zeros(len(frames), dtype=np.float32), self._state
         live = np.flatnonzero(~skip)
-        if len(live):
-            context = np.concatenate([self._context[None], frames[:-1, -CONTEXT_SAMPLES:]])
-            context[0] *= context_gain[0]
-            front, lstm, head = self._parts
-            with torch.inference_mode():
-                feats = front(torch.from_numpy(np.concatenate([context[live], frames[live]], axis=1)))  # (n, 128)
-                hidden, self._state = lstm(feats[None], self._state)
-                out[live] = head(hidden[0].T[None])[0, 0].numpy()
-        if len(frames):
-            self._context = frames[-1, -CONTEXT_SAMPLES:] / gain[-1]
-        return out
+        if not len(live):
+            return out, state
+        front, lstm, head = self._parts
+        with torch.inference_mode():
+            feats = front(torch.from_numpy(np.concatenate([context[live], frames[live]], axis=1)))  # (n, 128)
+            hidden = []
+            for run in np.split(np.arange(len(live)), _after_silence(live)):  # runs of live frames
+                start = self._rest if self._after_skip(live[run[0]], skip) else state
+                part, state = lstm(feats[run[0]:run[-1] + 1][None], start)
+                hidden.append(part[0])
+            out[live] = head(torch.cat(hidden).T[None])[0, 0].numpy()
+        return out, state
+
+    def _after_skip(self, index: int, skip: np.ndarray) -> bool:
+        """Whether frame `index` of a call whose frames `skip` marks follows a skipped frame (this call's, or the
+        last call's last)."""
+        return bool(skip[index - 1]) if index > 0 else self._silenced
 
     def _frame_by_frame(self, frames: np.ndarray, skip: np.ndarray) -> np.ndarray:
         import torch
@@ -106,30 +134,51 @@ class SileroVad:
         x = torch.from_numpy(frames)
         with torch.inference_mode():
             for index in np.flatnonzero(~skip):
+                if self._after_skip(index, skip):
+                    self._rest_script()
                 out[index] = float(self.model(x[index][None], SAMPLE_RATE))
         return out
 
 
-QUIET_PEAK = 10 ** (-40 / 20)  # a signal whose loudest sample so far is below this (-40 dBFS) is heard raised to it
-MAX_GAIN = 10 ** (30 / 20)  # by at most 30 dB (hiss at -70 dBFS stays hiss at -40)
+QUIET_PEAK = 10 ** (-35 / 20)  # a signal whose loudest sample of late is below this (-35 dBFS) is heard raised to it
+MAX_GAIN = 10 ** (30 / 20)  # by at most 30 dB (hiss at -65 dBFS stays hiss at -35)
+PEAK_WINDOW_S = 1.0  # "of late": the frame and those of the second before it
 
 
-def gains(frames: np.ndarray, peak_before: float = 0.0) -> tuple[np.ndarray, float]:
-    """Per frame of frames (n, FRAME_SAMPLES), the gain the model hears it at: a signal whose loudest |sample| so
-    far (`peak_before` before the first frame) is below QUIET_PEAK is raised to it, by at most MAX_GAIN; louder
-    ones are heard as they are. -> ((n,) gains >= 1, the loudest |sample| so far). Causal, so the same whatever the
-    blocks. Why: silero hears little of speech quieter than about -45 dBFS (-50 dBFS espeak English lost its first
-    second, "Good morning everyone", and was then detected as Welsh)."""
-    peaks = np.maximum.accumulate(np.r_[peak_before, np.abs(frames).max(axis=1, initial=0.0)])
+def gains(frames: np.ndarray, peaks_before: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per frame of frames (n, FRAME_SAMPLES), the gain the model hears it at: a frame where the loudest |sample|
+    of the last PEAK_WINDOW_S (that frame's included) is below QUIET_PEAK is raised by as much as brings it there,
+    at most MAX_GAIN; louder ones are heard as they are. peaks_before: the loudest |sample| of each of the
+    PEAK_WINDOW_S's frames before the first (zeros: silence; None: as many zeros) -> ((n,) gains >= 1, the same
+    of the last frames, for the next call). Causal, so the same whatever the blocks. Why: silero hears little of
+    speech quieter than about -45 dBFS (-50 dBFS espeak English lost its first second, "Good morning everyone",
+    and was then detected as Welsh); measured over the second before, not the whole signal so far, so that a
+    quiet speaker after a loud one is raised too (a reviewer's file lost its -45 dBFS sentences after a loud
+    one's)."""
+    before = np.zeros(_window_frames(), np.float32) if peaks_before is None else peaks_before
+    if not len(frames):
+        return np.ones(0, np.float32), before
+    peaks = np.r_[before, np.abs(frames).max(axis=1, initial=0.0)].astype(np.float32)
+    recent = np.lib.stride_tricks.sliding_window_view(peaks, len(before) + 1).max(axis=1)  # (n,)
     with np.errstate(divide="ignore"):
-        gain = np.clip(QUIET_PEAK / peaks[1:], 1.0, MAX_GAIN)
-    return gain.astype(np.float32), float(peaks[-1])
+        gain = np.clip(QUIET_PEAK / recent, 1.0, MAX_GAIN)
+    return gain.astype(np.float32), peaks[len(peaks) - len(before):]
+
+
+def _window_frames() -> int:
+    """Frames before a frame that `gains` measures it with: PEAK_WINDOW_S's."""
+    return round(PEAK_WINDOW_S * SAMPLE_RATE / FRAME_SAMPLES)
 
 
 def rest_frames() -> np.ndarray:
     """(n, FRAME_SAMPLES) zeros: the stretch of digital silence the model has heard when a signal starts (`reset`),
     the most of one it hears (`long_silence`)."""
     return np.zeros((_silence_frames(), FRAME_SAMPLES), np.float32)
+
+
+def _after_silence(live: np.ndarray) -> np.ndarray:
+    """The positions in `live` (ascending frame indices) whose frame follows skipped ones (`long_silence`)."""
+    return np.flatnonzero(np.diff(live) > 1) + 1
 
 
 def _silence_frames() -> int:
@@ -140,13 +189,16 @@ def _silence_frames() -> int:
 def long_silence(frames: np.ndarray, quiet_before: int = 0) -> tuple[np.ndarray, int]:
     """The frames of frames (n, FRAME_SAMPLES) that lie DIGITAL_SILENCE_S or more into a stretch of digital silence
     (frames whose every |sample| is within DIGITAL_SILENCE; `quiet_before` of them just before the first), scored
-    0 without the model, which keeps the state it had: (n,) bool, and the quiet frames at the end for the next call.
+    0 without the model, which hears the frame after them from the state `reset` gives (`SileroVad._batched`): (n,)
+    bool, and the quiet frames at the end for the next call.
 
     Why. The model hears a stretch's first DIGITAL_SILENCE_S like any frame: quiet 16-bit speech rounds to zero
     between syllables (at -55 dBFS, scoring such frames 0 and resetting the model after them left none of it
     heard). Beyond that, over seconds of zeros silero's state drifts until it hears no quiet speech after them
     (-55 dBFS speech after 30 s of zeros: 0 of 110 frames heard, 39 now as after 1 s; -45 dBFS: 88 of 110), and
-    an hour of zeros costs no model time."""
+    an hour of zeros costs no model time. What follows is heard as a signal's start: kept from before the
+    stretch, the state heard the first 2.5 s of -45 dBFS speech after a loud speaker and 1.5 s of zeros as
+    silence (a reviewer's "The Great Fire of 1666" lost), heard whole at the file's start."""
     quiet = np.abs(frames).max(axis=1, initial=0.0) <= DIGITAL_SILENCE
     index = np.arange(len(quiet))
     last_loud = np.maximum.accumulate(np.where(quiet, -1, index)) if len(quiet) else index
