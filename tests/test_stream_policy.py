@@ -1123,3 +1123,25 @@ def test_a_block_that_is_not_mono_float_audio_is_refused() -> None:
         policy.feed(np.full(1600, 20000.0, np.float32))
     with pytest.raises(InputError, match="NaN or infinite"):
         policy.feed(np.full(10, np.nan, np.float32))
+
+
+def test_a_close_decode_that_loops_from_its_first_segment_is_decoded_again_shorter():
+    """A French-then-English stream's close decode of 11.5 s looped from its first segment ("Shakimosh, ...
+    bufufufu..." to its budget): the loop heard nothing, so it committed nothing, and the buffer started afresh
+    after its audio, an English sentence in it lost. It is now decoded again shorter, as a close whose one segment
+    drifted is, and every word is committed."""
+    words = [w for i, x in enumerate(range(1, 16)) for w in ((x, None) if i % 3 == 2 else (x,))]
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0), energy)
+    policy.feed(speech(words + [None] * 2))  # fed at once: the utterance and a pause that closes it
+    close = policy.request()
+    assert close.kind == "close"
+    loop = [TS, *[2, 3] * 60]  # its first segment one word over and over, cut at its budget
+    assert compression_ratio(detokenize(loop[1:])) > LOOP_COMPRESSION_RATIO
+    assert policy.accept(close, loop).delta == "" and policy.closing_short
+    shorter = policy.request()
+    assert shorter.kind == "close" and len(shorter.audio) < len(close.audio)
+    policy.accept(shorter, hear_given(shorter.audio, shorter.prefix))
+    policy.finish()
+    while (decode := policy.request()) is not None:
+        policy.accept(decode, hear_given(decode.audio, decode.prefix))
+    assert words_of(policy._text) == [f"w{x}" for x in range(1, 16)]

@@ -269,16 +269,20 @@ class StreamPolicy(BufferTrims):
         none of it is timed, so where it stopped is not known) and that was forced commits nothing and is decoded
         again unforced (the drifted hypothesis is not forced: that decode times the buffer afresh); one unforced
         commits nothing and is decoded again shorter, to a pause after what its words could say
-        (`hearing.shorter_close`), where the buffer holds more speech after it."""
+        (`hearing.shorter_close`), where the buffer holds more speech after it. So is one whose every word was a
+        loop's or a guess (a French-then-English stream's close looped from its first segment)."""
         start = int(round(decode.start_s * SAMPLE_RATE))  # a loop's repeats and a guessed end are not heard
         at_end = self._finished and start + len(decode.audio) >= self._received  # its audio ends the stream's
+        said_any = bool(text_of(hypothesis, self.kinds))
         hypothesis = close_heard(hypothesis, *self._frames.heard_from(start), len(decode.audio), self.kinds,
                                  self.detokenize, at_end)
         new_text = text_of(hypothesis, self.kinds)
         said = aligned_end(self._committed, new_text, self.kinds, self._word_key)  # new_text[:said]: committed
         closed = segments(hypothesis, self.kinds)
         timed = self._timing(hypothesis, closed)
-        if timed.drift == 0:  # e.g. its one segment stretched over speech it did not say
+        # its one segment stretched over speech it did not say; or its first segment looped (a loop heard nothing:
+        # committing nothing after it dropped its buffer, 11.5 s with a sentence in it)
+        if timed.drift == 0 or (said_any and not new_text):
             shorter = None if decode.prefix else shorter_close(
                 n_words(new_text, self.kinds), *self._frames.heard_from(start), len(decode.audio))
             if decode.prefix or shorter is not None:
