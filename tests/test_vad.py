@@ -340,9 +340,9 @@ def test_quiet_speech_is_heard_alike_at_the_start_and_after_silence():
     assert (heard[0] >= 0.5).sum() >= 0.9 * (heard[1] >= 0.5).sum() > 0
 
 
-def test_speech_below_minus_35_dbfs_is_heard_raised_to_it():
+def test_speech_below_minus_40_dbfs_is_heard_raised_to_it():
     """silero hears little of speech quieter than about -45 dBFS (a server reviewer's -50 dBFS English upload lost
-    "Good morning everyone" and was detected as Welsh): the VAD hears a quiet signal raised to -35 dBFS, at most
+    "Good morning everyone" and was detected as Welsh): the VAD hears a quiet signal raised to -40 dBFS, at most
     30 dB; a louder one as it is."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
@@ -365,14 +365,14 @@ def test_speech_below_minus_35_dbfs_is_heard_raised_to_it():
 def test_the_gain_is_measured_over_the_last_second_whatever_the_blocks():
     """The gain was measured against the loudest sample so far, so after one loud sample no quiet speech was ever
     raised (a reviewer's file: a loud speaker for 19 s, then every sentence of a -45 dBFS one lost)."""
-    from asr_spec.audio.silero import MAX_GAIN, PEAK_WINDOW_S, gains
+    from asr_spec.audio.silero import MAX_GAIN, PEAK_WINDOW_S, QUIET_PEAK, gains
 
     window = round(PEAK_WINDOW_S * SR / FRAME_SAMPLES)
     frames = np.zeros((3 * window, FRAME_SAMPLES), np.float32)
     frames[0, 0], frames[2 * window:, 0] = 0.5, 1e-3
     gain, _ = gains(frames)
     assert (gain[: window + 1] == 1.0).all() and (gain[window + 1: 2 * window] == MAX_GAIN).all()
-    assert (gain[2 * window:] > 10).all()  # -60 dBFS raised, a second after the loud sample
+    np.testing.assert_allclose(gain[2 * window:], QUIET_PEAK / 1e-3, rtol=1e-5)  # -60 dBFS raised, a second on
     rng = np.random.default_rng(1)
     for _ in range(3):
         cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=5, replace=False))
