@@ -274,7 +274,7 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     `DIGITAL_SILENCE_S` into a stretch scored 0, what follows heard from the state `reset` gives)."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
-    from asr_spec.audio.silero import SileroVad, gains, long_silence, rest_frames
+    from asr_spec.audio.silero import SileroVad, gains, level_drops, long_silence, rest_frames
 
     speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")[: SR * 3]
     zeros = np.zeros(SR * 2, np.float32)
@@ -287,8 +287,10 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     rest = rest_frames()
     skip, _ = long_silence(frames, quiet_before=len(rest))
     assert 25 <= skip.sum() <= 35  # the 2 s stretch beyond its first second, no other
-    vad._frame_by_frame(rest, np.zeros(len(rest), bool))  # the model as `reset` leaves it: a second of zeros heard
-    reference = vad._frame_by_frame(frames * gains(frames)[0][:, None], skip)  # a quiet start heard raised
+    none = np.zeros(len(rest), bool)
+    vad._frame_by_frame(rest, none, none)  # the model as `reset` leaves it: a second of zeros heard
+    fresh = level_drops(frames)[0] | np.r_[False, skip[:-1]]  # restarts: at a drop in level, after a long silence
+    reference = vad._frame_by_frame(frames * gains(frames)[0][:, None], skip, fresh)  # a quiet start heard raised
     assert (reference > 0.5).any() and (reference[~skip] < 0.1).sum() >= 15  # speech, and silence heard as silence
     vad.reset()
     np.testing.assert_allclose(vad(signal), reference, atol=1e-4)
@@ -401,6 +403,47 @@ def test_quiet_speech_after_loud_speech_and_silence_is_heard_as_at_the_start():
     after = vad(np.r_[0.5 * speech, gap, quiet])[-len(alone):]
     np.testing.assert_allclose(after, alone, atol=1e-4)
     assert (alone >= 0.5).sum() > len(alone) // 3
+
+
+def test_the_model_restarts_a_second_into_a_drop_in_level_whatever_the_blocks():
+    from asr_spec.audio.silero import LEVEL_DROP_DB, PEAK_WINDOW_S, level_drops
+
+    window = round(PEAK_WINDOW_S * SR / FRAME_SAMPLES)
+    frames = np.zeros((9 * window, FRAME_SAMPLES), np.float32)
+    frames[: 2 * window, 0] = 0.5  # loud for 2 s, 2 s at -54 dB, loud for 1 s, then 3 s a little less than 20 dB down
+    frames[2 * window: 4 * window, 0] = 1e-3
+    frames[4 * window: 5 * window, 0] = 0.5
+    frames[5 * window:, 0] = 0.5 * 10 ** (-LEVEL_DROP_DB / 20) * 1.01
+    restart, _ = level_drops(frames)
+    assert np.flatnonzero(restart).tolist() == [3 * window]  # the first frame whose last second holds no loud one
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=6, replace=False))
+        parts, levels = [], None
+        for block in np.split(frames, cuts):
+            part, levels = level_drops(block, levels)
+            parts.append(part)
+        np.testing.assert_array_equal(np.concatenate(parts), restart)
+
+
+def test_quiet_speech_after_loud_speech_and_room_noise_is_heard_as_after_the_noise_alone():
+    """After loud speech silero's state stayed deaf for seconds to quieter speech, whatever lay between: a lecture's
+    audience question at -35 dBFS 0.9 s after the lecturer was lost whole, and a -30 dB speaker after 15-20 s of
+    room noise lost sentences (a reviewer's files; faster-whisper without its VAD kept them). The model now
+    restarts from its rest state a second into a drop of 20 dB (`level_drops`)."""
+    pytest.importorskip("silero_vad")
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.silero import SileroVad
+
+    speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")
+    speech = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES] / np.abs(speech).max()
+    noise = np.random.default_rng(0).standard_normal(2 * SR // FRAME_SAMPLES * FRAME_SAMPLES) * 10 ** (-66 / 20)
+    quiet = speech * 10 ** (-40 / 20)
+    vad, n = SileroVad(), len(quiet) // FRAME_SAMPLES
+    alone = int((vad(np.r_[noise, quiet].astype(np.float32))[-n:] >= 0.5).sum())
+    vad.reset()
+    after = int((vad(np.r_[0.5 * speech, noise, quiet].astype(np.float32))[-n:] >= 0.5).sum())
+    assert after >= 0.9 * alone > n // 2, (after, alone)  # 59 of 96 frames before
 
 
 def test_long_silence_counts_its_stretch_across_calls():

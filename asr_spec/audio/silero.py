@@ -9,6 +9,7 @@ Units: FRAME_SAMPLES (512) samples a frame at 16 kHz, seen with the CONTEXT_SAMP
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,7 +35,8 @@ class SileroVad:
 
     Digital silence goes through the model for DIGITAL_SILENCE_S into a stretch; beyond that its frames are scored
     0 without the model (`long_silence`), and what follows the stretch is heard as a signal's start is (the model
-    as `reset` leaves it). A quiet signal is heard raised (`gains`).
+    as `reset` leaves it); so is what follows a drop in level (`level_drops`). A quiet signal is heard raised
+    (`gains`).
     """
 
     def __init__(self) -> None:
@@ -67,12 +69,14 @@ class SileroVad:
         self._silenced = False  # whether the last frame was scored 0 by `long_silence`
         # the loudest |sample| of each of the last PEAK_WINDOW_S's frames, the last frame's gain (`gains`)
         self._peaks, self._gain = np.zeros(_window_frames(), np.float32), 1.0
+        self._levels: Levels | None = None  # the recent loudness `level_drops` compares (None: silence)
         self.model.reset_states()
         if self._parts is None:
             self._rest_script()
         elif self._rest is None:
             zeros = rest_frames()
-            self._rest = self._batched(zeros, np.zeros(len(zeros), bool), zeros[:, :CONTEXT_SAMPLES])[1]
+            none = np.zeros(len(zeros), bool)
+            self._rest = self._batched(zeros, none, none, zeros[:, :CONTEXT_SAMPLES])[1]
         self._state, self._quiet_run = self._rest, _silence_frames()
 
     def _rest_script(self) -> None:
@@ -89,22 +93,27 @@ class SileroVad:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
         skip, self._quiet_run = long_silence(frames, self._quiet_run)
         gain, self._peaks = gains(frames, self._peaks)
+        fresh, self._levels = level_drops(frames, self._levels)  # (n,) the model restarts before these frames
+        fresh[1:] |= skip[:-1]  # after a long silence too, this call's or the last call's
+        if len(frames):
+            fresh[0] |= self._silenced
         context = np.concatenate([self._context[None] * self._gain, frames[:-1, -CONTEXT_SAMPLES:] * gain[:-1, None]])
         if len(frames):
             self._context, self._gain = frames[-1, -CONTEXT_SAMPLES:], float(gain[-1])
         frames = frames * gain[:, None]
         if self._parts is None:
-            out = self._frame_by_frame(frames, skip)
+            out = self._frame_by_frame(frames, skip, fresh)
         else:
-            out, self._state = self._batched(frames, skip, context)
+            out, self._state = self._batched(frames, skip, fresh, context)
         if len(frames):
             self._silenced = bool(skip[-1])
         return out
 
-    def _batched(self, frames: np.ndarray, skip: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, tuple]:
+    def _batched(self, frames: np.ndarray, skip: np.ndarray, fresh: np.ndarray,
+                 context: np.ndarray) -> tuple[np.ndarray, tuple]:
         """(n,) probabilities of the frames (n, FRAME_SAMPLES) not skipped, each seen with its context (n, 64): the
-        front end over all of them at once, the LSTM over each run between skipped frames in turn, a run after
-        skipped ones (a long silence) from the rest state (`reset`) -> them and the LSTM's state after the last."""
+        front end over all of them at once, the LSTM over them in turn, from the rest state (`reset`) at each frame
+        `fresh` marks -> them and the LSTM's state after the last."""
         import torch
 
         out, state = np.zeros(len(frames), dtype=np.float32), self._state
@@ -114,27 +123,21 @@ class SileroVad:
         front, lstm, head = self._parts
         with torch.inference_mode():
             feats = front(torch.from_numpy(np.concatenate([context[live], frames[live]], axis=1)))  # (n, 128)
-            hidden = []
-            for run in np.split(np.arange(len(live)), _after_silence(live)):  # runs of live frames
-                start = self._rest if self._after_skip(live[run[0]], skip) else state
-                part, state = lstm(feats[run[0]:run[-1] + 1][None], start)
+            hidden, restarts = [], fresh[live]
+            for run in np.split(np.arange(len(live)), np.flatnonzero(restarts[1:]) + 1):  # runs from a restart
+                part, state = lstm(feats[run[0]:run[-1] + 1][None], self._rest if restarts[run[0]] else state)
                 hidden.append(part[0])
             out[live] = head(torch.cat(hidden).T[None])[0, 0].numpy()
         return out, state
 
-    def _after_skip(self, index: int, skip: np.ndarray) -> bool:
-        """Whether frame `index` of a call whose frames `skip` marks follows a skipped frame (this call's, or the
-        last call's last)."""
-        return bool(skip[index - 1]) if index > 0 else self._silenced
-
-    def _frame_by_frame(self, frames: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    def _frame_by_frame(self, frames: np.ndarray, skip: np.ndarray, fresh: np.ndarray) -> np.ndarray:
         import torch
 
         out = np.zeros(len(frames), dtype=np.float32)
         x = torch.from_numpy(frames)
         with torch.inference_mode():
             for index in np.flatnonzero(~skip):
-                if self._after_skip(index, skip):
+                if fresh[index]:
                     self._rest_script()
                 out[index] = float(self.model(x[index][None], SAMPLE_RATE))
         return out
@@ -167,6 +170,38 @@ def gains(frames: np.ndarray, peaks_before: np.ndarray | None = None) -> tuple[n
     return gain.astype(np.float32), peaks[len(peaks) - len(before):]
 
 
+LEVEL_DROP_DB = 20.0  # a second this far below the second before it restarts the model (`level_drops`)
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What `level_drops` carries from one call to the next: peaks, the loudest |sample| of each of the last
+    2 x PEAK_WINDOW_S + 1 frames; dropped, whether the last frame was in a drop."""
+
+    peaks: np.ndarray
+    dropped: bool
+
+
+def level_drops(frames: np.ndarray, before: Levels | None = None) -> tuple[np.ndarray, Levels]:
+    """(n,) whether the model restarts from its rest state (`SileroVad.reset`) before each frame of frames (n,
+    FRAME_SAMPLES): at the first frame whose last PEAK_WINDOW_S (its own included) is LEVEL_DROP_DB or more below
+    the PEAK_WINDOW_S before that, and the levels for the next call (before: the last call's; None: silence).
+    Causal, so the same whatever the blocks. Why: after loud speech silero's state stays deaf for seconds to
+    quieter speech: a lecture's audience question (-35 dBFS, 0.9 s after the lecturer) was lost whole, and a quiet
+    speaker after 15-20 s of room noise that followed a loud one lost a sentence; each was heard from the rest
+    state (as at the file's start, or after digital silence: `long_silence`)."""
+    width = _window_frames() + 1
+    history = np.zeros(2 * width - 1, np.float32) if before is None else before.peaks
+    dropped = False if before is None else before.dropped
+    if not len(frames):
+        return np.zeros(0, bool), Levels(history, dropped)
+    peaks = np.r_[history, np.abs(frames).max(axis=1, initial=0.0)].astype(np.float32)
+    loudest = np.lib.stride_tricks.sliding_window_view(peaks, width).max(axis=1)  # (width + n,)
+    recent, previous = loudest[width:], loudest[:len(frames)]
+    drop = recent * 10 ** (LEVEL_DROP_DB / 20) < previous
+    return drop & ~np.r_[dropped, drop[:-1]], Levels(peaks[len(frames):], bool(drop[-1]))
+
+
 def _window_frames() -> int:
     """Frames before a frame that `gains` measures it with: PEAK_WINDOW_S's."""
     return round(PEAK_WINDOW_S * SAMPLE_RATE / FRAME_SAMPLES)
@@ -176,11 +211,6 @@ def rest_frames() -> np.ndarray:
     """(n, FRAME_SAMPLES) zeros: the stretch of digital silence the model has heard when a signal starts (`reset`),
     the most of one it hears (`long_silence`)."""
     return np.zeros((_silence_frames(), FRAME_SAMPLES), np.float32)
-
-
-def _after_silence(live: np.ndarray) -> np.ndarray:
-    """The positions in `live` (ascending frame indices) whose frame follows skipped ones (`long_silence`)."""
-    return np.flatnonzero(np.diff(live) > 1) + 1
 
 
 def _silence_frames() -> int:
