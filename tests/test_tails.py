@@ -126,6 +126,20 @@ def test_a_tail_is_planned_only_when_speech_goes_on_past_the_text() -> None:
     assert kept == (ts(0.2), 1, ts(25.0), EOT) and tail.start_sample == span.start_sample + 25 * 16000
 
 
+def test_a_tail_that_would_open_on_a_long_silence_starts_at_the_speech_after_it() -> None:
+    """A chunk of 27.5 s: speech to 5 s, 20 s of silence, a sentence. Its text stopped before the silence; the tail from
+    there opened on it: Whisper timed the sentence from the tail's <|0.00|>, a cue 20 s early. A tail now starts
+    where the speech after such a silence does (padded 0.2 s), as a chunk does; after a short pause as before."""
+    span = speech_span(90.0, 27.5, [(0.2, 5.0), (25.1, 27.4)])
+    tokens = (ts(0.2), 1, 2, ts(5.0), EOT)
+    tail, kept = plan_tail(span, tokens, EOT, TS, margin_s=0.5)
+    assert kept == tokens and tail.end_sample == span.end_sample
+    assert tail.start_sample == span.start_sample + int(round(24.9 * 16000))
+    assert tail.speech.sum() == span.speech.sum() - 240 and tail.speech[10]
+    near = speech_span(90.0, 10.0, [(0.2, 5.0), (6.5, 9.0)])  # 1.5 s of silence: the tail opens on it
+    assert plan_tail(near, tokens, EOT, TS, margin_s=0.5)[0].start_sample == near.start_sample + 5 * 16000
+
+
 def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before_it() -> None:
     span = speech_span(0.0, 29.2, [(0.1, 25.6), (25.8, 29.1)])  # the last sentence (25.8-29.1 s) went undecoded
     tokens = (ts(0.1), 1, ts(4.0), ts(4.0), 2, ts(19.8), ts(19.8), 3, ts(23.1), ts(23.1), 4, ts(25.6), EOT)

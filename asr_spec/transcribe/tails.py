@@ -60,6 +60,10 @@ MIN_TOKEN_S = 0.03
 # moved back at most ONSET_BACK_S, to a pause of at least ONSET_PAUSE_S, ONSET_PAD_S (or half that pause) before
 # the onset the speech frames show
 ONSET_BACK_S, ONSET_PAUSE_S, ONSET_PAD_S = 1.0, 0.1, 0.2
+# a tail that would open on this much silence or more starts at the speech after it instead (as a chunk does),
+# padded as above: Whisper times a window's first segment from <|0.00|> however long the silence before it, and a
+# tail opening on 20 s of silence gave a cue 20 s before its sentence
+TAIL_LEAD_SILENCE_S = 2.0
 assert SPEECH_FRAME_S == TIME_PRECISION_S  # a speech frame is one timestamp step: frame index == step
 
 
@@ -196,7 +200,10 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     min_step = span.stride_left_samples // STEP_SAMPLES
     step, n_kept = rewind(closed, position, context_s, min_step, cover(closed[position], tokens, eot_id))
     step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
-    if n_kept <= closed[position][2]:  # at a segment's start: the parent keeps none of that segment's text
+    onset = step + int(np.argmax(span.speech[step:])) if span.speech[step:].any() else step
+    after_silence = onset - step >= _steps(TAIL_LEAD_SILENCE_S)  # it would open on a long silence
+    step = onset if after_silence else step
+    if after_silence or n_kept <= closed[position][2]:  # at the speech's or a segment's start: padded back
         step = onset_before(span.speech, step, low=max(min_step, 1), max_back=_steps(ONSET_BACK_S),
                             min_pause=_steps(ONSET_PAUSE_S), pad=_steps(ONSET_PAD_S))
     start = span.start_sample + step * STEP_SAMPLES
