@@ -274,7 +274,7 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     `DIGITAL_SILENCE_S` into a stretch scored 0, what follows heard from the state `reset` gives)."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
-    from asr_spec.audio.silero import SileroVad, gains, level_drops, long_silence, rest_frames
+    from asr_spec.audio.silero import SileroVad, levels, long_silence, rest_frames
 
     speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")[: SR * 3]
     zeros = np.zeros(SR * 2, np.float32)
@@ -289,17 +289,52 @@ def test_batched_silero_equals_the_model_frame_by_frame_across_blocks_and_silenc
     assert 25 <= skip.sum() <= 35  # the 2 s stretch beyond its first second, no other
     none = np.zeros(len(rest), bool)
     vad._frame_by_frame(rest, none, none)  # the model as `reset` leaves it: a second of zeros heard
-    fresh = level_drops(frames)[0] | np.r_[False, skip[:-1]]  # restarts: at a drop in level, after a long silence
-    reference = vad._frame_by_frame(frames * gains(frames)[0][:, None], skip, fresh)  # a quiet start heard raised
+    gain, fresh, _ = levels(frames)
+    fresh |= np.r_[False, skip[:-1]]  # restarts: a second into a drop in level, after a long silence
+    reference = vad._frame_by_frame(frames * gain[:, None], skip, fresh)  # a quiet start heard raised
     assert (reference > 0.5).any() and (reference[~skip] < 0.1).sum() >= 15  # speech, and silence heard as silence
     vad.reset()
     np.testing.assert_allclose(vad(signal), reference, atol=1e-4)
     rng = np.random.default_rng(0)
+    silence_end = int(np.flatnonzero(skip)[-1]) + 1  # a block that starts right after the long silence, too
     for _ in range(2):  # the state is reset by reset() and carried from block to block
         vad.reset()
-        cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=12, replace=False)) * FRAME_SAMPLES
-        got = np.concatenate([vad(block) for block in np.split(signal, cuts)])
+        cuts = np.union1d(rng.choice(np.arange(1, len(frames)), size=12, replace=False), [silence_end])
+        got = np.concatenate([vad(block) for block in np.split(signal, cuts * FRAME_SAMPLES)])
         np.testing.assert_allclose(got, reference, atol=1e-4)
+
+
+def test_the_model_fed_frame_by_frame_hears_as_the_batched_path_across_drops_in_level():
+    """A silero-vad of another layout is fed frame by frame (`_parts` None): its restarts, at a drop in level inside
+    audio as well as after a long silence, are the batched path's (the batched path heard a restarted frame with
+    the audio before it, the model fed frame by frame with zeros: 0.05 apart), and a caller's buffer refilled in
+    place after a call does not change what the next call hears (its last samples were kept as a view)."""
+    pytest.importorskip("silero_vad")
+    import copy
+
+    from asr_spec.audio.loading import load_audio
+    from asr_spec.audio.silero import SileroVad, levels
+
+    speech = load_audio("tests/fixtures/speech/short/festival-kal.flac")
+    speech = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES] / np.abs(speech).max()
+    noise = np.random.default_rng(1).standard_normal(2 * SR // FRAME_SAMPLES * FRAME_SAMPLES) * 10 ** (-66 / 20)
+    silence = np.zeros(2 * SR // FRAME_SAMPLES * FRAME_SAMPLES)
+    signal = np.r_[0.5 * speech, 0.01 * speech, noise, 0.01 * speech, silence, 0.5 * speech]
+    signal = signal.astype(np.float32)
+    assert levels(signal.reshape(-1, FRAME_SAMPLES))[1].sum() >= 2  # drops inside audio, not only silence
+    batched = SileroVad()
+    plain = copy.copy(batched)
+    plain._parts = None
+    plain.reset()
+    np.testing.assert_allclose(plain(signal), batched(signal), atol=1e-4)
+    batched.reset()
+    block, heard = np.empty(8 * FRAME_SAMPLES, np.float32), []
+    for start in range(0, len(signal) // len(block) * len(block), len(block)):
+        block[:] = signal[start:start + len(block)]  # one buffer, refilled in place (a capture callback's)
+        heard.append(batched(block))
+    batched.reset()
+    np.testing.assert_allclose(np.concatenate(heard), batched(signal[:sum(map(len, heard)) * FRAME_SAMPLES]),
+                               atol=1e-4)
 
 
 @pytest.mark.parametrize("lead_s", [0, 30])
@@ -348,13 +383,13 @@ def test_speech_below_minus_40_dbfs_is_heard_raised_to_it():
     30 dB; a louder one as it is."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
-    from asr_spec.audio.silero import MAX_GAIN, QUIET_PEAK, SileroVad, gains
+    from asr_spec.audio.silero import MAX_GAIN, QUIET_PEAK, SileroVad, levels
 
     frames = np.zeros((4, FRAME_SAMPLES), np.float32)
     frames[1, 0], frames[2, 0], frames[3, 0] = 1e-4, 1e-3, 0.5  # -80, -60, -6 dBFS: the recent peak rises
-    gain, peaks = gains(frames)
+    gain, _, after = levels(frames)
     np.testing.assert_allclose(gain, [MAX_GAIN, MAX_GAIN, QUIET_PEAK / 1e-3, 1.0], rtol=1e-5)
-    assert peaks[-1] == 0.5 and gains(frames[:1], peaks)[0].tolist() == [1.0]
+    assert after.peaks[-1] == 0.5 and levels(frames[:1], after)[0].tolist() == [1.0]
     speech = load_audio("tests/fixtures/speech/short/festival-slt-hts.flac")
     speech = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES] / np.abs(speech).max()
     vad, heard = SileroVad(), []
@@ -367,20 +402,20 @@ def test_speech_below_minus_40_dbfs_is_heard_raised_to_it():
 def test_the_gain_is_measured_over_the_last_second_whatever_the_blocks():
     """The gain was measured against the loudest sample so far, so after one loud sample no quiet speech was ever
     raised (a reviewer's file: a loud speaker for 19 s, then every sentence of a -45 dBFS one lost)."""
-    from asr_spec.audio.silero import MAX_GAIN, PEAK_WINDOW_S, QUIET_PEAK, gains
+    from asr_spec.audio.silero import MAX_GAIN, PEAK_WINDOW_S, QUIET_PEAK, levels
 
     window = round(PEAK_WINDOW_S * SR / FRAME_SAMPLES)
     frames = np.zeros((3 * window, FRAME_SAMPLES), np.float32)
     frames[0, 0], frames[2 * window:, 0] = 0.5, 1e-3
-    gain, _ = gains(frames)
+    gain, _, _ = levels(frames)
     assert (gain[: window + 1] == 1.0).all() and (gain[window + 1: 2 * window] == MAX_GAIN).all()
     np.testing.assert_allclose(gain[2 * window:], QUIET_PEAK / 1e-3, rtol=1e-5)  # -60 dBFS raised, a second on
     rng = np.random.default_rng(1)
     for _ in range(3):
         cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=5, replace=False))
-        parts, peaks = [], None
+        parts, after = [], None
         for block in np.split(frames, cuts):
-            part, peaks = gains(block, peaks)
+            part, _, after = levels(block, after)
             parts.append(part)
         np.testing.assert_array_equal(np.concatenate(parts), gain)
 
@@ -406,7 +441,7 @@ def test_quiet_speech_after_loud_speech_and_silence_is_heard_as_at_the_start():
 
 
 def test_the_model_restarts_a_second_into_a_drop_in_level_whatever_the_blocks():
-    from asr_spec.audio.silero import LEVEL_DROP_DB, PEAK_WINDOW_S, level_drops
+    from asr_spec.audio.silero import LEVEL_DROP_DB, PEAK_WINDOW_S, levels
 
     window = round(PEAK_WINDOW_S * SR / FRAME_SAMPLES)
     frames = np.zeros((9 * window, FRAME_SAMPLES), np.float32)
@@ -414,14 +449,14 @@ def test_the_model_restarts_a_second_into_a_drop_in_level_whatever_the_blocks():
     frames[2 * window: 4 * window, 0] = 1e-3
     frames[4 * window: 5 * window, 0] = 0.5
     frames[5 * window:, 0] = 0.5 * 10 ** (-LEVEL_DROP_DB / 20) * 1.01
-    restart, _ = level_drops(frames)
+    _, restart, _ = levels(frames)
     assert np.flatnonzero(restart).tolist() == [3 * window]  # the first frame whose last second holds no loud one
     rng = np.random.default_rng(2)
     for _ in range(3):
         cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=6, replace=False))
-        parts, levels = [], None
+        parts, after = [], None
         for block in np.split(frames, cuts):
-            part, levels = level_drops(block, levels)
+            _, part, after = levels(block, after)
             parts.append(part)
         np.testing.assert_array_equal(np.concatenate(parts), restart)
 
@@ -430,7 +465,7 @@ def test_quiet_speech_after_loud_speech_and_room_noise_is_heard_as_after_the_noi
     """After loud speech silero's state stayed deaf for seconds to quieter speech, whatever lay between: a lecture's
     audience question at -35 dBFS 0.9 s after the lecturer was lost whole, and a -30 dB speaker after 15-20 s of
     room noise lost sentences (a reviewer's files; faster-whisper without its VAD kept them). The model now
-    restarts from its rest state a second into a drop of 20 dB (`level_drops`)."""
+    restarts from its rest state a second into a drop of 20 dB (`levels`)."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
     from asr_spec.audio.silero import SileroVad

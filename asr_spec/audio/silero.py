@@ -35,8 +35,7 @@ class SileroVad:
 
     Digital silence goes through the model for DIGITAL_SILENCE_S into a stretch; beyond that its frames are scored
     0 without the model (`long_silence`), and what follows the stretch is heard as a signal's start is (the model
-    as `reset` leaves it); so is what follows a drop in level (`level_drops`). A quiet signal is heard raised
-    (`gains`).
+    as `reset` leaves it); so is what follows a drop in level, and a quiet signal is heard raised (`levels`).
     """
 
     def __init__(self) -> None:
@@ -67,9 +66,8 @@ class SileroVad:
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
         self._quiet_run = 0  # digitally silent frames at the end of the signal so far (`long_silence`)
         self._silenced = False  # whether the last frame was scored 0 by `long_silence`
-        # the loudest |sample| of each of the last PEAK_WINDOW_S's frames, the last frame's gain (`gains`)
-        self._peaks, self._gain = np.zeros(_window_frames(), np.float32), 1.0
-        self._levels: Levels | None = None  # the recent loudness `level_drops` compares (None: silence)
+        self._levels: Levels | None = None  # the recent loudness (`levels`; None: silence)
+        self._gain = 1.0  # the last frame's gain (`levels`)
         self.model.reset_states()
         if self._parts is None:
             self._rest_script()
@@ -91,22 +89,20 @@ class SileroVad:
 
     def __call__(self, samples: np.ndarray) -> np.ndarray:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
+        if not len(frames):
+            return np.zeros(0, np.float32)
         skip, self._quiet_run = long_silence(frames, self._quiet_run)
-        gain, self._peaks = gains(frames, self._peaks)
-        fresh, self._levels = level_drops(frames, self._levels)  # (n,) the model restarts before these frames
+        gain, fresh, self._levels = levels(frames, self._levels)  # fresh: (n,) the model restarts before these
         fresh[1:] |= skip[:-1]  # after a long silence too, this call's or the last call's
-        if len(frames):
-            fresh[0] |= self._silenced
+        fresh[0] |= self._silenced
         context = np.concatenate([self._context[None] * self._gain, frames[:-1, -CONTEXT_SAMPLES:] * gain[:-1, None]])
-        if len(frames):
-            self._context, self._gain = frames[-1, -CONTEXT_SAMPLES:], float(gain[-1])
+        context[fresh] = 0.0  # a restarted frame is heard as a signal's first is: after the rest state's zeros
+        self._context, self._gain = frames[-1, -CONTEXT_SAMPLES:].copy(), float(gain[-1])
+        self._silenced = bool(skip[-1])
         frames = frames * gain[:, None]
         if self._parts is None:
-            out = self._frame_by_frame(frames, skip, fresh)
-        else:
-            out, self._state = self._batched(frames, skip, fresh, context)
-        if len(frames):
-            self._silenced = bool(skip[-1])
+            return self._frame_by_frame(frames, skip, fresh)
+        out, self._state = self._batched(frames, skip, fresh, context)
         return out
 
     def _batched(self, frames: np.ndarray, skip: np.ndarray, fresh: np.ndarray,
@@ -143,67 +139,56 @@ class SileroVad:
         return out
 
 
-# a signal whose loudest sample of late is below this (-40 dBFS) is heard raised to it (at -35 dBFS the room noise
-# of a 3.5 s pause, at -60 dBFS, gave silero a blip of speech frames, which a live stream decoded as "you")
+# a frame whose last second's loudest sample is below this (-40 dBFS) is heard raised to it (at -35 dBFS the room
+# noise of a 3.5 s pause, at -60 dBFS, gave silero a blip of speech frames, which a live stream decoded as "you")
 QUIET_PEAK = 10 ** (-40 / 20)
 MAX_GAIN = 10 ** (30 / 20)  # by at most 30 dB (hiss at -70 dBFS stays hiss at -40)
-PEAK_WINDOW_S = 1.0  # "of late": the frame and those of the second before it
-
-
-def gains(frames: np.ndarray, peaks_before: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per frame of frames (n, FRAME_SAMPLES), the gain the model hears it at: a frame where the loudest |sample|
-    of the last PEAK_WINDOW_S (that frame's included) is below QUIET_PEAK is raised by as much as brings it there,
-    at most MAX_GAIN; louder ones are heard as they are. peaks_before: the loudest |sample| of each of the
-    PEAK_WINDOW_S's frames before the first (zeros: silence; None: as many zeros) -> ((n,) gains >= 1, the same
-    of the last frames, for the next call). Causal, so the same whatever the blocks. Why: silero hears little of
-    speech quieter than about -45 dBFS (-50 dBFS espeak English lost its first second, "Good morning everyone",
-    and was then detected as Welsh); measured over the second before, not the whole signal so far, so that a
-    quiet speaker after a loud one is raised too (a reviewer's file lost its -45 dBFS sentences after a loud
-    one's)."""
-    before = np.zeros(_window_frames(), np.float32) if peaks_before is None else peaks_before
-    if not len(frames):
-        return np.ones(0, np.float32), before
-    peaks = np.r_[before, np.abs(frames).max(axis=1, initial=0.0)].astype(np.float32)
-    recent = np.lib.stride_tricks.sliding_window_view(peaks, len(before) + 1).max(axis=1)  # (n,)
-    with np.errstate(divide="ignore"):
-        gain = np.clip(QUIET_PEAK / recent, 1.0, MAX_GAIN)
-    return gain.astype(np.float32), peaks[len(peaks) - len(before):]
-
-
-LEVEL_DROP_DB = 20.0  # a second this far below the second before it restarts the model (`level_drops`)
+PEAK_WINDOW_S = 1.0  # "the last second": the frame and those of the second before it
+LEVEL_DROP_DB = 20.0  # a last second this far below the second before it restarts the model (`levels`)
 
 
 @dataclass(frozen=True)
 class Levels:
-    """What `level_drops` carries from one call to the next: peaks, the loudest |sample| of each of the last
+    """What `levels` carries from one call to the next: peaks, the loudest |sample| of each of the last
     2 x PEAK_WINDOW_S + 1 frames; dropped, whether the last frame was in a drop."""
 
     peaks: np.ndarray
     dropped: bool
 
 
-def level_drops(frames: np.ndarray, before: Levels | None = None) -> tuple[np.ndarray, Levels]:
-    """(n,) whether the model restarts from its rest state (`SileroVad.reset`) before each frame of frames (n,
-    FRAME_SAMPLES): at the first frame whose last PEAK_WINDOW_S (its own included) is LEVEL_DROP_DB or more below
-    the PEAK_WINDOW_S before that, and the levels for the next call (before: the last call's; None: silence).
-    Causal, so the same whatever the blocks. Why: after loud speech silero's state stays deaf for seconds to
-    quieter speech: a lecture's audience question (-35 dBFS, 0.9 s after the lecturer) was lost whole, and a quiet
-    speaker after 15-20 s of room noise that followed a loud one lost a sentence; each was heard from the rest
-    state (as at the file's start, or after digital silence: `long_silence`)."""
+def levels(frames: np.ndarray, before: Levels | None = None) -> tuple[np.ndarray, np.ndarray, Levels]:
+    """What the loudness of frames (n, FRAME_SAMPLES) decides, measured by the loudest |sample| of each frame's
+    last PEAK_WINDOW_S (its own included) and of the PEAK_WINDOW_S before that -> ((n,) the gain the model hears
+    each frame at, (n,) whether the model restarts from its rest state (`SileroVad.reset`) before it, the levels
+    for the next call). before: the last call's (None: silence). Causal, so the same whatever the blocks.
+
+    The gain: a frame whose last second is below QUIET_PEAK is raised by as much as brings it there, at most
+    MAX_GAIN; louder ones are heard as they are. silero hears little of speech quieter than about -45 dBFS (-50
+    dBFS espeak English lost its first second, "Good morning everyone", and was then detected as Welsh); measured
+    over the last second, not the signal so far, so that a quiet speaker after a loud one is raised too (a
+    reviewer's file lost every -45 dBFS sentence after a loud one's).
+
+    The restart: at the first frame whose last second is LEVEL_DROP_DB or more below the second before it. After
+    loud speech silero's state stays deaf for seconds to quieter speech: a lecture's audience question (-35 dBFS,
+    0.9 s after the lecturer) was lost whole, and a quiet speaker after 15-20 s of room noise that followed a loud
+    one lost a sentence; each was heard from the rest state (as at the file's start, or after digital silence:
+    `long_silence`)."""
     width = _window_frames() + 1
     history = np.zeros(2 * width - 1, np.float32) if before is None else before.peaks
     dropped = False if before is None else before.dropped
     if not len(frames):
-        return np.zeros(0, bool), Levels(history, dropped)
+        return np.ones(0, np.float32), np.zeros(0, bool), Levels(history, dropped)
     peaks = np.r_[history, np.abs(frames).max(axis=1, initial=0.0)].astype(np.float32)
     loudest = np.lib.stride_tricks.sliding_window_view(peaks, width).max(axis=1)  # (width + n,)
     recent, previous = loudest[width:], loudest[:len(frames)]
+    with np.errstate(divide="ignore"):
+        gain = np.clip(QUIET_PEAK / recent, 1.0, MAX_GAIN).astype(np.float32)
     drop = recent * 10 ** (LEVEL_DROP_DB / 20) < previous
-    return drop & ~np.r_[dropped, drop[:-1]], Levels(peaks[len(frames):], bool(drop[-1]))
+    return gain, drop & ~np.r_[dropped, drop[:-1]], Levels(peaks[len(frames):], bool(drop[-1]))
 
 
 def _window_frames() -> int:
-    """Frames before a frame that `gains` measures it with: PEAK_WINDOW_S's."""
+    """Frames before a frame that `levels` measures it with: PEAK_WINDOW_S's."""
     return round(PEAK_WINDOW_S * SAMPLE_RATE / FRAME_SAMPLES)
 
 

@@ -76,10 +76,6 @@ class GroupLanguages:
         # group -> its language token id once settled, else the (L,) sum of its chunks' detections
         self.size, self.known = size, OrderedDict()
 
-    def clear(self) -> None:
-        """Forget every group (a new engine run: its group keys name other files)."""
-        self.known.clear()
-
     def settle(self, probs: torch.Tensor, lang_ids: Sequence[int], groups: Sequence[Hashable | None]) -> list[int]:
         """Each row's language token.
 

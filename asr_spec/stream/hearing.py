@@ -313,10 +313,11 @@ def stopped_short(closed: Sequence[SegmentEnd], speech: np.ndarray, start: int, 
 
 def shorter_close(n_words: int, speech: np.ndarray, start: int, n_samples: int) -> int | None:
     """Where a close decode of `n_samples` from stream sample `start` whose first segment drifted (`drifted`: none of
-    it is timed, so where it stopped hearing is not known) is decoded again, in samples from `start`: a shorter
-    close decode of the same buffer, ending at the first pause (the middle of its first frame that is not speech)
-    after the speech its `n_words` words could take (DRIFT_S_PER_WORD a word, one word at least), where
-    `UNHEARD_SPEECH_S` or more of speech still lies after it (else None: a decode ending there would hear as much).
+    it is timed, so where it stopped hearing is not known), or whose every word was a loop's (`before_loop`), is
+    decoded again, in samples from `start`: a shorter close decode of the same buffer, ending at the first pause
+    (the middle of its first frame that is not speech) after the speech its `n_words` words could take
+    (DRIFT_S_PER_WORD a word, one word at least), where `UNHEARD_SPEECH_S` or more of speech still lies after it
+    (else None: a decode ending there would hear as much).
     Nothing is cut unheard: the shorter decode hears the buffer from its start, and what follows is decoded after
     it; each such decode ends before the last, so they end."""
     first, end = start // FRAME_SAMPLES, (start + n_samples) // FRAME_SAMPLES
