@@ -410,14 +410,8 @@ def test_the_gain_is_measured_over_the_last_second_whatever_the_blocks():
     gain, _, _ = levels(frames)
     assert (gain[: window + 1] == 1.0).all() and (gain[window + 1: 2 * window] == MAX_GAIN).all()
     np.testing.assert_allclose(gain[2 * window:], QUIET_PEAK / 1e-3, rtol=1e-5)  # -60 dBFS raised, a second on
-    rng = np.random.default_rng(1)
-    for _ in range(3):
-        cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=5, replace=False))
-        parts, after = [], None
-        for block in np.split(frames, cuts):
-            part, _, after = levels(block, after)
-            parts.append(part)
-        np.testing.assert_array_equal(np.concatenate(parts), gain)
+    for seed in range(3):
+        np.testing.assert_array_equal(_levels_in_blocks(frames, seed)[0], gain)
 
 
 def test_quiet_speech_after_loud_speech_and_silence_is_heard_as_at_the_start():
@@ -451,14 +445,20 @@ def test_the_model_restarts_a_second_into_a_drop_in_level_whatever_the_blocks():
     frames[5 * window:, 0] = 0.5 * 10 ** (-LEVEL_DROP_DB / 20) * 1.01
     _, restart, _ = levels(frames)
     assert np.flatnonzero(restart).tolist() == [3 * window]  # the first frame whose last second holds no loud one
-    rng = np.random.default_rng(2)
-    for _ in range(3):
-        cuts = np.sort(rng.choice(np.arange(1, len(frames)), size=6, replace=False))
-        parts, after = [], None
-        for block in np.split(frames, cuts):
-            _, part, after = levels(block, after)
-            parts.append(part)
-        np.testing.assert_array_equal(np.concatenate(parts), restart)
+    for seed in range(3):
+        np.testing.assert_array_equal(_levels_in_blocks(frames, seed)[1], restart)
+
+
+def _levels_in_blocks(frames: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`levels` of frames fed in random blocks, each call carrying the last one's levels: (gains, restarts)."""
+    from asr_spec.audio.silero import levels
+
+    cuts = np.sort(np.random.default_rng(seed).choice(np.arange(1, len(frames)), size=6, replace=False))
+    parts, after = [], None
+    for block in np.split(frames, cuts):
+        gain, restart, after = levels(block, after)
+        parts.append((gain, restart))
+    return np.concatenate([g for g, _ in parts]), np.concatenate([r for _, r in parts])
 
 
 def test_quiet_speech_after_loud_speech_and_room_noise_is_heard_as_after_the_noise_alone():
