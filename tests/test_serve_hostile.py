@@ -148,7 +148,7 @@ def test_the_schema_documents_the_body_the_formats_and_the_errors(greedy):
             assert kind in operation["responses"]["200"]["content"]
         wrong_method = client.put("/v1/audio/transcriptions")
         missing = client.get("/v1/nothing")
-    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == 405
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] is None
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "invalid_request_error"
 
 

@@ -13,10 +13,11 @@ __all__ = ["RESPONSE_FORMATS", "HTTPError", "error_body", "render"]
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 
 
-def error_body(status: int, message: str, param: str | None = None, code: Any = None) -> dict[str, Any]:
-    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}; code: the status unless given."""
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}; code: a string naming the cause
+    ("invalid_api_key") or null, as OpenAI's (the HTTP status was put there: typed clients read a string)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class HTTPError(Exception):

@@ -16,7 +16,7 @@ ERROR_SCHEMA = {
     "properties": {"error": {
         "type": "object", "required": ["message", "type", "param", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["integer", "string", "null"]}}}},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
 }
 _ERRORS = {
     400: "Bad request: not audio, or a field this server does not accept (the message names it).",
