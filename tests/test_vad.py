@@ -386,10 +386,10 @@ def test_speech_below_minus_40_dbfs_is_heard_raised_to_it():
     from asr_spec.audio.silero import MAX_GAIN, QUIET_PEAK, SileroVad, levels
 
     frames = np.zeros((4, FRAME_SAMPLES), np.float32)
-    frames[1, 0], frames[2, 0], frames[3, 0] = 1e-4, 1e-3, 0.5  # -80, -60, -6 dBFS: the recent peak rises
+    frames[1, 0], frames[2, 0], frames[3, 0] = 1e-4, 1e-3, 0.5  # -80, -60, -6 dBFS: the peak so far rises
     gain, _, after = levels(frames)
     np.testing.assert_allclose(gain, [MAX_GAIN, MAX_GAIN, QUIET_PEAK / 1e-3, 1.0], rtol=1e-5)
-    assert after.peaks[-1] == 0.5 and levels(frames[:1], after)[0].tolist() == [1.0]
+    assert after.peak == 0.5 and levels(frames[:1], after)[0].tolist() == [1.0]
     speech = load_audio("tests/fixtures/speech/short/festival-slt-hts.flac")
     speech = speech[: len(speech) // FRAME_SAMPLES * FRAME_SAMPLES] / np.abs(speech).max()
     vad, heard = SileroVad(), []
@@ -399,17 +399,18 @@ def test_speech_below_minus_40_dbfs_is_heard_raised_to_it():
     assert heard[1] >= 0.9 * heard[0] > 0, heard
 
 
-def test_the_gain_is_measured_over_the_last_second_whatever_the_blocks():
-    """The gain was measured against the loudest sample so far, so after one loud sample no quiet speech was ever
-    raised (a reviewer's file: a loud speaker for 19 s, then every sentence of a -45 dBFS one lost)."""
-    from asr_spec.audio.silero import MAX_GAIN, PEAK_WINDOW_S, QUIET_PEAK, levels
+def test_the_gain_is_measured_over_the_signal_so_far_whatever_the_blocks():
+    """Measured over the last second, the gain raised a pause's background after a loud programme (a TV 49 dB
+    under the host was transcribed) and a pause's room noise above a quiet speaker's onsets; the signal's loudest
+    sample so far decides it, in blocks of any size as in one call."""
+    from asr_spec.audio.silero import LEVEL_WINDOW_S, MAX_GAIN, QUIET_PEAK, levels
 
-    window = round(PEAK_WINDOW_S * SR / FRAME_SAMPLES)
+    window = round(LEVEL_WINDOW_S * SR / FRAME_SAMPLES)
     frames = np.zeros((3 * window, FRAME_SAMPLES), np.float32)
-    frames[0, 0], frames[2 * window:, 0] = 0.5, 1e-3
+    frames[window, 0], frames[2 * window:, 0] = 0.5, 1e-3
     gain, _, _ = levels(frames)
-    assert (gain[: window + 1] == 1.0).all() and (gain[window + 1: 2 * window] == MAX_GAIN).all()
-    np.testing.assert_allclose(gain[2 * window:], QUIET_PEAK / 1e-3, rtol=1e-5)  # -60 dBFS raised, a second on
+    assert (gain[:window] == MAX_GAIN).all() and (gain[window:] == 1.0).all()
+    np.testing.assert_allclose(levels(frames[2 * window:])[0], QUIET_PEAK / 1e-3, rtol=1e-5)  # alone: raised
     for seed in range(3):
         np.testing.assert_array_equal(_levels_in_blocks(frames, seed)[0], gain)
 
@@ -427,26 +428,30 @@ def test_quiet_speech_after_loud_speech_and_silence_is_heard_as_at_the_start():
     quiet = (np.round(speech * 10 ** (-45 / 20) * 32768) / 32768).astype(np.float32)
     gap = np.zeros(3 * SR // 2 // FRAME_SAMPLES * FRAME_SAMPLES, np.float32)
     vad = SileroVad()
-    alone = vad(quiet)
+    alone = int((vad(quiet) >= 0.5).sum())  # raised 5 dB: the loudest sample so far is its own
     vad.reset()
-    after = vad(np.r_[0.5 * speech, gap, quiet])[-len(alone):]
-    np.testing.assert_allclose(after, alone, atol=1e-4)
-    assert (alone >= 0.5).sum() > len(alone) // 3
+    after = int((vad(np.r_[0.5 * speech, gap, quiet])[-len(quiet) // FRAME_SAMPLES:] >= 0.5).sum())  # not raised
+    assert after >= 0.8 * alone > len(quiet) // FRAME_SAMPLES // 3, (after, alone)
 
 
-def test_the_model_restarts_a_second_into_a_drop_in_level_whatever_the_blocks():
-    from asr_spec.audio.silero import LEVEL_DROP_DB, PEAK_WINDOW_S, levels
+def test_the_model_restarts_within_a_second_of_a_drop_in_level_not_after_a_slam_whatever_the_blocks():
+    """A second's level is the 75th percentile of its frames' RMS: measured by its loudest sample, a door slam or a
+    cough 20 dB above quiet speech restarted the model a second later, mid-sentence, and sentences were lost."""
+    from asr_spec.audio.silero import LEVEL_DROP_DB, LEVEL_WINDOW_S, levels
 
-    window = round(PEAK_WINDOW_S * SR / FRAME_SAMPLES)
+    window = round(LEVEL_WINDOW_S * SR / FRAME_SAMPLES)
     frames = np.zeros((9 * window, FRAME_SAMPLES), np.float32)
     frames[: 2 * window, 0] = 0.5  # loud for 2 s, 2 s at -54 dB, loud for 1 s, then 3 s a little less than 20 dB down
     frames[2 * window: 4 * window, 0] = 1e-3
     frames[4 * window: 5 * window, 0] = 0.5
     frames[5 * window:, 0] = 0.5 * 10 ** (-LEVEL_DROP_DB / 20) * 1.01
     _, restart, _ = levels(frames)
-    assert np.flatnonzero(restart).tolist() == [3 * window]  # the first frame whose last second holds no loud one
+    assert np.flatnonzero(restart).tolist() == [2 * window + 24]  # a quarter of the second loud no more
     for seed in range(3):
         np.testing.assert_array_equal(_levels_in_blocks(frames, seed)[1], restart)
+    slam = np.full((6 * window, FRAME_SAMPLES), 1e-3, np.float32)
+    slam[2 * window: 2 * window + 7] = 1e-2 * 1.01  # 0.22 s 20 dB up: no restart after it
+    assert not levels(slam)[1].any()
 
 
 def _levels_in_blocks(frames: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -465,7 +470,7 @@ def test_quiet_speech_after_loud_speech_and_room_noise_is_heard_as_after_the_noi
     """After loud speech silero's state stayed deaf for seconds to quieter speech, whatever lay between: a lecture's
     audience question at -35 dBFS 0.9 s after the lecturer was lost whole, and a -30 dB speaker after 15-20 s of
     room noise lost sentences (a reviewer's files; faster-whisper without its VAD kept them). The model now
-    restarts from its rest state a second into a drop of 20 dB (`levels`)."""
+    restarts from its rest state within a second of a drop of 20 dB in level (`levels`)."""
     pytest.importorskip("silero_vad")
     from asr_spec.audio.loading import load_audio
     from asr_spec.audio.silero import SileroVad

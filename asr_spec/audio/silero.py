@@ -139,57 +139,60 @@ class SileroVad:
         return out
 
 
-# a frame whose last second's loudest sample is below this (-40 dBFS) is heard raised to it (at -35 dBFS the room
-# noise of a 3.5 s pause, at -60 dBFS, gave silero a blip of speech frames, which a live stream decoded as "you")
-QUIET_PEAK = 10 ** (-40 / 20)
+QUIET_PEAK = 10 ** (-40 / 20)  # a signal whose loudest sample so far is below this (-40 dBFS) is heard raised to it
 MAX_GAIN = 10 ** (30 / 20)  # by at most 30 dB (hiss at -70 dBFS stays hiss at -40)
-PEAK_WINDOW_S = 1.0  # "the last second": the frame and those of the second before it
-LEVEL_DROP_DB = 20.0  # a last second this far below the second before it restarts the model (`levels`)
+LEVEL_WINDOW_S = 1.0  # a second's level: the frame's and those of the second before it (`levels`)
+LEVEL_PERCENTILE = 75  # ... the 75th percentile of their RMS: a door slam or a cough of 0.25 s does not set it
+LEVEL_DROP_DB = 20.0  # a second's level this far below the second's before it restarts the model (`levels`)
 
 
 @dataclass(frozen=True)
 class Levels:
-    """What `levels` carries from one call to the next: peaks, the loudest |sample| of each of the last
-    2 x PEAK_WINDOW_S + 1 frames; dropped, whether the last frame was in a drop."""
+    """What `levels` carries from one call to the next: rms, the RMS of each of the last 2 x LEVEL_WINDOW_S + 1
+    frames; peak, the signal's loudest |sample| so far; dropped, whether the last frame was in a drop."""
 
-    peaks: np.ndarray
+    rms: np.ndarray
+    peak: float
     dropped: bool
 
 
 def levels(frames: np.ndarray, before: Levels | None = None) -> tuple[np.ndarray, np.ndarray, Levels]:
-    """What the loudness of frames (n, FRAME_SAMPLES) decides, measured by the loudest |sample| of each frame's
-    last PEAK_WINDOW_S (its own included) and of the PEAK_WINDOW_S before that -> ((n,) the gain the model hears
-    each frame at, (n,) whether the model restarts from its rest state (`SileroVad.reset`) before it, the levels
-    for the next call). before: the last call's (None: silence). Causal, so the same whatever the blocks.
+    """What the loudness of frames (n, FRAME_SAMPLES) decides -> ((n,) the gain the model hears each frame at, (n,)
+    whether the model restarts from its rest state (`SileroVad.reset`) before it, the levels for the next call).
+    before: the last call's (None: silence). Causal, so the same whatever the blocks.
 
-    The gain: a frame whose last second is below QUIET_PEAK is raised by as much as brings it there, at most
-    MAX_GAIN; louder ones are heard as they are. silero hears little of speech quieter than about -45 dBFS (-50
-    dBFS espeak English lost its first second, "Good morning everyone", and was then detected as Welsh); measured
-    over the last second, not the signal so far, so that a quiet speaker after a loud one is raised too (a
-    reviewer's file lost every -45 dBFS sentence after a loud one's).
+    The gain: a signal whose loudest |sample| so far is below QUIET_PEAK is raised to it, by at most MAX_GAIN;
+    louder ones are heard as they are. silero hears little of speech quieter than about -45 dBFS (-50 dBFS espeak
+    English lost its first second, "Good morning everyone", and was then detected as Welsh). Measured over the
+    signal so far, not over the last second: that raised a pause's background after a loud programme (a TV 49 dB
+    under the host, transcribed) and a pause's room noise above a quiet speaker's onsets (after a door slam).
 
-    The restart: at the first frame whose last second is LEVEL_DROP_DB or more below the second before it. After
-    loud speech silero's state stays deaf for seconds to quieter speech: a lecture's audience question (-35 dBFS,
-    0.9 s after the lecturer) was lost whole, and a quiet speaker after 15-20 s of room noise that followed a loud
-    one lost a sentence; each was heard from the rest state (as at the file's start, or after digital silence:
-    `long_silence`)."""
+    The restart: at the first frame whose second's level (LEVEL_PERCENTILE of its frames' RMS over LEVEL_WINDOW_S)
+    is LEVEL_DROP_DB or more below the second's before it. After loud speech silero's state stays deaf for seconds
+    to quieter speech: a lecture's audience question (-35 dBFS, 0.9 s after the lecturer) was lost whole, a quiet
+    speaker after 15-20 s of room noise that followed a loud one lost a sentence, and a -45 dBFS speaker after 1.5
+    s of near-silence lost their first 2.5 s; each was heard from the rest state (as at the file's start, or after
+    digital silence: `long_silence`). A level, not a peak: measured by the loudest sample, a slam or a cough 20 dB
+    above quiet speech restarted the model a second later, mid-sentence, and sentences were lost."""
     width = _window_frames() + 1
-    history = np.zeros(2 * width - 1, np.float32) if before is None else before.peaks
-    dropped = False if before is None else before.dropped
+    history = np.zeros(2 * width - 1, np.float32) if before is None else before.rms
+    peak, dropped = (0.0, False) if before is None else (before.peak, before.dropped)
     if not len(frames):
-        return np.ones(0, np.float32), np.zeros(0, bool), Levels(history, dropped)
-    peaks = np.r_[history, np.abs(frames).max(axis=1, initial=0.0)].astype(np.float32)
-    loudest = np.lib.stride_tricks.sliding_window_view(peaks, width).max(axis=1)  # (width + n,)
-    recent, previous = loudest[width:], loudest[:len(frames)]
+        return np.ones(0, np.float32), np.zeros(0, bool), Levels(history, peak, dropped)
+    so_far = np.maximum.accumulate(np.r_[peak, np.abs(frames).max(axis=1)])[1:]
     with np.errstate(divide="ignore"):
-        gain = np.clip(QUIET_PEAK / recent, 1.0, MAX_GAIN).astype(np.float32)
+        gain = np.clip(QUIET_PEAK / so_far, 1.0, MAX_GAIN).astype(np.float32)
+    rms = np.r_[history, np.sqrt(np.square(frames, dtype=np.float64).mean(axis=1))].astype(np.float32)
+    level = np.percentile(np.lib.stride_tricks.sliding_window_view(rms, width), LEVEL_PERCENTILE, axis=1)
+    recent, previous = level[width:], level[:len(frames)]  # (n,) each frame's second, the second before it
     drop = recent * 10 ** (LEVEL_DROP_DB / 20) < previous
-    return gain, drop & ~np.r_[dropped, drop[:-1]], Levels(peaks[len(frames):], bool(drop[-1]))
+    restart = drop & ~np.r_[dropped, drop[:-1]]
+    return gain, restart, Levels(rms[len(frames):], float(so_far[-1]), bool(drop[-1]))
 
 
 def _window_frames() -> int:
-    """Frames before a frame that `levels` measures it with: PEAK_WINDOW_S's."""
-    return round(PEAK_WINDOW_S * SAMPLE_RATE / FRAME_SAMPLES)
+    """Frames before a frame that `levels` measures its second's level with: LEVEL_WINDOW_S's."""
+    return round(LEVEL_WINDOW_S * SAMPLE_RATE / FRAME_SAMPLES)
 
 
 def rest_frames() -> np.ndarray:
