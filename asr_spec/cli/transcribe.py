@@ -147,11 +147,13 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
         _transcribe_on_ray(files or [], manifest, output, preset, device, overrides, quiet,
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
         return
+    # begun before the options' check: on a CPU with native bf16 `auto`'s probe builds the CPU kernels there (a fresh
+    # machine's ~55 s build went unreported)
+    run = _Run(len(files), output_dir)
     try:  # the options checked before the files, the files before any model loads
         Transcriber.plan_preset(preset, device=device, **overrides)
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
-    run = _Run(len(files), output_dir)
     run.check_files(files)  # a mistyped name said before the models load (~3 s, ~30-60 s cold), not after
     if run.nothing_readable:
         run.none_read(quiet)
