@@ -131,14 +131,14 @@ def test_two_runs_open_at_once_keep_their_own_groups(monkeypatch):
 
     def run(name: str, first: int):
         rows = [first, *(i for i in range(8) if i != first)][:3]
-        return engine.run(iter([ChunkRequest((name, i), _features()[row], language_group=0)
+        return engine.run(iter([ChunkRequest(ChunkId(name, i), _features()[row], language_group=0)
                                 for i, row in enumerate(rows)]), batch_size=1)
 
     a, b = run("a", 0), run("b", other)
     firsts = [next(a), next(b)]
     rest = list(a) + list(b)
     assert [r.prompt[1] for r in firsts] == [alone[0], alone[other]]
-    assert all(r.prompt[1] == (alone[0] if r.id[0] == "a" else alone[other]) for r in rest)
+    assert all(r.prompt[1] == (alone[0] if r.id.owner == "a" else alone[other]) for r in rest)
 
 
 def test_a_tail_is_decoded_in_its_parents_language():
