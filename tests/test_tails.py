@@ -138,6 +138,11 @@ def test_a_tail_that_would_open_on_a_long_silence_starts_at_the_speech_after_it(
     assert tail.speech.sum() == span.speech.sum() - 240 and tail.speech[10]
     near = speech_span(90.0, 10.0, [(0.2, 5.0), (6.5, 9.0)])  # 1.5 s of silence: the tail opens on it
     assert plan_tail(near, tokens, EOT, TS, margin_s=0.5)[0].start_sample == near.start_sample + 5 * 16000
+    # rewound to a segment's start (context_s): that segment's words are decoded again from it, silence or not
+    two = (ts(0.2), 1, ts(2.0), ts(2.0), 2, ts(5.0), EOT)
+    rewound = speech_span(90.0, 27.5, [(0.2, 1.9), (4.5, 5.0), (25.1, 27.4)])
+    tail, kept = plan_tail(rewound, two, EOT, TS, margin_s=0.5, context_s=2.5)
+    assert kept == two[:3] + (EOT,) and 1.8 * 16000 <= tail.start_sample - rewound.start_sample <= 2 * 16000
 
 
 def test_a_tail_rewinds_to_a_segment_start_with_context_s_of_decoded_text_before_it() -> None:

@@ -143,7 +143,7 @@ QUIET_PEAK = 10 ** (-40 / 20)  # a signal whose loudest sample so far is below t
 MAX_GAIN = 10 ** (30 / 20)  # by at most 30 dB (hiss at -70 dBFS stays hiss at -40)
 LEVEL_WINDOW_S = 1.0  # a second's level: the frame's and those of the second before it (`levels`)
 LEVEL_PERCENTILE = 75  # ... the 75th percentile of their RMS: a door slam or a cough of 0.25 s does not set it
-LEVEL_DROP_DB = 20.0  # a second's level this far below the second's before it restarts the model (`levels`)
+LEVEL_DROP_DB = 20.0  # a second's level more than this below the second's before it restarts the model (`levels`)
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def levels(frames: np.ndarray, before: Levels | None = None) -> tuple[np.ndarray
     under the host, transcribed) and a pause's room noise above a quiet speaker's onsets (after a door slam).
 
     The restart: at the first frame whose second's level (LEVEL_PERCENTILE of its frames' RMS over LEVEL_WINDOW_S)
-    is LEVEL_DROP_DB or more below the second's before it. After loud speech silero's state stays deaf for seconds
+    is more than LEVEL_DROP_DB below the second's before it. After loud speech silero's state stays deaf for seconds
     to quieter speech: a lecture's audience question (-35 dBFS, 0.9 s after the lecturer) was lost whole, a quiet
     speaker after 15-20 s of room noise that followed a loud one lost a sentence, and a -45 dBFS speaker after 1.5
     s of near-silence lost their first 2.5 s; each was heard from the rest state (as at the file's start, or after
