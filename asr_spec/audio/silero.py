@@ -64,17 +64,17 @@ class SileroVad:
         a stretch of silence is."""
         self._state = None  # the LSTM's (h, c) after the last frame, None = zeros
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
-        self._quiet_run = 0  # digitally silent frames at the end of the signal so far (`long_silence`)
-        self._silenced = False  # whether the last frame was scored 0 by `long_silence`
         self._levels: Levels | None = None  # the recent loudness (`levels`; None: silence)
         self._gain = 1.0  # the last frame's gain (`levels`)
-        self.model.reset_states()
         if self._parts is None:
             self._rest_script()
-        elif self._rest is None:
-            zeros = rest_frames()
-            none = np.zeros(len(zeros), bool)
-            self._rest = self._batched(zeros, none, none, zeros[:, :CONTEXT_SAMPLES])[1]
+        else:
+            self.model.reset_states()
+            if self._rest is None:
+                zeros = rest_frames()
+                none = np.zeros(len(zeros), bool)
+                self._rest = self._batched(zeros, none, none, zeros[:, :CONTEXT_SAMPLES])[1]
+        # digitally silent frames at the end of the signal so far (`long_silence`): a stretch's first second
         self._state, self._quiet_run = self._rest, _silence_frames()
 
     def _rest_script(self) -> None:
@@ -91,14 +91,13 @@ class SileroVad:
         frames = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1, FRAME_SAMPLES)
         if not len(frames):
             return np.zeros(0, np.float32)
+        skipped_before = self._quiet_run > _silence_frames()  # the last call's last frame was skipped
         skip, self._quiet_run = long_silence(frames, self._quiet_run)
         gain, fresh, self._levels = levels(frames, self._levels)  # fresh: (n,) the model restarts before these
-        fresh[1:] |= skip[:-1]  # after a long silence too, this call's or the last call's
-        fresh[0] |= self._silenced
+        fresh |= np.r_[skipped_before, skip[:-1]]  # after a long silence too, this call's or the last call's
         context = np.concatenate([self._context[None] * self._gain, frames[:-1, -CONTEXT_SAMPLES:] * gain[:-1, None]])
         context[fresh] = 0.0  # a restarted frame is heard as a signal's first is: after the rest state's zeros
         self._context, self._gain = frames[-1, -CONTEXT_SAMPLES:].copy(), float(gain[-1])
-        self._silenced = bool(skip[-1])
         frames = frames * gain[:, None]
         if self._parts is None:
             return self._frame_by_frame(frames, skip, fresh)

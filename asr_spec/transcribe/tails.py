@@ -200,12 +200,13 @@ def plan_tail(span: SpeechSpan, tokens: Sequence[int], eot_id: int, timestamp_be
     min_step = span.stride_left_samples // STEP_SAMPLES
     step, n_kept = rewind(closed, position, context_s, min_step, cover(closed[position], tokens, eot_id))
     step = max(step, min_step)  # a segment closed inside a left stride: its text is the window before's
+    at_segment_start = n_kept <= closed[position][2]  # the parent keeps none of that segment's text
     onset = step + int(np.argmax(span.speech[step:])) if span.speech[step:].any() else step
     # it would open on a long silence after all the text the parent keeps (a tail rewound to a segment's start
     # decodes that segment's words again: they stay heard, whatever the speech frames say)
-    after_silence = n_kept > closed[position][2] and onset - step >= _steps(TAIL_LEAD_SILENCE_S)
+    after_silence = not at_segment_start and onset - step >= _steps(TAIL_LEAD_SILENCE_S)
     step = onset if after_silence else step
-    if after_silence or n_kept <= closed[position][2]:  # at the speech's or a segment's start: padded back
+    if after_silence or at_segment_start:  # at the speech's or a segment's start: padded back
         step = onset_before(span.speech, step, low=max(min_step, 1), max_back=_steps(ONSET_BACK_S),
                             min_pause=_steps(ONSET_PAUSE_S), pad=_steps(ONSET_PAD_S))
     start = span.start_sample + step * STEP_SAMPLES
