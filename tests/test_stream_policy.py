@@ -1145,3 +1145,34 @@ def test_a_close_decode_that_loops_from_its_first_segment_is_decoded_again_short
     while (decode := policy.request()) is not None:
         policy.accept(decode, hear_given(decode.audio, decode.prefix))
     assert words_of(policy._text) == [f"w{x}" for x in range(1, 16)]
+
+
+def test_an_unscored_stream_opening_on_silence_commits_no_word_twice() -> None:
+    """Without voice activity the buffer is cut where the timestamps say, and a stream that opens on 10 s of
+    digital silence gets its segments timed from 0.00 (Whisper-base timed a sentence at 10-14 s 0.00-7.00): the
+    forced trim after them cut at 12 s, inside what they said, and the next decode said 19 committed words again.
+    Each cut's committed words are now a seam, its repeats dropped."""
+
+    def timed_from_zero(buffer: np.ndarray) -> list[int]:
+        tokens = hear(buffer)
+        stamps = [t for t in tokens if t >= TS]
+        lead = stamps[0] - TS if stamps else 0  # every timestamp that much early: the first segment at 0.00
+        return [t - lead if t >= TS else t for t in tokens]
+
+    said = [*[None] * 20, *range(1, 25)]  # 10 s of silence, then 12 s of words
+    policy, updates, _ = run_stream(speech(said), StreamOptions(step_s=1.0, context_s=0.0),
+                                    decoder=lambda d: timed_from_zero(d.audio) if not d.prefix
+                                    else hear_given(d.audio, d.prefix, timed_from_zero))
+    assert words_of(updates[-1].text) == [f"w{w}" for w in said if w is not None], updates[-1].text
+
+
+def test_an_unscored_stream_of_digital_silence_is_never_decoded() -> None:
+    """Without voice activity, digital silence is still known to hold no speech: 10 s of zeros asks for no decode
+    (Whisper-base wrote "you" over them) and keeps only `speech_pad_s` of them."""
+    policy = StreamPolicy(KINDS, detokenize, StreamOptions(step_s=1.0))
+    for _ in range(10):
+        policy.feed(np.zeros(SR, np.float32))
+        assert policy.request() is None
+    assert len(policy._buffer) == round(StreamOptions().speech_pad_s * SR)
+    final = policy.finish()
+    assert final is not None and final.final and final.text == ""

@@ -44,7 +44,8 @@ __all__ = [
 QUIET_FRAME_S = 0.1  # seconds: the frame a snapped window start is chosen among (by least mean square)
 CHUNK_LENGTH_S = 30.0  # seconds: Whisper's encoder window (3000 mel frames x 10 ms)
 # |sample| bound of digital silence (3 LSB of 16-bit audio): a stride window all within it is not decoded (the
-# VAD hears silence as silero does, frame by frame)
+# VAD hears silence as silero does, frame by frame; past a second of it silero restarts, `silero.long_silence`), nor a
+# live stream's without voice activity (`StreamPolicy`)
 DIGITAL_SILENCE = 1e-4
 STRIDE_FRACTION = 1 / 6  # default stride per side, as a fraction of the chunk (transformers' choice: 5 s of 30 s)
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from asr_spec.audio.chunking import DIGITAL_SILENCE
 from asr_spec.audio.vad import CONTEXT_SAMPLES, FRAME_SAMPLES, SAMPLE_RATE, speech_frames
 from asr_spec.errors import InputError
 
 __all__ = ["SileroVad", "long_silence", "window_speech"]
 
-DIGITAL_SILENCE = 1e-4  # |sample| bound of digital silence (3 LSB of 16-bit audio)
 DIGITAL_SILENCE_S = 1.0  # digital silence beyond this far into a stretch is scored 0 (`long_silence`)
 
 

@@ -78,6 +78,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from asr_spec.audio.chunking import DIGITAL_SILENCE
 from asr_spec.audio.loading import check_scale
 from asr_spec.errors import InputError
 from asr_spec.stream.agreement import (
@@ -189,7 +190,7 @@ class StreamPolicy(BufferTrims):
         self._buffer = np.concatenate([self._buffer, block])
         self._received += len(block)
         self._frames.feed(block)
-        if self._in_flight is None and not self._has_speech():  # fed much at once (catching up): silence goes now
+        if self._in_flight is None:  # fed much at once (catching up): silence goes now
             self._drop_non_speech()
 
     def finish(self) -> Update | None:
@@ -203,7 +204,7 @@ class StreamPolicy(BufferTrims):
     # -- decoding -------------------------------------------------------------------------------------------------
     def request(self) -> Decode | None:
         """The decode due now, or None (one in flight, too little new audio, no speech, or done)."""
-        if self._in_flight is None and not self.done and not self._has_speech():
+        if self._in_flight is None and not self.done:
             self._drop_non_speech()
         kind = self.due()
         if kind is None:
@@ -381,8 +382,15 @@ class StreamPolicy(BufferTrims):
         return timing(hypothesis, closed, *self._frames.heard_from(self._start), self.kinds)
 
     def _has_speech(self) -> bool:
-        """The buffer holds audio that may be speech (`SpeechFrames.may_speak_from`)."""
-        return len(self._buffer) > 0 and self._frames.may_speak_from(self._start)
+        """The buffer holds audio that may be speech (`SpeechFrames.may_speak_from`; unscored, a sample above digital
+        silence)."""
+        return (len(self._buffer) > 0 and self._frames.may_speak_from(self._start)
+                and (self._frames.scored or self._first_loud() < len(self._buffer)))
+
+    def _first_loud(self) -> int:
+        """The buffer's first sample above digital silence (its length: none)."""
+        loud = np.flatnonzero(np.abs(self._buffer) > DIGITAL_SILENCE)
+        return int(loud[0]) if len(loud) else len(self._buffer)
 
     def _close_length(self) -> int:
         """Samples from the buffer's start a close decode due now reads: to a shorter close's end, to the buffer's
@@ -397,7 +405,16 @@ class StreamPolicy(BufferTrims):
                                         self._seconds(self.options.speech_pad_s))
 
     def _drop_non_speech(self) -> None:
-        """A buffer without speech keeps only its last `speech_pad_s` (the onset of what may come)."""
+        """A buffer without speech keeps only its last `speech_pad_s` (the onset of what may come); unscored, one with
+        no words yet (none committed, none in its last hypothesis) keeps only that much of the digital silence it
+        opens on: Whisper times what follows 10 s of zeros from 0.00 (a sentence at 10-14 s as 0.00-7.00), and a
+        buffer cut where such timestamps say said 19 committed words again."""
         keep = self._seconds(self.options.speech_pad_s)
-        if len(self._buffer) > keep:
-            self._reset_after(self._start + len(self._buffer) - keep)
+        if not self._has_speech():
+            silent = len(self._buffer)
+        elif self._frames.scored or self._committed or text_of(self._previous, self.kinds):
+            return
+        else:
+            silent = self._first_loud()
+        if silent > keep:
+            self._reset_after(self._start + silent - keep)
