@@ -497,9 +497,18 @@ def test_a_window_opening_in_a_pause_keeps_its_first_words() -> None:
     right = TimedPiece((60, 61, 62, 63, 64), (88.1, 88.7, 89.3, 89.9, 90.5), seam_s=88.33, heard_from_s=87.87,
                        heard_to_s=97.87)
     assert time_cut(left, right) == (4, 0)
+    # 60 heard up to the left's last token, where the left read its own words: the left's reading
     overlapping = TimedPiece((60, 61, 62, 63, 64), (87.9, 88.2, 89.3, 89.9, 90.5), seam_s=88.33,
-                             heard_from_s=87.87, heard_to_s=97.87)
-    assert time_cut(left, overlapping) == (4, 1)  # 60 heard up to the left's last token: the left's reading
+                             heard_from_s=86.87, heard_to_s=96.87)
+    assert time_cut(left, overlapping) == (4, 1)
+    stops = TimedPiece((60,), (87.9,), seam_s=88.33, heard_from_s=87.87, heard_to_s=97.87)
+    assert time_cut(left, stops) == (4, 1)  # a right reading that stopped before the seam: cut by time
+    # ... but from a window that opened there (its first token 0.03 s on) and reads on past the seam, 60 is none of
+    # the left's words (4 would be: its reading of the left's) and is kept: the window opened in a pause
+    opened = TimedPiece(overlapping.tokens, overlapping.times_s, seam_s=88.33, heard_from_s=87.87, heard_to_s=97.87)
+    assert time_cut(left, opened) == (4, 0)
+    assert time_cut(left, TimedPiece((4, *opened.tokens[1:]), opened.times_s, seam_s=88.33, heard_from_s=87.87,
+                                     heard_to_s=97.87)) == (4, 1)
     assert repeated_head((1, 2, 9), (7, 1, 2)) == 2 and repeated_head((8, 1, 2), (7, 1, 2)) == 0
     assert repeated_head((), (1,)) == 0 and repeated_head((1, 2), (2, 1)) == 1 and repeated_head((7,), (7, 1)) == 0
     # a right reading opening "the man ." after a left one ending "to the door .": " the" is shared, nothing repeated
@@ -507,6 +516,20 @@ def test_a_window_opening_in_a_pause_keeps_its_first_words() -> None:
                       heard_to_s=89.9)
     assert time_cut(door, TimedPiece((31, 40, 32, 64), (88.1, 88.4, 88.9, 90.5), seam_s=88.33, heard_from_s=87.87,
                                      heard_to_s=97.87)) == (5, 0)
+
+
+def test_a_window_opening_in_a_pause_after_a_stretched_left_reading_keeps_its_first_words() -> None:
+    """A long-form reviewer's 30 s windows (seam at 25 s): the left window timed "averaged 27 members." up to
+    25.45 s (its segment stretched to 25.72 s; the speech ends at 22.9 s) and wrote nothing after it; the right one,
+    from 23.7 s, opened in the pause with "The spring sportive on the 14th ..." timed from 23.9 s (said from
+    25.6 s). Its first three words lay before the left's last token and were dropped as the left's reading."""
+    left = TimedPiece((46, 71, 41, 26, 105, 56, 207, 182, 29, 76, 26, 13),
+                      (19.39, 19.95, 20.5, 21.05, 21.59, 22.14, 22.7, 23.24, 23.8, 24.34, 24.89, 25.45), seam_s=25.0,
+                      heard_from_s=0.0, heard_to_s=30.0)
+    right = TimedPiece((44, 55, 72, 48, 32, 26, 34, 39, 295, 69, 15, 13),
+                       (23.9, 24.29, 24.69, 25.08, 25.48, 25.87, 26.27, 26.66, 27.06, 27.45, 27.85, 28.24),
+                       seam_s=25.0, heard_from_s=23.7, heard_to_s=53.7)
+    assert seam_cut(left, right, lambda token: token != 13) == (len(left.tokens), 0)  # 13: "." starts no word
 
 
 def test_a_sentence_one_window_timed_seconds_early_is_matched_across_segments_not_written_twice() -> None:

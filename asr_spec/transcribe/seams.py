@@ -60,6 +60,9 @@ MAX_CLOSING_TOKENS = 2
 # repetition kept ~60 of them (a seams reviewer's runs: 502 of 576 doubled words, two loops; 3-4x, 12-30 tokens,
 # all the same there)
 LOOP_MIN_TOKENS = 20
+# seconds from a window's audio start within which its first token lies when the window opened on it (Whisper's
+# first timestamp is 0.00 there; a first token is timed at its middle, about 0.2 s on)
+OPENING_S = 0.5
 LOOP_FACTOR = 3.0
 StartsWord = Callable[[int], bool]  # whether a text token starts a word (its text begins with a space)
 
@@ -208,9 +211,29 @@ def _dropped_head(left: TimedPiece, right: TimedPiece, n_keep: int) -> int:
     last_s = float(left_s[n_keep - 1])
     before_seam = int(np.searchsorted(right_s, left.seam_s, side="left"))
     n_same = min(int(np.searchsorted(right_s, last_s, side="right")), before_seam)
+    if n_same and _opened_unread(left, right, n_keep):
+        n_same = 0
     n_skewed = int(np.searchsorted(right_s, min(left.seam_s, last_s + MAX_SKEW_S), side="left"))
     skewed = right.tokens[n_same:n_skewed]
     return n_same + repeated_head(skewed, left.tokens[:n_keep])
+
+
+def _opened_unread(left: TimedPiece, right: TimedPiece, n_keep: int) -> bool:
+    """Whether the right's reading opens at its audio's start (its first token within OPENING_S of it), reads on
+    past the seam, and opens with words none of which the left's first `n_keep` tokens timed from MAX_SKEW_S before
+    them say: a window that opens in a pause times its first words early, from its start, and they are no reading
+    of the left's words there (a right reading that stops before the seam is still cut by time: a window that
+    stopped early may have read the left's words its own way). A left
+    window that stretched its last segment 2.8 s past its speech ("averaged 27 members." timed up to 25.45 s for
+    speech ending at 22.9 s) against a right one opening in the pause after it ("The spring sportive", said from
+    25.6 s, timed from 23.9 s, before the left's last token): those words were dropped as the left's reading, a
+    sentence's first three words lost at a 30 s window's seam (a long-form reviewer's)."""
+    right_s, left_s = np.asarray(right.times_s), np.asarray(left.times_s[:n_keep])
+    if not len(right_s) or right_s[0] > right.heard_from_s + OPENING_S or right_s[-1] < left.seam_s:
+        return False
+    n_same = int(np.searchsorted(right_s, left_s[-1], side="right"))
+    said_there = left.tokens[int(np.searchsorted(left_s, right_s[0] - MAX_SKEW_S, side="left")):n_keep]
+    return not set(right.tokens[:n_same]) & set(said_there)
 
 
 def repeated_head(tokens: Sequence[int], end: Sequence[int], max_tokens: int | None = None,
