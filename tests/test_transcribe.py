@@ -228,6 +228,31 @@ def test_audio_is_read_lazily_as_the_engine_pulls_chunks(monkeypatch, greedy: Tr
     assert len(list(results)) == 6 and blocks_read.count(str(LONG)) == 12
 
 
+def test_a_run_ends_while_another_run_open_on_the_same_transcriber_holds_chunks() -> None:
+    """Two `iter_transcribe` generators open on one Transcriber: the first, run to its end while the second (paused)
+    held chunks in the engine, never ended: its tail source waited for the engine's one in-flight set, the second
+    run's, and the engine looped on no rows (an API reviewer's; a core spun until the second was drained). A run
+    waits only for its own chunks."""
+    import threading
+
+    greedy = transcriber(speculative=False, timestamps=True)  # (tail repair: timestamps)
+    assert greedy.tail_source() is not None
+    first_files, second_files = [str(SHORT[0]), str(LONG)], [str(SHORT[1]), str(LONG), str(LONG)]
+    alone = [r.text for r in greedy.transcribe(first_files, progress=False)]
+    first = greedy.iter_transcribe(first_files, progress=False)
+    texts = [next(first).text]
+    second = greedy.iter_transcribe(second_files, progress=False)
+    next(second)
+    rest = threading.Thread(target=lambda: texts.extend(r.text for r in first), daemon=True)
+    rest.start()
+    rest.join(30)  # (alone: about a second)
+    ended = not rest.is_alive()
+    list(second)  # (with the fault, draining the second lets the first end)
+    rest.join(120)
+    assert ended, "the first run did not end while the second held chunks in the engine"
+    assert texts == alone
+
+
 def test_in_memory_sources_match_files(greedy: Transcriber, reference) -> None:
     samples = load_audio(LONG)
     from_array = greedy.transcribe(samples, progress=False)[0]

@@ -139,7 +139,6 @@ class Engine:
         # only for a run of more slots or another K (engine/state.py)
         self.states = StaticState(self._allocate, lambda: self.runner.drop_graphs())
         self.withdrawals = Withdrawals()  # requests whose rows are freed before the next step (`withdraw`)
-        self._feed: Feed | None = None  # the feed of the run under way (or the last one): `in_flight`
 
     @property
     def encoder(self) -> Encoder:
@@ -180,7 +179,7 @@ class Engine:
         (views, no copy; with CUDA graphs the first rows-bucket slots: `StepRunner.step_rows`). Shapes then depend
         only on (rows, n_keys bucket, K). The slots are the engine's static state, lent to one run at a time."""
         check_int(batch_size, "batch_size", 1)
-        feed = self._feed = Feed(iter(requests), self.encoding.batch, self.encode_batch(batch_size))
+        feed = Feed(iter(requests), self.encoding.batch, self.encode_batch(batch_size))
         refusals = Refusals(self._refusal, feed.in_flight)
         feed.source = refusals.screen(feed.source)  # a request this model cannot take is refused alone
         n_rows = self._first_fill(feed, batch_size)
@@ -235,12 +234,6 @@ class Engine:
                 for result in finished_results(st, hyp, slots.finish(tag, finish), finish, self._forced):
                     feed.done_with(result.id)
                     yield result
-
-    @property
-    def in_flight(self) -> frozenset:
-        """The ids of the requests the current run has pulled from its source and not yet yielded nor dropped
-        (`withdraw`); read it in the thread iterating the run (its source and its consumer run there)."""
-        return frozenset(()) if self._feed is None else frozenset(self._feed.in_flight)
 
     def _check_progress(self, slots: Slots[ChunkRequest], lag: int) -> None:
         """RuntimeError naming the chunks when a row has been in its slot for more steps than any row can take:

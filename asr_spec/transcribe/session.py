@@ -82,10 +82,12 @@ class EngineSession:
         return None if self.tails is None else self.tails.samples
 
     def busy(self) -> bool:
-        """A request of the run under way is unfinished: in the engine, or a window between two fallback passes
+        """A request of this session's is unfinished: in the engine, or a window between two fallback passes
         (not in the engine then; its last pass may still want a tail: the tail source ended before it and the
-        input failed, "'NoneType' object has no attribute 'tokens'")."""
-        return bool(self.engine.in_flight) or bool(self.in_flight)
+        input failed, "'NoneType' object has no attribute 'tokens'"). Its own count only: another run open on the
+        same engine (a second `iter_transcribe`, paused) held chunks in it, and a run that waited on the engine's
+        set never ended, its engine looping on no rows."""
+        return bool(self.in_flight)
 
     def source(self, requests: Iterable[ChunkRequest | None],
                prompt_of: Callable[[Hashable], InputPrompt | None] | None = None,
