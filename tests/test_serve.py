@@ -114,6 +114,9 @@ def test_a_translating_server_answers_translations_and_a_transcribing_one_says_w
     ({"language": "fr"}, 400, "per-request language is not supported"),
     ({"prompt": "x" * 10_001}, 400, "prompt: 10001 characters, over this server's limit"),
     ({"stream": "true"}, 400, "unknown field(s) 'stream'"),
+    # form.get took the last one: an srt request answered json
+    ({"response_format": ["srt", "json"]}, 400, "response_format: given 2 times"),
+    ({"model": ["gpt-4o-transcribe", "tiny"]}, 400, "model: given 2 times"),
 ])
 def test_bad_options_get_400_with_the_reason(client, fields, status, needle):
     """The error in OpenAI's shape; its `code` a string or null, as OpenAI's (it held the HTTP status, an integer
@@ -214,6 +217,22 @@ def vad_plain():
 
 def words_of(result) -> list[tuple[str, float, float]]:
     return [(w.word.strip(), w.start, w.end) for s in result.segments for w in s.words]
+
+
+def test_srt_and_vtt_answers_are_cut_and_laid_out_as_the_served_options_say():
+    """A preset's caption settings (cues of at most 3 words, lines of 12 characters) were taken by `serve` and left
+    out of its srt/vtt answers: one unwrapped cue a segment, where `transcribe` wrote them as asked. Cues cut from
+    word times get their words aligned for such a request."""
+    pytest.importorskip("silero_vad")
+    model = transcriber(speculative=False, timestamps=True, chunking="vad", word_timestamps=True,
+                        max_words_per_cue=3, max_line_width=12)
+    want = model.transcribe([str(SHORT[0])], progress=False)[0]
+    assert any(s.words for s in want.segments)
+    with TestClient(create_app(Batcher(model, batch_size=2), ServeOptions(model_id="tiny"))) as served:
+        for fmt, render_as in (("srt", render_srt), ("vtt", render_vtt)):
+            response = post(served, SHORT[0], response_format=fmt)
+            assert response.status_code == 200, response.text
+            assert response.text == render_as(want, model.options.cues) != render_as(want)
 
 
 def test_vad_server_chunks_and_stitches_as_the_transcriber(vad_words, vad_plain):

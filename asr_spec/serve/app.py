@@ -295,7 +295,8 @@ async def _decode(request: Request, batcher: Batcher, options: ServeOptions, par
     spans, results, words, continues = job.in_order()  # its chunks with their re-decoded tails
     result = await asyncio.to_thread(transcriber.assemble, name, spans, results, job.audio_s, wall_s, words,
                                      continues)
-    return render(result, params.response_format, transcriber.options.decode.task, params.words), job.audio_s
+    return render(result, params.response_format, transcriber.options.decode.task, params.words,
+                  transcriber.options.cues), job.audio_s
 
 
 def _completion(job: Job) -> asyncio.Future:

@@ -10,6 +10,7 @@ from typing import Any
 from asr_spec.errors import InputError, one_line
 from asr_spec.serve.responses import RESPONSE_FORMATS, HTTPError
 from asr_spec.transcribe.fallback import schedule_from
+from asr_spec.transcribe.outputs import CAPTION_FORMATS
 from asr_spec.transcribe.prompts import PromptOptions, per_input
 
 __all__ = ["FIELDS", "MODEL_ALIASES", "Params", "check_params"]
@@ -27,7 +28,7 @@ class Params:
 
     upload: Any  # starlette's UploadFile
     response_format: str
-    words: bool  # timestamp_granularities[] holds "word"
+    words: bool  # words aligned: timestamp_granularities[] holds "word", or srt/vtt cues are cut from them
     # the request's temperature schedule (fallback.py): None = the server's (--temperature); OpenAI's temperature
     # 0 = "raise the temperature automatically until the thresholds are met": openai-whisper's 0, 0.2, ..., 1.0;
     # t > 0: the schedule starts at t (t, t + 0.2, ... <= 1)
@@ -48,6 +49,8 @@ def check_params(form: Any, options: Any, model_id: str) -> Params:
     for key in FIELDS[1:]:
         if any(not isinstance(value, str) for value in form.getlist(key)):
             raise HTTPError(400, f"{key}: must be a text field, not a file", key)
+        if key != "timestamp_granularities[]" and len(form.getlist(key)) > 1:  # form.get would take the last
+            raise HTTPError(400, f"{key}: given {len(form.getlist(key))} times (send it once)", key)
     model = form.get("model")
     if model and model not in (model_id, *MODEL_ALIASES):
         served = ", ".join((model_id, *MODEL_ALIASES))
@@ -58,7 +61,9 @@ def check_params(form: Any, options: Any, model_id: str) -> Params:
                         "response_format")
     temperature = _temperature(form.get("temperature"))
     _check_language(form.get("language"), options.decode.language)
-    words = _wants_words(form, response_format, options.word_timestamps)
+    # srt/vtt cues cut from word times (the served options': a preset's max_words_per_cue) need the words aligned
+    words = (_wants_words(form, response_format, options.word_timestamps)
+             or (response_format in CAPTION_FORMATS and options.cues.needs_words))
     return Params(upload, response_format, words, temperature, _prompts(form, options.prompts))
 
 

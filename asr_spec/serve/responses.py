@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from asr_spec.transcribe.outputs import render_srt, render_vtt
+from asr_spec.transcribe.outputs import CueOptions, render_srt, render_vtt
 
 __all__ = ["RESPONSE_FORMATS", "HTTPError", "error_body", "render"]
 
@@ -35,17 +35,19 @@ class HTTPError(Exception):
                             headers=self.headers)
 
 
-def render(result: Any, response_format: str, task: str, words: bool = False) -> Response:
+def render(result: Any, response_format: str, task: str, words: bool = False, cues: CueOptions = CueOptions()
+           ) -> Response:
     """The `Transcription` `result` as `response_format` asks: json and verbose_json as JSON, text and srt as
-    text/plain, vtt as text/vtt; words: verbose_json gains the words of the whole file."""
+    text/plain, vtt as text/vtt; words: verbose_json gains the words of the whole file; cues: how srt and vtt cues
+    are cut and laid out (the served options', as `transcribe` writes them)."""
     if response_format == "json":
         return JSONResponse({"text": result.text})
     if response_format == "text":
         return PlainTextResponse(result.text + "\n")
     if response_format == "srt":
-        return PlainTextResponse(render_srt(result))
+        return PlainTextResponse(render_srt(result, cues))
     if response_format == "vtt":
-        return PlainTextResponse(render_vtt(result), media_type="text/vtt")
+        return PlainTextResponse(render_vtt(result, cues), media_type="text/vtt")
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     segments = [{"id": i, "start": s.start_s, "end": s.end_s, "text": s.text} for i, s in enumerate(result.segments)]
