@@ -399,6 +399,12 @@ def test_what_the_model_cannot_do_is_an_input_error() -> None:
     too_long = TranscribeOptions.from_values(language="en", max_new_tokens=10_000)
     with pytest.raises(InputError, match=r"max_new_tokens \(10000\) exceeds the model's max_target_positions"):
         Transcriber(target, None, processor, too_long)
+    # tokens drafted or offered per pass past what a window holds: minutes of drafting, or a C++ overflow
+    for name in ("num_draft_tokens", "num_hypothesis_tokens"):
+        with pytest.raises(InputError, match=rf"{name} \(1000000\) must be below the model's max_target_positions"):
+            Transcriber(target, None, processor, TranscribeOptions.from_values(language="en", **{name: 10**6}))
+    with pytest.raises(InputError, match="batch_size must be at most 65536, got 100000000000000000000"):
+        TranscribeOptions.from_values(batch_size=10**20)
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="device 'cuda': CUDA is not available on this machine"):
             Transcriber.from_preset("base", device="cuda")

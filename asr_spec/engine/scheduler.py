@@ -96,6 +96,10 @@ class Engine:
                 f"prompt ({self.prompt_len} tokens) + max_new_tokens ({options.max_new_tokens}) exceeds the model's "
                 f"max_target_positions ({self.tokens.max_positions})"
             )
+        for name in ("num_draft_tokens", "num_hypothesis_tokens"):  # (10**6 drafted for minutes; 10**20 crashed)
+            if getattr(options, name) >= self.tokens.max_positions:
+                raise ValueError(f"{name} ({getattr(options, name)}) must be below the model's max_target_positions "
+                                 f"({self.tokens.max_positions}): a window holds no more tokens")
         # the target's head is certified (read in bf16, decisions exact) from <|endoftext|> on, with the tokens
         # Whisper's rules suppress by id kept exact, unless options.certified_head is off (and only where a bf16
         # product runs it: head.approximate_product)

@@ -21,6 +21,9 @@ from asr_spec.transcribe.prompts import PROMPT_KEYS, PromptOptions
 __all__ = ["TranscribeOptions", "check_batch_size", "parse_temperatures"]
 
 
+# the most chunks decoded together: far past what any machine's memory holds (the engine's memory check says what
+# fits), so that nonsense is refused here, naming the option
+MAX_BATCH_SIZE = 65_536
 MIN_BLOCK_S = 0.1  # the shortest block_s: shorter blocks only slow reading (1e-5 s made 0-sample blocks)
 _CHUNKING_KEYS = ("chunk_length_s", "stride_length_s")
 _DECODE_KEYS = tuple(f.name for f in fields(DecodeOptions))
@@ -122,8 +125,11 @@ def _vad(mode: Any, vad: VadOptions | None, chunk_length_s: float) -> VadOptions
 
 
 def check_batch_size(batch_size: Any) -> None:
-    """The one check of a batch size (chunks decoded together: engine rows), an option or a run's own."""
+    """The one check of a batch size (chunks decoded together: engine rows), an option or a run's own: at most
+    MAX_BATCH_SIZE (10**20 failed deep in a run, naming no option)."""
     int_at_least(batch_size, "batch_size", 1)
+    if batch_size > MAX_BATCH_SIZE:
+        raise InputError(f"batch_size must be at most {MAX_BATCH_SIZE}, got {batch_size!r}")
 
 
 def parse_temperatures(value: Any) -> tuple[float, ...]:
