@@ -237,6 +237,17 @@ def test_forced_avx2_flags_build_for_an_avx2_cpu_and_under_their_own_name(monkey
     assert cpu_attention.build_name() != own
 
 
+def test_two_copies_of_the_source_build_under_names_of_their_own(monkeypatch, tmp_path):
+    """ninja rebuilds a build whose compile command changed, and the command names the source's path: a checkout
+    and a worktree (or an install) of the same code shared one name and rebuilt it in turn, ~25 s at each switch."""
+    monkeypatch.delenv(cpu_attention.FLAGS_ENV, raising=False)
+    own = cpu_attention.build_name()
+    copy = tmp_path / cpu_attention.SOURCE.name
+    copy.write_text(cpu_attention.SOURCE.read_text())
+    monkeypatch.setattr(cpu_attention, "SOURCE", copy)
+    assert cpu_attention.build_name() != own
+
+
 def test_cpuinfo_flags_are_its_flags_line_read_once(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu avx2 fma\nbugs\t\t: none\n")

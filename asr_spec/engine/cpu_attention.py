@@ -134,10 +134,13 @@ def build_name() -> str:
     """The extension's name in torch's cache: one per CPU kind (machine, instruction-set flags and -march),
     since code built for one CPU may not run on another, and per text of the source and its headers (torch's own
     version check reads the listed source alone; one name a version also lets `built` tell a first build from a
-    load)."""
+    load), and per place of the source: ninja rebuilds a build whose compile command changed, and the command
+    names the source's path, so two copies of the package (a checkout and a worktree, or an install) under one
+    name rebuilt it in turn, ~25 s at each switch (a models reviewer's `--dtype auto` loads of 26-32 s)."""
     flags, target = cpu_flags(), " ".join(_target())
     header = "".join(path.read_text() for path in (SOURCE, *HEADERS) if path.exists())
-    digest = hashlib.sha1(f"{platform.machine()} {flags} {target}\n{header}".encode()).hexdigest()[:12]
+    digest = hashlib.sha1(f"{platform.machine()} {flags} {target} {SOURCE.resolve()}\n{header}".encode()
+                          ).hexdigest()[:12]
     return f"asr_spec_cpu_attention_{digest}"
 
 
