@@ -108,11 +108,19 @@ def _drop_generation_config(folder: Path) -> str:
     return "no Whisper generation config"
 
 
+def _another_models_config(folder: Path) -> str:
+    """Another model's folder (a BERT config failed in its own checks: "embed_dim must be divisible by num_heads")."""
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+    return "config.json says model_type 'bert', not a Whisper model"
+
+
 @pytest.mark.parametrize("which,damage", [("model", _truncate_weights), ("model", _break_config),
                                           ("model", _drop_tokenizer), ("model", _drop_encoder_weights),
                                           ("model", _fewer_layers_in_config), ("model", _another_tokenizers_ids),
-                                          ("model", _drop_generation_config),
-                                          ("draft", _truncate_weights), ("draft", _break_config)])
+                                          ("model", _drop_generation_config), ("model", _another_models_config),
+                                          ("draft", _truncate_weights), ("draft", _break_config),
+                                          ("draft", _another_models_config)])
 def test_a_broken_model_or_draft_is_one_line_exit_2(capsys, tmp_path: Path, model_dirs, which, damage) -> None:
     target_dir, draft_dir = model_dirs
     broken = tmp_path / f"broken-{which}"
@@ -127,6 +135,14 @@ def test_a_broken_model_or_draft_is_one_line_exit_2(capsys, tmp_path: Path, mode
             Transcriber.from_pretrained(broken, device="cpu")
         else:
             Transcriber.from_pretrained(target_dir, broken, device="cpu")
+
+
+def test_a_model_folder_that_is_not_there_is_named_so(capsys, tmp_path: Path, model_dirs) -> None:
+    """It was "no config.json or model.bin there: not a Whisper model directory"."""
+    missing = tmp_path / "nonexistent_dir"
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--model", str(missing)))
+    assert code == 2 and out == ""
+    assert_only_line_is_error(err, str(missing), "no such folder")
 
 
 def test_a_distilled_draft_that_cannot_be_read_is_a_model_load_error(tmp_path: Path) -> None:

@@ -293,12 +293,22 @@ def test_output_dir_writes_the_chosen_formats(capsys, tmp_path: Path, model_dirs
 
 
 def test_convert_reports_a_bad_directory_on_one_line(capsys, tmp_path: Path) -> None:
+    """An unusable model or folder is exit 2, as the other commands' (it was 1, "some input failed"); OUT_DIR named
+    as such, and the flag as the command line spells it (the message said "pass overwrite")."""
     code, _, err = run_cli(capsys, "convert", str(tmp_path / "nothing"), str(tmp_path / "out"))
-    assert code == 1
+    assert code == 2
     assert_one_line_error(err, "nothing")
     code, _, err = run_cli(capsys, "convert", str(tmp_path), str(tmp_path / "out"), "--dtype", "int8")
     assert code == 2
-    assert_one_line_error(err, "--dtype must be one of float32, float16, bfloat16")
+    assert_one_line_error(err, "--dtype must be one of float32, fp32, float16, fp16, bfloat16, bf16")
+    a_file = tmp_path / "en.wav"
+    a_file.write_bytes(b"RIFF")
+    code, _, err = run_cli(capsys, "convert", str(tmp_path), str(a_file))
+    assert code == 2
+    assert_one_line_error(err, f"{a_file}: OUT_DIR is a file, not a folder")
+    code, _, err = run_cli(capsys, "convert", str(tmp_path), str(tmp_path), "--dtype", "fp16")
+    assert code == 2
+    assert_one_line_error(err, "OUT_DIR already exists; remove it, choose another or pass --overwrite")
 
 
 def test_python_dash_m_works() -> None:

@@ -257,3 +257,17 @@ def test_from_preset_gives_the_runs_draft_length_unless_the_caller_does(monkeypa
     assert captured["k"] == 2
     Transcriber.from_preset("base", num_draft_tokens=5)
     assert captured["k"] == 5
+
+
+def test_a_draft_length_where_no_draft_runs_is_refused_or_noted(caplog) -> None:
+    """`--num-draft-tokens` was taken and ignored without a word where no draft runs: beside --no-draft
+    (draft=None) the two contradict each other; with a preset that has no draft (tiny.en), a note."""
+    with pytest.raises(InputError, match="num_draft_tokens was given with no draft"):
+        Transcriber.plan_preset("base", draft=None, num_draft_tokens=4)
+    with caplog.at_level(logging.INFO, logger="asr_spec"):
+        plan, _ = Transcriber.plan_preset("tiny.en", num_draft_tokens=5)
+    assert plan.draft is None and "num_draft_tokens 5 has no effect: no draft runs" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="asr_spec"):
+        Transcriber.plan_preset("tiny.en")
+    assert "num_draft_tokens" not in caplog.text

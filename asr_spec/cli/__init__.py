@@ -28,7 +28,6 @@ from asr_spec.cli.options import (
     COMPRESSION_RATIO_THRESHOLD,
     DEVICE,
     DRAFT,
-    EXIT_FAILED,
     EXIT_USAGE,
     HOTWORDS,
     INITIAL_PROMPT,
@@ -160,15 +159,21 @@ def convert(
     """Convert a CTranslate2 Whisper model into a transformers one (usable with --model)."""
     import torch
 
+    from asr_spec.models.cpu import DTYPES
     from asr_spec.models.embedded import convert_ct2
 
     torch_dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if dtype not in torch_dtypes:
-        fail(f"--dtype must be one of {', '.join(torch_dtypes)}, got {dtype!r}", EXIT_USAGE)
+    names = [name for name, precision in DTYPES.items() if precision in torch_dtypes]  # as --dtype spells them
+    if DTYPES.get(dtype) not in torch_dtypes:
+        fail(f"--dtype must be one of {', '.join(names)}, got {dtype!r}", EXIT_USAGE)
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"{out_dir}: OUT_DIR is a file, not a folder", EXIT_USAGE)
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        fail(f"{out_dir}: OUT_DIR already exists; remove it, choose another or pass --overwrite", EXIT_USAGE)
     try:
-        written = convert_ct2(ct2_dir, out_dir, dtype=torch_dtypes[dtype], overwrite=overwrite)
-    except USER_ERRORS as err:
-        fail(one_line(err), EXIT_FAILED)
+        written = convert_ct2(ct2_dir, out_dir, dtype=torch_dtypes[DTYPES[dtype]], overwrite=overwrite)
+    except USER_ERRORS as err:  # an unusable model or folder (the exit codes above)
+        fail(one_line(err), EXIT_USAGE)
     typer.echo(str(written))
 
 

@@ -72,10 +72,26 @@ def model_dir(name: str | os.PathLike) -> str:
     if path.exists() and not path.is_dir():
         raise ModelLoadError(f"{name}: not a model directory")
     if path.is_dir() or text.startswith((".", "/", "~")):
+        if not path.exists():
+            raise ModelLoadError(f"{name}: no such folder")
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{name}: no config.json or model.bin there: not a Whisper model directory")
+        model_type = _model_type(path / "config.json")
+        if model_type not in (None, "whisper"):  # a BERT folder failed in the config's own checks, naming heads
+            raise ModelLoadError(f"{name}: config.json says model_type {model_type!r}, not a Whisper model")
         return str(path)
     return text  # a hub id
+
+
+def _model_type(config: Path) -> object:
+    """The model_type a transformers config.json names (None: none, or not readable: the loader says why)."""
+    import json
+
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("model_type") if isinstance(data, dict) else None
 
 
 def _is_ct2_dir(path: Path) -> bool:

@@ -227,8 +227,20 @@ def plan_models(preset: Preset, device_type: str, overrides: Mapping[str, Any] |
         draft = _draft_for_language(preset, draft, overrides.get("language", preset.language))
     if draft is None:  # nothing drafts: no rows, no K
         rows = table_k = None
+        _no_draft_for_k(overrides)
     rows = overrides.get("draft_max_rows", rows)
     return ModelPlan(overrides.get("model", preset.model), draft, dtype, preset.share_encoder, rows, table_k)
+
+
+def _no_draft_for_k(overrides: Mapping[str, Any]) -> None:
+    """A K given where no draft runs (it was taken and ignored without a word): refused beside draft=None (they
+    contradict each other, as --no-draft and --draft do), else a note (a preset without a draft, or whose draft sits
+    this language out)."""
+    if overrides.get("num_draft_tokens") is None:
+        return
+    if "draft" in overrides:
+        raise InputError("num_draft_tokens was given with no draft (draft=None, --no-draft): give one or the other")
+    log.info("num_draft_tokens %s has no effect: no draft runs", overrides["num_draft_tokens"], extra=NOTICE)
 
 
 def _where(preset: Preset) -> str:
