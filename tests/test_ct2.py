@@ -529,6 +529,15 @@ def test_a_changed_side_file_is_converted_again(converted: dict[str, Path], cach
     config.write_text(config.read_text() + "\n")  # as an edit would
     after = ensure_converted(again)
     assert after != converted["whisper-tiny.en"] and (after / "model.safetensors").is_file()
+    # weights rewritten in place, the file's size and both ends as before (a model retrained and exported again
+    # to its folder; keyed by its ends, the old conversion was served)
+    weights = again / "model.bin"
+    with open(weights, "r+b") as file:
+        file.seek(weights.stat().st_size // 2)
+        middle = file.read(4096)
+        file.seek(-len(middle), os.SEEK_CUR)
+        file.write(bytes(255 - b for b in middle))
+    assert ensure_converted(again) != after
 
 
 def test_a_published_folder_is_readable_by_other_users(tmp_path: Path) -> None:

