@@ -297,7 +297,10 @@ def test_convert_reports_a_bad_directory_on_one_line(capsys, tmp_path: Path) -> 
     as such, and the flag as the command line spells it (the message said "pass overwrite")."""
     code, _, err = run_cli(capsys, "convert", str(tmp_path / "nothing"), str(tmp_path / "out"))
     assert code == 2
-    assert_one_line_error(err, "nothing")
+    assert_one_line_error(err, f"{tmp_path / 'nothing'}: no such folder (CT2_DIR)")
+    code, _, err = run_cli(capsys, "convert", str(tmp_path), str(tmp_path / "out"))
+    assert code == 2
+    assert_one_line_error(err, "model.bin")  # a folder without a model: the converter says what is missing
     code, _, err = run_cli(capsys, "convert", str(tmp_path), str(tmp_path / "out"), "--dtype", "int8")
     assert code == 2
     assert_one_line_error(err, "--dtype must be one of float32, fp32, float16, fp16, bfloat16, bf16")

@@ -166,6 +166,8 @@ def convert(
     names = [name for name, precision in DTYPES.items() if precision in torch_dtypes]  # as --dtype spells them
     if DTYPES.get(dtype) not in torch_dtypes:
         fail(f"--dtype must be one of {', '.join(names)}, got {dtype!r}", EXIT_USAGE)
+    if not ct2_dir.is_dir():  # (it said "<ct2_dir>/model.bin: no such file")
+        fail(f"{ct2_dir}: {'a file, not a folder' if ct2_dir.exists() else 'no such folder'} (CT2_DIR)", EXIT_USAGE)
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"{out_dir}: OUT_DIR is a file, not a folder", EXIT_USAGE)
     if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
