@@ -97,6 +97,8 @@ class RunReport:
     wall_s: float  # seconds from starting the pipeline to its last record
     hardware: tuple[dict[str, Any], ...] = ()  # what this call's workers decoded on (`models.cpu.run_precision`),
     # each kind once, in the order first seen; () where none ran (all resumed) or the loader's object is no Transcriber
+    # of n_skipped, records with an error: a rerun keeps them, and said nothing of them ("0 failed", exit 0)
+    n_failed_before: int = 0
 
 
 # -- the records -------------------------------------------------------------------------------------------------
@@ -283,10 +285,12 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
         raise InputError(f"give either loader or Transcriber options, not both ({', '.join(sorted(overrides))})")
     log = ResultsLog(output)
     log.check_writable()  # before Ray starts and the models load (found at the first record: all decoded for nothing)
-    done = log.done_ids()
+    logged = log.records()
+    done, failed = {r["id"] for r in logged}, {r["id"] for r in logged if r.get("error")}
     # a row is done under its id, or under its path: a manifest's rows were named by their paths as read from here
     # before they were named as the manifest writes them (manifests.py), and a log of those resumes
     pending = [row for row in rows if row["id"] not in done and row["path"] not in done]
+    n_failed_before = sum(row["id"] in failed or row["path"] in failed for row in rows)
     n_skipped, n_written, n_failed, start = len(rows) - len(pending), 0, 0, time.perf_counter()
     hardware: dict[str, None] = {}  # the workers' `_hardware_of`, each once, in order
     if pending:
@@ -312,7 +316,7 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
             if started:
                 ray.shutdown()
     return RunReport(Path(output), len(rows), n_skipped, n_written, n_failed, time.perf_counter() - start,
-                     tuple(json.loads(kind) for kind in hardware if kind))
+                     tuple(json.loads(kind) for kind in hardware if kind), n_failed_before)
 
 
 def evaluate_on_ray(options: Any, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

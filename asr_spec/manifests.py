@@ -25,16 +25,20 @@ InputRow = dict[str, Any]  # {"id": str, "path": str, optional "ref": str, optio
 
 
 def file_inputs(paths: Iterable[str | os.PathLike]) -> list[InputRow]:
-    """Files and glob patterns ("audio/**/*.flac"), in order, each file once. A name that is not a pattern is kept
-    as it is (a missing file becomes an error record); a pattern that matches nothing is an `InputError`."""
+    """Files and glob patterns ("audio/**/*.flac"), in order, each file once. A name that is not a pattern, or that
+    names a file as it is ("talk [1].flac": read as a pattern, it matched "talk 1.flac", another file), is kept as
+    it is (a missing file becomes an error record); a pattern that matches no file (nothing, or folders only) is an
+    `InputError`."""
     rows: list[InputRow] = []
     for item in paths:
         name = os.fspath(item)
-        if glob.has_magic(name):
+        if glob.has_magic(name) and not os.path.exists(name):
             matches = sorted(glob.glob(name, recursive=True))
-            if not matches:
-                raise InputError(f"{name}: no file matches this pattern")
-            rows += [{"id": m, "path": m} for m in matches if os.path.isfile(m)]
+            files = [m for m in matches if os.path.isfile(m)]
+            if not files:
+                raise InputError(f"{name}: no file matches this pattern"
+                                 + (" (only folders: add /**/* to take the files in them)" if matches else ""))
+            rows += [{"id": m, "path": m} for m in files]
         else:
             rows.append({"id": name, "path": name})
     return _unique(rows, "inputs")

@@ -230,6 +230,20 @@ def test_cli_option_errors(capsys, args: list[str], needle: str) -> None:
 def test_bad_inputs_are_one_line_errors(tmp_path) -> None:
     with pytest.raises(distributed.InputError, match="no file matches"):
         distributed.file_inputs([str(tmp_path / "*.flac")])
+    (tmp_path / "folder").mkdir()  # a pattern that matches folders only: no file, not an empty run
+    with pytest.raises(distributed.InputError, match=r"no file matches this pattern \(only folders"):
+        distributed.file_inputs([str(tmp_path / "fold*")])
+
+
+def test_a_file_named_like_a_pattern_is_that_file(tmp_path) -> None:
+    """"talk [1].flac" was read as a pattern: alone it matched nothing (refused), beside "talk 1.flac" it matched
+    that one, and another file's speech was recorded under the name asked for."""
+    named, other = tmp_path / "talk [1].flac", tmp_path / "talk 1.flac"
+    named.write_bytes(b"x")
+    assert distributed.file_inputs([str(named)]) == [{"id": str(named), "path": str(named)}]
+    other.write_bytes(b"y")
+    assert distributed.file_inputs([str(named)]) == [{"id": str(named), "path": str(named)}]
+    assert distributed.file_inputs([str(tmp_path / "talk ?.flac")]) == [{"id": str(other), "path": str(other)}]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"file": "a.flac"}\n')
     with pytest.raises(distributed.InputError, match=r"m.jsonl:1: no 'path' value .*found: file"):
@@ -314,3 +328,38 @@ def test_without_ray_the_runner_says_how_to_install_it(tmp_path, monkeypatch) ->
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails, as when it is not installed
     with pytest.raises(distributed.InputError, match=r"pip install 'asr-spec\[ray\]'"):
         distributed.transcribe_dataset(SHORT[:1], tmp_path / "out.jsonl", loader=lambda: None)
+
+
+def test_a_rerun_says_what_failed_before_and_exits_1(tmp_path, monkeypatch, capsys) -> None:
+    """A rerun over a log holding a failed record said "0 written (0 failed), 2 already there" and exit 0: the
+    failed one is kept for ever (as eval says) and a script never heard of it."""
+    monkeypatch.setattr(distributed, "_import_ray", lambda: pytest.fail("Ray started with nothing to do"))
+    good, bad = str(SHORT[0]), str(tmp_path / "notaudio.wav")
+    log = tmp_path / "rf.jsonl"
+    log.write_text(json.dumps({"id": good, "path": good, "text": "done"}) + "\n"
+                   + json.dumps({"id": bad, "path": bad, "error": "not audio"}) + "\n")
+    report = distributed.transcribe_dataset([good, bad], log, options=QUIET, loader=lambda: None)
+    assert (report.n_skipped, report.n_written, report.n_failed, report.n_failed_before) == (2, 0, 0, 1)
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["transcribe", "--ray", "--output", str(log), good, bad])
+    assert exit_.value.code == 1
+    assert "1 failed before: their records in" in capsys.readouterr().err
+
+
+def test_ray_cli_checks_options_before_ray_and_says_an_interrupt(tmp_path, monkeypatch, capsys) -> None:
+    """A bad option was found by every actor (a 110-line traceback, then "rerun to resume"); Ctrl-C exited 130
+    without a word."""
+    monkeypatch.setattr(distributed, "transcribe_dataset", lambda *a, **k: pytest.fail("Ray run for a bad option"))
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["transcribe", "--ray", "--output", str(tmp_path / "x.jsonl"), "--language", "klingon",
+                  str(SHORT[0])])
+    assert exit_.value.code == 2 and "language 'klingon' is not one Whisper knows" in capsys.readouterr().err
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(distributed, "transcribe_dataset", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["transcribe", "--ray", "--output", str(tmp_path / "x.jsonl"), str(SHORT[0])])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 130 and "interrupted (the records in" in err and "rerun the same command" in err

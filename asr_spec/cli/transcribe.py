@@ -192,6 +192,7 @@ def _transcribe_on_ray(files: list[str], manifest: Path | None, output: Path | N
                        overrides: dict[str, Any], quiet: bool, **ray_options: Any) -> None:
     """`transcribe --ray`: `asr_spec.distributed.transcribe_dataset` over the files or the manifest."""
     from asr_spec import distributed
+    from asr_spec.transcribe import Transcriber
 
     if output is None:
         fail("--ray needs --output results.jsonl", EXIT_USAGE)
@@ -204,12 +205,17 @@ def _transcribe_on_ray(files: list[str], manifest: Path | None, output: Path | N
 
     given = {key: value for key, value in ray_options.items() if value is not None}  # else RayOptions' defaults
     try:
+        # the options checked here, before Ray starts (found by every actor: a 110-line traceback and "rerun to
+        # resume"); the workers' device is theirs, checked there
+        Transcriber.plan_preset(preset, device=device if device in ("auto", "cpu") else "cpu", **overrides)
         options = distributed.RayOptions(progress=not quiet, **given)
         inputs = distributed.manifest_inputs(manifest) if manifest else distributed.file_inputs(files)
         report = distributed.transcribe_dataset(inputs, output, preset=preset, options=options, on_record=show,
                                                 device=device, **overrides)
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
+    except KeyboardInterrupt:  # (typer's own exit 130 said nothing)
+        fail(f"interrupted (the records in {output} are kept: rerun the same command to resume)", EXIT_INTERRUPTED)
     if not quiet:
         typer.echo(f"{report.n_written} records written to {output} ({report.n_failed} failed), "
                    f"{report.n_skipped} already there, in {report.wall_s:.1f} s", err=True)
@@ -217,7 +223,10 @@ def _transcribe_on_ray(files: list[str], manifest: Path | None, output: Path | N
             from asr_spec.models.cpu import precision_words
 
             typer.echo(f"the workers decoded on: {precision_words(report.hardware)}", err=True)
-    if report.n_failed:
+    if report.n_failed_before:
+        typer.echo(f"{report.n_failed_before} failed before: their records in {output} are kept by a rerun (delete "
+                   "their lines to try them again)", err=True)
+    if report.n_failed or report.n_failed_before:
         raise typer.Exit(EXIT_FAILED)
 
 
