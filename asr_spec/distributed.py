@@ -236,8 +236,28 @@ def _connect(ray: Any, options: RayOptions) -> bool:
         cpus = max(os.cpu_count() or 1, options.workers * options.threads_per_worker + 1)
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     else:
+        _check_reachable(address)
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     return True
+
+
+# seconds a cluster's address has to answer a TCP connection before the run is refused
+REACH_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: str) -> None:
+    """`InputError` naming a "host:port" (or "ray://host:port") address where nothing answers: Ray retried an
+    unreachable one for minutes, printing warnings and no error (a Ray reviewer's 127.0.0.1:1, 7 minutes).
+    "auto", "local" and other forms are Ray's to resolve."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as err:
+        raise InputError(f"ray_address {address}: nothing answers there ({err.strerror or err})") from err
 
 
 def _pipeline(ray: Any, rows: Sequence[InputRow], loader: Loader, options: RayOptions) -> Any:

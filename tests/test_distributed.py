@@ -363,3 +363,25 @@ def test_ray_cli_checks_options_before_ray_and_says_an_interrupt(tmp_path, monke
         cli_main(["transcribe", "--ray", "--output", str(tmp_path / "x.jsonl"), str(SHORT[0])])
     err = capsys.readouterr().err
     assert exit_.value.code == 130 and "interrupted (the records in" in err and "rerun the same command" in err
+
+
+def test_an_unreachable_cluster_address_is_refused_at_once(monkeypatch) -> None:
+    """Ray retried 127.0.0.1:1 for minutes (warnings, no error); "auto" and other forms stay Ray's to resolve."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # closed again at once: nothing listens there
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(distributed.InputError, match=rf"ray_address {address}: nothing answers there"):
+            distributed._check_reachable(address)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        distributed._check_reachable(f"127.0.0.1:{server.getsockname()[1]}")  # something answers: Ray's to join
+    for other in ("auto", "local", "ray://head"):
+        distributed._check_reachable(other)
+    ray = types.SimpleNamespace(is_initialized=lambda: False,
+                                init=lambda **kwargs: pytest.fail("ray.init called for an unreachable address"))
+    with pytest.raises(distributed.InputError, match="nothing answers there"):
+        distributed._connect(ray, distributed.RayOptions(address=f"127.0.0.1:{port}"))
