@@ -76,34 +76,30 @@ def model_dir(name: str | os.PathLike) -> str:
             raise ModelLoadError(f"{name}: no such folder")
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{name}: no config.json or model.bin there: not a Whisper model directory")
-        model_type = _model_type(path / "config.json")
+        model_type = (_config_of(path) or {}).get("model_type")
         if model_type not in (None, "whisper"):  # a BERT folder failed in the config's own checks, naming heads
             raise ModelLoadError(f"{name}: config.json says model_type {model_type!r}, not a Whisper model")
         return str(path)
     return text  # a hub id
 
 
-def _model_type(config: Path) -> object:
-    """The model_type a transformers config.json names (None: none, or not readable: the loader says why)."""
-    import json
-
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None
-    return data.get("model_type") if isinstance(data, dict) else None
-
-
 def _is_ct2_dir(path: Path) -> bool:
     """A CTranslate2 model directory: model.bin and a config.json that is not a transformers config."""
-    import json
-
     if not (path.is_dir() and (path / "model.bin").is_file()):
         return False
+    config = _config_of(path)
+    return config is None or "model_type" not in config
+
+
+def _config_of(folder: Path) -> dict | None:
+    """A folder's config.json as read (None: absent, unreadable or not a JSON object: the loader says why)."""
+    import json
+
     try:
-        return "model_type" not in json.loads((path / "config.json").read_text())
+        data = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
-        return True
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _load_errors() -> tuple[type[BaseException], ...]:

@@ -47,10 +47,11 @@ def check_params(form: Any, options: Any, model_id: str) -> Params:
     if upload is None or isinstance(upload, str):
         raise HTTPError(400, "file: missing (send the audio as a multipart file field named 'file')", "file")
     for key in FIELDS[1:]:
-        if any(not isinstance(value, str) for value in form.getlist(key)):
+        values = form.getlist(key)
+        if any(not isinstance(value, str) for value in values):
             raise HTTPError(400, f"{key}: must be a text field, not a file", key)
-        if key != "timestamp_granularities[]" and len(form.getlist(key)) > 1:  # form.get would take the last
-            raise HTTPError(400, f"{key}: given {len(form.getlist(key))} times (send it once)", key)
+        if key != "timestamp_granularities[]" and len(values) > 1:  # form.get would take the last
+            raise HTTPError(400, f"{key}: given {len(values)} times (send it once)", key)
     model = form.get("model")
     if model and model not in (model_id, *MODEL_ALIASES):
         served = ", ".join((model_id, *MODEL_ALIASES))

@@ -389,8 +389,9 @@ class StreamPolicy(BufferTrims):
 
     def _first_loud(self) -> int:
         """The buffer's first sample above digital silence (its length: none)."""
-        loud = np.flatnonzero(np.abs(self._buffer) > DIGITAL_SILENCE)
-        return int(loud[0]) if len(loud) else len(self._buffer)
+        loud = np.abs(self._buffer) > DIGITAL_SILENCE
+        first = int(loud.argmax()) if len(loud) else 0  # (no index array of every loud sample)
+        return first if len(loud) and loud[first] else len(self._buffer)
 
     def _close_length(self) -> int:
         """Samples from the buffer's start a close decode due now reads: to a shorter close's end, to the buffer's
@@ -410,11 +411,13 @@ class StreamPolicy(BufferTrims):
         opens on: Whisper times what follows 10 s of zeros from 0.00 (a sentence at 10-14 s as 0.00-7.00), and a
         buffer cut where such timestamps say said 19 committed words again."""
         keep = self._seconds(self.options.speech_pad_s)
-        if not self._has_speech():
+        if self._frames.scored:
+            if self._has_speech():
+                return
             silent = len(self._buffer)
-        elif self._frames.scored or self._committed or text_of(self._previous, self.kinds):
-            return
-        else:
+        else:  # the buffer scanned once: the zeros it opens on (all of it: no speech), let go while it has no words
             silent = self._first_loud()
+            if silent < len(self._buffer) and (self._committed or text_of(self._previous, self.kinds)):
+                return
         if silent > keep:
             self._reset_after(self._start + silent - keep)
