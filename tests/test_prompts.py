@@ -100,12 +100,12 @@ def test_prompt_options_are_checked_and_given_per_input():
 # -- the real whisper-base ---------------------------------------------------------------------------------------
 
 @functools.cache
-def _asr(**overrides):
+def _asr(language: str = "en", **overrides):
     from asr_spec import Transcriber
 
     pytest.importorskip("asr_spec.models.ct2", reason="the CTranslate2 converter is not available")
     try:
-        return Transcriber.from_preset("base", language="en", **overrides)
+        return Transcriber.from_preset("base", language=language, **overrides)
     except (ImportError, OSError, ValueError) as err:
         pytest.skip(f"whisper-base offline packages not usable: {err}")
 
@@ -188,3 +188,16 @@ def test_the_cli_flags_reach_the_transcript(capsys):
         main(main_help)
     shown = capsys.readouterr().out
     assert all(flag in shown for flag in ("--initial-prompt", "--hotwords", "--prefix"))
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_prefix_the_model_would_not_say_is_said_once_and_the_speech_follows():
+    """Spanish speech translated after the prefix "Spanish lesson:" (tests/fixtures/prompts/spanish.flac): with the
+    prefix counted as generated, the timestamps' total probability closed the segment right after it and the
+    model said it again, 14 times, losing every sentence; taken as given (CTranslate2's rule: no timestamp rule
+    at the first position after it) the translation follows it, as faster-whisper's does."""
+    asr = _asr(language="es", task="translate")
+    [t] = asr.transcribe(str(PROMPTS / "spanish.flac"), progress=False, prefix="Spanish lesson:")
+    assert t.text.count("Spanish lesson") == 1, t.text
+    assert "hospital" in t.text, t.text  # "Mi hermana trabaja en un hospital desde hace tres años."

@@ -9,8 +9,10 @@ import re
 import pytest
 import torch
 from conftest import first_divergence, perturbed, tiny_target
+from test_rules import given_prefix_chain
 
 from asr_spec.engine import ChunkRequest, DecodeOptions, Engine
+from asr_spec.engine.rules import WhisperTokens
 from asr_spec.models.loading import decoder_draft
 
 TIE = 1e-4
@@ -48,10 +50,10 @@ def _reference(row: int, timestamps: bool) -> tuple[int, ...]:
 
 
 def _run(draft, timestamps: bool, batch_size: int, prefixes=None, max_new: int | None = MAX_NEW,
-         read_lag: int | None = None, row_max_new=None):
+         read_lag: int | None = None, row_max_new=None, given: bool = False):
     options = DecodeOptions(language="en", timestamps=timestamps, max_new_tokens=max_new, draft_bf16=False)
     reqs = [ChunkRequest(i, _features()[i], prompt=_prompt(i), prefix=() if prefixes is None else prefixes[i],
-                         max_new_tokens=None if row_max_new is None else row_max_new[i])
+                         prefix_given=given, max_new_tokens=None if row_max_new is None else row_max_new[i])
             for i in range(N_ROWS)]
     engine = Engine(_target(), draft, options)
     engine.read_lag = read_lag  # 1: the CUDA scheduling (the host reads a step late), on the CPU
@@ -148,6 +150,56 @@ def test_any_prefix_starts_the_transcript_and_speculation_keeps_it():
             assert r.tokens[:len(p) + 1] == (ts0, *p)
     spec = _run(decoder_draft(perturbed(_target(), 0.3, seed=3, encoder=False)), True, 8, prefixes)
     assert [r.tokens for r in spec] == [r.tokens for r in greedy]
+
+
+def _given_reference(row: int, prefix: tuple[int, ...], timestamps: bool) -> tuple[list[int], list[float]]:
+    """Row `row` alone after a given prefix, decoded greedily by transformers' model and processors with
+    CTranslate2's rules (tests/test_rules.py's `given_prefix_chain`): (prompt + <|0.00|> + prefix + generated, the
+    top-2 gap of the scores at each generated token)."""
+    model, gen = _target(), _target().generation_config
+    tokens = WhisperTokens.from_generation_config(gen, 448)
+    previous = [gen.prev_sot_token_id, *_prompt(row)] if _prompt(row) else []
+    seq = previous + tokens.prompt(tokens.lang_to_id["<|en|>"], "transcribe", timestamps)
+    seq += ([tokens.timestamp_begin] if timestamps and prefix else []) + list(prefix)
+    start, gaps = len(seq), []
+    with torch.no_grad():
+        encoded = model.model.encoder(_features()[row][None]).last_hidden_state
+        for _ in range(MAX_NEW):
+            ids = torch.tensor([seq])
+            scores = model(encoder_outputs=(encoded,), decoder_input_ids=ids).logits[:, -1].float()
+            first = len(seq) == start and bool(prefix)
+            for proc in given_prefix_chain(gen, start, first, timestamps):
+                scores = proc(ids, scores)
+            if first and timestamps:
+                scores[:, tokens.no_timestamps] = float("-inf")
+            top2 = scores[0].topk(2).values
+            gaps.append(float(top2[0] - top2[1]))
+            seq.append(int(scores[0].argmax()))
+            if seq[-1] == tokens.eot:
+                break
+    return seq, gaps
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_a_given_prefix_decodes_on_as_ctranslate2s_rules_say(timestamps):
+    """`prefix_given` (a user's --prefix): the rows decode on after their prefixes as transformers' model and
+    processors do with CTranslate2's rules after a prefix (no timestamp rule at the first position after it, the
+    rules counting only the tokens after it), at batch 8 with a draft as greedy at batch 3."""
+    prefixes = [(), (5,), (20, 21, 22), (), (9, 9), (30,), (11, 12), (7, 8, 9, 10)]
+    greedy = _run(None, timestamps, 3, prefixes, given=True)
+    spec = _run(decoder_draft(perturbed(_target(), 0.3, seed=3, encoder=False)), timestamps, 8, prefixes, given=True)
+    assert [r.tokens for r in spec] == [r.tokens for r in greedy]
+    for row, (p, res) in enumerate(zip(prefixes, greedy)):
+        ref, gaps = _given_reference(row, p, timestamps)
+        ours = list(res.prompt + res.tokens)
+        n_start = len(ref) - len(gaps)
+        assert ours[:n_start] == ref[:n_start], f"row {row}: prompt and prefix differ"
+        i = next((i for i, (a, b) in enumerate(zip(ours, ref)) if a != b), None)
+        if i is None:
+            assert len(ours) == len(ref), f"row {row}: lengths differ"
+        else:
+            assert gaps[i - n_start] < TIE, f"row {row}: diverges at token {i} without a tie"
+    assert [r.tokens for r in greedy] != [r.tokens for r in _run(None, timestamps, 3, prefixes)] or not timestamps
 
 
 @pytest.mark.parametrize("batch_size", [3, 8])

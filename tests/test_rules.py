@@ -150,3 +150,47 @@ def test_logsumexp_given_its_maximum_is_torchs():
     ours = _logsumexp(x.clone(), x.max(-1).values)
     torch.testing.assert_close(ours, x.logsumexp(-1), rtol=1e-6, atol=1e-6)
     assert ours[0, 1] == float("-inf")
+
+
+def given_prefix_chain(gen, start: int, first: bool, timestamps: bool):
+    """CTranslate2's rules after a given prefix ending at `start`, as transformers' processors: begin-suppress at
+    the first position after it and no timestamp rule there (`first`; <|notimestamps|> stays suppressed, the
+    caller's); after it, every rule from `start` on."""
+    procs = hf_chain(gen, start, timestamps)
+    return procs[:2] if first else procs
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_after_a_given_prefix_the_rules_start_past_it_as_ctranslate2s(timestamps, seed):
+    """`given` tokens after `begin` (a user's prefix and its <|0.00|>): at the first position after them only the
+    static rules and begin-suppress apply (the timestamps' total probability forces nothing, no timestamp is
+    required), and later positions count only the tokens after them. Rows without a given prefix keep
+    transformers' rules from `begin`; `greedy` takes `apply`'s argmax."""
+    gen, tokens, rules, seq, logits = rule_case(timestamps, 200 + seed, 8, torch.float32)
+    begin, n_pos, n_rows = 3, logits.shape[1], logits.shape[0]
+    logits[:, ::2, tokens.timestamp_begin:] += 2.5
+    logits[:, 0, tokens.timestamp_begin:] += 6.0  # timestamps would win on total probability at the first position
+    given = torch.tensor([0, 1, 2, 4, 0, 3, 1, 2])
+    start = begin + given
+    # histories of begin + 4 + n_pos tokens (the rows start at most 4 tokens past begin)
+    seq = torch.cat([seq, random_histories(gen, n_rows, 4, 300 + seed, logits.shape[-1])], 1)
+    n_hist = torch.where(torch.arange(n_rows) % 2 == 0, start, begin + 4)  # half at their first position
+    ours = rules.apply(logits, seq, n_hist, torch.full((n_rows,), begin), given)
+    for row in range(n_rows):
+        for j in range(n_pos):
+            cur = int(n_hist[row]) + j
+            if cur < int(start[row]):
+                continue  # inside the prefix: forced, never scored
+            ref = logits[row:row + 1, j].clone()
+            first = cur == int(start[row]) and int(given[row]) > 0
+            for proc in given_prefix_chain(gen, int(start[row]), first, timestamps):
+                ref = proc(seq[row:row + 1, :cur], ref)
+            if first and timestamps:  # CTranslate2 suppresses <|notimestamps|> at every position
+                ref[:, tokens.no_timestamps] = float("-inf")
+            assert torch.equal(torch.isinf(ours[row, j]), torch.isinf(ref[0])), f"row {row}, position {j}"
+    free_first = (given > 0) & (n_hist == start)
+    if timestamps:  # not vacuous: a text token is allowed where the rules would have forced a timestamp
+        assert bool((~torch.isinf(ours[free_first, 0, :tokens.timestamp_begin])).any(-1).all())
+    choice, _ = rules.greedy(logits, seq, n_hist, torch.full((n_rows,), begin), given)
+    assert torch.equal(choice, ours.max(-1).indices)

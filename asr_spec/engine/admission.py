@@ -45,13 +45,15 @@ from asr_spec.engine.speculative import DecodeState, Models
 class RowPrompt:
     """What one chunk's decoder prompt holds besides the SOT sequence (`ChunkRequest.prompt`, `.prefix`).
 
-    previous: token ids after <|startofprev|> (the prompt); prefix: the forced start of the transcript; max_new: the
-    most tokens the row generates after them (`ChunkRequest.max_new_tokens`; None: the options'); group: the
+    previous: token ids after <|startofprev|> (the prompt); prefix: the forced start of the transcript; given:
+    whether Whisper's rules take the prefix as given rather than generated (`ChunkRequest.prefix_given`); max_new:
+    the most tokens the row generates after them (`ChunkRequest.max_new_tokens`; None: the options'); group: the
     chunk's language group (`ChunkRequest.language_group`); language: the language token it is decoded in
     (`ChunkRequest.language_token`; None: the options' or its group's)."""
 
     previous: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()
+    given: bool = False
     max_new: int | None = None
     group: Hashable | None = None
     language: int | None = None
@@ -172,6 +174,7 @@ class Admission:
         caches = m.rows(r, first) if together else self._own_caches(m, r, n_longest)
         seqs, lengths, begin, sot_logits = self._prefill_all(caches, audio, draft_audio, prompts,
                                                              GroupLanguages() if groups is None else groups)
+        given = torch.tensor([self.forced(p) if p.given else 0 for p in prompts], device=lengths.device)
         index = torch.tensor(rows, device=seqs.device)
         if not together:
             m.target_cache.write_rows(index, caches.target_cache)
@@ -182,7 +185,7 @@ class Admission:
         max_new = torch.tensor([self.max_new if p.max_new is None else min(p.max_new, self.max_new) for p in prompts],
                                device=lengths.device, dtype=lengths.dtype)
         limit = torch.clamp(lengths + max_new, max=self.tokens.max_positions)
-        st.start(index, seqs, limit, self._no_speech_prob(sot_logits), lengths=lengths, begin=begin)
+        st.start(index, seqs, limit, self._no_speech_prob(sot_logits), lengths=lengths, begin=begin, given=given)
 
     def _own_caches(self, m: Models, r: int, n_longest: int) -> Models:
         """Caches of R rows for chunks admitted to slots apart: their audio, and their prompts (the longest whole,

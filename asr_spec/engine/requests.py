@@ -34,8 +34,14 @@ class ChunkRequest:
               prompt); at most `WhisperTokens.max_prompt_tokens`; () = none. Rows with prompts of any lengths
               share a batch. Text tokens: `asr_spec.transcribe.prompts` builds them from text.
     prefix:   token ids the transcript starts with, forced after the SOT sequence (after <|0.00|> in timestamp
-              mode, which the engine adds); Whisper's rules treat them as generated, and they are part of
-              `ChunkResult.tokens`; at most `WhisperTokens.max_prompt_tokens`; () = none.
+              mode, which the engine adds); part of `ChunkResult.tokens`; at most `WhisperTokens.max_prompt_tokens`;
+              () = none. Whisper's rules treat them as generated (`prefix_given` False) or not.
+    prefix_given: the prefix is text given to the decoding (a user's `--prefix`), not words the model said: the
+              rules start after it (and <|0.00|>), and the position after it applies no timestamp rule,
+              CTranslate2's rule (forced text the model would not say otherwise let the timestamps' total
+              probability close the segment there, and the model said the prefix again and again). False (the
+              default): the rules count the prefix as generated, so a prefix of what greedy decoding says changes
+              nothing (a stream's committed words, re-decoded with more audio).
     hypothesis: generated token ids (prompt excluded) the decoding is expected to start with, e.g. a stream's
               previous hypothesis of the same audio: proposed as the row's draft, up to
               `DecodeOptions.num_hypothesis_tokens` a step, while they last and agree with the target; then the
@@ -64,6 +70,7 @@ class ChunkRequest:
     seed: int = 0
     prompt: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()
+    prefix_given: bool = False
     hypothesis: tuple[int, ...] = ()
     max_new_tokens: int | None = None
     language_group: Hashable | None = None
@@ -87,6 +94,8 @@ class ChunkRequest:
             raise ValueError(f"chunk {self.id!r}: temperature must be a finite number >= 0, got {t!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
             raise ValueError(f"chunk {self.id!r}: seed must be an integer in [0, 2^32), got {self.seed!r}")
+        if not isinstance(self.prefix_given, bool):
+            raise ValueError(f"chunk {self.id!r}: prefix_given must be True or False, got {self.prefix_given!r}")
         if self.hypothesis and t > 0:
             raise ValueError(f"chunk {self.id!r}: a hypothesis is for greedy decoding (temperature 0), got "
                              f"temperature {t!r}")

@@ -53,7 +53,8 @@ def _release(st: DecodeState, rows: list[int]) -> None:
 
 def _row_prompt(req: ChunkRequest) -> RowPrompt:
     """A request's previous text, prefix, token limit and language group, as admission takes them."""
-    return RowPrompt(tuple(req.prompt), tuple(req.prefix), req.max_new_tokens, req.language_group, req.language_token)
+    return RowPrompt(tuple(req.prompt), tuple(req.prefix), req.prefix_given, req.max_new_tokens, req.language_group,
+                     req.language_token)
 
 
 # tokens each row of a warm-up generates (`Engine.warm_up`): its admission, then a step or two (a speculative one

@@ -54,6 +54,8 @@ class DecodeState:
     seq:      (B, S) long committed tokens, then scratch (draft proposals are written past n_tok)
     n_tok:    (B,) committed tokens; begin: (B,) index of the first generated token (the end of the SOT
               sequence: a forced prefix after it counts as generated for Whisper's rules)
+    given:    (B,) tokens after `begin` that Whisper's rules take as given, not generated (a given prefix and its
+              <|0.00|>, `ChunkRequest.prefix_given`; 0: none): the rules start after them (`LogitRules.apply`)
     limit:    (B,) n_tok at which the row must stop (prompt + max_new_tokens, capped at max_target_positions)
     finish:   (B,) FINISH_* code (0 = still decoding)
     target_passes, draft_passes: (B,) long target / draft forward passes over the row (steps; steps x K)
@@ -69,6 +71,7 @@ class DecodeState:
     seq: torch.Tensor
     n_tok: torch.Tensor
     begin: torch.Tensor
+    given: torch.Tensor
     limit: torch.Tensor
     finish: torch.Tensor
     target_passes: torch.Tensor
@@ -85,7 +88,7 @@ class DecodeState:
     def empty(cls, n_rows: int, n_seq: int, k_max: int, device: torch.device) -> DecodeState:
         """The state of `n_rows` free slots (finished: FINISH_LENGTH), seq of `n_seq` tokens each."""
         per_row = {name: torch.zeros(n_rows, dtype=torch.long, device=device)
-                   for name in ("n_tok", "begin", "limit", *COUNTS)}
+                   for name in ("n_tok", "begin", "given", "limit", *COUNTS)}
         return cls(seq=torch.zeros(n_rows, n_seq, dtype=torch.long, device=device),
                    finish=torch.full((n_rows,), FINISH_LENGTH, dtype=torch.long, device=device),
                    hist=torch.zeros(n_rows, k_max + 1, dtype=torch.long, device=device),
@@ -105,17 +108,20 @@ class DecodeState:
         return DecodeState(*(getattr(self, f.name)[:n_rows] for f in fields(self)))
 
     def start(self, rows: torch.Tensor, prompts: torch.Tensor, limit: int | torch.Tensor, no_speech_prob: torch.Tensor,
-              lengths: torch.Tensor | None = None, begin: torch.Tensor | None = None) -> None:
+              lengths: torch.Tensor | None = None, begin: torch.Tensor | None = None,
+              given: torch.Tensor | None = None) -> None:
         """Start rows `rows` ((R,) long: newly admitted slots) on their prompts, their counts at zero.
 
         prompts: (R, prompt_len) long, right-padded where `lengths` (R,) says how many tokens each row has (None:
-        all of them); begin: (R,) index of each row's first generated token (None: its length); limit: n_tok at
-        which the rows stop, one for all or (R,); no_speech_prob: (R,) float32.
+        all of them); begin: (R,) index of each row's first generated token (None: its length); given: (R,) tokens
+        after it the rules take as given (None: none); limit: n_tok at which the rows stop, one for all or (R,);
+        no_speech_prob: (R,) float32.
         """
         n_prompt = prompts.shape[1]
         self.seq[rows, :n_prompt] = prompts
         self.n_tok[rows] = n_prompt if lengths is None else lengths
         self.begin[rows] = self.n_tok[rows] if begin is None else begin
+        self.given[rows] = 0 if given is None else given
         self.limit[rows] = limit
         self.finish[rows] = FINISH_NONE
         for name in COUNTS:
@@ -202,10 +208,10 @@ def step(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int, hyp
         logits = m.features.target_pass(m.target, m.target_cache, tokens, pos, n_keys, exact=rules.sampling)
     # the target's choice at each of the p + 1 positions, (B, p + 1), and its log-probability (Whisper's rules)
     if rules.sampling:  # the whole scores: sampled rows draw from them (engine/sampling.py)
-        scores = rules.apply(logits, st.seq, st.n_tok, st.begin)  # (B, p + 1, V)
+        scores = rules.apply(logits, st.seq, st.n_tok, st.begin, st.given)  # (B, p + 1, V)
         choice = scores.max(-1).indices
     else:
-        choice, logprob = rules.greedy(logits, st.seq, st.n_tok, st.begin)
+        choice, logprob = rules.greedy(logits, st.seq, st.n_tok, st.begin, st.given)
 
     # accept the longest agreeing prefix plus the target's own next token, within each row's limits
     j = torch.arange(p + 1, device=dev)
@@ -318,10 +324,10 @@ def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
     restricted = rules.draft_vocab is not None  # logits over the draft's own vocabulary (`draft_choice`)
     for i in range(k):
         logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index, full_vocab=not restricted)
-        token = rules.draft_choice(logits, st.n_tok + i, st.begin)
+        token = rules.draft_choice(logits, st.n_tok + i, st.begin, st.given)
         if rules.sampling:
             full = full_vocab_logits(logits, rules.draft_vocab, m.draft.vocab_size) if restricted else logits
-            q = probabilities(rules.apply(full, st.seq, st.n_tok + i, st.begin), st.temperature)[:, 0]
+            q = probabilities(rules.apply(full, st.seq, st.n_tok + i, st.begin, st.given), st.temperature)[:, 0]
             drawn = draw(q, uniform(st.key, (st.n_tok + i)[:, None], DRAW_DRAFT)[:, 0])
             token = torch.where(st.temperature > 0, drawn, token)
             qs.append(q)
