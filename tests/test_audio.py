@@ -170,6 +170,9 @@ def _nan_wav(path: Path) -> Path:
         (lambda d: _write_text(d / "notes.wav"), "notes.wav: not a readable audio file"),
         # eight bytes that ffmpeg opens as a stream of 0 Hz and 0 channels: a ZeroDivisionError traceback before
         (lambda d: _write_bytes(d / "garbage.flac", b"garbage\n"), "garbage.flac: not a readable audio file"),
+        # random bytes named .mp3: libsndfile's cause was "File does not exist or is not a regular file"
+        (lambda d: _write_bytes(d / "noise.mp3", np.random.default_rng(3).bytes(3000)),
+         r"noise.mp3: not a readable audio file \(not a format libsndfile reads"),
         (lambda d: _truncated_flac(d / "cut.flac"), "cut.flac: corrupt or truncated audio"),
         (lambda d: _zero_samples(d / "zero.wav"), "zero.wav: no audio samples"),
         (lambda d: _nan_wav(d / "nan.wav"), r"nan.wav: 3 non-finite samples"),

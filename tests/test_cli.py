@@ -222,6 +222,12 @@ def test_a_file_that_cannot_be_audio_is_said_before_the_models_load(capsys, tmp_
         (["--format", "txt"], ["--format needs --output-dir"]),
         (["--no-draft"], ["--no-draft and --draft contradict"]),
         (["--dtype", "int4"], ["unknown dtype 'int4'"]),
+        # cue flags where no srt/vtt is written were taken and ignored
+        (["--word-timestamps", "--max-words-per-cue", "2"], ["--max-words-per-cue shape srt/vtt cues",
+                                                             "no file is written"]),
+        (["--output-dir", "out", "--format", "txt,json", "--word-timestamps", "--max-line-width", "10",
+          "--max-line-count", "2"],
+         ["--max-line-width/--max-line-count shape srt/vtt cues, but --format is txt,json"]),
     ],
 )
 def test_bad_options_exit_2_with_one_line(capsys, model_dirs, args: list[str], needles: list[str]) -> None:
@@ -551,3 +557,32 @@ def test_threads_sets_the_processs_torch_threads_before_the_models_load(capsys, 
         assert len(seen) == 6  # nothing loaded for a usage error
     finally:
         torch.set_num_threads(before)
+
+
+def test_threads_hold_for_the_options_check_and_a_ctrl_c_there_is_one_line(capsys, monkeypatch, model_dirs) -> None:
+    """`auto`'s precision probe runs in the options' check: it ran at torch's own threads, not --threads (70 s on
+    two busy cores where one thread took 11 s), and a Ctrl-C during it (or the files' check) exited 130 saying
+    nothing (a docs reviewer's)."""
+    from asr_spec.transcribe import Transcriber
+
+    seen: list[int] = []
+    real_plan = Transcriber.plan_preset
+
+    def plan(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.append(torch.get_num_threads())
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(Transcriber, "plan_preset", staticmethod(plan))
+    before = torch.get_num_threads()
+    try:
+        assert run_cli(capsys, *tiny(model_dirs, str(SHORT[0]), "--threads", "1", "--quiet"))[0] == 0
+        assert seen and set(seen) == {1}  # the options' check, and the load's own plan
+    finally:
+        torch.set_num_threads(before)
+
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Transcriber, "plan_preset", staticmethod(interrupted))
+    code, out, err = run_cli(capsys, *tiny(model_dirs, str(SHORT[0])))
+    assert code == 130 and out == "" and err.strip().splitlines()[-1].startswith("interrupted"), err

@@ -197,6 +197,35 @@ def test_atomic_write_replaces_by_rename(tmp_path: Path, monkeypatch: pytest.Mon
     assert seen == [(tmp_path, True, target)]  # temp file in the same folder, then one rename
 
 
+def test_an_inputs_formats_are_written_all_or_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An io reviewer's: `talk.srt` a folder left `talk.txt` and `talk.json` written and unjournaled beside the
+    error, and a Ctrl-C between two formats left `cut.json/srt/txt` without `cut.vtt`. Now a format that cannot be
+    written writes none (no temporary left), and a Ctrl-C during the renames is raised once every format and the
+    journal's line are in place."""
+    (tmp_path / "talk.srt").mkdir()
+    with pytest.raises(IsADirectoryError, match="talk.srt"):
+        write_outputs(_result(), tmp_path, "talk", ["txt", "json", "srt", "vtt"], source=tmp_path / "talk.wav")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["talk.srt"]  # no txt / json, no temporary, no journal
+
+    import signal
+
+    real_replace, renamed = os.replace, []
+
+    def interrupted_replace(src, dst) -> None:
+        if not renamed:  # Ctrl-C as the first format is moved into place
+            os.kill(os.getpid(), signal.SIGINT)
+        real_replace(src, dst)
+        renamed.append(Path(dst).name)
+
+    monkeypatch.setattr(os, "replace", interrupted_replace)
+    folder = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        write_outputs(_result(), folder, "cut", ["txt", "json", "srt", "vtt"], source=tmp_path / "cut.wav")
+    assert renamed == ["cut.txt", "cut.json", "cut.srt", "cut.vtt"]
+    assert read_sources(folder) == {"cut": str(tmp_path / "cut.wav")}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works as before afterwards
+
+
 def test_inputs_sharing_a_stem_get_the_shortest_distinct_names() -> None:
     """Folders tell apart the same name in two folders; where they cannot (talk.flac and talk.wav in one folder),
     the file names do, with as few folders as it takes. Climbing to / first put the whole path in each name: in a

@@ -47,14 +47,26 @@ def open_raw_blocks(file: str | bytes, name: str, block_s: float) -> RawBlocks:
     try:
         handle = sf.SoundFile(_os_name(file) if isinstance(file, str) else io.BytesIO(file))
     except (sf.LibsndfileError, RuntimeError) as sf_err:
-        # not "<_io.BytesIO object at 0x7f33...>" in a message
-        return _ffmpeg_instead(file, name, block_s, re.sub(r"^Error opening <.*?>: ", "", str(sf_err)))
+        return _ffmpeg_instead(file, name, block_s, _libsndfile_cause(sf_err))
     n_frames = _header_frames(handle)
     if n_frames == 0 or (n_frames is None and isinstance(file, str)):
         handle.close()
         return _ffmpeg_instead(file, name, block_s, _HEADER_SAYS_EMPTY if n_frames == 0 else _LENGTH_MISSING)
     block_frames = max(1, int(round(block_s * handle.samplerate)))
     return handle.samplerate, n_frames, _exact_length(handle), _soundfile_blocks(handle, name, block_frames)
+
+
+# what libsndfile says of any file it cannot open whose format it does not know (a file there, regular, readable)
+_NOT_A_FILE = "File does not exist or is not a regular file (possibly a pipe?)."
+
+
+def _libsndfile_cause(err: Exception) -> str:
+    """libsndfile's refusal as a message's cause: without its "Error opening <name>: " (not the path again, nor
+    "<_io.BytesIO object at 0x7f33...>"), and "not a format libsndfile reads" for its "File does not exist or is
+    not a regular file" over a file that exists and is one (callers have checked: `check_file`), e.g. a damaged
+    MP3 (an io reviewer's)."""
+    cause = re.sub(r"^Error opening (<.*?>|'.*?'): ", "", str(err))
+    return "not a format libsndfile reads" if cause.strip() == _NOT_A_FILE else cause
 
 
 def _exact_length(handle: sf.SoundFile) -> bool:
@@ -76,7 +88,7 @@ def header_duration_s(path: str | os.PathLike[str]) -> float | None:
         with sf.SoundFile(_os_name(name)) as handle:
             n_frames, rate = _header_frames(handle), handle.samplerate
     except (sf.LibsndfileError, RuntimeError) as sf_err:
-        return ffmpeg_duration_s(name, str(sf_err))
+        return ffmpeg_duration_s(name, _libsndfile_cause(sf_err))
     if n_frames is None:
         return ffmpeg_duration_s(name, _LENGTH_MISSING)
     if n_frames == 0:

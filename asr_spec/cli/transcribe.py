@@ -147,17 +147,21 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
         _transcribe_on_ray(files or [], manifest, output, preset, device, overrides, quiet,
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
         return
+    use_threads(threads)  # before `auto`'s precision probe (10 s at the 1 thread asked for ran 70 s at torch's 2)
     # begun before the options' check: on a CPU with native bf16 `auto`'s probe builds the CPU kernels there (a fresh
     # machine's ~55 s build went unreported)
     run = _Run(len(files), output_dir)
     try:  # the options checked before the files, the files before any model loads
-        Transcriber.plan_preset(preset, device=device, **overrides)
+        _, options = Transcriber.plan_preset(preset, device=device, **overrides)
+        _check_cue_flags(options.formats if output_dir is not None else (), max_words_per_cue, max_line_width,
+                         max_line_count)
+        run.check_files(files)  # a mistyped name said before the models load (~3 s, ~30-60 s cold), not after
     except USER_ERRORS as err:
         fail(one_line(err), EXIT_USAGE)
-    run.check_files(files)  # a mistyped name said before the models load (~3 s, ~30-60 s cold), not after
+    except KeyboardInterrupt:  # the probe and the files' check take seconds: Ctrl-C there says so too
+        run.interrupted()
     if run.nothing_readable:
         run.none_read(quiet)
-    use_threads(threads)
     allocator.pin()  # a process of its own: the engine's transient buffers kept in the heap, not mapped every call
     try:
         if output_dir is not None:  # before any model loads: the folder usable, names distinct, stale temps gone
@@ -186,6 +190,18 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
         typer.echo(run.summary(), err=True)
     if run.n_failed:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _check_cue_flags(formats: tuple[str, ...], max_words_per_cue: int | None, max_line_width: int | None,
+                     max_line_count: int | None) -> None:
+    """The cue flags given (not None) shape srt/vtt files only: a usage error when none of `formats`, the files
+    written (() when the transcript is printed), is one (they were taken and ignored)."""
+    given = [flag for flag, value in (("--max-words-per-cue", max_words_per_cue), ("--max-line-width", max_line_width),
+                                      ("--max-line-count", max_line_count)) if value is not None]
+    if given and not {"srt", "vtt"} & set(formats):
+        where = "no file is written" if not formats else f"--format is {','.join(formats)}"
+        fail(f"{'/'.join(given)} shape srt/vtt cues, but {where}: give --output-dir with srt or vtt in --format",
+             EXIT_USAGE)
 
 
 def _transcribe_on_ray(files: list[str], manifest: Path | None, output: Path | None, preset: str, device: str,

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import secrets
+import signal
 import tempfile
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-__all__ = ["SOURCES_INDEX", "append_source", "atomic_write", "compact_sources", "folder_lock", "read_sources"]
+__all__ = ["SOURCES_INDEX", "append_source", "atomic_write", "atomic_write_all", "compact_sources", "folder_lock",
+           "interrupts_held", "read_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,42 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) 
     If ``write`` raises, the temporary file is removed and ``path`` is left as it was (absent or old content).
     """
     target = Path(path)
+    temporary = _temporary(target, write)
+    try:
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    return target
+
+
+def atomic_write_all(contents: Mapping[Path, str], then: Callable[[], None] = lambda: None) -> list[Path]:
+    """Write each text of `contents` onto its path, all or none: every one to a temporary file first (a failure
+    there, or a path that is a folder, removes them and touches no path), then all moved onto their paths and
+    `then()` called (e.g. the folder's journal told) with Ctrl-C held back till the end (`interrupts_held`): an
+    input's transcripts stopped half written left some formats new and others absent or old, unjournaled."""
+    made: dict[Path, str] = {}
+    try:
+        for target, text in contents.items():
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(target))
+            made[target] = _temporary(target, lambda file, text=text: file.write(text))
+        with interrupts_held():
+            for target in list(made):
+                os.replace(made[target], target)
+                del made[target]
+            then()
+    finally:
+        for temporary in made.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+    return list(contents)
+
+
+def _temporary(target: Path, write: Callable[[TextIO], None]) -> str:
+    """The name of a temporary file next to `target` holding what ``write(file)`` wrote, synced, mode 0644;
+    removed if ``write`` raises."""
     handle = tempfile.NamedTemporaryFile(
         "w", encoding="utf-8", newline="\n", dir=target.parent, prefix=f".{target.name}.", suffix=".tmp", delete=False
     )
@@ -36,12 +75,29 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) 
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(handle.name, 0o644)  # NamedTemporaryFile creates 0600; a transcript is an ordinary file
-        os.replace(handle.name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(handle.name)
         raise
-    return target
+    return handle.name
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back while the block runs, then raised as KeyboardInterrupt at its end: for a few
+    renames that must not stop half done. In the main thread only (the one Python runs signal handlers in); in
+    another the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 # {stem: absolute source path} of the transcripts in a folder: without it, a run over another folder holding the

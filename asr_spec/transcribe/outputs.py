@@ -45,6 +45,7 @@ from asr_spec.transcribe.files import (
     SOURCES_INDEX,
     append_source,
     atomic_write,
+    atomic_write_all,
     compact_sources,
     folder_lock,
     read_sources,
@@ -195,14 +196,14 @@ def write_outputs(
                 for fmt in chosen}
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    written = {}
+    paths = {fmt: folder / f"{stem}.{fmt}" for fmt in rendered}
     with folder_lock(folder):
         if source is not None:
             check_not_replacing(folder, [stem], [os.fspath(source)])
-        for fmt, content in rendered.items():
-            written[fmt] = atomic_write(folder / f"{stem}.{fmt}", lambda file, content=content: file.write(content))
-        append_source(folder, stem, source)
-    return written
+        # all the formats or none, journaled with them (a Ctrl-C or a failed write left some of them, unjournaled)
+        atomic_write_all({paths[fmt]: content for fmt, content in rendered.items()},
+                         then=lambda: append_source(folder, stem, source))
+    return paths
 
 
 # ---------------------------------------------------------------------------------------------------------------
