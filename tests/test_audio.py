@@ -520,3 +520,26 @@ def test_a_wav_of_raw_pcm16_samples_is_read_past_its_header(rate: int, channels:
         # a format chunk too short for its fields (a struct.error before): no samples it can say
         short = data[:12] + b"fmt " + (4).to_bytes(4, "little") + data[20:24] + data[at - 8:]
         assert pcm16_wav_payload(short) is None
+
+
+def test_a_wav_cut_short_is_transcribed_with_a_warning_saying_so(tmp_path: Path) -> None:
+    """A WAV whose data chunk announces more than the file holds (a copy stopped half-way) was read as the samples
+    it holds with no word (libsndfile counts what is there): now a warning gives both lengths; the whole PCM that is
+    there is kept. An intact WAV, and one whose header leaves the length out, say nothing."""
+    whole = tmp_path / "whole.wav"
+    sf.write(whole, _tone(4 * SR, SR), SR, subtype="PCM_16")
+    data = whole.read_bytes()
+    cut = _write_bytes(tmp_path / "cut.wav", data[:len(data) // 2])
+    with pytest.warns(UserWarning, match=r"cut.wav: truncated audio \(the WAV header announces 4.00 s, the file "
+                                         r"holds 2.00 s\): transcribing what it holds"):
+        samples = load_audio(cut)
+    assert abs(len(samples) - 2 * SR) < 16
+    with pytest.warns(UserWarning, match="truncated audio"):
+        load_audio({"bytes": cut.read_bytes(), "path": "cut.wav"})
+    unknown = bytearray(data)
+    at = unknown.index(b"data") + 4
+    unknown[at:at + 4] = (0xFFFFFFFF).to_bytes(4, "little")  # a streamed header: the length not yet known
+    for path in (whole, _write_bytes(tmp_path / "streamed.wav", bytes(unknown))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(load_audio(path)) == 4 * SR

@@ -19,7 +19,9 @@ import os
 import re
 import stat
 import tempfile
+import warnings
 from collections.abc import Iterator
+from typing import BinaryIO
 
 import numpy as np
 import soundfile as sf
@@ -49,6 +51,8 @@ def open_raw_blocks(file: str | bytes, name: str, block_s: float) -> RawBlocks:
     except (sf.LibsndfileError, RuntimeError) as sf_err:
         return _ffmpeg_instead(file, name, block_s, _libsndfile_cause(sf_err))
     n_frames = _header_frames(handle)
+    if n_frames and handle.format in ("WAV", "WAVEX"):
+        _warn_if_cut_short(file, name, n_frames, handle.samplerate)
     if n_frames == 0 or (n_frames is None and isinstance(file, str)):
         handle.close()
         return _ffmpeg_instead(file, name, block_s, _HEADER_SAYS_EMPTY if n_frames == 0 else _LENGTH_MISSING)
@@ -140,6 +144,50 @@ def _os_name(path: str) -> str | bytes:
 def _header_frames(handle: sf.SoundFile) -> int | None:
     """Frame count from the header; None when unknown (a streamed FLAC reports libsndfile's SF_COUNT_MAX)."""
     return None if handle.frames >= _UNKNOWN_FRAMES else int(handle.frames)
+
+
+# the WAVE format tags whose data chunk holds whole frames of `block_align` bytes: PCM, IEEE float, A-law, mu-law,
+# and the extensible header (whose subformat is one of them where libsndfile opens it)
+_FRAMED_WAVE_TAGS = (0x0001, 0x0003, 0x0006, 0x0007, 0xFFFE)
+_RIFF_CHUNKS_READ = 64  # chunk headers read looking for "data" (LIST, bext, fact, ... come before it)
+
+
+def _riff_declared_frames(stream: BinaryIO) -> int | None:
+    """The frames a RIFF/WAVE file's data chunk says it holds: its size field over the fmt chunk's block_align;
+    None where it does not say (a size of 0 or 0xFFFFFFFF: a streamed header written before the length was known),
+    for compressed formats (ADPCM, GSM: blocks of several frames) or where no data chunk is found."""
+    if (head := stream.read(12))[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    block_align = None
+    for _ in range(_RIFF_CHUNKS_READ):
+        chunk = stream.read(8)
+        if len(chunk) < 8:
+            return None
+        kind, size = chunk[:4], int.from_bytes(chunk[4:], "little")
+        if kind == b"fmt ":
+            fmt = stream.read(size)
+            tag, align = int.from_bytes(fmt[0:2], "little"), int.from_bytes(fmt[12:14], "little")
+            block_align = align if tag in _FRAMED_WAVE_TAGS and align else None
+            stream.seek(size & 1, 1)
+        elif kind == b"data":
+            return None if block_align is None or size in (0, 0xFFFFFFFF) else size // block_align
+        else:
+            stream.seek(size + (size & 1), 1)
+    return None
+
+
+def _warn_if_cut_short(file: str | bytes, name: str, n_frames: int, rate: int) -> None:
+    """A warning where a WAV's data chunk announces more frames than the file holds (`n_frames`: libsndfile counts
+    what is there): a recording cut short (a copy stopped, a recorder killed after writing its header) was read as
+    the samples it holds with no word of what is missing. What is there is whole PCM: it is transcribed."""
+    try:
+        with (open(_os_name(file), "rb") if isinstance(file, str) else io.BytesIO(file)) as stream:
+            declared = _riff_declared_frames(stream)
+    except OSError:
+        return
+    if declared is not None and declared > n_frames:
+        warnings.warn(f"{name}: truncated audio (the WAV header announces {declared / rate:.2f} s, the file holds "
+                      f"{n_frames / rate:.2f} s): transcribing what it holds", stacklevel=2)
 
 
 def _soundfile_blocks(handle: sf.SoundFile, name: str, block_frames: int) -> Iterator[np.ndarray]:
