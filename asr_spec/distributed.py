@@ -279,6 +279,68 @@ def _pipeline(ray: Any, rows: Sequence[InputRow], loader: Loader, options: RayOp
     )
 
 
+# options that change how fast a run goes, not what its records say (every other one is the run's setup); a
+# greedy transcript is the same with or without a draft, but sampled windows are not (their draws follow K)
+SPEED_ONLY = frozenset({"batch_size", "device", "cuda_graphs", "formats"})
+
+
+def transcription_setup(preset: str | os.PathLike, overrides: dict[str, Any]) -> dict[str, Any]:
+    """What makes a run's records what they are: its preset and options but `SPEED_ONLY`, a model, draft or preset
+    path absolute, the language as its code ("English" is "en"), as JSON holds them."""
+    from asr_spec.engine.options import language_code
+
+    def resolved(value: Any) -> Any:
+        return os.path.abspath(value) if isinstance(value, (str, os.PathLike)) and os.path.exists(value) else value
+
+    setup = {"preset": resolved(preset), **{key: value for key, value in sorted(overrides.items())
+                                             if key not in SPEED_ONLY}}
+    for key in ("model", "draft"):
+        if setup.get(key) is not None:
+            setup[key] = resolved(setup[key])
+    if isinstance(setup.get("language"), str):
+        try:
+            setup["language"] = language_code(setup["language"])
+        except ValueError:
+            pass  # "auto", or the options' own check names it
+    return json.loads(json.dumps(setup, default=str))
+
+
+def _loader_and_setup(preset: str, loader: Loader | None, overrides: dict[str, Any]
+                      ) -> tuple[Loader, dict[str, Any] | None]:
+    """The actors' loader and the run's setup: `Transcriber.from_preset(preset, **overrides)` and its
+    `transcription_setup`, or the caller's `loader` and None (a loader's models are its own to tell apart: eval
+    keeps its setup, `eval.evaluate.open_log`); both given is an `InputError`."""
+    if loader is not None:
+        if overrides:
+            raise InputError(f"give either loader or Transcriber options, not both ({', '.join(sorted(overrides))})")
+        return loader, None
+    from asr_spec.transcribe import Transcriber
+
+    return functools.partial(Transcriber.from_preset, preset, **overrides), transcription_setup(preset, overrides)
+
+
+def _keep_setup(output: Path, setup: dict[str, Any], has_records: bool) -> None:
+    """The run's `setup` against the one kept beside its records (<name>.setup.json, as eval keeps its): another
+    one is an `InputError` naming what changed (a rerun with another language or model found every id done and
+    kept the first run's records as its own, exit 0); the first run's (or a log kept before setups were) is
+    written."""
+    from asr_spec.eval.evaluate import setup_path
+
+    path = setup_path(output)
+    if has_records and path.exists():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise InputError(f"{path}: cannot read the setup of the records ({err})") from err
+        changed = [f"{key} {before.get(key)!r} (this run: {setup.get(key)!r})"
+                   for key in sorted(set(before) | set(setup)) if before.get(key) != setup.get(key)]
+        if changed:
+            raise InputError(f"{output}: its records were written with {', '.join(changed)}; give another "
+                             "--output, or delete it to start again")
+        return
+    path.write_text(json.dumps(setup, indent=1) + "\n", encoding="utf-8")
+
+
 def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike], output: str | os.PathLike, *,
                        preset: str = "base", options: RayOptions | None = None, loader: Loader | None = None,
                        record: MakeRecord = transcription_record,
@@ -287,7 +349,8 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
     """Transcribe `inputs` on a Ray cluster; one JSONL record per input in `output` (see `transcription_record`).
 
     inputs:    rows of `file_inputs` / `manifest_inputs` / `librispeech_inputs`, or plain paths and patterns.
-    output:    the JSONL results; ids already in it are skipped (resume), a partial last line is cut.
+    output:    the JSONL results; ids already in it are skipped (resume), a partial last line is cut; a run of
+               another setup than its records' is refused (`transcription_setup`, kept as <name>.setup.json).
     preset, overrides: what each actor loads, `Transcriber.from_preset(preset, **overrides)` (model, draft,
                device, language, batch_size, ...); or `loader`, a picklable zero-argument callable returning it.
     record:    builds the record of one input from (row, Transcription, wall_s, read_s), on the driver.
@@ -297,15 +360,12 @@ def transcribe_dataset(inputs: Sequence[InputRow] | Sequence[str | os.PathLike],
     if not isinstance(options, RayOptions):
         raise InputError(f"options must be a RayOptions, got {type(options).__name__}")
     rows = _as_rows(inputs)
-    if loader is None:
-        from asr_spec.transcribe import Transcriber
-
-        loader = functools.partial(Transcriber.from_preset, preset, **overrides)
-    elif overrides:
-        raise InputError(f"give either loader or Transcriber options, not both ({', '.join(sorted(overrides))})")
+    loader, setup = _loader_and_setup(preset, loader, overrides)
     log = ResultsLog(output)
     log.check_writable()  # before Ray starts and the models load (found at the first record: all decoded for nothing)
     logged = log.records()
+    if setup is not None:
+        _keep_setup(log.path, setup, bool(logged))
     done, failed = {r["id"] for r in logged}, {r["id"] for r in logged if r.get("error")}
     # a row is done under its id, or under its path: a manifest's rows were named by their paths as read from here
     # before they were named as the manifest writes them (manifests.py), and a log of those resumes
