@@ -228,6 +228,7 @@ def test_a_file_that_cannot_be_audio_is_said_before_the_models_load(capsys, tmp_
         (["--output-dir", "out", "--format", "txt,json", "--word-timestamps", "--max-line-width", "10",
           "--max-line-count", "2"],
          ["--max-line-width/--max-line-count shape srt/vtt cues, but --format is txt,json"]),
+        (["--ray", "--output", "r.jsonl", "--max-line-width", "20"], ["--ray writes JSONL records: drop them"]),
     ],
 )
 def test_bad_options_exit_2_with_one_line(capsys, model_dirs, args: list[str], needles: list[str]) -> None:

@@ -226,6 +226,29 @@ def test_an_inputs_formats_are_written_all_or_none(tmp_path: Path, monkeypatch: 
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C works as before afterwards
 
 
+def test_a_held_ctrl_c_goes_to_the_handler_in_place_and_an_ignored_one_stays_ignored(tmp_path: Path) -> None:
+    """`interrupts_held` (the renames of an input's formats): a SIGINT during the block reaches the application's
+    own handler once the block is done (it was raised as KeyboardInterrupt over it), and an ignored SIGINT (a
+    background job's) stays ignored."""
+    import signal
+
+    from asr_spec.transcribe.files import interrupts_held
+
+    calls: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert calls == []  # held
+        assert calls == [signal.SIGINT]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_inputs_sharing_a_stem_get_the_shortest_distinct_names() -> None:
     """Folders tell apart the same name in two folders; where they cannot (talk.flac and talk.wav in one folder),
     the file names do, with as few folders as it takes. Climbing to / first put the whole path in each name: in a

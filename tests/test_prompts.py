@@ -194,10 +194,29 @@ def test_the_cli_flags_reach_the_transcript(capsys):
 @pytest.mark.slow
 def test_a_prefix_the_model_would_not_say_is_said_once_and_the_speech_follows():
     """Spanish speech translated after the prefix "Spanish lesson:" (tests/fixtures/prompts/spanish.flac): with the
-    prefix counted as generated, the timestamps' total probability closed the segment right after it and the
-    model said it again, 14 times, losing every sentence; taken as given (CTranslate2's rule: no timestamp rule
-    at the first position after it) the translation follows it, as faster-whisper's does."""
+    prefix counted as generated, the timestamps' total probability (beating the best text token) closed the
+    segment right after it and the model said it again, 15 times, losing every sentence; given, the timestamps'
+    total is weighed against the text's total there and the translation follows it, as faster-whisper's does."""
     asr = _asr(language="es", task="translate")
     [t] = asr.transcribe(str(PROMPTS / "spanish.flac"), progress=False, prefix="Spanish lesson:")
     assert t.text.count("Spanish lesson") == 1, t.text
     assert "hospital" in t.text, t.text  # "Mi hermana trabaja en un hospital desde hace tres años."
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_prefix_the_model_would_say_changes_nothing_of_its_segments():
+    """The first sentence of long_75s.flac as the prefix: its segments are those without a prefix (the timestamps'
+    total beats the text's after it, so the segment closes where it did; a rule of no timestamp there, as
+    CTranslate2 has, ran it into the next sentence); without timestamps a prefix of the whole sentence ends there
+    (begin-suppress after it kept <|endoftext|> out and the model said "." or "you" more)."""
+    long_75s = str(Path(__file__).parent / "fixtures" / "speech" / "long_75s.flac")
+    first = "The village sat at the edge of a wide green valley."
+    asr = _asr()
+    plain, prefixed = asr.transcribe([long_75s, long_75s], progress=False, prefix=[None, first])
+    assert prefixed.text.startswith(first)
+    shown = [[(s.start_s, s.end_s, s.text.strip()) for s in t.segments[:4]] for t in (plain, prefixed)]
+    assert shown[0] == shown[1], shown
+    clip = _clips()[0]
+    [t] = _asr(timestamps=False).transcribe(str(PROMPTS / clip["file"]), progress=False, prefix=clip["text"])
+    assert t.text.strip() == clip["text"], t.text

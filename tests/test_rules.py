@@ -152,45 +152,59 @@ def test_logsumexp_given_its_maximum_is_torchs():
     assert ours[0, 1] == float("-inf")
 
 
-def given_prefix_chain(gen, start: int, first: bool, timestamps: bool):
-    """CTranslate2's rules after a given prefix ending at `start`, as transformers' processors: begin-suppress at
-    the first position after it and no timestamp rule there (`first`; <|notimestamps|> stays suppressed, the
-    caller's); after it, every rule from `start` on."""
-    procs = hf_chain(gen, start, timestamps)
-    return procs[:2] if first else procs
+
+def given_prefix_scores(gen, begin: int, ids: torch.Tensor, logits: torch.Tensor, first: bool,
+                        timestamps: bool) -> torch.Tensor:
+    """transformers' processors from `begin` on (1, V) `logits` after the (1, L) history `ids`, a given prefix
+    counted as generated; at the first position after it (`first`) the timestamps' total probability is weighed
+    against the text tokens' total (not their best one): the text is cut only where the timestamps' total wins."""
+    ref = logits.clone()
+    for proc in hf_chain(gen, begin, timestamps):
+        ref = proc(ids, ref)
+    if first and timestamps:
+        ts = gen.no_timestamps_token_id + 1
+        base = logits.clone()
+        for proc in hf_chain(gen, begin, False):
+            base = proc(ids, base)
+        no_ts = gen.no_timestamps_token_id  # suppressed in timestamp mode: below it, undo the cut of the text
+        ref[:, :no_ts] = base[:, :no_ts]
+        logprobs = ref.float().log_softmax(-1)
+        if logprobs[:, ts:].logsumexp(-1) > logprobs[:, :ts].logsumexp(-1):
+            ref[:, :ts] = float("-inf")
+    return ref
 
 
 @pytest.mark.parametrize("timestamps", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_after_a_given_prefix_the_rules_start_past_it_as_ctranslate2s(timestamps, seed):
-    """`given` tokens after `begin` (a user's prefix and its <|0.00|>): at the first position after them only the
-    static rules and begin-suppress apply (the timestamps' total probability forces nothing, no timestamp is
-    required), and later positions count only the tokens after them. Rows without a given prefix keep
-    transformers' rules from `begin`; `greedy` takes `apply`'s argmax."""
+def test_after_a_given_prefix_the_totals_decide_a_timestamp(timestamps, seed):
+    """`given` tokens after `begin` (a user's prefix and its <|0.00|>) count as generated, but at the first position
+    after them timestamps are forced only where their total probability beats the text tokens' total: the other
+    positions and the rows without a given prefix keep transformers' rules; `greedy` takes `apply`'s argmax."""
     gen, tokens, rules, seq, logits = rule_case(timestamps, 200 + seed, 8, torch.float32)
     begin, n_pos, n_rows = 3, logits.shape[1], logits.shape[0]
-    logits[:, ::2, tokens.timestamp_begin:] += 2.5
-    logits[:, 0, tokens.timestamp_begin:] += 6.0  # timestamps would win on total probability at the first position
-    given = torch.tensor([0, 1, 2, 4, 0, 3, 1, 2])
+    ts = tokens.timestamp_begin
+    given = torch.tensor([0, 2, 2, 4, 0, 3, 2, 2])  # <|0.00|> and at least one token of text
     start = begin + given
-    # histories of begin + 4 + n_pos tokens (the rows start at most 4 tokens past begin)
+    # histories of begin + 4 + n_pos tokens (the rows start at most 4 tokens past begin): <|0.00|> then text
     seq = torch.cat([seq, random_histories(gen, n_rows, 4, 300 + seed, logits.shape[-1])], 1)
+    for row in range(n_rows):
+        if int(given[row]) and timestamps:
+            seq[row, begin] = ts
+            seq[row, begin + 1:int(start[row])] = torch.arange(3, 2 + int(given[row])) + row
     n_hist = torch.where(torch.arange(n_rows) % 2 == 0, start, begin + 4)  # half at their first position
+    # at the first positions: timestamps whose best beats no text token, their total beating the best text token
+    # (rows 0, 2) or the text's total too (rows 4, 6)
+    logits[::2, 0, ts:] = 0.0
+    logits[::2, 0, :ts] = -0.5
+    logits[4::2, 0, :ts] = -8.0
     ours = rules.apply(logits, seq, n_hist, torch.full((n_rows,), begin), given)
     for row in range(n_rows):
         for j in range(n_pos):
             cur = int(n_hist[row]) + j
-            if cur < int(start[row]):
-                continue  # inside the prefix: forced, never scored
-            ref = logits[row:row + 1, j].clone()
             first = cur == int(start[row]) and int(given[row]) > 0
-            for proc in given_prefix_chain(gen, int(start[row]), first, timestamps):
-                ref = proc(seq[row:row + 1, :cur], ref)
-            if first and timestamps:  # CTranslate2 suppresses <|notimestamps|> at every position
-                ref[:, tokens.no_timestamps] = float("-inf")
+            ref = given_prefix_scores(gen, begin, seq[row:row + 1, :cur], logits[row:row + 1, j], first, timestamps)
             assert torch.equal(torch.isinf(ours[row, j]), torch.isinf(ref[0])), f"row {row}, position {j}"
-    free_first = (given > 0) & (n_hist == start)
-    if timestamps:  # not vacuous: a text token is allowed where the rules would have forced a timestamp
-        assert bool((~torch.isinf(ours[free_first, 0, :tokens.timestamp_begin])).any(-1).all())
+    if timestamps:  # not vacuous: the totals kept the text where the best text token would have cut it, and cut it
+        assert not bool(torch.isinf(ours[2, 0, :ts]).all()) and bool(torch.isinf(ours[6, 0, :ts]).all())
     choice, _ = rules.greedy(logits, seq, n_hist, torch.full((n_rows,), begin), given)
     assert torch.equal(choice, ours.max(-1).indices)

@@ -69,7 +69,7 @@ def _libsndfile_cause(err: Exception) -> str:
     "<_io.BytesIO object at 0x7f33...>"), and "not a format libsndfile reads" for its "File does not exist or is
     not a regular file" over a file that exists and is one (callers have checked: `check_file`), e.g. a damaged
     MP3 (an io reviewer's)."""
-    cause = re.sub(r"^Error opening (<.*?>|'.*?'): ", "", str(err))
+    cause = re.sub(r"""^Error opening (<.*?>|'.*?'|".*?"): """, "", str(err))
     return "not a format libsndfile reads" if cause.strip() == _NOT_A_FILE else cause
 
 

@@ -144,6 +144,7 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
     if keep_no_speech:
         overrides["no_speech_threshold"] = None
     if ray:
+        _check_cue_flags(None, max_words_per_cue, max_line_width, max_line_count)
         _transcribe_on_ray(files or [], manifest, output, preset, device, overrides, quiet,
                            address=ray_address, workers=workers, threads_per_worker=threads_per_worker)
         return
@@ -192,13 +193,16 @@ def transcribe(  # long function: typer declares each of its ~30 options as a pa
         raise typer.Exit(EXIT_FAILED)
 
 
-def _check_cue_flags(formats: tuple[str, ...], max_words_per_cue: int | None, max_line_width: int | None,
+def _check_cue_flags(formats: tuple[str, ...] | None, max_words_per_cue: int | None, max_line_width: int | None,
                      max_line_count: int | None) -> None:
     """The cue flags given (not None) shape srt/vtt files only: a usage error when none of `formats`, the files
-    written (() when the transcript is printed), is one (they were taken and ignored)."""
+    written (() when the transcript is printed; None: --ray's JSONL records), is one (they were taken and
+    ignored)."""
     given = [flag for flag, value in (("--max-words-per-cue", max_words_per_cue), ("--max-line-width", max_line_width),
                                       ("--max-line-count", max_line_count)) if value is not None]
-    if given and not {"srt", "vtt"} & set(formats):
+    if given and not {"srt", "vtt"} & set(formats or ()):
+        if formats is None:
+            fail(f"{'/'.join(given)} shape srt/vtt cues, but --ray writes JSONL records: drop them", EXIT_USAGE)
         where = "no file is written" if not formats else f"--format is {','.join(formats)}"
         fail(f"{'/'.join(given)} shape srt/vtt cues, but {where}: give --output-dir with srt or vtt in --format",
              EXIT_USAGE)

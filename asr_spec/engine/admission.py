@@ -46,9 +46,9 @@ class RowPrompt:
     """What one chunk's decoder prompt holds besides the SOT sequence (`ChunkRequest.prompt`, `.prefix`).
 
     previous: token ids after <|startofprev|> (the prompt); prefix: the forced start of the transcript; given:
-    whether Whisper's rules take the prefix as given rather than generated (`ChunkRequest.prefix_given`); max_new:
-    the most tokens the row generates after them (`ChunkRequest.max_new_tokens`; None: the options'); group: the
-    chunk's language group (`ChunkRequest.language_group`); language: the language token it is decoded in
+    whether the prefix is a user's (`ChunkRequest.prefix_given`: the totals decide a timestamp after it);
+    max_new: the most tokens the row generates after them (`ChunkRequest.max_new_tokens`; None: the options');
+    group: the chunk's language group (`ChunkRequest.language_group`); language: the language token it is decoded in
     (`ChunkRequest.language_token`; None: the options' or its group's)."""
 
     previous: tuple[int, ...] = ()

@@ -144,7 +144,7 @@ class TargetFeatures:
         offers = st.temperature == 0 if rules.sampling else torch.ones_like(st.n_tok, dtype=torch.bool)
         proposed = []
         for i in range(k):
-            token = rules.draft_choice(logits, st.n_tok + i, st.begin, st.given)
+            token = rules.draft_choice(logits, st.n_tok + i, st.begin)
             st.seq.scatter_(1, (st.n_tok + i)[:, None], token[:, None])
             # a row proposes none it could not keep (as speculative._draft)
             proposed.append(st.keeps(i) & offers)

@@ -37,11 +37,12 @@ class ChunkRequest:
               mode, which the engine adds); part of `ChunkResult.tokens`; at most `WhisperTokens.max_prompt_tokens`;
               () = none. Whisper's rules treat them as generated (`prefix_given` False) or not.
     prefix_given: the prefix is text given to the decoding (a user's `--prefix`), not words the model said: the
-              rules start after it (and <|0.00|>), and the position after it applies no timestamp rule,
-              CTranslate2's rule (forced text the model would not say otherwise let the timestamps' total
-              probability close the segment there, and the model said the prefix again and again). False (the
-              default): the rules count the prefix as generated, so a prefix of what greedy decoding says changes
-              nothing (a stream's committed words, re-decoded with more audio).
+              rules still count it as generated, but at the position after it a timestamp is forced only where
+              the timestamps' total probability beats the text tokens' total, not merely every single text token
+              (forced text the model would not say spreads its probability over many text tokens: Whisper's rule
+              closed the segment there and the model said the prefix again and again; a prefix it would say still
+              closes where it would). False (the default): Whisper's rules exactly, so a prefix of what greedy
+              decoding says changes nothing (a stream's committed words, re-decoded with more audio).
     hypothesis: generated token ids (prompt excluded) the decoding is expected to start with, e.g. a stream's
               previous hypothesis of the same audio: proposed as the row's draft, up to
               `DecodeOptions.num_hypothesis_tokens` a step, while they last and agree with the target; then the

@@ -5,8 +5,8 @@ transformers chains, in this order: `SuppressTokensAtBeginLogitsProcessor` (begi
 generated position), `SuppressTokensLogitsProcessor` (suppress_tokens) and, in timestamp mode,
 `WhisperTimeStampLogitsProcessor` (pairs, monotonic, max initial timestamp, timestamps forced when their total
 probability beats every text token). The timestamp rule loops over rows with `.tolist()` per step; here every
-per-row decision is a tensor op. After a given prefix (a user's, `ChunkRequest.prefix_given`) the rules follow
-CTranslate2's: they start past it, and its first position has begin-suppress and no timestamp rule.
+per-row decision is a tensor op. One rule of our own: at the first position after a given prefix (a user's,
+`ChunkRequest.prefix_given`) timestamps are forced only when their total probability beats the text tokens' total.
 """
 
 from __future__ import annotations
@@ -150,12 +150,6 @@ def _max_logsumexp(x: torch.Tensor, with_logsumexp: bool = True) -> tuple[_Best,
     return _Best(best.values, best.indices), _logsumexp(x, best.values) if with_logsumexp else None
 
 
-def _start(begin: torch.Tensor, given: torch.Tensor | None) -> torch.Tensor:
-    """(B,) long index of the first token Whisper's rules treat as generated: `begin`, past a given prefix's
-    `given` tokens."""
-    return begin if given is None else begin + given
-
-
 def _begin_suppress(scores: torch.Tensor, at_begin: torch.Tensor, columns: torch.Tensor) -> None:
     """-inf in `columns` ((C,) long: begin_suppress_tokens as columns of `scores`) where at_begin (B, P), in place
     on (B, P, V) `scores`, touching only those columns."""
@@ -233,16 +227,15 @@ class LogitRules:
         languages `lang_ids` (Whisper's `detect_language`; `admission.GroupLanguages` chooses from them)."""
         return logits.index_select(-1, self.lang_ids).float().softmax(-1)
 
-    def draft_choice(self, logits: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor,
-                     given: torch.Tensor | None = None) -> torch.Tensor:
+    def draft_choice(self, logits: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor) -> torch.Tensor:
         """(B, 1, V) draft logits, or (B, 1, V') over `draft_vocab` when the rules have one -> (B,) proposals
         (token ids): argmax after the static bias only (suppress, begin-suppress), without the history-dependent
-        timestamp rules (begin, given as `apply`'s). Lossless: the target re-applies every rule to each proposal,
+        timestamp rules. Lossless: the target re-applies every rule to each proposal,
         so a proposal the full rules forbid is merely rejected (it costs acceptance, never accuracy). Over V' the
         same token as over the whole vocabulary with -inf outside V' (`decoder.full_vocab_logits`), reading a third
         of the columns. The first maximum by `max(-1)` (argmax's tie rule; on a CPU ~3x faster than `argmax` over
         16k-52k columns)."""
-        at_begin = (n_hist == _start(begin, given))[:, None]
+        at_begin = (n_hist == begin)[:, None]
         if self.draft_vocab is None:
             return _max_logsumexp(self.static_scores(logits, at_begin)[:, 0], False)[0].indices
         scores = _plus(logits, self.draft_bias)
@@ -264,9 +257,12 @@ class LogitRules:
         seq:    (B, S) long tokens of each row; seq[:, :n_hist + P - 1] must hold the history (committed tokens,
                 then the draft tokens being verified).
         n_hist: (B,) long number of tokens before position 0; begin: (B,) long index of the first generated token.
-        given:  (B,) long tokens of a given prefix after `begin` (`DecodeState.given`; None: no row has one): the
-                rules start after them, and at the first position after them only the static rules and
-                begin-suppress apply (no timestamp rule: CTranslate2's rule after a prefix).
+        given:  (B,) long tokens of a given prefix after `begin`, <|0.00|> included (`DecodeState.given`; None: no
+                row has one): they count as generated, but at the first position after them timestamps are forced
+                only when their total probability beats the text tokens' total, not every single text token
+                (text the model would not say spreads its probability over many text tokens: "Spanish lesson:"
+                before a translation was closed at once and said again and again; a prefix it would say still
+                closes its segment where it would).
         returns: (B, P, V) float32 scores, -inf where a rule forbids the token.
         """
         scores, text = self._scores(logits, seq, n_hist, begin, given)
@@ -302,23 +298,23 @@ class LogitRules:
         logsumexp where `text_sum`. Arguments as `apply`."""
         p = logits.shape[1]
         cur_len = n_hist[:, None] + torch.arange(p, device=logits.device)  # (B, P) length of the input so far
-        start = _start(begin, given)
-        at_begin = cur_len == start[:, None]
+        at_begin = cur_len == begin[:, None]
         scores = _plus(logits, self.bias)
         _begin_suppress(scores, at_begin, self.begin_ids)
         if not self.timestamps:
             return scores, None
-        ruled = at_begin if given is None else at_begin & (given == 0)[:, None]  # after a given prefix: no rule
-        return scores, self._timestamp_rules(scores, seq, cur_len, start, at_begin, ruled, text_sum)
+        after_given = None if given is None else (given > 0)[:, None] & (cur_len == (begin + given)[:, None])
+        return scores, self._timestamp_rules(scores, seq, cur_len, begin, at_begin, after_given,
+                                             text_sum or given is not None)
 
     def _timestamp_rules(
         self, scores: torch.Tensor, seq: torch.Tensor, cur_len: torch.Tensor, begin: torch.Tensor,
-        at_begin: torch.Tensor, ruled: torch.Tensor, text_sum: bool,
+        at_begin: torch.Tensor, after_given: torch.Tensor | None, text_sum: bool,
     ) -> _TextRule:
         """WhisperTimeStampLogitsProcessor on (B, P, V) `scores` (after the static bias): the timestamp tokens
-        masked in place, the text tokens' cut returned (`apply` writes it). at_begin: (B, P) the rows' first
-        generated positions; ruled: (B, P) those of them the first position's rules apply at (not after a given
-        prefix), which no timestamp rule touches at all."""
+        masked in place, the text tokens' cut returned (`apply` writes it). after_given: (B, P) the first positions
+        after a given prefix (None: none), where the timestamps' total is weighed against the text's total (the
+        text_sum reductions must be asked for)."""
         ts, eot = self.tokens.timestamp_begin, self.tokens.eot
         n_seq = seq.shape[1]
         idx = torch.arange(n_seq, device=seq.device)
@@ -339,16 +335,18 @@ class LogitRules:
 
         # timestamps: all after a pair, those before the last one, those past the initial maximum at the start
         ts_floor = torch.where(last_was_ts & penult_was_ts, self.ts_index.shape[0], ts_last)
-        ts_ceil = torch.where(ruled, self.max_initial, self.ts_index.shape[0])
+        ts_ceil = torch.where(at_begin, self.max_initial, self.ts_index.shape[0])
         tsi = self.ts_index
         ts_scores = scores[..., ts:]
         ts_scores.masked_fill_((tsi < ts_floor[..., None]) | (tsi > ts_ceil[..., None]), NEG_INF)
         # text: every text token at the start, those below <|endoftext|> after a lone timestamp, all of them when
         # the timestamps' total probability beats every single text token (the log-softmax normaliser cancels)
-        text_cut = torch.where(ruled, ts, torch.where(last_was_ts & ~penult_was_ts, eot, 0))
+        text_cut = torch.where(at_begin, ts, torch.where(last_was_ts & ~penult_was_ts, eot, 0))
         text_scores = scores[..., :ts]
         (best, total), tail = _max_logsumexp(text_scores, text_sum), text_scores[..., eot:].max(-1)
         max_text = torch.where(text_cut == 0, best.values, torch.where(text_cut == eot, tail.values, NEG_INF))
         ts_sum = ts_scores.logsumexp(-1)
-        timestamp_due = (ts_sum > max_text) & (ruled | ~at_begin)
+        timestamp_due = ts_sum > max_text
+        if after_given is not None:  # a given prefix's text ends there (cut 0): totals weighed
+            timestamp_due = torch.where(after_given, ts_sum > total, timestamp_due)
         return _TextRule(torch.where(timestamp_due, ts, text_cut), best, tail, ts_sum, total)

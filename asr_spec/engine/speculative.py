@@ -54,8 +54,8 @@ class DecodeState:
     seq:      (B, S) long committed tokens, then scratch (draft proposals are written past n_tok)
     n_tok:    (B,) committed tokens; begin: (B,) index of the first generated token (the end of the SOT
               sequence: a forced prefix after it counts as generated for Whisper's rules)
-    given:    (B,) tokens after `begin` that Whisper's rules take as given, not generated (a given prefix and its
-              <|0.00|>, `ChunkRequest.prefix_given`; 0: none): the rules start after them (`LogitRules.apply`)
+    given:    (B,) tokens after `begin` of a given prefix, <|0.00|> included (`ChunkRequest.prefix_given`; 0: none):
+              at the first position after them the totals decide a timestamp (`LogitRules.apply`)
     limit:    (B,) n_tok at which the row must stop (prompt + max_new_tokens, capped at max_target_positions)
     finish:   (B,) FINISH_* code (0 = still decoding)
     target_passes, draft_passes: (B,) long target / draft forward passes over the row (steps; steps x K)
@@ -114,7 +114,7 @@ class DecodeState:
 
         prompts: (R, prompt_len) long, right-padded where `lengths` (R,) says how many tokens each row has (None:
         all of them); begin: (R,) index of each row's first generated token (None: its length); given: (R,) tokens
-        after it the rules take as given (None: none); limit: n_tok at which the rows stop, one for all or (R,);
+        after it of a given prefix (None: none); limit: n_tok at which the rows stop, one for all or (R,);
         no_speech_prob: (R,) float32.
         """
         n_prompt = prompts.shape[1]
@@ -324,7 +324,7 @@ def _draft(m: Models, rules: LogitRules, st: DecodeState, k: int, n_keys: int,
     restricted = rules.draft_vocab is not None  # logits over the draft's own vocabulary (`draft_choice`)
     for i in range(k):
         logits = m.draft.forward(m.draft_cache, tokens, pos, n_keys, index, full_vocab=not restricted)
-        token = rules.draft_choice(logits, st.n_tok + i, st.begin, st.given)
+        token = rules.draft_choice(logits, st.n_tok + i, st.begin)
         if rules.sampling:
             full = full_vocab_logits(logits, rules.draft_vocab, m.draft.vocab_size) if restricted else logits
             q = probabilities(rules.apply(full, st.seq, st.n_tok + i, st.begin, st.given), st.temperature)[:, 0]

@@ -84,20 +84,22 @@ def _temporary(target: Path, write: Callable[[TextIO], None]) -> str:
 
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Ctrl-C (SIGINT) held back while the block runs, then raised as KeyboardInterrupt at its end: for a few
-    renames that must not stop half done. In the main thread only (the one Python runs signal handlers in); in
-    another the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    """Ctrl-C (SIGINT) held back while the block runs, then sent again once the handler in place before is back
+    (Python's raises KeyboardInterrupt; an application's own is called): for a few renames that must not stop half
+    done. In the main thread only (the one Python runs signal handlers in), and only where SIGINT has a handler
+    set from Python that does not ignore it; elsewhere the block runs as it is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-    if caught:
-        raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
 
 
 # {stem: absolute source path} of the transcripts in a folder: without it, a run over another folder holding the

@@ -10,7 +10,8 @@ The one home of these rules (the CLI, the Python API and the server all come her
   that has a prefix.
 - ``prefix``: the text the transcript starts with, forced after the SOT sequence (after ``<|0.00|>`` in timestamp
   mode, which the engine adds), at most 223 tokens, the first ones kept. It is part of the transcript, and
-  Whisper's rules take it as given text (`ChunkRequest.prefix_given`: they start after it, CTranslate2's rule).
+  Whisper's rules count it as generated, but right after it a timestamp is forced only where the timestamps' total
+  probability beats the text's total (`ChunkRequest.prefix_given`).
 
 How they apply to the chunks of one input: the initial prompt and the hotwords go with *every* chunk (voice
 chunks or strided windows, and a re-decoded tail), as faster-whisper's batched pipeline does, so chunks stay
