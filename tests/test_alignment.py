@@ -392,3 +392,42 @@ def test_a_segment_with_words_spans_them():
     words = (WordTiming(" Every", 3.02, 3.3, 0.9), WordTiming(" day.", 3.3, 7.3, 0.8))
     assert word_bounds(3.2, 7.12, words) == (3.02, 7.3)
     assert word_bounds(3.2, 7.12, ()) == (3.2, 7.12)
+
+
+def test_threads_aligning_at_once_each_read_their_own_queries() -> None:
+    """Threads sharing one Transcriber with word timestamps (an API reviewer's): each alignment pass put hooks on
+    the target's shared cross-attention modules, so another thread's pass between one's forward and its read gave
+    it the other chunk's queries ("stack expects each tensor to be equal size", or another chunk's word times).
+    Here thread B's whole pass runs while A is paused after its forward, before its read: A's words are its own."""
+    import threading
+
+    model = random_whisper("test", vocab_size=80)
+    ts = model.generation_config.no_timestamps_token_id + 1
+    eot, sot = model.generation_config.eos_token_id, model.generation_config.decoder_start_token_id
+    aligner = Aligner(model, eot, ts - 1, lambda ids: [f" w{token}" for token in ids])
+    n_mels, n_frames = model.config.num_mel_bins, 2 * model.config.max_source_positions
+    torch.manual_seed(4)
+    with torch.no_grad():
+        encoded = model.model.encoder(torch.randn(2, n_mels, n_frames)).last_hidden_state
+    n_samples = int(model.config.max_source_positions * 0.02 * 16_000)
+    a_segments, b_segments = [[3, 4, 5], [6, 7]], [[9, 10, 11, 12, 13, 14, 15]]
+    alone_a = aligner.align(encoded[0], [sot], a_segments, n_samples, 0.0)
+    alone_b = aligner.align(encoded[1], [sot], b_segments, n_samples, 0.0)
+    results: dict[str, object] = {}
+    main = threading.get_ident()
+
+    def b_runs() -> None:
+        results["b"] = aligner.align(encoded[1], [sot], b_segments, n_samples, 0.0)
+
+    def pause_a(module, args, out) -> None:  # A's decoder has run; B's whole pass runs before A reads its queries
+        if threading.get_ident() == main and "b" not in results:
+            thread = threading.Thread(target=b_runs)
+            thread.start()
+            thread.join()
+
+    hook = model.model.decoder.layer_norm.register_forward_hook(pause_a)
+    try:
+        results["a"] = aligner.align(encoded[0], [sot], a_segments, n_samples, 0.0)
+    finally:
+        hook.remove()
+    assert results["a"] == alone_a and results["b"] == alone_b

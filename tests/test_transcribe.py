@@ -532,3 +532,14 @@ def test_loading_a_model_draws_no_progress_bar(tmp_path: Path, capfd) -> None:
             assert hf_logging.is_progress_bar_enabled() == shown
     finally:
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+def test_an_output_dir_or_progress_of_another_kind_is_named_before_any_work(greedy: Transcriber) -> None:
+    """An API reviewer's: `output_dir=5` was pathlib's TypeError (the names' check ran before the folder's type
+    check), and `progress="yes"` or `1` ran with no bar and no word."""
+    with pytest.raises(InputError, match="output directory must be a path, got int 5"):
+        greedy.transcribe([str(SHORT[0])], output_dir=5)
+    for value in ("yes", 1):
+        kind = type(value).__name__
+        with pytest.raises(InputError, match=f"progress must be None, True, False or a callable, got {kind}"):
+            greedy.transcribe([str(SHORT[0])], progress=value)

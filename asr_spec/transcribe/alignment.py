@@ -18,6 +18,7 @@ the mean probability of its tokens under the same pass.
 from __future__ import annotations
 
 import string
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -380,10 +381,15 @@ class Aligner:
     def _scores(self, audio: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (1, S, d), ids (1, T) -> alignment-head scores (heads, T, S) and logits (T, vocab)."""
         queries: dict[int, torch.Tensor] = {}  # layer -> (1, T, d) the queries its cross-attention computed
+        # the modules are the target's, shared by every thread's runs: a hook keeps the queries of its own thread's
+        # pass only (another thread's alignment pass, between this one and its read, gave it its queries: a
+        # "stack expects each tensor to be equal size" error, or word times of another chunk)
+        caller = threading.get_ident()
 
         def keep_queries(layer: int) -> Callable[..., None]:
             def hook(module: torch.nn.Module, args: Any, out: torch.Tensor) -> None:
-                queries[layer] = out
+                if threading.get_ident() == caller:
+                    queries[layer] = out
             return hook
 
         hooks = [self.attention[layer].q_proj.register_forward_hook(keep_queries(layer)) for layer in self.layers]

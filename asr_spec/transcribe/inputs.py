@@ -151,6 +151,9 @@ class Progress:
     """Seconds of audio done: a tqdm bar on stderr (by default only when stderr is a terminal) or a callback."""
 
     def __init__(self, progress: bool | ProgressCallback | None, inputs: list[RunInput]):
+        if not (progress is None or isinstance(progress, bool) or callable(progress)):
+            raise InputError(f"progress must be None, True, False or a callable, got {type(progress).__name__} "
+                             f"{progress!r:.40}")  # "yes" or 1 ran with no bar, said nothing
         self.callback = progress if callable(progress) else None
         if progress is None:
             show_bar = sys.stderr.isatty()

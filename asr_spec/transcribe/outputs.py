@@ -237,14 +237,19 @@ STALE_TMP_AGE_S = 60.0  # a temporary file older than this is left over from a k
 _TMP_NAME = re.compile(r"^\.(?:.+\.(?:" + "|".join(FORMATS) + r")|" + re.escape(SOURCES_INDEX) + r")\.[^.]+\.tmp$")
 
 
+def output_folder(out_dir: object) -> Path:
+    """`out_dir` as a Path; `InputError` for anything but a path (5 was a TypeError from pathlib)."""
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise InputError(f"output directory must be a path, got {type(out_dir).__name__} {out_dir!r:.40}")
+    return Path(out_dir)
+
+
 def prepare_output_dir(out_dir: str | os.PathLike[str]) -> int:
     """Make sure transcripts can be written into `out_dir` before any work starts: create it if missing, refuse
     (`InputError`, one line) a path that is a file, cannot be created or is not writable; remove the hidden
     temporary files an earlier killed run left there, and compact its index of sources. Returns how many stale
     temporary files were removed."""
-    if not isinstance(out_dir, (str, os.PathLike)):
-        raise InputError(f"output directory must be a path, got {type(out_dir).__name__} {out_dir!r:.40}")
-    folder = Path(out_dir)
+    folder = output_folder(out_dir)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"output directory {folder}: is a file, not a folder")
     try:
@@ -320,7 +325,7 @@ def check_not_replacing(out_dir: str | os.PathLike[str], stems: list[str | None]
     is not the same file (runs over two folders holding the same file names, into one output folder: the first
     folder's transcripts were lost without a word). A source that does not resolve from here (gone, or an old
     json's, given relative to another folder) cannot be told apart: replaced, as a rerun's own transcript is."""
-    folder = Path(out_dir)
+    folder = output_folder(out_dir)
     written = [stem is not None and any((folder / f"{stem}.{fmt}").is_file() for fmt in FORMATS) for stem in stems]
     if not any(written):  # nothing to replace: the index not read (a file a call into a big folder read it each)
         return
