@@ -68,6 +68,21 @@ def test_a_file_cut_mid_sentence_keeps_its_sentences_in_every_offline_mode() -> 
         assert set(found.missing) <= {len(sentences) - 1} and found.doubled == (), found
 
 
+def test_quiet_sentences_after_a_loud_one_in_a_chunk_are_heard_by_its_last_repair() -> None:
+    """An archive reviewer's: the last 31 s of dense_windows, 2 s of silence, then dialogue_pauses 30 dB quieter.
+    The chunk stopped after the loud sentence, and each repair rewound 5 s into it and stopped there again: its two
+    repairs spent, "Did you remember to bring the keys to the shed? I left them on the kitchen table" was lost
+    without a word. The last repair starts where the transcript stops covering the speech (no rewind)."""
+    from asr_spec.audio.loading import load_audio
+
+    dense, dialogue = (load_audio(str(LONGFORM / f"{name}.opus")) for name in ("dense_windows", "dialogue_pauses"))
+    audio = np.concatenate([dense[int(127.45 * SAMPLE_RATE):], np.zeros(2 * SAMPLE_RATE, np.float32),
+                            dialogue[:int(29.85 * SAMPLE_RATE)] * np.float32(10 ** (-30 / 20))])
+    result = _preset().transcribe(audio, progress=False)[0]
+    assert result.redecoded_tails >= 2  # the case: the first repair was not enough
+    assert coverage(_sentences("dialogue_pauses")[:2], result.text).missing == (), result.text
+
+
 @pytest.mark.parametrize("chunking", ["stride", "vad"])
 def test_digital_silence_gives_no_words_and_an_hour_of_it_is_not_decoded(chunking: str, monkeypatch) -> None:
     """An hour of digital silence is quick because none of it reaches the engine: no chunk is encoded (counted, not

@@ -353,6 +353,8 @@ class Transcriber:
         if not self.options.decode.timestamps or result.id.attempt >= self.options.tail_repairs:
             return None
         margin_s, context_s = self.options.tail_margin_s, self.options.tail_context_s
+        if result.id.attempt + 1 == self.options.tail_repairs:  # the last: no rewind into text twice decoded
+            context_s = 0.0
         before = next_window_from(span, self.options.chunking.stride_left_samples)  # a stride window's (or tail's)
         if not isinstance(span, SpeechSpan):
             if samples is None:
