@@ -230,11 +230,10 @@ class LogitRules:
     def draft_choice(self, logits: torch.Tensor, n_hist: torch.Tensor, begin: torch.Tensor) -> torch.Tensor:
         """(B, 1, V) draft logits, or (B, 1, V') over `draft_vocab` when the rules have one -> (B,) proposals
         (token ids): argmax after the static bias only (suppress, begin-suppress), without the history-dependent
-        timestamp rules. Lossless: the target re-applies every rule to each proposal,
-        so a proposal the full rules forbid is merely rejected (it costs acceptance, never accuracy). Over V' the
-        same token as over the whole vocabulary with -inf outside V' (`decoder.full_vocab_logits`), reading a third
-        of the columns. The first maximum by `max(-1)` (argmax's tie rule; on a CPU ~3x faster than `argmax` over
-        16k-52k columns)."""
+        timestamp rules. Lossless: the target re-applies every rule to each proposal, so a proposal the full rules
+        forbid is merely rejected (it costs acceptance, never accuracy). Over V' the same token as over the
+        whole vocabulary with -inf outside V' (`decoder.full_vocab_logits`), reading a third of the columns. The
+        first maximum by `max(-1)` (argmax's tie rule; on a CPU ~3x faster than `argmax` over 16k-52k columns)."""
         at_begin = (n_hist == begin)[:, None]
         if self.draft_vocab is None:
             return _max_logsumexp(self.static_scores(logits, at_begin)[:, 0], False)[0].indices
