@@ -8,11 +8,15 @@ bug (let it propagate). Messages name the input first, then the cause: ``"talk.f
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "AsrSpecError", "AudioError", "InputError",
-           "ModelLoadError", "one_line", "show_warning_line"]
+           "ModelLoadError", "interrupts_held", "one_line", "show_warning_line"]
 
 # the command line's exit codes (here, the lightest module, for `asr_spec.__main__.run` too)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -58,3 +62,23 @@ def show_warning_line(message: Warning | str, category: type[Warning], filename:
     """A `warnings.showwarning` that prints ``warning: <message>`` on one stderr line (no category, no source)."""
     print(f"warning: {one_line(message) if isinstance(message, BaseException) else message}",
           file=sys.stderr if file is None else file)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back while the block runs, then sent again once the handler in place before is back
+    (Python's raises KeyboardInterrupt; an application's own is called): for a few renames that must not stop half
+    done. In the main thread only (the one Python runs signal handlers in), and only where SIGINT has a handler
+    set from Python that does not ignore it; elsewhere the block runs as it is."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)

@@ -304,19 +304,27 @@ def test_spoken_until_is_the_timestamp_closing_the_last_text():
     assert spoken_until_s([], EOT, TS) == float("inf")
 
 
+def _aligner_case(seed: int, n_chunks: int):
+    """A random tiny target, its Aligner (token t written " w<t>"), the (n_chunks, n_audio_ctx, d) encoder output
+    of random features (seeded) and a whole window's samples."""
+    model = random_whisper("test", vocab_size=80)
+    ts = model.generation_config.no_timestamps_token_id + 1
+    aligner = Aligner(model, model.generation_config.eos_token_id, ts - 1, lambda ids: [f" w{token}" for token in ids])
+    n_mels, n_frames = model.config.num_mel_bins, 2 * model.config.max_source_positions
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        encoded = model.model.encoder(torch.randn(n_chunks, n_mels, n_frames)).last_hidden_state
+    return model, aligner, encoded, int(model.config.max_source_positions * 0.02 * 16_000)
+
+
 def test_no_word_claims_frames_after_the_last_timestamp():
     """The warping path ends on the chunk's last frame, so the last word's end used to stretch to wherever the
     path entered <|endoftext|>, past the timestamp the target closed its text with."""
-    model = random_whisper("test", vocab_size=80)
+    model, aligner, encoded, n_samples = _aligner_case(seed=3, n_chunks=1)
+    encoded = encoded[0]
     ts = model.generation_config.no_timestamps_token_id + 1
     eot, sot = model.generation_config.eos_token_id, model.generation_config.decoder_start_token_id
-    aligner = Aligner(model, eot, ts - 1, lambda ids: [f" w{token}" for token in ids])
-    n_mels, n_frames = model.config.num_mel_bins, 2 * model.config.max_source_positions
-    torch.manual_seed(3)
-    with torch.no_grad():
-        encoded = model.model.encoder(torch.randn(1, n_mels, n_frames)).last_hidden_state[0]
     segments = [[3, 4, 5], [6, 7, 8, 9, 10, 11]]
-    n_samples = int(model.config.max_source_positions * 0.02 * 16_000)
     closed_s = 0.3
     generated = [ts, 3, 4, 5, ts + 5, ts + 5, 6, 7, 8, 9, 10, 11, ts + int(closed_s / 0.02), eot]
     free = aligner.align(encoded, [sot], segments, n_samples, 10.0)
@@ -401,15 +409,8 @@ def test_threads_aligning_at_once_each_read_their_own_queries() -> None:
     Here thread B's whole pass runs while A is paused after its forward, before its read: A's words are its own."""
     import threading
 
-    model = random_whisper("test", vocab_size=80)
-    ts = model.generation_config.no_timestamps_token_id + 1
-    eot, sot = model.generation_config.eos_token_id, model.generation_config.decoder_start_token_id
-    aligner = Aligner(model, eot, ts - 1, lambda ids: [f" w{token}" for token in ids])
-    n_mels, n_frames = model.config.num_mel_bins, 2 * model.config.max_source_positions
-    torch.manual_seed(4)
-    with torch.no_grad():
-        encoded = model.model.encoder(torch.randn(2, n_mels, n_frames)).last_hidden_state
-    n_samples = int(model.config.max_source_positions * 0.02 * 16_000)
+    model, aligner, encoded, n_samples = _aligner_case(seed=4, n_chunks=2)
+    sot = model.generation_config.decoder_start_token_id
     a_segments, b_segments = [[3, 4, 5], [6, 7]], [[9, 10, 11, 12, 13, 14, 15]]
     alone_a = aligner.align(encoded[0], [sot], a_segments, n_samples, 0.0)
     alone_b = aligner.align(encoded[1], [sot], b_segments, n_samples, 0.0)

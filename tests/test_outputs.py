@@ -232,7 +232,7 @@ def test_a_held_ctrl_c_goes_to_the_handler_in_place_and_an_ignored_one_stays_ign
     background job's) stays ignored."""
     import signal
 
-    from asr_spec.transcribe.files import interrupts_held
+    from asr_spec.errors import interrupts_held
 
     calls: list[int] = []
     before = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))

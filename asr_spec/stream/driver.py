@@ -15,20 +15,17 @@ Each decode offers the stream's previous hypothesis as the engine's draft (`Chun
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
-import signal
-import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
 
 from asr_spec.audio.features import FeatureBatcher
 from asr_spec.engine import ChunkRequest, ChunkResult, ChunkStats, Engine
-from asr_spec.errors import InputError
+from asr_spec.errors import InputError, interrupts_held
 from asr_spec.stream.agreement import TokenKinds, starts_word
 from asr_spec.stream.decodes import LiveStream, StreamDecodes
 from asr_spec.stream.frames import VoiceFn
@@ -199,13 +196,13 @@ class StreamRunner:
         """Hand each decode's result (`results` in the order of `due`) to its stream through the runner
         (`StreamDecodes.deliver`); returns the updates, in that order, appended to `out` (a new list if None) as
         each comes (`pump` forgets a stream once its final update is returned). A Ctrl-C while it runs is held
-        until every result is handed out (`deferred_interrupt`, in the main thread); interrupted part-way all the
+        until every result is handed out (`errors.interrupts_held`, in the main thread); interrupted part-way all the
         same (elsewhere, or by another exception), nothing is lost: an update its policy made is in `out`, and a
         decode not yet accepted is withdrawn from its policy (`_settle`), to be asked for again."""
         out = [] if out is None else out
         first = len(out)
         try:
-            with deferred_interrupt():  # a Ctrl-C inside `accept` would leave its policy half changed
+            with interrupts_held():  # a Ctrl-C inside `accept` would leave its policy half changed
                 for result in results:
                     self.decodes.deliver(result)
                 for stream, decode in due:
@@ -239,24 +236,6 @@ class StreamRunner:
                 out.append((stream, accepted[1]))
                 stream.text = accepted[1].text
 
-
-@contextlib.contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that comes inside the block until it ends, then raise KeyboardInterrupt there, where
-    the block's work is whole. Only in the main thread with Python's own SIGINT handler installed (elsewhere a
-    signal handler cannot be set, or the caller chose its own): there the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if caught:
-        raise KeyboardInterrupt
 
 
 def silero_voices() -> Callable[[], VoiceFn]:

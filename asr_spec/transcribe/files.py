@@ -11,15 +11,16 @@ import json
 import logging
 import os
 import secrets
-import signal
 import tempfile
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from asr_spec.errors import interrupts_held
+
 __all__ = ["SOURCES_INDEX", "append_source", "atomic_write", "atomic_write_all", "compact_sources", "folder_lock",
-           "interrupts_held", "read_sources"]
+           "read_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -81,25 +82,6 @@ def _temporary(target: Path, write: Callable[[TextIO], None]) -> str:
         raise
     return handle.name
 
-
-@contextlib.contextmanager
-def interrupts_held() -> Iterator[None]:
-    """Ctrl-C (SIGINT) held back while the block runs, then sent again once the handler in place before is back
-    (Python's raises KeyboardInterrupt; an application's own is called): for a few renames that must not stop half
-    done. In the main thread only (the one Python runs signal handlers in), and only where SIGINT has a handler
-    set from Python that does not ignore it; elsewhere the block runs as it is."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            signal.raise_signal(signal.SIGINT)
 
 
 # {stem: absolute source path} of the transcripts in a folder: without it, a run over another folder holding the

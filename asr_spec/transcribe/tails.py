@@ -22,8 +22,8 @@ its timestamps cannot be its speech's (a tail from its end re-hears it), so wher
 its start its tail starts there and decodes it again. A tail is itself checked the same way, up to
 `TranscribeOptions.tail_repairs` re-decodings per chunk, the last one from the point itself (`Transcriber.tail_of`:
 no rewind into the text twice decoded, after which the model stopped again); past that bound the text decoded so
-far is kept as it is (the rest of the chunk's speech stays untranscribed). The tails are decoded by the same engine as every chunk, so
-with a draft they are speculative and identical to greedy.
+far is kept as it is (the rest of the chunk's speech stays untranscribed). The tails are decoded by the same engine
+as every chunk, so with a draft they are speculative and identical to greedy.
 
 Units: `_steps` are Whisper timestamp steps of TIME_PRECISION_S (0.02 s, one encoder position, the same as a
 chunk's SPEECH_FRAME_S speech frames), `_sample` 16 kHz samples, `_s` seconds.
