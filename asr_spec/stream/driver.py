@@ -237,7 +237,6 @@ class StreamRunner:
                 stream.text = accepted[1].text
 
 
-
 def silero_voices() -> Callable[[], VoiceFn]:
     """A factory of per-stream silero-vad probability functions sharing one model (each its own state)."""
     from asr_spec.audio.silero import SileroVad

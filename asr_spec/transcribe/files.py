@@ -41,7 +41,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[TextIO], None]) 
     return target
 
 
-def atomic_write_all(contents: Mapping[Path, str], then: Callable[[], None] = lambda: None) -> list[Path]:
+def atomic_write_all(contents: Mapping[Path, str], then: Callable[[], None] = lambda: None) -> None:
     """Write each text of `contents` onto its path, all or none: every one to a temporary file first (a failure
     there, or a path that is a folder, removes them and touches no path), then all moved onto their paths and
     `then()` called (e.g. the folder's journal told) with Ctrl-C held back till the end (`interrupts_held`): an
@@ -61,7 +61,6 @@ def atomic_write_all(contents: Mapping[Path, str], then: Callable[[], None] = la
         for temporary in made.values():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
-    return list(contents)
 
 
 def _temporary(target: Path, write: Callable[[TextIO], None]) -> str:
@@ -81,7 +80,6 @@ def _temporary(target: Path, write: Callable[[TextIO], None]) -> str:
             os.unlink(handle.name)
         raise
     return handle.name
-
 
 
 # {stem: absolute source path} of the transcripts in a folder: without it, a run over another folder holding the
